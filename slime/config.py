@@ -1,0 +1,183 @@
+"""Typed configuration: one ``msgspec.Struct`` section per component, under one root ``Config``.
+
+Each component receives its own section, never the root (``Scheduler(config.loop, ...)``).
+Slime-compatible CLI flags map onto these fields in ``slime/cli_args.py``; a test pins that map.
+Values are checked at start: ``Config.validate`` raises ``ConfigError`` naming the CLI flag.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from slime.errors import ConfigError
+
+__all__ = [
+    "DataConfig",
+    "RolloutConfig",
+    "LoopConfig",
+    "TrainConfig",
+    "SyncConfig",
+    "EngineConfig",
+    "Config",
+]
+
+_STRUCT = dict(kw_only=True, frozen=True, forbid_unknown_fields=True)
+
+
+class DataConfig(msgspec.Struct, **_STRUCT):
+    prompt_data: str | None = None
+    """JSONL file of prompts (``--prompt-data``). None: the built-in arithmetic task."""
+    input_key: str = "prompt"
+    """Key of the prompt text in each row (``--input-key``)."""
+    label_key: str | None = "label"
+    """Key of the reference answer (``--label-key``)."""
+    metadata_key: str | None = None
+    """Key of a dict copied into ``Sample.metadata`` (``--metadata-key``)."""
+    apply_chat_template: bool = False
+    """Render the prompt with the tokenizer's chat template (``--apply-chat-template``)."""
+    rollout_shuffle: bool = True
+    """Shuffle prompts each epoch with ``seed`` (``--rollout-shuffle``)."""
+    eval_prompt_data: str | None = None
+    """JSONL of held-out prompts (``--eval-prompt-data``). None: the built-in task's eval split."""
+    num_eval_prompts: int = 200
+    """How many eval prompts to score (``--num-eval-prompts``)."""
+    on_bad_data: Literal["skip", "fail"] = "fail"
+    """A malformed line: skip it with a warning and a count, or stop (``--on-bad-data``)."""
+    seed: int = 1234
+
+
+class RolloutConfig(msgspec.Struct, **_STRUCT):
+    n_samples_per_prompt: int = 8
+    """Samples per prompt (the GRPO group size) (``--n-samples-per-prompt``)."""
+    rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0
+    rollout_top_k: int = -1
+    rollout_max_response_len: int = 64
+    """Cap on response tokens per sample, partial tokens included (``--rollout-max-response-len``)."""
+    rollout_stop_token_ids: tuple[int, ...] = ()
+    request_timeout_s: float = 300.0
+    """Per /generate call (``--request-timeout-s``)."""
+    control_timeout_s: float = 60.0
+    """Per control call (abort, weight update, health) (``--control-timeout-s``)."""
+    max_retries: int = 3
+    """Retries of an unreachable engine call before giving up (``--max-retries``)."""
+    retry_backoff_s: float = 0.5
+    """First backoff; doubles per retry (``--retry-backoff-s``)."""
+    reward_timeout_s: float = 30.0
+    """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
+
+
+class LoopConfig(msgspec.Struct, **_STRUCT):
+    mode: Literal["sync", "april"] = "april"
+    """``sync``: wait for every sample (baseline). ``april``: over-provision, abort at target,
+    recycle partials. ``--partial-rollout`` selects ``april``."""
+    rollout_batch_size: int = 16
+    """Groups per training batch (``--rollout-batch-size``)."""
+    over_sampling_batch_size: int = 32
+    """Groups in flight in ``april`` mode (``--over-sampling-batch-size``); >= rollout_batch_size."""
+    num_rollout: int = 50
+    """Rollout steps (= policy updates of the version counter) (``--num-rollout``)."""
+    n_samples_per_prompt: int = 8
+    max_staleness: int = 4
+    """Tokens older than this many versions are masked out of the loss (``--max-staleness``)."""
+    abort_timeout_s: float = 30.0
+    """How long stopping a step may wait for aborted requests to come back."""
+    overlap_train: bool = True
+    """Keep generating the next step while the current one trains (april mode)."""
+    eval_interval: int = 0
+    """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
+
+
+class TrainConfig(msgspec.Struct, **_STRUCT):
+    lr: float = 1e-5
+    global_batch_size: int = 128
+    """Samples per optimizer step (``--global-batch-size``)."""
+    micro_batch_size: int = 32
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    clip_grad: float = 1.0
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    """Upper clip (clip-higher, DAPO); None = eps_clip."""
+    use_tis: bool = False
+    """Token-level truncated importance sampling between trainer and rollout logprobs (``--use-tis``)."""
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    normalize_advantages_by_std: bool = True
+    """GRPO: divide group-centred rewards by the group std (off = Dr. GRPO)."""
+    rollout_temperature: float = 1.0
+    """Logits are divided by this before log_softmax, as SGLang does for returned logprobs."""
+    max_staleness: int = 4
+    num_threads: int = 1
+    seed: int = 1234
+
+
+class SyncConfig(msgspec.Struct, **_STRUCT):
+    method: Literal["disk"] = "disk"
+    weights_dir: str = ""
+    """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
+    keep_last: int = 2
+    """How many weight versions to keep on disk."""
+
+
+class EngineConfig(msgspec.Struct, **_STRUCT):
+    hf_checkpoint: str = ""
+    """HF model directory the engines and the trainer start from (``--hf-checkpoint``)."""
+    rollout_external_engine_addrs: tuple[str, ...] = ()
+    """Engines that already run (``--rollout-external-engine-addrs``); empty = launch embedded ones."""
+    num_engines: int = 1
+    """Embedded engines to launch (``--rollout-num-engines``)."""
+    max_running_requests: int = 256
+    engine_threads: int = 1
+    """torch threads per embedded engine."""
+    startup_timeout_s: float = 120.0
+
+
+class Config(msgspec.Struct, **_STRUCT):
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    loop: LoopConfig = LoopConfig()
+    train: TrainConfig = TrainConfig()
+    sync: SyncConfig = SyncConfig()
+    engine: EngineConfig = EngineConfig()
+    run_dir: str = "runs/latest"
+    seed: int = 1234
+
+    def validate(self) -> "Config":
+        """Check values; raise ``ConfigError`` naming the CLI flag. Returns self."""
+        checks = [
+            (self.loop.rollout_batch_size >= 1, "--rollout-batch-size", self.loop.rollout_batch_size, ">= 1"),
+            (
+                self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size,
+                "--over-sampling-batch-size",
+                self.loop.over_sampling_batch_size,
+                f">= --rollout-batch-size ({self.loop.rollout_batch_size})",
+            ),
+            (self.rollout.n_samples_per_prompt >= 1, "--n-samples-per-prompt", self.rollout.n_samples_per_prompt, ">= 1"),
+            (self.rollout.rollout_max_response_len >= 1, "--rollout-max-response-len", self.rollout.rollout_max_response_len, ">= 1"),
+            (self.rollout.rollout_temperature > 0, "--rollout-temperature", self.rollout.rollout_temperature, "> 0 for RL"),
+            (0 < self.rollout.rollout_top_p <= 1, "--rollout-top-p", self.rollout.rollout_top_p, "in (0, 1]"),
+            (self.loop.num_rollout >= 0, "--num-rollout", self.loop.num_rollout, ">= 0"),
+            (self.train.lr > 0, "--lr", self.train.lr, "> 0"),
+            (self.train.global_batch_size >= 1, "--global-batch-size", self.train.global_batch_size, ">= 1"),
+            (self.train.micro_batch_size >= 1, "--micro-batch-size", self.train.micro_batch_size, ">= 1"),
+            (self.train.eps_clip > 0, "--eps-clip", self.train.eps_clip, "> 0"),
+            (self.loop.max_staleness >= 0, "--max-staleness", self.loop.max_staleness, ">= 0"),
+            (self.rollout.request_timeout_s > 0, "--request-timeout-s", self.rollout.request_timeout_s, "> 0"),
+            (self.rollout.reward_timeout_s > 0, "--reward-timeout-s", self.rollout.reward_timeout_s, "> 0"),
+            (self.rollout.max_retries >= 0, "--max-retries", self.rollout.max_retries, ">= 0"),
+            (self.engine.num_engines >= 1, "--rollout-num-engines", self.engine.num_engines, ">= 1"),
+        ]
+        for ok, flag, value, want in checks:
+            if not ok:
+                raise ConfigError(f"{flag}={value!r} is invalid: expected {want}")
+        samples = self.loop.rollout_batch_size * self.rollout.n_samples_per_prompt
+        if samples % self.train.global_batch_size != 0:
+            raise ConfigError(
+                f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size x "
+                f"--n-samples-per-prompt = {self.loop.rollout_batch_size} x {self.rollout.n_samples_per_prompt} = {samples}"
+            )
+        return self

@@ -1,0 +1,210 @@
+"""Core types shared by every part of slime: ``Sample``, ``Group``, ``Status`` and the plugin protocols.
+
+This module imports nothing of ours. ``Sample`` is one trajectory; ``Group`` is the samples of one
+prompt (GRPO needs them together) and the unit of scheduling, abort, recycling and filtering.
+
+Invariant (tested in ``tests/test_types.py``): for every sample,
+``len(response_ids) == len(rollout_logprobs) == len(versions) == len(loss_mask)``, and only
+``Sample.append`` grows those lists.
+
+Example (a resumed sample, abort after 3 tokens under version 4, resume under version 5)::
+
+    s = Sample(prompt_ids=[1, 7, 9])
+    s.append([11, 12, 13], [-0.1, -0.5, -0.2], policy_version=4)   # aborted here
+    s.append([14, 2], [-0.3, -0.01], policy_version=5)             # resumed, finished
+    s.versions == [4, 4, 4, 5, 5]; s.num_versions_spanned == 2
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+import msgspec
+
+__all__ = ["Status", "Sample", "Group", "GenerateFn", "RewardFn", "GroupRewardFn"]
+
+
+class Status(enum.Enum):
+    """Where a sample stands. Mirrors SGLang's ``finish_reason`` (stop, length, abort) plus our own states.
+
+    - PENDING: never sent to an engine, or resumed and waiting for a slot.
+    - PARTIAL: aborted with some tokens kept; will be resumed token-exactly.
+    - COMPLETED: the engine stopped on EOS / a stop token (``finish_reason.type == "stop"``).
+    - TRUNCATED: the engine hit ``max_new_tokens`` (``finish_reason.type == "length"``).
+    - ABORTED: aborted and not to be resumed (e.g. dropped by a staleness policy).
+    - FAILED: a plugin (generate / reward / tool function) raised or timed out; ``evidence`` says why.
+    """
+
+    PENDING = "pending"
+    PARTIAL = "partial"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    @property
+    def is_finished(self) -> bool:
+        """True when generation is over for good (the sample can be rewarded and trained)."""
+        return self in (Status.COMPLETED, Status.TRUNCATED, Status.FAILED, Status.ABORTED)
+
+    @property
+    def is_resumable(self) -> bool:
+        return self in (Status.PENDING, Status.PARTIAL)
+
+
+class Sample(msgspec.Struct, kw_only=True):
+    """One trajectory: a prompt and the response generated for it, token by token.
+
+    Attributes:
+        prompt_ids: [num_prompt_tokens] int, the exact ids sent to the engine (never re-tokenized).
+        response_ids: [num_tokens] int, every response token (model tokens and, in multi-turn
+            rollouts, tool/observation tokens).
+        rollout_logprobs: [num_tokens] float, natural log, the logprob the *sampling* engine gave
+            each token under the temperature-scaled distribution (SGLang's default). Tool tokens: 0.0.
+        versions: [num_tokens] int, the policy version that produced each token (tool tokens: the
+            version of the turn that called the tool).
+        loss_mask: [num_tokens] int in {0, 1}; 1 = a model token that trains.
+        reward: scalar reward, set once the sample is finished and scored; None before.
+        status: see ``Status``.
+        group_id: id of the group (= prompt) this sample belongs to.
+        index: position of the sample inside its group, 0..n_samples_per_prompt-1.
+        label: the reference answer, handed to reward functions.
+        prompt / response: text views of the prompt and response, for reward functions and logs.
+        metadata: free-form, JSON-serialisable, carried from the dataset row.
+        evidence: what the verifier or a failing plugin saw and said (JSON-serialisable).
+        num_aborts: how many times this sample was aborted and kept as a partial rollout.
+        num_resumes: how many times a partial was re-sent to an engine.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = msgspec.field(default_factory=list)
+    rollout_logprobs: list[float] = msgspec.field(default_factory=list)
+    versions: list[int] = msgspec.field(default_factory=list)
+    loss_mask: list[int] = msgspec.field(default_factory=list)
+    reward: float | None = None
+    status: Status = Status.PENDING
+    group_id: int = 0
+    index: int = 0
+    label: str | None = None
+    prompt: str = ""
+    """The prompt text as given by the dataset (for rewards and logs; the engine sees ``prompt_ids``)."""
+    response: str = ""
+    """The decoded response text, refreshed by the generate function after every segment."""
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
+    num_aborts: int = 0
+    num_resumes: int = 0
+
+    def append(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        policy_version: int | Sequence[int],
+        trainable: bool = True,
+    ) -> None:
+        """Append one generated (or tool) segment, keeping every aligned list the same length.
+
+        Args:
+            token_ids: [k] int, the new tokens.
+            logprobs: [k] float, natural log; for tool tokens pass zeros.
+            policy_version: the version of every new token, or a [k] list (from SGLang's
+                ``meta_info.weight_versions`` spans when weights changed mid-request).
+            trainable: loss mask value of the new tokens (False for tool/observation tokens).
+
+        Raises:
+            ValueError: when the lengths disagree; nothing is appended then.
+        """
+        k = len(token_ids)
+        if len(logprobs) != k:
+            raise ValueError(
+                f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but "
+                f"{len(logprobs)} logprobs"
+            )
+        if isinstance(policy_version, int):
+            new_versions = [policy_version] * k
+        else:
+            new_versions = [int(v) for v in policy_version]
+            if len(new_versions) != k:
+                raise ValueError(
+                    f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but "
+                    f"{len(new_versions)} versions"
+                )
+        self.response_ids.extend(int(t) for t in token_ids)
+        self.rollout_logprobs.extend(float(x) for x in logprobs)
+        self.versions.extend(new_versions)
+        self.loss_mask.extend([1 if trainable else 0] * k)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_versions_spanned(self) -> int:
+        """How many distinct policy versions produced this sample's tokens (1 for a fresh sample)."""
+        return len(set(self.versions))
+
+    @property
+    def oldest_version(self) -> int | None:
+        return min(self.versions) if self.versions else None
+
+    def check_aligned(self) -> None:
+        """Raise ValueError naming the lengths if the aligned per-token lists disagree."""
+        lens = (len(self.response_ids), len(self.rollout_logprobs), len(self.versions), len(self.loss_mask))
+        if len(set(lens)) != 1:
+            raise ValueError(
+                f"Sample(group={self.group_id}, index={self.index}) misaligned: response_ids={lens[0]} "
+                f"rollout_logprobs={lens[1]} versions={lens[2]} loss_mask={lens[3]}"
+            )
+
+
+class Group(msgspec.Struct, kw_only=True):
+    """The samples of one prompt: the unit of scheduling, abort, recycling and filtering.
+
+    Attributes:
+        group_id: unique id; groups are trained at most once per id (tested invariant).
+        samples: [n_samples_per_prompt] samples.
+        rollout_id: the rollout step in which the group was first started (a partial group keeps
+            its first rollout id when resumed).
+        data_index: position of the prompt in the data source (for exact resume).
+    """
+
+    group_id: int
+    samples: list[Sample]
+    rollout_id: int = 0
+    data_index: int = -1
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.status.is_finished for s in self.samples)
+
+    @property
+    def is_rewarded(self) -> bool:
+        return all(s.reward is not None for s in self.samples)
+
+    @property
+    def oldest_version(self) -> int | None:
+        vs = [s.oldest_version for s in self.samples if s.versions]
+        return min(vs) if vs else None
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(s.num_response_tokens for s in self.samples)
+
+
+class GenerateFn(Protocol):
+    """A generate function: grows ``sample`` through ``Sample.append`` and sets its status.
+
+    Called with the sample (possibly a partial one to resume), the sampling params (SGLang's
+    ``sampling_params`` keys) and the engine client. Returns the sample, or a list of samples
+    when one trajectory yields several.
+    """
+
+    def __call__(self, sample: Sample, sampling_params: dict[str, Any], **kwargs: Any) -> Awaitable[Sample | list[Sample]]: ...
+
+
+RewardFn = Callable[[Sample], Awaitable[float]]
+"""Per-sample reward: async, returns a float. May raise; the scheduler marks the sample FAILED."""
+
+GroupRewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
+"""Per-group reward: async, returns one float per sample."""
