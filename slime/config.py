@@ -37,7 +37,7 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     """Key of a dict copied into ``Sample.metadata`` (``--metadata-key``)."""
     apply_chat_template: bool = False
     """Render the prompt with the tokenizer's chat template (``--apply-chat-template``)."""
-    rollout_shuffle: bool = True
+    rollout_shuffle: bool = False
     """Shuffle prompts each epoch with ``seed`` (``--rollout-shuffle``)."""
     eval_prompt_data: str | None = None
     """JSONL of held-out prompts (``--eval-prompt-data``). None: the built-in task's eval split."""
@@ -67,10 +67,12 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """First backoff; doubles per retry (``--retry-backoff-s``)."""
     reward_timeout_s: float = 30.0
     """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
+    custom_rm_path: str | None = None
+    """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
 
 
 class LoopConfig(msgspec.Struct, **_STRUCT):
-    mode: Literal["sync", "april"] = "april"
+    mode: Literal["sync", "april"] = "sync"
     """``sync``: wait for every sample (baseline). ``april``: over-provision, abort at target,
     recycle partials. ``--partial-rollout`` selects ``april``."""
     rollout_batch_size: int = 16

@@ -148,6 +148,19 @@ class Sample(msgspec.Struct, kw_only=True):
     def oldest_version(self) -> int | None:
         return min(self.versions) if self.versions else None
 
+    def mask_stale(self, current_version: int, max_staleness: int) -> int:
+        """Set ``loss_mask`` to 0 on tokens more than ``max_staleness`` versions behind.
+
+        Lag of a token = ``current_version - version``. Returns how many tokens were newly masked.
+        Example: versions [3, 3, 5], current 6, max_staleness 2 -> lags [3, 3, 1] -> mask [0, 0, 1].
+        """
+        masked = 0
+        for i, v in enumerate(self.versions):
+            if self.loss_mask[i] and current_version - v > max_staleness:
+                self.loss_mask[i] = 0
+                masked += 1
+        return masked
+
     def check_aligned(self) -> None:
         """Raise ValueError naming the lengths if the aligned per-token lists disagree."""
         lens = (len(self.response_ids), len(self.rollout_logprobs), len(self.versions), len(self.loss_mask))

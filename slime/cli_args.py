@@ -1,0 +1,108 @@
+"""The slime-compatible flags of ``slime train``, and how each lands on a typed config field.
+
+``FLAGS`` is the whole CLI surface of ``slime train``; ``tests/test_cli_args.py`` pins it, so a
+new flag is a deliberate change. Flags that THUDM/slime has keep slime's spelling.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from slime.config import Config
+from slime.errors import ConfigError
+
+__all__ = ["FLAGS", "build_parser", "config_from_args"]
+
+# flag -> (config path, argparse kwargs). A path "loop.mode=april" sets a constant when given.
+FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--hf-checkpoint": ("engine.hf_checkpoint", dict(help="HF model dir (default: the shipped arithmetic warm start)")),
+    "--rollout-external-engine-addrs": ("engine.rollout_external_engine_addrs", dict(nargs="+", help="engines already running (host:port)")),
+    "--rollout-num-engines": ("engine.num_engines", dict(type=int, help="embedded engines to launch")),
+    "--engine-threads": ("engine.engine_threads", dict(type=int, help="torch threads per embedded engine")),
+    "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
+    "--prompt-data": ("data.prompt_data", dict(help="JSONL prompts (default: built-in arithmetic task)")),
+    "--input-key": ("data.input_key", dict()),
+    "--label-key": ("data.label_key", dict()),
+    "--metadata-key": ("data.metadata_key", dict()),
+    "--rollout-shuffle": ("data.rollout_shuffle", dict(action="store_true")),
+    "--eval-prompt-data": ("data.eval_prompt_data", dict()),
+    "--num-eval-prompts": ("data.num_eval_prompts", dict(type=int)),
+    "--on-bad-data": ("data.on_bad_data", dict(choices=["skip", "fail"])),
+    "--rollout-batch-size": ("loop.rollout_batch_size", dict(type=int, help="groups per train step")),
+    "--over-sampling-batch-size": ("loop.over_sampling_batch_size", dict(type=int, help="groups in flight (april)")),
+    "--partial-rollout": ("loop.mode=april", dict(action="store_true", help="APRIL: over-provision, abort at target, resume partials")),
+    "--rollout-mode": ("loop.mode", dict(choices=["sync", "april"])),
+    "--num-rollout": ("loop.num_rollout", dict(type=int)),
+    "--max-staleness": ("loop.max_staleness", dict(type=int)),
+    "--eval-interval": ("loop.eval_interval", dict(type=int)),
+    "--overlap-train": ("loop.overlap_train", dict(action=argparse.BooleanOptionalAction)),
+    "--n-samples-per-prompt": ("rollout.n_samples_per_prompt", dict(type=int)),
+    "--rollout-max-response-len": ("rollout.rollout_max_response_len", dict(type=int)),
+    "--rollout-temperature": ("rollout.rollout_temperature", dict(type=float)),
+    "--rollout-top-p": ("rollout.rollout_top_p", dict(type=float)),
+    "--rollout-top-k": ("rollout.rollout_top_k", dict(type=int)),
+    "--request-timeout-s": ("rollout.request_timeout_s", dict(type=float)),
+    "--reward-timeout-s": ("rollout.reward_timeout_s", dict(type=float)),
+    "--max-retries": ("rollout.max_retries", dict(type=int)),
+    "--custom-rm-path": ("rollout.custom_rm_path", dict()),
+    "--global-batch-size": ("train.global_batch_size", dict(type=int)),
+    "--micro-batch-size": ("train.micro_batch_size", dict(type=int)),
+    "--lr": ("train.lr", dict(type=float)),
+    "--weight-decay": ("train.weight_decay", dict(type=float)),
+    "--adam-beta1": ("train.adam_beta1", dict(type=float)),
+    "--adam-beta2": ("train.adam_beta2", dict(type=float)),
+    "--clip-grad": ("train.clip_grad", dict(type=float)),
+    "--eps-clip": ("train.eps_clip", dict(type=float)),
+    "--eps-clip-high": ("train.eps_clip_high", dict(type=float)),
+    "--use-tis": ("train.use_tis", dict(action="store_true")),
+    "--tis-clip": ("train.tis_clip", dict(type=float)),
+    "--tis-clip-low": ("train.tis_clip_low", dict(type=float)),
+    "--train-threads": ("train.num_threads", dict(type=int)),
+    "--save": ("run_dir", dict(help="run directory: metrics, summary, plots, weights")),
+    "--seed": ("seed", dict(type=int)),
+}
+
+# Values that several sections need: one flag sets them all (derived, not separate knobs).
+_SHARED = {
+    "rollout.n_samples_per_prompt": ["loop.n_samples_per_prompt"],
+    "rollout.rollout_temperature": ["train.rollout_temperature"],
+    "loop.max_staleness": ["train.max_staleness"],
+    "seed": ["data.seed", "train.seed"],
+}
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="slime train")
+    for flag, (path, kwargs) in FLAGS.items():
+        parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, **kwargs)
+    return parser
+
+
+def config_from_args(ns: argparse.Namespace, base: Config | None = None) -> Config:
+    """Build a validated ``Config`` from parsed flags; unset flags keep ``base``'s values."""
+    tree = msgspec.to_builtins(base or Config())
+    for flag, (path, _) in FLAGS.items():
+        value = getattr(ns, flag[2:].replace("-", "_"))
+        if value is None or value is False and "=" in path:
+            continue
+        if "=" in path:
+            path, const = path.split("=", 1)
+            value = const
+        for p in [path, *_SHARED.get(path, [])]:
+            _set(tree, p, value)
+    try:
+        config = msgspec.convert(tree, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    return config.validate()
+
+
+def _set(tree: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = tree
+    for p in parents:
+        node = node[p]
+    node[leaf] = list(value) if isinstance(value, tuple) else value

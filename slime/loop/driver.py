@@ -1,0 +1,214 @@
+"""The run driver: wires data, engines, scheduler, trainer and weight sync into one RL run.
+
+One rollout step (``--num-rollout`` of them)::
+
+    groups  = await scheduler.next_batch(rollout_batch_size)     # APRIL: abort/keep stragglers
+    stats   = apply_staleness(groups, trainer_version, max_staleness)
+    metrics = await asyncio.to_thread(trainer.train_step, groups)  # the loop keeps generating
+    path    = await sync.save(version + 1)                        # still generating
+    async with scheduler.paused():                                # nothing in flight
+        await sync.load(path, version + 1); version += 1          # engines at the new version
+
+The trainer's version equals the engines' version at each train step (weights are synced right
+after every step), so a token's lag at training is how many updates happened since it was sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from slime.config import Config
+from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
+from slime.loop.buffer import DataBuffer
+from slime.loop.evaluate import evaluate
+from slime.loop.offpolicy import apply_staleness
+from slime.loop.report import MetricsWriter, format_step_line, plot_reward_curve, write_json_atomic
+from slime.loop.scheduler import Scheduler
+from slime.rollout.launch import launch_embedded_engines
+from slime.rollout.pool import EnginePool
+from slime.rollout.rewards import load_function
+from slime.sync.disk import DiskWeightSync
+from slime.types import Group, Status
+
+__all__ = ["run_training", "load_prompts"]
+
+log = logging.getLogger(__name__)
+
+
+def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
+    """Train and eval prompt rows: the user's JSONL files, or the built-in arithmetic task."""
+    d = config.data
+    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data)
+    if d.prompt_data:
+        train, _ = load_jsonl_prompts(d.prompt_data, **kw)
+    else:
+        from slime.data import arith
+
+        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(20000, seed=d.seed, split="train"))]
+    if d.eval_prompt_data:
+        evals, _ = load_jsonl_prompts(d.eval_prompt_data, **kw)
+    elif not d.prompt_data:
+        from slime.data import arith
+
+        evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(d.num_eval_prompts, seed=d.seed, split="eval"))]
+    else:
+        evals = []
+    return train, evals[: d.num_eval_prompts]
+
+
+def _batch_stats(groups: list[Group]) -> dict[str, float]:
+    samples = [s for g in groups for s in g.samples]
+    n = max(1, len(samples))
+    return {
+        "reward_mean": sum(s.reward or 0.0 for s in samples) / n,
+        "accuracy": sum((s.reward or 0.0) >= 1.0 for s in samples) / n,
+        "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
+        "truncated_samples": sum(s.status is Status.TRUNCATED for s in samples),
+        "failed_samples_in_batch": sum(s.status is Status.FAILED for s in samples),
+        "trained_tokens": sum(sum(s.loss_mask) for s in samples),
+    }
+
+
+async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
+    """Run a whole RL job; returns the summary also written to ``RUN_DIR/summary.json``."""
+    from transformers import AutoTokenizer
+
+    from slime.train.torch_backend import TorchTrainer
+
+    config.validate()
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", msgspec.to_builtins(config))
+    model_dir = config.engine.hf_checkpoint
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
+    tokenize = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    if reward_fn is None:
+        if config.rollout.custom_rm_path:
+            reward_fn = load_function(config.rollout.custom_rm_path)
+        else:
+            from slime.data.arith import reward as reward_fn
+    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config)
+    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
+    trainer = await asyncio.to_thread(TorchTrainer, config.train, model_dir=model_dir)
+    weights_dir = config.sync.weights_dir or str(run_dir / "weights")
+    metrics = MetricsWriter(run_dir)
+    t_start = time.monotonic()
+
+    async with _engines(config) as urls, EnginePool(urls, config=config.rollout) as pool:
+        await pool.wait_ready()
+        sync = DiskWeightSync(msgspec.structs.replace(config.sync, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf)
+        version = 0
+        eval_kw = dict(
+            pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn,
+            max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
+        )
+        before = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+        metrics.write({"kind": "eval", "step": 0, "policy_version": 0, **before})
+        log.info("eval before RL: accuracy %.3f", before["accuracy"])
+        totals = {"aborted_samples": 0, "resumed_samples": 0, "max_versions_in_a_trained_sample": 1, "multi_version_samples": 0}
+        buffer = DataBuffer()
+        bar = _progress(config.loop.num_rollout, progress)
+        async with asyncio.TaskGroup() as tg:
+            sched = Scheduler(
+                config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
+                buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version,
+            )
+            for step in range(1, config.loop.num_rollout + 1):
+                t0 = time.monotonic()
+                groups = await sched.next_batch(config.loop.rollout_batch_size)
+                t_rollout = time.monotonic() - t0
+                stale = apply_staleness(groups, trainer_version=version, max_staleness=config.loop.max_staleness)
+                batch = _batch_stats(groups)
+                train_metrics = await asyncio.to_thread(trainer.train_step, groups)
+                path = await sync.save(version + 1)
+                async with sched.paused():
+                    await sync.load(path, version + 1)
+                    version += 1
+                    sched.engine_version = version
+                st = sched.pop_stats()
+                dt = time.monotonic() - t0
+                record = {
+                    "kind": "step", "step": step, "policy_version": version, **batch,
+                    "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
+                    "generated_tokens": st.generated_tokens, "failed_samples": st.failed_samples,
+                    "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt, "rollout_wait_s": t_rollout,
+                    "partial_groups_queued": buffer.num_partial, "ready_groups_left": buffer.num_ready,
+                    **{k: v for k, v in stale.items()},
+                    **{f"train/{k}": v for k, v in train_metrics.items()},
+                }
+                metrics.write(record)
+                totals["aborted_samples"] += st.aborted_samples
+                totals["resumed_samples"] += st.resumed_samples
+                totals["multi_version_samples"] += stale["multi_version_samples"]
+                totals["max_versions_in_a_trained_sample"] = max(totals["max_versions_in_a_trained_sample"], stale["max_versions_in_a_sample"])
+                _emit(bar, format_step_line(record))
+                if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout:
+                    async with sched.paused():
+                        mid = await evaluate(eval_rows, engine_version=version, **eval_kw)
+                    metrics.write({"kind": "eval", "step": step, "policy_version": version, **mid})
+                    _emit(bar, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}")
+            await sched.shutdown()
+        if bar is not None:
+            bar.close()
+        after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+        metrics.write({"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
+    metrics.close()
+    summary = {
+        "eval_accuracy_before": before["accuracy"],
+        "eval_accuracy_after": after["accuracy"],
+        "num_eval_prompts": len(eval_rows),
+        "num_rollout": config.loop.num_rollout,
+        "final_policy_version": version,
+        "wall_time_s": round(time.monotonic() - t_start, 1),
+        "mode": config.loop.mode,
+        "partial_groups_left": buffer.num_partial,
+        "groups_trained": len(buffer.taken),
+        **totals,
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    plot_reward_curve(metrics.records, run_dir / "reward_curve.png")
+    return summary
+
+
+def _engines(config: Config):
+    e = config.engine
+    if e.rollout_external_engine_addrs:
+        return _external(list(e.rollout_external_engine_addrs))
+    return launch_embedded_engines(
+        e.hf_checkpoint, num_engines=e.num_engines, threads=e.engine_threads,
+        max_running_requests=e.max_running_requests, startup_timeout_s=e.startup_timeout_s, seed=config.seed,
+    )
+
+
+class _external:
+    def __init__(self, urls: list[str]):
+        self.urls = [u if u.startswith("http") else f"http://{u}" for u in urls]
+
+    async def __aenter__(self) -> list[str]:
+        return self.urls
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="rollout steps", unit="step", dynamic_ncols=True)
+
+
+def _emit(bar, line: str) -> None:
+    if bar is None:
+        print(line, flush=True)
+    else:
+        bar.write(line)
+        bar.update(1)

@@ -1,0 +1,52 @@
+"""Off-policy accounting at consumption: staleness masking and version-lag statistics.
+
+The lag of a token is ``trainer_version - token_version``: 0 for a token sampled by the weights
+being trained, k for one sampled k weight updates ago. Tokens with lag > ``max_staleness`` are
+masked out of the loss (ARCHITECTURE.md invariant 4); the importance-sampling correction of what
+remains (TIS) is applied by the loss (``slime/train/losses.py``).
+
+Example: trainer at version 6, ``max_staleness=2``, one sample with versions [3, 3, 5, 6] ->
+lags [3, 3, 1, 0] -> 2 tokens masked; histogram {0: 1, 1: 1, 3: 2}; off-policy fraction 0.75;
+the sample spans 3 versions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from slime.types import Group
+
+__all__ = ["apply_staleness"]
+
+
+def apply_staleness(groups: list[Group], *, trainer_version: int, max_staleness: int) -> dict[str, float | dict[int, int]]:
+    """Mask over-stale tokens in place and return lag statistics of the batch.
+
+    Returns:
+        ``lag_histogram`` {lag: num_tokens} over model tokens, ``off_policy_token_fraction``
+        (lag > 0), ``max_version_lag``, ``masked_stale_tokens``, ``max_versions_in_a_sample``,
+        ``multi_version_samples`` (samples whose tokens come from >= 2 versions).
+    """
+    hist: Counter[int] = Counter()
+    masked = 0
+    max_spanned = 0
+    multi = 0
+    for group in groups:
+        for s in group.samples:
+            for v, m in zip(s.versions, s.loss_mask):
+                if m:
+                    hist[trainer_version - v] += 1
+            masked += s.mask_stale(trainer_version, max_staleness)
+            spanned = s.num_versions_spanned
+            max_spanned = max(max_spanned, spanned)
+            multi += spanned >= 2
+    total = sum(hist.values())
+    off = sum(n for lag, n in hist.items() if lag > 0)
+    return {
+        "lag_histogram": dict(sorted(hist.items())),
+        "off_policy_token_fraction": off / total if total else 0.0,
+        "max_version_lag": max(hist) if hist else 0,
+        "masked_stale_tokens": masked,
+        "max_versions_in_a_sample": max_spanned,
+        "multi_version_samples": multi,
+    }

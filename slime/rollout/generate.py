@@ -1,0 +1,105 @@
+"""The default generate function: one ``/generate`` call that grows a sample token-exactly.
+
+A fresh sample sends ``prompt_ids``; a partial one (aborted earlier) sends ``prompt_ids +
+response_ids`` as token ids, with ``max_new_tokens`` reduced by what it already has, so a resumed
+sample's tokens are exactly the old ones followed by the new ones (no text is re-tokenized).
+
+Example (resume token accounting): ``rollout_max_response_len=64``; a sample aborted after 20
+tokens is re-sent with ``input_ids = prompt(9) + response(20)`` and ``max_new_tokens = 44``; the
+engine returns 12 tokens and stops: the sample now holds 32 tokens, 20 tagged with the old
+version and 12 with the new one.
+
+Statuses: ``finish_reason`` stop -> COMPLETED, length -> TRUNCATED, abort -> PARTIAL (resumable).
+An engine that refuses the request (HTTP 4xx) marks the sample FAILED with the engine's message as
+evidence; an unreachable engine (after the pool's bounded retries) propagates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from slime.errors import EngineRequestError
+from slime.types import Sample, Status
+
+__all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id"]
+
+
+def status_from_finish_reason(finish_type: str) -> Status:
+    """Map SGLang's ``finish_reason.type`` to our Status (the only place strings are compared)."""
+    if finish_type == "stop":
+        return Status.COMPLETED
+    if finish_type == "length":
+        return Status.TRUNCATED
+    if finish_type == "abort":
+        return Status.PARTIAL
+    raise ValueError(f"unknown finish_reason type {finish_type!r}")
+
+
+def policy_version_of(weight_version: str | None, default: int) -> int:
+    """Our integer policy version from SGLang's ``weight_version`` string.
+
+    We launch and update engines with ``weight_version=str(version)``; an engine that reports
+    anything else (real SGLang's ``"default"`` before the first update) gets ``default``.
+    """
+    if weight_version is not None and weight_version.isdigit():
+        return int(weight_version)
+    return default
+
+
+def request_id(sample: Sample) -> str:
+    """A rid that is never a prefix of another (SGLang aborts by rid prefix, protocol §3.1)."""
+    return f"slime-g{sample.group_id}-s{sample.index}-a{sample.num_aborts}-r{sample.num_resumes}-"
+
+
+async def generate(
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    *,
+    pool: Any,
+    max_response_len: int,
+    engine_version: int,
+    decode: Callable[[list[int]], str] | None = None,
+) -> Sample:
+    """Run one generate request for ``sample`` and append what comes back.
+
+    Args:
+        sample: a PENDING or PARTIAL sample; mutated in place through ``Sample.append``.
+        sampling_params: SGLang ``sampling_params`` without ``max_new_tokens`` (set here).
+        pool: an ``EnginePool`` (``generate(input_ids, sampling_params, rid=, sticky_key=)``).
+        max_response_len: cap on response tokens, counting tokens the sample already has.
+        engine_version: the policy version the engines hold, used when the engine's
+            ``weight_version`` is not one of ours.
+        decode: token ids -> text, to refresh ``sample.response`` for reward functions.
+
+    Returns:
+        The same sample, with status COMPLETED, TRUNCATED, PARTIAL or FAILED.
+    """
+    remaining = max_response_len - len(sample.response_ids)
+    if remaining <= 0:
+        sample.status = Status.TRUNCATED
+        return sample
+    if sample.response_ids:
+        sample.num_resumes += 1
+    params = dict(sampling_params, max_new_tokens=remaining)
+    try:
+        result = await pool.generate(
+            sample.prompt_ids + sample.response_ids,
+            params,
+            rid=request_id(sample),
+            sticky_key=f"g{sample.group_id}-s{sample.index}",
+        )
+    except EngineRequestError as exc:
+        sample.status = Status.FAILED
+        sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc)}
+        return sample
+    if result.token_weight_versions is not None and len(result.token_weight_versions) == len(result.output_ids):
+        versions: int | list[int] = [policy_version_of(v, engine_version) for v in result.token_weight_versions]
+    else:
+        versions = policy_version_of(result.weight_version, engine_version)
+    sample.append(result.output_ids, result.output_logprobs, versions, trainable=True)
+    sample.status = status_from_finish_reason(result.finish_reason.type)
+    if sample.status is Status.PARTIAL:
+        sample.num_aborts += 1
+    if decode is not None:
+        sample.response = decode(sample.response_ids)
+    return sample

@@ -1,0 +1,108 @@
+"""Rewards at the plugin boundary: timeouts, failures kept as evidence, never a crashed run.
+
+A reward function is ``async def reward(sample) -> float`` (per sample) or, with ``--group-rm``,
+``async def reward(samples) -> list[float]`` (per group). A plain (sync) function is run in a
+worker thread. Whatever it does wrong (raises, hangs past ``reward_timeout_s``, returns a
+non-number or NaN, returns the wrong number of rewards) the sample is marked ``Status.FAILED``
+with ``reward = 0.0`` and ``sample.evidence["reward_error"]`` holding the exception type, message
+and elapsed seconds. Failed samples do not train (see ``slime/train/batch.py``).
+
+Not covered: a sync reward function that hangs keeps its worker thread busy after the timeout
+(Python threads cannot be killed); the run goes on without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import time
+import traceback
+from typing import Any, Callable
+
+from slime.errors import ConfigError, PluginError
+from slime.types import Sample, Status
+
+__all__ = ["load_function", "score_sample", "score_group"]
+
+
+def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[..., Any]:
+    """Import ``pkg.module.func`` or ``pkg.module:func``; raise ConfigError naming ``flag``."""
+    mod_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not mod_name or not attr:
+        raise ConfigError(f"{flag}={path!r}: expected 'package.module.function' or 'package.module:function'")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ConfigError(f"{flag}={path!r}: cannot import module {mod_name!r}: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{flag}={path!r}: module {mod_name!r} has no callable {attr!r}")
+    return fn
+
+
+async def _call(fn: Callable[..., Any], arg: Any) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(arg)
+    result = await asyncio.to_thread(fn, arg)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _as_reward(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PluginError(f"reward function returned {type(value).__name__} {value!r}, expected a float")
+    value = float(value)
+    if not math.isfinite(value):
+        raise PluginError(f"reward function returned non-finite {value}")
+    return value
+
+
+def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
+    sample.status = Status.FAILED
+    sample.reward = 0.0
+    sample.evidence["reward_error"] = {
+        "type": type(exc).__name__,
+        "message": str(exc) or repr(exc),
+        "elapsed_s": round(elapsed_s, 4),
+        "traceback": "".join(traceback.format_exception(exc, limit=-3))[-2000:],
+    }
+
+
+async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout_s: float) -> None:
+    """Set ``sample.reward`` from ``reward_fn``; on any plugin failure mark the sample FAILED."""
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await _call(reward_fn, sample)
+        sample.reward = _as_reward(raw)
+    except TimeoutError as exc:
+        _mark_failed(sample, TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s)"), time.monotonic() - t0)
+        del exc
+    except Exception as exc:  # plugin boundary: a user function's failure becomes data
+        _mark_failed(sample, exc, time.monotonic() - t0)
+
+
+async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any], *, timeout_s: float) -> None:
+    """Set every sample's reward from one call of a per-group reward function."""
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await _call(group_reward_fn, samples)
+        if not isinstance(raw, (list, tuple)) or len(raw) != len(samples):
+            n = len(raw) if isinstance(raw, (list, tuple)) else type(raw).__name__
+            raise PluginError(f"group reward function returned {n} rewards for {len(samples)} samples")
+        values = [_as_reward(v) for v in raw]
+    except TimeoutError:
+        exc: BaseException = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s)")
+        for s in samples:
+            _mark_failed(s, exc, time.monotonic() - t0)
+        return
+    except Exception as exc:  # plugin boundary
+        for s in samples:
+            _mark_failed(s, exc, time.monotonic() - t0)
+        return
+    for s, v in zip(samples, values):
+        s.reward = v

@@ -1,0 +1,180 @@
+"""Build the padded tensors of one train step from rewarded groups.
+
+Shape legend: B = samples in the batch, T = longest prompt + response (right-padded), and
+L = T - 1 next-token positions: position ``t`` predicts token ``t + 1``. Per-token tensors live on
+the L axis so they line up with ``compute_token_logprobs`` output.
+
+Example (prompt of 3 ``p0 p1 p2``, response of 4 ``r0 r1 r2 r3``, one pad, so T = 8, L = 7)::
+
+    input_ids        p0  p1  p2  r0  r1  r2  r3  PAD
+    position t        0   1   2   3   4   5   6
+    predicts         p1  p2  r0  r1  r2  r3  PAD
+    loss_mask         0   0   1   1   1   1   0        (sample.loss_mask [1,1,1,1] at t = 2..5)
+    rollout_logprobs  0   0  lp0 lp1 lp2 lp3  0        (advantages: A at t = 2..5, 0 elsewhere)
+
+Samples with status FAILED never train: their loss_mask is all 0 and they are left out of their
+group's reward mean and std (their reward may be None). A sample whose loss mask is all 0 (failed,
+or every token masked off-policy) adds nothing to the loss. Padding is ``pad_token_id`` and never
+reaches the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from slime.train.advantages import grpo_advantages
+from slime.types import Group, Status
+
+__all__ = ["TrainBatch", "build_train_batch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """The tensors of one train step (CPU). Legend in the module docstring.
+
+    Attributes:
+        input_ids: [B, T] int64, prompt + response, right-padded with ``pad_token_id``.
+        attention_mask: [B, T] int64, 1 = real token, 0 = padding.
+        loss_mask: [B, L] float32, 1 = position predicts a trainable response token; 0 elsewhere.
+        rollout_logprobs: [B, L] float32, natural log, the engine's logprob of the predicted
+            response token; 0.0 at prompt and padding positions.
+        advantages: [B, L] float32, the sample's advantage at its response positions; 0.0 elsewhere.
+        staleness: [B, L] int64, ``current_version - version`` of the predicted response token
+            (policy versions behind); 0 at prompt and padding positions.
+        sample_advantages: [B] float32, one advantage per sample (0.0 for FAILED samples).
+        rewards: [B] float32, the sample rewards; NaN for FAILED samples without a reward.
+        seq_lens: [B] int64, prompt + response tokens of each sample.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    rollout_logprobs: Tensor
+    advantages: Tensor
+    staleness: Tensor
+    sample_advantages: Tensor
+    rewards: Tensor
+    seq_lens: Tensor
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_train_tokens(self) -> int:
+        """Tokens that carry loss (sum of ``loss_mask``)."""
+        return int(self.loss_mask.sum())
+
+    def slice(self, start: int, end: int) -> "TrainBatch":
+        """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""
+        t = max(int(self.seq_lens[start:end].max()), 2) if end > start else 2
+        fields = {}
+        for f in dataclasses.fields(self):
+            x = getattr(self, f.name)[start:end]
+            if x.dim() == 2:
+                x = x[:, : t if x.shape[1] == self.input_ids.shape[1] else t - 1]
+            fields[f.name] = x
+        return TrainBatch(**fields)
+
+
+def build_train_batch(
+    groups: Sequence[Group],
+    *,
+    pad_token_id: int,
+    current_version: int,
+    normalize_advantages_by_std: bool = True,
+    max_staleness: int | None = None,
+) -> TrainBatch:
+    """Lay the samples of ``groups`` out as right-padded tensors with GRPO advantages.
+
+    Args:
+        groups: rewarded groups; every non-FAILED sample needs a reward and at least one prompt
+            token, and its aligned per-token lists must have equal lengths.
+        pad_token_id: the id that fills padding (never trained on).
+        current_version: the policy version of the weights about to be trained.
+        normalize_advantages_by_std: GRPO (True) or Dr. GRPO (False); see ``grpo_advantages``.
+        max_staleness: None = no check; otherwise a trainable token more than this many versions
+            behind ``current_version`` is a bug upstream (the loop must mask or drop it).
+
+    Returns:
+        A ``TrainBatch`` with B = total samples, in group order then sample order.
+
+    Raises:
+        ValueError: a sample is misaligned, has no prompt, or lacks a reward while not FAILED.
+        RuntimeError: a trainable token is older than ``max_staleness`` versions, or newer than
+            ``current_version``.
+    """
+    samples = [s for g in groups for s in g.samples]
+    if not samples:
+        raise ValueError("build_train_batch: no samples in the given groups")
+    num_groups, n_max = len(groups), max(len(g.samples) for g in groups)
+    rewards = torch.full((num_groups, n_max), float("nan"))  # [G, n]
+    valid = torch.zeros((num_groups, n_max), dtype=torch.bool)  # [G, n]
+    for gi, g in enumerate(groups):
+        for si, s in enumerate(g.samples):
+            s.check_aligned()
+            if not s.prompt_ids:
+                raise ValueError(f"Sample(group={s.group_id}, index={s.index}) has no prompt_ids")
+            if s.status is Status.FAILED:
+                continue
+            if s.reward is None:
+                raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
+            rewards[gi, si], valid[gi, si] = float(s.reward), True
+    adv = grpo_advantages(rewards, normalize_by_std=normalize_advantages_by_std, valid_mask=valid)  # [G, n]
+
+    seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    num_samples, t_max = len(samples), max(max(seq_lens), 2)
+    input_ids = torch.full((num_samples, t_max), pad_token_id, dtype=torch.long)  # [B, T]
+    attention_mask = torch.zeros((num_samples, t_max), dtype=torch.long)  # [B, T]
+    loss_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
+    rollout_logprobs = torch.zeros((num_samples, t_max - 1))  # [B, L]
+    staleness = torch.zeros((num_samples, t_max - 1), dtype=torch.long)  # [B, L]
+    advantages = torch.zeros((num_samples, t_max - 1))  # [B, L]
+    sample_adv = torch.zeros(num_samples)  # [B]
+    b = 0
+    for gi, g in enumerate(groups):
+        for si, s in enumerate(g.samples):
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+            attention_mask[b, : p + r] = 1
+            resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
+            if s.status is not Status.FAILED:
+                loss_mask[b, resp] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+            staleness[b, resp] = current_version - torch.tensor(s.versions, dtype=torch.long)
+            advantages[b, resp] = sample_adv[b] = adv[gi, si]
+            b += 1
+    _check_staleness(staleness, loss_mask, current_version, max_staleness)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        rollout_logprobs=rollout_logprobs,
+        advantages=advantages,
+        staleness=staleness,
+        sample_advantages=sample_adv,
+        rewards=torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples]),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.long),
+    )
+
+
+def _check_staleness(staleness: Tensor, loss_mask: Tensor, current_version: int, max_staleness: int | None) -> None:
+    """Raise RuntimeError, with the numbers, when a trainable token is too old or from the future."""
+    trained = staleness[loss_mask > 0]  # [num_train_tokens]
+    if trained.numel() == 0:
+        return
+    newest_lag, oldest_lag = int(trained.min()), int(trained.max())
+    if newest_lag < 0:
+        raise RuntimeError(
+            f"train batch has a trainable token of version {current_version - newest_lag} > current_version {current_version}"
+        )
+    if max_staleness is not None and oldest_lag > max_staleness:
+        num_stale = int((trained > max_staleness).sum())
+        raise RuntimeError(
+            f"train batch has {num_stale} trainable tokens older than max_staleness={max_staleness}: oldest is "
+            f"{oldest_lag} versions behind current_version {current_version} (version {current_version - oldest_lag})"
+        )
