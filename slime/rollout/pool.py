@@ -128,7 +128,6 @@ class EnginePool:
         if sticky_key is not None and not tried:
             url = self._sticky.get(sticky_key)
             if url in self._clients and self._is_up(url):
-                self._sticky.move_to_end(sticky_key)
                 return self._clients[url]
         candidates = [c for c in self._clients.values() if c.url not in tried] or list(self._clients.values())
         candidates = [c for c in candidates if self._is_up(c.url)] or candidates
@@ -156,26 +155,31 @@ class EnginePool:
             if attempt:
                 await asyncio.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
             client = self._pick(sticky_key, set(attempts))
-            self._num_picks[client.url] = self._num_picks.get(client.url, 0) + 1
             attempts.append(client.url)
+            self._num_picks[client.url] += 1
+            if sticky_key is not None:  # bound now, so a group's concurrent samples share one engine
+                self._bind_sticky(sticky_key, client.url)
             try:
                 result = await client.generate(input_ids, sampling_params, rid=rid, return_logprob=return_logprob)
             except EngineUnavailable as exc:
                 last = exc
-                self._down_until[client.url] = time.monotonic() + self.config.retry_backoff_s * 2**self.config.max_retries
+                if client.url in self._clients:
+                    cooldown_s = self.config.retry_backoff_s * 2**self.config.max_retries
+                    self._down_until[client.url] = time.monotonic() + cooldown_s
                 continue
             self._down_until.pop(client.url, None)
-            if sticky_key is not None:
-                self._sticky[sticky_key] = client.url
-                self._sticky.move_to_end(sticky_key)
-                if len(self._sticky) > _MAX_STICKY_KEYS:
-                    self._sticky.popitem(last=False)
             return result
         assert last is not None
         raise EngineUnavailable(
             f"gave up after {len(attempts)} attempts against {attempts}; last error: {last}",
             url=last.url, endpoint="/generate", status=last.status, engine_message=last.engine_message,
         ) from last
+
+    def _bind_sticky(self, key: str, url: str) -> None:
+        self._sticky[key] = url
+        self._sticky.move_to_end(key)
+        if len(self._sticky) > _MAX_STICKY_KEYS:
+            self._sticky.popitem(last=False)
 
     # -- bulk control ----------------------------------------------------------------------------
 

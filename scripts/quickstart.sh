@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the CPU main job: GRPO with partial rollouts (APRIL) on the arithmetic
+# task, from the shipped warm start, through the embedded engine over the SGLang HTTP protocol.
+# Extra arguments are passed to `slime train` (e.g. --seed 2 --save runs/seed2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/slime train \
+  --partial-rollout \
+  --rollout-batch-size 16 --over-sampling-batch-size 32 --n-samples-per-prompt 8 \
+  --global-batch-size 128 --micro-batch-size 64 \
+  --rollout-max-response-len 48 --rollout-temperature 1.0 \
+  --num-rollout 40 --lr 1e-4 --use-tis \
+  --save runs/quickstart --seed 1 \
+  "$@"

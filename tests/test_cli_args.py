@@ -1,0 +1,84 @@
+"""The CLI surface of `slime train` is pinned, and every flag reaches a config field."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from slime.cli_args import FLAGS, build_parser, config_from_args
+from slime.config import Config
+from slime.errors import ConfigError
+
+PINNED = {
+    "--hf-checkpoint", "--rollout-external-engine-addrs", "--rollout-num-engines", "--engine-threads",
+    "--max-running-requests", "--prompt-data", "--input-key", "--label-key", "--metadata-key",
+    "--rollout-shuffle", "--eval-prompt-data", "--num-eval-prompts", "--on-bad-data",
+    "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode",
+    "--num-rollout", "--max-staleness", "--eval-interval", "--overlap-train", "--n-samples-per-prompt",
+    "--rollout-max-response-len", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
+    "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path",
+    "--global-batch-size", "--micro-batch-size", "--lr", "--weight-decay", "--adam-beta1", "--adam-beta2",
+    "--clip-grad", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",
+    "--train-threads", "--save", "--seed",
+}
+
+
+def test_flag_list_is_pinned():
+    assert set(FLAGS) == PINNED
+
+
+def _get(config, path):
+    node = msgspec.to_builtins(config)
+    for p in path.split("."):
+        node = node[p]
+    return node
+
+
+@pytest.mark.parametrize("flag", sorted(FLAGS))
+def test_every_flag_reaches_its_field(flag):
+    path, kwargs = FLAGS[flag]
+    parser = build_parser()
+    field = path.split("=")[0]
+    default = _get(Config(), field)
+    if kwargs.get("action") in ("store_true",):
+        argv, expect = [flag], (path.split("=")[1] if "=" in path else True)
+    elif kwargs.get("nargs") == "+":
+        argv, expect = [flag, "127.0.0.1:1", "127.0.0.1:2"], ["127.0.0.1:1", "127.0.0.1:2"]
+    elif "choices" in kwargs:
+        choice = next(c for c in kwargs["choices"] if c != default)
+        argv, expect = [flag, choice], choice
+    elif kwargs.get("type") is int:
+        argv, expect = [flag, "128"], 128
+    elif kwargs.get("type") is float:
+        argv, expect = [flag, "0.5"], 0.5
+    elif "action" in kwargs:  # BooleanOptionalAction
+        argv, expect = ["--no-" + flag[2:]], False
+    else:
+        argv, expect = [flag, "some/value"], "some/value"
+    base = ["--rollout-batch-size", "128", "--over-sampling-batch-size", "256", "--global-batch-size", "128"]
+    if flag in ("--rollout-batch-size", "--global-batch-size", "--over-sampling-batch-size"):
+        base = [a for i, a in enumerate(base) if a != flag and (i == 0 or base[i - 1] != flag)]
+    config = config_from_args(parser.parse_args(base + argv))
+    got = _get(config, field)
+    assert (list(got) if isinstance(got, (list, tuple)) else got) == expect
+
+
+def test_shared_values_reach_every_section():
+    c = config_from_args(build_parser().parse_args(["--n-samples-per-prompt", "4", "--global-batch-size", "64", "--rollout-temperature", "0.7", "--seed", "9"]))
+    assert c.loop.n_samples_per_prompt == 4 and c.train.rollout_temperature == 0.7 and c.train.seed == 9 and c.data.seed == 9
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--rollout-batch-size", "0"], "--rollout-batch-size"),
+        (["--rollout-batch-size", "8", "--over-sampling-batch-size", "4"], "--over-sampling-batch-size"),
+        (["--rollout-top-p", "1.5"], "--rollout-top-p"),
+        (["--lr", "-1"], "--lr"),
+        (["--global-batch-size", "7"], "--global-batch-size"),
+        (["--rollout-temperature", "0"], "--rollout-temperature"),
+    ],
+)
+def test_bad_values_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError, match=flag):
+        config_from_args(build_parser().parse_args(argv))
