@@ -57,6 +57,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--clip-grad": ("train.clip_grad", dict(type=float)),
     "--eps-clip": ("train.eps_clip", dict(type=float)),
     "--eps-clip-high": ("train.eps_clip_high", dict(type=float)),
+    "--calculate-per-token-loss": ("train.loss_agg=token_mean", dict(action="store_true", help="one mean over all tokens (DAPO) instead of per-sample means")),
     "--use-tis": ("train.use_tis", dict(action="store_true")),
     "--tis-clip": ("train.tis_clip", dict(type=float)),
     "--tis-clip-low": ("train.tis_clip_low", dict(type=float)),

@@ -108,6 +108,9 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Token-level truncated importance sampling between trainer and rollout logprobs (``--use-tis``)."""
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    loss_agg: Literal["seq_mean", "token_mean"] = "seq_mean"
+    """Loss aggregation: mean over each sample's tokens then over samples (slime's default), or
+    one mean over every token of the step (``--calculate-per-token-loss``, DAPO)."""
     normalize_advantages_by_std: bool = True
     """GRPO: divide group-centred rewards by the group std (off = Dr. GRPO)."""
     rollout_temperature: float = 1.0
@@ -167,6 +170,11 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.train.global_batch_size >= 1, "--global-batch-size", self.train.global_batch_size, ">= 1"),
             (self.train.micro_batch_size >= 1, "--micro-batch-size", self.train.micro_batch_size, ">= 1"),
             (self.train.eps_clip > 0, "--eps-clip", self.train.eps_clip, "> 0"),
+            (self.train.eps_clip_high is None or self.train.eps_clip_high >= 0, "--eps-clip-high", self.train.eps_clip_high, ">= 0"),
+            (0 <= self.train.tis_clip_low <= self.train.tis_clip, "--tis-clip-low", self.train.tis_clip_low, f"in [0, --tis-clip={self.train.tis_clip}]"),
+            (self.train.clip_grad >= 0, "--clip-grad", self.train.clip_grad, ">= 0 (0 = no clipping)"),
+            (self.train.num_threads >= 1, "--train-threads", self.train.num_threads, ">= 1"),
+            (self.train.micro_batch_size <= self.train.global_batch_size, "--micro-batch-size", self.train.micro_batch_size, f"<= --global-batch-size ({self.train.global_batch_size})"),
             (self.loop.max_staleness >= 0, "--max-staleness", self.loop.max_staleness, ">= 0"),
             (self.rollout.request_timeout_s > 0, "--request-timeout-s", self.rollout.request_timeout_s, "> 0"),
             (self.rollout.reward_timeout_s > 0, "--reward-timeout-s", self.rollout.reward_timeout_s, "> 0"),

@@ -18,7 +18,7 @@ PINNED = {
     "--rollout-max-response-len", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
     "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path",
     "--global-batch-size", "--micro-batch-size", "--lr", "--weight-decay", "--adam-beta1", "--adam-beta2",
-    "--clip-grad", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",
+    "--clip-grad", "--calculate-per-token-loss", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",
     "--train-threads", "--save", "--seed",
 }
 

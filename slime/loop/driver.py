@@ -102,7 +102,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     t_start = time.monotonic()
 
     async with _engines(config) as urls, EnginePool(urls, config=config.rollout) as pool:
-        await pool.wait_ready()
+        await pool.wait_ready(config.engine.startup_timeout_s)
         sync = DiskWeightSync(msgspec.structs.replace(config.sync, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf)
         version = 0
         eval_kw = dict(

@@ -125,6 +125,8 @@ class EnginePool:
         return self._down_until.get(url, 0.0) <= time.monotonic()
 
     def _pick(self, sticky_key: str | None, tried: set[str]) -> EngineClient:
+        if not self._clients:
+            raise EngineUnavailable("no engines in the pool", endpoint="/generate")
         if sticky_key is not None and not tried:
             url = self._sticky.get(sticky_key)
             if url in self._clients and self._is_up(url):

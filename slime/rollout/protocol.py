@@ -14,20 +14,14 @@ logprob (unless allowed), weight-version spans that do not tile the output, a nu
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import msgspec
 
 from slime.errors import ProtocolError
 
-__all__ = [
-    "SAMPLING_PARAM_KEYS",
-    "FinishReason",
-    "GenerateResult",
-    "build_generate_payload",
-    "parse_generate_response",
-    "error_message_from_body",
-]
+__all__ = ["SAMPLING_PARAM_KEYS", "FinishReason", "GenerateResult", "build_generate_payload",
+           "parse_generate_response", "error_message_from_body"]
 
 SAMPLING_PARAM_KEYS = frozenset({
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
@@ -138,11 +132,7 @@ _generate_decoder = msgspec.json.Decoder(_WireItem | list[_WireItem])
 
 
 def build_generate_payload(
-    input_ids: Sequence[int],
-    sampling_params: Mapping[str, Any],
-    *,
-    rid: str | None,
-    return_logprob: bool,
+    input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, return_logprob: bool
 ) -> dict[str, Any]:
     """Build a single-prompt ``/generate`` body (§2.1): ``{input_ids, sampling_params, return_logprob[, rid]}``.
 
@@ -170,22 +160,14 @@ def build_generate_payload(
         value = sampling_params.get(key)
         if value is not None and type(value) is not int:
             raise ValueError(f"sampling_params[{key!r}] must be an int, got {value!r}")
-    payload: dict[str, Any] = {
-        "input_ids": ids,
-        "sampling_params": dict(sampling_params),
-        "return_logprob": bool(return_logprob),
-    }
+    payload = {"input_ids": ids, "sampling_params": dict(sampling_params), "return_logprob": bool(return_logprob)}
     if rid is not None:
         payload["rid"] = rid
     return payload
 
 
 def parse_generate_response(
-    body: bytes | str,
-    *,
-    url: str,
-    return_logprob: bool = True,
-    allow_null_logprobs: bool = False,
+    body: bytes | str, *, url: str, return_logprob: bool = True, allow_null_logprobs: bool = False
 ) -> list[GenerateResult]:
     """Parse a non-streaming ``/generate`` 200 body (§2.4, §2.9) into one result per item.
 
@@ -225,10 +207,9 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
 
     if meta.finish_reason is None:
         raise fail("finish_reason is null (an unfinished stream chunk?)")
-    entries = meta.output_token_logprobs
-    output_ids = item.output_ids
-    if output_ids is None:
-        output_ids = [e.token_id for e in entries] if entries is not None else None
+    entries, output_ids = meta.output_token_logprobs, item.output_ids
+    if output_ids is None and entries is not None:
+        output_ids = [e.token_id for e in entries]  # 0.4.6 text mode (§7)
     if output_ids is None:
         if meta.finish_reason.type != "abort":
             raise fail("no output_ids and no output_token_logprobs: cannot recover the tokens "
@@ -263,19 +244,18 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
     )
 
 
-def _expand_spans(spans: list[_WeightSpan], num_tokens: int, fail: Any) -> list[str]:
+def _expand_spans(spans: list[_WeightSpan], num_tokens: int, fail: Callable[[str], ProtocolError]) -> list[str]:
     """``[{"version":"v1","start":0,"end":2},{"version":"v2","start":2,"end":3}]``, 3 tokens -> ``["v1","v1","v2"]``.
 
     Spans must tile ``[0, num_tokens)`` in order; empty spans (``start == end``) are allowed.
     """
     versions: list[str] = []
+    shown = [(s.version, s.start, s.end) for s in spans]
     for span in spans:
         if span.start != len(versions) or span.end < span.start or span.end > num_tokens:
-            shown = [(s.version, s.start, s.end) for s in spans]
             raise fail(f"weight_versions spans {shown} do not tile {num_tokens} output tokens")
         versions.extend([span.version] * (span.end - span.start))
     if len(versions) != num_tokens:
-        shown = [(s.version, s.start, s.end) for s in spans]
         raise fail(f"weight_versions spans {shown} cover {len(versions)} of {num_tokens} output tokens")
     return versions
 

@@ -90,8 +90,7 @@ class TorchTrainer:
         self.config = config
         self.model_dir = model_dir
         self.policy_version = policy_version
-        # TODO(config): ``loss_agg`` is proposed for TrainConfig; until then slime's default.
-        self.loss_agg = getattr(config, "loss_agg", "seq_mean")
+        self.loss_agg = config.loss_agg
         self._lock = threading.Lock()
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)

@@ -211,7 +211,8 @@ async def test_unavailable_engine_is_retried_on_the_other_one(start_engines) -> 
     bad, good = await start_engines(2)
     bad.on("/generate", status=503, body={"object": "error", "message": "overloaded", "code": 503})
     good.on("/generate", body=generate_body("ok"))
-    async with EnginePool([bad.url, good.url], config=FAST) as pool:
+    config = RolloutConfig(max_retries=3, retry_backoff_s=0.1)  # a failed engine cools down for 0.8 s
+    async with EnginePool([bad.url, good.url], config=config) as pool:
         result = await pool.generate([1], {}, rid="ok")
         assert result.rid == "ok" and (bad.hits("/generate"), good.hits("/generate")) == (1, 1)
         assert good.calls[0][2]["rid"] == "ok"
@@ -247,6 +248,24 @@ async def test_sticky_key_returns_to_its_engine_and_others_go_to_the_least_loade
         assert (a.hits("/generate"), b.hits("/generate")) == (3, 0)
         await pool.generate([1], {})
         assert b.hits("/generate") == 1
+
+
+async def test_concurrent_samples_with_one_sticky_key_share_an_engine(start_engines) -> None:
+    a, b = await start_engines(2)
+    release = asyncio.Event()
+
+    async def stall(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response(generate_body())
+
+    a.routes["/generate"] = b.routes["/generate"] = stall
+    async with EnginePool([a.url, b.url], config=FAST) as pool:
+        tasks = [asyncio.create_task(pool.generate([1], {}, sticky_key="group-1")) for _ in range(3)]
+        while pool.num_inflight < 3:
+            await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(*tasks)
+    assert sorted([a.hits("/generate"), b.hits("/generate")]) == [0, 3]
 
 
 async def test_abort_all_reaches_every_engine_with_a_json_body(start_engines) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slime.errors import ProtocolError
 from slime.rollout.protocol import (
@@ -174,3 +176,13 @@ def test_every_documented_sampling_key_is_accepted() -> None:
 def test_payload_rejects_what_sglang_would_answer_400_to(input_ids: list, params: dict) -> None:
     with pytest.raises(ValueError):
         build_generate_payload(input_ids, params, rid=None, return_logprob=True)
+
+
+@given(st.dictionaries(st.sampled_from(sorted(SAMPLING_PARAM_KEYS)) | st.text(max_size=12), st.none() | st.integers()))
+def test_payload_never_carries_an_unknown_sampling_key(params: dict) -> None:
+    try:
+        payload = build_generate_payload([1], params, rid=None, return_logprob=True)
+    except ValueError:
+        assert set(params) - SAMPLING_PARAM_KEYS
+    else:
+        assert set(payload["sampling_params"]) <= SAMPLING_PARAM_KEYS and "return_logprob" not in payload["sampling_params"]

@@ -24,6 +24,7 @@ plain CPU tensors that grow with the batch), speculative decoding, penalties, gr
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -124,8 +125,12 @@ class ModelRunner:
             self._inbox.extend(reqs)
             self._cond.notify()
 
-    def abort(self, rid_prefix: str | None = None, *, message: str = "Aborted") -> concurrent.futures.Future:
-        """Abort requests whose rid starts with ``rid_prefix`` (all when None). Result: how many."""
+    def abort(self, *, rid_prefix: str | None = None, rids: set[str] | None = None,
+              message: str = "Aborted") -> concurrent.futures.Future:
+        """Abort requests whose rid starts with ``rid_prefix``, or is in ``rids``, or every request
+        when neither is given (SGLang's ``abort_all``). Result: how many were aborted."""
+        if rids is not None:
+            return self._post(lambda: self._abort_where(lambda r: r.rid in rids, message))
         return self._post(lambda: self._abort_where(lambda r: rid_prefix is None or r.rid.startswith(rid_prefix), message))
 
     def pause(self, mode: PauseMode) -> concurrent.futures.Future:
@@ -144,23 +149,24 @@ class ModelRunner:
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
 
-        def op() -> None:
+        def op(barrier: int) -> None:
             if abort_all:
                 self._abort_where(lambda r: True, "Aborted")
             self._pending.append(_Update(tensors, weight_version, barrier, future))
 
-        with self._cond:
-            barrier = self._seq
-        self._post(op)
+        posted = self._post(op, with_barrier=True)
+        posted.add_done_callback(lambda f: f.exception() and future.set_exception(f.exception()))
         return future
 
     # ---- runner thread ---------------------------------------------------------------------------
-    def _post(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+    def _post(self, fn: Callable[..., Any], *, with_barrier: bool = False) -> concurrent.futures.Future:
+        """Run ``fn`` on the runner thread before its next step; ``with_barrier`` passes it the
+        sequence number of the next request to be submitted (everything before it is "in flight")."""
         future: concurrent.futures.Future = concurrent.futures.Future()
 
-        def op() -> None:
+        def op(*args: Any) -> None:
             try:
-                future.set_result(fn())
+                future.set_result(fn(*args))
             except Exception as exc:  # a bad control request, reported to its caller
                 future.set_exception(exc)
 
@@ -168,7 +174,7 @@ class ModelRunner:
             if self._closed:
                 future.set_exception(RuntimeError("the engine runner is stopped"))
                 return future
-            self._ops.append(op)
+            self._ops.append(functools.partial(op, self._seq) if with_barrier else op)
             self._cond.notify()
         return future
 
