@@ -72,9 +72,10 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
 
 
 class LoopConfig(msgspec.Struct, **_STRUCT):
-    mode: Literal["sync", "april"] = "sync"
+    mode: Literal["sync", "april", "async"] = "sync"
     """``sync``: wait for every sample (baseline). ``april``: over-provision, abort at target,
-    recycle partials. ``--partial-rollout`` selects ``april``."""
+    recycle partials (``--partial-rollout`` selects it). ``async``: generation never stops; weights
+    are updated in flight (pause in place, update, continue)."""
     rollout_batch_size: int = 16
     """Groups per training batch (``--rollout-batch-size``)."""
     over_sampling_batch_size: int = 32
@@ -83,7 +84,18 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     """Rollout steps (= policy updates of the version counter) (``--num-rollout``)."""
     n_samples_per_prompt: int = 8
     max_staleness: int = 4
-    """Tokens older than this many versions are masked out of the loss (``--max-staleness``)."""
+    """Bound on version lag (AReaL's eta, ``--max-staleness``): admission control starts no group
+    that could only be trained more than this many versions after its first token, and tokens
+    older than this at consumption are handled by ``staleness_policy``."""
+    staleness_policy: Literal["mask", "drop"] = "mask"
+    """Over-stale tokens at consumption: mask them out of the loss, or drop their whole group
+    (``--staleness-policy``)."""
+    dynamic_sampling_filter_path: str | None = None
+    """``pkg.module.func(group) -> bool`` keeping a finished group, or
+    ``slime.loop.filters.nonzero_reward_std`` (``--dynamic-sampling-filter-path``)."""
+    buffer_filter_path: str | None = None
+    """``pkg.module.func(rollout_id, partial_groups, num) -> list[Group]`` choosing which partial
+    groups resume next; default: oldest version first (``--buffer-filter-path``)."""
     abort_timeout_s: float = 30.0
     """How long stopping a step may wait for aborted requests to come back."""
     overlap_train: bool = True

@@ -13,7 +13,7 @@ PINNED = {
     "--hf-checkpoint", "--rollout-external-engine-addrs", "--rollout-num-engines", "--engine-threads",
     "--max-running-requests", "--prompt-data", "--input-key", "--label-key", "--metadata-key",
     "--rollout-shuffle", "--eval-prompt-data", "--num-eval-prompts", "--on-bad-data",
-    "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode",
+    "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode", "--staleness-policy", "--dynamic-sampling-filter-path", "--buffer-filter-path",
     "--num-rollout", "--max-staleness", "--eval-interval", "--overlap-train", "--n-samples-per-prompt",
     "--rollout-max-response-len", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
     "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path",

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Callable
 
+from slime.errors import PluginError
 from slime.types import Group
 
 __all__ = ["DataBuffer"]
 
 
 class DataBuffer:
-    def __init__(self) -> None:
+    def __init__(self, *, buffer_filter: Callable[[int, list[Group], int], list[Group]] | None = None) -> None:
+        self.buffer_filter = buffer_filter
+        """Optional ``(rollout_id, partial_groups, num) -> chosen`` replacing the default order."""
         self.ready: deque[Group] = deque()
         self._partial: list[tuple[int, int, Group]] = []
         self.taken: set[int] = set()
@@ -31,8 +35,21 @@ class DataBuffer:
         oldest = group.oldest_version
         heapq.heappush(self._partial, (oldest if oldest is not None else 1 << 62, group.group_id, group))
 
-    def pop_partial(self) -> Group | None:
-        return heapq.heappop(self._partial)[2] if self._partial else None
+    def pop_partial(self, rollout_id: int = 0) -> Group | None:
+        """The next partial group to resume (oldest version first, or ``buffer_filter``'s pick)."""
+        if not self._partial:
+            return None
+        if self.buffer_filter is None:
+            return heapq.heappop(self._partial)[2]
+        groups = self.partial_groups()
+        chosen = self.buffer_filter(rollout_id, groups, 1)
+        if not chosen:
+            return None
+        if len(chosen) != 1 or not any(chosen[0] is g for g in groups):
+            raise PluginError(f"--buffer-filter-path returned {len(chosen)} groups not taken from the {len(groups)} queued ones")
+        self._partial = [e for e in self._partial if e[2] is not chosen[0]]
+        heapq.heapify(self._partial)
+        return chosen[0]
 
     @property
     def num_partial(self) -> int:

@@ -7,7 +7,7 @@ One rollout step (``--num-rollout`` of them)::
     metrics = await asyncio.to_thread(trainer.train_step, groups)  # the loop keeps generating
     path    = await sync.save(version + 1)                        # still generating
     async with scheduler.paused():                                # nothing in flight
-        await sync.load(path, version + 1); version += 1          # engines at the new version
+        await sync.load(path, version + 1, abort_all_requests=update_mode == "abort"); version += 1          # engines at the new version
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.
@@ -113,12 +113,15 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         metrics.write({"kind": "eval", "step": 0, "policy_version": 0, **before})
         log.info("eval before RL: accuracy %.3f", before["accuracy"])
         totals = {"aborted_samples": 0, "resumed_samples": 0, "max_versions_in_a_trained_sample": 1, "multi_version_samples": 0}
-        buffer = DataBuffer()
+        lp = config.loop
+        buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
+        group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
+        update_mode = "in_place" if lp.mode == "async" else "abort"
         bar = _progress(config.loop.num_rollout, progress)
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(
                 config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
-                buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version,
+                buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
             )
             for step in range(1, config.loop.num_rollout + 1):
                 t0 = time.monotonic()
@@ -128,8 +131,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 batch = _batch_stats(groups)
                 train_metrics = await asyncio.to_thread(trainer.train_step, groups)
                 path = await sync.save(version + 1)
-                async with sched.paused():
-                    await sync.load(path, version + 1)
+                async with sched.paused(update_mode):
+                    await sync.load(path, version + 1, abort_all_requests=update_mode == "abort")
                     version += 1
                     sched.engine_version = version
                 st = sched.pop_stats()
@@ -138,6 +141,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                     "kind": "step", "step": step, "policy_version": version, **batch,
                     "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
                     "generated_tokens": st.generated_tokens, "failed_samples": st.failed_samples,
+                    "filtered_groups": st.filtered_groups, "dropped_stale_groups": st.dropped_stale_groups,
                     "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt, "rollout_wait_s": t_rollout,
                     "partial_groups_queued": buffer.num_partial, "ready_groups_left": buffer.num_ready,
                     **{k: v for k, v in stale.items()},

@@ -1,35 +1,40 @@
-"""The rollout scheduler: over-provisioning, abort at target, partial-rollout recycling (APRIL).
+"""The rollout scheduler: one scheduler, three modes (``sync``, ``april``, ``async``).
 
 ::
 
     PromptSource ──► _fill() ──start group──► _run_group ──► _run_sample ──/generate──► EnginePool
-                       ▲  gate open?             │   (one task per group,   │ finish: stop/length
-                       │  capacity left?         │    a coroutine a sample) │ abort: PARTIAL (tokens kept)
+                       ▲  gate open? capacity?   │   (a task per group,     │ finish: stop/length
+                       │  staleness admission?   │    a coroutine a sample) │ abort: PARTIAL (tokens kept)
                        │                         ▼                          ▼
-                 partial queue ◄── some PARTIAL ─┴─ all finished ──► reward ──► DataBuffer.ready
-                 (served first)                                                  │
-                                                          next_batch(n) ◄────────┘ (driver → trainer)
+                 partial queue ◄── some PARTIAL ─┴─ all finished ──► reward ──► filter ──► DataBuffer.ready
+                 (served first)                                                              │
+                                                             next_batch(n) ◄─────────────────┘ (driver → trainer)
 
 The loops, what they consume and produce, what they wait for and what wakes them:
 
 - ``_fill`` (called on every state change, never blocks): consumes partial groups (first) and
-  new prompts; produces group tasks; starts nothing while the gate is closed or while
-  ``ready + in-flight`` groups reach the capacity (``over_sampling_batch_size`` in ``april``,
-  ``rollout_batch_size`` in ``sync``).
-- ``_run_group`` (a task per group): runs its unfinished samples concurrently; when each is
-  finished it is rewarded (``slime.rollout.rewards``); the group then goes to ``ready`` (all
-  finished) or back to the partial queue (aborted). It waits on the engines and reward
-  functions; an abort from ``next_batch`` or ``paused`` makes its requests return early.
-- ``next_batch`` (the driver): waits until ``n`` groups are ready. ``sync``: opens the gate for
-  exactly the groups the batch still needs and waits for all of them. ``april``: keeps the gate
-  open; at the target, with ``overlap_train`` off, it closes the gate and aborts the stragglers,
-  which return as partial groups. With ``overlap_train`` on, stragglers keep generating while
-  the trainer works and are aborted by the weight update.
-- ``paused`` (the weight sync): closes the gate, aborts every request, waits until none is in
-  flight (so no request straddles a weight change and every token's version is exact), lets the
-  caller update the weights, then restores the gate and refills (partials first).
+  new prompts; produces group tasks. Starts nothing while the gate is closed, while
+  ``ready + in-flight`` groups reach the capacity (``over_sampling_batch_size``; in ``sync``
+  ``rollout_batch_size``), or, in ``april``/``async``, when admission control says a new group
+  could only be trained more than ``max_staleness`` versions after its first token.
+- ``_run_group`` (a task per group): runs its unfinished samples concurrently; each finished
+  sample is rewarded (``slime.rollout.rewards``); then the group goes to ``ready`` (after the
+  dynamic-sampling filter; a rejected group frees its slot, so exactly one new group replaces it)
+  or back to the partial queue (some sample aborted). It waits on engines and reward functions.
+- ``next_batch`` (the driver): waits until ``n`` groups are ready and takes them. ``sync`` opens
+  the gate for exactly the groups the batch still needs. ``april`` keeps ``over_sampling`` groups
+  in flight; at the target, unless ``overlap_train``, it closes the gate and aborts stragglers,
+  which come back as partial groups. ``async`` never closes the gate.
+- ``paused(mode)`` (weight sync): ``"abort"`` closes the gate, aborts every request and waits until
+  none is in flight (no request straddles the update, so every token's version is exact), then
+  reopens and resumes partials first. ``"in_place"`` (``async``) pauses the engines with requests
+  kept; they continue on the new weights and SGLang's ``weight_versions`` spans tag their new tokens.
 
-Not covered here (see issue 3): fully asynchronous mode, admission control by staleness.
+Admission control (AReaL's bound, arXiv 2505.24298): with batches of B groups consumed in order,
+the k-th admitted group (0-based) is trained at trainer version >= floor(k / B); started at engine
+version v, its lag is at most eta iff k < (v + eta + 1) * B. Example: B=4, eta=1, v=0 -> groups
+0..7 may start; the 9th waits for version 1. The consumption-side check (``offpolicy.py``)
+enforces the bound exactly, since groups finish out of order.
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Literal
 
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptSource
+from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import score_group, score_sample
@@ -58,25 +64,28 @@ class StepStats:
 
     started_groups: int = 0
     finished_groups: int = 0
+    filtered_groups: int = 0
     aborted_samples: int = 0
     resumed_samples: int = 0
     failed_samples: int = 0
     generated_tokens: int = 0
+    filtered_tokens: int = 0
+    dropped_stale_groups: int = 0
 
 
 class Scheduler:
     """Owns the groups in flight; fills ``buffer.ready`` with rewarded groups.
 
     Args:
-        config: the loop section (mode, batch sizes, abort timeout).
-        rollout: the rollout section (group size, sampling, reward timeout).
+        config / rollout: the loop and rollout sections.
         source: prompt rows, handed out in a resumable order.
         tokenize / decode: prompt text -> ids, response ids -> text.
-        pool: the ``EnginePool``.
+        pool: the ``EnginePool`` (or anything with its ``generate``/``abort_all``/pause methods).
         buffer: where ready and partial groups live.
-        reward_fn: per-sample reward, or None when ``group_reward_fn`` is given.
+        reward_fn / group_reward_fn: per-sample or per-group reward (one of them).
         task_group: owns every group task (a failure in our code cancels the run).
-        generate_fn: the generate function (default: one ``/generate`` call per segment).
+        generate_fn: the generate function; returns the sample or a list of samples.
+        group_filter: dynamic-sampling filter ``(group) -> keep``.
     """
 
     def __init__(
@@ -93,26 +102,23 @@ class Scheduler:
         task_group: asyncio.TaskGroup,
         group_reward_fn: Callable[[list[Sample]], Awaitable[list[float]]] | None = None,
         generate_fn: Callable[..., Awaitable[Any]] = default_generate,
+        group_filter: Callable[[Group], bool] | None = None,
         engine_version: int = 0,
         next_group_id: int = 0,
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")
-        self.config = config
-        self.rollout = rollout
-        self.source = source
-        self.tokenize = tokenize
-        self.decode = decode
-        self.pool = pool
-        self.buffer = buffer
-        self.reward_fn = reward_fn
-        self.group_reward_fn = group_reward_fn
-        self.generate_fn = generate_fn
-        self.task_group = task_group
+        self.config, self.rollout = config, rollout
+        self.source, self.tokenize, self.decode = source, tokenize, decode
+        self.pool, self.buffer, self.task_group = pool, buffer, task_group
+        self.reward_fn, self.group_reward_fn = reward_fn, group_reward_fn
+        self.generate_fn, self.group_filter = generate_fn, group_filter
         self.engine_version = engine_version
-        """The policy version every engine holds (bumped by the driver after a weight sync)."""
+        """The policy version the engines hold (the driver bumps it after each weight sync)."""
         self.rollout_id = 0
         self.next_group_id = next_group_id
+        self.num_admitted = 0
+        """Groups admitted and not filtered out: the k of the admission bound."""
         self.inflight: dict[int, Group] = {}
         self.stats = StepStats()
         self._gate_open = False
@@ -130,9 +136,14 @@ class Scheduler:
     @property
     def capacity(self) -> int:
         """Groups held at once (in flight + ready): the over-provisioning bound."""
+        return self.config.rollout_batch_size if self.config.mode == "sync" else self.config.over_sampling_batch_size
+
+    @property
+    def admission_limit(self) -> int:
+        """Groups that may have been admitted at the current engine version (see module doc)."""
         if self.config.mode == "sync":
-            return self.config.rollout_batch_size
-        return self.config.over_sampling_batch_size
+            return 1 << 62
+        return (self.engine_version + self.config.max_staleness + 1) * self.config.rollout_batch_size
 
     # -- group lifecycle ------------------------------------------------------------------------
     def _new_group(self) -> Group:
@@ -148,12 +159,15 @@ class Scheduler:
 
     def _fill(self) -> None:
         while self._gate_open and len(self.inflight) + self.buffer.num_ready < self.capacity:
-            group = self.buffer.pop_partial()
+            group = self.buffer.pop_partial(self.rollout_id)
             if group is None:
+                if self._budget is not None and self._budget <= 0:
+                    return
+                if self.num_admitted >= self.admission_limit:
+                    return
                 if self._budget is not None:
-                    if self._budget <= 0:
-                        return
                     self._budget -= 1
+                self.num_admitted += 1
                 group = self._new_group()
                 self.stats.started_groups += 1
             self.inflight[group.group_id] = group
@@ -161,49 +175,64 @@ class Scheduler:
 
     async def _run_group(self, group: Group) -> None:
         try:
-            await asyncio.gather(*(self._run_sample(s) for s in group.samples if s.reward is None))
+            results = await asyncio.gather(*(self._run_sample(s) for s in group.samples if s.reward is None))
+            for old, new in results:
+                if new is not None:  # a generate function that returned several samples
+                    i = next(i for i, s in enumerate(group.samples) if s is old)
+                    group.samples[i : i + 1] = new
             if group.is_finished and self.group_reward_fn is not None and not group.is_rewarded:
                 await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s)
-            if group.is_finished and group.is_rewarded:
+            if not (group.is_finished and group.is_rewarded):
+                self.buffer.push_partial(group)
+            elif self.group_filter is not None and not self._keep(group):
+                self.stats.filtered_groups += 1
+                self.stats.filtered_tokens += group.num_response_tokens
+                self.num_admitted -= 1
+                if self._budget is not None:
+                    self._budget += 1  # sync: one new group replaces the rejected one
+            else:
                 self.stats.finished_groups += 1
                 self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
                 self.buffer.push_ready(group)
-            else:
-                self.buffer.push_partial(group)
         finally:
             del self.inflight[group.group_id]
             await self._notify()
             self._fill()
 
-    async def _run_sample(self, sample: Sample) -> None:
+    def _keep(self, group: Group) -> bool:
+        keep = self.group_filter(group)
+        if not isinstance(keep, bool):
+            raise PluginError(f"--dynamic-sampling-filter-path returned {type(keep).__name__}, expected bool")
+        return keep
+
+    async def _run_sample(self, sample: Sample) -> tuple[Sample, list[Sample] | None]:
+        produced: list[Sample] | None = None
         if sample.status.is_resumable:
             if not self._gate_open:
-                return  # stays PENDING/PARTIAL; the group is queued as partial
+                return sample, None  # stays PENDING/PARTIAL; the group is queued as partial
             if sample.num_aborts > 0:
                 self.stats.resumed_samples += 1
             before = len(sample.response_ids)
             self._num_requests += 1
             try:
-                await self.generate_fn(
-                    sample,
-                    self.sampling_params,
-                    pool=self.pool,
-                    max_response_len=self.rollout.rollout_max_response_len,
-                    engine_version=self.engine_version,
-                    decode=self.decode,
+                out = await self.generate_fn(
+                    sample, self.sampling_params, pool=self.pool, max_response_len=self.rollout.rollout_max_response_len,
+                    engine_version=self.engine_version, decode=self.decode,
                 )
             finally:
                 self._num_requests -= 1
                 await self._notify()
-            sample.check_aligned()
-            self.stats.generated_tokens += len(sample.response_ids) - before
+            produced = _check_generate_output(sample, out)
+            self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
                 self.stats.aborted_samples += 1
-                return
-        if sample.status is Status.FAILED:
-            sample.reward = 0.0
-        elif self.group_reward_fn is None and sample.reward is None:
-            await score_sample(sample, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                return sample, None
+        for s in produced or [sample]:
+            if s.status is Status.FAILED:
+                s.reward = 0.0
+            elif self.group_reward_fn is None and s.reward is None:
+                await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+        return sample, produced
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -217,22 +246,44 @@ class Scheduler:
     async def next_batch(self, n: int) -> list[Group]:
         """Wait for ``n`` ready groups and take them (oldest first). See the module docstring."""
         self.rollout_id += 1
-        if self.config.mode == "sync":
-            self._budget = max(0, n - self.buffer.num_ready - len(self.inflight))
-        else:
-            self._budget = None
+        self._budget = max(0, n - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
         self._gate_open = True
         self._fill()
-        await self._wait_for(lambda: self.buffer.num_ready >= n)
-        if self.config.mode == "sync" or not self.config.overlap_train:
+        batch: list[Group] = []
+        while len(batch) < n:
+            need = n - len(batch)
+            await self._wait_for(lambda: self.buffer.num_ready >= need)
+            for group in self.buffer.take(need):
+                if self.config.staleness_policy == "drop" and self._too_stale(group):
+                    self.stats.dropped_stale_groups += 1
+                    self.num_admitted -= 1  # its batch slot goes to a fresh group
+                    self._fill()
+                else:
+                    batch.append(group)
+        if self.config.mode == "sync" or (self.config.mode == "april" and not self.config.overlap_train):
             self._gate_open = False
-            if self.inflight:
+            if self._num_requests:
                 await self.pool.abort_all()
-        return self.buffer.take(n)
+        return batch
+
+    def _too_stale(self, group: Group) -> bool:
+        """True if a trainable token is more than ``max_staleness`` versions behind the engines
+        (which hold the trainer's version whenever a batch is taken)."""
+        bound = self.engine_version - self.config.max_staleness
+        return any(v < bound and m for s in group.samples for v, m in zip(s.versions, s.loss_mask))
 
     @contextlib.asynccontextmanager
-    async def paused(self):
-        """Stop generation with nothing in flight (for a weight update), then resume it."""
+    async def paused(self, mode: Literal["abort", "in_place"] = "abort"):
+        """Hold generation for a weight update. ``abort``: nothing in flight, partials resume after.
+        ``in_place``: engines pause with requests kept and continue on the new weights."""
+        if mode == "in_place":
+            await self.pool.pause_generation("in_place")
+            try:
+                yield
+            finally:
+                await self.pool.continue_generation()
+                self._fill()
+            return
         was_open = self._gate_open
         self._gate_open = False
         await self._drain()
@@ -267,3 +318,20 @@ class Scheduler:
     def pop_stats(self) -> StepStats:
         stats, self.stats = self.stats, StepStats()
         return stats
+
+
+def _check_generate_output(sample: Sample, out: Any) -> list[Sample] | None:
+    """Validate a generate function's return value; a list replaces the sample in its group."""
+    if out is sample or out is None:
+        sample.check_aligned()
+        return None
+    if isinstance(out, Sample):
+        raise PluginError(f"generate function returned a different Sample object for group {sample.group_id}; grow and return the one given")
+    if not isinstance(out, list) or not out or not all(isinstance(s, Sample) for s in out):
+        raise PluginError(f"generate function returned {type(out).__name__}; expected the Sample or a non-empty list of Samples")
+    for s in out:
+        s.check_aligned()
+        if not s.status.is_finished:
+            raise PluginError(f"generate function returned several samples, one with status {s.status.value}; each must be finished")
+        s.group_id = sample.group_id
+    return out

@@ -95,7 +95,10 @@ async def generate(
     if result.token_weight_versions is not None and len(result.token_weight_versions) == len(result.output_ids):
         versions: int | list[int] = [policy_version_of(v, engine_version) for v in result.token_weight_versions]
     else:
-        versions = policy_version_of(result.weight_version, engine_version)
+        # Without per-token spans (SGLang < 0.5.23) a request that straddled an in-place weight
+        # update cannot say which tokens came from which version: tag them all with the older of
+        # (reported, version at send), which over-states their lag and so is safe for the bound.
+        versions = min(policy_version_of(result.weight_version, engine_version), engine_version)
     sample.append(result.output_ids, result.output_logprobs, versions, trainable=True)
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:

@@ -49,9 +49,12 @@ class DiskWeightSync:
         self._written.append(path)
         return path
 
-    async def load(self, path: Path, version: int) -> None:
-        """Make every engine load ``path`` as ``version`` (step 3; call while paused)."""
-        await self.pool.update_weights_from_disk(str(path), weight_version=str(version), abort_all_requests=True)
+    async def load(self, path: Path, version: int, *, abort_all_requests: bool = True) -> None:
+        """Make every engine load ``path`` as ``version`` (step 3; call while paused).
+
+        ``abort_all_requests=False`` for an in-place update (async mode): paused requests stay and
+        continue on the new weights."""
+        await self.pool.update_weights_from_disk(str(path), weight_version=str(version), abort_all_requests=abort_all_requests)
         while len(self._written) > max(1, self.config.keep_last):
             old = self._written.pop(0)
             await asyncio.to_thread(shutil.rmtree, old, True)

@@ -20,14 +20,18 @@ async def _reward(sample):
     return float(len(sample.response_ids) % 2)
 
 
-async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, reward_fn=_reward, train_ticks=5):
+async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, reward_fn=_reward, train_ticks=5,
+                    max_staleness=100, staleness_policy="mask", group_filter=None):
     buffer = DataBuffer()
     pool = FakePool()
     rows = [PromptRow(index=i, prompt=f"p{i}", label=None) for i in range(10_000)]
     trained = []
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=target, over_sampling_batch_size=over, overlap_train=overlap),
+            LoopConfig(
+                mode=mode, rollout_batch_size=target, over_sampling_batch_size=over, overlap_train=overlap,
+                max_staleness=max_staleness, staleness_policy=staleness_policy,
+            ),
             RolloutConfig(n_samples_per_prompt=n, rollout_max_response_len=MAX_LEN, reward_timeout_s=0.5),
             source=PromptSource(rows, shuffle=False),
             tokenize=lambda t: [1] + [3 + ord(c) % 50 for c in t],
@@ -36,6 +40,7 @@ async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, rew
             buffer=buffer,
             reward_fn=reward_fn,
             task_group=tg,
+            group_filter=group_filter,
         )
         version = 0
         for _ in range(num_steps):
@@ -43,7 +48,7 @@ async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, rew
             trained.append((version, groups))
             for _ in range(train_ticks):  # the "train step": generation may go on meanwhile
                 await asyncio.sleep(0)
-            async with sched.paused():
+            async with sched.paused("in_place" if mode == "async" else "abort"):
                 await pool.update_weights_from_disk("w", weight_version=str(version + 1))
                 version += 1
                 sched.engine_version = version
@@ -51,12 +56,12 @@ async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, rew
     return trained, buffer, sched, pool
 
 
-def _check_trained(trained, buffer, sched):
+def _check_trained(trained, buffer, sched, dropped=frozenset()):
     gids = [g.group_id for _, groups in trained for g in groups]
     assert len(gids) == len(set(gids)), "a group was trained twice"
     left = {g.group_id for g in buffer.ready} | {g.group_id for g in buffer.partial_groups()}
     assert not (left & set(gids))
-    assert set(gids) | left == set(range(sched.next_group_id)), "a started group was lost"
+    assert set(gids) | left | set(dropped) == set(range(sched.next_group_id)), "a started group was lost"
     for version, groups in trained:
         for g in groups:
             assert g.is_finished and g.is_rewarded
@@ -73,7 +78,7 @@ async def test_april_keeps_partials_and_resumes_token_exactly():
     samples = [s for _, gs in trained for g in gs for s in g.samples]
     assert any(s.num_aborts > 0 for s in samples), "no sample was aborted"
     assert any(s.num_versions_spanned >= 2 for s in samples), "no trained sample spans two versions"
-    assert pool.events.count("abort_all") >= 6
+    assert pool.events.count("abort_all") >= 3
 
 
 async def test_april_with_overlap_trains_every_group_once():
@@ -117,3 +122,50 @@ async def test_reward_failure_marks_sample_failed_and_run_goes_on(kind):
             assert bad.status is Status.FAILED and bad.reward == 0.0
             assert bad.evidence["reward_error"]["type"] in ("ZeroDivisionError", "TimeoutError", "PluginError")
             assert all(s.reward == 1.0 for s in g.samples if s.index != 1)
+
+
+async def test_async_mode_updates_in_place_and_tags_new_tokens_with_new_version():
+    trained, buffer, sched, pool = await run_steps("async", 6, train_ticks=30)
+    _check_trained(trained, buffer, sched)
+    last_update = max(i for i, e in enumerate(pool.events) if e == "continue")
+    assert "abort_all" not in pool.events[:last_update], "async mode must not abort before shutdown"
+    assert pool.events[:3] == ["pause:in_place", "update:1", "continue"]
+    samples = [s for _, gs in trained for g in gs for s in g.samples]
+    assert all(s.num_aborts == 0 for s in samples)
+    assert any(s.num_versions_spanned >= 2 for s in samples), "no sample straddled an in-place update"
+
+
+@pytest.mark.parametrize("mode", ["april", "async"])
+async def test_admission_control_bounds_version_lag(mode):
+    trained, buffer, sched, _ = await run_steps(mode, 8, target=2, over=16, max_staleness=1, train_ticks=40, overlap=True)
+    _check_trained(trained, buffer, sched)
+    for version, groups in trained:
+        for g in groups:
+            for s in g.samples:
+                assert version - min(s.versions) <= 1 or not any(
+                    m for v, m in zip(s.versions, s.loss_mask) if version - v > 1
+                ), f"token lag {version - min(s.versions)} > 1 admitted"
+    assert sched.num_admitted <= (sched.engine_version + 1 + 1) * 2
+
+
+async def test_staleness_drop_policy_drops_whole_group_and_replaces_it():
+    trained, buffer, sched, _ = await run_steps("april", 6, target=2, over=16, max_staleness=0, staleness_policy="drop", train_ticks=40)
+    dropped = set(range(sched.next_group_id)) - {g.group_id for _, gs in trained for g in gs} - {g.group_id for g in buffer.ready} - {g.group_id for g in buffer.partial_groups()}
+    _check_trained(trained, buffer, sched, dropped=dropped)
+    assert all(len(gs) == 2 for _, gs in trained)
+    for version, groups in trained:
+        assert all(min(s.versions) >= version for g in groups for s in g.samples)
+
+
+async def test_dynamic_sampling_filter_replaces_rejected_groups_one_for_one():
+    seen = []
+
+    def keep_even(group):
+        seen.append(group.group_id)
+        return group.group_id % 2 == 0
+
+    trained, buffer, sched, _ = await run_steps("sync", 3, target=4, group_filter=keep_even)
+    gids = [g.group_id for _, gs in trained for g in gs]
+    assert all(g % 2 == 0 for g in gids) and len(gids) == 12
+    # sync mode: exactly one replacement per rejected group, never a wave
+    assert sched.next_group_id == len(seen) and len(seen) - len(gids) == sum(1 for g in seen if g % 2)

@@ -25,7 +25,7 @@ import torch
 
 from slime.rollout.engine.sampling import SamplingParams
 
-__all__ = ["EngineRequest", "weight_version_spans", "build_response"]
+__all__ = ["EngineRequest", "resolve", "weight_version_spans", "build_response"]
 
 QUEUED_ABORT_MESSAGE = "Abort in waiting queue"
 
@@ -87,8 +87,7 @@ class EngineRequest:
             return
         self.finish_reason = reason
         self.finished_s = time.perf_counter()
-        if not self.done.done():
-            self.done.set_result(self)
+        resolve(self.done, self)
 
     def abort(self, message: str = "Aborted") -> None:
         """Finish as aborted: the §2.9 A shape if it holds KV, the smaller B shape if still queued."""
@@ -96,6 +95,17 @@ class EngineRequest:
             self.finish({"type": "abort", "message": QUEUED_ABORT_MESSAGE if message == "Aborted" else message})
         else:
             self.finish({"type": "abort", "message": message, "status_code": None, "err_type": None})
+
+
+def resolve(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Set a future from the runner thread unless the waiter already gave up (cancelled it)."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 def finish_stop(matched: int | str) -> dict[str, Any]:

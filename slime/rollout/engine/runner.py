@@ -35,7 +35,7 @@ from transformers import DynamicCache
 
 from slime.rollout.engine.batch import BatchKV, prefill_inputs
 from slime.rollout.engine.model import LoadedModel, copy_weights_
-from slime.rollout.engine.request import EngineRequest, finish_length, finish_stop
+from slime.rollout.engine.request import EngineRequest, finish_length, finish_stop, resolve
 from slime.rollout.engine.sampling import sample_next, token_logprobs
 
 __all__ = ["ModelRunner", "PauseMode"]
@@ -71,9 +71,11 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         self.weight_version = weight_version
         self.error: BaseException | None = None
+        self.step_hook: Callable[["ModelRunner"], None] | None = None
+        """Test-only: called on the runner thread after every decode step (may block to hold the runner)."""
         self._cond = threading.Condition()
         self._inbox: list[EngineRequest] = []
-        self._ops: list[Callable[[], None]] = []
+        self._ops: list[tuple[Callable[[], None], concurrent.futures.Future]] = []
         self._seq = 0
         self._closed = False
         self._stopping = False
@@ -93,6 +95,11 @@ class ModelRunner:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting) + len(self._inbox)
+
+    @property
+    def num_pending_ops(self) -> int:
+        """Control ops posted and not yet run (tests wait on this to order events)."""
+        return len(self._ops)
 
     @property
     def paused(self) -> bool:
@@ -155,7 +162,7 @@ class ModelRunner:
             self._pending.append(_Update(tensors, weight_version, barrier, future))
 
         posted = self._post(op, with_barrier=True)
-        posted.add_done_callback(lambda f: f.exception() and future.set_exception(f.exception()))
+        posted.add_done_callback(lambda f: f.cancelled() or f.exception() is None or resolve(future, exc=f.exception()))
         return future
 
     # ---- runner thread ---------------------------------------------------------------------------
@@ -166,15 +173,17 @@ class ModelRunner:
 
         def op(*args: Any) -> None:
             try:
-                future.set_result(fn(*args))
+                result = fn(*args)
             except Exception as exc:  # a bad control request, reported to its caller
-                future.set_exception(exc)
+                resolve(future, exc=exc)
+            else:
+                resolve(future, result)
 
         with self._cond:
             if self._closed:
                 future.set_exception(RuntimeError("the engine runner is stopped"))
                 return future
-            self._ops.append(functools.partial(op, self._seq) if with_barrier else op)
+            self._ops.append((functools.partial(op, self._seq) if with_barrier else op, future))
             self._cond.notify()
         return future
 
@@ -188,7 +197,7 @@ class ModelRunner:
                         ops, self._ops = self._ops, []
                         self._waiting.extend(self._inbox)
                         self._inbox.clear()
-                    for op in ops:
+                    for op, _ in ops:
                         op()
                     if self._stopping:
                         break
@@ -198,6 +207,8 @@ class ModelRunner:
                     self._admit()
                     if self._running:
                         self._decode_step()
+                        if self.step_hook is not None:
+                            self.step_hook(self)
         except BaseException as exc:  # a bug: fail every caller loudly instead of hanging them
             logger.exception("engine runner crashed")
             self.error = exc
@@ -206,13 +217,15 @@ class ModelRunner:
                 self._closed = True
                 leftovers = self._running + self._waiting + self._inbox
                 self._inbox.clear()
+                unrun, self._ops = self._ops, []
+            for _, future in unrun:
+                resolve(future, exc=RuntimeError("the engine runner stopped"))
             for req in leftovers:
-                if self.error is not None and not req.done.done():
-                    req.done.set_exception(RuntimeError(f"engine runner crashed: {self.error!r}"))
+                if self.error is not None:
+                    resolve(req.done, exc=RuntimeError(f"engine runner crashed: {self.error!r}"))
                 req.abort("The engine is shutting down.")
             for update in self._pending:
-                if not update.future.done():
-                    update.future.set_exception(RuntimeError("the engine stopped before the weight update ran"))
+                resolve(update.future, exc=RuntimeError("the engine stopped before the weight update ran"))
 
     def _has_work(self) -> bool:
         if self._pending and self._update_ready():
@@ -236,7 +249,7 @@ class ModelRunner:
             if update.weight_version is not None:
                 self.weight_version = update.weight_version
             num_paused = len(self._running) + len(self._waiting) if self._paused else 0
-            update.future.set_result(num_paused)
+            resolve(update.future, num_paused)
 
     def _pause(self, mode: PauseMode) -> None:
         if mode == "abort":
