@@ -52,6 +52,10 @@ def _run(coro):
 
 
 def _engine(argv: list[str]) -> int:
+    if "--sim" in argv:
+        from slime.rollout.sim.server import main as sim_main
+
+        return sim_main(argv)
     from slime.rollout.engine.server import main as engine_main
 
     return engine_main(argv)

@@ -130,6 +130,55 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     max_staleness: int = 4
     num_threads: int = 1
     seed: int = 1234
+    # Algorithm set and off-policy corrections (slime/train/; flag mapping in slime/cli_args.py).
+    advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae"] = "grpo"
+    """``--advantage-estimator``: GRPO, GSPO (sequence-level ratio and clip), REINFORCE++ (discounted
+    return, batch-whitened), REINFORCE++-baseline (group mean baseline, batch-whitened), or PPO with a
+    critic and GAE (``ppo``, slime's name; ``gae`` is the same). See slime/train/advantages.py."""
+    disable_grpo_std_normalization: bool = False
+    """GRPO/GSPO: only centre rewards on the group mean (Dr. GRPO) (``--disable-grpo-std-normalization``).
+    Same effect as ``normalize_advantages_by_std=False``; either one turns the std off."""
+    normalize_advantages: bool = False
+    """Whiten GRPO/GSPO/PPO advantages over the step's trained tokens (``--normalize-advantages``);
+    REINFORCE++ and its baseline variant are always whitened."""
+    gamma: float = 1.0
+    """Per-token discount of REINFORCE++ returns and GAE (``--gamma``), in [0, 1]."""
+    lambd: float = 1.0
+    """GAE lambda (``--lambd``), in [0, 1]."""
+    kl_coef: float = 0.0
+    """KL-to-reference penalty folded into the per-token rewards of REINFORCE++(-baseline) and PPO
+    (``--kl-coef``), estimator ``kl_loss_type``; ignored by GRPO/GSPO, as in slime. >= 0."""
+    use_kl_loss: bool = False
+    """Add ``kl_loss_coef * KL(policy || reference)`` to the loss (``--use-kl-loss``)."""
+    kl_loss_coef: float = 0.0
+    """Weight of the KL loss (``--kl-loss-coef``), >= 0; 0 with ``use_kl_loss`` reports it only."""
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "k1"
+    """Per-token KL estimator (``--kl-loss-type``); ``low_var_kl`` is k3 clamped to [-10, 10]."""
+    ref_load: str | None = None
+    """HF directory of the frozen reference model (``--ref-load``); None = the initial checkpoint."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: loss -= entropy_coef * mean entropy (``--entropy-coef``), >= 0."""
+    eps_clip_c: float | None = None
+    """Dual-clip PPO constant c > 1: for A < 0 the loss is capped at -c * A (``--eps-clip-c``); None = off."""
+    value_clip: float = 0.2
+    """PPO critic: new values stay within old +- value_clip in the clipped value loss (``--value-clip``), > 0."""
+    critic_lr: float | None = None
+    """PPO critic learning rate (``--critic-lr``); None = ``lr``."""
+    mis_level: Literal["none", "token", "sequence", "geometric"] = "none"
+    """Masked importance sampling of exp(old_logp - rollout_logp) (``--mis-level``): mask tokens
+    (token) or whole samples (sequence: product of ratios; geometric: geometric mean) whose ratio
+    is outside [mis_lower_bound, mis_upper_bound]; weight the rest by the ratio."""
+    mis_lower_bound: float = 0.5
+    """MIS lower bound (``--mis-lower-bound``), in [0, mis_upper_bound]."""
+    mis_upper_bound: float = 2.0
+    """MIS upper bound (``--mis-upper-bound``)."""
+    use_decoupled_ppo: bool = False
+    """Decoupled PPO (Hilton et al. 2021; AReaL): clip around the trainer's pre-step policy and weight
+    each token by exp(old_logp - rollout_logp) (``--use-decoupled-ppo``)."""
+    behav_imp_weight_cap: float | None = None
+    """Decoupled PPO: drop tokens whose behaviour weight exceeds this cap, > 1 (``--behav-imp-weight-cap``)."""
+    mask_offpolicy_in_partial_rollout: bool = False
+    """Train only the tokens of each sample's newest policy version (``--mask-offpolicy-in-partial-rollout``)."""
 
 
 class SyncConfig(msgspec.Struct, **_STRUCT):
@@ -165,6 +214,7 @@ class Config(msgspec.Struct, **_STRUCT):
 
     def validate(self) -> "Config":
         """Check values; raise ``ConfigError`` naming the CLI flag. Returns self."""
+        t = self.train
         checks = [
             (self.loop.rollout_batch_size >= 1, "--rollout-batch-size", self.loop.rollout_batch_size, ">= 1"),
             (
@@ -187,6 +237,22 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.train.clip_grad >= 0, "--clip-grad", self.train.clip_grad, ">= 0 (0 = no clipping)"),
             (self.train.num_threads >= 1, "--train-threads", self.train.num_threads, ">= 1"),
             (self.train.micro_batch_size <= self.train.global_batch_size, "--micro-batch-size", self.train.micro_batch_size, f"<= --global-batch-size ({self.train.global_batch_size})"),
+            (t.eps_clip_c is None or t.eps_clip_c > 1.0, "--eps-clip-c", t.eps_clip_c, "> 1 (dual clip), or unset"),
+            (0.0 <= t.gamma <= 1.0, "--gamma", t.gamma, "in [0, 1]"),
+            (0.0 <= t.lambd <= 1.0, "--lambd", t.lambd, "in [0, 1]"),
+            (t.kl_coef >= 0, "--kl-coef", t.kl_coef, ">= 0"),
+            (t.kl_loss_coef >= 0, "--kl-loss-coef", t.kl_loss_coef, ">= 0"),
+            (t.entropy_coef >= 0, "--entropy-coef", t.entropy_coef, ">= 0"),
+            (t.value_clip > 0, "--value-clip", t.value_clip, "> 0"),
+            (t.critic_lr is None or t.critic_lr > 0, "--critic-lr", t.critic_lr, "> 0, or unset (= --lr)"),
+            (0 <= t.mis_lower_bound <= t.mis_upper_bound, "--mis-lower-bound", t.mis_lower_bound, f"in [0, --mis-upper-bound={t.mis_upper_bound}]"),
+            (t.behav_imp_weight_cap is None or t.behav_imp_weight_cap > 1.0, "--behav-imp-weight-cap", t.behav_imp_weight_cap, "> 1, or unset"),
+            (
+                t.use_tis + (t.mis_level != "none") + t.use_decoupled_ppo <= 1,
+                "--use-tis / --mis-level / --use-decoupled-ppo",
+                f"use_tis={t.use_tis}, mis_level={t.mis_level}, use_decoupled_ppo={t.use_decoupled_ppo}",
+                "at most one off-policy correction",
+            ),
             (self.loop.max_staleness >= 0, "--max-staleness", self.loop.max_staleness, ">= 0"),
             (self.rollout.request_timeout_s > 0, "--request-timeout-s", self.rollout.request_timeout_s, "> 0"),
             (self.rollout.reward_timeout_s > 0, "--reward-timeout-s", self.rollout.reward_timeout_s, "> 0"),

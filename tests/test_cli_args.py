@@ -20,7 +20,12 @@ PINNED = {
     "--global-batch-size", "--micro-batch-size", "--lr", "--weight-decay", "--adam-beta1", "--adam-beta2",
     "--clip-grad", "--calculate-per-token-loss", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",
     "--train-threads", "--save", "--seed",
+    "--advantage-estimator", "--disable-grpo-std-normalization", "--normalize-advantages", "--gamma", "--lambd",
+    "--eps-clip-c", "--entropy-coef", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--kl-coef", "--ref-load",
+    "--value-clip", "--critic-lr", "--mis-level", "--mis-lower-bound", "--mis-upper-bound", "--use-decoupled-ppo",
+    "--behav-imp-weight-cap", "--mask-offpolicy-in-partial-rollout",
 }
+FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 
 
 def test_flag_list_is_pinned():
@@ -50,7 +55,8 @@ def test_every_flag_reaches_its_field(flag):
     elif kwargs.get("type") is int:
         argv, expect = [flag, "128"], 128
     elif kwargs.get("type") is float:
-        argv, expect = [flag, "0.5"], 0.5
+        expect = FLOAT_VALUES.get(flag, 0.5)
+        argv = [flag, str(expect)]
     elif "action" in kwargs:  # BooleanOptionalAction
         argv, expect = ["--no-" + flag[2:]], False
     else:

@@ -7,7 +7,7 @@ One rollout step (``--num-rollout`` of them)::
     metrics = await asyncio.to_thread(trainer.train_step, groups)  # the loop keeps generating
     path    = await sync.save(version + 1)                        # still generating
     async with scheduler.paused():                                # nothing in flight
-        await sync.load(path, version + 1, abort_all_requests=update_mode == "abort"); version += 1          # engines at the new version
+        await sync.load(path, version + 1); version += 1          # engines at the new version
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.

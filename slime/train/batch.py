@@ -16,6 +16,17 @@ Samples with status FAILED never train: their loss_mask is all 0 and they are le
 group's reward mean and std (their reward may be None). A sample whose loss mask is all 0 (failed,
 or every token masked off-policy) adds nothing to the loss. Padding is ``pad_token_id`` and never
 reaches the loss.
+
+``mask_offpolicy_in_partial_rollout`` (slime's ``--mask-offpolicy-in-partial-rollout``): a sample
+resumed from a partial rollout carries tokens of several policy versions; only the tokens of its
+newest version train. Example: versions [4, 4, 4, 5, 5], loss_mask [1, 1, 1, 1, 1] -> [0, 0, 0, 1, 1].
+slime implements it in the rollout: on every resume it zeroes the loss mask of all tokens generated
+before that resume, whatever their version. The two agree whenever each resume follows a weight
+update (APRIL, where aborts happen at the end of a rollout step). They differ when a sample is
+resumed under the same version (we keep both segments: the same policy sampled them) and when
+weights change inside one request (SGLang's per-token ``weight_versions``; we mask the older
+tokens, slime keeps them). We key on versions because ``Sample`` records versions, not segment
+boundaries, and the version is what makes a token off-policy.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from slime.train.advantages import grpo_advantages
+from slime.train.advantages import AdvantageEstimator, sample_scores
 from slime.types import Group, Status
 
 __all__ = ["TrainBatch", "build_train_batch"]
@@ -42,12 +53,20 @@ class TrainBatch:
         loss_mask: [B, L] float32, 1 = position predicts a trainable response token; 0 elsewhere.
         rollout_logprobs: [B, L] float32, natural log, the engine's logprob of the predicted
             response token; 0.0 at prompt and padding positions.
-        advantages: [B, L] float32, the sample's advantage at its response positions; 0.0 elsewhere.
+        advantages: [B, L] float32, the sample's score (``sample_advantages``) at its response
+            positions; 0.0 elsewhere. Final for GRPO/GSPO; other estimators replace it in the
+            train step (``slime.train.advantages.token_advantages``).
         staleness: [B, L] int64, ``current_version - version`` of the predicted response token
             (policy versions behind); 0 at prompt and padding positions.
-        sample_advantages: [B] float32, one advantage per sample (0.0 for FAILED samples).
+        sample_advantages: [B] float32, one score per sample from ``sample_scores``: the GRPO
+            advantage (grpo/gspo), reward minus group mean (reinforce_plus_plus_baseline), or the
+            raw reward (reinforce_plus_plus, ppo); 0.0 for FAILED samples.
         rewards: [B] float32, the sample rewards; NaN for FAILED samples without a reward.
         seq_lens: [B] int64, prompt + response tokens of each sample.
+        response_mask: [B, L] float32, 1 = position predicts a response token (trainable or not).
+        old_logprobs / ref_logprobs / old_values / returns: [B, L] float32 or None, filled by the
+            trainer before the update: logprobs of the weights before the step, of the reference
+            model (KL), critic values before the step, and GAE returns (critic targets).
     """
 
     input_ids: Tensor
@@ -59,6 +78,11 @@ class TrainBatch:
     sample_advantages: Tensor
     rewards: Tensor
     seq_lens: Tensor
+    response_mask: Tensor
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -74,7 +98,11 @@ class TrainBatch:
         t = max(int(self.seq_lens[start:end].max()), 2) if end > start else 2
         fields = {}
         for f in dataclasses.fields(self):
-            x = getattr(self, f.name)[start:end]
+            x = getattr(self, f.name)
+            if x is None:
+                fields[f.name] = None
+                continue
+            x = x[start:end]
             if x.dim() == 2:
                 x = x[:, : t if x.shape[1] == self.input_ids.shape[1] else t - 1]
             fields[f.name] = x
@@ -88,8 +116,10 @@ def build_train_batch(
     current_version: int,
     normalize_advantages_by_std: bool = True,
     max_staleness: int | None = None,
+    advantage_estimator: AdvantageEstimator = "grpo",
+    mask_offpolicy_in_partial_rollout: bool = False,
 ) -> TrainBatch:
-    """Lay the samples of ``groups`` out as right-padded tensors with GRPO advantages.
+    """Lay the samples of ``groups`` out as right-padded tensors with per-sample scores (GRPO by default).
 
     Args:
         groups: rewarded groups; every non-FAILED sample needs a reward and at least one prompt
@@ -99,6 +129,9 @@ def build_train_batch(
         normalize_advantages_by_std: GRPO (True) or Dr. GRPO (False); see ``grpo_advantages``.
         max_staleness: None = no check; otherwise a trainable token more than this many versions
             behind ``current_version`` is a bug upstream (the loop must mask or drop it).
+        advantage_estimator: picks ``sample_scores`` (see ``TrainBatch.sample_advantages``).
+        mask_offpolicy_in_partial_rollout: train only the newest version's tokens of each sample
+            (module docstring). Applied before the staleness check. Samples are not modified.
 
     Returns:
         A ``TrainBatch`` with B = total samples, in group order then sample order.
@@ -124,7 +157,7 @@ def build_train_batch(
             if s.reward is None:
                 raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
             rewards[gi, si], valid[gi, si] = float(s.reward), True
-    adv = grpo_advantages(rewards, normalize_by_std=normalize_advantages_by_std, valid_mask=valid)  # [G, n]
+    adv = sample_scores(rewards, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
 
     seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     num_samples, t_max = len(samples), max(max(seq_lens), 2)
@@ -134,6 +167,7 @@ def build_train_batch(
     rollout_logprobs = torch.zeros((num_samples, t_max - 1))  # [B, L]
     staleness = torch.zeros((num_samples, t_max - 1), dtype=torch.long)  # [B, L]
     advantages = torch.zeros((num_samples, t_max - 1))  # [B, L]
+    response_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
     sample_adv = torch.zeros(num_samples)  # [B]
     b = 0
     for gi, g in enumerate(groups):
@@ -142,10 +176,15 @@ def build_train_batch(
             input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
             attention_mask[b, : p + r] = 1
             resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
+            versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
             if s.status is not Status.FAILED:
-                loss_mask[b, resp] = torch.tensor(s.loss_mask, dtype=torch.float32)
+                mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
+                if mask_offpolicy_in_partial_rollout and r:
+                    mask = mask * (versions == versions.max()).float()
+                loss_mask[b, resp] = mask
+            response_mask[b, resp] = 1.0
             rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-            staleness[b, resp] = current_version - torch.tensor(s.versions, dtype=torch.long)
+            staleness[b, resp] = current_version - versions
             advantages[b, resp] = sample_adv[b] = adv[gi, si]
             b += 1
     _check_staleness(staleness, loss_mask, current_version, max_staleness)
@@ -159,6 +198,7 @@ def build_train_batch(
         sample_advantages=sample_adv,
         rewards=torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples]),
         seq_lens=torch.tensor(seq_lens, dtype=torch.long),
+        response_mask=response_mask,
     )
 
 

@@ -47,7 +47,7 @@ def _gather_targets(log_probs: Tensor, input_ids: Tensor, valid: Tensor) -> Tens
 
 
 def compute_token_logprobs_and_entropy(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Next-token logprobs (differentiable) and the entropy of each next-token distribution.
 
@@ -57,16 +57,17 @@ def compute_token_logprobs_and_entropy(
         input_ids: [B, T] int64, right-padded.
         attention_mask: [B, T] int, 1 = real token, 0 = padding (only on the right).
         temperature: sampling temperature of the rollout; <= 1e-6 = greedy (unscaled logits).
+        entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
 
     Returns:
         logprobs: [B, T-1] float32, natural log; ``logprobs[b, t] = log p(input_ids[b, t+1] | ..t)``;
             0.0 where the target ``t + 1`` is padding. Carries gradient when grad is enabled.
-        entropy: [B, T-1] float32, nats, of the temperature-scaled distribution; detached; 0.0
-            where the target is padding.
+        entropy: [B, T-1] float32, nats, of the temperature-scaled distribution; detached unless
+            ``entropy_grad``; 0.0 where the target is padding.
     """
     log_probs = torch.log_softmax(_scaled_logits(model, input_ids, attention_mask, temperature), dim=-1)  # [B, T-1, V]
     valid = attention_mask[:, 1:].to(log_probs.dtype)  # [B, T-1]
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1) * valid  # [B, T-1]
     return _gather_targets(log_probs, input_ids, valid), entropy
 

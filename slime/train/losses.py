@@ -1,33 +1,44 @@
-"""Policy loss: PPO clipped surrogate with clip-higher and token-level truncated importance sampling.
+"""Policy loss: PPO clipped surrogate with clip-higher, dual clip, GSPO's sequence ratio, per-token
+off-policy weights and an entropy bonus; plus the aggregation every loss term shares.
 
 Per token (shapes [B, L]: B samples, L next-token positions; legend in ``slime.train.batch``):
 
-    ratio    = exp(logp - old_logp)
-    loss_tok = -min(ratio * A, clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A)
-    loss_tok = loss_tok * w,  w = clamp(exp(old_logp - rollout_logp), tis_clip_low, tis_clip)  (TIS)
+    ratio    = exp(logp - old_logp)                                  (token level, PPO)
+             = exp(mean_t (logp - old_logp)) for every token of a sample     (sequence level, GSPO)
+    loss_tok = max(-ratio * A, -clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A)
+    loss_tok = min(loss_tok, -eps_clip_c * A)   where A < 0          (dual clip)
+    loss_tok = loss_tok * w                                           (TIS / MIS / decoupled weight)
+    loss     = agg(loss_tok) - entropy_coef * agg(entropy)
 
-Sources:
+Sources and where we depart:
 - PPO clipped surrogate: Schulman et al. 2017, arXiv 1707.06347, eq. 7.
-- Clip-higher (a separate, larger upper clip ``eps_clip_high``): DAPO, Yu et al. 2025,
-  arXiv 2503.14476, section 3.1.
-- Truncated importance sampling (TIS): Yao et al. 2025, "Your Efficient RL Framework Secretly
-  Brings You Off-Policy RL Training" (fengyao.notion.site/off-policy-rl). ``old_logp`` comes from
-  the trainer, ``rollout_logp`` from the inference engine; their ratio corrects the mismatch
-  between the two. The weight is detached and truncated at ``tis_clip`` (and, our addition as in
-  slime, floored at ``tis_clip_low``), then multiplied into the clipped per-token loss.
+- Clip-higher (``eps_clip_high``): DAPO, Yu et al. 2025, arXiv 2503.14476, section 3.1.
+- Dual clip (``eps_clip_c``): Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
+  Reinforcement Learning", arXiv 1912.09729 (dual-clip PPO): for A < 0 the clipped objective is bounded
+  below by ``c * A`` (c > 1), i.e. the loss is capped at ``-c * A``, so a huge ratio on a bad
+  token cannot produce an unbounded update. Applied before the off-policy weight, as slime
+  (``compute_policy_loss``) and AReaL do.
+- GSPO (``ratio_level="sequence"``): Zheng et al. 2025, "Group Sequence Policy Optimization",
+  arXiv 2507.18071: one length-normalised ratio per sample, clipped at the sequence level
+  (the paper uses eps 3e-4 / 4e-4; set ``--eps-clip`` / ``--eps-clip-high`` accordingly). The
+  gradient flows through every token's logprob. With ``seq_mean`` aggregation this is the paper's
+  per-sample objective exactly; with ``token_mean`` each sample is weighted by its length (slime
+  allows the same combination). Not covered: GSPO-token.
+- Off-policy weights ``w`` (TIS, MIS, decoupled PPO): see ``slime.train.offpolicy``.
+- Entropy bonus (``entropy_coef``): slime's ``loss = pg_loss - entropy_coef * entropy_loss``, with
+  the entropy aggregated like the loss; its gradient flows only when ``entropy_coef != 0``.
 
-Aggregation (``loss_agg``):
+Aggregation (``loss_agg``, shared by every loss term through ``aggregate``):
 - ``"seq_mean"`` (slime's default, its ``sum_of_sample_mean``): mean over each sample's masked
-  tokens, then mean over samples. Every sample weighs the same whatever its length. A sample with
-  no masked token contributes 0 but still counts in the sample denominator (as in slime, whose
-  denominator is ``global_batch_size``).
+  tokens, then mean over samples. A sample with no masked token contributes 0 but still counts in
+  the sample denominator (as in slime, whose denominator is ``global_batch_size``).
 - ``"token_mean"`` (slime's ``--calculate-per-token-loss``, DAPO's token-level loss): sum over all
   masked tokens divided by their number.
 With gradient accumulation, pass the optimizer step's totals as ``loss_denominator`` so the sum of
 the micro-batch losses equals the step's loss.
 
-Not covered: dual-clip PPO (``eps_clip_c``), KL-to-reference and entropy-bonus terms, GSPO's
-sequence-level ratio. Metrics are token means over masked tokens.
+Not covered: Dr. GRPO's constant (generation-budget) denominator; CISPO; OPSM. Metrics are token
+means over masked tokens.
 """
 
 from __future__ import annotations
@@ -37,13 +48,38 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["LossAgg", "policy_loss"]
+__all__ = ["LossAgg", "RatioLevel", "aggregate", "policy_loss"]
 
 LossAgg = Literal["seq_mean", "token_mean"]
+RatioLevel = Literal["token", "sequence"]
 
 
 def _masked_mean(x: Tensor, mask: Tensor, num_tokens: Tensor) -> float:
     return float((x * mask).sum() / num_tokens.clamp_min(1.0))
+
+
+def aggregate(x: Tensor, mask: Tensor, *, loss_agg: LossAgg, loss_denominator: float | None = None) -> Tensor:
+    """Reduce per-token values [B, L] to a scalar, the way every loss term of a step is reduced.
+
+    Args:
+        x: [B, L] float, per-token values (may carry gradient).
+        mask: [B, L] float, 1 = the token counts.
+        loss_agg: ``"seq_mean"`` or ``"token_mean"`` (module docstring).
+        loss_denominator: samples (``seq_mean``) or masked tokens (``token_mean``) to divide by;
+            None = this call's own count.
+
+    Example (two samples, masks [1, 1, 0] and [1, 0, 0], x = [[1, 3, 9], [4, 9, 9]]):
+        seq_mean = ((1 + 3) / 2 + 4 / 1) / 2 = 3.0;  token_mean = (1 + 3 + 4) / 3 = 2.6667
+    """
+    x = x * mask
+    if loss_agg == "seq_mean":
+        per_sample = x.sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)  # [B]
+        denom = float(x.shape[0]) if loss_denominator is None else loss_denominator
+        return per_sample.sum() / max(denom, 1.0)
+    if loss_agg == "token_mean":
+        denom = float(mask.sum()) if loss_denominator is None else loss_denominator
+        return x.sum() / max(denom, 1.0)
+    raise ValueError(f"aggregate: loss_agg={loss_agg!r}, expected 'seq_mean' or 'token_mean'")
 
 
 def policy_loss(
@@ -54,91 +90,94 @@ def policy_loss(
     *,
     eps_clip: float,
     eps_clip_high: float | None = None,
-    rollout_logprobs: Tensor | None = None,
-    use_tis: bool = False,
-    tis_clip: float = 2.0,
-    tis_clip_low: float = 0.0,
+    eps_clip_c: float | None = None,
+    ratio_level: RatioLevel = "token",
+    is_weights: Tensor | None = None,
     loss_agg: LossAgg = "seq_mean",
     loss_denominator: float | None = None,
     entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped policy loss with optional clip-higher and TIS; see the module docstring.
+    """Clipped policy loss; see the module docstring for every option.
 
     Args:
         logprobs: [B, L] float32, natural log, current policy (carries gradient).
         old_logprobs: [B, L] float32, the trainer's logprobs before this train step (no grad).
-        advantages: [B, L] float32, the sample advantage broadcast over its response tokens.
+        advantages: [B, L] float32, per-token advantages.
         loss_mask: [B, L] float or bool, 1 = the token trains; 0 = prompt, padding, tool token,
             masked off-policy token or FAILED sample.
         eps_clip: lower clip; the ratio is clipped below at ``1 - eps_clip``.
         eps_clip_high: upper clip (``1 + eps_clip_high``); None = ``eps_clip`` (symmetric PPO).
-        rollout_logprobs: [B, L] float32, the engine's logprobs; required when ``use_tis``.
-        use_tis: multiply each token's loss by the truncated IS weight.
-        tis_clip: upper truncation of the TIS weight.
-        tis_clip_low: lower truncation of the TIS weight.
+        eps_clip_c: dual-clip constant c > 1 for A < 0; None = off.
+        ratio_level: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
+        is_weights: [B, L] float32, detached per-token off-policy weights (``slime.train.offpolicy``);
+            None = 1.
         loss_agg: ``"seq_mean"`` or ``"token_mean"``.
-        loss_denominator: the number of samples (``seq_mean``) or masked tokens (``token_mean``) to
-            divide by; None = this call's own count. Pass the optimizer step's total when
-            accumulating gradients over micro-batches.
-        entropy: [B, L] float32, nats, optional; reported as a metric only.
+        loss_denominator: see ``aggregate``; pass the optimizer step's total with accumulation.
+        entropy: [B, L] float32, nats; reported, and subtracted when ``entropy_coef`` != 0 (then
+            it must carry gradient).
+        entropy_coef: weight of the entropy bonus.
 
     Returns:
-        loss: scalar tensor (gradient flows to ``logprobs``).
-        metrics: floats, token means over masked tokens: ``pg_clipfrac`` (fraction of tokens where
-            the clipped term is the active one), ``approx_kl`` (k3 estimate of KL(old || new):
-            ``r - 1 - log r`` with ``r = exp(logp - old_logp)``), ``ratio_mean``, ``tis_mean`` and
-            ``tis_clipfrac`` (when ``use_tis``), ``entropy`` (when given), and ``num_tokens``.
+        loss: scalar tensor (gradient flows to ``logprobs`` and, with the bonus, ``entropy``).
+        metrics: floats, token means over masked tokens: ``pg_clipfrac`` (the clipped term is the
+            active one), ``approx_kl`` (k3 estimate of KL(old || new) per token: ``r - 1 - log r``
+            with ``r = exp(logp - old_logp)``), ``ratio_mean`` (the ratio the loss used),
+            ``dual_clipfrac`` (with ``eps_clip_c``), ``entropy`` (when given), ``pg_loss`` (the
+            aggregated clipped term) and ``num_tokens``.
 
     Raises:
-        ValueError: on shape mismatch, an unknown ``loss_agg``, or ``use_tis`` without
-            ``rollout_logprobs``.
+        ValueError: on shape mismatch, an unknown ``loss_agg`` / ``ratio_level``, or
+            ``entropy_coef`` != 0 without ``entropy``.
     """
     shape = logprobs.shape
-    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("loss_mask", loss_mask)):
-        if t.shape != shape:
+    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("loss_mask", loss_mask), ("is_weights", is_weights)):
+        if t is not None and t.shape != shape:
             raise ValueError(f"policy_loss: {name} shape {tuple(t.shape)} != logprobs shape {tuple(shape)}")
     if loss_agg not in ("seq_mean", "token_mean"):
         raise ValueError(f"policy_loss: loss_agg={loss_agg!r}, expected 'seq_mean' or 'token_mean'")
-    if use_tis and (rollout_logprobs is None or rollout_logprobs.shape != shape):
-        got = None if rollout_logprobs is None else tuple(rollout_logprobs.shape)
-        raise ValueError(f"policy_loss: use_tis needs rollout_logprobs of shape {tuple(shape)}, got {got}")
+    if entropy_coef != 0.0 and entropy is None:
+        raise ValueError("policy_loss: entropy_coef != 0 needs the entropy tensor")
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     mask = loss_mask.to(logprobs.dtype)  # [B, L]
-    old_logprobs = old_logprobs.detach()
+    num_tokens = mask.sum()
+    log_ratio = (logprobs - old_logprobs.detach()) * mask  # [B, L]; 0 off mask so exp stays finite
+    if ratio_level == "token":
+        ratio = log_ratio.exp()  # [B, L]
+    elif ratio_level == "sequence":
+        seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)  # [B, 1]
+        ratio = seq_log_ratio.exp().expand_as(log_ratio)  # [B, L]
+    else:
+        raise ValueError(f"policy_loss: ratio_level={ratio_level!r}, expected 'token' or 'sequence'")
 
-    log_ratio = logprobs - old_logprobs  # [B, L]
-    ratio = log_ratio.exp()  # [B, L]
     pg_unclipped = -ratio * advantages  # [B, L]
     pg_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_high) * advantages  # [B, L]
     loss_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, L]; max of negatives = -min
+    dual_active = None
+    if eps_clip_c is not None:
+        pg_dual = -eps_clip_c * advantages  # [B, L]
+        dual_active = (advantages < 0) & (pg_dual < loss_tok)
+        loss_tok = torch.where(dual_active, pg_dual, loss_tok)
+    if is_weights is not None:
+        loss_tok = loss_tok * is_weights.detach()
 
-    tis_weight = None
-    if use_tis:
-        assert rollout_logprobs is not None
-        tis_raw = (old_logprobs - rollout_logprobs.detach()).exp()  # [B, L]
-        tis_weight = tis_raw.clamp(min=tis_clip_low, max=tis_clip)  # [B, L]
-        loss_tok = loss_tok * tis_weight
-
-    loss_tok = loss_tok * mask  # [B, L]
-    num_tokens = mask.sum()
-    if loss_agg == "seq_mean":
-        per_sample = loss_tok.sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)  # [B]
-        denom = float(shape[0]) if loss_denominator is None else loss_denominator
-        loss = per_sample.sum() / max(denom, 1.0)
-    else:
-        denom = float(num_tokens) if loss_denominator is None else loss_denominator
-        loss = loss_tok.sum() / max(denom, 1.0)
+    pg_loss = aggregate(loss_tok, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
+    loss = pg_loss
+    if entropy_coef != 0.0:
+        assert entropy is not None
+        loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
 
     with torch.no_grad():
+        token_ratio = log_ratio.exp()
         metrics = {
             "pg_clipfrac": _masked_mean((pg_clipped > pg_unclipped).float(), mask, num_tokens),
-            "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask, num_tokens),
+            "approx_kl": _masked_mean(token_ratio - 1.0 - log_ratio, mask, num_tokens),
             "ratio_mean": _masked_mean(ratio, mask, num_tokens),
+            "pg_loss": float(pg_loss.detach()),
             "num_tokens": float(num_tokens),
         }
-        if tis_weight is not None:
-            metrics["tis_mean"] = _masked_mean(tis_weight, mask, num_tokens)
-            metrics["tis_clipfrac"] = _masked_mean((tis_weight != tis_raw).float(), mask, num_tokens)
+        if dual_active is not None:
+            metrics["dual_clipfrac"] = _masked_mean(dual_active.float(), mask, num_tokens)
         if entropy is not None:
-            metrics["entropy"] = _masked_mean(entropy, mask, num_tokens)
+            metrics["entropy"] = _masked_mean(entropy.detach(), mask, num_tokens)
     return loss, metrics

@@ -1,15 +1,23 @@
-"""The torch training backend: one HF causal LM, fp32, updated with GRPO + PPO clipping on CPU.
+"""The torch training backend: one HF causal LM, fp32, updated with an RL objective on CPU.
 
 ``train_step`` is plain blocking code: the loop calls it through ``asyncio.to_thread`` so the event
 loop keeps generating while it runs. One call is one rollout step (slime's ``train`` on one
 rollout): it may hold several optimizer steps.
 
-    groups ─► build_train_batch (GRPO advantages, masks, staleness check)
-           ─► old_logprobs with the current weights (no grad, same micro-batches as training)
+    groups ─► build_train_batch (sample scores, masks, staleness check)
+           ─► before the update, in the micro-batches of training (no grad): old_logprobs;
+              ref_logprobs (frozen reference, with a KL term); old values (critic, with PPO)
+           ─► objective.with_advantages (REINFORCE++, PPO/GAE, whitening)
            ─► for each optimizer step of ``global_batch_size`` samples:
-                  for each micro-batch of ``micro_batch_size`` samples: forward, policy_loss, backward
-                  clip_grad_norm_(clip_grad), AdamW step
+                  for each micro-batch of ``micro_batch_size`` samples: forward,
+                      objective.micro_batch_loss (+ critic value_loss), backward
+                  clip_grad_norm_(clip_grad), AdamW step (policy; critic alongside)
            ─► policy_version += 1, metrics
+
+The algorithm (estimator, clips, off-policy correction, KL, entropy) comes from ``TrainConfig``
+only; ``slime.train.objective`` maps it onto the loss functions. The reference model is a frozen
+copy of ``ref_load`` (default: ``model_dir``, the initial checkpoint); the critic is described in
+``slime.train.critic``.
 
 Example: rollout_batch_size 4 groups x n 8 = 32 samples, global_batch_size 16, micro_batch_size 4
 -> 2 optimizer steps of 4 micro-batches each. The first step is on-policy (ratio exactly 1, since
@@ -24,11 +32,9 @@ Deviations from slime: dropout is off (``model.eval()``) so that the first optim
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import os
-import shutil
-import tempfile
 import threading
 import time
 from typing import Sequence
@@ -38,35 +44,32 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from slime.config import TrainConfig
+from slime.train import objective
+from slime.train.advantages import GROUP_NORMALISED
 from slime.train.batch import TrainBatch, build_train_batch
+from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
+from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
-from slime.train.losses import LossAgg, policy_loss
+from slime.train.losses import LossAgg
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES"]
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-"""Files copied from the source model directory into every ``save_hf`` output, when present."""
-
-_TOKEN_METRICS = ("pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac")
+_TOKEN_METRICS = (
+    "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
+    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac",
+    "value_clipfrac",
+)  # fmt: skip
+"""Token-mean metrics averaged over the step's trained tokens; the first four are always reported."""
 
 Span = tuple[int, int]  # [start, end) sample indices of one micro-batch
 
 
 class TorchTrainer:
-    """Holds the policy model and its AdamW state; trains on rewarded groups.
+    """Holds the policy model and its AdamW state (plus a frozen reference and a critic when the
+    config asks for them); trains on rewarded groups.
 
     Args:
         config: the ``train`` config section.
@@ -82,6 +85,9 @@ class TorchTrainer:
     model_dir: str
     model: PreTrainedModel
     optimizer: torch.optim.AdamW
+    ref_model: PreTrainedModel | None
+    critic: ValueModel | None
+    critic_optimizer: torch.optim.AdamW | None
     policy_version: int
     pad_token_id: int
     loss_agg: LossAgg
@@ -98,12 +104,22 @@ class TorchTrainer:
         self.model.eval()  # dropout off: old_logprobs and the first step's logprobs match exactly
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.lr,
-            betas=(config.adam_beta1, config.adam_beta2),
-            weight_decay=config.weight_decay,
-        )
+        self.optimizer = self._adamw(self.model.parameters(), config.lr)
+        self.ref_model = self.critic = self.critic_optimizer = None
+        if objective.needs_reference(config):
+            self.ref_model = AutoModelForCausalLM.from_pretrained(config.ref_load or model_dir, dtype=torch.float32)
+            self.ref_model.eval().requires_grad_(False)
+        if objective.needs_critic(config):
+            self.critic = ValueModel.from_pretrained(model_dir)
+            self.critic_optimizer = self._adamw(self.critic.parameters(), config.critic_lr or config.lr)
+        if config.kl_coef != 0.0 and config.advantage_estimator in GROUP_NORMALISED:
+            logger.warning("--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator)
+        if config.behav_imp_weight_cap is not None and not config.use_decoupled_ppo:
+            logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
+
+    def _adamw(self, params, lr: float) -> torch.optim.AdamW:
+        cfg = self.config
+        return torch.optim.AdamW(params, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on ``groups`` (one rollout step) and bump ``policy_version`` by one.
@@ -114,11 +130,15 @@ class TorchTrainer:
         Returns:
             Metrics (floats): ``loss`` (mean over optimizer steps), ``grad_norm`` (mean, before
             clipping), ``pg_clipfrac``, ``approx_kl``, ``ratio_mean``, ``entropy`` (token means),
-            ``tis_mean`` and ``tis_clipfrac`` (with ``use_tis``), ``train_rollout_logprob_abs_diff``
-            (mean |old_logp - rollout_logp| over trained tokens), ``reward_mean``,
-            ``advantage_abs_mean``, ``staleness_mean`` / ``staleness_max`` (versions, trained
-            tokens), ``num_samples``, ``num_train_tokens``, ``num_optimizer_steps``,
-            ``num_skipped_steps``, ``policy_version`` (after the step), ``train_time_s``.
+            the active correction's token means (``tis_mean``/``tis_clipfrac``, ``mis_*``,
+            ``behav_*``), ``dual_clipfrac`` (dual clip), ``kl_loss`` (KL loss, token mean),
+            ``value_loss`` / ``value_clipfrac`` / ``critic_grad_norm`` / ``explained_variance``
+            (PPO critic; explained variance of the returns by the values before the update),
+            ``train_rollout_logprob_abs_diff`` (mean |old_logp - rollout_logp| over trained
+            tokens), ``reward_mean``, ``advantage_abs_mean``, ``staleness_mean`` /
+            ``staleness_max`` (versions, trained tokens), ``num_samples``, ``num_train_tokens``,
+            ``num_optimizer_steps``, ``num_skipped_steps``, ``policy_version`` (after the step),
+            ``train_time_s``.
 
         Raises:
             ValueError / RuntimeError: from ``build_train_batch`` (bad sample, stale token).
@@ -133,47 +153,60 @@ class TorchTrainer:
             groups,
             pad_token_id=self.pad_token_id,
             current_version=self.policy_version,
-            normalize_advantages_by_std=cfg.normalize_advantages_by_std,
+            normalize_advantages_by_std=cfg.normalize_advantages_by_std and not cfg.disable_grpo_std_normalization,
             max_staleness=cfg.max_staleness,
+            advantage_estimator=cfg.advantage_estimator,
+            mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
         )
         steps = self._plan(batch.num_samples)
-        old_logprobs = self._old_logprobs(batch, [span for step in steps for span in step])
+        batch = objective.with_advantages(cfg, self._before_update(batch, [span for step in steps for span in step]))
 
         sums = dict.fromkeys(_TOKEN_METRICS, 0.0)
-        losses, grad_norms, num_tokens, num_skipped = [], [], 0.0, 0
+        seen: set[str] = set()
+        losses, grad_norms, value_losses, critic_norms, num_tokens, num_skipped = [], [], [], [], 0.0, 0
         for step in steps:
             step_mask = batch.loss_mask[step[0][0] : step[-1][1]]  # [S, L]
             if step_mask.sum() == 0:
                 continue
             denom = float(step[-1][1] - step[0][0]) if self.loss_agg == "seq_mean" else float(step_mask.sum())
-            self.optimizer.zero_grad(set_to_none=True)
-            step_loss = 0.0
+            self._zero_grad()
+            step_loss = step_value_loss = 0.0
             for span in step:
-                loss, metrics = self._micro_batch_loss(batch.slice(*span), old_logprobs[span], denom)
+                mb = batch.slice(*span)
+                loss, metrics = self._micro_batch_loss(mb, denom)
                 loss.backward()
                 step_loss += float(loss.detach())
+                if self.critic is not None:
+                    v_loss, v_metrics = self._value_loss(mb, denom)
+                    v_loss.backward()
+                    step_value_loss += float(v_loss.detach())
+                    metrics.update(v_metrics)
                 num_tokens += metrics["num_tokens"]
+                seen.update(k for k in _TOKEN_METRICS if k in metrics)
                 for key in _TOKEN_METRICS:
                     sums[key] += metrics.get(key, 0.0) * metrics["num_tokens"]
-            max_norm = cfg.clip_grad if cfg.clip_grad > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
+            grad_norm = self._clip_and_step(self.model, self.optimizer)
+            if not math.isfinite(grad_norm):
                 num_skipped += 1
                 logger.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
-            self.optimizer.zero_grad(set_to_none=True)
+            if self.critic is not None:
+                critic_norms.append(self._clip_and_step(self.critic, self.critic_optimizer))
+                value_losses.append(step_value_loss)
+            self._zero_grad()
             losses.append(step_loss)
             grad_norms.append(grad_norm)
         self.policy_version += 1
 
-        out = {key: sums[key] / max(num_tokens, 1.0) for key in _TOKEN_METRICS}
-        if not cfg.use_tis:
-            del out["tis_mean"], out["tis_clipfrac"]
-        out.update(self._batch_metrics(batch, old_logprobs))
+        out = {key: sums[key] / max(num_tokens, 1.0) for key in _TOKEN_METRICS if key in seen or key in _TOKEN_METRICS[:4]}
+        out.update(self._batch_metrics(batch))
+        if self.critic is not None:
+            assert batch.returns is not None and batch.old_values is not None
+            out["value_loss"] = _mean(value_losses)
+            out["critic_grad_norm"] = _mean(critic_norms)
+            out["explained_variance"] = explained_variance(batch.returns, batch.old_values, batch.loss_mask)
         out.update(
-            loss=sum(losses) / max(len(losses), 1),
-            grad_norm=sum(grad_norms) / max(len(grad_norms), 1),
+            loss=_mean(losses),
+            grad_norm=_mean(grad_norms),
             num_optimizer_steps=float(len(losses)),
             num_skipped_steps=float(num_skipped),
             policy_version=float(self.policy_version),
@@ -191,43 +224,61 @@ class TorchTrainer:
         return steps
 
     @torch.no_grad()
-    def _old_logprobs(self, batch: TrainBatch, spans: list[Span]) -> dict[Span, Tensor]:
-        """[b, l] logprobs of each micro-batch under the weights before this train step."""
-        out = {}
-        for span in spans:
-            mb = batch.slice(*span)
-            out[span] = compute_token_logprobs(
-                self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature
-            )
-        return out
+    def _before_update(self, batch: TrainBatch, spans: list[Span]) -> TrainBatch:
+        """Fill ``old_logprobs`` (and ``ref_logprobs`` / ``old_values``), computed per micro-batch.
 
-    def _micro_batch_loss(self, mb: TrainBatch, old_logprobs: Tensor, denom: float) -> tuple[Tensor, dict[str, float]]:
-        cfg = self.config
+        Each span is run exactly as training will slice it (T trimmed to the span's longest
+        sequence), so the first optimizer step sees ratio 1 exactly. Results are stitched into
+        [B, L] tensors, zero beyond each span's own length.
+        """
+        temperature = self.config.rollout_temperature
+        old = torch.zeros_like(batch.loss_mask)  # [B, L]
+        ref = torch.zeros_like(old) if self.ref_model is not None else None
+        values = torch.zeros_like(old) if self.critic is not None else None
+        for start, end in spans:
+            mb = batch.slice(start, end)
+            cols = slice(0, mb.loss_mask.shape[1])
+            old[start:end, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
+            if ref is not None:
+                ref[start:end, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
+            if values is not None:
+                values[start:end, cols] = self.critic(mb.input_ids, mb.attention_mask)
+        return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
+
+    def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
         logprobs, entropy = compute_token_logprobs_and_entropy(
-            self.model, mb.input_ids, mb.attention_mask, temperature=cfg.rollout_temperature
+            self.model,
+            mb.input_ids,
+            mb.attention_mask,
+            temperature=self.config.rollout_temperature,
+            entropy_grad=self.config.entropy_coef != 0.0,
         )  # [b, l], [b, l]
-        return policy_loss(
-            logprobs,
-            old_logprobs,
-            mb.advantages,
-            mb.loss_mask,
-            eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high,
-            rollout_logprobs=mb.rollout_logprobs,
-            use_tis=cfg.use_tis,
-            tis_clip=cfg.tis_clip,
-            tis_clip_low=cfg.tis_clip_low,
-            loss_agg=self.loss_agg,
-            loss_denominator=denom,
-            entropy=entropy,
+        return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)
+
+    def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
+        assert self.critic is not None and mb.old_values is not None and mb.returns is not None
+        values = self.critic(mb.input_ids, mb.attention_mask)  # [b, l]
+        return value_loss(
+            values, mb.old_values, mb.returns, mb.loss_mask, value_clip=self.config.value_clip, loss_agg=self.loss_agg, loss_denominator=denom
         )
 
-    def _batch_metrics(self, batch: TrainBatch, old_logprobs: dict[Span, Tensor]) -> dict[str, float]:
-        abs_diff = 0.0
-        for (start, end), old in old_logprobs.items():
-            mb = batch.slice(start, end)
-            abs_diff += float(((old - mb.rollout_logprobs).abs() * mb.loss_mask).sum())
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+
+    def _clip_and_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """Clip the gradient norm to ``clip_grad`` (0 = off) and step unless the norm is not finite."""
+        max_norm = self.config.clip_grad if self.config.clip_grad > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
+        if math.isfinite(grad_norm):
+            optimizer.step()
+        return grad_norm
+
+    def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
+        assert batch.old_logprobs is not None
         num_train_tokens = batch.num_train_tokens
+        abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
         trained_staleness = batch.staleness[batch.loss_mask > 0].float()  # [num_train_tokens]
         has_reward = ~batch.rewards.isnan()  # [B]
         return {
@@ -243,37 +294,16 @@ class TorchTrainer:
     def save_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF model directory, atomically; return its path.
 
-        Writes config.json, generation_config.json and model.safetensors (transformers 5 always
-        writes safetensors) into a temporary sibling directory, copies ``TOKENIZER_FILES`` from
-        ``model_dir`` when present, then renames it to ``out_dir``. A reader never sees a
-        half-written directory; when ``out_dir`` already exists it is moved aside first and
-        deleted after, so for that moment ``out_dir`` is absent.
+        See ``slime.train.checkpoint.save_hf_dir`` (tokenizer files come from ``model_dir``).
+        Only the policy is saved, not the reference model or the critic.
         """
-        out = os.path.abspath(out_dir)
-        parent, name = os.path.split(out)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
-        try:
-            os.chmod(tmp, 0o755)
-            with self._lock:
-                self.model.save_pretrained(tmp)
-            for fname in TOKENIZER_FILES:
-                src = os.path.join(self.model_dir, fname)
-                if os.path.isfile(src) and not os.path.exists(os.path.join(tmp, fname)):
-                    shutil.copy2(src, os.path.join(tmp, fname))
-            if os.path.exists(out):
-                trash = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
-                os.rename(out, os.path.join(trash, name))
-                os.rename(tmp, out)
-                shutil.rmtree(trash)
-            else:
-                os.rename(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
+        return save_hf_dir(self.model, out_dir, source_dir=self.model_dir, lock=self._lock)
 
     def state_dict_for_sync(self) -> dict[str, Tensor]:
         """A copy of the weights, keyed by HF parameter name (fp32, CPU), safe to read while training."""
         with self._lock:
             return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / max(len(xs), 1)

@@ -69,3 +69,45 @@ def test_sample_without_reward_raises_unless_failed():
     s = _sample([1, 2], [3], None)
     with pytest.raises(ValueError, match="no reward"):
         build_train_batch([Group(group_id=7, samples=[s])], pad_token_id=PAD, current_version=3)
+
+
+def _resumed(versions, loss_mask=None, index=0):
+    """A sample of 5 response tokens whose versions span a resume (e.g. [4, 4, 4, 5, 5])."""
+    s = Sample(prompt_ids=[1, 2], group_id=7, index=index, status=Status.COMPLETED, reward=1.0)
+    s.append([10, 11, 12, 13, 14], [-0.5] * 5, policy_version=list(versions))
+    if loss_mask is not None:
+        s.loss_mask = list(loss_mask)
+    return s
+
+
+def test_mask_offpolicy_in_partial_rollout_trains_only_the_newest_version():
+    # prompt of 2 -> response positions t = 1..5; versions [4, 4, 4, 5, 5] -> only t = 4, 5 train.
+    # A tool token (loss_mask 0) in the newest segment stays masked; a fresh sample is untouched.
+    resumed = _resumed([4, 4, 4, 5, 5], loss_mask=[1, 1, 1, 1, 0])
+    fresh = _resumed([5] * 5, index=1)
+    group = Group(group_id=7, samples=[resumed, fresh])
+    on = build_train_batch([group], pad_token_id=PAD, current_version=5, mask_offpolicy_in_partial_rollout=True)
+    assert on.loss_mask.tolist() == [[0, 0, 0, 0, 1, 0], [0, 1, 1, 1, 1, 1]]
+    assert on.response_mask.tolist() == [[0, 1, 1, 1, 1, 1]] * 2
+    off = build_train_batch([group], pad_token_id=PAD, current_version=5)
+    assert off.loss_mask.tolist() == [[0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]]
+    assert resumed.loss_mask == [1, 1, 1, 1, 0]  # the sample itself is not modified
+
+
+def test_masked_off_policy_tokens_do_not_trip_the_staleness_check():
+    # versions [1, 1, 5, 5, 5] at current version 5 with max_staleness 2: the version-1 tokens are
+    # 4 versions behind, but masked by the option before the check runs
+    group = Group(group_id=7, samples=[_resumed([1, 1, 5, 5, 5])])
+    batch = build_train_batch([group], pad_token_id=PAD, current_version=5, max_staleness=2, mask_offpolicy_in_partial_rollout=True)
+    assert batch.num_train_tokens == 3
+    with pytest.raises(RuntimeError, match="max_staleness=2"):
+        build_train_batch([group], pad_token_id=PAD, current_version=5, max_staleness=2)
+
+
+def test_estimator_picks_the_sample_score():
+    # rewards 1 and 0 in one group: GRPO +-0.7071, baseline +-0.5 (centred only), PPO the raw reward
+    group = Group(group_id=7, samples=[_sample([1, 2], [3, 4], 1.0), _sample([1, 2], [5], 0.0, index=1)])
+    scores = {est: build_train_batch([group], pad_token_id=PAD, current_version=3, advantage_estimator=est).sample_advantages.tolist()
+              for est in ("grpo", "reinforce_plus_plus_baseline", "ppo")}
+    assert scores["grpo"] == pytest.approx([0.7071, -0.7071], abs=1e-4)
+    assert scores["reinforce_plus_plus_baseline"] == [0.5, -0.5] and scores["ppo"] == [1.0, 0.0]

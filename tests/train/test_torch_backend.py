@@ -1,3 +1,4 @@
+import math
 import os
 
 import pytest
@@ -98,3 +99,98 @@ def test_save_hf_round_trip_loads_equal_weights_and_copies_tokenizer_files(tiny_
     on_disk = load_file(str(out / "model.safetensors"))
     for name, tensor in trainer.state_dict_for_sync().items():
         assert torch.equal(loaded[name], tensor) and torch.equal(on_disk[name], tensor), name
+
+
+def _plain_grpo_reference_step(model_dir, config, groups):
+    """The trainer before the algorithm options, written out by hand: GRPO advantages, PPO clip,
+    optional TIS, seq_mean over each optimizer step, AdamW with grad clipping. Returns the model and
+    the step losses."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
+    batch = build_train_batch(groups, pad_token_id=0, current_version=0)
+    mbs = [batch.slice(i, i + 1) for i in range(batch.num_samples)]  # micro_batch_size 1
+    with torch.no_grad():
+        old = [compute_token_logprobs(model, mb.input_ids, mb.attention_mask, temperature=0.8) for mb in mbs]
+    losses = []
+    for step in ([0, 1], [2, 3]):  # global_batch_size 2 -> two optimizer steps
+        opt.zero_grad()
+        total = 0.0
+        for i in step:
+            mb = mbs[i]
+            ratio = (compute_token_logprobs(model, mb.input_ids, mb.attention_mask, temperature=0.8) - old[i]).exp()
+            tok = torch.maximum(-ratio * mb.advantages, -ratio.clamp(0.8, 1.2) * mb.advantages)
+            if config.use_tis:
+                tok = tok * (old[i] - mb.rollout_logprobs).exp().clamp(0.0, 2.0)
+            loss = (tok * mb.loss_mask).sum() / mb.loss_mask.sum() / len(step)
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
+        opt.step()
+        losses.append(total)
+    return model, losses
+
+
+@pytest.mark.parametrize("use_tis", [False, True])
+def test_default_config_trains_exactly_like_the_plain_grpo_ppo_reference(tiny_model_dir, use_tis):
+    # the second optimizer step is off-policy (ratio != 1), so the clip and TIS weights are exercised
+    config = _config(global_batch_size=2, micro_batch_size=1, use_tis=use_tis)
+    reference, want_losses = _plain_grpo_reference_step(tiny_model_dir, config, _groups())
+    trainer = TorchTrainer(config, model_dir=tiny_model_dir)
+    m = trainer.train_step(_groups())
+    assert m["loss"] == pytest.approx(sum(want_losses) / 2, abs=1e-6)
+    got = trainer.state_dict_for_sync()
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def _weights_changed(before, module):
+    return any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_ppo_with_gae_trains_policy_and_critic_and_reports_value_metrics(tiny_model_dir):
+    # rewards (1, 0, 0, 0); the critic head starts at 0, so old values are 0 and, with gamma = lambda = 1,
+    # GAE gives A_t = sum of future rewards - V_t = R on every trained token, and returns = R:
+    #   value_loss = seq_mean((0 - R)^2) = (1 + 0 + 0 + 0) / 4 = 0.25
+    #   policy loss (ratio 1) = -seq_mean(A) = -0.25;  explained variance = 1 - Var(R - 0) / Var(R) = 0
+    trainer = TorchTrainer(_config(advantage_estimator="ppo", gamma=1.0, lambd=1.0, critic_lr=1e-2), model_dir=tiny_model_dir)
+    assert trainer.critic is not None and trainer.ref_model is None
+    policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    critic0 = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
+    m = trainer.train_step(_groups())
+    assert m["value_loss"] == pytest.approx(0.25, abs=1e-6) and m["loss"] == pytest.approx(-0.25, abs=1e-6)
+    assert m["explained_variance"] == pytest.approx(0.0, abs=1e-6) and m["critic_grad_norm"] > 0
+    assert _weights_changed(policy0, trainer.model) and _weights_changed(critic0, trainer.critic)
+    m2 = trainer.train_step(_groups())  # the critic now predicts something: values move off 0
+    assert m2["explained_variance"] != pytest.approx(0.0, abs=1e-6) and m2["value_loss"] != pytest.approx(0.25, abs=1e-6)
+
+
+def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
+    trainer = TorchTrainer(_config(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl"), model_dir=tiny_model_dir)
+    assert trainer.ref_model is not None and trainer.critic is None
+    ref0 = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
+    policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    m1 = trainer.train_step(_groups())
+    assert m1["kl_loss"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the first update
+    m2 = trainer.train_step(_groups())
+    assert m2["kl_loss"] > 1e-7
+    assert _weights_changed(policy0, trainer.model) and not _weights_changed(ref0, trainer.ref_model)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(advantage_estimator="gspo", eps_clip=3e-4, eps_clip_high=4e-4),
+        dict(advantage_estimator="reinforce_plus_plus", kl_coef=0.1, gamma=0.9),
+        dict(advantage_estimator="reinforce_plus_plus_baseline"),
+        dict(mis_level="sequence", mis_lower_bound=0.0),  # rollout logprobs of -1 put rho far below 0.5
+        dict(use_decoupled_ppo=True, behav_imp_weight_cap=5.0),
+        dict(eps_clip_c=3.0, entropy_coef=0.01, disable_grpo_std_normalization=True, mask_offpolicy_in_partial_rollout=True),
+    ],
+    ids=["gspo", "rf++", "rf++baseline", "mis", "decoupled", "dualclip-entropy-drgrpo"],
+)
+def test_every_option_trains_through_train_step(tiny_model_dir, options):
+    trainer = TorchTrainer(_config(global_batch_size=2, **options), model_dir=tiny_model_dir)
+    policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    m = trainer.train_step(_groups())
+    assert m["num_optimizer_steps"] == 2 and all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")
+    assert _weights_changed(policy0, trainer.model)

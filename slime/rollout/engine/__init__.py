@@ -38,7 +38,19 @@ What it does not do (it answers 400 with a message where a client could ask for 
   refused and responses carry no ``text`` (like ``--skip-tokenizer-init``).
 """
 
-from slime.rollout.engine.sampling import token_logprobs
-from slime.rollout.engine.server import EngineServer, main
+from typing import Any
 
 __all__ = ["EngineServer", "main", "token_logprobs"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that ``slime.rollout.engine.sampling`` (imported by the trainer) pulls in only torch.
+    if name in ("EngineServer", "main"):
+        from slime.rollout.engine import server
+
+        return getattr(server, name)
+    if name == "token_logprobs":
+        from slime.rollout.engine.sampling import token_logprobs
+
+        return token_logprobs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -168,7 +168,9 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
     sp_list = [_check_sampling(s) for s in raw_sp] if isinstance(raw_sp, list) else [_check_sampling(raw_sp)]
 
     if body.get("stream"):
-        raise ValueError("The slime embedded engine does not stream; send \"stream\": false (the response carries the same fields).")
+        raise ValueError(
+            "The slime embedded engine does not stream; send \"stream\": false (the response carries the same fields)."
+        )
     for key in _UNSUPPORTED_TOP:
         if body.get(key) not in (None, False, [], {}):
             raise ValueError(f"The slime embedded engine does not support `{key}`.")
@@ -222,7 +224,9 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
         if bad:
             raise ValueError(f"Token id {bad[0]} is out of range for vocab size {vocab_size}.")
         if len(prompt) >= context_length:
-            raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens).")
+            raise ValueError(
+                f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens)."
+            )
         if params.max_new_tokens is not None and len(prompt) + params.max_new_tokens > context_length:
             raise ValueError(
                 f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "

@@ -25,7 +25,10 @@ import torch
 
 from slime.rollout.engine.sampling import SamplingParams
 
-__all__ = ["EngineRequest", "resolve", "weight_version_spans", "build_response"]
+__all__ = [
+    "EngineRequest", "resolve", "finish_length", "finish_stop", "finish_reason_after", "weight_version_spans",
+    "build_response",
+]
 
 QUEUED_ABORT_MESSAGE = "Abort in waiting queue"
 
@@ -116,6 +119,30 @@ def finish_length(length: int) -> dict[str, Any]:
     return {"type": "length", "length": length}
 
 
+def finish_reason_after(req: EngineRequest, *, eos_token_ids: frozenset[int], tokenizer: Any,
+                        context_length: int) -> dict[str, Any] | None:
+    """The finish reason once ``req``'s newest token is appended, or None to keep going.
+
+    0.5.23 order: stop string > stop token / EOS > length, so an EOS sampled exactly at
+    ``max_new_tokens`` is ``stop``. ``ignore_eos`` skips the token check (EOS and ``stop_token_ids``).
+    Stop strings are looked for in the decoded tail of the output (needs ``tokenizer``).
+    """
+    params, tok, num_out = req.params, req.output_ids[-1], len(req.output_ids)
+    if params.stop and tokenizer is not None:
+        window = max(len(s) for s in params.stop) + 4  # tokens; every token decodes to >= 1 char or none
+        tail = tokenizer.decode(req.output_ids[-window:], skip_special_tokens=params.skip_special_tokens)
+        for s in params.stop:
+            if s in tail:
+                return finish_stop(s)
+    if not params.ignore_eos and (tok in eos_token_ids or tok in params.stop_token_ids):
+        return finish_stop(tok)
+    if params.max_new_tokens is not None and num_out >= params.max_new_tokens:
+        return finish_length(params.max_new_tokens)
+    if len(req.prompt_ids) + num_out >= context_length:
+        return finish_length(num_out)
+    return None
+
+
 def weight_version_spans(versions: list[str], current: str) -> list[dict[str, Any]]:
     """Compress per-token versions into SGLang's ``weight_versions`` spans ``[start, end)``.
 
@@ -166,7 +193,8 @@ def build_response(
             [_finite(lp), tid, text_of(tid)] for lp, tid in zip(req.output_logprobs, req.output_ids)
         ]
         meta["output_token_logprobs_length"] = len(req.output_ids)
-    meta["response_sent_to_client_ts"] = time.time()
+    if not queued_abort:
+        meta["response_sent_to_client_ts"] = time.time()
     out: dict[str, Any] = {}
     if tokenizer is not None:
         out["text"] = _decode_text(req, tokenizer)

@@ -81,7 +81,8 @@ async def _body(request: web.Request, *, optional: bool = False) -> dict[str, An
     return body
 
 
-def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ..., ) -> Any:
+def _field(body: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
+    """``body[name]`` checked against ``kind``; missing/null -> ``default`` (``...`` = required)."""
     value = body.get(name)
     if value is None:
         if default is ...:
@@ -105,16 +106,21 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
         if (refusal := not_ready()) is not None:
             return refusal
         loaded, runner = server.loaded, server.runner
+        kwargs = dict(tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size, context_length=loaded.context_length,
+                      seed=server.seed)
         try:
-            parsed = parse_generate(body, tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size,
-                                    context_length=loaded.context_length, seed=server.seed)
+            if body.get("input_ids") is None and body.get("text") is not None:  # tokenizing: off the event loop
+                parsed = await asyncio.to_thread(parse_generate, body, **kwargs)
+            else:
+                parsed = parse_generate(body, **kwargs)
         except ContractError as exc:
             return _json({"error": str(exc)}, 400)
         except ValueError as exc:
             return _json({"error": {"message": str(exc)}}, 400)
         reqs = parsed.requests
         rids = [r.rid for r in reqs]
-        dup = next((rid for i, rid in enumerate(rids) if rid in server.inflight or rid in rids[:i]), None)
+        seen: set[str] = set()
+        dup = next((rid for rid in rids if rid in server.inflight or rid in seen or seen.add(rid)), None)
         if dup is not None:
             return _json({"error": {"message": f"Duplicate request ID {dup} found."}}, 400)
         server.inflight.update((r.rid, r) for r in reqs)
@@ -174,7 +180,8 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
             tensors = await asyncio.to_thread(read_hf_weights, model_path, server.loaded.model)
         except (ValueError, OSError) as exc:
             return _json({"success": False, "message": str(exc), "num_paused_requests": 0}, 400)
-        num_paused = await asyncio.wrap_future(server.runner.update_weights(tensors, weight_version=version, abort_all=abort_all))
+        update = server.runner.update_weights(tensors, weight_version=version, abort_all=abort_all)
+        num_paused = await asyncio.wrap_future(update)
         server.model_path = model_path
         message = "Succeeded to update model weights." + (f" Weight version updated to {version}." if version else "")
         return _json({"success": True, "message": message, "num_paused_requests": num_paused})
@@ -188,9 +195,8 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
         await asyncio.wrap_future(server.runner.update_weights(None, weight_version=version, abort_all=abort_all))
         return _json({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
 
-    def busy() -> bool:
-        runner = server.runner
-        return bool(server.inflight) or (runner is not None and (runner.num_running or runner.num_waiting))
+    def busy() -> bool:  # any /generate between arrival and response (running, queued or held)
+        return bool(server.inflight)
 
     async def flush_cache(request: web.Request) -> web.Response:
         try:

@@ -35,7 +35,7 @@ from transformers import DynamicCache
 
 from slime.rollout.engine.batch import BatchKV, prefill_inputs
 from slime.rollout.engine.model import LoadedModel, copy_weights_
-from slime.rollout.engine.request import EngineRequest, finish_length, finish_stop, resolve
+from slime.rollout.engine.request import EngineRequest, finish_length, finish_reason_after, resolve
 from slime.rollout.engine.sampling import sample_next, token_logprobs
 
 __all__ = ["ModelRunner", "PauseMode"]
@@ -232,7 +232,9 @@ class ModelRunner:
             return True
         if self._paused:
             return False
-        return bool(self._running) or (len(self._running) < self.max_running_requests and any(map(self._admissible, self._waiting)))
+        if self._running:
+            return True
+        return self.max_running_requests > 0 and any(map(self._admissible, self._waiting))
 
     def _admissible(self, req: EngineRequest) -> bool:
         return not self._pending or req.seq < self._pending[0].barrier
@@ -293,7 +295,8 @@ class ModelRunner:
                 break
             chosen.append(req)
         if chosen:
-            self._waiting = [r for r in self._waiting if r not in chosen]
+            taken = {id(r) for r in chosen}
+            self._waiting = [r for r in self._waiting if id(r) not in taken]
             self._prefill(chosen)
 
     def _prefill(self, reqs: list[EngineRequest]) -> None:
@@ -337,26 +340,10 @@ class ModelRunner:
                 req.finish(finish_length(0))
                 continue
             req.append(tok, lp, self.weight_version)
-            reason = self._finish_reason(req)
+            reason = finish_reason_after(req, eos_token_ids=self.loaded.eos_token_ids, tokenizer=self.loaded.tokenizer,
+                                         context_length=self.loaded.context_length)
             if reason is None:
                 keep.append(i)
             else:
                 req.finish(reason)
         return keep
-
-    def _finish_reason(self, req: EngineRequest) -> dict[str, Any] | None:
-        """0.5.23 order: stop string > stop token / EOS > length (so EOS at max_new_tokens is ``stop``)."""
-        params, tok, num_out = req.params, req.output_ids[-1], len(req.output_ids)
-        if params.stop and self.loaded.tokenizer is not None:
-            window = max(len(s) for s in params.stop) + 4
-            tail = self.loaded.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=params.skip_special_tokens)
-            for s in params.stop:
-                if s in tail:
-                    return finish_stop(s)
-        if not params.ignore_eos and (tok in self.loaded.eos_token_ids or tok in params.stop_token_ids):
-            return finish_stop(tok)
-        if params.max_new_tokens is not None and num_out >= params.max_new_tokens:
-            return finish_length(params.max_new_tokens)
-        if len(req.prompt_ids) + num_out >= self.loaded.context_length:
-            return finish_length(num_out)
-        return None

@@ -14,9 +14,10 @@ Example (vocab 3, temperature 0.5)::
     token_logprobs(torch.tensor([2.0, 1.0, 0.0]), torch.tensor(1), 0.5) == -2.1429
 
 Sampling draws one float64 uniform per row from that request's own ``torch.Generator`` and inverts
-the CDF of the truncated distribution, so a request's tokens depend only on its logits and its
-generator, never on which other requests share the batch. Truncation follows SGLang's torch
-sampler: sort descending; drop tokens whose preceding cumulative mass exceeds ``top_p``; keep the
+a CDF, so a request's tokens depend only on its logits, its parameters and its generator, never on
+which other requests share the batch. Without truncation the CDF runs in vocabulary order (no
+sort); with truncation, in descending-probability order, following SGLang's torch sampler: sort
+descending; drop tokens whose preceding cumulative mass exceeds ``top_p``; keep the
 first ``top_k``; drop tokens below ``min_p`` x the top probability; the top token always survives.
 """
 
@@ -122,24 +123,42 @@ def sample_next(
     Returns:
         (token_ids [B] int64, logprobs [B] float32), logprobs as in ``token_logprobs``.
     """
-    num_rows, vocab = logits.shape
+    vocab = logits.shape[-1]
     temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
     logp = scaled_log_softmax(logits, temps)  # [B, V]
     token_ids = logits.argmax(dim=-1)  # greedy rows keep this
-    sampled = [i for i, p in enumerate(params) if not p.is_greedy]
-    if sampled:
-        rows = torch.tensor(sampled)
-        sub = [params[i] for i in sampled]
+    plain = [i for i, p in enumerate(params) if not p.is_greedy and not _truncates(p, vocab)]
+    truncated = [i for i, p in enumerate(params) if not p.is_greedy and _truncates(p, vocab)]
+    if plain:  # inverse CDF in vocabulary order: no sort needed
+        rows = torch.tensor(plain)
+        cdf = logp[rows].exp().double().cumsum(dim=-1)  # [S, V]
+        token_ids[rows] = _invert(cdf, _uniforms(generators, plain), vocab)
+    if truncated:
+        rows = torch.tensor(truncated)
+        sub = [params[i] for i in truncated]
         top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in sub])[:, None]
         top_p = torch.tensor([p.top_p for p in sub], dtype=torch.float32)[:, None]
         min_p = torch.tensor([p.min_p for p in sub], dtype=torch.float32)[:, None]
-        uniform = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled])
         probs_sorted, order = logp[rows].exp().sort(dim=-1, descending=True)  # [S, V]
         before = probs_sorted.cumsum(dim=-1) - probs_sorted
         keep = (before <= top_p) & (torch.arange(vocab)[None, :] < top_k)
         keep &= probs_sorted >= min_p * probs_sorted[:, :1]
         keep[:, 0] = True
         cdf = (probs_sorted * keep).double().cumsum(dim=-1)  # [S, V]
-        pick = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
-        token_ids[rows] = order.gather(-1, pick).squeeze(-1)
+        pick = _invert(cdf, _uniforms(generators, truncated), vocab)
+        token_ids[rows] = order.gather(-1, pick[:, None]).squeeze(-1)
     return token_ids, logp.gather(-1, token_ids[:, None]).squeeze(-1)
+
+
+def _truncates(p: SamplingParams, vocab: int) -> bool:
+    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
+
+
+def _uniforms(generators: list[torch.Generator], rows: list[int]) -> torch.Tensor:
+    """[S] float64 in [0, 1), one draw from each row's own generator."""
+    return torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in rows])
+
+
+def _invert(cdf: torch.Tensor, uniform: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Index of the first CDF entry above ``uniform`` x total mass. cdf: [S, V] float64 -> [S] int64."""
+    return torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp_(max=vocab - 1)

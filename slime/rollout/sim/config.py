@@ -1,7 +1,8 @@
 """``SimConfig``: every knob of the simulated engine, one field per ``slime engine --sim`` flag.
 
-Units: ``*_ms`` fields are milliseconds of *simulated* time; ``time_scale`` S turns them into wall
-time (wall = simulated / S). Lengths are response tokens.
+Flags: ``FLAGS`` maps each ``slime engine --sim`` flag onto its field (``add_sim_flags`` /
+``config_from_args``). Units: ``*_ms`` fields are milliseconds of *simulated* time; ``time_scale``
+S turns them into wall time (wall = simulated / S). Lengths are response tokens.
 
 Example (the long-tail benchmark): ``SimConfig(time_scale=3, response_len_median=1000,
 response_len_p99=10000)`` with 256 requests running takes 8 + 0.05 * 256 = 20.8 simulated ms per
@@ -10,11 +11,13 @@ decode step, 6.9 wall ms; a 10000-token response then holds its slot for ~69 wal
 
 from __future__ import annotations
 
+import argparse
+
 import msgspec
 
 from slime.errors import ConfigError
 
-__all__ = ["SimConfig"]
+__all__ = ["SimConfig", "FLAGS", "add_sim_flags", "config_from_args"]
 
 
 class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -53,8 +56,9 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     """Reported by ``/model_info``; replaced by the path of each weight update (``--model-path``)."""
     instant: bool = False
     """Finish every request at once with all its tokens, no simulated time (``--instant``)."""
-    max_tracked_trajectories: int = 1_000_000
-    """Trajectory ids whose prompt length is remembered for resume (least recently used forgotten)."""
+    max_tracked_trajectories: int = 100_000
+    """Trajectory ids (seeds, rid stems) whose prompts are remembered for resume; the least recently
+    used are forgotten beyond this (~700 bytes each)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -86,3 +90,42 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         """
         return (self.decode_step_ms + self.decode_step_per_req_ms * num_running
                 + self.prefill_ms_per_token * num_prefill_tokens)
+
+
+FLAGS: dict[str, str] = {
+    "--max-running-requests": "max_running_requests",
+    "--decode-step-ms": "decode_step_ms",
+    "--decode-step-per-req-ms": "decode_step_per_req_ms",
+    "--prefill-ms-per-token": "prefill_ms_per_token",
+    "--time-scale": "time_scale",
+    "--weight-sync-ms": "weight_sync_ms",
+    "--response-len-median": "response_len_median",
+    "--response-len-p99": "response_len_p99",
+    "--response-len-file": "response_len_file",
+    "--max-response-len": "max_response_len",
+    "--vocab-size": "vocab_size",
+    "--eos-token-id": "eos_token_id",
+    "--seed": "seed",
+    "--weight-version": "weight_version",
+    "--model-path": "model_path",
+    "--instant": "instant",
+}
+"""Every ``slime engine --sim`` flag and the ``SimConfig`` field it sets (defaults come from the struct)."""
+
+
+def add_sim_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add one flag per ``FLAGS`` entry (type and default from ``SimConfig``; field docs above)."""
+    defaults = SimConfig()
+    for flag, name in FLAGS.items():
+        default = getattr(defaults, name)
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=name, action="store_true", help=f"(SimConfig.{name})")
+            continue
+        kind = {int: int, float: float}.get(type(default), str)
+        parser.add_argument(flag, dest=name, type=kind, default=default, help=f"default {default!r} (SimConfig.{name})")
+    return parser
+
+
+def config_from_args(ns: argparse.Namespace) -> SimConfig:
+    """Build the config from parsed flags. Raises ConfigError naming the bad flag."""
+    return SimConfig(**{name: getattr(ns, name) for name in FLAGS.values()})

@@ -66,3 +66,15 @@ def test_seeded_generator_depends_on_seed_and_key_only():
     draw = lambda s, k: torch.rand(3, generator=seeded_generator(s, k)).tolist()  # noqa: E731
     assert draw(1, "a") == draw(1, "a")
     assert draw(1, "a") != draw(2, "a") and draw(1, "a") != draw(1, "b")
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.5), SamplingParams(temperature=0.5, top_k=3)])
+def test_sampling_frequencies_follow_the_scaled_distribution(params):
+    logits = torch.tensor([[1.0, 0.5, 0.0, -0.5]])
+    probs = torch.softmax(logits[0] / 0.5, dim=-1)[:3]
+    probs = probs / probs.sum() if params.top_k == 3 else torch.softmax(logits[0] / 0.5, dim=-1)
+    gen = seeded_generator(0, "freq")
+    counts = torch.zeros(4)
+    for _ in range(3000):
+        counts[sample_next(logits, [params], [gen])[0]] += 1
+    assert torch.allclose(counts[: len(probs)] / 3000, probs, atol=0.03)

@@ -1,0 +1,128 @@
+"""The RL objective of one train step, assembled from config: advantages, off-policy weights, policy + KL loss.
+
+This is the glue between ``TrainConfig`` and the pure functions of ``advantages``, ``offpolicy``,
+``losses`` and ``kl``; ``TorchTrainer`` calls it and stays free of algorithm branches. Per step:
+
+    batch (rollout tensors, GRPO-style sample scores)
+      + old_logprobs / ref_logprobs / old_values from the weights before the update
+      -> with_advantages: token advantages and critic returns for estimators that need them
+      -> per micro-batch: micro_batch_loss = policy_loss(ratio level, clips, weights, entropy)
+                                            + kl_loss_coef * agg(KL(policy || reference))
+
+Defaults (GRPO, PPO clip, no correction, seq_mean, no KL, no entropy bonus) reduce to exactly the
+loss slime's default recipe optimises and to what this trainer computed before these options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import Tensor
+
+from slime.config import TrainConfig
+from slime.train.advantages import CRITIC_ESTIMATORS, GROUP_NORMALISED, token_advantages
+from slime.train.batch import TrainBatch
+from slime.train.kl import kl_estimate
+from slime.train.losses import aggregate, policy_loss
+from slime.train.offpolicy import decoupled_weights, mis_weights, tis_weights
+
+__all__ = ["needs_reference", "needs_critic", "with_advantages", "correction_weights", "micro_batch_loss"]
+
+
+def needs_reference(cfg: TrainConfig) -> bool:
+    """A frozen reference model is needed: the KL loss, or a KL penalty in REINFORCE++/PPO rewards."""
+    return cfg.use_kl_loss or (cfg.kl_coef != 0.0 and cfg.advantage_estimator not in GROUP_NORMALISED)
+
+
+def needs_critic(cfg: TrainConfig) -> bool:
+    return cfg.advantage_estimator in CRITIC_ESTIMATORS
+
+
+def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
+    """Replace ``batch.advantages`` (and set ``returns``) for estimators the batch builder cannot finish.
+
+    Needs ``batch.old_logprobs`` (and ``ref_logprobs`` for a KL penalty, ``old_values`` for PPO).
+    GRPO/GSPO without ``normalize_advantages`` come back unchanged.
+    """
+    if cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages:
+        return batch
+    kl = None
+    if cfg.kl_coef != 0.0 and batch.ref_logprobs is not None:
+        assert batch.old_logprobs is not None
+        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.kl_loss_type)  # [B, L]
+    advantages, returns = token_advantages(
+        cfg.advantage_estimator,
+        scores=batch.sample_advantages,
+        loss_mask=batch.loss_mask,
+        response_mask=batch.response_mask,
+        kl=kl,
+        kl_coef=cfg.kl_coef,
+        values=batch.old_values,
+        gamma=cfg.gamma,
+        lambd=cfg.lambd,
+        normalize_advantages=cfg.normalize_advantages,
+    )
+    return dataclasses.replace(batch, advantages=advantages, returns=returns)
+
+
+def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None, dict[str, float]]:
+    """The active off-policy weights of a micro-batch (TIS, MIS or decoupled PPO), or None."""
+    assert mb.old_logprobs is not None
+    if cfg.use_tis:
+        return tis_weights(mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, tis_clip=cfg.tis_clip, tis_clip_low=cfg.tis_clip_low)
+    if cfg.mis_level != "none":
+        return mis_weights(
+            mb.old_logprobs,
+            mb.rollout_logprobs,
+            mb.loss_mask,
+            level=cfg.mis_level,
+            lower_bound=cfg.mis_lower_bound,
+            upper_bound=cfg.mis_upper_bound,
+        )
+    if cfg.use_decoupled_ppo:
+        return decoupled_weights(mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, behav_imp_weight_cap=cfg.behav_imp_weight_cap)
+    return None, {}
+
+
+def micro_batch_loss(
+    cfg: TrainConfig, mb: TrainBatch, logprobs: Tensor, entropy: Tensor, loss_denominator: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Policy loss (+ KL loss) of one micro-batch.
+
+    Args:
+        cfg: the train config.
+        mb: a micro-batch slice with ``old_logprobs`` (and ``ref_logprobs`` with the KL loss).
+        logprobs: [b, l] float32, current policy, carries gradient.
+        entropy: [b, l] float32, nats; carries gradient when ``cfg.entropy_coef`` != 0.
+        loss_denominator: the optimizer step's samples (``seq_mean``) or trained tokens (``token_mean``).
+
+    Returns:
+        loss (scalar tensor) and token-mean metrics: ``policy_loss``'s, the correction's, and
+        ``kl_loss`` (token mean of the KL estimate, with ``use_kl_loss``).
+    """
+    assert mb.old_logprobs is not None
+    weights, metrics = correction_weights(cfg, mb)
+    loss, policy_metrics = policy_loss(
+        logprobs,
+        mb.old_logprobs,
+        mb.advantages,
+        mb.loss_mask,
+        eps_clip=cfg.eps_clip,
+        eps_clip_high=cfg.eps_clip_high,
+        eps_clip_c=cfg.eps_clip_c,
+        ratio_level="sequence" if cfg.advantage_estimator == "gspo" else "token",
+        is_weights=weights,
+        loss_agg=cfg.loss_agg,
+        loss_denominator=loss_denominator,
+        entropy=entropy,
+        entropy_coef=cfg.entropy_coef,
+    )
+    metrics.update(policy_metrics)
+    if cfg.use_kl_loss:
+        assert mb.ref_logprobs is not None
+        mask = mb.loss_mask
+        kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)  # [b, l]
+        metrics["kl_loss"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1.0))
+        if cfg.kl_loss_coef != 0.0:
+            loss = loss + cfg.kl_loss_coef * aggregate(kl, mask, loss_agg=cfg.loss_agg, loss_denominator=loss_denominator)
+    return loss, metrics
