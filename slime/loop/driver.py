@@ -1,16 +1,7 @@
 """The run driver: wires data, engines, scheduler, trainer and weight sync into one RL run.
 
-One rollout step (``--num-rollout`` of them)::
-
-    groups  = await scheduler.next_batch(rollout_batch_size)     # APRIL: abort/keep stragglers
-    stats   = apply_staleness(groups, trainer_version, max_staleness)
-    metrics = await asyncio.to_thread(trainer.train_step, groups)  # the loop keeps generating
-    path    = await sync.save(version + 1)                        # still generating
-    async with scheduler.paused():                                # nothing in flight
-        await sync.load(path, version + 1); version += 1          # engines at the new version
-
-The trainer's version equals the engines' version at each train step (weights are synced right
-after every step), so a token's lag at training is how many updates happened since it was sampled.
+One rollout step is ``slime.loop.step.run_step`` (``--num-rollout`` of them); evaluation runs
+before the first and after the last, with generation paused.
 """
 
 from __future__ import annotations
@@ -27,14 +18,13 @@ from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
 from slime.loop.buffer import DataBuffer
 from slime.loop.evaluate import evaluate
-from slime.loop.offpolicy import apply_staleness
 from slime.loop.report import MetricsWriter, format_step_line, plot_reward_curve, write_json_atomic
 from slime.loop.scheduler import Scheduler
+from slime.loop.step import run_step
 from slime.rollout.launch import launch_embedded_engines
 from slime.rollout.pool import EnginePool
 from slime.rollout.rewards import load_function
 from slime.sync.disk import DiskWeightSync
-from slime.types import Group, Status
 
 __all__ = ["run_training", "load_prompts"]
 
@@ -60,19 +50,6 @@ def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
     else:
         evals = []
     return train, evals[: d.num_eval_prompts]
-
-
-def _batch_stats(groups: list[Group]) -> dict[str, float]:
-    samples = [s for g in groups for s in g.samples]
-    n = max(1, len(samples))
-    return {
-        "reward_mean": sum(s.reward or 0.0 for s in samples) / n,
-        "accuracy": sum((s.reward or 0.0) >= 1.0 for s in samples) / n,
-        "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
-        "truncated_samples": sum(s.status is Status.TRUNCATED for s in samples),
-        "failed_samples_in_batch": sum(s.status is Status.FAILED for s in samples),
-        "trained_tokens": sum(sum(s.loss_mask) for s in samples),
-    }
 
 
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
@@ -116,7 +93,6 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         lp = config.loop
         buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
         group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
-        update_mode = "in_place" if lp.mode == "async" else "abort"
         bar = _progress(config.loop.num_rollout, progress)
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(
@@ -124,34 +100,13 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
             )
             for step in range(1, config.loop.num_rollout + 1):
-                t0 = time.monotonic()
-                groups = await sched.next_batch(config.loop.rollout_batch_size)
-                t_rollout = time.monotonic() - t0
-                stale = apply_staleness(groups, trainer_version=version, max_staleness=config.loop.max_staleness)
-                batch = _batch_stats(groups)
-                train_metrics = await asyncio.to_thread(trainer.train_step, groups)
-                path = await sync.save(version + 1)
-                async with sched.paused(update_mode):
-                    await sync.load(path, version + 1, abort_all_requests=update_mode == "abort")
-                    version += 1
-                    sched.engine_version = version
-                st = sched.pop_stats()
-                dt = time.monotonic() - t0
-                record = {
-                    "kind": "step", "step": step, "policy_version": version, **batch,
-                    "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
-                    "generated_tokens": st.generated_tokens, "failed_samples": st.failed_samples,
-                    "filtered_groups": st.filtered_groups, "dropped_stale_groups": st.dropped_stale_groups,
-                    "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt, "rollout_wait_s": t_rollout,
-                    "partial_groups_queued": buffer.num_partial, "ready_groups_left": buffer.num_ready,
-                    **{k: v for k, v in stale.items()},
-                    **{f"train/{k}": v for k, v in train_metrics.items()},
-                }
+                version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version)
+                record["step"] = step
                 metrics.write(record)
-                totals["aborted_samples"] += st.aborted_samples
-                totals["resumed_samples"] += st.resumed_samples
-                totals["multi_version_samples"] += stale["multi_version_samples"]
-                totals["max_versions_in_a_trained_sample"] = max(totals["max_versions_in_a_trained_sample"], stale["max_versions_in_a_sample"])
+                totals["aborted_samples"] += record["aborted_samples"]
+                totals["resumed_samples"] += record["resumed_samples"]
+                totals["multi_version_samples"] += record["multi_version_samples"]
+                totals["max_versions_in_a_trained_sample"] = max(totals["max_versions_in_a_trained_sample"], record["max_versions_in_a_sample"])
                 _emit(bar, format_step_line(record))
                 if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout:
                     async with sched.paused():

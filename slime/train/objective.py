@@ -11,6 +11,24 @@ This is the glue between ``TrainConfig`` and the pure functions of ``advantages`
 
 Defaults (GRPO, PPO clip, no correction, seq_mean, no KL, no entropy bonus) reduce to exactly the
 loss slime's default recipe optimises and to what this trainer computed before these options.
+
+Flags (``slime/cli_args.py``) and where each lands:
+
+    --advantage-estimator {grpo,gspo,reinforce_plus_plus,       advantages.sample_scores / token_advantages;
+        reinforce_plus_plus_baseline,ppo,gae}                     gspo: losses ratio_level="sequence"
+    --disable-grpo-std-normalization, --normalize-advantages      advantages (Dr. GRPO; whitening)
+    --gamma, --lambd, --kl-coef                                   advantages (REINFORCE++, GAE)
+    --eps-clip, --eps-clip-high, --eps-clip-c, --entropy-coef     losses.policy_loss
+    --calculate-per-token-loss                                    losses.aggregate (token_mean)
+    --use-kl-loss, --kl-loss-coef, --kl-loss-type, --ref-load     kl.kl_estimate + a frozen reference model
+    --value-clip, --critic-lr                                     critic (with ppo/gae)
+    --use-tis, --tis-clip, --tis-clip-low                         offpolicy.tis_weights
+    --mis-level, --mis-lower-bound, --mis-upper-bound             offpolicy.mis_weights; slime spells this
+        ``--use-tis --custom-tis-function-path examples/train_infer_mismatch_helper/mis.py:...`` with
+        ``mis_mode: mask`` and the same ``mis_level`` / ``mis_lower_bound`` / ``mis_upper_bound`` keys
+    --use-decoupled-ppo, --behav-imp-weight-cap                   offpolicy.decoupled_weights (AReaL's
+        ``use_decoupled_loss`` / ``behav_imp_weight_cap``; slime has no flag for it)
+    --mask-offpolicy-in-partial-rollout                           batch.build_train_batch
 """
 
 from __future__ import annotations

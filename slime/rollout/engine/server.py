@@ -103,7 +103,7 @@ class EngineServer:
         add_routes(app, self)
         self._app_runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._app_runner.setup()
-        await web.TCPSite(self._app_runner, self.host, self.port).start()
+        await web.TCPSite(self._app_runner, self.host, self.port, backlog=4096).start()
         self.port = self._app_runner.addresses[0][1]
         try:
             if self.num_threads is not None:

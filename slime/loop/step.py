@@ -1,0 +1,89 @@
+"""One RL step, shared by the main job and the rollout benchmark.
+
+::
+
+    groups  = await scheduler.next_batch(rollout_batch_size)       # sync / APRIL / async
+    stats   = apply_staleness(groups, trainer_version, max_staleness)
+    metrics = await asyncio.to_thread(train_step, groups)          # the loop keeps generating
+    path    = await sync.save(version + 1)                          # still generating
+    async with scheduler.paused(mode):                              # abort+drain, or pause in place
+        await sync.load(path, version + 1); version += 1            # engines at the new version
+
+The trainer's version equals the engines' version at each train step (weights are synced right
+after every step), so a token's lag at training is how many updates happened since it was sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Protocol
+
+from slime.loop.offpolicy import apply_staleness
+from slime.loop.scheduler import Scheduler
+from slime.types import Group, Status
+
+__all__ = ["WeightSync", "run_step", "batch_stats"]
+
+
+class WeightSync(Protocol):
+    async def save(self, version: int) -> Any: ...
+
+    async def load(self, path: Any, version: int, *, abort_all_requests: bool = True) -> None: ...
+
+
+def batch_stats(groups: list[Group]) -> dict[str, float]:
+    samples = [s for g in groups for s in g.samples]
+    n = max(1, len(samples))
+    return {
+        "reward_mean": sum(s.reward or 0.0 for s in samples) / n,
+        "accuracy": sum((s.reward or 0.0) >= 1.0 for s in samples) / n,
+        "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
+        "response_tokens": sum(len(s.response_ids) for s in samples),
+        "num_samples": len(samples),
+        "truncated_samples": sum(s.status is Status.TRUNCATED for s in samples),
+        "failed_samples_in_batch": sum(s.status is Status.FAILED for s in samples),
+        "trained_tokens": sum(sum(s.loss_mask) for s in samples),
+    }
+
+
+async def run_step(
+    sched: Scheduler,
+    *,
+    train_step: Callable[[list[Group]], dict[str, Any]],
+    sync: WeightSync,
+    version: int,
+) -> tuple[int, list[Group], dict[str, Any]]:
+    """Run one rollout + train + weight-sync step. Returns (new version, groups, metrics record)."""
+    config = sched.config
+    t0 = time.monotonic()
+    groups = await sched.next_batch(config.rollout_batch_size)
+    t_rollout = time.monotonic() - t0
+    stale = apply_staleness(groups, trainer_version=version, max_staleness=config.max_staleness)
+    batch = batch_stats(groups)
+    t1 = time.monotonic()
+    train_metrics = await asyncio.to_thread(train_step, groups)
+    t_train = time.monotonic() - t1
+    path = await sync.save(version + 1)
+    mode = "in_place" if config.mode == "async" else "abort"
+    t2 = time.monotonic()
+    async with sched.paused(mode):
+        await sync.load(path, version + 1, abort_all_requests=mode == "abort")
+        version += 1
+        sched.engine_version = version
+    t_sync = time.monotonic() - t2
+    st = sched.pop_stats()
+    dt = time.monotonic() - t0
+    record = {
+        "kind": "step", "policy_version": version, **batch,
+        "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
+        "started_groups": st.started_groups, "generated_tokens": st.generated_tokens,
+        "failed_samples": st.failed_samples, "filtered_groups": st.filtered_groups,
+        "dropped_stale_groups": st.dropped_stale_groups,
+        "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt,
+        "rollout_wait_s": t_rollout, "train_time_s": t_train, "weight_sync_s": t_sync,
+        "partial_groups_queued": sched.buffer.num_partial, "ready_groups_left": sched.buffer.num_ready,
+        **stale,
+        **{f"train/{k}": v for k, v in train_metrics.items()},
+    }
+    return version, groups, record
