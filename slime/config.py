@@ -123,8 +123,6 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     loss_agg: Literal["seq_mean", "token_mean"] = "seq_mean"
     """Loss aggregation: mean over each sample's tokens then over samples (slime's default), or
     one mean over every token of the step (``--calculate-per-token-loss``, DAPO)."""
-    normalize_advantages_by_std: bool = True
-    """GRPO: divide group-centred rewards by the group std (off = Dr. GRPO)."""
     rollout_temperature: float = 1.0
     """Logits are divided by this before log_softmax, as SGLang does for returned logprobs."""
     max_staleness: int = 4
@@ -136,8 +134,8 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     return, batch-whitened), REINFORCE++-baseline (group mean baseline, batch-whitened), or PPO with a
     critic and GAE (``ppo``, slime's name; ``gae`` is the same). See slime/train/advantages.py."""
     disable_grpo_std_normalization: bool = False
-    """GRPO/GSPO: only centre rewards on the group mean (Dr. GRPO) (``--disable-grpo-std-normalization``).
-    Same effect as ``normalize_advantages_by_std=False``; either one turns the std off."""
+    """GRPO/GSPO: only centre rewards on the group mean, no division by the group std (Dr. GRPO,
+    arXiv 2503.20783) (``--disable-grpo-std-normalization``)."""
     normalize_advantages: bool = False
     """Whiten GRPO/GSPO/PPO advantages over the step's trained tokens (``--normalize-advantages``);
     REINFORCE++ and its baseline variant are always whitened."""

@@ -3,7 +3,7 @@
 The lag of a token is ``trainer_version - token_version``: 0 for a token sampled by the weights
 being trained, k for one sampled k weight updates ago. Tokens with lag > ``max_staleness`` are
 masked out of the loss (ARCHITECTURE.md invariant 4); the importance-sampling correction of what
-remains (TIS) is applied by the loss (``slime/train/losses.py``).
+remains (TIS, MIS, decoupled PPO) is applied by the trainer (``slime/train/offpolicy.py``).
 
 Example: trainer at version 6, ``max_staleness=2``, one sample with versions [3, 3, 5, 6] ->
 lags [3, 3, 1, 0] -> 2 tokens masked; histogram {0: 1, 1: 1, 3: 2}; off-policy fraction 0.75;

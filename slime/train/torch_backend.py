@@ -153,7 +153,7 @@ class TorchTrainer:
             groups,
             pad_token_id=self.pad_token_id,
             current_version=self.policy_version,
-            normalize_advantages_by_std=cfg.normalize_advantages_by_std and not cfg.disable_grpo_std_normalization,
+            normalize_advantages_by_std=not cfg.disable_grpo_std_normalization,
             max_staleness=cfg.max_staleness,
             advantage_estimator=cfg.advantage_estimator,
             mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
