@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["main", "DEFAULT_CHECKPOINT"]
+__all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
 DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
 
@@ -28,6 +28,7 @@ def _train(argv: list[str]) -> int:
         config = config_from_args(ns)
         if not config.engine.hf_checkpoint:
             config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINT))
+        preflight(config)
         from slime.loop.driver import run_training
 
         summary = _run(run_training(config, progress=not ns.no_progress))
@@ -40,6 +41,48 @@ def _train(argv: list[str]) -> int:
         f"max versions in a trained sample {summary['max_versions_in_a_trained_sample']}; run dir {config.run_dir}"
     )
     return 0
+
+
+def preflight(config) -> None:
+    """Check at start what would otherwise fail minutes into a run, naming the flag.
+
+    Model directories (``--hf-checkpoint``, ``--ref-load``) exist and hold a ``config.json``; prompt
+    files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
+    ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package.
+
+    Raises:
+        ConfigError: the first problem found.
+    """
+    import importlib.util
+
+    from slime.errors import ConfigError
+    from slime.rollout.rewards import load_function
+
+    for flag, value in (("--hf-checkpoint", config.engine.hf_checkpoint), ("--ref-load", config.train.ref_load)):
+        if not value:
+            continue
+        path = Path(value)
+        hint = " (the default warm start is built by scripts/make_warmstart.py)" if value == DEFAULT_CHECKPOINT else ""
+        if not path.exists():
+            raise ConfigError(f"{flag}={value!r}: no such directory{hint}")
+        if not path.is_dir():
+            raise ConfigError(f"{flag}={value!r}: is a file, expected a Hugging Face model directory")
+        if not (path / "config.json").is_file():
+            found = sorted(p.name for p in path.iterdir())[:10]
+            raise ConfigError(f"{flag}={value!r}: no config.json in the directory, so it is not a Hugging Face model (found {found}){hint}")
+    for flag, value in (("--prompt-data", config.data.prompt_data), ("--eval-prompt-data", config.data.eval_prompt_data)):
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
+    for flag, value in (
+        ("--custom-rm-path", config.rollout.custom_rm_path),
+        ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
+        ("--buffer-filter-path", config.loop.buffer_filter_path),
+    ):
+        if value:
+            load_function(value, flag=flag)
+    for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
+        if on and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
 
 
 def _run(coro):
@@ -61,7 +104,13 @@ def _engine(argv: list[str]) -> int:
     return engine_main(argv)
 
 
-COMMANDS = {"train": _train, "engine": _engine}
+def _report(argv: list[str]) -> int:
+    from slime.obs.report import main as report_main
+
+    return report_main(argv)
+
+
+COMMANDS = {"train": _train, "engine": _engine, "report": _report}
 
 
 def main(argv: list[str] | None = None) -> int:

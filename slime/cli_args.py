@@ -88,6 +88,14 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--use-decoupled-ppo": ("train.use_decoupled_ppo", dict(action="store_true", help="decoupled PPO objective (AReaL)")),
     "--behav-imp-weight-cap": ("train.behav_imp_weight_cap", dict(type=float)),
     "--mask-offpolicy-in-partial-rollout": ("train.mask_offpolicy_in_partial_rollout", dict(action="store_true", help="train only each sample's newest-version tokens")),
+    # Observability (slime/obs/): slime's spelling for --use-wandb / --wandb-project / --wandb-group / --use-tensorboard.
+    "--enable-trace": ("obs.enable_trace", dict(action="store_true", help="write a Chrome/Perfetto trace to RUN_DIR/trace.json")),
+    "--metrics-port": ("obs.metrics_port", dict(type=int, help="serve Prometheus /metrics on this port (0 = any free port, logged)")),
+    "--use-tensorboard": ("obs.use_tensorboard", dict(action="store_true", help="log every step scalar to TensorBoard")),
+    "--tb-dir": ("obs.tb_dir", dict(help="TensorBoard log dir (default: RUN_DIR/tb)")),
+    "--use-wandb": ("obs.use_wandb", dict(action="store_true", help="log every step scalar to Weights & Biases (needs wandb)")),
+    "--wandb-project": ("obs.wandb_project", dict()),
+    "--wandb-group": ("obs.wandb_group", dict()),
     "--save": ("run_dir", dict(help="run directory: metrics, summary, plots, weights")),
     "--seed": ("seed", dict(type=int)),
 }

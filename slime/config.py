@@ -20,6 +20,7 @@ __all__ = [
     "TrainConfig",
     "SyncConfig",
     "EngineConfig",
+    "ObsConfig",
     "Config",
 ]
 
@@ -200,6 +201,31 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     startup_timeout_s: float = 120.0
 
 
+class ObsConfig(msgspec.Struct, **_STRUCT):
+    """What the run shows and records beyond metrics.jsonl (``slime/obs/``)."""
+
+    enable_trace: bool = False
+    """Write a Chrome/Perfetto trace of requests, rewards, train steps, weight syncs and evals to
+    ``RUN_DIR/trace.json`` (``--enable-trace``)."""
+    trace_flush_interval_s: float = 5.0
+    """How often new trace events are appended to the file (a crash keeps all but the last interval)."""
+    metrics_port: int | None = None
+    """Serve Prometheus ``/metrics`` from the driver on this port (``--metrics-port``); None = off,
+    0 = any free port (logged at start)."""
+    metrics_host: str = "0.0.0.0"
+    """Address the ``/metrics`` server binds (all interfaces, like prometheus_client's own server)."""
+    use_tensorboard: bool = False
+    """Log every scalar of each step record to TensorBoard (``--use-tensorboard``)."""
+    tb_dir: str = ""
+    """TensorBoard log directory (``--tb-dir``); empty = ``RUN_DIR/tb``."""
+    use_wandb: bool = False
+    """Log every scalar of each step record to Weights & Biases (``--use-wandb``; needs ``wandb``)."""
+    wandb_project: str | None = None
+    """W&B project (``--wandb-project``); None = W&B's default."""
+    wandb_group: str | None = None
+    """W&B run group (``--wandb-group``)."""
+
+
 class Config(msgspec.Struct, **_STRUCT):
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -207,6 +233,7 @@ class Config(msgspec.Struct, **_STRUCT):
     train: TrainConfig = TrainConfig()
     sync: SyncConfig = SyncConfig()
     engine: EngineConfig = EngineConfig()
+    obs: ObsConfig = ObsConfig()
     run_dir: str = "runs/latest"
     seed: int = 1234
 
@@ -256,6 +283,8 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.rollout.reward_timeout_s > 0, "--reward-timeout-s", self.rollout.reward_timeout_s, "> 0"),
             (self.rollout.max_retries >= 0, "--max-retries", self.rollout.max_retries, ">= 0"),
             (self.engine.num_engines >= 1, "--rollout-num-engines", self.engine.num_engines, ">= 1"),
+            (self.obs.metrics_port is None or 0 <= self.obs.metrics_port <= 65535, "--metrics-port", self.obs.metrics_port, "in [0, 65535] (0 = any free port)"),
+            (self.obs.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.obs.trace_flush_interval_s, ">= 0"),
         ]
         for ok, flag, value, want in checks:
             if not ok:

@@ -24,6 +24,7 @@ PINNED = {
     "--eps-clip-c", "--entropy-coef", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--kl-coef", "--ref-load",
     "--value-clip", "--critic-lr", "--mis-level", "--mis-lower-bound", "--mis-upper-bound", "--use-decoupled-ppo",
     "--behav-imp-weight-cap", "--mask-offpolicy-in-partial-rollout",
+    "--enable-trace", "--metrics-port", "--use-tensorboard", "--tb-dir", "--use-wandb", "--wandb-project", "--wandb-group",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 

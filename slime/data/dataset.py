@@ -41,8 +41,11 @@ def load_jsonl_prompts(
     label_key: str | None = "label",
     metadata_key: str | None = None,
     on_bad_data: Literal["skip", "fail"] = "fail",
+    flag: str = "--prompt-data",
 ) -> tuple[list[PromptRow], int]:
-    """Read a JSONL prompt file.
+    """Read a JSONL prompt file (a UTF-8 byte-order mark on the first line is ignored).
+
+    ``flag`` is the option that named the file (``--prompt-data`` or ``--eval-prompt-data``), for messages.
 
     Returns:
         (rows, num_bad): the good rows in file order, and how many lines were skipped.
@@ -52,13 +55,17 @@ def load_jsonl_prompts(
             malformed; the message names ``path:line`` and what was wrong.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a JSONL file ({flag})")
     if not path.is_file():
-        raise DataError(f"{path}: prompt file not found (--prompt-data)")
+        raise DataError(f"{path}: prompt file not found ({flag})")
     rows: list[PromptRow] = []
     num_bad = 0
     decoder = msgspec.json.Decoder()
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
             if not raw.strip():
                 continue
             try:
@@ -70,7 +77,8 @@ def load_jsonl_prompts(
                 log.warning("skipping bad line %s", msg)
                 num_bad += 1
     if not rows:
-        raise DataError(f"{path}: no usable prompt rows ({num_bad} bad lines)")
+        what = f"all {num_bad} non-blank lines are bad" if num_bad else "the file is empty or blank"
+        raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
     return rows, num_bad
 
 
@@ -84,8 +92,10 @@ def _parse_row(decoder, raw: bytes, index: int, input_key: str, label_key: str |
     if input_key not in obj:
         raise ValueError(f"missing key {input_key!r} (--input-key); keys present: {sorted(obj)}")
     prompt = obj[input_key]
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"key {input_key!r} must be a non-empty string, got {type(prompt).__name__}")
+    if not isinstance(prompt, str):
+        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {_short(prompt)}")
+    if not prompt.strip():
+        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got the blank string {prompt!r}")
     label = None
     if label_key is not None and label_key in obj:
         label = obj[label_key]
@@ -94,8 +104,13 @@ def _parse_row(decoder, raw: bytes, index: int, input_key: str, label_key: str |
     if metadata_key is not None and obj.get(metadata_key) is not None:
         metadata = obj[metadata_key]
         if not isinstance(metadata, dict):
-            raise ValueError(f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__}")
+            raise ValueError(f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {_short(metadata)}")
     return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class PromptSource:

@@ -18,9 +18,11 @@ from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
 from slime.loop.buffer import DataBuffer
 from slime.loop.evaluate import evaluate
-from slime.loop.report import MetricsWriter, format_step_line, plot_reward_curve, write_json_atomic
+from slime.loop.report import MetricsWriter, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
+from slime.obs.observers import Observers
+from slime.obs.plots import write_plots
 from slime.rollout.launch import launch_embedded_engines
 from slime.rollout.pool import EnginePool
 from slime.rollout.rewards import load_function
@@ -36,13 +38,13 @@ def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
     d = config.data
     kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data)
     if d.prompt_data:
-        train, _ = load_jsonl_prompts(d.prompt_data, **kw)
+        train, _ = load_jsonl_prompts(d.prompt_data, flag="--prompt-data", **kw)
     else:
         from slime.data import arith
 
         train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(20000, seed=d.seed, split="train"))]
     if d.eval_prompt_data:
-        evals, _ = load_jsonl_prompts(d.eval_prompt_data, **kw)
+        evals, _ = load_jsonl_prompts(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
     elif not d.prompt_data:
         from slime.data import arith
 
@@ -78,46 +80,52 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     metrics = MetricsWriter(run_dir)
     t_start = time.monotonic()
 
-    async with _engines(config) as urls, EnginePool(urls, config=config.rollout) as pool:
+    async with Observers(config, run_dir, progress=progress) as obs, _engines(config) as urls, EnginePool(urls, config=config.rollout) as pool:
         await pool.wait_ready(config.engine.startup_timeout_s)
+        tracer = obs.tracer
         sync = DiskWeightSync(msgspec.structs.replace(config.sync, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf)
         version = 0
         eval_kw = dict(
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn,
             max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
         )
-        before = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
-        metrics.write({"kind": "eval", "step": 0, "policy_version": 0, **before})
+        with tracer.span("eval", "eval", step=0, num_prompts=len(eval_rows)):
+            before = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+        metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before})
+        obs.record(rec)
         log.info("eval before RL: accuracy %.3f", before["accuracy"])
         totals = {"aborted_samples": 0, "resumed_samples": 0, "max_versions_in_a_trained_sample": 1, "multi_version_samples": 0}
         lp = config.loop
         buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
         group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
-        bar = _progress(config.loop.num_rollout, progress)
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(
                 config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
                 buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
+                tracer=tracer,
             )
+            obs.watch(pool=pool, buffer=buffer)
             for step in range(1, config.loop.num_rollout + 1):
-                version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version)
+                version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version, tracer=tracer)
                 record["step"] = step
                 metrics.write(record)
                 totals["aborted_samples"] += record["aborted_samples"]
                 totals["resumed_samples"] += record["resumed_samples"]
                 totals["multi_version_samples"] += record["multi_version_samples"]
                 totals["max_versions_in_a_trained_sample"] = max(totals["max_versions_in_a_trained_sample"], record["max_versions_in_a_sample"])
-                _emit(bar, format_step_line(record))
+                obs.record(record, format_step_line(record))
                 if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout:
                     async with sched.paused():
-                        mid = await evaluate(eval_rows, engine_version=version, **eval_kw)
-                    metrics.write({"kind": "eval", "step": step, "policy_version": version, **mid})
-                    _emit(bar, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}")
+                        with tracer.span("eval", "eval", step=step, num_prompts=len(eval_rows)):
+                            mid = await evaluate(eval_rows, engine_version=version, **eval_kw)
+                    metrics.write(rec := {"kind": "eval", "step": step, "policy_version": version, **mid})
+                    obs.record(rec, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}")
             await sched.shutdown()
-        if bar is not None:
-            bar.close()
-        after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
-        metrics.write({"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
+        obs.progress.close()
+        with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=len(eval_rows)):
+            after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+        metrics.write(rec := {"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
+        obs.record(rec)
     metrics.close()
     summary = {
         "eval_accuracy_before": before["accuracy"],
@@ -132,7 +140,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         **totals,
     }
     write_json_atomic(run_dir / "summary.json", summary)
-    plot_reward_curve(metrics.records, run_dir / "reward_curve.png")
+    await asyncio.to_thread(write_plots, metrics.records, run_dir)
     return summary
 
 
@@ -155,19 +163,3 @@ class _external:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="rollout steps", unit="step", dynamic_ncols=True)
-
-
-def _emit(bar, line: str) -> None:
-    if bar is None:
-        print(line, flush=True)
-    else:
-        bar.write(line)
-        bar.update(1)

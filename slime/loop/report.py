@@ -5,7 +5,11 @@ Run directory layout::
     RUN_DIR/config.json        the resolved typed config
     RUN_DIR/metrics.jsonl      one JSON object per rollout step (and one per eval)
     RUN_DIR/summary.json       eval_accuracy_before/after, aborted/resumed samples, version stats
-    RUN_DIR/reward_curve.png   reward and eval accuracy over steps
+    RUN_DIR/reward_curve.png   reward and eval accuracy over steps (``slime.obs.plots`` draws it
+                               and the other end-of-run PNGs: reward, response_length,
+                               staleness, engine_busy)
+    RUN_DIR/trace.json         Chrome/Perfetto trace (``--enable-trace``)
+    RUN_DIR/tb/                TensorBoard events (``--use-tensorboard``)
     RUN_DIR/weights/vN/        the HF checkpoint pushed to the engines at version N (last few kept)
 """
 
@@ -15,6 +19,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from slime.obs.plots import plot_reward_curve
 
 __all__ = ["MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve"]
 
@@ -51,26 +57,3 @@ def format_step_line(r: dict[str, Any]) -> str:
         f"resumed {r['resumed_samples']:>3} lag max {r['max_version_lag']} multi-ver {r['multi_version_samples']:>3} "
         f"| loss {r.get('train/loss', float('nan')):+.4f} step {r['step_time_s']:.1f}s"
     )
-
-
-def plot_reward_curve(records: list[dict[str, Any]], path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r for r in records if r.get("kind") == "step"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if steps:
-        ax.plot([r["step"] for r in steps], [r["reward_mean"] for r in steps], label="train reward (mean)")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", label="eval accuracy (greedy)")
-    ax.set_xlabel("rollout step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -49,6 +49,7 @@ from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptSource
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
+from slime.obs.trace import NULL_TRACER
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import score_group, score_sample
 from slime.types import Group, Sample, Status
@@ -86,6 +87,7 @@ class Scheduler:
         task_group: owns every group task (a failure in our code cancels the run).
         generate_fn: the generate function; returns the sample or a list of samples.
         group_filter: dynamic-sampling filter ``(group) -> keep``.
+        tracer: ``slime.obs.trace.Tracer``; records each generate request and reward call.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class Scheduler:
         group_filter: Callable[[Group], bool] | None = None,
         engine_version: int = 0,
         next_group_id: int = 0,
+        tracer: Any = None,
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")
@@ -113,6 +116,7 @@ class Scheduler:
         self.pool, self.buffer, self.task_group = pool, buffer, task_group
         self.reward_fn, self.group_reward_fn = reward_fn, group_reward_fn
         self.generate_fn, self.group_filter = generate_fn, group_filter
+        self.tracer = tracer or NULL_TRACER
         self.engine_version = engine_version
         """The policy version the engines hold (the driver bumps it after each weight sync)."""
         self.rollout_id = 0
@@ -181,7 +185,10 @@ class Scheduler:
                     i = next(i for i, s in enumerate(group.samples) if s is old)
                     group.samples[i : i + 1] = new
             if group.is_finished and self.group_reward_fn is not None and not group.is_rewarded:
+                span = self.tracer.begin("group_reward", "reward", lanes="group reward")
                 await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                if span is not None:
+                    self.tracer.end(span, group_id=group.group_id, rewards=[smp.reward for smp in group.samples])
             if not (group.is_finished and group.is_rewarded):
                 self.buffer.push_partial(group)
             elif self.group_filter is not None and not self._keep(group):
@@ -202,7 +209,7 @@ class Scheduler:
     def _keep(self, group: Group) -> bool:
         keep = self.group_filter(group)
         if not isinstance(keep, bool):
-            raise PluginError(f"--dynamic-sampling-filter-path returned {type(keep).__name__}, expected bool")
+            raise PluginError(f"--dynamic-sampling-filter-path returned {type(keep).__name__} {keep!r} for group {group.group_id}, expected bool")
         return keep
 
     async def _run_sample(self, sample: Sample) -> tuple[Sample, list[Sample] | None]:
@@ -214,6 +221,8 @@ class Scheduler:
                 self.stats.resumed_samples += 1
             before = len(sample.response_ids)
             self._num_requests += 1
+            span = self.tracer.begin("generate", "rollout")
+            self.tracer.counter("requests_in_flight", requests=self._num_requests)
             try:
                 out = await self.generate_fn(
                     sample, self.sampling_params, pool=self.pool, max_response_len=self.rollout.rollout_max_response_len,
@@ -221,6 +230,14 @@ class Scheduler:
                 )
             finally:
                 self._num_requests -= 1
+                if span is not None:
+                    self.tracer.end(
+                        span, group_id=sample.group_id, index=sample.index, new_tokens=len(sample.response_ids) - before,
+                        tokens=len(sample.response_ids), finish=sample.status.value,
+                        version=sample.versions[-1] if len(sample.versions) > before else self.engine_version,
+                        resumed=before > 0,
+                    )
+                    self.tracer.counter("requests_in_flight", requests=self._num_requests)
                 await self._notify()
             produced = _check_generate_output(sample, out)
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
@@ -231,7 +248,10 @@ class Scheduler:
             if s.status is Status.FAILED:
                 s.reward = 0.0
             elif self.group_reward_fn is None and s.reward is None:
+                span = self.tracer.begin("reward", "reward", lanes="reward")
                 await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                if span is not None:
+                    self.tracer.end(span, group_id=s.group_id, index=s.index, reward=s.reward, status=s.status.value)
         return sample, produced
 
     async def _notify(self) -> None:
@@ -322,16 +342,17 @@ class Scheduler:
 
 def _check_generate_output(sample: Sample, out: Any) -> list[Sample] | None:
     """Validate a generate function's return value; a list replaces the sample in its group."""
+    where = f"group {sample.group_id} sample {sample.index}"
     if out is sample or out is None:
         sample.check_aligned()
         return None
     if isinstance(out, Sample):
-        raise PluginError(f"generate function returned a different Sample object for group {sample.group_id}; grow and return the one given")
+        raise PluginError(f"generate function returned a different Sample object for {where}; grow and return the one given")
     if not isinstance(out, list) or not out or not all(isinstance(s, Sample) for s in out):
-        raise PluginError(f"generate function returned {type(out).__name__}; expected the Sample or a non-empty list of Samples")
+        raise PluginError(f"generate function returned {type(out).__name__} for {where}; expected the Sample or a non-empty list of Samples")
     for s in out:
         s.check_aligned()
         if not s.status.is_finished:
-            raise PluginError(f"generate function returned several samples, one with status {s.status.value}; each must be finished")
+            raise PluginError(f"generate function returned several samples for {where}, one with status {s.status.value}; each must be finished")
         s.group_id = sample.group_id
     return out

@@ -21,6 +21,7 @@ from typing import Any, Callable, Protocol
 
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
+from slime.obs.trace import NULL_TRACER
 from slime.types import Group, Status
 
 __all__ = ["WeightSync", "run_step", "batch_stats"]
@@ -53,24 +54,42 @@ async def run_step(
     train_step: Callable[[list[Group]], dict[str, Any]],
     sync: WeightSync,
     version: int,
+    tracer: Any = None,
 ) -> tuple[int, list[Group], dict[str, Any]]:
-    """Run one rollout + train + weight-sync step. Returns (new version, groups, metrics record)."""
+    """Run one rollout + train + weight-sync step. Returns (new version, groups, metrics record).
+
+    ``tracer`` (``slime.obs.trace.Tracer``) gets the phases on its ``driver`` track: ``step`` >
+    ``rollout_wait``, ``train_step``, ``weight_sync`` > ``save``, ``pause``, ``load``, ``resume``.
+    """
     config = sched.config
+    tr = tracer or NULL_TRACER
+    step_start = tr.now()
     t0 = time.monotonic()
-    groups = await sched.next_batch(config.rollout_batch_size)
+    with tr.span("rollout_wait", "rollout", num_groups=config.rollout_batch_size):
+        groups = await sched.next_batch(config.rollout_batch_size)
     t_rollout = time.monotonic() - t0
     stale = apply_staleness(groups, trainer_version=version, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
     t1 = time.monotonic()
-    train_metrics = await asyncio.to_thread(train_step, groups)
+    with tr.span("train_step", "train", version=version, num_samples=batch["num_samples"]):
+        train_metrics = await asyncio.to_thread(train_step, groups)
     t_train = time.monotonic() - t1
-    path = await sync.save(version + 1)
+    sync_start = tr.now()
+    with tr.span("save", "weight_sync", version=version + 1):
+        path = await sync.save(version + 1)
     mode = "in_place" if config.mode == "async" else "abort"
     t2 = time.monotonic()
+    pause_start = tr.now()
     async with sched.paused(mode):
-        await sync.load(path, version + 1, abort_all_requests=mode == "abort")
+        tr.complete("pause", "weight_sync", pause_start, mode=mode)
+        with tr.span("load", "weight_sync", version=version + 1):
+            await sync.load(path, version + 1, abort_all_requests=mode == "abort")
         version += 1
         sched.engine_version = version
+        resume_start = tr.now()
+    tr.complete("resume", "weight_sync", resume_start, mode=mode)
+    tr.complete("weight_sync", "weight_sync", sync_start, version=version, mode=mode)
+    tr.instant("policy_version", "weight_sync", version=version)
     t_sync = time.monotonic() - t2
     st = sched.pop_stats()
     dt = time.monotonic() - t0
@@ -86,4 +105,5 @@ async def run_step(
         **stale,
         **{f"train/{k}": v for k, v in train_metrics.items()},
     }
+    tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
     return version, groups, record

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import math
 import time
 import traceback
@@ -25,6 +26,8 @@ from slime.errors import ConfigError, PluginError
 from slime.types import Sample, Status
 
 __all__ = ["load_function", "score_sample", "score_group"]
+
+log = logging.getLogger(__name__)
 
 
 def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[..., Any]:
@@ -36,6 +39,8 @@ def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[...,
         module = importlib.import_module(mod_name)
     except ImportError as exc:
         raise ConfigError(f"{flag}={path!r}: cannot import module {mod_name!r}: {exc}") from exc
+    except Exception as exc:  # the module itself is broken (SyntaxError, NameError at import, ...)
+        raise ConfigError(f"{flag}={path!r}: importing module {mod_name!r} raised {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{flag}={path!r}: module {mod_name!r} has no callable {attr!r}")
@@ -63,7 +68,10 @@ def _as_reward(value: Any) -> float:
 def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     sample.status = Status.FAILED
     sample.reward = 0.0
+    where = f"group {sample.group_id} sample {sample.index}"
+    log.warning("reward failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, exc)
     sample.evidence["reward_error"] = {
+        "where": where,
         "type": type(exc).__name__,
         "message": str(exc) or repr(exc),
         "elapsed_s": round(elapsed_s, 4),
@@ -91,9 +99,10 @@ async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any]
     try:
         async with asyncio.timeout(timeout_s):
             raw = await _call(group_reward_fn, samples)
-        if not isinstance(raw, (list, tuple)) or len(raw) != len(samples):
-            n = len(raw) if isinstance(raw, (list, tuple)) else type(raw).__name__
-            raise PluginError(f"group reward function returned {n} rewards for {len(samples)} samples")
+        if not isinstance(raw, (list, tuple)):
+            raise PluginError(f"group reward function returned {type(raw).__name__} {raw!r:.60}, expected a list of {len(samples)} rewards")
+        if len(raw) != len(samples):
+            raise PluginError(f"group reward function returned {len(raw)} rewards for {len(samples)} samples")
         values = [_as_reward(v) for v in raw]
     except TimeoutError:
         exc: BaseException = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s)")

@@ -1,0 +1,12 @@
+"""Benchmarks (``slime bench ...``): measured side by side, on the same inputs, with the command,
+machine and date recorded in ``docs/benchmarks.md``.
+
+- ``rollout.py``: ``slime bench rollout``, sync vs APRIL vs fully async on the long-tail workload of
+  the simulated engine, plus the scheduler's and the HTTP client's own overhead.
+- ``workload.py``: the standard long-tail workload and each mode's knobs.
+- ``modes.py``: one mode's run (fresh engine process, scheduler, ``run_step`` x steps) and its metrics.
+- ``overhead.py``: scheduler completions/s on an instant in-process engine; ``EnginePool`` vs a bare
+  aiohttp client against an instant engine on loopback.
+- ``engine_proc.py``: a simulated engine in its own process (so client CPU is measured alone).
+- ``report.py``: the table and the PNG.
+"""

@@ -1,0 +1,194 @@
+"""One mode of ``slime bench rollout``: a fresh engine, the real scheduler and ``run_step``, x steps.
+
+::
+
+    sim engine process ──► EnginePool ──► Scheduler(mode) ──► run_step x steps ──► metrics
+    (reset /sim_stats)                    train_step = sleep(train_s / time_scale) in a worker thread
+                                          load = pool.update_weights_from_disk (engine charges 1 s sim)
+
+Token accounting at the end (``wasted_tokens``): every token the engine generated is trained,
+masked as too stale, or still waiting (partial queue, or ready for the next step)::
+
+    generated = trained + masked_stale + dropped_or_filtered + leftover_partial + leftover_ready
+    wasted    = generated - trained - leftover_partial - leftover_ready
+
+Example: async, 10 steps: generated 5.0M, trained 4.1M, masked 0.02M, leftover 0.88M -> wasted 0.02M.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from typing import Any, Sequence
+
+import aiohttp
+
+from slime.bench.engine_proc import process_cpu_s, read_sim_stats, reset_sim_stats, sim_engine_process
+from slime.bench.workload import Mode, Workload
+from slime.data.dataset import PromptSource
+from slime.loop.buffer import DataBuffer
+from slime.loop.scheduler import Scheduler
+from slime.loop.step import run_step
+from slime.rollout.pool import EnginePool
+from slime.types import Group, Sample
+
+__all__ = ["run_mode", "CountingPool", "SimWeightSync"]
+
+READY_TIMEOUT_S = 60.0
+
+
+class CountingPool(EnginePool):
+    """``EnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued)."""
+
+    num_generate = 0
+
+    async def generate(self, *args: Any, **kwargs: Any):
+        self.num_generate += 1
+        return await super().generate(*args, **kwargs)
+
+
+class SimWeightSync:
+    """Weight sync of the benchmark: no file is written; the engine charges ``--weight-sync-ms``."""
+
+    def __init__(self, pool: EnginePool):
+        self.pool = pool
+
+    async def save(self, version: int) -> str:
+        return f"/nonexistent/slime-bench/v{version}"
+
+    async def load(self, path: str, version: int, *, abort_all_requests: bool = True) -> None:
+        await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests)
+
+
+async def _reward_one(sample: Sample) -> float:
+    return 1.0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _tokens(groups: Sequence[Group]) -> int:
+    return sum(g.num_response_tokens for g in groups)
+
+
+async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | None = None, log=print) -> dict[str, Any]:
+    """Run ``wl.steps`` steps of ``mode`` and return its metrics (see ``rollout.py`` for the keys).
+
+    Without ``engine_urls`` a fresh simulated engine process is started and stopped for this mode.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        pid = None
+        if engine_urls is None:
+            proc = await stack.enter_async_context(sim_engine_process(wl.sim_flags()))
+            urls, pid = [proc.url], proc.pid
+        else:
+            urls = list(engine_urls)
+        return await _run(mode, wl, urls, engine_pid=pid, log=log)
+
+
+async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, log) -> dict[str, Any]:
+    rollout = wl.rollout_config()
+    rows, prompt_ids = wl.prompts()
+    train_wall_s = wl.train_s / wl.time_scale
+
+    def train_step(groups: list[Group]) -> dict[str, float]:
+        time.sleep(train_wall_s)  # runs in a worker thread (run_step uses asyncio.to_thread)
+        return {}
+
+    async with aiohttp.ClientSession() as stats_session, CountingPool(urls, config=rollout) as pool:
+        await pool.wait_ready(READY_TIMEOUT_S)
+        for client in pool.clients:  # engines given by URL may hold a version from an earlier mode
+            await client.update_weight_version("0", abort_all_requests=True)
+        has_stats = await reset_sim_stats(stats_session, urls)
+        engine_cpu0 = process_cpu_s(engine_pid) if engine_pid else None
+        buffer = DataBuffer()
+        records: list[dict[str, Any]] = []
+        cpu0, t0 = time.process_time(), time.monotonic()
+        async with asyncio.TaskGroup() as tg:
+            sched = Scheduler(
+                wl.loop_config(mode), rollout, source=PromptSource(rows, shuffle=False), tokenize=prompt_ids.__getitem__,
+                decode=lambda ids: "", pool=pool, buffer=buffer, reward_fn=_reward_one, task_group=tg,
+            )
+            version = 0
+            for step in range(1, wl.steps + 1):
+                version, _, record = await run_step(sched, train_step=train_step, sync=SimWeightSync(pool), version=version)
+                records.append(record)
+                log(_step_line(mode, step, wl.steps, record))
+            wall_s = time.monotonic() - t0
+            cpu_s = time.process_time() - cpu0
+            num_requests = pool.num_generate
+            window = await read_sim_stats(stats_session, urls) if has_stats else None
+            engine_cpu = process_cpu_s(engine_pid) if engine_pid else None
+            await sched.shutdown()
+        final = await read_sim_stats(stats_session, urls) if has_stats else None
+    return _metrics(records, buffer, wl, wall_s=wall_s, cpu_s=cpu_s, num_requests=num_requests, window=window, final=final,
+                    engine_cpu_s=None if engine_cpu is None or engine_cpu0 is None else engine_cpu - engine_cpu0)
+
+
+def _step_line(mode: str, step: int, steps: int, r: dict[str, Any]) -> str:
+    return (f"[{mode:>5}] step {step:>2}/{steps} {r['step_time_s']:6.1f}s (rollout wait {r['rollout_wait_s']:5.1f}s) "
+            f"tokens {r['response_tokens']:>7} aborted {r['aborted_samples']:>3} resumed {r['resumed_samples']:>3} "
+            f"lag max {r['max_version_lag']} partial {r['partial_groups_queued']:>2} ready {r['ready_groups_left']:>2}")
+
+
+def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_requests, window, final, engine_cpu_s) -> dict[str, Any]:
+    delivered = sum(r["response_tokens"] for r in records)
+    trained = sum(r["trained_tokens"] for r in records)
+    samples = sum(r["num_samples"] for r in records)
+    step_times = [r["step_time_s"] for r in records]
+    lag: Counter[int] = Counter()
+    for r in records:
+        lag.update(r["lag_histogram"])
+    lag_total = sum(lag.values())
+    leftover_partial, leftover_ready = _tokens(buffer.partial_groups()), _tokens(buffer.ready)
+    out: dict[str, Any] = {
+        "delivered_tokens_per_s": delivered / wall_s,
+        "samples_per_s": samples / wall_s,
+        "slot_utilization": None,
+        "step_time_p50_s": _percentile(step_times, 0.5),
+        "step_time_p99_s": _percentile(step_times, 0.99),
+        "wasted_tokens": None,
+        "client_cpu_ms_per_request": 1000.0 * cpu_s / max(1, num_requests),
+        "wall_s": wall_s,
+        "client_cpu_s": cpu_s,
+        "steps": len(records),
+        "delivered_tokens": delivered,
+        "trained_tokens": trained,
+        "delivered_samples": samples,
+        "requests_issued": num_requests,
+        "aborted_samples": sum(r["aborted_samples"] for r in records),
+        "resumed_samples": sum(r["resumed_samples"] for r in records),
+        "masked_stale_tokens": sum(r["masked_stale_tokens"] for r in records),
+        "lag_histogram": {str(k): v for k, v in sorted(lag.items())},
+        "off_policy_token_fraction": sum(n for k, n in lag.items() if k > 0) / lag_total if lag_total else 0.0,
+        "max_version_lag": max(lag) if lag else 0,
+        "multi_version_samples": sum(r["multi_version_samples"] for r in records),
+        "leftover_partial_tokens": leftover_partial,
+        "leftover_ready_tokens": leftover_ready,
+        "step_times_s": step_times,
+        "rollout_wait_s": [r["rollout_wait_s"] for r in records],
+        "mean_response_len": delivered / max(1, samples),
+        "engine_cpu_s": engine_cpu_s,
+    }
+    if window is not None and final is not None:
+        cap = sum(s["max_running_requests"] for s in window)
+        generated = sum(s["tokens_generated"] for s in final)
+        out.update(
+            slot_utilization=sum(s["mean_running"] for s in window) / cap,
+            generated_tokens=generated,
+            wasted_tokens=generated - trained - leftover_partial - leftover_ready,
+            engine_requests=sum(s["requests_finished"] + s["requests_aborted"] for s in final),
+            engine_prefill_tokens=sum(s["prefill_tokens"] for s in window),
+            engine_max_step_lag_ms=max(s["max_step_lag_ms"] for s in window),
+            engine_busy_fraction=sum(s["busy_sim_s"] for s in window) / max(1e-9, sum(s["elapsed_sim_s"] for s in window)),
+        )
+    return out
+

@@ -1,0 +1,12 @@
+"""Observability: what a run shows while it runs and leaves behind when it stops.
+
+- ``trace.py``: a Chrome/Perfetto trace of requests, rewards, train steps, weight syncs and evals
+  (``--enable-trace`` -> ``RUN_DIR/trace.json``).
+- ``metrics.py``: Prometheus ``/metrics`` on the driver (``--metrics-port``) and the TensorBoard
+  / W&B scalar writers (``--use-tensorboard``, ``--use-wandb``).
+- ``progress.py``: the per-step progress bar (rich on a TTY) and summary lines.
+- ``plots.py``: the end-of-run PNGs.
+- ``report.py``: ``slime report RUN_DIR``, which reads a run directory, finished or crashed.
+
+Nothing here imports the loop: the driver hands these objects the values they show.
+"""

@@ -1,0 +1,91 @@
+"""Everything that watches one run, opened and closed together by the driver.
+
+::
+
+    async with Observers(config, run_dir, progress=True) as obs:
+        obs.watch(pool=pool, buffer=buffer)          # live values for /metrics
+        Scheduler(..., tracer=obs.tracer); run_step(..., tracer=obs.tracer)
+        obs.record(record, line)                     # each metrics.jsonl record: TB, W&B, Prometheus, bar
+
+Closing (also when the run fails) stops the bar, closes the TensorBoard / W&B writers, stops the
+``/metrics`` server and flushes the trace, so a crashed run keeps its trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from slime.config import Config
+from slime.obs.metrics import PrometheusExporter, ScalarLoggers
+from slime.obs.progress import StepProgress
+from slime.obs.trace import NullTracer, Tracer, open_tracer
+
+__all__ = ["Observers"]
+
+
+class Observers:
+    """The trace, the Prometheus exporter, the TensorBoard / W&B writers and the progress bar.
+
+    Args:
+        config: the run config (its ``obs`` section says what is on; W&B gets all of it).
+        run_dir: where ``trace.json`` and ``tb/`` go.
+        progress: False = plain step lines even on a terminal.
+
+    Raises:
+        ConfigError: W&B or TensorBoard asked for and not installed; ``--metrics-port`` taken.
+    """
+
+    tracer: Tracer | NullTracer
+    exporter: PrometheusExporter | None
+
+    def __init__(self, config: Config, run_dir: str | Path, *, progress: bool = True):
+        o = config.obs
+        run_dir = Path(run_dir)
+        self.scalars = ScalarLoggers.from_config(o, run_dir=run_dir, config=msgspec.to_builtins(config))
+        self.exporter = PrometheusExporter(host=o.metrics_host, port=o.metrics_port) if o.metrics_port is not None else None
+        self.tracer = open_tracer(o.enable_trace, run_dir / "trace.json", flush_interval_s=o.trace_flush_interval_s)
+        self.progress = StepProgress(config.loop.num_rollout, enabled=progress)
+
+    async def __aenter__(self) -> "Observers":
+        if self.exporter is not None:
+            try:
+                await self.exporter.start()
+            except BaseException:
+                self._close_sync()
+                raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def watch(self, *, pool: Any = None, buffer: Any = None) -> None:
+        """Live values for ``/metrics`` (see ``PrometheusExporter.watch``)."""
+        if self.exporter is not None:
+            self.exporter.watch(pool=pool, buffer=buffer)
+
+    def record(self, record: dict[str, Any], line: str | None = None) -> None:
+        """One ``metrics.jsonl`` record; ``line`` is printed (a step advances the bar)."""
+        self.scalars.log(record)
+        if self.exporter is not None:
+            self.exporter.observe(record)
+        if record.get("kind") == "step":
+            self.tracer.counter("groups", ready=record.get("ready_groups_left", 0), partial=record.get("partial_groups_queued", 0))
+            self.tracer.counter("tokens_per_s", tokens_per_s=record.get("tokens_per_s", 0.0))
+            if line is not None:
+                self.progress.step(line, record)
+        elif line is not None:
+            self.progress.note(line)
+
+    def _close_sync(self) -> None:
+        self.progress.close()
+        self.scalars.close()
+        self.tracer.close()
+
+    async def close(self) -> None:
+        """Idempotent."""
+        self._close_sync()
+        if self.exporter is not None:
+            await self.exporter.close()

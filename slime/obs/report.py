@@ -1,0 +1,205 @@
+"""``slime report RUN_DIR``: what a run did, from the files it left, finished or not.
+
+Reads ``config.json``, ``metrics.jsonl`` and ``summary.json``, any of which may be missing (a run
+that crashed has no ``summary.json``; one killed mid-write ends ``metrics.jsonl`` with a partial
+line, which is skipped and reported). Prints steps, wall time, eval accuracy before and after,
+the reward trend (mean of the first and last 5 steps), tokens/s, aborted and resumed samples,
+staleness, failures, and what looked wrong; ``--json`` prints the same as one JSON object.
+Missing end-of-run PNGs are drawn again (``--no-plots`` to skip).
+
+Exit status: 0 with a report, 2 when RUN_DIR holds none of the three files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "load_run", "summarize"]
+
+TREND_STEPS = 5
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        problems.append(f"{path.name}: unreadable JSON ({exc})")
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def load_run(run_dir: str | Path) -> tuple[dict | None, list[dict[str, Any]], dict | None, list[str]]:
+    """(config, metrics records, summary, problems) of a run directory; never raises on bad content."""
+    run_dir = Path(run_dir)
+    problems: list[str] = []
+    config = _read_json(run_dir / "config.json", problems)
+    summary = _read_json(run_dir / "summary.json", problems)
+    records: list[dict[str, Any]] = []
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        lines = path.read_bytes().split(b"\n")
+        last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                what = "truncated last line (the run stopped mid-write)" if i == last else "unreadable line"
+                problems.append(f"metrics.jsonl:{i + 1}: {what}, skipped")
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+            else:
+                problems.append(f"metrics.jsonl:{i + 1}: not a JSON object, skipped")
+    return config, records, summary, problems
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _total(steps: list[dict[str, Any]], key: str) -> int:
+    return int(sum(r.get(key) or 0 for r in steps if isinstance(r.get(key), (int, float))))
+
+
+def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
+    """The report as a dict (what ``--json`` prints)."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    loop = (config or {}).get("loop", {})
+    planned = loop.get("num_rollout")
+    finished = summary is not None
+    if not finished:
+        problems.append("no summary.json: the run crashed, was stopped, or is still running")
+    if planned is not None and finished and len(steps) != planned:
+        problems.append(f"{len(steps)} step records for --num-rollout={planned}")
+    rewards = [v for v in (_num(r.get("reward_mean")) for r in steps) if v is not None]
+    first, last = rewards[:TREND_STEPS], rewards[-TREND_STEPS:]
+    eval_points = [(r.get("step"), _num(r.get("accuracy"))) for r in evals]
+    before = eval_points[0][1] if eval_points and eval_points[0][0] == 0 else None
+    after = eval_points[-1][1] if finished and len(eval_points) > 1 else None
+    if summary is not None:
+        before = _num(summary.get("eval_accuracy_before")) if before is None else before
+        after = _num(summary.get("eval_accuracy_after")) if after is None else after
+    hist: Counter[int] = Counter()
+    for r in steps:
+        for k, v in (r.get("lag_histogram") or {}).items():
+            if str(k).lstrip("-").isdigit() and isinstance(v, (int, float)):
+                hist[int(k)] += int(v)
+    step_times = [v for v in (_num(r.get("step_time_s")) for r in steps) if v is not None]
+    wall = _num((summary or {}).get("wall_time_s"))
+    tps = [v for v in (_num(r.get("tokens_per_s")) for r in steps) if v is not None]
+    failed = _total(steps, "failed_samples")
+    if failed:
+        problems.append(f"{failed} samples FAILED (reward errors or engine refusals; see Sample.evidence)")
+    return {
+        "status": "finished" if finished else "incomplete",
+        "mode": loop.get("mode") or (summary or {}).get("mode"),
+        "steps": len(steps),
+        "num_rollout": planned,
+        "last_step": steps[-1].get("step") if steps else None,
+        "final_policy_version": steps[-1].get("policy_version") if steps else None,
+        "wall_time_s": wall if wall is not None else round(sum(step_times), 1),
+        "wall_time_source": "summary.json" if wall is not None else "sum of step times",
+        "eval_accuracy_before": before,
+        "eval_accuracy_after": after,
+        "evals": [{"step": s, "accuracy": a} for s, a in eval_points],
+        "reward_first_steps": first,
+        "reward_last_steps": last,
+        "reward_first_mean": _mean(first),
+        "reward_last_mean": _mean(last),
+        "tokens_per_s_mean": _mean(tps),
+        "tokens_per_s_last": tps[-1] if tps else None,
+        "generated_tokens": _total(steps, "generated_tokens"),
+        "aborted_samples": _total(steps, "aborted_samples"),
+        "resumed_samples": _total(steps, "resumed_samples"),
+        "staleness": {
+            "max_version_lag": max((int(r["max_version_lag"]) for r in steps if isinstance(r.get("max_version_lag"), (int, float))), default=None),
+            "off_policy_token_fraction_mean": _mean([v for v in (_num(r.get("off_policy_token_fraction")) for r in steps) if v is not None]),
+            "lag_histogram": {str(k): v for k, v in sorted(hist.items())},
+            "masked_stale_tokens": _total(steps, "masked_stale_tokens"),
+            "multi_version_samples": _total(steps, "multi_version_samples"),
+            "max_versions_in_a_sample": max((int(r["max_versions_in_a_sample"]) for r in steps if isinstance(r.get("max_versions_in_a_sample"), (int, float))), default=None),
+        },
+        "failures": {
+            "failed_samples": failed,
+            "truncated_samples": _total(steps, "truncated_samples"),
+            "filtered_groups": _total(steps, "filtered_groups"),
+            "dropped_stale_groups": _total(steps, "dropped_stale_groups"),
+        },
+        "problems": problems,
+    }
+
+
+def _f(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_report(run_dir: Path, rep: dict[str, Any]) -> str:
+    st, fl = rep["staleness"], rep["failures"]
+    planned = f" of {rep['num_rollout']}" if rep["num_rollout"] is not None else ""
+    lines = [
+        f"run {run_dir}: {rep['status']}, mode {rep['mode'] or '?'}",
+        f"  steps            {rep['steps']}{planned} (final policy version {_f(rep['final_policy_version'], 'd')})",
+        f"  wall time        {_f(rep['wall_time_s'], '.1f')} s ({rep['wall_time_source']})",
+        f"  eval accuracy    {_f(rep['eval_accuracy_before'])} -> {_f(rep['eval_accuracy_after'])}",
+        f"  reward           first {len(rep['reward_first_steps'])} steps {_f(rep['reward_first_mean'])}"
+        f" -> last {len(rep['reward_last_steps'])} steps {_f(rep['reward_last_mean'])}",
+        f"  tokens/s         mean {_f(rep['tokens_per_s_mean'], '.0f')}, last {_f(rep['tokens_per_s_last'], '.0f')}"
+        f" ({rep['generated_tokens']} tokens generated)",
+        f"  partial rollouts aborted {rep['aborted_samples']}, resumed {rep['resumed_samples']}",
+        f"  staleness        max lag {_f(st['max_version_lag'], 'd')}, off-policy token share {_f(st['off_policy_token_fraction_mean'])},"
+        f" masked {st['masked_stale_tokens']}, multi-version samples {st['multi_version_samples']},"
+        f" tokens by lag {', '.join(f'{k}: {v}' for k, v in st['lag_histogram'].items()) or '-'}",
+        f"  failures         failed samples {fl['failed_samples']}, truncated {fl['truncated_samples']},"
+        f" filtered groups {fl['filtered_groups']}, dropped stale groups {fl['dropped_stale_groups']}",
+    ]
+    lines += [f"  ! {p}" for p in rep["problems"]]
+    lines += [f"  plot             {p}" for p in rep.get("plots_written", [])]
+    return "\n".join(lines)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slime report", description="Summarize a run directory (finished or crashed).")
+    parser.add_argument("run_dir", help="the run's --save directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--no-plots", action="store_true", help="do not draw missing PNGs")
+    ns = parser.parse_args(argv)
+    run_dir = Path(ns.run_dir)
+    if not any((run_dir / n).is_file() for n in ("config.json", "metrics.jsonl", "summary.json")):
+        print(f"slime report: error: {run_dir}: no config.json, metrics.jsonl or summary.json (not a run directory?)", file=sys.stderr)
+        return 2
+    config, records, summary, problems = load_run(run_dir)
+    rep = summarize(config, records, summary, problems)
+    if not ns.no_plots and records:
+        from slime.obs.plots import write_plots
+
+        rep["plots_written"] = [str(p) for p in write_plots(records, run_dir, only_missing=True)]
+    if ns.json:
+        print(json.dumps(_json_safe(rep), indent=2, sort_keys=True))
+    else:
+        print(format_report(run_dir, rep))
+    return 0

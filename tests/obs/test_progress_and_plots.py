@@ -1,0 +1,77 @@
+"""Step lines with and without a terminal, and the end-of-run PNGs (complete, partial and old records)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from slime.obs.plots import PLOTS, write_plots
+from slime.obs.progress import StepProgress
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _record(step: int) -> dict:
+    return {"kind": "step", "step": step, "reward_mean": 0.1 * step, "accuracy": 0.05 * step, "tokens_per_s": 100.0 * step}
+
+
+def test_without_a_terminal_each_step_is_one_plain_line():
+    out = io.StringIO()
+    p = StepProgress(3, stream=out)
+    assert not p.uses_bar
+    p.step("step 1 line", _record(1))
+    p.note("eval line")
+    p.close()
+    assert out.getvalue() == "step 1 line\neval line\n"
+
+
+def test_no_progress_keeps_plain_lines_even_on_a_terminal():
+    out = _Tty()
+    p = StepProgress(3, enabled=False, stream=out)
+    p.step("step 1 line", _record(1))
+    assert not p.uses_bar and out.getvalue() == "step 1 line\n"
+
+
+def test_on_a_terminal_a_rich_bar_shows_steps_reward_and_tokens_per_s():
+    out = _Tty()
+    p = StepProgress(2, stream=out)
+    assert p.uses_bar
+    p.step("step 1 line", _record(1))
+    p.step("step 2 line", _record(2))
+    p.close()
+    p.close()
+    text = out.getvalue()
+    assert "step 1 line" in text and "step 2 line" in text
+    assert "2/2" in text and "reward 0.200" in text and "tok/s 200" in text
+
+
+def _run_records(num_steps: int = 6) -> list[dict]:
+    records = [{"kind": "eval", "step": 0, "accuracy": 0.2, "mean_response_len": 12.0}]
+    for s in range(1, num_steps + 1):
+        records.append({
+            "kind": "step", "step": s, "reward_mean": 0.1 * s, "accuracy": 0.08 * s, "response_len_mean": 20.0 + s,
+            "num_samples": 16, "truncated_samples": s % 3, "tokens_per_s": 900.0 + s, "rollout_wait_s": 1.0,
+            "train_time_s": 0.5, "weight_sync_s": 0.1, "off_policy_token_fraction": 0.1 * (s % 4),
+            "multi_version_samples": s % 2, "lag_histogram": {"0": 100, "1": 10 * s, "6": 1},
+        })
+    records.append({"kind": "eval", "step": num_steps, "accuracy": 0.6, "mean_response_len": 14.0})
+    # what a run writes goes through JSON, which turns lag keys into strings
+    return json.loads(json.dumps(records))
+
+
+def test_every_end_of_run_png_is_written(tmp_path):
+    written = write_plots(_run_records(), tmp_path)
+    assert sorted(p.name for p in written) == sorted(PLOTS)
+    assert {"reward_curve.png", "reward.png", "response_length.png", "staleness.png", "engine_busy.png"} == set(PLOTS)
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_plots_tolerate_records_with_keys_missing_and_keep_existing_files(tmp_path):
+    (tmp_path / "reward.png").write_bytes(b"keep")
+    written = write_plots([{"kind": "step", "step": 1}, {"kind": "step"}, {"kind": "eval"}], tmp_path, only_missing=True)
+    assert (tmp_path / "reward.png").read_bytes() == b"keep"
+    assert sorted(p.name for p in written) == sorted(set(PLOTS) - {"reward.png"})
