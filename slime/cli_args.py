@@ -97,6 +97,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--wandb-project": ("obs.wandb_project", dict()),
     "--wandb-group": ("obs.wandb_group", dict()),
     "--save": ("run_dir", dict(help="run directory: metrics, summary, plots, weights")),
+    "--save-interval": ("save_interval", dict(type=int, help="checkpoint every N steps")),
+    "--load": ("load", dict(help="resume from this run directory's latest checkpoint")),
     "--seed": ("seed", dict(type=int)),
 }
 

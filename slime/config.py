@@ -235,6 +235,11 @@ class Config(msgspec.Struct, **_STRUCT):
     engine: EngineConfig = EngineConfig()
     obs: ObsConfig = ObsConfig()
     run_dir: str = "runs/latest"
+    """Run directory: metrics, summary, plots, weights, checkpoints (``--save``)."""
+    save_interval: int = 0
+    """Checkpoint every N rollout steps into RUN_DIR/checkpoints (``--save-interval``); 0 = never."""
+    load: str | None = None
+    """Resume from this run directory's latest checkpoint (``--load``); usually the same as ``--save``."""
     seed: int = 1234
 
     def validate(self) -> "Config":
@@ -282,6 +287,7 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.rollout.request_timeout_s > 0, "--request-timeout-s", self.rollout.request_timeout_s, "> 0"),
             (self.rollout.reward_timeout_s > 0, "--reward-timeout-s", self.rollout.reward_timeout_s, "> 0"),
             (self.rollout.max_retries >= 0, "--max-retries", self.rollout.max_retries, ">= 0"),
+            (self.save_interval >= 0, "--save-interval", self.save_interval, ">= 0"),
             (self.engine.num_engines >= 1, "--rollout-num-engines", self.engine.num_engines, ">= 1"),
             (self.obs.metrics_port is None or 0 <= self.obs.metrics_port <= 65535, "--metrics-port", self.obs.metrics_port, "in [0, 65535] (0 = any free port)"),
             (self.obs.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.obs.trace_flush_interval_s, ">= 0"),

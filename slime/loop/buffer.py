@@ -58,6 +58,14 @@ class DataBuffer:
     def partial_groups(self) -> list[Group]:
         return [g for _, _, g in sorted(self._partial)]
 
+    def restore(self, *, ready: list[Group], partial: list[Group], taken: list[int]) -> None:
+        """Refill from a checkpoint (``slime.loop.checkpoint``)."""
+        self.ready = deque(ready)
+        self._partial = []
+        for g in partial:
+            self.push_partial(g)
+        self.taken = set(taken)
+
     # -- ready groups ---------------------------------------------------------------------------
     def push_ready(self, group: Group) -> None:
         self.ready.append(group)

@@ -7,6 +7,7 @@ before the first and after the last, with generation paused.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import msgspec
 from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
 from slime.loop.buffer import DataBuffer
+from slime.loop.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_jsonl
 from slime.loop.evaluate import evaluate
 from slime.loop.report import MetricsWriter, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
@@ -55,7 +57,8 @@ def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
 
 
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
-    """Run a whole RL job; returns the summary also written to ``RUN_DIR/summary.json``."""
+    """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
+    to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
     from transformers import AutoTokenizer
 
     from slime.train.torch_backend import TorchTrainer
@@ -63,9 +66,19 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     config.validate()
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = latest_checkpoint(Path(config.load) / "checkpoints") if config.load else None
+    resume = msgspec.json.decode((ckpt / "loop.json").read_bytes(), type=LoopState) if ckpt else None
+    if config.load and ckpt is None:
+        log.warning("--load %s: no checkpoint found; starting a fresh run", config.load)
+    if resume is not None:
+        for name in ("metrics.jsonl", "trained_groups.jsonl"):
+            truncate_jsonl(run_dir / name, max_step=resume.step)
+        log.info("resuming from %s (step %d, policy version %d)", ckpt, resume.step, resume.policy_version)
     write_json_atomic(run_dir / "config.json", msgspec.to_builtins(config))
-    model_dir = config.engine.hf_checkpoint
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
+    base_model = config.engine.hf_checkpoint
+    model_dir = str(ckpt / "model") if ckpt else base_model
+    version = resume.policy_version if resume else 0
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
     tokenize = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     if reward_fn is None:
@@ -75,44 +88,53 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             from slime.data.arith import reward as reward_fn
     train_rows, eval_rows = await asyncio.to_thread(load_prompts, config)
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
-    trainer = await asyncio.to_thread(TorchTrainer, config.train, model_dir=model_dir)
+    train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
+    trainer = await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
+    lp = config.loop
+    buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
+    group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
+    if resume is not None:
+        await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
+        source.load_state_dict(resume.source)
+        buffer.restore(ready=resume.ready, partial=resume.partial, taken=resume.taken)
     weights_dir = config.sync.weights_dir or str(run_dir / "weights")
     metrics = MetricsWriter(run_dir)
+    trained_log = (run_dir / "trained_groups.jsonl").open("a")
     t_start = time.monotonic()
 
-    async with Observers(config, run_dir, progress=progress) as obs, _engines(config) as urls, EnginePool(urls, config=config.rollout) as pool:
+    async with Observers(config, run_dir, progress=progress) as obs, _engines(config, model_dir, version) as urls, EnginePool(urls, config=config.rollout) as pool:
         await pool.wait_ready(config.engine.startup_timeout_s)
+        if resume is not None and config.engine.rollout_external_engine_addrs:
+            await pool.update_weights_from_disk(model_dir, weight_version=str(version))  # external engines hold other weights
         tracer = obs.tracer
         sync = DiskWeightSync(msgspec.structs.replace(config.sync, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf)
-        version = 0
         eval_kw = dict(
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn,
             max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
         )
-        with tracer.span("eval", "eval", step=0, num_prompts=len(eval_rows)):
-            before = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
-        metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before})
-        obs.record(rec)
-        log.info("eval before RL: accuracy %.3f", before["accuracy"])
-        totals = {"aborted_samples": 0, "resumed_samples": 0, "max_versions_in_a_trained_sample": 1, "multi_version_samples": 0}
-        lp = config.loop
-        buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
-        group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
+        if resume is None:
+            with tracer.span("eval", "eval", step=0, num_prompts=len(eval_rows)):
+                before = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+            metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before})
+            obs.record(rec)
+            log.info("eval before RL: accuracy %.3f", before["accuracy"])
+        first_step = resume.step + 1 if resume else 1
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(
                 config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
                 buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
                 tracer=tracer,
             )
+            if resume is not None:
+                sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
             obs.watch(pool=pool, buffer=buffer)
-            for step in range(1, config.loop.num_rollout + 1):
+            for step in range(first_step, config.loop.num_rollout + 1):
                 version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version, tracer=tracer)
                 record["step"] = step
                 metrics.write(record)
-                totals["aborted_samples"] += record["aborted_samples"]
-                totals["resumed_samples"] += record["resumed_samples"]
-                totals["multi_version_samples"] += record["multi_version_samples"]
-                totals["max_versions_in_a_trained_sample"] = max(totals["max_versions_in_a_trained_sample"], record["max_versions_in_a_sample"])
+                for g in groups:
+                    trained_log.write(json.dumps({"step": step, "group_id": g.group_id, "data_index": g.data_index}) + "\n")
+                trained_log.flush()
                 obs.record(record, format_step_line(record))
                 if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout:
                     async with sched.paused():
@@ -120,6 +142,12 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                             mid = await evaluate(eval_rows, engine_version=version, **eval_kw)
                     metrics.write(rec := {"kind": "eval", "step": step, "policy_version": version, **mid})
                     obs.record(rec, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}")
+                if config.save_interval and (step % config.save_interval == 0 or step == config.loop.num_rollout):
+                    async with sched.quiesced():
+                        state = LoopState(step=step, policy_version=version, source=source.state_dict(), taken=sorted(buffer.taken),
+                                          ready=list(buffer.ready), partial=buffer.partial_groups(), **sched.counters())
+                        with tracer.span("checkpoint", "checkpoint", step=step):
+                            await asyncio.to_thread(save_checkpoint, run_dir / "checkpoints", state, trainer=trainer)
             await sched.shutdown()
         obs.progress.close()
         with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=len(eval_rows)):
@@ -127,30 +155,43 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         metrics.write(rec := {"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
         obs.record(rec)
     metrics.close()
-    summary = {
-        "eval_accuracy_before": before["accuracy"],
-        "eval_accuracy_after": after["accuracy"],
-        "num_eval_prompts": len(eval_rows),
-        "num_rollout": config.loop.num_rollout,
-        "final_policy_version": version,
-        "wall_time_s": round(time.monotonic() - t_start, 1),
-        "mode": config.loop.mode,
-        "partial_groups_left": buffer.num_partial,
-        "groups_trained": len(buffer.taken),
-        **totals,
-    }
+    trained_log.close()
+    summary = _summary(metrics.records, config, version=version, buffer=buffer, wall_time_s=time.monotonic() - t_start)
     write_json_atomic(run_dir / "summary.json", summary)
     await asyncio.to_thread(write_plots, metrics.records, run_dir)
     return summary
 
 
-def _engines(config: Config):
+def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buffer: DataBuffer, wall_time_s: float) -> dict[str, Any]:
+    """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    return {
+        "eval_accuracy_before": evals[0]["accuracy"] if evals else float("nan"),
+        "eval_accuracy_after": evals[-1]["accuracy"] if evals else float("nan"),
+        "num_eval_prompts": config.data.num_eval_prompts,
+        "num_rollout": config.loop.num_rollout,
+        "final_policy_version": version,
+        "wall_time_s": round(wall_time_s, 1),
+        "mode": config.loop.mode,
+        "partial_groups_left": buffer.num_partial,
+        "ready_groups_left": buffer.num_ready,
+        "groups_trained": len(buffer.taken),
+        "aborted_samples": sum(r["aborted_samples"] for r in steps),
+        "resumed_samples": sum(r["resumed_samples"] for r in steps),
+        "multi_version_samples": sum(r["multi_version_samples"] for r in steps),
+        "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1),
+        "failed_samples": sum(r["failed_samples"] for r in steps),
+    }
+
+
+def _engines(config: Config, model_dir: str, version: int):
     e = config.engine
     if e.rollout_external_engine_addrs:
         return _external(list(e.rollout_external_engine_addrs))
     return launch_embedded_engines(
-        e.hf_checkpoint, num_engines=e.num_engines, threads=e.engine_threads,
-        max_running_requests=e.max_running_requests, startup_timeout_s=e.startup_timeout_s, seed=config.seed,
+        model_dir, num_engines=e.num_engines, threads=e.engine_threads, max_running_requests=e.max_running_requests,
+        startup_timeout_s=e.startup_timeout_s, seed=config.seed, weight_version=str(version),
     )
 
 

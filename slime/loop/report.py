@@ -37,8 +37,10 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._f = self.path.open("a", encoding="utf-8")
         self.records: list[dict[str, Any]] = []
+        if self.path.exists():  # a resumed run continues the file (cut back to its checkpoint first)
+            self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)

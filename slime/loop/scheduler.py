@@ -335,6 +335,24 @@ class Scheduler:
         await self._drain()
         await self._wait_for(lambda: not self.inflight)
 
+    @contextlib.asynccontextmanager
+    async def quiesced(self):
+        """Nothing in flight and every group in the buffer (for a checkpoint), then resume."""
+        was_open = self._gate_open
+        await self.shutdown()
+        try:
+            yield
+        finally:
+            self._gate_open = was_open
+            self._fill()
+
+    def counters(self) -> dict[str, int]:
+        """The scheduler's own resumable counters (see ``slime.loop.checkpoint``)."""
+        return {"next_group_id": self.next_group_id, "num_admitted": self.num_admitted, "rollout_id": self.rollout_id}
+
+    def restore_counters(self, *, next_group_id: int, num_admitted: int, rollout_id: int) -> None:
+        self.next_group_id, self.num_admitted, self.rollout_id = next_group_id, num_admitted, rollout_id
+
     def pop_stats(self) -> StepStats:
         stats, self.stats = self.stats, StepStats()
         return stats

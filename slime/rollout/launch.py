@@ -90,10 +90,11 @@ class EmbeddedEngineProcess:
 
 
 @contextlib.asynccontextmanager
-async def launch_embedded_engines(model_dir: str, *, num_engines: int, threads: int, max_running_requests: int, startup_timeout_s: float, seed: int = 0):
-    """Start ``num_engines`` embedded engines; yield their URLs; stop them on exit."""
+async def launch_embedded_engines(model_dir: str, *, num_engines: int, threads: int, max_running_requests: int, startup_timeout_s: float,
+                                  seed: int = 0, weight_version: str = "0"):
+    """Start ``num_engines`` embedded engines at ``weight_version``; yield their URLs; stop them on exit."""
     procs = [
-        EmbeddedEngineProcess(model_dir, threads=threads, max_running_requests=max_running_requests, seed=seed + i)
+        EmbeddedEngineProcess(model_dir, threads=threads, max_running_requests=max_running_requests, seed=seed + i, weight_version=weight_version)
         for i in range(num_engines)
     ]
     try:

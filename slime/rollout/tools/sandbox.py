@@ -222,6 +222,7 @@ class _Capped:
             room = self.cap - len(self.data)
             self.data += chunk[:room]
             self.dropped += max(0, len(chunk) - room)
+            await asyncio.sleep(0)  # read() returns without yielding while data is buffered
 
 
 async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
