@@ -17,6 +17,7 @@ __all__ = [
     "DataConfig",
     "RolloutConfig",
     "LoopConfig",
+    "MegatronConfig",
     "TrainConfig",
     "SyncConfig",
     "EngineConfig",
@@ -70,6 +71,13 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
     custom_rm_path: str | None = None
     """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
+    rm_type: Literal["math", "code", "remote", "remote_rm"] | None = None
+    """Built-in verifier used when ``custom_rm_path`` is unset (``--rm-type``): ``math`` (math-verify
+    against the label), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
+    ``rm_url``). See ``slime/rollout/verifiers/``."""
+    rm_url: str | None = None
+    """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers
+    ``{"reward": float}`` to ``{"prompt", "response", "label"}``."""
 
 
 class LoopConfig(msgspec.Struct, **_STRUCT):
@@ -103,6 +111,60 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     """Keep generating the next step while the current one trains (april mode)."""
     eval_interval: int = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
+
+
+class MegatronConfig(msgspec.Struct, **_STRUCT):
+    """The megatron-core backend's knobs (``--train-backend megatron``), spelled as Megatron-LM's flags.
+
+    Algorithm, batch sizes, lr, weight decay, Adam betas and gradient clipping stay in
+    ``TrainConfig`` and are shared with the torch backend; ``slime/train/megatron/parallel.py``
+    maps both onto megatron-core's ``TransformerConfig``, ``OptimizerConfig`` and
+    ``DistributedDataParallelConfig``. World size is only known under torchrun, so products of
+    parallel sizes are checked there, not here.
+    """
+
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel ranks per model replica (``--tensor-model-parallel-size``)."""
+    pipeline_model_parallel_size: int = 1
+    """Pipeline stages (``--pipeline-model-parallel-size``); the backend supports 1 for now."""
+    context_parallel_size: int = 1
+    """Context-parallel ranks (``--context-parallel-size``); > 1 needs Transformer Engine attention."""
+    expert_model_parallel_size: int = 1
+    """Expert-parallel ranks (``--expert-model-parallel-size``); > 1 only for MoE models, not built here."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism over the tensor-parallel group (``--sequence-parallel``)."""
+    use_dynamic_batch_size: bool = False
+    """Pack micro-batches by ``max_tokens_per_gpu`` instead of ``micro_batch_size`` samples
+    (``--use-dynamic-batch-size``)."""
+    max_tokens_per_gpu: int = 16384
+    """Token budget of one packed micro-batch on one GPU (``--max-tokens-per-gpu``); a longer
+    sample gets a micro-batch of its own."""
+    min_lr: float = 0.0
+    """Floor of the decayed learning rate (``--min-lr``)."""
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root"] = "constant"
+    """Learning-rate schedule over optimizer steps (``--lr-decay-style``), megatron-core's
+    ``OptimizerParamScheduler``."""
+    lr_warmup_iters: int = 0
+    """Linear warm-up, in optimizer steps (``--lr-warmup-iters``)."""
+    lr_decay_iters: int | None = None
+    """Optimizer steps over which lr decays to ``min_lr`` (``--lr-decay-iters``); None = no decay."""
+    adam_eps: float = 1e-8
+    """Adam epsilon (``--adam-eps``)."""
+    bf16: bool = False
+    """bf16 parameters and activations, fp32 master weights and grads (``--bf16``); off = fp32."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (``--use-distributed-optimizer``)."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduce with the backward pass (``--overlap-grad-reduce``)."""
+    recompute_granularity: Literal["full", "selective"] | None = None
+    """Activation recomputation (``--recompute-granularity``); None = keep all activations."""
+    recompute_method: Literal["uniform", "block"] | None = None
+    """With ``full`` recompute: how layers are grouped (``--recompute-method``)."""
+    recompute_num_layers: int | None = None
+    """With ``full`` recompute: layers per group (uniform) or recomputed layers per stage (block)
+    (``--recompute-num-layers``)."""
+    distributed_timeout_minutes: int = 30
+    """Timeout of collective operations between train ranks (``--distributed-timeout-minutes``)."""
 
 
 class TrainConfig(msgspec.Struct, **_STRUCT):
@@ -178,10 +240,28 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Decoupled PPO: drop tokens whose behaviour weight exceeds this cap, > 1 (``--behav-imp-weight-cap``)."""
     mask_offpolicy_in_partial_rollout: bool = False
     """Train only the tokens of each sample's newest policy version (``--mask-offpolicy-in-partial-rollout``)."""
+    train_backend: Literal["torch", "megatron"] = "torch"
+    """``torch``: one HF model in this process (CPU, small GPUs). ``megatron``: megatron-core's GPTModel
+    with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""
+    megatron: MegatronConfig = MegatronConfig()
+    """The megatron-core backend's parallelism, precision, schedule and packing knobs."""
 
 
 class SyncConfig(msgspec.Struct, **_STRUCT):
-    method: Literal["disk"] = "disk"
+    """How new weights reach the engines after each train step (``slime/sync/``)."""
+
+    method: Literal["disk", "distributed", "tensor", "delta"] = "disk"
+    """``--weight-sync``: ``disk`` (safetensors + ``/update_weights_from_disk``), ``distributed``
+    (broadcast over a gloo/NCCL group, ``/update_weights_from_distributed``), ``tensor`` (colocated:
+    ``/update_weights_from_tensor``), ``delta`` (only what changed, checksummed; embedded engine)."""
+    update_weight_buffer_size: int = 512 * 1024**2
+    """Bytes per bucket of ``distributed`` / ``tensor`` / ``delta`` updates (``--update-weight-buffer-size``,
+    slime's default 512 MiB): one HTTP call (and one flat broadcast) per bucket."""
+    update_weights_timeout_s: float = 600.0
+    """Bound on each weight-update HTTP call, the process-group rendezvous and each collective."""
+    colocate: bool = False
+    """Engines share the trainer's devices (``--colocate``): each step pauses generation, releases
+    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, §3.11)."""
     weights_dir: str = ""
     """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
     keep_last: int = 2
@@ -245,6 +325,7 @@ class Config(msgspec.Struct, **_STRUCT):
     def validate(self) -> "Config":
         """Check values; raise ``ConfigError`` naming the CLI flag. Returns self."""
         t = self.train
+        m = self.train.megatron
         checks = [
             (self.loop.rollout_batch_size >= 1, "--rollout-batch-size", self.loop.rollout_batch_size, ">= 1"),
             (
@@ -284,6 +365,23 @@ class Config(msgspec.Struct, **_STRUCT):
                 "at most one off-policy correction",
             ),
             (self.loop.max_staleness >= 0, "--max-staleness", self.loop.max_staleness, ">= 0"),
+            (self.sync.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.sync.update_weight_buffer_size, ">= 1 byte"),
+            (self.sync.update_weights_timeout_s > 0, "update_weights_timeout_s", self.sync.update_weights_timeout_s, "> 0"),
+            (not (self.sync.colocate and self.sync.method == "delta"), "--colocate with --weight-sync", self.sync.method,
+             "disk, distributed or tensor: released engine weights are lost (§3.11), so every delta would be a full sync"),
+            (not (self.sync.colocate and self.loop.mode == "async"), "--colocate with --rollout-mode", self.loop.mode,
+             "sync or april: colocated engines cannot generate while the trainer trains"),
+            (m.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size", m.tensor_model_parallel_size, ">= 1"),
+            (m.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size", m.pipeline_model_parallel_size, ">= 1"),
+            (m.context_parallel_size >= 1, "--context-parallel-size", m.context_parallel_size, ">= 1"),
+            (m.expert_model_parallel_size >= 1, "--expert-model-parallel-size", m.expert_model_parallel_size, ">= 1"),
+            (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
+            (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
+            (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
+            (m.lr_decay_iters is None or m.lr_decay_iters >= 1, "--lr-decay-iters", m.lr_decay_iters, ">= 1, or unset"),
+            (m.adam_eps > 0, "--adam-eps", m.adam_eps, "> 0"),
+            (m.recompute_num_layers is None or m.recompute_num_layers >= 1, "--recompute-num-layers", m.recompute_num_layers, ">= 1, or unset"),
+            (m.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes", m.distributed_timeout_minutes, ">= 1"),
             (self.rollout.request_timeout_s > 0, "--request-timeout-s", self.rollout.request_timeout_s, "> 0"),
             (self.rollout.reward_timeout_s > 0, "--reward-timeout-s", self.rollout.reward_timeout_s, "> 0"),
             (self.rollout.max_retries >= 0, "--max-retries", self.rollout.max_retries, ">= 0"),

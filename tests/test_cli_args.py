@@ -16,7 +16,7 @@ PINNED = {
     "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode", "--staleness-policy", "--dynamic-sampling-filter-path", "--buffer-filter-path",
     "--num-rollout", "--max-staleness", "--eval-interval", "--overlap-train", "--n-samples-per-prompt",
     "--rollout-max-response-len", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
-    "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path",
+    "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path", "--rm-type", "--rm-url",
     "--global-batch-size", "--micro-batch-size", "--lr", "--weight-decay", "--adam-beta1", "--adam-beta2",
     "--clip-grad", "--calculate-per-token-loss", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",
     "--train-threads", "--save", "--save-interval", "--load", "--seed",
@@ -24,6 +24,12 @@ PINNED = {
     "--eps-clip-c", "--entropy-coef", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--kl-coef", "--ref-load",
     "--value-clip", "--critic-lr", "--mis-level", "--mis-lower-bound", "--mis-upper-bound", "--use-decoupled-ppo",
     "--behav-imp-weight-cap", "--mask-offpolicy-in-partial-rollout",
+    "--train-backend", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--sequence-parallel", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--min-lr",
+    "--lr-decay-style", "--lr-warmup-iters", "--lr-decay-iters", "--adam-eps", "--bf16", "--use-distributed-optimizer",
+    "--overlap-grad-reduce", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--distributed-timeout-minutes",
+    "--weight-sync", "--update-weight-buffer-size", "--colocate",
     "--enable-trace", "--metrics-port", "--use-tensorboard", "--tb-dir", "--use-wandb", "--wandb-project", "--wandb-group",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)

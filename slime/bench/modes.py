@@ -6,19 +6,25 @@
     (reset /sim_stats)                    train_step = sleep(train_s / time_scale) in a worker thread
                                           load = pool.update_weights_from_disk (engine charges 1 s sim)
 
+Metrics: see ``rollout.py``. Utilisation comes from the engine's ``/sim_stats`` (reset after the
+engine is ready, read when the last step ends): ``slot_utilization`` over the whole loop, idle time
+included; ``slot_utilization_busy`` over the decode steps only (time with >= 1 request running).
+
 Token accounting at the end (``wasted_tokens``): every token the engine generated is trained,
 masked as too stale, or still waiting (partial queue, or ready for the next step)::
 
     generated = trained + masked_stale + dropped_or_filtered + leftover_partial + leftover_ready
     wasted    = generated - trained - leftover_partial - leftover_ready
 
-Example: async, 10 steps: generated 5.0M, trained 4.1M, masked 0.02M, leftover 0.88M -> wasted 0.02M.
+Example (async, eta 4, 10 steps at time scale 10): generated 4.93M = trained 3.98M + masked 0.12M
++ leftover partial 0.52M + leftover ready 0.32M, so wasted = 0.12M (all of it masked, lag 5).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections import Counter
 from typing import Any, Sequence
@@ -42,7 +48,9 @@ READY_TIMEOUT_S = 60.0
 class CountingPool(EnginePool):
     """``EnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued)."""
 
-    num_generate = 0
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.num_generate = 0
 
     async def generate(self, *args: Any, **kwargs: Any):
         self.num_generate += 1
@@ -120,6 +128,7 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
             version = 0
             for step in range(1, wl.steps + 1):
                 version, _, record = await run_step(sched, train_step=train_step, sync=SimWeightSync(pool), version=version)
+                record["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
                 records.append(record)
                 log(_step_line(mode, step, wl.steps, record))
             wall_s = time.monotonic() - t0
@@ -152,6 +161,7 @@ def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_re
     out: dict[str, Any] = {
         "delivered_tokens_per_s": delivered / wall_s,
         "samples_per_s": samples / wall_s,
+        "trained_tokens_per_s": trained / wall_s,
         "slot_utilization": None,
         "step_time_p50_s": _percentile(step_times, 0.5),
         "step_time_p99_s": _percentile(step_times, 0.99),
@@ -177,17 +187,21 @@ def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_re
         "rollout_wait_s": [r["rollout_wait_s"] for r in records],
         "mean_response_len": delivered / max(1, samples),
         "engine_cpu_s": engine_cpu_s,
+        "loadavg_1m_per_step": [r["loadavg_1m"] for r in records],
     }
     if window is not None and final is not None:
         cap = sum(s["max_running_requests"] for s in window)
         generated = sum(s["tokens_generated"] for s in final)
         out.update(
             slot_utilization=sum(s["mean_running"] for s in window) / cap,
+            slot_utilization_busy=sum(s["running_integral_s"] for s in window)
+            / max(1e-9, sum(s["busy_sim_s"] * s["max_running_requests"] for s in window)),
             generated_tokens=generated,
             wasted_tokens=generated - trained - leftover_partial - leftover_ready,
             engine_requests=sum(s["requests_finished"] + s["requests_aborted"] for s in final),
             engine_prefill_tokens=sum(s["prefill_tokens"] for s in window),
             engine_max_step_lag_ms=max(s["max_step_lag_ms"] for s in window),
+            engine_time_dilation=sum(s["busy_wall_s"] * s["time_scale"] for s in window) / max(1e-9, sum(s["busy_sim_s"] for s in window)),
             engine_busy_fraction=sum(s["busy_sim_s"] for s in window) / max(1e-9, sum(s["elapsed_sim_s"] for s in window)),
         )
     return out

@@ -70,16 +70,16 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     resume = msgspec.json.decode((ckpt / "loop.json").read_bytes(), type=LoopState) if ckpt else None
     if config.load and ckpt is None:
         log.warning("--load %s: no checkpoint found; starting a fresh run", config.load)
+    for name in ("metrics.jsonl", "trained_groups.jsonl"):  # steps after the checkpoint are replayed
+        truncate_jsonl(run_dir / name, max_step=resume.step if resume else -1)
     if resume is not None:
-        for name in ("metrics.jsonl", "trained_groups.jsonl"):
-            truncate_jsonl(run_dir / name, max_step=resume.step)
         log.info("resuming from %s (step %d, policy version %d)", ckpt, resume.step, resume.policy_version)
     write_json_atomic(run_dir / "config.json", msgspec.to_builtins(config))
     base_model = config.engine.hf_checkpoint
     model_dir = str(ckpt / "model") if ckpt else base_model
     version = resume.policy_version if resume else 0
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
-    tokenize = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    tokenize = lambda text: tokenizer.encode(text)  # the tokenizer's defaults (BOS), as SGLang tokenizes `text`  # noqa: E731
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     if reward_fn is None:
         if config.rollout.custom_rm_path:

@@ -284,6 +284,8 @@ class Scheduler:
             self._gate_open = False
             if self._num_requests:
                 await self.pool.abort_all()
+        else:
+            self._fill()  # taking the batch freed capacity: keep generating while it trains
         return batch
 
     def _too_stale(self, group: Group) -> bool:

@@ -26,6 +26,7 @@ import msgspec
 
 from slime.config import RolloutConfig
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
+from slime.rollout.client_weights import WeightSyncCalls
 from slime.rollout.protocol import GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
 
 __all__ = ["EngineClient", "CONNECT_TIMEOUT_S"]
@@ -47,7 +48,7 @@ class _Reply(msgspec.Struct):
         return self.body.decode("utf-8", "replace")
 
 
-class EngineClient:
+class EngineClient(WeightSyncCalls):
     """One engine at ``url`` (``http://host:port``), talking through a shared ``aiohttp.ClientSession``.
 
     ``num_inflight`` counts ``generate`` calls not yet returned (the pool's least-loaded signal).
@@ -68,15 +69,17 @@ class EngineClient:
 
     # -- transport -------------------------------------------------------------------------------
 
-    async def _send(self, method: str, endpoint: str, *, body: Any = None, timeout_s: float) -> _Reply:
-        """One HTTP exchange; raises only EngineUnavailable / EngineTimeout (any status comes back)."""
-        data = None if body is None else msgspec.json.encode(body)
+    async def _send(self, method: str, endpoint: str, *, body: Any = None, timeout_s: float, raw: bytes | None = None) -> _Reply:
+        """One HTTP exchange; raises only EngineUnavailable / EngineTimeout (any status comes back).
+        ``raw``: send these bytes as ``application/octet-stream`` instead of ``body`` as JSON."""
+        data = raw if raw is not None else None if body is None else msgspec.json.encode(body)
+        headers = self._headers if raw is None else {**self._headers, "Content-Type": "application/octet-stream"}
         client_timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, CONNECT_TIMEOUT_S))
         err = dict(url=self.url, endpoint=endpoint)
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._session.request(
-                    method, self.url + endpoint, data=data, headers=self._headers, timeout=client_timeout
+                    method, self.url + endpoint, data=data, headers=headers, timeout=client_timeout
                 ) as resp:
                     return _Reply(resp.status, resp.content_type, await resp.read())
         except aiohttp.ConnectionTimeoutError as exc:
@@ -106,9 +109,9 @@ class EngineClient:
                 f"undecodable JSON body ({exc}): {reply.text[:300]!r}", url=self.url, endpoint=endpoint, status=reply.status
             ) from exc
 
-    async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None) -> Any:
-        """Control call: JSON in and out; 4xx/5xx and ``"success": false`` raise (§1.1)."""
-        reply = await self._send(method, endpoint, body=body, timeout_s=timeout_s or self.config.control_timeout_s)
+    async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None, raw: bytes | None = None) -> Any:
+        """Control call: JSON (or ``raw`` bytes) in, JSON out; 4xx/5xx and ``"success": false`` raise (§1.1)."""
+        reply = await self._send(method, endpoint, body=body, timeout_s=timeout_s or self.config.control_timeout_s, raw=raw)
         self._raise_for_status(reply, endpoint)
         result = self._decode_json(reply, endpoint)
         if isinstance(result, dict) and result.get("success") is False:

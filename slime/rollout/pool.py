@@ -234,6 +234,25 @@ class EnginePool:
             ),
         )
 
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                              **kwargs: Any) -> dict[str, dict[str, Any]]:
+        """Every engine receives one bucket over the weights-update group (§3.10); ``kwargs`` as
+        ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
+        return await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
+                                   lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs))
+
+    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]:
+        """Every engine loads the same payload (§3.9); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
+        return await self._fan_out("update_weights_from_tensor", lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs))
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
+        """Every engine frees ``tags`` (None = all) for a colocated trainer (§3.11); engines must be idle."""
+        return await self._fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags))
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
+        """Every engine re-maps ``tags`` (§3.11); released weights must be synced again afterwards."""
+        return await self._fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags))
+
     async def flush_cache(self) -> dict[str, bool]:
         """``{url: flushed}``; False where the engine was busy (§3.3)."""
         return await self._fan_out("flush_cache", lambda c: c.flush_cache())

@@ -42,6 +42,7 @@ What it does NOT protect against (use a container, gVisor, nsjail or a VM for ho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -50,17 +51,21 @@ import sys
 import tempfile
 import time
 
-__all__ = ["Sandbox", "SandboxResult"]
+from slime.rollout.tools.registry import Tool
+
+__all__ = ["Sandbox", "SandboxResult", "python_tool", "format_result"]
 
 _BOOTSTRAP = r'''
 import os, resource, sys
-cpu_s, as_bytes, fsize_bytes, nofile, nproc = (int(x) for x in sys.argv[1:6])
+cpu_s, as_bytes, fsize_bytes, nofile, nproc, netns = (int(x) for x in sys.argv[1:7])
 work = os.path.realpath(os.getcwd())
 for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, as_bytes), (resource.RLIMIT_FSIZE, fsize_bytes),
                  (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(lim, (val, val))
 network = "audit-hook"
 try:
+    if not netns:
+        raise OSError("network namespace not requested")
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(0x40000000) == 0 or libc.unshare(0x10000000 | 0x40000000) == 0:
@@ -113,6 +118,8 @@ _g = {"__name__": "__main__", "__file__": os.path.join(work, "main.py"), "__buil
 exec(compile(_src, "main.py", "exec"), _g)
 '''
 _NETWORK_MARK = b"\x00sandbox-network="
+_REAP_TIMEOUT_S = 2.0
+"""After a kill, how long to wait for the pipes to close (something outside the group may hold them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +164,12 @@ class Sandbox:
         max_processes: ``RLIMIT_NPROC`` (see the module docstring for what it does not do).
         max_output_bytes: kept per stream.
         max_concurrency: child processes at once (default: the CPU count).
+        network_namespace: try ``unshare(CLONE_NEWNET)``; False leaves network denial to the audit hook.
     """
 
     def __init__(self, *, timeout_s: float = 5.0, cpu_time_s: int | None = None, memory_bytes: int = 1 << 30,
                  max_file_bytes: int = 16 << 20, max_open_files: int = 64, max_processes: int = 1,
-                 max_output_bytes: int = 64 << 10, max_concurrency: int | None = None):
+                 max_output_bytes: int = 64 << 10, max_concurrency: int | None = None, network_namespace: bool = True):
         if timeout_s <= 0 or memory_bytes <= 0 or max_output_bytes <= 0:
             raise ValueError(f"Sandbox: timeout_s={timeout_s}, memory_bytes={memory_bytes}, max_output_bytes={max_output_bytes} must be > 0")
         self.timeout_s = timeout_s
@@ -169,6 +177,7 @@ class Sandbox:
         self.memory_bytes, self.max_file_bytes = memory_bytes, max_file_bytes
         self.max_open_files, self.max_processes = max_open_files, max_processes
         self.max_output_bytes = max_output_bytes
+        self.network_namespace = network_namespace
         self._slots = asyncio.Semaphore(max_concurrency or os.cpu_count() or 1)
 
     async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
@@ -185,7 +194,7 @@ class Sandbox:
 
     async def _spawn(self, workdir: str, stdin: bytes, limit_s: float) -> SandboxResult:
         argv = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(self.cpu_time_s), str(self.memory_bytes),
-                str(self.max_file_bytes), str(self.max_open_files), str(self.max_processes)]
+                str(self.max_file_bytes), str(self.max_open_files), str(self.max_processes), str(int(self.network_namespace))]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
@@ -197,12 +206,15 @@ class Sandbox:
         try:
             async with asyncio.timeout(limit_s):
                 await asyncio.gather(_feed(proc.stdin, stdin), out.drain(proc.stdout), err.drain(proc.stderr), proc.wait())
-        except TimeoutError:
-            timed_out = True
-        finally:
-            if proc.returncode is None:
-                _kill_group(proc.pid)
-                await proc.wait()
+        except BaseException as exc:  # timeout, or our caller cancelled: never leave the group running
+            timed_out = isinstance(exc, TimeoutError)
+            _kill_group(proc.pid)
+            # On 3.11 ``wait()`` also waits for the pipes to reach EOF, so drain them (discarding) first.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_REAP_TIMEOUT_S):
+                    await asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr), proc.wait())
+            if not timed_out:
+                raise
         stderr_bytes, network = _split_network_mark(bytes(err.data))
         return SandboxResult(
             stdout=bytes(out.data).decode("utf-8", "replace"), stderr=stderr_bytes.decode("utf-8", "replace"),
@@ -251,3 +263,34 @@ def _split_network_mark(stderr: bytes) -> tuple[bytes, str]:
     end = len(stderr) if end < 0 else end
     network = stderr[start + len(_NETWORK_MARK):end].decode("ascii", "replace")
     return stderr[:start] + stderr[end + 1:], network
+
+
+def python_tool(sandbox: Sandbox) -> Tool:
+    """The ``python`` tool: run the model's code in ``sandbox``; the model sees stdout (and errors)."""
+    async def run_python(arguments: dict) -> str:
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            raise ValueError("'code' must be a string of Python source")
+        result = await sandbox.run(code)
+        return format_result(result)
+
+    return Tool(
+        name="python",
+        description="Run Python 3 code (standard library only, no network) and return what it prints.",
+        parameters={"type": "object", "properties": {"code": {"type": "string", "description": "Python source; print() the results"}},
+                    "required": ["code"]},
+        fn=run_python,
+    )
+
+
+def format_result(result: SandboxResult) -> str:
+    """What the model sees: stdout, then the last lines of stderr and why the run failed, if it did."""
+    parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
+    if result.timed_out:
+        parts.append(f"[killed: wall-clock limit of {result.elapsed_s:.1f}s reached]")
+    elif result.returncode != 0:
+        tail = "\n".join(result.stderr.rstrip().splitlines()[-8:])
+        parts.append(f"[exit status {result.returncode}]" + (f"\n{tail}" if tail else ""))
+    if result.truncated:
+        parts.append("[output truncated]")
+    return "\n".join(parts) if parts else "[no output]"

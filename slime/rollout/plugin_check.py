@@ -1,0 +1,300 @@
+"""``slime check-plugin PATH [--kind generate|reward|filter]``: run a plugin against slime's contract.
+
+``PATH`` is ``pkg.module.func``, ``pkg.module:func`` or ``path/to/file.py:func``. For a generate
+function the embedded engine is started in-process on a tiny random Llama (vocab 64; ``--model
+DIR`` serves your own HF model instead, e.g. for a multi-turn function with its tokenizer), and
+the function is called the way the scheduler calls it::
+
+    await fn(sample, sampling_params, pool=pool, max_response_len=N, engine_version=0, decode=decode)
+
+Checked for ``generate``: it is async and accepts those arguments; it returns the same Sample or a
+non-empty list of finished Samples; every per-token list has as many entries as ``response_ids``;
+``loss_mask`` is 0/1 and logprobs are finite and <= 0; a status is set; tokens are only appended
+(what was there before the call is unchanged); an abort in the middle of generation comes back
+PARTIAL with its tokens kept, and a second call resumes it to a finished sample. For ``reward``:
+it returns a finite float (not a bool) for a finished sample (a sync function is a warning: slime
+runs it in a thread, where a hang cannot be cancelled). For ``filter`` (dynamic sampling): it
+returns a ``bool`` for a group.
+
+Output: one ``PASS``/``FAIL``/``WARN`` line per check naming the problem precisely, then
+``RESULT: PASS`` or ``RESULT: FAIL``. Exit status 0 when nothing failed, else 1.
+
+Not covered: per-group reward functions (``--group-rm``), buffer filters, weight updates during
+generation, and anything the function does only on inputs other than these probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import math
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from slime.errors import ConfigError
+from slime.rollout.rewards import load_function
+from slime.types import Group, Sample, Status
+
+__all__ = ["main", "load_plugin", "check_generate", "check_reward", "check_filter", "Report"]
+
+PROBE_PROMPT = [0, 5, 9, 17, 3]
+_LISTS = ("rollout_logprobs", "versions", "loss_mask")
+
+
+class Report:
+    """Collects check lines; ``failed`` is True once any check failed."""
+
+    def __init__(self, kind: str, out: Any = None):
+        self.kind, self.out, self.lines = kind, out or sys.stdout, []
+        self.failed = False
+
+    def _emit(self, tag: str, text: str) -> None:
+        line = f"{tag} {self.kind}: {text}"
+        self.lines.append(line)
+        print(line, file=self.out, flush=True)
+
+    def ok(self, text: str) -> None:
+        self._emit("PASS", text)
+
+    def fail(self, text: str) -> None:
+        self.failed = True
+        self._emit("FAIL", text)
+
+    def warn(self, text: str) -> None:
+        self._emit("WARN", text)
+
+
+def load_plugin(spec: str) -> Callable[..., Any]:
+    """Import ``file.py:func`` (by path) or ``pkg.module.func`` / ``pkg.module:func``. Raises ConfigError."""
+    file, sep, attr = spec.rpartition(":")
+    if sep and file.endswith(".py"):
+        path = Path(file)
+        if not path.is_file():
+            raise ConfigError(f"{spec!r}: no file {path}")
+        module_spec = importlib.util.spec_from_file_location(f"slime_plugin_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise ConfigError(f"{spec!r}: {path} has no callable {attr!r}")
+        return fn
+    return load_function(spec, flag="check-plugin PATH")
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _problems(s: Sample, where: str) -> list[str]:
+    """Alignment, mask and logprob problems of one sample, each a full sentence."""
+    n = len(s.response_ids)
+    out = [f"{where}: response_ids has {n} tokens but {name} has {len(getattr(s, name))}"
+           for name in _LISTS if len(getattr(s, name)) != n]
+    if out:
+        return out
+    bad_mask = [i for i, m in enumerate(s.loss_mask) if m not in (0, 1)]
+    if bad_mask:
+        out.append(f"{where}: loss_mask[{bad_mask[0]}] = {s.loss_mask[bad_mask[0]]!r}, expected 0 or 1")
+    bad_lp = [i for i, lp in enumerate(s.rollout_logprobs) if not math.isfinite(lp) or lp > 1e-6]
+    if bad_lp:
+        out.append(f"{where}: rollout_logprobs[{bad_lp[0]}] = {s.rollout_logprobs[bad_lp[0]]!r}, expected a finite log-probability <= 0")
+    return out
+
+
+def _snapshot(s: Sample) -> dict[str, list]:
+    return {"prompt_ids": list(s.prompt_ids), "response_ids": list(s.response_ids), **{n: list(getattr(s, n)) for n in _LISTS}}
+
+
+def _rewrites(before: dict[str, list], s: Sample, where: str) -> list[str]:
+    """Lists whose first ``len(before)`` entries changed: generate functions may only append."""
+    out = []
+    if before["response_ids"] and before["prompt_ids"] != s.prompt_ids:
+        out.append(f"{where}: prompt_ids changed while resuming a sample with response tokens")
+    for name in ("response_ids", *_LISTS):
+        old, new = before[name], getattr(s, name)
+        if new[: len(old)] != old:
+            i = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+            out.append(f"{where}: {name} was rewritten at position {i} (had {len(old)} entries before the call, "
+                       f"{len(new)} after); earlier tokens must stay as they were, only append")
+    return out
+
+
+async def _call_generate(fn: Callable[..., Any], sample: Sample, params: dict[str, Any], ctx: dict[str, Any],
+                         max_len: int, report: Report, what: str) -> list[Sample] | None:
+    """Call once and check the return value; None (after a FAIL) when nothing more can be checked."""
+    before = _snapshot(sample)
+    try:
+        async with asyncio.timeout(ctx["timeout_s"]):
+            out = await fn(sample, dict(params), pool=ctx["pool"], max_response_len=max_len, engine_version=0, decode=ctx["decode"])
+    except TimeoutError:
+        report.fail(f"{what}: did not return within {ctx['timeout_s']}s")
+        return None
+    except Exception as exc:  # the plugin's bug, reported as data
+        tail = "".join(traceback.format_exception(exc, limit=-2)).strip().splitlines()[-1]
+        report.fail(f"{what}: raised {type(exc).__name__}: {exc} ({tail})")
+        return None
+    if out is None or out is sample:
+        samples = [sample]
+    elif isinstance(out, Sample):
+        report.fail(f"{what}: returned a different Sample object; grow the sample it was given and return it")
+        return None
+    elif isinstance(out, list) and out and all(isinstance(s, Sample) for s in out):
+        samples = out
+        unfinished = [s.status.value for s in out if not s.status.is_finished]
+        if unfinished:
+            report.fail(f"{what}: returned a list with unfinished samples (status {unfinished[0]}); each must be finished")
+    else:
+        kind = "an empty list" if out == [] else (f"list[{type(out[0]).__name__}]" if isinstance(out, list) else type(out).__name__)
+        report.fail(f"{what}: returned {kind}, expected Sample or list[Sample]")
+        return None
+    problems = _problems(sample, what) if samples[0] is sample else []
+    problems += [p for i, s in enumerate(samples) if s is not sample for p in _problems(s, f"{what}, returned sample {i}")]
+    problems += _rewrites(before, sample, what)
+    if sample.status is Status.PENDING and samples[0] is sample:
+        problems.append(f"{what}: status is still pending; set COMPLETED, TRUNCATED, PARTIAL or FAILED")
+    for p in problems:
+        report.fail(p)
+    return None if problems else samples
+
+
+async def check_generate(fn: Callable[..., Any], *, pool: Any, report: Report, decode: Callable[[list[int]], str],
+                         timeout_s: float = 60.0, max_response_len: int = 24) -> None:
+    """Run the generate contract (module docstring) against ``pool``."""
+    if not _is_async(fn):
+        report.fail("is not async: write `async def generate(sample, sampling_params, **kwargs)`")
+        return
+    try:
+        inspect.signature(fn).bind(Sample(prompt_ids=[0]), {}, pool=pool, max_response_len=1, engine_version=0, decode=decode)
+    except TypeError as exc:
+        report.fail(f"does not accept (sample, sampling_params, pool=, max_response_len=, engine_version=, decode=): {exc}")
+        return
+    except ValueError:
+        pass  # no signature to inspect (a C callable): let the call decide
+    report.ok("is async and accepts (sample, sampling_params, **kwargs)")
+    ctx = {"pool": pool, "decode": decode, "timeout_s": timeout_s}
+    params = {"temperature": 1.0}
+    fresh = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7")
+    if await _call_generate(fn, fresh, params, ctx, max_response_len, report, "fresh sample") is None:
+        return
+    report.ok(f"fresh sample: aligned lists, only appended, status {fresh.status.value}, {len(fresh.response_ids)} tokens")
+    long_len = 200
+    sample = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7", group_id=1)
+    task = asyncio.ensure_future(_call_generate(fn, sample, {**params, "ignore_eos": True}, ctx, long_len, report, "aborted call"))
+    while not task.done():
+        await asyncio.sleep(0.005)
+        with contextlib.suppress(Exception):
+            await pool.abort_all()
+    if await task is None:
+        return
+    if sample.status is not Status.PARTIAL:
+        if sample.status.is_finished and len(sample.response_ids) >= long_len:
+            report.warn("finished before the abort landed; abort and resume were not exercised")
+        else:
+            report.fail(f"aborted call: status is {sample.status.value} with {len(sample.response_ids)} tokens after "
+                        "/abort_request; an aborted request must come back as Status.PARTIAL with its tokens kept")
+        return
+    report.ok(f"abort mid-generation: status partial with {len(sample.response_ids)} tokens kept")
+    if await _call_generate(fn, sample, params, ctx, long_len, report, "resumed call") is None:
+        return
+    if not sample.status.is_finished:
+        report.fail(f"resumed call: status is {sample.status.value}; a resume without an abort must finish the sample")
+        return
+    report.ok(f"resume: earlier tokens kept, status {sample.status.value}, {len(sample.response_ids)} tokens")
+
+
+
+async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: float = 30.0) -> None:
+    """Call a per-sample reward function on a finished probe sample; it must return a finite float."""
+    sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2",
+                    status=Status.COMPLETED)
+    sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
+    if not _is_async(fn):
+        report.warn("is not async: slime runs it in a worker thread, where a hang cannot be cancelled")
+    try:
+        async with asyncio.timeout(timeout_s):
+            value = await fn(sample) if _is_async(fn) else await asyncio.to_thread(fn, sample)
+            if inspect.isawaitable(value):
+                value = await value
+    except TimeoutError:
+        report.fail(f"did not return within {timeout_s}s")
+        return
+    except Exception as exc:  # the plugin's bug, reported as data
+        report.fail(f"raised {type(exc).__name__}: {exc}")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        report.fail(f"returned {type(value).__name__} {value!r}, expected a finite float")
+    elif not math.isfinite(value):
+        report.fail(f"returned {value}, expected a finite float")
+    else:
+        report.ok(f"returned {float(value)!r} for a finished sample")
+
+
+def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
+    """Call a dynamic-sampling filter ``(group) -> bool`` on a mixed-reward and a same-reward group."""
+    if _is_async(fn):
+        report.fail("is async; the dynamic-sampling filter is called synchronously: `def keep(group) -> bool`")
+        return
+    for name, rewards in (("mixed rewards", [1.0, 0.0, 1.0, 0.0]), ("equal rewards", [1.0] * 4)):
+        samples = [Sample(prompt_ids=[0, 5], group_id=7, index=i, reward=r, status=Status.COMPLETED) for i, r in enumerate(rewards)]
+        try:
+            keep = fn(Group(group_id=7, samples=samples))
+        except Exception as exc:  # the plugin's bug, reported as data
+            report.fail(f"group with {name}: raised {type(exc).__name__}: {exc}")
+            continue
+        if isinstance(keep, bool):
+            report.ok(f"group with {name}: returned {keep}")
+        else:
+            report.fail(f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool")
+
+
+async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report) -> None:
+    if args.kind == "reward":
+        return await check_reward(fn, report=report, timeout_s=args.timeout_s)
+    if args.kind == "filter":
+        return check_filter(fn, report=report)
+    from slime.config import RolloutConfig
+    from slime.rollout.engine import EngineServer
+    from slime.rollout.pool import EnginePool
+
+    with tempfile.TemporaryDirectory(prefix="slime-check-plugin-") as tmp:
+        model_dir = args.model
+        decode: Callable[[list[int]], str] = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+        if model_dir is None:
+            from slime.rollout.engine.tiny import write_tiny_llama
+
+            model_dir = await asyncio.to_thread(write_tiny_llama, Path(tmp) / "tiny", seed=0)
+        else:
+            with contextlib.suppress(Exception):
+                from transformers import AutoTokenizer
+
+                tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
+                decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        async with EngineServer(model_dir, port=0, seed=0, weight_version="0", num_threads=1) as server:
+            config = RolloutConfig(request_timeout_s=args.timeout_s, max_retries=0)
+            async with EnginePool([server.url], config=config) as pool:
+                await check_generate(fn, pool=pool, report=report, decode=decode, timeout_s=args.timeout_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``slime check-plugin``; returns 0 when every check passed, else 1."""
+    p = argparse.ArgumentParser(prog="slime check-plugin", description="Check a generate / reward / filter plugin against slime's contract.")
+    p.add_argument("path", help="pkg.module.func, pkg.module:func or path/to/file.py:func")
+    p.add_argument("--kind", choices=["generate", "reward", "filter"], default="generate")
+    p.add_argument("--model", default=None, help="HF model dir for the embedded engine (default: a tiny random Llama)")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="per call of the plugin")
+    args = p.parse_args(argv)
+    report = Report(args.kind)
+    try:
+        fn = load_plugin(args.path)
+    except Exception as exc:  # ConfigError, or whatever importing the user's module raised
+        report.fail(f"cannot load {args.path!r}: {type(exc).__name__}: {exc}")
+    else:
+        asyncio.run(_run(fn, args, report))
+    print("RESULT: FAIL" if report.failed else "RESULT: PASS", flush=True)
+    return 1 if report.failed else 0

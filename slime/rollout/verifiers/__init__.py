@@ -1,0 +1,55 @@
+"""Built-in verifiers (reward functions), chosen with ``--rm-type``.
+
+::
+
+    math.py    MathVerifier: the final answer against the label, with HF math-verify
+    code.py    CodeVerifier: the response's program against test cases, in the sandbox
+    remote.py  RemoteRewardModel: POST to ``--rm-url``, read ``{"reward": float}``
+
+Each is ``async (sample) -> float`` and writes ``sample.evidence["verifier"] = {"checked", "verdict",
+"logs"}``. ``--custom-rm-path`` (a user function) takes precedence over ``--rm-type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from slime.config import RolloutConfig
+from slime.errors import ConfigError
+
+__all__ = ["RM_TYPES", "reward_fn_from_config"]
+
+RM_TYPES = ("math", "code", "remote", "remote_rm")
+"""``--rm-type`` values; ``remote_rm`` is slime's spelling of ``remote``."""
+
+
+def reward_fn_from_config(rollout: RolloutConfig) -> Callable[..., Any] | None:
+    """The verifier that ``rollout.rm_type`` names, or None when it is unset.
+
+    The per-verifier timeout is ``reward_timeout_s`` (the reward boundary applies it as well). A
+    ``RemoteRewardModel`` owns an HTTP session: ``await fn.close()`` when the run ends.
+
+    Raises:
+        ConfigError: ``remote`` without ``--rm-url``, or an unknown type.
+    """
+    kind = rollout.rm_type
+    if kind is None:
+        return None
+    if kind == "math":
+        from slime.rollout.verifiers.math import MathVerifier
+
+        return MathVerifier(timeout_s=rollout.reward_timeout_s)
+    if kind == "code":
+        from slime.rollout.verifiers.code import CodeVerifier
+
+        return CodeVerifier()
+    if kind in ("remote", "remote_rm"):
+        if not rollout.rm_url:
+            raise ConfigError(f"--rm-type={kind} needs --rm-url (the reward server's URL)")
+        from slime.rollout.verifiers.remote import RemoteRewardModel
+
+        try:
+            return RemoteRewardModel(rollout.rm_url, timeout_s=rollout.reward_timeout_s)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    raise ConfigError(f"--rm-type={kind!r} is not one of {list(RM_TYPES)}")

@@ -1,0 +1,177 @@
+"""The two modules slime plugs into megatron-core's local layer spec: RMSNorm and SDPA core attention.
+
+``RMSNorm`` computes exactly what HF's Llama/Qwen RMSNorm computes (normalise in fp32, cast back,
+then scale), so bf16 logprobs match the torch backend's; it also marks its weight for megatron's
+sequence-parallel gradient all-reduce, which torch's own ``nn.RMSNorm`` (the local spec's choice,
+``WrappedTorchNorm``) refuses to run under.
+
+``SDPACoreAttention`` replaces the local spec's ``DotProductAttention`` (an unfused
+``baddbmm`` + softmax + ``bmm`` that materialises [b, heads, s, s]). It runs on packed ("thd")
+micro-batches only and does two things there:
+
+1. RoPE, from per-token cos/sin that ``PackedRoPEParams`` carries (positions restart at every
+   packed sequence). The model is built with ``position_embedding_type="none"``, so megatron's own
+   RoPE (whose "thd" path splits by ``cu_seqlens`` with host syncs in every layer) never runs. The
+   order is megatron's and HF's: q/k projection -> q/k RMSNorm (Qwen3) -> RoPE -> attention.
+2. Causal attention within each packed sequence: ``torch.nn.attention.varlen.varlen_attn`` (flash
+   attention over all sequences at once) on CUDA in bf16/fp16 when this torch has it, otherwise
+   ``F.scaled_dot_product_attention(is_causal=True)`` once per sequence (flash / memory-efficient
+   kernels on CUDA; math on CPU).
+
+Not covered: dropout inside attention (RL training runs without it), context parallelism, sliding
+windows, attention sinks, and unpacked ("sbhd") input (raises).
+
+Shapes: t = packed tokens of the micro-batch, n = query heads on this TP rank, g = key/value heads
+on this rank, d = head_dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from slime.train.megatron._mcore import mcore
+
+__all__ = ["RMSNorm", "SDPACoreAttention", "PackedRoPEParams", "rope_cos_sin"]
+
+_PackedSeqParams = mcore("megatron.core.packed_seq_params").PackedSeqParams
+_MegatronModule = mcore("megatron.core.transformer.module").MegatronModule
+
+
+@dataclasses.dataclass
+class PackedRoPEParams(_PackedSeqParams):
+    """megatron-core's ``PackedSeqParams`` ("thd") plus what ``SDPACoreAttention`` needs.
+
+    Attributes (beyond the parent's ``cu_seqlens_q/kv`` [S+1] int32 and ``max_seqlen_q/kv``):
+        seq_bounds: host copy of ``cu_seqlens`` (S+1 ints), so the per-sequence path never syncs.
+        rope_cos / rope_sin: [t, 1, d] float32, cos/sin of each token's angle at its position in
+            its own sequence (HF layout: the d/2 frequencies repeated twice).
+    """
+
+    seq_bounds: tuple[int, ...] = ()
+    rope_cos: Tensor | None = None
+    rope_sin: Tensor | None = None
+
+
+def rope_cos_sin(position_ids: Tensor, *, head_dim: int, rope_theta: float) -> tuple[Tensor, Tensor]:
+    """HF's default RoPE tables for ``position_ids`` [t]: cos and sin, each [t, 1, head_dim] float32.
+
+    ``inv_freq = theta ** (-arange(0, d, 2) / d)``, angle = position * inv_freq, repeated twice
+    along d (``rotate_half`` layout), as ``LlamaRotaryEmbedding`` computes it.
+    """
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim))
+    angles = position_ids.float()[:, None] * inv_freq[None, :]  # [t, d/2]
+    emb = torch.cat([angles, angles], dim=-1)[:, None, :]  # [t, 1, d]
+    return emb.cos(), emb.sin()
+
+
+def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [t, h, d] rotated as HF does it: ``x * cos + rotate_half(x) * sin``, cos/sin cast to x's dtype."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class RMSNorm(nn.Module):
+    """HF's RMSNorm: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)``, built by megatron's spec.
+
+    Args (as megatron's ``build_module`` passes them): config (``TransformerConfig``),
+    hidden_size, eps. The weight gets ``sequence_parallel = config.sequence_parallel`` so
+    megatron's ``finalize_model_grads`` sums its gradient over the TP group under sequence
+    parallelism.
+    """
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-6, **_: Any):
+        super().__init__()
+        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def _varlen_fn():
+    """``varlen_attn`` with causal masking, or None where this torch lacks it.
+
+    torch 2.10 spells causal ``is_causal=True``; later versions ``window_size=(-1, 0)``. Versions
+    without ``enable_gqa`` get key/value heads repeated by the caller.
+    """
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, False
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal = dict(window_size=(-1, 0))
+    elif "is_causal" in params:
+        causal = dict(is_causal=True)
+    else:
+        return None, False
+    gqa = "enable_gqa" in params
+
+    def run(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
+        extra = dict(enable_gqa=True) if gqa else {}
+        kw = dict(scale=scale) if "scale" in params else {}
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal, **kw, **extra)
+
+    return run, gqa
+
+
+_VARLEN, _VARLEN_GQA = _varlen_fn()
+
+
+class SDPACoreAttention(_MegatronModule):
+    """Core attention for megatron-core's ``SelfAttention``: RoPE + causal attention per packed sequence.
+
+    Constructor arguments are the ones ``SelfAttention`` passes to any core attention
+    (config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
+    cp_comm_type, pg_collection). ``use_varlen`` (class attribute) can be set False to force
+    the per-sequence SDPA path (the GPU checks compare the two).
+    """
+
+    use_varlen: bool = True
+
+    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None, cp_comm_type: str | None = None, pg_collection: Any = None):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError(f"SDPACoreAttention does not do context parallelism (context_parallel_size={config.context_parallel_size})")
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
+        """query [t, n, d], key/value [t, g, d] (megatron squeezes "thd" input) -> [t, n * d]."""
+        if not isinstance(packed_seq_params, PackedRoPEParams) or packed_seq_params.rope_cos is None:
+            raise ValueError("SDPACoreAttention needs packed input with PackedRoPEParams (see slime.train.megatron.packing)")
+        if attention_bias is not None:
+            raise ValueError("SDPACoreAttention does not take an attention bias")
+        p = packed_seq_params
+        query = _apply_rope(query, p.rope_cos, p.rope_sin)
+        key = _apply_rope(key, p.rope_cos, p.rope_sin)
+        t, n, d = query.shape
+        if self.use_varlen and _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+            if not _VARLEN_GQA and key.shape[1] != n:
+                key = key.repeat_interleave(n // key.shape[1], dim=1)
+                value = value.repeat_interleave(n // value.shape[1], dim=1)
+            out = _VARLEN(query, key, value, p.cu_seqlens_q, int(p.max_seqlen_q), self.softmax_scale)
+            return out.reshape(t, n * d)
+        out = torch.empty_like(query)
+        bounds = p.seq_bounds
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            if end == start:
+                continue
+            q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))  # [1, h, s, d]
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[1] != n)
+            out[start:end] = o.squeeze(0).transpose(0, 1)
+        return out.reshape(t, n * d)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        return {}  # no parameters

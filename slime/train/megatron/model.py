@@ -1,0 +1,207 @@
+"""Build megatron-core's ``GPTModel`` for an HF Llama / Qwen2 / Qwen3 checkpoint, and load its weights.
+
+The layer spec is megatron-core's local spec (``get_gpt_layer_local_spec``: ``ColumnParallelLinear``
+/ ``RowParallelLinear``, no Transformer Engine, no Apex) with two modules swapped in from
+``slime.train.megatron.layers``: HF-exact ``RMSNorm`` for every norm (hidden, final, q/k) and
+``SDPACoreAttention`` for the core attention. RoPE runs inside that attention, so the model is
+built with ``position_embedding_type="none"`` and must be fed packed micro-batches
+(``slime.train.megatron.packing``).
+
+Everything megatron needs that the HF config does not say comes from ``MegatronConfig``
+(parallel sizes, bf16, recompute). Mapping (HF config -> ``TransformerConfig``)::
+
+    num_hidden_layers -> num_layers             hidden_size -> hidden_size
+    intermediate_size -> ffn_hidden_size        num_attention_heads -> num_attention_heads
+    num_key_value_heads -> num_query_groups     head_dim -> kv_channels
+    rms_norm_eps -> layernorm_epsilon           hidden_act silu -> gated_linear_unit + F.silu
+    Qwen2 -> add_qkv_bias                       Qwen3 -> qk_layernorm
+    tie_word_embeddings -> share_embeddings_and_output_weights (GPTModel argument)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from slime.config import MegatronConfig
+from slime.train.megatron._mcore import mcore
+from slime.train.megatron.arch import ModelArch
+from slime.train.megatron.convert import hf_to_mcore_param, mcore_names
+from slime.train.megatron.layers import RMSNorm, SDPACoreAttention
+
+__all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader"]
+
+log = logging.getLogger(__name__)
+
+
+def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, fp32: bool | None = None) -> Any:
+    """megatron-core ``TransformerConfig`` for ``arch`` under ``mcfg``'s parallelism and precision.
+
+    Args:
+        arch: the model.
+        mcfg: parallel sizes, bf16, sequence parallel, recompute.
+        use_cpu_initialization: allocate parameters on the CPU (CPU tests, conversion);
+            otherwise on ``torch.cuda.current_device()``.
+        fp32: force fp32 parameters (conversion); default: bf16 when ``mcfg.bf16``.
+
+    Raises:
+        ValueError: a parallel size the backend does not run (pipeline, context, expert > 1), or
+            TP that does not divide the heads or the SwiGLU width.
+    """
+    TransformerConfig = mcore("megatron.core.transformer.transformer_config").TransformerConfig
+    for flag, size in (
+        ("--pipeline-model-parallel-size", mcfg.pipeline_model_parallel_size),
+        ("--context-parallel-size", mcfg.context_parallel_size),
+        ("--expert-model-parallel-size", mcfg.expert_model_parallel_size),
+    ):
+        if size != 1:
+            raise ValueError(
+                f"{flag}={size}: slime's megatron backend runs tensor and data parallelism only so far "
+                "(context parallelism needs Transformer Engine attention; expert parallelism needs an MoE model)"
+            )
+    arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
+    bf16 = mcfg.bf16 if fp32 is None else not fp32
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        layernorm_epsilon=arch.rms_norm_eps,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=1,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        sequence_parallel=mcfg.sequence_parallel and mcfg.tensor_model_parallel_size > 1,
+        bf16=bf16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=False,  # every weight is loaded from the checkpoint
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,  # needs Apex / Transformer Engine kernels
+        apply_rope_fusion=False,
+        cuda_graph_scope=[],  # megatron-core 0.16.1 defaults to the deprecated "full" and warns about it
+        # Sum gradients over data-parallel ranks instead of averaging: the RL loss is already
+        # normalised by the whole optimizer step (slime.train.megatron.trainer).
+        calculate_per_token_loss=True,
+        recompute_granularity=mcfg.recompute_granularity,
+        recompute_method=mcfg.recompute_method if mcfg.recompute_granularity == "full" else None,
+        recompute_num_layers=(mcfg.recompute_num_layers or 1) if mcfg.recompute_granularity == "full" else None,
+    )
+
+
+def layer_spec() -> Any:
+    """megatron-core's local GPT layer spec with slime's RMSNorm and SDPA core attention swapped in."""
+    spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=True)
+    sub = spec.submodules
+    sub.input_layernorm = RMSNorm
+    sub.pre_mlp_layernorm = RMSNorm
+    attn = sub.self_attention.submodules
+    attn.core_attention = SDPACoreAttention
+    attn.q_layernorm = RMSNorm
+    attn.k_layernorm = RMSNorm
+    return spec
+
+
+def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
+    """A ``GPTModel`` (one pipeline stage holding every layer) with uninitialised weights.
+
+    ``config`` comes from ``transformer_config``; megatron's parallel state must be initialised
+    (the model reads its TP group). Q/K norms are built only for Qwen3 (``config.qk_layernorm``).
+    The block spec names ``RMSNorm`` for the final norm too (megatron's default would be torch's).
+    """
+    gpt = mcore("megatron.core.models.gpt")
+    TransformerBlockSubmodules = mcore("megatron.core.transformer.transformer_block").TransformerBlockSubmodules
+    spec = layer_spec()
+    if not arch.qk_norm:
+        spec.submodules.self_attention.submodules.q_layernorm = None
+        spec.submodules.self_attention.submodules.k_layernorm = None
+    block = TransformerBlockSubmodules(layer_specs=[spec] * arch.num_layers, layer_norm=RMSNorm)
+    return gpt.GPTModel(
+        config=config,
+        transformer_layer_spec=block,
+        vocab_size=arch.padded_vocab_size(tp_size),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="none",
+    )
+
+
+class HFCheckpointReader:
+    """Lazy per-tensor reads from an HF directory's safetensors files (single file or sharded index).
+
+    Tensors come back on the CPU in their stored dtype; only the ones asked for are read.
+    """
+
+    def __init__(self, model_dir: str):
+        from safetensors import safe_open
+
+        self.model_dir = model_dir
+        index = os.path.join(model_dir, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            import json
+
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            files = sorted(set(weight_map.values()))
+        elif os.path.isfile(os.path.join(model_dir, "model.safetensors")):
+            files, weight_map = ["model.safetensors"], None
+        else:
+            raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+        self._handles = {name: safe_open(os.path.join(model_dir, name), framework="pt") for name in files}
+        if weight_map is None:
+            weight_map = {key: "model.safetensors" for key in self._handles["model.safetensors"].keys()}
+        self._where = weight_map
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"{self.model_dir}: the checkpoint has no tensor {name!r}")
+        return self._handles[self._where[name]].get_tensor(name)
+
+
+def load_hf_weights(model: Any, reader: Any, arch: ModelArch, *, tp_size: int, tp_rank: int) -> None:
+    """Copy this TP rank's share of the HF weights into ``model`` (a ``GPTModel``), one tensor at a time.
+
+    Raises:
+        KeyError: an HF tensor is missing. RuntimeError: the model's parameter set or a shape
+            differs from what the conversion produces.
+    """
+    params = dict(model.named_parameters())
+    expected = mcore_names(arch)
+    missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+    if missing or extra:
+        raise RuntimeError(f"megatron model and converter disagree: missing in model {missing}, not converted {extra}")
+    with torch.no_grad():
+        for name in expected:
+            value = hf_to_mcore_param(name, reader.__getitem__, arch, tp_size=tp_size, tp_rank=tp_rank)
+            param = params[name]
+            if tuple(value.shape) != tuple(param.shape):
+                raise RuntimeError(f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(param.shape)} (tp {tp_rank}/{tp_size})")
+            param.copy_(value)

@@ -1,0 +1,216 @@
+"""Split an optimizer step over data-parallel ranks and pack each rank's samples into micro-batches.
+
+A micro-batch is one packed ("thd") row: the samples' prompt + response tokens back to back, no
+padding between them, attention kept inside each sample by ``cu_seqlens``. Shape legend:
+t = packed tokens (a multiple of ``pad_to``), S = sequences in the pack (samples, plus one
+padding sequence when t had to be rounded up), b = samples, L = longest sample - 1.
+
+Planning (``plan_step``), worked example: 6 samples with lengths [900, 300, 700, 100, 500, 600],
+2 data-parallel ranks, ``max_tokens_per_gpu=1200`` with ``use_dynamic_batch_size``:
+
+    DP split, longest first onto the lighter rank:  rank 0 <- 900, 500, 100 (1500 tokens)
+                                                    rank 1 <- 700, 600, 300 (1600 tokens)
+    first-fit-decreasing packs of <= 1200 tokens:   rank 0: [900, 100] [500]   rank 1: [700, 300] [600]
+
+Without ``use_dynamic_batch_size`` each rank cuts its samples (in index order) into micro-batches
+of ``micro_batch_size`` samples, still packed. A sample longer than the token budget gets a
+micro-batch of its own. Ranks may end up with different micro-batch counts: gradients are summed
+over data-parallel ranks once per optimizer step, so that is fine; a rank with no sample runs
+one empty micro-batch (``PackedMicroBatch.empty``) so that it joins the gradient reduce.
+
+Unpacking (``PackedMicroBatch.unpack``): packed position ``i`` predicts token ``i + 1``; for a
+sample at offset ``o`` with ``n`` tokens, positions ``o .. o + n - 2`` go to row ``j``, columns
+``0 .. n - 2`` of a [b, L] tensor, the layout of ``slime.train.batch.TrainBatch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from slime.train.batch import TrainBatch
+from slime.train.megatron.layers import PackedRoPEParams, rope_cos_sin
+
+__all__ = ["plan_step", "PackedMicroBatch", "pack_samples", "select_samples"]
+
+
+def plan_step(
+    seq_lens: Sequence[int],
+    *,
+    dp_size: int,
+    micro_batch_size: int,
+    max_tokens_per_gpu: int | None,
+) -> list[list[list[int]]]:
+    """Sample indices of each micro-batch of each data-parallel rank, for one optimizer step.
+
+    Args:
+        seq_lens: tokens (prompt + response) of each sample of the step, indexed from 0.
+        dp_size: data-parallel ranks.
+        micro_batch_size: samples per micro-batch when ``max_tokens_per_gpu`` is None.
+        max_tokens_per_gpu: token budget of a micro-batch (``--use-dynamic-batch-size``), or None.
+
+    Returns:
+        ``plan[dp_rank][micro_batch] = [sample indices]``; every index appears exactly once.
+    """
+    loads = [0] * dp_size
+    per_rank: list[list[int]] = [[] for _ in range(dp_size)]
+    for i in sorted(range(len(seq_lens)), key=lambda i: (-seq_lens[i], i)):
+        r = min(range(dp_size), key=lambda r: (loads[r], r))
+        per_rank[r].append(i)
+        loads[r] += seq_lens[i]
+    plan = []
+    for samples in per_rank:
+        if max_tokens_per_gpu is None:
+            samples = sorted(samples)
+            plan.append([samples[k : k + micro_batch_size] for k in range(0, len(samples), micro_batch_size)])
+            continue
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in samples:  # already longest first
+            for b, free in enumerate(room):
+                if seq_lens[i] <= free:
+                    bins[b].append(i)
+                    room[b] -= seq_lens[i]
+                    break
+            else:
+                bins.append([i])
+                room.append(max_tokens_per_gpu - seq_lens[i])
+        plan.append([sorted(b) for b in bins])
+    return plan
+
+
+def select_samples(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
+    """Rows ``indices`` of ``batch`` (any order), with T trimmed to their longest sequence."""
+    idx = torch.as_tensor(list(indices), dtype=torch.long)
+    t = max(int(batch.seq_lens[idx].max()), 2) if len(idx) else 2
+    fields = {}
+    for f in dataclasses.fields(batch):
+        x = getattr(batch, f.name)
+        if x is not None:
+            x = x.index_select(0, idx)
+            if x.dim() == 2:
+                x = x[:, : t if x.shape[1] == batch.input_ids.shape[1] else t - 1]
+        fields[f.name] = x
+    return TrainBatch(**fields)
+
+
+@dataclasses.dataclass
+class PackedMicroBatch:
+    """One packed micro-batch on one rank.
+
+    Attributes:
+        samples: rows of the step's ``TrainBatch`` in pack order (empty for a placeholder).
+        input_ids: [1, t] int64, tokens back to back, then ``pad_token_id`` up to t.
+        position_ids: [1, t] int64, position inside each sequence (restarts at 0 per sample).
+        labels: [1, t] int64, ``input_ids`` shifted left by one (the token each position predicts;
+            meaningless at each sequence's last position, which ``unpack`` drops).
+        params: the "thd" ``PackedSeqParams`` with RoPE tables (``PackedRoPEParams``).
+        rows / cols / flat: [num_predictions] int64: ``unpack`` writes packed position ``flat[k]``
+            to ``[rows[k], cols[k]]``.
+        num_rows / num_cols: b and L of the unpacked tensor.
+    """
+
+    samples: list[int]
+    input_ids: Tensor
+    position_ids: Tensor
+    labels: Tensor
+    params: PackedRoPEParams
+    rows: Tensor
+    cols: Tensor
+    flat: Tensor
+    num_rows: int
+    num_cols: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        """[t] per-position values (e.g. logprobs, differentiable) -> [b, L] in ``TrainBatch`` layout, 0 elsewhere."""
+        dense = packed.new_zeros((self.num_rows, self.num_cols))
+        return dense.index_put((self.rows, self.cols), packed[self.flat])
+
+    def to(self, device: torch.device | str) -> "PackedMicroBatch":
+        p = self.params
+        params = dataclasses.replace(
+            p,
+            cu_seqlens_q=p.cu_seqlens_q.to(device),
+            cu_seqlens_kv=p.cu_seqlens_kv.to(device),
+            rope_cos=p.rope_cos.to(device),
+            rope_sin=p.rope_sin.to(device),
+        )
+        moved = {f: getattr(self, f).to(device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")}
+        return dataclasses.replace(self, params=params, **moved)
+
+
+def pack_samples(
+    batch: TrainBatch,
+    samples: Sequence[int],
+    *,
+    pad_token_id: int,
+    pad_to: int,
+    head_dim: int,
+    rope_theta: float,
+) -> PackedMicroBatch:
+    """Pack rows ``samples`` of ``batch`` into one micro-batch (on the CPU).
+
+    Args:
+        batch: the step's padded batch.
+        samples: its rows to pack, in order; empty gives a placeholder of ``pad_to`` (>= 2) pad
+            tokens and nothing to unpack.
+        pad_token_id: fills the tail up to a multiple of ``pad_to``.
+        pad_to: t is rounded up to a multiple of this (the TP size under sequence parallelism,
+            which splits t evenly; 1 otherwise).
+        head_dim / rope_theta: for the RoPE tables.
+    """
+    pieces, positions, bounds = [], [], [0]
+    rows, cols, flat = [], [], []
+    for j, s in enumerate(samples):
+        n = int(batch.seq_lens[s])
+        pieces.append(batch.input_ids[s, :n])
+        positions.append(torch.arange(n))
+        o = bounds[-1]
+        rows.append(torch.full((n - 1,), j, dtype=torch.long))
+        cols.append(torch.arange(n - 1))
+        flat.append(torch.arange(o, o + n - 1))
+        bounds.append(o + n)
+    t = bounds[-1]
+    need = t if samples else 2
+    padded = -(-need // pad_to) * pad_to
+    if padded > t:
+        pieces.append(torch.full((padded - t,), pad_token_id, dtype=torch.long))
+        positions.append(torch.arange(padded - t))
+        bounds.append(padded)
+    input_ids = torch.cat(pieces).unsqueeze(0)  # [1, t]
+    position_ids = torch.cat(positions).unsqueeze(0)  # [1, t]
+    labels = torch.roll(input_ids, shifts=-1, dims=1)  # [1, t]
+    cu = torch.tensor(bounds, dtype=torch.int32)  # [S+1]
+    max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    cos, sin = rope_cos_sin(position_ids[0], head_dim=head_dim, rope_theta=rope_theta)  # [t, 1, d] each
+    params = PackedRoPEParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=max_len,
+        max_seqlen_kv=max_len,
+        seq_bounds=tuple(bounds),
+        rope_cos=cos,
+        rope_sin=sin,
+    )
+    empty = torch.zeros(0, dtype=torch.long)
+    num_cols = max((int(batch.seq_lens[s]) for s in samples), default=2) - 1
+    return PackedMicroBatch(
+        samples=list(samples),
+        input_ids=input_ids,
+        position_ids=position_ids,
+        labels=labels,
+        params=params,
+        rows=torch.cat(rows) if rows else empty,
+        cols=torch.cat(cols) if cols else empty,
+        flat=torch.cat(flat) if flat else empty,
+        num_rows=len(samples),
+        num_cols=max(num_cols, 1),
+    )

@@ -1,0 +1,144 @@
+"""Process groups of a megatron training job, and the channel rank 0 drives the other ranks through.
+
+Launch: ``torchrun --nproc-per-node N -m slime.cli train --train-backend megatron ...``. Every
+rank builds the same ``MegatronTrainer`` (collectively); rank 0 also runs the event loop (the
+driver) and the other ranks wait in ``MegatronTrainer.serve`` for commands. A command is one
+``broadcast_object_list`` over a gloo group (``ControlChannel``): ("train", TrainBatch),
+("save_hf", dir), ("gather", None), ("stop", None). The batch goes whole to every rank (token ids
+and per-token floats: kilobytes to a few megabytes) and each data-parallel rank takes its share.
+Between commands the workers block in that broadcast while rank 0 generates rollouts, for
+minutes; the gloo group's timeout is therefore long (``CONTROL_TIMEOUT``), while the NCCL groups
+keep ``--distributed-timeout-minutes``.
+
+Without torchrun (``RANK`` unset) the job is one process: a single-rank group on a free local port.
+
+``ParallelContext`` holds what the trainer reads; nothing here is a module global except
+megatron-core's own ``parallel_state``, which its modules read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slime.config import MegatronConfig
+from slime.train.megatron._mcore import mcore
+
+__all__ = ["ParallelContext", "init_parallel", "ControlChannel", "CONTROL_TIMEOUT"]
+
+CONTROL_TIMEOUT = datetime.timedelta(days=7)
+"""How long worker ranks wait for rank 0's next command (a rollout step can take long)."""
+
+
+@dataclasses.dataclass
+class ParallelContext:
+    """Ranks and groups of this process. ``dp`` excludes TP (megatron's data-parallel group)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    tp_size: int
+    tp_rank: int
+    tp_group: Any
+    dp_size: int
+    dp_rank: int
+    dp_group: Any
+    control_group: Any
+    owns_process_group: bool
+
+    @property
+    def is_driver(self) -> bool:
+        """Rank 0: hosts the event loop and holds the gathered HF weights."""
+        return self.rank == 0
+
+    def close(self) -> None:
+        """Tear down megatron's parallel state, and the default group if this context created it."""
+        mcore("megatron.core.parallel_state").destroy_model_parallel()
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
+    """Join (or create) the default process group and build megatron's TP/DP groups.
+
+    NCCL on CUDA (device ``cuda:LOCAL_RANK``), gloo on CPU. Seeds megatron's CUDA RNG tracker on
+    CUDA (the model's dropout-free forward does not draw from it on CPU).
+
+    Raises:
+        ValueError: the world size is not a multiple of the tensor-parallel size.
+    """
+    ps = mcore("megatron.core.parallel_state")
+    cuda = torch.cuda.is_available()
+    owns = False
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            timeout=datetime.timedelta(minutes=mcfg.distributed_timeout_minutes),
+            device_id=torch.device("cuda", local_rank) if cuda else None,
+        )
+        owns = True
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    tp = mcfg.tensor_model_parallel_size
+    if world % tp:
+        raise ValueError(f"world size {world} is not a multiple of --tensor-model-parallel-size={tp}")
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=1,
+            distributed_timeout_minutes=mcfg.distributed_timeout_minutes,
+            create_gloo_process_groups=True,
+        )
+    if cuda:
+        mcore("megatron.core.tensor_parallel").model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    return ParallelContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        device=torch.device("cuda", local_rank) if cuda else torch.device("cpu"),
+        tp_size=ps.get_tensor_model_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        tp_group=ps.get_tensor_model_parallel_group(),
+        dp_size=ps.get_data_parallel_world_size(),
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_group=ps.get_data_parallel_group(),
+        control_group=control,
+        owns_process_group=owns,
+    )
+
+
+class ControlChannel:
+    """Rank 0 sends (command, payload); every other rank receives the same pair, in order."""
+
+    def __init__(self, ctx: ParallelContext):
+        self.ctx = ctx
+
+    def send(self, command: str, payload: Any = None) -> None:
+        assert self.ctx.is_driver, "only rank 0 sends commands"
+        if self.ctx.world_size > 1:
+            dist.broadcast_object_list([command, payload], src=0, group=self.ctx.control_group)
+
+    def recv(self) -> tuple[str, Any]:
+        box: list[Any] = [None, None]
+        dist.broadcast_object_list(box, src=0, group=self.ctx.control_group)
+        return box[0], box[1]

@@ -1,0 +1,134 @@
+"""Live megatron weights -> HF tensors on rank 0, one parameter at a time; and writing an HF directory.
+
+``iter_hf_weights`` walks the model's parameters in order. A tensor-parallel parameter is
+gathered from the TP ranks of data-parallel replica 0 onto global rank 0 (``dist.gather``), turned
+into its HF tensors (``convert.mcore_param_to_hf``) and moved to the CPU; then the next one. So
+the full model exists once, on rank 0's CPU, and the GPUs only ever hold one gathered parameter
+extra. Other data-parallel replicas hold the same weights and take no part.
+
+``write_hf_dir`` writes those tensors as safetensors shards of at most ``max_shard_bytes``, with
+``model.safetensors.index.json`` when there is more than one, plus ``config.json`` and the
+tokenizer files copied from the source HF directory, into a temporary sibling renamed into place
+(readers never see a half-written directory, as in ``slime.train.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from slime.train.checkpoint import TOKENIZER_FILES
+from slime.train.megatron.arch import ModelArch
+from slime.train.megatron.convert import is_tensor_parallel, mcore_names, mcore_param_to_hf
+
+__all__ = ["iter_hf_weights", "write_hf_dir", "unwrap"]
+
+CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def unwrap(model: Any) -> Any:
+    """The ``GPTModel`` inside megatron's DDP / ``Float16Module`` wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+    """HF ``(name, tensor)`` pairs of ``model``'s current weights, yielded on rank 0 only.
+
+    Every rank of data-parallel replica 0 must iterate to the end (the gathers are collective);
+    other ranks get an empty iterator. Tensors are on the CPU, in ``dtype`` (default: the
+    parameters' dtype).
+
+    Args:
+        model: the trained model (wrappers allowed).
+        arch: its architecture.
+        ctx: ``ParallelContext`` (rank, tp size/rank/group, dp rank).
+    """
+    if ctx.dp_rank != 0:
+        return
+    params = dict(unwrap(model).named_parameters())
+    for name in mcore_names(arch):
+        local = params[name].detach()
+        if ctx.tp_size > 1 and is_tensor_parallel(name):
+            shards = [torch.empty_like(local) for _ in range(ctx.tp_size)] if ctx.is_driver else None
+            dist.gather(local.contiguous(), shards, dst=0, group=ctx.tp_group)
+        else:
+            shards = [local]
+        if ctx.is_driver:
+            for hf_name, tensor in mcore_param_to_hf(name, shards, arch).items():
+                yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
+
+
+def write_hf_dir(tensors: Iterable[tuple[str, Tensor]], out_dir: str, *, source_dir: str, max_shard_bytes: int = 2 << 30) -> str:
+    """Write ``tensors`` as an HF model directory at ``out_dir``, atomically; return its absolute path.
+
+    Args:
+        tensors: (HF name, CPU tensor) pairs, consumed once.
+        out_dir: target directory; its parent is created, an existing one is replaced.
+        source_dir: HF directory whose config.json, generation_config.json and tokenizer files
+            are copied.
+        max_shard_bytes: size bound of one safetensors file (a bigger single tensor gets its own).
+    """
+    from safetensors.torch import save_file
+
+    out = os.path.abspath(out_dir)
+    parent, name = os.path.split(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        shards: list[dict[str, Tensor]] = [{}]
+        size = 0
+        files: list[str] = []
+        weight_map: dict[str, str] = {}
+        total = 0
+
+        def flush() -> None:
+            fname = f"shard-{len(files):05d}.safetensors"
+            save_file(shards[-1], os.path.join(tmp, fname), metadata={"format": "pt"})
+            files.append(fname)
+            weight_map.update({k: fname for k in shards[-1]})
+            shards[-1] = {}
+
+        for hf_name, tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                flush()
+                size = 0
+            shards[-1][hf_name] = tensor.contiguous()
+            size += nbytes
+            total += nbytes
+        if shards[-1] or not files:
+            flush()
+        if len(files) == 1:
+            os.rename(os.path.join(tmp, files[0]), os.path.join(tmp, "model.safetensors"))
+        else:
+            renamed = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
+            for old, new in renamed.items():
+                os.rename(os.path.join(tmp, old), os.path.join(tmp, new))
+            index = {"metadata": {"total_size": total}, "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())}}
+            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
+        for fname in (*CONFIG_FILES, *TOKENIZER_FILES):
+            src = os.path.join(source_dir, fname)
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(tmp, fname))
+        if os.path.exists(out):
+            trash = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+            os.rename(out, os.path.join(trash, name))
+            os.rename(tmp, out)
+            shutil.rmtree(trash)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

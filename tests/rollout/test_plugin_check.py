@@ -1,0 +1,134 @@
+"""``slime check-plugin`` accepts a correct generate function and names each broken contract precisely."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+
+import pytest
+import torch
+
+from slime.config import RolloutConfig
+from slime.rollout.engine import EngineServer
+from slime.rollout.engine.tiny import write_tiny_llama
+from slime.rollout.plugin_check import Report, check_filter, check_generate, check_reward, load_plugin, main
+from slime.rollout.pool import EnginePool
+
+torch.set_num_threads(1)
+
+GOOD = """
+from slime.rollout.generate import generate as default_generate
+
+async def generate(sample, sampling_params, **kwargs):
+    return await default_generate(sample, sampling_params, **kwargs)
+"""
+BROKEN = """
+from slime.rollout.generate import generate as default_generate
+
+async def returns_dict(sample, sampling_params, **kwargs):
+    return {"tokens": [1, 2]}
+
+async def drops_a_logprob(sample, sampling_params, **kwargs):
+    await default_generate(sample, sampling_params, **kwargs)
+    sample.rollout_logprobs.pop()
+    return sample
+
+async def rewrites_tokens(sample, sampling_params, **kwargs):
+    had = len(sample.response_ids)
+    await default_generate(sample, sampling_params, **kwargs)
+    if had:
+        sample.response_ids[0] += 1
+    return sample
+
+async def swallows_aborts(sample, sampling_params, **kwargs):
+    await default_generate(sample, sampling_params, **kwargs)
+    sample.status = type(sample.status).COMPLETED
+    return sample
+
+def not_async(sample, sampling_params, **kwargs):
+    return sample
+
+def reward_as_text(sample):
+    return "1.0"
+
+def numpy_keep(group):
+    import numpy
+    return numpy.bool_(True)
+"""
+
+
+@pytest.fixture(scope="module")
+def plugins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plugins")
+    (root / "good.py").write_text(textwrap.dedent(GOOD))
+    (root / "broken.py").write_text(textwrap.dedent(BROKEN))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("check") / "tiny", seed=0)
+
+
+@pytest.fixture
+async def pool(tiny_dir):
+    async with EngineServer(tiny_dir, port=0, seed=0, weight_version="0") as server:
+        async with EnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=0)) as p:
+            yield p
+
+
+async def run_generate(fn, pool) -> Report:
+    report = Report("generate", out=io.StringIO())
+    await check_generate(fn, pool=pool, report=report, decode=lambda ids: "", timeout_s=30)
+    return report
+
+
+def failures(report: Report) -> list[str]:
+    return [line for line in report.lines if line.startswith("FAIL")]
+
+
+def test_main_accepts_a_correct_generate_function_and_exits_zero(plugins, capsys):
+    assert main([f"{plugins / 'good.py'}:generate"]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "PASS generate: abort mid-generation: status partial" in out
+    assert "PASS generate: resume: earlier tokens kept" in out and out.rstrip().endswith("RESULT: PASS")
+
+
+async def test_wrong_return_type_is_named(plugins, pool):
+    report = await run_generate(load_plugin(f"{plugins / 'broken.py'}:returns_dict"), pool)
+    assert failures(report) == ["FAIL generate: fresh sample: returned dict, expected Sample or list[Sample]"]
+
+
+async def test_misaligned_lists_are_named_with_both_lengths(plugins, pool):
+    [line] = failures(await run_generate(load_plugin(f"{plugins / 'broken.py'}:drops_a_logprob"), pool))
+    n = int(line.split("response_ids has ")[1].split()[0])
+    assert line == f"FAIL generate: fresh sample: response_ids has {n} tokens but rollout_logprobs has {n - 1}"
+
+
+async def test_rewriting_earlier_tokens_on_resume_is_caught(plugins, pool):
+    lines = failures(await run_generate(load_plugin(f"{plugins / 'broken.py'}:rewrites_tokens"), pool))
+    assert lines and "resumed call: response_ids was rewritten at position 0" in lines[0]
+
+
+async def test_an_abort_that_does_not_come_back_partial_is_caught(plugins, pool):
+    [line] = failures(await run_generate(load_plugin(f"{plugins / 'broken.py'}:swallows_aborts"), pool))
+    assert line.startswith("FAIL generate: aborted call: status is completed") and "Status.PARTIAL" in line
+
+
+async def test_sync_generate_function_is_rejected(plugins, pool):
+    [line] = failures(await run_generate(load_plugin(f"{plugins / 'broken.py'}:not_async"), pool))
+    assert "is not async" in line
+
+
+async def test_reward_must_return_a_float_and_filter_a_bool(plugins):
+    reward = Report("reward", out=io.StringIO())
+    await check_reward(load_plugin(f"{plugins / 'broken.py'}:reward_as_text"), report=reward)
+    assert failures(reward) == ["FAIL reward: returned str '1.0', expected a finite float"]
+    keep = Report("filter", out=io.StringIO())
+    check_filter(load_plugin(f"{plugins / 'broken.py'}:numpy_keep"), report=keep)
+    assert failures(keep)[0] == "FAIL filter: group with mixed rewards: returned numpy.bool np.True_, expected bool"
+
+
+def test_unloadable_path_fails_with_the_reason(plugins, capsys):
+    assert main([f"{plugins / 'good.py'}:missing", "--kind", "reward"]) == 1
+    assert "has no callable 'missing'" in capsys.readouterr().out

@@ -1,0 +1,89 @@
+"""Fixtures for the megatron-core backend on CPU: tiny HF checkpoints and a CPU megatron set-up.
+
+``megatron_cpu`` is the one place that bends torch for tests. megatron-core 0.16.1 builds a GPT
+on the CPU with the local layer spec and a gloo group, but in a few places calls CUDA whatever
+the device: ``torch.cuda.current_device()`` for buffer placement (parallel state's global
+memory buffer, rotary and softmax helpers, the distributed-checkpoint writer's failure flag) and
+``torch.cuda.synchronize()`` after the checkpoint writer stages tensors. A CPU-only torch raises
+on both. The fixture makes ``current_device`` answer "cpu" and ``synchronize`` do nothing, for
+the duration of one test module, then restores both. Product code never patches torch; it only
+passes ``use_cpu_initialization`` on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
+ARCH_CONFIGS = {
+    "llama": dict(TINY, rope_theta=5000.0, tie_word_embeddings=False),
+    "qwen2": dict(TINY, rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
+    "qwen3": dict(TINY, rope_theta=1000000.0, tie_word_embeddings=False, head_dim=12),
+}
+"""Tiny configs per family: untied Llama; tied Qwen2 (qkv bias); Qwen3 with head_dim != hidden / heads."""
+
+
+def make_hf_model(family: str, seed: int = 0):
+    """A random tiny HF model of ``family`` (fp32, eval mode); biases and norms randomised too."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[family]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**ARCH_CONFIGS[family]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """One saved tiny HF directory per family, with a stand-in tokenizer_config.json."""
+    out = {}
+    for family in ARCH_CONFIGS:
+        path = tmp_path_factory.mktemp(f"hf_{family}")
+        make_hf_model(family).save_pretrained(path)
+        (Path(path) / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
+        out[family] = str(path)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def megatron_cpu() -> Iterator[object]:
+    """A single-process gloo group with megatron's parallel state at TP=1, CUDA calls redirected (module docstring)."""
+    pytest.importorskip("megatron.core")
+    from slime.config import MegatronConfig
+    from slime.train.megatron.parallel import init_parallel
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
+        mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+        port = _free_port()
+        for var, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+            mp.setenv(var, value)
+        ctx = init_parallel(MegatronConfig(), seed=0)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+@pytest.fixture(scope="session")
+def make_hf():
+    """``make_hf_model`` for tests (test modules here are not a package, so they take it as a fixture)."""
+    return make_hf_model
