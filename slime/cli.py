@@ -110,7 +110,13 @@ def _report(argv: list[str]) -> int:
     return report_main(argv)
 
 
-COMMANDS = {"train": _train, "engine": _engine, "report": _report}
+def _check_plugin(argv: list[str]) -> int:
+    from slime.rollout.plugin_check import main as check_main
+
+    return check_main(argv)
+
+
+COMMANDS = {"train": _train, "engine": _engine, "report": _report, "check-plugin": _check_plugin}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--reward-timeout-s": ("rollout.reward_timeout_s", dict(type=float)),
     "--max-retries": ("rollout.max_retries", dict(type=int)),
     "--custom-rm-path": ("rollout.custom_rm_path", dict()),
+    "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),
     "--rm-type": ("rollout.rm_type", dict(choices=["math", "code", "remote", "remote_rm"], help="built-in verifier (slime/rollout/verifiers/)")),
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),
     "--global-batch-size": ("train.global_batch_size", dict(type=int)),

@@ -69,6 +69,10 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """First backoff; doubles per retry (``--retry-backoff-s``)."""
     reward_timeout_s: float = 30.0
     """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
+    custom_generate_function_path: str | None = None
+    """``pkg.module.func``: an async generate function ``(sample, sampling_params, **kwargs)``
+    returning the sample or a list of finished samples (``--custom-generate-function-path``). If it
+    takes a ``tokenizer`` argument, the run's tokenizer is bound to it."""
     custom_rm_path: str | None = None
     """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
     rm_type: Literal["math", "code", "remote", "remote_rm"] | None = None

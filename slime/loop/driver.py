@@ -7,6 +7,8 @@ before the first and after the last, with generation paused.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import logging
 import time
@@ -25,6 +27,7 @@ from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
 from slime.obs.plots import write_plots
+from slime.rollout.generate import generate as default_generate
 from slime.rollout.launch import launch_embedded_engines
 from slime.rollout.pool import EnginePool
 from slime.rollout.rewards import load_function
@@ -64,6 +67,16 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
+    megatron = config.train.train_backend == "megatron"
+    if megatron:
+        from slime.train.megatron.trainer import MegatronTrainer, serve_if_worker
+        from slime.errors import ConfigError
+
+        if config.save_interval or config.load:
+            raise ConfigError("--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet")
+        train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or config.engine.hf_checkpoint)
+        if await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=config.engine.hf_checkpoint):
+            return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = latest_checkpoint(Path(config.load) / "checkpoints") if config.load else None
@@ -81,15 +94,12 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
     tokenize = lambda text: tokenizer.encode(text)  # the tokenizer's defaults (BOS), as SGLang tokenizes `text`  # noqa: E731
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    if reward_fn is None:
-        if config.rollout.custom_rm_path:
-            reward_fn = load_function(config.rollout.custom_rm_path)
-        else:
-            from slime.data.arith import reward as reward_fn
+    reward_fn = reward_fn or _reward_function(config)
+    generate_fn = _generate_function(config, tokenizer)
     train_rows, eval_rows = await asyncio.to_thread(load_prompts, config)
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
-    trainer = await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
+    trainer = await asyncio.to_thread(MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
     lp = config.loop
     buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
     group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
@@ -123,7 +133,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             sched = Scheduler(
                 config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
                 buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
-                tracer=tracer,
+                tracer=tracer, generate_fn=generate_fn,
             )
             if resume is not None:
                 sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
@@ -156,10 +166,39 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         obs.record(rec)
     metrics.close()
     trained_log.close()
+    if hasattr(reward_fn, "close"):
+        await reward_fn.close()
+    if megatron:
+        await asyncio.to_thread(trainer.close)  # releases the other torchrun ranks
     summary = _summary(metrics.records, config, version=version, buffer=buffer, wall_time_s=time.monotonic() - t_start)
     write_json_atomic(run_dir / "summary.json", summary)
     await asyncio.to_thread(write_plots, metrics.records, run_dir)
     return summary
+
+
+def _reward_function(config: Config) -> Any:
+    """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the arithmetic task's reward."""
+    if config.rollout.custom_rm_path:
+        return load_function(config.rollout.custom_rm_path)
+    from slime.rollout.verifiers import reward_fn_from_config
+
+    fn = reward_fn_from_config(config.rollout)
+    if fn is not None:
+        return fn
+    from slime.data.arith import reward
+
+    return reward
+
+
+def _generate_function(config: Config, tokenizer: Any) -> Any:
+    """``--custom-generate-function-path`` (with the tokenizer bound when it asks for one), else the default."""
+    path = config.rollout.custom_generate_function_path
+    if not path:
+        return default_generate
+    fn = load_function(path, flag="--custom-generate-function-path")
+    if "tokenizer" in inspect.signature(fn).parameters:
+        fn = functools.partial(fn, tokenizer=tokenizer)
+    return fn
 
 
 def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buffer: DataBuffer, wall_time_s: float) -> dict[str, Any]:

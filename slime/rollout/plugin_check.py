@@ -7,20 +7,17 @@ the function is called the way the scheduler calls it::
 
     await fn(sample, sampling_params, pool=pool, max_response_len=N, engine_version=0, decode=decode)
 
-Checked for ``generate``: it is async and accepts those arguments; it returns the same Sample or a
-non-empty list of finished Samples; every per-token list has as many entries as ``response_ids``;
-``loss_mask`` is 0/1 and logprobs are finite and <= 0; a status is set; tokens are only appended
-(what was there before the call is unchanged); an abort in the middle of generation comes back
-PARTIAL with its tokens kept, and a second call resumes it to a finished sample. For ``reward``:
-it returns a finite float (not a bool) for a finished sample (a sync function is a warning: slime
-runs it in a thread, where a hang cannot be cancelled). For ``filter`` (dynamic sampling): it
-returns a ``bool`` for a group.
+Checked for ``generate``: it is async and takes those arguments; it returns the same Sample or a
+non-empty list of finished Samples; every per-token list is as long as ``response_ids``; the mask
+is 0/1 and logprobs are finite and <= 0; a status is set; tokens are only appended; an abort in the
+middle of generation comes back PARTIAL with its tokens kept, and a second call finishes it. For
+``reward``: a finite float (not a bool) for a finished sample (a sync function is a warning: slime
+runs it in a thread, where a hang cannot be cancelled). For ``filter`` (dynamic sampling): a ``bool``.
 
 Output: one ``PASS``/``FAIL``/``WARN`` line per check naming the problem precisely, then
 ``RESULT: PASS`` or ``RESULT: FAIL``. Exit status 0 when nothing failed, else 1.
 
-Not covered: per-group reward functions (``--group-rm``), buffer filters, weight updates during
-generation, and anything the function does only on inputs other than these probes.
+Not covered: group reward functions, buffer filters, weight updates mid-generation, other inputs.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ class Report:
     """Collects check lines; ``failed`` is True once any check failed."""
 
     def __init__(self, kind: str, out: Any = None):
-        self.kind, self.out, self.lines = kind, out or sys.stdout, []
-        self.failed = False
+        self.kind, self.out, self.lines, self.failed = kind, out or sys.stdout, [], False
 
     def _emit(self, tag: str, text: str) -> None:
         line = f"{tag} {self.kind}: {text}"
@@ -153,10 +149,11 @@ async def _call_generate(fn: Callable[..., Any], sample: Sample, params: dict[st
         kind = "an empty list" if out == [] else (f"list[{type(out[0]).__name__}]" if isinstance(out, list) else type(out).__name__)
         report.fail(f"{what}: returned {kind}, expected Sample or list[Sample]")
         return None
-    problems = _problems(sample, what) if samples[0] is sample else []
-    problems += [p for i, s in enumerate(samples) if s is not sample for p in _problems(s, f"{what}, returned sample {i}")]
-    problems += _rewrites(before, sample, what)
-    if sample.status is Status.PENDING and samples[0] is sample:
+    single = len(samples) == 1 and samples[0] is sample
+    problems = [p for i, s in enumerate(samples) for p in _problems(s, what if single else f"{what}, returned sample {i}")]
+    if any(s is sample for s in samples):
+        problems += _rewrites(before, sample, what)
+    if single and sample.status is Status.PENDING:
         problems.append(f"{what}: status is still pending; set COMPLETED, TRUNCATED, PARTIAL or FAILED")
     for p in problems:
         report.fail(p)
@@ -258,10 +255,13 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
         return await check_reward(fn, report=report, timeout_s=args.timeout_s)
     if args.kind == "filter":
         return check_filter(fn, report=report)
+    from transformers.utils import logging as hf_logging
+
     from slime.config import RolloutConfig
     from slime.rollout.engine import EngineServer
     from slime.rollout.pool import EnginePool
 
+    hf_logging.disable_progress_bar()  # keep the report line-oriented
     with tempfile.TemporaryDirectory(prefix="slime-check-plugin-") as tmp:
         model_dir = args.model
         decode: Callable[[list[int]], str] = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731

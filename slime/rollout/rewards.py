@@ -82,13 +82,15 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
 async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout_s: float) -> None:
     """Set ``sample.reward`` from ``reward_fn``; on any plugin failure mark the sample FAILED."""
     t0 = time.monotonic()
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline:
             raw = await _call(reward_fn, sample)
         sample.reward = _as_reward(raw)
     except TimeoutError as exc:
-        _mark_failed(sample, TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s)"), time.monotonic() - t0)
-        del exc
+        if deadline.expired():  # our deadline, not a TimeoutError raised inside the reward function
+            exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s)")
+        _mark_failed(sample, exc, time.monotonic() - t0)
     except Exception as exc:  # plugin boundary: a user function's failure becomes data
         _mark_failed(sample, exc, time.monotonic() - t0)
 
@@ -96,20 +98,18 @@ async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout
 async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any], *, timeout_s: float) -> None:
     """Set every sample's reward from one call of a per-group reward function."""
     t0 = time.monotonic()
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline:
             raw = await _call(group_reward_fn, samples)
         if not isinstance(raw, (list, tuple)):
             raise PluginError(f"group reward function returned {type(raw).__name__} {raw!r:.60}, expected a list of {len(samples)} rewards")
         if len(raw) != len(samples):
             raise PluginError(f"group reward function returned {len(raw)} rewards for {len(samples)} samples")
         values = [_as_reward(v) for v in raw]
-    except TimeoutError:
-        exc: BaseException = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s)")
-        for s in samples:
-            _mark_failed(s, exc, time.monotonic() - t0)
-        return
-    except Exception as exc:  # plugin boundary
+    except Exception as exc:  # plugin boundary (TimeoutError included)
+        if isinstance(exc, TimeoutError) and deadline.expired():
+            exc = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s)")
         for s in samples:
             _mark_failed(s, exc, time.monotonic() - t0)
         return

@@ -5,7 +5,7 @@ Per tensor, ``old`` (what the engine holds) and ``new`` (the trainer's), in the 
 | encoding | payload | wins when |
 | --- | --- | --- |
 | (absent) | nothing | the tensor is bit-identical |
-| ``sparse`` | zlib(byte planes of uint32 index gaps) + zlib(byte planes of the new values) | few elements changed (frozen rows, small steps on a bf16 engine) |
+| ``sparse`` | zlib(byte planes of uint32 index gaps) + zlib(byte planes of each changed element's bit-pattern step ``new_bits - old_bits`` mod 2^k) | few elements changed (frozen rows, small steps on a bf16 engine: mostly steps of +-1 ulp) |
 | ``diff`` | zlib(byte planes of ``new - old``) + exceptions (int64 index, raw value) | every element moved a little (an AdamW step) |
 | ``raw`` | the tensor itself | nothing smaller (and every tensor of a full sync) |
 
@@ -89,6 +89,11 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return _bits(t.contiguous()).numpy()  # bit patterns: numpy has no bfloat16
 
 
+def _unsigned(t: torch.Tensor) -> np.ndarray:
+    a = _np(t)
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
 def encode_tensor(name: str, old: torch.Tensor | None, new: torch.Tensor, *, level: int = ZLIB_LEVEL,
                   full: bool = False) -> EncodedTensor | None:
     """The smallest bit-exact encoding of ``new`` given ``old`` (same dtype and shape); None when
@@ -114,7 +119,8 @@ def encode_tensor(name: str, old: torch.Tensor | None, new: torch.Tensor, *, lev
     if num_changed <= _SPARSE_MAX_FRACTION * new.numel():
         idx = changed.nonzero().reshape(-1)
         gaps = torch.diff(idx, prepend=torch.tensor([-1])).to(torch.int64).numpy().astype(np.uint32)
-        parts = {f"{name}::idx": _pack(gaps, level), f"{name}::val": _pack(_np(new.reshape(-1)[idx]), level)}
+        steps = _unsigned(new.reshape(-1)[idx]) - _unsigned(old.reshape(-1)[idx])  # modular: always exact
+        parts = {f"{name}::idx": _pack(gaps, level), f"{name}::step": _pack(steps, level)}
         candidates.append(EncodedTensor(name, "sparse", {**meta, "encoding": "sparse"}, parts))
     if new.is_floating_point():
         d = new - old
@@ -147,9 +153,10 @@ def decode_tensor(name: str, meta: dict[str, Any], parts: dict[str, torch.Tensor
         if encoding == "sparse":
             k = meta["num_changed"]
             idx = torch.from_numpy(np.cumsum(_unpack(parts[f"{name}::idx"], np.uint32, k).astype(np.int64)) - 1)
-            vals = torch.from_numpy(_unpack(parts[f"{name}::val"], view_np, k)).view(dtype)
+            base = _unsigned(old.reshape(-1)[idx])
+            bits = base + _unpack(parts[f"{name}::step"], base.dtype, k)
             new = old.clone().reshape(-1)
-            new[idx] = vals
+            new[idx] = torch.from_numpy(bits.view(view_np)).view(dtype)
             return new.reshape(shape)
         d = torch.from_numpy(_unpack(parts[f"{name}::diff"], view_np, old.numel())).view(dtype).reshape(shape)
         new = (old + d).reshape(-1)

@@ -38,7 +38,7 @@ __all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weigh
 log = logging.getLogger(__name__)
 
 
-def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, fp32: bool | None = None) -> Any:
+def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, params_dtype: torch.dtype | None = None) -> Any:
     """megatron-core ``TransformerConfig`` for ``arch`` under ``mcfg``'s parallelism and precision.
 
     Args:
@@ -46,7 +46,8 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
         mcfg: parallel sizes, bf16, sequence parallel, recompute.
         use_cpu_initialization: allocate parameters on the CPU (CPU tests, conversion);
             otherwise on ``torch.cuda.current_device()``.
-        fp32: force fp32 parameters (conversion); default: bf16 when ``mcfg.bf16``.
+        params_dtype: parameter dtype (conversion keeps the checkpoint's); default: bf16 when
+            ``mcfg.bf16``, else fp32.
 
     Raises:
         ValueError: a parallel size the backend does not run (pipeline, context, expert > 1), or
@@ -64,8 +65,8 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
                 "(context parallelism needs Transformer Engine attention; expert parallelism needs an MoE model)"
             )
     arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
-    bf16 = mcfg.bf16 if fp32 is None else not fp32
-    dtype = torch.bfloat16 if bf16 else torch.float32
+    dtype = params_dtype or (torch.bfloat16 if mcfg.bf16 else torch.float32)
+    bf16 = dtype == torch.bfloat16
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,

@@ -84,7 +84,7 @@ def plan_step(
 
 def select_samples(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
     """Rows ``indices`` of ``batch`` (any order), with T trimmed to their longest sequence."""
-    idx = torch.as_tensor(list(indices), dtype=torch.long)
+    idx = torch.as_tensor(list(indices), dtype=torch.long, device=batch.input_ids.device)
     t = max(int(batch.seq_lens[idx].max()), 2) if len(idx) else 2
     fields = {}
     for f in dataclasses.fields(batch):

@@ -1,0 +1,426 @@
+"""The megatron-core training backend: ``MegatronTrainer``, with ``TorchTrainer``'s interface.
+
+Every torchrun rank builds one (collectively); rank 0 is the driver, the others call ``serve``
+(``slime.train.megatron.parallel`` describes the command channel). One ``train_step``:
+
+    rank 0: groups ─► build_train_batch (scores, masks, staleness check) ─► broadcast ("train", batch)
+    every rank, per optimizer step of ``global_batch_size`` samples:
+        plan_step: this DP rank's samples, packed into micro-batches (token budget or sample count)
+    every rank, before the update (no grad; same micro-batches as training, so step 1 has ratio 1):
+        old_logprobs (and ref_logprobs with a KL term) for its samples, summed over DP so every
+        rank holds the whole [B, L] tensors ─► objective.with_advantages (same on every rank)
+    every rank, per optimizer step:
+        per micro-batch: GPTModel forward on the packed tokens ─► vocab_parallel_logprobs ─►
+            unpack to [b, L] ─► objective.micro_batch_loss (the torch backend's loss code) ─► backward
+            (DDP no_sync except on the last micro-batch)
+        finalize_model_grads (DP gradient sum, sequence-parallel norm grads) ─► grad norm ─►
+        skip if not finite, else clip to ``clip_grad`` and step megatron's optimizer; lr schedule +1
+    policy_version += 1; metrics summed over DP ranks, returned on rank 0
+
+Loss scale: each micro-batch loss is already divided by the whole optimizer step's denominator
+(samples for ``seq_mean``, trained tokens for ``token_mean``), so DDP must sum gradients over
+data-parallel ranks rather than average them: ``calculate_per_token_loss=True`` in the
+``TransformerConfig`` does exactly that, and ``finalize_model_grads`` gets no token count to
+divide by. Tensor-parallel ranks compute the same loss; megatron's layers reduce their gradients.
+
+Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), pipeline,
+context and expert parallelism, and running without CUDA (megatron-core's optimizer and DDP
+allocate on the GPU; use ``--train-backend torch`` on a CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from slime.config import TrainConfig
+from slime.train import objective
+from slime.train.batch import TrainBatch, build_train_batch
+from slime.train.megatron._mcore import mcore
+from slime.train.megatron.arch import ModelArch, load_hf_config
+from slime.train.megatron.logprobs import vocab_parallel_logprobs
+from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
+from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
+from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
+from slime.train.megatron.weights import iter_hf_weights, write_hf_dir
+from slime.types import Group
+
+__all__ = ["MegatronTrainer", "serve_if_worker"]
+
+log = logging.getLogger(__name__)
+
+_TOKEN_METRICS = (
+    "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
+    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac",
+)  # fmt: skip
+"""Token-mean metrics (as the torch backend reports them); the first four always."""
+
+
+class MegatronTrainer:
+    """megatron-core ``GPTModel`` + DDP + megatron's optimizer, trained with slime's RL objective.
+
+    Args:
+        config: the ``train`` section (algorithm, batch sizes, lr, ``config.megatron``).
+        model_dir: HF directory (Llama / Qwen2 / Qwen3 dense) the weights start from; also the
+            source of config and tokenizer files in every ``save_hf`` output.
+        policy_version: version of the weights in ``model_dir``.
+
+    Raises:
+        RuntimeError: no CUDA device. ValueError: an unsupported option (module docstring) or
+            architecture (``UnsupportedArchitecture``, a ValueError).
+    """
+
+    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0):
+        if not torch.cuda.is_available():
+            raise RuntimeError("--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU")
+        if objective.needs_critic(config):
+            raise ValueError(f"--advantage-estimator {config.advantage_estimator} needs a critic, which the megatron backend does not have yet; use --train-backend torch")
+        self.config = config
+        self.model_dir = model_dir
+        self.policy_version = policy_version
+        self._lock = threading.Lock()
+        mcfg = config.megatron
+        self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
+        self.tconfig = transformer_config(self.arch, mcfg)  # validates parallel sizes before any group exists
+        self.ctx: ParallelContext = init_parallel(mcfg, seed=config.seed)
+        self.channel = ControlChannel(self.ctx)
+        self.pad_token_id = int(load_hf_config(model_dir).get("pad_token_id") or 0)
+        self.pad_to = self.ctx.tp_size if self.tconfig.sequence_parallel else 1
+        self.model, self.ddp = self._build(model_dir, trainable=True)
+        self.ref_model = None
+        if objective.needs_reference(config):
+            self.ref_model, _ = self._build(config.ref_load or model_dir, trainable=False)
+        self.optimizer = self._optimizer()
+        self.scheduler = self._scheduler()
+        log.info(
+            "megatron backend: %s, %d layers, TP=%d DP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
+            self.arch.family, self.arch.num_layers, self.ctx.tp_size, self.ctx.dp_size, mcfg.bf16, self.tconfig.sequence_parallel,
+            f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{config.micro_batch_size} samples",
+        )
+
+    # --- construction -------------------------------------------------------------------------
+
+    def _build(self, hf_dir: str, *, trainable: bool) -> tuple[Any, Any]:
+        """GPTModel on this GPU with ``hf_dir``'s weights, bf16-wrapped if asked; DDP-wrapped if trainable."""
+        torch.cuda.set_device(self.ctx.device)
+        arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
+        if arch != self.arch:
+            raise ValueError(f"{hf_dir}: architecture {arch} differs from the policy's {self.arch}")
+        model = build_gpt_model(arch, self.tconfig, tp_size=self.ctx.tp_size)
+        load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=self.ctx.tp_size, tp_rank=self.ctx.tp_rank)
+        if self.tconfig.bf16:
+            model = mcore("megatron.core.transformer.module").Float16Module(self.tconfig, model)
+        if not trainable:
+            return model.eval().requires_grad_(False), None
+        dist_mod = mcore("megatron.core.distributed")
+        mcfg = self.config.megatron
+        ddp_config = dist_mod.DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=mcfg.overlap_grad_reduce,
+            use_distributed_optimizer=mcfg.use_distributed_optimizer,
+            check_for_nan_in_grad=False,  # a non-finite step is skipped and counted instead
+        )
+        ddp = dist_mod.DistributedDataParallel(self.tconfig, ddp_config, module=model)
+        self.tconfig.no_sync_func = ddp.no_sync
+        return model, ddp
+
+    def _optimizer(self) -> Any:
+        cfg, mcfg = self.config, self.config.megatron
+        opt = mcore("megatron.core.optimizer")
+        opt_config = opt.OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=mcfg.min_lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=mcfg.adam_eps,
+            clip_grad=cfg.clip_grad,
+            bf16=mcfg.bf16,
+            params_dtype=self.tconfig.params_dtype,
+            use_distributed_optimizer=mcfg.use_distributed_optimizer,
+        )
+        return opt.get_megatron_optimizer(opt_config, [self.ddp])
+
+    def _scheduler(self) -> Any:
+        cfg, mcfg = self.config, self.config.megatron
+        if mcfg.lr_decay_style != "constant" and mcfg.lr_decay_iters is None:
+            raise ValueError(f"--lr-decay-style {mcfg.lr_decay_style} needs --lr-decay-iters (optimizer steps to decay over)")
+        if mcfg.min_lr > cfg.lr:
+            raise ValueError(f"--min-lr={mcfg.min_lr} must be <= --lr={cfg.lr}")
+        decay_steps = mcfg.lr_decay_iters if mcfg.lr_decay_iters is not None else mcfg.lr_warmup_iters + 1
+        if mcfg.lr_warmup_iters >= decay_steps:
+            raise ValueError(f"--lr-warmup-iters={mcfg.lr_warmup_iters} must be < --lr-decay-iters={decay_steps}")
+        Scheduler = mcore("megatron.core.optimizer_param_scheduler").OptimizerParamScheduler
+        return Scheduler(
+            self.optimizer,
+            init_lr=0.0 if mcfg.lr_warmup_iters else cfg.lr,
+            max_lr=cfg.lr,
+            min_lr=mcfg.min_lr,
+            lr_warmup_steps=mcfg.lr_warmup_iters,
+            lr_decay_steps=decay_steps,
+            lr_decay_style=mcfg.lr_decay_style,
+            start_wd=cfg.weight_decay,
+            end_wd=cfg.weight_decay,
+            wd_incr_steps=1,
+            wd_incr_style="constant",
+        )
+
+    # --- the driver's interface (rank 0) ------------------------------------------------------
+
+    @property
+    def is_driver(self) -> bool:
+        return self.ctx.is_driver
+
+    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Train on ``groups`` (one rollout step) on every rank; bump ``policy_version``. Rank 0 only.
+
+        Returns the torch backend's metrics (see ``TorchTrainer.train_step``) minus the critic's.
+        Raises ValueError / RuntimeError from ``build_train_batch`` before any rank starts.
+        """
+        with self._lock:
+            torch.cuda.set_device(self.ctx.device)
+            cfg = self.config
+            batch = build_train_batch(
+                groups,
+                pad_token_id=self.pad_token_id,
+                current_version=self.policy_version,
+                normalize_advantages_by_std=not cfg.disable_grpo_std_normalization,
+                max_staleness=cfg.max_staleness,
+                advantage_estimator=cfg.advantage_estimator,
+                mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
+            )
+            self.channel.send("train", batch)
+            return self._train_batch(batch)
+
+    def save_hf(self, out_dir: str) -> str:
+        """Write the current weights as an HF directory (rank 0 gathers, tensor by tensor); return its path."""
+        with self._lock:
+            torch.cuda.set_device(self.ctx.device)
+            self.channel.send("save_hf", out_dir)
+            return write_hf_dir(iter_hf_weights(self.ddp, self.arch, self.ctx), out_dir, source_dir=self.model_dir)
+
+    def state_dict_for_sync(self) -> dict[str, Tensor]:
+        """The current weights keyed by HF name, fp32 on rank 0's CPU (gathered tensor by tensor)."""
+        with self._lock:
+            torch.cuda.set_device(self.ctx.device)
+            self.channel.send("gather")
+            return dict(iter_hf_weights(self.ddp, self.arch, self.ctx, dtype=torch.float32))
+
+    def close(self) -> None:
+        """Release the worker ranks (rank 0) and tear down the process groups. Idempotent."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        if self.ctx.is_driver:
+            self.channel.send("stop")
+        self.ctx.close()
+
+    # --- worker ranks -------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run rank 0's commands until "stop" (ranks other than 0)."""
+        torch.cuda.set_device(self.ctx.device)
+        while True:
+            command, payload = self.channel.recv()
+            if command == "train":
+                self._train_batch(payload)
+            elif command == "save_hf":
+                for _ in iter_hf_weights(self.ddp, self.arch, self.ctx):
+                    pass
+            elif command == "gather":
+                for _ in iter_hf_weights(self.ddp, self.arch, self.ctx, dtype=torch.float32):
+                    pass
+            elif command == "stop":
+                self.ctx.close()
+                return
+            else:
+                raise RuntimeError(f"rank {self.ctx.rank}: unknown command {command!r} from rank 0")
+
+    # --- one train step (every rank) ----------------------------------------------------------
+
+    def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
+        """Per optimizer step: (first sample, end sample, this rank's packed micro-batches)."""
+        cfg, mcfg = self.config, self.config.megatron
+        lens = batch.seq_lens.tolist()
+        steps = []
+        for start in range(0, batch.num_samples, cfg.global_batch_size):
+            end = min(start + cfg.global_batch_size, batch.num_samples)
+            plan = plan_step(
+                lens[start:end],
+                dp_size=self.ctx.dp_size,
+                micro_batch_size=cfg.micro_batch_size,
+                max_tokens_per_gpu=mcfg.max_tokens_per_gpu if mcfg.use_dynamic_batch_size else None,
+            )
+            mbs = [
+                pack_samples(batch, [start + i for i in mb], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
+                for mb in plan[self.ctx.dp_rank]
+            ]
+            steps.append((start, end, mbs))
+        return steps
+
+    def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+        """Packed logprobs and entropies [t] of ``mb`` under ``model``."""
+        logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)  # [1, t, v]
+        return vocab_parallel_logprobs(
+            logits[0],
+            mb.labels[0],
+            temperature=self.config.rollout_temperature,
+            vocab_size=self.arch.vocab_size,
+            tp_rank=self.ctx.tp_rank,
+            group=self.ctx.tp_group if self.ctx.tp_size > 1 else None,
+            entropy_grad=entropy_grad,
+        )
+
+    @torch.no_grad()
+    def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
+        """``old_logprobs`` (and ``ref_logprobs``) for every sample, computed on the micro-batches of training."""
+        old = torch.zeros_like(batch.loss_mask, device=self.ctx.device)  # [B, L]
+        ref = torch.zeros_like(old) if self.ref_model is not None else None
+        self.model.eval()
+        for _, _, mbs in steps:
+            for mb in mbs:
+                if not mb.samples:
+                    continue
+                rows = torch.as_tensor(mb.samples, device=self.ctx.device)
+                old[rows, : mb.num_cols] = mb.unpack(self._forward(self.model, mb)[0])
+                if ref is not None:
+                    ref[rows, : mb.num_cols] = mb.unpack(self._forward(self.ref_model, mb)[0])
+        for t in (old, ref):
+            if t is not None and self.ctx.dp_size > 1:
+                dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
+        self.model.train()
+        return _replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
+
+    def _train_batch(self, batch: TrainBatch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        cfg = self.config
+        steps = self._plan(batch)
+        batch = objective.with_advantages(cfg, self._before_update(batch, steps))
+        device_batch = _to(batch, self.ctx.device)
+        sums = torch.zeros(len(_TOKEN_METRICS) + 1, dtype=torch.float64)  # token-weighted metric sums, then num_tokens
+        seen: set[str] = set()
+        losses, grad_norms, num_skipped = [], [], 0
+        for start, end, mbs in steps:
+            step_mask = batch.loss_mask[start:end]
+            if step_mask.sum() == 0:
+                continue  # same decision on every rank: the batch is identical everywhere
+            denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            step_loss = 0.0
+            todo = mbs or [pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)]
+            for i, mb in enumerate(todo):
+                sync = contextlib.nullcontext() if i == len(todo) - 1 else self.ddp.no_sync()
+                with sync:
+                    logprob, entropy = self._forward(self.ddp, mb, entropy_grad=cfg.entropy_coef != 0.0)
+                    if not mb.samples:  # a DP rank without samples in this step still joins the gradient reduce
+                        (logprob.sum() * 0.0).backward()
+                        continue
+                    sub = select_samples(device_batch, mb.samples)
+                    loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
+                    loss.backward()
+                step_loss += float(loss.detach())
+                seen.update(k for k in _TOKEN_METRICS if k in metrics)
+                for k, key in enumerate(_TOKEN_METRICS):
+                    sums[k] += metrics.get(key, 0.0) * metrics["num_tokens"]
+                sums[-1] += metrics["num_tokens"]
+            grad_norm = self._optimizer_step()
+            if not math.isfinite(grad_norm):
+                num_skipped += 1
+                log.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
+            losses.append(step_loss)
+            grad_norms.append(grad_norm)
+        self.policy_version += 1
+        losses_t = torch.tensor(losses, dtype=torch.float64)
+        if self.ctx.dp_size > 1:
+            both = torch.cat([sums, losses_t]).to(self.ctx.device)
+            dist.all_reduce(both, group=self.ctx.dp_group)
+            sums, losses_t = both[: len(sums)].cpu(), both[len(sums) :].cpu()
+        num_tokens = max(float(sums[-1]), 1.0)
+        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < 4}
+        out.update(_batch_metrics(batch))
+        out.update(
+            loss=float(losses_t.mean()) if len(losses_t) else 0.0,
+            grad_norm=sum(grad_norms) / max(len(grad_norms), 1),
+            num_optimizer_steps=float(len(losses)),
+            num_skipped_steps=float(num_skipped),
+            policy_version=float(self.policy_version),
+            lr=float(self.scheduler.get_lr({})),
+            train_time_s=time.perf_counter() - t0,
+        )
+        return out
+
+    def _optimizer_step(self) -> float:
+        """Reduce gradients, then step unless the gradient norm is not finite; returns the norm before clipping.
+
+        Mirrors megatron's ``ChainedOptimizer.step`` (prepare, norm, clip, step) with one
+        difference: a non-finite norm skips the update (bf16 has no loss scaler to do it).
+        """
+        mcore("megatron.core.distributed").finalize_model_grads([self.ddp], num_tokens=None)
+        opt = self.optimizer
+        if opt.prepare_grads():
+            return float("nan")
+        grad_norm = float(opt.get_grad_norm())
+        if not math.isfinite(grad_norm):
+            return grad_norm
+        if self.config.clip_grad > 0:
+            clip = mcore("megatron.core.optimizer.clip_grads").clip_grad_by_total_norm_fp32
+            for o in getattr(opt, "chained_optimizers", [opt]):
+                params = o.get_parameters()
+                if params:
+                    clip(params, max_norm=self.config.clip_grad, total_norm=grad_norm, use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+        opt.step_with_ready_grads()
+        self.scheduler.step(increment=1)
+        return grad_norm
+
+
+def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
+    import dataclasses
+
+    return dataclasses.replace(batch, **fields)
+
+
+def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    import dataclasses
+
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None})
+
+
+def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
+    assert batch.old_logprobs is not None
+    n = batch.num_train_tokens
+    abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
+    trained = batch.staleness[batch.loss_mask > 0].float()
+    has_reward = ~batch.rewards.isnan()
+    return {
+        "train_rollout_logprob_abs_diff": abs_diff / max(n, 1),
+        "reward_mean": float(batch.rewards[has_reward].mean()) if bool(has_reward.any()) else 0.0,
+        "advantage_abs_mean": float(batch.sample_advantages.abs().mean()),
+        "staleness_mean": float(trained.mean()) if n else 0.0,
+        "staleness_max": float(trained.max()) if n else 0.0,
+        "num_samples": float(batch.num_samples),
+        "num_train_tokens": float(n),
+    }
+
+
+def serve_if_worker(config: TrainConfig, *, model_dir: str) -> bool:
+    """On a torchrun rank other than 0: build the trainer, serve rank 0 until "stop", return True.
+
+    On rank 0 (or without torchrun) return False at once: the caller builds the trainer and runs
+    the driver.
+    """
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        return False
+    MegatronTrainer(config, model_dir=model_dir).serve()
+    return True
