@@ -54,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--direct-fraction", type=float, default=0.5,
+                   help="share of SFT targets that answer directly ('#441') instead of working it out")
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=0, help="greedy eval every N steps (0: only at the end)")
     return p.parse_args()
@@ -102,12 +104,14 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
 def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace, eval_rows: list[dict]) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     problems = arith.iter_problems(args.seed, "train")
+    style_rng = random.Random(f"style:{args.seed}")
     model.train()
     start = time.monotonic()
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         batch = [next(problems) for _ in range(args.batch_size)]
+        batch = [(p, l, f"#{l}" if style_rng.random() < args.direct_fraction else s) for p, l, s in batch]
         input_ids, attention_mask, labels = make_batch(batch, tokenizer)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
