@@ -16,18 +16,33 @@ DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warm
 def _train(argv: list[str]) -> int:
     import msgspec
 
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli_args import build_parser, config_from_args, split_passthrough
     from slime.errors import SlimeError
 
     parser = build_parser(argparse.ArgumentParser(prog="slime train", description="Run GRPO with partial rollouts."))
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--no-progress", action="store_true", help="plain step lines, no progress bar")
-    ns = parser.parse_args(argv)
+    parser.add_argument("--dry-run", action="store_true", help="print every command the run would start (with its env) and exit")
+    try:
+        argv, sglang_args, router_args = split_passthrough(argv)
+    except SlimeError as exc:
+        print(f"slime train: error: {exc}", file=sys.stderr)
+        return 2
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        print(f"slime train: error: unrecognized arguments: {' '.join(unknown)} (not flags of this slime; only --sglang-* "
+              "and --router-* flags pass through, to SGLang and sglang-router; see slime train --help)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = config_from_args(ns)
+        config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
         if not config.engine.hf_checkpoint:
             config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINT))
+        if ns.dry_run:
+            from slime.rollout.sglang_launch import build_launch_plan
+
+            print(build_launch_plan(config.engine, seed=config.seed).format())
+            return 0
         preflight(config)
         from slime.loop.driver import run_training
 
@@ -116,7 +131,13 @@ def _check_plugin(argv: list[str]) -> int:
     return check_main(argv)
 
 
-COMMANDS = {"train": _train, "engine": _engine, "report": _report, "check-plugin": _check_plugin}
+def _convert(argv: list[str]) -> int:
+    from slime.train.megatron.convert_cli import main as convert_main
+
+    return convert_main(argv)
+
+
+COMMANDS = {"train": _train, "engine": _engine, "report": _report, "check-plugin": _check_plugin, "convert": _convert}
 
 
 def main(argv: list[str] | None = None) -> int:

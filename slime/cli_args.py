@@ -13,8 +13,9 @@ import msgspec
 
 from slime.config import Config
 from slime.errors import ConfigError
+from slime.rollout.server_groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 
-__all__ = ["FLAGS", "build_parser", "config_from_args"]
+__all__ = ["FLAGS", "build_parser", "config_from_args", "split_passthrough", "RESERVED_PASSTHROUGH"]
 
 # flag -> (config path, argparse kwargs). A path "loop.mode=april" sets a constant when given.
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -22,6 +23,13 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--rollout-external-engine-addrs": ("engine.rollout_external_engine_addrs", dict(nargs="+", help="engines already running (host:port)")),
     "--rollout-num-engines": ("engine.num_engines", dict(type=int, help="embedded engines to launch")),
     "--engine-threads": ("engine.engine_threads", dict(type=int, help="torch threads per embedded engine")),
+    # Real SGLang (slime/rollout/sglang_launch.py); every other --sglang-* / --router-* flag passes through.
+    "--rollout-num-gpus": ("engine.rollout_num_gpus", dict(type=int, help="GPUs for SGLang servers (launches SGLang, not embedded engines)")),
+    "--rollout-num-gpus-per-engine": ("engine.rollout_num_gpus_per_engine", dict(type=int, help="GPUs (tp size) per SGLang server")),
+    "--sglang-router-ip": ("engine.sglang_router_ip", dict(help="a running sglang-router to use, or the address ours binds")),
+    "--sglang-router-port": ("engine.sglang_router_port", dict(type=int)),
+    "--sglang-config": ("engine.sglang_config", dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)")),
+    "--health-check-interval-s": ("engine.health_check_interval_s", dict(type=float, help="seconds between engine health probes (0 = off)")),
     "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
     "--prompt-data": ("data.prompt_data", dict(help="JSONL prompts (default: built-in arithmetic task)")),
     "--input-key": ("data.input_key", dict()),
@@ -147,9 +155,61 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def config_from_args(ns: argparse.Namespace, base: Config | None = None) -> Config:
-    """Build a validated ``Config`` from parsed flags; unset flags keep ``base``'s values."""
+# Pass-through flags (THUDM/slime's convention): ``--sglang-X ...`` -> ``sglang.launch_server --X ...``,
+# ``--router-X ...`` -> ``sglang_router.launch_router --X ...``, unless the flag is in FLAGS above.
+PASSTHROUGH_PREFIXES = ("--sglang-", "--router-")
+RESERVED_PASSTHROUGH = {
+    **{f"--sglang-{name}": use for name, use in RESERVED_SERVER_FLAGS.items()},
+    **{f"--router-{name}": use for name, use in RESERVED_ROUTER_FLAGS.items()},
+}
+"""Pass-through flags slime sets itself, with what to use instead."""
+_NOT_SGLANG = ("--sglang-router-", "--sglang-server-concurrency")  # THUDM/slime's own flags, not SGLang's
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
+    """Split ``argv`` into slime's flags, ``--sglang-*`` and ``--router-*`` pass-through flags.
+
+    A pass-through flag keeps every following token up to the next ``--`` token as its values, so
+    bare flags stay bare and ``-1`` is a value. Example: ``["--sglang-mem-fraction-static", "0.7",
+    "--sglang-enable-memory-saver", "--lr", "1e-6"]`` -> ``(["--lr", "1e-6"], ("--mem-fraction-static",
+    "0.7", "--enable-memory-saver"), ())``.
+
+    Raises:
+        ConfigError: a flag that slime sets itself (``RESERVED_PASSTHROUGH``), or one of THUDM/slime's
+            own ``--sglang-router-*`` flags that this slime does not have.
+    """
+    rest: list[str] = []
+    out: dict[str, list[str]] = {p: [] for p in PASSTHROUGH_PREFIXES}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        flag = token.split("=", 1)[0]
+        prefix = next((p for p in PASSTHROUGH_PREFIXES if flag.startswith(p)), None)
+        i += 1
+        if prefix is None or flag in FLAGS:
+            rest.append(token)
+            continue
+        if flag in RESERVED_PASSTHROUGH:
+            raise ConfigError(f"{flag}: slime sets this itself; use {RESERVED_PASSTHROUGH[flag]}")
+        if flag.startswith(_NOT_SGLANG):
+            raise ConfigError(f"{flag}: a THUDM/slime flag that this slime does not support (it is not passed to SGLang)")
+        if len(flag) == len(prefix):
+            raise ConfigError(f"{token!r}: a pass-through flag needs a name after {prefix}")
+        values = []
+        while "=" not in token and i < len(argv) and not argv[i].startswith("--"):
+            values.append(argv[i])
+            i += 1
+        out[prefix] += ["--" + token[len(prefix):], *values]
+    return rest, tuple(out["--sglang-"]), tuple(out["--router-"])
+
+
+def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
+                     sglang_args: tuple[str, ...] = (), router_args: tuple[str, ...] = ()) -> Config:
+    """Build a validated ``Config`` from parsed flags (and ``split_passthrough``'s pass-through
+    flags, when given); unset flags keep ``base``'s values."""
     tree = msgspec.to_builtins(base or Config())
+    if sglang_args or router_args:
+        tree["engine"]["sglang_args"], tree["engine"]["router_args"] = list(sglang_args), list(router_args)
     for flag, (path, _) in FLAGS.items():
         value = getattr(ns, flag[2:].replace("-", "_"))
         if value is None or value is False and "=" in path:

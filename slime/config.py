@@ -283,6 +283,36 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     engine_threads: int = 1
     """torch threads per embedded engine."""
     startup_timeout_s: float = 120.0
+    """Bound on one engine's (or router's) start, and on a restarted engine's return."""
+    # Real SGLang (slime/rollout/sglang_launch.py): launched from these, or attached to.
+    rollout_num_gpus: int | None = None
+    """GPUs for SGLang servers (``--rollout-num-gpus``); set (or ``sglang_config``) = launch SGLang instead
+    of embedded engines; engines = rollout_num_gpus / rollout_num_gpus_per_engine."""
+    rollout_num_gpus_per_engine: int = 1
+    """GPUs (= ``--tp-size``) per SGLang server (``--rollout-num-gpus-per-engine``)."""
+    sglang_args: tuple[str, ...] = ()
+    """Every ``--sglang-X ...`` flag of ``slime train``, prefix stripped (``--X ...``), values untouched,
+    in order: appended to each ``sglang.launch_server`` command."""
+    router_args: tuple[str, ...] = ()
+    """Every ``--router-X ...`` flag, prefix stripped, for ``sglang_router.launch_router``."""
+    sglang_router_ip: str | None = None
+    """A router that already runs (``--sglang-router-ip``), or the address ours binds."""
+    sglang_router_port: int | None = None
+    """Its port (``--sglang-router-port``); None = a free port from ``base_port``."""
+    sglang_config: str | None = None
+    """YAML of server groups: models, roles (prefill/decode), per-group args (``--sglang-config``)."""
+    base_port: int = 15000
+    """First port tried for launched servers and routers (taken ports are skipped)."""
+    health_check_interval_s: float = 10.0
+    """Seconds between ``/health_generate`` probes of each engine (``--health-check-interval-s``); 0 = off."""
+    health_check_timeout_s: float = 30.0
+    """Bound on one probe (SGLang answers 503 after its own 20 s, sglang-protocol.md §3.4)."""
+    circuit_breaker_threshold: int = 3
+    """Consecutive failures (requests or probes) that open an engine's circuit breaker."""
+    circuit_breaker_cooldown_s: float = 10.0
+    """First wait before a probe of an open breaker; doubles per failed probe, up to 8x."""
+    max_engine_restarts: int = 3
+    """Restarts of one launched engine before it stays out of rotation for the rest of the run."""
 
 
 class ObsConfig(msgspec.Struct, **_STRUCT):
@@ -391,6 +421,9 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.rollout.max_retries >= 0, "--max-retries", self.rollout.max_retries, ">= 0"),
             (self.save_interval >= 0, "--save-interval", self.save_interval, ">= 0"),
             (self.engine.num_engines >= 1, "--rollout-num-engines", self.engine.num_engines, ">= 1"),
+            (self.engine.rollout_num_gpus is None or self.engine.rollout_num_gpus >= 1, "--rollout-num-gpus", self.engine.rollout_num_gpus, ">= 1"),
+            (self.engine.rollout_num_gpus_per_engine >= 1, "--rollout-num-gpus-per-engine", self.engine.rollout_num_gpus_per_engine, ">= 1"),
+            (self.engine.health_check_interval_s >= 0, "--health-check-interval-s", self.engine.health_check_interval_s, ">= 0 (0 = off)"),
             (self.obs.metrics_port is None or 0 <= self.obs.metrics_port <= 65535, "--metrics-port", self.obs.metrics_port, "in [0, 65535] (0 = any free port)"),
             (self.obs.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.obs.trace_flush_interval_s, ">= 0"),
         ]

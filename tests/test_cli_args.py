@@ -30,6 +30,8 @@ PINNED = {
     "--overlap-grad-reduce", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--distributed-timeout-minutes",
     "--weight-sync", "--update-weight-buffer-size", "--colocate",
+    "--rollout-num-gpus", "--rollout-num-gpus-per-engine", "--sglang-router-ip", "--sglang-router-port", "--sglang-config",
+    "--health-check-interval-s",
     "--enable-trace", "--metrics-port", "--use-tensorboard", "--tb-dir", "--use-wandb", "--wandb-project", "--wandb-group",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)

@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | 
                                "bare_aiohttp_requests_per_s": None}
     meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "host": platform.node(),
             "platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "loadavg_start": _loadavg(), "argv": sys.argv}
+            "loadavg_start": _loadavg(), "argv": sys.argv, "git": _git_state()}
     if overhead_samples > 0:
         results["scheduler"] = await scheduler_overhead(overhead_samples, engine="fake")
         results["scheduler_sim_engine"] = await scheduler_overhead(overhead_samples, engine="sim")
@@ -109,6 +110,17 @@ async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | 
     meta["loadavg_end"] = _loadavg()
     results["meta"] = meta
     return results
+
+
+def _git_state() -> str | None:
+    """``<HEAD sha>`` plus ``+N files modified`` when the working tree differs (None outside a checkout)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head} +{len(dirty)} files modified or untracked" if dirty else head or None
 
 
 def _loadavg() -> list[float] | None:

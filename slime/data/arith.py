@@ -50,6 +50,7 @@ __all__ = [
     "score",
     "reward",
     "hf_generate",
+    "sample_hf_model",
     "score_hf_model",
     "evaluate_hf_model",
 ]
@@ -283,7 +284,7 @@ def _generate_batch(
     return generated
 
 
-def score_hf_model(
+def sample_hf_model(
     model: Any,
     tokenizer: Any,
     rows: list[dict[str, Any]],
@@ -293,14 +294,13 @@ def score_hf_model(
     seed: int = 0,
     max_new_tokens: int = MAX_RESPONSE_CHARS + 2,
     batch_size: int = 256,
-) -> list[list[float]]:
-    """Scores ``[len(rows)][num_samples]`` (1.0/0.0) of responses sampled for each row's prompt."""
+) -> list[list[str]]:
+    """Responses ``[len(rows)][num_samples]`` for each row's prompt (see ``hf_generate``)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    repeated = [row for row in rows for _ in range(num_samples)]
-    prompts = [row["prompt"] for row in repeated]
-    responses = hf_generate(
+    prompts = [row["prompt"] for row in rows for _ in range(num_samples)]
+    flat = hf_generate(
         model,
         tokenizer,
         prompts,
@@ -309,8 +309,13 @@ def score_hf_model(
         batch_size=batch_size,
         generator=generator,
     )
-    flat = [score(text, row["label"]) for text, row in zip(responses, repeated)]
     return [flat[i * num_samples : (i + 1) * num_samples] for i in range(len(rows))]
+
+
+def score_hf_model(model: Any, tokenizer: Any, rows: list[dict[str, Any]], **kwargs: Any) -> list[list[float]]:
+    """Scores ``[len(rows)][num_samples]`` (1.0/0.0); keyword arguments as in ``sample_hf_model``."""
+    responses = sample_hf_model(model, tokenizer, rows, **kwargs)
+    return [[score(text, row["label"]) for text in texts] for texts, row in zip(responses, rows)]
 
 
 def evaluate_hf_model(

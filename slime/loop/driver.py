@@ -28,10 +28,9 @@ from slime.loop.step import run_step
 from slime.obs.observers import Observers
 from slime.obs.plots import write_plots
 from slime.rollout.generate import generate as default_generate
-from slime.rollout.launch import launch_embedded_engines
-from slime.rollout.pool import EnginePool
+from slime.rollout.deploy import start_rollout
 from slime.rollout.rewards import load_function
-from slime.sync.disk import DiskWeightSync
+from slime.sync import build_weight_sync
 
 __all__ = ["run_training", "load_prompts"]
 
@@ -112,12 +111,14 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     trained_log = (run_dir / "trained_groups.jsonl").open("a")
     t_start = time.monotonic()
 
-    async with Observers(config, run_dir, progress=progress) as obs, _engines(config, model_dir, version) as urls, EnginePool(urls, config=config.rollout) as pool:
-        await pool.wait_ready(config.engine.startup_timeout_s)
-        if resume is not None and config.engine.rollout_external_engine_addrs:
+    async with Observers(config, run_dir, progress=progress) as obs, start_rollout(
+        config.engine, config.rollout, model_dir=model_dir, weight_version=str(version), seed=config.seed, log_dir=run_dir / "logs",
+    ) as engines:
+        pool = engines.pools.default  # the actor's; engines.pools[model] for other models of --sglang-config
+        if resume is not None and engines.plan.backend == "external":
             await pool.update_weights_from_disk(model_dir, weight_version=str(version))  # external engines hold other weights
         tracer = obs.tracer
-        sync = DiskWeightSync(msgspec.structs.replace(config.sync, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf)
+        sync = build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
         eval_kw = dict(
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn,
             max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
@@ -139,7 +140,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
             obs.watch(pool=pool, buffer=buffer)
             for step in range(first_step, config.loop.num_rollout + 1):
-                version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version, tracer=tracer)
+                version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version, tracer=tracer,
+                                                         colocate=config.sync.colocate)
                 record["step"] = step
                 metrics.write(record)
                 for g in groups:
@@ -159,6 +161,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                         with tracer.span("checkpoint", "checkpoint", step=step):
                             await asyncio.to_thread(save_checkpoint, run_dir / "checkpoints", state, trainer=trainer)
             await sched.shutdown()
+        await sync.close()
         obs.progress.close()
         with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=len(eval_rows)):
             after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
@@ -222,24 +225,3 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
         "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1),
         "failed_samples": sum(r["failed_samples"] for r in steps),
     }
-
-
-def _engines(config: Config, model_dir: str, version: int):
-    e = config.engine
-    if e.rollout_external_engine_addrs:
-        return _external(list(e.rollout_external_engine_addrs))
-    return launch_embedded_engines(
-        model_dir, num_engines=e.num_engines, threads=e.engine_threads, max_running_requests=e.max_running_requests,
-        startup_timeout_s=e.startup_timeout_s, seed=config.seed, weight_version=str(version),
-    )
-
-
-class _external:
-    def __init__(self, urls: list[str]):
-        self.urls = [u if u.startswith("http") else f"http://{u}" for u in urls]
-
-    async def __aenter__(self) -> list[str]:
-        return self.urls
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None

@@ -9,6 +9,16 @@
     async with scheduler.paused(mode):                              # abort+drain, or pause in place
         await sync.load(path, version + 1); version += 1            # engines at the new version
 
+With ``colocate`` (engines share the trainer's devices) generation is paused (abort + drain) from
+the end of the rollout to the end of the sync, and engine memory is released around the train step
+(§3.11 of sglang-protocol.md; released weights are lost, hence the sync right after)::
+
+    async with scheduler.paused("abort"):
+        release_memory_occupation -> train_step -> sync.save -> resume_memory_occupation -> sync.load
+
+(THUDM/slime resumes the ``weights`` tag, syncs, then resumes ``kv_cache``; we resume every tag
+before the sync because the tag set differs across SGLang versions.)
+
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.
 """
@@ -16,21 +26,17 @@ after every step), so a token's lag at training is how many updates happened sin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
 from slime.obs.trace import NULL_TRACER
+from slime.sync.base import WeightSync
 from slime.types import Group, Status
 
 __all__ = ["WeightSync", "run_step", "batch_stats"]
-
-
-class WeightSync(Protocol):
-    async def save(self, version: int) -> Any: ...
-
-    async def load(self, path: Any, version: int, *, abort_all_requests: bool = True) -> None: ...
 
 
 def batch_stats(groups: list[Group]) -> dict[str, float]:
@@ -55,11 +61,15 @@ async def run_step(
     sync: WeightSync,
     version: int,
     tracer: Any = None,
+    colocate: bool = False,
 ) -> tuple[int, list[Group], dict[str, Any]]:
     """Run one rollout + train + weight-sync step. Returns (new version, groups, metrics record).
 
     ``tracer`` (``slime.obs.trace.Tracer``) gets the phases on its ``driver`` track: ``step`` >
-    ``rollout_wait``, ``train_step``, ``weight_sync`` > ``save``, ``pause``, ``load``, ``resume``.
+    ``rollout_wait``, ``train_step``, ``weight_sync`` > ``save``, ``pause``, ``load``, ``resume``
+    (+ ``release_memory``, ``resume_memory`` with ``colocate``). ``colocate``: see the module doc;
+    ``sched.pool`` must then have ``release_memory_occupation`` / ``resume_memory_occupation``.
+    The record carries the strategy's ``stats`` (bytes, seconds, ...) as ``weight_sync/*``.
     """
     config = sched.config
     tr = tracer or NULL_TRACER
@@ -70,23 +80,31 @@ async def run_step(
     t_rollout = time.monotonic() - t0
     stale = apply_staleness(groups, trainer_version=version, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
-    t1 = time.monotonic()
-    with tr.span("train_step", "train", version=version, num_samples=batch["num_samples"]):
-        train_metrics = await asyncio.to_thread(train_step, groups)
-    t_train = time.monotonic() - t1
-    sync_start = tr.now()
-    with tr.span("save", "weight_sync", version=version + 1):
-        path = await sync.save(version + 1)
-    mode = "in_place" if config.mode == "async" else "abort"
-    t2 = time.monotonic()
-    pause_start = tr.now()
-    async with sched.paused(mode):
-        tr.complete("pause", "weight_sync", pause_start, mode=mode)
-        with tr.span("load", "weight_sync", version=version + 1):
-            await sync.load(path, version + 1, abort_all_requests=mode == "abort")
-        version += 1
-        sched.engine_version = version
-        resume_start = tr.now()
+    mode = "in_place" if config.mode == "async" and not colocate else "abort"
+    async with contextlib.AsyncExitStack() as held:
+        if colocate:  # the engines give their memory to the trainer: nothing generates until the sync is done
+            await held.enter_async_context(sched.paused("abort"))
+            with tr.span("release_memory", "weight_sync"):
+                await sched.pool.release_memory_occupation()
+        t1 = time.monotonic()
+        with tr.span("train_step", "train", version=version, num_samples=batch["num_samples"]):
+            train_metrics = await asyncio.to_thread(train_step, groups)
+        t_train = time.monotonic() - t1
+        sync_start = tr.now()
+        with tr.span("save", "weight_sync", version=version + 1):
+            path = await sync.save(version + 1)
+        t2 = time.monotonic()
+        if colocate:
+            with tr.span("resume_memory", "weight_sync"):
+                await sched.pool.resume_memory_occupation()
+        pause_start = tr.now()
+        async with contextlib.nullcontext() if colocate else sched.paused(mode):
+            tr.complete("pause", "weight_sync", pause_start, mode=mode)
+            with tr.span("load", "weight_sync", version=version + 1):
+                await sync.load(path, version + 1, abort_all_requests=mode == "abort")
+            version += 1
+            sched.engine_version = version
+            resume_start = tr.now()
     tr.complete("resume", "weight_sync", resume_start, mode=mode)
     tr.complete("weight_sync", "weight_sync", sync_start, version=version, mode=mode)
     tr.instant("policy_version", "weight_sync", version=version)
@@ -104,6 +122,7 @@ async def run_step(
         "partial_groups_queued": sched.buffer.num_partial, "ready_groups_left": sched.buffer.num_ready,
         **stale,
         **{f"train/{k}": v for k, v in train_metrics.items()},
+        **{f"weight_sync/{k}": v for k, v in getattr(sync, "stats", {}).items()},
     }
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
     return version, groups, record

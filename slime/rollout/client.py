@@ -69,11 +69,15 @@ class EngineClient(WeightSyncCalls):
 
     # -- transport -------------------------------------------------------------------------------
 
-    async def _send(self, method: str, endpoint: str, *, body: Any = None, timeout_s: float, raw: bytes | None = None) -> _Reply:
+    async def _send(self, method: str, endpoint: str, *, body: Any = None, timeout_s: float, raw: bytes | None = None,
+                    extra_headers: Mapping[str, str] | None = None) -> _Reply:
         """One HTTP exchange; raises only EngineUnavailable / EngineTimeout (any status comes back).
-        ``raw``: send these bytes as ``application/octet-stream`` instead of ``body`` as JSON."""
+        ``raw``: send these bytes as ``application/octet-stream`` instead of ``body`` as JSON.
+        ``extra_headers``: added to this request only (e.g. the router's routing key)."""
         data = raw if raw is not None else None if body is None else msgspec.json.encode(body)
         headers = self._headers if raw is None else {**self._headers, "Content-Type": "application/octet-stream"}
+        if extra_headers:
+            headers = {**headers, **extra_headers}
         client_timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, CONNECT_TIMEOUT_S))
         err = dict(url=self.url, endpoint=endpoint)
         try:
@@ -140,6 +144,7 @@ class EngineClient(WeightSyncCalls):
         *,
         rid: str | None = None,
         return_logprob: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> GenerateResult:
         """``POST /generate`` for one prompt, one sample (§2). An abort is a normal result (§2.9).
 
@@ -149,6 +154,7 @@ class EngineClient(WeightSyncCalls):
                 ``n > 1`` SGLang gives each sample a fresh rid that cannot be aborted by ours, §2.3).
             rid: request id for ``abort``; pick ids that are not prefixes of one another (§3.1).
             return_logprob: ask for ``output_token_logprobs``.
+            headers: extra HTTP headers for this call (``X-SMG-Routing-Key`` through a router, §5).
 
         Raises:
             ValueError: bad input (see ``build_generate_payload``) or ``n != 1``.
@@ -159,7 +165,7 @@ class EngineClient(WeightSyncCalls):
         payload = build_generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob)
         self.num_inflight += 1
         try:
-            reply = await self._send("POST", "/generate", body=payload, timeout_s=self.config.request_timeout_s)
+            reply = await self._send("POST", "/generate", body=payload, timeout_s=self.config.request_timeout_s, extra_headers=headers)
         finally:
             self.num_inflight -= 1
         self._raise_for_status(reply, "/generate")

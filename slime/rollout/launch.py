@@ -3,7 +3,10 @@
 Each engine is ``python -m slime.rollout.engine.server --model DIR --port 0 ...`` in its own
 process; it prints ``SLIME_ENGINE_READY url=http://127.0.0.1:PORT`` once it serves. We read that
 line (bounded by ``startup_timeout_s``), forward the rest of its output to our log, and terminate
-the process on exit. Real SGLang servers are launched or attached elsewhere (issue 5).
+the process on exit. ``restart`` starts the same command again on the port it had, so the engine
+keeps its URL (``EngineSupervisor`` relaunches a dead engine this way). Real SGLang servers and the
+router are launched by ``slime/rollout/sglang_launch.py``; both kinds share the process interface
+(``name``, ``url``, ``pid``, ``returncode``, ``start``, ``restart``, ``stop``).
 """
 
 from __future__ import annotations
@@ -36,12 +39,31 @@ class EmbeddedEngineProcess:
             "--weight-version", weight_version,
             "--seed", str(seed),
         ]
+        self.env = {"OMP_NUM_THREADS": str(threads)}
+        """Variables set on top of ours (shown by ``slime train --dry-run``)."""
+        self.name = f"embedded-seed{seed}"
         self.proc: asyncio.subprocess.Process | None = None
         self.url: str | None = None
         self._pump: asyncio.Task | None = None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running (or never started); the exit code (negative: killed by that signal) after."""
+        return self.proc.returncode if self.proc is not None else None
+
+    async def restart(self, startup_timeout_s: float) -> str:
+        """Stop the process if it still runs and start the same command on the same port. Returns the url."""
+        await self.stop()
+        if self.url is not None:
+            self.args[self.args.index("--port") + 1] = self.url.rsplit(":", 1)[1]
+        return await self.start(startup_timeout_s)
+
     async def start(self, startup_timeout_s: float) -> str:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=self.args[self.args.index("--threads") + 1])
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = await asyncio.create_subprocess_exec(
             *self.args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )

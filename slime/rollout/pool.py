@@ -1,37 +1,51 @@
-"""``EnginePool``: several engines behind one ``aiohttp.ClientSession``, with routing and bounded retries.
+"""``EnginePool``: several engines (or one router in front of them) behind one ``aiohttp.ClientSession``.
 
-Routing for ``generate``: a ``sticky_key`` (e.g. a group id, so a group's samples share the prefix
-cache) goes back to the engine it went to last, while that engine is up; otherwise the engine with
-the fewest in-flight generates wins (ties: the one picked least often so far).
+Routing for ``generate``, without a router: a ``sticky_key`` (one per trajectory, so the turns of a
+conversation share the prefix cache) goes back to the engine it went to last while that engine is in
+rotation with a closed breaker; otherwise the engine with the fewest in-flight generates wins
+(engines with a recent failure last; ties: the one picked least often). With a router
+(``router_url``) every ``generate`` goes to the router with header ``X-SMG-Routing-Key:
+<sticky_key>``; sglang-router's ``consistent_hashing`` policy keeps a key on one worker (⚠ from which
+router version is not pinned, sglang-protocol.md §5.1); other policies ignore the header.
+
+Engine failures: each worker has a ``CircuitBreaker`` (``breaker.py``); ``EngineUnavailable`` and
+``EngineTimeout`` count against it. ``take_out`` removes a worker from rotation (being restarted, or
+it missed a weight update); ``rejoin`` (``pool_control.py``) re-syncs it and puts it back.
+``on_engine_down(url, reason)`` (set by ``EngineSupervisor``) hears of every breaker that opens.
 
 Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``): only ``EngineUnavailable`` is retried,
-on an engine not yet tried in this call when there is one, after ``retry_backoff_s * 2**attempt``
+on a worker not yet tried in this call when there is one, after ``retry_backoff_s * 2**attempt``
 seconds. Example, ``max_retries=2, retry_backoff_s=0.5``: try A, fail, sleep 0.5, try B, fail,
 sleep 1.0, try A, fail -> ``EngineUnavailable("... 3 attempts ... [A, B, A]")``. ``EngineTimeout``
-is not retried: the request may still be running on that engine, and a blind retry doubles the load.
-A resent request keeps its ``rid``. An engine that failed is skipped (if others are up) for
-``retry_backoff_s * 2**max_retries`` seconds, the longest backoff of one retry chain.
-
-Control calls (abort, pause, weight update, ...) go to every engine concurrently; ``sglang-router``
-forwards none of them, so the pool always addresses workers directly (§5.4 of sglang-protocol.md).
+is not retried (the request may still run there). A resent request keeps its ``rid`` and its
+``input_ids`` (prompt + partial response: the caller's sample only changes on success). With no
+worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart), using no attempt.
+``abort_all`` ends calls that are between attempts or waiting: they return a queued-abort result
+(no tokens, ``finish_reason`` abort, §2.9 B), so the scheduler's drain never waits on a retry.
+Control calls: ``pool_control.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import time
-from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping, Sequence
 
 import aiohttp
 
 from slime.config import RolloutConfig
-from slime.errors import EngineError, EngineUnavailable
+from slime.errors import EngineTimeout, EngineUnavailable
+from slime.rollout.breaker import BreakerState, CircuitBreaker
 from slime.rollout.client import CONNECT_TIMEOUT_S, EngineClient
-from slime.rollout.protocol import GenerateResult
+from slime.rollout.pool_control import PoolControl
+from slime.rollout.protocol import FinishReason, GenerateResult
 
-__all__ = ["EnginePool"]
+__all__ = ["EnginePool", "ROUTING_KEY_HEADER"]
 
+log = logging.getLogger(__name__)
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 MAX_CONNECTIONS = 4096
 """Connector bound over all engines: room for thousands of concurrent generates (one socket each)."""
 KEEPALIVE_S = 4.0
@@ -39,37 +53,61 @@ KEEPALIVE_S = 4.0
 _MAX_STICKY_KEYS = 65536  # least recently used keys are forgotten past this
 
 
-class EnginePool:
-    """Engines at ``urls``; an async context manager that owns one ``aiohttp.ClientSession``.
+@dataclasses.dataclass(eq=False)
+class _Engine:
+    client: EngineClient
+    breaker: CircuitBreaker
+    in_rotation: bool = True
+    out_reason: str = ""
+    num_picks: int = 0
+
+
+class EnginePool(PoolControl):
+    """Workers at ``urls`` (and optionally the router at ``router_url``); an async context manager.
 
     Construct inside a running event loop (aiohttp's rule). A ``session`` passed in is used and left
     open; otherwise the pool creates one and ``close()`` (idempotent) closes it.
+
+    Args:
+        failure_threshold / breaker_cooldown_s: each worker's breaker (K, first cooldown; default
+            cooldown ``retry_backoff_s * 2**max_retries``, the longest backoff of one retry chain).
+        rejoin_timeout_s: how long ``generate`` waits when no worker is in rotation (0: fail at once).
+        weights: ``(model_path, weight_version)`` the workers hold at start; ``rejoin`` syncs to the latest.
 
     Raises:
         ValueError: no urls, or a url given twice.
     """
 
-    def __init__(
-        self,
-        urls: Sequence[str],
-        *,
-        config: RolloutConfig,
-        session: aiohttp.ClientSession | None = None,
-        api_key: str | None = None,
-    ):
+    def __init__(self, urls: Sequence[str], *, config: RolloutConfig, session: aiohttp.ClientSession | None = None,
+                 api_key: str | None = None, router_url: str | None = None, failure_threshold: int = 3,
+                 breaker_cooldown_s: float | None = None, rejoin_timeout_s: float = 0.0,
+                 weights: tuple[str, str] | None = None):
         if not urls:
             raise ValueError("EnginePool needs at least one engine url")
         self.config = config
+        self.failure_threshold = failure_threshold
+        self.breaker_cooldown_s = breaker_cooldown_s or max(config.retry_backoff_s * 2**config.max_retries, 1e-3)
+        self.rejoin_timeout_s = rejoin_timeout_s
+        self.weights = weights
+        """``(model_path, weight_version)`` last sent to every worker (``update_weights_from_disk``)."""
+        self.latest_version: str | None = weights[1] if weights else None
+        """The newest ``weight_version`` pushed by any weight update (disk, tensor, distributed)."""
+        self.weights_lock = asyncio.Lock()  # held by weight updates and ``rejoin``: a rejoiner never misses one
+        self.paused_mode: str | None = None
+        self.on_engine_down: Callable[[str, str], None] | None = None
+        self.num_failovers = 0  # generate attempts that failed with EngineUnavailable and were retried
         self._api_key = api_key
         self._owns_session = session is None
         self._session = session or aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
         )
-        self._clients: dict[str, EngineClient] = {}
-        self._num_picks: dict[str, int] = {}
-        self._down_until: dict[str, float] = {}
+        self._engines: dict[str, _Engine] = {}
+        self._router = EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
         self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._abort_epoch = 0
+        self._abort_event = asyncio.Event()
+        self._rotation_event = asyncio.Event()
         self._closed = False
         for url in urls:
             self.add_engine(url)
@@ -90,86 +128,151 @@ class EnginePool:
 
     @property
     def urls(self) -> list[str]:
-        return list(self._clients)
+        """Every worker, in rotation or not."""
+        return list(self._engines)
 
     @property
     def clients(self) -> list[EngineClient]:
-        return list(self._clients.values())
+        """Workers in rotation: the ones control calls and weight updates address."""
+        return [e.client for e in self._engines.values() if e.in_rotation]
+
+    @property
+    def router_url(self) -> str | None:
+        return self._router.url if self._router else None
 
     @property
     def num_inflight(self) -> int:
-        """Generate calls in flight over all engines."""
-        return sum(c.num_inflight for c in self._clients.values())
+        """Generate calls in flight over all engines (and the router)."""
+        return sum(e.client.num_inflight for e in self._engines.values()) + (self._router.num_inflight if self._router else 0)
 
     def add_engine(self, url: str) -> EngineClient:
         """Start routing to ``url``. Raises ValueError if it is already in the pool."""
         client = EngineClient(url, session=self._session, config=self.config, api_key=self._api_key)
-        if client.url in self._clients:
+        if client.url in self._engines:
             raise ValueError(f"engine {client.url} is already in the pool")
-        self._clients[client.url] = client
-        self._num_picks[client.url] = 0
+        breaker = CircuitBreaker(failure_threshold=self.failure_threshold, cooldown_s=self.breaker_cooldown_s)
+        self._engines[client.url] = _Engine(client, breaker)
         return client
 
     def remove_engine(self, url: str) -> EngineClient:
-        """Stop routing to ``url``; its in-flight calls finish normally. Raises KeyError if unknown."""
+        """Forget ``url`` for good; its in-flight calls finish normally. Raises KeyError if unknown."""
+        return self._engine(url, pop=True).client
+
+    def client(self, url: str) -> EngineClient:
+        return self._engine(url).client
+
+    def engine_states(self) -> list[dict[str, Any]]:
+        """One row per worker: url, in_rotation, out_reason, breaker state, consecutive failures, in flight, picks."""
+        return [{"url": u, "in_rotation": e.in_rotation, "out_reason": e.out_reason, "breaker": e.breaker.state.value,
+                 "consecutive_failures": e.breaker.num_consecutive_failures, "num_inflight": e.client.num_inflight,
+                 "num_picks": e.num_picks} for u, e in self._engines.items()]
+
+    def _engine(self, url: str, *, pop: bool = False) -> _Engine:
         key = url.rstrip("/")
-        if key not in self._clients:
+        if key not in self._engines:
             raise KeyError(f"engine {key} is not in the pool (have {self.urls})")
-        self._num_picks.pop(key)
-        self._down_until.pop(key, None)
-        return self._clients.pop(key)
+        return self._engines.pop(key) if pop else self._engines[key]
+
+    # -- health bookkeeping ----------------------------------------------------------------------
+
+    def record_success(self, url: str) -> None:
+        self._engine(url).breaker.record_success()
+
+    def record_failure(self, url: str, reason: str) -> None:
+        """Count a failure of ``url``; if its breaker opens, tell ``on_engine_down``."""
+        if url.rstrip("/") in self._engines and self._engine(url).breaker.record_failure():
+            log.warning("engine %s: circuit breaker open after %s", url, reason)
+            self._notify_down(url, reason)
+
+    def trip(self, url: str, reason: str) -> None:
+        """Open ``url``'s breaker now (its process exited)."""
+        if self._engine(url).breaker.trip():
+            self._notify_down(url, reason)
+
+    def _notify_down(self, url: str, reason: str) -> None:
+        if self.on_engine_down is not None:
+            self.on_engine_down(url.rstrip("/"), reason)
 
     # -- generate --------------------------------------------------------------------------------
 
-    def _is_up(self, url: str) -> bool:
-        return self._down_until.get(url, 0.0) <= time.monotonic()
-
-    def _pick(self, sticky_key: str | None, tried: set[str]) -> EngineClient:
-        if not self._clients:
-            raise EngineUnavailable("no engines in the pool", endpoint="/generate")
+    def _pick(self, sticky_key: str | None, tried: set[str]) -> _Engine | None:
+        rotation = [e for e in self._engines.values() if e.in_rotation]
+        if not rotation:
+            return None
         if sticky_key is not None and not tried:
-            url = self._sticky.get(sticky_key)
-            if url in self._clients and self._is_up(url):
-                return self._clients[url]
-        candidates = [c for c in self._clients.values() if c.url not in tried] or list(self._clients.values())
-        candidates = [c for c in candidates if self._is_up(c.url)] or candidates
-        return min(candidates, key=lambda c: (c.num_inflight, self._num_picks[c.url]))
+            engine = self._engines.get(self._sticky.get(sticky_key, ""))
+            if engine is not None and engine.in_rotation and engine.breaker.state is BreakerState.CLOSED:
+                return engine
+        candidates = [e for e in rotation if e.client.url not in tried] or rotation
+        candidates = [e for e in candidates if e.breaker.available()] or candidates
+        return min(candidates, key=lambda e: (e.breaker.num_consecutive_failures > 0, e.client.num_inflight, e.num_picks))
 
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
-        *,
-        rid: str | None = None,
-        return_logprob: bool = True,
-        sticky_key: str | None = None,
-    ) -> GenerateResult:
-        """``EngineClient.generate`` on a chosen engine, retrying ``EngineUnavailable`` (module docstring).
+    async def _wait(self, event: asyncio.Event, timeout_s: float, abort_event: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(abort_event.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _pick_or_wait(self, sticky_key: str | None, tried: set[str], epoch: int, abort_event: asyncio.Event) -> _Engine | None:
+        """A worker to try; None if ``abort_all`` came while waiting for one to rejoin."""
+        deadline = asyncio.get_running_loop().time() + self.rejoin_timeout_s
+        while (engine := self._pick(sticky_key, tried)) is None:
+            left = deadline - asyncio.get_running_loop().time()
+            if not self._engines or left <= 0:
+                raise EngineUnavailable(f"no engine in rotation (waited {self.rejoin_timeout_s}s): {self.engine_states()}", endpoint="/generate")
+            await self._wait(self._rotation_event, left, abort_event)
+            if self._abort_epoch != epoch:
+                return None
+        return engine
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None = None,
+                       return_logprob: bool = True, sticky_key: str | None = None) -> GenerateResult:
+        """``EngineClient.generate`` on a chosen worker (or the router), retrying ``EngineUnavailable``.
 
         Raises:
-            EngineUnavailable: all ``max_retries + 1`` attempts failed; the message lists the urls tried.
+            EngineUnavailable: all ``max_retries + 1`` attempts failed (the message lists the urls tried),
+                or no worker came back into rotation within ``rejoin_timeout_s``.
             EngineTimeout / EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
         """
         self._check_open()
+        epoch, abort_event = self._abort_epoch, self._abort_event
         attempts: list[str] = []
         last: EngineUnavailable | None = None
         for attempt in range(self.config.max_retries + 1):
             if attempt:
-                await asyncio.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
-            client = self._pick(sticky_key, set(attempts))
+                await self._wait(asyncio.Event(), self.config.retry_backoff_s * 2 ** (attempt - 1), abort_event)
+                if self._abort_epoch != epoch:
+                    return _aborted(rid, f"aborted while retrying after: {last}")
+            engine, headers = None, None
+            if self._router is not None:
+                client = self._router
+                headers = {ROUTING_KEY_HEADER: sticky_key} if sticky_key is not None else None
+            else:
+                engine = await self._pick_or_wait(sticky_key, set(attempts), epoch, abort_event)
+                if engine is None:
+                    return _aborted(rid, "aborted while waiting for an engine to rejoin")
+                client = engine.client
+                engine.num_picks += 1
+                engine.breaker.begin()
+                if sticky_key is not None:  # bound now, so concurrent turns of one trajectory share an engine
+                    self._bind_sticky(sticky_key, client.url)
             attempts.append(client.url)
-            self._num_picks[client.url] += 1
-            if sticky_key is not None:  # bound now, so a group's concurrent samples share one engine
-                self._bind_sticky(sticky_key, client.url)
             try:
-                result = await client.generate(input_ids, sampling_params, rid=rid, return_logprob=return_logprob)
-            except EngineUnavailable as exc:
+                result = await client.generate(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, headers=headers)
+            except (EngineUnavailable, EngineTimeout) as exc:
+                if engine is not None:
+                    self.record_failure(client.url, f"/generate: {exc}")
+                if isinstance(exc, EngineTimeout):
+                    raise
                 last = exc
-                if client.url in self._clients:
-                    cooldown_s = self.config.retry_backoff_s * 2**self.config.max_retries
-                    self._down_until[client.url] = time.monotonic() + cooldown_s
+                self.num_failovers += 1
+                if self._abort_epoch != epoch:
+                    return _aborted(rid, f"aborted after: {exc}")
                 continue
-            self._down_until.pop(client.url, None)
+            if engine is not None:
+                engine.breaker.record_success()
             return result
         assert last is not None
         raise EngineUnavailable(
@@ -183,85 +286,12 @@ class EnginePool:
         if len(self._sticky) > _MAX_STICKY_KEYS:
             self._sticky.popitem(last=False)
 
-    # -- bulk control ----------------------------------------------------------------------------
-
-    async def _fan_out(self, what: str, call: Callable[[EngineClient], Awaitable[Any]]) -> dict[str, Any]:
-        """Run ``call`` on every engine concurrently; every engine is tried even if some fail.
-
-        Returns ``{url: result}``. Raises the failures' common ``EngineError`` class (else
-        ``EngineError``) naming every failed engine; a non-engine exception (a bug) propagates as is.
-        """
-        self._check_open()
-        clients = list(self._clients.values())
-        outcomes = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
-        failed = [(c, o) for c, o in zip(clients, outcomes) if isinstance(o, BaseException)]
-        for _, exc in failed:
-            if not isinstance(exc, EngineError):
-                raise exc
-        if failed:
-            first = failed[0][1]
-            classes = {type(exc) for _, exc in failed}
-            cls = classes.pop() if len(classes) == 1 else EngineError
-            lines = "; ".join(f"{c.url}: {exc}" for c, exc in failed)
-            raise cls(
-                f"{what} failed on {len(failed)} of {len(clients)} engines: {lines}",
-                url=first.url, endpoint=first.endpoint, status=first.status, engine_message=first.engine_message,
-            ) from first
-        return {c.url: o for c, o in zip(clients, outcomes)}
-
-    async def abort_all(self) -> dict[str, None]:
-        """``POST /abort_request {"abort_all": true}`` on every engine (§3.1)."""
-        return await self._fan_out("abort_all", lambda c: c.abort(abort_all=True))
-
-    async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> dict[str, None]:
-        return await self._fan_out(f"pause_generation({mode})", lambda c: c.pause_generation(mode))
-
-    async def continue_generation(self) -> dict[str, None]:
-        return await self._fan_out("continue_generation", lambda c: c.continue_generation())
-
-    async def update_weights_from_disk(
-        self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
-    ) -> dict[str, dict[str, Any]]:
-        """Every engine loads ``model_path`` (§3.8). Returns ``{url: {"success", "message", ...}}``.
-
-        Raises:
-            EngineRequestError (or another EngineError): naming each engine that reported failure.
-        """
-        return await self._fan_out(
-            f"update_weights_from_disk({model_path!r}, weight_version={weight_version!r})",
-            lambda c: c.update_weights_from_disk(
-                model_path, weight_version=weight_version, abort_all_requests=abort_all_requests, flush_cache=flush_cache
-            ),
-        )
-
-    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                                              **kwargs: Any) -> dict[str, dict[str, Any]]:
-        """Every engine receives one bucket over the weights-update group (§3.10); ``kwargs`` as
-        ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
-        return await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
-                                   lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs))
-
-    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]:
-        """Every engine loads the same payload (§3.9); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
-        return await self._fan_out("update_weights_from_tensor", lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs))
-
-    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
-        """Every engine frees ``tags`` (None = all) for a colocated trainer (§3.11); engines must be idle."""
-        return await self._fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags))
-
-    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
-        """Every engine re-maps ``tags`` (§3.11); released weights must be synced again afterwards."""
-        return await self._fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags))
-
-    async def flush_cache(self) -> dict[str, bool]:
-        """``{url: flushed}``; False where the engine was busy (§3.3)."""
-        return await self._fan_out("flush_cache", lambda c: c.flush_cache())
-
-    async def wait_ready(self, timeout_s: float) -> None:
-        """Wait until every engine answers ``/health_generate`` 200; marks them up. Raises as ``EngineClient.wait_ready``."""
-        await self._fan_out("wait_ready", lambda c: c.wait_ready(timeout_s))
-        self._down_until.clear()
-
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("EnginePool is closed")
+
+
+def _aborted(rid: str | None, message: str) -> GenerateResult:
+    """What SGLang answers for a request aborted in its waiting queue (§2.9 B): no tokens, abort."""
+    return GenerateResult(output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message),
+                          completion_tokens=0, rid=rid or "")

@@ -27,9 +27,9 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 import torch
 
-from slime.errors import EngineRequestError
+from slime.errors import EngineRequestError, EngineUnavailable
 
-__all__ = ["WeightSync", "StateFn", "weight_update_session", "snapshot", "SESSION_HINT"]
+__all__ = ["WeightSync", "StateFn", "weight_update_session", "snapshot", "engines", "SESSION_HINT"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,14 @@ class WeightSync(Protocol):
 async def snapshot(state_fn: StateFn) -> list[tuple[str, torch.Tensor]]:
     """``state_fn()`` in a worker thread, as an ordered list of (name, tensor)."""
     return list((await asyncio.to_thread(state_fn)).items())
+
+
+def engines(pool: Any) -> list[Any]:
+    """The pool's clients in rotation. Raises EngineUnavailable when there is none to sync."""
+    clients = pool.clients
+    if not clients:
+        raise EngineUnavailable("no engine in rotation to receive the weights", endpoint="(weight sync)")
+    return clients
 
 
 async def _begin(client: Any) -> bool:

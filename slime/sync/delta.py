@@ -39,7 +39,7 @@ import torch
 
 from slime.config import SyncConfig
 from slime.errors import EngineRequestError
-from slime.sync.base import StateFn, snapshot, weight_update_session
+from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.codec import ZLIB_LEVEL, EncodedTensor, encode_payload, encode_tensor
 from slime.sync.wire import serialize_cuda_ipc
 
@@ -85,12 +85,12 @@ class DeltaWeightSync:
     async def load(self, staged: dict[str, torch.Tensor], version: int, *, abort_all_requests: bool = True) -> None:
         t0 = time.monotonic()
         encoded = await asyncio.to_thread(self._encode, staged, self._base)
-        clients = self.pool.clients
+        clients = engines(self.pool)
         for c in clients:
             if c.url not in self._embedded:
                 self._embedded[c.url] = (await c.server_info()).get("engine") == "slime-embedded"
         control = {"weight_version": str(version), "abort_all_requests": abort_all_requests, "flush_cache": abort_all_requests}
-        full: list[list[EncodedTensor]] = []  # encoded once, on the first fallback
+        full: list[asyncio.Future] = []  # the full encoding, made once, on the first fallback
         async with weight_update_session(clients):
             results = await asyncio.gather(*(self._push(c, encoded, staged, control, full) for c in clients))
         self._base, self._base_version = staged, str(version)
@@ -107,7 +107,7 @@ class DeltaWeightSync:
         return [e for e in out if e is not None]
 
     async def _push(self, client: Any, encoded: list[EncodedTensor], new: dict[str, torch.Tensor],
-                    control: dict[str, Any], full: list[list[EncodedTensor]]) -> tuple[int, bool]:
+                    control: dict[str, Any], full: list[asyncio.Future]) -> tuple[int, bool]:
         """Send ``encoded`` to one engine; on a mismatch or refusal, a full sync. Returns (bytes sent, fell back)."""
         sent, problem = 0, None
         try:
@@ -121,8 +121,8 @@ class DeltaWeightSync:
         log.warning("delta weight sync to %s (version %s): %s; falling back to a full sync", client.url,
                     control["weight_version"], problem)
         if not full:
-            full.append(await asyncio.to_thread(self._encode, new, None))
-        more, problem = await self._send(client, full[0], {**control, "base_weight_version": None})
+            full.append(asyncio.ensure_future(asyncio.to_thread(self._encode, new, None)))
+        more, problem = await self._send(client, await full[0], {**control, "base_weight_version": None})
         if problem is not None:
             raise RuntimeError(f"full weight sync to {client.url} (version {control['weight_version']}) still mismatches: {problem}")
         return sent + more, True
@@ -143,16 +143,22 @@ class DeltaWeightSync:
                 await client.update_weights_from_tensor(
                     [serialized], weight_version=control["weight_version"], load_format=SGLANG_LOADER,
                     abort_all_requests=control["abort_all_requests"], flush_cache=control["flush_cache"], timeout_s=timeout_s)
+                del keepalive  # the engine has answered: it no longer reads the tensor
         if bad:
             return sent, f"sha256 mismatch on {len(bad)} of {len(encoded)} tensors (e.g. {bad[:3]})"
         return sent, None
 
+    async def close(self) -> None:
+        """Nothing to release (for symmetry with ``DistributedWeightSync.close``)."""
+
 
 def _buckets(encoded: list[EncodedTensor], max_bytes: int) -> list[list[EncodedTensor]]:
-    out: list[list[EncodedTensor]] = []
+    """Consecutive groups of at most ``max_bytes`` of parts; one empty group when nothing changed (the
+    request still sets ``weight_version``)."""
+    out: list[list[EncodedTensor]] = [[]]
     size = 0
     for e in encoded:
-        if not out or (size + e.nbytes > max_bytes and out[-1]):
+        if out[-1] and size + e.nbytes > max_bytes:
             out.append([])
             size = 0
         out[-1].append(e)

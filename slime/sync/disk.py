@@ -58,3 +58,6 @@ class DiskWeightSync:
         while len(self._written) > max(1, self.config.keep_last):
             old = self._written.pop(0)
             await asyncio.to_thread(shutil.rmtree, old, True)
+
+    async def close(self) -> None:
+        """Nothing to release (for symmetry with ``DistributedWeightSync.close``)."""

@@ -30,10 +30,8 @@ import os
 import time
 from typing import Any, Literal
 
-import torch
-
 from slime.config import SyncConfig
-from slime.sync.base import StateFn, snapshot, weight_update_session
+from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.group import WeightsUpdateGroup, address_towards, backend_for, master_store
 from slime.sync.wire import NamedTensors, buckets, dtype_name
 
@@ -91,7 +89,7 @@ class DistributedWeightSync:
             raise ValueError("nothing to sync: the trainer's state dict is empty")
         t0 = time.monotonic()
         device = staged[0][1].device
-        await self._ensure_group(backend_for(device), device)
+        await self._ensure_group(backend_for(device))
         group, timeout_s = self._group, self.config.update_weights_timeout_s
         num_bytes = 0
         parts = buckets(staged, self.config.update_weight_buffer_size)
@@ -120,8 +118,8 @@ class DistributedWeightSync:
         dt = time.monotonic() - t0
         self.stats = {"bytes": num_bytes, "seconds": dt, "num_buckets": len(parts), "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9}
 
-    async def _ensure_group(self, backend: str, device: torch.device) -> None:
-        clients = self.pool.clients
+    async def _ensure_group(self, backend: str) -> None:
+        clients = engines(self.pool)
         urls = [c.url for c in clients]
         if self._group is not None and urls == self._group_urls:
             return
@@ -136,8 +134,6 @@ class DistributedWeightSync:
         address = address_towards(urls[0])
         store = master_store(address, world_size, timeout_s)
         name = f"slime_weights_{os.getpid()}_{next(_group_ids)}"  # fresh per group: a stale one on an engine cannot clash
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         join = asyncio.ensure_future(asyncio.to_thread(
             WeightsUpdateGroup.join, group_name=name, rank=0, world_size=world_size, backend=backend,
             timeout_s=timeout_s, store=store))

@@ -129,8 +129,8 @@ class WeightsUpdateGroup:
             for t in tensors:
                 self._broadcast_one(t)
             out = list(tensors)
-        if self.backend == "nccl":
-            torch.cuda.current_stream().synchronize()
+        if self.backend == "nccl" and tensors:  # by device: this may run in a thread whose current device differs
+            torch.cuda.synchronize(tensors[0].device)
         return list(out)
 
     def _broadcast_one(self, t: torch.Tensor) -> None:

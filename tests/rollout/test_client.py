@@ -388,9 +388,20 @@ async def test_pool_close_is_idempotent_and_add_remove_engine_route(start_engine
 
 async def test_bulk_failure_of_mixed_kinds_is_an_engine_error_naming_both(start_engines) -> None:
     (engine,) = await start_engines()
-    engine.on("/continue_generation", status=400, body={"error": {"message": "nope"}})
+    engine.on("/health_generate", status=400, body={"error": {"message": "nope"}})
     down = dead_url()
     async with EnginePool([engine.url, down], config=FAST) as pool:
         with pytest.raises(EngineError) as info:
-            await pool.continue_generation()
+            await pool.wait_ready(0.3)
     assert type(info.value) is EngineError and engine.url in str(info.value) and down in str(info.value)
+
+
+async def test_control_call_skips_an_unreachable_engine_but_raises_a_refusal(start_engines) -> None:
+    (engine,) = await start_engines()
+    engine.on("/continue_generation", status=400, body={"error": {"message": "nope"}})
+    down = dead_url()
+    async with EnginePool([engine.url, down], config=FAST) as pool:
+        with pytest.raises(EngineRequestError) as info:
+            await pool.continue_generation()
+        assert engine.url in str(info.value) and down not in str(info.value)
+        assert [s["consecutive_failures"] for s in pool.engine_states()] == [0, 1]

@@ -16,12 +16,15 @@ Layout::
     sampling.py  SamplingParams, sample_next, token_logprobs, seeded generators
     request.py   EngineRequest and the response object
     model.py     load the model / tokenizer, read and check safetensors for reloads
+    weights.py   weight-update sessions, process groups, tensor / distributed / delta updates, memory
 
 Served: /generate (``input_ids`` or ``text``, single or batch, ``n``), /abort_request,
 /pause_generation (abort / retract / in_place), /continue_generation, /update_weights_from_disk,
 /update_weight_version, /flush_cache, /health, /health_generate, /ready, /model_info,
-/get_model_info, /server_info, /get_server_info, /release_memory_occupation,
-/resume_memory_occupation.
+/get_model_info, /server_info, /get_server_info, /begin_weight_update, /end_weight_update,
+/init_weights_update_group, /update_weights_from_distributed (gloo), /destroy_weights_update_group,
+/update_weights_from_tensor (safetensors payloads), /update_weights_from_delta (slime's own),
+/release_memory_occupation, /resume_memory_occupation.
 
 What it does not do (it answers 400 with a message where a client could ask for it):
 
@@ -32,8 +35,9 @@ What it does not do (it answers 400 with a message where a client could ask for 
   its default value;
 * no radix / prefix cache (``cached_tokens`` is always 0; ``/flush_cache`` is a no-op that still
   refuses while busy), no chunked prefill, no paged KV pool or memory-pressure preemption;
-* no tensor / NCCL weight sync (only ``/update_weights_from_disk``); memory release / resume are
-  no-ops; no auth (``--api-key``), no router, one process = one "GPU".
+* no NCCL (the weights-update group is gloo) and no pickled / CUDA IPC tensor payloads; memory
+  release drops the weights and holds generation (see ``weights.py``); no auth (``--api-key``), no
+  router, one process = one "GPU".
 * ``stop`` strings and ``text`` need a tokenizer in the model directory; without one they are
   refused and responses carry no ``text`` (like ``--skip-tokenizer-init``).
 """

@@ -10,7 +10,7 @@
 | GET/POST /flush_cache | plain text; 400 ``Flush cache failed.`` while requests are in flight |
 | GET /health, /health_generate, /ready | 200 / 503, empty body |
 | GET /model_info, /get_model_info, /server_info, /get_server_info | JSON objects (§3.5, §3.6 subset) |
-| GET/POST /release_memory_occupation, /resume_memory_occupation | JSON ``null`` (no-ops on CPU) |
+| weight sessions, process groups, tensor / distributed / delta updates, memory release / resume | see ``weights.py`` |
 
 Error bodies (§1.1): unreadable or non-object JSON and missing required fields ->
 ``{"object": "error", "message", "type": "Bad Request", "param": null, "code": 400}``; unknown
@@ -248,10 +248,6 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
                                  "num_waiting_reqs": runner.num_waiting if runner else 0}],
         })
 
-    async def memory_occupation(request: web.Request) -> web.Response:
-        await _body(request, optional=True)
-        return _json(None)
-
     app.middlewares.append(_errors)
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)
@@ -259,11 +255,12 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
                           ("/continue_generation", continue_generation), ("/update_weight_version", update_weight_version),
                           ("/update_weights_from_disk", update_weights_from_disk)]:
         app.router.add_post(path, handler)
-    for path, handler in [("/flush_cache", flush_cache), ("/release_memory_occupation", memory_occupation),
-                          ("/resume_memory_occupation", memory_occupation)]:
-        app.router.add_get(path, handler, allow_head=False)
-        app.router.add_post(path, handler)
+    app.router.add_get("/flush_cache", flush_cache, allow_head=False)
+    app.router.add_post("/flush_cache", flush_cache)
     for path, handler in [("/health", health), ("/health_generate", health_generate), ("/ready", ready),
                           ("/model_info", model_info), ("/get_model_info", model_info),
                           ("/server_info", server_info), ("/get_server_info", server_info)]:
         app.router.add_get(path, handler)
+    from slime.rollout.engine.weights import add_weight_routes  # here: weights.py imports this module's helpers
+
+    add_weight_routes(app, server)

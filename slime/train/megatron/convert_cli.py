@@ -21,11 +21,13 @@ a GPU machine); the conversion itself is pure tensor code (``convert.py``) and r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
-from typing import Sequence
+import warnings
+from typing import Iterator, Sequence
 
 import torch
 
@@ -60,6 +62,16 @@ def _model(arch: ModelArch, dtype: torch.dtype):
     return build_gpt_model(arch, config, tp_size=1)
 
 
+@contextlib.contextmanager
+def _quiet_torch_deprecations() -> Iterator[None]:
+    """megatron-core 0.16.1's checkpoint I/O goes through torch.distributed.checkpoint APIs that
+    newer torch marks deprecated (``ShardedTensor``, ``dcp.load_state_dict``): FutureWarnings
+    about megatron's code, not ours, silenced for that call only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        yield
+
+
 def _needs_cuda(exc: BaseException) -> bool:
     return "CUDA" in str(exc) or "cuda" in str(exc)
 
@@ -79,7 +91,8 @@ def hf_to_megatron(hf_dir: str, out_dir: str) -> str:
     if os.listdir(out_dir):
         raise FileExistsError(f"--save {out_dir} is not empty; a distributed checkpoint needs an empty directory")
     try:
-        dist_ckpt.save(model.sharded_state_dict(), out_dir)
+        with _quiet_torch_deprecations():
+            dist_ckpt.save(model.sharded_state_dict(), out_dir)
     except (AssertionError, RuntimeError) as exc:
         if _needs_cuda(exc):
             raise RuntimeError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine") from exc
@@ -105,7 +118,8 @@ def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
     arch = ModelArch.from_hf_config(load_hf_config(meta_dir))
     model = _model(arch, dtype)
     try:
-        state = dist_ckpt.load(model.sharded_state_dict(), mcore_dir)
+        with _quiet_torch_deprecations():
+            state = dist_ckpt.load(model.sharded_state_dict(), mcore_dir)
     except (AssertionError, RuntimeError) as exc:
         if _needs_cuda(exc):
             raise RuntimeError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine") from exc

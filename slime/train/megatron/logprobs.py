@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from slime.train.logprobs import GREEDY_TEMPERATURE
+from slime.train.megatron._mcore import mcore
 
 __all__ = ["vocab_parallel_logprobs"]
 
@@ -51,7 +52,7 @@ class _LogprobEntropy(torch.autograd.Function):
         sum_exp = ez.sum(-1)  # [t]
         if num_real < local:
             z[:, num_real:] = 0.0
-        pz = (ez * z).sum(-1)  # [t], sum of exp(z) * z over this rank's vocabulary
+        pz = torch.einsum("tv,tv->t", ez, z)  # [t], sum of exp(z) * z over this rank's vocabulary (no [t, v] temporary)
         del z
         stats = torch.stack([predicted, sum_exp, pz])  # [3, t]
         _all_reduce(stats, dist.ReduceOp.SUM, group)
@@ -76,12 +77,11 @@ class _LogprobEntropy(torch.autograd.Function):
 
 def _composite(logits: Tensor, target: Tensor, scale: float, vocab_start: int, vocab_size: int, group: Any) -> tuple[Tensor, Tensor]:
     """Same values through plain autograd ops, so the entropy carries gradient (entropy bonus)."""
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
-    def reduce(x: Tensor) -> Tensor:
+    def reduce(x: Tensor) -> Tensor:  # all-reduce forward, identity backward (every TP rank holds the same loss)
         if group is None or dist.get_world_size(group) == 1:
             return x
-        return reduce_from_tensor_model_parallel_region(x, group=group)
+        return mcore("megatron.core.tensor_parallel.mappings").reduce_from_tensor_model_parallel_region(x, group=group)
 
     z = logits.float() * scale
     local = z.shape[-1]

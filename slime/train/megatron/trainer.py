@@ -31,7 +31,9 @@ allocate on the GPU; use ``--train-backend torch`` on a CPU).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import math
 import threading
 import time
@@ -110,7 +112,7 @@ class MegatronTrainer:
 
     def _build(self, hf_dir: str, *, trainable: bool) -> tuple[Any, Any]:
         """GPTModel on this GPU with ``hf_dir``'s weights, bf16-wrapped if asked; DDP-wrapped if trainable."""
-        torch.cuda.set_device(self.ctx.device)
+        self._use_device()
         arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
         if arch != self.arch:
             raise ValueError(f"{hf_dir}: architecture {arch} differs from the policy's {self.arch}")
@@ -174,6 +176,11 @@ class MegatronTrainer:
             wd_incr_style="constant",
         )
 
+    def _use_device(self) -> None:
+        """Make this rank's GPU current in the calling thread (the driver calls from worker threads)."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.set_device(self.ctx.device)
+
     # --- the driver's interface (rank 0) ------------------------------------------------------
 
     @property
@@ -187,7 +194,7 @@ class MegatronTrainer:
         Raises ValueError / RuntimeError from ``build_train_batch`` before any rank starts.
         """
         with self._lock:
-            torch.cuda.set_device(self.ctx.device)
+            self._use_device()
             cfg = self.config
             batch = build_train_batch(
                 groups,
@@ -204,14 +211,14 @@ class MegatronTrainer:
     def save_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF directory (rank 0 gathers, tensor by tensor); return its path."""
         with self._lock:
-            torch.cuda.set_device(self.ctx.device)
+            self._use_device()
             self.channel.send("save_hf", out_dir)
             return write_hf_dir(iter_hf_weights(self.ddp, self.arch, self.ctx), out_dir, source_dir=self.model_dir)
 
     def state_dict_for_sync(self) -> dict[str, Tensor]:
         """The current weights keyed by HF name, fp32 on rank 0's CPU (gathered tensor by tensor)."""
         with self._lock:
-            torch.cuda.set_device(self.ctx.device)
+            self._use_device()
             self.channel.send("gather")
             return dict(iter_hf_weights(self.ddp, self.arch, self.ctx, dtype=torch.float32))
 
@@ -228,7 +235,7 @@ class MegatronTrainer:
 
     def serve(self) -> None:
         """Run rank 0's commands until "stop" (ranks other than 0)."""
-        torch.cuda.set_device(self.ctx.device)
+        self._use_device()
         while True:
             command, payload = self.channel.recv()
             if command == "train":
@@ -384,14 +391,10 @@ class MegatronTrainer:
 
 
 def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
-    import dataclasses
-
     return dataclasses.replace(batch, **fields)
 
 
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    import dataclasses
-
     return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None})
 
 
@@ -418,8 +421,6 @@ def serve_if_worker(config: TrainConfig, *, model_dir: str) -> bool:
     On rank 0 (or without torchrun) return False at once: the caller builds the trainer and runs
     the driver.
     """
-    import os
-
     if int(os.environ.get("RANK", "0")) == 0:
         return False
     MegatronTrainer(config, model_dir=model_dir).serve()

@@ -83,6 +83,7 @@ def test_tp_that_does_not_divide_the_heads_is_rejected(hf_dirs):
 
 
 def test_distributed_checkpoint_round_trip_through_the_cli_functions(hf_dirs, megatron_cpu, tmp_path):
+    pytest.importorskip("psutil", reason="megatron-core's checkpoint writer imports psutil without declaring it")
     from slime.train.megatron.convert_cli import hf_to_megatron, megatron_to_hf
 
     mdir, hdir = tmp_path / "mcore", tmp_path / "hf"
@@ -91,3 +92,17 @@ def test_distributed_checkpoint_round_trip_through_the_cli_functions(hf_dirs, me
     megatron_to_hf(str(mdir), str(hdir))
     _assert_bit_exact(load_file(hdir / "model.safetensors"), _hf_state(hf_dirs["qwen3"]))
     assert (hdir / "config.json").is_file() and (hdir / "tokenizer_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--to", "megatron", "--save", "out"], "needs --hf-checkpoint"),
+        (["--to", "hf", "--save", "out"], "needs --load"),
+    ],
+)
+def test_convert_cli_names_the_missing_flag(argv, message):
+    from slime.train.megatron.convert_cli import main
+
+    with pytest.raises(SystemExit, match=message):
+        main(argv)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU checks of the megatron-core backend, run on the device machine from the repository root.
+#
+#   bash scripts/gpu/megatron_checks.sh [ab|c|all]      (default: all; "c" needs 2 GPUs)
+#
+#   a  tests/gpu/megatron_logprob_parity.py   megatron vs torch-backend logprobs (bf16 mean |diff| <= 1e-2),
+#                                            varlen vs per-sequence SDPA, one train step, save_hf round trip
+#   b  scripts/bench_megatron_mfu.py          Qwen2-0.5B shape, seq len 4096: MFU vs a measured bf16 matmul
+#   c  tests/gpu/megatron_parallel_loss.py    1 GPU vs TP=2 vs DP=2 (distributed optimizer) vs TP=2 + SP:
+#                                            same metrics within bf16 tolerance (megatron_compare_parallel.py)
+#
+# The image has Python 3.12, torch, transformers, triton and psutil but neither megatron-core nor
+# msgspec: both travel as wheels in .whl/ (carry ".whl"). Results land in $OUT (4 files at most):
+# checks.log, megatron_parity.json, megatron_mfu.json, megatron_parallel.json. Each part is bounded
+# by `timeout` so the whole call stays under 8 minutes.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/slime_gpu_out}
+mkdir -p "$OUT" /tmp/slime_gpu
+LOG="$OUT/checks.log"
+PARTS=${1:-all}
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+
+status=0
+run() {  # run LIMIT_S CMD...: log the command and its output, remember a failure
+    local limit=$1; shift
+    echo "=== $(date +%T) $*" | tee -a "$LOG"
+    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    echo "=== rc=$rc" | tee -a "$LOG"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+run 60 python3 -c "import sys, torch, megatron.core, transformers; print(sys.version.split()[0], torch.__version__, 'megatron-core', megatron.core.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
+
+if [[ $PARTS == all || $PARTS == *a* ]]; then
+    run 180 python3 tests/gpu/megatron_logprob_parity.py
+fi
+if [[ $PARTS == all || $PARTS == *b* ]]; then
+    run 180 python3 scripts/bench_megatron_mfu.py
+fi
+if [[ $PARTS == all || $PARTS == *c* ]]; then
+    ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    if [ "$ngpu" -lt 2 ]; then
+        echo "part c needs 2 GPUs, found $ngpu: skipped" | tee -a "$LOG"
+    else
+        RUNS=/tmp/slime_gpu/parallel
+        rm -rf "$RUNS"
+        run 120 python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); import megatron_common as m, torch; m.make_hf_dir('/tmp/slime_gpu/small_bf16', m.SMALL, dtype=torch.bfloat16)"
+        P="tests/gpu/megatron_parallel_loss.py --out-dir $RUNS"
+        run 90 env CUDA_VISIBLE_DEVICES=0 python3 -m torch.distributed.run --standalone --nproc-per-node 1 $P --name single
+        run 90 python3 -m torch.distributed.run --standalone --nproc-per-node 2 $P --tp 2 --name tp2
+        run 90 python3 -m torch.distributed.run --standalone --nproc-per-node 2 $P --tp 1 --distributed-optimizer --name dp2
+        run 90 python3 -m torch.distributed.run --standalone --nproc-per-node 2 $P --tp 2 --sequence-parallel --name tp2sp
+        run 30 python3 tests/gpu/megatron_compare_parallel.py "$RUNS" single tp2 dp2 tp2sp
+    fi
+fi
+echo "megatron_checks.sh: $([ $status -eq 0 ] && echo PASSED || echo FAILED)" | tee -a "$LOG"
+exit $status

@@ -1,0 +1,174 @@
+"""``start_rollout``: bring up a run's inference side from its ``LaunchPlan`` and tear it down after.
+
+::
+
+    plan ──► start servers (all at once; each: start, wait /health_generate)   [sglang | embedded]
+         ──► routers: launch (worker urls on the command line) and wait /readiness,
+             or use a running one (register our servers, or list its workers)
+         ──► one EnginePool per model (router url + worker urls) ──► PoolRegistry (actor = default)
+         ──► one EngineSupervisor per pool (health checks, restarts / sidelining), in a TaskGroup
+    exit: supervisors stop, routers stop, servers stop (SIGTERM, then SIGKILL), pools close
+
+If any server or router fails to start, everything started so far is stopped and the error
+(naming the server and its log file) is raised. External engines are only waited for.
+Logs of launched SGLang processes go to ``log_dir/<name>.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator, Mapping
+
+import aiohttp
+
+from slime.config import EngineConfig, RolloutConfig
+from slime.rollout.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.rollout.pool import KEEPALIVE_S, MAX_CONNECTIONS, EnginePool
+from slime.rollout.processes import CommandProcess
+from slime.rollout.router import RouterClient
+from slime.rollout.server_groups import ACTOR
+from slime.rollout.sglang_launch import LaunchPlan, build_launch_plan, embedded_processes
+from slime.rollout.supervisor import EngineSupervisor
+
+__all__ = ["start_rollout", "PoolRegistry", "RolloutEngines"]
+
+log = logging.getLogger(__name__)
+
+
+class PoolRegistry(Mapping[str, EnginePool]):
+    """``model -> EnginePool``; ``default`` is the actor's pool (the policy; the only one updated)."""
+
+    def __init__(self, pools: Mapping[str, EnginePool], default: str = ACTOR):
+        if default not in pools:
+            raise ValueError(f"no pool for the default model {default!r} (have {sorted(pools)})")
+        self._pools, self.default_model = dict(pools), default
+
+    def __getitem__(self, model: str) -> EnginePool:
+        if model not in self._pools:
+            raise KeyError(f"no engines serve model {model!r} (have {sorted(self._pools)})")
+        return self._pools[model]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pools)
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    @property
+    def default(self) -> EnginePool:
+        return self._pools[self.default_model]
+
+
+@dataclasses.dataclass
+class RolloutEngines:
+    plan: LaunchPlan
+    pools: PoolRegistry
+    supervisors: dict[str, EngineSupervisor]
+    """model -> its pool's supervisor."""
+    processes: dict[str, Any]
+    """worker url -> its process (launched servers and embedded engines)."""
+    routers: dict[str, CommandProcess]
+    """model -> its launched router process."""
+
+
+@contextlib.asynccontextmanager
+async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_dir: str | None = None, weight_version: str = "0",
+                        seed: int = 0, log_dir: str | Path | None = None) -> AsyncIterator[RolloutEngines]:
+    """Start (or attach to) the engines of ``build_launch_plan(engine, ...)``; yield them running.
+
+    Raises:
+        ConfigError: from the plan. EngineError: a server or router that did not come up in
+            ``startup_timeout_s``, or a running router that could not be listed or registered with.
+    """
+    plan = build_launch_plan(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
+    timeout_s = engine.startup_timeout_s
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+    processes: dict[str, Any] = {}
+    routers: dict[str, CommandProcess] = {}
+    pools: dict[str, EnginePool] = {}
+    model_of: dict[str, str] = {}
+    try:
+        if plan.backend == "embedded":
+            procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
+            urls = await _start_all(procs, timeout_s)
+            processes.update(zip(urls, procs))
+            model_of.update((u, ACTOR) for u in urls)
+        elif plan.backend == "sglang":
+            procs = [CommandProcess(s.name, s.argv, env=s.env, url=s.url, log_path=_log(log_dir, s.name),
+                                    ready=EngineClient(s.url, session=session, config=rollout).wait_ready) for s in plan.servers]
+            await _start_all(procs, timeout_s)
+            processes.update((p.url, p) for p in procs)
+            model_of.update((s.url, s.model) for s in plan.servers)
+        model_of.update((u, ACTOR) for u in plan.external_urls)
+        router_clients: dict[str, RouterClient] = {}
+        registration: dict[str, dict[str, Any]] = {}
+        for s in plan.servers:
+            if s.role != "regular":
+                registration[s.url] = {"worker_type": s.role, **({"bootstrap_port": s.bootstrap_port} if s.bootstrap_port else {})}
+        for spec in plan.routers:
+            client = RouterClient(spec.url, session=session, config=rollout)
+            if spec.argv is not None:
+                proc = CommandProcess(f"router-{spec.model}", spec.argv, env={}, url=spec.url, ready=client.wait_ready,
+                                      log_path=_log(log_dir, f"router-{spec.model}"))
+                routers[spec.model] = proc
+                await proc.start(timeout_s)
+            else:
+                await client.wait_ready(timeout_s)
+            if spec.register:
+                for s in plan.servers:
+                    if s.model == spec.model:
+                        await client.add_worker(s.url, **registration.get(s.url, {}))
+            elif spec.argv is None and not plan.external_urls:
+                model_of.update((u, spec.model) for u in await client.worker_urls())
+                log.info("router %s lists workers %s", spec.url, [u for u, m in model_of.items() if m == spec.model])
+            if spec.argv is not None or spec.register:
+                router_clients[spec.model] = client  # registration follows our restarts
+        rejoin_timeout_s = timeout_s + rollout.control_timeout_s
+        for model in plan.models():
+            urls = [u for u, m in model_of.items() if m == model]
+            router = plan.router_of(model)
+            weights = (model_dir or engine.hf_checkpoint, weight_version) if model == ACTOR else None
+            pools[model] = EnginePool(urls, config=rollout, session=session, router_url=router.url if router else None,
+                                      failure_threshold=engine.circuit_breaker_threshold, rejoin_timeout_s=rejoin_timeout_s,
+                                      breaker_cooldown_s=engine.circuit_breaker_cooldown_s, weights=weights)
+            if plan.backend == "external":
+                await pools[model].wait_ready(timeout_s)
+        supervisors = {model: EngineSupervisor(pool, config=engine, processes={u: processes[u] for u in pool.urls if u in processes},
+                                               router=router_clients.get(model), registration=registration)
+                       for model, pool in pools.items()}
+        log.info("rollout engines up: %s", {m: {"workers": p.urls, "router": p.router_url} for m, p in pools.items()})
+        async with asyncio.TaskGroup() as tg:
+            for model, supervisor in supervisors.items():
+                tg.create_task(supervisor.run(), name=f"supervisor-{model}")
+            try:
+                yield RolloutEngines(plan, PoolRegistry(pools), supervisors, processes, routers)
+            finally:
+                for supervisor in supervisors.values():
+                    supervisor.close()
+    finally:
+        await asyncio.gather(*(r.stop() for r in routers.values()), return_exceptions=True)
+        await asyncio.gather(*(p.stop() for p in processes.values()), return_exceptions=True)
+        for pool in pools.values():
+            await pool.close()
+        await session.close()
+
+
+async def _start_all(procs: list[Any], timeout_s: float) -> list[str]:
+    """Start every process concurrently; if one fails, stop them all and raise its error."""
+    results = await asyncio.gather(*(p.start(timeout_s) for p in procs), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
+        raise errors[0]
+    log.info("engines ready: %s", ", ".join(results))
+    return list(results)
+
+
+def _log(log_dir: str | Path | None, name: str) -> Path | None:
+    return Path(log_dir) / f"{name}.log" if log_dir else None

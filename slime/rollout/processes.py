@@ -1,0 +1,107 @@
+"""``CommandProcess``: an SGLang server or router started from a ``LaunchPlan`` command.
+
+Each runs in its own session (process group), so ``stop`` ends the whole tree SGLang spawns
+(scheduler and detokenizer processes): SIGTERM to the group, SIGKILL after ``grace_s``. Output goes
+to ``log_path`` (appended across restarts), else to ours. Readiness is the ``ready(timeout_s)``
+coroutine (``EngineClient.wait_ready``: ``/health_generate`` 200; ``RouterClient.wait_ready``),
+raced against the process exiting, so a server that dies while loading fails at once. ``restart``
+runs the same command again (same port, same GPUs).
+
+Not covered: a tree whose members left the process group, or that outlives a SIGKILL of *this*
+process (SGLang's children watch their parent on Linux; our group kill covers normal exits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Awaitable, Callable, Mapping, Sequence
+
+from slime.errors import EngineUnavailable
+
+__all__ = ["CommandProcess"]
+
+log = logging.getLogger(__name__)
+
+
+class CommandProcess:
+    """One command of the launch plan, with the process interface of ``EmbeddedEngineProcess``."""
+
+    def __init__(self, name: str, argv: Sequence[str], *, env: Mapping[str, str], url: str,
+                 ready: Callable[[float], Awaitable[None]], log_path: str | Path | None = None, grace_s: float = 15.0):
+        self.name, self.argv, self.env, self.url = name, list(argv), dict(env), url
+        self.ready = ready
+        self.log_path = Path(log_path) if log_path else None
+        self.grace_s = grace_s
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def __repr__(self) -> str:
+        return f"CommandProcess({self.name!r}, url={self.url!r}, pid={self.pid}, returncode={self.returncode})"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    async def start(self, startup_timeout_s: float) -> str:
+        """Start and wait until ready. Returns the url.
+
+        Raises:
+            EngineUnavailable: the process exited before it was ready (the log path is named).
+            EngineTimeout / EngineError: from ``ready`` (the process is stopped first).
+        """
+        out = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = self.log_path.open("ab")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, env={**os.environ, **self.env}, stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
+                start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()  # the child holds its own descriptor
+        log.info("started %s (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
+        waiting = asyncio.ensure_future(self.ready(startup_timeout_s))
+        exited = asyncio.ensure_future(self.proc.wait())
+        try:
+            await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+            waiting.cancel()  # no-op when done
+        error = waiting.exception() if waiting.done() and not waiting.cancelled() else None
+        if waiting.done() and not waiting.cancelled() and error is None:
+            return self.url
+        await self.stop()
+        if error is not None:
+            raise error
+        where = f"; see {self.log_path}" if self.log_path else ""
+        raise EngineUnavailable(f"{self.name} exited with code {self.proc.returncode} before it was ready{where}",
+                                url=self.url, endpoint="(launch)")
+
+    async def restart(self, startup_timeout_s: float) -> str:
+        """Stop (if still running) and start the same command again. Returns the url."""
+        await self.stop()
+        return await self.start(startup_timeout_s)
+
+    async def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``. Idempotent."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(self.grace_s):
+                await self.proc.wait()
+        except TimeoutError:
+            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing its process group", self.name, self.proc.pid, self.grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the tree, even when the leader exited
+        await self.proc.wait()

@@ -1,0 +1,61 @@
+"""Shared pieces of the megatron GPU checks: random HF checkpoints (no downloads) and synthetic RL groups.
+
+Used by ``tests/gpu/megatron_*.py`` and ``scripts/bench_megatron_mfu.py`` through
+``scripts/gpu/megatron_checks.sh``; nothing here runs in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+QWEN2_05B = dict(
+    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+)
+"""Qwen2-0.5B's shape (494M parameters), with random weights."""
+
+SMALL = dict(QWEN2_05B, num_hidden_layers=4)
+"""Qwen2-0.5B's width and vocabulary, 4 layers: quick parity checks."""
+
+
+def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> str:
+    """Save a random Qwen2 model of ``shape`` (initialised on the GPU) as an HF directory; return ``path``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(dtype)
+    model.save_pretrained(path)
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"model_max_length": 32768}, f)
+    return path
+
+
+def make_groups(*, vocab_size: int, num_groups: int, group_size: int, prompt_len: int, response_len: int, seed: int = 0, ragged: bool = True):
+    """Rewarded groups of random tokens; response lengths vary inside each group when ``ragged``."""
+    from slime.types import Group, Sample, Status
+
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for gi in range(num_groups):
+        samples = []
+        for i in range(group_size):
+            r = response_len - (int(torch.randint(0, response_len // 2, (1,), generator=g)) if ragged else 0)
+            s = Sample(prompt_ids=torch.randint(1, vocab_size, (prompt_len,), generator=g).tolist(), index=i, group_id=gi, reward=float((i + gi) % 2), status=Status.COMPLETED)
+            s.append(torch.randint(1, vocab_size, (r,), generator=g).tolist(), (-torch.rand(r, generator=g) * 3).tolist(), policy_version=0)
+            samples.append(s)
+        groups.append(Group(group_id=gi, samples=samples))
+    return groups
+
+
+def write_json(name: str, payload: dict, *, out_dir: str | None = None) -> None:
+    """Print ``payload`` and write it to ``out_dir/name`` (default ``$OUT``, else the working directory)."""
+    text = json.dumps(payload, indent=2, sort_keys=True)
+    print(text, flush=True)
+    with open(os.path.join(out_dir or os.environ.get("OUT", "."), name), "w") as f:
+        f.write(text + "\n")

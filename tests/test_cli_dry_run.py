@@ -1,0 +1,103 @@
+"""``slime train --dry-run`` with THUDM/slime's Qwen3-4B launch flags (scripts/run-qwen3-4B.sh).
+
+The flags this slime has are kept as the script writes them; ``--rollout-num-gpus 8`` stands in for
+``--actor-num-nodes 1 --actor-num-gpus-per-node 8`` (Ray placement, which this slime does not have),
+and ``--eval-prompt-data`` takes one path (slime's takes ``name path`` pairs). Every ``--sglang-*``
+flag must reach each ``sglang.launch_server`` command unchanged, prefix stripped; every flag this
+slime does not know must stop the run with an error naming it.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from slime.cli import main
+
+QWEN3_4B = [
+    # CKPT_ARGS
+    "--hf-checkpoint", "/root/Qwen3-4B", "--ref-load", "/root/Qwen3-4B_torch_dist", "--load", "/root/Qwen3-4B_slime/",
+    "--save", "/root/Qwen3-4B_slime/", "--save-interval", "20",
+    # ROLLOUT_ARGS (--apply-chat-template, --rm-type deepscaler and --balance-data: see UNSUPPORTED)
+    "--prompt-data", "/root/dapo-math-17k/dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label",
+    "--rollout-shuffle", "--num-rollout", "3000", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
+    "--rollout-max-response-len", "8192", "--rollout-temperature", "0.8", "--global-batch-size", "256",
+    # EVAL_ARGS
+    "--eval-interval", "20", "--eval-prompt-data", "/root/aime-2024/aime-2024.jsonl",
+    # PERF_ARGS
+    "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
+    "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--recompute-granularity", "full",
+    "--recompute-method", "uniform", "--recompute-num-layers", "1", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "9216",
+    # GRPO_ARGS
+    "--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl",
+    "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28",
+    # OPTIMIZER_ARGS (--optimizer adam: see UNSUPPORTED)
+    "--lr", "1e-6", "--lr-decay-style", "constant", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
+    # SGLANG_ARGS, and the GPUs of --actor-num-gpus-per-node 8 --colocate
+    "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.7", "--rollout-num-gpus", "8", "--colocate",
+]
+MORE_SGLANG = ["--sglang-enable-memory-saver", "--sglang-chunked-prefill-size", "-1", "--sglang-cuda-graph-bs", "1", "2", "4", "8",
+               "--sglang-json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--sglang-log-level=warning"]
+EXPECTED_TAIL = ["--mem-fraction-static", "0.7", "--enable-memory-saver", "--chunked-prefill-size", "-1", "--cuda-graph-bs", "1", "2",
+                 "4", "8", "--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--log-level=warning"]
+UNSUPPORTED = [  # flags of the same script that this slime does not have
+    ["--apply-chat-template"], ["--balance-data"], ["--n-samples-per-eval-prompt", "16"], ["--eval-max-response-len", "16384"],
+    ["--eval-top-p", "0.7"], ["--expert-tensor-parallel-size", "1"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
+    ["--accumulate-allreduce-grads-in-fp32"], ["--attention-backend", "flash"], ["--actor-num-nodes", "1"],
+    ["--sglang-router-request-timeout-secs", "14400"],
+]
+
+
+def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert main(["train", "--dry-run", *QWEN3_4B, *MORE_SGLANG]) == 0
+    out = capsys.readouterr().out
+    servers = [shlex.split(line) for line in out.splitlines() if "sglang.launch_server" in line]
+    assert len(servers) == 4  # 8 GPUs / 2 per engine
+    for i, argv in enumerate(servers):
+        assert argv[0] == f"CUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1}"
+        start = argv.index("--weight-version")
+        assert argv[argv.index("--model-path") + 1] == "/root/Qwen3-4B" and argv[argv.index("--tp-size") + 1] == "2"
+        assert argv[start + 1] == "0" and argv[start + 2:] == EXPECTED_TAIL
+    (router,) = [shlex.split(line) for line in out.splitlines() if "sglang_router.launch_router" in line]
+    urls = router[router.index("--worker-urls") + 1 : router.index("--host")]
+    assert urls == [f"http://127.0.0.1:{argv[argv.index('--port') + 1]}" for argv in servers]
+
+
+def test_router_flags_pass_through_to_the_router_command(capsys):
+    assert main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "consistent_hashing", "--router-health-check-interval-secs", "5"]) == 0
+    (router,) = [line for line in capsys.readouterr().out.splitlines() if "sglang_router.launch_router" in line]
+    assert shlex.split(router)[-4:] == ["--policy", "consistent_hashing", "--health-check-interval-secs", "5"]
+
+
+@pytest.mark.parametrize("extra", UNSUPPORTED, ids=lambda e: e[0])
+def test_a_flag_this_slime_does_not_have_is_an_error_naming_it(capsys, extra):
+    try:
+        rc = main(["train", "--dry-run", *QWEN3_4B, *extra])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    assert rc == 2
+    assert extra[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, hint", [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-port", "its own port"),
+                                        ("--router-port", "--sglang-router-port")])
+def test_a_pass_through_flag_slime_sets_itself_is_refused_with_what_to_use(capsys, flag, hint):
+    assert main(["train", "--dry-run", *QWEN3_4B, flag, "3"]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and hint in err
+
+
+def test_sglang_flags_without_sglang_servers_are_an_error_not_ignored(capsys):
+    assert main(["train", "--dry-run", "--sglang-mem-fraction-static", "0.7"]) == 2
+    assert "--mem-fraction-static" in capsys.readouterr().err
+
+
+def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
+    path = tmp_path / "groups.yaml"
+    path.write_text("groups:\n  - {name: actor, num_engines: 2}\n  - {name: teacher, model: teacher, model_path: /ckpt/t, gpus_per_engine: 2}\n")
+    assert main(["train", "--dry-run", "--hf-checkpoint", "/ckpt/p", "--sglang-config", str(path), "--sglang-mem-fraction-static", "0.6"]) == 0
+    out = capsys.readouterr().out
+    assert "[server actor-1] model=actor" in out and "[server teacher-0] model=teacher" in out
+    assert out.count("sglang_router.launch_router") == 2 and out.count("--mem-fraction-static 0.6") == 3
