@@ -22,7 +22,8 @@ is not retried (the request may still run there). A resent request keeps its ``r
 worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart), using no attempt.
 ``abort_all`` ends calls that are between attempts or waiting: they return a queued-abort result
 (no tokens, ``finish_reason`` abort, §2.9 B), so the scheduler's drain never waits on a retry.
-Control calls: ``pool_control.py``.
+Control calls: ``pool_control.py``. Not covered: the router's own retries (§5.1) add to ours;
+health of the router itself (a dead router fails each call after its retries).
 """
 
 from __future__ import annotations
