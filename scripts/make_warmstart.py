@@ -140,18 +140,24 @@ def save(model: LlamaForCausalLM, tokenizer, out: Path) -> None:
 
 
 def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int) -> None:
-    greedy = arith.score_hf_model(model, tokenizer, eval_rows, temperature=0.0)
-    sampled = arith.score_hf_model(model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed)
+    """Print greedy and temperature-1 held-out accuracy, pass@8, mixed groups and direct-answer share."""
+    greedy = [texts[0] for texts in arith.sample_hf_model(model, tokenizer, eval_rows, temperature=0.0)]
+    sampled = arith.sample_hf_model(model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed)
+    greedy_scores = [arith.score(text, row["label"]) for text, row in zip(greedy, eval_rows)]
+    sampled_scores = [[arith.score(t, row["label"]) for t in texts] for texts, row in zip(sampled, eval_rows)]
     num_rows = len(eval_rows)
-    greedy_acc = sum(s[0] for s in greedy) / num_rows
-    sampled_acc = sum(sum(s) for s in sampled) / (8 * num_rows)
-    pass_at_8 = sum(max(s) for s in sampled) / num_rows
-    mixed = sum(0 < sum(s) < 8 for s in sampled) / num_rows
-    print(f"held-out ({num_rows} eval problems): greedy {greedy_acc:.3f}  sampled@T=1 {sampled_acc:.3f}  "
-          f"pass@8 {pass_at_8:.3f}  mixed 8-sample groups {mixed:.3f}")
+    print(
+        f"held-out ({num_rows} eval problems): greedy {sum(greedy_scores) / num_rows:.3f}  "
+        f"sampled@T=1 {sum(map(sum, sampled_scores)) / (8 * num_rows):.3f}  "
+        f"pass@8 {sum(map(max, sampled_scores)) / num_rows:.3f}  "
+        f"mixed 8-sample groups {sum(0 < sum(s) < 8 for s in sampled_scores) / num_rows:.3f}"
+    )
+    direct_greedy = sum(t.startswith("#") for t in greedy) / num_rows
+    direct_sampled = sum(t.startswith("#") for texts in sampled for t in texts) / (8 * num_rows)
+    print(f"direct answers: greedy {direct_greedy:.3f}  sampled@T=1 {direct_sampled:.3f}")
     by_terms: dict[int, list[float]] = {}
-    for row, g in zip(eval_rows, greedy):
-        by_terms.setdefault(row["prompt"].count("+") + 1, []).append(g[0])
+    for row, g in zip(eval_rows, greedy_scores):
+        by_terms.setdefault(row["prompt"].count("+") + 1, []).append(g)
     print("greedy by number of terms: " + "  ".join(
         f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(by_terms.items())))
 

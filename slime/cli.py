@@ -63,7 +63,8 @@ def preflight(config) -> None:
 
     Model directories (``--hf-checkpoint``, ``--ref-load``) exist and hold a ``config.json``; prompt
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
-    ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package.
+    ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
+    launch plan builds, and SGLang servers / routers to launch have ``sglang`` / ``sglang_router``.
 
     Raises:
         ConfigError: the first problem found.
@@ -98,6 +99,14 @@ def preflight(config) -> None:
     for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
+    from slime.rollout.sglang_launch import build_launch_plan
+
+    plan = build_launch_plan(config.engine)  # also checks --sglang-config and the GPU / port arithmetic
+    for module, package in (("sglang", "sglang"), ("sglang_router", "sglang-router")):
+        starts = plan.servers if module == "sglang" else [r for r in plan.routers if r.argv is not None]
+        if plan.backend == "sglang" and starts and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"--rollout-num-gpus / --sglang-config launch {module} processes, but the {package} package "
+                              f"is not installed (pip install {package}; slime train --dry-run shows the commands)")
 
 
 def _run(coro):

@@ -66,9 +66,9 @@ def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(cap
 
 
 def test_router_flags_pass_through_to_the_router_command(capsys):
-    assert main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "consistent_hashing", "--router-health-check-interval-secs", "5"]) == 0
+    assert main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "manual", "--router-health-check-interval-secs", "5"]) == 0
     (router,) = [line for line in capsys.readouterr().out.splitlines() if "sglang_router.launch_router" in line]
-    assert shlex.split(router)[-4:] == ["--policy", "consistent_hashing", "--health-check-interval-secs", "5"]
+    assert shlex.split(router)[-4:] == ["--policy", "manual", "--health-check-interval-secs", "5"]
 
 
 @pytest.mark.parametrize("extra", UNSUPPORTED, ids=lambda e: e[0])

@@ -7,9 +7,13 @@ solution adds the terms left to right, one step per ``;``, and ends with ``#`` a
     solution  "47+385=432;432+9=441;#441"      (then <eos>)
     label     "441"
 
-Responses run from 8 characters ("3+4=7;#7") to 46 (four 3-digit terms), plus ``<eos>``, so a
-batch of rollouts finishes at very different times, which partial rollouts need. The reward checks
-only the final answer, by exact string match against the label; the scratchpad is not verified.
+A direct answer (``"#441"``) is also well formed: the reward checks only the final answer, by exact
+string match against the label, and never the scratchpad. The demo's warm start
+(``scripts/make_warmstart.py``) is fine-tuned on a mix of both styles; direct answers are rarely
+right beyond the smallest sums, so RL has an easy, real thing to learn (work it out) before it
+improves the arithmetic itself. Responses run from 2 characters (``"#7"``) to 46 (four 3-digit
+terms, worked), plus ``<eos>``, so a batch of rollouts finishes at very different times, which
+partial rollouts need.
 
 Train/eval split: every prompt string belongs to exactly one split, fixed by a hash of the prompt
 (``split_of``: sha256, 1 in 10 prompts is "eval"). ``generate_dataset`` draws from a random stream

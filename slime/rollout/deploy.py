@@ -11,7 +11,8 @@
 
 If any server or router fails to start, everything started so far is stopped and the error
 (naming the server and its log file) is raised. External engines are only waited for.
-Logs of launched SGLang processes go to ``log_dir/<name>.log``.
+Logs of launched SGLang processes go to ``log_dir/<name>.log``. Not covered: relaunching a router
+that dies (its pool's calls fail after their retries), servers on other nodes.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ conversation share the prefix cache) goes back to the engine it went to last whi
 rotation with a closed breaker; otherwise the engine with the fewest in-flight generates wins
 (engines with a recent failure last; ties: the one picked least often). With a router
 (``router_url``) every ``generate`` goes to the router with header ``X-SMG-Routing-Key:
-<sticky_key>``; sglang-router's ``consistent_hashing`` policy keeps a key on one worker (⚠ from which
-router version is not pinned, sglang-protocol.md §5.1); other policies ignore the header.
+<sticky_key>``; sglang-router 0.3.2's ``--policy manual`` keeps a key on one worker (checked against
+the wheel, tests/e2e/test_real_router.py; later ones also ``consistent_hashing``); others ignore it.
 
 Engine failures: each worker has a ``CircuitBreaker`` (``breaker.py``); ``EngineUnavailable`` and
 ``EngineTimeout`` count against it. ``take_out`` removes a worker from rotation (being restarted, or

@@ -14,11 +14,14 @@ does to each call:
     wait_ready                                                       raised
 
 Any other ``EngineError`` (a 4xx, ``success: false``) is raised, naming every engine that failed.
+Not covered: a worker out of rotation gets no control call at all (a hung one keeps its requests
+until the supervisor restarts it); ``rejoin`` replays only disk weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Awaitable, Callable, Literal, Sequence
 
@@ -165,16 +168,29 @@ class PoolControl:
         return True
 
     async def rejoin(self, url: str) -> None:
-        """Sync ``url`` to ``weights`` if its ``weight_version`` differs, pause it if the pool is paused,
-        close its breaker and put it back in rotation. Raises what the engine calls raise."""
+        """Sync ``url`` to the current weights if its ``weight_version`` differs, pause it if the pool is
+        paused, close its breaker and put it back in rotation.
+
+        The current version is what a worker in rotation reports (so a sync that bypassed the pool
+        counts), else ``latest_version``; it is replayed from ``weights`` (disk) when that holds it.
+
+        Raises:
+            EngineRequestError: the current version is not on disk (a tensor/NCCL/delta update).
+            EngineError: from the engine calls.
+        """
         engine = self._engine(url)  # type: ignore[attr-defined]
         async with self.weights_lock:
-            if self.latest_version is not None:
+            target = self.latest_version
+            for peer in [c for c in self.clients if c.url != engine.client.url][:1]:
+                with contextlib.suppress(EngineError):
+                    if (version := (await peer.model_info()).get("weight_version")) is not None:
+                        target = str(version)
+            if target is not None:
                 held = str((await engine.client.model_info()).get("weight_version"))
-                if held != self.latest_version:
-                    if self.weights is None or self.weights[1] != self.latest_version:
+                if held != target:
+                    if self.weights is None or self.weights[1] != target:
                         raise EngineRequestError(
-                            f"holds weight_version {held!r}; the latest, {self.latest_version!r}, was not written to disk, "
+                            f"holds weight_version {held!r}; the current one, {target!r}, was not written to disk, "
                             "so it cannot be re-synced (only update_weights_from_disk is replayed on rejoin)",
                             url=engine.client.url, endpoint="(rejoin)")
                     path, version = self.weights

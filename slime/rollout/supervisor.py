@@ -74,6 +74,8 @@ class EngineSupervisor:
         self.given_up: set[str] = set()
         self._recovering: dict[str, asyncio.Task] = {}
         self._last_check: dict[str, float] = {}
+        self._down_reason: dict[str, str] = {}
+        self._probing: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
         self._closed = False
         self._changed = asyncio.Condition()
@@ -83,6 +85,7 @@ class EngineSupervisor:
         """Called by the pool (synchronously) when a breaker opens or a worker is taken out."""
         if url not in self._recovering and url not in self.given_up:
             self.events.append(("down", url, reason))
+            self._down_reason[url] = reason
         self._wake.set()
 
     async def run(self) -> None:
@@ -97,8 +100,8 @@ class EngineSupervisor:
                 except TimeoutError:
                     pass
                 self._wake.clear()
-            for task in self._recovering.values():
-                task.cancel()  # our own restarts: a process half-started is stopped by the launcher's exit
+            for task in [*self._recovering.values(), *self._probing.values()]:
+                task.cancel()  # our own restarts and probes: a process half-started is stopped by the launcher's exit
 
     def close(self) -> None:
         """Stop ``run`` (idempotent)."""
@@ -111,21 +114,20 @@ class EngineSupervisor:
         # A paused engine answers /health_generate 503 (and SGLang's probe blocks ~20 s, §3.2); one
         # whose memory is released must not run the probe's forward pass (§3.11): no probes then.
         quiet = self.pool.paused_mode is not None or getattr(self.pool, "memory_released", False)
-        due = []
         for url in self.pool.urls:
-            if url in self._recovering or url in self.given_up:
+            if url in self._recovering or url in self.given_up or url in self._probing:
                 continue
             proc = self.processes.get(url)
             if proc is not None and proc.returncode is not None:
                 self.pool.trip(url, f"process {proc.name} (pid {proc.pid}) exited with code {proc.returncode}")
             elif not quiet and self.config.health_check_interval_s and now - self._last_check.get(url, -1e18) >= self.config.health_check_interval_s:
-                due.append(url)
-        await asyncio.gather(*(self._probe(url) for url in due))
+                # a probe may take health_check_timeout_s: it must not hold up this loop
+                self._probing[url] = tg.create_task(self._probe(url), name=f"probe-{url}")
         for row in self.pool.engine_states():
             url = row["url"]
             if url in self._recovering or url in self.given_up or (row["in_rotation"] and row["breaker"] == "closed"):
                 continue
-            reason = row["out_reason"] or f"circuit breaker {row['breaker']} after {row['consecutive_failures']} failures"
+            reason = row["out_reason"] or self._down_reason.pop(url, f"circuit breaker {row['breaker']}")
             recover = self._restart if url in self.processes else self._watch
             self._recovering[url] = tg.create_task(self._recover(url, recover), name=f"recover-{url}")
             self.pool.take_out(url, reason)
@@ -137,6 +139,10 @@ class EngineSupervisor:
         except EngineRequestError as exc:  # a 4xx: misconfigured, not going to heal by itself
             ok = False
             log.warning("health check of %s: %s", url, exc)
+        finally:
+            self._probing.pop(url, None)
+        if url not in self.pool.urls:
+            return
         if ok:
             self.pool.record_success(url)
         else:

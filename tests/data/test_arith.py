@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,25 @@ def test_eval_prompts_use_only_the_tokenizer_alphabet():
     for _ in range(200):
         prompt, _, solution = arith.make_problem(rng)
         assert re.fullmatch(f"[{re.escape(ALPHABET)}]+", prompt + solution)
+
+
+def test_hf_generate_batched_greedy_matches_an_uncached_one_by_one_loop():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = Path(arith.__file__).parent / "assets" / "arith-warmstart"
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    rows = arith.generate_dataset(6, seed=0, split="eval")
+    fast = arith.hf_generate(model, tokenizer, [r["prompt"] for r in rows], batch_size=4)
+    for row, text in zip(rows, fast):
+        ids = tokenizer(row["prompt"])["input_ids"]
+        num_prompt_ids = len(ids)
+        with torch.no_grad():
+            for _ in range(arith.MAX_RESPONSE_CHARS + 2):
+                next_id = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+                if next_id == tokenizer.eos_token_id:
+                    break
+                ids.append(next_id)
+        assert text == tokenizer.decode(ids[num_prompt_ids:])
+    assert 0.0 <= arith.evaluate_hf_model(model, tokenizer, rows, temperature=1.0, num_samples=2) <= 1.0

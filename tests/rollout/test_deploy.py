@@ -20,7 +20,7 @@ from slime.errors import EngineUnavailable
 from slime.rollout.client import EngineClient
 from slime.rollout.deploy import start_rollout
 from slime.rollout.processes import CommandProcess
-from tests.rollout.test_client import generate_body, start_engines  # noqa: F401 (fixture)
+from tests.rollout.test_client import generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=1, retry_backoff_s=0.01)
 SERVER = """

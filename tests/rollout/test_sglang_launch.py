@@ -13,8 +13,8 @@ import pytest
 
 from slime.config import EngineConfig
 from slime.errors import ConfigError
+from slime.rollout.server_groups import ServerGroup, group_args
 from slime.rollout.sglang_launch import build_launch_plan
-from slime.rollout.server_groups import group_args, ServerGroup
 
 PY = "python"
 YAML = """\

@@ -16,7 +16,7 @@ from slime.rollout.generate import generate
 from slime.rollout.pool import EnginePool
 from slime.rollout.supervisor import EngineSupervisor
 from slime.types import Sample, Status
-from tests.rollout.test_client import FakeEngine, dead_url, generate_body, start_engines  # noqa: F401 (fixture)
+from tests.rollout.test_client import FakeEngine, dead_url, generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)
 SUPERVISE = EngineConfig(health_check_interval_s=0.02, health_check_timeout_s=1.0, circuit_breaker_threshold=2,
@@ -185,3 +185,17 @@ async def test_no_health_probe_reaches_an_engine_while_the_pool_is_paused_or_its
             await pool.release_memory_occupation()
             await supervisor.check_once(tg)
     assert engine.hits("/health_generate") == 0 and supervisor.events == []
+
+
+async def test_rejoin_follows_the_version_the_other_engines_hold_even_if_the_pool_did_not_push_it(start_engines):
+    a, b = await start_engines(2)
+    serving(a, "5")  # e.g. after delta syncs that went to the clients directly
+    serving(b, "0")
+    async with EnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v0", "0")) as pool:
+        pool.take_out(b.url, "restarting")
+        with pytest.raises(EngineRequestError, match="the current one, '5', was not written to disk"):
+            await pool.rejoin(b.url)
+        pool.weights = ("/ckpt/v5", "5")
+        await pool.rejoin(b.url)
+        assert in_rotation(pool) == [a.url, b.url]
+    assert [c[2]["model_path"] for c in b.calls if c[1] == "/update_weights_from_disk"] == ["/ckpt/v5"]
