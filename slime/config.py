@@ -111,8 +111,11 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     groups resume next; default: oldest version first (``--buffer-filter-path``)."""
     abort_timeout_s: float = 30.0
     """How long stopping a step may wait for aborted requests to come back."""
-    overlap_train: bool = True
-    """Keep generating the next step while the current one trains (april mode)."""
+    overlap_train: bool = False
+    """April mode: after aborting the stragglers at the target, keep generating (partials first)
+    while the trainer works (``--overlap-train``). Off by default: classic APRIL, where the
+    engines idle during the train step and every token trained is at most one update old at its
+    first token's abort."""
     eval_interval: int = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
 

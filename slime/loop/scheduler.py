@@ -23,8 +23,10 @@ The loops, what they consume and produce, what they wait for and what wakes them
   or back to the partial queue (some sample aborted). It waits on engines and reward functions.
 - ``next_batch`` (the driver): waits until ``n`` groups are ready and takes them. ``sync`` opens
   the gate for exactly the groups the batch still needs. ``april`` keeps ``over_sampling`` groups
-  in flight; at the target, unless ``overlap_train``, it closes the gate and aborts stragglers,
-  which come back as partial groups. ``async`` never closes the gate.
+  in flight; at the target it aborts the stragglers, which come back as partial groups; with
+  ``overlap_train`` the gate then reopens at once, so generation goes on while the trainer works
+  (partials resume first, on the old weights, and are aborted again by the weight update if still
+  running). ``async`` never closes the gate and never aborts.
 - ``paused(mode)`` (weight sync): ``"abort"`` closes the gate, aborts every request and waits until
   none is in flight (no request straddles the update, so every token's version is exact), then
   reopens and resumes partials first. ``"in_place"`` (``async``) pauses the engines with requests
@@ -280,12 +282,13 @@ class Scheduler:
                     self._fill()
                 else:
                     batch.append(group)
-        if self.config.mode == "sync" or (self.config.mode == "april" and not self.config.overlap_train):
+        if self.config.mode in ("sync", "april"):
             self._gate_open = False
             if self._num_requests:
-                await self.pool.abort_all()
-        else:
-            self._fill()  # taking the batch freed capacity: keep generating while it trains
+                await self.pool.abort_all()  # stragglers come back as partial groups
+            if self.config.mode == "april" and self.config.overlap_train:
+                self._gate_open = True  # keep generating while it trains, partials first
+        self._fill()
         return batch
 
     def _too_stale(self, group: Group) -> bool:

@@ -136,7 +136,7 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
         spec.submodules.self_attention.submodules.q_layernorm = None
         spec.submodules.self_attention.submodules.k_layernorm = None
     block = TransformerBlockSubmodules(layer_specs=[spec] * arch.num_layers, layer_norm=RMSNorm)
-    return gpt.GPTModel(
+    model = gpt.GPTModel(
         config=config,
         transformer_layer_spec=block,
         vocab_size=arch.padded_vocab_size(tp_size),
@@ -147,6 +147,34 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="none",
     )
+    mark_tensor_parallel_weights(model, config)
+    return model
+
+
+def mark_tensor_parallel_weights(model: Any, config: Any) -> None:
+    """Tag the weights of megatron's TP layers as TP-sharded (``tensor_model_parallel``, ``partition_dim``,
+    ``partition_stride``), as megatron's weight init would.
+
+    With ``perform_initialization=False`` megatron-core skips ``_initialize_affine_weight_*``, which is
+    also where those attributes are set (biases get them regardless). Untagged, every TP rank's
+    weight shard counts as a replica of rank 0's, so ``get_grad_norm`` counted only rank 0's shards:
+    under TP=2 the reported norm was about 1/sqrt(2) of the 1-GPU norm and clipping used it.
+    Column-parallel weights (and the vocab-parallel embedding) split dim 0, row-parallel dim 1;
+    the gated ``linear_fc1`` has stride 2 (megatron's ``MLP``).
+    """
+    tp = mcore("megatron.core.tensor_parallel")
+    for name, module in model.named_modules():
+        if isinstance(module, (tp.ColumnParallelLinear, tp.VocabParallelEmbedding)):
+            dim = 0
+        elif isinstance(module, tp.RowParallelLinear):
+            dim = 1
+        else:
+            continue
+        weight = getattr(module, "weight", None)
+        if weight is None or hasattr(weight, "tensor_model_parallel"):
+            continue
+        stride = 2 if name.endswith("linear_fc1") and config.gated_linear_unit else 1
+        tp.set_tensor_model_parallel_attributes(weight, True, dim, stride)
 
 
 class HFCheckpointReader:
