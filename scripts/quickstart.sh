@@ -8,8 +8,9 @@ bash scripts/setup.sh
 exec .venv/bin/slime train \
   --partial-rollout \
   --rollout-batch-size 16 --over-sampling-batch-size 32 --n-samples-per-prompt 8 \
-  --global-batch-size 128 --micro-batch-size 64 \
+  --global-batch-size 128 --micro-batch-size 128 \
   --rollout-max-response-len 48 --rollout-temperature 1.0 \
-  --num-rollout 40 --lr 1e-4 --use-tis \
+  --num-rollout 50 --lr 3e-5 --use-tis --max-staleness 4 \
+  --num-eval-prompts 200 --eval-interval 10 \
   --save runs/quickstart --seed 1 \
   "$@"

@@ -52,7 +52,8 @@ def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
     elif not d.prompt_data:
         from slime.data import arith
 
-        evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(d.num_eval_prompts, seed=d.seed, split="eval"))]
+        # a fixed held-out set (seed 0), the same for every run seed, so runs compare
+        evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
     else:
         evals = []
     return train, evals[: d.num_eval_prompts]
