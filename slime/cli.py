@@ -140,13 +140,22 @@ def _check_plugin(argv: list[str]) -> int:
     return check_main(argv)
 
 
+def _bench(argv: list[str]) -> int:
+    if not argv or argv[0] != "rollout":
+        print("usage: slime bench rollout [options]   (see slime bench rollout --help)", file=sys.stderr)
+        return 2
+    from slime.bench.rollout import main as bench_main
+
+    return bench_main(argv[1:])
+
+
 def _convert(argv: list[str]) -> int:
     from slime.train.megatron.convert_cli import main as convert_main
 
     return convert_main(argv)
 
 
-COMMANDS = {"train": _train, "engine": _engine, "report": _report, "check-plugin": _check_plugin, "convert": _convert}
+COMMANDS = {"train": _train, "engine": _engine, "report": _report, "check-plugin": _check_plugin, "convert": _convert, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:
