@@ -13,13 +13,18 @@ forward 2 N + 2 s * heads * head_dim * layers; training (forward + backward) 3x 
     mfu_rl_step       (training + one forward) FLOPs / train_step time / ceiling
     ceiling_tflops    a bf16 8192^3 matmul in this process (mean of 10 after 3 warm-ups)
 
-Writes $OUT/megatron_mfu.json (target: mfu_fwd_bwd_opt >= 0.35).
+Writes $OUT/megatron_mfu.json (target: mfu_fwd_bwd_opt >= 0.35). ``warmup_step_s`` is the first
+step, torch.compile of the fused kernels included; ``fused`` says which of them ran compiled
+(``SLIME_MEGATRON_COMPILE=0`` runs everything eagerly). ``--profile`` adds one more train step under
+``torch.profiler`` and writes $OUT/megatron_mfu_profile.json: CUDA time per kernel class (matmul,
+attention, compiled Triton fusions, other) and the top kernels.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -53,6 +58,47 @@ def flops_per_token(shape: dict, seq_len: int) -> tuple[float, float]:
     return fwd, 3 * fwd
 
 
+_KERNEL_CLASSES = (
+    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_", re.I)),
+    ("attention", re.compile(r"flash|fmha|attn", re.I)),
+    ("triton (torch.compile fusions)", re.compile(r"^triton_", re.I)),
+    ("optimizer (fused adam / foreach / l2norm)", re.compile(r"adam|foreach|multi_tensor|l2norm", re.I)),
+    ("memcpy / memset", re.compile(r"memcpy|memset", re.I)),
+)
+
+
+def profile_step(trainer, groups, top: int = 30) -> dict:
+    """CUDA kernel time of one train step (old-logprob pass included), by class and top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(groups)
+        torch.cuda.synchronize()
+    kernels = {}
+    for evt in prof.key_averages():
+        us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
+        if us > 0:
+            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+    total_ms = sum(us for us, _ in kernels.values()) / 1e3
+    classes: dict[str, float] = {}
+    for name, (us, _) in kernels.items():
+        cls = next((c for c, pattern in _KERNEL_CLASSES if pattern.search(name)), "other (eager elementwise, reductions, casts)")
+        classes[cls] = classes.get(cls, 0.0) + us / 1e3
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    out = {
+        "cuda_ms_total": total_ms,
+        "classes_ms": {k: round(v, 2) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+        "classes_pct": {k: round(100 * v / total_ms, 1) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "ms": round(us / 1e3, 2), "calls": c} for n, (us, c) in ranked],
+    }
+    print(f"profile of one train step: {total_ms:.1f} ms CUDA time", flush=True)
+    for k, v in out["classes_ms"].items():
+        print(f"  {k:45s} {v:9.1f} ms  {out['classes_pct'][k]:5.1f} %", flush=True)
+    for row in out["top_kernels"][:15]:
+        print(f"  {row['ms']:9.2f} ms {row['calls']:5d}x  {row['name'][:110]}", flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--num-samples", type=int, default=16)
@@ -60,10 +106,12 @@ def main() -> int:
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    p.add_argument("--profile", action="store_true", help="profile one more train step (megatron_mfu_profile.json)")
     args = p.parse_args()
 
     from slime.config import MegatronConfig, TrainConfig
     from slime.train.batch import build_train_batch
+    from slime.train.megatron import fusion
     from slime.train.megatron.trainer import MegatronTrainer
 
     ceiling = matmul_ceiling_tflops()
@@ -76,8 +124,10 @@ def main() -> int:
     )
     trainer = MegatronTrainer(cfg, model_dir=model_dir)
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    trainer.train_step(groups)  # warm-up (allocator, kernels)
+    t0 = time.perf_counter()
+    trainer.train_step(groups)  # warm-up (allocator, kernels, torch.compile)
     torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - t0
     step_times, fwd_times = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -109,12 +159,21 @@ def main() -> int:
         "mfu_fwd_bwd_opt": train_flops / (step_s - fwd_s) / 1e12 / ceiling,
         "mfu_rl_step": (train_flops + fwd_flops) / step_s / 1e12 / ceiling,
         "tokens_per_s": tokens / step_s,
+        "warmup_step_s": warmup_s,
+        "fused": fusion.status(),
+        "step_times_s": step_times,
+        "old_logprob_pass_times_s": fwd_times,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         "loss": metrics["loss"],
         "grad_norm": metrics["grad_norm"],
         "target_met": train_flops / (step_s - fwd_s) / 1e12 / ceiling >= 0.35,
     }
     write_json("megatron_mfu.json", result)
+    if args.profile:
+        try:
+            write_json("megatron_mfu_profile.json", profile_step(trainer, groups))
+        except Exception as exc:  # the measurement above stands without it
+            print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     return 0
 
 

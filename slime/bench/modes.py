@@ -58,13 +58,15 @@ class CountingPool(EnginePool):
 
 
 class SimWeightSync:
-    """Weight sync of the benchmark: no file is written; the engine charges ``--weight-sync-ms``."""
+    """Weight sync of the benchmark: nothing is written; the sim engine reads nothing and charges
+    ``--weight-sync-ms``. Real engines (``--engine-urls``) need ``weights_path``: a checkpoint they can load."""
 
-    def __init__(self, pool: EnginePool):
+    def __init__(self, pool: EnginePool, weights_path: str | None = None):
         self.pool = pool
+        self.weights_path = weights_path
 
     async def save(self, version: int) -> str:
-        return f"/nonexistent/slime-bench/v{version}"
+        return self.weights_path or f"/nonexistent/slime-bench/v{version}"
 
     async def load(self, path: str, version: int, *, abort_all_requests: bool = True) -> None:
         await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests)
@@ -87,7 +89,8 @@ def _tokens(groups: Sequence[Group]) -> int:
     return sum(g.num_response_tokens for g in groups)
 
 
-async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | None = None, log=print) -> dict[str, Any]:
+async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | None = None, weights_path: str | None = None,
+                   log=print) -> dict[str, Any]:
     """Run ``wl.steps`` steps of ``mode`` and return its metrics (see ``rollout.py`` for the keys).
 
     Without ``engine_urls`` a fresh simulated engine process is started and stopped for this mode.
@@ -99,10 +102,10 @@ async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | Non
             urls, pid = [proc.url], proc.pid
         else:
             urls = list(engine_urls)
-        return await _run(mode, wl, urls, engine_pid=pid, log=log)
+        return await _run(mode, wl, urls, engine_pid=pid, weights_path=weights_path, log=log)
 
 
-async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, log) -> dict[str, Any]:
+async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, weights_path: str | None, log) -> dict[str, Any]:
     rollout = wl.rollout_config()
     rows, prompt_ids = wl.prompts()
     train_wall_s = wl.train_s / wl.time_scale
@@ -127,7 +130,7 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
             )
             version = 0
             for step in range(1, wl.steps + 1):
-                version, _, record = await run_step(sched, train_step=train_step, sync=SimWeightSync(pool), version=version)
+                version, _, record = await run_step(sched, train_step=train_step, sync=SimWeightSync(pool, weights_path), version=version)
                 record["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
                 records.append(record)
                 log(_step_line(mode, step, wl.steps, record))

@@ -118,7 +118,7 @@ async def scheduler_overhead(num_samples: int, *, engine: Literal["fake", "sim"]
     loop_cfg = LoopConfig(mode="april", rollout_batch_size=groups_per_step, over_sampling_batch_size=2 * groups_per_step,
                           n_samples_per_prompt=n, overlap_train=False, num_rollout=steps + 1)
     rollout = RolloutConfig(n_samples_per_prompt=n, rollout_max_response_len=4 * response_len)
-    async with _instant_engine(engine, response_len) as pool:
+    async with _InstantEngine(engine, response_len) as pool:
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(loop_cfg, rollout, source=PromptSource(rows, shuffle=False), tokenize=ids.__getitem__,
                               decode=lambda _: "", pool=pool, buffer=DataBuffer(), reward_fn=_one, task_group=tg)
@@ -134,7 +134,7 @@ async def scheduler_overhead(num_samples: int, *, engine: Literal["fake", "sim"]
     return {"completions_per_s": done / wall, "cpu_us_per_completion": 1e6 * cpu / done, "completions": done, "wall_s": wall}
 
 
-class _instant_engine:
+class _InstantEngine:
     def __init__(self, kind: str, response_len: int):
         self.kind, self.response_len = kind, response_len
         self.engine: SimEngine | None = None

@@ -118,9 +118,9 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     ax3.xaxis.get_major_locator().set_params(integer=True)
     ax3.set_xlabel("step")
     ax3.set_ylabel("s")
-    ax3.set_ylim(bottom=0)
+    ax3.set_ylim(0, 1.3 * max(max(results["modes"][m]["step_times_s"]) for m in modes))
     ax3.set_title("step time (rollout + train + weight sync)")
-    ax3.legend()
+    ax3.legend(loc="upper center", ncol=len(modes))
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--async-capacity", type=int, default=d.async_capacity, help="groups held in async (in flight + ready)")
     p.add_argument("--async-max-staleness", type=int, default=d.async_max_staleness, help="max_staleness of async")
     p.add_argument("--engine-urls", default=None, help="comma-separated running engines instead of a fresh sim engine per mode")
+    p.add_argument("--weights-path", default=None,
+                   help="path sent to /update_weights_from_disk; needed with real engines (the sim engine reads nothing)")
     p.add_argument("--overhead-samples", type=int, default=50_000, help="scheduler-overhead completions (0: skip)")
     p.add_argument("--http-requests", type=int, default=5_000, help="requests per HTTP-overhead round (0: skip)")
     p.add_argument("--http-concurrency", type=int, default=64)
@@ -77,7 +79,8 @@ def workload_from_args(ns: argparse.Namespace) -> Workload:
                     async_capacity=ns.async_capacity, async_max_staleness=ns.async_max_staleness)
 
 
-async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | None = None, overhead_samples: int = 50_000,
+async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | None = None, weights_path: str | None = None,
+                    overhead_samples: int = 50_000,
                     http_requests: int = 5_000, http_concurrency: int = 64, log=print) -> dict[str, Any]:
     """Run the overhead measurements, then every mode; return the results dict (see module doc)."""
     results: dict[str, Any] = {"modes": {}, "scheduler_completions_per_s": None, "http_requests_per_s": None,
@@ -98,7 +101,7 @@ async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | 
         results["http_ratio_vs_bare"] = http["ratio_vs_bare"]
         log(f"http: EnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s")
     for mode in modes:
-        results["modes"][mode] = await run_mode(mode, wl, engine_urls=engine_urls, log=log)
+        results["modes"][mode] = await run_mode(mode, wl, engine_urls=engine_urls, weights_path=weights_path, log=log)
     sync = results["modes"].get("sync")
     if sync:
         results["speedup_vs_sync"] = {}
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     urls = [u.strip() if u.strip().startswith("http") else f"http://{u.strip()}" for u in ns.engine_urls.split(",")] if ns.engine_urls else None
-    results = _run(run_bench(wl, modes, engine_urls=urls, overhead_samples=ns.overhead_samples, http_requests=ns.http_requests,
+    results = _run(run_bench(wl, modes, engine_urls=urls, weights_path=ns.weights_path, overhead_samples=ns.overhead_samples, http_requests=ns.http_requests,
                              http_concurrency=ns.http_concurrency, log=lambda line: print(line, flush=True)))
     print(format_table(results), flush=True)
     if ns.json:

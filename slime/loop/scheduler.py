@@ -269,8 +269,9 @@ class Scheduler:
         """Wait for ``n`` ready groups and take them (oldest first). See the module docstring."""
         self.rollout_id += 1
         self._budget = max(0, n - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
-        self._gate_open = True
-        self._fill()
+        if self.config.mode == "async" or self.buffer.num_ready < n:  # else the batch is already there
+            self._gate_open = True
+            self._fill()
         batch: list[Group] = []
         while len(batch) < n:
             need = n - len(batch)

@@ -91,27 +91,32 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
                               tokenize=lambda t: tokenizer.encode(t, add_special_tokens=False),
                               decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                               reward_fn=count_w7, task_group=tg, generate_fn=checked_generate)
+            killer = None
             for step in (1, 2, 3):
-                killer = tg.create_task(kill_when_busy()) if step == 2 else None
+                if step == 2:  # kill while it is busy, in step 2 or 3 (whichever catches it generating)
+                    killer = tg.create_task(kill_when_busy())
                 version, _, _ = await run_step(sched, train_step=train_step, sync=sync, version=version)
-                if killer is not None:
-                    await killer
+            await killer
             await until(lambda: any(e[0] == "restarted" for e in supervisor.events), timeout_s=90)
             assert len(rejoins) == 1 and rejoins[0][0] == rejoins[0][1] != "0"  # re-synced from the launch version 0
             revived = pool.client(victim_url)
             info = await revived.model_info()  # back in rotation: already at the current weights and version
             assert info["weight_version"] == str(version) and info["model_path"] == str(Path(tmp_path / "weights" / f"v{version}"))
-            picks_before = next(r["num_picks"] for r in pool.engine_states() if r["url"] == victim_url)
-            version, _, _ = await run_step(sched, train_step=train_step, sync=sync, version=version)
+            picks = lambda: next(r["num_picks"] for r in pool.engine_states() if r["url"] == victim_url)  # noqa: E731
+            picks_before = picks()
+            for _ in range(3):  # a step may be served from groups already finished; run until it generates
+                version, _, _ = await run_step(sched, train_step=train_step, sync=sync, version=version)
+                if picks() > picks_before:
+                    break
             await sched.shutdown()
 
-        picks_after = next(r["num_picks"] for r in pool.engine_states() if r["url"] == victim_url)
+        picks_after = picks()
         assert victim.pid != old_pid and victim.returncode is None and victim.url == victim_url
-        assert (await revived.model_info())["weight_version"] == str(version) == "4"
-        assert picks_after > picks_before  # the relaunched engine served requests of step 4
+        assert (await revived.model_info())["weight_version"] == str(version)
+        assert picks_after > picks_before  # the relaunched engine served requests after it came back
         assert pool.num_failovers > 0 and [e[0] for e in supervisor.events][-1] == "restarted"
     started = set(range(sched.next_group_id))
     pending = [g.group_id for g in [*buffer.ready, *buffer.partial_groups(), *sched.inflight.values()]]
-    assert len(trained) == 16 and len(set(trained)) == len(trained)  # 4 steps x 4 groups, none twice
+    assert len(trained) == 4 * version and len(set(trained)) == len(trained)  # 4 groups a step, none twice
     assert not set(trained) & set(pending) and set(trained) | set(pending) == started and len(pending) == len(set(pending))
     assert prefix_violations == []

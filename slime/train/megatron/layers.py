@@ -1,9 +1,14 @@
-"""The two modules slime plugs into megatron-core's local layer spec: RMSNorm and SDPA core attention.
+"""The modules slime plugs into megatron-core's local layer spec: RMSNorm, SDPA core attention, SwiGLU MLP.
 
-``RMSNorm`` computes exactly what HF's Llama/Qwen RMSNorm computes (normalise in fp32, cast back,
-then scale), so bf16 logprobs match the torch backend's; it also marks its weight for megatron's
+``RMSNorm`` computes what HF's Llama/Qwen RMSNorm computes (normalise in fp32, cast back, then
+scale), so bf16 logprobs match the torch backend's; it also marks its weight for megatron's
 sequence-parallel gradient all-reduce, which torch's own ``nn.RMSNorm`` (the local spec's choice,
 ``WrappedTorchNorm``) refuses to run under.
+
+On CUDA the elementwise chains here (RMSNorm, RoPE, SwiGLU) run as ``torch.compile`` kernels
+(``slime.train.megatron.fusion``), one pass each way instead of one per ATen op. Eager (CPU) they
+are HF's exact op sequence; compiled, Inductor may skip an intermediate bf16 rounding (it keeps
+fp32 inside a fused kernel), a difference of about one bf16 ulp in some elements.
 
 ``SDPACoreAttention`` replaces the local spec's ``DotProductAttention`` (an unfused
 ``baddbmm`` + softmax + ``bmm`` that materialises [b, heads, s, s]). It runs on packed ("thd")
@@ -37,11 +42,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from slime.train.megatron._mcore import mcore
+from slime.train.megatron.fusion import fused
 
-__all__ = ["RMSNorm", "SDPACoreAttention", "PackedRoPEParams", "rope_cos_sin"]
+__all__ = ["RMSNorm", "SDPACoreAttention", "SwiGLUMLP", "PackedRoPEParams", "rope_cos_sin"]
 
 _PackedSeqParams = mcore("megatron.core.packed_seq_params").PackedSeqParams
 _MegatronModule = mcore("megatron.core.transformer.module").MegatronModule
+_MLP = mcore("megatron.core.transformer.mlp").MLP
 
 
 @dataclasses.dataclass
@@ -78,6 +85,26 @@ def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+@fused(dynamic_args=(0, 1, 2, 3))
+def _rope_qk(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """``_apply_rope`` on query [t, n, d] and key [t, g, d]: one fused kernel each on CUDA."""
+    return _apply_rope(query, cos, sin), _apply_rope(key, cos, sin)
+
+
+@fused(dynamic_args=(0,))
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
+@fused(dynamic_args=(0,))
+def _swiglu(x: Tensor) -> Tensor:
+    """[..., 2 f] -> [..., f]: ``silu(gate) * up`` on the halves megatron's gated ``linear_fc1`` writes."""
+    gate, up = torch.chunk(x, 2, dim=-1)
+    return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     """HF's RMSNorm: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)``, built by megatron's spec.
 
@@ -95,9 +122,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
+        return _rms_norm(x, self.weight, self.eps)
 
 
 def _varlen_fn():
@@ -154,8 +179,7 @@ class SDPACoreAttention(_MegatronModule):
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention does not take an attention bias")
         p = packed_seq_params
-        query = _apply_rope(query, p.rope_cos, p.rope_sin)
-        key = _apply_rope(key, p.rope_cos, p.rope_sin)
+        query, key = _rope_qk(query, key, p.rope_cos, p.rope_sin)
         t, n, d = query.shape
         if self.use_varlen and _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
             if not _VARLEN_GQA and key.shape[1] != n:
@@ -175,3 +199,34 @@ class SDPACoreAttention(_MegatronModule):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         return {}  # no parameters
+
+
+class SwiGLUMLP(_MLP):
+    """megatron-core's ``MLP`` with the gated SiLU as one fused function (``_swiglu``).
+
+    megatron's unfused path (``bias_activation_fusion=False``, needed on the CPU) chunks the
+    ``linear_fc1`` output, runs ``silu``, adds ``glu_linear_offset`` (0.0: a full pass for nothing)
+    and multiplies, each a pass over [t, 2 f] or [t, f], with more passes in the backward. Same
+    weights, names and math; anything but plain SwiGLU (per-token scales, clamping, an offset,
+    Transformer Engine activations, megatron's own fusion) goes to megatron's forward.
+    """
+
+    def _plain_swiglu(self, per_token_scale: Any) -> bool:
+        c = self.config
+        return (
+            per_token_scale is None
+            and c.gated_linear_unit
+            and self.activation_func is F.silu
+            and not getattr(c, "use_te_activation_func", False)
+            and not c.bias_activation_fusion
+            and getattr(c, "activation_func_clamp_value", None) is None
+            and getattr(c, "glu_linear_offset", 0.0) == 0.0
+        )
+
+    def forward(self, hidden_states: Tensor, per_token_scale: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        if not self._plain_swiglu(per_token_scale):
+            return super().forward(hidden_states, per_token_scale=per_token_scale, **kwargs)
+        intermediate, bias = self.linear_fc1(hidden_states)
+        if bias is not None:
+            intermediate = intermediate + bias
+        return self.linear_fc2(_swiglu(intermediate))

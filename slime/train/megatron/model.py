@@ -1,9 +1,11 @@
 """Build megatron-core's ``GPTModel`` for an HF Llama / Qwen2 / Qwen3 checkpoint, and load its weights.
 
 The layer spec is megatron-core's local spec (``get_gpt_layer_local_spec``: ``ColumnParallelLinear``
-/ ``RowParallelLinear``, no Transformer Engine, no Apex) with two modules swapped in from
-``slime.train.megatron.layers``: HF-exact ``RMSNorm`` for every norm (hidden, final, q/k) and
-``SDPACoreAttention`` for the core attention. RoPE runs inside that attention, so the model is
+/ ``RowParallelLinear``, no Transformer Engine, no Apex) with three modules swapped in from
+``slime.train.megatron.layers``: HF-exact ``RMSNorm`` for every norm (hidden, final, q/k),
+``SDPACoreAttention`` for the core attention and ``SwiGLUMLP`` (megatron's ``MLP`` with the gated
+SiLU fused) for the MLP; on CUDA their elementwise chains run as ``torch.compile`` kernels
+(``slime.train.megatron.fusion``). RoPE runs inside that attention, so the model is
 built with ``position_embedding_type="none"`` and must be fed packed micro-batches
 (``slime.train.megatron.packing``).
 
@@ -31,7 +33,7 @@ from slime.config import MegatronConfig
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import hf_to_mcore_param, mcore_names
-from slime.train.megatron.layers import RMSNorm, SDPACoreAttention
+from slime.train.megatron.layers import RMSNorm, SDPACoreAttention, SwiGLUMLP
 
 __all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader"]
 
@@ -110,11 +112,12 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
 
 
 def layer_spec() -> Any:
-    """megatron-core's local GPT layer spec with slime's RMSNorm and SDPA core attention swapped in."""
+    """megatron-core's local GPT layer spec with slime's RMSNorm, SDPA core attention and fused-SwiGLU MLP swapped in."""
     spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=True)
     sub = spec.submodules
     sub.input_layernorm = RMSNorm
     sub.pre_mlp_layernorm = RMSNorm
+    sub.mlp.module = SwiGLUMLP
     attn = sub.self_attention.submodules
     attn.core_attention = SDPACoreAttention
     attn.q_layernorm = RMSNorm

@@ -150,7 +150,9 @@ class MegatronTrainer:
             params_dtype=self.tconfig.params_dtype,
             use_distributed_optimizer=mcfg.use_distributed_optimizer,
         )
-        return opt.get_megatron_optimizer(opt_config, [self.ddp])
+        optimizer = opt.get_megatron_optimizer(opt_config, [self.ddp])
+        _fuse_torch_adam(optimizer)
+        return optimizer
 
     def _scheduler(self) -> Any:
         cfg, mcfg = self.config, self.config.megatron
@@ -388,6 +390,21 @@ class MegatronTrainer:
         opt.step_with_ready_grads()
         self.scheduler.step(increment=1)
         return grad_norm
+
+
+def _fuse_torch_adam(optimizer: Any) -> None:
+    """Switch megatron's torch ``AdamW`` (its fallback without Transformer Engine or Apex, built with
+    the multi-tensor "foreach" kernels, about ten passes over the fp32 state) to torch's fused
+    single-kernel AdamW when every parameter is on CUDA. Same update; set before the first step,
+    while the optimizer state (and its step counters) is still empty."""
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(o, "optimizer", None)
+        if not isinstance(inner, torch.optim.AdamW) or inner.state:
+            continue
+        params = [p for g in inner.param_groups for p in g["params"]]
+        if params and all(p.is_cuda and p.is_floating_point() for p in params):
+            for g in inner.param_groups:
+                g["foreach"], g["fused"] = False, True
 
 
 def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:

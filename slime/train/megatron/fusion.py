@@ -1,0 +1,80 @@
+"""Fused GPU kernels for the megatron backend's elementwise work, through ``torch.compile``.
+
+Without Transformer Engine or Apex, megatron's local spec runs RMSNorm, RoPE, SwiGLU and the
+vocabulary log-softmax as chains of separate ATen kernels, each one a full pass over its tensor
+(several in fp32). ``fused(fn)`` wraps a pure tensor function so that on CUDA it runs through
+``torch.compile`` (Inductor: one Triton kernel per chain, forward and backward) and everywhere
+else, or when compiling is off or fails, as the plain eager function: the same code, so the CPU
+tests check the math the GPU kernels are generated from.
+
+    SLIME_MEGATRON_COMPILE=0    run every wrapped function eagerly (no torch.compile)
+
+Shapes that change between micro-batches (the packed token count) are marked dynamic on the
+first call (``dynamic_args``), so a ragged run compiles once per function and mode instead of
+once per micro-batch size.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["fused", "compile_enabled", "status"]
+
+log = logging.getLogger(__name__)
+
+_REGISTRY: list["_Fused"] = []
+
+
+def compile_enabled() -> bool:
+    """Whether ``fused`` functions compile on CUDA (``SLIME_MEGATRON_COMPILE`` != "0")."""
+    return os.environ.get("SLIME_MEGATRON_COMPILE", "1") != "0"
+
+
+class _Fused:
+    def __init__(self, fn: Callable[..., Any], dynamic_args: tuple[int, ...]):
+        self.fn = fn
+        self.dynamic_args = dynamic_args
+        self._compiled: Callable[..., Any] | None = None
+        self._failed = False
+        functools.update_wrapper(self, fn)
+        _REGISTRY.append(self)
+
+    def compiles_for(self, x: Tensor) -> bool:
+        """Whether a call whose first argument is ``x`` runs compiled (CUDA, enabled, no earlier failure)."""
+        return not self._failed and x.is_cuda and compile_enabled()
+
+    def __call__(self, *args: Any) -> Any:
+        first = args[0]
+        if isinstance(first, Tensor) and self.compiles_for(first):
+            if self._compiled is None:
+                self._compiled = torch.compile(self.fn, fullgraph=True)
+            for i in self.dynamic_args:
+                if isinstance(args[i], Tensor) and args[i].dim() > 0:
+                    torch._dynamo.maybe_mark_dynamic(args[i], 0)
+            try:
+                return self._compiled(*args)
+            except Exception as exc:  # compile errors surface on the call; run eagerly from now on
+                self._failed = True
+                log.warning("torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(exc).__name__, exc)
+        return self.fn(*args)
+
+
+def status() -> dict[str, str]:
+    """Per wrapped function: "compiled" (ran through torch.compile), "failed" (fell back to eager) or "eager"."""
+    return {f"{f.fn.__module__.rsplit('.', 1)[-1]}.{f.fn.__name__}": "failed" if f._failed else "compiled" if f._compiled is not None else "eager" for f in _REGISTRY}
+
+
+def fused(*, dynamic_args: tuple[int, ...] = (0,)) -> Callable[[Callable[..., Any]], _Fused]:
+    """Decorator: compile ``fn`` on CUDA (see the module docstring); ``dynamic_args`` index the
+    tensor arguments whose first dimension is the packed token count."""
+
+    def wrap(fn: Callable[..., Any]) -> _Fused:
+        return _Fused(fn, dynamic_args)
+
+    return wrap
