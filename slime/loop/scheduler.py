@@ -280,6 +280,7 @@ class Scheduler:
                 if self.config.staleness_policy == "drop" and self._too_stale(group):
                     self.stats.dropped_stale_groups += 1
                     self.num_admitted -= 1  # its batch slot goes to a fresh group
+                    self._gate_open = True
                     self._fill()
                 else:
                     batch.append(group)
