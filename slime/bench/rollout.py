@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=d.max_len, help="response length cap (rollout_max_response_len)")
     p.add_argument("--seed", type=int, default=d.seed, help="engine and prompt seed")
     p.add_argument("--april-over-sampling", type=int, default=d.april_over_sampling, help="groups in flight in april")
+    p.add_argument("--april-overlap-train", action=argparse.BooleanOptionalAction, default=d.april_overlap_train,
+                   help="april keeps generating during the train step (--no-april-overlap-train: classic APRIL)")
     p.add_argument("--async-capacity", type=int, default=d.async_capacity, help="groups held in async (in flight + ready)")
     p.add_argument("--async-max-staleness", type=int, default=d.async_max_staleness, help="max_staleness of async")
     p.add_argument("--engine-urls", default=None, help="comma-separated running engines instead of a fresh sim engine per mode")
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def workload_from_args(ns: argparse.Namespace) -> Workload:
     return Workload(steps=ns.steps, time_scale=ns.time_scale, train_s=ns.train_s, median=ns.median, p99=ns.p99,
-                    max_len=ns.max_len, seed=ns.seed, april_over_sampling=ns.april_over_sampling,
+                    max_len=ns.max_len, seed=ns.seed, april_over_sampling=ns.april_over_sampling, april_overlap_train=ns.april_overlap_train,
                     async_capacity=ns.async_capacity, async_max_staleness=ns.async_max_staleness)
 
 

@@ -11,9 +11,10 @@ Workload (the same for every mode; flags override the starred ones, nothing else
 Mode knobs (ours to pick; see ``docs/benchmarks.md`` for the reasoning):
 
 - ``sync``: one batch of 32 groups at a time, nothing aborted.
-- ``april``: 64 groups in flight (2x over-provisioning), abort at target, recycle partials; no
-  generation during the train step (``overlap_train=False``, classic APRIL); ``max_staleness`` 4
-  (the LoopConfig default; partials resume oldest first, so their lag stays small).
+- ``april``: 64 groups in flight (2x over-provisioning), abort at target, recycle partials;
+  generation goes on during the train step, partials first (``overlap_train=True``;
+  ``--no-april-overlap-train`` gives classic APRIL, where the engine idles while training);
+  ``max_staleness`` 4 (partials resume oldest first, so their lag stays small).
 - ``async``: ``ASYNC_CAPACITY`` (64) groups held (in flight + ready), ``ASYNC_MAX_STALENESS`` (4),
   staleness policy ``mask``; weights are updated in place (pause, load, continue).
 
@@ -69,6 +70,8 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     prefill_ms_per_token: float = 0.02
     weight_sync_ms: float = 1000.0
     april_over_sampling: int = 64
+    april_overlap_train: bool = True
+    """APRIL keeps generating (partials first) during the train step after aborting at the target."""
     async_capacity: int = ASYNC_CAPACITY
     async_max_staleness: int = ASYNC_MAX_STALENESS
 
@@ -102,7 +105,7 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
         if mode == "sync":
             return LoopConfig(**common, over_sampling_batch_size=self.rollout_batch_size)
         if mode == "april":
-            return LoopConfig(**common, over_sampling_batch_size=self.april_over_sampling, overlap_train=False, max_staleness=4)
+            return LoopConfig(**common, over_sampling_batch_size=self.april_over_sampling, overlap_train=self.april_overlap_train, max_staleness=4)
         return LoopConfig(**common, over_sampling_batch_size=self.async_capacity, max_staleness=self.async_max_staleness,
                           staleness_policy="mask")
 

@@ -53,7 +53,7 @@ async def test_checkpoint_carries_partial_rollouts_and_no_group_is_lost_or_repea
     ckpt = latest_checkpoint(tmp_path / "run" / "checkpoints")
     state = msgspec.json.decode((ckpt / "loop.json").read_bytes())
     pending = {g["group_id"] for g in state["ready"] + state["partial"]}
-    assert state["next_group_id"] > len(state["taken"]), "april over-provisions"
+    assert state["next_group_id"] >= len(state["taken"]) == 8
     await run_training(_config(tmp_path, "april", 4, "run"), reward_fn=count_w7, progress=False)
     trained = [r["group_id"] for r in _trained(tmp_path, "run")]
     assert len(trained) == len(set(trained)) == 16

@@ -76,8 +76,8 @@ def _row_stats(x: Tensor, local_target: Tensor, scale: float, num_real: int) -> 
 @fused(dynamic_args=(0, 1, 2, 3, 4, 5))
 def _logits_grad(x: Tensor, local_target: Tensor, lse: Tensor, coef_lp: Tensor, coef_ent: Tensor | None, mean_z: Tensor | None, scale: float, num_real: int) -> Tensor:
     """Gradient of sum_i coef_lp_i logprob_i (+ sum_i coef_ent_i entropy_i) with respect to x [t, v],
-    in x's dtype. coef_lp is the logprob's upstream gradient, zeroed where the target is on another
-    rank; mean_z [t] = sum_k p_k z_k (global), needed with coef_ent only."""
+    in x's dtype. local_target is -1 where the target is on another rank (no one-hot term here);
+    mean_z [t] = sum_k p_k z_k (global), needed with coef_ent only."""
     z = x.float() * scale
     cols = torch.arange(x.shape[-1], device=x.device)
     p = torch.exp(z - lse.unsqueeze(-1))
@@ -127,7 +127,7 @@ class _LogprobEntropy(torch.autograd.Function):
         logprob = (at_target - m) - log_s
         entropy = log_s - q / s
         lse = m + log_s
-        ctx.save_for_backward(logits, local_target, in_range, lse, entropy)
+        ctx.save_for_backward(logits, torch.where(in_range, local_target, -1), lse, entropy)
         ctx.scale, ctx.num_real = scale, num_real
         ctx.set_materialize_grads(False)
         if not entropy_grad:
@@ -136,13 +136,13 @@ class _LogprobEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
-        logits, local_target, in_range, lse, entropy = ctx.saved_tensors
+        logits, local_target, lse, entropy = ctx.saved_tensors
         none = (None,) * 6
         if grad_logprob is None and grad_entropy is None:
             return (None,) + none
         if ctx.num_real == 0:
             return (torch.zeros_like(logits),) + none
-        coef_lp = grad_logprob.float() * in_range if grad_logprob is not None else torch.zeros_like(lse)
+        coef_lp = grad_logprob.float() if grad_logprob is not None else torch.zeros_like(lse)
         coef_ent = grad_entropy.float() if grad_entropy is not None else None
         mean_z = lse - entropy if grad_entropy is not None else None  # sum_k p_k z_k
         chunks = _chunks(logits)
