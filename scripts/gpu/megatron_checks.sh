@@ -6,13 +6,15 @@
 #   a  tests/gpu/megatron_logprob_parity.py   megatron vs torch-backend logprobs (bf16 mean |diff| <= 1e-2),
 #                                            varlen vs per-sequence SDPA, one train step, save_hf round trip
 #   b  scripts/bench_megatron_mfu.py          Qwen2-0.5B shape, seq len 4096: MFU vs a measured bf16 matmul
+#                                            (--profile: one more step under torch.profiler, kernel classes)
 #   c  tests/gpu/megatron_parallel_loss.py    1 GPU vs TP=2 vs DP=2 (distributed optimizer) vs TP=2 + SP:
 #                                            same metrics within bf16 tolerance (megatron_compare_parallel.py)
 #
 # The image has Python 3.12, torch, transformers, triton and psutil but neither megatron-core nor
-# msgspec: both travel as wheels in .whl/ (carry ".whl"). Results land in $OUT (4 files at most):
-# checks.log, megatron_parity.json, megatron_mfu.json, megatron_parallel.json. Each part is bounded
-# by `timeout` so the whole call stays under 8 minutes.
+# msgspec: both travel as wheels in .whl/ (carry ".whl"). Results land in $OUT (5 files at most):
+# checks.log, megatron_parity.json, megatron_mfu.json, megatron_mfu_profile.json,
+# megatron_parallel.json. Each part is bounded by `timeout` so the whole call stays under 8 minutes
+# (a and b include torch.compile of the fused kernels: Inductor's cache in /tmp carries from a to b).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/slime_gpu_out}
@@ -36,10 +38,10 @@ run() {  # run LIMIT_S CMD...: log the command and its output, remember a failur
 run 60 python3 -c "import sys, torch, megatron.core, transformers; print(sys.version.split()[0], torch.__version__, 'megatron-core', megatron.core.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 
 if [[ $PARTS == all || $PARTS == *a* ]]; then
-    run 180 python3 tests/gpu/megatron_logprob_parity.py
+    run 210 python3 tests/gpu/megatron_logprob_parity.py
 fi
 if [[ $PARTS == all || $PARTS == *b* ]]; then
-    run 180 python3 scripts/bench_megatron_mfu.py
+    run 180 python3 scripts/bench_megatron_mfu.py --profile
 fi
 if [[ $PARTS == all || $PARTS == *c* ]]; then
     ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")

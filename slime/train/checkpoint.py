@@ -15,7 +15,7 @@ import threading
 
 from transformers import PreTrainedModel
 
-__all__ = ["TOKENIZER_FILES", "save_hf_dir"]
+__all__ = ["TOKENIZER_FILES", "save_hf_dir", "copy_source_files", "swap_into_place"]
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -53,18 +53,30 @@ def save_hf_dir(model: PreTrainedModel, out_dir: str, *, source_dir: str, lock: 
         os.chmod(tmp, 0o755)
         with lock if lock is not None else contextlib.nullcontext():
             model.save_pretrained(tmp)
-        for fname in TOKENIZER_FILES:
-            src = os.path.join(source_dir, fname)
-            if os.path.isfile(src) and not os.path.exists(os.path.join(tmp, fname)):
-                shutil.copy2(src, os.path.join(tmp, fname))
-        if os.path.exists(out):
-            trash = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
-            os.rename(out, os.path.join(trash, name))
-            os.rename(tmp, out)
-            shutil.rmtree(trash)
-        else:
-            os.rename(tmp, out)
+        copy_source_files(source_dir, tmp, TOKENIZER_FILES, overwrite=False)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def copy_source_files(source_dir: str, dest_dir: str, names: tuple[str, ...], *, overwrite: bool = True) -> None:
+    """Copy the files ``names`` that exist in ``source_dir`` into ``dest_dir``."""
+    for fname in names:
+        src, dst = os.path.join(source_dir, fname), os.path.join(dest_dir, fname)
+        if os.path.isfile(src) and (overwrite or not os.path.exists(dst)):
+            shutil.copy2(src, dst)
+
+
+def swap_into_place(tmp: str, out: str) -> None:
+    """Rename the finished directory ``tmp`` to ``out``; an existing ``out`` is moved aside first
+    and deleted after (so for that moment ``out`` is absent, but never half-written)."""
+    parent, name = os.path.split(out)
+    if os.path.exists(out):
+        trash = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+        os.rename(out, os.path.join(trash, name))
+        os.rename(tmp, out)
+        shutil.rmtree(trash)
+    else:
+        os.rename(tmp, out)

@@ -93,6 +93,9 @@ def main() -> int:
     mg_fp32 = fp32._before_update(batch, fp32._plan(batch)).old_logprobs
     result["fp32"] = _diff(mg_fp32, _hf_logprobs(fp32_dir, batch, torch.float32), mask)
     result["wall_s"] = time.perf_counter() - t0
+    from slime.train.megatron import fusion
+
+    result["fused"] = fusion.status()  # which elementwise chains ran through torch.compile
 
     step = result["train_step"]
     checks = {

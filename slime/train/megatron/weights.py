@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from slime.train.checkpoint import TOKENIZER_FILES
+from slime.train.checkpoint import TOKENIZER_FILES, copy_source_files, swap_into_place
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import is_tensor_parallel, mcore_names, mcore_param_to_hf
 
@@ -117,17 +117,8 @@ def write_hf_dir(tensors: Iterable[tuple[str, Tensor]], out_dir: str, *, source_
             index = {"metadata": {"total_size": total}, "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())}}
             with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
-        for fname in (*CONFIG_FILES, *TOKENIZER_FILES):
-            src = os.path.join(source_dir, fname)
-            if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(tmp, fname))
-        if os.path.exists(out):
-            trash = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
-            os.rename(out, os.path.join(trash, name))
-            os.rename(tmp, out)
-            shutil.rmtree(trash)
-        else:
-            os.rename(tmp, out)
+        copy_source_files(source_dir, tmp, (*CONFIG_FILES, *TOKENIZER_FILES))
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
