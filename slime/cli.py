@@ -44,7 +44,11 @@ def _train(argv: list[str]) -> int:
             print(build_launch_plan(config.engine, seed=config.seed).format())
             return 0
         preflight(config)
+        from transformers.utils import logging as hf_logging
+
         from slime.loop.driver import run_training
+
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync
 
         summary = _run(run_training(config, progress=not ns.no_progress))
     except SlimeError as exc:
