@@ -1,4 +1,5 @@
-"""The ``slime`` command: ``slime train`` (an RL run) and ``slime engine`` (the embedded engine)."""
+"""The ``slime`` command: ``slime train`` (an RL run), ``slime rollout`` (generate and record only) and
+``slime engine`` (the embedded engine)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
 DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
+DEFAULT_CHECKPOINTS = {"arith": DEFAULT_CHECKPOINT, "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart")}
+"""The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
 def _train(argv: list[str]) -> int:
@@ -37,7 +40,7 @@ def _train(argv: list[str]) -> int:
     try:
         config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
         if not config.engine.hf_checkpoint:
-            config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINT))
+            config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
         if ns.dry_run:
             from slime.rollout.sglang_launch import build_launch_plan
 
@@ -69,6 +72,8 @@ def preflight(config) -> None:
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
     ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
     launch plan builds, and SGLang servers / routers to launch have ``sglang`` / ``sglang_router``.
+    The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
+    the first record of ``--load-debug-rollout-data``.
 
     Raises:
         ConfigError: the first problem found.
@@ -76,6 +81,15 @@ def preflight(config) -> None:
     import importlib.util
 
     from slime.errors import ConfigError
+    from slime.loop.driver import check_run_modes
+    from slime.loop.record import record_path
+
+    check_run_modes(config)
+    if config.data.offline_data and not Path(config.data.offline_data).is_file():
+        raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
+    if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
+        raise ConfigError(f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
+                          f"({record_path(config.debug.load_debug_rollout_data, 1)})")
     from slime.rollout.rewards import load_function
 
     for flag, value in (("--hf-checkpoint", config.engine.hf_checkpoint), ("--ref-load", config.train.ref_load)):
@@ -153,13 +167,19 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv[1:])
 
 
+def _rollout(argv: list[str]) -> int:
+    """``slime rollout``: ``slime train --debug-rollout-only`` (generate, reward and record with
+    ``--save-debug-rollout-data``; nothing trains, the weights never change)."""
+    return _train(["--debug-rollout-only", *argv])
+
+
 def _convert(argv: list[str]) -> int:
     from slime.train.megatron.convert_cli import main as convert_main
 
     return convert_main(argv)
 
 
-COMMANDS = {"train": _train, "engine": _engine, "report": _report, "check-plugin": _check_plugin, "convert": _convert, "bench": _bench}
+COMMANDS = {"train": _train, "rollout": _rollout, "engine": _engine, "report": _report, "check-plugin": _check_plugin, "convert": _convert, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:

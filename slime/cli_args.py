@@ -19,7 +19,7 @@ __all__ = ["FLAGS", "build_parser", "config_from_args", "split_passthrough", "RE
 
 # flag -> (config path, argparse kwargs). A path "loop.mode=april" sets a constant when given.
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--hf-checkpoint": ("engine.hf_checkpoint", dict(help="HF model dir (default: the shipped arithmetic warm start)")),
+    "--hf-checkpoint": ("engine.hf_checkpoint", dict(help="HF model dir (default: the shipped warm start of --builtin-task)")),
     "--rollout-external-engine-addrs": ("engine.rollout_external_engine_addrs", dict(nargs="+", help="engines already running (host:port)")),
     "--rollout-num-engines": ("engine.num_engines", dict(type=int, help="embedded engines to launch")),
     "--engine-threads": ("engine.engine_threads", dict(type=int, help="torch threads per embedded engine")),
@@ -31,11 +31,22 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--sglang-config": ("engine.sglang_config", dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)")),
     "--health-check-interval-s": ("engine.health_check_interval_s", dict(type=float, help="seconds between engine health probes (0 = off)")),
     "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
-    "--prompt-data": ("data.prompt_data", dict(help="JSONL prompts (default: built-in arithmetic task)")),
+    "--prompt-data": ("data.prompt_data", dict(help="JSONL prompts (default: the built-in task, --builtin-task)")),
+    "--builtin-task": ("data.builtin_task", dict(choices=["arith", "calc"], help="built-in task and reward without --prompt-data: "
+                                                  "arith (default) or calc (tool calling; with slime.rollout.multiturn.calculator_generate)")),
     "--input-key": ("data.input_key", dict()),
     "--label-key": ("data.label_key", dict()),
     "--metadata-key": ("data.metadata_key", dict()),
     "--rollout-shuffle": ("data.rollout_shuffle", dict(action="store_true")),
+    # Datasets (slime/data/): JSONL or Parquet by extension; --apply-chat-template, --tool-key and
+    # --n-samples-per-eval-prompt / --eval-temperature are slime's flags.
+    "--apply-chat-template": ("data.apply_chat_template", dict(action="store_true", help="render prompts with the tokenizer's chat template")),
+    "--tool-key": ("data.tool_key", dict(help="key of each row's tools (OpenAI function schema)")),
+    "--curriculum-key": ("data.curriculum_key", dict(help="key of a numeric difficulty: each epoch in ascending order instead of shuffled")),
+    "--offline-data": ("data.offline_data", dict(help="JSONL of pre-generated samples mixed in at --offline-ratio")),
+    "--offline-ratio": ("loop.offline_ratio", dict(type=float, help="fraction of each batch's groups from --offline-data, in [0, 1)")),
+    "--n-samples-per-eval-prompt": ("rollout.n_samples_per_eval_prompt", dict(type=int, help="eval samples per prompt (mean accuracy and pass@k)")),
+    "--eval-temperature": ("rollout.eval_temperature", dict(type=float, help="eval sampling temperature (0 = greedy)")),
     "--eval-prompt-data": ("data.eval_prompt_data", dict()),
     "--num-eval-prompts": ("data.num_eval_prompts", dict(type=int)),
     "--on-bad-data": ("data.on_bad_data", dict(choices=["skip", "fail"])),
@@ -46,6 +57,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--staleness-policy": ("loop.staleness_policy", dict(choices=["mask", "drop"])),
     "--dynamic-sampling-filter-path": ("loop.dynamic_sampling_filter_path", dict()),
     "--buffer-filter-path": ("loop.buffer_filter_path", dict()),
+    "--buffer-capacity": ("loop.buffer_capacity", dict(type=int, help="ready + partial groups held; the oldest partial groups beyond it are evicted")),
     "--num-rollout": ("loop.num_rollout", dict(type=int)),
     "--max-staleness": ("loop.max_staleness", dict(type=int)),
     "--eval-interval": ("loop.eval_interval", dict(type=int)),
@@ -137,6 +149,11 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--save-interval": ("save_interval", dict(type=int, help="checkpoint every N steps")),
     "--load": ("load", dict(help="resume from this run directory's latest checkpoint")),
     "--seed": ("seed", dict(type=int)),
+    # Record and replay (slime/loop/record.py), THUDM/slime's debug flags; paths are templates with {rollout_id}.
+    "--save-debug-rollout-data": ("debug.save_debug_rollout_data", dict(help="write each step's groups to this path template ({rollout_id})")),
+    "--load-debug-rollout-data": ("debug.load_debug_rollout_data", dict(help="train on recorded groups from this path template; no engine")),
+    "--debug-rollout-only": ("debug.debug_rollout_only", dict(action="store_true", help="generate and reward, never train (slime rollout)")),
+    "--debug-train-only": ("debug.debug_train_only", dict(action="store_true", help="train only, on --load-debug-rollout-data")),
 }
 
 # Values that several sections need: one flag sets them all (derived, not separate knobs).

@@ -7,6 +7,7 @@ Values are checked at start: ``Config.validate`` raises ``ConfigError`` naming t
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -22,6 +23,7 @@ __all__ = [
     "SyncConfig",
     "EngineConfig",
     "ObsConfig",
+    "DebugConfig",
     "Config",
 ]
 
@@ -30,7 +32,11 @@ _STRUCT = dict(kw_only=True, frozen=True, forbid_unknown_fields=True)
 
 class DataConfig(msgspec.Struct, **_STRUCT):
     prompt_data: str | None = None
-    """JSONL file of prompts (``--prompt-data``). None: the built-in arithmetic task."""
+    """JSONL file of prompts (``--prompt-data``). None: the built-in task (``builtin_task``)."""
+    builtin_task: Literal["arith", "calc"] = "arith"
+    """The built-in task used without ``--prompt-data`` (and its reward, without ``--custom-rm-path`` /
+    ``--rm-type``): ``arith`` (``slime.data.arith``, the first demo) or ``calc`` (``slime.data.calc``,
+    large-number arithmetic with a calculator tool) (``--builtin-task``)."""
     input_key: str = "prompt"
     """Key of the prompt text in each row (``--input-key``)."""
     label_key: str | None = "label"
@@ -38,9 +44,19 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     metadata_key: str | None = None
     """Key of a dict copied into ``Sample.metadata`` (``--metadata-key``)."""
     apply_chat_template: bool = False
-    """Render the prompt with the tokenizer's chat template (``--apply-chat-template``)."""
+    """Render the prompt as a user message (or a row's list of messages as given) with the HF
+    tokenizer's ``apply_chat_template(..., add_generation_prompt=True)`` (``--apply-chat-template``)."""
+    tool_key: str | None = None
+    """Key of each row's tools, OpenAI function schema (``--tool-key``): kept in
+    ``Sample.metadata["tools"]`` for the multi-turn generate, and rendered by the chat template."""
     rollout_shuffle: bool = False
     """Shuffle prompts each epoch with ``seed`` (``--rollout-shuffle``)."""
+    curriculum_key: str | None = None
+    """Key of a numeric difficulty (``--curriculum-key``): each epoch goes through the prompts in
+    ascending difficulty instead of shuffled (ties: file order, or shuffled with ``--rollout-shuffle``)."""
+    offline_data: str | None = None
+    """JSONL (or Parquet) of pre-generated samples mixed into each batch at ``--offline-ratio``
+    (``--offline-data``); see ``slime.data.offline``."""
     eval_prompt_data: str | None = None
     """JSONL of held-out prompts (``--eval-prompt-data``). None: the built-in task's eval split."""
     num_eval_prompts: int = 200
@@ -82,6 +98,10 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     rm_url: str | None = None
     """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers
     ``{"reward": float}`` to ``{"prompt", "response", "label"}``."""
+    n_samples_per_eval_prompt: int = 1
+    """Samples per eval prompt (``--n-samples-per-eval-prompt``); eval reports mean accuracy and pass@k."""
+    eval_temperature: float = 0.0
+    """Sampling temperature of evaluation (``--eval-temperature``); 0 = greedy (then one sample per prompt)."""
 
 
 class LoopConfig(msgspec.Struct, **_STRUCT):
@@ -118,6 +138,18 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     first token's abort."""
     eval_interval: int = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
+    buffer_capacity: int | None = None
+    """Ready + partial groups the data buffer holds (``--buffer-capacity``); beyond it the oldest
+    partial groups are evicted, counted and lost on purpose. None = no bound."""
+    offline_ratio: float = 0.0
+    """Fraction of each batch's groups taken from ``--offline-data`` (``--offline-ratio``), in [0, 1);
+    exact over batches (after k batches, floor(k * rollout_batch_size * ratio) offline groups)."""
+
+    @property
+    def online_groups_per_batch(self) -> int:
+        """Fewest online groups a batch takes: rollout_batch_size - ceil(rollout_batch_size * offline_ratio),
+        at least 1 (the B of admission control). Example: 4 groups, ratio 0.3 -> 4 - ceil(1.2) = 2."""
+        return max(1, self.rollout_batch_size - math.ceil(self.rollout_batch_size * self.offline_ratio - 1e-9))
 
 
 class MegatronConfig(msgspec.Struct, **_STRUCT):
@@ -343,6 +375,30 @@ class ObsConfig(msgspec.Struct, **_STRUCT):
     """W&B run group (``--wandb-group``)."""
 
 
+class DebugConfig(msgspec.Struct, **_STRUCT):
+    """Record and replay of rollouts, and the one-sided runs (THUDM/slime's debug flags).
+
+    Record and replay paths are templates with ``{rollout_id}``, the 1-based step number (the
+    ``step`` of metrics.jsonl), e.g. ``runs/x/rollout_{rollout_id}.msgpack``.
+    """
+
+    save_debug_rollout_data: str | None = None
+    """Write each step's groups, as taken for training (before staleness masking), to this template
+    (``--save-debug-rollout-data``): msgpack of ``slime.loop.record.RolloutRecord``."""
+    load_debug_rollout_data: str | None = None
+    """Train on recorded groups, step by step, with no engine (``--load-debug-rollout-data``; implies
+    ``debug_train_only``)."""
+    debug_rollout_only: bool = False
+    """Generate and reward, never train: weights never change (``--debug-rollout-only``, ``slime rollout``)."""
+    debug_train_only: bool = False
+    """Train only, on ``load_debug_rollout_data``: no engine, no generation, no eval, no weight sync
+    (``--debug-train-only``)."""
+
+    @property
+    def train_only(self) -> bool:
+        return self.debug_train_only or self.load_debug_rollout_data is not None
+
+
 class Config(msgspec.Struct, **_STRUCT):
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -351,6 +407,7 @@ class Config(msgspec.Struct, **_STRUCT):
     sync: SyncConfig = SyncConfig()
     engine: EngineConfig = EngineConfig()
     obs: ObsConfig = ObsConfig()
+    debug: DebugConfig = DebugConfig()
     run_dir: str = "runs/latest"
     """Run directory: metrics, summary, plots, weights, checkpoints (``--save``)."""
     save_interval: int = 0
@@ -402,6 +459,10 @@ class Config(msgspec.Struct, **_STRUCT):
                 "at most one off-policy correction",
             ),
             (self.loop.max_staleness >= 0, "--max-staleness", self.loop.max_staleness, ">= 0"),
+            (self.loop.buffer_capacity is None or self.loop.buffer_capacity >= 1, "--buffer-capacity", self.loop.buffer_capacity, ">= 1, or unset"),
+            (0.0 <= self.loop.offline_ratio < 1.0, "--offline-ratio", self.loop.offline_ratio, "in [0, 1)"),
+            (self.rollout.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.rollout.n_samples_per_eval_prompt, ">= 1"),
+            (self.rollout.eval_temperature >= 0, "--eval-temperature", self.rollout.eval_temperature, ">= 0 (0 = greedy)"),
             (self.sync.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.sync.update_weight_buffer_size, ">= 1 byte"),
             (self.sync.update_weights_timeout_s > 0, "update_weights_timeout_s", self.sync.update_weights_timeout_s, "> 0"),
             (not (self.sync.colocate and self.sync.method == "delta"), "--colocate with --weight-sync", self.sync.method,

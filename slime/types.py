@@ -22,7 +22,12 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import msgspec
 
-__all__ = ["Status", "Sample", "Group", "GenerateFn", "RewardFn", "GroupRewardFn"]
+__all__ = ["OFFLINE_VERSION", "Status", "Sample", "Group", "GenerateFn", "RewardFn", "GroupRewardFn"]
+
+OFFLINE_VERSION = -1
+"""The version of a token that no policy of this run sampled (``--offline-data``). Such tokens are
+off-policy by construction and exempt from the staleness bound: ``mask_stale`` never masks them,
+the trainer's staleness check counts their lag as 0, and lag statistics leave them out."""
 
 
 class Status(enum.Enum):
@@ -63,7 +68,7 @@ class Sample(msgspec.Struct, kw_only=True):
         rollout_logprobs: [num_tokens] float, natural log, the logprob the *sampling* engine gave
             each token under the temperature-scaled distribution (SGLang's default). Tool tokens: 0.0.
         versions: [num_tokens] int, the policy version that produced each token (tool tokens: the
-            version of the turn that called the tool).
+            version of the turn that called the tool; pre-generated offline tokens: ``OFFLINE_VERSION``).
         loss_mask: [num_tokens] int in {0, 1}; 1 = a model token that trains.
         reward: scalar reward, set once the sample is finished and scored; None before.
         status: see ``Status``.
@@ -153,10 +158,11 @@ class Sample(msgspec.Struct, kw_only=True):
 
         Lag of a token = ``current_version - version``. Returns how many tokens were newly masked.
         Example: versions [3, 3, 5], current 6, max_staleness 2 -> lags [3, 3, 1] -> mask [0, 0, 1].
+        Offline tokens (``OFFLINE_VERSION``) are never masked here.
         """
         masked = 0
         for i, v in enumerate(self.versions):
-            if self.loss_mask[i] and current_version - v > max_staleness:
+            if self.loss_mask[i] and v != OFFLINE_VERSION and current_version - v > max_staleness:
                 self.loss_mask[i] = 0
                 masked += 1
         return masked

@@ -11,7 +11,7 @@ from slime.errors import ConfigError
 
 PINNED = {
     "--hf-checkpoint", "--rollout-external-engine-addrs", "--rollout-num-engines", "--engine-threads",
-    "--max-running-requests", "--prompt-data", "--input-key", "--label-key", "--metadata-key",
+    "--max-running-requests", "--prompt-data", "--builtin-task", "--input-key", "--label-key", "--metadata-key",
     "--rollout-shuffle", "--eval-prompt-data", "--num-eval-prompts", "--on-bad-data",
     "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode", "--staleness-policy", "--dynamic-sampling-filter-path", "--buffer-filter-path",
     "--num-rollout", "--max-staleness", "--eval-interval", "--overlap-train", "--n-samples-per-prompt",
@@ -33,6 +33,9 @@ PINNED = {
     "--rollout-num-gpus", "--rollout-num-gpus-per-engine", "--sglang-router-ip", "--sglang-router-port", "--sglang-config",
     "--health-check-interval-s",
     "--enable-trace", "--metrics-port", "--use-tensorboard", "--tb-dir", "--use-wandb", "--wandb-project", "--wandb-group",
+    "--apply-chat-template", "--tool-key", "--curriculum-key", "--offline-data", "--offline-ratio", "--buffer-capacity",
+    "--n-samples-per-eval-prompt", "--eval-temperature",
+    "--save-debug-rollout-data", "--load-debug-rollout-data", "--debug-rollout-only", "--debug-train-only",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 

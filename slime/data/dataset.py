@@ -1,28 +1,48 @@
-"""Prompt datasets: JSONL rows -> ``PromptRow``, with errors that name ``path:line``.
+"""Prompt datasets: JSONL or Parquet rows -> ``PromptRow``, with errors that say where the row is.
 
-A row is a JSON object holding the prompt text under ``input_key`` and, optionally, the reference
-answer under ``label_key`` and a metadata dict under ``metadata_key``. A malformed line (bad JSON,
-not an object, missing or non-string prompt) raises ``DataError("path:line: ...")`` with
-``on_bad_data="fail"``, or is skipped and counted with ``on_bad_data="skip"``.
+The format comes from the file extension: ``.parquet`` is read with pyarrow, one record batch at a
+time; anything else is JSONL (a UTF-8 byte-order mark on the first line is ignored). A row is an
+object holding:
 
-``PromptSource`` hands out rows in a seeded order, epoch after epoch, and remembers its position
-(``state_dict``) so that a resumed run continues where it stopped.
+- the prompt under ``input_key`` (``--input-key``): a non-empty string or, with
+  ``--apply-chat-template``, a non-empty list of chat messages (``{"role": ..., "content": ...}``);
+- optionally the reference answer under ``label_key``, a metadata object under ``metadata_key``,
+  the row's tools under ``tool_key`` (``--tool-key``; OpenAI function schema, a list of
+  ``{"type": "function", "function": {"name": ..., "parameters": ...}}``, or that list as a JSON
+  string, as Parquet files often store it) and a numeric difficulty under ``curriculum_key``
+  (``--curriculum-key``).
+
+A malformed row raises ``DataError`` naming ``path:line`` (JSONL, 1-based line) or ``path row i``
+(Parquet, 0-based row index) and what was wrong with ``on_bad_data="fail"``, or is skipped with a
+warning and counted with ``on_bad_data="skip"``.
+
+``PromptSource`` hands out rows epoch after epoch (file order, a seeded per-epoch shuffle, or
+curriculum order) and remembers its position (``state_dict``) so that a resumed run continues where
+it stopped. Curriculum order: ascending difficulty, the same in every epoch; rows of equal difficulty
+keep file order, or the epoch's seeded shuffle order with ``--rollout-shuffle``. Example: difficulties
+[3, 1, 2, 1] -> order [1, 3, 2, 0] each epoch (shuffle off).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import msgspec
 
 from slime.errors import DataError
 
-__all__ = ["PromptRow", "load_jsonl_prompts", "PromptSource"]
+__all__ = [
+    "PromptRow", "load_prompt_file", "load_jsonl_prompts", "read_rows", "parse_prompt_row",
+    "prompt_input", "tokenize_row", "row_metadata", "PromptSource",
+]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class PromptRow(msgspec.Struct, frozen=True):
@@ -30,37 +50,93 @@ class PromptRow(msgspec.Struct, frozen=True):
 
     index: int
     prompt: str
+    """The prompt text; for a chat-message input, the content of its last user message (what reward
+    functions and logs see; the engine sees the rendered ``messages``)."""
     label: str | None = None
     metadata: dict[str, Any] = {}
+    messages: list[dict[str, Any]] | None = None
+    """The chat messages, when the input is a list of messages (rendered by the chat template)."""
+    tools: list[dict[str, Any]] | None = None
+    """The row's tools (``--tool-key``), OpenAI function schema; kept in ``Sample.metadata["tools"]``."""
+    difficulty: float | None = None
+    """The row's ``--curriculum-key`` value (lower comes first)."""
 
 
-def load_jsonl_prompts(
+def load_prompt_file(
     path: str | Path,
     *,
     input_key: str = "prompt",
     label_key: str | None = "label",
     metadata_key: str | None = None,
+    tool_key: str | None = None,
+    curriculum_key: str | None = None,
+    apply_chat_template: bool = False,
     on_bad_data: Literal["skip", "fail"] = "fail",
     flag: str = "--prompt-data",
 ) -> tuple[list[PromptRow], int]:
-    """Read a JSONL prompt file (a UTF-8 byte-order mark on the first line is ignored).
+    """Read a JSONL or Parquet prompt file (by extension; see the module docstring).
 
     ``flag`` is the option that named the file (``--prompt-data`` or ``--eval-prompt-data``), for messages.
 
     Returns:
-        (rows, num_bad): the good rows in file order, and how many lines were skipped.
+        (rows, num_bad): the good rows in file order, and how many rows were skipped.
 
     Raises:
-        DataError: the file is missing or empty, or (with ``on_bad_data="fail"``) a line is
-            malformed; the message names ``path:line`` and what was wrong.
+        DataError: the file is missing, unreadable or empty, or (with ``on_bad_data="fail"``) a row
+            is malformed; the message names ``path:line`` / ``path row i`` and what was wrong.
+    """
+
+    def parse(obj: Any, index: int) -> PromptRow:
+        return parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
+                                tool_key=tool_key, curriculum_key=curriculum_key, apply_chat_template=apply_chat_template)
+
+    return read_rows(path, parse, on_bad_data=on_bad_data, flag=flag)
+
+
+load_jsonl_prompts = load_prompt_file
+"""The earlier name of ``load_prompt_file`` (it reads Parquet too, by extension)."""
+
+
+def read_rows(
+    path: str | Path, parse: Callable[[Any, int], T], *, on_bad_data: Literal["skip", "fail"] = "fail", flag: str = "--prompt-data",
+) -> tuple[list[T], int]:
+    """Parse every row of a JSONL or Parquet file with ``parse(obj, index_among_good_rows)``.
+
+    ``parse`` raises ValueError for a bad row; the message gets the row's place prepended.
+
+    Returns:
+        (items, num_bad).
+
+    Raises:
+        DataError: as ``load_prompt_file``.
     """
     path = Path(path)
     if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a JSONL file ({flag})")
+        raise DataError(f"{path}: is a directory, expected a JSONL or Parquet file ({flag})")
     if not path.is_file():
         raise DataError(f"{path}: prompt file not found ({flag})")
-    rows: list[PromptRow] = []
+    parquet = path.suffix.lower() == ".parquet"
+    items: list[T] = []
     num_bad = 0
+    for where, obj in _parquet_records(path, flag) if parquet else _jsonl_records(path):
+        try:
+            if isinstance(obj, ValueError):
+                raise obj
+            items.append(parse(obj, len(items)))
+        except ValueError as exc:
+            msg = f"{where}: {exc}"
+            if on_bad_data == "fail":
+                raise DataError(msg + f" (use --on-bad-data skip to skip bad {'rows' if parquet else 'lines'})") from None
+            log.warning("skipping bad row %s", msg)
+            num_bad += 1
+    if not items:
+        what = f"all {num_bad} {'rows' if parquet else 'non-blank lines'} are bad" if num_bad else "the file is empty or blank"
+        raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
+    return items, num_bad
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(``path:line``, decoded object or the ValueError saying why it is not JSON) per non-blank line."""
     decoder = msgspec.json.Decoder()
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -69,32 +145,46 @@ def load_jsonl_prompts(
             if not raw.strip():
                 continue
             try:
-                rows.append(_parse_row(decoder, raw, len(rows), input_key, label_key, metadata_key))
-            except ValueError as exc:
-                msg = f"{path}:{lineno}: {exc}"
-                if on_bad_data == "fail":
-                    raise DataError(msg + " (use --on-bad-data skip to skip bad lines)") from None
-                log.warning("skipping bad line %s", msg)
-                num_bad += 1
-    if not rows:
-        what = f"all {num_bad} non-blank lines are bad" if num_bad else "the file is empty or blank"
-        raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
-    return rows, num_bad
+                yield f"{path}:{lineno}", decoder.decode(raw)
+            except msgspec.DecodeError as exc:
+                yield f"{path}:{lineno}", ValueError(f"invalid JSON ({exc})")
 
 
-def _parse_row(decoder, raw: bytes, index: int, input_key: str, label_key: str | None, metadata_key: str | None) -> PromptRow:
+def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any]]:
+    """(``path row i``, the row as a dict) per row, 0-based, read one record batch at a time."""
     try:
-        obj = decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc})") from None
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs the pyarrow package (pip install pyarrow) ({flag})") from None
+    try:
+        file = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a file that is not Parquet
+        raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc}) ({flag})") from None
+    i = 0
+    for batch in file.iter_batches(batch_size=4096):
+        for obj in batch.to_pylist():
+            yield f"{path} row {i}", obj
+            i += 1
+
+
+def parse_prompt_row(
+    obj: Any, index: int, *, input_key: str = "prompt", label_key: str | None = "label", metadata_key: str | None = None,
+    tool_key: str | None = None, curriculum_key: str | None = None, apply_chat_template: bool = False,
+) -> PromptRow:
+    """One decoded row -> ``PromptRow``. Raises ValueError saying what is wrong (the caller adds where)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     if input_key not in obj:
         raise ValueError(f"missing key {input_key!r} (--input-key); keys present: {sorted(obj)}")
-    prompt = obj[input_key]
-    if not isinstance(prompt, str):
+    prompt, messages = obj[input_key], None
+    if isinstance(prompt, list) and apply_chat_template:
+        messages = _messages(prompt, input_key)
+        prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user" and isinstance(m.get("content"), str)), "")
+    elif isinstance(prompt, list):
+        raise ValueError(f"key {input_key!r} (--input-key) is a list of chat messages; render it with --apply-chat-template")
+    elif not isinstance(prompt, str):
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {_short(prompt)}")
-    if not prompt.strip():
+    elif not prompt.strip():
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got the blank string {prompt!r}")
     label = None
     if label_key is not None and label_key in obj:
@@ -105,7 +195,39 @@ def _parse_row(decoder, raw: bytes, index: int, input_key: str, label_key: str |
         metadata = obj[metadata_key]
         if not isinstance(metadata, dict):
             raise ValueError(f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {_short(metadata)}")
-    return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata)
+    tools = _tools(obj.get(tool_key), tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
+    difficulty = None
+    if curriculum_key is not None:
+        difficulty = obj.get(curriculum_key)
+        if isinstance(difficulty, bool) or not isinstance(difficulty, (int, float)):
+            raise ValueError(f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {_short(difficulty)}")
+        difficulty = float(difficulty)
+    return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata, messages=messages, tools=tools, difficulty=difficulty)
+
+
+def _messages(value: list[Any], key: str) -> list[dict[str, Any]]:
+    if not value:
+        raise ValueError(f"key {key!r} (--input-key) is an empty list of messages")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {_short(m)}")
+    return [dict(m) for m in value]
+
+
+def _tools(value: Any, key: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"key {key!r} (--tool-key) is a string but not JSON ({exc})") from None
+    if not isinstance(value, list):
+        raise ValueError(f"key {key!r} (--tool-key) must be a list of tools, got {type(value).__name__} {_short(value)}")
+    for i, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"key {key!r} (--tool-key): tool {i} must be {{'type': 'function', 'function': {{'name': ...}}}} "
+                             f"(OpenAI function schema), got {_short(tool)}")
+    return value
 
 
 def _short(value: Any) -> str:
@@ -113,18 +235,49 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def prompt_input(row: PromptRow) -> str | list[dict[str, Any]]:
+    """What the tokenizer renders for ``row``: its messages, else its prompt text."""
+    return row.messages if row.messages is not None else row.prompt
+
+
+def tokenize_row(tokenize: Callable[..., list[int]], row: PromptRow) -> list[int]:
+    """Prompt ids of ``row``: ``tokenize(text)``, or ``tokenize(text_or_messages, tools=...)`` when
+    the row has messages or tools (the driver's tokenize renders those with the chat template)."""
+    if row.messages is None and row.tools is None:
+        return tokenize(row.prompt)
+    return tokenize(prompt_input(row), tools=row.tools)
+
+
+def row_metadata(row: PromptRow) -> dict[str, Any]:
+    """``Sample.metadata`` of a sample of ``row``: its metadata plus ``tools`` and ``messages`` when set
+    (where the multi-turn generate function looks for them)."""
+    out = dict(row.metadata)
+    if row.tools is not None:
+        out["tools"] = row.tools
+    if row.messages is not None:
+        out["messages"] = row.messages
+    return out
+
+
 class PromptSource:
-    """Hands out prompt rows in a seeded, reshuffled-per-epoch order; its position is resumable.
+    """Hands out rows in file, shuffled or curriculum order, epoch after epoch; its position is resumable.
 
     Example: 5 rows, shuffle on, seed 1 -> epoch 0 order e.g. [3, 0, 4, 1, 2], epoch 1 another
-    permutation; ``next()`` after the 5th row starts epoch 1.
+    permutation; ``next()`` after the 5th row starts epoch 1. With ``curriculum=True`` each epoch is
+    sorted by ``row.difficulty`` (ascending, stable over the epoch's file or shuffled order).
+
+    ``rows`` may hold anything indexable (the offline data source reuses it for its groups); only
+    curriculum order reads ``difficulty``.
     """
 
-    def __init__(self, rows: list[PromptRow], *, shuffle: bool = True, seed: int = 0):
+    def __init__(self, rows: Sequence[Any], *, shuffle: bool = True, seed: int = 0, curriculum: bool = False):
         if not rows:
             raise DataError("PromptSource needs at least one row")
+        if curriculum and any(getattr(r, "difficulty", None) is None for r in rows):
+            raise DataError("curriculum order needs a difficulty on every row (--curriculum-key)")
         self.rows = rows
         self.shuffle = shuffle
+        self.curriculum = curriculum
         self.seed = seed
         self.epoch = 0
         self.position = 0
@@ -134,9 +287,11 @@ class PromptSource:
         order = list(range(len(self.rows)))
         if self.shuffle:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        if self.curriculum:
+            order.sort(key=lambda i: self.rows[i].difficulty)
         return order
 
-    def next(self) -> PromptRow:
+    def next(self) -> Any:
         if self.position >= len(self._order):
             self.epoch += 1
             self.position = 0

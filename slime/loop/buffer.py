@@ -6,6 +6,16 @@
   any new prompt. Default priority: the group whose oldest token is oldest goes first (so that
   stale tokens are trained, or expire, as early as possible), ties broken by group id.
 
+Two bounds lose partial groups on purpose, each counted (``num_evicted``, ``num_expired``, saved in
+checkpoints) and logged; ready groups are never lost:
+
+- capacity (``--buffer-capacity``): when ready + partial groups exceed it, the oldest partial
+  groups (the head of the default order) are evicted. Example: capacity 4, 3 ready and 1 partial,
+  a 5th group arrives -> the partial one is evicted and its tokens are gone.
+- staleness (``max_staleness``): ``expire(v)`` removes the partial groups whose oldest token is
+  more than ``max_staleness`` versions behind engine version ``v``. Example: ``max_staleness=2``,
+  a partial group whose first token is of version 3 expires once the engines hold version 6.
+
 Every group id enters the buffer's ``taken`` set exactly once, when the trainer takes it; taking a
 group twice raises (invariant 2 of ARCHITECTURE.md).
 """
@@ -13,6 +23,7 @@ group twice raises (invariant 2 of ARCHITECTURE.md).
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import deque
 from typing import Callable
 
@@ -21,19 +32,41 @@ from slime.types import Group
 
 __all__ = ["DataBuffer"]
 
+log = logging.getLogger(__name__)
+
+_NO_VERSION = 1 << 62  # sorts a partial group without tokens last
+
 
 class DataBuffer:
-    def __init__(self, *, buffer_filter: Callable[[int, list[Group], int], list[Group]] | None = None) -> None:
+    """Ready groups and the partial-rollout queue.
+
+    Args:
+        buffer_filter: optional ``(rollout_id, partial_groups, num) -> chosen`` replacing the
+            default resume order (``--buffer-filter-path``).
+        capacity: ready + partial groups held at most (``--buffer-capacity``); None = no bound.
+        max_staleness: partial groups whose oldest token lags more than this are expired by
+            ``expire``; None = never.
+    """
+
+    def __init__(self, *, buffer_filter: Callable[[int, list[Group], int], list[Group]] | None = None,
+                 capacity: int | None = None, max_staleness: int | None = None) -> None:
         self.buffer_filter = buffer_filter
-        """Optional ``(rollout_id, partial_groups, num) -> chosen`` replacing the default order."""
+        self.capacity = capacity
+        self.max_staleness = max_staleness
         self.ready: deque[Group] = deque()
         self._partial: list[tuple[int, int, Group]] = []
         self.taken: set[int] = set()
+        self.num_evicted = 0
+        """Partial groups dropped because the buffer was full (their tokens are lost)."""
+        self.num_expired = 0
+        """Partial groups dropped because their oldest token was over ``max_staleness``."""
 
     # -- partial rollouts ---------------------------------------------------------------------
-    def push_partial(self, group: Group) -> None:
+    def push_partial(self, group: Group) -> list[Group]:
+        """Queue an aborted group; returns the partial groups evicted to stay within capacity."""
         oldest = group.oldest_version
-        heapq.heappush(self._partial, (oldest if oldest is not None else 1 << 62, group.group_id, group))
+        heapq.heappush(self._partial, (oldest if oldest is not None else _NO_VERSION, group.group_id, group))
+        return self._evict()
 
     def pop_partial(self, rollout_id: int = 0) -> Group | None:
         """The next partial group to resume (oldest version first, or ``buffer_filter``'s pick)."""
@@ -51,24 +84,56 @@ class DataBuffer:
         heapq.heapify(self._partial)
         return chosen[0]
 
+    def expire(self, current_version: int) -> list[Group]:
+        """Remove and return the partial groups whose oldest token is more than ``max_staleness``
+        versions behind ``current_version`` (none when ``max_staleness`` is None)."""
+        out: list[Group] = []
+        if self.max_staleness is None:
+            return out
+        while self._partial and current_version - self._partial[0][0] > self.max_staleness:
+            out.append(heapq.heappop(self._partial)[2])
+        if out:
+            self.num_expired += len(out)
+            log.info("expired %d partial groups (ids %s) older than --max-staleness=%d at version %d; %d expired so far",
+                     len(out), [g.group_id for g in out], self.max_staleness, current_version, self.num_expired)
+        return out
+
+    def _evict(self) -> list[Group]:
+        out: list[Group] = []
+        while self.capacity is not None and self._partial and self.num_ready + self.num_partial > self.capacity:
+            out.append(heapq.heappop(self._partial)[2])
+        if out:
+            self.num_evicted += len(out)
+            log.warning("buffer full (--buffer-capacity=%d): evicted %d partial groups (ids %s) with %d tokens; they are "
+                        "lost on purpose, %d evicted so far", self.capacity, len(out), [g.group_id for g in out],
+                        sum(g.num_response_tokens for g in out), self.num_evicted)
+        return out
+
     @property
     def num_partial(self) -> int:
         return len(self._partial)
 
     def partial_groups(self) -> list[Group]:
-        return [g for _, _, g in sorted(self._partial)]
+        return [g for _, _, g in sorted(self._partial, key=lambda e: e[:2])]
 
-    def restore(self, *, ready: list[Group], partial: list[Group], taken: list[int]) -> None:
+    def restore(self, *, ready: list[Group], partial: list[Group], taken: list[int], num_evicted: int = 0, num_expired: int = 0) -> None:
         """Refill from a checkpoint (``slime.loop.checkpoint``)."""
         self.ready = deque(ready)
         self._partial = []
         for g in partial:
-            self.push_partial(g)
+            oldest = g.oldest_version
+            heapq.heappush(self._partial, (oldest if oldest is not None else _NO_VERSION, g.group_id, g))
         self.taken = set(taken)
+        self.num_evicted, self.num_expired = num_evicted, num_expired
 
     # -- ready groups ---------------------------------------------------------------------------
-    def push_ready(self, group: Group) -> None:
-        self.ready.append(group)
+    def push_ready(self, group: Group, *, front: bool = False) -> list[Group]:
+        """Add a finished group (at the front: taken first); returns the partial groups evicted."""
+        if front:
+            self.ready.appendleft(group)
+        else:
+            self.ready.append(group)
+        return self._evict()
 
     @property
     def num_ready(self) -> int:

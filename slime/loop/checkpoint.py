@@ -8,8 +8,9 @@ half-owned. It holds everything a run needs to continue as if it had not stopped
         model/              HF dir of the policy at the checkpoint's version (engines load it)
         trainer.pt          optimizer (and critic + its optimizer), torch RNG state
         loop.json           step, policy version, data position, next group id, admission count,
-                            rollout id, ids of every group already trained (or dropped), and the
-                            ready and partial groups with every token, logprob and version
+                            rollout id, ids of every group already trained (or dropped), the
+                            ready and partial groups with every token, logprob and version, the
+                            buffer's eviction and expiry counts, the offline-data position
     SAVE/latest             the name of the newest complete checkpoint (replaced atomically)
 
 Atomicity: a checkpoint is written into ``.tmp-step_N`` and renamed to ``step_N`` only when
@@ -49,6 +50,12 @@ class LoopState(msgspec.Struct, kw_only=True):
     taken: list[int]
     ready: list[Group]
     partial: list[Group]
+    num_evicted: int = 0
+    """Partial groups the buffer evicted at ``--buffer-capacity`` (``DataBuffer.num_evicted``)."""
+    num_expired: int = 0
+    """Partial groups the buffer expired at ``--max-staleness`` (``DataBuffer.num_expired``)."""
+    offline_source: dict[str, int] | None = None
+    """Position in ``--offline-data`` (``OfflineSource.state_dict``); None without offline data."""
     python_rng: Any = None
 
 

@@ -2,11 +2,20 @@
 
 One rollout step is ``slime.loop.step.run_step`` (``--num-rollout`` of them); evaluation runs
 before the first and after the last, with generation paused.
+
+Two one-sided modes (THUDM/slime's debug flags, ``slime.loop.record``):
+
+- rollout only (``--debug-rollout-only``, ``slime rollout``): no trainer is built; the scheduler runs
+  without admission bound (the version never moves), groups are rewarded and, with
+  ``--save-debug-rollout-data``, recorded; no weight sync; eval runs once, before.
+- train only (``--load-debug-rollout-data``, ``--debug-train-only``): no engine is launched and nothing
+  is generated; each step trains on that step's recorded groups; no weight sync, no eval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -18,10 +27,13 @@ from typing import Any
 import msgspec
 
 from slime.config import Config
-from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
+from slime.data.dataset import PromptRow, PromptSource, load_prompt_file
+from slime.data.offline import OfflineSource, load_offline_data
+from slime.errors import ConfigError
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_jsonl
 from slime.loop.evaluate import evaluate
+from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import MetricsWriter, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
@@ -32,31 +44,87 @@ from slime.rollout.deploy import start_rollout
 from slime.rollout.rewards import load_function
 from slime.sync import build_weight_sync
 
-__all__ = ["run_training", "load_prompts"]
+__all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]
 
 log = logging.getLogger(__name__)
 
 
+def _builtin_task(config: Config) -> Any:
+    """The module of ``--builtin-task``: ``slime.data.arith`` or ``slime.data.calc``."""
+    import importlib
+
+    return importlib.import_module(f"slime.data.{config.data.builtin_task}")
+
+
 def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
-    """Train and eval prompt rows: the user's JSONL files, or the built-in arithmetic task."""
+    """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``)."""
     d = config.data
-    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data)
+    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
+              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template)
     if d.prompt_data:
-        train, _ = load_jsonl_prompts(d.prompt_data, flag="--prompt-data", **kw)
+        train, _ = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
-        from slime.data import arith
-
-        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(20000, seed=d.seed, split="train"))]
+        task = _builtin_task(config)
+        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=d.seed, split="train"))]
     if d.eval_prompt_data:
-        evals, _ = load_jsonl_prompts(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
+        evals, _ = load_prompt_file(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
     elif not d.prompt_data:
-        from slime.data import arith
-
+        task = _builtin_task(config)
         # a fixed held-out set (seed 0), the same for every run seed, so runs compare
-        evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(arith.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
+        evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
     else:
         evals = []
     return train, evals[: d.num_eval_prompts]
+
+
+def check_run_modes(config: Config) -> None:
+    """Checks across flags of the data and debug modes, at start.
+
+    Raises:
+        ConfigError: naming the flags.
+    """
+    d, dbg, r = config.data, config.debug, config.rollout
+    problems = [
+        (dbg.debug_rollout_only and dbg.train_only, "--debug-rollout-only with --debug-train-only / --load-debug-rollout-data: pick one"),
+        (dbg.debug_train_only and dbg.load_debug_rollout_data is None, "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
+        (config.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={config.loop.offline_ratio} needs --offline-data"),
+        (d.offline_data is not None and config.loop.offline_ratio == 0, "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)"),
+        (r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,
+         f"--n-samples-per-eval-prompt={r.n_samples_per_eval_prompt} needs --eval-temperature > 0 (greedy samples are all the same)"),
+        (dbg.debug_rollout_only and bool(config.save_interval or config.load), "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)"),
+        ((dbg.debug_rollout_only or dbg.train_only) and config.train.train_backend == "megatron",
+         "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
+    ]
+    for flag, template in (("--save-debug-rollout-data", dbg.save_debug_rollout_data), ("--load-debug-rollout-data", dbg.load_debug_rollout_data)):
+        if template is not None:
+            try:
+                ok = template.format(rollout_id=1) != template.format(rollout_id=2)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(f"{flag}={template!r}: not a path template ({type(exc).__name__}: {exc}); use {{rollout_id}}") from None
+            problems.append((not ok, f"{flag}={template!r}: the path needs {{rollout_id}} (one file per step)"))
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
+
+
+def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
+    """The run's prompt tokenizer: ``tokenize(text_or_messages, tools=None) -> [num_prompt_tokens] ids``.
+
+    Without ``apply_chat_template``: ``tokenizer.encode(text)`` with the tokenizer's defaults (BOS),
+    as SGLang tokenizes ``text``; tools are not rendered (they stay in ``Sample.metadata["tools"]``).
+    With it: text becomes ``[{"role": "user", "content": text}]``, a row's messages are used as given,
+    and ``apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)``
+    renders them (THUDM/slime renders its prompts the same way).
+    """
+
+    def tokenize(prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        if not apply_chat_template:
+            return tokenizer.encode(prompt)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        out = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(out if isinstance(out, list) else out["input_ids"])
+
+    return tokenize
 
 
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
@@ -67,6 +135,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
+    check_run_modes(config)
+    rollout_only, train_only = config.debug.debug_rollout_only, config.debug.train_only
     megatron = config.train.train_backend == "megatron"
     if megatron:
         from slime.train.megatron.trainer import MegatronTrainer, serve_if_worker
@@ -92,37 +162,46 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     model_dir = str(ckpt / "model") if ckpt else base_model
     version = resume.policy_version if resume else 0
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
-    tokenize = lambda text: tokenizer.encode(text)  # the tokenizer's defaults (BOS), as SGLang tokenizes `text`  # noqa: E731
+    if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"--apply-chat-template: the tokenizer of {base_model} has no chat template")
+    tokenize = prompt_tokenizer(tokenizer, apply_chat_template=config.data.apply_chat_template)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     reward_fn = reward_fn or _reward_function(config)
     generate_fn = _generate_function(config, tokenizer)
     train_rows, eval_rows = await asyncio.to_thread(load_prompts, config)
-    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
+    eval_rows = [] if train_only else eval_rows
+    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
+    offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
-    trainer = await asyncio.to_thread(MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
+    trainer = None if rollout_only else await asyncio.to_thread(
+        MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
     lp = config.loop
-    buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None)
+    buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None,
+                        capacity=lp.buffer_capacity, max_staleness=lp.max_staleness)
     group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
     if resume is not None:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
-        buffer.restore(ready=resume.ready, partial=resume.partial, taken=resume.taken)
+        buffer.restore(ready=resume.ready, partial=resume.partial, taken=resume.taken, num_evicted=resume.num_evicted, num_expired=resume.num_expired)
+        if offline is not None and resume.offline_source is not None:
+            offline.load_state_dict(resume.offline_source)
     weights_dir = config.sync.weights_dir or str(run_dir / "weights")
     metrics = MetricsWriter(run_dir)
     trained_log = (run_dir / "trained_groups.jsonl").open("a")
     t_start = time.monotonic()
 
-    async with Observers(config, run_dir, progress=progress) as obs, start_rollout(
+    async with Observers(config, run_dir, progress=progress) as obs, _no_engines() if train_only else start_rollout(
         config.engine, config.rollout, model_dir=model_dir, weight_version=str(version), seed=config.seed, log_dir=run_dir / "logs",
     ) as engines:
-        pool = engines.pools.default  # the actor's; engines.pools[model] for other models of --sglang-config
-        if resume is not None and engines.plan.backend == "external":
+        pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
+        if resume is not None and engines and engines.plan.backend == "external":
             await pool.update_weights_from_disk(model_dir, weight_version=str(version))  # external engines hold other weights
         tracer = obs.tracer
-        sync = build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
+        sync = NoWeightSync() if train_only or rollout_only else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
         eval_kw = dict(
-            pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn,
+            pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn, generate_fn=generate_fn,
             max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
+            temperature=config.rollout.eval_temperature, n_samples_per_prompt=config.rollout.n_samples_per_eval_prompt,
         )
         if resume is None:
             with tracer.span("eval", "eval", step=0, num_prompts=len(eval_rows)):
@@ -132,24 +211,33 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             log.info("eval before RL: accuracy %.3f", before["accuracy"])
         first_step = resume.step + 1 if resume else 1
         async with asyncio.TaskGroup() as tg:
-            sched = Scheduler(
-                config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
-                buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
-                tracer=tracer, generate_fn=generate_fn,
-            )
+            if train_only:  # recorded groups, no engine
+                sched = ReplayScheduler(config.loop, config.debug.load_debug_rollout_data, buffer=buffer, engine_version=version)
+            else:
+                sched = Scheduler(
+                    config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
+                    buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
+                    tracer=tracer, generate_fn=generate_fn, offline=offline, fixed_weights=rollout_only,
+                )
+            train_step = None if rollout_only else _with_offline_logprobs(trainer) if offline is not None or train_only else trainer.train_step
+            template = config.debug.save_debug_rollout_data
+
+            async def on_batch(groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
+                await asyncio.to_thread(save_rollout_record, template, sched.rollout_id, groups, policy_version=version)
             if resume is not None:
                 sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
             obs.watch(pool=pool, buffer=buffer)
             for step in range(first_step, config.loop.num_rollout + 1):
-                version, groups, record = await run_step(sched, train_step=trainer.train_step, sync=sync, version=version, tracer=tracer,
-                                                         colocate=config.sync.colocate)
+                version, groups, record = await run_step(sched, train_step=train_step, sync=sync, version=version, tracer=tracer,
+                                                         colocate=config.sync.colocate and not (train_only or rollout_only),
+                                                         on_batch=on_batch if template else None)
                 record["step"] = step
                 metrics.write(record)
                 for g in groups:
                     trained_log.write(json.dumps({"step": step, "group_id": g.group_id, "data_index": g.data_index}) + "\n")
                 trained_log.flush()
                 obs.record(record, format_step_line(record))
-                if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout:
+                if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout and eval_rows and not rollout_only:
                     async with sched.paused():
                         with tracer.span("eval", "eval", step=step, num_prompts=len(eval_rows)):
                             mid = await evaluate(eval_rows, engine_version=version, **eval_kw)
@@ -158,21 +246,25 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 if config.save_interval and (step % config.save_interval == 0 or step == config.loop.num_rollout):
                     async with sched.quiesced():
                         state = LoopState(step=step, policy_version=version, source=source.state_dict(), taken=sorted(buffer.taken),
-                                          ready=list(buffer.ready), partial=buffer.partial_groups(), **sched.counters())
+                                          ready=list(buffer.ready), partial=buffer.partial_groups(), num_evicted=buffer.num_evicted,
+                                          num_expired=buffer.num_expired, offline_source=offline.state_dict() if offline else None, **sched.counters())
                         with tracer.span("checkpoint", "checkpoint", step=step):
                             await asyncio.to_thread(save_checkpoint, run_dir / "checkpoints", state, trainer=trainer)
             await sched.shutdown()
         await sync.close()
         obs.progress.close()
         with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=len(eval_rows)):
-            after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+            if rollout_only:  # the weights never changed: the eval before stands
+                after = before
+            else:
+                after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
         metrics.write(rec := {"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
         obs.record(rec)
     metrics.close()
     trained_log.close()
     if hasattr(reward_fn, "close"):
         await reward_fn.close()
-    if megatron:
+    if megatron and trainer is not None:
         await asyncio.to_thread(trainer.close)  # releases the other torchrun ranks
     summary = _summary(metrics.records, config, version=version, buffer=buffer, wall_time_s=time.monotonic() - t_start)
     write_json_atomic(run_dir / "summary.json", summary)
@@ -180,8 +272,51 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     return summary
 
 
+@contextlib.asynccontextmanager
+async def _no_engines():
+    """The engines of a train-only run: none."""
+    yield None
+
+
+def _offline_source(config: Config, tokenize: Any, tokenizer: Any) -> OfflineSource:
+    """``--offline-data``, tokenised (prompts as online ones; responses without special tokens)."""
+    d = config.data
+    groups = load_offline_data(
+        d.offline_data, tokenize=tokenize, encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        group_size=config.rollout.n_samples_per_prompt, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+        tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, on_bad_data=d.on_bad_data,
+    )
+    if config.train.train_backend == "megatron" and any(s.logprobs is None for g in groups for s in g.samples):
+        raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
+    log.info("offline data: %d groups from %s, %.0f%% of each batch", len(groups), d.offline_data, 100 * config.loop.offline_ratio)
+    return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=d.seed + 1)
+
+
+def _with_offline_logprobs(trainer: Any) -> Any:
+    """``trainer.train_step`` that first fills the rollout logprobs of offline samples whose file had
+    none (``metadata["offline_logprobs"] is False``) with the trainer's own, at the rollout
+    temperature: the behaviour policy is unknown, so it is taken to be the current one (slime.data.offline)."""
+
+    def train_step(groups: list[Any]) -> dict[str, Any]:
+        todo = [s for g in groups for s in g.samples if s.metadata.get("offline") and not s.metadata.get("offline_logprobs")]
+        if todo:
+            import torch
+
+            from slime.train.logprobs import compute_token_logprobs
+
+            device = next(trainer.model.parameters()).device
+            with torch.no_grad():
+                for s in todo:
+                    ids = torch.tensor([s.prompt_ids + s.response_ids], device=device)  # [1, T]
+                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.config.rollout_temperature)  # [1, T-1]
+                    s.rollout_logprobs[:] = lp[0, len(s.prompt_ids) - 1 :].tolist()
+        return trainer.train_step(groups)
+
+    return train_step
+
+
 def _reward_function(config: Config) -> Any:
-    """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the arithmetic task's reward."""
+    """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the built-in task's reward (``--builtin-task``)."""
     if config.rollout.custom_rm_path:
         return load_function(config.rollout.custom_rm_path)
     from slime.rollout.verifiers import reward_fn_from_config
@@ -189,9 +324,7 @@ def _reward_function(config: Config) -> Any:
     fn = reward_fn_from_config(config.rollout)
     if fn is not None:
         return fn
-    from slime.data.arith import reward
-
-    return reward
+    return _builtin_task(config).reward
 
 
 def _generate_function(config: Config, tokenizer: Any) -> Any:
@@ -225,4 +358,7 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
         "multi_version_samples": sum(r["multi_version_samples"] for r in steps),
         "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1),
         "failed_samples": sum(r["failed_samples"] for r in steps),
+        "offline_groups_trained": sum(r.get("offline_groups", 0) for r in steps),
+        "buffer_evicted_groups": buffer.num_evicted,
+        "buffer_expired_groups": buffer.num_expired,
     }

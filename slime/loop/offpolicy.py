@@ -8,13 +8,16 @@ remains (TIS, MIS, decoupled PPO) is applied by the trainer (``slime/train/offpo
 Example: trainer at version 6, ``max_staleness=2``, one sample with versions [3, 3, 5, 6] ->
 lags [3, 3, 1, 0] -> 2 tokens masked; histogram {0: 1, 1: 1, 3: 2}; off-policy fraction 0.75;
 the sample spans 3 versions.
+
+Offline tokens (``OFFLINE_VERSION``, ``--offline-data``) were sampled by no policy of this run: they
+are never masked for staleness, are left out of the lag statistics, and are counted as ``offline_tokens``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from slime.types import Group
+from slime.types import OFFLINE_VERSION, Group
 
 __all__ = ["apply_staleness"]
 
@@ -25,16 +28,18 @@ def apply_staleness(groups: list[Group], *, trainer_version: int, max_staleness:
     Returns:
         ``lag_histogram`` {lag: num_tokens} over model tokens, ``off_policy_token_fraction``
         (lag > 0), ``max_version_lag``, ``masked_stale_tokens``, ``max_versions_in_a_sample``,
-        ``multi_version_samples`` (samples whose tokens come from >= 2 versions).
+        ``multi_version_samples`` (samples whose tokens come from >= 2 versions), ``offline_tokens``.
     """
     hist: Counter[int] = Counter()
-    masked = 0
+    masked = offline = 0
     max_spanned = 0
     multi = 0
     for group in groups:
         for s in group.samples:
             for v, m in zip(s.versions, s.loss_mask):
-                if m:
+                if m and v == OFFLINE_VERSION:
+                    offline += 1
+                elif m:
                     hist[trainer_version - v] += 1
             masked += s.mask_stale(trainer_version, max_staleness)
             spanned = s.num_versions_spanned
@@ -49,4 +54,5 @@ def apply_staleness(groups: list[Group], *, trainer_version: int, max_staleness:
         "masked_stale_tokens": masked,
         "max_versions_in_a_sample": max_spanned,
         "multi_version_samples": multi,
+        "offline_tokens": offline,
     }

@@ -31,12 +31,21 @@ The loops, what they consume and produce, what they wait for and what wakes them
   none is in flight (no request straddles the update, so every token's version is exact), then
   reopens and resumes partials first. ``"in_place"`` (``async``) pauses the engines with requests
   kept; they continue on the new weights and SGLang's ``weight_versions`` spans tag their new tokens.
+- Offline data (``--offline-data``, ``--offline-ratio R``): ``next_batch(n)`` puts the batch's share
+  of pre-generated groups (``OFFLINE_VERSION`` tokens, rewarded here if the file had no reward) at the
+  front of ``ready`` and takes them with ``n`` minus that many online groups. The share is exact over
+  batches: after k batches, floor(k * n * R) offline groups. Example: n=4, R=0.3 -> 1, 1, 1, 1, 2.
+  Offline groups skip the dynamic-sampling filter and the staleness drop.
+- Buffer bounds: a partial group evicted by ``--buffer-capacity`` or expired by ``max_staleness``
+  (``DataBuffer``) frees its admission slot, like a dropped stale group, and is counted per step.
 
 Admission control (AReaL's bound, arXiv 2505.24298): with batches of B groups consumed in order,
 the k-th admitted group (0-based) is trained at trainer version >= floor(k / B); started at engine
 version v, its lag is at most eta iff k < (v + eta + 1) * B. Example: B=4, eta=1, v=0 -> groups
 0..7 may start; the 9th waits for version 1. The consumption-side check (``offpolicy.py``)
-enforces the bound exactly, since groups finish out of order.
+enforces the bound exactly, since groups finish out of order. With offline data B is the fewest
+online groups a batch takes (``LoopConfig.online_groups_per_batch``). With ``fixed_weights`` (the
+rollout-only mode: the version never moves) there is no bound.
 """
 
 from __future__ import annotations
@@ -45,16 +54,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 from typing import Any, Awaitable, Callable, Literal
 
 from slime.config import LoopConfig, RolloutConfig
-from slime.data.dataset import PromptSource
+from slime.data.dataset import PromptSource, row_metadata, tokenize_row
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.obs.trace import NULL_TRACER
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import score_group, score_sample
-from slime.types import Group, Sample, Status
+from slime.types import OFFLINE_VERSION, Group, Sample, Status
 
 __all__ = ["Scheduler", "StepStats"]
 
@@ -74,6 +84,9 @@ class StepStats:
     generated_tokens: int = 0
     filtered_tokens: int = 0
     dropped_stale_groups: int = 0
+    offline_groups: int = 0
+    evicted_groups: int = 0
+    expired_groups: int = 0
 
 
 class Scheduler:
@@ -90,6 +103,9 @@ class Scheduler:
         generate_fn: the generate function; returns the sample or a list of samples.
         group_filter: dynamic-sampling filter ``(group) -> keep``.
         tracer: ``slime.obs.trace.Tracer``; records each generate request and reward call.
+        offline: source of pre-generated groups (``slime.data.offline.OfflineSource``), mixed in at
+            ``config.offline_ratio``; None = online only.
+        fixed_weights: the engines' version never moves (rollout-only mode): no admission bound.
     """
 
     def __init__(
@@ -110,6 +126,8 @@ class Scheduler:
         engine_version: int = 0,
         next_group_id: int = 0,
         tracer: Any = None,
+        offline: Any = None,
+        fixed_weights: bool = False,
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")
@@ -119,6 +137,7 @@ class Scheduler:
         self.reward_fn, self.group_reward_fn = reward_fn, group_reward_fn
         self.generate_fn, self.group_filter = generate_fn, group_filter
         self.tracer = tracer or NULL_TRACER
+        self.offline, self.fixed_weights = offline, fixed_weights
         self.engine_version = engine_version
         """The policy version the engines hold (the driver bumps it after each weight sync)."""
         self.rollout_id = 0
@@ -147,23 +166,24 @@ class Scheduler:
     @property
     def admission_limit(self) -> int:
         """Groups that may have been admitted at the current engine version (see module doc)."""
-        if self.config.mode == "sync":
+        if self.config.mode == "sync" or self.fixed_weights:
             return 1 << 62
-        return (self.engine_version + self.config.max_staleness + 1) * self.config.rollout_batch_size
+        return (self.engine_version + self.config.max_staleness + 1) * self.config.online_groups_per_batch
 
     # -- group lifecycle ------------------------------------------------------------------------
     def _new_group(self) -> Group:
         row = self.source.next()
-        prompt_ids = self.tokenize(row.prompt)
+        prompt_ids = tokenize_row(self.tokenize, row)
         gid = self.next_group_id
         self.next_group_id += 1
         samples = [
-            Sample(prompt_ids=list(prompt_ids), group_id=gid, index=i, label=row.label, prompt=row.prompt, metadata=dict(row.metadata))
+            Sample(prompt_ids=list(prompt_ids), group_id=gid, index=i, label=row.label, prompt=row.prompt, metadata=row_metadata(row))
             for i in range(self.rollout.n_samples_per_prompt)
         ]
         return Group(group_id=gid, samples=samples, rollout_id=self.rollout_id, data_index=row.index)
 
     def _fill(self) -> None:
+        self._lost(self.buffer.expire(self.engine_version), "expired_groups")
         while self._gate_open and len(self.inflight) + self.buffer.num_ready < self.capacity:
             group = self.buffer.pop_partial(self.rollout_id)
             if group is None:
@@ -192,7 +212,7 @@ class Scheduler:
                 if span is not None:
                     self.tracer.end(span, group_id=group.group_id, rewards=[smp.reward for smp in group.samples])
             if not (group.is_finished and group.is_rewarded):
-                self.buffer.push_partial(group)
+                self._lost(self.buffer.push_partial(group), "evicted_groups")
             elif self.group_filter is not None and not self._keep(group):
                 self.stats.filtered_groups += 1
                 self.stats.filtered_tokens += group.num_response_tokens
@@ -202,11 +222,16 @@ class Scheduler:
             else:
                 self.stats.finished_groups += 1
                 self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
-                self.buffer.push_ready(group)
+                self._lost(self.buffer.push_ready(group), "evicted_groups")
         finally:
             del self.inflight[group.group_id]
             await self._notify()
             self._fill()
+
+    def _lost(self, groups: list[Group], counter: str) -> None:
+        """Partial groups the buffer evicted or expired: each frees its admission slot."""
+        self.num_admitted -= len(groups)
+        setattr(self.stats, counter, getattr(self.stats, counter) + len(groups))
 
     def _keep(self, group: Group) -> bool:
         keep = self.group_filter(group)
@@ -268,10 +293,14 @@ class Scheduler:
     async def next_batch(self, n: int) -> list[Group]:
         """Wait for ``n`` ready groups and take them (oldest first). See the module docstring."""
         self.rollout_id += 1
-        self._budget = max(0, n - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
-        if self.config.mode == "async" or self.buffer.num_ready < n:  # else the batch is already there
+        num_offline = self._offline_quota(n)
+        n_online = n - num_offline
+        self._budget = max(0, n_online - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
+        if self.config.mode == "async" or self.buffer.num_ready < n_online:  # else the batch is already there
             self._gate_open = True
             self._fill()
+        for group in reversed(await self._offline_groups(num_offline)):  # taken first, with exactly n_online online groups
+            self._lost(self.buffer.push_ready(group, front=True), "evicted_groups")
         batch: list[Group] = []
         while len(batch) < n:
             need = n - len(batch)
@@ -295,9 +324,34 @@ class Scheduler:
 
     def _too_stale(self, group: Group) -> bool:
         """True if a trainable token is more than ``max_staleness`` versions behind the engines
-        (which hold the trainer's version whenever a batch is taken)."""
+        (which hold the trainer's version whenever a batch is taken). Offline tokens are exempt."""
         bound = self.engine_version - self.config.max_staleness
-        return any(v < bound and m for s in group.samples for v, m in zip(s.versions, s.loss_mask))
+        return any(v < bound and m and v != OFFLINE_VERSION for s in group.samples for v, m in zip(s.versions, s.loss_mask))
+
+    def _offline_quota(self, n: int) -> int:
+        """Offline groups in batch number ``rollout_id`` of ``n``: floor(k*n*R) - floor((k-1)*n*R)."""
+        ratio = self.config.offline_ratio
+        if self.offline is None or ratio <= 0:
+            return 0
+        k = self.rollout_id
+        return math.floor(k * n * ratio + 1e-9) - math.floor((k - 1) * n * ratio + 1e-9)
+
+    async def _offline_groups(self, num: int) -> list[Group]:
+        """``num`` groups from the offline source, with fresh group ids, rewarded where the file had no reward."""
+        groups = []
+        for _ in range(num):
+            group = self.offline.next_group(group_id=self.next_group_id, rollout_id=self.rollout_id)
+            self.next_group_id += 1
+            if self.group_reward_fn is not None and not group.is_rewarded:
+                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s)
+            elif self.group_reward_fn is None:
+                for s in group.samples:
+                    if s.reward is None:
+                        await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+            self.stats.offline_groups += 1
+            self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
+            groups.append(group)
+        return groups
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: Literal["abort", "in_place"] = "abort"):

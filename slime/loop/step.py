@@ -21,6 +21,10 @@ before the sync because the tag set differs across SGLang versions.)
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.
+
+``on_batch(groups)`` (recording, ``--save-debug-rollout-data``) is awaited right after the groups
+are taken, before staleness masking. ``train_step=None`` (rollout-only, ``--debug-rollout-only``)
+skips the train step and the weight sync: the version never moves.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
@@ -57,11 +61,12 @@ def batch_stats(groups: list[Group]) -> dict[str, float]:
 async def run_step(
     sched: Scheduler,
     *,
-    train_step: Callable[[list[Group]], dict[str, Any]],
-    sync: WeightSync,
+    train_step: Callable[[list[Group]], dict[str, Any]] | None,
+    sync: WeightSync | None,
     version: int,
     tracer: Any = None,
     colocate: bool = False,
+    on_batch: Callable[[list[Group]], Awaitable[Any]] | None = None,
 ) -> tuple[int, list[Group], dict[str, Any]]:
     """Run one rollout + train + weight-sync step. Returns (new version, groups, metrics record).
 
@@ -78,9 +83,17 @@ async def run_step(
     with tr.span("rollout_wait", "rollout", num_groups=config.rollout_batch_size):
         groups = await sched.next_batch(config.rollout_batch_size)
     t_rollout = time.monotonic() - t0
+    if on_batch is not None:
+        await on_batch(groups)
     stale = apply_staleness(groups, trainer_version=version, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
     mode = "in_place" if config.mode == "async" and not colocate else "abort"
+    if train_step is None:
+        st = sched.pop_stats()
+        dt = time.monotonic() - t0
+        record = {"kind": "step", "policy_version": version, **batch, **_scheduler_record(sched, st, dt), "rollout_wait_s": t_rollout, **stale}
+        tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
+        return version, groups, record
     async with contextlib.AsyncExitStack() as held:
         if colocate:  # the engines give their memory to the trainer: nothing generates until the sync is done
             await held.enter_async_context(sched.paused("abort"))
@@ -112,17 +125,24 @@ async def run_step(
     st = sched.pop_stats()
     dt = time.monotonic() - t0
     record = {
-        "kind": "step", "policy_version": version, **batch,
-        "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
-        "started_groups": st.started_groups, "generated_tokens": st.generated_tokens,
-        "failed_samples": st.failed_samples, "filtered_groups": st.filtered_groups,
-        "dropped_stale_groups": st.dropped_stale_groups,
-        "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt,
+        "kind": "step", "policy_version": version, **batch, **_scheduler_record(sched, st, dt),
         "rollout_wait_s": t_rollout, "train_time_s": t_train, "weight_sync_s": t_sync,
-        "partial_groups_queued": sched.buffer.num_partial, "ready_groups_left": sched.buffer.num_ready,
         **stale,
         **{f"train/{k}": v for k, v in train_metrics.items()},
         **{f"weight_sync/{k}": v for k, v in getattr(sync, "stats", {}).items()},
     }
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
     return version, groups, record
+
+
+def _scheduler_record(sched: Any, st: Any, dt: float) -> dict[str, Any]:
+    """The step record's scheduler and buffer counters (``StepStats`` since the last step)."""
+    return {
+        "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
+        "started_groups": st.started_groups, "generated_tokens": st.generated_tokens,
+        "failed_samples": st.failed_samples, "filtered_groups": st.filtered_groups,
+        "dropped_stale_groups": st.dropped_stale_groups, "offline_groups": st.offline_groups,
+        "buffer_evicted_groups": st.evicted_groups, "buffer_expired_groups": st.expired_groups,
+        "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt,
+        "partial_groups_queued": sched.buffer.num_partial, "ready_groups_left": sched.buffer.num_ready,
+    }

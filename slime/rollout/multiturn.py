@@ -51,15 +51,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import weakref
 from typing import Any, Callable
 
 from slime.errors import EngineRequestError
 from slime.rollout.generate import policy_version_of, status_from_finish_reason
+from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
 from slime.rollout.tools.registry import ToolRegistry, ToolResult
 from slime.types import Sample, Status
 
-__all__ = ["MultiTurnGenerate", "generate", "render", "TemplateError", "STATE_KEY"]
+__all__ = ["MultiTurnGenerate", "generate", "calculator_generate", "render", "TemplateError", "STATE_KEY"]
 
 STATE_KEY = "multiturn"
 
@@ -101,6 +103,30 @@ class MultiTurnGenerate:
             decode=decode, tokenizer=self.tokenizer, tools=self.tools, max_turns=self.max_turns,
             max_tool_output_tokens=self.max_tool_output_tokens, system_prompt=self.system_prompt,
         )
+
+
+_CALCULATOR_GENERATES: weakref.WeakKeyDictionary[Any, MultiTurnGenerate] = weakref.WeakKeyDictionary()
+CALCULATOR_MAX_TURNS = 4
+"""Model turns per trajectory for ``calculator_generate`` (a call and an answer need 2)."""
+
+
+async def calculator_generate(sample: Sample, sampling_params: dict[str, Any], *, tokenizer: Any, pool: Any,
+                              max_response_len: int, engine_version: int,
+                              decode: Callable[[list[int]], str] | None = None) -> Sample:
+    """Multi-turn generate with the ``calculator`` tool, for the CLI (the tool-calling demo)::
+
+        slime train --custom-generate-function-path slime.rollout.multiturn.calculator_generate ...
+
+    The driver binds the run's ``tokenizer``; one ``MultiTurnGenerate`` (calculator registry,
+    ``CALCULATOR_MAX_TURNS`` turns, no system prompt: the chat template writes the tools' system
+    turn) is built per tokenizer and cached.
+    """
+    gen = _CALCULATOR_GENERATES.get(tokenizer)
+    if gen is None:
+        gen = MultiTurnGenerate(tokenizer=tokenizer, tools=ToolRegistry([calculator_tool()]), max_turns=CALCULATOR_MAX_TURNS)
+        _CALCULATOR_GENERATES[tokenizer] = gen
+    return await gen(sample, sampling_params, pool=pool, max_response_len=max_response_len,
+                     engine_version=engine_version, decode=decode)
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool) -> list[int]:

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from slime.train.advantages import AdvantageEstimator, sample_scores
-from slime.types import Group, Status
+from slime.types import OFFLINE_VERSION, Group, Status
 
 __all__ = ["TrainBatch", "build_train_batch"]
 
@@ -57,7 +57,8 @@ class TrainBatch:
             positions; 0.0 elsewhere. Final for GRPO/GSPO; other estimators replace it in the
             train step (``slime.train.advantages.token_advantages``).
         staleness: [B, L] int64, ``current_version - version`` of the predicted response token
-            (policy versions behind); 0 at prompt and padding positions.
+            (policy versions behind); 0 at prompt and padding positions and at offline tokens
+            (``OFFLINE_VERSION``, exempt from the staleness bound).
         sample_advantages: [B] float32, one score per sample from ``sample_scores``: the GRPO
             advantage (grpo/gspo), reward minus group mean (reinforce_plus_plus_baseline), or the
             raw reward (reinforce_plus_plus, ppo); 0.0 for FAILED samples.
@@ -184,7 +185,8 @@ def build_train_batch(
                 loss_mask[b, resp] = mask
             response_mask[b, resp] = 1.0
             rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-            staleness[b, resp] = current_version - versions
+            # an offline token (OFFLINE_VERSION, --offline-data) has no lag in this run: 0, so the check exempts it
+            staleness[b, resp] = torch.where(versions == OFFLINE_VERSION, 0, current_version - versions)
             advantages[b, resp] = sample_adv[b] = adv[gi, si]
             b += 1
     _check_staleness(staleness, loss_mask, current_version, max_staleness)

@@ -125,7 +125,18 @@ def test_eval_prompts_use_only_the_tokenizer_alphabet():
         assert re.fullmatch(f"[{re.escape(ALPHABET)}]+", prompt + solution)
 
 
-def test_hf_generate_batched_greedy_matches_an_uncached_one_by_one_loop():
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: more threads only spin (50x slower under load)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_hf_generate_batched_greedy_matches_an_uncached_one_by_one_loop(one_torch_thread):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

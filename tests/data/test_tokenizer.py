@@ -74,3 +74,18 @@ def test_shipped_checkpoint_loads_and_its_config_matches_the_tokenizer():
     assert model.config.vocab_size == len(tok)
     size_mb = sum(f.stat().st_size for f in WARMSTART_DIR.iterdir()) / 1e6
     assert size_mb <= 20
+
+
+def test_chat_tokenizer_saves_with_its_template_and_round_trips_text_and_markers(tmp_path):
+    from slime.data.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, CHAT_TEMPLATE, CHAT_TOOL_TOKENS, IM_END, build_chat_tokenizer
+
+    build_chat_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert tok.chat_template == CHAT_TEMPLATE and tok.eos_token == IM_END
+    assert len(tok) == len(CHAT_SPECIAL_TOKENS) + len(CHAT_TOOL_TOKENS) + len(CHAT_ALPHABET)
+    assert len(tok.encode(CHAT_ALPHABET)) == len(CHAT_ALPHABET)  # one token per character, newline included
+    text = '<|im_start|>user\n{"a": [1, 2]} ~x<|im_end|>\n<tool_call>{}</tool_call><tool_response>7</tool_response>'
+    ids = tok.encode(text)
+    assert ids == build_chat_tokenizer().encode(text) == tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    assert tok.decode(ids, skip_special_tokens=True) == 'user\n{"a": [1, 2]} ~x\n<tool_call>{}</tool_call><tool_response>7</tool_response>'

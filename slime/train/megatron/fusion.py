@@ -53,6 +53,7 @@ class _Fused:
         first = args[0]
         if isinstance(first, Tensor) and self.compiles_for(first):
             if self._compiled is None:
+                _raise_recompile_limit()
                 self._compiled = torch.compile(self.fn, fullgraph=True)
             for i in self.dynamic_args:
                 if isinstance(args[i], Tensor) and args[i].dim() > 0:
@@ -63,6 +64,18 @@ class _Fused:
                 self._failed = True
                 log.warning("torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(exc).__name__, exc)
         return self.fn(*args)
+
+
+def _raise_recompile_limit(at_least: int = 32) -> None:
+    """Each wrapped function compiles once per dtype, grad mode, hidden size and epsilon (the token
+    count is dynamic); dynamo's default limit of 8 graphs per function can be reached by a process
+    that builds several models (the GPU parity check: bf16 and fp32), after which the call would
+    fail over to eager."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if isinstance(getattr(cfg, name, None), int) and getattr(cfg, name) < at_least:
+            setattr(cfg, name, at_least)
+            return
 
 
 def status() -> dict[str, str]:

@@ -127,7 +127,8 @@ class _LogprobEntropy(torch.autograd.Function):
         logprob = (at_target - m) - log_s
         entropy = log_s - q / s
         lse = m + log_s
-        ctx.save_for_backward(logits, torch.where(in_range, local_target, -1), lse, entropy)
+        mean_z = lse - entropy  # sum_k p_k z_k, for the entropy's gradient (not the output itself: callers may edit that)
+        ctx.save_for_backward(logits, torch.where(in_range, local_target, -1), lse, mean_z)
         ctx.scale, ctx.num_real = scale, num_real
         ctx.set_materialize_grads(False)
         if not entropy_grad:
@@ -136,7 +137,7 @@ class _LogprobEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
-        logits, local_target, lse, entropy = ctx.saved_tensors
+        logits, local_target, lse, mean_z = ctx.saved_tensors
         none = (None,) * 6
         if grad_logprob is None and grad_entropy is None:
             return (None,) + none
@@ -144,7 +145,7 @@ class _LogprobEntropy(torch.autograd.Function):
             return (torch.zeros_like(logits),) + none
         coef_lp = grad_logprob.float() if grad_logprob is not None else torch.zeros_like(lse)
         coef_ent = grad_entropy.float() if grad_entropy is not None else None
-        mean_z = lse - entropy if grad_entropy is not None else None  # sum_k p_k z_k
+        mean_z = mean_z if grad_entropy is not None else None
         chunks = _chunks(logits)
         if len(chunks) == 1:
             grad = _logits_grad(logits, local_target, lse, coef_lp, coef_ent, mean_z, ctx.scale, ctx.num_real)

@@ -3,9 +3,9 @@
 The layer spec is megatron-core's local spec (``get_gpt_layer_local_spec``: ``ColumnParallelLinear``
 / ``RowParallelLinear``, no Transformer Engine, no Apex) with three modules swapped in from
 ``slime.train.megatron.layers``: HF-exact ``RMSNorm`` for every norm (hidden, final, q/k),
-``SDPACoreAttention`` for the core attention and ``SwiGLUMLP`` (megatron's ``MLP`` with the gated
-SiLU fused) for the MLP; on CUDA their elementwise chains run as ``torch.compile`` kernels
-(``slime.train.megatron.fusion``). RoPE runs inside that attention, so the model is
+``SDPACoreAttention`` for the core attention and, once built, ``SwiGLUMLP`` (megatron's ``MLP``
+with the gated SiLU fused) for every MLP; on CUDA their elementwise chains run as
+``torch.compile`` kernels (``slime.train.megatron.fusion``). RoPE runs inside that attention, so the model is
 built with ``position_embedding_type="none"`` and must be fed packed micro-batches
 (``slime.train.megatron.packing``).
 
@@ -112,12 +112,14 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
 
 
 def layer_spec() -> Any:
-    """megatron-core's local GPT layer spec with slime's RMSNorm, SDPA core attention and fused-SwiGLU MLP swapped in."""
+    """megatron-core's local GPT layer spec with slime's RMSNorm and SDPA core attention swapped in.
+
+    The MLP stays megatron's ``MLP`` here (``TransformerLayer`` passes its TP group only to that
+    exact class); ``build_gpt_model`` turns the built ones into ``SwiGLUMLP``."""
     spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=True)
     sub = spec.submodules
     sub.input_layernorm = RMSNorm
     sub.pre_mlp_layernorm = RMSNorm
-    sub.mlp.module = SwiGLUMLP
     attn = sub.self_attention.submodules
     attn.core_attention = SDPACoreAttention
     attn.q_layernorm = RMSNorm
@@ -151,7 +153,17 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
         position_embedding_type="none",
     )
     mark_tensor_parallel_weights(model, config)
+    use_fused_swiglu(model)
     return model
+
+
+def use_fused_swiglu(model: Any) -> None:
+    """Make every megatron ``MLP`` in ``model`` a ``SwiGLUMLP`` (a subclass that only replaces
+    ``forward``, same state): its gated SiLU runs as one fused function."""
+    MLP = mcore("megatron.core.transformer.mlp").MLP
+    for module in model.modules():
+        if type(module) is MLP:
+            module.__class__ = SwiGLUMLP
 
 
 def mark_tensor_parallel_weights(model: Any, config: Any) -> None:

@@ -1,0 +1,118 @@
+"""Tests for slime/data/calc.py (the tool-calling task), its driver wiring and the shipped warm start."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from slime.data import calc
+from slime.rollout.tools.calculator import evaluate as calculator
+from slime.rollout.tools.parse import parse_tool_calls
+from slime.types import Sample
+
+WARMSTART_DIR = Path(calc.__file__).parent / "assets" / "calc-warmstart"
+
+
+def test_problems_are_seeded_and_their_label_is_what_the_calculator_says():
+    assert [calc.make_problem(random.Random(3)) for _ in range(3)] == [calc.make_problem(random.Random(3)) for _ in range(3)]
+    rng = random.Random(0)
+    for _ in range(500):
+        expression, label = calc.make_problem(rng)
+        terms = re.split(r"[+*]", expression)
+        assert calc.MIN_TERMS <= len(terms) <= calc.MAX_TERMS
+        assert all(calc.MIN_DIGITS <= len(t) <= calc.MAX_DIGITS and not t.startswith("0") for t in terms)
+        assert label == calculator(expression)
+
+
+def test_train_and_eval_splits_are_disjoint_and_deterministic():
+    train = calc.generate_dataset(3000, seed=0, split="train")
+    evals = calc.generate_dataset(300, seed=0, split="eval")
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in evals}
+    assert calc.generate_dataset(100, seed=0, split="eval") == evals[:100]
+    assert calc.generate_dataset(50, seed=1, split="train") != train[:50]
+    assert all(calc.split_of(r["prompt"]) == "eval" for r in evals)
+    with pytest.raises(ValueError, match="split"):
+        calc.generate_dataset(1, seed=0, split="test")
+
+
+def test_conversations_call_the_tool_with_the_expression_or_answer_directly():
+    tool = calc.conversation("347*82+1905", "30359", use_tool=True)
+    assert [m["role"] for m in tool] == ["user", "assistant", "tool", "assistant"]
+    [call] = parse_tool_calls(tool[1]["content"])
+    assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "347*82+1905"}, None)
+    assert tool[2]["content"] == "30359" and tool[3]["content"] == "#30359"
+    assert calc.conversation("12+34", "46", use_tool=False) == [{"role": "user", "content": "12+34"}, {"role": "assistant", "content": "#46"}]
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [("#30359", "30359"), (" #30359\n", "30359"), ("so #46", "46"), ("#30;#359", None), ("#", None), ("30359", None),
+     (calc.tool_call_text("1+1"), None), (None, None)],
+)
+def test_extract_answer(text, answer):
+    assert calc.extract_answer(text) == answer
+
+
+def _multiturn_sample(messages, phase="done", label="46"):
+    return Sample(prompt_ids=[1], label=label, metadata={"multiturn": {"messages": messages, "phase": phase}})
+
+
+async def test_reward_reads_the_final_assistant_message_of_the_multiturn_state():
+    messages = calc.conversation("12+34", "46", use_tool=True)
+    sample = _multiturn_sample(messages)
+    sample.evidence["tool_calls"] = [{"name": "calculator"}]
+    assert await calc.reward(sample) == 1.0
+    assert sample.evidence["calc"] == {"extracted_answer": "46", "label": "46", "tool_calls": 1}
+    assert await calc.reward(_multiturn_sample(messages, label="47")) == 0.0
+    # cut by the length budget after the tool result, or stopped on a tool call: no final answer
+    assert await calc.reward(_multiturn_sample(messages[:3], phase="done")) == 0.0
+    assert await calc.reward(_multiturn_sample(messages[:2], phase="done")) == 0.0
+    assert await calc.reward(_multiturn_sample(messages, phase="tools")) == 0.0
+
+
+async def test_reward_falls_back_to_the_response_text_and_needs_a_label():
+    sample = Sample(prompt_ids=[1], label="46", response=calc.tool_call_text("12+34") + "\ntool\n<tool_response>46</tool_response>\nassistant\n#46\n")
+    assert await calc.reward(sample) == 1.0
+    assert await calc.reward(Sample(prompt_ids=[1], label="46", response="#46")) == 1.0
+    assert await calc.reward(Sample(prompt_ids=[1], label="46", response="#45")) == 0.0
+    with pytest.raises(ValueError, match="no label"):
+        await calc.reward(Sample(prompt_ids=[1], response="#46"))
+
+
+def test_builtin_task_flag_selects_the_calc_rows_and_reward():
+    from slime.cli_args import build_parser, config_from_args
+    from slime.loop.driver import _reward_function, load_prompts
+
+    args = ["--builtin-task", "calc", "--num-eval-prompts", "20", "--rollout-batch-size", "4", "--global-batch-size", "32"]
+    config = config_from_args(build_parser().parse_args(args))
+    assert config.data.builtin_task == "calc"
+    train, evals = load_prompts(config)
+    assert len(train) == 20000 and len(evals) == 20
+    assert [(r.prompt, r.label) for r in evals] == [(r["prompt"], r["label"]) for r in calc.generate_dataset(20, seed=0, split="eval")]
+    assert _reward_function(config) is calc.reward
+    default = config_from_args(build_parser().parse_args(args[2:]))
+    assert default.data.builtin_task == "arith" and _reward_function(default) is not calc.reward
+
+
+def test_shipped_checkpoint_loads_with_its_chat_template_and_fits_the_task():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime.data.tokenizer import IM_END, build_chat_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(WARMSTART_DIR)
+    model = AutoModelForCausalLM.from_pretrained(WARMSTART_DIR)
+    assert model.config.model_type == "llama" and model.config.vocab_size == len(tok) == len(build_chat_tokenizer())
+    assert tok.eos_token == IM_END and model.config.eos_token_id == tok.eos_token_id
+    messages = calc.conversation("9999*9999*9999", "999700029999", use_tool=True)
+    ids = tok.apply_chat_template(messages, tools=[{"type": "function", "function": {"name": "calculator"}}],
+                                  tokenize=True, return_dict=False)
+    assert len(ids) <= model.config.max_position_embeddings  # the longest problem fits
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), len(tok)) and torch.isfinite(logits).all()
+    size_mb = sum(f.stat().st_size for f in WARMSTART_DIR.iterdir()) / 1e6
+    assert size_mb <= 12

@@ -1,0 +1,47 @@
+"""The driver's data wiring: prompt rendering with the chat template, and the checks across mode flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from slime.config import Config, DataConfig, DebugConfig, LoopConfig, RolloutConfig
+from slime.data.dataset import PromptRow, tokenize_row
+from slime.errors import ConfigError
+from slime.loop.driver import check_run_modes, prompt_tokenizer
+from tests.fixtures.tiny_model import TINY_VOCAB_SIZE, _write_word_tokenizer
+
+TEMPLATE = (
+    "{% for t in tools or [] %}{{ t.function.name }} {% endfor %}"
+    "{% for m in messages %}{{ m.content }} {% endfor %}{% if add_generation_prompt %}w9{% endif %}"
+)
+
+
+def test_chat_template_renders_text_and_messages_with_tools_as_apply_chat_template_does(tmp_path):
+    from transformers import AutoTokenizer
+
+    _write_word_tokenizer(tmp_path, TINY_VOCAB_SIZE)  # words w3 .. w63
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    tok.chat_template = TEMPLATE
+    tokenize = prompt_tokenizer(tok, apply_chat_template=True)
+    want = tok.apply_chat_template([{"role": "user", "content": "w3 w4"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert tokenize("w3 w4") == list(want) and tok.decode(want) == "w3 w4 w9"
+    messages = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w3 w4"}]
+    tool = {"type": "function", "function": {"name": "w7"}}
+    row = PromptRow(index=0, prompt="w3 w4", messages=messages, tools=[tool])
+    assert tok.decode(tokenize_row(tokenize, row)) == "w7 w5 w3 w4 w9"
+    assert prompt_tokenizer(tok, apply_chat_template=False)("w3 w4") == tok.encode("w3 w4")
+
+
+@pytest.mark.parametrize("config, message", [
+    (Config(debug=DebugConfig(debug_train_only=True)), "--debug-train-only needs --load-debug-rollout-data"),
+    (Config(debug=DebugConfig(debug_rollout_only=True, load_debug_rollout_data="r_{rollout_id}")), "pick one"),
+    (Config(debug=DebugConfig(save_debug_rollout_data="runs/rollout.msgpack")), "needs {rollout_id}"),
+    (Config(debug=DebugConfig(save_debug_rollout_data="runs/{step}.msgpack")), "not a path template"),
+    (Config(loop=LoopConfig(offline_ratio=0.5)), "--offline-ratio=0.5 needs --offline-data"),
+    (Config(data=DataConfig(offline_data="o.jsonl")), "--offline-data needs --offline-ratio > 0"),
+    (Config(rollout=RolloutConfig(n_samples_per_eval_prompt=4)), "needs --eval-temperature > 0"),
+    (Config(debug=DebugConfig(debug_rollout_only=True), save_interval=1), "--debug-rollout-only: --save-interval"),
+])
+def test_mode_flags_that_disagree_are_named_at_start(config, message):
+    with pytest.raises(ConfigError, match=message.replace("{", "\\{").replace("}", "\\}")):
+        check_run_modes(config)
