@@ -19,12 +19,12 @@ QWEN3_4B = [
     # CKPT_ARGS
     "--hf-checkpoint", "/root/Qwen3-4B", "--ref-load", "/root/Qwen3-4B_torch_dist", "--load", "/root/Qwen3-4B_slime/",
     "--save", "/root/Qwen3-4B_slime/", "--save-interval", "20",
-    # ROLLOUT_ARGS (--apply-chat-template, --rm-type deepscaler and --balance-data: see UNSUPPORTED)
-    "--prompt-data", "/root/dapo-math-17k/dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label",
+    # ROLLOUT_ARGS (--rm-type deepscaler and --balance-data: see UNSUPPORTED)
+    "--prompt-data", "/root/dapo-math-17k/dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
     "--rollout-shuffle", "--num-rollout", "3000", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
     "--rollout-max-response-len", "8192", "--rollout-temperature", "0.8", "--global-batch-size", "256",
     # EVAL_ARGS
-    "--eval-interval", "20", "--eval-prompt-data", "/root/aime-2024/aime-2024.jsonl",
+    "--eval-interval", "20", "--eval-prompt-data", "/root/aime-2024/aime-2024.jsonl", "--n-samples-per-eval-prompt", "16",
     # PERF_ARGS
     "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
     "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--recompute-granularity", "full",
@@ -42,7 +42,7 @@ MORE_SGLANG = ["--sglang-enable-memory-saver", "--sglang-chunked-prefill-size", 
 EXPECTED_TAIL = ["--mem-fraction-static", "0.7", "--enable-memory-saver", "--chunked-prefill-size", "-1", "--cuda-graph-bs", "1", "2",
                  "4", "8", "--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--log-level=warning"]
 UNSUPPORTED = [  # flags of the same script that this slime does not have
-    ["--apply-chat-template"], ["--balance-data"], ["--n-samples-per-eval-prompt", "16"], ["--eval-max-response-len", "16384"],
+    ["--balance-data"], ["--eval-max-response-len", "16384"],
     ["--eval-top-p", "0.7"], ["--expert-tensor-parallel-size", "1"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
     ["--accumulate-allreduce-grads-in-fp32"], ["--attention-backend", "flash"], ["--actor-num-nodes", "1"],
     ["--sglang-router-request-timeout-secs", "14400"],

@@ -295,14 +295,14 @@ class MegatronTrainer:
         old = torch.zeros_like(batch.loss_mask, device=self.ctx.device)  # [B, L]
         ref = torch.zeros_like(old) if self.ref_model is not None else None
         self.model.eval()
-        for _, _, mbs in steps:
-            for mb in mbs:
-                if not mb.samples:
-                    continue
-                rows = torch.as_tensor(mb.samples, device=self.ctx.device)
-                old[rows, : mb.num_cols] = mb.unpack(self._forward(self.model, mb)[0])
-                if ref is not None:
-                    ref[rows, : mb.num_cols] = mb.unpack(self._forward(self.ref_model, mb)[0])
+        # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
+        # memory synchronises the stream, and one per micro-batch would stall the GPU until the
+        # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
+        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples]
+        for mb, rows in todo:
+            old[rows, : mb.num_cols] = mb.unpack(self._forward(self.model, mb)[0])
+            if ref is not None:
+                ref[rows, : mb.num_cols] = mb.unpack(self._forward(self.ref_model, mb)[0])
         for t in (old, ref):
             if t is not None and self.ctx.dp_size > 1:
                 dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
@@ -314,30 +314,34 @@ class MegatronTrainer:
         cfg = self.config
         steps = self._plan(batch)
         batch = objective.with_advantages(cfg, self._before_update(batch, steps))
-        device_batch = _to(batch, self.ctx.device)
+        # Every micro-batch's rows go to the GPU now, while it is idle: selected on the CPU (no
+        # index upload, no ``int(max)`` read back) and copied before the first forward, so the
+        # loop below has no host sync between one micro-batch's backward and the next forward.
+        subs = [[_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs] for _, _, mbs in steps]
         sums = torch.zeros(len(_TOKEN_METRICS) + 1, dtype=torch.float64)  # token-weighted metric sums, then num_tokens
         seen: set[str] = set()
         losses, grad_norms, num_skipped = [], [], 0
-        for start, end, mbs in steps:
+        for (start, end, mbs), step_subs in zip(steps, subs):
             step_mask = batch.loss_mask[start:end]
             if step_mask.sum() == 0:
                 continue  # same decision on every rank: the batch is identical everywhere
             denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
-            step_loss = 0.0
-            todo = mbs or [pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)]
-            for i, mb in enumerate(todo):
-                sync = contextlib.nullcontext() if i == len(todo) - 1 else self.ddp.no_sync()
+            step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # read back once, after the whole step
+            if not mbs:
+                mbs = [pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)]
+                step_subs = [None]
+            for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
+                sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
                 with sync:
                     logprob, entropy = self._forward(self.ddp, mb, entropy_grad=cfg.entropy_coef != 0.0)
-                    if not mb.samples:  # a DP rank without samples in this step still joins the gradient reduce
+                    if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
                         (logprob.sum() * 0.0).backward()
                         continue
-                    sub = select_samples(device_batch, mb.samples)
                     loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
                     loss.backward()
-                step_loss += float(loss.detach())
+                step_loss += loss.detach()
                 seen.update(k for k in _TOKEN_METRICS if k in metrics)
                 for k, key in enumerate(_TOKEN_METRICS):
                     sums[k] += metrics.get(key, 0.0) * metrics["num_tokens"]
@@ -349,11 +353,12 @@ class MegatronTrainer:
             losses.append(step_loss)
             grad_norms.append(grad_norm)
         self.policy_version += 1
-        losses_t = torch.tensor(losses, dtype=torch.float64)
+        losses_t = torch.stack(losses) if losses else torch.zeros(0, dtype=torch.float64, device=self.ctx.device)
         if self.ctx.dp_size > 1:
-            both = torch.cat([sums, losses_t]).to(self.ctx.device)
+            both = torch.cat([sums.to(self.ctx.device), losses_t])
             dist.all_reduce(both, group=self.ctx.dp_group)
-            sums, losses_t = both[: len(sums)].cpu(), both[len(sums) :].cpu()
+            sums, losses_t = both[: len(sums)], both[len(sums) :]
+        sums, losses_t = sums.cpu(), losses_t.cpu()
         num_tokens = max(float(sums[-1]), 1.0)
         out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < 4}
         out.update(_batch_metrics(batch))
