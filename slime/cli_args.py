@@ -31,7 +31,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--sglang-config": ("engine.sglang_config", dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)")),
     "--health-check-interval-s": ("engine.health_check_interval_s", dict(type=float, help="seconds between engine health probes (0 = off)")),
     "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
-    "--prompt-data": ("data.prompt_data", dict(help="JSONL prompts (default: the built-in task, --builtin-task)")),
+    "--prompt-data": ("data.prompt_data", dict(help="JSONL or Parquet prompts (default: the built-in task, --builtin-task)")),
     "--builtin-task": ("data.builtin_task", dict(choices=["arith", "calc"], help="built-in task and reward without --prompt-data: "
                                                   "arith (default) or calc (tool calling; with slime.rollout.multiturn.calculator_generate)")),
     "--input-key": ("data.input_key", dict()),

@@ -32,7 +32,8 @@ _STRUCT = dict(kw_only=True, frozen=True, forbid_unknown_fields=True)
 
 class DataConfig(msgspec.Struct, **_STRUCT):
     prompt_data: str | None = None
-    """JSONL file of prompts (``--prompt-data``). None: the built-in task (``builtin_task``)."""
+    """JSONL or Parquet (by extension) file of prompts (``--prompt-data``; ``slime.data.dataset``). None: the
+    built-in task (``builtin_task``)."""
     builtin_task: Literal["arith", "calc"] = "arith"
     """The built-in task used without ``--prompt-data`` (and its reward, without ``--custom-rm-path`` /
     ``--rm-type``): ``arith`` (``slime.data.arith``, the first demo) or ``calc`` (``slime.data.calc``,
@@ -58,7 +59,7 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     """JSONL (or Parquet) of pre-generated samples mixed into each batch at ``--offline-ratio``
     (``--offline-data``); see ``slime.data.offline``."""
     eval_prompt_data: str | None = None
-    """JSONL of held-out prompts (``--eval-prompt-data``). None: the built-in task's eval split."""
+    """JSONL or Parquet of held-out prompts (``--eval-prompt-data``). None: the built-in task's eval split."""
     num_eval_prompts: int = 200
     """How many eval prompts to score (``--num-eval-prompts``)."""
     on_bad_data: Literal["skip", "fail"] = "fail"

@@ -137,6 +137,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     config.validate()
     check_run_modes(config)
     rollout_only, train_only = config.debug.debug_rollout_only, config.debug.train_only
+    if rollout_only and not config.debug.save_debug_rollout_data:
+        log.warning("--debug-rollout-only without --save-debug-rollout-data: the rollouts are not kept (metrics only)")
     megatron = config.train.train_backend == "megatron"
     if megatron:
         from slime.train.megatron.trainer import MegatronTrainer, serve_if_worker
@@ -177,7 +179,10 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
     lp = config.loop
     buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None,
-                        capacity=lp.buffer_capacity, max_staleness=lp.max_staleness)
+                        capacity=lp.buffer_capacity,
+                        # expire over-stale partial groups only under --staleness-policy drop; with mask
+                        # their old tokens are masked and their new tokens still train
+                        max_staleness=lp.max_staleness if lp.staleness_policy == "drop" else None)
     group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
     if resume is not None:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
@@ -288,7 +293,8 @@ def _offline_source(config: Config, tokenize: Any, tokenizer: Any) -> OfflineSou
     )
     if config.train.train_backend == "megatron" and any(s.logprobs is None for g in groups for s in g.samples):
         raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
-    log.info("offline data: %d groups from %s, %.0f%% of each batch", len(groups), d.offline_data, 100 * config.loop.offline_ratio)
+    log.info("offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
+             len(groups), d.offline_data, 100 * config.loop.offline_ratio, config.loop.online_groups_per_batch)
     return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=d.seed + 1)
 
 

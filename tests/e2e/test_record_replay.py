@@ -19,6 +19,7 @@ from slime.loop import driver
 from slime.loop.driver import run_training
 from slime.loop.record import load_rollout_record
 from slime.rollout.engine import EngineServer
+from slime.types import OFFLINE_VERSION
 from tests.fixtures.tiny_model import write_tiny_llama
 
 
@@ -33,11 +34,20 @@ def _prompts(tmp_path):
     return p
 
 
-def _config(tmp_path, model, run, debug, engine_url=None):
+def _offline(tmp_path):
+    """Two pre-generated groups without logprobs (the trainer computes them)."""
+    p = tmp_path / "offline.jsonl"
+    rows = [{"prompt": f"w{3 + i} w9", "response": r, "reward": float(j)} for i in range(2) for j, r in enumerate(["w7 w7 <eos>", "w8"])]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(p)
+
+
+def _config(tmp_path, model, run, debug, engine_url=None, offline=None):
     return Config(
-        data=DataConfig(prompt_data=str(_prompts(tmp_path))),
+        data=DataConfig(prompt_data=str(_prompts(tmp_path)), offline_data=offline),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, request_timeout_s=60),
-        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=2, max_staleness=2),
+        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=2, max_staleness=2,
+                        offline_ratio=0.5 if offline else 0.0),
         train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4, max_staleness=2),
         engine=EngineConfig(hf_checkpoint=str(model), rollout_external_engine_addrs=(engine_url,) if engine_url else ()),
         debug=debug, run_dir=str(tmp_path / run),
@@ -49,13 +59,16 @@ def _lines(path):
 
 
 async def test_a_train_only_run_on_recorded_groups_trains_the_same_groups_without_an_engine(tmp_path, monkeypatch):
+    """The recording run mixes in offline groups (half of each batch): they are recorded and replayed too."""
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     template = str(tmp_path / "records" / "rollout_{rollout_id}.msgpack")
     async with EngineServer(model, port=0, seed=0, weight_version="0") as server:
-        await run_training(_config(tmp_path, model, "run", DebugConfig(save_debug_rollout_data=template), server.url), reward_fn=parity, progress=False)
+        config = _config(tmp_path, model, "run", DebugConfig(save_debug_rollout_data=template), server.url, offline=_offline(tmp_path))
+        await run_training(config, reward_fn=parity, progress=False)
     for step in (1, 2):
         rec = load_rollout_record(template, step)
         assert rec.policy_version == step - 1 and len(rec.groups) == 2
+        assert [all(v == OFFLINE_VERSION for s in g.samples for v in s.versions) for g in rec.groups] == [True, False]
         assert all(len(s.response_ids) == len(s.versions) == len(s.loss_mask) and s.reward is not None for g in rec.groups for s in g.samples)
 
     def no_engines(*args, **kwargs):

@@ -45,3 +45,19 @@ def test_chat_template_renders_text_and_messages_with_tools_as_apply_chat_templa
 def test_mode_flags_that_disagree_are_named_at_start(config, message):
     with pytest.raises(ConfigError, match=message.replace("{", "\\{").replace("}", "\\}")):
         check_run_modes(config)
+
+
+def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(tmp_path):
+    from slime.config import TrainConfig
+    from slime.data.offline import OfflineGroup, OfflineSample, OfflineSource
+    from slime.loop.driver import _with_offline_logprobs
+    from slime.train.torch_backend import TorchTrainer
+    from tests.fixtures.tiny_model import write_tiny_llama
+
+    trainer = TorchTrainer(TrainConfig(lr=1e-3, global_batch_size=2, micro_batch_size=2, use_tis=True), model_dir=str(write_tiny_llama(tmp_path / "m")))
+    samples = [OfflineSample(response="a", response_ids=[7, 8, 1], reward=1.0), OfflineSample(response="b", response_ids=[9, 1], reward=0.0)]
+    group = OfflineSource([OfflineGroup(index=0, row=PromptRow(index=0, prompt="x"), prompt_ids=[0, 5, 6], samples=samples)]).next_group(group_id=0, rollout_id=1)
+    assert all(lp == 0.0 for s in group.samples for lp in s.rollout_logprobs)
+    metrics = _with_offline_logprobs(trainer)([group])
+    assert all(lp < 0 for s in group.samples for lp in s.rollout_logprobs)
+    assert metrics["train_rollout_logprob_abs_diff"] < 1e-5 and metrics["tis_mean"] == pytest.approx(1.0, abs=1e-5)
