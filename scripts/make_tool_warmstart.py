@@ -71,6 +71,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--direct-fraction", type=float, default=0.6,
                    help="share of SFT conversations that answer directly, without calling the tool")
+    p.add_argument("--tool-only-steps", type=int, default=0,
+                   help="first steps train on tool conversations only (copying is learned there); the mix comes after")
+    p.add_argument("--eval-every", type=int, default=100, help="teacher-forced check every N steps (0: never)")
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-only", action="store_true", help="only measure the model already in --out")
     return p.parse_args()
@@ -137,9 +140,38 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def teacher_forced_check(model: LlamaForCausalLM, tokenizer, rows: list[dict]) -> str:
+    """On tool conversations of ``rows``, teacher-forced: the share whose tool-call turn, and whose
+    final-answer turn, the model predicts exactly (argmax on every token), and the mean probability
+    of ``<tool_call>`` as the first assistant token (how often sampling calls the tool)."""
+    convs = [calc.conversation(r["prompt"], r["label"], use_tool=True) for r in rows]
+    input_ids, attention_mask, labels = make_batch(convs, tokenizer)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B, T-1, V]
+    model.train(was_training)
+    targets = labels[:, 1:]  # [B, T-1]
+    hit = (logits.argmax(-1) == targets) | (targets == -100)  # [B, T-1]
+    call_ok = answer_ok = 0
+    p_tool = 0.0
+    tool_call_id = tokenizer.convert_tokens_to_ids("<tool_call>")
+    for b in range(len(convs)):
+        pos = torch.nonzero(targets[b] != -100).flatten().tolist()
+        ends = [i for i in pos if targets[b, i] == tokenizer.eos_token_id]  # the two turns' <|im_end|>
+        first_turn = [i for i in pos if i <= ends[0]]
+        second_turn = [i for i in pos if i > ends[0]]
+        call_ok += all(hit[b, i] for i in first_turn)
+        answer_ok += all(hit[b, i] for i in second_turn)
+        p_tool += torch.softmax(logits[b, first_turn[0]], -1)[tool_call_id].item()
+    n = len(convs)
+    return f"tool call exact {call_ok / n:.3f}  answer copied exact {answer_ok / n:.3f}  p(<tool_call>) {p_tool / n:.3f}"
+
+
 def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     problems = calc.iter_problems(args.seed, "train")
+    check_rows = calc.generate_dataset(64, seed=1, split="eval")
     style_rng = random.Random(f"style:{args.seed}")
     model.train()
     start = time.monotonic()
@@ -149,7 +181,8 @@ def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace) -> None:
         batch = []
         for _ in range(args.batch_size):
             expression, label = next(problems)
-            batch.append(calc.conversation(expression, label, use_tool=style_rng.random() >= args.direct_fraction))
+            direct = step >= args.tool_only_steps and style_rng.random() < args.direct_fraction
+            batch.append(calc.conversation(expression, label, use_tool=not direct))
         input_ids, attention_mask, labels = make_batch(batch, tokenizer)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
@@ -158,6 +191,8 @@ def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace) -> None:
         optimizer.step()
         if step % 25 == 0 or step == args.steps - 1:
             print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, args):.2e}  {time.monotonic() - start:6.1f}s", flush=True)
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            print(f"step {step + 1:5d}  teacher-forced on held-out: {teacher_forced_check(model, tokenizer, check_rows)}", flush=True)
 
 
 def save(model: LlamaForCausalLM, tokenizer, out: Path) -> None:

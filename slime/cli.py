@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def _train(argv: list[str]) -> int:
             print(build_launch_plan(config.engine, seed=config.seed).format())
             return 0
         preflight(config)
+        _check_run_dir(config)
         from transformers.utils import logging as hf_logging
 
         from slime.loop.driver import run_training
@@ -57,12 +59,34 @@ def _train(argv: list[str]) -> int:
     except SlimeError as exc:
         print(f"slime train: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        hint = f"; resume with --load {config.run_dir}" if config.save_interval else ""
+        print(f"slime train: interrupted; run directory {config.run_dir}{hint}", file=sys.stderr)
+        return 130
+    if not summary:  # a non-zero rank of a torchrun job
+        return 0
+    fmt = lambda x: "n/a (no eval set)" if x is None else f"{x:.3f}"  # noqa: E731
     print(
-        f"done: eval accuracy {summary['eval_accuracy_before']:.3f} -> {summary['eval_accuracy_after']:.3f}; "
+        f"done: eval accuracy {fmt(summary['eval_accuracy_before'])} -> {fmt(summary['eval_accuracy_after'])}; "
         f"aborted {summary['aborted_samples']}, resumed {summary['resumed_samples']}, "
         f"max versions in a trained sample {summary['max_versions_in_a_trained_sample']}; run dir {config.run_dir}"
     )
     return 0
+
+
+def _check_run_dir(config) -> None:
+    """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
+    from slime.errors import ConfigError
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return  # torchrun: rank 0 owns the run directory
+    run_dir = Path(config.run_dir)
+    used = (run_dir / "metrics.jsonl").exists() or (run_dir / "summary.json").exists()
+    if used and not config.load:
+        raise ConfigError(
+            f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); resume it with "
+            f"--load {config.run_dir}, or choose another --save"
+        )
 
 
 def preflight(config) -> None:

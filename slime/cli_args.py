@@ -31,6 +31,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--sglang-config": ("engine.sglang_config", dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)")),
     "--health-check-interval-s": ("engine.health_check_interval_s", dict(type=float, help="seconds between engine health probes (0 = off)")),
     "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
+    "--engine-startup-timeout-s": ("engine.startup_timeout_s", dict(type=float, help="how long to wait for engines to be ready")),
     "--prompt-data": ("data.prompt_data", dict(help="JSONL or Parquet prompts (default: the built-in task, --builtin-task)")),
     "--builtin-task": ("data.builtin_task", dict(choices=["arith", "calc"], help="built-in task and reward without --prompt-data: "
                                                   "arith (default) or calc (tool calling; with slime.rollout.multiturn.calculator_generate)")),
@@ -236,6 +237,8 @@ def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
             value = const
         for p in [path, *_SHARED.get(path, [])]:
             _set(tree, p, value)
+    if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
+        tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
     try:
         config = msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:

@@ -11,7 +11,7 @@ from slime.errors import ConfigError
 
 PINNED = {
     "--hf-checkpoint", "--rollout-external-engine-addrs", "--rollout-num-engines", "--engine-threads",
-    "--max-running-requests", "--prompt-data", "--builtin-task", "--input-key", "--label-key", "--metadata-key",
+    "--max-running-requests", "--engine-startup-timeout-s", "--prompt-data", "--builtin-task", "--input-key", "--label-key", "--metadata-key",
     "--rollout-shuffle", "--eval-prompt-data", "--num-eval-prompts", "--on-bad-data",
     "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode", "--staleness-policy", "--dynamic-sampling-filter-path", "--buffer-filter-path",
     "--num-rollout", "--max-staleness", "--eval-interval", "--overlap-train", "--n-samples-per-prompt",

@@ -349,8 +349,8 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
     return {
-        "eval_accuracy_before": evals[0]["accuracy"] if evals else float("nan"),
-        "eval_accuracy_after": evals[-1]["accuracy"] if evals else float("nan"),
+        "eval_accuracy_before": evals[0]["accuracy"] if evals else None,  # None: no eval set (strict JSON has no NaN)
+        "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
         "num_eval_prompts": config.data.num_eval_prompts,
         "num_rollout": config.loop.num_rollout,
         "final_policy_version": version,

@@ -139,6 +139,7 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
                                       failure_threshold=engine.circuit_breaker_threshold, rejoin_timeout_s=rejoin_timeout_s,
                                       breaker_cooldown_s=engine.circuit_breaker_cooldown_s, weights=weights)
             if plan.backend == "external":
+                log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
                 await pools[model].wait_ready(timeout_s)
         supervisors = {model: EngineSupervisor(pool, config=engine, processes={u: processes[u] for u in pool.urls if u in processes},
                                                router=router_clients.get(model), registration=registration)
