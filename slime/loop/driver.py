@@ -56,24 +56,29 @@ def _builtin_task(config: Config) -> Any:
     return importlib.import_module(f"slime.data.{config.data.builtin_task}")
 
 
-def load_prompts(config: Config) -> tuple[list[PromptRow], list[PromptRow]]:
-    """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``)."""
+def load_prompts(config: Config, counts: dict[str, int] | None = None) -> tuple[list[PromptRow], list[PromptRow]]:
+    """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``).
+
+    ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``)."""
+    num_bad = [0, 0]
     d = config.data
     kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
               tool_key=d.tool_key, apply_chat_template=d.apply_chat_template)
     if d.prompt_data:
-        train, _ = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
+        train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
         task = _builtin_task(config)
         train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=d.seed, split="train"))]
     if d.eval_prompt_data:
-        evals, _ = load_prompt_file(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
+        evals, num_bad[1] = load_prompt_file(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
     elif not d.prompt_data:
         task = _builtin_task(config)
         # a fixed held-out set (seed 0), the same for every run seed, so runs compare
         evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
     else:
         evals = []
+    if counts is not None:
+        counts["bad_data_lines_skipped"] = sum(num_bad)
     return train, evals[: d.num_eval_prompts]
 
 
@@ -170,7 +175,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     reward_fn = reward_fn or _reward_function(config)
     generate_fn = _generate_function(config, tokenizer)
-    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config)
+    data_counts: dict[str, int] = {}
+    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts)
     eval_rows = [] if train_only else eval_rows
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
@@ -272,6 +278,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     if megatron and trainer is not None:
         await asyncio.to_thread(trainer.close)  # releases the other torchrun ranks
     summary = _summary(metrics.records, config, version=version, buffer=buffer, wall_time_s=time.monotonic() - t_start)
+    summary.update(data_counts)
     write_json_atomic(run_dir / "summary.json", summary)
     await asyncio.to_thread(write_plots, metrics.records, run_dir)
     return summary
