@@ -8,7 +8,7 @@ Section numbers (§) refer to ``sglang-protocol.md``. The strategies that use th
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from slime.errors import EngineRequestError
 
@@ -18,9 +18,9 @@ __all__ = ["WeightSyncCalls"]
 class WeightSyncCalls:
     """Mixed into ``EngineClient``; needs its ``_call(method, endpoint, body, *, timeout_s, raw)``."""
 
-    async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None,
-                    raw: bytes | None = None) -> Any:
-        raise NotImplementedError  # provided by EngineClient
+    if TYPE_CHECKING:  # provided by EngineClient, which this class is mixed into
+        async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None,
+                        raw: bytes | None = None) -> Any: ...
 
     # ``timeout_s`` defaults to ``control_timeout_s``; the sync strategies pass their own bound.
 
