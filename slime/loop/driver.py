@@ -281,7 +281,16 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     summary.update(data_counts)
     write_json_atomic(run_dir / "summary.json", summary)
     await asyncio.to_thread(write_plots, metrics.records, run_dir)
+    await asyncio.to_thread(_write_report, run_dir)
     return summary
+
+
+def _write_report(run_dir: Path) -> None:
+    """``RUN_DIR/report.txt``: what ``slime report RUN_DIR`` prints, written at the end of the run."""
+    from slime.obs.report import format_report, load_run, summarize
+
+    rep = summarize(*load_run(run_dir))
+    (run_dir / "report.txt").write_text(format_report(run_dir, rep) + "\n")
 
 
 @contextlib.asynccontextmanager

@@ -34,6 +34,7 @@ async def test_main_job_runs_end_to_end_and_writes_its_outputs(tmp_path, mode):
     summary = await run_training(config, reward_fn=count_w7, progress=False)
     run = tmp_path / "run"
     assert (run / "summary.json").exists() and (run / "reward_curve.png").stat().st_size > 1000
+    assert "eval" in (run / "report.txt").read_text()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3] and [r["policy_version"] for r in steps] == [1, 2, 3]
