@@ -23,7 +23,7 @@ def _train(argv: list[str]) -> int:
     from slime.cli_args import build_parser, config_from_args, split_passthrough
     from slime.errors import SlimeError
 
-    parser = build_parser(argparse.ArgumentParser(prog="slime train", description="Run GRPO with partial rollouts."))
+    parser = build_parser(argparse.ArgumentParser(prog="slime train", description="Run GRPO with partial rollouts.", allow_abbrev=False))
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--no-progress", action="store_true", help="plain step lines, no progress bar")
     parser.add_argument("--dry-run", action="store_true", help="print every command the run would start (with its env) and exit")
@@ -211,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: slime {" + ",".join(COMMANDS) + "} [options]\n  slime train --help\n  slime engine --help", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except BrokenPipeError:  # e.g. `slime report RUN | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ _SHARED = {
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="slime train")
+    parser = parser or argparse.ArgumentParser(prog="slime train", allow_abbrev=False)
     for flag, (path, kwargs) in FLAGS.items():
         parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, **kwargs)
     return parser
