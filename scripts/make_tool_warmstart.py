@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import random
 import time
@@ -60,19 +61,36 @@ MODEL_DIMS = dict(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One SFT stage: AdamW from a fresh state, linear warm-up then cosine decay to 10% of ``lr``."""
+
+    name: str
+    steps: int
+    lr: float
+    tool_only_steps: int
+    """The first steps train on tool conversations only; the rest on the mix."""
+    direct_fraction: float
+    seed: int
+    """Seeds the problem stream and the choice of conversation kind."""
+    warmup_steps: int = 50
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output HF directory")
-    p.add_argument("--steps", type=int, default=800, help="optimizer steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="stage 1 uses it, stage 2 uses seed + 1")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--stage1-steps", type=int, default=2000, help="stage 1: from scratch, tool conversations only")
+    p.add_argument("--stage1-lr", type=float, default=3e-3)
+    p.add_argument("--steps", type=int, default=1500, help="stage 2 steps")
+    p.add_argument("--lr", type=float, default=1e-3, help="stage 2 peak learning rate")
+    p.add_argument("--tool-only-steps", type=int, default=1000,
+                   help="stage 2: first steps on tool conversations only, then the mix")
     p.add_argument("--direct-fraction", type=float, default=0.6,
-                   help="share of SFT conversations that answer directly, without calling the tool")
-    p.add_argument("--tool-only-steps", type=int, default=0,
-                   help="first steps train on tool conversations only (copying is learned there); the mix comes after")
+                   help="stage 2, after --tool-only-steps: share of conversations that answer directly, without the tool")
+    p.add_argument("--init-from", type=Path, default=None, help="skip stage 1: start stage 2 from this HF directory")
     p.add_argument("--eval-every", type=int, default=100, help="teacher-forced check every N steps (0: never)")
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-only", action="store_true", help="only measure the model already in --out")
@@ -132,12 +150,12 @@ def make_batch(conversations: list[list[dict]], tokenizer) -> tuple[torch.Tensor
     return input_ids, attention_mask, labels
 
 
-def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Linear warm-up, then cosine decay to 10% of ``--lr`` at ``--steps``."""
-    if step < args.warmup_steps:
-        return args.lr * (step + 1) / args.warmup_steps
-    progress = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def lr_at(step: int, stage: Stage) -> float:
+    """Linear warm-up, then cosine decay to 10% of the stage's ``lr`` at its last step."""
+    if step < stage.warmup_steps:
+        return stage.lr * (step + 1) / stage.warmup_steps
+    progress = (step - stage.warmup_steps) / max(1, stage.steps - stage.warmup_steps)
+    return stage.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def teacher_forced_check(model: LlamaForCausalLM, tokenizer, rows: list[dict]) -> str:
@@ -168,20 +186,21 @@ def teacher_forced_check(model: LlamaForCausalLM, tokenizer, rows: list[dict]) -
     return f"tool call exact {call_ok / n:.3f}  answer copied exact {answer_ok / n:.3f}  p(<tool_call>) {p_tool / n:.3f}"
 
 
-def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace) -> None:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    problems = calc.iter_problems(args.seed, "train")
+def train(model: LlamaForCausalLM, tokenizer, stage: Stage, args: argparse.Namespace) -> None:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=stage.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    problems = calc.iter_problems(stage.seed, "train")
     check_rows = calc.generate_dataset(64, seed=1, split="eval")
-    style_rng = random.Random(f"style:{args.seed}")
+    style_rng = random.Random(f"style:{stage.seed}")
     model.train()
     start = time.monotonic()
-    for step in range(args.steps):
+    print(f"{stage}", flush=True)
+    for step in range(stage.steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args)
+            group["lr"] = lr_at(step, stage)
         batch = []
         for _ in range(args.batch_size):
             expression, label = next(problems)
-            direct = step >= args.tool_only_steps and style_rng.random() < args.direct_fraction
+            direct = step >= stage.tool_only_steps and style_rng.random() < stage.direct_fraction
             batch.append(calc.conversation(expression, label, use_tool=not direct))
         input_ids, attention_mask, labels = make_batch(batch, tokenizer)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
@@ -189,10 +208,12 @@ def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % 25 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, args):.2e}  {time.monotonic() - start:6.1f}s", flush=True)
+        if step % 25 == 0 or step == stage.steps - 1:
+            print(f"{stage.name} step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, stage):.2e}  "
+                  f"{time.monotonic() - start:6.1f}s", flush=True)
         if args.eval_every and (step + 1) % args.eval_every == 0:
-            print(f"step {step + 1:5d}  teacher-forced on held-out: {teacher_forced_check(model, tokenizer, check_rows)}", flush=True)
+            print(f"{stage.name} step {step + 1:5d}  teacher-forced on held-out: {teacher_forced_check(model, tokenizer, check_rows)}",
+                  flush=True)
 
 
 def save(model: LlamaForCausalLM, tokenizer, out: Path) -> None:
@@ -278,11 +299,17 @@ def main() -> None:
     if not args.eval_only:
         torch.use_deterministic_algorithms(True)
         tokenizer = build_chat_tokenizer()
-        model = make_model(tokenizer, args.seed)
-        num_params = sum(p.numel() for p in model.parameters())
-        print(f"model: {num_params:,} parameters, {MODEL_DIMS}", flush=True)
-        train(model, tokenizer, args)
-        print(f"trained {args.steps} steps in {time.monotonic() - start:.1f}s", flush=True)
+        if args.init_from is not None:
+            model = LlamaForCausalLM.from_pretrained(args.init_from).float()
+            print(f"stage 1 skipped: starting from {args.init_from}", flush=True)
+        else:
+            model = make_model(tokenizer, args.seed)
+            print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {MODEL_DIMS}", flush=True)
+            train(model, tokenizer, Stage("stage1", args.stage1_steps, args.stage1_lr, args.stage1_steps, 0.0, args.seed), args)
+            print(f"stage 1 done in {time.monotonic() - start:.1f}s", flush=True)
+        stage2 = Stage("stage2", args.steps, args.lr, args.tool_only_steps, args.direct_fraction, args.seed + 1)
+        train(model, tokenizer, stage2, args)
+        print(f"trained in {time.monotonic() - start:.1f}s", flush=True)
         save(model, tokenizer, args.out)
         size_mb = sum(f.stat().st_size for f in args.out.iterdir()) / 1e6
         print(f"saved to {args.out} ({size_mb:.1f} MB)", flush=True)
