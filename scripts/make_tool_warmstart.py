@@ -2,30 +2,44 @@
 
 Usage::
 
-    python scripts/make_tool_warmstart.py [--out DIR] [--steps N] [--seed S] [--threads T] [--direct-fraction F]
+    python scripts/make_tool_warmstart.py [--out DIR] [--seed S] [--threads T] [--direct-fraction F]
 
 Builds the character-level chat tokenizer (``slime.data.tokenizer.build_chat_tokenizer``, with its
 chat template), renders conversations of the train split of ``slime.data.calc`` with the
 ``calculator`` tool's schema, and trains ``LlamaForCausalLM`` on them with the loss on the
 assistant turns only (their text and their ``<|im_end|>``; the system, user and tool turns and the
-role headers carry no loss). Two kinds of conversation are mixed:
+role headers carry no loss). Two kinds of conversation:
 
 - with the tool: user question -> assistant ``<tool_call>{...}</tool_call>`` -> tool result ->
   assistant ``#<answer>``;
-- direct (``--direct-fraction`` of them): user question -> assistant ``#<answer>``. The model
-  cannot multiply large numbers in its head, so these answers are usually wrong when it samples
-  them; the choice between the two is made at the first token of the assistant turn and does not
-  depend on the question, so RL has one clear thing to learn: call the tool.
+- direct: user question -> assistant ``#<answer>``. The model cannot multiply large numbers in its
+  head, so these answers are usually wrong when it samples them. The choice between the two is
+  made at the first token of the assistant turn and does not depend on the question, so RL has
+  one clear thing to learn: call the tool.
+
+Two stages, in one run:
+
+1. from scratch, ``--stage1-steps`` (2,000) on tool conversations only, peak lr 3e-3. Copying the
+   expression into the call and the result into the answer needs induction-style attention, which
+   this model only forms after a long plateau (the loss sits near 0.44 for ~1,400 steps, then
+   drops; see "Measured").
+2. ``--steps`` (1,500) more at peak lr 1e-3 (a new optimizer and schedule, problem seed + 1): the
+   first ``--tool-only-steps`` (1,000) still on tool conversations only, then the mix, in which
+   ``--direct-fraction`` (0.6) of the conversations answer directly. This last part sets how often
+   the warm start calls the tool (about 40% of samples): weak, but with mixed rewards in most
+   GRPO groups. ``--init-from DIR`` starts stage 2 from a stage-1 output instead.
 
 Saves a Hugging Face directory (config, generation config, ``model.safetensors``, tokenizer and
 ``chat_template.jinja``) to ``slime/data/assets/calc-warmstart/``, then measures the held-out
-accuracy on 200 eval problems through the embedded engine and
-``slime.rollout.multiturn.calculator_generate``, exactly the path ``slime train`` evaluates: greedy
-(with the share of rollouts that call the tool and the accuracy of each kind), and sampled at
-temperature 1.0 (8 samples each, with pass@8 and the share of groups with mixed rewards, which
-GRPO learns from).
+accuracy on the 200 eval problems that ``slime train --builtin-task calc`` evaluates on (seed 0),
+through the embedded engine and ``slime.rollout.multiturn.calculator_generate``, the same path as
+the RL run's eval: greedy (with the share of rollouts that call the tool and the accuracy of each
+kind), and sampled at temperature 1.0 (8 samples each, with pass@8 and the share of groups with
+mixed rewards, which GRPO learns from). ``--eval-every`` prints a teacher-forced check during
+training: the share of held-out tool conversations whose call turn and answer turn the model
+predicts exactly, and its mean probability of starting with ``<tool_call>``.
 
-Measured: see MEASURED below (filled in from the run that made the shipped checkpoint).
+Measured: MEASURED
 """
 
 from __future__ import annotations

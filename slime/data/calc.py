@@ -1,18 +1,19 @@
 """The built-in tool-calling task (second CPU demo): arithmetic on large numbers, with a calculator.
 
-A problem is an expression of 2 or 3 terms of 2 to 4 digits joined by ``+`` or ``*``; the user
-message is the expression itself and the reward is the exact value. A character-level model of a
-few million parameters cannot multiply 3- and 4-digit numbers in its head, but it can copy: calling
-the ``calculator`` tool with the expression and copying the result answers every problem::
+A problem is a product of 2 or 3 factors of 2 to 4 digits; the user message is the expression
+itself and the reward is the exact value. A character-level model of a few million parameters
+cannot multiply 3- and 4-digit numbers in its head, but it can copy: calling the ``calculator``
+tool with the expression and copying the result answers every problem::
 
-    user       "347*82+1905"
-    assistant  '<tool_call>{"name": "calculator", "arguments": {"expression": "347*82+1905"}}</tool_call>'
-    tool       "30359"
-    assistant  "#30359"
-    label      "30359"
+    user       "347*82*19"
+    assistant  '<tool_call>{"name": "calculator", "arguments": {"expression": "347*82*19"}}</tool_call>'
+    tool       "540626"
+    assistant  "#540626"
+    label      "540626"
 
-Answering directly (``"#30359"`` as the first assistant turn) is also well formed, and usually
-wrong. The demo's warm start (``scripts/make_tool_warmstart.py``) is fine-tuned on a mix of both
+Answering directly (``"#540626"`` as the first assistant turn) is also well formed, and usually
+wrong. (Products only: with ``+`` and ``*`` mixed at random the two operators are interchangeable
+everywhere except in the copy, and the tiny model confuses them there for thousands of steps.) The demo's warm start (``scripts/make_tool_warmstart.py``) is fine-tuned on a mix of both
 kinds of conversation, so RL has a real thing to learn: call the tool.
 
 Reward (``reward``): 1.0 when the final assistant message is ``#<label>`` (anything before the one
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from typing import TYPE_CHECKING, Any, Iterable
@@ -40,8 +42,8 @@ if TYPE_CHECKING:
     from slime.types import Sample
 
 __all__ = [
-    "MIN_TERMS",
-    "MAX_TERMS",
+    "MIN_FACTORS",
+    "MAX_FACTORS",
     "MIN_DIGITS",
     "MAX_DIGITS",
     "EVAL_FRACTION",
@@ -58,8 +60,8 @@ __all__ = [
     "reward",
 ]
 
-MIN_TERMS = 2
-MAX_TERMS = 3
+MIN_FACTORS = 2
+MAX_FACTORS = 3
 MIN_DIGITS = 2
 MAX_DIGITS = 4
 EVAL_FRACTION = 10
@@ -70,32 +72,17 @@ _ANSWER_RE = re.compile(r"[^#]*#(\d+)")
 _TOOL_RESPONSE_CLOSE = "</tool_response>"
 
 
-def make_problem(rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS) -> tuple[str, str]:
-    """Draw one problem: ``(expression, value)``, e.g. ``("347*82+1905", "30359")``.
+def make_problem(rng: random.Random, *, max_factors: int = MAX_FACTORS, max_digits: int = MAX_DIGITS) -> tuple[str, str]:
+    """Draw one problem: ``(expression, value)``, e.g. ``("347*82*19", "540626")``.
 
-    The number of terms is uniform in ``[MIN_TERMS, max_terms]``; each term draws its digit count
-    uniformly in ``[MIN_DIGITS, max_digits]`` and then a value with that many digits; each operator
-    is ``+`` or ``*`` with equal odds (the usual precedence applies).
+    The number of factors is uniform in ``[MIN_FACTORS, max_factors]``; each factor draws its digit
+    count uniformly in ``[MIN_DIGITS, max_digits]`` and then a value with that many digits.
     """
-    num_terms = rng.randint(MIN_TERMS, max_terms)
-    terms = []
-    for _ in range(num_terms):
+    factors = []
+    for _ in range(rng.randint(MIN_FACTORS, max_factors)):
         digits = rng.randint(MIN_DIGITS, max_digits)
-        terms.append(str(rng.randint(10 ** (digits - 1), 10**digits - 1)))
-    ops = [rng.choice("+*") for _ in range(num_terms - 1)]
-    expression = terms[0] + "".join(op + term for op, term in zip(ops, terms[1:]))
-    return expression, str(_value(terms, ops))
-
-
-def _value(terms: list[str], ops: list[str]) -> int:
-    """Value of ``terms`` joined by ``ops`` (``*`` before ``+``), without ``eval``."""
-    total, product = 0, int(terms[0])
-    for op, term in zip(ops, terms[1:]):
-        if op == "*":
-            product *= int(term)
-        else:
-            total, product = total + product, int(term)
-    return total + product
+        factors.append(rng.randint(10 ** (digits - 1), 10**digits - 1))
+    return "*".join(map(str, factors)), str(math.prod(factors))
 
 
 def split_of(prompt: str) -> str:
@@ -117,6 +104,8 @@ def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, s
 
 def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:
     """``n`` rows ``{"prompt": expression, "label": value}`` of ``split``; deterministic in ``(n, seed, split)``.
+
+    Duplicates within one split can occur (2-digit products), as they would in the task distribution.
 
     Raises:
         ValueError: for an unknown split.
@@ -169,7 +158,7 @@ def final_assistant_text(sample: Sample) -> str | None:
 def extract_answer(final_text: str | None) -> str | None:
     """The answer of a final assistant message: the digits after its one ``#``, ending it; else None.
 
-    Example: ``"#30359" -> "30359"``; ``"#30;#359" -> None``; a tool call -> None.
+    Example: ``"#540626" -> "540626"``; ``"#54;#0626" -> None``; a tool call -> None.
     """
     if final_text is None:
         return None

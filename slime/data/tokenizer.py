@@ -23,13 +23,13 @@ token per printable ASCII character and newline, Qwen-style turn markers ``<|im_
     <|im_start|>system
     tools: calculator<|im_end|>
     <|im_start|>user
-    347*82+1905<|im_end|>
+    347*82*19<|im_end|>
     <|im_start|>assistant
-    <tool_call>{"name": "calculator", "arguments": {"expression": "347*82+1905"}}</tool_call><|im_end|>
+    <tool_call>{"name": "calculator", "arguments": {"expression": "347*82*19"}}</tool_call><|im_end|>
     <|im_start|>tool
-    <tool_response>30359</tool_response><|im_end|>
+    <tool_response>540626</tool_response><|im_end|>
     <|im_start|>assistant
-    #30359<|im_end|>
+    #540626<|im_end|>
 
 The template is append-only (adding messages never re-renders earlier ones), which is what
 ``slime.rollout.multiturn`` needs to append tool results as a token delta.

@@ -21,9 +21,9 @@ def test_problems_are_seeded_and_their_label_is_what_the_calculator_says():
     rng = random.Random(0)
     for _ in range(500):
         expression, label = calc.make_problem(rng)
-        terms = re.split(r"[+*]", expression)
-        assert calc.MIN_TERMS <= len(terms) <= calc.MAX_TERMS
-        assert all(calc.MIN_DIGITS <= len(t) <= calc.MAX_DIGITS and not t.startswith("0") for t in terms)
+        factors = expression.split("*")
+        assert calc.MIN_FACTORS <= len(factors) <= calc.MAX_FACTORS
+        assert all(re.fullmatch(r"[1-9]\d*", f) and calc.MIN_DIGITS <= len(f) <= calc.MAX_DIGITS for f in factors)
         assert label == calculator(expression)
 
 
@@ -39,17 +39,17 @@ def test_train_and_eval_splits_are_disjoint_and_deterministic():
 
 
 def test_conversations_call_the_tool_with_the_expression_or_answer_directly():
-    tool = calc.conversation("347*82+1905", "30359", use_tool=True)
+    tool = calc.conversation("347*82*19", "540626", use_tool=True)
     assert [m["role"] for m in tool] == ["user", "assistant", "tool", "assistant"]
     [call] = parse_tool_calls(tool[1]["content"])
-    assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "347*82+1905"}, None)
-    assert tool[2]["content"] == "30359" and tool[3]["content"] == "#30359"
+    assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "347*82*19"}, None)
+    assert tool[2]["content"] == "540626" and tool[3]["content"] == "#540626"
     assert calc.conversation("12+34", "46", use_tool=False) == [{"role": "user", "content": "12+34"}, {"role": "assistant", "content": "#46"}]
 
 
 @pytest.mark.parametrize(
     "text, answer",
-    [("#30359", "30359"), (" #30359\n", "30359"), ("so #46", "46"), ("#30;#359", None), ("#", None), ("30359", None),
+    [("#540626", "540626"), (" #540626\n", "540626"), ("so #46", "46"), ("#30;#359", None), ("#", None), ("540626", None),
      (calc.tool_call_text("1+1"), None), (None, None)],
 )
 def test_extract_answer(text, answer):
@@ -97,12 +97,8 @@ def test_builtin_task_flag_selects_the_calc_rows_and_reward():
     assert default.data.builtin_task == "arith" and _reward_function(default) is not calc.reward
 
 
-_CALC_WARMSTART = Path(__file__).resolve().parents[2] / "slime" / "data" / "assets" / "calc-warmstart"
 
 
-@pytest.mark.skipif(not (_CALC_WARMSTART / "config.json").exists(),
-                    reason="the calculator demo's warm start is not shipped yet (issue 6, still open): "
-                           "scripts/make_tool_warmstart.py has not yet produced one that learns the tool format")
 def test_shipped_checkpoint_loads_with_its_chat_template_and_fits_the_task():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -17,7 +17,7 @@ from tests.rollout.tools.scripted_pool import ScriptedPool
 TOK = build_chat_tokenizer()
 EOT = TOK.convert_tokens_to_ids(IM_END)
 SCHEMAS = [calculator_tool().schema]
-EXPR, VALUE = "347*82+1905", "30359"
+EXPR, VALUE = "347*82*19", "540626"
 
 
 def turn(text: str) -> list[int]:
@@ -33,7 +33,7 @@ def test_chat_template_renders_a_tool_conversation():
     assert text == (
         "<|im_start|>system\ntools: calculator<|im_end|>\n"
         f"<|im_start|>user\n{EXPR}<|im_end|>\n"
-        '<|im_start|>assistant\n<tool_call>{"name": "calculator", "arguments": {"expression": "347*82+1905"}}</tool_call><|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>{"name": "calculator", "arguments": {"expression": "347*82*19"}}</tool_call><|im_end|>\n'
         f"<|im_start|>tool\n<tool_response>{VALUE}</tool_response><|im_end|>\n"
         f"<|im_start|>assistant\n#{VALUE}<|im_end|>\n"
     )
@@ -79,8 +79,8 @@ async def test_calculator_generate_round_trips_the_conversation_with_the_loss_on
 
 async def test_direct_answers_and_aborted_turns_through_calculator_generate():
     direct = Sample(prompt_ids=[], prompt=EXPR, label=VALUE)
-    await calculator_generate(direct, {}, tokenizer=TOK, pool=ScriptedPool([(turn("#30358"), "stop")]), max_response_len=160, engine_version=0)
-    assert direct.status is Status.COMPLETED and direct.loss_mask == [1] * len(turn("#30358"))
+    await calculator_generate(direct, {}, tokenizer=TOK, pool=ScriptedPool([(turn("#540625"), "stop")]), max_response_len=160, engine_version=0)
+    assert direct.status is Status.COMPLETED and direct.loss_mask == [1] * len(turn("#540625"))
     assert await calc.reward(direct) == 0.0 and "tool_calls" not in direct.evidence
 
     t1 = turn(calc.tool_call_text(EXPR))
