@@ -21,7 +21,9 @@ through the SFT mode of ``slime train`` instead of a hand-written loop:
    problems, pass@8, direct-answer share), and greedy accuracy of the shipped checkpoint
    (``slime/data/assets/arith-warmstart``) on the same problems, side by side.
 
-The shipped checkpoint is never written. Measured: see docs/benchmarks.md ("SFT mode re-makes the
+The shipped checkpoint is never written. Measured (2026-11-30, shared 2-core AMD EPYC, 1 thread):
+873 s of training; greedy held-out 0.490 against the shipped 0.490, and the weights are
+bit-identical to the shipped ``model.safetensors`` (docs/benchmarks.md, "SFT mode re-makes the
 arithmetic warm start").
 """
 

@@ -9,10 +9,15 @@ rollout): it may hold several optimizer steps.
               ref_logprobs (frozen reference, with a KL term); old values (critic, with PPO)
            ─► objective.with_advantages (REINFORCE++, PPO/GAE, whitening)
            ─► for each optimizer step of ``global_batch_size`` samples:
-                  for each micro-batch of ``micro_batch_size`` samples: forward,
-                      objective.micro_batch_loss (+ critic value_loss), backward
+                  lr from slime.train.lr_schedule (--lr-warmup-iters, --lr-decay-style, ...)
+                  for each micro-batch of ``micro_batch_size`` samples (or, with
+                      --use-dynamic-batch-size, of at most --max-tokens-per-gpu padded tokens):
+                      forward, objective.micro_batch_loss (+ critic value_loss), backward
                   clip_grad_norm_(clip_grad), AdamW step (policy; critic alongside)
            ─► policy_version += 1, metrics
+
+With ``--loss-type sft_loss`` the step skips the no-grad pass (nothing needs old logprobs) and the
+loss is the masked NLL (``losses.sft_loss``); ``eval_loss`` scores held-out rows the same way.
 
 The algorithm (estimator, clips, off-policy correction, KL, entropy) comes from ``TrainConfig``
 only; ``slime.train.objective`` maps it onto the loss functions. The reference model is a frozen
@@ -142,8 +147,10 @@ class TorchTrainer:
             ``train_rollout_logprob_abs_diff`` (mean |old_logp - rollout_logp| over trained
             tokens), ``reward_mean``, ``advantage_abs_mean``, ``staleness_mean`` /
             ``staleness_max`` (versions, trained tokens), ``num_samples``, ``num_train_tokens``,
-            ``num_optimizer_steps``, ``num_skipped_steps``, ``policy_version`` (after the step),
-            ``train_time_s``.
+            ``num_optimizer_steps``, ``num_skipped_steps``, ``lr`` (of the last optimizer step),
+            ``policy_version`` (after the step), ``train_time_s``. With ``sft_loss``: ``loss``,
+            ``nll`` (token mean), ``grad_norm``, ``lr``, ``num_samples``, ``num_train_tokens``,
+            ``num_tokens`` and the step counts; none of the RL metrics.
 
         Raises:
             ValueError / RuntimeError: from ``build_train_batch`` (bad sample, stale token).
