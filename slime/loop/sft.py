@@ -20,7 +20,7 @@ last, as ``{"kind": "eval", "eval_loss": ...}`` records in ``RUN_DIR/metrics.jso
 Outputs (``--save RUN_DIR``): ``metrics.jsonl`` (a ``kind: step`` record per step: ``train/loss``,
 ``train/nll``, ``train/grad_norm``, ``train/lr``, tokens, epoch, time), ``trained_rows.jsonl`` (the
 data index of every row each step trained, for audits and the resume test), ``config.json``,
-``summary.json``, ``model/`` (the final weights, an HF directory with the tokenizer files) and,
+``summary.json``, ``report.txt`` (``slime report``'s text), ``model/`` (the final weights, an HF directory with the tokenizer files) and,
 with ``--save-interval N``, ``checkpoints/`` (``slime.loop.checkpoint``: weights, optimizer, lr
 position, RNG, data position). ``--load RUN_DIR`` resumes from the latest checkpoint: the next step
 trains the rows right after the checkpoint's, and the records after it are cut from the logs.
@@ -176,7 +176,15 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     summary = _summary(metrics.records, num_steps=num_steps, num_rows=len(train_rows), num_bad=num_bad, wall_time_s=time.monotonic() - t_start)
     summary["model_dir"] = str(run_dir / "model")
     write_json_atomic(run_dir / "summary.json", summary)
+    await asyncio.to_thread(_write_report, run_dir)
     return summary
+
+
+def _write_report(run_dir: Path) -> None:
+    """``RUN_DIR/report.txt``: what ``slime report RUN_DIR`` prints."""
+    from slime.obs.report import format_report, load_run, summarize
+
+    (run_dir / "report.txt").write_text(format_report(run_dir, summarize(*load_run(run_dir))) + "\n")
 
 
 def _step_record(step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float) -> dict[str, Any]:

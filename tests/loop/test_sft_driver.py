@@ -52,6 +52,8 @@ async def test_sft_run_logs_steps_eval_loss_and_writes_the_final_model(model_dir
     assert all(r["trained_tokens"] == 12 and r["num_rows"] == 3 and r["train/loss"] > 0 for r in steps)
     assert summary["eval_loss_before"] == evals[0] and summary["eval_loss_after"] == evals[-1] and summary["num_steps"] == 4
     AutoModelForCausalLM.from_pretrained(summary["model_dir"])  # an HF directory
+    report = (run / "report.txt").read_text()
+    assert "mode sft" in report and f"eval loss        {evals[0]:.4f} -> {evals[-1]:.4f}" in report
     # 4 steps x 3 rows over 7 rows: every row of epoch 0 exactly once, then epoch 1 begins
     trained = [i for r in _records(run, "trained_rows.jsonl") for i in r["data_index"]]
     assert sorted(trained[:7]) == list(range(7)) and len(set(trained[7:])) == 5
@@ -78,3 +80,15 @@ async def test_sft_refuses_what_it_cannot_honour(model_dir, data, tmp_path):
 async def test_num_epoch_sets_the_number_of_steps(model_dir, data, tmp_path):
     summary = await run_sft(_config(model_dir, data, tmp_path / "r", "--num-epoch", "2"), progress=False)
     assert summary["num_steps"] == 2 * 7 // 3
+
+
+def test_slime_train_cli_runs_sft_and_prints_the_eval_loss(model_dir, data, tmp_path, capsys):
+    from slime.cli import main
+
+    train, evals = data
+    argv = ["train", "--loss-type", "sft_loss", "--hf-checkpoint", str(model_dir), "--prompt-data", str(train),
+            "--eval-prompt-data", str(evals), "--input-key", "prompt", "--rollout-batch-size", "2", "--global-batch-size", "2",
+            "--num-rollout", "2", "--train-threads", "1", "--save", str(tmp_path / "run"), "--no-progress", "--log-level", "WARNING"]
+    assert main(argv) == 0
+    assert "done: SFT 2 steps; eval loss" in capsys.readouterr().out
+    assert main(argv) == 2  # the run directory is used: resume it with --load, or choose another --save
