@@ -84,6 +84,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--clip-grad": ("train.clip_grad", dict(type=float)),
     "--eps-clip": ("train.eps_clip", dict(type=float)),
     "--eps-clip-high": ("train.eps_clip_high", dict(type=float)),
+    "--loss-type": ("train.loss_type", dict(choices=["policy_loss", "sft_loss"], help="sft_loss: supervised fine-tuning on --prompt-data (no engines, no rewards)")),
+    "--num-epoch": ("loop.num_epoch", dict(type=int, help="SFT: passes over --prompt-data (sets the number of steps)")),
     "--calculate-per-token-loss": ("train.loss_agg=token_mean", dict(action="store_true", help="one mean over all tokens (DAPO) instead of per-sample means")),
     "--use-tis": ("train.use_tis", dict(action="store_true")),
     "--tis-clip": ("train.tis_clip", dict(type=float)),

@@ -139,6 +139,10 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     first token's abort."""
     eval_interval: int = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
+    num_epoch: int | None = None
+    """SFT: train this many passes over ``--prompt-data`` (``--num-epoch``, THUDM/slime's flag):
+    ``num_rollout = num_epoch * rows // rollout_batch_size``, replacing ``--num-rollout``. None = use
+    ``--num-rollout``. RL runs refuse it."""
     buffer_capacity: int | None = None
     """Ready + partial groups the data buffer holds (``--buffer-capacity``); beyond it the oldest
     partial groups are evicted, counted and lost on purpose. None = no bound."""
@@ -175,7 +179,8 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     """Megatron sequence parallelism over the tensor-parallel group (``--sequence-parallel``)."""
     use_dynamic_batch_size: bool = False
     """Pack micro-batches by ``max_tokens_per_gpu`` instead of ``micro_batch_size`` samples
-    (``--use-dynamic-batch-size``)."""
+    (``--use-dynamic-batch-size``). Also read by the torch backend, whose micro-batches are padded:
+    there the budget bounds samples x longest sample of each micro-batch (``slime.train.batch.pack_by_token_budget``)."""
     max_tokens_per_gpu: int = 16384
     """Token budget of one packed micro-batch on one GPU (``--max-tokens-per-gpu``); a longer
     sample gets a micro-batch of its own."""
@@ -183,7 +188,8 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     """Floor of the decayed learning rate (``--min-lr``)."""
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root"] = "constant"
     """Learning-rate schedule over optimizer steps (``--lr-decay-style``), megatron-core's
-    ``OptimizerParamScheduler``."""
+    ``OptimizerParamScheduler``; the torch backend follows it too (``slime.train.lr_schedule``), as it
+    does ``--min-lr``, ``--lr-warmup-iters`` and ``--lr-decay-iters``."""
     lr_warmup_iters: int = 0
     """Linear warm-up, in optimizer steps (``--lr-warmup-iters``)."""
     lr_decay_iters: int | None = None
@@ -280,6 +286,11 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Decoupled PPO: drop tokens whose behaviour weight exceeds this cap, > 1 (``--behav-imp-weight-cap``)."""
     mask_offpolicy_in_partial_rollout: bool = False
     """Train only the tokens of each sample's newest policy version (``--mask-offpolicy-in-partial-rollout``)."""
+    loss_type: Literal["policy_loss", "sft_loss"] = "policy_loss"
+    """``--loss-type`` (THUDM/slime's flag): ``policy_loss`` (RL, the objective above) or ``sft_loss``
+    (supervised fine-tuning: masked negative log-likelihood of the loss-mask tokens, aggregated by
+    ``loss_agg``; no rollouts, rewards, advantages or reference model). ``sft_loss`` makes ``slime
+    train`` an SFT run (``slime.loop.sft``)."""
     train_backend: Literal["torch", "megatron"] = "torch"
     """``torch``: one HF model in this process (CPU, small GPUs). ``megatron``: megatron-core's GPTModel
     with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""
@@ -424,7 +435,7 @@ class Config(msgspec.Struct, **_STRUCT):
         checks = [
             (self.loop.rollout_batch_size >= 1, "--rollout-batch-size", self.loop.rollout_batch_size, ">= 1"),
             (
-                self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size,
+                self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size or self.train.loss_type == "sft_loss",
                 "--over-sampling-batch-size",
                 self.loop.over_sampling_batch_size,
                 f">= --rollout-batch-size ({self.loop.rollout_batch_size})",
@@ -495,6 +506,15 @@ class Config(msgspec.Struct, **_STRUCT):
         for ok, flag, value, want in checks:
             if not ok:
                 raise ConfigError(f"{flag}={value!r} is invalid: expected {want}")
+        if self.loop.num_epoch is not None and self.loop.num_epoch < 1:
+            raise ConfigError(f"--num-epoch={self.loop.num_epoch!r} is invalid: expected >= 1, or unset")
+        if self.train.loss_type == "sft_loss":  # one sample per data row: --n-samples-per-prompt does not apply
+            if self.loop.rollout_batch_size % self.train.global_batch_size != 0:
+                raise ConfigError(f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size="
+                                  f"{self.loop.rollout_batch_size} (SFT rows per step)")
+            return self
+        if self.loop.num_epoch is not None:
+            raise ConfigError("--num-epoch: only with --loss-type sft_loss (RL runs count steps with --num-rollout)")
         samples = self.loop.rollout_batch_size * self.rollout.n_samples_per_prompt
         if samples % self.train.global_batch_size != 0:
             raise ConfigError(

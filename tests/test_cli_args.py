@@ -36,6 +36,7 @@ PINNED = {
     "--apply-chat-template", "--tool-key", "--curriculum-key", "--offline-data", "--offline-ratio", "--buffer-capacity",
     "--n-samples-per-eval-prompt", "--eval-temperature",
     "--save-debug-rollout-data", "--load-debug-rollout-data", "--debug-rollout-only", "--debug-train-only",
+    "--loss-type", "--num-epoch",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 
@@ -76,6 +77,8 @@ def test_every_flag_reaches_its_field(flag):
     base = ["--rollout-batch-size", "128", "--over-sampling-batch-size", "256", "--global-batch-size", "128"]
     if flag in ("--rollout-batch-size", "--global-batch-size", "--over-sampling-batch-size"):
         base = [a for i, a in enumerate(base) if a != flag and (i == 0 or base[i - 1] != flag)]
+    if flag == "--num-epoch":  # an SFT flag: RL runs refuse it
+        base += ["--loss-type", "sft_loss"]
     config = config_from_args(parser.parse_args(base + argv))
     got = _get(config, field)
     assert (list(got) if isinstance(got, (list, tuple)) else got) == expect
@@ -100,3 +103,15 @@ def test_shared_values_reach_every_section():
 def test_bad_values_name_the_flag(argv, flag):
     with pytest.raises(ConfigError, match=flag):
         config_from_args(build_parser().parse_args(argv))
+
+
+def test_num_epoch_is_refused_outside_sft():
+    with pytest.raises(ConfigError, match="--num-epoch"):
+        config_from_args(build_parser().parse_args(["--num-epoch", "2"]))
+
+
+def test_sft_batch_counts_rows_not_samples_per_prompt():
+    argv = ["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "64", "--n-samples-per-prompt", "8"]
+    assert config_from_args(build_parser().parse_args(argv)).train.loss_type == "sft_loss"
+    with pytest.raises(ConfigError, match="--global-batch-size"):
+        config_from_args(build_parser().parse_args(["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "48"]))

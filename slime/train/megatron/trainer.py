@@ -61,9 +61,9 @@ log = logging.getLogger(__name__)
 
 _TOKEN_METRICS = (
     "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
-    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac",
+    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac", "nll",
 )  # fmt: skip
-"""Token-mean metrics (as the torch backend reports them); the first four always."""
+"""Token-mean metrics (as the torch backend reports them); the first four always (RL), ``nll`` with ``sft_loss``."""
 
 
 class MegatronTrainer:
@@ -313,7 +313,8 @@ class MegatronTrainer:
         t0 = time.perf_counter()
         cfg = self.config
         steps = self._plan(batch)
-        batch = objective.with_advantages(cfg, self._before_update(batch, steps))
+        if not objective.is_sft(cfg):  # --loss-type sft_loss needs no logprobs from before the update
+            batch = objective.with_advantages(cfg, self._before_update(batch, steps))
         # Every micro-batch's rows go to the GPU now, while it is idle: selected on the CPU (no
         # index upload, no ``int(max)`` read back) and copied before the first forward, so the
         # loop below has no host sync between one micro-batch's backward and the next forward.
@@ -360,7 +361,8 @@ class MegatronTrainer:
             sums, losses_t = both[: len(sums)], both[len(sums) :]
         sums, losses_t = sums.cpu(), losses_t.cpu()
         num_tokens = max(float(sums[-1]), 1.0)
-        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < 4}
+        always = 0 if objective.is_sft(cfg) else 4
+        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < always}
         out.update(_batch_metrics(batch))
         out.update(
             loss=float(losses_t.mean()) if len(losses_t) else 0.0,
@@ -421,8 +423,9 @@ def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
 
 
 def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
-    assert batch.old_logprobs is not None
     n = batch.num_train_tokens
+    if batch.old_logprobs is None:  # --loss-type sft_loss
+        return {"num_samples": float(batch.num_samples), "num_train_tokens": float(n)}
     abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
     trained = batch.staleness[batch.loss_mask > 0].float()
     has_reward = ~batch.rewards.isnan()

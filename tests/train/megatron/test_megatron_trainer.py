@@ -105,3 +105,22 @@ def test_train_step_metrics_match_the_torch_backend(dynamic, hf_dirs, megatron_c
         for key in ("loss", "grad_norm", "ratio_mean", "entropy", "pg_clipfrac", "approx_kl", "train_rollout_logprob_abs_diff", "num_train_tokens", "num_optimizer_steps"):
             assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
     assert got["policy_version"] == 2.0
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_sft_loss_step_matches_the_torch_backend(dynamic, hf_dirs, megatron_cpu):
+    """``--loss-type sft_loss`` goes through the shared loss path (objective.micro_batch_loss) in both backends."""
+    from slime.train.torch_backend import TorchTrainer
+
+    config = TrainConfig(
+        lr=1e-3, global_batch_size=4, micro_batch_size=2, loss_type="sft_loss", loss_agg="token_mean",
+        megatron=MegatronConfig(use_dynamic_batch_size=dynamic, max_tokens_per_gpu=20),
+    )
+    groups = _groups(96)
+    megatron = _cpu_trainer(config, hf_dirs["qwen2"], megatron_cpu)
+    reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"])
+    for _ in range(2):
+        got, want = megatron.train_step(groups), reference.train_step(groups)
+        for key in ("loss", "nll", "grad_norm", "num_train_tokens", "num_optimizer_steps"):
+            assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
+        assert "pg_clipfrac" not in got and "reward_mean" not in got
