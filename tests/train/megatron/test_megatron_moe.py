@@ -145,12 +145,10 @@ def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dir
     """Same weights and groups: the megatron MoE trainer's loss, grad norm and ratios equal TorchTrainer's on the HF MoE model."""
     from test_megatron_trainer import _cpu_trainer, _groups
 
-    from slime.train.megatron.router_metrics import RouterStats
     from slime.train.torch_backend import TorchTrainer
 
     config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, rollout_temperature=0.9, megatron=CPU_MOE)
     megatron = _cpu_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
-    megatron.router_stats = RouterStats(num_experts=4, topk=2, device=torch.device("cpu")).attach(megatron.model)
     reference = TorchTrainer(config, model_dir=hf_dirs["qwen3_moe"])
     groups = _groups(96)
     for _ in range(2):
