@@ -51,6 +51,7 @@ from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
 from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from slime.train.losses import LossAgg
+from slime.sync.hf_layout import checkpoint_views
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES"]
@@ -300,9 +301,13 @@ class TorchTrainer:
         return save_hf_dir(self.model, out_dir, source_dir=self.model_dir, lock=self._lock)
 
     def state_dict_for_sync(self) -> dict[str, Tensor]:
-        """A copy of the weights, keyed by HF parameter name (fp32, CPU), safe to read while training."""
+        """A copy of the weights, keyed by HF checkpoint name (fp32, CPU), safe to read while training.
+
+        Checkpoint names are what ``save_pretrained`` writes and SGLang loads: an MoE model's fused
+        in-memory experts go out as one tensor per expert (``slime.sync.hf_layout``).
+        """
         with self._lock:
-            return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+            return {name: t.detach().clone() for name, t in checkpoint_views(self.model.state_dict()).items()}
 
 
 def _mean(xs: list[float]) -> float:
