@@ -79,6 +79,11 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
                 "(context parallelism needs Transformer Engine attention)"
             )
     arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
+    if arch.is_moe and mcfg.tensor_model_parallel_size > 1 and not mcfg.sequence_parallel:
+        raise ValueError(
+            f"--tensor-model-parallel-size={mcfg.tensor_model_parallel_size} with an MoE model needs --sequence-parallel "
+            "(megatron-core's MoE layer refuses to train under TP without it)"
+        )
     etp = mcfg.resolved_expert_tensor_parallel_size
     arch.check_expert_parallel(mcfg.expert_model_parallel_size, etp)
     dtype = params_dtype or (torch.bfloat16 if mcfg.bf16 else torch.float32)

@@ -4,8 +4,10 @@
 counts only training forwards with autograd on (``router.training and torch.is_grad_enabled()``,
 megatron's own condition for the aux loss), so the no-grad old-logprob pass is left out and a
 layer under full activation recompute is counted once (its first, no-grad forward is skipped).
-``collect`` sums the counts over the data-parallel group (and over TP under sequence
-parallelism, where each TP rank routes its own slice of tokens) and returns, for the step:
+Under sequence parallelism each TP rank routes its own slice of a micro-batch's tokens; the hook
+then sums that micro-batch's statistics over ``tp_group`` first (2E + 2 numbers per layer), so the
+load-balancing loss is the micro-batch's as a whole, as megatron-core computes it. ``collect``
+sums the step's statistics over the data-parallel group and returns:
 
     moe_expert_load_{e}       share of the routed (token, expert) slots that expert e took,
                               mean over MoE layers; 1 / num_experts each when balanced
@@ -21,7 +23,9 @@ parallelism, where each TP rank routes its own slice of tokens) and returns, for
 
 Example: 4 experts, top-2, one layer, 8 tokens routed 6/4/4/2 slots -> loads 0.375, 0.25, 0.25,
 0.125; imbalance 0.375 * 4 = 1.5. Tokens counted include the few pad tokens that packing adds to
-reach a multiple of the TP size under sequence parallelism.
+reach a multiple of the TP size under sequence parallelism, and the placeholder micro-batches a
+rank runs under expert parallelism when it has fewer than the busiest DP rank
+(``MegatronTrainer._plan``).
 """
 
 from __future__ import annotations
@@ -43,12 +47,14 @@ class RouterStats:
     Args:
         num_experts / topk: the model's ``num_moe_experts`` and ``moe_router_topk``.
         device: where the running sums live (the model's device).
+        tp_group: the TP group when sequence parallelism splits each micro-batch over it; else None.
     """
 
-    def __init__(self, *, num_experts: int, topk: int, device: torch.device):
+    def __init__(self, *, num_experts: int, topk: int, device: torch.device, tp_group: Any = None):
         self.num_experts = num_experts
         self.topk = topk
         self.device = device
+        self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
         self._layers: list[Any] = []
         self._sums: Tensor | None = None  # [L, E + 3] float64: slot counts per expert, then tokens, dropped slots, aux * tokens
         self._handles: list[Any] = []
@@ -73,17 +79,22 @@ class RouterStats:
             if not (router.training and torch.is_grad_enabled()):
                 return
             with torch.no_grad():
+                E = self.num_experts
                 _, routing_map = output  # [T, E] bool, after capacity dropping
-                scores = torch.softmax(router.gating(args[0]).reshape(-1, self.num_experts).float(), dim=-1)  # [T, E]
-                num_tokens = scores.shape[0]
+                scores = torch.softmax(router.gating(args[0]).reshape(-1, E).float(), dim=-1)  # [T, E]
                 chosen = torch.zeros_like(scores).scatter_(1, scores.topk(self.topk, dim=1).indices, 1.0)  # before dropping
-                aux = self.num_experts / (self.topk * num_tokens * num_tokens) * (scores.sum(0) * chosen.sum(0)).sum() if num_tokens else scores.new_zeros(())
-                counts = routing_map.sum(0).double()
+                T = scores.new_full((1,), scores.shape[0])
+                vec = torch.cat([scores.sum(0), chosen.sum(0), routing_map.sum(0).float(), T])  # [3E + 1]
+                if self.tp_group is not None:
+                    dist.all_reduce(vec, group=self.tp_group)
+                    vec /= dist.get_world_size(self.tp_group)  # every TP rank adds the micro-batch once; DP sum in collect
+                P, C, counts, num_tokens = vec[:E], vec[E : 2 * E], vec[2 * E : 3 * E].double(), vec[3 * E].double()
+                aux = E / (self.topk * num_tokens.clamp_min(1.0) ** 2) * (P * C).sum().double()
                 row = self._sums[idx]
-                row[: self.num_experts] += counts
-                row[self.num_experts] += num_tokens
-                row[self.num_experts + 1] += num_tokens * self.topk - counts.sum()
-                row[self.num_experts + 2] += aux.double() * num_tokens
+                row[:E] += counts
+                row[E] += num_tokens
+                row[E + 1] += num_tokens * self.topk - counts.sum()
+                row[E + 2] += aux * num_tokens
 
         return hook
 

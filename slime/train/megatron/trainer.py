@@ -28,8 +28,9 @@ divide by. Tensor-parallel ranks compute the same loss; megatron's layers reduce
 MoE load-balancing loss (``--moe-aux-loss-coeff`` > 0): megatron-core attaches it to the router
 output, scaled by the micro-batch's token count (``calculate_per_token_loss``), and multiplies its
 gradient by ``MoEAuxLossAutoScaler``'s scale, which is set here to 1 / (tokens of the optimizer
-step, all DP ranks): the trained term is coefficient x the token-weighted mean of the per
-micro-batch losses, normalised over the step as the RL loss is.
+step, all DP ranks), times the TP size under sequence parallelism (each TP rank then holds a
+share of the loss scaled by its T / tp tokens): the trained term is coefficient x the
+token-weighted mean of the per micro-batch losses, normalised over the step as the RL loss is.
 
 Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), pipeline
 and context parallelism, and running without CUDA (megatron-core's optimizer and DDP
@@ -111,7 +112,10 @@ class MegatronTrainer:
             self.ref_model, _ = self._build(config.ref_load or model_dir, trainable=False)
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler()
-        self.router_stats = RouterStats(num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device).attach(self.model) if self.arch.is_moe else None
+        self.router_stats = None
+        if self.arch.is_moe:
+            sp_group = self.ctx.tp_group if self.tconfig.sequence_parallel else None
+            self.router_stats = RouterStats(num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group).attach(self.model)
         log.info(
             "megatron backend: %s, %d layers%s, TP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
             self.arch.family, self.arch.num_layers,
@@ -270,7 +274,13 @@ class MegatronTrainer:
     # --- one train step (every rank) ----------------------------------------------------------
 
     def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
-        """Per optimizer step: (first sample, end sample, this rank's packed micro-batches)."""
+        """Per optimizer step: (first sample, end sample, this rank's packed micro-batches).
+
+        Under expert parallelism every MoE layer's forward is a collective over the EP ranks,
+        which are different DP ranks: each rank then runs as many micro-batches as the busiest DP
+        rank of the step, the missing ones as placeholders (``pack_samples`` of no sample, loss 0).
+        Every rank computes the same plan, so no count is exchanged.
+        """
         cfg, mcfg = self.config, self.config.megatron
         lens = batch.seq_lens.tolist()
         steps = []
@@ -286,8 +296,15 @@ class MegatronTrainer:
                 pack_samples(batch, [start + i for i in mb], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
                 for mb in plan[self.ctx.dp_rank]
             ]
+            if self.ctx.ep_size > 1:
+                busiest = max(len(p) for p in plan)
+                mbs += [self._placeholder(batch) for _ in range(busiest - len(mbs))]
             steps.append((start, end, mbs))
         return steps
+
+    def _placeholder(self, batch: TrainBatch) -> PackedMicroBatch:
+        """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
+        return pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
 
     def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         """Packed logprobs and entropies [t] of ``mb`` under ``model``."""
@@ -311,11 +328,15 @@ class MegatronTrainer:
         # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
         # memory synchronises the stream, and one per micro-batch would stall the GPU until the
         # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
-        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples]
+        keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
+        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples or keep_placeholders]
         for mb, rows in todo:
-            old[rows, : mb.num_cols] = mb.unpack(self._forward(self.model, mb)[0])
-            if ref is not None:
-                ref[rows, : mb.num_cols] = mb.unpack(self._forward(self.ref_model, mb)[0])
+            for model, out in ((self.model, old), (self.ref_model, ref)):
+                if model is None:
+                    continue
+                lp = self._forward(model, mb)[0]
+                if mb.samples:
+                    out[rows, : mb.num_cols] = mb.unpack(lp)
         for t in (old, ref):
             if t is not None and self.ctx.dp_size > 1:
                 dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
@@ -341,12 +362,13 @@ class MegatronTrainer:
             denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
             if self.router_stats is not None:  # the aux loss is averaged over the step's tokens (module docstring)
                 aux_scale = mcore("megatron.core.transformer.moe.moe_utils").MoEAuxLossAutoScaler
-                aux_scale.set_loss_scale(torch.tensor(1.0 / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
+                sp = self.ctx.tp_size if self.tconfig.sequence_parallel else 1  # each TP rank scales by its T / tp tokens
+                aux_scale.set_loss_scale(torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
             step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # read back once, after the whole step
             if not mbs:
-                mbs = [pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)]
+                mbs = [self._placeholder(batch)]
                 step_subs = [None]
             for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
                 sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
@@ -395,7 +417,7 @@ class MegatronTrainer:
         """This step's router metrics (MoE models; every rank, collectively), {} for a dense model."""
         if self.router_stats is None:
             return {}
-        groups = [self.ctx.dp_group] + ([self.ctx.tp_group] if self.tconfig.sequence_parallel else [])
+        groups = [self.ctx.dp_group]  # under sequence parallelism the hooks already summed over TP
         mcore("megatron.core.transformer.moe.moe_utils").clear_aux_losses_tracker()  # megatron's own copy, unused here
         return self.router_stats.collect(groups=groups)
 

@@ -1,16 +1,18 @@
-"""Run by test_megatron_ep2.py under ``torchrun --nproc-per-node 2`` on the CPU (gloo): expert parallel megatron vs HF.
+"""Run by test_megatron_ep2.py under ``torchrun --nproc-per-node 2`` on the CPU (gloo): expert parallel megatron vs HF (sequence parallel when TP > 1, as MoE under TP requires).
 
 Each rank loads its share of a Qwen3-MoE / Qwen2-MoE HF directory (its TP shard of the dense
 weights, its EP rank's experts, its ETP shard of each), runs the same packed micro-batch through
 the "allgather" token dispatcher, and checks: logits (gathered over TP) match HF's; the weights
 gathered back onto rank 0 (``iter_hf_weights``, experts over the ETP x EP group) equal the HF
-checkpoint bit for bit. The CUDA redirection is the one ``conftest.megatron_cpu`` explains.
+checkpoint bit for bit. The CUDA redirection is the one ``conftest.megatron_cpu`` explains; the CUDA RNG fork that
+megatron's sequence-parallel embedding enters is made a no-op (no dropout runs).
 
     torchrun --nproc-per-node 2 ep2_worker.py HF_DIR OUT_JSON TP EP ETP
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -33,8 +35,11 @@ def main(hf_dir: str, out_path: str, tp: str, ep: str, etp: str) -> None:
     from slime.train.megatron.parallel import init_parallel
     from slime.train.megatron.weights import iter_hf_weights
 
-    mcfg = MegatronConfig(tensor_model_parallel_size=int(tp), expert_model_parallel_size=int(ep), expert_tensor_parallel_size=int(etp), moe_token_dispatcher_type="allgather")
+    mcfg = MegatronConfig(tensor_model_parallel_size=int(tp), expert_model_parallel_size=int(ep), expert_tensor_parallel_size=int(etp), moe_token_dispatcher_type="allgather", sequence_parallel=int(tp) > 1)
     ctx = init_parallel(mcfg, seed=0)
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()  # test-only: sequence parallel's embedding forks the CUDA RNG (dropout 0 here)
     arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
     model = build_gpt_model(arch, transformer_config(arch, mcfg, use_cpu_initialization=True), tp_size=ctx.tp_size)
     load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=ctx.tp_size, tp_rank=ctx.tp_rank, ep_size=ctx.ep_size, ep_rank=ctx.ep_rank, etp_size=ctx.etp_size, etp_rank=ctx.etp_rank)
@@ -45,7 +50,7 @@ def main(hf_dir: str, out_path: str, tp: str, ep: str, etp: str) -> None:
         ids[i, :n] = torch.randint(0, arch.vocab_size, (n,))
     z = torch.zeros(2, 6)
     batch = TrainBatch(ids, (torch.arange(7) < torch.tensor(lens)[:, None]).long(), z, z, z, z.long(), torch.zeros(2), torch.zeros(2), torch.tensor(lens), z)
-    mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=1, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
+    mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=ctx.tp_size, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
     with torch.no_grad():
         local = model.eval()(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)[0]
         parts = [torch.empty_like(local) for _ in range(ctx.tp_size)]

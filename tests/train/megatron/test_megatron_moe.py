@@ -157,3 +157,34 @@ def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dir
             assert got[key] == pytest.approx(want[key], rel=5e-4, abs=5e-6), key
     assert got["moe_routed_tokens"] == float(sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples))
     assert sum(got[f"moe_expert_load_{e}"] for e in range(4)) == pytest.approx(1.0) and got["moe_dropped_token_frac"] == 0.0
+
+
+def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(hf_dirs, megatron_cpu):
+    """Under EP each MoE forward is a collective over DP ranks: a rank with fewer samples pads with placeholders."""
+    import dataclasses
+
+    from test_megatron_trainer import _cpu_trainer, _groups
+
+    from slime.train.batch import build_train_batch
+
+    config = TrainConfig(global_batch_size=8, micro_batch_size=1, megatron=MegatronConfig(moe_token_dispatcher_type="allgather", use_dynamic_batch_size=True, max_tokens_per_gpu=13))  # DP plan: 3 and 4 micro-batches
+    trainer = _cpu_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
+    batch = build_train_batch(_groups(96), pad_token_id=0, current_version=0)
+    counts = {}
+    for ep in (1, 2):
+        for rank in (0, 1):
+            trainer.ctx = dataclasses.replace(megatron_cpu, dp_size=2, dp_rank=rank, ep_size=ep)
+            (_, _, mbs), = trainer._plan(batch)
+            counts[ep, rank] = (len(mbs), sum(1 for mb in mbs if not mb.samples))
+    trainer.ctx = megatron_cpu
+    assert counts[1, 0][0] != counts[1, 1][0] and counts[1, 0][1] == counts[1, 1][1] == 0  # DP alone: uneven, no placeholders
+    assert counts[2, 0][0] == counts[2, 1][0] == max(counts[1, 0][0], counts[1, 1][0])
+    assert counts[2, 0][1] + counts[2, 1][1] == abs(counts[1, 0][0] - counts[1, 1][0])
+
+
+def test_moe_under_tensor_parallelism_needs_sequence_parallel(hf_dirs):
+    from slime.train.megatron.model import transformer_config
+
+    arch = ModelArch.from_hf_config(load_hf_config(hf_dirs["qwen3_moe"]))
+    with pytest.raises(ValueError, match="needs --sequence-parallel"):
+        transformer_config(arch, MegatronConfig(tensor_model_parallel_size=2), use_cpu_initialization=True)
