@@ -26,7 +26,7 @@ QWEN3_MOE_SMALL = dict(
     norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
     max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.02,
 )  # fmt: skip
-"""A small Qwen3-MoE (``Qwen3MoeForCausalLM``): 4 MoE layers of 8 experts, top-2, 185M parameters, random weights."""
+"""A small Qwen3-MoE (``Qwen3MoeForCausalLM``): 4 MoE layers of 8 experts, top-2, about 128M parameters, random weights."""
 
 
 def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2") -> str:

@@ -85,9 +85,8 @@ class RouterStats:
                 chosen = torch.zeros_like(scores).scatter_(1, scores.topk(self.topk, dim=1).indices, 1.0)  # before dropping
                 T = scores.new_full((1,), scores.shape[0])
                 vec = torch.cat([scores.sum(0), chosen.sum(0), routing_map.sum(0).float(), T])  # [3E + 1]
-                if self.tp_group is not None:
+                if self.tp_group is not None:  # the whole micro-batch on every TP rank; collect sums over DP only
                     dist.all_reduce(vec, group=self.tp_group)
-                    vec /= dist.get_world_size(self.tp_group)  # every TP rank adds the micro-batch once; DP sum in collect
                 P, C, counts, num_tokens = vec[:E], vec[E : 2 * E], vec[2 * E : 3 * E].double(), vec[3 * E].double()
                 aux = E / (self.topk * num_tokens.clamp_min(1.0) ** 2) * (P * C).sum().double()
                 row = self._sums[idx]
