@@ -31,6 +31,9 @@ def main(in_dir: str, names: list[str], out_name: str = "megatron_parallel.json"
     report: dict[str, object] = {"reference": names[0], "runs": runs, "mismatches": []}
     if ref is None:
         report["mismatches"].append(f"{names[0]}: no result")
+    for n in names:
+        if runs[n] is not None and runs[n].get("weights_gathered_bit_exact") is False:
+            report["mismatches"].append(f"{n}: weights gathered onto rank 0 differ from the checkpoint")
     for n in names[1:]:
         if runs[n] is None:
             report["mismatches"].append(f"{n}: no result")

@@ -12,7 +12,8 @@ MoE models (``--ep``, ``--etp``): the router metrics (``moe_*``: load per expert
 loss, dropped tokens) are recorded and compared too. One sample per micro-batch
 (``--micro-batch-size 1`` without ``--dynamic``) makes the micro-batches the same whatever the
 DP split, so the per-micro-batch load-balancing loss (and its gradient, with
-``--moe-aux-loss-coeff``) must match as well.
+``--moe-aux-loss-coeff``) must match as well. ``--check-gather`` first gathers the weights onto
+rank 0 as HF tensors (``state_dict_for_sync``) and records whether they equal the checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+import torch
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +43,7 @@ def main() -> int:
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--static", action="store_true", help="micro-batches of --micro-batch-size samples instead of a token budget")
+    p.add_argument("--check-gather", action="store_true", help="before training, gather the weights (state_dict_for_sync) and compare with the checkpoint")
     p.add_argument("--out-dir", default=os.environ.get("OUT", "."))
     args = p.parse_args()
 
@@ -61,6 +65,13 @@ def main() -> int:
     if not trainer.is_driver:
         trainer.serve()
         return 0
+    extra = {}
+    if args.check_gather:  # every rank joins through serve(): dense over TP, experts over the ETP x EP group
+        from slime.train.megatron.model import HFCheckpointReader
+
+        synced, reader = trainer.state_dict_for_sync(), HFCheckpointReader(args.model_dir)
+        same = sorted(synced) == sorted(reader.keys()) and all(torch.equal(synced[k], reader[k].float()) for k in reader.keys())
+        extra = {"num_gathered_tensors": len(synced), "weights_gathered_bit_exact": same}
     steps = []
     for _ in range(2):
         m = trainer.train_step(groups)
@@ -69,7 +80,7 @@ def main() -> int:
     trainer.close()
     os.makedirs(args.out_dir, exist_ok=True)
     layout = {"tp": ctx.tp_size, "dp": ctx.dp_size, "ep": ctx.ep_size, "etp": ctx.etp_size, "world_size": ctx.world_size}
-    write_json(f"parallel_{args.name}.json", {**layout, "steps": steps}, out_dir=args.out_dir)
+    write_json(f"parallel_{args.name}.json", {**layout, **extra, "steps": steps}, out_dir=args.out_dir)
     return 0
 
 

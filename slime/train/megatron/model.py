@@ -203,6 +203,8 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="none",
     )
+    if not config.use_cpu_initialization:  # megatron-core allocates the MoE router and shared-expert gate on the CPU
+        model.cuda(torch.cuda.current_device())  # moves those only; same Parameter objects, attributes kept
     mark_tensor_parallel_weights(model, config)
     use_fused_swiglu(model)
     return model
