@@ -114,3 +114,29 @@ async def test_engine_and_trainer_logprobs_agree_before_and_after_a_train_step_a
     assert max_abs_diff(new, after.output_logprobs) <= 1e-4
     stale = sample_logprobs(trainer.model, PROMPT, before.output_ids, 0.9)
     assert max_abs_diff(stale, before.output_logprobs) > 1e-3  # the step changed the weights the engine now holds
+
+
+async def test_main_job_trains_a_moe_model_end_to_end(tmp_path):
+    """The whole loop on a tiny Qwen3-MoE: embedded engine subprocess, APRIL, torch trainer, disk sync of per-expert tensors."""
+    import json
+
+    from slime.config import Config, DataConfig, EngineConfig, LoopConfig
+    from slime.loop.driver import run_training
+    from tests.e2e.test_main_job import count_w7
+
+    model = write_tiny_moe(tmp_path / "model", "qwen3_moe", seed=0, with_tokenizer=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(32)) + "\n")
+    config = Config(
+        data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4),
+        rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=16, request_timeout_s=60),
+        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=4, max_staleness=2),
+        train=TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=4, max_staleness=2),
+        engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
+        run_dir=str(tmp_path / "run"),
+    )
+    summary = await run_training(config, reward_fn=count_w7, progress=False)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    assert [r["policy_version"] for r in steps] == [1, 2] and summary["final_policy_version"] == 2
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-3 for r in steps[:1])  # engine and trainer agree on step 1's tokens
