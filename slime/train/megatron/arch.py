@@ -102,12 +102,12 @@ class ModelArch:
 
         Raises:
             ValueError: EP > 1 on a dense model, EP not dividing ``num_experts``, or ETP not dividing
-                ``moe_ffn_hidden_size`` / the shared expert's width.
+                ``moe_ffn_hidden_size``.
         """
         ep, etp = expert_model_parallel_size, expert_tensor_parallel_size
-        if not self.is_moe:
-            if ep != 1 or etp != 1:
-                raise ValueError(f"--expert-model-parallel-size={ep} / --expert-tensor-parallel-size={etp}: this {self.family} model has no experts")
+        if not self.is_moe:  # ETP (default: the TP size) splits nothing here
+            if ep != 1:
+                raise ValueError(f"--expert-model-parallel-size={ep}: this {self.family} model has no experts")
             return
         if self.num_experts % ep:
             raise ValueError(f"--expert-model-parallel-size={ep} must divide num_experts={self.num_experts} of this {self.family} model")

@@ -66,6 +66,7 @@ def test_moe_arch_reads_routing_shared_expert_and_dense_layers(hf_dirs):
     dense = ModelArch.from_hf_config(load_hf_config(hf_dirs["qwen3"]))
     with pytest.raises(ValueError, match="has no experts"):
         dense.check_expert_parallel(2, 1)
+    dense.check_expert_parallel(1, 2)  # the default ETP (= TP) of a dense model under TP=2 splits nothing
     with pytest.raises(UnsupportedArchitecture, match="no MoE layer"):
         ModelArch.from_hf_config(dict(load_hf_config(hf_dirs["qwen3_moe"]), mlp_only_layers=[0, 1]))
 
