@@ -32,6 +32,7 @@ Deviations from slime: dropout is off (``model.eval()``) so that the first optim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -51,6 +52,7 @@ from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
 from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from slime.train.losses import LossAgg
+from slime.train.router_metrics import RouterStats, attach_hf_routers
 from slime.sync.hf_layout import checkpoint_views
 from slime.types import Group
 
@@ -89,6 +91,7 @@ class TorchTrainer:
     ref_model: PreTrainedModel | None
     critic: ValueModel | None
     critic_optimizer: torch.optim.AdamW | None
+    router_stats: RouterStats | None
     policy_version: int
     pad_token_id: int
     loss_agg: LossAgg
@@ -106,6 +109,7 @@ class TorchTrainer:
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
         self.optimizer = self._adamw(self.model.parameters(), config.lr)
+        self.router_stats = attach_hf_routers(self.model)  # MoE models: per-step router metrics (moe_*)
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
             self.ref_model = AutoModelForCausalLM.from_pretrained(config.ref_load or model_dir, dtype=torch.float32)
@@ -139,7 +143,8 @@ class TorchTrainer:
             tokens), ``reward_mean``, ``advantage_abs_mean``, ``staleness_mean`` /
             ``staleness_max`` (versions, trained tokens), ``num_samples``, ``num_train_tokens``,
             ``num_optimizer_steps``, ``num_skipped_steps``, ``policy_version`` (after the step),
-            ``train_time_s``.
+            ``train_time_s``; for an MoE model the router metrics ``moe_*`` of
+            ``slime.train.router_metrics`` (padding excluded).
 
         Raises:
             ValueError / RuntimeError: from ``build_train_batch`` (bad sample, stale token).
@@ -200,6 +205,8 @@ class TorchTrainer:
 
         out = {key: sums[key] / max(num_tokens, 1.0) for key in _TOKEN_METRICS if key in seen or key in _TOKEN_METRICS[:4]}
         out.update(self._batch_metrics(batch))
+        if self.router_stats is not None:
+            out.update(self.router_stats.collect(groups=[]))
         if self.critic is not None:
             assert batch.returns is not None and batch.old_values is not None
             out["value_loss"] = _mean(value_losses)
@@ -247,13 +254,14 @@ class TorchTrainer:
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
 
     def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
-        logprobs, entropy = compute_token_logprobs_and_entropy(
-            self.model,
-            mb.input_ids,
-            mb.attention_mask,
-            temperature=self.config.rollout_temperature,
-            entropy_grad=self.config.entropy_coef != 0.0,
-        )  # [b, l], [b, l]
+        with self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext():
+            logprobs, entropy = compute_token_logprobs_and_entropy(
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.config.rollout_temperature,
+                entropy_grad=self.config.entropy_coef != 0.0,
+            )  # [b, l], [b, l]
         return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)
 
     def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:

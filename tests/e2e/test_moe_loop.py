@@ -140,3 +140,34 @@ async def test_main_job_trains_a_moe_model_end_to_end(tmp_path):
     steps = [r for r in steps if r["kind"] == "step"]
     assert [r["policy_version"] for r in steps] == [1, 2] and summary["final_policy_version"] == 2
     assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-3 for r in steps[:1])  # engine and trainer agree on step 1's tokens
+    for r in steps:  # router metrics of the torch backend, per step, in metrics.jsonl
+        loads = [r[f"train/moe_expert_load_{e}"] for e in range(4)]
+        assert abs(sum(loads) - 1.0) < 1e-6 and r["train/moe_load_imbalance"] >= 1.0 and r["train/moe_dropped_token_frac"] == 0.0
+        assert r["train/moe_load_balancing_loss"] > 0 and r["train/moe_routed_tokens"] > 0
+
+
+def test_torch_backend_router_metrics_count_real_tokens_and_match_hf_routing(moe_dir):
+    """The torch backend's moe_* metrics: routed tokens exclude padding, loads are the HF router's own top-k choices."""
+    from slime.train.torch_backend import TorchTrainer
+
+    trainer = TorchTrainer(TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=4), model_dir=str(moe_dir))
+    groups = _groups(TINY_VOCAB_SIZE)
+    seqs = [s.prompt_ids + s.response_ids for g in groups for s in g.samples]
+    routers = trainer.router_stats.routers
+    E = trainer.model.config.num_experts
+    counts = torch.zeros(len(routers), E)  # [L, E]
+    with torch.no_grad():  # the reference: the same routers on each sequence alone, no padding
+        for seq in seqs:
+            picked = []
+            handles = [r.register_forward_hook(lambda m, a, out: picked.append(out[2])) for r in routers]
+            trainer.model(torch.tensor([seq]))
+            for h in handles:
+                h.remove()
+            for layer, idx in enumerate(picked):  # routers fire in layer order
+                counts[layer] += torch.bincount(idx.reshape(-1), minlength=E).float()
+    metrics = trainer.train_step(groups)
+    assert metrics["moe_routed_tokens"] == float(sum(len(s) for s in seqs))  # per layer, padding left out
+    load = counts / counts.sum(1, keepdim=True)  # [L, E]
+    got = torch.tensor([metrics[f"moe_expert_load_{e}"] for e in range(E)])
+    torch.testing.assert_close(got, load.mean(0).to(got.dtype), atol=1e-9, rtol=0)
+    assert metrics["moe_load_imbalance"] == pytest.approx(float((load.max(1).values * E).mean()))

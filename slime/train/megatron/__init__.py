@@ -4,7 +4,7 @@
     convert.py     HF <-> megatron-core weights per TP / EP / ETP rank, pure tensor code, bit-exact
     layers.py      slime's RMSNorm, SDPA core attention (RoPE inside, packed sequences), SwiGLU MLP, MoE router gate
     model.py       TransformerConfig + local layer spec (MoE layers too) -> GPTModel; loading HF weights per rank
-    router_metrics.py  per-step MoE router metrics: load per expert, load-balancing loss, dropped tokens
+    router_metrics.py  hooks megatron-core's routers into slime.train.router_metrics (per-step MoE metrics)
     packing.py     optimizer step -> data-parallel shares -> packed micro-batches (token budget)
     logprobs.py    vocab-parallel logprobs / entropy with the rollout temperature (fused row passes)
     fusion.py      torch.compile of those passes and of RMSNorm / RoPE / SwiGLU on CUDA, eager elsewhere

@@ -16,7 +16,7 @@ Every torchrun rank builds one (collectively); rank 0 is the driver, the others 
         finalize_model_grads (DP gradient sum, sequence-parallel norm grads) ─► grad norm ─►
         skip if not finite, else clip to ``clip_grad`` and step megatron's optimizer; lr schedule +1
     policy_version += 1; metrics summed over DP ranks, returned on rank 0 (MoE models add the
-    router metrics of ``slime.train.megatron.router_metrics``: load per expert, load-balancing
+    router metrics of ``slime.train.router_metrics``: load per expert, load-balancing
     loss, dropped tokens)
 
 Loss scale: each micro-batch loss is already divided by the whole optimizer step's denominator
@@ -61,7 +61,7 @@ from slime.train.megatron.logprobs import vocab_parallel_logprobs
 from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
 from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
-from slime.train.megatron.router_metrics import RouterStats
+from slime.train.megatron.router_metrics import attach_megatron_routers
 from slime.train.megatron.weights import iter_hf_weights, write_hf_dir
 from slime.types import Group
 
@@ -115,7 +115,7 @@ class MegatronTrainer:
         self.router_stats = None
         if self.arch.is_moe:
             sp_group = self.ctx.tp_group if self.tconfig.sequence_parallel else None
-            self.router_stats = RouterStats(num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group).attach(self.model)
+            self.router_stats = attach_megatron_routers(self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group)
         log.info(
             "megatron backend: %s, %d layers%s, TP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
             self.arch.family, self.arch.num_layers,

@@ -113,17 +113,17 @@ def test_megatron_moe_logits_match_hf(family, hf_dirs, megatron_cpu, make_hf):
 def test_router_metrics_match_megatron_load_balancing_loss_and_count_drops(hf_dirs, megatron_cpu):
     """RouterStats' loss equals the value megatron-core logs for its aux loss; loads sum to 1; a capacity
     factor of 0.5 drops exactly the slots the router's output map lacks; no-grad forwards are not counted."""
-    from slime.train.megatron.router_metrics import RouterStats
+    from slime.train.megatron.router_metrics import attach_megatron_routers
 
     mu = pytest.importorskip("megatron.core.transformer.moe.moe_utils")
     mcfg = MegatronConfig(moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=1e-2, moe_expert_capacity_factor=0.5)
     arch, model = _build(hf_dirs["qwen3_moe"], mcfg)
-    stats = RouterStats(num_experts=arch.num_experts, topk=arch.moe_router_topk, device=torch.device("cpu")).attach(model)
+    stats = attach_megatron_routers(model, num_experts=arch.num_experts, topk=arch.moe_router_topk, device=torch.device("cpu"))
     assert stats.num_layers == arch.num_layers
     _, mb = _packed(arch, [12, 8])
     fwd = dict(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
     maps = []
-    handles = [r.register_forward_hook(lambda m, a, out: maps.append(out[1].clone())) for r in stats._layers]
+    handles = [r.register_forward_hook(lambda m, a, out: maps.append(out[1].clone())) for r in stats.routers]
     with torch.no_grad():
         model.eval()(**fwd)
     assert stats.collect(groups=[]) == {}  # the no-grad pass is not counted
