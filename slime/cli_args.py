@@ -121,7 +121,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--expert-model-parallel-size": ("train.megatron.expert_model_parallel_size", dict(type=int)),
     "--expert-tensor-parallel-size": ("train.megatron.expert_tensor_parallel_size", dict(type=int, help="TP ranks inside one expert (default: --tensor-model-parallel-size)")),
     "--moe-token-dispatcher-type": ("train.megatron.moe_token_dispatcher_type", dict(choices=["alltoall", "allgather"])),
-    "--moe-router-load-balancing-type": ("train.megatron.moe_router_load_balancing_type", dict(choices=["aux_loss", "seq_aux_loss", "none"])),
+    "--moe-router-load-balancing-type": ("train.megatron.moe_router_load_balancing_type", dict(choices=["aux_loss", "none"])),
     "--moe-aux-loss-coeff": ("train.megatron.moe_aux_loss_coeff", dict(type=float, help="load-balancing loss weight (0: only logged)")),
     "--moe-expert-capacity-factor": ("train.megatron.moe_expert_capacity_factor", dict(type=float, help="drop tokens over this multiple of the even expert load (default: dropless)")),
     "--sequence-parallel": ("train.megatron.sequence_parallel", dict(action="store_true")),

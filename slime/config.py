@@ -179,10 +179,11 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     """How routed tokens reach the expert-parallel rank holding their expert
     (``--moe-token-dispatcher-type``): all-to-all of only the routed tokens, or an all-gather of
     every token (megatron-core's two dispatchers that run without Transformer Engine)."""
-    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    moe_router_load_balancing_type: Literal["aux_loss", "none"] = "aux_loss"
     """Load-balancing loss added to the router's gradient (``--moe-router-load-balancing-type``):
-    Switch Transformer's (arXiv 2101.03961) over each micro-batch, or per sequence; "none" = off.
-    Takes effect only with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way."""
+    Switch Transformer's (arXiv 2101.03961) over each micro-batch, or "none". Takes effect only
+    with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way. (megatron's
+    "seq_aux_loss" is left out: on slime's packed micro-batches it would see one sequence.)"""
     moe_aux_loss_coeff: float = 0.0
     """Weight of the load-balancing loss (``--moe-aux-loss-coeff``); 0 = not trained, only logged.
     Averaged over the optimizer step's tokens, as the RL loss is."""
