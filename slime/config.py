@@ -174,7 +174,27 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     context_parallel_size: int = 1
     """Context-parallel ranks (``--context-parallel-size``); > 1 needs Transformer Engine attention."""
     expert_model_parallel_size: int = 1
-    """Expert-parallel ranks (``--expert-model-parallel-size``); > 1 only for MoE models, not built here."""
+    """Expert-parallel ranks (``--expert-model-parallel-size``): an MoE layer's routed experts are
+    split evenly over them (must divide ``num_experts``); > 1 only for MoE models."""
+    expert_tensor_parallel_size: int | None = None
+    """Tensor-parallel ranks inside one expert (``--expert-tensor-parallel-size``): each expert's
+    SwiGLU width is split over them. None = ``tensor_model_parallel_size`` (Megatron-LM's default)."""
+    moe_token_dispatcher_type: Literal["alltoall", "allgather"] = "alltoall"
+    """How routed tokens reach the expert-parallel rank holding their expert
+    (``--moe-token-dispatcher-type``): all-to-all of only the routed tokens, or an all-gather of
+    every token (megatron-core's two dispatchers that run without Transformer Engine)."""
+    moe_router_load_balancing_type: Literal["aux_loss", "none"] = "aux_loss"
+    """Load-balancing loss added to the router's gradient (``--moe-router-load-balancing-type``):
+    Switch Transformer's (arXiv 2101.03961) over each micro-batch, or "none". Takes effect only
+    with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way. (megatron's
+    "seq_aux_loss" is left out: on slime's packed micro-batches it would see one sequence.)"""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss (``--moe-aux-loss-coeff``); 0 = not trained, only logged.
+    Averaged over the optimizer step's tokens, as the RL loss is."""
+    moe_expert_capacity_factor: float | None = None
+    """Expert capacity, in multiples of the even share ``tokens * topk / num_experts``
+    (``--moe-expert-capacity-factor``); tokens over capacity are dropped (lowest routing
+    probability first) and counted in ``moe_dropped_token_frac``. None = dropless."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism over the tensor-parallel group (``--sequence-parallel``)."""
     use_dynamic_batch_size: bool = False
@@ -211,6 +231,12 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     (``--recompute-num-layers``)."""
     distributed_timeout_minutes: int = 30
     """Timeout of collective operations between train ranks (``--distributed-timeout-minutes``)."""
+
+    @property
+    def resolved_expert_tensor_parallel_size(self) -> int:
+        """``expert_tensor_parallel_size``, or the TP size when it is None."""
+        etp = self.expert_tensor_parallel_size
+        return self.tensor_model_parallel_size if etp is None else etp
 
 
 class TrainConfig(msgspec.Struct, **_STRUCT):
@@ -485,6 +511,9 @@ class Config(msgspec.Struct, **_STRUCT):
             (m.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size", m.pipeline_model_parallel_size, ">= 1"),
             (m.context_parallel_size >= 1, "--context-parallel-size", m.context_parallel_size, ">= 1"),
             (m.expert_model_parallel_size >= 1, "--expert-model-parallel-size", m.expert_model_parallel_size, ">= 1"),
+            (m.expert_tensor_parallel_size is None or m.expert_tensor_parallel_size >= 1, "--expert-tensor-parallel-size", m.expert_tensor_parallel_size, ">= 1, or unset (= --tensor-model-parallel-size)"),
+            (m.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff", m.moe_aux_loss_coeff, ">= 0"),
+            (m.moe_expert_capacity_factor is None or m.moe_expert_capacity_factor > 0, "--moe-expert-capacity-factor", m.moe_expert_capacity_factor, "> 0, or unset (dropless)"),
             (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
             (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
             (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),

@@ -37,6 +37,7 @@ Deviations from slime: dropout is off (``model.eval()``) so that the first optim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -57,6 +58,8 @@ from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from slime.train.losses import LossAgg
 from slime.train.lr_schedule import lr_at
+from slime.train.router_metrics import RouterStats, attach_hf_routers
+from slime.sync.hf_layout import checkpoint_views
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES"]
@@ -95,6 +98,7 @@ class TorchTrainer:
     ref_model: PreTrainedModel | None
     critic: ValueModel | None
     critic_optimizer: torch.optim.AdamW | None
+    router_stats: RouterStats | None
     policy_version: int
     num_optimizer_steps: int
     """Optimizer steps taken so far (skipped ones included): the index into the lr schedule; checkpointed."""
@@ -115,6 +119,7 @@ class TorchTrainer:
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
         self.optimizer = self._adamw(self.model.parameters(), config.lr)
+        self.router_stats = attach_hf_routers(self.model)  # MoE models: per-step router metrics (moe_*)
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
             self.ref_model = AutoModelForCausalLM.from_pretrained(config.ref_load or model_dir, dtype=torch.float32)
@@ -150,7 +155,9 @@ class TorchTrainer:
             ``num_optimizer_steps``, ``num_skipped_steps``, ``lr`` (of the last optimizer step),
             ``policy_version`` (after the step), ``train_time_s``. With ``sft_loss``: ``loss``,
             ``nll`` (token mean), ``grad_norm``, ``lr``, ``num_samples``, ``num_train_tokens``,
-            ``num_tokens`` and the step counts; none of the RL metrics.
+            ``num_tokens`` and the step counts; none of the RL metrics;
+            for an MoE model the router metrics ``moe_*`` of ``slime.train.router_metrics`` (padding
+            excluded).
 
         Raises:
             ValueError / RuntimeError: from ``build_train_batch`` (bad sample, stale token).
@@ -218,6 +225,8 @@ class TorchTrainer:
         always = () if sft else _TOKEN_METRICS[:4]
         out = {key: sums[key] / max(num_tokens, 1.0) for key in sums if key in seen or key in always}
         out.update(self._batch_metrics(batch))
+        if self.router_stats is not None:
+            out.update(self.router_stats.collect(groups=[]))
         if self.critic is not None:
             assert batch.returns is not None and batch.old_values is not None
             out["value_loss"] = _mean(value_losses)
@@ -304,13 +313,14 @@ class TorchTrainer:
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
 
     def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
-        logprobs, entropy = compute_token_logprobs_and_entropy(
-            self.model,
-            mb.input_ids,
-            mb.attention_mask,
-            temperature=self.config.rollout_temperature,
-            entropy_grad=self.config.entropy_coef != 0.0,
-        )  # [b, l], [b, l]
+        with self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext():
+            logprobs, entropy = compute_token_logprobs_and_entropy(
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.config.rollout_temperature,
+                entropy_grad=self.config.entropy_coef != 0.0,
+            )  # [b, l], [b, l]
         return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)
 
     def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
@@ -361,9 +371,13 @@ class TorchTrainer:
         return save_hf_dir(self.model, out_dir, source_dir=self.model_dir, lock=self._lock)
 
     def state_dict_for_sync(self) -> dict[str, Tensor]:
-        """A copy of the weights, keyed by HF parameter name (fp32, CPU), safe to read while training."""
+        """A copy of the weights, keyed by HF checkpoint name (fp32, CPU), safe to read while training.
+
+        Checkpoint names are what ``save_pretrained`` writes and SGLang loads: an MoE model's fused
+        in-memory experts go out as one tensor per expert (``slime.sync.hf_layout``).
+        """
         with self._lock:
-            return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+            return {name: t.detach().clone() for name, t in checkpoint_views(self.model.state_dict()).items()}
 
 
 def _mean(xs: list[float]) -> float:

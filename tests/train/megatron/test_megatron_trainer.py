@@ -50,6 +50,7 @@ def _cpu_trainer(config: TrainConfig, model_dir: str, ctx):
     from slime.train.megatron.arch import ModelArch, load_hf_config
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
     from slime.train.megatron.parallel import ControlChannel
+    from slime.train.megatron.router_metrics import attach_megatron_routers
     from slime.train.megatron.trainer import MegatronTrainer
 
     class CpuMegatronTrainer(MegatronTrainer):
@@ -65,6 +66,8 @@ def _cpu_trainer(config: TrainConfig, model_dir: str, ctx):
             self.ddp, self.ref_model = _PassThroughDDP(self.model), None
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
             self.scheduler = _ConstantLR(config.lr)
+            a = self.arch
+            self.router_stats = attach_megatron_routers(self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu")) if a.is_moe else None
 
         def _optimizer_step(self) -> float:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad))
