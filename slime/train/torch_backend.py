@@ -157,6 +157,7 @@ class TorchTrainer:
             max_staleness=cfg.max_staleness,
             advantage_estimator=cfg.advantage_estimator,
             mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
+            use_opd=cfg.use_opd,
         )
         steps = self._plan(batch.num_samples)
         batch = objective.with_advantages(cfg, self._before_update(batch, [span for step in steps for span in step]))
@@ -199,6 +200,7 @@ class TorchTrainer:
 
         out = {key: sums[key] / max(num_tokens, 1.0) for key in _TOKEN_METRICS if key in seen or key in _TOKEN_METRICS[:4]}
         out.update(self._batch_metrics(batch))
+        out.update(objective.opd_metrics(batch))
         if self.critic is not None:
             assert batch.returns is not None and batch.old_values is not None
             out["value_loss"] = _mean(value_losses)

@@ -206,6 +206,7 @@ class MegatronTrainer:
                 max_staleness=cfg.max_staleness,
                 advantage_estimator=cfg.advantage_estimator,
                 mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
+                use_opd=cfg.use_opd,
             )
             self.channel.send("train", batch)
             return self._train_batch(batch)
@@ -362,6 +363,7 @@ class MegatronTrainer:
         num_tokens = max(float(sums[-1]), 1.0)
         out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < 4}
         out.update(_batch_metrics(batch))
+        out.update(objective.opd_metrics(batch))
         out.update(
             loss=float(losses_t.mean()) if len(losses_t) else 0.0,
             grad_norm=sum(grad_norms) / max(len(grad_norms), 1),
