@@ -286,9 +286,13 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     or a ``model: teacher`` group of ``--sglang-config``) and each trained token's advantage gets
     ``-opd_kl_coef * (old_logp - teacher_logp)`` on top of the estimator's (``slime.train.objective``)."""
     opd_kl_coef: float = 1.0
-    """Weight of the per-token reverse KL in the advantage (``--opd-kl-coef``, slime's default 1.0), >= 0.
-    With the task reward as well, it sets the mix; with ``slime.rollout.opd.no_task_reward`` as the
-    reward, the KL is the only signal."""
+    """Weight of the per-token reverse KL in the advantage (``--opd-kl-coef``, slime's default 1.0), >= 0;
+    next to the task advantage it sets the mix."""
+    opd_only: bool = False
+    """Pure distillation (``--opd-only``, needs ``--use-opd``): the advantage is the reverse-KL term alone.
+    The task reward is still computed, logged (``reward_mean``, ``accuracy``) and used by eval; it just
+    does not train (every estimator sees reward 0). THUDM/slime gets the same with a reward function
+    that returns 0, which also zeroes what its logs show."""
     train_backend: Literal["torch", "megatron"] = "torch"
     """``torch``: one HF model in this process (CPU, small GPUs). ``megatron``: megatron-core's GPTModel
     with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""

@@ -101,6 +101,7 @@ def check_run_modes(config: Config) -> None:
          "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
         (not config.train.use_opd and bool(config.engine.opd_teacher_load or config.engine.opd_teacher_addrs),
          "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
+        (config.train.opd_only and not config.train.use_opd, "--opd-only needs --use-opd (and a teacher)"),
     ]
     for flag, template in (("--save-debug-rollout-data", dbg.save_debug_rollout_data), ("--load-debug-rollout-data", dbg.load_debug_rollout_data)):
         if template is not None:

@@ -43,7 +43,7 @@ from slime.rollout.generate import request_id
 from slime.rollout.server_groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
 from slime.types import Sample, Status
 
-__all__ = ["TeacherScorer", "TEACHER", "TEACHER_SAMPLING_PARAMS", "no_task_reward"]
+__all__ = ["TeacherScorer", "TeacherError", "TEACHER", "TEACHER_SAMPLING_PARAMS"]
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +132,3 @@ def _response_logprobs(result: Any, sample: Sample) -> list[float]:
         raise TeacherError(f"teacher logprob of response token {bad} (id {sample.response_ids[bad]}) is {values[bad]} (null or non-finite)")
     return values
 
-
-async def no_task_reward(sample: Sample) -> float:
-    """Reward 0 for every sample: pure distillation (``--custom-rm-path slime.rollout.opd.no_task_reward``).
-
-    With every reward 0 the task advantage is 0 under every estimator, so the teacher's per-token
-    reverse KL is the only training signal (THUDM/slime's OPD reward function does the same).
-    """
-    return 0.0

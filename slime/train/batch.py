@@ -124,6 +124,7 @@ def build_train_batch(
     advantage_estimator: AdvantageEstimator = "grpo",
     mask_offpolicy_in_partial_rollout: bool = False,
     use_opd: bool = False,
+    use_task_reward: bool = True,
 ) -> TrainBatch:
     """Lay the samples of ``groups`` out as right-padded tensors with per-sample scores (GRPO by default).
 
@@ -140,6 +141,8 @@ def build_train_batch(
             (module docstring). Applied before the staleness check. Samples are not modified.
         use_opd: lay out ``Sample.teacher_logprobs`` as ``TrainBatch.teacher_logprobs``; every
             non-FAILED sample must have them.
+        use_task_reward: False (``--opd-only``): the scores start from reward 0 for every sample, so
+            the task reward does not train; ``TrainBatch.rewards`` still holds the real rewards.
 
     Returns:
         A ``TrainBatch`` with B = total samples, in group order then sample order.
@@ -169,7 +172,8 @@ def build_train_batch(
                 raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no teacher_logprobs "
                                  "(--use-opd: every finished sample is scored by the teacher before it is rewarded)")
             rewards[gi, si], valid[gi, si] = float(s.reward), True
-    adv = sample_scores(rewards, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
+    scored = rewards if use_task_reward else torch.where(valid, 0.0, rewards)  # --opd-only: reward 0 for the estimator
+    adv = sample_scores(scored, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
 
     seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     num_samples, t_max = len(samples), max(max(seq_lens), 2)

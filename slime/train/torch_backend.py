@@ -158,6 +158,7 @@ class TorchTrainer:
             advantage_estimator=cfg.advantage_estimator,
             mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
             use_opd=cfg.use_opd,
+            use_task_reward=not cfg.opd_only,
         )
         steps = self._plan(batch.num_samples)
         batch = objective.with_advantages(cfg, self._before_update(batch, [span for step in steps for span in step]))

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from slime.errors import EngineTimeout, EngineUnavailable
-from slime.rollout.opd import TEACHER_SAMPLING_PARAMS, TeacherScorer, no_task_reward
+from slime.rollout.opd import TEACHER_SAMPLING_PARAMS, TeacherScorer
 from slime.rollout.protocol import FinishReason, GenerateResult
 from slime.types import Sample, Status
 
@@ -97,6 +97,3 @@ async def test_an_empty_response_gets_empty_teacher_logprobs_without_a_call():
     await TeacherScorer(pool).score(s)
     assert s.teacher_logprobs == [] and pool.calls == []
 
-
-async def test_no_task_reward_is_zero():
-    assert await no_task_reward(resumed_sample()) == 0.0

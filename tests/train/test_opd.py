@@ -67,13 +67,12 @@ def test_grpo_advantage_minus_coef_times_kl():
     _close(out.advantages, [[0.0, 0.4, 1.25, 0.5], [0.0, -0.2, -0.5, 0.0]])
 
 
-def test_pure_distillation_advantage_is_minus_kl():
-    # every reward 0 (slime.rollout.opd.no_task_reward): the task advantage is 0, only -coef * kl is left
-    groups = _groups()
-    for s in groups[0].samples:
-        s.reward = 0.0
-    batch = dataclasses.replace(build_train_batch(groups, pad_token_id=0, current_version=0, use_opd=True), old_logprobs=torch.tensor(OLD))
-    out = objective.with_advantages(TrainConfig(use_opd=True, opd_kl_coef=2.0), batch)
+def test_opd_only_advantage_is_minus_kl_and_rewards_still_show():
+    # --opd-only: the estimator sees reward 0 for every sample, so only -coef * kl is left
+    batch = build_train_batch(_groups(), pad_token_id=0, current_version=0, use_opd=True, use_task_reward=False)
+    assert batch.rewards.tolist() == [1.0, 0.0] and batch.sample_advantages.tolist() == [0.0, 0.0]
+    batch = dataclasses.replace(batch, old_logprobs=torch.tensor(OLD))
+    out = objective.with_advantages(TrainConfig(use_opd=True, opd_only=True, opd_kl_coef=2.0), batch)
     _close(out.advantages, [[0.0, -0.4, 3.0, 0.0], [0.0, 1.2, 0.0, 0.0]])
 
 
@@ -114,7 +113,7 @@ def test_pure_opd_steps_bring_the_student_towards_its_teacher(tiny_model_dir, tm
     teacher = AutoModelForCausalLM.from_pretrained(write_tiny_llama(tmp_path / "teacher", seed=3), dtype=torch.float32).eval()
     prompt, responses = [5, 9, 2], [[17, 8, 41, 3], [30, 31, 32, 33], [40, 41, 42], [50, 51]]
     cfg = TrainConfig(lr=3e-3, global_batch_size=4, micro_batch_size=4, rollout_temperature=1.0, num_threads=1, seed=0,
-                      use_opd=True, opd_kl_coef=1.0)
+                      use_opd=True, opd_only=True, opd_kl_coef=1.0)
     trainer = TorchTrainer(cfg, model_dir=tiny_model_dir)
     teacher_lps = [sample_logprobs(teacher, prompt, resp, 1.0) for resp in responses]
 
@@ -125,7 +124,7 @@ def test_pure_opd_steps_bring_the_student_towards_its_teacher(tiny_model_dir, tm
     def groups():
         samples = []
         for i, (resp, t) in enumerate(zip(responses, teacher_lps)):
-            s = Sample(prompt_ids=list(prompt), index=i, reward=0.0, status=Status.COMPLETED)
+            s = Sample(prompt_ids=list(prompt), index=i, reward=float(i == 0), status=Status.COMPLETED)  # --opd-only: not trained on
             s.append(resp, sample_logprobs(trainer.model, prompt, resp, 1.0), policy_version=trainer.policy_version)
             s.set_teacher_logprobs(t)
             samples.append(s)

@@ -207,6 +207,7 @@ class MegatronTrainer:
                 advantage_estimator=cfg.advantage_estimator,
                 mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
                 use_opd=cfg.use_opd,
+                use_task_reward=not cfg.opd_only,
             )
             self.channel.send("train", batch)
             return self._train_batch(batch)
