@@ -386,7 +386,9 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
     """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
+    opd = [r["opd/reverse_kl"] for r in steps if "opd/reverse_kl" in r]
     return {
+        **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
         "eval_accuracy_before": evals[0]["accuracy"] if evals else None,  # None: no eval set (strict JSON has no NaN)
         "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
         "num_eval_prompts": config.data.num_eval_prompts,
