@@ -5,7 +5,8 @@
 # engine serves the teacher beside the student's; it scores every finished sample (prefill only,
 # input_token_logprobs) and the per-token reverse KL is the only training signal (--opd-only: the
 # task reward is logged and evaluated, not trained). Watch `rkl` (opd/reverse_kl) fall and the eval
-# accuracy rise. Writes runs/quickstart_opd/. Extra arguments are passed to `slime train`.
+# accuracy rise. Sync mode (every step a fresh random batch), so the per-step KL is comparable across
+# steps; --partial-rollout works too. Writes runs/quickstart_opd/. Extra arguments go to `slime train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,8 +19,7 @@ if [ -e runs/quickstart_opd ] && [[ " $* " != *" --save "* ]]; then
 fi
 exec .venv/bin/slime train \
   --use-opd --opd-only --opd-kl-coef 1.0 --opd-teacher-load "$TEACHER" \
-  --partial-rollout \
-  --rollout-batch-size 16 --over-sampling-batch-size 32 --n-samples-per-prompt 8 \
+  --rollout-batch-size 16 --n-samples-per-prompt 8 \
   --global-batch-size 128 --micro-batch-size 128 \
   --rollout-max-response-len 48 --rollout-temperature 1.0 \
   --num-rollout 30 --lr 3e-5 --use-tis --max-staleness 4 \
