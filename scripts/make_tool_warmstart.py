@@ -39,7 +39,12 @@ mixed rewards, which GRPO learns from). ``--eval-every`` prints a teacher-forced
 training: the share of held-out tool conversations whose call turn and answer turn the model
 predicts exactly, and its mean probability of starting with ``<tool_call>``.
 
-Measured: MEASURED
+Measured (the run that made the shipped checkpoint, defaults, 2-core CPU, 2026-11-30; 28 min):
+stage 1 sat at loss ~0.45 until step ~600, then the copy formed (teacher-forced tool call exact
+0.45 at step 1,000, 1.00 at 2,000). After stage 2, on the 200 held-out problems: greedy accuracy
+0.000 (greedy never calls the tool: p(<tool_call>) at the first token is 0.44), sampled at T=1
+0.426 with tool calls in 44% of samples (accuracy 0.97 with the tool, 0.00 without), pass@8
+0.99, and 99% of 8-sample groups with mixed rewards.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``slime`` command: ``slime train`` (an RL run), ``slime rollout`` (generate and record only) and
+"""The ``slime`` command: ``slime train`` (an RL run, or SFT with ``--loss-type sft_loss``), ``slime rollout`` (generate and record only) and
 ``slime engine`` (the embedded engine)."""
 
 from __future__ import annotations
@@ -55,6 +55,14 @@ def _train(argv: list[str]) -> int:
 
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync
 
+        if config.train.loss_type == "sft_loss":
+            from slime.loop.sft import run_sft
+
+            summary = _run(run_sft(config, progress=not ns.no_progress))
+            fmt = lambda x: "n/a (no --eval-prompt-data)" if x is None else f"{x:.4f}"  # noqa: E731
+            print(f"done: SFT {summary['num_steps']} steps; eval loss {fmt(summary['eval_loss_before'])} -> "
+                  f"{fmt(summary['eval_loss_after'])}; model {summary['model_dir']}; run dir {config.run_dir}")
+            return 0
         summary = _run(run_training(config, progress=not ns.no_progress))
     except SlimeError as exc:
         print(f"slime train: error: {exc}", file=sys.stderr)

@@ -139,6 +139,10 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     first token's abort."""
     eval_interval: int = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
+    num_epoch: int | None = None
+    """SFT: train this many passes over ``--prompt-data`` (``--num-epoch``, THUDM/slime's flag):
+    ``num_rollout = num_epoch * rows // rollout_batch_size``, replacing ``--num-rollout``. None = use
+    ``--num-rollout``. RL runs refuse it."""
     buffer_capacity: int | None = None
     """Ready + partial groups the data buffer holds (``--buffer-capacity``); beyond it the oldest
     partial groups are evicted, counted and lost on purpose. None = no bound."""
@@ -170,12 +174,33 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     context_parallel_size: int = 1
     """Context-parallel ranks (``--context-parallel-size``); > 1 needs Transformer Engine attention."""
     expert_model_parallel_size: int = 1
-    """Expert-parallel ranks (``--expert-model-parallel-size``); > 1 only for MoE models, not built here."""
+    """Expert-parallel ranks (``--expert-model-parallel-size``): an MoE layer's routed experts are
+    split evenly over them (must divide ``num_experts``); > 1 only for MoE models."""
+    expert_tensor_parallel_size: int | None = None
+    """Tensor-parallel ranks inside one expert (``--expert-tensor-parallel-size``): each expert's
+    SwiGLU width is split over them. None = ``tensor_model_parallel_size`` (Megatron-LM's default)."""
+    moe_token_dispatcher_type: Literal["alltoall", "allgather"] = "alltoall"
+    """How routed tokens reach the expert-parallel rank holding their expert
+    (``--moe-token-dispatcher-type``): all-to-all of only the routed tokens, or an all-gather of
+    every token (megatron-core's two dispatchers that run without Transformer Engine)."""
+    moe_router_load_balancing_type: Literal["aux_loss", "none"] = "aux_loss"
+    """Load-balancing loss added to the router's gradient (``--moe-router-load-balancing-type``):
+    Switch Transformer's (arXiv 2101.03961) over each micro-batch, or "none". Takes effect only
+    with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way. (megatron's
+    "seq_aux_loss" is left out: on slime's packed micro-batches it would see one sequence.)"""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss (``--moe-aux-loss-coeff``); 0 = not trained, only logged.
+    Averaged over the optimizer step's tokens, as the RL loss is."""
+    moe_expert_capacity_factor: float | None = None
+    """Expert capacity, in multiples of the even share ``tokens * topk / num_experts``
+    (``--moe-expert-capacity-factor``); tokens over capacity are dropped (lowest routing
+    probability first) and counted in ``moe_dropped_token_frac``. None = dropless."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism over the tensor-parallel group (``--sequence-parallel``)."""
     use_dynamic_batch_size: bool = False
     """Pack micro-batches by ``max_tokens_per_gpu`` instead of ``micro_batch_size`` samples
-    (``--use-dynamic-batch-size``)."""
+    (``--use-dynamic-batch-size``). Also read by the torch backend, whose micro-batches are padded:
+    there the budget bounds samples x longest sample of each micro-batch (``slime.train.batch.pack_by_token_budget``)."""
     max_tokens_per_gpu: int = 16384
     """Token budget of one packed micro-batch on one GPU (``--max-tokens-per-gpu``); a longer
     sample gets a micro-batch of its own."""
@@ -183,7 +208,8 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     """Floor of the decayed learning rate (``--min-lr``)."""
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root"] = "constant"
     """Learning-rate schedule over optimizer steps (``--lr-decay-style``), megatron-core's
-    ``OptimizerParamScheduler``."""
+    ``OptimizerParamScheduler``; the torch backend follows it too (``slime.train.lr_schedule``), as it
+    does ``--min-lr``, ``--lr-warmup-iters`` and ``--lr-decay-iters``."""
     lr_warmup_iters: int = 0
     """Linear warm-up, in optimizer steps (``--lr-warmup-iters``)."""
     lr_decay_iters: int | None = None
@@ -205,6 +231,12 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     (``--recompute-num-layers``)."""
     distributed_timeout_minutes: int = 30
     """Timeout of collective operations between train ranks (``--distributed-timeout-minutes``)."""
+
+    @property
+    def resolved_expert_tensor_parallel_size(self) -> int:
+        """``expert_tensor_parallel_size``, or the TP size when it is None."""
+        etp = self.expert_tensor_parallel_size
+        return self.tensor_model_parallel_size if etp is None else etp
 
 
 class TrainConfig(msgspec.Struct, **_STRUCT):
@@ -293,6 +325,11 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     The task reward is still computed, logged (``reward_mean``, ``accuracy``) and used by eval; it just
     does not train (every estimator sees reward 0). THUDM/slime gets the same with a reward function
     that returns 0, which also zeroes what its logs show."""
+    loss_type: Literal["policy_loss", "sft_loss"] = "policy_loss"
+    """``--loss-type`` (THUDM/slime's flag): ``policy_loss`` (RL, the objective above) or ``sft_loss``
+    (supervised fine-tuning: masked negative log-likelihood of the loss-mask tokens, aggregated by
+    ``loss_agg``; no rollouts, rewards, advantages or reference model). ``sft_loss`` makes ``slime
+    train`` an SFT run (``slime.loop.sft``)."""
     train_backend: Literal["torch", "megatron"] = "torch"
     """``torch``: one HF model in this process (CPU, small GPUs). ``megatron``: megatron-core's GPTModel
     with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""
@@ -443,7 +480,7 @@ class Config(msgspec.Struct, **_STRUCT):
         checks = [
             (self.loop.rollout_batch_size >= 1, "--rollout-batch-size", self.loop.rollout_batch_size, ">= 1"),
             (
-                self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size,
+                self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size or self.train.loss_type == "sft_loss",
                 "--over-sampling-batch-size",
                 self.loop.over_sampling_batch_size,
                 f">= --rollout-batch-size ({self.loop.rollout_batch_size})",
@@ -496,6 +533,9 @@ class Config(msgspec.Struct, **_STRUCT):
             (m.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size", m.pipeline_model_parallel_size, ">= 1"),
             (m.context_parallel_size >= 1, "--context-parallel-size", m.context_parallel_size, ">= 1"),
             (m.expert_model_parallel_size >= 1, "--expert-model-parallel-size", m.expert_model_parallel_size, ">= 1"),
+            (m.expert_tensor_parallel_size is None or m.expert_tensor_parallel_size >= 1, "--expert-tensor-parallel-size", m.expert_tensor_parallel_size, ">= 1, or unset (= --tensor-model-parallel-size)"),
+            (m.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff", m.moe_aux_loss_coeff, ">= 0"),
+            (m.moe_expert_capacity_factor is None or m.moe_expert_capacity_factor > 0, "--moe-expert-capacity-factor", m.moe_expert_capacity_factor, "> 0, or unset (dropless)"),
             (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
             (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
             (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
@@ -517,6 +557,15 @@ class Config(msgspec.Struct, **_STRUCT):
         for ok, flag, value, want in checks:
             if not ok:
                 raise ConfigError(f"{flag}={value!r} is invalid: expected {want}")
+        if self.loop.num_epoch is not None and self.loop.num_epoch < 1:
+            raise ConfigError(f"--num-epoch={self.loop.num_epoch!r} is invalid: expected >= 1, or unset")
+        if self.train.loss_type == "sft_loss":  # one sample per data row: --n-samples-per-prompt does not apply
+            if self.loop.rollout_batch_size % self.train.global_batch_size != 0:
+                raise ConfigError(f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size="
+                                  f"{self.loop.rollout_batch_size} (SFT rows per step)")
+            return self
+        if self.loop.num_epoch is not None:
+            raise ConfigError("--num-epoch: only with --loss-type sft_loss (RL runs count steps with --num-rollout)")
         samples = self.loop.rollout_batch_size * self.rollout.n_samples_per_prompt
         if samples % self.train.global_batch_size != 0:
             raise ConfigError(

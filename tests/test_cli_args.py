@@ -25,7 +25,8 @@ PINNED = {
     "--value-clip", "--critic-lr", "--mis-level", "--mis-lower-bound", "--mis-upper-bound", "--use-decoupled-ppo",
     "--behav-imp-weight-cap", "--mask-offpolicy-in-partial-rollout",
     "--train-backend", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-    "--expert-model-parallel-size", "--sequence-parallel", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--min-lr",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--moe-router-load-balancing-type",
+    "--moe-aux-loss-coeff", "--moe-expert-capacity-factor", "--sequence-parallel", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--min-lr",
     "--lr-decay-style", "--lr-warmup-iters", "--lr-decay-iters", "--adam-eps", "--bf16", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--distributed-timeout-minutes",
@@ -37,6 +38,7 @@ PINNED = {
     "--n-samples-per-eval-prompt", "--eval-temperature",
     "--save-debug-rollout-data", "--load-debug-rollout-data", "--debug-rollout-only", "--debug-train-only",
     "--use-opd", "--opd-kl-coef", "--opd-only", "--opd-teacher-load", "--opd-teacher-addrs",
+    "--loss-type", "--num-epoch",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 
@@ -77,6 +79,8 @@ def test_every_flag_reaches_its_field(flag):
     base = ["--rollout-batch-size", "128", "--over-sampling-batch-size", "256", "--global-batch-size", "128"]
     if flag in ("--rollout-batch-size", "--global-batch-size", "--over-sampling-batch-size"):
         base = [a for i, a in enumerate(base) if a != flag and (i == 0 or base[i - 1] != flag)]
+    if flag == "--num-epoch":  # an SFT flag: RL runs refuse it
+        base += ["--loss-type", "sft_loss"]
     config = config_from_args(parser.parse_args(base + argv))
     got = _get(config, field)
     assert (list(got) if isinstance(got, (list, tuple)) else got) == expect
@@ -101,3 +105,15 @@ def test_shared_values_reach_every_section():
 def test_bad_values_name_the_flag(argv, flag):
     with pytest.raises(ConfigError, match=flag):
         config_from_args(build_parser().parse_args(argv))
+
+
+def test_num_epoch_is_refused_outside_sft():
+    with pytest.raises(ConfigError, match="--num-epoch"):
+        config_from_args(build_parser().parse_args(["--num-epoch", "2"]))
+
+
+def test_sft_batch_counts_rows_not_samples_per_prompt():
+    argv = ["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "64", "--n-samples-per-prompt", "8"]
+    assert config_from_args(build_parser().parse_args(argv)).train.loss_type == "sft_loss"
+    with pytest.raises(ConfigError, match="--global-batch-size"):
+        config_from_args(build_parser().parse_args(["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "48"]))

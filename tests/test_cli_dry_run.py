@@ -27,7 +27,7 @@ QWEN3_4B = [
     "--eval-interval", "20", "--eval-prompt-data", "/root/aime-2024/aime-2024.jsonl", "--n-samples-per-eval-prompt", "16",
     # PERF_ARGS
     "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
-    "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--recompute-granularity", "full",
+    "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1", "--recompute-granularity", "full",
     "--recompute-method", "uniform", "--recompute-num-layers", "1", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "9216",
     # GRPO_ARGS
     "--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl",
@@ -43,7 +43,7 @@ EXPECTED_TAIL = ["--mem-fraction-static", "0.7", "--enable-memory-saver", "--chu
                  "4", "8", "--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--log-level=warning"]
 UNSUPPORTED = [  # flags of the same script that this slime does not have
     ["--balance-data"], ["--eval-max-response-len", "16384"],
-    ["--eval-top-p", "0.7"], ["--expert-tensor-parallel-size", "1"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
+    ["--eval-top-p", "0.7"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
     ["--accumulate-allreduce-grads-in-fp32"], ["--attention-backend", "flash"], ["--actor-num-nodes", "1"],
     ["--sglang-router-request-timeout-secs", "14400"],
 ]

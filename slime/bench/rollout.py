@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--april-over-sampling", type=int, default=d.april_over_sampling, help="groups in flight in april")
     p.add_argument("--april-overlap-train", action=argparse.BooleanOptionalAction, default=d.april_overlap_train,
                    help="april keeps generating during the train step (--no-april-overlap-train: classic APRIL)")
-    p.add_argument("--async-capacity", type=int, default=d.async_capacity, help="groups held in async (in flight + ready)")
+    p.add_argument("--async-capacity", type=int, default=d.async_capacity, help="groups in flight in async")
     p.add_argument("--async-max-staleness", type=int, default=d.async_max_staleness, help="max_staleness of async")
     p.add_argument("--engine-urls", default=None, help="comma-separated running engines instead of a fresh sim engine per mode")
     p.add_argument("--weights-path", default=None,

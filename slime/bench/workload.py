@@ -15,7 +15,7 @@ Mode knobs (ours to pick; see ``docs/benchmarks.md`` for the reasoning):
   generation goes on during the train step, partials first (``overlap_train=True``;
   ``--no-april-overlap-train`` gives classic APRIL, where the engine idles while training);
   ``max_staleness`` 4 (partials resume oldest first, so their lag stays small).
-- ``async``: ``ASYNC_CAPACITY`` (64) groups held (in flight + ready), ``ASYNC_MAX_STALENESS`` (4),
+- ``async``: ``ASYNC_CAPACITY`` (48) groups in flight, ``ASYNC_MAX_STALENESS`` (4),
   staleness policy ``mask``; weights are updated in place (pause, load, continue).
 
 Example: at 256 running one decode step is 8 + 0.05 x 256 = 20.8 simulated ms = 6.9 wall ms, so a
@@ -37,11 +37,13 @@ __all__ = ["Workload", "MODES", "ASYNC_CAPACITY", "ASYNC_MAX_STALENESS", "Mode"]
 
 Mode = Literal["sync", "april", "async"]
 MODES: tuple[Mode, ...] = ("sync", "april", "async")
-ASYNC_CAPACITY = 64
-"""Groups held in async mode (in flight + ready) = 2 batches = 512 requests for 256 slots: one batch
-trains while the next generates. Measured (scale 10, eta 4): 48 groups starve the trainer (-16 %
-delivered tokens/s); 96 groups add 1.6 % tokens/s but 2.4x the masked tokens and lag up to 7,
-because the trainer, not the engine, is the bottleneck here (see the module doc)."""
+ASYNC_CAPACITY = 48
+"""Groups in flight in async mode (ready groups waiting for the trainer not counted) = 384 requests
+for 256 slots. Measured on the standard workload (2026-11-30, 10 steps, eta 4; trained tokens/s,
+slot utilization, share of generated tokens masked as too stale): 32 -> 17.7k, 0.34, 0 % (the
+trainer waits for data); **48 -> 20.9k, 0.51, 2.9 %**; 64 -> 19.8k, 0.67, 8.8 %; 128 -> 17.8k,
+0.74, 17 %. Past 48 the engine only generates what the trainer cannot take in time: the trainer,
+not the engine, is the bottleneck here (see the module doc)."""
 ASYNC_MAX_STALENESS = 4
 """Version lag bound of async mode (AReaL's eta). Nearly every async token is trained >= 1 version
 after it was sampled (it was generated while the previous batch trained), and a group waits for

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import msgspec
 
-from slime.errors import DataError
+from slime.errors import ConfigError, DataError
 
 __all__ = [
     "PromptRow", "load_prompt_file", "load_jsonl_prompts", "read_rows", "parse_prompt_row",
@@ -102,7 +102,8 @@ def read_rows(
 ) -> tuple[list[T], int]:
     """Parse every row of a JSONL or Parquet file with ``parse(obj, index_among_good_rows)``.
 
-    ``parse`` raises ValueError for a bad row; the message gets the row's place prepended.
+    ``parse`` raises ValueError for a bad row; the message gets the row's place prepended. A
+    ``ConfigError`` (a problem of the run's setup, such as its chat template) propagates as is.
 
     Returns:
         (items, num_bad).
@@ -123,6 +124,8 @@ def read_rows(
             if isinstance(obj, ValueError):
                 raise obj
             items.append(parse(obj, len(items)))
+        except ConfigError:  # the run's setup (e.g. its chat template) is at fault, not this row
+            raise
         except ValueError as exc:
             msg = f"{where}: {exc}"
             if on_bad_data == "fail":

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 _NO_VERSION = 1 << 62  # sorts a partial group without tokens last
 
 
+def _ready_key(group: Group) -> int:
+    oldest = group.oldest_version
+    return oldest if oldest is not None else group.rollout_id
+
+
 class DataBuffer:
     """Ready groups and the partial-rollout queue.
 
@@ -140,7 +145,13 @@ class DataBuffer:
         return len(self.ready)
 
     def take(self, n: int) -> list[Group]:
-        """Remove and return the ``n`` oldest ready groups.
+        """Remove and return ``n`` ready groups, those holding the oldest tokens first.
+
+        Order: by the group's oldest token version (offline groups, ``OFFLINE_VERSION`` = -1, come
+        first; a group without tokens counts from its ``rollout_id``), then by arrival. A long-tail
+        group that finishes late carries the stalest tokens, so it is trained before fresher groups
+        that finished earlier: this keeps the version lag, and what ``--staleness-policy`` masks or
+        drops, as small as the data allows. With a single version (``sync``) it is plain FIFO.
 
         Raises:
             ValueError: fewer than ``n`` are ready.
@@ -148,7 +159,11 @@ class DataBuffer:
         """
         if n > len(self.ready):
             raise ValueError(f"asked for {n} ready groups, {len(self.ready)} ready")
-        out = [self.ready.popleft() for _ in range(n)]
+        # Stable sort: ties keep their arrival order, so with one version (sync) this is FIFO.
+        order = sorted(range(len(self.ready)), key=lambda i: _ready_key(self.ready[i]))[:n]
+        out = [self.ready[i] for i in order]
+        chosen = set(order)
+        self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
         for g in out:
             if g.group_id in self.taken:
                 raise RuntimeError(f"group {g.group_id} handed to the trainer twice")

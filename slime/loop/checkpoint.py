@@ -6,7 +6,7 @@ half-owned. It holds everything a run needs to continue as if it had not stopped
 
     SAVE/step_000012/
         model/              HF dir of the policy at the checkpoint's version (engines load it)
-        trainer.pt          optimizer (and critic + its optimizer), torch RNG state
+        trainer.pt          optimizer (and critic + its optimizer), torch RNG state, optimizer steps taken (lr schedule)
         loop.json           step, policy version, data position, next group id, admission count,
                             rollout id, ids of every group already trained (or dropped), the
                             ready and partial groups with every token, logprob and version, the
@@ -119,7 +119,8 @@ def truncate_jsonl(path: str | Path, *, max_step: int) -> None:
 
 
 def _trainer_state(trainer: Any) -> dict[str, Any]:
-    state = {"optimizer": trainer.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "policy_version": trainer.policy_version}
+    state = {"optimizer": trainer.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "policy_version": trainer.policy_version,
+             "num_optimizer_steps": getattr(trainer, "num_optimizer_steps", 0)}
     if getattr(trainer, "critic", None) is not None:
         state["critic"] = trainer.critic.state_dict()
         state["critic_optimizer"] = trainer.critic_optimizer.state_dict()
@@ -130,6 +131,8 @@ def _load_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
     trainer.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     trainer.policy_version = int(state["policy_version"])
+    if hasattr(trainer, "num_optimizer_steps"):  # the lr schedule's position (absent in older checkpoints: 0)
+        trainer.num_optimizer_steps = int(state.get("num_optimizer_steps", 0))
     if "critic" in state and getattr(trainer, "critic", None) is not None:
         trainer.critic.load_state_dict(state["critic"])
         trainer.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -13,9 +13,10 @@
 The loops, what they consume and produce, what they wait for and what wakes them:
 
 - ``_fill`` (called on every state change, never blocks): consumes partial groups (first) and
-  new prompts; produces group tasks. Starts nothing while the gate is closed, while
-  ``ready + in-flight`` groups reach the capacity (``over_sampling_batch_size``; in ``sync``
-  ``rollout_batch_size``), or, in ``april``/``async``, when admission control says a new group
+  new prompts; produces group tasks. Starts nothing while the gate is closed, while the groups
+  in flight reach the capacity (``over_sampling_batch_size``; in ``sync`` ``rollout_batch_size``;
+  ready groups waiting for the trainer do not count, so a slow trainer does not idle the engines:
+  what bounds how far generation runs ahead is admission control), or, in ``april``/``async``, when admission control says a new group
   could only be trained more than ``max_staleness`` versions after its first token.
 - ``_run_group`` (a task per group): runs its unfinished samples concurrently; each finished
   sample is rewarded (``slime.rollout.rewards``); then the group goes to ``ready`` (after the
@@ -164,7 +165,7 @@ class Scheduler:
 
     @property
     def capacity(self) -> int:
-        """Groups held at once (in flight + ready): the over-provisioning bound."""
+        """Groups in flight at once (ready groups not counted): the over-provisioning bound."""
         return self.config.rollout_batch_size if self.config.mode == "sync" else self.config.over_sampling_batch_size
 
     @property
@@ -188,7 +189,7 @@ class Scheduler:
 
     def _fill(self) -> None:
         self._lost(self.buffer.expire(self.engine_version), "expired_groups")
-        while self._gate_open and len(self.inflight) + self.buffer.num_ready < self.capacity:
+        while self._gate_open and len(self.inflight) < self.capacity:
             group = self.buffer.pop_partial(self.rollout_id)
             if group is None:
                 if self._budget is not None and self._budget <= 0:

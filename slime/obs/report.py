@@ -5,7 +5,9 @@ that crashed has no ``summary.json``; one killed mid-write ends ``metrics.jsonl`
 line, which is skipped and reported). Prints steps, wall time, eval accuracy before and after,
 the reward trend (mean of the first and last 5 steps), tokens/s, aborted and resumed samples,
 staleness, failures, and what looked wrong; ``--json`` prints the same as one JSON object.
-Missing end-of-run PNGs are drawn again (``--no-plots`` to skip).
+Missing end-of-run PNGs are drawn again (``--no-plots`` to skip). An SFT run (``--loss-type
+sft_loss``) reports steps, wall time, the eval loss before and after, the train loss trend, tokens/s
+and trained tokens instead of the RL lines, and has no plots.
 
 Exit status: 0 with a report, 2 when RUN_DIR holds none of the three files.
 """
@@ -102,6 +104,8 @@ def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict 
     step_times = [v for v in (_num(r.get("step_time_s")) for r in steps) if v is not None]
     wall = _num((summary or {}).get("wall_time_s"))
     tps = [v for v in (_num(r.get("tokens_per_s")) for r in steps) if v is not None]
+    if (config or {}).get("train", {}).get("loss_type") == "sft_loss" or (summary or {}).get("mode") == "sft":
+        return _summarize_sft(steps, evals, summary, planned, problems, tps=tps, wall=wall, step_times=step_times)
     failed = _total(steps, "failed_samples")
     if failed:
         problems.append(f"{failed} samples FAILED (reward errors or engine refusals; see Sample.evidence)")
@@ -144,11 +148,52 @@ def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict 
     }
 
 
+def _summarize_sft(steps: list[dict[str, Any]], evals: list[dict[str, Any]], summary: dict | None, planned: Any, problems: list[str], *,
+                   tps: list[float], wall: float | None, step_times: list[float]) -> dict[str, Any]:
+    """The report of an SFT run (``slime.loop.sft``): eval loss and train-loss trend instead of rewards."""
+    eval_points = [(r.get("step"), _num(r.get("eval_loss"))) for r in evals]
+    losses = [v for v in (_num(r.get("train/loss")) for r in steps) if v is not None]
+    first, last = losses[:TREND_STEPS], losses[-TREND_STEPS:]
+    return {
+        "status": "finished" if summary is not None else "incomplete",
+        "mode": "sft",
+        "steps": len(steps),
+        "num_rollout": planned,
+        "last_step": steps[-1].get("step") if steps else None,
+        "last_epoch": steps[-1].get("epoch") if steps else None,
+        "wall_time_s": wall if wall is not None else round(sum(step_times), 1),
+        "wall_time_source": "summary.json" if wall is not None else "sum of step times",
+        "evals": [{"step": s, "eval_loss": v} for s, v in eval_points],
+        "eval_loss_before": eval_points[0][1] if eval_points and eval_points[0][0] == 0 else None,
+        "eval_loss_after": eval_points[-1][1] if summary is not None and len(eval_points) > 1 else None,
+        "train_loss_first_mean": _mean(first),
+        "train_loss_last_mean": _mean(last),
+        "tokens_per_s_mean": _mean(tps),
+        "trained_tokens": _total(steps, "trained_tokens"),
+        "num_tokens": _total(steps, "num_tokens"),
+        "problems": problems,
+    }
+
+
+def _format_sft(run_dir: Path, rep: dict[str, Any]) -> list[str]:
+    planned = f" of {rep['num_rollout']}" if rep["num_rollout"] is not None else ""
+    return [
+        f"run {run_dir}: {rep['status']}, mode sft",
+        f"  steps            {rep['steps']}{planned} (last epoch {_f(rep['last_epoch'], 'd')})",
+        f"  wall time        {_f(rep['wall_time_s'], '.1f')} s ({rep['wall_time_source']})",
+        f"  eval loss        {_f(rep['eval_loss_before'], '.4f')} -> {_f(rep['eval_loss_after'], '.4f')} (nats per trained token)",
+        f"  train loss       first {TREND_STEPS} steps {_f(rep['train_loss_first_mean'], '.4f')} -> last {TREND_STEPS} steps {_f(rep['train_loss_last_mean'], '.4f')}",
+        f"  tokens           {rep['trained_tokens']} trained of {rep['num_tokens']}, mean {_f(rep['tokens_per_s_mean'], '.0f')} tokens/s",
+    ]
+
+
 def _f(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
 def format_report(run_dir: Path, rep: dict[str, Any]) -> str:
+    if rep["mode"] == "sft":
+        return "\n".join(_format_sft(run_dir, rep) + [f"  ! {p}" for p in rep["problems"]])
     st, fl = rep["staleness"], rep["failures"]
     planned = f" of {rep['num_rollout']}" if rep["num_rollout"] is not None else ""
     lines = [
@@ -194,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config, records, summary, problems = load_run(run_dir)
     rep = summarize(config, records, summary, problems)
-    if not ns.no_plots and records:
+    if not ns.no_plots and records and rep["mode"] != "sft":
         from slime.obs.plots import write_plots
 
         rep["plots_written"] = [str(p) for p in write_plots(records, run_dir, only_missing=True)]

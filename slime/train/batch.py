@@ -40,7 +40,7 @@ from torch import Tensor
 from slime.train.advantages import AdvantageEstimator, sample_scores
 from slime.types import OFFLINE_VERSION, Group, Status
 
-__all__ = ["TrainBatch", "build_train_batch"]
+__all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +97,20 @@ class TrainBatch:
     def num_train_tokens(self) -> int:
         """Tokens that carry loss (sum of ``loss_mask``)."""
         return int(self.loss_mask.sum())
+
+    def select(self, indices: Sequence[int]) -> "TrainBatch":
+        """Rows ``indices`` (any order), with T trimmed to their longest sequence (L = T - 1 with it)."""
+        idx = torch.as_tensor(list(indices), dtype=torch.long, device=self.input_ids.device)
+        t = max(int(self.seq_lens[idx].max()), 2) if len(idx) else 2
+        fields = {}
+        for f in dataclasses.fields(self):
+            x = getattr(self, f.name)
+            if x is not None:
+                x = x.index_select(0, idx)
+                if x.dim() == 2:
+                    x = x[:, : t if x.shape[1] == self.input_ids.shape[1] else t - 1]
+            fields[f.name] = x
+        return TrainBatch(**fields)
 
     def slice(self, start: int, end: int) -> "TrainBatch":
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""
@@ -239,3 +253,32 @@ def _check_staleness(staleness: Tensor, loss_mask: Tensor, current_version: int,
             f"train batch has {num_stale} trainable tokens older than max_staleness={max_staleness}: oldest is "
             f"{oldest_lag} versions behind current_version {current_version} (version {current_version - oldest_lag})"
         )
+
+
+def pack_by_token_budget(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Split samples into padded micro-batches of at most ``max_tokens`` tokens each (``--max-tokens-per-gpu``).
+
+    A padded micro-batch of b samples costs ``b * longest`` tokens (the [b, T] tensor the forward
+    pass sees). Samples are taken longest first and each goes into the first micro-batch where it
+    fits (first-fit decreasing); a sample longer than the budget gets a micro-batch of its own.
+    Every index appears exactly once; each micro-batch lists its indices in ascending order.
+
+    Example: lengths [10, 40, 12, 38, 9], budget 80 -> [[1, 3], [0, 2, 4]]
+    (40 and 38 cost 2 x 40 = 80; 12, 10 and 9 cost 3 x 12 = 36).
+
+    Raises:
+        ValueError: ``max_tokens`` < 1.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"pack_by_token_budget: max_tokens={max_tokens}, expected >= 1")
+    bins: list[list[int]] = []
+    longest: list[int] = []
+    for i in sorted(range(len(seq_lens)), key=lambda i: (-seq_lens[i], i)):
+        for b, members in enumerate(bins):
+            if (len(members) + 1) * longest[b] <= max_tokens:  # longest first: the bin's first sample is its longest
+                members.append(i)
+                break
+        else:
+            bins.append([i])
+            longest.append(seq_lens[i])
+    return [sorted(b) for b in bins]

@@ -48,7 +48,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["LossAgg", "RatioLevel", "aggregate", "policy_loss"]
+__all__ = ["LossAgg", "RatioLevel", "aggregate", "policy_loss", "sft_loss"]
 
 LossAgg = Literal["seq_mean", "token_mean"]
 RatioLevel = Literal["token", "sequence"]
@@ -180,4 +180,40 @@ def policy_loss(
             metrics["dual_clipfrac"] = _masked_mean(dual_active.float(), mask, num_tokens)
         if entropy is not None:
             metrics["entropy"] = _masked_mean(entropy.detach(), mask, num_tokens)
+    return loss, metrics
+
+
+def sft_loss(
+    logprobs: Tensor, loss_mask: Tensor, *, loss_agg: LossAgg = "token_mean", loss_denominator: float | None = None
+) -> tuple[Tensor, dict[str, float]]:
+    """Supervised fine-tuning loss: the negative log-likelihood of the masked tokens, aggregated.
+
+    ``loss = aggregate(-logprobs, loss_mask)``: with ``token_mean`` (``--calculate-per-token-loss``,
+    THUDM/slime's SFT recipe) the mean NLL per trained token of the optimizer step, which is the
+    Hugging Face causal-LM loss with labels -100 off the mask; with ``seq_mean`` each sample's mean
+    NLL, averaged over samples.
+
+    Args:
+        logprobs: [B, L] float32, natural log, the policy's logprob of each next token (carries
+            gradient; temperature 1 for SFT: pass ``rollout_temperature`` 1).
+        loss_mask: [B, L] float or bool, 1 = the next token trains (assistant / response tokens).
+        loss_agg: ``"token_mean"`` or ``"seq_mean"``.
+        loss_denominator: see ``aggregate``; the optimizer step's total with accumulation.
+
+    Returns:
+        loss: scalar tensor. metrics: ``nll`` (token mean of -logprob over masked tokens) and
+        ``num_tokens``.
+
+    Example: logprobs [[-1, -2, -3]], mask [[0, 1, 1]] -> token_mean loss (2 + 3) / 2 = 2.5.
+
+    Raises:
+        ValueError: shapes differ.
+    """
+    if loss_mask.shape != logprobs.shape:
+        raise ValueError(f"sft_loss: loss_mask shape {tuple(loss_mask.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    mask = loss_mask.to(logprobs.dtype)
+    num_tokens = mask.sum()
+    loss = aggregate(-logprobs, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
+    with torch.no_grad():
+        metrics = {"nll": _masked_mean(-logprobs.detach(), mask, num_tokens), "num_tokens": float(num_tokens)}
     return loss, metrics

@@ -31,6 +31,7 @@ Flags (``slime/cli_args.py``) and where each lands:
     --mask-offpolicy-in-partial-rollout                           batch.build_train_batch
     --use-opd, --opd-kl-coef                                      opd.reverse_kl, subtracted from the advantage
         (teacher logprobs from the rollout, slime.rollout.opd; student = old_logprobs)
+    --loss-type sft_loss                                          losses.sft_loss (masked NLL; nothing above applies)
 """
 
 from __future__ import annotations
@@ -43,20 +44,25 @@ from slime.config import TrainConfig
 from slime.train.advantages import CRITIC_ESTIMATORS, GROUP_NORMALISED, token_advantages
 from slime.train.batch import TrainBatch
 from slime.train.kl import kl_estimate
-from slime.train.losses import aggregate, policy_loss
+from slime.train.losses import aggregate, policy_loss, sft_loss
 from slime.train.offpolicy import decoupled_weights, mis_weights, tis_weights
 from slime.train.opd import masked_mean, reverse_kl
 
-__all__ = ["needs_reference", "needs_critic", "with_advantages", "opd_metrics", "correction_weights", "micro_batch_loss"]
+__all__ = ["is_sft", "needs_reference", "needs_critic", "with_advantages", "opd_metrics", "correction_weights", "micro_batch_loss"]
+
+
+def is_sft(cfg: TrainConfig) -> bool:
+    """``--loss-type sft_loss``: masked NLL only; no old logprobs, advantages, reference or critic."""
+    return cfg.loss_type == "sft_loss"
 
 
 def needs_reference(cfg: TrainConfig) -> bool:
     """A frozen reference model is needed: the KL loss, or a KL penalty in REINFORCE++/PPO rewards."""
-    return cfg.use_kl_loss or (cfg.kl_coef != 0.0 and cfg.advantage_estimator not in GROUP_NORMALISED)
+    return not is_sft(cfg) and (cfg.use_kl_loss or (cfg.kl_coef != 0.0 and cfg.advantage_estimator not in GROUP_NORMALISED))
 
 
 def needs_critic(cfg: TrainConfig) -> bool:
-    return cfg.advantage_estimator in CRITIC_ESTIMATORS
+    return not is_sft(cfg) and cfg.advantage_estimator in CRITIC_ESTIMATORS
 
 
 def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
@@ -67,7 +73,7 @@ def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
     back unchanged. With ``use_opd``, ``opd_kl_coef * (old_logprobs - teacher_logprobs)`` is taken
     off every trained token's advantage (``slime.train.opd``).
     """
-    if cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages and not cfg.use_opd:
+    if is_sft(cfg) or (cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages and not cfg.use_opd):
         return batch
     opd_penalty = None
     if cfg.use_opd:
@@ -124,7 +130,7 @@ def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None,
 def micro_batch_loss(
     cfg: TrainConfig, mb: TrainBatch, logprobs: Tensor, entropy: Tensor, loss_denominator: float
 ) -> tuple[Tensor, dict[str, float]]:
-    """Policy loss (+ KL loss) of one micro-batch.
+    """Policy loss (+ KL loss) of one micro-batch; with ``--loss-type sft_loss``, ``losses.sft_loss``.
 
     Args:
         cfg: the train config.
@@ -137,6 +143,8 @@ def micro_batch_loss(
         loss (scalar tensor) and token-mean metrics: ``policy_loss``'s, the correction's, and
         ``kl_loss`` (token mean of the KL estimate, with ``use_kl_loss``).
     """
+    if cfg.loss_type == "sft_loss":
+        return sft_loss(logprobs, mb.loss_mask, loss_agg=cfg.loss_agg, loss_denominator=loss_denominator)
     assert mb.old_logprobs is not None
     weights, metrics = correction_weights(cfg, mb)
     loss, policy_metrics = policy_loss(

@@ -9,10 +9,15 @@ rollout): it may hold several optimizer steps.
               ref_logprobs (frozen reference, with a KL term); old values (critic, with PPO)
            ─► objective.with_advantages (REINFORCE++, PPO/GAE, whitening)
            ─► for each optimizer step of ``global_batch_size`` samples:
-                  for each micro-batch of ``micro_batch_size`` samples: forward,
-                      objective.micro_batch_loss (+ critic value_loss), backward
+                  lr from slime.train.lr_schedule (--lr-warmup-iters, --lr-decay-style, ...)
+                  for each micro-batch of ``micro_batch_size`` samples (or, with
+                      --use-dynamic-batch-size, of at most --max-tokens-per-gpu padded tokens):
+                      forward, objective.micro_batch_loss (+ critic value_loss), backward
                   clip_grad_norm_(clip_grad), AdamW step (policy; critic alongside)
            ─► policy_version += 1, metrics
+
+With ``--loss-type sft_loss`` the step skips the no-grad pass (nothing needs old logprobs) and the
+loss is the masked NLL (``losses.sft_loss``); ``eval_loss`` scores held-out rows the same way.
 
 The algorithm (estimator, clips, off-policy correction, KL, entropy) comes from ``TrainConfig``
 only; ``slime.train.objective`` maps it onto the loss functions. The reference model is a frozen
@@ -32,6 +37,7 @@ Deviations from slime: dropout is off (``model.eval()``) so that the first optim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -46,11 +52,14 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from slime.config import TrainConfig
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
-from slime.train.batch import TrainBatch, build_train_batch
+from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget
 from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
 from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from slime.train.losses import LossAgg
+from slime.train.lr_schedule import lr_at
+from slime.train.router_metrics import RouterStats, attach_hf_routers
+from slime.sync.hf_layout import checkpoint_views
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES"]
@@ -64,7 +73,8 @@ _TOKEN_METRICS = (
 )  # fmt: skip
 """Token-mean metrics averaged over the step's trained tokens; the first four are always reported."""
 
-Span = tuple[int, int]  # [start, end) sample indices of one micro-batch
+MicroBatch = list[int]  # sample indices of one micro-batch, ascending
+Step = list[MicroBatch]  # the micro-batches of one optimizer step
 
 
 class TorchTrainer:
@@ -88,7 +98,10 @@ class TorchTrainer:
     ref_model: PreTrainedModel | None
     critic: ValueModel | None
     critic_optimizer: torch.optim.AdamW | None
+    router_stats: RouterStats | None
     policy_version: int
+    num_optimizer_steps: int
+    """Optimizer steps taken so far (skipped ones included): the index into the lr schedule; checkpointed."""
     pad_token_id: int
     loss_agg: LossAgg
 
@@ -96,6 +109,7 @@ class TorchTrainer:
         self.config = config
         self.model_dir = model_dir
         self.policy_version = policy_version
+        self.num_optimizer_steps = 0
         self.loss_agg = config.loss_agg
         self._lock = threading.Lock()
         torch.set_num_threads(config.num_threads)
@@ -105,6 +119,7 @@ class TorchTrainer:
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
         self.optimizer = self._adamw(self.model.parameters(), config.lr)
+        self.router_stats = attach_hf_routers(self.model)  # MoE models: per-step router metrics (moe_*)
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
             self.ref_model = AutoModelForCausalLM.from_pretrained(config.ref_load or model_dir, dtype=torch.float32)
@@ -137,8 +152,12 @@ class TorchTrainer:
             ``train_rollout_logprob_abs_diff`` (mean |old_logp - rollout_logp| over trained
             tokens), ``reward_mean``, ``advantage_abs_mean``, ``staleness_mean`` /
             ``staleness_max`` (versions, trained tokens), ``num_samples``, ``num_train_tokens``,
-            ``num_optimizer_steps``, ``num_skipped_steps``, ``policy_version`` (after the step),
-            ``train_time_s``.
+            ``num_optimizer_steps``, ``num_skipped_steps``, ``lr`` (of the last optimizer step),
+            ``policy_version`` (after the step), ``train_time_s``. With ``sft_loss``: ``loss``,
+            ``nll`` (token mean), ``grad_norm``, ``lr``, ``num_samples``, ``num_train_tokens``,
+            ``num_tokens`` and the step counts; none of the RL metrics;
+            for an MoE model the router metrics ``moe_*`` of ``slime.train.router_metrics`` (padding
+            excluded).
 
         Raises:
             ValueError / RuntimeError: from ``build_train_batch`` (bad sample, stale token).
@@ -160,21 +179,26 @@ class TorchTrainer:
             use_opd=cfg.use_opd,
             use_task_reward=not cfg.opd_only,
         )
-        steps = self._plan(batch.num_samples)
-        batch = objective.with_advantages(cfg, self._before_update(batch, [span for step in steps for span in step]))
+        steps = self._plan(batch.seq_lens.tolist())
+        sft = objective.is_sft(cfg)
+        if not sft:  # SFT needs no logprobs from before the update
+            batch = objective.with_advantages(cfg, self._before_update(batch, [mb for step in steps for mb in step]))
 
         sums = dict.fromkeys(_TOKEN_METRICS, 0.0)
+        sums["nll"] = 0.0
         seen: set[str] = set()
-        losses, grad_norms, value_losses, critic_norms, num_tokens, num_skipped = [], [], [], [], 0.0, 0
+        losses, grad_norms, value_losses, critic_norms, lrs, num_tokens, num_skipped = [], [], [], [], [], 0.0, 0
         for step in steps:
-            step_mask = batch.loss_mask[step[0][0] : step[-1][1]]  # [S, L]
+            rows = [i for mb in step for i in mb]
+            step_mask = batch.loss_mask[rows]  # [S, L]
             if step_mask.sum() == 0:
                 continue
-            denom = float(step[-1][1] - step[0][0]) if self.loss_agg == "seq_mean" else float(step_mask.sum())
+            denom = float(len(rows)) if self.loss_agg == "seq_mean" else float(step_mask.sum())
             self._zero_grad()
+            lrs.append(self._set_lr())
             step_loss = step_value_loss = 0.0
-            for span in step:
-                mb = batch.slice(*span)
+            for indices in step:
+                mb = batch.select(indices)
                 loss, metrics = self._micro_batch_loss(mb, denom)
                 loss.backward()
                 step_loss += float(loss.detach())
@@ -184,10 +208,11 @@ class TorchTrainer:
                     step_value_loss += float(v_loss.detach())
                     metrics.update(v_metrics)
                 num_tokens += metrics["num_tokens"]
-                seen.update(k for k in _TOKEN_METRICS if k in metrics)
-                for key in _TOKEN_METRICS:
+                seen.update(k for k in sums if k in metrics)
+                for key in sums:
                     sums[key] += metrics.get(key, 0.0) * metrics["num_tokens"]
             grad_norm = self._clip_and_step(self.model, self.optimizer)
+            self.num_optimizer_steps += 1
             if not math.isfinite(grad_norm):
                 num_skipped += 1
                 logger.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
@@ -199,9 +224,12 @@ class TorchTrainer:
             grad_norms.append(grad_norm)
         self.policy_version += 1
 
-        out = {key: sums[key] / max(num_tokens, 1.0) for key in _TOKEN_METRICS if key in seen or key in _TOKEN_METRICS[:4]}
+        always = () if sft else _TOKEN_METRICS[:4]
+        out = {key: sums[key] / max(num_tokens, 1.0) for key in sums if key in seen or key in always}
         out.update(self._batch_metrics(batch))
         out.update(objective.opd_metrics(batch))
+        if self.router_stats is not None:
+            out.update(self.router_stats.collect(groups=[]))
         if self.critic is not None:
             assert batch.returns is not None and batch.old_values is not None
             out["value_loss"] = _mean(value_losses)
@@ -211,23 +239,62 @@ class TorchTrainer:
             loss=_mean(losses),
             grad_norm=_mean(grad_norms),
             num_optimizer_steps=float(len(losses)),
+            lr=lrs[-1] if lrs else self._lr(),
             num_skipped_steps=float(num_skipped),
             policy_version=float(self.policy_version),
             train_time_s=time.perf_counter() - t0,
         )
         return out
 
-    def _plan(self, num_samples: int) -> list[list[Span]]:
-        """Optimizer steps of ``global_batch_size`` samples, each a list of micro-batch spans."""
-        gbs, mbs = self.config.global_batch_size, self.config.micro_batch_size
+    def _plan(self, seq_lens: list[int]) -> list[Step]:
+        """Optimizer steps of ``global_batch_size`` samples (in batch order), each a list of micro-batches.
+
+        A micro-batch is ``micro_batch_size`` consecutive samples, or, with ``--use-dynamic-batch-size``,
+        a padded pack of at most ``--max-tokens-per-gpu`` tokens (``pack_by_token_budget``).
+        """
+        gbs, mbs, m = self.config.global_batch_size, self.config.micro_batch_size, self.config.megatron
         steps = []
-        for start in range(0, num_samples, gbs):
-            end = min(start + gbs, num_samples)
-            steps.append([(s, min(s + mbs, end)) for s in range(start, end, mbs)])
+        for start in range(0, len(seq_lens), gbs):
+            end = min(start + gbs, len(seq_lens))
+            if m.use_dynamic_batch_size:
+                steps.append([[start + i for i in mb] for mb in pack_by_token_budget(seq_lens[start:end], m.max_tokens_per_gpu)])
+            else:
+                steps.append([list(range(s, min(s + mbs, end))) for s in range(start, end, mbs)])
         return steps
 
+    def _lr(self) -> float:
+        return lr_at(self.config, self.num_optimizer_steps)
+
+    def _set_lr(self) -> float:
+        """Set the lr of the coming optimizer step (``slime.train.lr_schedule``) on every param group; return it."""
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
     @torch.no_grad()
-    def _before_update(self, batch: TrainBatch, spans: list[Span]) -> TrainBatch:
+    def eval_loss(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Mean NLL per loss-mask token of ``groups`` under the current weights (no update).
+
+        Micro-batches as in training. Every token weighs the same, whatever ``loss_agg`` says, so
+        the number is comparable across runs and batch sizes.
+
+        Returns:
+            ``eval_loss`` (nats per token), ``eval_tokens`` (tokens scored), ``eval_samples``.
+        """
+        with self._lock:
+            batch = build_train_batch(groups, pad_token_id=self.pad_token_id, current_version=self.policy_version)
+            total = 0.0
+            for step in self._plan(batch.seq_lens.tolist()):
+                for indices in step:
+                    mb = batch.select(indices)
+                    logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature)  # [b, l]
+                    total += float(-(logprobs * mb.loss_mask).sum())
+            num_tokens = batch.num_train_tokens
+            return {"eval_loss": total / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
+
+    @torch.no_grad()
+    def _before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
         """Fill ``old_logprobs`` (and ``ref_logprobs`` / ``old_values``), computed per micro-batch.
 
         Each span is run exactly as training will slice it (T trimmed to the span's longest
@@ -238,24 +305,25 @@ class TorchTrainer:
         old = torch.zeros_like(batch.loss_mask)  # [B, L]
         ref = torch.zeros_like(old) if self.ref_model is not None else None
         values = torch.zeros_like(old) if self.critic is not None else None
-        for start, end in spans:
-            mb = batch.slice(start, end)
-            cols = slice(0, mb.loss_mask.shape[1])
-            old[start:end, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
+        for indices in micro_batches:
+            mb = batch.select(indices)
+            rows, cols = torch.as_tensor(indices, dtype=torch.long)[:, None], torch.arange(mb.loss_mask.shape[1])[None, :]
+            old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
             if ref is not None:
-                ref[start:end, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                ref[rows, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
             if values is not None:
-                values[start:end, cols] = self.critic(mb.input_ids, mb.attention_mask)
+                values[rows, cols] = self.critic(mb.input_ids, mb.attention_mask)
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
 
     def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
-        logprobs, entropy = compute_token_logprobs_and_entropy(
-            self.model,
-            mb.input_ids,
-            mb.attention_mask,
-            temperature=self.config.rollout_temperature,
-            entropy_grad=self.config.entropy_coef != 0.0,
-        )  # [b, l], [b, l]
+        with self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext():
+            logprobs, entropy = compute_token_logprobs_and_entropy(
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.config.rollout_temperature,
+                entropy_grad=self.config.entropy_coef != 0.0,
+            )  # [b, l], [b, l]
         return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)
 
     def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
@@ -279,8 +347,11 @@ class TorchTrainer:
         return grad_norm
 
     def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
-        assert batch.old_logprobs is not None
         num_train_tokens = batch.num_train_tokens
+        if objective.is_sft(self.config):
+            return {"num_samples": float(batch.num_samples), "num_train_tokens": float(num_train_tokens),
+                    "num_tokens": float(batch.seq_lens.sum())}
+        assert batch.old_logprobs is not None
         abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
         trained_staleness = batch.staleness[batch.loss_mask > 0].float()  # [num_train_tokens]
         has_reward = ~batch.rewards.isnan()  # [B]
@@ -303,9 +374,13 @@ class TorchTrainer:
         return save_hf_dir(self.model, out_dir, source_dir=self.model_dir, lock=self._lock)
 
     def state_dict_for_sync(self) -> dict[str, Tensor]:
-        """A copy of the weights, keyed by HF parameter name (fp32, CPU), safe to read while training."""
+        """A copy of the weights, keyed by HF checkpoint name (fp32, CPU), safe to read while training.
+
+        Checkpoint names are what ``save_pretrained`` writes and SGLang loads: an MoE model's fused
+        in-memory experts go out as one tensor per expert (``slime.sync.hf_layout``).
+        """
         with self._lock:
-            return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+            return {name: t.detach().clone() for name, t in checkpoint_views(self.model.state_dict()).items()}
 
 
 def _mean(xs: list[float]) -> float:

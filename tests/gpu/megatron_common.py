@@ -21,15 +21,27 @@ SMALL = dict(QWEN2_05B, num_hidden_layers=4)
 """Qwen2-0.5B's width and vocabulary, 4 layers: quick parity checks."""
 
 
-def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> str:
-    """Save a random Qwen2 model of ``shape`` (initialised on the GPU) as an HF directory; return ``path``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+QWEN3_MOE_SMALL = dict(
+    vocab_size=32768, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512, num_experts=8, num_experts_per_tok=2,
+    norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+    max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.02,
+)  # fmt: skip
+"""A small Qwen3-MoE (``Qwen3MoeForCausalLM``): 4 MoE layers of 8 experts, top-2, about 128M parameters, random weights."""
+
+
+def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2") -> str:
+    """Save a random model of ``shape`` (initialised on the GPU) as an HF directory; return ``path``.
+
+    ``family``: "qwen2" (``Qwen2ForCausalLM``) or "qwen3_moe" (``Qwen3MoeForCausalLM``).
+    """
+    import transformers as tf
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
+    cfg_cls, model_cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[family]
     torch.manual_seed(seed)
     with torch.device("cuda"):
-        model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(dtype)
+        model = model_cls(cfg_cls(**shape)).to(dtype)
     model.save_pretrained(path)
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump({"model_max_length": 32768}, f)

@@ -87,3 +87,19 @@ async def test_scheduler_counts_evicted_groups_frees_their_slots_and_loses_nothi
     left = {g.group_id for g in buffer.ready} | {g.group_id for g in buffer.partial_groups()}
     assert len(set(range(sched.next_group_id)) - set(trained) - left) == buffer.num_evicted
     assert buffer.num_ready + buffer.num_partial <= 3 or buffer.num_partial == 0
+
+
+def test_take_hands_out_the_groups_with_the_oldest_tokens_first_and_is_fifo_within_a_version():
+    from slime.types import OFFLINE_VERSION
+
+    buf = DataBuffer()
+    for gid, version in [(0, 3), (1, 1), (2, 3), (3, 2), (4, None), (5, 1)]:
+        g = _group(gid, version, finished=True)
+        g.rollout_id = 2
+        buf.push_ready(g)
+    buf.push_ready(_group(6, OFFLINE_VERSION, finished=True), front=True)
+    # offline first, then version 1 (arrival order 1, 5), then 2 (group 3 and the token-less group 4,
+    # which counts from its rollout_id 2, in arrival order), then 3.
+    assert [g.group_id for g in buf.take(4)] == [6, 1, 5, 3]
+    assert [g.group_id for g in buf.ready] == [0, 2, 4]
+    assert [g.group_id for g in buf.take(3)] == [4, 0, 2]

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from slime.sync.hf_layout import checkpoint_views
+
 __all__ = ["LoadedModel", "load_model", "read_hf_weights", "copy_weights_"]
 
 logger = logging.getLogger(__name__)
@@ -97,11 +99,24 @@ def _safetensors_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.safetensors"))
 
 
+def weight_targets(model: Any) -> dict[str, torch.Tensor]:
+    """Every name a weight update may use -> the live tensor (or view) it writes.
+
+    The HF checkpoint names (``slime.sync.hf_layout.checkpoint_views``: one tensor per expert
+    for transformers' fused MoE experts) plus ``model.state_dict()``'s own names.
+    """
+    state = model.state_dict()
+    return {**checkpoint_views(state), **state}
+
+
 def read_hf_weights(model_path: str | Path, model: Any) -> dict[str, torch.Tensor]:
-    """Read the safetensors of ``model_path`` and check them against ``model``'s state dict.
+    """Read the safetensors of ``model_path`` and check them against ``model``'s weights.
+
+    Names are an HF checkpoint's (``weight_targets``: per-expert tensors of an MoE model are
+    accepted and land in the fused in-memory parameters).
 
     Returns:
-        name -> tensor for every entry of ``model.state_dict()`` present on disk.
+        name -> tensor for every checkpoint name present on disk.
 
     Raises:
         ValueError: missing directory or files, unknown or missing names, or shape mismatches;
@@ -118,10 +133,12 @@ def read_hf_weights(model_path: str | Path, model: Any) -> dict[str, torch.Tenso
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(load_file(file))
-    expected = {name: t.shape for name, t in model.state_dict().items()}
+    targets = weight_targets(model)
+    expected = {name: t.shape for name, t in targets.items()}
     tied = set(getattr(model, "_tied_weights_keys", None) or ()) if model.config.tie_word_embeddings else set()
     unknown = sorted(set(tensors) - set(expected))
-    missing = sorted(set(expected) - set(tensors) - tied)
+    checkpoint = checkpoint_views(model.state_dict())  # a complete checkpoint has every one of these names
+    missing = sorted(set(checkpoint) - set(tensors) - tied)
     wrong = sorted(n for n in tensors.keys() & expected.keys() if tensors[n].shape != expected[n])
     problems = []
     if unknown:
@@ -140,7 +157,10 @@ def read_hf_weights(model_path: str | Path, model: Any) -> dict[str, torch.Tenso
 
 @torch.no_grad()
 def copy_weights_(model: Any, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy checked tensors into the live model in place (dtype converted to the model's)."""
-    state = model.state_dict()
+    """Copy checked tensors into the live model in place (dtype converted to the model's).
+
+    Names as ``weight_targets``: a per-expert checkpoint tensor writes its slice of the fused parameter.
+    """
+    targets = weight_targets(model)
     for name, tensor in tensors.items():
-        state[name].copy_(tensor)
+        targets[name].copy_(tensor)

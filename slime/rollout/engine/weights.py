@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from aiohttp import web
 
+from slime.rollout.engine.model import weight_targets
 from slime.rollout.engine.routes import BadRequest, _body, _field, _json
 from slime.sync.base import SESSION_HINT
 from slime.sync.codec import decode_payload, decode_tensor
@@ -73,7 +74,7 @@ def _result(ok: bool, message: str, **extra: Any) -> web.Response:
 
 
 def _check_against_model(model: Any, tensors: dict[str, torch.Tensor]) -> str | None:
-    expected = {name: t.shape for name, t in model.state_dict().items()}
+    expected = {name: t.shape for name, t in weight_targets(model).items()}
     unknown = sorted(set(tensors) - set(expected))
     wrong = sorted(n for n in set(tensors) & set(expected) if tensors[n].shape != expected[n])
     if unknown:
@@ -207,7 +208,7 @@ def add_weight_routes(app: web.Application, server: "EngineServer") -> None:
             base, current = control.get("base_weight_version"), server.runner.weight_version
             if base is not None and base != current:
                 return _result(False, f"delta against weight_version {base!r}, but the engine holds {current!r}")
-            live = server.loaded.model.state_dict()
+            live = weight_targets(server.loaded.model)
             if unknown := sorted(set(metas) - set(live)):
                 return _result(False, f"Failed to update weights: {len(unknown)} unknown tensor names (e.g. {unknown[:3]})")
             try:
@@ -215,7 +216,7 @@ def add_weight_routes(app: web.Application, server: "EngineServer") -> None:
             except ValueError as exc:
                 return _result(False, f"Failed to decode the delta: {exc}")
             _, note = await apply(tensors, control)
-            live = server.loaded.model.state_dict()
+            live = weight_targets(server.loaded.model)
             checksums = await asyncio.to_thread(lambda: {n: tensor_checksum(live[n]) for n in tensors})
         return _result(True, "Succeeded to update model weights from delta." + note, checksums=checksums)
 

@@ -1,13 +1,14 @@
 """The megatron-core training backend (``--train-backend megatron``), for GPUs under torchrun.
 
-    arch.py        HF config -> ModelArch (Llama, Qwen2, Qwen3 dense); clear error otherwise
-    convert.py     HF <-> megatron-core weights per TP rank, pure tensor code, bit-exact
-    layers.py      slime's RMSNorm, SDPA core attention (RoPE inside, packed sequences), SwiGLU MLP
-    model.py       TransformerConfig + local layer spec -> GPTModel; loading HF weights per rank
+    arch.py        HF config -> ModelArch (Llama, Qwen2, Qwen3 dense; Qwen3-MoE, Qwen2-MoE); clear error otherwise
+    convert.py     HF <-> megatron-core weights per TP / EP / ETP rank, pure tensor code, bit-exact
+    layers.py      slime's RMSNorm, SDPA core attention (RoPE inside, packed sequences), SwiGLU MLP, MoE router gate
+    model.py       TransformerConfig + local layer spec (MoE layers too) -> GPTModel; loading HF weights per rank
+    router_metrics.py  hooks megatron-core's routers into slime.train.router_metrics (per-step MoE metrics)
     packing.py     optimizer step -> data-parallel shares -> packed micro-batches (token budget)
     logprobs.py    vocab-parallel logprobs / entropy with the rollout temperature (fused row passes)
     fusion.py      torch.compile of those passes and of RMSNorm / RoPE / SwiGLU on CUDA, eager elsewhere
-    parallel.py    process groups (torchrun), the rank-0 command channel
+    parallel.py    process groups (torchrun: TP, DP, EP, ETP), the rank-0 command channel
     weights.py     gathered HF tensors for weight sync and save_hf, one parameter at a time
     trainer.py     MegatronTrainer: TorchTrainer's interface over megatron's DDP and optimizer
     convert_cli.py slime convert: HF <-> megatron-core distributed checkpoint

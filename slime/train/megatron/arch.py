@@ -1,11 +1,23 @@
-"""The dense decoder architectures the megatron backend builds, read from an HF ``config.json``.
+"""The decoder architectures the megatron backend builds, read from an HF ``config.json``.
 
-Supported: Llama (``LlamaForCausalLM``), Qwen2 (``Qwen2ForCausalLM``: qkv bias) and Qwen3
-(``Qwen3ForCausalLM``: RMSNorm on each query/key head). All three are pre-norm decoders with
-RMSNorm, SwiGLU MLPs, grouped-query attention and RoPE (``rope_type`` "default"); embeddings may be
-tied to the output layer. Anything else (MoE, sliding windows, RoPE scaling, biases on the output
-projection or MLP) raises ``UnsupportedArchitecture`` naming the field, rather than building a
-model that silently differs from the HF one.
+Dense: Llama (``LlamaForCausalLM``), Qwen2 (``Qwen2ForCausalLM``: qkv bias) and Qwen3
+(``Qwen3ForCausalLM``: RMSNorm on each query/key head). Mixture of experts: Qwen3-MoE
+(``Qwen3MoeForCausalLM``: Qwen3 attention, top-k routed SwiGLU experts) and Qwen2-MoE
+(``Qwen2MoeForCausalLM``: Qwen2 attention, routed experts plus one shared expert whose output is
+scaled by ``sigmoid(shared_expert_gate(x))``, the DeepSeek-V3-style "shared + routed" layout).
+All are pre-norm decoders with RMSNorm, SwiGLU MLPs, grouped-query attention and RoPE
+(``rope_type`` "default"); embeddings may be tied to the output layer. Anything else (sliding
+windows, RoPE scaling, biases on the output projection or MLP, DeepSeek-V3's multi-latent
+attention) raises ``UnsupportedArchitecture`` naming the field, rather than building a model that
+silently differs from the HF one.
+
+Routing, as HF computes it for both MoE families: ``p = softmax(router(x))`` in fp32, the top
+``num_experts_per_tok`` of ``p`` are kept, and with ``norm_topk_prob`` divided by their sum. The
+megatron model reproduces that with ``moe_router_score_function="softmax"`` and
+``moe_router_pre_softmax = not norm_topk_prob`` (top-k of the logits then a softmax over the k
+kept equals the renormalised top-k of the full softmax). A layer is an MoE layer when
+``num_experts > 0``, ``(i + 1) % decoder_sparse_step == 0`` and ``i not in mlp_only_layers``;
+the others are dense SwiGLU layers of ``intermediate_size``.
 
 Example: Qwen2-0.5B -> ``ModelArch(family="qwen2", num_layers=24, hidden_size=896,
 num_attention_heads=14, num_query_groups=2, head_dim=64, ffn_hidden_size=4864,
@@ -22,7 +34,8 @@ from typing import Any, Literal, Mapping
 
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
 
 
 class UnsupportedArchitecture(ValueError):
@@ -31,11 +44,12 @@ class UnsupportedArchitecture(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelArch:
-    """Shape and options of one dense decoder, enough to build it and to convert its weights.
+    """Shape and options of one decoder, enough to build it and to convert its weights.
 
     Attributes:
-        family: HF ``model_type``: "llama", "qwen2" or "qwen3".
-        num_layers / hidden_size / ffn_hidden_size: layer count, model width, SwiGLU width.
+        family: HF ``model_type``: "llama", "qwen2", "qwen3", "qwen3_moe" or "qwen2_moe".
+        num_layers / hidden_size / ffn_hidden_size: layer count, model width, SwiGLU width of the
+            dense layers.
         num_attention_heads / num_query_groups: query heads and key/value heads (GQA groups).
         head_dim: channels per head (``kv_channels``; Qwen3 may differ from hidden / heads).
         vocab_size: rows of the HF embedding (the megatron one is padded, ``padded_vocab_size``).
@@ -43,6 +57,13 @@ class ModelArch:
         tie_word_embeddings: the output layer reuses the input embedding.
         qkv_bias: q/k/v projections carry a bias (Qwen2). qk_norm: RMSNorm on q and k heads (Qwen3).
         max_position_embeddings: from the config; bounds nothing here, kept for the megatron model.
+        num_experts: routed experts per MoE layer (0: a dense model).
+        moe_ffn_hidden_size: SwiGLU width of one routed expert (``moe_intermediate_size``).
+        moe_router_topk: experts per token (``num_experts_per_tok``).
+        norm_topk_prob: the k kept routing probabilities are renormalised to sum to 1.
+        shared_expert_ffn_hidden_size: SwiGLU width of the shared expert (0: none).
+        shared_expert_gate: the shared expert's output is scaled by ``sigmoid(x @ gate)`` (Qwen2-MoE).
+        moe_layers: per layer, whether it is an MoE layer (empty for a dense model).
     """
 
     family: Literal["llama", "qwen2", "qwen3"]
@@ -59,6 +80,39 @@ class ModelArch:
     qkv_bias: bool
     qk_norm: bool
     max_position_embeddings: int
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_router_topk: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
+    moe_layers: tuple[bool, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layer_freq(self) -> list[int]:
+        """megatron-core's ``moe_layer_freq`` as a per-layer list: 1 = MoE layer, 0 = dense layer."""
+        return [int(m) for m in self.moe_layers]
+
+    def check_expert_parallel(self, expert_model_parallel_size: int, expert_tensor_parallel_size: int) -> None:
+        """Raise ValueError unless the experts split evenly over EP ranks and each expert's width over ETP ranks.
+
+        Raises:
+            ValueError: EP > 1 on a dense model, EP not dividing ``num_experts``, or ETP not dividing
+                ``moe_ffn_hidden_size``.
+        """
+        ep, etp = expert_model_parallel_size, expert_tensor_parallel_size
+        if not self.is_moe:  # ETP (default: the TP size) splits nothing here
+            if ep != 1:
+                raise ValueError(f"--expert-model-parallel-size={ep}: this {self.family} model has no experts")
+            return
+        if self.num_experts % ep:
+            raise ValueError(f"--expert-model-parallel-size={ep} must divide num_experts={self.num_experts} of this {self.family} model")
+        if self.moe_ffn_hidden_size % etp:
+            raise ValueError(f"--expert-tensor-parallel-size={etp} must divide moe_intermediate_size={self.moe_ffn_hidden_size} of this {self.family} model")
 
     @property
     def heads_per_group(self) -> int:
@@ -82,6 +136,8 @@ class ModelArch:
             f"num_key_value_heads={self.num_query_groups}" if self.num_query_groups % tp and tp % self.num_query_groups else "",
         ]
         problems = [p for p in problems if p]
+        if self.shared_expert_ffn_hidden_size % tp:
+            problems.append(f"shared_expert_intermediate_size={self.shared_expert_ffn_hidden_size}")
         if problems:
             raise ValueError(f"--tensor-model-parallel-size={tp} must divide {', '.join(problems)} of this {self.family} model")
 
@@ -96,7 +152,7 @@ class ModelArch:
         arch_names = config.get("architectures") or [model_type]
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedArchitecture(
-                f"the megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} dense decoders; this checkpoint is "
+                f"the megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} decoders; this checkpoint is "
                 f"model_type={model_type!r} (architectures={arch_names})"
             )
         heads = int(config["num_attention_heads"])
@@ -106,9 +162,11 @@ class ModelArch:
             "hidden_act": (config.get("hidden_act", "silu"), "silu"),
             "mlp_bias": (bool(config.get("mlp_bias") or False), False),
             "use_sliding_window": (bool(config.get("use_sliding_window") or False), False),
-            "num_experts": (config.get("num_experts") or config.get("num_local_experts") or 0, 0),
         }
-        if model_type in ("llama", "qwen3"):  # their attention_bias also puts a bias on o_proj
+        moe = model_type in MOE_MODEL_TYPES
+        if not moe:
+            unsupported["num_experts"] = (config.get("num_experts") or config.get("num_local_experts") or 0, 0)
+        if model_type in ("llama", "qwen3", "qwen3_moe"):  # their attention_bias also puts a bias on o_proj
             unsupported["attention_bias"] = (bool(config.get("attention_bias") or False), False)
         for field, (value, want) in unsupported.items():
             if value != want:
@@ -125,10 +183,32 @@ class ModelArch:
             rope_theta=rope,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
+            qkv_bias=model_type in ("qwen2", "qwen2_moe") and bool(config.get("qkv_bias", True)),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
+            **(_moe_fields(config, model_type) if moe else {}),
         )
+
+
+def _moe_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The MoE attributes of ``ModelArch`` from a Qwen3-MoE / Qwen2-MoE config (module docstring)."""
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    num_layers = int(config["num_hidden_layers"])
+    step = int(config.get("decoder_sparse_step") or 1)
+    dense = set(config.get("mlp_only_layers") or ())
+    layers = tuple(num_experts > 0 and (i + 1) % step == 0 and i not in dense for i in range(num_layers))
+    shared = int(config.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
+    if not any(layers):
+        raise UnsupportedArchitecture(f"{model_type} with num_experts={num_experts} and no MoE layer: expected at least one")
+    return dict(
+        num_experts=num_experts,
+        moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+        moe_router_topk=int(config["num_experts_per_tok"]),
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        shared_expert_ffn_hidden_size=shared,
+        shared_expert_gate=shared > 0,
+        moe_layers=layers,
+    )
 
 
 def _rope_theta(config: Mapping[str, Any], model_type: str) -> float:

@@ -1,8 +1,9 @@
-"""HF <-> megatron-core weight conversion for the dense decoders of ``arch.py``: pure tensor code.
+"""HF <-> megatron-core weight conversion for the decoders of ``arch.py``: pure tensor code.
 
-No process group is needed: ``hf_to_mcore`` builds the state dict of one tensor-parallel rank,
-``mcore_to_hf`` takes the state dicts of all TP ranks and gathers them. Both only slice, pad and
-concatenate, so a round trip is bit-exact in any dtype.
+No process group is needed: ``hf_to_mcore`` builds the state dict of one rank (its tensor-parallel
+rank, and for MoE models its expert-parallel and expert-tensor-parallel ranks), ``mcore_to_hf``
+takes the state dicts of all TP ranks (and of all EP x ETP ranks for the experts) and gathers
+them. Both only slice, pad and concatenate, so a round trip is bit-exact in any dtype.
 
 Names (layer ``i``; megatron-core's local layer spec, ``slime.train.megatron.model``)::
 
@@ -27,6 +28,22 @@ there either) a rank's rows are part of one group; megatron's attention gathers 
 SwiGLU (fc1): megatron's GLU chunks each rank's fc1 output in two halves, ``silu(first) * second``,
 so rank r holds ``[gate_r; up_r]``: its slice of gate_proj stacked on its slice of up_proj.
 
+MoE layers (Qwen3-MoE, Qwen2-MoE; ``E`` experts, EP ranks, ``E / EP`` local experts each)::
+
+    model.layers.i.mlp.gate.weight                   decoder.layers.i.mlp.router.weight   [E, hidden] replicated
+    model.layers.i.mlp.experts.e.{gate,up}_proj.weight
+                                  decoder.layers.i.mlp.experts.local_experts.j.linear_fc1.weight
+    model.layers.i.mlp.experts.e.down_proj.weight    ...experts.local_experts.j.linear_fc2.weight
+    model.layers.i.mlp.shared_expert.{gate,up}_proj.weight  ...mlp.shared_experts.linear_fc1.weight (TP split)
+    model.layers.i.mlp.shared_expert.down_proj.weight       ...mlp.shared_experts.linear_fc2.weight
+    model.layers.i.mlp.shared_expert_gate.weight     ...mlp.shared_experts.gate_weight    [1, hidden] replicated
+
+Expert ``e`` lives on EP rank ``e // (E / EP)`` as local expert ``j = e % (E / EP)``; inside an
+expert, fc1/fc2 split over the expert-tensor-parallel (ETP) ranks exactly as a dense MLP splits
+over TP. Example: E=4, EP=2, ETP=1 -> EP rank 1 holds experts 2 and 3 as local experts 0 and 1.
+The names are HF's on-disk ones (one tensor per expert and projection), which transformers 5 also
+writes; its in-memory fused ``experts.gate_up_proj`` is not used here.
+
 Vocabulary: rows are zero-padded to ``arch.padded_vocab_size(tp)`` and split evenly; ``mcore_to_hf``
 drops the padding again.
 """
@@ -40,28 +57,44 @@ from torch import Tensor
 
 from slime.train.megatron.arch import ModelArch
 
-__all__ = ["hf_to_mcore", "mcore_to_hf", "iter_mcore_to_hf", "mcore_names", "hf_names_for", "is_tensor_parallel", "mcore_param_to_hf", "hf_to_mcore_param"]
+__all__ = [
+    "hf_to_mcore", "mcore_to_hf", "iter_mcore_to_hf", "mcore_names", "hf_names_for", "is_tensor_parallel", "is_expert",
+    "mcore_param_to_hf", "hf_to_mcore_param",
+]  # fmt: skip
 
 HfGetter = Callable[[str], Tensor]
 """Returns one HF tensor by name (a dict's ``__getitem__``, or a lazy safetensors read)."""
 
 
-def _layer_names(arch: ModelArch, i: int) -> list[str]:
+def _layer_names(arch: ModelArch, i: int, ep_size: int) -> list[str]:
     pre = f"decoder.layers.{i}."
     names = [pre + "input_layernorm.weight", pre + "self_attention.linear_qkv.weight"]
     if arch.qkv_bias:
         names.append(pre + "self_attention.linear_qkv.bias")
     if arch.qk_norm:
         names += [pre + "self_attention.q_layernorm.weight", pre + "self_attention.k_layernorm.weight"]
-    names += [pre + "self_attention.linear_proj.weight", pre + "pre_mlp_layernorm.weight", pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight"]
+    names += [pre + "self_attention.linear_proj.weight", pre + "pre_mlp_layernorm.weight"]
+    if not (arch.moe_layers and arch.moe_layers[i]):
+        return names + [pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight"]
+    names.append(pre + "mlp.router.weight")
+    for j in range(arch.num_experts // ep_size):
+        names += [pre + f"mlp.experts.local_experts.{j}.linear_fc1.weight", pre + f"mlp.experts.local_experts.{j}.linear_fc2.weight"]
+    if arch.shared_expert_ffn_hidden_size:
+        names += [pre + "mlp.shared_experts.linear_fc1.weight", pre + "mlp.shared_experts.linear_fc2.weight"]
+        if arch.shared_expert_gate:
+            names.append(pre + "mlp.shared_experts.gate_weight")
     return names
 
 
-def mcore_names(arch: ModelArch) -> list[str]:
-    """Every megatron-core parameter name of the model (pipeline size 1), in model order."""
+def mcore_names(arch: ModelArch, *, ep_size: int = 1) -> list[str]:
+    """Every megatron-core parameter name of one rank's model (pipeline size 1), in model order.
+
+    Args:
+        ep_size: expert-parallel size; each MoE layer names its ``num_experts / ep_size`` local experts.
+    """
     names = ["embedding.word_embeddings.weight"]
     for i in range(arch.num_layers):
-        names += _layer_names(arch, i)
+        names += _layer_names(arch, i, ep_size)
     names.append("decoder.final_layernorm.weight")
     if not arch.tie_word_embeddings:
         names.append("output_layer.weight")
@@ -78,6 +111,15 @@ _LAYER_MAP = {
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),
     "mlp.linear_fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.linear_fc2.weight": ("mlp.down_proj.weight",),
+    "mlp.router.weight": ("mlp.gate.weight",),
+    "mlp.shared_experts.linear_fc1.weight": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),
+    "mlp.shared_experts.linear_fc2.weight": ("mlp.shared_expert.down_proj.weight",),
+    "mlp.shared_experts.gate_weight": ("mlp.shared_expert_gate.weight",),
+}
+_EXPERT_PREFIX = "mlp.experts.local_experts."
+_EXPERT_MAP = {
+    "linear_fc1.weight": ("gate_proj.weight", "up_proj.weight"),
+    "linear_fc2.weight": ("down_proj.weight",),
 }
 _TOP_MAP = {
     "embedding.word_embeddings.weight": ("model.embed_tokens.weight",),
@@ -94,9 +136,32 @@ def _split_name(name: str) -> tuple[int | None, str]:
     return None, name
 
 
-def hf_names_for(name: str) -> tuple[str, ...]:
-    """The HF tensors that make up megatron parameter ``name``, in fusion order."""
+def _expert_parts(rest: str) -> tuple[int, str] | None:
+    """``mlp.experts.local_experts.3.linear_fc1.weight`` -> (3, ``linear_fc1.weight``); None otherwise."""
+    if not rest.startswith(_EXPERT_PREFIX):
+        return None
+    j, tail = rest[len(_EXPERT_PREFIX) :].split(".", 1)
+    return int(j), tail
+
+
+def is_expert(name: str) -> bool:
+    """Whether megatron parameter ``name`` is a routed expert's (split over EP, and over ETP inside)."""
+    return _expert_parts(_split_name(name)[1]) is not None
+
+
+def hf_names_for(name: str, *, expert_offset: int = 0) -> tuple[str, ...]:
+    """The HF tensors that make up megatron parameter ``name``, in fusion order.
+
+    Args:
+        expert_offset: global index of this rank's local expert 0 (``ep_rank * num_experts / ep_size``).
+    """
     layer, rest = _split_name(name)
+    expert = _expert_parts(rest)
+    if expert is not None:
+        j, tail = expert
+        if tail not in _EXPERT_MAP:
+            raise KeyError(f"no HF counterpart for megatron parameter {name!r}")
+        return tuple(f"model.layers.{layer}.mlp.experts.{expert_offset + j}.{hf}" for hf in _EXPERT_MAP[tail])
     if layer is None:
         if rest not in _TOP_MAP:
             raise KeyError(f"no HF counterpart for megatron parameter {name!r}")
@@ -111,11 +176,11 @@ def _kind(rest: str) -> str:
         return "vocab"
     if rest.startswith("self_attention.linear_qkv."):
         return "qkv"
-    if rest == "mlp.linear_fc1.weight":
+    if rest.endswith("linear_fc1.weight"):  # dense MLP, shared expert, routed expert
         return "fc1"
-    if rest in ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight"):
+    if rest == "self_attention.linear_proj.weight" or rest.endswith("linear_fc2.weight"):
         return "row"
-    return "replicated"
+    return "replicated"  # norms, router, shared-expert gate
 
 
 def is_tensor_parallel(name: str) -> bool:
@@ -123,20 +188,31 @@ def is_tensor_parallel(name: str) -> bool:
     return _kind(_split_name(name)[1]) != "replicated"
 
 
-def hf_to_mcore_param(name: str, get: HfGetter, arch: ModelArch, *, tp_size: int = 1, tp_rank: int = 0) -> Tensor:
-    """Megatron parameter ``name`` of TP rank ``tp_rank``, built from the HF tensors ``get`` returns.
+def hf_to_mcore_param(
+    name: str, get: HfGetter, arch: ModelArch, *, tp_size: int = 1, tp_rank: int = 0,
+    ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
+) -> Tensor:  # fmt: skip
+    """Megatron parameter ``name`` of one rank, built from the HF tensors ``get`` returns.
 
     Args:
-        name: a name from ``mcore_names(arch)``.
+        name: a name from ``mcore_names(arch, ep_size=ep_size)``.
         get: HF tensor by name; ``lm_head.weight`` of a tied model is never asked for.
         arch: the model.
         tp_size / tp_rank: tensor-parallel world size and this rank.
+        ep_size / ep_rank: expert-parallel size and rank (routed experts only).
+        etp_size / etp_rank: expert-tensor-parallel size and rank (routed experts only);
+            None = ``tp_size`` / ``tp_rank``.
 
     Returns:
         A new contiguous tensor in the HF dtype (never a view of an HF tensor).
     """
     _, rest = _split_name(name)
-    hf = [get(n) for n in hf_names_for(name)]
+    if _expert_parts(rest) is not None:
+        tp_size = tp_size if etp_size is None else etp_size
+        tp_rank = tp_rank if etp_rank is None else etp_rank
+        hf = [get(n) for n in hf_names_for(name, expert_offset=ep_rank * (arch.num_experts // ep_size))]
+    else:
+        hf = [get(n) for n in hf_names_for(name)]
     kind = _kind(rest)
     if kind == "vocab":
         (w,) = hf
@@ -160,18 +236,21 @@ def hf_to_mcore_param(name: str, get: HfGetter, arch: ModelArch, *, tp_size: int
     return w.clone()
 
 
-def mcore_param_to_hf(name: str, shards: Sequence[Tensor], arch: ModelArch) -> dict[str, Tensor]:
+def mcore_param_to_hf(name: str, shards: Sequence[Tensor], arch: ModelArch, *, ep_size: int = 1, ep_rank: int = 0) -> dict[str, Tensor]:
     """Gather megatron parameter ``name`` from its TP shards (rank order) into HF tensors.
 
     Args:
-        name: a name from ``mcore_names(arch)``.
-        shards: one tensor per TP rank; for replicated parameters rank 0's is used.
+        name: a name from ``mcore_names(arch, ep_size=ep_size)``.
+        shards: one tensor per TP rank (per ETP rank for a routed expert's weights); for
+            replicated parameters rank 0's is used.
         arch: the model.
+        ep_size / ep_rank: for a routed expert's weights, the EP rank they come from (its local
+            expert j is global expert ``ep_rank * num_experts / ep_size + j``).
 
     Returns:
         ``{hf_name: tensor}``: one entry, two (gate/up) or three (q/k/v).
     """
-    hf_names = hf_names_for(name)
+    hf_names = hf_names_for(name, expert_offset=ep_rank * (arch.num_experts // ep_size) if is_expert(name) else 0)
     _, rest = _split_name(name)
     kind = _kind(rest)
     if kind == "replicated":
@@ -194,22 +273,45 @@ def mcore_param_to_hf(name: str, shards: Sequence[Tensor], arch: ModelArch) -> d
     }
 
 
-def hf_to_mcore(hf_state: Mapping[str, Tensor], arch: ModelArch, *, tp_size: int = 1, tp_rank: int = 0) -> dict[str, Tensor]:
-    """The full megatron-core state dict of one TP rank (``mcore_names`` order)."""
-    return {name: hf_to_mcore_param(name, hf_state.__getitem__, arch, tp_size=tp_size, tp_rank=tp_rank) for name in mcore_names(arch)}
+def hf_to_mcore(
+    hf_state: Mapping[str, Tensor], arch: ModelArch, *, tp_size: int = 1, tp_rank: int = 0,
+    ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
+) -> dict[str, Tensor]:  # fmt: skip
+    """The full megatron-core state dict of one rank (``mcore_names`` order); arguments as ``hf_to_mcore_param``."""
+    ranks = dict(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
+    return {name: hf_to_mcore_param(name, hf_state.__getitem__, arch, **ranks) for name in mcore_names(arch, ep_size=ep_size)}
 
 
-def iter_mcore_to_hf(shard_states: Sequence[Mapping[str, Tensor]], arch: ModelArch) -> Iterator[tuple[str, Tensor]]:
-    """HF tensors one megatron parameter at a time, from every TP rank's state dict."""
-    for name in mcore_names(arch):
-        yield from mcore_param_to_hf(name, [s[name] for s in shard_states], arch).items()
+def iter_mcore_to_hf(
+    shard_states: Sequence[Mapping[str, Tensor]], arch: ModelArch, *, expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None
+) -> Iterator[tuple[str, Tensor]]:
+    """HF tensors one megatron parameter at a time; arguments as ``mcore_to_hf``."""
+    experts = expert_shard_states if expert_shard_states is not None else [shard_states]
+    ep_size = len(experts)
+    for name in mcore_names(arch, ep_size=ep_size):
+        if is_expert(name):
+            for ep_rank, states in enumerate(experts):
+                yield from mcore_param_to_hf(name, [s[name] for s in states], arch, ep_size=ep_size, ep_rank=ep_rank).items()
+        else:
+            yield from mcore_param_to_hf(name, [s[name] for s in shard_states], arch).items()
 
 
-def mcore_to_hf(shard_states: Sequence[Mapping[str, Tensor]], arch: ModelArch) -> dict[str, Tensor]:
+def mcore_to_hf(
+    shard_states: Sequence[Mapping[str, Tensor]], arch: ModelArch, *, expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None
+) -> dict[str, Tensor]:
     """Gather the state dicts of all TP ranks (rank order) into one HF state dict.
 
+    Args:
+        shard_states: one state dict per TP rank; every parameter but the routed experts' is read here.
+        arch: the model.
+        expert_shard_states: ``[ep_rank][etp_rank]`` state dicts holding the routed experts'
+            parameters (their local names); default ``[shard_states]`` (EP = 1, ETP = TP).
+
     A tied model gets no ``lm_head.weight`` (HF ties it on load).
+
+    Raises:
+        ValueError: no state dicts given.
     """
-    if not shard_states:
+    if not shard_states or (expert_shard_states is not None and not all(expert_shard_states)):
         raise ValueError("mcore_to_hf: no shard state dicts given")
-    return dict(iter_mcore_to_hf(shard_states, arch))
+    return dict(iter_mcore_to_hf(shard_states, arch, expert_shard_states=expert_shard_states))

@@ -58,7 +58,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def _model(arch: ModelArch, dtype: torch.dtype):
-    config = transformer_config(arch, MegatronConfig(), use_cpu_initialization=True, params_dtype=dtype)
+    # one process: no token dispatch between ranks; "allgather" is the dispatcher that builds without CUDA streams
+    config = transformer_config(arch, MegatronConfig(moe_token_dispatcher_type="allgather"), use_cpu_initialization=True, params_dtype=dtype)
     return build_gpt_model(arch, config, tp_size=1)
 
 

@@ -1,4 +1,4 @@
-"""The modules slime plugs into megatron-core's local layer spec: RMSNorm, SDPA core attention, SwiGLU MLP.
+"""The modules slime plugs into megatron-core's local layer spec: RMSNorm, SDPA core attention, SwiGLU MLP, MoE router gate.
 
 ``RMSNorm`` computes what HF's Llama/Qwen RMSNorm computes (normalise in fp32, cast back, then
 scale), so bf16 logprobs match the torch backend's; it also marks its weight for megatron's
@@ -26,6 +26,11 @@ micro-batches only and does two things there:
 Not covered: dropout inside attention (RL training runs without it), context parallelism, sliding
 windows, attention sinks, and unpacked ("sbhd") input (raises).
 
+``TorchGatingRouter`` is megatron-core's ``TopKRouter`` with its gate as a plain ``F.linear`` in the
+router dtype. megatron-core 0.16.1's own gate (``RouterGatingLinearFunction``) names
+``te_general_gemm``, which only exists when Transformer Engine imports, so without TE every MoE
+forward raised NameError. Same math (``x @ W.T`` in fp32), autograd saves the fp32 copies.
+
 Shapes: t = packed tokens of the micro-batch, n = query heads on this TP rank, g = key/value heads
 on this rank, d = head_dim.
 """
@@ -44,11 +49,12 @@ from torch import Tensor, nn
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.fusion import fused
 
-__all__ = ["RMSNorm", "SDPACoreAttention", "SwiGLUMLP", "PackedRoPEParams", "rope_cos_sin"]
+__all__ = ["RMSNorm", "SDPACoreAttention", "SwiGLUMLP", "TorchGatingRouter", "PackedRoPEParams", "rope_cos_sin"]
 
 _PackedSeqParams = mcore("megatron.core.packed_seq_params").PackedSeqParams
 _MegatronModule = mcore("megatron.core.transformer.module").MegatronModule
 _MLP = mcore("megatron.core.transformer.mlp").MLP
+_TopKRouter = mcore("megatron.core.transformer.moe.router").TopKRouter
 
 
 @dataclasses.dataclass
@@ -230,3 +236,17 @@ class SwiGLUMLP(_MLP):
         if bias is not None:
             intermediate = intermediate + bias
         return self.linear_fc2(_swiglu(intermediate))
+
+
+class TorchGatingRouter(_TopKRouter):
+    """megatron-core's ``TopKRouter`` whose gate is ``F.linear`` in the router dtype (module docstring).
+
+    ``build_gpt_model`` turns every built ``TopKRouter`` into this class (same parameters and
+    routing); only ``gating`` differs: input [s, b, hidden] -> logits [s, b, num_experts] in
+    ``moe_router_dtype`` (fp32 here), the input's dtype when that is unset.
+    """
+
+    def gating(self, input: Tensor) -> Tensor:
+        dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, input.dtype)
+        bias = self.bias.to(dtype) if self.bias is not None else None
+        return F.linear(input.to(dtype), self.weight.to(dtype), bias)

@@ -1,4 +1,4 @@
-"""Build megatron-core's ``GPTModel`` for an HF Llama / Qwen2 / Qwen3 checkpoint, and load its weights.
+"""Build megatron-core's ``GPTModel`` for an HF Llama / Qwen2 / Qwen3 / Qwen3-MoE / Qwen2-MoE checkpoint, and load its weights.
 
 The layer spec is megatron-core's local spec (``get_gpt_layer_local_spec``: ``ColumnParallelLinear``
 / ``RowParallelLinear``, no Transformer Engine, no Apex) with three modules swapped in from
@@ -18,6 +18,19 @@ Everything megatron needs that the HF config does not say comes from ``MegatronC
     rms_norm_eps -> layernorm_epsilon           hidden_act silu -> gated_linear_unit + F.silu
     Qwen2 -> add_qkv_bias                       Qwen3 -> qk_layernorm
     tie_word_embeddings -> share_embeddings_and_output_weights (GPTModel argument)
+
+MoE (Qwen3-MoE, Qwen2-MoE; ``slime.train.megatron.arch`` gives HF's routing)::
+
+    num_experts -> num_moe_experts                   moe_intermediate_size -> moe_ffn_hidden_size
+    num_experts_per_tok -> moe_router_topk           norm_topk_prob -> moe_router_pre_softmax = not it
+    shared_expert_intermediate_size -> moe_shared_expert_intermediate_size, moe_shared_expert_gate
+    decoder_sparse_step, mlp_only_layers -> moe_layer_freq (a per-layer 0/1 list)
+
+with megatron-core's local MoE spec (``SequentialMLP`` experts: one ``MLP`` per local expert, no
+grouped GEMM, which needs Transformer Engine or the grouped_gemm package), softmax scores, the
+router in fp32 and the token dispatcher, aux-loss coefficient and capacity factor from
+``MegatronConfig``. Experts split over ``expert_model_parallel_size`` ranks; each expert's
+width over ``expert_tensor_parallel_size`` ranks.
 """
 
 from __future__ import annotations
@@ -33,7 +46,7 @@ from slime.config import MegatronConfig
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import hf_to_mcore_param, mcore_names
-from slime.train.megatron.layers import RMSNorm, SDPACoreAttention, SwiGLUMLP
+from slime.train.megatron.layers import RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 
 __all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader"]
 
@@ -52,21 +65,27 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
             ``mcfg.bf16``, else fp32.
 
     Raises:
-        ValueError: a parallel size the backend does not run (pipeline, context, expert > 1), or
-            TP that does not divide the heads or the SwiGLU width.
+        ValueError: a parallel size the backend does not run (pipeline, context > 1; expert > 1 on
+            a dense model), or TP / EP / ETP that do not divide heads, widths or the expert count.
     """
     TransformerConfig = mcore("megatron.core.transformer.transformer_config").TransformerConfig
     for flag, size in (
         ("--pipeline-model-parallel-size", mcfg.pipeline_model_parallel_size),
         ("--context-parallel-size", mcfg.context_parallel_size),
-        ("--expert-model-parallel-size", mcfg.expert_model_parallel_size),
     ):
         if size != 1:
             raise ValueError(
-                f"{flag}={size}: slime's megatron backend runs tensor and data parallelism only so far "
-                "(context parallelism needs Transformer Engine attention; expert parallelism needs an MoE model)"
+                f"{flag}={size}: slime's megatron backend runs tensor, data and expert parallelism only so far "
+                "(context parallelism needs Transformer Engine attention)"
             )
     arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
+    if arch.is_moe and mcfg.tensor_model_parallel_size > 1 and not mcfg.sequence_parallel:
+        raise ValueError(
+            f"--tensor-model-parallel-size={mcfg.tensor_model_parallel_size} with an MoE model needs --sequence-parallel "
+            "(megatron-core's MoE layer refuses to train under TP without it)"
+        )
+    etp = mcfg.resolved_expert_tensor_parallel_size
+    arch.check_expert_parallel(mcfg.expert_model_parallel_size, etp)
     dtype = params_dtype or (torch.bfloat16 if mcfg.bf16 else torch.float32)
     bf16 = dtype == torch.bfloat16
     return TransformerConfig(
@@ -88,7 +107,9 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
         tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
         pipeline_model_parallel_size=1,
         context_parallel_size=1,
-        expert_model_parallel_size=1,
+        expert_model_parallel_size=mcfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=etp,
+        **_moe_config(arch, mcfg),
         sequence_parallel=mcfg.sequence_parallel and mcfg.tensor_model_parallel_size > 1,
         bf16=bf16,
         params_dtype=dtype,
@@ -111,12 +132,39 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
     )
 
 
-def layer_spec() -> Any:
+def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of an MoE model (module docstring); {} for a dense one."""
+    if not arch.is_moe:
+        return {}
+    return dict(
+        num_moe_experts=arch.num_experts,
+        moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+        moe_router_topk=arch.moe_router_topk,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not arch.norm_topk_prob,
+        moe_router_dtype="fp32",
+        moe_layer_freq=arch.moe_layer_freq,
+        moe_shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or None,
+        moe_shared_expert_gate=arch.shared_expert_gate,
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type=mcfg.moe_token_dispatcher_type,
+        moe_router_load_balancing_type=mcfg.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=mcfg.moe_aux_loss_coeff if mcfg.moe_router_load_balancing_type != "none" else 0.0,
+        moe_expert_capacity_factor=mcfg.moe_expert_capacity_factor,
+        moe_token_drop_policy="probs",
+        moe_permute_fusion=False,
+        moe_router_fusion=False,
+    )
+
+
+def layer_spec(*, num_experts: int | None = None) -> Any:
     """megatron-core's local GPT layer spec with slime's RMSNorm and SDPA core attention swapped in.
 
     The MLP stays megatron's ``MLP`` here (``TransformerLayer`` passes its TP group only to that
-    exact class); ``build_gpt_model`` turns the built ones into ``SwiGLUMLP``."""
-    spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=True)
+    exact class); ``build_gpt_model`` turns the built ones into ``SwiGLUMLP``. With
+    ``num_experts`` the MLP is megatron's ``MoELayer`` (router, ``SequentialMLP`` experts, shared
+    expert when the config has one)."""
+    spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=True)
     sub = spec.submodules
     sub.input_layernorm = RMSNorm
     sub.pre_mlp_layernorm = RMSNorm
@@ -133,14 +181,17 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
     ``config`` comes from ``transformer_config``; megatron's parallel state must be initialised
     (the model reads its TP group). Q/K norms are built only for Qwen3 (``config.qk_layernorm``).
     The block spec names ``RMSNorm`` for the final norm too (megatron's default would be torch's).
+    An MoE model gets the MoE spec on its MoE layers and the dense one elsewhere.
     """
     gpt = mcore("megatron.core.models.gpt")
     TransformerBlockSubmodules = mcore("megatron.core.transformer.transformer_block").TransformerBlockSubmodules
-    spec = layer_spec()
-    if not arch.qk_norm:
-        spec.submodules.self_attention.submodules.q_layernorm = None
-        spec.submodules.self_attention.submodules.k_layernorm = None
-    block = TransformerBlockSubmodules(layer_specs=[spec] * arch.num_layers, layer_norm=RMSNorm)
+    specs = {False: layer_spec(), True: layer_spec(num_experts=arch.num_experts) if arch.is_moe else None}
+    for spec in specs.values():
+        if spec is not None and not arch.qk_norm:
+            spec.submodules.self_attention.submodules.q_layernorm = None
+            spec.submodules.self_attention.submodules.k_layernorm = None
+    moe_layers = arch.moe_layers or (False,) * arch.num_layers
+    block = TransformerBlockSubmodules(layer_specs=[specs[m] for m in moe_layers], layer_norm=RMSNorm)
     model = gpt.GPTModel(
         config=config,
         transformer_layer_spec=block,
@@ -152,6 +203,8 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="none",
     )
+    if not config.use_cpu_initialization:  # megatron-core allocates the MoE router and shared-expert gate on the CPU
+        model.cuda(torch.cuda.current_device())  # moves those only; same Parameter objects, attributes kept
     mark_tensor_parallel_weights(model, config)
     use_fused_swiglu(model)
     return model
@@ -159,11 +212,15 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
 
 def use_fused_swiglu(model: Any) -> None:
     """Make every megatron ``MLP`` in ``model`` a ``SwiGLUMLP`` (a subclass that only replaces
-    ``forward``, same state): its gated SiLU runs as one fused function."""
+    ``forward``, same state): its gated SiLU runs as one fused function. Every ``TopKRouter``
+    becomes a ``TorchGatingRouter`` the same way (its gate runs without Transformer Engine)."""
     MLP = mcore("megatron.core.transformer.mlp").MLP
+    TopKRouter = mcore("megatron.core.transformer.moe.router").TopKRouter
     for module in model.modules():
         if type(module) is MLP:
             module.__class__ = SwiGLUMLP
+        elif type(module) is TopKRouter:
+            module.__class__ = TorchGatingRouter
 
 
 def mark_tensor_parallel_weights(model: Any, config: Any) -> None:
@@ -230,22 +287,31 @@ class HFCheckpointReader:
         return self._handles[self._where[name]].get_tensor(name)
 
 
-def load_hf_weights(model: Any, reader: Any, arch: ModelArch, *, tp_size: int, tp_rank: int) -> None:
-    """Copy this TP rank's share of the HF weights into ``model`` (a ``GPTModel``), one tensor at a time.
+def load_hf_weights(
+    model: Any, reader: Any, arch: ModelArch, *, tp_size: int, tp_rank: int,
+    ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
+) -> None:  # fmt: skip
+    """Copy this rank's share of the HF weights into ``model`` (a ``GPTModel``), one tensor at a time.
+
+    Args:
+        tp_size / tp_rank, ep_size / ep_rank, etp_size / etp_rank: this rank's place in the tensor,
+            expert and expert-tensor parallel groups (``convert.hf_to_mcore_param``); an MoE
+            rank reads only its own experts.
 
     Raises:
         KeyError: an HF tensor is missing. RuntimeError: the model's parameter set or a shape
             differs from what the conversion produces.
     """
     params = dict(model.named_parameters())
-    expected = mcore_names(arch)
+    expected = mcore_names(arch, ep_size=ep_size)
     missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or extra:
         raise RuntimeError(f"megatron model and converter disagree: missing in model {missing}, not converted {extra}")
+    ranks = dict(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
     with torch.no_grad():
         for name in expected:
-            value = hf_to_mcore_param(name, reader.__getitem__, arch, tp_size=tp_size, tp_rank=tp_rank)
+            value = hf_to_mcore_param(name, reader.__getitem__, arch, **ranks)
             param = params[name]
             if tuple(value.shape) != tuple(param.shape):
-                raise RuntimeError(f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(param.shape)} (tp {tp_rank}/{tp_size})")
+                raise RuntimeError(f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(param.shape)} ({ranks})")
             param.copy_(value)

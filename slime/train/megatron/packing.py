@@ -83,18 +83,8 @@ def plan_step(
 
 
 def select_samples(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
-    """Rows ``indices`` of ``batch`` (any order), with T trimmed to their longest sequence."""
-    idx = torch.as_tensor(list(indices), dtype=torch.long, device=batch.input_ids.device)
-    t = max(int(batch.seq_lens[idx].max()), 2) if len(idx) else 2
-    fields = {}
-    for f in dataclasses.fields(batch):
-        x = getattr(batch, f.name)
-        if x is not None:
-            x = x.index_select(0, idx)
-            if x.dim() == 2:
-                x = x[:, : t if x.shape[1] == batch.input_ids.shape[1] else t - 1]
-        fields[f.name] = x
-    return TrainBatch(**fields)
+    """Rows ``indices`` of ``batch`` (any order), with T trimmed to their longest sequence (``TrainBatch.select``)."""
+    return batch.select(indices)
 
 
 @dataclasses.dataclass

@@ -38,7 +38,14 @@ CONTROL_TIMEOUT = datetime.timedelta(days=7)
 
 @dataclasses.dataclass
 class ParallelContext:
-    """Ranks and groups of this process. ``dp`` excludes TP (megatron's data-parallel group)."""
+    """Ranks and groups of this process. ``dp`` excludes TP (megatron's data-parallel group).
+
+    Experts (MoE models) are laid out on a second grid of the same ranks, megatron-core's
+    "tp-ep-dp" order: rank = etp_rank + etp_size * (ep_rank + ep_size * expert_dp_rank). Example:
+    2 GPUs, TP=1, EP=2: dense DP=2 (each rank a full attention replica, its own samples), and
+    each rank holds half of every MoE layer's experts (expert DP=1). ``expert_group`` is the
+    ETP x EP group of one expert replica (megatron's expert-tensor-and-model-parallel group).
+    """
 
     rank: int
     world_size: int
@@ -52,6 +59,12 @@ class ParallelContext:
     dp_group: Any
     control_group: Any
     owns_process_group: bool
+    ep_size: int = 1
+    ep_rank: int = 0
+    etp_size: int = 1
+    etp_rank: int = 0
+    expert_dp_rank: int = 0
+    expert_group: Any = None
 
     @property
     def is_driver(self) -> bool:
@@ -78,7 +91,8 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
     CUDA (the model's dropout-free forward does not draw from it on CPU).
 
     Raises:
-        ValueError: the world size is not a multiple of the tensor-parallel size.
+        ValueError: the world size is not a multiple of the tensor-parallel size, or of
+            expert-parallel x expert-tensor-parallel size.
     """
     ps = mcore("megatron.core.parallel_state")
     cuda = torch.cuda.is_available()
@@ -98,12 +112,17 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
     world, rank = dist.get_world_size(), dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     tp = mcfg.tensor_model_parallel_size
+    ep, etp = mcfg.expert_model_parallel_size, mcfg.resolved_expert_tensor_parallel_size
     if world % tp:
         raise ValueError(f"world size {world} is not a multiple of --tensor-model-parallel-size={tp}")
+    if world % (ep * etp):
+        raise ValueError(f"world size {world} is not a multiple of --expert-model-parallel-size={ep} x --expert-tensor-parallel-size={etp}")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=1,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
             distributed_timeout_minutes=mcfg.distributed_timeout_minutes,
             create_gloo_process_groups=True,
         )
@@ -124,6 +143,12 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
         dp_group=ps.get_data_parallel_group(),
         control_group=control,
         owns_process_group=owns,
+        ep_size=ps.get_expert_model_parallel_world_size(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        etp_size=ps.get_expert_tensor_parallel_world_size(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
+        expert_dp_rank=ps.get_expert_data_parallel_rank(),
+        expert_group=ps.get_expert_tensor_and_model_parallel_group(),
     )
 
 

@@ -15,7 +15,9 @@ Every torchrun rank builds one (collectively); rank 0 is the driver, the others 
             (DDP no_sync except on the last micro-batch)
         finalize_model_grads (DP gradient sum, sequence-parallel norm grads) ─► grad norm ─►
         skip if not finite, else clip to ``clip_grad`` and step megatron's optimizer; lr schedule +1
-    policy_version += 1; metrics summed over DP ranks, returned on rank 0
+    policy_version += 1; metrics summed over DP ranks, returned on rank 0 (MoE models add the
+    router metrics of ``slime.train.router_metrics``: load per expert, load-balancing
+    loss, dropped tokens)
 
 Loss scale: each micro-batch loss is already divided by the whole optimizer step's denominator
 (samples for ``seq_mean``, trained tokens for ``token_mean``), so DDP must sum gradients over
@@ -23,8 +25,15 @@ data-parallel ranks rather than average them: ``calculate_per_token_loss=True`` 
 ``TransformerConfig`` does exactly that, and ``finalize_model_grads`` gets no token count to
 divide by. Tensor-parallel ranks compute the same loss; megatron's layers reduce their gradients.
 
-Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), pipeline,
-context and expert parallelism, and running without CUDA (megatron-core's optimizer and DDP
+MoE load-balancing loss (``--moe-aux-loss-coeff`` > 0): megatron-core attaches it to the router
+output, scaled by the micro-batch's token count (``calculate_per_token_loss``), and multiplies its
+gradient by ``MoEAuxLossAutoScaler``'s scale, which is set here to 1 / (tokens of the optimizer
+step, all DP ranks), times the TP size under sequence parallelism (each TP rank then holds a
+share of the loss scaled by its T / tp tokens): the trained term is coefficient x the
+token-weighted mean of the per micro-batch losses, normalised over the step as the RL loss is.
+
+Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), pipeline
+and context parallelism, and running without CUDA (megatron-core's optimizer and DDP
 allocate on the GPU; use ``--train-backend torch`` on a CPU).
 """
 
@@ -52,6 +61,7 @@ from slime.train.megatron.logprobs import vocab_parallel_logprobs
 from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
 from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
+from slime.train.megatron.router_metrics import attach_megatron_routers
 from slime.train.megatron.weights import iter_hf_weights, write_hf_dir
 from slime.types import Group
 
@@ -61,9 +71,9 @@ log = logging.getLogger(__name__)
 
 _TOKEN_METRICS = (
     "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
-    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac",
+    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac", "nll",
 )  # fmt: skip
-"""Token-mean metrics (as the torch backend reports them); the first four always."""
+"""Token-mean metrics (as the torch backend reports them); the first four always (RL), ``nll`` with ``sft_loss``."""
 
 
 class MegatronTrainer:
@@ -71,7 +81,7 @@ class MegatronTrainer:
 
     Args:
         config: the ``train`` section (algorithm, batch sizes, lr, ``config.megatron``).
-        model_dir: HF directory (Llama / Qwen2 / Qwen3 dense) the weights start from; also the
+        model_dir: HF directory (Llama / Qwen2 / Qwen3 dense, Qwen3-MoE / Qwen2-MoE) the weights start from; also the
             source of config and tokenizer files in every ``save_hf`` output.
         policy_version: version of the weights in ``model_dir``.
 
@@ -102,9 +112,15 @@ class MegatronTrainer:
             self.ref_model, _ = self._build(config.ref_load or model_dir, trainable=False)
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler()
+        self.router_stats = None
+        if self.arch.is_moe:
+            sp_group = self.ctx.tp_group if self.tconfig.sequence_parallel else None
+            self.router_stats = attach_megatron_routers(self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group)
         log.info(
-            "megatron backend: %s, %d layers, TP=%d DP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
-            self.arch.family, self.arch.num_layers, self.ctx.tp_size, self.ctx.dp_size, mcfg.bf16, self.tconfig.sequence_parallel,
+            "megatron backend: %s, %d layers%s, TP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
+            self.arch.family, self.arch.num_layers,
+            f" ({sum(self.arch.moe_layers)} MoE: {self.arch.num_experts} experts, top-{self.arch.moe_router_topk})" if self.arch.is_moe else "",
+            self.ctx.tp_size, self.ctx.dp_size, self.ctx.ep_size, self.ctx.etp_size, mcfg.bf16, self.tconfig.sequence_parallel,
             f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{config.micro_batch_size} samples",
         )
 
@@ -117,7 +133,8 @@ class MegatronTrainer:
         if arch != self.arch:
             raise ValueError(f"{hf_dir}: architecture {arch} differs from the policy's {self.arch}")
         model = build_gpt_model(arch, self.tconfig, tp_size=self.ctx.tp_size)
-        load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=self.ctx.tp_size, tp_rank=self.ctx.tp_rank)
+        c = self.ctx
+        load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=c.tp_size, tp_rank=c.tp_rank, ep_size=c.ep_size, ep_rank=c.ep_rank, etp_size=c.etp_size, etp_rank=c.etp_rank)
         if self.tconfig.bf16:
             model = mcore("megatron.core.transformer.module").Float16Module(self.tconfig, model)
         if not trainable:
@@ -259,7 +276,13 @@ class MegatronTrainer:
     # --- one train step (every rank) ----------------------------------------------------------
 
     def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
-        """Per optimizer step: (first sample, end sample, this rank's packed micro-batches)."""
+        """Per optimizer step: (first sample, end sample, this rank's packed micro-batches).
+
+        Under expert parallelism every MoE layer's forward is a collective over the EP ranks,
+        which are different DP ranks: each rank then runs as many micro-batches as the busiest DP
+        rank of the step, the missing ones as placeholders (``pack_samples`` of no sample, loss 0).
+        Every rank computes the same plan, so no count is exchanged.
+        """
         cfg, mcfg = self.config, self.config.megatron
         lens = batch.seq_lens.tolist()
         steps = []
@@ -275,8 +298,15 @@ class MegatronTrainer:
                 pack_samples(batch, [start + i for i in mb], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
                 for mb in plan[self.ctx.dp_rank]
             ]
+            if self.ctx.ep_size > 1:
+                busiest = max(len(p) for p in plan)
+                mbs += [self._placeholder(batch) for _ in range(busiest - len(mbs))]
             steps.append((start, end, mbs))
         return steps
+
+    def _placeholder(self, batch: TrainBatch) -> PackedMicroBatch:
+        """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
+        return pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
 
     def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         """Packed logprobs and entropies [t] of ``mb`` under ``model``."""
@@ -300,11 +330,15 @@ class MegatronTrainer:
         # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
         # memory synchronises the stream, and one per micro-batch would stall the GPU until the
         # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
-        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples]
+        keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
+        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples or keep_placeholders]
         for mb, rows in todo:
-            old[rows, : mb.num_cols] = mb.unpack(self._forward(self.model, mb)[0])
-            if ref is not None:
-                ref[rows, : mb.num_cols] = mb.unpack(self._forward(self.ref_model, mb)[0])
+            for model, out in ((self.model, old), (self.ref_model, ref)):
+                if model is None:
+                    continue
+                lp = self._forward(model, mb)[0]
+                if mb.samples:
+                    out[rows, : mb.num_cols] = mb.unpack(lp)
         for t in (old, ref):
             if t is not None and self.ctx.dp_size > 1:
                 dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
@@ -315,7 +349,8 @@ class MegatronTrainer:
         t0 = time.perf_counter()
         cfg = self.config
         steps = self._plan(batch)
-        batch = objective.with_advantages(cfg, self._before_update(batch, steps))
+        if not objective.is_sft(cfg):  # --loss-type sft_loss needs no logprobs from before the update
+            batch = objective.with_advantages(cfg, self._before_update(batch, steps))
         # Every micro-batch's rows go to the GPU now, while it is idle: selected on the CPU (no
         # index upload, no ``int(max)`` read back) and copied before the first forward, so the
         # loop below has no host sync between one micro-batch's backward and the next forward.
@@ -328,11 +363,15 @@ class MegatronTrainer:
             if step_mask.sum() == 0:
                 continue  # same decision on every rank: the batch is identical everywhere
             denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
+            if self.router_stats is not None:  # the aux loss is averaged over the step's tokens (module docstring)
+                aux_scale = mcore("megatron.core.transformer.moe.moe_utils").MoEAuxLossAutoScaler
+                sp = self.ctx.tp_size if self.tconfig.sequence_parallel else 1  # each TP rank scales by its T / tp tokens
+                aux_scale.set_loss_scale(torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
             step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # read back once, after the whole step
             if not mbs:
-                mbs = [pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)]
+                mbs = [self._placeholder(batch)]
                 step_subs = [None]
             for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
                 sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
@@ -361,10 +400,13 @@ class MegatronTrainer:
             dist.all_reduce(both, group=self.ctx.dp_group)
             sums, losses_t = both[: len(sums)], both[len(sums) :]
         sums, losses_t = sums.cpu(), losses_t.cpu()
+        router = self._router_metrics()
         num_tokens = max(float(sums[-1]), 1.0)
-        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < 4}
+        always = 0 if objective.is_sft(cfg) else 4
+        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < always}
         out.update(_batch_metrics(batch))
         out.update(objective.opd_metrics(batch))
+        out.update(router)
         out.update(
             loss=float(losses_t.mean()) if len(losses_t) else 0.0,
             grad_norm=sum(grad_norms) / max(len(grad_norms), 1),
@@ -375,6 +417,14 @@ class MegatronTrainer:
             train_time_s=time.perf_counter() - t0,
         )
         return out
+
+    def _router_metrics(self) -> dict[str, float]:
+        """This step's router metrics (MoE models; every rank, collectively), {} for a dense model."""
+        if self.router_stats is None:
+            return {}
+        groups = [self.ctx.dp_group]  # under sequence parallelism the hooks already summed over TP
+        mcore("megatron.core.transformer.moe.moe_utils").clear_aux_losses_tracker()  # megatron's own copy, unused here
+        return self.router_stats.collect(groups=groups)
 
     def _optimizer_step(self) -> float:
         """Reduce gradients, then step unless the gradient norm is not finite; returns the norm before clipping.
@@ -424,8 +474,9 @@ def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
 
 
 def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
-    assert batch.old_logprobs is not None
     n = batch.num_train_tokens
+    if batch.old_logprobs is None:  # --loss-type sft_loss
+        return {"num_samples": float(batch.num_samples), "num_train_tokens": float(n)}
     abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
     trained = batch.staleness[batch.loss_mask > 0].float()
     has_reward = ~batch.rewards.isnan()

@@ -4,7 +4,10 @@
 gathered from the TP ranks of data-parallel replica 0 onto global rank 0 (``dist.gather``), turned
 into its HF tensors (``convert.mcore_param_to_hf``) and moved to the CPU; then the next one. So
 the full model exists once, on rank 0's CPU, and the GPUs only ever hold one gathered parameter
-extra. Other data-parallel replicas hold the same weights and take no part.
+extra. Other data-parallel replicas hold the same weights and take no part. A routed expert's
+parameter (MoE) is gathered the same way over the ETP x EP ranks of expert replica 0
+(``ParallelContext.expert_group``, whose rank 0 is global rank 0): local expert j of EP rank r
+becomes HF expert ``r * num_experts / EP + j``.
 
 ``write_hf_dir`` writes those tensors as safetensors shards of at most ``max_shard_bytes``, with
 ``model.safetensors.index.json`` when there is more than one, plus ``config.json`` and the
@@ -26,7 +29,7 @@ from torch import Tensor
 
 from slime.train.checkpoint import TOKENIZER_FILES, copy_source_files, swap_into_place
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.convert import is_tensor_parallel, mcore_names, mcore_param_to_hf
+from slime.train.megatron.convert import is_expert, is_tensor_parallel, mcore_names, mcore_param_to_hf
 
 __all__ = ["iter_hf_weights", "write_hf_dir", "unwrap"]
 
@@ -43,19 +46,27 @@ def unwrap(model: Any) -> Any:
 def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
     """HF ``(name, tensor)`` pairs of ``model``'s current weights, yielded on rank 0 only.
 
-    Every rank of data-parallel replica 0 must iterate to the end (the gathers are collective);
-    other ranks get an empty iterator. Tensors are on the CPU, in ``dtype`` (default: the
+    Every rank must iterate to the end (the gathers are collective: ranks of data-parallel
+    replica 0 join the dense gathers, ranks of expert replica 0 the expert ones); only rank 0
+    yields. Tensors are on the CPU, in ``dtype`` (default: the
     parameters' dtype).
 
     Args:
         model: the trained model (wrappers allowed).
         arch: its architecture.
-        ctx: ``ParallelContext`` (rank, tp size/rank/group, dp rank).
+        ctx: ``ParallelContext`` (rank, tp size/rank/group, dp rank; ep/etp sizes, expert dp rank
+            and expert group for MoE models).
     """
-    if ctx.dp_rank != 0:
-        return
     params = dict(unwrap(model).named_parameters())
-    for name in mcore_names(arch):
+    ep_size = getattr(ctx, "ep_size", 1)
+    for name in mcore_names(arch, ep_size=ep_size):
+        if is_expert(name):
+            if ctx.expert_dp_rank != 0:
+                continue
+            yield from _gather_expert(name, params[name].detach(), arch, ctx, dtype)
+            continue
+        if ctx.dp_rank != 0:
+            continue
         local = params[name].detach()
         if ctx.tp_size > 1 and is_tensor_parallel(name):
             shards = [torch.empty_like(local) for _ in range(ctx.tp_size)] if ctx.is_driver else None
@@ -65,6 +76,25 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
         if ctx.is_driver:
             for hf_name, tensor in mcore_param_to_hf(name, shards, arch).items():
                 yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
+
+
+def _gather_expert(name: str, local: Tensor, arch: ModelArch, ctx: Any, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
+    """One routed-expert parameter from every ETP x EP rank of expert replica 0, as HF tensors on rank 0.
+
+    The group's ranks are ordered etp fastest (megatron-core's "tp-ep-dp" expert grid), so
+    gathered shard ``k`` is ETP rank ``k % etp_size`` of EP rank ``k // etp_size``.
+    """
+    ep, etp = ctx.ep_size, ctx.etp_size
+    if ep * etp > 1:
+        shards = [torch.empty_like(local) for _ in range(ep * etp)] if ctx.is_driver else None
+        dist.gather(local.contiguous(), shards, dst=0, group=ctx.expert_group)
+    else:
+        shards = [local]
+    if not ctx.is_driver:
+        return
+    for ep_rank in range(ep):
+        for hf_name, tensor in mcore_param_to_hf(name, shards[ep_rank * etp : (ep_rank + 1) * etp], arch, ep_size=ep, ep_rank=ep_rank).items():
+            yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
 
 
 def write_hf_dir(tensors: Iterable[tuple[str, Tensor]], out_dir: str, *, source_dir: str, max_shard_bytes: int = 2 << 30) -> str:

@@ -28,14 +28,24 @@ ARCH_CONFIGS = {
     "qwen2": dict(TINY, rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
     "qwen3": dict(TINY, rope_theta=1000000.0, tie_word_embeddings=False, head_dim=12),
 }
-"""Tiny configs per family: untied Llama; tied Qwen2 (qkv bias); Qwen3 with head_dim != hidden / heads."""
+MOE = dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+ARCH_CONFIGS.update(
+    qwen3_moe=dict(TINY, **MOE, rope_theta=1000000.0, tie_word_embeddings=False, head_dim=12, norm_topk_prob=True),
+    qwen2_moe=dict(TINY, **MOE, num_hidden_layers=3, mlp_only_layers=[1], shared_expert_intermediate_size=24, rope_theta=10000.0, tie_word_embeddings=True, norm_topk_prob=False),
+)
+"""Tiny configs per family: untied Llama; tied Qwen2 (qkv bias); Qwen3 with head_dim != hidden / heads;
+Qwen3-MoE (4 experts, top-2, renormalised top-k); Qwen2-MoE (shared expert with its sigmoid gate,
+layer 1 dense, top-k not renormalised, tied embeddings)."""
 
 
 def make_hf_model(family: str, seed: int = 0):
     """A random tiny HF model of ``family`` (fp32, eval mode); biases and norms randomised too."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    import transformers as tf
 
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[family]
+    cfg_cls, model_cls = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM), "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+    }[family]  # fmt: skip
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**ARCH_CONFIGS[family]))
     with torch.no_grad():

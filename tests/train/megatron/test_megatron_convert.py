@@ -82,15 +82,16 @@ def test_tp_that_does_not_divide_the_heads_is_rejected(hf_dirs):
         arch.check_tensor_parallel(3)
 
 
-def test_distributed_checkpoint_round_trip_through_the_cli_functions(hf_dirs, megatron_cpu, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3", "qwen2_moe"])
+def test_distributed_checkpoint_round_trip_through_the_cli_functions(family, hf_dirs, megatron_cpu, tmp_path):
     pytest.importorskip("psutil", reason="megatron-core's checkpoint writer imports psutil without declaring it")
     from slime.train.megatron.convert_cli import hf_to_megatron, megatron_to_hf
 
     mdir, hdir = tmp_path / "mcore", tmp_path / "hf"
-    hf_to_megatron(hf_dirs["qwen3"], str(mdir))
+    hf_to_megatron(hf_dirs[family], str(mdir))
     assert json.loads((mdir / "slime_megatron.json").read_text())["params_dtype"] == "float32"
     megatron_to_hf(str(mdir), str(hdir))
-    _assert_bit_exact(load_file(hdir / "model.safetensors"), _hf_state(hf_dirs["qwen3"]))
+    _assert_bit_exact(load_file(hdir / "model.safetensors"), _hf_state(hf_dirs[family]))
     assert (hdir / "config.json").is_file() and (hdir / "tokenizer_config.json").is_file()
 
 

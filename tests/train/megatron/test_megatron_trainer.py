@@ -50,6 +50,7 @@ def _cpu_trainer(config: TrainConfig, model_dir: str, ctx):
     from slime.train.megatron.arch import ModelArch, load_hf_config
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
     from slime.train.megatron.parallel import ControlChannel
+    from slime.train.megatron.router_metrics import attach_megatron_routers
     from slime.train.megatron.trainer import MegatronTrainer
 
     class CpuMegatronTrainer(MegatronTrainer):
@@ -65,6 +66,8 @@ def _cpu_trainer(config: TrainConfig, model_dir: str, ctx):
             self.ddp, self.ref_model = _PassThroughDDP(self.model), None
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
             self.scheduler = _ConstantLR(config.lr)
+            a = self.arch
+            self.router_stats = attach_megatron_routers(self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu")) if a.is_moe else None
 
         def _optimizer_step(self) -> float:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad))
@@ -105,3 +108,22 @@ def test_train_step_metrics_match_the_torch_backend(dynamic, hf_dirs, megatron_c
         for key in ("loss", "grad_norm", "ratio_mean", "entropy", "pg_clipfrac", "approx_kl", "train_rollout_logprob_abs_diff", "num_train_tokens", "num_optimizer_steps"):
             assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
     assert got["policy_version"] == 2.0
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_sft_loss_step_matches_the_torch_backend(dynamic, hf_dirs, megatron_cpu):
+    """``--loss-type sft_loss`` goes through the shared loss path (objective.micro_batch_loss) in both backends."""
+    from slime.train.torch_backend import TorchTrainer
+
+    config = TrainConfig(
+        lr=1e-3, global_batch_size=4, micro_batch_size=2, loss_type="sft_loss", loss_agg="token_mean",
+        megatron=MegatronConfig(use_dynamic_batch_size=dynamic, max_tokens_per_gpu=20),
+    )
+    groups = _groups(96)
+    megatron = _cpu_trainer(config, hf_dirs["qwen2"], megatron_cpu)
+    reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"])
+    for _ in range(2):
+        got, want = megatron.train_step(groups), reference.train_step(groups)
+        for key in ("loss", "nll", "grad_norm", "num_train_tokens", "num_optimizer_steps"):
+            assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
+        assert "pg_clipfrac" not in got and "reward_mean" not in got

@@ -1,0 +1,221 @@
+"""The SFT run: ``slime train --loss-type sft_loss`` trains on a dataset, with RL's checkpoints, logs and resume.
+
+No engine is launched and nothing is generated or rewarded (THUDM/slime spells this
+``--rollout-function-path slime.rollout.sft_rollout.generate_rollout --loss-type sft_loss
+--disable-compute-advantages-and-returns --debug-train-only``; here ``--loss-type sft_loss`` implies
+the rest). One step::
+
+    rows    = rollout_batch_size rows from --prompt-data (PromptSource: file order, or shuffled
+              per epoch with --rollout-shuffle; its position is checkpointed)
+    groups  = one single-sample group per row (slime.data.sft.to_group: ids, assistant loss mask)
+    metrics = trainer.train_step(groups)   # losses.sft_loss; global_batch_size rows per optimizer
+                                           # step, micro-batches of micro_batch_size rows or of
+                                           # --max-tokens-per-gpu tokens (--use-dynamic-batch-size)
+
+Steps: ``--num-rollout``, or ``--num-epoch`` passes (``epochs * rows // rollout_batch_size``).
+Evaluation: the mean NLL per trained token of ``--eval-prompt-data`` (same row format; at most
+``--num-eval-prompts`` rows), before the first step, every ``--eval-interval`` steps and after the
+last, as ``{"kind": "eval", "eval_loss": ...}`` records in ``RUN_DIR/metrics.jsonl``.
+
+Outputs (``--save RUN_DIR``): ``metrics.jsonl`` (a ``kind: step`` record per step: ``train/loss``,
+``train/nll``, ``train/grad_norm``, ``train/lr``, tokens, epoch, time), ``trained_rows.jsonl`` (the
+data index of every row each step trained, for audits and the resume test), ``config.json``,
+``summary.json``, ``report.txt`` (``slime report``'s text), ``model/`` (the final weights, an HF directory with the tokenizer files) and,
+with ``--save-interval N``, ``checkpoints/`` (``slime.loop.checkpoint``: weights, optimizer, lr
+position, RNG, data position). ``--load RUN_DIR`` resumes from the latest checkpoint: the next step
+trains the rows right after the checkpoint's, and the records after it are cut from the logs.
+
+Not covered: the megatron backend under torchrun for SFT (its loss path accepts ``sft_loss``, but
+this driver builds the torch trainer); a resumed run with another ``--rollout-batch-size`` or data file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from slime.config import Config
+from slime.data.dataset import PromptSource
+from slime.data.sft import SFTExample, load_sft_file, to_group
+from slime.errors import ConfigError
+from slime.loop.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_jsonl
+from slime.loop.report import MetricsWriter, write_json_atomic
+from slime.obs.observers import Observers
+from slime.types import Group
+
+__all__ = ["run_sft", "load_sft_data", "check_sft_config", "num_sft_steps"]
+
+log = logging.getLogger(__name__)
+
+
+def check_sft_config(config: Config) -> None:
+    """Flags that an SFT run cannot honour, refused at start.
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    d, dbg = config.data, config.debug
+    problems = [
+        (d.prompt_data is None, "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)"),
+        (d.offline_data is not None, "--offline-data: not used by --loss-type sft_loss (every row of --prompt-data is trained on)"),
+        (dbg.debug_rollout_only or dbg.train_only or dbg.save_debug_rollout_data is not None,
+         "--debug-rollout-only / --debug-train-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)"),
+        (config.train.rollout_temperature != 1.0, f"--rollout-temperature={config.train.rollout_temperature}: SFT scores tokens at "
+         "temperature 1 (the NLL of the data); leave it unset"),
+        (config.train.train_backend == "megatron", "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
+         "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks"),
+        (config.train.use_opd, "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
+
+
+def load_sft_data(config: Config, tokenizer: Any) -> tuple[list[SFTExample], list[SFTExample], int]:
+    """Train and eval examples (``slime.data.sft``) and how many bad rows were skipped."""
+    d = config.data
+    kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data)
+    train, num_bad = load_sft_file(d.prompt_data, flag="--prompt-data", **kw)
+    evals: list[SFTExample] = []
+    if d.eval_prompt_data:
+        evals, bad_eval = load_sft_file(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
+        num_bad += bad_eval
+    return train, evals[: d.num_eval_prompts], num_bad
+
+
+def num_sft_steps(config: Config, num_rows: int) -> int:
+    """``--num-rollout``, or with ``--num-epoch E``: ``E * num_rows // rollout_batch_size`` (at least 1).
+
+    Example: 1,000 rows, 3 epochs, 64 rows a step -> 46 steps (the last partial batch of rows is
+    carried into the next step, never dropped, as ``PromptSource`` runs across epochs)."""
+    if config.loop.num_epoch is None:
+        return config.loop.num_rollout
+    return max(1, config.loop.num_epoch * num_rows // config.loop.rollout_batch_size)
+
+
+async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume, with ``config.load``) an SFT job; returns the summary also written to ``RUN_DIR/summary.json``.
+
+    Raises:
+        ConfigError: flags an SFT run cannot honour, or a chat template without usable assistant spans.
+        DataError: a malformed row (``path:line``).
+    """
+    from transformers import AutoTokenizer
+
+    from slime.train.torch_backend import TorchTrainer
+
+    config.validate()
+    check_sft_config(config)
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = latest_checkpoint(Path(config.load) / "checkpoints") if config.load else None
+    resume = msgspec.json.decode((ckpt / "loop.json").read_bytes(), type=LoopState) if ckpt else None
+    if config.load and ckpt is None:
+        log.warning("--load %s: no checkpoint found; starting a fresh run", config.load)
+    for name in ("metrics.jsonl", "trained_rows.jsonl"):  # steps after the checkpoint are replayed
+        truncate_jsonl(run_dir / name, max_step=resume.step if resume else -1)
+    base_model = config.engine.hf_checkpoint
+    model_dir = str(ckpt / "model") if ckpt else base_model
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
+    train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config, tokenizer)
+    num_steps = num_sft_steps(config, len(train_rows))
+    if num_steps != config.loop.num_rollout:
+        config = msgspec.structs.replace(config, loop=msgspec.structs.replace(config.loop, num_rollout=num_steps))
+    write_json_atomic(run_dir / "config.json", msgspec.to_builtins(config))
+    log.info("SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
+             len(train_rows), sum(len(r.input_ids) for r in train_rows), sum(sum(r.loss_mask) for r in train_rows),
+             len(eval_rows), num_steps, config.loop.rollout_batch_size)
+    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
+    trainer = await asyncio.to_thread(TorchTrainer, config.train, model_dir=model_dir, policy_version=resume.policy_version if resume else 0)
+    if resume is not None:
+        await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
+        source.load_state_dict(resume.source)
+        log.info("resuming from %s (step %d, epoch %d, row %d of the epoch)", ckpt, resume.step, source.epoch, source.position)
+    eval_groups = [to_group(ex, group_id=-1 - i, policy_version=0) for i, ex in enumerate(eval_rows)]
+    metrics = MetricsWriter(run_dir)
+    trained_log = (run_dir / "trained_rows.jsonl").open("a")
+    t_start = time.monotonic()
+
+    async def evaluate(step: int) -> None:
+        if not eval_groups:
+            return
+        rec = {"kind": "eval", "step": step, "policy_version": trainer.policy_version, **await asyncio.to_thread(trainer.eval_loss, eval_groups)}
+        metrics.write(rec)
+        obs.record(rec, f"eval @ step {step}: loss {rec['eval_loss']:.4f} over {int(rec['eval_tokens'])} tokens")
+
+    async with Observers(config, run_dir, progress=progress) as obs:
+        first_step = resume.step + 1 if resume else 1
+        if resume is None:
+            await evaluate(0)
+        for step in range(first_step, num_steps + 1):
+            t0 = time.monotonic()
+            rows = [source.next() for _ in range(config.loop.rollout_batch_size)]
+            groups = [to_group(ex, group_id=(step - 1) * len(rows) + k, policy_version=trainer.policy_version) for k, ex in enumerate(rows)]
+            train_metrics = await asyncio.to_thread(trainer.train_step, groups)
+            record = _step_record(step, trainer.policy_version, source, groups, train_metrics, time.monotonic() - t0)
+            metrics.write(record)
+            trained_log.write(json.dumps({"step": step, "data_index": [ex.index for ex in rows]}) + "\n")
+            trained_log.flush()
+            obs.record(record, _step_line(record))
+            if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < num_steps:
+                await evaluate(step)
+            if config.save_interval and (step % config.save_interval == 0 or step == num_steps):
+                state = LoopState(step=step, policy_version=trainer.policy_version, source=source.state_dict(), next_group_id=step * len(rows),
+                                  num_admitted=step * len(rows), rollout_id=step, taken=[], ready=[], partial=[])
+                with obs.tracer.span("checkpoint", "checkpoint", step=step):
+                    await asyncio.to_thread(save_checkpoint, run_dir / "checkpoints", state, trainer=trainer)
+        await evaluate(num_steps)
+    trained_log.close()
+    metrics.close()
+    await asyncio.to_thread(trainer.save_hf, str(run_dir / "model"))
+    summary = _summary(metrics.records, num_steps=num_steps, num_rows=len(train_rows), num_bad=num_bad, wall_time_s=time.monotonic() - t_start)
+    summary["model_dir"] = str(run_dir / "model")
+    write_json_atomic(run_dir / "summary.json", summary)
+    await asyncio.to_thread(_write_report, run_dir)
+    return summary
+
+
+def _write_report(run_dir: Path) -> None:
+    """``RUN_DIR/report.txt``: what ``slime report RUN_DIR`` prints."""
+    from slime.obs.report import format_report, load_run, summarize
+
+    (run_dir / "report.txt").write_text(format_report(run_dir, summarize(*load_run(run_dir))) + "\n")
+
+
+def _step_record(step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float) -> dict[str, Any]:
+    num_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
+    return {
+        "kind": "step", "step": step, "policy_version": version, "epoch": source.epoch, "num_rows": len(groups),
+        "num_tokens": num_tokens, "trained_tokens": int(train.get("num_train_tokens", 0)),
+        "tokens_per_s": num_tokens / max(step_time_s, 1e-9), "step_time_s": step_time_s,
+        **{f"train/{k}": v for k, v in train.items()},
+    }
+
+
+def _step_line(r: dict[str, Any]) -> str:
+    return (f"step {r['step']:>5} epoch {r['epoch']} loss {r.get('train/loss', float('nan')):.4f} "
+            f"lr {r.get('train/lr', float('nan')):.2e} grad_norm {r.get('train/grad_norm', float('nan')):.3f} "
+            f"tokens {r['trained_tokens']}/{r['num_tokens']} tok/s {r['tokens_per_s']:.0f} {r['step_time_s']:.2f}s")
+
+
+def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> dict[str, Any]:
+    """Derived from every metrics record, so a resumed run counts its whole history."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    return {
+        "mode": "sft",
+        "num_steps": num_steps,
+        "num_train_rows": num_rows,
+        "bad_data_lines_skipped": num_bad,
+        "eval_loss_before": evals[0]["eval_loss"] if evals else None,
+        "eval_loss_after": evals[-1]["eval_loss"] if evals else None,
+        "train_loss_last": steps[-1].get("train/loss") if steps else None,
+        "trained_tokens": sum(r["trained_tokens"] for r in steps),
+        "wall_time_s": round(wall_time_s, 1),
+    }

@@ -1,0 +1,78 @@
+"""SFT rows: plain prompt/response and chat messages become ids + loss mask; bad rows are named by file:line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slime.data.sft import SFTExample, load_sft_file, parse_sft_row, to_group
+from slime.data.tokenizer import build_tokenizer
+from slime.errors import DataError
+from slime.types import Status
+from tests.fixtures.chat_tokenizers import build_chat_tokenizer
+
+
+@pytest.fixture(scope="module")
+def arith_tok():
+    return build_tokenizer()
+
+
+def test_plain_row_trains_on_response_and_eos_only(arith_tok):
+    ex = parse_sft_row({"prompt": "47+9=", "response": "#56"}, 0, tokenizer=arith_tok, input_key="prompt")
+    bos, eos = arith_tok.bos_token_id, arith_tok.eos_token_id
+    assert ex.input_ids == [bos] + arith_tok.encode("47+9=#56", add_special_tokens=False) + [eos]
+    assert ex.loss_mask == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert ex.num_prompt_tokens == 6
+
+
+def test_plain_row_does_not_double_an_eos_already_written(arith_tok):
+    ex = parse_sft_row({"prompt": "1+1=", "response": "#2<eos>"}, 0, tokenizer=arith_tok, input_key="prompt")
+    assert ex.input_ids.count(arith_tok.eos_token_id) == 1 and ex.input_ids[-1] == arith_tok.eos_token_id
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"prompt": "1+1=", "response": "#2"', "invalid JSON"),
+        ('["1+1="]', "expected a JSON object"),
+        ('{"response": "#2"}', "missing key 'prompt'"),
+        ('{"prompt": "1+1="}', "needs a non-empty string under 'response'"),
+        ('{"prompt": 7, "response": "#2"}', "must be a list of chat messages or a non-empty prompt string"),
+    ],
+)
+def test_malformed_row_names_file_and_line(tmp_path, arith_tok, bad, why):
+    path = tmp_path / "sft.jsonl"
+    path.write_text('{"prompt": "1+1=", "response": "#2"}\n\n' + bad + "\n")
+    with pytest.raises(DataError, match=rf"{path}:3: .*{why}"):
+        load_sft_file(path, tokenizer=arith_tok, input_key="prompt")
+    rows, num_bad = load_sft_file(path, tokenizer=arith_tok, input_key="prompt", on_bad_data="skip")
+    assert (len(rows), num_bad) == (1, 1)
+
+
+def test_chat_row_without_assistant_turn_is_a_bad_row(tmp_path):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    tok = build_chat_tokenizer("qwen", [(messages, None)])
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n" + json.dumps({"messages": messages[:1]}) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:2: .*no assistant message"):
+        load_sft_file(path, tokenizer=tok)
+
+
+def test_group_holds_the_row_with_masked_out_turns_between_assistant_turns():
+    messages = [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c"},
+                {"role": "user", "content": "d"}, {"role": "assistant", "content": "e f"}]
+    tok = build_chat_tokenizer("qwen", [(messages, None)])
+    ex = parse_sft_row({"messages": messages}, 4, tokenizer=tok)
+    group = to_group(ex, group_id=9, policy_version=3)
+    (s,) = group.samples
+    assert s.prompt_ids + s.response_ids == ex.input_ids
+    assert s.loss_mask == ex.loss_mask[ex.num_prompt_tokens :] and s.loss_mask[0] == 1 and 0 in s.loss_mask
+    assert s.versions == [3] * len(s.response_ids) and s.rollout_logprobs == [0.0] * len(s.response_ids)
+    assert (s.status, s.reward, group.group_id, group.data_index) == (Status.COMPLETED, 0.0, 9, 4)
+    s.check_aligned()
+
+
+def test_example_needs_a_prompt_token_before_the_first_trained_one():
+    with pytest.raises(ValueError):
+        SFTExample(index=0, input_ids=[1, 2], loss_mask=[0, 0]).num_prompt_tokens
