@@ -63,3 +63,12 @@ def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(t
     metrics = _with_offline_logprobs(trainer)([group])
     assert all(lp < 0 for s in group.samples for lp in s.rollout_logprobs)
     assert metrics["train_rollout_logprob_abs_diff"] < 1e-5 and metrics["tis_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_sft_runs_refuse_on_policy_distillation():
+    from slime.loop.sft import check_sft_config
+
+    config = Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss", use_opd=True))
+    with pytest.raises(ConfigError, match="--use-opd: on-policy distillation needs the student's own rollouts"):
+        check_sft_config(config)
+    check_sft_config(Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss")))
