@@ -102,16 +102,16 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             processes.update(zip(urls, procs + teachers))
             model_of.update((u, ACTOR) for u in urls[: len(procs)])
             model_of.update((u, TEACHER) for u in urls[len(procs) :])
-        elif teachers:
-            urls = await _start_all(teachers, timeout_s)
-            processes.update(zip(urls, teachers))
-            model_of.update((u, TEACHER) for u in urls)
         elif plan.backend == "sglang":
             procs = [CommandProcess(s.name, s.argv, env=s.env, url=s.url, log_path=_log(log_dir, s.name),
                                     ready=EngineClient(s.url, session=session, config=rollout).wait_ready) for s in plan.servers]
             await _start_all(procs, timeout_s)
             processes.update((p.url, p) for p in procs)
             model_of.update((s.url, s.model) for s in plan.servers)
+        elif teachers:  # external actor engines, an embedded teacher (the plan refuses one beside SGLang servers)
+            urls = await _start_all(teachers, timeout_s)
+            processes.update(zip(urls, teachers))
+            model_of.update((u, TEACHER) for u in urls)
         model_of.update((u, ACTOR) for u in plan.external_urls)
         model_of.update((u, TEACHER) for u in plan.teacher_urls)
         router_clients: dict[str, RouterClient] = {}
