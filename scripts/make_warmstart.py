@@ -84,16 +84,30 @@ def parse_args() -> argparse.Namespace:
                    help="share of SFT targets that answer directly ('#441') instead of working it out")
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=0, help="greedy eval every N steps (0: only at the end)")
+    # Model size (defaults: the shipped warm start, MODEL_DIMS); scripts/make_opd_teacher.py sets a larger one.
+    p.add_argument("--hidden-size", type=int, default=MODEL_DIMS["hidden_size"])
+    p.add_argument("--intermediate-size", type=int, default=MODEL_DIMS["intermediate_size"])
+    p.add_argument("--num-layers", type=int, default=MODEL_DIMS["num_hidden_layers"])
+    p.add_argument("--num-heads", type=int, default=MODEL_DIMS["num_attention_heads"])
+    p.add_argument("--num-kv-heads", type=int, default=MODEL_DIMS["num_key_value_heads"])
+    p.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="dtype of the saved weights (bfloat16 halves the file; engines and trainers load them as float32)")
     return p.parse_args()
 
 
-def make_model(tokenizer, seed: int) -> LlamaForCausalLM:
+def model_dims(args: argparse.Namespace) -> dict:
+    """``MODEL_DIMS`` with the size flags applied."""
+    return dict(MODEL_DIMS, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+                num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads, num_key_value_heads=args.num_kv_heads)
+
+
+def make_model(tokenizer, seed: int, dims: dict = MODEL_DIMS) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL_DIMS,
+        **dims,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).float()
@@ -152,7 +166,7 @@ def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace, eval_row
             model.train()
 
 
-def save(model: LlamaForCausalLM, tokenizer, out: Path) -> None:
+def save(model: LlamaForCausalLM, tokenizer, out: Path, dtype: str = "float32") -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
@@ -161,7 +175,10 @@ def save(model: LlamaForCausalLM, tokenizer, out: Path) -> None:
         do_sample=False,
         max_new_tokens=arith.MAX_RESPONSE_CHARS + 2,
     )
+    if dtype == "bfloat16":  # round in place, so the report below measures exactly the saved weights
+        model.to(torch.bfloat16)
     model.save_pretrained(out)
+    model.to(torch.float32)
     tokenizer.save_pretrained(out)
 
 
@@ -196,14 +213,15 @@ def main() -> None:
     start = time.monotonic()
 
     tokenizer = build_tokenizer()
-    model = make_model(tokenizer, args.seed)
+    dims = model_dims(args)
+    model = make_model(tokenizer, args.seed, dims)
     num_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {num_params:,} parameters, {MODEL_DIMS}", flush=True)
+    print(f"model: {num_params:,} parameters, {dims}", flush=True)
     eval_rows = arith.generate_dataset(args.num_eval, seed=args.seed, split="eval")
 
     train(model, tokenizer, args, eval_rows)
     print(f"trained {args.steps} steps in {time.monotonic() - start:.1f}s", flush=True)
-    save(model, tokenizer, args.out)
+    save(model, tokenizer, args.out, args.save_dtype)
     size_mb = sum(f.stat().st_size for f in args.out.iterdir()) / 1e6
     print(f"saved to {args.out} ({size_mb:.1f} MB)", flush=True)
     report(model, tokenizer, eval_rows, args.seed)

@@ -114,6 +114,13 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--use-decoupled-ppo": ("train.use_decoupled_ppo", dict(action="store_true", help="decoupled PPO objective (AReaL)")),
     "--behav-imp-weight-cap": ("train.behav_imp_weight_cap", dict(type=float)),
     "--mask-offpolicy-in-partial-rollout": ("train.mask_offpolicy_in_partial_rollout", dict(action="store_true", help="train only each sample's newest-version tokens")),
+    # On-policy distillation (slime/rollout/opd.py, slime/train/objective.py): --use-opd and --opd-kl-coef
+    # are slime's; slime's --opd-teacher-load names a Megatron checkpoint, ours an HF dir served by an engine.
+    "--use-opd": ("train.use_opd", dict(action="store_true", help="on-policy distillation: a teacher engine scores each sample; reverse KL in the advantage")),
+    "--opd-kl-coef": ("train.opd_kl_coef", dict(type=float, help="weight of the per-token reverse KL in the advantage (default 1.0)")),
+    "--opd-only": ("train.opd_only", dict(action="store_true", help="pure distillation: the task reward is logged and evaluated but does not train")),
+    "--opd-teacher-load": ("engine.opd_teacher_load", dict(help="HF dir of the teacher: an embedded engine serving it is launched")),
+    "--opd-teacher-addrs": ("engine.opd_teacher_addrs", dict(nargs="+", help="teacher engines already running (host:port)")),
     # Training backend (slime/train/megatron/): Megatron-LM's spelling; the batch, lr, weight-decay,
     # Adam and clip flags above are shared by both backends.
     "--train-backend": ("train.train_backend", dict(choices=["torch", "megatron"], help="torch: one HF model in-process; megatron: megatron-core under torchrun")),

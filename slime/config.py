@@ -312,6 +312,19 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Decoupled PPO: drop tokens whose behaviour weight exceeds this cap, > 1 (``--behav-imp-weight-cap``)."""
     mask_offpolicy_in_partial_rollout: bool = False
     """Train only the tokens of each sample's newest policy version (``--mask-offpolicy-in-partial-rollout``)."""
+    use_opd: bool = False
+    """On-policy distillation (``--use-opd``, THUDM/slime's flag): a teacher engine scores every finished
+    sample (``slime.rollout.opd``; the teacher comes from ``--opd-teacher-load``, ``--opd-teacher-addrs``
+    or a ``model: teacher`` group of ``--sglang-config``) and each trained token's advantage gets
+    ``-opd_kl_coef * (old_logp - teacher_logp)`` on top of the estimator's (``slime.train.objective``)."""
+    opd_kl_coef: float = 1.0
+    """Weight of the per-token reverse KL in the advantage (``--opd-kl-coef``, slime's default 1.0), >= 0;
+    next to the task advantage it sets the mix."""
+    opd_only: bool = False
+    """Pure distillation (``--opd-only``, needs ``--use-opd``): the advantage is the reverse-KL term alone.
+    The task reward is still computed, logged (``reward_mean``, ``accuracy``) and used by eval; it just
+    does not train (every estimator sees reward 0). THUDM/slime gets the same with a reward function
+    that returns 0, which also zeroes what its logs show."""
     loss_type: Literal["policy_loss", "sft_loss"] = "policy_loss"
     """``--loss-type`` (THUDM/slime's flag): ``policy_loss`` (RL, the objective above) or ``sft_loss``
     (supervised fine-tuning: masked negative log-likelihood of the loss-mask tokens, aggregated by
@@ -386,6 +399,12 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     """First wait before a probe of an open breaker; doubles per failed probe, up to 8x."""
     max_engine_restarts: int = 3
     """Restarts of one launched engine before it stays out of rotation for the rest of the run."""
+    opd_teacher_load: str | None = None
+    """HF directory of the on-policy-distillation teacher (``--opd-teacher-load``): one embedded engine
+    serving it is launched beside the actor's (its own pool, ``model: teacher``, never weight-synced).
+    With SGLang servers, declare the teacher as a ``model: teacher`` group of ``--sglang-config`` instead."""
+    opd_teacher_addrs: tuple[str, ...] = ()
+    """Teacher engines (or one router) that already run, ``host:port`` or URLs (``--opd-teacher-addrs``)."""
 
 
 class ObsConfig(msgspec.Struct, **_STRUCT):
@@ -485,6 +504,9 @@ class Config(msgspec.Struct, **_STRUCT):
             (0.0 <= t.lambd <= 1.0, "--lambd", t.lambd, "in [0, 1]"),
             (t.kl_coef >= 0, "--kl-coef", t.kl_coef, ">= 0"),
             (t.kl_loss_coef >= 0, "--kl-loss-coef", t.kl_loss_coef, ">= 0"),
+            (t.opd_kl_coef >= 0, "--opd-kl-coef", t.opd_kl_coef, ">= 0"),
+            (not (self.engine.opd_teacher_load and self.engine.opd_teacher_addrs), "--opd-teacher-load with --opd-teacher-addrs",
+             f"{self.engine.opd_teacher_load!r} and {list(self.engine.opd_teacher_addrs)}", "one teacher: launch one or attach to running ones"),
             (t.entropy_coef >= 0, "--entropy-coef", t.entropy_coef, ">= 0"),
             (t.value_clip > 0, "--value-clip", t.value_clip, "> 0"),
             (t.critic_lr is None or t.critic_lr > 0, "--critic-lr", t.critic_lr, "> 0, or unset (= --lr)"),

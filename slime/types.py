@@ -18,6 +18,7 @@ Example (a resumed sample, abort after 3 tokens under version 4, resume under ve
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import msgspec
@@ -80,6 +81,11 @@ class Sample(msgspec.Struct, kw_only=True):
         evidence: what the verifier or a failing plugin saw and said (JSON-serialisable).
         num_aborts: how many times this sample was aborted and kept as a partial rollout.
         num_resumes: how many times a partial was re-sent to an engine.
+        teacher_logprobs: [num_tokens] float32, natural log, the on-policy-distillation teacher's
+            logprob of each response token given the prompt and the tokens before it (temperature
+            1), aligned with ``response_ids``; None until the finished sample is scored
+            (``slime.rollout.opd``, ``--use-opd``). Set once through ``set_teacher_logprobs``; a
+            scored sample cannot grow. Entries at loss_mask-0 positions (tool output) carry no signal.
     """
 
     prompt_ids: list[int]
@@ -100,6 +106,7 @@ class Sample(msgspec.Struct, kw_only=True):
     evidence: dict[str, Any] = msgspec.field(default_factory=dict)
     num_aborts: int = 0
     num_resumes: int = 0
+    teacher_logprobs: list[float] | None = None
 
     def append(
         self,
@@ -118,9 +125,15 @@ class Sample(msgspec.Struct, kw_only=True):
             trainable: loss mask value of the new tokens (False for tool/observation tokens).
 
         Raises:
-            ValueError: when the lengths disagree; nothing is appended then.
+            ValueError: when the lengths disagree, or the sample was already scored by a teacher
+                (``teacher_logprobs`` set); nothing is appended then.
         """
         k = len(token_ids)
+        if self.teacher_logprobs is not None:
+            raise ValueError(
+                f"Sample(group={self.group_id}, index={self.index}).append: the sample already has teacher_logprobs "
+                f"for its {len(self.response_ids)} tokens; a teacher-scored sample cannot grow"
+            )
         if len(logprobs) != k:
             raise ValueError(
                 f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but "
@@ -170,11 +183,32 @@ class Sample(msgspec.Struct, kw_only=True):
     def check_aligned(self) -> None:
         """Raise ValueError naming the lengths if the aligned per-token lists disagree."""
         lens = (len(self.response_ids), len(self.rollout_logprobs), len(self.versions), len(self.loss_mask))
-        if len(set(lens)) != 1:
+        teacher = f" teacher_logprobs={len(self.teacher_logprobs)}" if self.teacher_logprobs is not None else ""
+        if len(set(lens)) != 1 or (self.teacher_logprobs is not None and len(self.teacher_logprobs) != lens[0]):
             raise ValueError(
                 f"Sample(group={self.group_id}, index={self.index}) misaligned: response_ids={lens[0]} "
-                f"rollout_logprobs={lens[1]} versions={lens[2]} loss_mask={lens[3]}"
+                f"rollout_logprobs={lens[1]} versions={lens[2]} loss_mask={lens[3]}{teacher}"
             )
+
+    def set_teacher_logprobs(self, logprobs: Sequence[float]) -> None:
+        """Store the teacher's per-token logprobs of this (finished) sample's response.
+
+        Args:
+            logprobs: [num_tokens] float, natural log, one per ``response_ids`` entry, all finite.
+
+        Raises:
+            ValueError: a length other than ``len(response_ids)``, a non-finite value, or a second call.
+        """
+        where = f"Sample(group={self.group_id}, index={self.index}).set_teacher_logprobs"
+        if self.teacher_logprobs is not None:
+            raise ValueError(f"{where}: already set")
+        values = [float(x) for x in logprobs]
+        if len(values) != len(self.response_ids):
+            raise ValueError(f"{where}: {len(values)} logprobs for {len(self.response_ids)} response tokens")
+        bad = next((i for i, x in enumerate(values) if not math.isfinite(x)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: logprob {values[bad]} of response token {bad} (id {self.response_ids[bad]}) is not finite")
+        self.teacher_logprobs = values
 
 
 class Group(msgspec.Struct, kw_only=True):

@@ -37,6 +37,7 @@ PINNED = {
     "--apply-chat-template", "--tool-key", "--curriculum-key", "--offline-data", "--offline-ratio", "--buffer-capacity",
     "--n-samples-per-eval-prompt", "--eval-temperature",
     "--save-debug-rollout-data", "--load-debug-rollout-data", "--debug-rollout-only", "--debug-train-only",
+    "--use-opd", "--opd-kl-coef", "--opd-only", "--opd-teacher-load", "--opd-teacher-addrs",
     "--loss-type", "--num-epoch",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)

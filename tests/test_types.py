@@ -63,3 +63,21 @@ def test_sample_round_trips_through_msgspec():
     g = Group(group_id=4, samples=[s])
     back = msgspec.json.decode(msgspec.json.encode(g), type=Group)
     assert back == g and back.samples[0].status is Status.PARTIAL
+
+
+def test_teacher_logprobs_are_set_once_aligned_and_finite_and_round_trip():
+    s = Sample(prompt_ids=[1], status=Status.COMPLETED)
+    s.append([7, 8], [-0.25, -0.5], 2)
+    with pytest.raises(ValueError, match="1 logprobs for 2 response tokens"):
+        s.set_teacher_logprobs([-0.1])
+    with pytest.raises(ValueError, match=r"logprob nan of response token 1 \(id 8\)"):
+        s.set_teacher_logprobs([-0.1, float("nan")])
+    assert s.teacher_logprobs is None
+    s.set_teacher_logprobs([-0.1, -0.2])
+    with pytest.raises(ValueError, match="already set"):
+        s.set_teacher_logprobs([-0.1, -0.2])
+    back = msgspec.json.decode(msgspec.json.encode(s), type=Sample)
+    assert back.teacher_logprobs == [-0.1, -0.2]
+    s.teacher_logprobs = [-0.1]  # only set_teacher_logprobs checks; check_aligned catches the rest
+    with pytest.raises(ValueError, match="teacher_logprobs=1"):
+        s.check_aligned()

@@ -99,6 +99,9 @@ def check_run_modes(config: Config) -> None:
         (dbg.debug_rollout_only and bool(config.save_interval or config.load), "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)"),
         ((dbg.debug_rollout_only or dbg.train_only) and config.train.train_backend == "megatron",
          "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
+        (not config.train.use_opd and bool(config.engine.opd_teacher_load or config.engine.opd_teacher_addrs),
+         "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
+        (config.train.opd_only and not config.train.use_opd, "--opd-only needs --use-opd (and a teacher)"),
     ]
     for flag, template in (("--save-debug-rollout-data", dbg.save_debug_rollout_data), ("--load-debug-rollout-data", dbg.load_debug_rollout_data)):
         if template is not None:
@@ -208,6 +211,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         if resume is not None and engines and engines.plan.backend == "external":
             await pool.update_weights_from_disk(model_dir, weight_version=str(version))  # external engines hold other weights
         tracer = obs.tracer
+        teacher = _teacher(config, engines)
         sync = NoWeightSync() if train_only or rollout_only else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
         eval_kw = dict(
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn, generate_fn=generate_fn,
@@ -228,7 +232,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 sched = Scheduler(
                     config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
                     buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
-                    tracer=tracer, generate_fn=generate_fn, offline=offline, fixed_weights=rollout_only,
+                    tracer=tracer, generate_fn=generate_fn, offline=offline, fixed_weights=rollout_only, teacher=teacher,
                 )
             train_step = None if rollout_only else _with_offline_logprobs(trainer) if offline is not None or train_only else trainer.train_step
             template = config.debug.save_debug_rollout_data
@@ -299,6 +303,24 @@ async def _no_engines():
     yield None
 
 
+def _teacher(config: Config, engines: Any) -> Any:
+    """``--use-opd``: the scorer over the ``teacher`` pool (``slime.rollout.opd``); None without OPD or
+    engines (train-only runs train on recorded teacher logprobs).
+
+    Raises:
+        ConfigError: ``--use-opd`` with no teacher engines.
+    """
+    if not config.train.use_opd or engines is None:
+        return None
+    from slime.rollout.opd import TEACHER, TeacherScorer
+
+    if TEACHER not in engines.pools:
+        raise ConfigError(f"--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs HOST:PORT, or a "
+                          f"'model: {TEACHER}' group in --sglang-config (models served: {sorted(engines.pools)})")
+    log.info("on-policy distillation: teacher engines %s, --opd-kl-coef %s", engines.pools[TEACHER].urls, config.train.opd_kl_coef)
+    return TeacherScorer(engines.pools[TEACHER])
+
+
 def _offline_source(config: Config, tokenize: Any, tokenizer: Any) -> OfflineSource:
     """``--offline-data``, tokenised (prompts as online ones; responses without special tokens)."""
     d = config.data
@@ -364,7 +386,9 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
     """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
+    opd = [r["opd/reverse_kl"] for r in steps if "opd/reverse_kl" in r]
     return {
+        **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
         "eval_accuracy_before": evals[0]["accuracy"] if evals else None,  # None: no eval set (strict JSON has no NaN)
         "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
         "num_eval_prompts": config.data.num_eval_prompts,

@@ -107,6 +107,9 @@ class Scheduler:
         offline: source of pre-generated groups (``slime.data.offline.OfflineSource``), mixed in at
             ``config.offline_ratio``; None = online only.
         fixed_weights: the engines' version never moves (rollout-only mode): no admission bound.
+        teacher: on-policy distillation (``--use-opd``): a ``slime.rollout.opd.TeacherScorer`` that
+            scores every finished sample (online and offline) before its reward; a teacher failure
+            marks the sample FAILED. None = no teacher.
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class Scheduler:
         tracer: Any = None,
         offline: Any = None,
         fixed_weights: bool = False,
+        teacher: Any = None,
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")
@@ -138,7 +142,7 @@ class Scheduler:
         self.reward_fn, self.group_reward_fn = reward_fn, group_reward_fn
         self.generate_fn, self.group_filter = generate_fn, group_filter
         self.tracer = tracer or NULL_TRACER
-        self.offline, self.fixed_weights = offline, fixed_weights
+        self.offline, self.fixed_weights, self.teacher = offline, fixed_weights, teacher
         self.engine_version = engine_version
         """The policy version the engines hold (the driver bumps it after each weight sync)."""
         self.rollout_id = 0
@@ -273,6 +277,8 @@ class Scheduler:
                 self.stats.aborted_samples += 1
                 return sample, None
         for s in produced or [sample]:
+            if self.teacher is not None and s.status is not Status.FAILED and s.teacher_logprobs is None:
+                await self._score_teacher(s)
             if s.status is Status.FAILED:
                 s.reward = 0.0
             elif self.group_reward_fn is None and s.reward is None:
@@ -281,6 +287,12 @@ class Scheduler:
                 if span is not None:
                     self.tracer.end(span, group_id=s.group_id, index=s.index, reward=s.reward, status=s.status.value)
         return sample, produced
+
+    async def _score_teacher(self, sample: Sample) -> None:
+        span = self.tracer.begin("teacher", "reward", lanes="teacher")
+        await self.teacher.score(sample)
+        if span is not None:
+            self.tracer.end(span, group_id=sample.group_id, index=sample.index, status=sample.status.value)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -343,6 +355,10 @@ class Scheduler:
         for _ in range(num):
             group = self.offline.next_group(group_id=self.next_group_id, rollout_id=self.rollout_id)
             self.next_group_id += 1
+            if self.teacher is not None:
+                for s in group.samples:
+                    if s.status is not Status.FAILED and s.teacher_logprobs is None:
+                        await self._score_teacher(s)
             if self.group_reward_fn is not None and not group.is_rewarded:
                 await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s)
             elif self.group_reward_fn is None:

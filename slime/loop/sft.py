@@ -70,6 +70,7 @@ def check_sft_config(config: Config) -> None:
          "temperature 1 (the NLL of the data); leave it unset"),
         (config.train.train_backend == "megatron", "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
          "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks"),
+        (config.train.use_opd, "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none"),
     ]
     for bad, message in problems:
         if bad:

@@ -38,15 +38,20 @@ from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
 from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
-from slime.types import Group, Status
+from slime.types import Group, Sample, Status
 
 __all__ = ["WeightSync", "run_step", "batch_stats"]
 
 
 def batch_stats(groups: list[Group]) -> dict[str, float]:
+    """The step record's batch numbers. With teacher-scored samples (``--use-opd``) also
+    ``opd/reverse_kl``: mean over the trainable tokens of non-FAILED samples of
+    ``rollout_logprob - teacher_logprob`` (nats; the sampled estimate of KL(student || teacher) per
+    token, from the engine's logprobs; the trainer's ``train/opd_reverse_kl`` uses its own),
+    and ``opd/teacher_logprob_mean`` over the same tokens."""
     samples = [s for g in groups for s in g.samples]
     n = max(1, len(samples))
-    return {
+    return {**_opd_stats(samples),
         "reward_mean": sum(s.reward or 0.0 for s in samples) / n,
         "accuracy": sum((s.reward or 0.0) >= 1.0 for s in samples) / n,
         "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
@@ -56,6 +61,22 @@ def batch_stats(groups: list[Group]) -> dict[str, float]:
         "failed_samples_in_batch": sum(s.status is Status.FAILED for s in samples),
         "trained_tokens": sum(sum(s.loss_mask) for s in samples),
     }
+
+
+def _opd_stats(samples: list[Sample]) -> dict[str, float]:
+    scored = [s for s in samples if s.teacher_logprobs is not None and s.status is not Status.FAILED]
+    if not scored:
+        return {}
+    kl = teacher = 0.0
+    num_tokens = 0
+    for s in scored:
+        for student_lp, teacher_lp, m in zip(s.rollout_logprobs, s.teacher_logprobs, s.loss_mask):
+            if m:
+                kl += student_lp - teacher_lp
+                teacher += teacher_lp
+                num_tokens += 1
+    denom = max(num_tokens, 1)
+    return {"opd/reverse_kl": kl / denom, "opd/teacher_logprob_mean": teacher / denom}
 
 
 async def run_step(

@@ -145,6 +145,7 @@ class EngineClient(WeightSyncCalls):
         rid: str | None = None,
         return_logprob: bool = True,
         headers: Mapping[str, str] | None = None,
+        logprob_start_len: int | None = None,
     ) -> GenerateResult:
         """``POST /generate`` for one prompt, one sample (§2). An abort is a normal result (§2.9).
 
@@ -155,6 +156,8 @@ class EngineClient(WeightSyncCalls):
             rid: request id for ``abort``; pick ids that are not prefixes of one another (§3.1).
             return_logprob: ask for ``output_token_logprobs``.
             headers: extra HTTP headers for this call (``X-SMG-Routing-Key`` through a router, §5).
+            logprob_start_len: ask for ``input_token_logprobs`` from this prompt position on
+                (``GenerateResult.input_logprobs``); None = not asked (SGLang's -1).
 
         Raises:
             ValueError: bad input (see ``build_generate_payload``) or ``n != 1``.
@@ -162,7 +165,7 @@ class EngineClient(WeightSyncCalls):
         """
         if sampling_params.get("n", 1) != 1:
             raise ValueError(f"sampling_params['n']={sampling_params['n']!r}: send one request per sample (n must be 1)")
-        payload = build_generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob)
+        payload = build_generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len)
         self.num_inflight += 1
         try:
             reply = await self._send("POST", "/generate", body=payload, timeout_s=self.config.request_timeout_s, extra_headers=headers)

@@ -31,8 +31,8 @@ from slime.rollout.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.rollout.pool import KEEPALIVE_S, MAX_CONNECTIONS, EnginePool
 from slime.rollout.processes import CommandProcess
 from slime.rollout.router import RouterClient
-from slime.rollout.server_groups import ACTOR
-from slime.rollout.sglang_launch import LaunchPlan, build_launch_plan, embedded_processes
+from slime.rollout.server_groups import ACTOR, TEACHER
+from slime.rollout.sglang_launch import LaunchPlan, build_launch_plan, embedded_processes, teacher_processes
 from slime.rollout.supervisor import EngineSupervisor
 
 __all__ = ["start_rollout", "PoolRegistry", "RolloutEngines"]
@@ -95,18 +95,25 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
     pools: dict[str, EnginePool] = {}
     model_of: dict[str, str] = {}
     try:
+        teachers = teacher_processes(engine, seed=seed)  # --opd-teacher-load: one embedded engine (embedded / external backends)
         if plan.backend == "embedded":
             procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
-            urls = await _start_all(procs, timeout_s)
-            processes.update(zip(urls, procs))
-            model_of.update((u, ACTOR) for u in urls)
+            urls = await _start_all(procs + teachers, timeout_s)
+            processes.update(zip(urls, procs + teachers))
+            model_of.update((u, ACTOR) for u in urls[: len(procs)])
+            model_of.update((u, TEACHER) for u in urls[len(procs) :])
         elif plan.backend == "sglang":
             procs = [CommandProcess(s.name, s.argv, env=s.env, url=s.url, log_path=_log(log_dir, s.name),
                                     ready=EngineClient(s.url, session=session, config=rollout).wait_ready) for s in plan.servers]
             await _start_all(procs, timeout_s)
             processes.update((p.url, p) for p in procs)
             model_of.update((s.url, s.model) for s in plan.servers)
+        elif teachers:  # external actor engines, an embedded teacher (the plan refuses one beside SGLang servers)
+            urls = await _start_all(teachers, timeout_s)
+            processes.update(zip(urls, teachers))
+            model_of.update((u, TEACHER) for u in urls)
         model_of.update((u, ACTOR) for u in plan.external_urls)
+        model_of.update((u, TEACHER) for u in plan.teacher_urls)
         router_clients: dict[str, RouterClient] = {}
         registration: dict[str, dict[str, Any]] = {}
         for s in plan.servers:
@@ -138,7 +145,7 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             pools[model] = EnginePool(urls, config=rollout, session=session, router_url=router.url if router else None,
                                       failure_threshold=engine.circuit_breaker_threshold, rejoin_timeout_s=rejoin_timeout_s,
                                       breaker_cooldown_s=engine.circuit_breaker_cooldown_s, weights=weights)
-            if plan.backend == "external":
+            if plan.backend == "external" or (model == TEACHER and plan.teacher_urls):
                 log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
                 await pools[model].wait_ready(timeout_s)
         supervisors = {model: EngineSupervisor(pool, config=engine, processes={u: processes[u] for u in pool.urls if u in processes},

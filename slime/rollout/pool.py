@@ -229,7 +229,7 @@ class EnginePool(PoolControl):
         return engine
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None = None,
-                       return_logprob: bool = True, sticky_key: str | None = None) -> GenerateResult:
+                       return_logprob: bool = True, sticky_key: str | None = None, logprob_start_len: int | None = None) -> GenerateResult:
         """``EngineClient.generate`` on a chosen worker (or the router), retrying ``EngineUnavailable``.
 
         Raises:
@@ -261,7 +261,8 @@ class EnginePool(PoolControl):
                     self._bind_sticky(sticky_key, client.url)
             attempts.append(client.url)
             try:
-                result = await client.generate(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, headers=headers)
+                result = await client.generate(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, headers=headers,
+                                               logprob_start_len=logprob_start_len)
             except (EngineUnavailable, EngineTimeout) as exc:
                 if engine is not None:
                     self.record_failure(client.url, f"/generate: {exc}")

@@ -77,6 +77,11 @@ class GenerateResult(msgspec.Struct, kw_only=True):
         e2e_latency: seconds from arrival to finish; None when absent.
         rid: ``meta_info.id`` (for ``n > 1``: the server-generated per-sample id).
         text: detokenised output; None with ``--skip-tokenizer-init``.
+        input_token_ids / input_logprobs: [num_prompt_tokens - logprob_start_len] int / float,
+            ``meta_info.input_token_logprobs`` (§2.4) when the request set ``logprob_start_len``:
+            the prompt tokens from ``logprob_start_len`` on, and the natural-log probability of each
+            given the tokens before it; NaN where the server sent ``null`` (SGLang's first entry
+            always, and any non-finite value). ``[]`` when not asked for.
     """
 
     output_ids: list[int]
@@ -90,6 +95,8 @@ class GenerateResult(msgspec.Struct, kw_only=True):
     e2e_latency: float | None = None
     rid: str = ""
     text: str | None = None
+    input_token_ids: list[int] = msgspec.field(default_factory=list)
+    input_logprobs: list[float] = msgspec.field(default_factory=list)
 
     @property
     def aborted(self) -> bool:
@@ -120,6 +127,7 @@ class _MetaInfo(msgspec.Struct):
     weight_versions: list[_WeightSpan] | None = None
     e2e_latency: float | None = None
     output_token_logprobs: list[_LogprobEntry] | None = None
+    input_token_logprobs: list[_LogprobEntry] | None = None
 
 
 class _WireItem(msgspec.Struct):
@@ -132,12 +140,14 @@ _generate_decoder = msgspec.json.Decoder(_WireItem | list[_WireItem])
 
 
 def build_generate_payload(
-    input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, return_logprob: bool
+    input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, return_logprob: bool,
+    logprob_start_len: int | None = None,
 ) -> dict[str, Any]:
-    """Build a single-prompt ``/generate`` body (§2.1): ``{input_ids, sampling_params, return_logprob[, rid]}``.
+    """Build a single-prompt ``/generate`` body (§2.1): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len]}``.
 
     ``sampling_params`` is copied, never mutated, and limited to ``SAMPLING_PARAM_KEYS``;
-    ``return_logprob`` always goes at the top level.
+    ``return_logprob`` always goes at the top level. ``logprob_start_len`` (first prompt position
+    of ``input_token_logprobs``) is sent only when given, and needs ``return_logprob``.
 
     Raises:
         ValueError: empty or non-int ``input_ids``; an unknown sampling key (named, with a hint
@@ -163,6 +173,10 @@ def build_generate_payload(
     payload = {"input_ids": ids, "sampling_params": dict(sampling_params), "return_logprob": bool(return_logprob)}
     if rid is not None:
         payload["rid"] = rid
+    if logprob_start_len is not None:
+        if not return_logprob or type(logprob_start_len) is not int or not 0 <= logprob_start_len < len(ids):
+            raise ValueError(f"logprob_start_len={logprob_start_len!r} needs return_logprob=True and 0 <= it < len(input_ids)={len(ids)}")
+        payload["logprob_start_len"] = logprob_start_len
     return payload
 
 
@@ -241,6 +255,8 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
         e2e_latency=meta.e2e_latency,
         rid=meta.id,
         text=item.text,
+        input_token_ids=[e.token_id for e in meta.input_token_logprobs or ()],
+        input_logprobs=[math.nan if e.logprob is None else e.logprob for e in meta.input_token_logprobs or ()],
     )
 
 

@@ -34,10 +34,12 @@ import msgspec
 from slime.config import EngineConfig
 from slime.errors import ConfigError
 
-__all__ = ["ServerGroup", "SglangDeployment", "ACTOR", "load_sglang_config", "default_deployment", "group_args",
+__all__ = ["ServerGroup", "SglangDeployment", "ACTOR", "TEACHER", "load_sglang_config", "default_deployment", "group_args",
            "RESERVED_SERVER_FLAGS", "RESERVED_ROUTER_FLAGS"]
 
 ACTOR = "actor"
+TEACHER = "teacher"
+"""The on-policy-distillation teacher's model name (``--use-opd``; ``slime.rollout.opd``)."""
 RESERVED_SERVER_FLAGS = {
     "model-path": "--hf-checkpoint (or model_path in --sglang-config)",
     "model": "--hf-checkpoint (or model_path in --sglang-config)",

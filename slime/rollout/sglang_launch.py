@@ -15,7 +15,10 @@ launched: the launched servers are registered with it (``POST /workers``).
 
 Backends: ``sglang`` when ``--rollout-num-gpus`` or ``--sglang-config`` is given; ``external`` with
 ``--rollout-external-engine-addrs`` or with a router address alone (its workers are listed);
-``embedded`` otherwise (CPU engines, ``slime/rollout/launch.py``). GPUs are numbered in order over
+``embedded`` otherwise (CPU engines, ``slime/rollout/launch.py``). On-policy distillation adds a
+``teacher`` model: ``--opd-teacher-load`` launches one embedded engine serving it (embedded or
+external backends; with SGLang servers declare a ``model: teacher`` group in ``--sglang-config``),
+``--opd-teacher-addrs`` attaches to running ones (any backend). GPUs are numbered in order over
 the groups, through the parent's ``CUDA_VISIBLE_DEVICES`` when set; ports are the first free ones
 from ``base_port``. Not covered: several nodes (everything runs on this machine), DP attention.
 """
@@ -32,9 +35,10 @@ from typing import Callable, Literal
 from slime.config import EngineConfig
 from slime.errors import ConfigError
 from slime.rollout.launch import EmbeddedEngineProcess
-from slime.rollout.server_groups import ACTOR, SglangDeployment, default_deployment, group_args, load_sglang_config
+from slime.rollout.server_groups import ACTOR, TEACHER, SglangDeployment, default_deployment, group_args, load_sglang_config
 
-__all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes"]
+__all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
+           "teacher_processes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +75,12 @@ class LaunchPlan:
     routers: tuple[RouterSpec, ...] = ()
     external_urls: tuple[str, ...] = ()
     """Workers that already run (``--rollout-external-engine-addrs``), all serving the actor."""
+    teacher_urls: tuple[str, ...] = ()
+    """On-policy-distillation teacher engines that already run (``--opd-teacher-addrs``)."""
 
     def models(self) -> list[str]:
-        return list(dict.fromkeys([ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers)]))
+        return list(dict.fromkeys([ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers),
+                                   *([TEACHER] if self.teacher_urls else [])]))
 
     def router_of(self, model: str) -> RouterSpec | None:
         return next((r for r in self.routers if r.model == model), None)
@@ -95,6 +102,8 @@ class LaunchPlan:
                 lines.append(f"  {shlex.join(r.argv)}")
         for url in self.external_urls:
             lines.append(f"[external actor] {url}")
+        for url in self.teacher_urls:
+            lines.append(f"[external teacher] {url}")
         lines.append("ready: GET /health_generate == 200 on every server; GET /readiness (or /health) on every router")
         return "\n".join(lines)
 
@@ -139,15 +148,26 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
         raise ConfigError("--rollout-external-engine-addrs attaches to running engines; it cannot be combined with "
                           "--rollout-num-gpus or --sglang-config, which launch them")
     router = f"http://{engine.sglang_router_ip}:{engine.sglang_router_port}" if engine.sglang_router_ip else None
+    teacher_urls = tuple(u if u.startswith("http") else f"http://{u}" for u in engine.opd_teacher_addrs)
+    teachers = tuple(ServerSpec("embedded-teacher", TEACHER, "regular", tuple(p.args), p.env, "")
+                     for p in teacher_processes(engine, seed=seed))
     if backend == "external":
         urls = tuple(u if u.startswith("http") else f"http://{u}" for u in engine.rollout_external_engine_addrs)
-        return LaunchPlan("external", external_urls=urls, routers=(RouterSpec(ACTOR, router, None, False),) if router else ())
+        return LaunchPlan("external", servers=teachers, external_urls=urls, teacher_urls=teacher_urls,
+                          routers=(RouterSpec(ACTOR, router, None, False),) if router else ())
     if backend == "embedded":
         procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
         return LaunchPlan("embedded", servers=tuple(ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "")
-                                                    for i, p in enumerate(procs)))
+                                                    for i, p in enumerate(procs)) + teachers, teacher_urls=teacher_urls)
+    if engine.opd_teacher_load:
+        raise ConfigError(f"--opd-teacher-load={engine.opd_teacher_load!r} launches an embedded CPU engine; with SGLang servers "
+                          "declare the teacher as a group of --sglang-config ({name: teacher, model: teacher, model_path: ...}) "
+                          "or give running ones with --opd-teacher-addrs")
     deployment = load_sglang_config(engine.sglang_config, engine) if engine.sglang_config else default_deployment(engine)
-    return _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router)
+    if teacher_urls and TEACHER in deployment.models():
+        raise ConfigError(f"--opd-teacher-addrs with a {TEACHER!r} group in --sglang-config: pick one teacher")
+    plan = _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router)
+    return dataclasses.replace(plan, teacher_urls=teacher_urls)
 
 
 def embedded_processes(engine: EngineConfig, *, model_dir: str | None, weight_version: str, seed: int) -> list[EmbeddedEngineProcess]:
@@ -155,6 +175,14 @@ def embedded_processes(engine: EngineConfig, *, model_dir: str | None, weight_ve
     return [EmbeddedEngineProcess(model_dir or engine.hf_checkpoint, threads=engine.engine_threads, seed=seed + i,
                                   max_running_requests=engine.max_running_requests, weight_version=weight_version)
             for i in range(engine.num_engines)]
+
+
+def teacher_processes(engine: EngineConfig, *, seed: int) -> list[EmbeddedEngineProcess]:
+    """The embedded teacher engine of ``--opd-teacher-load`` (one; seed ``seed + 1000``), or none. Not started."""
+    if not engine.opd_teacher_load:
+        return []
+    return [EmbeddedEngineProcess(engine.opd_teacher_load, threads=engine.engine_threads, seed=seed + 1000,
+                                  max_running_requests=engine.max_running_requests, weight_version="0")]
 
 
 def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_dir: str | None, weight_version: str, python: str,

@@ -213,6 +213,7 @@ def token_advantages(
     gamma: float = 1.0,
     lambd: float = 1.0,
     normalize_advantages: bool = False,
+    opd_penalty: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages (and critic returns) of a whole train step.
 
@@ -227,6 +228,9 @@ def token_advantages(
         values: [B, L] critic values before the update; required by ``ppo``/``gae``.
         gamma / lambd: slime's ``--gamma`` / ``--lambd``.
         normalize_advantages: whiten GRPO/GSPO/PPO advantages too (REINFORCE++ always is).
+        opd_penalty: [B, L] float32, ``opd_kl_coef * kl_t`` on trained tokens (``slime.train.opd``),
+            subtracted from the advantage after the estimator and before whitening (THUDM/slime's
+            order); the critic's returns do not include it. None = no distillation term.
 
     Returns:
         advantages: [B, L] float32, 0 off the response. returns: [B, L] critic targets for
@@ -251,6 +255,8 @@ def token_advantages(
         adv, returns = gae(_terminal_rewards(scores, mask) - penalty, values.detach().float() * response, response, gamma=gamma, lambd=lambd)
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
+    if opd_penalty is not None:
+        adv = adv - opd_penalty.detach().float() * mask
     if estimator in ALWAYS_WHITENED or normalize_advantages:
         adv = masked_whiten(adv, mask)
     return adv, returns

@@ -68,6 +68,9 @@ class TrainBatch:
         old_logprobs / ref_logprobs / old_values / returns: [B, L] float32 or None, filled by the
             trainer before the update: logprobs of the weights before the step, of the reference
             model (KL), critic values before the step, and GAE returns (critic targets).
+        teacher_logprobs: [B, L] float32 or None (without ``use_opd``): natural log, the on-policy
+            distillation teacher's logprob of the predicted response token (``Sample.teacher_logprobs``);
+            0.0 at prompt and padding positions and for FAILED samples.
     """
 
     input_ids: Tensor
@@ -84,6 +87,7 @@ class TrainBatch:
     ref_logprobs: Tensor | None = None
     old_values: Tensor | None = None
     returns: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -133,6 +137,8 @@ def build_train_batch(
     max_staleness: int | None = None,
     advantage_estimator: AdvantageEstimator = "grpo",
     mask_offpolicy_in_partial_rollout: bool = False,
+    use_opd: bool = False,
+    use_task_reward: bool = True,
 ) -> TrainBatch:
     """Lay the samples of ``groups`` out as right-padded tensors with per-sample scores (GRPO by default).
 
@@ -147,12 +153,17 @@ def build_train_batch(
         advantage_estimator: picks ``sample_scores`` (see ``TrainBatch.sample_advantages``).
         mask_offpolicy_in_partial_rollout: train only the newest version's tokens of each sample
             (module docstring). Applied before the staleness check. Samples are not modified.
+        use_opd: lay out ``Sample.teacher_logprobs`` as ``TrainBatch.teacher_logprobs``; every
+            non-FAILED sample must have them.
+        use_task_reward: False (``--opd-only``): the scores start from reward 0 for every sample, so
+            the task reward does not train; ``TrainBatch.rewards`` still holds the real rewards.
 
     Returns:
         A ``TrainBatch`` with B = total samples, in group order then sample order.
 
     Raises:
-        ValueError: a sample is misaligned, has no prompt, or lacks a reward while not FAILED.
+        ValueError: a sample is misaligned, has no prompt, lacks a reward while not FAILED, or
+            (``use_opd``) lacks teacher logprobs while not FAILED.
         RuntimeError: a trainable token is older than ``max_staleness`` versions, or newer than
             ``current_version``.
     """
@@ -171,8 +182,12 @@ def build_train_batch(
                 continue
             if s.reward is None:
                 raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
+            if use_opd and s.teacher_logprobs is None:
+                raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no teacher_logprobs "
+                                 "(--use-opd: every finished sample is scored by the teacher before it is rewarded)")
             rewards[gi, si], valid[gi, si] = float(s.reward), True
-    adv = sample_scores(rewards, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
+    scored = rewards if use_task_reward else torch.where(valid, 0.0, rewards)  # --opd-only: reward 0 for the estimator
+    adv = sample_scores(scored, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
 
     seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     num_samples, t_max = len(samples), max(max(seq_lens), 2)
@@ -183,6 +198,7 @@ def build_train_batch(
     staleness = torch.zeros((num_samples, t_max - 1), dtype=torch.long)  # [B, L]
     advantages = torch.zeros((num_samples, t_max - 1))  # [B, L]
     response_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
+    teacher_logprobs = torch.zeros((num_samples, t_max - 1)) if use_opd else None  # [B, L], 0.0 off the response
     sample_adv = torch.zeros(num_samples)  # [B]
     b = 0
     for gi, g in enumerate(groups):
@@ -193,6 +209,8 @@ def build_train_batch(
             resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
             versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
             if s.status is not Status.FAILED:
+                if teacher_logprobs is not None:
+                    teacher_logprobs[b, resp] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
                 mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
                 if mask_offpolicy_in_partial_rollout and r:
                     mask = mask * (versions == versions.max()).float()
@@ -215,6 +233,7 @@ def build_train_batch(
         rewards=torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples]),
         seq_lens=torch.tensor(seq_lens, dtype=torch.long),
         response_mask=response_mask,
+        teacher_logprobs=teacher_logprobs,
     )
 
 

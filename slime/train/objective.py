@@ -29,6 +29,8 @@ Flags (``slime/cli_args.py``) and where each lands:
     --use-decoupled-ppo, --behav-imp-weight-cap                   offpolicy.decoupled_weights (AReaL's
         ``use_decoupled_loss`` / ``behav_imp_weight_cap``; slime has no flag for it)
     --mask-offpolicy-in-partial-rollout                           batch.build_train_batch
+    --use-opd, --opd-kl-coef                                      opd.reverse_kl, subtracted from the advantage
+        (teacher logprobs from the rollout, slime.rollout.opd; student = old_logprobs)
     --loss-type sft_loss                                          losses.sft_loss (masked NLL; nothing above applies)
 """
 
@@ -44,8 +46,9 @@ from slime.train.batch import TrainBatch
 from slime.train.kl import kl_estimate
 from slime.train.losses import aggregate, policy_loss, sft_loss
 from slime.train.offpolicy import decoupled_weights, mis_weights, tis_weights
+from slime.train.opd import masked_mean, reverse_kl
 
-__all__ = ["is_sft", "needs_reference", "needs_critic", "with_advantages", "correction_weights", "micro_batch_loss"]
+__all__ = ["is_sft", "needs_reference", "needs_critic", "with_advantages", "opd_metrics", "correction_weights", "micro_batch_loss"]
 
 
 def is_sft(cfg: TrainConfig) -> bool:
@@ -65,11 +68,18 @@ def needs_critic(cfg: TrainConfig) -> bool:
 def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
     """Replace ``batch.advantages`` (and set ``returns``) for estimators the batch builder cannot finish.
 
-    Needs ``batch.old_logprobs`` (and ``ref_logprobs`` for a KL penalty, ``old_values`` for PPO).
-    GRPO/GSPO without ``normalize_advantages`` come back unchanged.
+    Needs ``batch.old_logprobs`` (and ``ref_logprobs`` for a KL penalty, ``old_values`` for PPO,
+    ``teacher_logprobs`` with ``use_opd``). GRPO/GSPO without ``normalize_advantages`` or OPD come
+    back unchanged. With ``use_opd``, ``opd_kl_coef * (old_logprobs - teacher_logprobs)`` is taken
+    off every trained token's advantage (``slime.train.opd``).
     """
-    if is_sft(cfg) or (cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages):
+    if is_sft(cfg) or (cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages and not cfg.use_opd):
         return batch
+    opd_penalty = None
+    if cfg.use_opd:
+        if batch.teacher_logprobs is None or batch.old_logprobs is None:
+            raise ValueError("--use-opd: the train batch has no teacher_logprobs / old_logprobs (build it with use_opd=True)")
+        opd_penalty = cfg.opd_kl_coef * reverse_kl(batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask)  # [B, L]
     kl = None
     if cfg.kl_coef != 0.0 and batch.ref_logprobs is not None:
         assert batch.old_logprobs is not None
@@ -85,8 +95,17 @@ def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
         gamma=cfg.gamma,
         lambd=cfg.lambd,
         normalize_advantages=cfg.normalize_advantages,
+        opd_penalty=opd_penalty,
     )
     return dataclasses.replace(batch, advantages=advantages, returns=returns)
+
+
+def opd_metrics(batch: TrainBatch) -> dict[str, float]:
+    """``opd_reverse_kl``: mean over trained tokens of ``old_logprobs - teacher_logprobs`` (nats), the
+    trainer-side reverse KL the advantage used; {} without teacher logprobs."""
+    if batch.teacher_logprobs is None or batch.old_logprobs is None:
+        return {}
+    return {"opd_reverse_kl": masked_mean(reverse_kl(batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask), batch.loss_mask)}
 
 
 def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None, dict[str, float]]:

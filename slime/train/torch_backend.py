@@ -176,6 +176,8 @@ class TorchTrainer:
             max_staleness=cfg.max_staleness,
             advantage_estimator=cfg.advantage_estimator,
             mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
+            use_opd=cfg.use_opd,
+            use_task_reward=not cfg.opd_only,
         )
         steps = self._plan(batch.seq_lens.tolist())
         sft = objective.is_sft(cfg)
@@ -225,6 +227,7 @@ class TorchTrainer:
         always = () if sft else _TOKEN_METRICS[:4]
         out = {key: sums[key] / max(num_tokens, 1.0) for key in sums if key in seen or key in always}
         out.update(self._batch_metrics(batch))
+        out.update(objective.opd_metrics(batch))
         if self.router_stats is not None:
             out.update(self.router_stats.collect(groups=[]))
         if self.critic is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slime.config import Config, DataConfig, DebugConfig, LoopConfig, RolloutConfig
+from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.data.dataset import PromptRow, tokenize_row
 from slime.errors import ConfigError
 from slime.loop.driver import check_run_modes, prompt_tokenizer
@@ -41,6 +41,8 @@ def test_chat_template_renders_text_and_messages_with_tools_as_apply_chat_templa
     (Config(data=DataConfig(offline_data="o.jsonl")), "--offline-data needs --offline-ratio > 0"),
     (Config(rollout=RolloutConfig(n_samples_per_eval_prompt=4)), "needs --eval-temperature > 0"),
     (Config(debug=DebugConfig(debug_rollout_only=True), save_interval=1), "--debug-rollout-only: --save-interval"),
+    (Config(engine=EngineConfig(opd_teacher_load="/t")), "a teacher is only used with --use-opd"),
+    (Config(train=TrainConfig(opd_only=True)), "--opd-only needs --use-opd"),
 ])
 def test_mode_flags_that_disagree_are_named_at_start(config, message):
     with pytest.raises(ConfigError, match=message.replace("{", "\\{").replace("}", "\\}")):
@@ -61,3 +63,12 @@ def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(t
     metrics = _with_offline_logprobs(trainer)([group])
     assert all(lp < 0 for s in group.samples for lp in s.rollout_logprobs)
     assert metrics["train_rollout_logprob_abs_diff"] < 1e-5 and metrics["tis_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_sft_runs_refuse_on_policy_distillation():
+    from slime.loop.sft import check_sft_config
+
+    config = Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss", use_opd=True))
+    with pytest.raises(ConfigError, match="--use-opd: on-policy distillation needs the student's own rollouts"):
+        check_sft_config(config)
+    check_sft_config(Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss")))

@@ -82,3 +82,21 @@ async def test_a_killed_command_process_is_restarted_on_its_port_and_one_that_di
         with pytest.raises(EngineUnavailable, match=r"dies exited with code 3 before it was ready; see .*dies.log"):
             await dead.start(30)
     assert "no GPU" in (tmp_path / "logs" / "dies.log").read_text()
+
+
+async def test_external_actor_engines_with_a_launched_teacher_and_with_running_teachers(start_engines, tmp_path):
+    from tests.fixtures.tiny_model import write_tiny_llama
+
+    actor, teacher = await start_engines(2)
+    for e in (actor, teacher):
+        e.on("/health_generate", text="")
+    engine = EngineConfig(rollout_external_engine_addrs=(actor.url,), opd_teacher_addrs=(teacher.url,), health_check_interval_s=0, startup_timeout_s=5)
+    async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
+        assert engines.pools.default.urls == [actor.url] and engines.pools["teacher"].urls == [teacher.url]
+    model = write_tiny_llama(tmp_path / "teacher", seed=0)
+    engine = EngineConfig(rollout_external_engine_addrs=(actor.url,), opd_teacher_load=str(model), health_check_interval_s=0, startup_timeout_s=60)
+    async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
+        (url,) = engines.pools["teacher"].urls
+        assert url not in (actor.url, teacher.url) and url in engines.processes  # launched, supervised
+        result = await engines.pools["teacher"].generate([0, 5, 9], {"max_new_tokens": 0, "temperature": 1.0}, logprob_start_len=2)
+        assert result.input_token_ids == [9]

@@ -120,3 +120,17 @@ def test_embedded_and_external_plans(tmp_path):
     assert external.external_urls == ("http://10.0.0.1:30000",) and external.routers[0].register is False
     with pytest.raises(ConfigError, match="cannot be combined"):
         build_launch_plan(EngineConfig(rollout_external_engine_addrs=("h:1",), rollout_num_gpus=2))
+
+
+def test_opd_teacher_is_an_embedded_engine_or_running_urls_and_refused_for_sglang_servers(tmp_path):
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/ckpt/student", opd_teacher_load="/ckpt/teacher"), python=PY)
+    assert plan.backend == "embedded" and plan.models() == ["actor", "teacher"]
+    (teacher,) = [s for s in plan.servers if s.model == "teacher"]
+    assert teacher.argv[teacher.argv.index("--model") + 1] == "/ckpt/teacher" and teacher.argv[teacher.argv.index("--weight-version") + 1] == "0"
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/ckpt/student", rollout_external_engine_addrs=("h:1",), opd_teacher_addrs=("h:2",)))
+    assert plan.teacher_urls == ("http://h:2",) and plan.models() == ["actor", "teacher"] and "[external teacher] http://h:2" in plan.format()
+    with pytest.raises(ConfigError, match="--opd-teacher-load.*--sglang-config"):
+        build_launch_plan(EngineConfig(hf_checkpoint="/p", rollout_num_gpus=1, opd_teacher_load="/ckpt/teacher"), python=PY,
+                          is_free=lambda host, port: True)
+    yaml_plan, _ = plan_for(tmp_path, YAML, rollout_num_gpus=9)
+    assert "teacher" in yaml_plan.models()  # the SGLang way: a model: teacher group

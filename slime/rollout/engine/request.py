@@ -47,7 +47,8 @@ class EngineRequest:
         output_ids: [N] generated ids so far.
         output_logprobs: [N] float natural-log logprob of each output id (see sampling.py).
         output_versions: [N] weight version that produced each output id.
-        input_logprobs: [P - logprob_start_len] floats (None for position 0), filled at first prefill.
+        input_logprobs: [P - logprob_start_len] floats, filled at first prefill; the first entry is None
+            (as in SGLang, sglang-protocol.md §2.4), so ask from P - 1 to score token P onwards.
         finish_reason: None while running; the §2.5 object once finished.
         queued: True while the request has no KV (never prefilled, or retracted).
         num_retractions: times a ``retract`` pause evicted it back to the waiting queue.

@@ -223,6 +223,8 @@ class MegatronTrainer:
                 max_staleness=cfg.max_staleness,
                 advantage_estimator=cfg.advantage_estimator,
                 mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
+                use_opd=cfg.use_opd,
+                use_task_reward=not cfg.opd_only,
             )
             self.channel.send("train", batch)
             return self._train_batch(batch)
@@ -403,6 +405,7 @@ class MegatronTrainer:
         always = 0 if objective.is_sft(cfg) else 4
         out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < always}
         out.update(_batch_metrics(batch))
+        out.update(objective.opd_metrics(batch))
         out.update(router)
         out.update(
             loss=float(losses_t.mean()) if len(losses_t) else 0.0,

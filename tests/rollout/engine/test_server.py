@@ -140,3 +140,29 @@ async def test_text_prompts_and_stop_strings_need_and_use_a_tokenizer(tiny_token
             "text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": stop, "ignore_eos": True}})
         assert status == 200 and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert out["output_ids"] == free["output_ids"][: len(out["output_ids"])] and stop not in out["text"]
+
+
+async def test_input_logprobs_match_a_full_forward_with_the_first_entry_null(engine, session, hf_model):
+    """Prefill-only scoring (the OPD teacher request): several contexts of different lengths, batched in one
+    prefill when they arrive together (left padding), each with its own logprob_start_len; every entry after the first equals an HF
+    forward, the first is null as in SGLang (sglang-protocol.md §2.4)."""
+    import asyncio
+
+    import torch
+
+    from slime.rollout.engine.sampling import token_logprobs
+
+    contexts = [[0, 5, 9, 14, 3, 22, 7], [0, 40, 41], [0, 8, 6, 4, 2, 33, 31, 30, 29, 12], [0, 17]]
+    starts = [3, 0, 8, 1]
+    replies = await asyncio.gather(*(
+        _post(session, engine, "/generate", {"input_ids": ctx, "return_logprob": True, "logprob_start_len": start,
+                                              "sampling_params": {"max_new_tokens": 0, "temperature": 1.0}})
+        for ctx, start in zip(contexts, starts)))
+    for ctx, start, (status, out) in zip(contexts, starts, replies):
+        assert status == 200 and out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        entries = out["meta_info"]["input_token_logprobs"]
+        assert [e[1] for e in entries] == ctx[start:] and entries[0][0] is None
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([ctx])).logits[0]  # [P, V]
+        full = token_logprobs(logits[:-1], torch.tensor(ctx[1:]), 1.0).tolist()  # full[k - 1] scores ctx[k]
+        assert max_abs_diff([e[0] for e in entries[1:]], full[start:]) <= 1e-5
