@@ -26,6 +26,7 @@ with different batch sizes or mode (allowed, but no longer exact).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -37,7 +38,9 @@ import torch
 
 from slime.types import Group
 
-__all__ = ["LoopState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "truncate_jsonl"]
+_log = logging.getLogger(__name__)
+
+__all__ = ["LoopState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "truncate_jsonl", "open_run_dir"]
 
 
 class LoopState(msgspec.Struct, kw_only=True):
@@ -116,6 +119,24 @@ def truncate_jsonl(path: str | Path, *, max_step: int) -> None:
         if rec.get("step", 0) <= max_step:
             kept.append(line)
     _write_atomic(path, "".join(k + "\n" for k in kept))
+
+
+def open_run_dir(run_dir: str | Path, load: str | None, logs: tuple[str, ...]) -> tuple[Path, Path | None, LoopState | None]:
+    """Create ``run_dir`` and find the checkpoint to resume from (``--load``), if any.
+
+    Returns ``(run_dir, checkpoint dir or None, its LoopState or None)``. The JSONL ``logs`` in
+    ``run_dir`` are cut back to the checkpoint's step (all of them without one), since the steps
+    after it are replayed. ``--load`` without a checkpoint logs a warning and starts fresh.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = latest_checkpoint(Path(load) / "checkpoints") if load else None
+    resume = msgspec.json.decode((ckpt / "loop.json").read_bytes(), type=LoopState) if ckpt else None
+    if load and ckpt is None:
+        _log.warning("--load %s: no checkpoint found; starting a fresh run", load)
+    for name in logs:
+        truncate_jsonl(run_dir / name, max_step=resume.step if resume else -1)
+    return run_dir, ckpt, resume
 
 
 def _trainer_state(trainer: Any) -> dict[str, Any]:

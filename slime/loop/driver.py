@@ -31,7 +31,7 @@ from slime.data.dataset import PromptRow, PromptSource, load_prompt_file
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.errors import ConfigError
 from slime.loop.buffer import DataBuffer
-from slime.loop.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_jsonl
+from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.evaluate import evaluate
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import MetricsWriter, format_step_line, write_json_atomic
@@ -157,14 +157,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or config.engine.hf_checkpoint)
         if await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=config.engine.hf_checkpoint):
             return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
-    run_dir = Path(config.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = latest_checkpoint(Path(config.load) / "checkpoints") if config.load else None
-    resume = msgspec.json.decode((ckpt / "loop.json").read_bytes(), type=LoopState) if ckpt else None
-    if config.load and ckpt is None:
-        log.warning("--load %s: no checkpoint found; starting a fresh run", config.load)
-    for name in ("metrics.jsonl", "trained_groups.jsonl"):  # steps after the checkpoint are replayed
-        truncate_jsonl(run_dir / name, max_step=resume.step if resume else -1)
+    run_dir, ckpt, resume = open_run_dir(config.run_dir, config.load, ("metrics.jsonl", "trained_groups.jsonl"))
     if resume is not None:
         log.info("resuming from %s (step %d, policy version %d)", ckpt, resume.step, resume.policy_version)
     write_json_atomic(run_dir / "config.json", msgspec.to_builtins(config))

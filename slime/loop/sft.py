@@ -44,7 +44,7 @@ from slime.config import Config
 from slime.data.dataset import PromptSource
 from slime.data.sft import SFTExample, load_sft_file, to_group
 from slime.errors import ConfigError
-from slime.loop.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_jsonl
+from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.report import MetricsWriter, write_json_atomic
 from slime.obs.observers import Observers
 from slime.types import Group
@@ -112,14 +112,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
 
     config.validate()
     check_sft_config(config)
-    run_dir = Path(config.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = latest_checkpoint(Path(config.load) / "checkpoints") if config.load else None
-    resume = msgspec.json.decode((ckpt / "loop.json").read_bytes(), type=LoopState) if ckpt else None
-    if config.load and ckpt is None:
-        log.warning("--load %s: no checkpoint found; starting a fresh run", config.load)
-    for name in ("metrics.jsonl", "trained_rows.jsonl"):  # steps after the checkpoint are replayed
-        truncate_jsonl(run_dir / name, max_step=resume.step if resume else -1)
+    run_dir, ckpt, resume = open_run_dir(config.run_dir, config.load, ("metrics.jsonl", "trained_rows.jsonl"))
     base_model = config.engine.hf_checkpoint
     model_dir = str(ckpt / "model") if ckpt else base_model
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
