@@ -190,6 +190,26 @@ class Sample(msgspec.Struct, kw_only=True):
                 f"rollout_logprobs={lens[1]} versions={lens[2]} loss_mask={lens[3]}{teacher}"
             )
 
+    def generate_contract_problems(self, *, max_response_len: int | None = None, engine_version: int | None = None) -> list[str]:
+        """What a generate function's call left wrong in this sample, one sentence each ([] = fine).
+
+        Checked after every call (by the scheduler, which raises ``PluginError`` on the first
+        problem, and by ``slime check-plugin``): a status was set (not PENDING); the response has at
+        most ``max_response_len`` tokens; no token carries a version newer than ``engine_version``
+        (the engine's version when the call returned). Alignment is ``check_aligned``'s job.
+        """
+        where = f"group {self.group_id} sample {self.index}"
+        out = []
+        if self.status is Status.PENDING:
+            out.append(f"{where}: status is still pending after the call (returned None or the sample without setting "
+                       "a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED")
+        if max_response_len is not None and len(self.response_ids) > max_response_len:
+            out.append(f"{where}: {len(self.response_ids)} response tokens, more than max_response_len={max_response_len}")
+        if engine_version is not None and self.versions and max(self.versions) > engine_version:
+            out.append(f"{where}: a token has policy version {max(self.versions)}, newer than the engine's {engine_version}; "
+                       "tag each token with the engine_version the call was given (or the engine's weight_versions)")
+        return out
+
     def set_teacher_logprobs(self, logprobs: Sequence[float]) -> None:
         """Store the teacher's per-token logprobs of this (finished) sample's response.
 

@@ -271,7 +271,8 @@ class Scheduler:
                     )
                     self.tracer.counter("requests_in_flight", requests=self._num_requests)
                 await self._notify()
-            produced = _check_generate_output(sample, out)
+            produced = _check_generate_output(sample, out, max_response_len=self.rollout.rollout_max_response_len,
+                                              engine_version=self.engine_version)
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
                 self.stats.aborted_samples += 1
@@ -436,11 +437,19 @@ class Scheduler:
         return stats
 
 
-def _check_generate_output(sample: Sample, out: Any) -> list[Sample] | None:
-    """Validate a generate function's return value; a list replaces the sample in its group."""
+def _check_generate_output(sample: Sample, out: Any, *, max_response_len: int, engine_version: int) -> list[Sample] | None:
+    """Validate a generate function's return value; a list replaces the sample in its group.
+
+    Raises:
+        PluginError: a wrong return type, misaligned lists, a sample left pending, over
+            ``max_response_len`` or with a token newer than ``engine_version``
+            (``Sample.generate_contract_problems``). A broken plugin stops the run with the reason
+            instead of looping on a sample that never finishes or crashing the trainer later.
+    """
     where = f"group {sample.group_id} sample {sample.index}"
     if out is sample or out is None:
         sample.check_aligned()
+        _raise_first(sample.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
         return None
     if isinstance(out, Sample):
         raise PluginError(f"generate function returned a different Sample object for {where}; grow and return the one given")
@@ -451,4 +460,10 @@ def _check_generate_output(sample: Sample, out: Any) -> list[Sample] | None:
         if not s.status.is_finished:
             raise PluginError(f"generate function returned several samples for {where}, one with status {s.status.value}; each must be finished")
         s.group_id = sample.group_id
+        _raise_first(s.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
     return out
+
+
+def _raise_first(problems: list[str]) -> None:
+    if problems:
+        raise PluginError(f"generate function broke its contract: {problems[0]}")

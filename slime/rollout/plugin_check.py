@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
+import functools
 import inspect
 import math
 import sys
@@ -34,7 +34,6 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from slime.errors import ConfigError
 from slime.rollout.rewards import load_function
 from slime.types import Group, Sample, Status
 
@@ -68,19 +67,14 @@ class Report:
 
 def load_plugin(spec: str) -> Callable[..., Any]:
     """Import ``file.py:func`` (by path) or ``pkg.module.func`` / ``pkg.module:func``. Raises ConfigError."""
-    file, sep, attr = spec.rpartition(":")
-    if sep and file.endswith(".py"):
-        path = Path(file)
-        if not path.is_file():
-            raise ConfigError(f"{spec!r}: no file {path}")
-        module_spec = importlib.util.spec_from_file_location(f"slime_plugin_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        fn = getattr(module, attr, None)
-        if not callable(fn):
-            raise ConfigError(f"{spec!r}: {path} has no callable {attr!r}")
-        return fn
     return load_function(spec, flag="check-plugin PATH")
+
+
+def _takes_tokenizer(fn: Any) -> bool:
+    try:
+        return "tokenizer" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_async(fn: Any) -> bool:
@@ -153,8 +147,9 @@ async def _call_generate(fn: Callable[..., Any], sample: Sample, params: dict[st
     problems = [p for i, s in enumerate(samples) for p in _problems(s, what if single else f"{what}, returned sample {i}")]
     if any(s is sample for s in samples):
         problems += _rewrites(before, sample, what)
-    if single and sample.status is Status.PENDING:
-        problems.append(f"{what}: status is still pending; set COMPLETED, TRUNCATED, PARTIAL or FAILED")
+    for i, s in enumerate(samples):
+        label = what if single else f"{what}, returned sample {i}"
+        problems += [f"{label}: {p.split(': ', 1)[1]}" for p in s.generate_contract_problems(max_response_len=max_len, engine_version=0)]
     for p in problems:
         report.fail(p)
     return None if problems else samples
@@ -265,6 +260,7 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
     with tempfile.TemporaryDirectory(prefix="slime-check-plugin-") as tmp:
         model_dir = args.model
         decode: Callable[[list[int]], str] = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+        tok = None
         if model_dir is None:
             from slime.rollout.engine.tiny import write_tiny_llama
 
@@ -275,6 +271,12 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
 
                 tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
                 decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        if _takes_tokenizer(fn):  # as slime train does: the run's tokenizer is bound as tokenizer=
+            if tok is None:
+                report.fail("takes tokenizer=: pass --model DIR, a model directory with a tokenizer (and a chat "
+                            "template if the function renders conversations), so it can be bound as slime train binds it")
+                return
+            fn = functools.partial(fn, tokenizer=tok)
         async with EngineServer(model_dir, port=0, seed=0, weight_version="0", num_threads=1) as server:
             config = RolloutConfig(request_timeout_s=args.timeout_s, max_retries=0)
             async with EnginePool([server.url], config=config) as pool:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import logging
 import math
+from pathlib import Path
 import time
 import traceback
 from typing import Any, Callable
@@ -31,7 +33,10 @@ log = logging.getLogger(__name__)
 
 
 def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[..., Any]:
-    """Import ``pkg.module.func`` or ``pkg.module:func``; raise ConfigError naming ``flag``."""
+    """Import ``pkg.module.func``, ``pkg.module:func`` or ``path/to/file.py:func``; raise ConfigError naming ``flag``."""
+    file, sep, attr = path.rpartition(":")
+    if sep and file.endswith(".py"):
+        return _load_from_file(Path(file), attr, flag=flag, spec=path)
     mod_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
     if not mod_name or not attr:
         raise ConfigError(f"{flag}={path!r}: expected 'package.module.function' or 'package.module:function'")
@@ -44,6 +49,21 @@ def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[...,
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{flag}={path!r}: module {mod_name!r} has no callable {attr!r}")
+    return fn
+
+
+def _load_from_file(file: Path, attr: str, *, flag: str, spec: str) -> Callable[..., Any]:
+    if not file.is_file():
+        raise ConfigError(f"{flag}={spec!r}: no file {file}")
+    module_spec = importlib.util.spec_from_file_location(f"slime_plugin_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # the file itself is broken
+        raise ConfigError(f"{flag}={spec!r}: running {file} raised {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{flag}={spec!r}: {file} has no callable {attr!r}")
     return fn
 
 

@@ -169,3 +169,41 @@ async def test_dynamic_sampling_filter_replaces_rejected_groups_one_for_one():
     assert all(g % 2 == 0 for g in gids) and len(gids) == 12
     # sync mode: exactly one replacement per rejected group, never a wave
     assert sched.next_group_id == len(seen) and len(seen) - len(gids) == sum(1 for g in seen if g % 2)
+
+
+async def _leaves_pending(sample, sampling_params, **kw):
+    return None  # grows nothing and sets no status
+
+
+async def _future_version(sample, sampling_params, *, engine_version, **kw):
+    sample.append([5], [-0.1], engine_version + 7)
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def _too_long(sample, sampling_params, *, max_response_len, engine_version, **kw):
+    n = max_response_len + 3
+    sample.append([5] * n, [-0.1] * n, engine_version)
+    sample.status = Status.COMPLETED
+    return sample
+
+
+@pytest.mark.parametrize("generate, words", [
+    (_leaves_pending, "status is still pending"),
+    (_future_version, "policy version 7, newer than the engine's 0"),
+    (_too_long, f"{MAX_LEN + 3} response tokens, more than max_response_len={MAX_LEN}"),
+])
+async def test_a_generate_function_that_breaks_the_contract_stops_the_run_with_the_reason(generate, words):
+    from slime.errors import PluginError
+
+    rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(8)]
+    with pytest.raises(ExceptionGroup) as info:
+        async with asyncio.TaskGroup() as tg:
+            sched = Scheduler(LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2),
+                              RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=MAX_LEN),
+                              source=PromptSource(rows, shuffle=False), tokenize=lambda t: [1, 2], decode=lambda ids: "",
+                              pool=FakePool(), buffer=DataBuffer(), reward_fn=_reward, task_group=tg, generate_fn=generate)
+            async with asyncio.timeout(10):  # before the fix, a pending sample looped forever
+                await sched.next_batch(2)
+    errors = info.value.subgroup(PluginError).exceptions
+    assert errors and words in str(errors[0]) and "broke its contract" in str(errors[0])

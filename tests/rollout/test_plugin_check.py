@@ -48,6 +48,15 @@ async def swallows_aborts(sample, sampling_params, **kwargs):
 def not_async(sample, sampling_params, **kwargs):
     return sample
 
+async def returns_none(sample, sampling_params, **kwargs):
+    return None
+
+async def too_long_and_from_the_future(sample, sampling_params, *, max_response_len, engine_version, **kwargs):
+    n = max_response_len + 10
+    sample.append([5] * n, [-0.1] * n, engine_version + 7)
+    sample.status = type(sample.status).COMPLETED
+    return sample
+
 def reward_as_text(sample):
     return "1.0"
 
@@ -132,3 +141,35 @@ async def test_reward_must_return_a_float_and_filter_a_bool(plugins):
 def test_unloadable_path_fails_with_the_reason(plugins, capsys):
     assert main([f"{plugins / 'good.py'}:missing", "--kind", "reward"]) == 1
     assert "has no callable 'missing'" in capsys.readouterr().out
+
+
+async def test_none_over_length_and_future_versions_are_named(plugins, pool):
+    report = await run_generate(load_plugin(f"{plugins / 'broken.py'}:returns_none"), pool)
+    assert failures(report) == ["FAIL generate: fresh sample: status is still pending after the call (returned None or the "
+                                "sample without setting a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED"]
+    report = await run_generate(load_plugin(f"{plugins / 'broken.py'}:too_long_and_from_the_future"), pool)
+    assert failures(report) == [
+        "FAIL generate: fresh sample: 34 response tokens, more than max_response_len=24",
+        "FAIL generate: fresh sample: a token has policy version 7, newer than the engine's 0; tag each token with the "
+        "engine_version the call was given (or the engine's weight_versions)",
+    ]
+
+
+def test_a_function_that_takes_the_tokenizer_gets_the_model_s_and_the_shipped_tool_generate_passes(capsys):
+    from pathlib import Path
+
+    import slime.data.calc
+
+    warmstart = Path(slime.data.calc.__file__).parent / "assets" / "calc-warmstart"
+    assert main(["slime.rollout.multiturn.calculator_generate", "--model", str(warmstart)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("RESULT: PASS")
+    assert main(["slime.rollout.multiturn.calculator_generate"]) == 1  # the tiny default model has no tokenizer
+    assert "takes tokenizer=: pass --model DIR" in capsys.readouterr().out
+
+
+def test_train_flags_take_the_file_path_form_too(plugins):
+    from slime.rollout.rewards import load_function
+
+    assert load_function(f"{plugins / 'good.py'}:generate", flag="--custom-generate-function-path").__name__ == "generate"
+    with pytest.raises(Exception, match=r"--custom-generate-function-path=.*has no callable 'nope'"):
+        load_function(f"{plugins / 'good.py'}:nope", flag="--custom-generate-function-path")
