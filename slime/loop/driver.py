@@ -102,6 +102,10 @@ def check_run_modes(config: Config) -> None:
         (not config.train.use_opd and bool(config.engine.opd_teacher_load or config.engine.opd_teacher_addrs),
          "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
         (config.train.opd_only and not config.train.use_opd, "--opd-only needs --use-opd (and a teacher)"),
+        (config.train.use_opd and not (config.engine.opd_teacher_load or config.engine.opd_teacher_addrs or config.engine.sglang_config),
+         "--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs host:port, or a 'teacher' group in --sglang-config"),
+        (config.train.opd_only and config.train.opd_kl_coef == 0,
+         "--opd-only with --opd-kl-coef 0: nothing would train (the task reward is off and the distillation term is zero)"),
     ]
     for flag, template in (("--save-debug-rollout-data", dbg.save_debug_rollout_data), ("--load-debug-rollout-data", dbg.load_debug_rollout_data)):
         if template is not None:
@@ -165,6 +169,11 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     model_dir = str(ckpt / "model") if ckpt else base_model
     version = resume.policy_version if resume else 0
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
+    if config.train.use_opd and config.engine.opd_teacher_load:
+        from slime.rollout.opd import check_same_vocab
+
+        teacher_tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.engine.opd_teacher_load)
+        check_same_vocab(tokenizer, teacher_tokenizer, student_name=base_model, teacher_name=config.engine.opd_teacher_load)
     if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"--apply-chat-template: the tokenizer of {base_model} has no chat template")
     tokenize = prompt_tokenizer(tokenizer, apply_chat_template=config.data.apply_chat_template)

@@ -38,12 +38,12 @@ import math
 import time
 from typing import Any
 
-from slime.errors import EngineError
+from slime.errors import ConfigError, EngineError
 from slime.rollout.generate import request_id
 from slime.rollout.server_groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
 from slime.types import Sample, Status
 
-__all__ = ["TeacherScorer", "TeacherError", "TEACHER", "TEACHER_SAMPLING_PARAMS"]
+__all__ = ["TeacherScorer", "TeacherError", "TEACHER", "TEACHER_SAMPLING_PARAMS", "check_same_vocab"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,28 @@ class TeacherScorer:
         log.warning("teacher scoring failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, exc)
         sample.evidence["teacher_error"] = {"where": where, "type": type(exc).__name__, "message": str(exc) or repr(exc),
                                             "elapsed_s": round(elapsed_s, 4)}
+
+
+def check_same_vocab(student: Any, teacher: Any, *, student_name: str = "student", teacher_name: str = "teacher") -> None:
+    """Refuse a teacher whose tokenizer maps tokens to other ids than the student's.
+
+    The teacher scores the student's token ids as they are, so both must share one vocabulary (the
+    same token -> id map); otherwise every teacher logprob is of some other token and the reverse KL
+    is noise that still trains. Args are HF tokenizers.
+
+    Raises:
+        ConfigError: naming both directories and the first difference.
+    """
+    a, b = student.get_vocab(), teacher.get_vocab()
+    if a == b:
+        return
+    if len(a) != len(b):
+        diff = f"{len(a)} tokens against {len(b)}"
+    else:
+        tok = next(t for t in sorted(a) if a[t] != b.get(t))
+        diff = f"token {tok!r} is id {a[tok]} for the student and {b.get(tok)} for the teacher"
+    raise ConfigError(f"--opd-teacher-load={teacher_name!r}: its tokenizer differs from the student's ({student_name!r}): {diff}; "
+                      "on-policy distillation scores the student's token ids, so both need the same vocabulary")
 
 
 def _response_logprobs(result: Any, sample: Sample) -> list[float]:

@@ -97,3 +97,35 @@ async def test_an_empty_response_gets_empty_teacher_logprobs_without_a_call():
     await TeacherScorer(pool).score(s)
     assert s.teacher_logprobs == [] and pool.calls == []
 
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_naming_the_difference():
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    import slime.data
+    from slime.errors import ConfigError
+    from slime.rollout.opd import check_same_vocab
+
+    assets = Path(slime.data.__file__).parent / "assets"
+    arith = AutoTokenizer.from_pretrained(assets / "arith-warmstart")
+    teacher = AutoTokenizer.from_pretrained(assets / "arith-opd-teacher")
+    check_same_vocab(arith, teacher)  # the shipped demo pair shares one vocabulary
+    calc = AutoTokenizer.from_pretrained(assets / "calc-warmstart")
+    with pytest.raises(ConfigError, match=r"--opd-teacher-load='calc'.*differs from the student's \('arith'\): 18 tokens against 104"):
+        check_same_vocab(arith, calc, student_name="arith", teacher_name="calc")
+
+
+@pytest.mark.parametrize("extra, words", [
+    ([], "--use-opd needs a teacher"),
+    (["--opd-teacher-addrs", "127.0.0.1:9", "--opd-only", "--opd-kl-coef", "0"], "nothing would train"),
+])
+def test_opd_flag_combinations_that_cannot_work_are_refused_before_anything_starts(extra, words):
+    from slime.cli_args import build_parser, config_from_args
+    from slime.errors import ConfigError
+    from slime.loop.driver import check_run_modes
+
+    config = config_from_args(build_parser().parse_args(["--use-opd", *extra]))
+    with pytest.raises(ConfigError, match=words):
+        check_run_modes(config)
