@@ -67,6 +67,12 @@ def _train(argv: list[str]) -> int:
     except SlimeError as exc:
         print(f"slime train: error: {exc}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # raised inside a task group: report slime's own error plainly
+        leaf = _first_slime_error(group)
+        if leaf is None:
+            raise
+        print(f"slime train: error: {leaf}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         hint = f"; resume with --load {config.run_dir}" if config.save_interval else ""
         print(f"slime train: interrupted; run directory {config.run_dir}{hint}", file=sys.stderr)
@@ -82,19 +88,37 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
+def _first_slime_error(group: BaseExceptionGroup):
+    """The first ``SlimeError`` in a (nested) exception group, or None."""
+    from slime.errors import SlimeError
+
+    for exc in group.exceptions:
+        if isinstance(exc, SlimeError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (found := _first_slime_error(exc)) is not None:
+            return found
+    return None
+
+
 def _check_run_dir(config) -> None:
     """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
     from slime.errors import ConfigError
 
     if int(os.environ.get("RANK", "0")) != 0:
         return  # torchrun: rank 0 owns the run directory
+    from slime.loop.checkpoint import latest_checkpoint
+
     run_dir = Path(config.run_dir)
     used = (run_dir / "metrics.jsonl").exists() or (run_dir / "summary.json").exists()
+    resumable = latest_checkpoint(run_dir / "checkpoints") is not None
     if used and not config.load:
-        raise ConfigError(
-            f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); resume it with "
-            f"--load {config.run_dir}, or choose another --save"
-        )
+        hint = f"resume it with --load {config.run_dir}" if resumable else "it has no checkpoint to resume (it ran without --save-interval)"
+        raise ConfigError(f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save")
+    if config.load and latest_checkpoint(Path(config.load) / "checkpoints") is None:
+        loaded = Path(config.load)
+        if (loaded / "metrics.jsonl").exists() or (loaded / "summary.json").exists():
+            raise ConfigError(f"--load={config.load!r}: that run has no checkpoint (it ran without --save-interval), so there "
+                              "is nothing to resume; start a new run with another --save")
 
 
 def preflight(config) -> None:

@@ -294,3 +294,34 @@ async def test_a_dynamic_sampling_filter_returning_a_non_bool_names_the_flag_and
     with pytest.raises(ExceptionGroup) as info:
         await _run_one_batch(group_filter=lambda g: "yes")
     assert str(info.value.exceptions[0]) == "--dynamic-sampling-filter-path returned str 'yes' for group 0, expected bool"
+
+
+def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it(tmp_path):
+    from slime.cli import _check_run_dir
+    from slime.cli_args import build_parser, config_from_args
+    from slime.errors import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "step", "step": 1}\n')
+    parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
+    with pytest.raises(ConfigError, match=r"already holds a run .*; it has no checkpoint to resume \(it ran without --save-interval\)"):
+        _check_run_dir(parse("--save", str(run)))
+    with pytest.raises(ConfigError, match=r"--load=.*that run has no checkpoint .* nothing to resume"):
+        _check_run_dir(parse("--save", str(run), "--load", str(run)))
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_000001" / "loop.json").write_text("{}")
+    (run / "checkpoints" / "latest").write_text("step_000001")
+    with pytest.raises(ConfigError, match=r"resume it with --load"):
+        _check_run_dir(parse("--save", str(run)))
+
+
+def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
+    from slime.cli import _first_slime_error
+    from slime.errors import ConfigError, PluginError
+
+    inner = PluginError("generate function broke its contract")
+    group = ExceptionGroup("outer", [ValueError("x"), ExceptionGroup("inner", [inner])])
+    assert _first_slime_error(group) is inner
+    assert _first_slime_error(ExceptionGroup("g", [ValueError("x")])) is None
+    assert isinstance(_first_slime_error(ExceptionGroup("g", [ConfigError("c")])), ConfigError)
