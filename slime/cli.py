@@ -141,6 +141,12 @@ def preflight(config) -> None:
     from slime.loop.record import record_path
 
     check_run_modes(config)
+    if config.train.train_backend == "megatron":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
+                              "use --train-backend torch on a CPU")
     if config.data.offline_data and not Path(config.data.offline_data).is_file():
         raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
     if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
