@@ -38,9 +38,10 @@ Measured (defaults: 1,200 steps, seed 0, 2 threads on a shared 2-core AMD EPYC, 
 cores; about 0.4 s a step when they are quiet, so about 8 minutes); held-out greedy 0.490, sampled
 at T=1 0.485, pass@8 0.900, groups of 8 with mixed rewards 0.735; greedy by terms 2: 0.85, 3: 0.32,
 4: 0.30; 60% of greedy and 49% of sampled answers are direct. The shipped checkpoint is that run's
-output (6.5 MB); this script re-makes it bit-identically through ``slime train`` (RESULT_PLACEHOLDER;
-docs/benchmarks.md, "SFT mode re-makes the demo warm starts"). Other runs, same
-seed and eval set (greedy / T=1 / pass@8 / mixed groups / direct share of greedy answers)::
+output (6.5 MB); this script re-makes it through ``slime train`` with ``model.safetensors``
+byte-for-byte equal (``--threads 1``, same day, 590 s of training; docs/benchmarks.md, "SFT mode
+re-makes the demo warm starts"). Other runs, same seed and eval set (greedy / T=1 / pass@8 / mixed
+groups / direct share of greedy answers)::
 
     --direct-fraction 0    --steps 600     0.465 / 0.326 / 0.755 / 0.725 / -
     --direct-fraction 0.5  --steps 600     0.160 / 0.098 / 0.305 / 0.285 / -
