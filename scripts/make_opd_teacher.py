@@ -4,7 +4,9 @@ Usage::
 
     python scripts/make_opd_teacher.py [--out DIR] [any scripts/make_warmstart.py flag]
 
-It is ``scripts/make_warmstart.py`` with the teacher's size and recipe (later flags override them):
+It is ``scripts/make_warmstart.py`` (``slime train --loss-type sft_loss`` into ``runs/arith-opd-teacher``,
+then a ``--save-dtype bfloat16`` copy in ``--out``) with the teacher's size and recipe (later flags
+override them):
 
 - 4.7M parameters (hidden 256, MLP 768, 6 layers, 4 heads, 2 KV heads): 2.9x the 1.6M student
   (``slime/data/assets/arith-warmstart``), with the same 18-token character tokenizer, so the
@@ -28,10 +30,11 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parent
 DEFAULT_OUT = SCRIPTS.parent / "slime" / "data" / "assets" / "arith-opd-teacher"
 TEACHER_FLAGS = [
-    "--out", str(DEFAULT_OUT),
+    "--out", str(SCRIPTS.parent / "runs" / "arith-opd-teacher" / "bf16"),  # copy it to DEFAULT_OUT to ship it
     "--hidden-size", "256", "--intermediate-size", "768", "--num-layers", "6", "--num-heads", "4", "--num-kv-heads", "2",
     "--direct-fraction", "0", "--steps", "900", "--lr", "2e-3", "--save-dtype", "bfloat16",
-    "--threads", "1", "--eval-every", "300",
+    "--threads", "1", "--eval-interval", "300",
+    "--run-dir", str(SCRIPTS.parent / "runs" / "arith-opd-teacher"), "--compare-with", str(DEFAULT_OUT),
 ]
 
 

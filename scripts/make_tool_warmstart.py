@@ -1,14 +1,15 @@
-"""Train the tool-calling demo's warm start: a small Llama, from scratch, by SFT on calculator conversations.
+"""Make the tool-calling demo's warm start with ``slime train --loss-type sft_loss`` on calculator conversations, and measure it.
 
 Usage::
 
-    python scripts/make_tool_warmstart.py [--out DIR] [--seed S] [--threads T] [--direct-fraction F]
+    python scripts/make_tool_warmstart.py [--run-dir DIR] [--seed S] [--threads T] [--direct-fraction F]
 
-Builds the character-level chat tokenizer (``slime.data.tokenizer.build_chat_tokenizer``, with its
-chat template), renders conversations of the train split of ``slime.data.calc`` with the
-``calculator`` tool's schema, and trains ``LlamaForCausalLM`` on them with the loss on the
-assistant turns only (their text and their ``<|im_end|>``; the system, user and tool turns and the
-role headers carry no loss). Two kinds of conversation:
+A small Llama, from scratch, fine-tuned on chat conversations of the train split of
+``slime.data.calc`` with the ``calculator`` tool's schema, rendered by the character-level chat
+tokenizer's template (``slime.data.tokenizer.build_chat_tokenizer``). The loss covers the assistant
+turns only (their text and their ``<|im_end|>``; the system, user and tool turns and the role
+headers carry none): ``slime train`` computes that mask from the one full render
+(``slime.data.chat_mask``). Two kinds of conversation:
 
 - with the tool: user question -> assistant ``<tool_call>{...}</tool_call>`` -> tool result ->
   assistant ``#<answer>``;
@@ -17,34 +18,48 @@ role headers carry no loss). Two kinds of conversation:
   made at the first token of the assistant turn and does not depend on the question, so RL has
   one clear thing to learn: call the tool.
 
-Two stages, in one run:
+What it does, in ``DIR`` (``--run-dir``):
 
-1. from scratch, ``--stage1-steps`` (2,000) on tool conversations only, peak lr 3e-3. Copying the
-   expression into the call and the result into the answer needs induction-style attention, which
-   this model only forms after a long plateau (the loss sits near 0.44 for ~1,400 steps, then
-   drops; see "Measured").
-2. ``--steps`` (1,500) more at peak lr 1e-3 (a new optimizer and schedule, problem seed + 1): the
-   first ``--tool-only-steps`` (1,000) still on tool conversations only, then the mix, in which
+1. ``DIR/init/``: the randomly initialised Llama (``MODEL_DIMS``, ``torch.manual_seed(--seed)``), its
+   generation config and the chat tokenizer (with ``chat_template.jinja``).
+2. ``DIR/data/stage1.jsonl`` and ``stage2.jsonl``: ``steps x batch_size`` chat rows ``{"messages",
+   "tools"}`` each, in training order (one pass in file order is exactly the batches), and
+   ``DIR/data/eval.jsonl``: 64 held-out tool conversations (eval split, seed 1) for the eval loss.
+3. Stage 1, ``slime train`` into ``DIR/stage1/``: from scratch, ``--stage1-steps`` (2,000) on tool
+   conversations only (problem seed ``--seed``), peak lr 3e-3. Copying the expression into the call
+   and the result into the answer needs induction-style attention, which this model only forms
+   after a plateau (the loss sits near 0.45 for ~600 steps, then drops; see "Measured").
+4. Stage 2, ``slime train`` into ``DIR/stage2/`` from ``DIR/stage1/model`` (a fresh optimizer and lr
+   schedule): ``--steps`` (1,500) at peak lr 1e-3 (problem seed ``--seed + 1``); the first
+   ``--tool-only-steps`` (1,000) still on tool conversations only, then the mix, in which
    ``--direct-fraction`` (0.6) of the conversations answer directly. This last part sets how often
-   the warm start calls the tool (about 40% of samples): weak, but with mixed rewards in most
-   GRPO groups. ``--init-from DIR`` starts stage 2 from a stage-1 output instead.
+   the warm start calls the tool (about 40% of samples): weak, but with mixed rewards in most GRPO
+   groups. ``--init-from HF_DIR`` skips stage 1 and starts stage 2 from ``HF_DIR``.
+5. Measures ``DIR/stage2/model``: a teacher-forced check on each stage's checkpoints (the share of
+   held-out tool conversations whose call turn and answer turn the model predicts exactly, and its
+   mean probability of starting with ``<tool_call>``), then the held-out accuracy on the 200 eval
+   problems that ``slime train --builtin-task calc`` evaluates on (seed 0), through the embedded
+   engine and ``slime.rollout.multiturn.calculator_generate``, the same path as the RL run's eval:
+   greedy (with the share of rollouts that call the tool and the accuracy of each kind), and sampled
+   at temperature 1.0 (8 samples each, with pass@8 and the share of groups with mixed rewards,
+   which GRPO learns from). Last, it compares the weights with the shipped checkpoint.
 
-Saves a Hugging Face directory (config, generation config, ``model.safetensors``, tokenizer and
-``chat_template.jinja``) to ``slime/data/assets/calc-warmstart/``, then measures the held-out
-accuracy on the 200 eval problems that ``slime train --builtin-task calc`` evaluates on (seed 0),
-through the embedded engine and ``slime.rollout.multiturn.calculator_generate``, the same path as
-the RL run's eval: greedy (with the share of rollouts that call the tool and the accuracy of each
-kind), and sampled at temperature 1.0 (8 samples each, with pass@8 and the share of groups with
-mixed rewards, which GRPO learns from). ``--eval-every`` prints a teacher-forced check during
-training: the share of held-out tool conversations whose call turn and answer turn the model
-predicts exactly, and its mean probability of starting with ``<tool_call>``.
+Both stages: batch 32, AdamW betas 0.9/0.95, weight decay 0.1, clip 1.0, 50 warm-up steps then
+cosine decay to 10% of the peak at the stage's last step, the NLL averaged over the batch's
+assistant tokens (``--calculate-per-token-loss``). The shipped checkpoint
+(``slime/data/assets/calc-warmstart``) is never written: copy ``DIR/stage2/model`` there to ship a
+new one.
 
-Measured (the run that made the shipped checkpoint, defaults, 2-core CPU, 2026-11-30; 28 min):
-stage 1 sat at loss ~0.45 until step ~600, then the copy formed (teacher-forced tool call exact
-0.45 at step 1,000, 1.00 at 2,000). After stage 2, on the 200 held-out problems: greedy accuracy
-0.000 (greedy never calls the tool: p(<tool_call>) at the first token is 0.44), sampled at T=1
-0.426 with tool calls in 44% of samples (accuracy 0.97 with the tool, 0.00 without), pass@8
-0.99, and 99% of 8-sample groups with mixed rewards.
+Measured (the shipped checkpoint, made by this recipe's earlier hand-written loop, defaults, 2-core
+CPU, 2026-11-30; 28 min): stage 1 sat at loss ~0.45 until step ~600, then the copy formed
+(teacher-forced tool call exact 0.45 at step 1,000, 1.00 at 2,000). After stage 2, on the 200
+held-out problems: greedy accuracy 0.000 (greedy never calls the tool: p(<tool_call>) at the first
+token is 0.44), sampled at T=1 0.426 with tool calls in 44% of samples (accuracy 0.97 with the
+tool, 0.00 without), pass@8 0.99, and 99% of 8-sample groups with mixed rewards. This script,
+through ``slime train`` (``--threads 1``, same day, 3,377 s of which 3,336 s training): weights
+bit-identical to the shipped ``model.safetensors``, hence the same numbers (T=1 0.426, tool calls in
+43.7% of samples, pass@8 0.990, mixed groups 0.990; docs/benchmarks.md, "SFT mode re-makes the demo
+warm starts").
 """
 
 from __future__ import annotations
@@ -52,19 +67,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import math
+import json
+import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from slime.data import calc
+from slime.data.chat_mask import render_with_assistant_mask
 from slime.data.tokenizer import build_chat_tokenizer
 from slime.rollout.tools.calculator import calculator_tool
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "slime" / "data" / "assets" / "calc-warmstart"
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "slime" / "data" / "assets" / "calc-warmstart"
 TOOL_SCHEMAS = [calculator_tool().schema]
 MAX_RESPONSE_LEN = 160
 """Response budget of the evaluation rollouts (model and tool tokens), as in scripts/quickstart_tools.sh."""
@@ -82,7 +103,8 @@ MODEL_DIMS = dict(
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """One SFT stage: AdamW from a fresh state, linear warm-up then cosine decay to 10% of ``lr``."""
+    """One SFT stage (one ``slime train`` run): AdamW from a fresh state, linear warm-up then cosine
+    decay to 10% of ``lr`` at its last step."""
 
     name: str
     steps: int
@@ -97,9 +119,9 @@ class Stage:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output HF directory")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "calc-warmstart")
     p.add_argument("--seed", type=int, default=0, help="stage 1 uses it, stage 2 uses seed + 1")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads of the trainer and the evaluation")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--stage1-steps", type=int, default=2000, help="stage 1: from scratch, tool conversations only")
     p.add_argument("--stage1-lr", type=float, default=3e-3)
@@ -110,9 +132,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--direct-fraction", type=float, default=0.6,
                    help="stage 2, after --tool-only-steps: share of conversations that answer directly, without the tool")
     p.add_argument("--init-from", type=Path, default=None, help="skip stage 1: start stage 2 from this HF directory")
-    p.add_argument("--eval-every", type=int, default=100, help="teacher-forced check every N steps (0: never)")
+    p.add_argument("--save-interval", type=int, default=500,
+                   help="checkpoint every N steps of each stage (the teacher-forced check runs on each)")
     p.add_argument("--num-eval", type=int, default=200)
-    p.add_argument("--eval-only", action="store_true", help="only measure the model already in --out")
+    p.add_argument("--eval-only", action="store_true", help="only measure DIR/stage2/model")
     return p.parse_args()
 
 
@@ -128,123 +151,109 @@ def make_model(tokenizer, seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).float()
 
 
-def render(tokenizer, messages: list[dict], *, generation_prompt: bool = False) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, add_generation_prompt=generation_prompt,
-                                        tokenize=True, return_dict=False)
-    return list(out if isinstance(out, list) else out["input_ids"])
+def write_init(out: Path, seed: int) -> None:
+    tokenizer = build_chat_tokenizer()
+    model = make_model(tokenizer, seed)
+    print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {MODEL_DIMS}", flush=True)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                               do_sample=False, max_new_tokens=MAX_RESPONSE_LEN)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
-def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """``(ids, mask)`` of the rendered conversation; mask 1 on each assistant turn's text and its ``<|im_end|>``.
-
-    An assistant turn starts where the rendering of the messages before it with the generation
-    prompt ends; its tokens must be the text's tokens followed by ``<|im_end|>`` (checked), which is
-    what the model generates at RL time.
-    """
-    ids = render(tokenizer, messages)
-    mask = [0] * len(ids)
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(render(tokenizer, messages[:i], generation_prompt=True))
-        turn = tokenizer.encode(message["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
-        if ids[start : start + len(turn)] != turn:
-            raise AssertionError(f"assistant turn {i} is not rendered as its text + <|im_end|>: {messages}")
-        mask[start : start + len(turn)] = [1] * len(turn)
-    return ids, mask
+def write_rows(path: Path, stage: Stage, batch_size: int) -> None:
+    """``stage.steps * batch_size`` chat rows in training order: step ``k``'s batch is rows
+    ``k * batch_size ..`` (``--rollout-batch-size`` rows a step, in file order)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    problems = calc.iter_problems(stage.seed, "train")
+    style_rng = random.Random(f"style:{stage.seed}")
+    with path.open("w") as f:
+        for step in range(stage.steps):
+            for _ in range(batch_size):
+                expression, label = next(problems)
+                # the kind is drawn only after the tool-only steps, so the mix's draws start there
+                direct = step >= stage.tool_only_steps and style_rng.random() < stage.direct_fraction
+                f.write(json.dumps({"messages": calc.conversation(expression, label, use_tool=not direct), "tools": TOOL_SCHEMAS}) + "\n")
 
 
-def make_batch(conversations: list[list[dict]], tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 off the assistant turns)."""
-    seqs = [tokenize_conversation(tokenizer, c) for c in conversations]
+def check_rows() -> list[dict]:
+    """The held-out problems of the teacher-forced check and the eval loss (eval split, seed 1)."""
+    return calc.generate_dataset(64, seed=1, split="eval")
+
+
+def write_eval(path: Path) -> None:
+    with path.open("w") as f:
+        for r in check_rows():
+            f.write(json.dumps({"messages": calc.conversation(r["prompt"], r["label"], use_tool=True), "tools": TOOL_SCHEMAS}) + "\n")
+
+
+def sft_command(args: argparse.Namespace, stage: Stage, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "slime.cli", "train", "--loss-type", "sft_loss",
+        "--hf-checkpoint", str(init), "--prompt-data", str(train), "--input-key", "messages", "--tool-key", "tools",
+        "--eval-prompt-data", str(evals), "--num-eval-prompts", "64",
+        "--rollout-batch-size", str(args.batch_size), "--global-batch-size", str(args.batch_size),
+        "--micro-batch-size", str(args.batch_size), "--num-rollout", str(stage.steps),
+        "--lr", str(stage.lr), "--min-lr", str(stage.lr / 10), "--lr-warmup-iters", str(stage.warmup_steps),
+        "--lr-decay-style", "cosine", "--lr-decay-iters", str(stage.steps),
+        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",
+        "--calculate-per-token-loss", "--train-threads", str(args.threads), "--seed", str(args.seed),
+        "--save", str(out), "--save-interval", str(args.save_interval), "--eval-interval", "100", "--no-progress",
+    ]
+
+
+def run(cmd: list[str], threads: int) -> None:
+    print("$ " + " ".join(cmd), flush=True)
+    start = time.monotonic()
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    print(f"slime train (SFT) took {time.monotonic() - start:.1f}s", flush=True)
+
+
+def teacher_forced_check(model_dir: Path, rows: list[dict]) -> str:
+    """On tool conversations of ``rows``, teacher-forced: the share whose tool-call turn, and whose
+    final-answer turn, the model predicts exactly (argmax on every assistant token), and the mean
+    probability of ``<tool_call>`` as the first assistant token (how often sampling calls the tool)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    seqs = [render_with_assistant_mask(tokenizer, calc.conversation(r["prompt"], r["label"], use_tool=True), TOOL_SCHEMAS) for r in rows]
     max_len = max(len(ids) for ids, _ in seqs)
     input_ids = torch.full((len(seqs), max_len), tokenizer.pad_token_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros_like(input_ids)  # [B, T]
-    labels = torch.full_like(input_ids, -100)  # [B, T]; -100 = no loss
-    for i, (seq, mask) in enumerate(seqs):
-        ids = torch.tensor(seq)
-        input_ids[i, : len(seq)] = ids
-        attention_mask[i, : len(seq)] = 1
-        labels[i, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), ids, -100)
-    return input_ids, attention_mask, labels
-
-
-def lr_at(step: int, stage: Stage) -> float:
-    """Linear warm-up, then cosine decay to 10% of the stage's ``lr`` at its last step."""
-    if step < stage.warmup_steps:
-        return stage.lr * (step + 1) / stage.warmup_steps
-    progress = (step - stage.warmup_steps) / max(1, stage.steps - stage.warmup_steps)
-    return stage.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def teacher_forced_check(model: LlamaForCausalLM, tokenizer, rows: list[dict]) -> str:
-    """On tool conversations of ``rows``, teacher-forced: the share whose tool-call turn, and whose
-    final-answer turn, the model predicts exactly (argmax on every token), and the mean probability
-    of ``<tool_call>`` as the first assistant token (how often sampling calls the tool)."""
-    convs = [calc.conversation(r["prompt"], r["label"], use_tool=True) for r in rows]
-    input_ids, attention_mask, labels = make_batch(convs, tokenizer)
-    was_training = model.training
-    model.eval()
+    for b, (ids, _) in enumerate(seqs):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention_mask[b, : len(ids)] = 1
     with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B, T-1, V]
-    model.train(was_training)
-    targets = labels[:, 1:]  # [B, T-1]
-    hit = (logits.argmax(-1) == targets) | (targets == -100)  # [B, T-1]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, T, V]
+    tool_call_id = tokenizer.convert_tokens_to_ids("<tool_call>")
     call_ok = answer_ok = 0
     p_tool = 0.0
-    tool_call_id = tokenizer.convert_tokens_to_ids("<tool_call>")
-    for b in range(len(convs)):
-        pos = torch.nonzero(targets[b] != -100).flatten().tolist()
-        ends = [i for i in pos if targets[b, i] == tokenizer.eos_token_id]  # the two turns' <|im_end|>
-        first_turn = [i for i in pos if i <= ends[0]]
-        second_turn = [i for i in pos if i > ends[0]]
-        call_ok += all(hit[b, i] for i in first_turn)
-        answer_ok += all(hit[b, i] for i in second_turn)
-        p_tool += torch.softmax(logits[b, first_turn[0]], -1)[tool_call_id].item()
-    n = len(convs)
+    for b, (ids, mask) in enumerate(seqs):
+        pos = [i for i in range(1, len(ids)) if mask[i]]  # assistant tokens, predicted at position i - 1
+        hit = {i: logits[b, i - 1].argmax().item() == ids[i] for i in pos}
+        first_end = next(i for i in pos if ids[i] == tokenizer.eos_token_id)  # the tool-call turn's <|im_end|>
+        call_ok += all(hit[i] for i in pos if i <= first_end)
+        answer_ok += all(hit[i] for i in pos if i > first_end)
+        p_tool += torch.softmax(logits[b, pos[0] - 1], -1)[tool_call_id].item()
+    n = len(seqs)
     return f"tool call exact {call_ok / n:.3f}  answer copied exact {answer_ok / n:.3f}  p(<tool_call>) {p_tool / n:.3f}"
 
 
-def train(model: LlamaForCausalLM, tokenizer, stage: Stage, args: argparse.Namespace) -> None:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=stage.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    problems = calc.iter_problems(stage.seed, "train")
-    check_rows = calc.generate_dataset(64, seed=1, split="eval")
-    style_rng = random.Random(f"style:{stage.seed}")
-    model.train()
-    start = time.monotonic()
-    print(f"{stage}", flush=True)
-    for step in range(stage.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, stage)
-        batch = []
-        for _ in range(args.batch_size):
-            expression, label = next(problems)
-            direct = step >= stage.tool_only_steps and style_rng.random() < stage.direct_fraction
-            batch.append(calc.conversation(expression, label, use_tool=not direct))
-        input_ids, attention_mask, labels = make_batch(batch, tokenizer)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step % 25 == 0 or step == stage.steps - 1:
-            print(f"{stage.name} step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, stage):.2e}  "
-                  f"{time.monotonic() - start:6.1f}s", flush=True)
-        if args.eval_every and (step + 1) % args.eval_every == 0:
-            print(f"{stage.name} step {step + 1:5d}  teacher-forced on held-out: {teacher_forced_check(model, tokenizer, check_rows)}",
-                  flush=True)
+def checkpoint_models(run_dir: Path) -> list[tuple[str, Path]]:
+    """``(label, HF dir)`` of each checkpoint of a ``slime train`` run, in step order."""
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return [(f"step {int(p.name.split('_')[1])}", p / "model") for p in ckpts]
 
 
-def save(model: LlamaForCausalLM, tokenizer, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-        max_new_tokens=MAX_RESPONSE_LEN,
-    )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+def compare_weights(mine: Path, shipped: Path) -> str:
+    """Bit-identical, or the largest absolute difference, over every tensor of two ``model.safetensors``."""
+    a, b = load_file(mine / "model.safetensors"), load_file(shipped / "model.safetensors")
+    if a.keys() != b.keys():
+        return f"different tensors: {sorted(a.keys() ^ b.keys())}"
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    same = all(torch.equal(a[k], b[k]) for k in a)
+    return f"{'bit-identical' if same else 'not identical'} over {len(a)} tensors (max |difference| {diff:.3g})"
 
 
 async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num_samples: int, seed: int, threads: int) -> list[list]:
@@ -312,27 +321,35 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     args = parse_args()
     torch.set_num_threads(args.threads)
-    random.seed(args.seed)
+    run_dir = args.run_dir.resolve()
+    data = run_dir / "data"
+    stage1 = Stage("stage1", args.stage1_steps, args.stage1_lr, args.stage1_steps, 0.0, args.seed)
+    stage2 = Stage("stage2", args.steps, args.lr, args.tool_only_steps, args.direct_fraction, args.seed + 1)
     start = time.monotonic()
-    eval_rows = calc.generate_dataset(args.num_eval, seed=0, split="eval")  # the set `slime train` evaluates on
     if not args.eval_only:
-        torch.use_deterministic_algorithms(True)
-        tokenizer = build_chat_tokenizer()
-        if args.init_from is not None:
-            model = LlamaForCausalLM.from_pretrained(args.init_from).float()
-            print(f"stage 1 skipped: starting from {args.init_from}", flush=True)
-        else:
-            model = make_model(tokenizer, args.seed)
-            print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {MODEL_DIMS}", flush=True)
-            train(model, tokenizer, Stage("stage1", args.stage1_steps, args.stage1_lr, args.stage1_steps, 0.0, args.seed), args)
-            print(f"stage 1 done in {time.monotonic() - start:.1f}s", flush=True)
-        stage2 = Stage("stage2", args.steps, args.lr, args.tool_only_steps, args.direct_fraction, args.seed + 1)
-        train(model, tokenizer, stage2, args)
+        if (run_dir / "stage2").exists():
+            sys.exit(f"{run_dir / 'stage2'} exists; choose another --run-dir (or --eval-only)")
+        data.mkdir(parents=True, exist_ok=True)
+        write_eval(data / "eval.jsonl")
+        init = args.init_from
+        if init is None:
+            write_init(run_dir / "init", args.seed)
+            write_rows(data / "stage1.jsonl", stage1, args.batch_size)
+            print(stage1, flush=True)
+            run(sft_command(args, stage1, run_dir / "init", data / "stage1.jsonl", data / "eval.jsonl", run_dir / "stage1"), args.threads)
+            init = run_dir / "stage1" / "model"
+        write_rows(data / "stage2.jsonl", stage2, args.batch_size)
+        print(stage2, flush=True)
+        run(sft_command(args, stage2, init, data / "stage2.jsonl", data / "eval.jsonl", run_dir / "stage2"), args.threads)
         print(f"trained in {time.monotonic() - start:.1f}s", flush=True)
-        save(model, tokenizer, args.out)
-        size_mb = sum(f.stat().st_size for f in args.out.iterdir()) / 1e6
-        print(f"saved to {args.out} ({size_mb:.1f} MB)", flush=True)
-    report(args.out, eval_rows, args.seed, args.threads)
+    rows = check_rows()
+    for stage in ("stage1", "stage2"):
+        for label, model_dir in checkpoint_models(run_dir / stage):
+            print(f"{stage} {label}  teacher-forced on held-out: {teacher_forced_check(model_dir, rows)}", flush=True)
+    model_dir = run_dir / "stage2" / "model"
+    print(f"SFT model {model_dir}:", flush=True)
+    report(model_dir, calc.generate_dataset(args.num_eval, seed=0, split="eval"), args.seed, args.threads)  # the set `slime train` evaluates on
+    print(f"weights against the shipped {SHIPPED}: {compare_weights(model_dir, SHIPPED)}")
     print(f"total wall time {time.monotonic() - start:.1f}s")
 
 

@@ -1,15 +1,30 @@
-"""Train the demo's warm-start model: a small Llama, from scratch, by SFT on the arithmetic task.
+"""Make the arithmetic demo's warm start with ``slime train --loss-type sft_loss``, and measure it.
 
 Usage::
 
-    python scripts/make_warmstart.py [--out DIR] [--steps N] [--seed S] [--threads T]
+    python scripts/make_warmstart.py [--run-dir DIR] [--steps N] [--seed S] [--threads T] [--out DIR --save-dtype D]
+        [--hidden-size H --intermediate-size I --num-layers L --num-heads A --num-kv-heads K] [--compare-with DIR]
 
-Builds the character tokenizer (``slime.data.tokenizer``), trains ``LlamaForCausalLM`` on
-``prompt + solution + <eos>`` from the train split of ``slime.data.arith`` with the loss on the
-solution and ``<eos>`` tokens only, saves a Hugging Face directory (config, generation config,
-``model.safetensors``, tokenizer) to ``slime/data/assets/arith-warmstart/``, then measures the
-held-out accuracy on 200 eval problems: greedy, and sampled at temperature 1.0 (8 samples each,
-with pass@8 and the share of 8-sample groups whose rewards are mixed, which GRPO learns from).
+A small Llama, from scratch, fine-tuned on ``prompt + solution + <eos>`` from the train split of
+``slime.data.arith``, with the loss on the solution and ``<eos>`` tokens only. The script holds no
+training loop; in ``DIR`` (``--run-dir``) it writes
+
+1. ``DIR/init/``: the randomly initialised ``LlamaForCausalLM`` (``MODEL_DIMS``,
+   ``torch.manual_seed(--seed)``), its generation config and the character tokenizer
+   (``slime.data.tokenizer``);
+2. ``DIR/data/train.jsonl``: ``steps x batch_size`` plain rows ``{"prompt", "response"}`` in training
+   order (``arith.iter_problems(seed, "train")``; each response the worked solution, or ``#<answer>``
+   with probability ``--direct-fraction``, from a seeded style stream), so one pass in file order is
+   exactly the batches; ``DIR/data/eval.jsonl``: the 200 held-out eval problems (worked solutions),
+   for the run's eval loss;
+
+then runs ``slime train --loss-type sft_loss`` (``sft_command``: batch 64, AdamW lr 3e-3, betas
+0.9/0.95, weight decay 0.1, clip 1.0, 50 warm-up steps then cosine to 3e-4 at the last step, the
+NLL averaged over the batch's response tokens) into ``DIR/sft/``, and measures ``DIR/sft/model`` on
+200 eval problems: greedy, and sampled at temperature 1.0 (8 samples each, with pass@8 and the
+share of 8-sample groups whose rewards are mixed, which GRPO learns from); last, it compares the
+weights and the greedy accuracy with the shipped checkpoint (``slime/data/assets/arith-warmstart``),
+which it never writes: copy ``DIR/sft/model`` there to ship a new one.
 
 Training stops early on purpose: the warm start must be weak but not hopeless, so the RL demo has
 room to raise accuracy and most GRPO groups carry signal.
@@ -20,11 +35,14 @@ wrong on 3- and 4-term sums. That is the room RL has: GRPO quickly learns to pre
 solution (a strategy, not new arithmetic), which is why the CPU demo gains 20+ points in minutes.
 
 Measured (defaults: 1,200 steps, seed 0, 2 threads on a shared 2-core AMD EPYC, torch 2.13 CPU,
-2026-11-30): 1,069 s of training (other jobs sharing the cores; about 0.4 s a step when they are
-quiet, so about 8 minutes); held-out greedy 0.490, sampled at T=1 0.485, pass@8 0.900, groups of 8
-with mixed rewards 0.735; greedy by terms 2: 0.85, 3: 0.32, 4: 0.30; 60% of greedy and 49% of
-sampled answers are direct. The shipped checkpoint is this run's output (6.5 MB). Other runs, same
-seed and eval set (greedy / T=1 / pass@8 / mixed groups / direct share of greedy answers)::
+2026-11-30, by this recipe's earlier hand-written loop): 1,069 s of training (other jobs sharing the
+cores; about 0.4 s a step when they are quiet, so about 8 minutes); held-out greedy 0.490, sampled
+at T=1 0.485, pass@8 0.900, groups of 8 with mixed rewards 0.735; greedy by terms 2: 0.85, 3: 0.32,
+4: 0.30; 60% of greedy and 49% of sampled answers are direct. The shipped checkpoint is that run's
+output (6.5 MB); this script re-makes it through ``slime train`` with ``model.safetensors``
+byte-for-byte equal (``--threads 1``, same day, 590 s of training; docs/benchmarks.md, "SFT mode
+re-makes the demo warm starts"). Other runs, same seed and eval set (greedy / T=1 / pass@8 / mixed
+groups / direct share of greedy answers)::
 
     --direct-fraction 0    --steps 600     0.465 / 0.326 / 0.755 / 0.725 / -
     --direct-fraction 0.5  --steps 600     0.160 / 0.098 / 0.305 / 0.285 / -
@@ -47,18 +65,23 @@ tokens; from the 800-step model, greedy 0.255 -> 0.455 in 10 steps.
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from slime.data import arith
 from slime.data.tokenizer import build_tokenizer
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "slime" / "data" / "assets" / "arith-warmstart"
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "slime" / "data" / "assets" / "arith-warmstart"
 
 MODEL_DIMS = dict(
     hidden_size=192,
@@ -73,32 +96,37 @@ MODEL_DIMS = dict(
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output HF directory")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "arith-warmstart")
     p.add_argument("--steps", type=int, default=1200, help="optimizer steps (stops early on purpose)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads of the trainer and the evaluation")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--direct-fraction", type=float, default=0.5,
                    help="share of SFT targets that answer directly ('#441') instead of working it out")
     p.add_argument("--num-eval", type=int, default=200)
-    p.add_argument("--eval-every", type=int, default=0, help="greedy eval every N steps (0: only at the end)")
+    p.add_argument("--eval-interval", type=int, default=100, help="eval loss every N steps")
+    p.add_argument("--eval-only", action="store_true", help="only measure DIR/sft/model")
     # Model size (defaults: the shipped warm start, MODEL_DIMS); scripts/make_opd_teacher.py sets a larger one.
     p.add_argument("--hidden-size", type=int, default=MODEL_DIMS["hidden_size"])
     p.add_argument("--intermediate-size", type=int, default=MODEL_DIMS["intermediate_size"])
     p.add_argument("--num-layers", type=int, default=MODEL_DIMS["num_hidden_layers"])
     p.add_argument("--num-heads", type=int, default=MODEL_DIMS["num_attention_heads"])
     p.add_argument("--num-kv-heads", type=int, default=MODEL_DIMS["num_key_value_heads"])
+    p.add_argument("--out", type=Path, default=None,
+                   help="also save the trained model here, in --save-dtype, and measure that copy (e.g. to ship it)")
     p.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dtype of the saved weights (bfloat16 halves the file; engines and trainers load them as float32)")
+                   help="dtype of the --out copy (bfloat16 halves the file; engines and trainers load it as float32)")
+    p.add_argument("--compare-with", type=Path, default=SHIPPED,
+                   help="shipped checkpoint to compare weights and greedy accuracy with")
     return p.parse_args()
 
 
 def model_dims(args: argparse.Namespace) -> dict:
-    """``MODEL_DIMS`` with the size flags applied."""
-    return dict(MODEL_DIMS, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads, num_key_value_heads=args.num_kv_heads)
+    return {**MODEL_DIMS, "hidden_size": args.hidden_size, "intermediate_size": args.intermediate_size,
+            "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_heads,
+            "num_key_value_heads": args.num_kv_heads}
 
 
 def make_model(tokenizer, seed: int, dims: dict = MODEL_DIMS) -> LlamaForCausalLM:
@@ -113,73 +141,49 @@ def make_model(tokenizer, seed: int, dims: dict = MODEL_DIMS) -> LlamaForCausalL
     return LlamaForCausalLM(config).float()
 
 
-def make_batch(problems: list[tuple[str, str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on prompt and padding)."""
-    seqs, masks = [], []
-    for prompt, _, solution in problems:
-        prompt_ids = tokenizer(prompt)["input_ids"]  # <bos> + prompt, no <eos>
-        response_ids = tokenizer(solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        seqs.append(prompt_ids + response_ids)
-        masks.append([0] * len(prompt_ids) + [1] * len(response_ids))
-    max_len = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), max_len), tokenizer.pad_token_id, dtype=torch.long)  # [B, T]
-    attention_mask = torch.zeros_like(input_ids)  # [B, T]
-    labels = torch.full_like(input_ids, -100)  # [B, T]; -100 = no loss
-    for i, (seq, mask) in enumerate(zip(seqs, masks)):
-        ids = torch.tensor(seq)
-        input_ids[i, : len(seq)] = ids
-        attention_mask[i, : len(seq)] = 1
-        labels[i, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), ids, -100)
-    return input_ids, attention_mask, labels
+def write_init(out: Path, seed: int, dims: dict = MODEL_DIMS) -> None:
+    tokenizer = build_tokenizer()
+    model = make_model(tokenizer, seed, dims)
+    print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {dims}", flush=True)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=arith.MAX_RESPONSE_CHARS + 2)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
-def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Linear warm-up, then cosine decay to 10% of ``--lr`` at ``--steps``."""
-    if step < args.warmup_steps:
-        return args.lr * (step + 1) / args.warmup_steps
-    progress = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def train(model: LlamaForCausalLM, tokenizer, args: argparse.Namespace, eval_rows: list[dict]) -> None:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+def write_data(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
+    """The training rows in training order (step ``k`` trains rows ``k * batch_size ..``), and the eval problems."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     problems = arith.iter_problems(args.seed, "train")
     style_rng = random.Random(f"style:{args.seed}")
-    model.train()
-    start = time.monotonic()
-    for step in range(args.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args)
-        batch = [next(problems) for _ in range(args.batch_size)]
-        batch = [(p, l, f"#{l}" if style_rng.random() < args.direct_fraction else s) for p, l, s in batch]
-        input_ids, attention_mask, labels = make_batch(batch, tokenizer)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step % 25 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, args):.2e}  {time.monotonic() - start:6.1f}s", flush=True)
-        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
-            acc = arith.evaluate_hf_model(model, tokenizer, eval_rows, temperature=0.0)
-            print(f"step {step + 1:5d}  greedy held-out accuracy {acc:.3f}", flush=True)
-            model.train()
+    train = data_dir / "train.jsonl"
+    with train.open("w") as f:
+        for _ in range(args.steps * args.batch_size):
+            prompt, label, solution = next(problems)
+            response = f"#{label}" if style_rng.random() < args.direct_fraction else solution
+            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    evals = data_dir / "eval.jsonl"
+    with evals.open("w") as f:
+        eval_problems = arith.iter_problems(args.seed, "eval")  # the stream of arith.generate_dataset(n, seed, "eval")
+        for _ in range(args.num_eval):
+            prompt, _, solution = next(eval_problems)
+            f.write(json.dumps({"prompt": prompt, "response": solution}) + "\n")
+    return train, evals
 
 
-def save(model: LlamaForCausalLM, tokenizer, out: Path, dtype: str = "float32") -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-        max_new_tokens=arith.MAX_RESPONSE_CHARS + 2,
-    )
-    if dtype == "bfloat16":  # round in place, so the report below measures exactly the saved weights
-        model.to(torch.bfloat16)
-    model.save_pretrained(out)
-    model.to(torch.float32)
-    tokenizer.save_pretrained(out)
+def sft_command(args: argparse.Namespace, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "slime.cli", "train", "--loss-type", "sft_loss",
+        "--hf-checkpoint", str(init), "--prompt-data", str(train), "--eval-prompt-data", str(evals),
+        "--num-eval-prompts", str(args.num_eval), "--input-key", "prompt",
+        "--rollout-batch-size", str(args.batch_size), "--global-batch-size", str(args.batch_size),
+        "--micro-batch-size", str(args.batch_size), "--num-rollout", str(args.steps),
+        "--lr", str(args.lr), "--min-lr", str(args.lr / 10), "--lr-warmup-iters", str(args.warmup_steps),
+        "--lr-decay-style", "cosine", "--lr-decay-iters", str(args.steps),
+        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",
+        "--calculate-per-token-loss", "--train-threads", str(args.threads), "--seed", str(args.seed),
+        "--save", str(out), "--save-interval", "200", "--eval-interval", str(args.eval_interval), "--no-progress",
+    ]
 
 
 def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int) -> None:
@@ -205,26 +209,51 @@ def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int)
         f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(by_terms.items())))
 
 
+def compare_weights(mine: Path, shipped: Path) -> str:
+    """Bit-identical, or the largest absolute difference, over every tensor of two ``model.safetensors``."""
+    a, b = load_file(mine / "model.safetensors"), load_file(shipped / "model.safetensors")
+    if a.keys() != b.keys():
+        return f"different tensors: {sorted(a.keys() ^ b.keys())}"
+    if any(a[k].shape != b[k].shape or a[k].dtype != b[k].dtype for k in a):
+        return "different shapes or dtypes"
+    diff = max((a[k] - b[k]).abs().max().item() for k in a)
+    same = all(torch.equal(a[k], b[k]) for k in a)
+    return f"{'bit-identical' if same else 'not identical'} over {len(a)} tensors (max |difference| {diff:.3g})"
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
+    run_dir = args.run_dir.resolve()
+    init, out = run_dir / "init", run_dir / "sft"
     start = time.monotonic()
-
-    tokenizer = build_tokenizer()
-    dims = model_dims(args)
-    model = make_model(tokenizer, args.seed, dims)
-    num_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {num_params:,} parameters, {dims}", flush=True)
+    if not args.eval_only:
+        if out.exists():
+            sys.exit(f"{out} exists; choose another --run-dir (or --eval-only)")
+        write_init(init, args.seed, model_dims(args))
+        train, evals = write_data(run_dir / "data", args)
+        cmd = sft_command(args, init, train, evals, out)
+        print("$ " + " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+        print(f"slime train (SFT) took {time.monotonic() - start:.1f}s", flush=True)
     eval_rows = arith.generate_dataset(args.num_eval, seed=args.seed, split="eval")
-
-    train(model, tokenizer, args, eval_rows)
-    print(f"trained {args.steps} steps in {time.monotonic() - start:.1f}s", flush=True)
-    save(model, tokenizer, args.out, args.save_dtype)
-    size_mb = sum(f.stat().st_size for f in args.out.iterdir()) / 1e6
-    print(f"saved to {args.out} ({size_mb:.1f} MB)", flush=True)
+    measured = out / "model"
+    if args.out is not None:  # the copy to ship: cast, save, and measure what was saved (rounded weights included)
+        trained = LlamaForCausalLM.from_pretrained(measured, dtype=torch.float32)
+        trained.to(getattr(torch, args.save_dtype)).save_pretrained(args.out)
+        AutoTokenizer.from_pretrained(measured).save_pretrained(args.out)
+        measured = args.out
+    tokenizer = AutoTokenizer.from_pretrained(measured)
+    model = LlamaForCausalLM.from_pretrained(measured, dtype=torch.float32)
+    print(f"SFT model {measured}:", flush=True)
     report(model, tokenizer, eval_rows, args.seed)
+    shipped_dir = args.compare_with
+    if shipped_dir is not None and (shipped_dir / "model.safetensors").is_file():
+        shipped = LlamaForCausalLM.from_pretrained(shipped_dir, dtype=torch.float32)
+        theirs = arith.evaluate_hf_model(shipped, AutoTokenizer.from_pretrained(shipped_dir), eval_rows, temperature=0.0)
+        mine = arith.evaluate_hf_model(model, tokenizer, eval_rows, temperature=0.0)
+        print(f"greedy held-out accuracy: this run {mine:.3f}  shipped {theirs:.3f}  difference {100 * (mine - theirs):+.1f} points")
+        print(f"weights against the shipped {shipped_dir}: {compare_weights(measured, shipped_dir)}")
     print(f"total wall time {time.monotonic() - start:.1f}s")
 
 

@@ -22,8 +22,15 @@ mask value (masked-out runs, e.g. a user or tool turn between two assistant turn
 ``trainable=False``), the reward 0 and every token at the trainer's current version. This is
 THUDM/slime's SFT layout (``sft_rollout``: tokens, ``response_length`` from the first loss-mask 1).
 
-Not covered: truncation (a row longer than the model's context fails in the forward pass; filter
-such rows beforehand); images and other non-text message parts.
+Length: a row with more tokens than the model's context (``max_len``: ``max_position_embeddings`` of
+the ``--hf-checkpoint`` config, ``model_context_len``) is a bad row, named by ``path:line`` with both
+numbers; ``--on-bad-data skip`` drops such rows (as THUDM/slime's ``--rollout-max-prompt-len`` drops
+long prompts). Rows are never truncated: a cut conversation trains the model on a turn it never
+sees finish, and RoPE models would otherwise run past the positions they were trained on without
+any error. THUDM/slime has no SFT truncation flag (``--rollout-max-context-len`` caps what the
+engine generates), so none is added here.
+
+Not covered: images and other non-text message parts.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from slime.data.chat_mask import render_with_assistant_mask
 from slime.data.dataset import _messages, _tools, read_rows
 from slime.types import Group, Sample, Status
 
-__all__ = ["RESPONSE_KEY", "SFTExample", "parse_sft_row", "tokenize_plain", "load_sft_file", "to_group"]
+__all__ = ["RESPONSE_KEY", "SFTExample", "model_context_len", "parse_sft_row", "tokenize_plain", "load_sft_file", "to_group"]
 
 RESPONSE_KEY = "response"
 """Key of the target text of a plain (prompt/response) SFT row."""
@@ -73,12 +80,28 @@ def tokenize_plain(tokenizer: Any, prompt: str, response: str) -> tuple[list[int
     return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
 
 
-def parse_sft_row(obj: Any, index: int, *, tokenizer: Any, input_key: str = "messages", tool_key: str | None = None) -> SFTExample:
+def model_context_len(config: Any) -> int | None:
+    """The longest sequence a model takes, from its HF config: ``max_position_embeddings`` (Llama,
+    Qwen, ...), else ``n_positions`` (GPT-2) or ``max_sequence_length``; None when it names none."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def parse_sft_row(
+    obj: Any, index: int, *, tokenizer: Any, input_key: str = "messages", tool_key: str | None = None, max_len: int | None = None,
+) -> SFTExample:
     """One decoded row -> ``SFTExample``. Raises ValueError saying what is wrong (the caller adds where).
+
+    Args:
+        max_len: the model's context in tokens (``model_context_len``); a longer row is refused. None: no check.
 
     Raises:
         ValueError: not an object, missing or wrong-typed keys, a conversation the chat template
-            rejects, no token to train on, or nothing before the first trained token.
+            rejects, more than ``max_len`` tokens, no token to train on, or nothing before the first
+            trained token.
         TemplateError: the chat template cannot give an assistant mask (a ``ConfigError``).
     """
     if not isinstance(obj, dict):
@@ -101,6 +124,9 @@ def parse_sft_row(obj: Any, index: int, *, tokenizer: Any, input_key: str = "mes
     else:
         raise ValueError(f"key {input_key!r} (--input-key) must be a list of chat messages or a non-empty prompt string, "
                          f"got {type(value).__name__}")
+    if max_len is not None and len(ids) > max_len:
+        raise ValueError(f"the row renders to {len(ids)} tokens, more than the model's context of {max_len} (max_position_embeddings "
+                         f"of --hf-checkpoint); shorten or split it (rows are not truncated)")
     if 1 not in mask:
         raise ValueError(f"no token to train on: the loss mask of the {len(ids)} rendered tokens is all 0")
     if mask[0] == 1:
@@ -110,9 +136,11 @@ def parse_sft_row(obj: Any, index: int, *, tokenizer: Any, input_key: str = "mes
 
 def load_sft_file(
     path: str | Path, *, tokenizer: Any, input_key: str = "messages", tool_key: str | None = None,
-    on_bad_data: Literal["skip", "fail"] = "fail", flag: str = "--prompt-data",
+    on_bad_data: Literal["skip", "fail"] = "fail", flag: str = "--prompt-data", max_len: int | None = None,
 ) -> tuple[list[SFTExample], int]:
     """Read and tokenise an SFT file (JSONL or Parquet by extension; see the module docstring).
+
+    ``max_len``: the model's context in tokens; a longer row is a bad row (None: no check).
 
     Returns:
         (examples, num_bad): the good rows in file order, and how many were skipped.
@@ -121,7 +149,7 @@ def load_sft_file(
         DataError: missing / empty file, or a malformed row (``path:line``) with ``on_bad_data="fail"``.
         TemplateError: the chat template cannot give an assistant mask.
     """
-    return read_rows(path, lambda obj, i: parse_sft_row(obj, i, tokenizer=tokenizer, input_key=input_key, tool_key=tool_key),
+    return read_rows(path, lambda obj, i: parse_sft_row(obj, i, tokenizer=tokenizer, input_key=input_key, tool_key=tool_key, max_len=max_len),
                      on_bad_data=on_bad_data, flag=flag)
 
 

@@ -42,7 +42,7 @@ import msgspec
 
 from slime.config import Config
 from slime.data.dataset import PromptSource
-from slime.data.sft import SFTExample, load_sft_file, to_group
+from slime.data.sft import SFTExample, load_sft_file, model_context_len, to_group
 from slime.errors import ConfigError
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.report import MetricsWriter, write_json_atomic
@@ -77,10 +77,12 @@ def check_sft_config(config: Config) -> None:
             raise ConfigError(message)
 
 
-def load_sft_data(config: Config, tokenizer: Any) -> tuple[list[SFTExample], list[SFTExample], int]:
-    """Train and eval examples (``slime.data.sft``) and how many bad rows were skipped."""
+def load_sft_data(config: Config, tokenizer: Any, *, max_len: int | None = None) -> tuple[list[SFTExample], list[SFTExample], int]:
+    """Train and eval examples (``slime.data.sft``) and how many bad rows were skipped.
+
+    ``max_len``: the model's context (``slime.data.sft.model_context_len``); longer rows are bad rows."""
     d = config.data
-    kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data)
+    kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data, max_len=max_len)
     train, num_bad = load_sft_file(d.prompt_data, flag="--prompt-data", **kw)
     evals: list[SFTExample] = []
     if d.eval_prompt_data:
@@ -106,7 +108,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
         ConfigError: flags an SFT run cannot honour, or a chat template without usable assistant spans.
         DataError: a malformed row (``path:line``).
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from slime.train.torch_backend import TorchTrainer
 
@@ -116,7 +118,8 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     base_model = config.engine.hf_checkpoint
     model_dir = str(ckpt / "model") if ckpt else base_model
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
-    train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config, tokenizer)
+    max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
+    train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config, tokenizer, max_len=max_len)
     num_steps = num_sft_steps(config, len(train_rows))
     if num_steps != config.loop.num_rollout:
         config = msgspec.structs.replace(config, loop=msgspec.structs.replace(config.loop, num_rollout=num_steps))

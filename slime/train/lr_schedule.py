@@ -10,7 +10,8 @@ same formulas after warm-up. For optimizer step ``k`` (0-based), W warm-up steps
     inverse-square-root:  lr * sqrt(max(W, 1)) / sqrt(k + 1) after warm-up, floored at min_lr
 
 Example: lr 3e-3, min_lr 3e-4, W 50, D 1200, cosine -> step 0: 6e-5, step 49: 3e-3,
-step 625: 1.65e-3, step 1199: ~3e-4 (``scripts/make_warmstart.py``'s schedule exactly).
+step 625: 1.65e-3, step 1199: ~3e-4 (the arithmetic warm start's schedule: ``scripts/make_warmstart.py``
+runs ``slime train`` with these flags).
 
 Departure from megatron-core: its warm-up gives step k the rate ``lr * k / W`` (the first step runs
 at lr 0 when it starts from 0); here step k gets ``lr * (k + 1) / W``, so no step is wasted.

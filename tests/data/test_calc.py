@@ -118,3 +118,31 @@ def test_shipped_checkpoint_loads_with_its_chat_template_and_fits_the_task():
     assert logits.shape == (1, len(ids), len(tok)) and torch.isfinite(logits).all()
     size_mb = sum(f.stat().st_size for f in WARMSTART_DIR.iterdir()) / 1e6
     assert size_mb <= 12
+
+
+@pytest.mark.parametrize("use_tool", [True, False])
+def test_sft_rows_of_calc_conversations_train_each_assistant_text_and_its_im_end(tmp_path, use_tool):
+    # the rows scripts/make_tool_warmstart.py hands to `slime train --loss-type sft_loss`
+    import json
+
+    from slime.data.sft import load_sft_file
+    from slime.data.tokenizer import build_chat_tokenizer
+    from slime.rollout.tools.calculator import calculator_tool
+
+    tok = build_chat_tokenizer()
+    messages = calc.conversation("347*82*19", "540626", use_tool=use_tool)
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"messages": messages, "tools": [calculator_tool().schema]}) + "\n")
+    (example,), num_bad = load_sft_file(path, tokenizer=tok, input_key="messages", tool_key="tools")
+    assert num_bad == 0
+    trained = [t for t, m in zip(example.input_ids, example.loss_mask) if m]
+    expected = []
+    for m in messages:
+        if m["role"] == "assistant":
+            expected += tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id]
+    assert trained == expected
+    text = tok.decode(example.input_ids)
+    assert "calculator" in text.split("<|im_end|>")[0]  # the tool schema reached the template's system turn
+    # the first trained token comes right after the first assistant header
+    first = example.loss_mask.index(1)
+    assert tok.decode(example.input_ids[:first]).endswith("<|im_start|>assistant\n")

@@ -76,3 +76,24 @@ def test_group_holds_the_row_with_masked_out_turns_between_assistant_turns():
 def test_example_needs_a_prompt_token_before_the_first_trained_one():
     with pytest.raises(ValueError):
         SFTExample(index=0, input_ids=[1, 2], loss_mask=[0, 0]).num_prompt_tokens
+
+
+def test_row_longer_than_the_model_context_is_a_bad_row_named_by_file_and_line(tmp_path, arith_tok):
+    path = tmp_path / "sft.jsonl"
+    short, long = {"prompt": "1+1=", "response": "#2"}, {"prompt": "1+1=", "response": "#" + "2" * 20}  # 8 and 27 tokens
+    path.write_text(json.dumps(short) + "\n" + json.dumps(long) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:2: the row renders to 27 tokens, more than the model's context of 26"):
+        load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=26)
+    rows, num_bad = load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=26, on_bad_data="skip")
+    assert ([r.input_ids for r in rows], num_bad) == ([[arith_tok.bos_token_id, *arith_tok.encode("1+1=#2", add_special_tokens=False), arith_tok.eos_token_id]], 1)
+    assert len(load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=27)[0]) == 2  # exactly the context fits
+
+
+def test_model_context_len_reads_the_hf_config_field():
+    from transformers import GPT2Config, LlamaConfig
+
+    from slime.data.sft import model_context_len
+
+    assert model_context_len(LlamaConfig(max_position_embeddings=320)) == 320
+    assert model_context_len(GPT2Config(n_positions=64)) == 64
+    assert model_context_len(object()) is None

@@ -92,3 +92,14 @@ def test_slime_train_cli_runs_sft_and_prints_the_eval_loss(model_dir, data, tmp_
     assert main(argv) == 0
     assert "done: SFT 2 steps; eval loss" in capsys.readouterr().out
     assert main(argv) == 2  # the run directory is used: resume it with --load, or choose another --save
+
+
+async def test_sft_run_refuses_a_row_longer_than_the_model_context_by_file_and_line(tmp_path):
+    from slime.errors import DataError
+
+    small = write_tiny_llama(tmp_path / "small", seed=0, with_tokenizer=True, max_position_embeddings=5)
+    train, evals = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text(json.dumps(ROWS[0]) + "\n")  # 2 prompt words + 3 response words + EOS: 6 tokens
+    evals.write_text(json.dumps(ROWS[1]) + "\n")
+    with pytest.raises(DataError, match=rf"{train}:1: the row renders to 6 tokens, more than the model's context of 5"):
+        await run_sft(_config(small, (train, evals), tmp_path / "run", "--num-rollout", "1"), progress=False)

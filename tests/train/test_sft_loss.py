@@ -125,10 +125,11 @@ def test_packing_example_from_the_docstring():
         pack_by_token_budget([1], 0)
 
 
-def test_lr_schedule_is_make_warmstart_s_warmup_then_cosine():
+def test_lr_schedule_is_the_warm_start_loops_warmup_then_cosine():
     cfg = TrainConfig(lr=3e-3, megatron=MegatronConfig(min_lr=3e-4, lr_warmup_iters=50, lr_decay_iters=1200, lr_decay_style="cosine"))
 
-    def make_warmstart_lr(step: int) -> float:  # scripts/make_warmstart.py's lr_at, restated
+    # the hand-written loop that made the shipped warm starts (scripts/make_warmstart.py before it ran slime train)
+    def make_warmstart_lr(step: int) -> float:
         if step < 50:
             return 3e-3 * (step + 1) / 50
         return 3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 50) / 1150)))
