@@ -75,6 +75,41 @@ def check_sft_config(config: Config) -> None:
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
+    ignored = [flag for flag, value, default in _rl_only_flags(config) if value != default]
+    if ignored:
+        log.warning("--loss-type sft_loss ignores these RL flags: %s (SFT trains on the rows of --prompt-data; "
+                    "nothing is generated, rewarded or importance-weighted)", ", ".join(ignored))
+
+
+def _rl_only_flags(config: Config) -> list[tuple[str, Any, Any]]:
+    """(flag, value, default) of the flags an SFT run never reads."""
+    d = Config()
+    pairs = [
+        ("--rollout-mode / --partial-rollout", config.loop.mode, d.loop.mode),
+        ("--over-sampling-batch-size", config.loop.over_sampling_batch_size, d.loop.over_sampling_batch_size),
+        ("--n-samples-per-prompt", config.rollout.n_samples_per_prompt, d.rollout.n_samples_per_prompt),
+        ("--custom-generate-function-path", config.rollout.custom_generate_function_path, d.rollout.custom_generate_function_path),
+        ("--custom-rm-path", config.rollout.custom_rm_path, d.rollout.custom_rm_path),
+        ("--rm-type", config.rollout.rm_type, d.rollout.rm_type),
+        ("--use-tis", config.train.use_tis, d.train.use_tis),
+        ("--advantage-estimator", config.train.advantage_estimator, d.train.advantage_estimator),
+        ("--use-kl-loss", config.train.use_kl_loss, d.train.use_kl_loss),
+    ]
+    if config.loop.num_epoch is not None:
+        pairs.append(("--num-rollout (with --num-epoch, the epochs set the steps)", config.loop.num_rollout, d.loop.num_rollout))
+    return pairs
+
+
+def check_sft_steps(config: Config, num_rows: int) -> None:
+    """With ``--num-epoch``, refuse a step larger than the dataset (it would pass over it several times).
+
+    Raises:
+        ConfigError: ``--rollout-batch-size`` > rows of ``--prompt-data``.
+    """
+    if config.loop.num_epoch is not None and config.loop.rollout_batch_size > num_rows:
+        raise ConfigError(f"--rollout-batch-size={config.loop.rollout_batch_size} is larger than --prompt-data ({num_rows} rows): "
+                          f"one step would pass over the data {config.loop.rollout_batch_size / num_rows:.1f} times, more than "
+                          f"--num-epoch={config.loop.num_epoch} asks; use a batch of at most {num_rows} rows")
 
 
 def load_sft_data(config: Config, tokenizer: Any, *, max_len: int | None = None) -> tuple[list[SFTExample], list[SFTExample], int]:
@@ -120,6 +155,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
     train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config, tokenizer, max_len=max_len)
+    check_sft_steps(config, len(train_rows))
     num_steps = num_sft_steps(config, len(train_rows))
     if num_steps != config.loop.num_rollout:
         config = msgspec.structs.replace(config, loop=msgspec.structs.replace(config.loop, num_rollout=num_steps))

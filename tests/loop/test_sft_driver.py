@@ -103,3 +103,20 @@ async def test_sft_run_refuses_a_row_longer_than_the_model_context_by_file_and_l
     evals.write_text(json.dumps(ROWS[1]) + "\n")
     with pytest.raises(DataError, match=rf"{train}:1: the row renders to 6 tokens, more than the model's context of 5"):
         await run_sft(_config(small, (train, evals), tmp_path / "run", "--num-rollout", "1"), progress=False)
+
+
+async def test_a_step_larger_than_the_data_is_refused_with_num_epoch(model_dir, data, tmp_path):
+    config = _config(model_dir, data, tmp_path / "r", "--num-epoch", "1", "--rollout-batch-size", "100", "--global-batch-size", "100")
+    with pytest.raises(ConfigError, match=r"--rollout-batch-size=100 is larger than --prompt-data \(7 rows\)"):
+        await run_sft(config, progress=False)
+
+
+def test_rl_flags_an_sft_run_never_reads_are_named_in_a_warning(model_dir, data, tmp_path, caplog):
+    from slime.loop.sft import check_sft_config
+
+    check_sft_config(_config(model_dir, data, tmp_path / "r"))
+    assert "ignores these RL flags" not in caplog.text
+    check_sft_config(_config(model_dir, data, tmp_path / "r", "--partial-rollout", "--use-tis", "--rm-type", "math",
+                             "--num-epoch", "1", "--num-rollout", "5"))
+    assert ("ignores these RL flags: --rollout-mode / --partial-rollout, --rm-type, --use-tis, "
+            "--num-rollout (with --num-epoch, the epochs set the steps)") in caplog.text
