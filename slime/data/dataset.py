@@ -214,7 +214,24 @@ def _messages(value: list[Any], key: str) -> list[dict[str, Any]]:
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {_short(m)}")
+        for j, call in enumerate(m.get("tool_calls") or []):
+            _check_tool_call(call, f"key {key!r} (--input-key): message {i} tool_calls[{j}]")
     return [dict(m) for m in value]
+
+
+def _check_tool_call(call: Any, where: str) -> None:
+    """An OpenAI-style tool call: ``{"function": {"name": str, "arguments": object or JSON-object string}}``."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ValueError(f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}, got {_short(call)}")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: 'arguments' is a string but not JSON ({exc}): {_short(fn['arguments'])}") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"{where}: 'arguments' must be a JSON object, got {type(args).__name__} {_short(args)}")
 
 
 def _tools(value: Any, key: str) -> list[dict[str, Any]]:

@@ -97,3 +97,18 @@ def test_model_context_len_reads_the_hf_config_field():
     assert model_context_len(LlamaConfig(max_position_embeddings=320)) == 320
     assert model_context_len(GPT2Config(n_positions=64)) == 64
     assert model_context_len(object()) is None
+
+
+@pytest.mark.parametrize("arguments, why", [
+    ("{bad json", r"'arguments' is a string but not JSON"),
+    ("[1, 2]", r"'arguments' must be a JSON object, got list"),
+])
+def test_a_tool_call_with_malformed_arguments_is_a_bad_row(tmp_path, arguments, why):
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    bad = [{"role": "user", "content": "hi"},
+           {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": arguments}}]}]
+    tok = build_chat_tokenizer("qwen", [(good, None)])
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": good}) + "\n" + json.dumps({"messages": bad}) + "\n")
+    with pytest.raises(DataError, match=rf"{path}:2: .*message 1 tool_calls\[0\]: {why}"):
+        load_sft_file(path, tokenizer=tok)
