@@ -188,17 +188,13 @@ def write_eval(path: Path) -> None:
 
 
 def sft_command(args: argparse.Namespace, stage: Stage, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "slime.cli", "train", "--loss-type", "sft_loss",
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_warmstart import sft_recipe  # the arithmetic warm start's recipe, with this stage's numbers
+
+    return sft_recipe(batch_size=args.batch_size, steps=stage.steps, lr=stage.lr, warmup_steps=stage.warmup_steps,
+                      threads=args.threads, seed=args.seed, save=out, save_interval=args.save_interval, eval_interval=100) + [
         "--hf-checkpoint", str(init), "--prompt-data", str(train), "--input-key", "messages", "--tool-key", "tools",
         "--eval-prompt-data", str(evals), "--num-eval-prompts", "64",
-        "--rollout-batch-size", str(args.batch_size), "--global-batch-size", str(args.batch_size),
-        "--micro-batch-size", str(args.batch_size), "--num-rollout", str(stage.steps),
-        "--lr", str(stage.lr), "--min-lr", str(stage.lr / 10), "--lr-warmup-iters", str(stage.warmup_steps),
-        "--lr-decay-style", "cosine", "--lr-decay-iters", str(stage.steps),
-        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",
-        "--calculate-per-token-loss", "--train-threads", str(args.threads), "--seed", str(args.seed),
-        "--save", str(out), "--save-interval", str(args.save_interval), "--eval-interval", "100", "--no-progress",
     ]
 
 

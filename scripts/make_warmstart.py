@@ -171,18 +171,31 @@ def write_data(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     return train, evals
 
 
-def sft_command(args: argparse.Namespace, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
+def sft_recipe(*, batch_size: int, steps: int, lr: float, warmup_steps: int, threads: int, seed: int, save: Path,
+               save_interval: int, eval_interval: int) -> list[str]:
+    """The demo warm starts' shared ``slime train --loss-type sft_loss`` flags (data flags not included).
+
+    Batch ``batch_size`` rows a step in one micro-batch, AdamW (betas 0.9/0.95, weight decay 0.1, clip
+    1.0), ``warmup_steps`` of linear warm-up then cosine to ``lr / 10`` at ``steps``, the NLL averaged
+    over the batch's trained tokens. Also used by ``scripts/make_tool_warmstart.py``.
+    """
     return [
         sys.executable, "-m", "slime.cli", "train", "--loss-type", "sft_loss",
+        "--rollout-batch-size", str(batch_size), "--global-batch-size", str(batch_size),
+        "--micro-batch-size", str(batch_size), "--num-rollout", str(steps),
+        "--lr", str(lr), "--min-lr", str(lr / 10), "--lr-warmup-iters", str(warmup_steps),
+        "--lr-decay-style", "cosine", "--lr-decay-iters", str(steps),
+        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",
+        "--calculate-per-token-loss", "--train-threads", str(threads), "--seed", str(seed),
+        "--save", str(save), "--save-interval", str(save_interval), "--eval-interval", str(eval_interval), "--no-progress",
+    ]
+
+
+def sft_command(args: argparse.Namespace, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
+    return sft_recipe(batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps,
+                      threads=args.threads, seed=args.seed, save=out, save_interval=200, eval_interval=args.eval_interval) + [
         "--hf-checkpoint", str(init), "--prompt-data", str(train), "--eval-prompt-data", str(evals),
         "--num-eval-prompts", str(args.num_eval), "--input-key", "prompt",
-        "--rollout-batch-size", str(args.batch_size), "--global-batch-size", str(args.batch_size),
-        "--micro-batch-size", str(args.batch_size), "--num-rollout", str(args.steps),
-        "--lr", str(args.lr), "--min-lr", str(args.lr / 10), "--lr-warmup-iters", str(args.warmup_steps),
-        "--lr-decay-style", "cosine", "--lr-decay-iters", str(args.steps),
-        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",
-        "--calculate-per-token-loss", "--train-threads", str(args.threads), "--seed", str(args.seed),
-        "--save", str(out), "--save-interval", "200", "--eval-interval", str(args.eval_interval), "--no-progress",
     ]
 
 

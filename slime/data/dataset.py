@@ -221,33 +221,37 @@ def _messages(value: list[Any], key: str) -> list[dict[str, Any]]:
 
 def _check_tool_call(call: Any, where: str) -> None:
     """An OpenAI-style tool call: ``{"function": {"name": str, "arguments": object or JSON-object string}}``."""
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise ValueError(f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}, got {_short(call)}")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: 'arguments' is a string but not JSON ({exc}): {_short(fn['arguments'])}") from None
+    fn = _function_of(call, where, "{'type': 'function', 'function': {'name': ..., 'arguments': ...}}")
+    args = _json_if_string(fn.get("arguments", {}), f"{where}: 'arguments'")
     if not isinstance(args, dict):
         raise ValueError(f"{where}: 'arguments' must be a JSON object, got {type(args).__name__} {_short(args)}")
 
 
 def _tools(value: Any, key: str) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"key {key!r} (--tool-key) is a string but not JSON ({exc})") from None
+    value = _json_if_string(value, f"key {key!r} (--tool-key)")
     if not isinstance(value, list):
         raise ValueError(f"key {key!r} (--tool-key) must be a list of tools, got {type(value).__name__} {_short(value)}")
     for i, tool in enumerate(value):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ValueError(f"key {key!r} (--tool-key): tool {i} must be {{'type': 'function', 'function': {{'name': ...}}}} "
-                             f"(OpenAI function schema), got {_short(tool)}")
+        _function_of(tool, f"key {key!r} (--tool-key): tool {i}", "{'type': 'function', 'function': {'name': ...}} (OpenAI function schema)")
     return value
+
+
+def _function_of(obj: Any, where: str, shape: str) -> dict[str, Any]:
+    """``obj["function"]``, which must be an object with a string ``name``; else ValueError naming ``where``."""
+    fn = obj.get("function") if isinstance(obj, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ValueError(f"{where} must be {shape}, got {_short(obj)}")
+    return fn
+
+
+def _json_if_string(value: Any, what: str) -> Any:
+    """``value``, or the JSON it holds when it is a string; ValueError naming ``what`` if that is not JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is a string but not JSON ({exc}): {_short(value)}") from None
 
 
 def _short(value: Any) -> str:
