@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -100,6 +101,23 @@ def _first_slime_error(group: BaseExceptionGroup):
     return None
 
 
+def _warn_if_resuming_another_setup(config) -> None:
+    """``--load`` of a run made with other data, model or loss: allowed (e.g. a new data mix), but said."""
+    import msgspec
+
+    saved_path = Path(config.load) / "config.json"
+    try:
+        saved = json.loads(saved_path.read_text())
+    except (OSError, ValueError):
+        return
+    now = msgspec.to_builtins(config)
+    fields = [("data", "prompt_data", "--prompt-data"), ("engine", "hf_checkpoint", "--hf-checkpoint"), ("train", "loss_type", "--loss-type")]
+    changed = [f"{flag} {saved.get(sec, {}).get(key)!r} -> {now[sec][key]!r}" for sec, key, flag in fields
+               if sec in saved and key in saved[sec] and saved[sec][key] != now[sec][key]]
+    if changed:
+        logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
+
+
 def _check_run_dir(config) -> None:
     """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
     from slime.errors import ConfigError
@@ -114,6 +132,8 @@ def _check_run_dir(config) -> None:
     if used and not config.load:
         hint = f"resume it with --load {config.run_dir}" if resumable else "it has no checkpoint to resume (it ran without --save-interval)"
         raise ConfigError(f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save")
+    if config.load:
+        _warn_if_resuming_another_setup(config)
     if config.load and latest_checkpoint(Path(config.load) / "checkpoints") is None:
         loaded = Path(config.load)
         if (loaded / "metrics.jsonl").exists() or (loaded / "summary.json").exists():

@@ -325,3 +325,18 @@ def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
     assert _first_slime_error(group) is inner
     assert _first_slime_error(ExceptionGroup("g", [ValueError("x")])) is None
     assert isinstance(_first_slime_error(ExceptionGroup("g", [ConfigError("c")])), ConfigError)
+
+
+def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
+    import msgspec
+
+    from slime.cli import _warn_if_resuming_another_setup
+    from slime.cli_args import build_parser, config_from_args
+
+    parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
+    old = parse("--prompt-data", "a.jsonl", "--save", str(tmp_path))
+    (tmp_path / "config.json").write_text(msgspec.json.encode(old).decode())
+    _warn_if_resuming_another_setup(parse("--prompt-data", "a.jsonl", "--load", str(tmp_path)))
+    assert "other settings" not in caplog.text
+    _warn_if_resuming_another_setup(parse("--prompt-data", "b.jsonl", "--load", str(tmp_path)))
+    assert "resuming a run made with other settings: --prompt-data 'a.jsonl' -> 'b.jsonl'" in caplog.text
