@@ -7,6 +7,7 @@ new flag is a deliberate change. Flags that THUDM/slime has keep slime's spellin
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import msgspec
@@ -182,9 +183,47 @@ _SHARED = {
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="slime train", allow_abbrev=False)
+    docs = None
     for flag, (path, kwargs) in FLAGS.items():
+        if "help" not in kwargs:
+            docs = docs if docs is not None else _config_docs()
+            kwargs = {**kwargs, "help": _help_from_config(path, docs)}
         parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, **kwargs)
     return parser
+
+
+def _config_docs() -> dict[tuple[str, str], str]:
+    """``{(class name, field): docstring}`` of ``slime/config.py``: the string under each field."""
+    import ast
+    import inspect
+
+    from slime import config as config_module
+
+    docs: dict[tuple[str, str], str] = {}
+    for node in ast.parse(inspect.getsource(config_module)).body:
+        if isinstance(node, ast.ClassDef):
+            body = node.body
+            for field, doc in zip(body, body[1:]):
+                if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and isinstance(doc, ast.Expr)
+                        and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+                    docs[(node.name, field.target.id)] = " ".join(doc.value.value.split())
+    return docs
+
+
+def _help_from_config(path: str, docs: dict[tuple[str, str], str]) -> str:
+    """Help text of a flag without one: its config field's docstring (first sentence) and default."""
+    from slime.config import Config
+
+    *sections, key = path.split(".")
+    owner = Config()
+    for name in sections:
+        owner = getattr(owner, name)
+    doc = docs.get((type(owner).__name__, key), "")
+    doc = doc.split(". ")[0].rstrip(".") if doc else ""
+    doc = re.sub(r"\s*\(``--[a-z0-9-]+``\)", "", doc).replace("``", "")  # the flag naming itself
+    default = getattr(owner, key, None)
+    shown = "" if default is None or isinstance(default, bool) else f" (default: {default})"
+    return (doc + shown).strip().replace("%", "%%")  # argparse %-formats help strings
 
 
 # Pass-through flags (THUDM/slime's convention): ``--sglang-X ...`` -> ``sglang.launch_server --X ...``,

@@ -117,3 +117,12 @@ def test_sft_batch_counts_rows_not_samples_per_prompt():
     assert config_from_args(build_parser().parse_args(argv)).train.loss_type == "sft_loss"
     with pytest.raises(ConfigError, match="--global-batch-size"):
         config_from_args(build_parser().parse_args(["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "48"]))
+
+
+def test_every_flag_has_help_text_taken_from_its_config_docstring_when_the_table_has_none():
+    parser = build_parser()
+    empty = [a.option_strings[0] for a in parser._actions if a.option_strings and a.option_strings[0] != "-h" and not (a.help or "").strip()]
+    assert empty == []
+    lr = next(a for a in parser._actions if "--num-rollout" in a.option_strings)
+    assert "Rollout steps" in lr.help and "(default: 50)" in lr.help
+    parser.format_help()  # every help string survives argparse's %-formatting
