@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import warnings
 from typing import Iterator, Sequence
 
@@ -95,8 +96,11 @@ def hf_to_megatron(hf_dir: str, out_dir: str) -> str:
         with _quiet_torch_deprecations():
             dist_ckpt.save(model.sharded_state_dict(), out_dir)
     except (AssertionError, RuntimeError) as exc:
+        for name in os.listdir(out_dir):  # it was empty: leave no half-written checkpoint behind
+            path = os.path.join(out_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         if _needs_cuda(exc):
-            raise RuntimeError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine") from exc
+            raise ConvertError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine") from exc
         raise
     meta_dir = os.path.join(out_dir, HF_CONFIG_DIR)
     os.makedirs(meta_dir, exist_ok=True)
@@ -106,6 +110,10 @@ def hf_to_megatron(hf_dir: str, out_dir: str) -> str:
     with open(os.path.join(out_dir, META_FILE), "w") as f:
         json.dump({"params_dtype": str(dtype).removeprefix("torch."), "format": "megatron-core dist_checkpointing", "source": os.path.abspath(hf_dir)}, f, indent=2)
     return out_dir
+
+
+class ConvertError(RuntimeError):
+    """A conversion this machine cannot do (e.g. no CUDA device for megatron's distributed checkpoints)."""
 
 
 def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
@@ -123,7 +131,7 @@ def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
             state = dist_ckpt.load(model.sharded_state_dict(), mcore_dir)
     except (AssertionError, RuntimeError) as exc:
         if _needs_cuda(exc):
-            raise RuntimeError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine") from exc
+            raise ConvertError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine") from exc
         raise
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
@@ -145,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctx.world_size != 1:
             raise SystemExit(f"slime convert runs as one process; got world size {ctx.world_size}")
         out = hf_to_megatron(args.hf_checkpoint, args.save) if args.to == "megatron" else megatron_to_hf(args.load, args.save)
+    except (ConvertError, FileExistsError, FileNotFoundError) as exc:
+        print(f"slime convert: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         ctx.close()
     print(out)
