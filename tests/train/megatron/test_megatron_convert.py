@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from slime.train.megatron.arch import ModelArch, UnsupportedArchitecture, load_hf_config
 from slime.train.megatron.convert import hf_to_mcore, mcore_names, mcore_to_hf
+from tests.train.megatron.conftest import _free_port
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
 
@@ -107,3 +108,22 @@ def test_convert_cli_names_the_missing_flag(argv, message):
 
     with pytest.raises(SystemExit, match=message):
         main(argv)
+
+
+def test_a_conversion_the_machine_cannot_do_is_a_one_line_error_that_leaves_nothing_behind(hf_dirs, tmp_path, capsys, monkeypatch):
+    import types
+
+    from slime.train.megatron import convert_cli
+
+    def save(state, out_dir):  # what megatron-core 0.16.1 raises without a CUDA device (in some process states)
+        open(os.path.join(out_dir, "common.pt"), "w").close()
+        raise RuntimeError("Found no NVIDIA driver on your system; CUDA is needed")
+
+    real_mcore = convert_cli.mcore
+    monkeypatch.setattr(convert_cli, "mcore", lambda name: types.SimpleNamespace(save=save) if name.endswith("dist_checkpointing") else real_mcore(name))
+    for var, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())).items():
+        monkeypatch.setenv(var, value)
+    out = tmp_path / "mcore"
+    assert convert_cli.main(["--to", "megatron", "--hf-checkpoint", str(hf_dirs["qwen3"]), "--save", str(out)]) == 2
+    assert "slime convert: error: megatron-core 0.16.1's dist_checkpointing needs a CUDA device" in capsys.readouterr().err
+    assert list(out.iterdir()) == []
