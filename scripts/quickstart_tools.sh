@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+if [ -e runs/quickstart_tools ] && [[ " $* " != *" --save "* ]]; then
+  mv runs/quickstart_tools "runs/quickstart_tools.prev-$(date +%Y%m%d-%H%M%S)"
+fi
 exec .venv/bin/slime train \
   --builtin-task calc --hf-checkpoint slime/data/assets/calc-warmstart \
   --custom-generate-function-path slime.rollout.multiturn.calculator_generate \
