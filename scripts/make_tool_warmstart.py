@@ -84,21 +84,17 @@ from slime.data.chat_mask import render_with_assistant_mask
 from slime.data.tokenizer import build_chat_tokenizer
 from slime.rollout.tools.calculator import calculator_tool
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_warmstart  # noqa: E402  (scripts/make_warmstart.py: model dims and the SFT recipe)
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "slime" / "data" / "assets" / "calc-warmstart"
 TOOL_SCHEMAS = [calculator_tool().schema]
 MAX_RESPONSE_LEN = 160
 """Response budget of the evaluation rollouts (model and tool tokens), as in scripts/quickstart_tools.sh."""
 
-MODEL_DIMS = dict(
-    hidden_size=192,
-    intermediate_size=512,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=320,
-    tie_word_embeddings=True,
-)
+MODEL_DIMS = {**make_warmstart.MODEL_DIMS, "max_position_embeddings": 320}
+"""The arithmetic warm start's model, with room for a whole tool conversation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,11 +184,10 @@ def write_eval(path: Path) -> None:
 
 
 def sft_command(args: argparse.Namespace, stage: Stage, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from make_warmstart import sft_recipe  # the arithmetic warm start's recipe, with this stage's numbers
-
-    return sft_recipe(batch_size=args.batch_size, steps=stage.steps, lr=stage.lr, warmup_steps=stage.warmup_steps,
-                      threads=args.threads, seed=args.seed, save=out, save_interval=args.save_interval, eval_interval=100) + [
+    # the arithmetic warm start's recipe, with this stage's numbers
+    return make_warmstart.sft_recipe(batch_size=args.batch_size, steps=stage.steps, lr=stage.lr, warmup_steps=stage.warmup_steps,
+                                     threads=args.threads, seed=args.seed, save=out, save_interval=args.save_interval,
+                                     eval_interval=100) + [
         "--hf-checkpoint", str(init), "--prompt-data", str(train), "--input-key", "messages", "--tool-key", "tools",
         "--eval-prompt-data", str(evals), "--num-eval-prompts", "64",
     ]

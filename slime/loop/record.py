@@ -29,7 +29,7 @@ import msgspec
 from slime.config import LoopConfig
 from slime.errors import DataError
 from slime.loop.buffer import DataBuffer
-from slime.loop.scheduler import StepStats
+from slime.loop.scheduler import SchedulerCounters, StepStats
 from slime.types import Group
 
 __all__ = ["RolloutRecord", "record_path", "save_rollout_record", "load_rollout_record", "ReplayScheduler", "NoWeightSync"]
@@ -77,7 +77,7 @@ def load_rollout_record(template: str, rollout_id: int) -> RolloutRecord:
     return record
 
 
-class ReplayScheduler:
+class ReplayScheduler(SchedulerCounters):
     """The part of ``Scheduler`` that ``run_step`` and the driver use, fed from records.
 
     ``next_batch(n)`` returns the next step's recorded groups (their count, which is ``n`` unless
@@ -116,15 +116,6 @@ class ReplayScheduler:
     async def shutdown(self) -> None:
         pass
 
-    def counters(self) -> dict[str, int]:
-        return {"next_group_id": self.next_group_id, "num_admitted": self.num_admitted, "rollout_id": self.rollout_id}
-
-    def restore_counters(self, *, next_group_id: int, num_admitted: int, rollout_id: int) -> None:
-        self.next_group_id, self.num_admitted, self.rollout_id = next_group_id, num_admitted, rollout_id
-
-    def pop_stats(self) -> StepStats:
-        stats, self.stats = self.stats, StepStats()
-        return stats
 
 
 class NoWeightSync:

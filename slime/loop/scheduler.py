@@ -90,7 +90,27 @@ class StepStats:
     expired_groups: int = 0
 
 
-class Scheduler:
+class SchedulerCounters:
+    """Resumable counters and per-step stats, shared by ``Scheduler`` and the train-only ``ReplayScheduler``."""
+
+    next_group_id: int
+    num_admitted: int
+    rollout_id: int
+    stats: StepStats
+
+    def counters(self) -> dict[str, int]:
+        """The scheduler's own resumable counters (see ``slime.loop.checkpoint``)."""
+        return {"next_group_id": self.next_group_id, "num_admitted": self.num_admitted, "rollout_id": self.rollout_id}
+
+    def restore_counters(self, *, next_group_id: int, num_admitted: int, rollout_id: int) -> None:
+        self.next_group_id, self.num_admitted, self.rollout_id = next_group_id, num_admitted, rollout_id
+
+    def pop_stats(self) -> StepStats:
+        stats, self.stats = self.stats, StepStats()
+        return stats
+
+
+class Scheduler(SchedulerCounters):
     """Owns the groups in flight; fills ``buffer.ready`` with rewarded groups.
 
     Args:
@@ -425,16 +445,6 @@ class Scheduler:
             self._gate_open = was_open
             self._fill()
 
-    def counters(self) -> dict[str, int]:
-        """The scheduler's own resumable counters (see ``slime.loop.checkpoint``)."""
-        return {"next_group_id": self.next_group_id, "num_admitted": self.num_admitted, "rollout_id": self.rollout_id}
-
-    def restore_counters(self, *, next_group_id: int, num_admitted: int, rollout_id: int) -> None:
-        self.next_group_id, self.num_admitted, self.rollout_id = next_group_id, num_admitted, rollout_id
-
-    def pop_stats(self) -> StepStats:
-        stats, self.stats = self.stats, StepStats()
-        return stats
 
 
 def _check_generate_output(sample: Sample, out: Any, *, max_response_len: int, engine_version: int) -> list[Sample] | None:
