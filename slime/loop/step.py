@@ -19,6 +19,15 @@ the end of the rollout to the end of the sync, and engine memory is released aro
 (THUDM/slime resumes the ``weights`` tag, syncs, then resumes ``kv_cache``; we resume every tag
 before the sync because the tag set differs across SGLang versions.)
 
+In ``async`` mode the update pauses in place (requests keep their KV and continue on the new
+weights) and the prefix cache is not flushed (SGLang 0.5.17 dies on a flush with requests paused in
+place). Cached KV of older weights then survives, and tokens of requests that reuse it are tagged no
+newer than the pool's ``kv_cache_version`` (``slime.rollout.generate.token_versions``). So that
+this conservative tag never makes fresh tokens over-stale, an update whose new version would be
+more than ``max_staleness`` ahead of ``kv_cache_version`` pauses with ``abort`` instead and flushes
+(a cache refresh; the aborted requests resume token-exactly like APRIL partials), once any request
+has reused cached KV since the last flush (engines without a prefix cache never need one).
+
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.
 
@@ -40,7 +49,7 @@ from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
 from slime.types import Group, Sample, Status
 
-__all__ = ["WeightSync", "run_step", "batch_stats"]
+__all__ = ["WeightSync", "run_step", "batch_stats", "pause_mode"]
 
 
 def batch_stats(groups: list[Group]) -> dict[str, float]:
@@ -108,7 +117,7 @@ async def run_step(
         await on_batch(groups)
     stale = apply_staleness(groups, trainer_version=version, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
-    mode = "in_place" if config.mode == "async" and not colocate else "abort"
+    mode = pause_mode(config, sched.pool, version, colocate=colocate)
     if train_step is None:
         st = sched.pop_stats()
         dt = time.monotonic() - t0
@@ -148,12 +157,28 @@ async def run_step(
     record = {
         "kind": "step", "policy_version": version, **batch, **_scheduler_record(sched, st, dt),
         "rollout_wait_s": t_rollout, "train_time_s": t_train, "weight_sync_s": t_sync,
+        "weight_sync_in_place": int(mode == "in_place"),
         **stale,
         **{f"train/{k}": v for k, v in train_metrics.items()},
         **{f"weight_sync/{k}": v for k, v in getattr(sync, "stats", {}).items()},
     }
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
     return version, groups, record
+
+
+def pause_mode(config: Any, pool: Any, version: int, *, colocate: bool = False) -> str:
+    """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode, except for a
+    cache refresh (see the module doc), else ``"abort"``.
+
+    Example: async, max_staleness 2, kv_cache_version "3", some cache hits since: the update to 5 is
+    in place (5 - 3 = 2), the update to 6 aborts and flushes (6 - 3 > 2); kv_cache_version is then "6".
+    """
+    if config.mode != "async" or colocate:
+        return "abort"
+    kv = getattr(pool, "kv_cache_version", None)
+    if getattr(pool, "num_prefix_cache_hits", 0) and kv is not None and config.max_staleness is not None and str(kv).isdigit() and version + 1 - int(kv) > config.max_staleness:
+        return "abort"
+    return "in_place"
 
 
 def _scheduler_record(sched: Any, st: Any, dt: float) -> dict[str, Any]:

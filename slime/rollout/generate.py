@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from slime.errors import EngineRequestError
+from slime.rollout.protocol import GenerateResult
 from slime.types import Sample, Status
 
-__all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id"]
+__all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id", "kv_cache_version_of", "token_versions"]
 
 
 def status_from_finish_reason(finish_type: str) -> Status:
@@ -44,6 +45,36 @@ def policy_version_of(weight_version: str | None, default: int) -> int:
     if weight_version is not None and weight_version.isdigit():
         return int(weight_version)
     return default
+
+
+def kv_cache_version_of(pool: Any, default: int) -> int | None:
+    """The pool's ``kv_cache_version`` as our integer version (read it when the request is SENT), or
+    None when the pool does not know it (a pool without prefix-cache tracking, or an engine we never
+    flushed)."""
+    version = getattr(pool, "kv_cache_version", None)
+    return None if version is None else policy_version_of(version, default)
+
+
+def token_versions(result: GenerateResult, engine_version: int, kv_cache_version: int | None = None) -> int | list[int]:
+    """The policy version of each token of ``result`` (an int for all of them, or one per token).
+
+    - With SGLang 0.5.23's ``weight_versions`` spans: each token's own version.
+    - Without them (0.5.17, verified on the H200): a request that straddled an in-place update
+      cannot say which tokens came from which weights, so all carry the older of (reported
+      ``weight_version``, ``engine_version`` at send): that over-states their lag, which is safe.
+    - A request that reused prefix-cache KV (``cached_tokens`` > 0, or unknown) is tagged no newer
+      than ``kv_cache_version``: the cache may hold KV computed by weights that old, since an
+      in-place update does not flush it (docs/ARCHITECTURE.md, "In-place updates and the prefix cache").
+
+    Example: spans ["3", "3", "4"], engine_version 4, cached_tokens 9, kv_cache_version 2 -> [2, 2, 2].
+    """
+    if result.token_weight_versions is not None and len(result.token_weight_versions) == len(result.output_ids):
+        versions: int | list[int] = [policy_version_of(v, engine_version) for v in result.token_weight_versions]
+    else:
+        versions = min(policy_version_of(result.weight_version, engine_version), engine_version)
+    if kv_cache_version is not None and result.cached_tokens != 0:
+        versions = min(versions, kv_cache_version) if isinstance(versions, int) else [min(v, kv_cache_version) for v in versions]
+    return versions
 
 
 def request_id(sample: Sample) -> str:
@@ -81,6 +112,7 @@ async def generate(
     if sample.response_ids:
         sample.num_resumes += 1
     params = dict(sampling_params, max_new_tokens=remaining)
+    kv_version = kv_cache_version_of(pool, engine_version)
     try:
         result = await pool.generate(
             sample.prompt_ids + sample.response_ids,
@@ -92,14 +124,7 @@ async def generate(
         sample.status = Status.FAILED
         sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc)}
         return sample
-    if result.token_weight_versions is not None and len(result.token_weight_versions) == len(result.output_ids):
-        versions: int | list[int] = [policy_version_of(v, engine_version) for v in result.token_weight_versions]
-    else:
-        # Without per-token spans (SGLang < 0.5.23) a request that straddled an in-place weight
-        # update cannot say which tokens came from which version: tag them all with the older of
-        # (reported, version at send), which over-states their lag and so is safe for the bound.
-        versions = min(policy_version_of(result.weight_version, engine_version), engine_version)
-    sample.append(result.output_ids, result.output_logprobs, versions, trainable=True)
+    sample.append(result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True)
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
         sample.num_aborts += 1

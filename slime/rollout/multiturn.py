@@ -55,7 +55,7 @@ import weakref
 from typing import Any, Callable
 
 from slime.errors import EngineRequestError
-from slime.rollout.generate import policy_version_of, status_from_finish_reason
+from slime.rollout.generate import kv_cache_version_of, status_from_finish_reason, token_versions
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
 from slime.rollout.tools.registry import ToolRegistry, ToolResult
@@ -181,6 +181,7 @@ async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: di
                       max_response_len: int, engine_version: int, tokenizer: Any, max_turns: int) -> bool:
     """One /generate for the current turn. Returns True when the loop goes on (tools to run)."""
     params = dict(sampling_params, max_new_tokens=max_response_len - len(sample.response_ids))
+    kv_version = kv_cache_version_of(pool, engine_version)
     rid = f"slime-mt-g{sample.group_id}-s{sample.index}-a{sample.num_aborts}-r{sample.num_resumes}-t{state['turn']}-"
     try:
         result = await pool.generate(sample.prompt_ids + sample.response_ids, params, rid=rid,
@@ -189,11 +190,7 @@ async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: di
         sample.status = Status.FAILED
         sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc), "turn": state["turn"]}
         return False
-    if result.token_weight_versions is not None and len(result.token_weight_versions) == len(result.output_ids):
-        versions: int | list[int] = [policy_version_of(v, engine_version) for v in result.token_weight_versions]
-    else:  # as in slime/rollout/generate.py: the older of (reported, at send) over-states the lag, safely
-        versions = min(policy_version_of(result.weight_version, engine_version), engine_version)
-    sample.append(result.output_ids, result.output_logprobs, versions, trainable=True)
+    sample.append(result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True)
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
         sample.num_aborts += 1

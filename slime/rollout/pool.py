@@ -93,6 +93,15 @@ class EnginePool(PoolControl):
         """``(model_path, weight_version)`` last sent to every worker (``update_weights_from_disk``)."""
         self.latest_version: str | None = weights[1] if weights else None
         """The newest ``weight_version`` pushed by any weight update (disk, tensor, distributed)."""
+        self.kv_cache_version: str | None = weights[1] if weights else None
+        """The ``weight_version`` at which every worker's prefix (radix) cache was last emptied, or None if
+        unknown. KV computed by older weights survives an update without ``flush_cache`` (an in-place
+        update, which must not flush: SGLang 0.5.17 dies on it), so a request that reuses cached KV
+        (``cached_tokens > 0``) may depend on weights as old as this; ``generate`` tags its tokens no
+        newer than it (docs/ARCHITECTURE.md, "In-place updates and the prefix cache")."""
+        self.num_prefix_cache_hits = 0
+        """Results with ``cached_tokens > 0`` since ``kv_cache_version`` was last set (0 on engines
+        without a prefix cache, like the embedded one: no cache refresh is then needed)."""
         self.weights_lock = asyncio.Lock()  # held by weight updates and ``rejoin``: a rejoiner never misses one
         self.paused_mode: str | None = None
         self.on_engine_down: Callable[[str, str], None] | None = None
@@ -275,6 +284,8 @@ class EnginePool(PoolControl):
                 continue
             if engine is not None:
                 engine.breaker.record_success()
+            if result.cached_tokens:
+                self.num_prefix_cache_hits += 1
             return result
         assert last is not None
         raise EngineUnavailable(

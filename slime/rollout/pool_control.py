@@ -44,6 +44,8 @@ class PoolControl:
     weights: tuple[str, str] | None
     weights_lock: asyncio.Lock
     latest_version: str | None
+    kv_cache_version: str | None
+    num_prefix_cache_hits: int
     _abort_epoch: int
     _abort_event: asyncio.Event
     _rotation_event: asyncio.Event
@@ -113,13 +115,15 @@ class PoolControl:
         """
         async with self.weights_lock:
             self.weights, self.latest_version = (model_path, weight_version), weight_version
-            return await self._fan_out(
+            out = await self._fan_out(
                 f"update_weights_from_disk({model_path!r}, weight_version={weight_version!r})",
                 lambda c: c.update_weights_from_disk(
                     model_path, weight_version=weight_version, abort_all_requests=abort_all_requests, flush_cache=flush_cache
                 ),
                 on_unreachable="take_out",
             )
+            self._note_flush(flush_cache, weight_version)
+            return out
 
     async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
                                               **kwargs: Any) -> dict[str, dict[str, Any]]:
@@ -127,21 +131,30 @@ class PoolControl:
         ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
         async with self.weights_lock:
             self._note_version(kwargs)
-            return await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
-                                       lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),  # type: ignore[attr-defined]
-                                       on_unreachable="take_out_and_raise")
+            out = await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
+                                      lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),  # type: ignore[attr-defined]
+                                      on_unreachable="take_out_and_raise")
+            self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
+            return out
 
     async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]:
         """Every worker loads the same payload (§3.9); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
         async with self.weights_lock:
             self._note_version(kwargs)
-            return await self._fan_out("update_weights_from_tensor",
-                                       lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),  # type: ignore[attr-defined]
-                                       on_unreachable="take_out_and_raise")
+            out = await self._fan_out("update_weights_from_tensor",
+                                      lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),  # type: ignore[attr-defined]
+                                      on_unreachable="take_out_and_raise")
+            self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
+            return out
 
     def _note_version(self, kwargs: dict[str, Any]) -> None:
         if kwargs.get("weight_version") is not None:
             self.latest_version = str(kwargs["weight_version"])
+
+    def _note_flush(self, flushed: bool, weight_version: Any) -> None:
+        """After an update: with ``flush_cache`` the prefix caches hold only KV of ``weight_version``."""
+        if flushed and weight_version is not None:
+            self.kv_cache_version, self.num_prefix_cache_hits = str(weight_version), 0
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
         """Every worker frees ``tags`` (None = all) for a colocated trainer (§3.11); workers must be idle."""
@@ -154,8 +167,13 @@ class PoolControl:
         return await self._fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip")
 
     async def flush_cache(self) -> dict[str, bool]:
-        """``{url: flushed}``; False where the worker was busy (§3.3)."""
-        return await self._fan_out("flush_cache", lambda c: c.flush_cache(), on_unreachable="skip")
+        """``{url: flushed}``; False where the worker was busy (§3.3). When every worker flushed, their
+        caches hold nothing older than ``latest_version`` (``kv_cache_version``)."""
+        async with self.weights_lock:
+            out = await self._fan_out("flush_cache", lambda c: c.flush_cache(), on_unreachable="skip")
+            if out and all(out.values()) and len(out) == len(self.clients):
+                self.kv_cache_version, self.num_prefix_cache_hits = self.latest_version, 0
+            return out
 
     def take_out(self, url: str, reason: str) -> bool:
         """Stop routing to and controlling ``url`` until ``rejoin``. Returns False if it was already out."""

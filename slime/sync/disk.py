@@ -5,7 +5,8 @@ Ordering for one update to version N (a test pins it):
 1. the trainer writes ``WEIGHTS_DIR/vN/`` (HF config + ``model.safetensors``) atomically, while
    generation goes on;
 2. the scheduler pauses: gate closed, every request aborted and returned (partials kept);
-3. every engine loads ``vN`` with ``weight_version="N"`` (``abort_all_requests`` as a guard);
+3. every engine loads ``vN`` with ``weight_version="N"`` (``abort_all_requests`` as a guard; the
+   prefix cache is flushed only then: never while requests are paused in place);
 4. the version held by the engines becomes N, and generation resumes, partial rollouts first.
 
 Only the last ``keep_last`` versions stay on disk.
@@ -53,8 +54,10 @@ class DiskWeightSync:
         """Make every engine load ``path`` as ``version`` (step 3; call while paused).
 
         ``abort_all_requests=False`` for an in-place update (async mode): paused requests stay and
-        continue on the new weights."""
-        await self.pool.update_weights_from_disk(str(path), weight_version=str(version), abort_all_requests=abort_all_requests)
+        continue on the new weights, and the prefix cache is not flushed (SGLang 0.5.17 asserts the
+        flush succeeded and dies when requests are paused in place; ``kv_cache_version`` records it)."""
+        await self.pool.update_weights_from_disk(str(path), weight_version=str(version), abort_all_requests=abort_all_requests,
+                                                 flush_cache=abort_all_requests)
         while len(self._written) > max(1, self.config.keep_last):
             old = self._written.pop(0)
             await asyncio.to_thread(shutil.rmtree, old, True)

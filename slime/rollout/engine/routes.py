@@ -22,6 +22,7 @@ route -> 404 ``{"detail": "Not Found"}``; wrong method -> 405 ``{"detail": "Meth
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ from aiohttp import web
 from slime.rollout.engine.model import read_hf_weights
 from slime.rollout.engine.parse import ContractError, parse_generate
 from slime.rollout.engine.request import build_response
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from slime.rollout.engine.server import EngineServer
@@ -56,12 +59,37 @@ def _error_response(message: str, status: int = 400, kind: str = "Bad Request") 
     return _json({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
 
 
+FLUSH_FAILED = "AssertionError: Cache flush failed after updating weights"
+"""What SGLang 0.5.17 logs before its scheduler dies (weight_updater.py:108, seen on the H200)."""
+
+
+class EngineDied(RuntimeError):
+    """The engine stopped serving, as SGLang does on ``FLUSH_FAILED`` (the route answers 500)."""
+
+
+async def die_if_flush_fails(server: "EngineServer", flush_cache: bool, num_paused: int) -> None:
+    """Behave like SGLang 0.5.17: an update with ``flush_cache`` while requests are paused in place
+    cannot flush the cache, and the server dies (every request fails, health is 503 from then on).
+
+    Raises:
+        EngineDied: when it died; the route turns it into a 500 naming SGLang's assertion.
+    """
+    if not flush_cache or not num_paused:
+        return
+    log.error("%s (%d requests paused in place); the engine stops, as SGLang 0.5.17 does", FLUSH_FAILED, num_paused)
+    await asyncio.to_thread(server.runner.stop)
+    raise EngineDied(f"{FLUSH_FAILED}: {num_paused} requests were paused in place (send flush_cache=false "
+                     "with an in-place update); the engine died, as SGLang 0.5.17 does")
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as exc:
         return _error_response(str(exc))
+    except EngineDied as exc:
+        return _error_response(str(exc), 500, "Internal Server Error")
     except web.HTTPNotFound:
         return _json({"detail": "Not Found"}, 404)
     except web.HTTPMethodNotAllowed:
@@ -182,6 +210,7 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
             return _json({"success": False, "message": str(exc), "num_paused_requests": 0}, 400)
         update = server.runner.update_weights(tensors, weight_version=version, abort_all=abort_all)
         num_paused = await asyncio.wrap_future(update)
+        await die_if_flush_fails(server, _field(body, "flush_cache", bool, True), num_paused)
         server.model_path = model_path
         message = "Succeeded to update model weights." + (f" Weight version updated to {version}." if version else "")
         return _json({"success": True, "message": message, "num_paused_requests": num_paused})

@@ -41,7 +41,7 @@ import torch
 from aiohttp import web
 
 from slime.rollout.engine.model import weight_targets
-from slime.rollout.engine.routes import BadRequest, _body, _field, _json
+from slime.rollout.engine.routes import BadRequest, _body, _field, _json, die_if_flush_fails
 from slime.sync.base import SESSION_HINT
 from slime.sync.codec import decode_payload, decode_tensor
 from slime.sync.group import WeightsUpdateGroup
@@ -108,6 +108,7 @@ def add_weight_routes(app: web.Application, server: "EngineServer") -> None:
         version = body_or_control.get("weight_version")
         abort_all = bool(body_or_control.get("abort_all_requests", False))
         num_paused = await asyncio.wrap_future(server.runner.update_weights(tensors, weight_version=version, abort_all=abort_all))
+        await die_if_flush_fails(server, bool(body_or_control.get("flush_cache", True)), num_paused)
         return num_paused, f" Weight version updated to {version}." if version else ""
 
     async def begin(request: web.Request) -> web.Response:

@@ -154,12 +154,25 @@ async def test_in_place_pause_then_update_resumes_on_new_weights_with_version_sp
     assert await asyncio.to_thread(gate.reached.wait, 10)
     await _post(session, engine, "/pause_generation", {"mode": "in_place"})
     status, out = await _post(session, engine, "/update_weights_from_disk",
-                              {"model_path": str(tiny_model_v2_path), "weight_version": "v2"})
+                              {"model_path": str(tiny_model_v2_path), "weight_version": "v2", "flush_cache": False})
     assert status == 200 and out["num_paused_requests"] == 1 and not task.done()
     await _post(session, engine, "/continue_generation", {})
     meta = (await task)[1]["meta_info"]
     assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}, {"version": "v2", "start": 3, "end": 8}]
     assert meta["weight_version"] == "v2"
+
+
+async def test_in_place_pause_then_update_with_flush_cache_kills_the_engine_like_sglang_0_5_17(engine, session, tiny_model_v2_path):
+    gate = _gate(engine, "s1")
+    task = _generate(session, engine, "s1")
+    assert await asyncio.to_thread(gate.reached.wait, 10)
+    await _post(session, engine, "/pause_generation", {"mode": "in_place"})
+    status, out = await _post(session, engine, "/update_weights_from_disk",
+                              {"model_path": str(tiny_model_v2_path), "weight_version": "v2"})  # flush_cache defaults to true
+    assert status == 500 and "Cache flush failed after updating weights" in out["message"]
+    async with session.get(f"{engine.url}/health_generate") as resp:
+        assert resp.status == 503  # dead, as the real server is
+    task.cancel()
 
 
 async def test_update_weight_version_sets_the_version_reported_everywhere(engine, session):
