@@ -19,7 +19,7 @@ START=${START_SGLANG:-.sgl/b/start_sglang.sh}
 
 if ! curl -sf "127.0.0.1:$PORT/health_generate" >/dev/null; then
     [ -f "$MODEL/config.json" ] || timeout 120 python3 -c "
-from tests.e2e.test_sglang_contract import contract_model_dir
+from tests.fixtures.tiny_model import contract_model_dir
 print(contract_model_dir('$MODEL', gpu=True))" || { echo "FAILED: could not write the contract model"; exit 1; }
     timeout 400 bash "$START" /tmp/parts "$PORT" -- --model-path "$MODEL" --weight-version 0 --dtype bfloat16 \
         --attention-backend triton --sampling-backend pytorch --disable-cuda-graph --mem-fraction-static 0.25 \

@@ -139,7 +139,7 @@ def serialize_cuda_ipc(named: NamedTensors) -> str:
     if not_cuda:
         raise ValueError(f"CUDA IPC payloads need CUDA tensors; {len(not_cuda)} are not (e.g. {not_cuda[0]!r})")
     import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reductions)
-    from torch.multiprocessing.reductions import ForkingPickler
+    from multiprocessing.reduction import ForkingPickler  # torch 2.11 no longer re-exports it
 
     try:
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
