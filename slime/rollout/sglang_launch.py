@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import logging
 import os
 import shlex
 import socket
@@ -54,8 +53,6 @@ from slime.rollout.server_groups import (ACTOR, TEACHER, ServerGroup, SglangDepl
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
            "teacher_processes", "check_launchable", "trainer_gpus", "SHARED_MEM_FRACTION_STATIC"]
-
-log = logging.getLogger(__name__)
 
 SHARED_MEM_FRACTION_STATIC = 0.5
 """``--mem-fraction-static`` of a server that shares its GPU with the trainer, unless the user sets one."""
