@@ -44,9 +44,9 @@ def _train(argv: list[str]) -> int:
         if not config.engine.hf_checkpoint:
             config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
         if ns.dry_run:
-            from slime.rollout.sglang_launch import build_launch_plan
+            from slime.rollout.sglang_launch import build_launch_plan, trainer_gpus
 
-            print(build_launch_plan(config.engine, seed=config.seed).format())
+            print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate).format())
             return 0
         preflight(config)
         _check_run_dir(config)
@@ -147,7 +147,7 @@ def preflight(config) -> None:
     Model directories (``--hf-checkpoint``, ``--ref-load``) exist and hold a ``config.json``; prompt
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
     ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
-    launch plan builds, and SGLang servers / routers to launch have ``sglang`` / ``sglang_router``.
+    launch plan builds, and what it launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``.
     The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
     the first record of ``--load-debug-rollout-data``.
 
@@ -199,23 +199,52 @@ def preflight(config) -> None:
     for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.rollout.sglang_launch import build_launch_plan
+    from slime.rollout.sglang_launch import build_launch_plan, check_launchable, trainer_gpus
 
-    plan = build_launch_plan(config.engine)  # also checks --sglang-config and the GPU / port arithmetic
-    for module, package in (("sglang", "sglang"), ("sglang_router", "sglang-router")):
-        starts = plan.servers if module == "sglang" else [r for r in plan.routers if r.argv is not None]
-        if plan.backend == "sglang" and starts and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"--rollout-num-gpus / --sglang-config launch {module} processes, but the {package} package "
-                              f"is not installed (pip install {package}; slime train --dry-run shows the commands)")
+    # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
+    check_launchable(build_launch_plan(config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate))
 
 
 def _run(coro):
+    """Run ``coro`` on uvloop. SIGTERM (``timeout``, ``kill``, a job scheduler) ends it like Ctrl-C:
+    the main task is cancelled, so every ``finally`` runs and launched SGLang servers are stopped
+    (they run in their own sessions: a signal to our process group does not reach them).
+
+    Raises:
+        KeyboardInterrupt: on SIGINT or SIGTERM.
+    """
+    import signal
+
+    terminated = False
+
+    async def main():
+        nonlocal terminated
+        task = asyncio.current_task()
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await coro
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
     try:
         import uvloop
 
-        return uvloop.run(coro)
+        run = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep the CLI usable without it
-        return asyncio.run(coro)
+        run = asyncio.run
+    try:
+        return run(main())
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt("SIGTERM") from None
+        raise
 
 
 def _engine(argv: list[str]) -> int:

@@ -351,7 +351,8 @@ class SyncConfig(msgspec.Struct, **_STRUCT):
     """Bound on each weight-update HTTP call, the process-group rendezvous and each collective."""
     colocate: bool = False
     """Engines share the trainer's devices (``--colocate``): each step pauses generation, releases
-    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, §3.11)."""
+    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, §3.11). Launched
+    SGLang servers then get the trainer's GPUs and ``--enable-memory-saver`` (``sglang_launch.py``)."""
     weights_dir: str = ""
     """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
     keep_last: int = 2

@@ -100,4 +100,6 @@ def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
     assert main(["train", "--dry-run", "--hf-checkpoint", "/ckpt/p", "--sglang-config", str(path), "--sglang-mem-fraction-static", "0.6"]) == 0
     out = capsys.readouterr().out
     assert "[server actor-1] model=actor" in out and "[server teacher-0] model=teacher" in out
-    assert out.count("sglang_router.launch_router") == 2 and out.count("--mem-fraction-static 0.6") == 3
+    assert out.count("--mem-fraction-static 0.6") == 3
+    (router,) = [line for line in out.splitlines() if "sglang_router.launch_router" in line]  # the teacher's one server needs none
+    assert router.count("--worker-urls") == 1 and "# model 'teacher': one server, no router" in out

@@ -40,8 +40,9 @@ from slime.loop.step import run_step
 from slime.obs.observers import Observers
 from slime.obs.plots import write_plots
 from slime.rollout.generate import generate as default_generate
-from slime.rollout.deploy import start_rollout
+from slime.rollout.deploy import load_initial_weights, start_rollout
 from slime.rollout.rewards import load_function
+from slime.rollout.sglang_launch import trainer_gpus
 from slime.sync import build_weight_sync
 
 __all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]
@@ -208,10 +209,11 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
 
     async with Observers(config, run_dir, progress=progress) as obs, _no_engines() if train_only else start_rollout(
         config.engine, config.rollout, model_dir=model_dir, weight_version=str(version), seed=config.seed, log_dir=run_dir / "logs",
+        trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
     ) as engines:
         pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
-        if resume is not None and engines and engines.plan.backend == "external":
-            await pool.update_weights_from_disk(model_dir, weight_version=str(version))  # external engines hold other weights
+        if engines and engines.plan.backend == "external":  # they serve whatever they last loaded: give them this run's policy
+            await load_initial_weights(pool, model_dir, str(version))
         tracer = obs.tracer
         teacher = _teacher(config, engines)
         sync = NoWeightSync() if train_only or rollout_only else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)

@@ -10,7 +10,8 @@
     exit: supervisors stop, routers stop, servers stop (SIGTERM, then SIGKILL), pools close
 
 If any server or router fails to start, everything started so far is stopped and the error
-(naming the server and its log file) is raised. External engines are only waited for.
+(naming the server and its log file) is raised. External engines are only waited for here; the
+driver then gives them the run's initial weights (``load_initial_weights``).
 Logs of launched SGLang processes go to ``log_dir/<name>.log``. Not covered: relaunching a router
 that dies (its pool's calls fail after their retries), servers on other nodes.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Mapping
@@ -27,15 +29,16 @@ from typing import Any, AsyncIterator, Iterator, Mapping
 import aiohttp
 
 from slime.config import EngineConfig, RolloutConfig
+from slime.errors import ConfigError
 from slime.rollout.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.rollout.pool import KEEPALIVE_S, MAX_CONNECTIONS, EnginePool
 from slime.rollout.processes import CommandProcess
 from slime.rollout.router import RouterClient
 from slime.rollout.server_groups import ACTOR, TEACHER
-from slime.rollout.sglang_launch import LaunchPlan, build_launch_plan, embedded_processes, teacher_processes
+from slime.rollout.sglang_launch import LaunchPlan, build_launch_plan, check_launchable, embedded_processes, teacher_processes
 from slime.rollout.supervisor import EngineSupervisor
 
-__all__ = ["start_rollout", "PoolRegistry", "RolloutEngines"]
+__all__ = ["start_rollout", "load_initial_weights", "PoolRegistry", "RolloutEngines"]
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +81,22 @@ class RolloutEngines:
 
 @contextlib.asynccontextmanager
 async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_dir: str | None = None, weight_version: str = "0",
-                        seed: int = 0, log_dir: str | Path | None = None) -> AsyncIterator[RolloutEngines]:
+                        seed: int = 0, log_dir: str | Path | None = None, trainer_gpus: int = 0,
+                        colocate: bool = False) -> AsyncIterator[RolloutEngines]:
     """Start (or attach to) the engines of ``build_launch_plan(engine, ...)``; yield them running.
 
+    ``trainer_gpus`` / ``colocate``: where the trainer is, for the servers' GPUs (``build_launch_plan``).
+
     Raises:
-        ConfigError: from the plan. EngineError: a server or router that did not come up in
+        ConfigError: from the plan, or a package its commands need that cannot be imported
+            (``check_launchable``). EngineError: a server or router that did not come up in
             ``startup_timeout_s``, or a running router that could not be listed or registered with.
     """
-    plan = build_launch_plan(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
+    plan = build_launch_plan(engine, model_dir=model_dir, weight_version=weight_version, seed=seed, trainer_gpus=trainer_gpus,
+                             colocate=colocate)
+    check_launchable(plan)
+    for note in plan.notes:
+        log.info("launch plan: %s", note)
     timeout_s = engine.startup_timeout_s
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
@@ -166,6 +177,48 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
         for pool in pools.values():
             await pool.close()
         await session.close()
+
+
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim")
+"""``config.json`` fields two checkpoints must share for one's weights to load into the other's model."""
+
+
+async def load_initial_weights(pool: EnginePool, model_dir: str, weight_version: str) -> None:
+    """Give running (external) engines the run's weights at start: ``/update_weights_from_disk`` of
+    ``model_dir`` at ``weight_version``, cache flushed (nothing was sent to them yet).
+
+    An external engine serves whatever it last loaded, e.g. another run's final weights; without
+    this the trainer would start from ``model_dir`` and the engine from those. Each engine's
+    ``/model_info`` is checked first: its ``architectures`` and ``model_type`` (when reported) must
+    be ``model_dir``'s, and when its ``model_path`` is a directory on this machine, the ``SHAPE_KEYS``
+    of both ``config.json`` files must agree.
+
+    Raises:
+        ConfigError: an engine serves an incompatible model (one line naming both).
+        EngineError: from ``/model_info`` or the update.
+    """
+    ours = _hf_config(model_dir)
+    for client in pool.clients:
+        info = await client.model_info()
+        served = info.get("model_path")
+        theirs = {k: info.get(k) for k in ("architectures", "model_type")} | (_hf_config(served) if served else {})
+        problems = [f"{key} {theirs[key]!r} (engine) vs {ours[key]!r} (run)" for key in ("architectures", *SHAPE_KEYS)
+                    if ours.get(key) is not None and theirs.get(key) is not None and ours[key] != theirs[key]]
+        if problems:
+            raise ConfigError(f"the external engine {client.url} serves {served!r}, which is not the model of this run "
+                              f"({model_dir}): {'; '.join(problems)}; start it with --model-path {model_dir}")
+        log.info("external engine %s serves %s (weight_version %s): loading this run's %s as version %s",
+                 client.url, served, info.get("weight_version"), model_dir, weight_version)
+    await pool.update_weights_from_disk(model_dir, weight_version, flush_cache=True)
+
+
+def _hf_config(model_dir: str | Path) -> dict[str, Any]:
+    """``model_dir/config.json`` as a dict; {} when it is not a readable local file."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 async def _start_all(procs: list[Any], timeout_s: float) -> list[str]:

@@ -7,6 +7,11 @@ coroutine (``EngineClient.wait_ready``: ``/health_generate`` 200; ``RouterClient
 raced against the process exiting, so a server that dies while loading fails at once. ``restart``
 runs the same command again (same port, same GPUs).
 
+The child's environment is ours (``PYTHONPATH``, ``CUDA_HOME``, ``NCCL_*``, ...) with ``env`` on top,
+minus the torchrun variables of the trainer's process group (``TORCHRUN_VARS``: ``RANK``,
+``MASTER_PORT``, ...; the megatron trainer sets them even without torchrun), which are not the
+server's: SGLang sets up its own TP group.
+
 Not covered: a tree whose members left the process group, or that outlives a SIGKILL of *this*
 process (SGLang's children watch their parent on Linux; our group kill covers normal exits).
 """
@@ -23,9 +28,18 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 from slime.errors import EngineUnavailable
 
-__all__ = ["CommandProcess"]
+__all__ = ["CommandProcess", "TORCHRUN_VARS", "child_env"]
 
 log = logging.getLogger(__name__)
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def child_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Our environment without ``TORCHRUN_VARS``, with ``env`` on top."""
+    return {**{k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}, **env}
 
 
 class CommandProcess:
@@ -63,7 +77,7 @@ class CommandProcess:
             out = self.log_path.open("ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, env={**os.environ, **self.env}, stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
+                *self.argv, env=child_env(self.env), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
                 start_new_session=True)
         finally:
             if out is not None:

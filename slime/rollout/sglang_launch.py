@@ -8,10 +8,22 @@ train --dry-run`` prints exactly what a run would start. Per SGLang server (sgla
         [--disaggregation-mode prefill|decode] [--disaggregation-bootstrap-port B]   # PD groups only
         <every --sglang-* flag, prefix stripped, values untouched; a group's YAML args override them>
 
-and per model, one router (§5.1): ``python -m sglang_router.launch_router --worker-urls U... --host H
---port P <every --router-* flag, prefix stripped>``, or for PD ``--pd-disaggregation --prefill U B
-... --decode U ...``. With ``--sglang-router-ip/--sglang-router-port`` the actor's router is not
-launched: the launched servers are registered with it (``POST /workers``).
+and per model served by several servers (or by PD groups, or given ``--router-*`` flags), one router
+(§5.1): ``python -m sglang_router.launch_router --worker-urls U... --host H --port P <every --router-*
+flag, prefix stripped>``, or for PD ``--pd-disaggregation --prefill U B ... --decode U ...``. A model
+with one regular server gets no router: ``EnginePool`` calls the server directly (a router in front
+of one worker adds a hop and a process, nothing else). With ``--sglang-router-ip/--sglang-router-port``
+the actor's router is not launched: the launched servers are registered with it (``POST /workers``).
+
+GPUs and the trainer (``trainer_gpus``: the trainer's GPUs are the first ones visible, 0 for a CPU
+trainer). With ``--colocate`` the servers are numbered from GPU 0 and share the trainer's GPUs;
+otherwise they take the GPUs after the trainer's, and share from GPU 0 only when too few GPUs are
+visible for both (one H200: trainer and server on GPU 0). A server that shares GPUs with the trainer
+gets ``--mem-fraction-static 0.5`` unless ``--sglang-mem-fraction-static`` (or a group's
+``mem-fraction-static``) is given: SGLang's default (~0.9 of the GPU) would leave the trainer nothing.
+With ``--colocate`` it also gets ``--enable-memory-saver`` (unless a group sets it ``false``), which
+``/release_memory_occupation`` needs; SGLang implements it with the ``torch_memory_saver`` package
+(in SGLang 0.5.17's site). ``LaunchPlan.notes`` says which of these applied.
 
 Backends: ``sglang`` when ``--rollout-num-gpus`` or ``--sglang-config`` is given; ``external`` with
 ``--rollout-external-engine-addrs`` or with a router address alone (its workers are listed);
@@ -26,19 +38,24 @@ from ``base_port``. Not covered: several nodes (everything runs on this machine)
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import shlex
 import socket
 import sys
 from typing import Callable, Literal
 
-from slime.config import EngineConfig
+from slime.config import Config, EngineConfig
 from slime.errors import ConfigError
 from slime.rollout.launch import EmbeddedEngineProcess
-from slime.rollout.server_groups import ACTOR, TEACHER, SglangDeployment, default_deployment, group_args, load_sglang_config
+from slime.rollout.server_groups import (ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args,
+                                         load_sglang_config)
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
-           "teacher_processes"]
+           "teacher_processes", "check_launchable", "trainer_gpus", "SHARED_MEM_FRACTION_STATIC"]
+
+SHARED_MEM_FRACTION_STATIC = 0.5
+"""``--mem-fraction-static`` of a server that shares its GPU with the trainer, unless the user sets one."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +94,8 @@ class LaunchPlan:
     """Workers that already run (``--rollout-external-engine-addrs``), all serving the actor."""
     teacher_urls: tuple[str, ...] = ()
     """On-policy-distillation teacher engines that already run (``--opd-teacher-addrs``)."""
+    notes: tuple[str, ...] = ()
+    """What the plan decided for the user (GPU sharing, defaults added, routers left out); logged at start."""
 
     def models(self) -> list[str]:
         return list(dict.fromkeys([ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers),
@@ -89,6 +108,7 @@ class LaunchPlan:
         """Every command with its environment, one per line, shell-quoted."""
         lines = [f"# slime launch plan: backend {self.backend}, {len(self.servers)} server(s), "
                  f"{sum(r.argv is not None for r in self.routers)} router(s) to start"]
+        lines += [f"# {note}" for note in self.notes]
         for s in self.servers:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
             lines.append(f"[server {s.name}] model={s.model} role={s.role} url={s.url or '(printed at start)'}")
@@ -126,13 +146,16 @@ def backend_of(engine: EngineConfig) -> Literal["embedded", "sglang", "external"
 
 
 def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, weight_version: str = "0", seed: int = 0,
-                      python: str = sys.executable, is_free: Callable[[str, int], bool] = port_is_free) -> LaunchPlan:
+                      python: str = sys.executable, is_free: Callable[[str, int], bool] = port_is_free,
+                      trainer_gpus: int = 0, colocate: bool = False) -> LaunchPlan:
     """What to start for ``engine``; nothing is started.
 
     Args:
         model_dir: the actor's weights at start (default ``engine.hf_checkpoint``; a checkpoint on resume).
         weight_version: the policy version the servers start at.
         is_free: ``(host, port) -> bool``; ports for which it is False are skipped.
+        trainer_gpus: how many GPUs the trainer uses, from the first visible one (``trainer_gpus(config)``).
+        colocate: ``--colocate``: the servers share the trainer's GPUs and release memory while it trains.
 
     Raises:
         ConfigError: flags that contradict each other, a bad ``--sglang-config``, too few GPUs.
@@ -166,7 +189,8 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
     deployment = load_sglang_config(engine.sglang_config, engine) if engine.sglang_config else default_deployment(engine)
     if teacher_urls and TEACHER in deployment.models():
         raise ConfigError(f"--opd-teacher-addrs with a {TEACHER!r} group in --sglang-config: pick one teacher")
-    plan = _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router)
+    plan = _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router,
+                        trainer_gpus=trainer_gpus, colocate=colocate)
     return dataclasses.replace(plan, teacher_urls=teacher_urls)
 
 
@@ -186,15 +210,25 @@ def teacher_processes(engine: EngineConfig, *, seed: int) -> list[EmbeddedEngine
 
 
 def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_dir: str | None, weight_version: str, python: str,
-                 is_free: Callable[[str, int], bool], router: str | None) -> LaunchPlan:
+                 is_free: Callable[[str, int], bool], router: str | None, trainer_gpus: int, colocate: bool) -> LaunchPlan:
     host, global_args = _take_host(engine.sglang_args)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    gpus = _visible_gpus()
+    gpus = _visible_gpus(probe=trainer_gpus > 0)
     need = sum(g.num_engines * (g.gpus_per_engine or 1) for g in deployment.groups)
     if engine.rollout_num_gpus is not None and need != engine.rollout_num_gpus:
         raise ConfigError(f"--sglang-config needs {need} GPUs (sum of num_engines x gpus_per_engine) but --rollout-num-gpus={engine.rollout_num_gpus}")
     if gpus is not None and need > len(gpus):
         raise ConfigError(f"the SGLang servers need {need} GPUs but CUDA_VISIBLE_DEVICES lists {len(gpus)}: {','.join(gpus)}")
+    notes: list[str] = []
+    if colocate or trainer_gpus == 0:
+        first_gpu = 0
+    elif gpus is not None and trainer_gpus + need <= len(gpus):
+        first_gpu = trainer_gpus  # THUDM/slime's placement: the rollout GPUs follow the actor's
+    else:
+        first_gpu = 0
+        notes.append(f"{len(gpus) if gpus is not None else 'an unknown number of'} GPU(s) visible for a trainer on {trainer_gpus} "
+                     f"and SGLang servers on {need}: the servers share the trainer's GPUs from GPU 0")
+    shared_ids = set(range(trainer_gpus))
     taken: set[int] = set()
 
     def next_port() -> int:
@@ -207,13 +241,12 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
         return port
 
     servers: list[ServerSpec] = []
-    first_gpu = 0
     for group in deployment.groups:
         tp = group.gpus_per_engine or 1
         model_path = (model_dir or group.model_path) if group.model == ACTOR else group.model_path
         version = weight_version if group.model == ACTOR else "0"
         for i in range(group.num_engines):
-            ids = [str(n) for n in range(first_gpu, first_gpu + tp)]
+            ids = list(range(first_gpu, first_gpu + tp))
             first_gpu += tp
             port = next_port()
             argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host or "127.0.0.1",
@@ -224,14 +257,23 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
             if group.role == "prefill":
                 bootstrap = next_port()
                 argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
-            env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[int(n)] for n in ids) if gpus is not None else ",".join(ids)}
-            servers.append(ServerSpec(f"{group.name}-{i}", group.model, group.role, tuple(argv + group_args(global_args, group)),
+            name = f"{group.name}-{i}"
+            shares = colocate or bool(shared_ids & set(ids))
+            defaults = _sharing_defaults(global_args, group, colocate=colocate) if shares else []
+            if defaults:
+                notes.append(f"{name} shares GPU(s) with the trainer{' (--colocate)' if colocate else ''}: added {' '.join(defaults)} "
+                             "(set --sglang-mem-fraction-static / --sglang-enable-memory-saver to choose)")
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[n] for n in ids) if gpus is not None else ",".join(map(str, ids))}
+            servers.append(ServerSpec(name, group.model, group.role, tuple(argv + group_args((*defaults, *global_args), group)),
                                       env, f"http://{url_host}:{port}", bootstrap))
     routers = []
     for model in deployment.models():
         mine = [s for s in servers if s.model == model]
         if model == ACTOR and router is not None:
             routers.append(RouterSpec(model, router, None, True))
+            continue
+        if len(mine) == 1 and not deployment.is_pd(model) and not engine.router_args:
+            notes.append(f"model {model!r}: one server, no router (slime calls {mine[0].url} directly)")
             continue
         port = next_port()
         argv = [python, "-m", "sglang_router.launch_router"]
@@ -246,7 +288,54 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
     if engine.router_args and all(r.argv is None for r in routers):
         raise ConfigError(f"--router-* flags {[t for t in engine.router_args if t.startswith('--')]} go to routers that slime "
                           f"launches, but the only router is the running one at {router}")
-    return LaunchPlan("sglang", servers=tuple(servers), routers=tuple(routers))
+    return LaunchPlan("sglang", servers=tuple(servers), routers=tuple(routers), notes=tuple(notes))
+
+
+def _sharing_defaults(global_args: tuple[str, ...], group: ServerGroup, *, colocate: bool) -> list[str]:
+    """Flags a server sharing the trainer's GPU gets unless the user set them (globally or in its group)."""
+    given = {_flag_name(t) for t in global_args if t.startswith("--")} | {_flag_name("--" + k.removeprefix("--")) for k in group.args}
+    out = [] if "mem-fraction-static" in given else ["--mem-fraction-static", str(SHARED_MEM_FRACTION_STATIC)]
+    if colocate and "enable-memory-saver" not in given:
+        out.append("--enable-memory-saver")
+    return out
+
+
+def _flag_name(token: str) -> str:
+    return token.removeprefix("--").split("=", 1)[0].replace("_", "-")
+
+
+def check_launchable(plan: LaunchPlan) -> None:
+    """The packages the plan's commands import are importable by this interpreter (the servers run
+    ``sys.executable`` with our environment, ``PYTHONPATH`` included), checked before anything starts.
+
+    Raises:
+        ConfigError: one line naming the missing package and the fix.
+    """
+    if plan.backend != "sglang":
+        return
+    launched_routers = [r for r in plan.routers if r.argv is not None]
+    saver = any("--enable-memory-saver" in s.argv for s in plan.servers)
+    for module, needed, fix in (
+        ("sglang", bool(plan.servers), 'pip install "sglang==0.5.17", or put its site-packages on PYTHONPATH'),
+        ("sglang_router", bool(launched_routers), "pip install sglang-router (it needs no GPU), or give a running router with "
+                                                  "--sglang-router-ip/--sglang-router-port"),
+        ("torch_memory_saver", saver, "pip install torch_memory_saver (SGLang's --enable-memory-saver, which --colocate needs), "
+                                      "or drop --colocate"),
+    ):
+        if needed and importlib.util.find_spec(module) is None:
+            what = {"sglang": "SGLang servers", "sglang_router": f"routers for {[r.model for r in launched_routers]}",
+                    "torch_memory_saver": "servers with --enable-memory-saver"}[module]
+            raise ConfigError(f"this run launches {what}, but {sys.executable} cannot import {module}: {fix} "
+                              "(slime train --dry-run shows the commands)")
+
+
+def trainer_gpus(config: Config) -> int:
+    """GPUs the run's trainer uses on this machine, from the first visible one: the torchrun ranks
+    here (``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``, else 1) for ``--train-backend megatron``; 0 for
+    the torch backend (CPU) and for runs without a trainer (``--debug-rollout-only``)."""
+    if config.train.train_backend != "megatron" or config.debug.debug_rollout_only:
+        return 0
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
 
 
 def _take_host(tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
@@ -264,6 +353,15 @@ def _take_host(tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     return host, tuple(out)
 
 
-def _visible_gpus() -> list[str] | None:
+def _visible_gpus(*, probe: bool = False) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` as a list; when unset and ``probe`` (a GPU trainer: CUDA is in use
+    anyway), ``0..n-1`` for torch's device count; None = unknown (numbered from 0, unchecked)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [g.strip() for g in visible.split(",") if g.strip()] if visible else None
+    if visible:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    if probe:
+        import torch
+
+        if (count := torch.cuda.device_count()) > 0:
+            return [str(n) for n in range(count)]
+    return None

@@ -100,3 +100,29 @@ async def test_external_actor_engines_with_a_launched_teacher_and_with_running_t
         assert url not in (actor.url, teacher.url) and url in engines.processes  # launched, supervised
         result = await engines.pools["teacher"].generate([0, 5, 9], {"max_new_tokens": 0, "temperature": 1.0}, logprob_start_len=2)
         assert result.input_token_ids == [9]
+
+
+async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run_weights_with_the_cache_flushed(start_engines, tmp_path):
+    from slime.errors import ConfigError
+    from slime.rollout.deploy import load_initial_weights
+    from slime.rollout.pool import EnginePool
+
+    run_model = tmp_path / "run-model"
+    run_model.mkdir()
+    (run_model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32}')
+    a, b = await start_engines(2)
+    a.on("/model_info", body={"model_path": "/elsewhere/step-40", "weight_version": "40", "architectures": ["LlamaForCausalLM"]})
+    b.on("/model_info", body={"model_path": "/elsewhere/base", "weight_version": "0"})  # no architectures (SGLang < 0.5.10, say)
+    for e in (a, b):
+        e.on("/update_weights_from_disk", body={"success": True, "message": "ok"})
+    async with EnginePool([a.url, b.url], config=FAST) as pool:
+        await load_initial_weights(pool, str(run_model), "0")
+    for e in (a, b):
+        (body,) = [c[2] for c in e.calls if c[1] == "/update_weights_from_disk"]
+        assert body["model_path"] == str(run_model) and body["weight_version"] == "0" and body["flush_cache"] is True
+    b.on("/model_info", body={"model_path": "/elsewhere/qwen", "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"})
+    async with EnginePool([a.url, b.url], config=FAST) as pool:
+        with pytest.raises(ConfigError, match=r"serves '/elsewhere/qwen'.*architectures \['Qwen2ForCausalLM'\] \(engine\) vs "
+                                              r"\['LlamaForCausalLM'\] \(run\); model_type 'qwen2' \(engine\) vs 'llama' \(run\)"):
+            await load_initial_weights(pool, str(run_model), "0")
+    assert a.hits("/update_weights_from_disk") == b.hits("/update_weights_from_disk") == 1  # refused before any update

@@ -134,3 +134,97 @@ def test_opd_teacher_is_an_embedded_engine_or_running_urls_and_refused_for_sglan
                           is_free=lambda host, port: True)
     yaml_plan, _ = plan_for(tmp_path, YAML, rollout_num_gpus=9)
     assert "teacher" in yaml_plan.models()  # the SGLang way: a model: teacher group
+
+
+def _flag(server, name):
+    return server.argv[server.argv.index(name) + 1] if name in server.argv else None
+
+
+def test_one_regular_server_gets_no_router_several_do_and_router_flags_ask_for_one():
+    one = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True)
+    assert one.routers == () and "model 'actor': one server, no router" in one.format()
+    two = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True)
+    assert [r.argv[r.argv.index("--worker-urls") + 1: r.argv.index("--host")] for r in two.routers] == [tuple(s.url for s in two.servers)]
+    asked = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, router_args=("--policy", "manual")), python=PY,
+                              is_free=lambda h, p: True)
+    assert len(asked.routers) == 1 and asked.routers[0].argv[-2:] == ("--policy", "manual")
+
+
+@pytest.mark.parametrize("visible, trainer, rollout, expect_gpus, shared", [
+    ("0", 1, 1, ["0"], True),                  # one H200: the server shares the trainer's GPU
+    ("0,1,2,3", 2, 2, ["2", "3"], False),      # enough GPUs: after the trainer's (THUDM/slime's placement)
+    ("4,5,6", 2, 2, ["4", "5"], True),         # too few for both: from the first, sharing
+    ("0,1", 0, 2, ["0", "1"], False),          # a CPU trainer shares nothing
+])
+def test_servers_take_the_gpus_after_the_trainers_or_share_them_with_a_memory_fraction_left_for_it(monkeypatch, visible, trainer, rollout,
+                                                                                                   expect_gpus, shared):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=rollout), python=PY, is_free=lambda h, p: True,
+                             trainer_gpus=trainer)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.servers] == expect_gpus
+    fractions = [_flag(s, "--mem-fraction-static") for s in plan.servers]
+    if shared:
+        assert fractions[0] == "0.5" and "shares GPU(s) with the trainer" in plan.format()
+    else:
+        assert fractions == [None] * rollout and not any("shares" in note for note in plan.notes)
+    assert not any("--enable-memory-saver" in s.argv for s in plan.servers)  # only with --colocate
+
+
+def test_with_colocate_servers_share_from_gpu_0_with_memory_saver_unless_the_user_chose(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True,
+                             trainer_gpus=2, colocate=True)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.servers] == ["0", "1"]
+    assert all(s.argv[-3:] == ("--mem-fraction-static", "0.5", "--enable-memory-saver") for s in plan.servers)
+    mine = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, sglang_args=("--mem-fraction-static=0.7",)), python=PY,
+                             is_free=lambda h, p: True, trainer_gpus=1, colocate=True)
+    assert mine.servers[0].argv[-2:] == ("--enable-memory-saver", "--mem-fraction-static=0.7")
+    (tmp_path / "groups.yaml").write_text("groups: [{name: a, args: {enable-memory-saver: false, mem_fraction_static: 0.4}}]")
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", sglang_config=str(tmp_path / "groups.yaml")), python=PY,
+                             is_free=lambda h, p: True, colocate=True)
+    assert "--enable-memory-saver" not in plan.servers[0].argv and _flag(plan.servers[0], "--mem_fraction_static") == "0.4"
+
+
+def test_the_trainers_gpu_count_comes_from_torch_when_cuda_visible_devices_is_unset(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True, trainer_gpus=1)
+    assert plan.servers[0].env == {"CUDA_VISIBLE_DEVICES": "0"} and _flag(plan.servers[0], "--mem-fraction-static") == "0.5"
+    with pytest.raises(ConfigError, match="need 2 GPUs but CUDA_VISIBLE_DEVICES lists 1"):
+        build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True, trainer_gpus=1)
+
+
+def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(monkeypatch):
+    from slime.config import Config, DebugConfig, TrainConfig
+    from slime.rollout.sglang_launch import trainer_gpus
+
+    for var in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    megatron = Config(train=TrainConfig(train_backend="megatron"))
+    assert trainer_gpus(Config()) == 0 and trainer_gpus(megatron) == 1
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert trainer_gpus(megatron) == 8
+    assert trainer_gpus(Config(train=TrainConfig(train_backend="megatron"), debug=DebugConfig(debug_rollout_only=True))) == 0
+
+
+@pytest.mark.parametrize("argv_extra, colocate, missing, message", [
+    ((), False, "sglang", "cannot import sglang: pip install \"sglang==0.5.17\", or put its site-packages on PYTHONPATH"),
+    (("--router-policy", "manual"), False, "sglang_router", "routers for ['actor']"),
+    ((), True, "torch_memory_saver", "servers with --enable-memory-saver"),
+])
+def test_check_launchable_names_the_package_the_commands_cannot_import(monkeypatch, argv_extra, colocate, missing, message):
+    import importlib.util
+
+    from slime.rollout.sglang_launch import check_launchable
+
+    engine = EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, router_args=argv_extra)
+    plan = build_launch_plan(engine, python=PY, is_free=lambda h, p: True, colocate=colocate)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name != missing else None)
+    with pytest.raises(ConfigError) as info:
+        check_launchable(plan)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    if missing != "sglang":  # a package the plan does not need is not asked for
+        check_launchable(build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True))
