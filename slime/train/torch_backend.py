@@ -52,7 +52,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from slime.config import TrainConfig
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
-from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget
+from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget, rl_batch_metrics
 from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
 from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
@@ -351,19 +351,7 @@ class TorchTrainer:
         if objective.is_sft(self.config):
             return {"num_samples": float(batch.num_samples), "num_train_tokens": float(num_train_tokens),
                     "num_tokens": float(batch.seq_lens.sum())}
-        assert batch.old_logprobs is not None
-        abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
-        trained_staleness = batch.staleness[batch.loss_mask > 0].float()  # [num_train_tokens]
-        has_reward = ~batch.rewards.isnan()  # [B]
-        return {
-            "train_rollout_logprob_abs_diff": abs_diff / max(num_train_tokens, 1),
-            "reward_mean": float(batch.rewards[has_reward].mean()) if bool(has_reward.any()) else 0.0,
-            "advantage_abs_mean": float(batch.sample_advantages.abs().mean()),
-            "staleness_mean": float(trained_staleness.mean()) if num_train_tokens else 0.0,
-            "staleness_max": float(trained_staleness.max()) if num_train_tokens else 0.0,
-            "num_samples": float(batch.num_samples),
-            "num_train_tokens": float(num_train_tokens),
-        }
+        return rl_batch_metrics(batch)
 
     def save_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF model directory, atomically; return its path.

@@ -63,7 +63,7 @@ def test_first_optimizer_step_is_on_policy_and_metrics_are_reported(tiny_model_d
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert m["num_samples"] == 4 and m["num_train_tokens"] == 13
     assert m["reward_mean"] == 0.25 and m["grad_norm"] > 0 and m["train_time_s"] > 0
-    assert m["train_rollout_logprob_abs_diff"] > 0 and 0 <= m["tis_clipfrac"] <= 1
+    assert m["train_rollout_logprob_abs_diff_max"] >= m["train_rollout_logprob_abs_diff"] > 0 and 0 <= m["tis_clipfrac"] <= 1
     assert all(isinstance(v, float) for v in m.values())
 
 

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from slime.config import TrainConfig
 from slime.train import objective
-from slime.train.batch import TrainBatch, build_train_batch
+from slime.train.batch import TrainBatch, build_train_batch, rl_batch_metrics
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
 from slime.train.megatron.logprobs import vocab_parallel_logprobs
@@ -477,18 +477,7 @@ def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
     n = batch.num_train_tokens
     if batch.old_logprobs is None:  # --loss-type sft_loss
         return {"num_samples": float(batch.num_samples), "num_train_tokens": float(n)}
-    abs_diff = float(((batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).sum())
-    trained = batch.staleness[batch.loss_mask > 0].float()
-    has_reward = ~batch.rewards.isnan()
-    return {
-        "train_rollout_logprob_abs_diff": abs_diff / max(n, 1),
-        "reward_mean": float(batch.rewards[has_reward].mean()) if bool(has_reward.any()) else 0.0,
-        "advantage_abs_mean": float(batch.sample_advantages.abs().mean()),
-        "staleness_mean": float(trained.mean()) if n else 0.0,
-        "staleness_max": float(trained.max()) if n else 0.0,
-        "num_samples": float(batch.num_samples),
-        "num_train_tokens": float(n),
-    }
+    return rl_batch_metrics(batch)
 
 
 def serve_if_worker(config: TrainConfig, *, model_dir: str) -> bool:
