@@ -7,12 +7,15 @@
 #   .whl/                     megatron-core $MEGATRON_VERSION, math-verify + latex2sympy2_extended + the
 #                             antlr4 runtime latex2sympy2_extended accepts, rank-bm25, pytest-asyncio, and
 #                             msgspec (the version SGLang's site has, for scripts that run without that site)
-#   .whl/mcore-X/             megatron-core X alone, for each X in $MEGATRON_VERSIONS
-#                             (scripts/gpu/megatron_versions.sh tests each one)
-#   .whl/project/             with --project: this project as a wheel (20 MB, mostly the demo checkpoints;
-#                             scripts/gpu/setup_env.sh otherwise builds it there from the carried tree)
+#   .whl/mcore-X/             megatron-core X alone, for each other X in $MEGATRON_VERSIONS
+#                             (scripts/gpu/megatron_versions.sh tests these and .whl's own)
+#   .whl/build/               setuptools, which scripts/gpu/setup_env.sh builds the project's wheel with there
+#                             (offline, in pip's isolated build environment: the image's setuptools may be
+#                             older than the 77 that reads pyproject's `license = "Apache-2.0"`)
+#   .whl/project/             with --project: this project as a wheel, built here (20 MB, mostly the demo
+#                             checkpoints), used there instead of building one
 #
-#   MEGATRON_VERSIONS="0.16.1 0.17.1 0.18.2 0.19.2" bash scripts/gpu/fetch_wheels.sh [--project]
+#   MEGATRON_VERSIONS="0.16.1 0.17.1 0.18.2" bash scripts/gpu/fetch_wheels.sh [--project]
 #
 # Carry ".whl" in the device call. Earlier contents of .whl/ are replaced. Prints each file and the total size.
 set -euo pipefail
@@ -46,7 +49,9 @@ download() {  # download DEST SPEC...: cp312 manylinux x86-64 wheels, no depende
 rm -rf .whl
 mkdir -p .whl
 download .whl "${WHEELS[@]}"
+download .whl/build setuptools==84.2.1
 for v in $MEGATRON_VERSIONS; do
+    [ "$v" = "$MEGATRON_VERSION" ] && continue  # it is in .whl/ already
     download ".whl/mcore-$v" "megatron-core==$v"
 done
 if [[ " $* " == *" --project "* ]]; then
