@@ -37,6 +37,10 @@ versions=$( (ls -d .whl/mcore-*/ 2>/dev/null | sed 's#.whl/mcore-##; s#/##'; ech
 [ -n "$versions" ] || { echo "megatron_versions: FAILED (no megatron-core in .whl/)" | tee -a "$LOG"; exit 1; }
 RUNS=/tmp/mcore-runs
 rm -rf "$RUNS"; mkdir -p "$RUNS"
+# the parity check's random checkpoints, made once, outside the versions' time limits
+timeout 120 python3 -c "import sys, torch; sys.path.insert(0, 'tests/gpu'); import megatron_common as m
+m.make_hf_dir('/tmp/slime_gpu/small_bf16', m.SMALL, dtype=torch.bfloat16); m.make_hf_dir('/tmp/slime_gpu/small_fp32', m.SMALL, dtype=torch.float32)" >> "$LOG" 2>&1 \
+    || echo "=== could not make the random checkpoints first; each run makes them itself" | tee -a "$LOG"
 for v in $versions; do
     elapsed=$(( $(date +%s) - START ))
     if [ $(( elapsed + 40 )) -gt "$DEADLINE_S" ]; then

@@ -30,11 +30,10 @@ OUT=${OUT:-/tmp/slime_gpu_out}
 SGL_SITE_SHA256=${SGL_SITE_SHA256:-9d185b8b2f3f753e9fbd5713b4c4691a36672a5f0acffca54f35db670372dda7}
 SITE=${SLIME_SITE:-/tmp/site} SGL=${SGL_SITE:-/tmp/sgl-site} STAGE=${SGL_PARTS_STAGE:-/tmp/sgl-parts} ENV_FILE=${SLIME_ENV_FILE:-/tmp/slime-env.sh}
 mkdir -p "$OUT"
-LOG="$OUT/setup_env.log"
-exec > >(tee -a "$LOG") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 fail() { echo "setup_env: FAILED: $*"; exit 2; }  # 2: no environment; 1: built, a check failed
 
+main() {
 # 1. SGLang's site
 if [ ! -f "$SGL"/.complete ]; then
     mkdir -p "$STAGE"
@@ -161,4 +160,8 @@ EOF
 rc=$?
 cd "$REPO"
 echo "setup_env: $([ $rc -eq 0 ] && echo PASSED || echo FAILED)  (source $ENV_FILE; details in $OUT/setup_env.json)"
-exit $rc
+return $rc
+}
+
+main "$@" 2>&1 | tee -a "$OUT/setup_env.log"
+exit "${PIPESTATUS[0]}"
