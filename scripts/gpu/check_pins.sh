@@ -29,7 +29,7 @@ for n in $(seq 17 39); do plat+=(--platform "manylinux_2_${n}_x86_64"); done  # 
 plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 reqs=("$wheel[megatron,test]" "$SGLANG" "$@")
 echo "check_pins: resolving for CPython 3.12 x86-64 Linux: slime[megatron,test] $SGLANG $*"
-"$PY" -m pip install --dry-run --ignore-installed --use-feature=fast-deps --only-binary=:all: \
+PYTHONUNBUFFERED=1 "$PY" -m pip install --dry-run --ignore-installed --use-feature=fast-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp --abi cp312 "${plat[@]}" --target "$tmp/target" \
     --progress-bar off --report "$tmp/report.json" "${reqs[@]}" > "$tmp/pip.log" 2>&1 &
 pid=$!

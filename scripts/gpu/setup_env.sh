@@ -26,10 +26,9 @@
 # SLIME_SITE, SGL_SITE, SGL_PARTS_STAGE, SLIME_ENV_FILE move /tmp/site, /tmp/sgl-site, /tmp/sgl-parts, /tmp/slime-env.sh.
 set -uo pipefail
 REPO=$PWD
-OUT=${OUT:-/tmp/slime_gpu_out}
+OUT=$(mkdir -p "${OUT:-/tmp/slime_gpu_out}" && cd "${OUT:-/tmp/slime_gpu_out}" && pwd)  # absolute: the checks run elsewhere
 SGL_SITE_SHA256=${SGL_SITE_SHA256:-9d185b8b2f3f753e9fbd5713b4c4691a36672a5f0acffca54f35db670372dda7}
 SITE=${SLIME_SITE:-/tmp/site} SGL=${SGL_SITE:-/tmp/sgl-site} STAGE=${SGL_PARTS_STAGE:-/tmp/sgl-parts} ENV_FILE=${SLIME_ENV_FILE:-/tmp/slime-env.sh}
-mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 fail() { echo "setup_env: FAILED: $*"; exit 2; }  # 2: no environment; 1: built, a check failed
 
