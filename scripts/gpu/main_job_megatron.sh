@@ -11,9 +11,9 @@
 #         A/B on one machine: `git show HEAD:slime/train/megatron/trainer.py > .ab/trainer.py`,
 #         carry ".ab"; its JSON lands in $OUT/ab/ ("ab-first" runs it before "mfu")
 #
-# Needs .whl/ carried (megatron-core, msgspec, transformers 5.24 (the engine passes `cache=`, which
-# the image's transformers 5.17 silently ignores), math-verify + latex2sympy2_extended + antlr4 runtime,
-# rank-bm25: the image has the rest). Only small files come back: run.log, summary.json,
+# Needs .whl/ carried (scripts/gpu/fetch_wheels.sh: megatron-core, msgspec, math-verify +
+# latex2sympy2_extended + antlr4 runtime, rank-bm25; the image has the rest, and its transformers 5.17
+# serves the embedded engine: slime.hf_compat passes the KV cache as `past_key_values` there). Only small files come back: run.log, summary.json,
 # metrics.jsonl, reward_curve.png, engine_busy.png, megatron_mfu.json, megatron_mfu_profile.json,
 # ab/megatron_mfu.json. Each part is bounded by `timeout` so the whole call stays under 8 minutes.
 set -uo pipefail

@@ -15,7 +15,8 @@
 #                                            bit for bit (megatron_moe_parallel.json)
 #
 # The image has Python 3.12, torch, transformers, triton and psutil but neither megatron-core nor
-# msgspec: both travel as wheels in .whl/ (carry ".whl"). Results land in $OUT (5 files at most):
+# msgspec: both travel as wheels in .whl/ (scripts/gpu/fetch_wheels.sh; carry ".whl"). The same checks in
+# the environment shared with SGLang 0.5.17, once per megatron-core version: scripts/gpu/megatron_versions.sh. Results land in $OUT (5 files at most):
 # checks.log, megatron_parity.json, megatron_mfu.json, megatron_mfu_profile.json,
 # megatron_parallel.json (m: megatron_moe_parallel.json). Each part is bounded by `timeout` so the whole call stays under 8 minutes
 # (a and b include torch.compile of the fused kernels: Inductor's cache in /tmp carries from a to b).

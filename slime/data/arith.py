@@ -248,6 +248,8 @@ def _generate_batch(
 ) -> list[list[int]]:
     import torch
 
+    from slime.hf_compat import CACHE_KWARG, output_cache
+
     batch_size = len(prompt_ids)
     max_len = max(len(p) for p in prompt_ids)
     input_ids = torch.full((batch_size, max_len), pad_id, dtype=torch.long)  # [B, P], left padded
@@ -258,7 +260,7 @@ def _generate_batch(
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
 
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
-    cache, logits = out.cache, out.logits[:, -1].float()  # logits: [B, V]
+    cache, logits = output_cache(out), out.logits[:, -1].float()  # logits: [B, V]
     next_pos = position_ids[:, -1] + 1  # [B]
     finished = torch.zeros(batch_size, dtype=torch.bool)
     generated: list[list[int]] = [[] for _ in range(batch_size)]
@@ -280,10 +282,10 @@ def _generate_batch(
             input_ids=tokens[:, None],
             attention_mask=attention_mask,
             position_ids=next_pos[:, None],
-            cache=cache,
+            **{CACHE_KWARG: cache},
             use_cache=True,
         )
-        cache, logits = out.cache, out.logits[:, -1].float()
+        cache, logits = output_cache(out), out.logits[:, -1].float()
         next_pos = next_pos + 1
     return generated
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from slime.hf_compat import CACHE_KWARG
+
 __all__ = ["BatchKV", "prefill_inputs"]
 
 NEG = torch.finfo(torch.float32).min
@@ -69,7 +71,8 @@ class BatchKV:
         """Inputs for one decode step feeding ``last_ids`` [B]; grows ``mask`` by one column.
 
         Returns:
-            ``input_ids`` [B, 1], ``position_ids`` [B, 1], ``attention_mask`` [B, 1, 1, L + 1], ``cache``.
+            ``input_ids`` [B, 1], ``position_ids`` [B, 1], ``attention_mask`` [B, 1, 1, L + 1], and the cache under
+            ``CACHE_KWARG`` (``cache`` or ``past_key_values``, by transformers release).
         """
         position_ids = self.mask.sum(dim=1, keepdim=True)
         self.mask = torch.cat([self.mask, torch.ones((self.num_rows, 1), dtype=torch.bool)], dim=1)
@@ -77,7 +80,7 @@ class BatchKV:
             "input_ids": torch.tensor(last_ids, dtype=torch.long)[:, None],
             "position_ids": position_ids,
             "attention_mask": _additive(self.mask[:, None, :]),
-            "cache": self.cache,
+            CACHE_KWARG: self.cache,
         }
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Literal
 import torch
 from transformers import DynamicCache
 
+from slime.hf_compat import CACHE_KWARG
 from slime.rollout.engine.batch import BatchKV, prefill_inputs
 from slime.rollout.engine.model import LoadedModel, copy_weights_
 from slime.rollout.engine.request import EngineRequest, finish_length, finish_reason_after, resolve
@@ -305,7 +306,7 @@ class ModelRunner:
         mask = inputs.pop("mask")
         want_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in reqs]
         cache = DynamicCache()
-        logits = self.loaded.model(**inputs, cache=cache, use_cache=True, logits_to_keep=0 if any(want_input_lp) else 1).logits
+        logits = self.loaded.model(**inputs, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=0 if any(want_input_lp) else 1).logits
         width = mask.shape[1]
         for i, req in enumerate(reqs):
             req.queued = False

@@ -15,7 +15,10 @@ from types import ModuleType
 __all__ = ["mcore", "MIN_VERSION"]
 
 MIN_VERSION = (0, 16)
-"""megatron-core 0.16.1 is the newest release for Python 3.11; 0.17+ needs Python 3.12."""
+"""megatron-core 0.16.1 is the newest release for Python 3.11; 0.17+ needs Python 3.12. pyproject allows
+0.16.1 to 0.19.x: tests/train/megatron passes against 0.16.1, 0.17.1, 0.18.2 and 0.19.2 with no version-dependent code
+(0.18+ imports triton at import time, which CUDA builds of torch bring; 0.19 logs that ``GPTModel`` is
+deprecated, in favour of ``HybridModel``, and still builds it)."""
 
 _QUIET = (
     r".*Transformer Engine and Apex are not installed.*",

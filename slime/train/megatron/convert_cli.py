@@ -66,11 +66,14 @@ def _model(arch: ModelArch, dtype: torch.dtype):
 
 @contextlib.contextmanager
 def _quiet_torch_deprecations() -> Iterator[None]:
-    """megatron-core 0.16.1's checkpoint I/O goes through torch.distributed.checkpoint APIs that
-    newer torch marks deprecated (``ShardedTensor``, ``dcp.load_state_dict``): FutureWarnings
-    about megatron's code, not ours, silenced for that call only."""
+    """megatron-core's checkpoint I/O calls torch.distributed.checkpoint in ways newer torch warns
+    about: deprecated APIs (``ShardedTensor``, ``dcp.load_state_dict``; 0.16), ``dcp.load`` with
+    positional arguments (0.18) and with ``no_dist=True`` (0.19). Warnings about megatron's code,
+    not ours, silenced for that call only."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r"The argument order of \w+ has been changed", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized", category=UserWarning)
         yield
 
 
@@ -100,7 +103,7 @@ def hf_to_megatron(hf_dir: str, out_dir: str) -> str:
             path = os.path.join(out_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         if _needs_cuda(exc):
-            raise ConvertError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine") from exc
+            raise ConvertError("megatron-core's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine") from exc
         raise
     meta_dir = os.path.join(out_dir, HF_CONFIG_DIR)
     os.makedirs(meta_dir, exist_ok=True)
@@ -131,7 +134,7 @@ def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
             state = dist_ckpt.load(model.sharded_state_dict(), mcore_dir)
     except (AssertionError, RuntimeError) as exc:
         if _needs_cuda(exc):
-            raise ConvertError("megatron-core 0.16.1's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine") from exc
+            raise ConvertError("megatron-core's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine") from exc
         raise
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]

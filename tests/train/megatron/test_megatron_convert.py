@@ -125,5 +125,5 @@ def test_a_conversion_the_machine_cannot_do_is_a_one_line_error_that_leaves_noth
         monkeypatch.setenv(var, value)
     out = tmp_path / "mcore"
     assert convert_cli.main(["--to", "megatron", "--hf-checkpoint", str(hf_dirs["qwen3"]), "--save", str(out)]) == 2
-    assert "slime convert: error: megatron-core 0.16.1's dist_checkpointing needs a CUDA device" in capsys.readouterr().err
+    assert "slime convert: error: megatron-core's dist_checkpointing needs a CUDA device" in capsys.readouterr().err
     assert list(out.iterdir()) == []
