@@ -41,7 +41,7 @@ if [ -d .whl ] && ! PYTHONPATH=/tmp/site python3 -c "import megatron.core" 2>/de
     wheels=$(ls .whl/*.whl | grep -v -E '/(transformers|tokenizers|huggingface_hub)-')
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels || exit 1
 fi
-export PYTHONPATH=/tmp/site:/tmp/sgl-site:$PWD
+export PYTHONPATH=$PWD:/tmp/site:/tmp/sgl-site
 
 status=0
 python3 -c "import sys, torch, sglang, transformers, megatron.core, msgspec; print(sys.version.split()[0], 'torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__, 'megatron-core', megatron.core.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$LOG"

@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/slime_gpu_out}
 PORT=${1:-30100}
 MODEL=/tmp/slime_contract_model
 mkdir -p "$OUT"
-export PYTHONPATH=/tmp/site:/tmp/sgl-site:$PWD
+export PYTHONPATH=$PWD:/tmp/site:/tmp/sgl-site
 START=${START_SGLANG:-.sgl/b/start_sglang.sh}
 
 if ! curl -sf "127.0.0.1:$PORT/health_generate" >/dev/null; then
