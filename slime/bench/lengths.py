@@ -13,8 +13,9 @@ seed would stop each sample at the same length by itself; in the benchmark it is
 trajectory ``max_len`` long (``Workload.sim_flags``) and is limited by ``max_new_tokens`` exactly
 as the real engine is.
 
-Example: seed 1234, median 1000, p99 10000: group 0's sample 3 draws 1,517 tokens; aborted after
-600, it is resumed with ``input_ids = prompt + 600 ids`` and ``max_new_tokens = 917``.
+Example (the standard workload: seed 1234, median 1000, p99 10000): group 0's sample 3 draws 1,323
+tokens; aborted after 600, it is resumed with ``input_ids = prompt + 600 ids`` and
+``max_new_tokens = 723``.
 """
 
 from __future__ import annotations

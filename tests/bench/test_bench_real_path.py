@@ -168,3 +168,9 @@ def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_le
     for mode, row in res["sim_vs_real"].items():  # the sim calibrated to a sim is close to it
         assert abs(row["rel_error"]) < 0.3, (mode, row)
     assert all(t["met"] is not False for name, t in res["targets"].items() if "length_mismatch" in name)
+
+
+def test_docstring_example_of_the_standard_draw():
+    wl = Workload()
+    lengths = DrawnLengths(median=wl.median, p99=wl.p99, max_len=wl.max_len, seed=wl.seed)
+    assert lengths.total(_samples(wl, 1, 8)[3]) == 1323
