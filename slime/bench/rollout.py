@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "needed with real engines (the sim engine reads nothing)")
     p.add_argument("--calibrate-sim", action="store_true",
                    help="with --engine-urls: probe the decode cost first, then run the modes on a simulated engine calibrated to it")
-    p.add_argument("--probe-batch-sizes", default=None, help="running requests probed (default: 1 and cap/8, /4, /2, /1)")
+    p.add_argument("--probe-batch-sizes", default=None, help="running requests probed (none given: 1 and cap/8, /4, /2, /1)")
     p.add_argument("--probe-prompt-len", type=int, default=512, help="prompt tokens of each probe request")
     p.add_argument("--probe-tokens", default="16,272", help="max_new_tokens of the short and long probe rounds")
     p.add_argument("--overhead-samples", type=int, default=50_000, help="scheduler-overhead completions (0: skip)")
@@ -137,9 +137,12 @@ def probe_from_args(ns: argparse.Namespace, cap: int) -> ProbeConfig:
         sizes = tuple(int(x) for x in ns.probe_batch_sizes.split(","))
     else:
         sizes = tuple(sorted({1, *(max(1, cap // k) for k in (8, 4, 2, 1))}))
-    short, long = (int(x) for x in ns.probe_tokens.split(","))
-    if min(sizes) < 1 or max(sizes) > cap:
-        raise ValueError(f"--probe-batch-sizes={ns.probe_batch_sizes}: each must be in [1, --max-running-requests={cap}]")
+    tokens = [int(x) for x in ns.probe_tokens.split(",")]
+    short, long = (tokens + [0, 0])[:2]
+    if len(tokens) != 2 or not 1 <= short < long:
+        raise ValueError(f"--probe-tokens={ns.probe_tokens}: expected SHORT,LONG with 1 <= SHORT < LONG")
+    if min(sizes) < 1 or max(sizes) > cap or len(set(sizes)) < 2:
+        raise ValueError(f"--probe-batch-sizes={ns.probe_batch_sizes}: two or more sizes, each in [1, --max-running-requests={cap}]")
     return ProbeConfig(batch_sizes=sizes, prompt_len=ns.probe_prompt_len, short=short, long=long)
 
 

@@ -174,3 +174,17 @@ def test_docstring_example_of_the_standard_draw():
     wl = Workload()
     lengths = DrawnLengths(median=wl.median, p99=wl.p99, max_len=wl.max_len, seed=wl.seed)
     assert lengths.total(_samples(wl, 1, 8)[3]) == 1323
+
+
+@pytest.mark.parametrize("argv", [
+    ["--calibrate-sim"],  # nothing real to calibrate against
+    ["--engine-urls", "127.0.0.1:1"],  # a real engine needs a checkpoint to load
+    ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-tokens", "16"],
+    ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-batch-sizes", "8"],
+    ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-batch-sizes", "1,512"],
+    ["--median", "50", "--p99", "10"],
+])
+def test_bench_rejects_inconsistent_real_engine_flags(argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
