@@ -55,7 +55,7 @@ from slime.loop.step import run_step
 from slime.rollout.pool import EnginePool
 from slime.types import Group, Sample
 
-__all__ = ["run_mode", "CountingPool", "SimWeightSync"]
+__all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
 
 READY_TIMEOUT_S = 60.0
 
@@ -92,7 +92,7 @@ class CountingPool(EnginePool):
         return await super().continue_generation()
 
 
-class SimWeightSync:
+class BenchWeightSync:
     """Weight sync of the benchmark: ``/update_weights_from_disk`` of ``weights_path`` (a checkpoint
     a real engine can load; the sim engine reads nothing and charges ``--weight-sync-ms``).
 
@@ -175,7 +175,7 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
                 await client.update_weight_version("0", abort_all_requests=True)
         has_stats = await reset_sim_stats(stats_session, urls)
         engine_cpu0 = process_cpu_s(engine_pid) if engine_pid else None
-        sync = SimWeightSync(pool, weights_path)
+        sync = BenchWeightSync(pool, weights_path)
         buffer = DataBuffer()
         records: list[dict[str, Any]] = []
         pool.meter = meter = OccupancyMeter(wl.max_running_requests)
