@@ -2,11 +2,14 @@
 machine and date recorded in ``docs/benchmarks.md``.
 
 - ``rollout.py``: ``slime bench rollout``, sync vs APRIL vs fully async on the long-tail workload of
-  the simulated engine, plus the scheduler's and the HTTP client's own overhead.
+  the simulated engine or a real SGLang, plus the scheduler's and the HTTP client's own overhead.
 - ``workload.py``: the standard long-tail workload and each mode's knobs.
 - ``modes.py``: one mode's run (fresh engine process, scheduler, ``run_step`` x steps) and its metrics.
 - ``overhead.py``: scheduler completions/s on an instant in-process engine; ``EnginePool`` vs a bare
   aiohttp client against an instant engine on loopback.
+- ``lengths.py``: each sample's response length, drawn by the client and enforced per request.
+- ``occupancy.py``: engine occupancy measured from the client side (any engine).
+- ``calibrate.py``: a real engine's decode cost (a + b x running) and the sim engine calibrated to it.
 - ``engine_proc.py``: a simulated engine in its own process (so client CPU is measured alone).
 - ``report.py``: the table and the PNG.
 """

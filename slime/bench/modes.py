@@ -1,17 +1,29 @@
-"""One mode of ``slime bench rollout``: a fresh engine, the real scheduler and ``run_step``, x steps.
+"""One mode of ``slime bench rollout``: an engine, the real scheduler and ``run_step``, x steps.
 
 ::
 
-    sim engine process ──► EnginePool ──► Scheduler(mode) ──► run_step x steps ──► metrics
-    (reset /sim_stats)                    train_step = sleep(train_s / time_scale) in a worker thread
-                                          load = pool.update_weights_from_disk (engine charges 1 s sim)
+    engine (fresh sim process,  ──► CountingPool ──► Scheduler(mode) ──► run_step x steps ──► metrics
+    or --engine-urls)               (in flight,       generate = DrawnLengths.generate: max_new_tokens =
+                                     occupancy)        rest of the sample's draw, ignore_eos
+                                    train_step = sleep(train_s / time_scale) in a worker thread
+                                    load = pool.update_weights_from_disk(path, str(version), flush_cache=...)
 
-Metrics: see ``rollout.py``. Utilisation comes from the engine's ``/sim_stats`` (reset after the
-engine is ready, read when the last step ends): ``slot_utilization`` over the whole loop, idle time
-included; ``slot_utilization_busy`` over the decode steps only (time with >= 1 request running).
+Every engine generates exactly each sample's drawn length (``lengths.py``); each batch is checked
+(``length_mismatch_samples``, 0 when enforced). An engine given by URL first loads ``weights_path``
+as version "0" (aborting anything left), so every mode starts on the same weights. The weight
+update after each step reads ``weights_path`` (a real load; the sim engine reads nothing and charges
+``--weight-sync-ms``); ``flush_cache`` is true only after an abort pause (nothing in flight): SGLang
+0.5.17 dies on a cache flush while requests are paused in place (async mode).
 
-Token accounting at the end (``wasted_tokens``): every token the engine generated is trained,
-masked as too stale, or still waiting (partial queue, or ready for the next step)::
+Metrics: see ``rollout.py``. ``engine_occupancy`` is measured from the client side for every engine
+(``occupancy.py``). A simulated engine's ``/sim_stats`` (reset after it is ready, read when the
+last step ends) adds ``slot_utilization`` over the whole loop, idle time included, and
+``slot_utilization_busy`` over the decode steps only (time with >= 1 request running).
+Rates per second of engine time (``*_per_engine_s``) are wall rates / ``time_scale`` (1 for a real
+engine), so a simulated engine run faster than real time compares with a real one.
+
+Token accounting at the end (``wasted_tokens``, simulated engine): every token the engine generated
+is trained, masked as too stale, or still waiting (partial queue, or ready for the next step)::
 
     generated = trained + masked_stale + dropped_or_filtered + leftover_partial + leftover_ready
     wasted    = generated - trained - leftover_partial - leftover_ready
@@ -25,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import time
 from collections import Counter
 from typing import Any, Sequence
@@ -32,6 +45,8 @@ from typing import Any, Sequence
 import aiohttp
 
 from slime.bench.engine_proc import process_cpu_s, read_sim_stats, reset_sim_stats, sim_engine_process
+from slime.bench.lengths import DrawnLengths
+from slime.bench.occupancy import OccupancyMeter
 from slime.bench.workload import Mode, Workload
 from slime.data.dataset import PromptSource
 from slime.loop.buffer import DataBuffer
@@ -40,36 +55,65 @@ from slime.loop.step import run_step
 from slime.rollout.pool import EnginePool
 from slime.types import Group, Sample
 
-__all__ = ["run_mode", "CountingPool", "SimWeightSync"]
+__all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
 
 READY_TIMEOUT_S = 60.0
 
 
 class CountingPool(EnginePool):
-    """``EnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued)."""
+    """``EnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued) and
+    feeds ``meter`` (requests in flight; paused in place) when one is attached."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.num_generate = 0
+        self.meter: OccupancyMeter | None = None
 
     async def generate(self, *args: Any, **kwargs: Any):
         self.num_generate += 1
-        return await super().generate(*args, **kwargs)
+        meter = self.meter
+        if meter is not None:
+            meter.add(1)
+        try:
+            return await super().generate(*args, **kwargs)
+        finally:
+            if meter is not None:
+                meter.add(-1)
+
+    async def pause_generation(self, mode: str = "abort") -> dict[str, None]:
+        out = await super().pause_generation(mode)  # type: ignore[arg-type]
+        if self.meter is not None and mode == "in_place":
+            self.meter.set_paused(True)
+        return out
+
+    async def continue_generation(self) -> dict[str, None]:
+        if self.meter is not None:
+            self.meter.set_paused(False)
+        return await super().continue_generation()
 
 
-class SimWeightSync:
-    """Weight sync of the benchmark: nothing is written; the sim engine reads nothing and charges
-    ``--weight-sync-ms``. Real engines (``--engine-urls``) need ``weights_path``: a checkpoint they can load."""
+class BenchWeightSync:
+    """Weight sync of the benchmark: ``/update_weights_from_disk`` of ``weights_path`` (a checkpoint
+    a real engine can load; the sim engine reads nothing and charges ``--weight-sync-ms``).
+
+    The cache is flushed only when the load follows an abort pause (``abort_all_requests``: nothing
+    is in flight); after an in-place pause it is not (SGLang 0.5.17 dies flushing with requests
+    paused in place). ``load_s`` records the wall seconds of each load.
+    """
 
     def __init__(self, pool: EnginePool, weights_path: str | None = None):
         self.pool = pool
         self.weights_path = weights_path
+        self.load_s: list[float] = []
 
     async def save(self, version: int) -> str:
         return self.weights_path or f"/nonexistent/slime-bench/v{version}"
 
     async def load(self, path: str, version: int, *, abort_all_requests: bool = True) -> None:
-        await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests)
+        t0 = time.monotonic()
+        await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests,
+                                                 flush_cache=abort_all_requests)
+        self.load_s.append(time.monotonic() - t0)
 
 
 async def _reward_one(sample: Sample) -> float:
@@ -94,6 +138,8 @@ async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | Non
     """Run ``wl.steps`` steps of ``mode`` and return its metrics (see ``rollout.py`` for the keys).
 
     Without ``engine_urls`` a fresh simulated engine process is started and stopped for this mode.
+    With them, ``wl.time_scale`` should be 1 (a real engine keeps real time) and ``wl.max_running_requests``
+    the engines' total running cap (the occupancy's denominator).
     """
     async with contextlib.AsyncExitStack() as stack:
         pid = None
@@ -108,41 +154,59 @@ async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | Non
 async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, weights_path: str | None, log) -> dict[str, Any]:
     rollout = wl.rollout_config()
     rows, prompt_ids = wl.prompts()
+    lengths = DrawnLengths(median=wl.median, p99=wl.p99, max_len=wl.max_len, seed=wl.seed)
     train_wall_s = wl.train_s / wl.time_scale
+    mismatches: list[int] = []
 
     def train_step(groups: list[Group]) -> dict[str, float]:
         time.sleep(train_wall_s)  # runs in a worker thread (run_step uses asyncio.to_thread)
         return {}
 
+    async def on_batch(groups: list[Group]) -> None:
+        mismatches.append(lengths.mismatches(groups))
+
     async with aiohttp.ClientSession() as stats_session, CountingPool(urls, config=rollout) as pool:
         await pool.wait_ready(READY_TIMEOUT_S)
-        for client in pool.clients:  # engines given by URL may hold a version from an earlier mode
-            await client.update_weight_version("0", abort_all_requests=True)
+        # Engines given by URL may hold another version (an earlier mode) or other weights: load ours as "0".
+        if weights_path is not None:
+            await pool.update_weights_from_disk(weights_path, weight_version="0", abort_all_requests=True, flush_cache=True)
+        else:
+            for client in pool.clients:
+                await client.update_weight_version("0", abort_all_requests=True)
         has_stats = await reset_sim_stats(stats_session, urls)
         engine_cpu0 = process_cpu_s(engine_pid) if engine_pid else None
+        sync = BenchWeightSync(pool, weights_path)
         buffer = DataBuffer()
         records: list[dict[str, Any]] = []
+        pool.meter = meter = OccupancyMeter(wl.max_running_requests)
         cpu0, t0 = time.process_time(), time.monotonic()
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(
                 wl.loop_config(mode), rollout, source=PromptSource(rows, shuffle=False), tokenize=prompt_ids.__getitem__,
                 decode=lambda ids: "", pool=pool, buffer=buffer, reward_fn=_reward_one, task_group=tg,
+                generate_fn=lengths.generate,
             )
             version = 0
             for step in range(1, wl.steps + 1):
-                version, _, record = await run_step(sched, train_step=train_step, sync=SimWeightSync(pool, weights_path), version=version)
+                version, _, record = await run_step(sched, train_step=train_step, sync=sync, version=version, on_batch=on_batch)
                 record["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+                record["length_mismatch_samples"] = mismatches[-1]
                 records.append(record)
                 log(_step_line(mode, step, wl.steps, record))
             wall_s = time.monotonic() - t0
             cpu_s = time.process_time() - cpu0
+            occupancy = {"engine_occupancy": meter.occupancy(), "engine_busy_fraction_client": meter.busy_fraction()}
+            pool.meter = None
             num_requests = pool.num_generate
             window = await read_sim_stats(stats_session, urls) if has_stats else None
             engine_cpu = process_cpu_s(engine_pid) if engine_pid else None
             await sched.shutdown()
         final = await read_sim_stats(stats_session, urls) if has_stats else None
-    return _metrics(records, buffer, wl, wall_s=wall_s, cpu_s=cpu_s, num_requests=num_requests, window=window, final=final,
-                    engine_cpu_s=None if engine_cpu is None or engine_cpu0 is None else engine_cpu - engine_cpu0)
+    out = _metrics(records, buffer, wl, wall_s=wall_s, cpu_s=cpu_s, num_requests=num_requests, window=window, final=final,
+                   engine_cpu_s=None if engine_cpu is None or engine_cpu0 is None else engine_cpu - engine_cpu0)
+    out.update(occupancy, length_mismatch_samples=sum(mismatches), weight_load_s=sync.load_s,
+               weight_load_median_s=statistics.median(sync.load_s) if sync.load_s else None)
+    return out
 
 
 def _step_line(mode: str, step: int, steps: int, r: dict[str, Any]) -> str:
@@ -161,13 +225,18 @@ def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_re
         lag.update(r["lag_histogram"])
     lag_total = sum(lag.values())
     leftover_partial, leftover_ready = _tokens(buffer.partial_groups()), _tokens(buffer.ready)
+    engine_s = wall_s * wl.time_scale  # engine (simulated) seconds; = wall for a real engine
     out: dict[str, Any] = {
         "delivered_tokens_per_s": delivered / wall_s,
+        "delivered_tokens_per_engine_s": delivered / engine_s,
+        "trained_tokens_per_engine_s": trained / engine_s,
+        "time_scale": wl.time_scale,
         "samples_per_s": samples / wall_s,
         "trained_tokens_per_s": trained / wall_s,
         "slot_utilization": None,
         "step_time_p50_s": _percentile(step_times, 0.5),
         "step_time_p99_s": _percentile(step_times, 0.99),
+        "step_time_p50_engine_s": _percentile(step_times, 0.5) * wl.time_scale,
         "wasted_tokens": None,
         "client_cpu_ms_per_request": 1000.0 * cpu_s / max(1, num_requests),
         "wall_s": wall_s,

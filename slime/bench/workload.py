@@ -3,9 +3,11 @@
 Workload (the same for every mode; flags override the starred ones, nothing else changes it):
 
 - response lengths log-normal, median* 1,000 and p99* 10,000 tokens, cap* 16,000 (also
-  ``rollout_max_response_len``), no early stop; 32 groups x 8 samples per step; 10 steps*;
-- engine: 256 running requests, decode step 8 ms + 0.05 ms x running, prefill 0.02 ms per token,
-  time scale* 3 (all simulated times run 3x faster on the wall clock);
+  ``rollout_max_response_len``), no early stop; drawn by the client and enforced per request
+  (``lengths.py``: ``max_new_tokens`` from the draw, ``ignore_eos``), so a simulated and a real
+  engine generate the same lengths; 32* groups x 8* samples per step; 10 steps*;
+- engine: 256* running requests, decode step 8* ms + 0.05* ms x running, prefill 0.02* ms per token,
+  time scale* 3 (all simulated times run 3x faster on the wall clock; a real engine runs at 1);
 - trainer: 45 s* of simulated time per step (15 s wall at scale 3); weight update 1 s simulated.
 
 Mode knobs (ours to pick; see ``docs/benchmarks.md`` for the reasoning):
@@ -80,17 +82,26 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     def __post_init__(self) -> None:
         if self.steps < 1 or self.time_scale <= 0 or self.train_s < 0:
             raise ValueError(f"--steps={self.steps} must be >= 1, --time-scale={self.time_scale} > 0, --train-s={self.train_s} >= 0")
+        if not 1 <= self.median <= self.p99 or self.max_len < 1:
+            raise ValueError(f"need 1 <= --median={self.median} <= --p99={self.p99} and --max-len={self.max_len} >= 1")
+        if self.rollout_batch_size < 1 or self.n_samples_per_prompt < 1 or self.max_running_requests < 1:
+            raise ValueError(f"--rollout-batch-size={self.rollout_batch_size}, --n-samples-per-prompt={self.n_samples_per_prompt} "
+                             f"and --max-running-requests={self.max_running_requests} must be >= 1")
         for name in ("april_over_sampling", "async_capacity"):
             if getattr(self, name) < self.rollout_batch_size:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= rollout_batch_size={self.rollout_batch_size}")
 
     def sim_flags(self) -> list[str]:
-        """``slime engine --sim`` flags of the simulated engine (initial weight version "0")."""
+        """``slime engine --sim`` flags of the simulated engine (initial weight version "0").
+
+        Every trajectory is ``max_len`` long, so the engine stops where the client's
+        ``max_new_tokens`` says, as a real engine does with ``ignore_eos`` (``lengths.py``).
+        """
         values = {
             "--max-running-requests": self.max_running_requests, "--decode-step-ms": self.decode_step_ms,
             "--decode-step-per-req-ms": self.decode_step_per_req_ms, "--prefill-ms-per-token": self.prefill_ms_per_token,
-            "--time-scale": self.time_scale, "--weight-sync-ms": self.weight_sync_ms, "--response-len-median": self.median,
-            "--response-len-p99": self.p99, "--max-response-len": self.max_len, "--seed": self.seed, "--weight-version": "0",
+            "--time-scale": self.time_scale, "--weight-sync-ms": self.weight_sync_ms, "--response-len-median": self.max_len,
+            "--response-len-p99": self.max_len, "--max-response-len": self.max_len, "--seed": self.seed, "--weight-version": "0",
         }
         return [str(x) for kv in values.items() for x in kv]
 
