@@ -48,7 +48,7 @@ if [ -z "${SGLANG_URL:-}" ]; then
     graph_args=(--cuda-graph-max-bs "$CAP")
     [ "${CUDA_GRAPH:-1}" = 0 ] && graph_args=(--disable-cuda-graph)
     echo "=== $(date +%T) starting SGLang on port $PORT" | tee -a "$LOG"
-    timeout 420 bash .sgl/b/start_sglang.sh "$PARTS" "$PORT" -- --model-path "$MODEL_DIR" --dtype bfloat16 \
+    timeout 420 bash "${START_SGLANG:-.sgl/b/start_sglang.sh}" "$PARTS" "$PORT" -- --model-path "$MODEL_DIR" --dtype bfloat16 \
         --attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.5 \
         --max-running-requests "$CAP" "${graph_args[@]}" 2>&1 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
@@ -59,7 +59,7 @@ if [ -z "${SGLANG_URL:-}" ]; then
 fi
 
 echo "=== $(date +%T) bench against $SGLANG_URL" | tee -a "$LOG"
-timeout 480 env PYTHONPATH=/tmp/site:/tmp/sgl-site:$PWD python3 -m slime.bench.rollout \
+timeout 480 env PYTHONPATH=$PWD:/tmp/site:/tmp/sgl-site python3 -m slime.bench.rollout \
     --engine-urls "$SGLANG_URL" --weights-path "$MODEL_DIR" --max-running-requests "$CAP" \
     --steps 8 --median 300 --p99 3000 --max-len 4800 --rollout-batch-size 16 --n-samples-per-prompt 8 --train-s 2 \
     --april-over-sampling 32 --async-capacity 48 --async-max-staleness 4 \
