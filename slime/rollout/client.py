@@ -9,6 +9,8 @@ Errors are mapped once, here (``slime/errors.py``):
     connection refused / reset / ServerDisconnected / connect timeout / 5xx -> EngineUnavailable
     the call ran past its deadline                                          -> EngineTimeout
     4xx, or a 200 with ``"success": false``                                 -> EngineRequestError
+    (except a ``/generate`` 499: SGLang 0.5.17's answer for a request aborted before scheduling,
+    which is an abort result with no tokens, like a queued abort)
     a body we cannot decode                                                 -> ProtocolError
 
 Each carries ``url``, ``endpoint``, ``status`` and the engine's own words (``engine_message``, via
@@ -27,10 +29,14 @@ import msgspec
 from slime.config import RolloutConfig
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 from slime.rollout.client_weights import WeightSyncCalls
-from slime.rollout.protocol import GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
+from slime.rollout.protocol import FinishReason, GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
 
 __all__ = ["EngineClient", "CONNECT_TIMEOUT_S"]
 
+ABORTED_BEFORE_SCHEDULING = 499
+"""HTTP status of a ``/generate`` whose request was aborted before it reached SGLang's scheduler (held
+by a pause, seen on 0.5.17 on the H200): mapped to an abort result with no tokens, so the sample stays
+PARTIAL (resumable) instead of FAILED."""
 CONNECT_TIMEOUT_S = 10.0
 """TCP connect bound inside every call; a connect timeout means the request was never sent, so it is
 ``EngineUnavailable`` (safe to retry elsewhere), unlike a read that runs past the call's deadline."""
@@ -171,6 +177,12 @@ class EngineClient(WeightSyncCalls):
             reply = await self._send("POST", "/generate", body=payload, timeout_s=self.config.request_timeout_s, extra_headers=headers)
         finally:
             self.num_inflight -= 1
+        if reply.status == ABORTED_BEFORE_SCHEDULING:
+            # 0.5.17: a request held by a pause (or still in the tokenizer) when /abort_request came
+            # answers 499 {"error": {"message": "Request <rid> was aborted"}}: an abort, not a failure
+            message = error_message_from_body(reply.status, reply.content_type, reply.text)
+            return GenerateResult(output_ids=[], output_logprobs=[], completion_tokens=0, rid=rid or "",
+                                  finish_reason=FinishReason(type="abort", message=message, status_code=reply.status))
         self._raise_for_status(reply, "/generate")
         results = parse_generate_response(reply.body, url=self.url, return_logprob=return_logprob)
         if len(results) != 1:

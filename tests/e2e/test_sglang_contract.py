@@ -5,7 +5,7 @@ the real server does where the CPU tests rely on it.
 
 - ``/generate`` with logprobs: aligned ids and logprobs, ``length`` finish, the server's ``weight_version``;
 - abort of a running request returns its partial tokens (a resumable PARTIAL sample); a request
-  sent while paused is held and never lost;
+  sent while paused and then aborted stays resumable (0.5.17 answers it with HTTP 499);
 - a resumed partial (prompt + partial ids, ``max_new_tokens`` reduced) continues token-exactly (greedy);
 - ``update_weights_from_disk`` and ``update_weights_from_tensor`` (our ``DiskWeightSync`` /
   ``TensorWeightSync``) with versions: outputs change, the version is reported everywhere, and
@@ -170,14 +170,15 @@ async def test_abort_of_a_running_request_returns_its_partial_tokens(backend):
     assert status == 200 and parsed.aborted and len(parsed.output_ids) == len(parsed.output_logprobs) < b.long
 
 
-async def test_a_request_sent_while_paused_is_held_and_never_lost(backend):
-    """SGLang 0.5.17 holds it before its scheduler: /abort_request does not reach it and it runs after
-    continue. The embedded engine queues it in its scheduler, where abort_all returns it with no
-    tokens (a known difference; nothing relies on it: the scheduler's abort pause closes its own gate
-    and drains before any update, and sends nothing while paused)."""
+async def test_a_request_sent_while_paused_is_held_then_aborted_and_stays_resumable(backend):
+    """SGLang 0.5.17 holds it before its scheduler; /abort_request marks it, and after continue it
+    answers HTTP 499 "Request <rid> was aborted" (seen on the H200), which the client turns into an
+    abort with no tokens. The embedded engine queues it in its scheduler and answers the abort at
+    once. Either way the sample is PARTIAL (resumable), never FAILED."""
     b = backend
     await b.pool.pause_generation("abort")
-    task = asyncio.create_task(b.pool.client(b.url).generate(PROMPT, {"max_new_tokens": 32, "ignore_eos": True}, rid="held-"))
+    s = Sample(prompt_ids=list(PROMPT))
+    task = asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=32, engine_version=0))
     try:
         await asyncio.sleep(0.5)
         await b.client.abort(abort_all=True)
@@ -185,11 +186,8 @@ async def test_a_request_sent_while_paused_is_held_and_never_lost(backend):
         assert task.done() == (b.name == "embedded")
     finally:
         await b.pool.continue_generation()
-    r = await asyncio.wait_for(task, 30)
-    if b.name == "sglang":
-        assert r.finish_reason.type == "length" and len(r.output_ids) == 32
-    else:
-        assert r.finish_reason.type == "abort" and r.output_ids == []
+    await asyncio.wait_for(task, 30)
+    assert s.status is Status.PARTIAL and s.response_ids == [] and "generate_error" not in s.evidence
 
 
 async def test_resume_after_abort_is_token_exact(backend):

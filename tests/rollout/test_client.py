@@ -133,6 +133,22 @@ async def test_a_052_abort_before_prefill_without_output_ids_parses(start_engine
     assert result.aborted and result.output_ids == [] and result.output_logprobs == []
 
 
+async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_not_an_error(start_engines, session) -> None:
+    """Seen on SGLang 0.5.17 (H200): a request held by a pause, then aborted, answers 499."""
+    from slime.rollout.generate import generate
+    from slime.types import Sample, Status
+    (engine,) = await start_engines()
+    engine.on("/generate", status=499, body={"error": {"message": "Request held- was aborted"}})
+    client = EngineClient(engine.url, session=session, config=FAST)
+    result = await client.generate([1], {}, rid="held-")
+    assert result.aborted and result.output_ids == [] and result.finish_reason.status_code == 499
+    assert result.finish_reason.message == "Request held- was aborted"
+    sample = Sample(prompt_ids=[1, 2])
+    async with EnginePool([engine.url], config=FAST) as pool:
+        await generate(sample, {}, pool=pool, max_response_len=8, engine_version=0)
+    assert sample.status is Status.PARTIAL and sample.num_aborts == 1 and not sample.evidence
+
+
 @pytest.mark.parametrize(
     "status, body, text, error, message",
     [
