@@ -44,9 +44,10 @@ def _train(argv: list[str]) -> int:
         if not config.engine.hf_checkpoint:
             config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
         if ns.dry_run:
-            from slime.rollout.sglang_launch import build_launch_plan, trainer_gpus
+            from slime.rollout.sglang_launch import build_launch_plan, trainer_gpus, updates_in_place
 
-            print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate).format())
+            print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
+                                    in_place_updates=updates_in_place(config)).format())
             return 0
         preflight(config)
         _check_run_dir(config)
@@ -199,10 +200,11 @@ def preflight(config) -> None:
     for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.rollout.sglang_launch import build_launch_plan, check_launchable, trainer_gpus
+    from slime.rollout.sglang_launch import build_launch_plan, check_launchable, trainer_gpus, updates_in_place
 
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
-    check_launchable(build_launch_plan(config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate))
+    check_launchable(build_launch_plan(config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
+                                       in_place_updates=updates_in_place(config)))
 
 
 def _run(coro):

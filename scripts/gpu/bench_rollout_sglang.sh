@@ -25,6 +25,11 @@
 # (a 0.5B model trains ~63k tokens in ~1-2 s on an H200); a real /update_weights_from_disk of the
 # model dir after every step; april 32 groups in flight (2x), async 48 groups in flight, eta 4.
 #
+# Server flags: --skip-tokenizer-init (with its tokenizer loaded, SGLang 0.5.17 crashed at its warm-up on
+# this model: "cannot reshape tensor of 0 elements" in the rotary embedding, H200 2026-12-01; the bench
+# sends token ids and needs no text) and --disable-radix-cache (async updates pause in place; with a
+# prefix cache every update would abort and flush instead, docs/ARCHITECTURE.md).
+#
 # Results in $OUT: bench_rollout_sglang.json, bench_rollout_sglang.png, bench.log, sglang.log.
 # Prints PASSED when every mode ran, each delivered sample had exactly its drawn length and april
 # >= 2.0x, async >= 3.0x sync delivered tokens/s; FAILED otherwise (the table says which).
@@ -50,6 +55,7 @@ if [ -z "${SGLANG_URL:-}" ]; then
     echo "=== $(date +%T) starting SGLang on port $PORT" | tee -a "$LOG"
     timeout 420 bash "${START_SGLANG:-.sgl/b/start_sglang.sh}" "$PARTS" "$PORT" -- --model-path "$MODEL_DIR" --dtype bfloat16 \
         --attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.5 \
+        --skip-tokenizer-init --disable-radix-cache \
         --max-running-requests "$CAP" "${graph_args[@]}" 2>&1 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     cp "/tmp/sglang-$PORT.log" "$OUT/sglang.log" 2>/dev/null

@@ -42,7 +42,7 @@ from slime.obs.plots import write_plots
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.deploy import load_initial_weights, start_rollout
 from slime.rollout.rewards import load_function
-from slime.rollout.sglang_launch import trainer_gpus
+from slime.rollout.sglang_launch import trainer_gpus, updates_in_place
 from slime.sync import build_weight_sync
 
 __all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]
@@ -209,7 +209,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
 
     async with Observers(config, run_dir, progress=progress) as obs, _no_engines() if train_only else start_rollout(
         config.engine, config.rollout, model_dir=model_dir, weight_version=str(version), seed=config.seed, log_dir=run_dir / "logs",
-        trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
+        trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=updates_in_place(config),
     ) as engines:
         pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
         if engines and engines.plan.backend == "external":  # they serve whatever they last loaded: give them this run's policy

@@ -22,11 +22,13 @@ before the sync because the tag set differs across SGLang versions.)
 In ``async`` mode the update pauses in place (requests keep their KV and continue on the new
 weights) and the prefix cache is not flushed (SGLang 0.5.17 dies on a flush with requests paused in
 place). Cached KV of older weights then survives, and tokens of requests that reuse it are tagged no
-newer than the pool's ``kv_cache_version`` (``slime.rollout.generate.token_versions``). So that
-this conservative tag never makes fresh tokens over-stale, an update whose new version would be
-more than ``max_staleness`` ahead of ``kv_cache_version`` pauses with ``abort`` instead and flushes
-(a cache refresh; the aborted requests resume token-exactly like APRIL partials), once any request
-has reused cached KV since the last flush (engines without a prefix cache never need one).
+newer than the pool's ``kv_cache_version`` (``slime.rollout.generate.token_versions``). Once any
+request has reused cached KV since the last flush, an in-place update would leave every later
+cache-hitting token tagged with the last flush's version, a lag that grows with every update (seen
+on the H200: 8 of 15 async steps had all their tokens masked as over-stale), so from then on each
+update pauses with ``abort`` and flushes instead (aborted requests resume token-exactly, as APRIL
+partials). Launched SGLang servers avoid this in async mode with ``--disable-radix-cache``
+(``slime.rollout.sglang_launch``); the embedded engine has no prefix cache.
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any, Awaitable, Callable
 
@@ -50,6 +53,8 @@ from slime.sync.base import WeightSync
 from slime.types import Group, Sample, Status
 
 __all__ = ["WeightSync", "run_step", "batch_stats", "pause_mode"]
+
+log = logging.getLogger(__name__)
 
 
 def batch_stats(groups: list[Group]) -> dict[str, float]:
@@ -167,16 +172,20 @@ async def run_step(
 
 
 def pause_mode(config: Any, pool: Any, version: int, *, colocate: bool = False) -> str:
-    """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode, except for a
-    cache refresh (see the module doc), else ``"abort"``.
+    """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode unless a
+    request has reused cached KV since the engines' caches were last emptied (see the module doc),
+    else ``"abort"`` (then the update also flushes the caches).
 
-    Example: async, max_staleness 2, kv_cache_version "3", some cache hits since: the update to 5 is
-    in place (5 - 3 = 2), the update to 6 aborts and flushes (6 - 3 > 2); kv_cache_version is then "6".
+    Example: async, ``pool.num_prefix_cache_hits == 0`` -> "in_place"; 3 hits -> "abort".
     """
     if config.mode != "async" or colocate:
         return "abort"
-    kv = getattr(pool, "kv_cache_version", None)
-    if getattr(pool, "num_prefix_cache_hits", 0) and kv is not None and config.max_staleness is not None and str(kv).isdigit() and version + 1 - int(kv) > config.max_staleness:
+    if getattr(pool, "num_prefix_cache_hits", 0) and getattr(pool, "kv_cache_version", None) is not None:
+        if not getattr(pool, "_warned_cache_refresh", False):
+            log.warning("the engines reuse cached KV (cached_tokens > 0 in %d replies): async updates abort and flush the "
+                        "prefix cache instead of pausing in place; start SGLang with --disable-radix-cache to keep "
+                        "in-place updates (slime does for the servers it launches)", pool.num_prefix_cache_hits)
+            pool._warned_cache_refresh = True
         return "abort"
     return "in_place"
 

@@ -82,10 +82,10 @@ class RolloutEngines:
 @contextlib.asynccontextmanager
 async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_dir: str | None = None, weight_version: str = "0",
                         seed: int = 0, log_dir: str | Path | None = None, trainer_gpus: int = 0,
-                        colocate: bool = False) -> AsyncIterator[RolloutEngines]:
+                        colocate: bool = False, in_place_updates: bool = False) -> AsyncIterator[RolloutEngines]:
     """Start (or attach to) the engines of ``build_launch_plan(engine, ...)``; yield them running.
 
-    ``trainer_gpus`` / ``colocate``: where the trainer is, for the servers' GPUs (``build_launch_plan``).
+    ``trainer_gpus`` / ``colocate`` / ``in_place_updates``: as ``build_launch_plan``.
 
     Raises:
         ConfigError: from the plan, or a package its commands need that cannot be imported
@@ -93,7 +93,7 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             ``startup_timeout_s``, or a running router that could not be listed or registered with.
     """
     plan = build_launch_plan(engine, model_dir=model_dir, weight_version=weight_version, seed=seed, trainer_gpus=trainer_gpus,
-                             colocate=colocate)
+                             colocate=colocate, in_place_updates=in_place_updates)
     check_launchable(plan)
     for note in plan.notes:
         log.info("launch plan: %s", note)

@@ -52,7 +52,7 @@ from slime.rollout.server_groups import (ACTOR, TEACHER, ServerGroup, SglangDepl
                                          load_sglang_config)
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
-           "teacher_processes", "check_launchable", "trainer_gpus", "SHARED_MEM_FRACTION_STATIC"]
+           "teacher_processes", "check_launchable", "trainer_gpus", "updates_in_place", "SHARED_MEM_FRACTION_STATIC"]
 
 SHARED_MEM_FRACTION_STATIC = 0.5
 """``--mem-fraction-static`` of a server that shares its GPU with the trainer, unless the user sets one."""
@@ -147,7 +147,7 @@ def backend_of(engine: EngineConfig) -> Literal["embedded", "sglang", "external"
 
 def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, weight_version: str = "0", seed: int = 0,
                       python: str = sys.executable, is_free: Callable[[str, int], bool] = port_is_free,
-                      trainer_gpus: int = 0, colocate: bool = False) -> LaunchPlan:
+                      trainer_gpus: int = 0, colocate: bool = False, in_place_updates: bool = False) -> LaunchPlan:
     """What to start for ``engine``; nothing is started.
 
     Args:
@@ -156,6 +156,10 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
         is_free: ``(host, port) -> bool``; ports for which it is False are skipped.
         trainer_gpus: how many GPUs the trainer uses, from the first visible one (``trainer_gpus(config)``).
         colocate: ``--colocate``: the servers share the trainer's GPUs and release memory while it trains.
+        in_place_updates: weights are updated while requests are paused in place (``--rollout-mode
+            async``): the actor's servers get ``--disable-radix-cache`` unless the user set it, so no
+            request reuses KV of older weights (docs/ARCHITECTURE.md, "In-place updates and the
+            prefix cache": with the cache on, every update becomes an abort + flush).
 
     Raises:
         ConfigError: flags that contradict each other, a bad ``--sglang-config``, too few GPUs.
@@ -190,7 +194,7 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
     if teacher_urls and TEACHER in deployment.models():
         raise ConfigError(f"--opd-teacher-addrs with a {TEACHER!r} group in --sglang-config: pick one teacher")
     plan = _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router,
-                        trainer_gpus=trainer_gpus, colocate=colocate)
+                        trainer_gpus=trainer_gpus, colocate=colocate, in_place_updates=in_place_updates)
     return dataclasses.replace(plan, teacher_urls=teacher_urls)
 
 
@@ -210,7 +214,8 @@ def teacher_processes(engine: EngineConfig, *, seed: int) -> list[EmbeddedEngine
 
 
 def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_dir: str | None, weight_version: str, python: str,
-                 is_free: Callable[[str, int], bool], router: str | None, trainer_gpus: int, colocate: bool) -> LaunchPlan:
+                 is_free: Callable[[str, int], bool], router: str | None, trainer_gpus: int, colocate: bool,
+                 in_place_updates: bool = False) -> LaunchPlan:
     host, global_args = _take_host(engine.sglang_args)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     gpus = _visible_gpus(probe=trainer_gpus > 0)
@@ -263,6 +268,10 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
             if defaults:
                 notes.append(f"{name} shares GPU(s) with the trainer{' (--colocate)' if colocate else ''}: added {' '.join(defaults)} "
                              "(set --sglang-mem-fraction-static / --sglang-enable-memory-saver to choose)")
+            if in_place_updates and group.model == ACTOR and "disable-radix-cache" not in _given_flags(global_args, group):
+                defaults = [*defaults, "--disable-radix-cache"]
+                notes.append(f"{name}: added --disable-radix-cache (async mode updates weights in place; a prefix cache would "
+                             "keep KV of older weights, so every update would have to abort and flush instead)")
             env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[n] for n in ids) if gpus is not None else ",".join(map(str, ids))}
             servers.append(ServerSpec(name, group.model, group.role, tuple(argv + group_args((*defaults, *global_args), group)),
                                       env, f"http://{url_host}:{port}", bootstrap))
@@ -291,9 +300,14 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
     return LaunchPlan("sglang", servers=tuple(servers), routers=tuple(routers), notes=tuple(notes))
 
 
+def _given_flags(global_args: tuple[str, ...], group: ServerGroup) -> set[str]:
+    """SGLang flag names (no dashes) the user set, globally (``--sglang-*``) or in the group's args."""
+    return {_flag_name(t) for t in global_args if t.startswith("--")} | {_flag_name("--" + k.removeprefix("--")) for k in group.args}
+
+
 def _sharing_defaults(global_args: tuple[str, ...], group: ServerGroup, *, colocate: bool) -> list[str]:
     """Flags a server sharing the trainer's GPU gets unless the user set them (globally or in its group)."""
-    given = {_flag_name(t) for t in global_args if t.startswith("--")} | {_flag_name("--" + k.removeprefix("--")) for k in group.args}
+    given = _given_flags(global_args, group)
     out = [] if "mem-fraction-static" in given else ["--mem-fraction-static", str(SHARED_MEM_FRACTION_STATIC)]
     if colocate and "enable-memory-saver" not in given:
         out.append("--enable-memory-saver")
@@ -336,6 +350,12 @@ def trainer_gpus(config: Config) -> int:
     if config.train.train_backend != "megatron" or config.debug.debug_rollout_only:
         return 0
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+
+
+def updates_in_place(config: Config) -> bool:
+    """Whether the run updates weights while requests are paused in place: ``--rollout-mode async``
+    without ``--colocate`` and with a trainer (``slime.loop.step.pause_mode``)."""
+    return config.loop.mode == "async" and not config.sync.colocate and not config.debug.debug_rollout_only
 
 
 def _take_host(tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:

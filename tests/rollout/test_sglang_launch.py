@@ -228,3 +228,31 @@ def test_check_launchable_names_the_package_the_commands_cannot_import(monkeypat
     assert message in str(info.value) and "\n" not in str(info.value)
     if missing != "sglang":  # a package the plan does not need is not asked for
         check_launchable(build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True))
+
+
+def test_async_mode_launches_actor_servers_without_a_radix_cache_unless_the_user_chose(monkeypatch):
+    """In-place updates keep the prefix cache (no flush while paused in place): without a radix cache no
+    request reuses KV of older weights, so async updates stay in place (slime.loop.step.pause_mode)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    kw = dict(python=PY, is_free=lambda h, p: True)
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), in_place_updates=True, **kw)
+    assert plan.servers[0].argv.count("--disable-radix-cache") == 1
+    assert any("--disable-radix-cache" in n for n in plan.notes)
+    assert "--disable-radix-cache" not in build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), **kw).servers[0].argv
+    mine = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, sglang_args=("--disable-radix-cache",)),
+                             in_place_updates=True, **kw)
+    assert mine.servers[0].argv.count("--disable-radix-cache") == 1
+
+
+def test_updates_in_place_is_async_mode_without_colocate_with_a_trainer():
+    from msgspec.structs import replace
+
+    from slime.config import Config
+    from slime.rollout.sglang_launch import updates_in_place
+
+    def config(mode: str, colocate: bool = False) -> Config:
+        c = Config()
+        return replace(c, loop=replace(c.loop, mode=mode), sync=replace(c.sync, colocate=colocate))
+    assert updates_in_place(config("async"))
+    assert not updates_in_place(config("async", colocate=True))
+    assert not updates_in_place(config("april"))
