@@ -1,7 +1,7 @@
 """One contract suite for our client and generate path, run against every backend we can run here:
 the embedded engine over loopback HTTP, and loopback servers replaying the recorded response
 shapes of SGLang 0.5.2, 0.5.6 and 0.5.23 (tests/rollout/data/sglang_bodies.json, from the protocol
-notes). Every backend must satisfy the same assertions:
+notes) and of 0.5.17 (recorded from a real server on the H200 by scripts/gpu/sglang_contract.sh). Every backend must satisfy the same assertions:
 
 - a finished request gives aligned output ids and logprobs, a stop/length finish reason, and our
   generate function turns it into a COMPLETED/TRUNCATED sample with aligned per-token lists;
@@ -32,7 +32,11 @@ REPLAYS = {
     "0.5.2": {"finished": "0.5.2/finished_with_logprobs", "abort": "0.5.2/running_abort", "queued_abort": "0.5.2/abort_before_prefill"},
     "0.5.6": {"finished": "0.5.6/finished_with_logprobs", "abort": "0.5.6/waiting_queue_abort", "queued_abort": "0.5.6/waiting_queue_abort"},
     "0.5.23": {"finished": "0.5.23/length", "abort": "0.5.23/running_abort", "queued_abort": "0.5.23/waiting_queue_abort"},
+    # recorded from a real server on the H200; its queued abort is the HTTP 499 it answers for a
+    # request aborted before scheduling (tests/e2e/test_sglang_contract.py)
+    "0.5.17": {"finished": "0.5.17/finished_with_logprobs", "abort": "0.5.17/running_abort", "queued_abort": "http-499"},
 }
+HTTP_499 = {"error": {"message": "Request slime-g0-s0-a0-r0- was aborted"}}
 CONFIG = RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)
 PROMPT = [0, 5, 9, 17, 3]
 
@@ -47,7 +51,10 @@ class _Replay:
 
     async def generate(self, request: web.Request) -> web.Response:
         await request.json()
-        return web.json_response(BODIES[REPLAYS[self.version][self.scenario]]["body"])
+        name = REPLAYS[self.version][self.scenario]
+        if name == "http-499":
+            return web.json_response(HTTP_499, status=499)
+        return web.json_response(BODIES[name]["body"])
 
     async def abort(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -61,7 +68,7 @@ def model_dir(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("contract") / "tiny", seed=0)
 
 
-@pytest.fixture(params=["embedded", "0.5.2", "0.5.6", "0.5.23"])
+@pytest.fixture(params=["embedded", "0.5.2", "0.5.6", "0.5.23", "0.5.17"])
 async def backend(request, model_dir):
     if request.param == "embedded":
         async with EngineServer(model_dir, port=0, seed=0, weight_version="0") as server:
@@ -101,7 +108,7 @@ async def test_an_aborted_request_keeps_its_tokens_and_leaves_a_resumable_sample
     if replay is not None:
         replay.scenario = kind
         await generate(s, {"ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0)
-        expected = BODIES[REPLAYS[name][kind]]["body"]
+        expected = HTTP_499 if REPLAYS[name][kind] == "http-499" else BODIES[REPLAYS[name][kind]]["body"]
         assert s.response_ids == expected.get("output_ids", [])
         await pool.abort_all()
         assert replay.aborts == 1
