@@ -148,13 +148,18 @@ async def test_weight_update_waits_for_inflight_requests_unless_told_to_abort(en
     assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3 if abort_all else 8}]
 
 
-async def test_in_place_pause_then_update_resumes_on_new_weights_with_version_spans(engine, session, tiny_model_v2_path):
+async def _update_with_a_request_paused_in_place(engine, session, model_path, **body):
+    """A request paused in place mid-generation, then /update_weights_from_disk to version v2."""
     gate = _gate(engine, "s1")
     task = _generate(session, engine, "s1")
     assert await asyncio.to_thread(gate.reached.wait, 10)
     await _post(session, engine, "/pause_generation", {"mode": "in_place"})
-    status, out = await _post(session, engine, "/update_weights_from_disk",
-                              {"model_path": str(tiny_model_v2_path), "weight_version": "v2", "flush_cache": False})
+    status, out = await _post(session, engine, "/update_weights_from_disk", {"model_path": str(model_path), "weight_version": "v2", **body})
+    return task, status, out
+
+
+async def test_in_place_pause_then_update_resumes_on_new_weights_with_version_spans(engine, session, tiny_model_v2_path):
+    task, status, out = await _update_with_a_request_paused_in_place(engine, session, tiny_model_v2_path, flush_cache=False)
     assert status == 200 and out["num_paused_requests"] == 1 and not task.done()
     await _post(session, engine, "/continue_generation", {})
     meta = (await task)[1]["meta_info"]
@@ -163,12 +168,7 @@ async def test_in_place_pause_then_update_resumes_on_new_weights_with_version_sp
 
 
 async def test_in_place_pause_then_update_with_flush_cache_kills_the_engine_like_sglang_0_5_17(engine, session, tiny_model_v2_path):
-    gate = _gate(engine, "s1")
-    task = _generate(session, engine, "s1")
-    assert await asyncio.to_thread(gate.reached.wait, 10)
-    await _post(session, engine, "/pause_generation", {"mode": "in_place"})
-    status, out = await _post(session, engine, "/update_weights_from_disk",
-                              {"model_path": str(tiny_model_v2_path), "weight_version": "v2"})  # flush_cache defaults to true
+    task, status, out = await _update_with_a_request_paused_in_place(engine, session, tiny_model_v2_path)  # flush_cache defaults to true
     assert status == 500 and "Cache flush failed after updating weights" in out["message"]
     async with session.get(f"{engine.url}/health_generate") as resp:
         assert resp.status == 503  # dead, as the real server is
