@@ -59,13 +59,11 @@ async def test_writes_outside_the_working_directory_are_denied(sandbox, tmp_path
 
 @requires_bwrap
 async def test_fork_bomb_is_stopped():
+    if not process_limit_enforced():  # only the wall-clock kill would stop it, after loading the machine
+        pytest.skip("RLIMIT_NPROC does not bind here (the sandbox runs as the host's root)")
     t0 = time.monotonic()
-    if process_limit_enforced():
-        result = await Sandbox(timeout_s=1.5).run("import os\nwhile True:\n    os.fork()")
-        assert not result.ok and not result.timed_out and "BlockingIOError" in result.stderr
-    else:  # the sandbox runs as the host's root: only the wall-clock kill (of the whole PID namespace) stops it
-        result = await Sandbox(timeout_s=0.3).run("import os\nwhile True:\n    os.fork()")
-        assert result.timed_out
+    result = await Sandbox(timeout_s=1.5).run("import os\nwhile True:\n    os.fork()")
+    assert not result.ok and not result.timed_out and "BlockingIOError" in result.stderr
     assert time.monotonic() - t0 < 3
 
 
