@@ -3,6 +3,14 @@
 # torch is pinned to the CPU build first, so pip never pulls a multi-GB CUDA build on a CPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# bubblewrap sandboxes model-written code (slime/rollout/tools/bwrap.py); without it, code execution
+# refuses to run and its tests are skipped. Installed only as root with apt; skipped quietly otherwise.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; } \
+    || echo "setup.sh: could not install bubblewrap; the code sandbox's tests will be skipped" >&2
+fi
 PY=${PYTHON:-python3}
 TORCH_SPEC=${SLIME_TORCH_SPEC:-torch==2.13.0}
 stamp=.venv/.slime-installed

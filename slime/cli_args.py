@@ -76,6 +76,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),
     "--rm-type": ("rollout.rm_type", dict(choices=["math", "code", "remote", "remote_rm"], help="built-in verifier (slime/rollout/verifiers/)")),
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),
+    "--allow-unsafe-code-execution": ("rollout.allow_unsafe_code_execution", dict(action="store_true", help="run model-written code without an OS sandbox where bubblewrap cannot run (--rm-type code)")),
     "--global-batch-size": ("train.global_batch_size", dict(type=int)),
     "--micro-batch-size": ("train.micro_batch_size", dict(type=int)),
     "--lr": ("train.lr", dict(type=float)),

@@ -99,6 +99,10 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     rm_url: str | None = None
     """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers
     ``{"reward": float}`` to ``{"prompt", "response", "label"}``."""
+    allow_unsafe_code_execution: bool = False
+    """Let ``rm_type="code"`` run model-written code without an OS sandbox where bubblewrap is
+    missing or cannot create namespaces (``--allow-unsafe-code-execution``); otherwise the run
+    refuses to start. See ``slime/rollout/tools/sandbox.py``."""
     n_samples_per_eval_prompt: int = 1
     """Samples per eval prompt (``--n-samples-per-eval-prompt``); eval reports mean accuracy and pass@k."""
     eval_temperature: float = 0.0

@@ -5,16 +5,17 @@
     registry.py    Tool, ToolResult, ToolRegistry (timeouts and failures become tool messages)
     parse.py       parse_tool_calls: Hermes / Qwen ``<tool_call>{json}</tool_call>`` blocks
     calculator.py  calculator_tool: arithmetic over an ``ast`` walk, size-guarded
-    sandbox.py     Sandbox (a limited child process, defence in depth) and python_tool
+    sandbox.py     Sandbox (model-written Python in bubblewrap, with limits) and python_tool
+    bwrap.py       BwrapLauncher: the bubblewrap command line, probed once per process
     retrieval.py   BM25Index over a JSONL corpus and retrieval_tool
 """
 
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
 from slime.rollout.tools.registry import Tool, ToolRegistry, ToolResult
-from slime.rollout.tools.sandbox import Sandbox, SandboxResult, python_tool
+from slime.rollout.tools.sandbox import Sandbox, SandboxResult, SandboxUnavailable, python_tool
 
 __all__ = [
     "Tool", "ToolRegistry", "ToolResult", "ToolCall", "parse_tool_calls", "calculator_tool", "Sandbox",
-    "SandboxResult", "python_tool",
+    "SandboxResult", "SandboxUnavailable", "python_tool",
 ]

@@ -1,42 +1,30 @@
-"""Run untrusted Python in a child process with resource limits: defence in depth, NOT a security boundary.
+"""Run untrusted Python (model-written code) in an OS-level sandbox, with resource limits.
 
 What a run does (``Sandbox.run(code, stdin=...)``):
 
-1. A fresh temporary directory becomes the child's working directory, ``HOME`` and ``TMPDIR``;
-   it is deleted afterwards.
-2. The child is ``python -I -S`` (isolated mode, no ``site``: only the standard library, no
-   ``PYTHON*`` variables, no user site) in a new session (its own process group), started with a
-   minimal environment. A bootstrap script (``_BOOTSTRAP``) runs first, in the child:
-   - ``resource.setrlimit`` (soft = hard, so the code cannot raise them): CPU seconds, address
-     space, file size, open files, core size 0, and ``RLIMIT_NPROC``. Limits are set here rather
-     than in ``preexec_fn``, which the Python docs call unsafe in a process with threads (ours has
-     them: torch, ``asyncio.to_thread``).
-   - no network: ``unshare(CLONE_NEWNET)`` through libc (a new network namespace with only a
-     down loopback) when the kernel permits it (root, or unprivileged user namespaces, tried as
-     ``CLONE_NEWUSER | CLONE_NEWNET``); ``SandboxResult.network`` says which held.
-   - an audit hook (``sys.addaudithook``, PEP 578), installed after that, denying: every
-     ``socket.*`` event; process creation (``os.fork``, ``os.system``, ``os.exec``,
-     ``os.posix_spawn``, ``os.spawn``, ``subprocess.Popen``, ...) and ``os.kill``; ``ctypes``;
-     opening a file for writing, and removing, renaming, creating or chmod-ing paths, outside the
-     working directory.
-   Then the user's code runs as ``__main__`` from ``main.py`` in that directory.
-3. The parent keeps at most ``max_output_bytes`` of stdout and of stderr (the rest is drained and
-   counted), and kills the whole process group at the wall-clock limit.
+1. The code is written to ``main.py`` in a fresh host temporary directory (deleted afterwards).
+2. bubblewrap (``bwrap.py``) starts ``python -I -S`` (isolated mode, no ``site``: the standard library
+   only) in its own user, PID, mount, network, IPC and UTS namespaces, with no capabilities, a
+   cleared environment, a read-only view of only what the interpreter needs, a fresh ``/proc``
+   (no host process is visible) and a size-bounded tmpfs ``/sandbox`` as its working directory and
+   only writable place. ``main.py`` is bound read-only into it.
+3. A bootstrap (``_LIMITS``) sets ``resource`` limits (soft = hard): CPU seconds, address space,
+   file size, open files, core size 0 and processes (``RLIMIT_NPROC``, per sandbox: each has its
+   own user namespace), then runs the code as ``__main__``.
+4. The parent keeps at most ``max_output_bytes`` of stdout and of stderr (the rest is drained and
+   counted) and, at the wall-clock limit, kills bwrap, whose death ends every process of the
+   sandbox's PID namespace. Processes the code leaves behind die when it exits, the same way.
 
-What it does NOT protect against (use a container, gVisor, nsjail or a VM for hostile code):
+Where bwrap is missing or cannot create namespaces (``bwrap.probe()``, cached), constructing a
+``Sandbox`` raises ``SandboxUnavailable`` unless ``allow_unsafe=True``
+(``--allow-unsafe-code-execution``); the code then runs in a plain child process guarded only by
+an in-process audit hook (``_HOOK``), which model-written code can get past: PEP 578 hooks are not
+a security boundary (``_posixsubprocess.fork_exec`` is not audited, for one).
 
-* Audit hooks are not a sandbox (PEP 578 says so): code that corrupts interpreter memory, reaches
-  an unaudited C function, or uses a C extension it finds can get past them. The hook keeps honest
-  mistakes and lazy escapes in, nothing more.
-* Reads are not restricted: the code can read every file the user running slime can read
-  (credentials included) and print it; only writes outside the working directory are denied.
-* Without a network namespace (no permission for ``unshare``) network denial rests on the audit hook alone.
-* ``RLIMIT_NPROC`` counts every process and thread of the same real uid on the machine and is
-  ignored for root; as root a fork bomb is stopped by the audit hook's fork ban, not the kernel.
-* No syscall filter (seccomp), no filesystem or PID namespace, no cgroup: CPU and memory are
-  bounded per process, not per sandbox, and ``RLIMIT_AS`` counts virtual memory (a program that
-  maps much but touches little is refused early).
-* Only the standard library is importable (``-S``); tasks that need numpy and the like do not run.
+What the OS sandbox does not do: no seccomp filter (the kernel's whole syscall surface is reachable
+from inside the namespaces), no cgroup (``RLIMIT_AS`` bounds each process, not the sandbox; CPU
+seconds likewise), and, when the sandbox has to run as the host's root, no process-count limit
+(``bwrap.py``). Only the standard library is importable (``-S``).
 """
 
 from __future__ import annotations
@@ -44,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import shutil
 import signal
@@ -51,17 +40,42 @@ import sys
 import tempfile
 import time
 
+from slime.errors import ConfigError
+from slime.rollout.tools import bwrap
 from slime.rollout.tools.registry import Tool
 
-__all__ = ["Sandbox", "SandboxResult", "python_tool", "format_result"]
+__all__ = ["Sandbox", "SandboxResult", "SandboxUnavailable", "python_tool", "format_result", "sandbox_unavailable_reason",
+           "process_limit_enforced"]
 
-_BOOTSTRAP = r'''
+logger = logging.getLogger(__name__)
+
+
+class SandboxUnavailable(ConfigError):
+    """No OS-level sandbox here and unsafe execution was not allowed; the message names the fix."""
+
+
+def sandbox_unavailable_reason() -> str | None:
+    """Why bwrap cannot sandbox code on this machine (one line), or None when it can."""
+    found = bwrap.probe()
+    return found if isinstance(found, str) else None
+
+
+def process_limit_enforced() -> bool:
+    """Whether the sandbox's ``RLIMIT_NPROC`` binds here (not when it runs as the host's root)."""
+    found = bwrap.probe()
+    return not isinstance(found, str) and found.process_limit_enforced
+
+
+_LIMITS = r'''
 import os, resource, sys
 cpu_s, as_bytes, fsize_bytes, nofile, nproc, netns = (int(x) for x in sys.argv[1:7])
 work = os.path.realpath(os.getcwd())
 for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, as_bytes), (resource.RLIMIT_FSIZE, fsize_bytes),
                  (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(lim, (val, val))
+'''
+# Unsafe mode only (no bwrap): a network namespace if the kernel gives one, then an audit hook.
+_HOOK = r'''
 network = "audit-hook"
 try:
     if not netns:
@@ -74,7 +88,6 @@ try:
     sys.modules.pop("ctypes", None)
 except Exception:
     pass
-resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 sys.stderr.write("\x00sandbox-network=" + network + "\n")
 _DENY = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.kill", "os.killpg",
          "subprocess.Popen", "pty.spawn", "signal.pthread_kill", "ctypes.", "socket.", "sys.addaudithook",
@@ -112,6 +125,9 @@ def _hook(event, args):
 
 sys.addaudithook(_hook)
 del _hook
+'''
+_RUN = r'''
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 with open("main.py", "rb") as f:
     _src = f.read()
 _g = {"__name__": "__main__", "__file__": os.path.join(work, "main.py"), "__builtins__": __builtins__}
@@ -132,7 +148,7 @@ class SandboxResult:
         timed_out: the wall-clock limit killed it.
         elapsed_s: wall seconds from spawn to exit.
         truncated: some output was dropped past ``max_output_bytes``.
-        network: ``"netns"`` (own network namespace) or ``"audit-hook"`` (hook only).
+        network: ``"netns"`` (own network namespace: always with bwrap) or ``"audit-hook"`` (unsafe mode, hook only).
     """
 
     stdout: str
@@ -153,31 +169,53 @@ class SandboxResult:
 
 
 class Sandbox:
-    """Runs code with limits; concurrent runs are bounded by ``max_concurrency``.
+    """Runs code in bubblewrap with limits; concurrent runs are bounded by ``max_concurrency``.
 
     Args:
-        timeout_s: wall-clock seconds per run; the process group is killed past it.
+        timeout_s: wall-clock seconds per run; the whole sandbox is killed past it.
         cpu_time_s: ``RLIMIT_CPU`` seconds (default: ``ceil(timeout_s)``).
-        memory_bytes: ``RLIMIT_AS`` (virtual memory), default 1 GiB.
+        memory_bytes: ``RLIMIT_AS`` (virtual memory, per process), default 1 GiB.
         max_file_bytes: ``RLIMIT_FSIZE``, default 16 MiB.
+        max_disk_bytes: size of the writable tmpfs ``/sandbox`` (all files together), default 64 MiB.
         max_open_files: ``RLIMIT_NOFILE``.
-        max_processes: ``RLIMIT_NPROC`` (see the module docstring for what it does not do).
+        max_processes: processes and threads the code may have at once, itself included.
         max_output_bytes: kept per stream.
-        max_concurrency: child processes at once (default: the CPU count).
-        network_namespace: try ``unshare(CLONE_NEWNET)``; False leaves network denial to the audit hook.
+        max_concurrency: sandboxes at once (default: the CPU count).
+        network_namespace: unsafe mode only: try ``unshare(CLONE_NEWNET)``; False leaves network
+            denial to the audit hook.
+        allow_unsafe: where bwrap cannot sandbox (``sandbox_unavailable_reason()``), run the code in
+            a plain child process with an audit hook instead of refusing (``--allow-unsafe-code-execution``).
+
+    Attributes:
+        isolation: ``"bwrap"`` (OS sandbox) or ``"unsafe"`` (audit hook only).
+
+    Raises:
+        SandboxUnavailable: no working bwrap and ``allow_unsafe`` is False.
+        ValueError: a non-positive limit.
     """
 
     def __init__(self, *, timeout_s: float = 5.0, cpu_time_s: int | None = None, memory_bytes: int = 1 << 30,
-                 max_file_bytes: int = 16 << 20, max_open_files: int = 64, max_processes: int = 1,
-                 max_output_bytes: int = 64 << 10, max_concurrency: int | None = None, network_namespace: bool = True):
-        if timeout_s <= 0 or memory_bytes <= 0 or max_output_bytes <= 0:
-            raise ValueError(f"Sandbox: timeout_s={timeout_s}, memory_bytes={memory_bytes}, max_output_bytes={max_output_bytes} must be > 0")
+                 max_file_bytes: int = 16 << 20, max_disk_bytes: int = 64 << 20, max_open_files: int = 64,
+                 max_processes: int = 8, max_output_bytes: int = 64 << 10, max_concurrency: int | None = None,
+                 network_namespace: bool = True, allow_unsafe: bool = False):
+        if min(timeout_s, memory_bytes, max_output_bytes, max_disk_bytes, max_processes) <= 0:
+            raise ValueError(f"Sandbox: timeout_s={timeout_s}, memory_bytes={memory_bytes}, max_output_bytes={max_output_bytes}, "
+                             f"max_disk_bytes={max_disk_bytes}, max_processes={max_processes} must be > 0")
         self.timeout_s = timeout_s
         self.cpu_time_s = cpu_time_s if cpu_time_s is not None else max(1, int(-(-timeout_s // 1)))
-        self.memory_bytes, self.max_file_bytes = memory_bytes, max_file_bytes
+        self.memory_bytes, self.max_file_bytes, self.max_disk_bytes = memory_bytes, max_file_bytes, max_disk_bytes
         self.max_open_files, self.max_processes = max_open_files, max_processes
         self.max_output_bytes = max_output_bytes
         self.network_namespace = network_namespace
+        found = bwrap.probe()
+        self._launcher = None if isinstance(found, str) else found
+        if self._launcher is None and not allow_unsafe:
+            raise SandboxUnavailable(
+                f"code execution refused: model-written code runs only in an OS sandbox and {found}; install bubblewrap "
+                "(as root: apt-get install bubblewrap) or pass --allow-unsafe-code-execution to run it unsandboxed")
+        if self._launcher is None:
+            logger.warning("running model-written code WITHOUT an OS sandbox (--allow-unsafe-code-execution): %s", found)
+        self.isolation = "bwrap" if self._launcher is not None else "unsafe"
         self._slots = asyncio.Semaphore(max_concurrency or os.cpu_count() or 1)
 
     async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
@@ -186,27 +224,41 @@ class Sandbox:
         async with self._slots:
             workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
             try:
-                with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+                main_py = os.path.join(workdir, "main.py")
+                with open(main_py, "w", encoding="utf-8") as f:
                     f.write(code)
+                os.chmod(workdir, 0o755)  # bwrap may run as nobody; the code never writes here
+                os.chmod(main_py, 0o644)
                 return await self._spawn(workdir, stdin.encode("utf-8"), limit_s)
             finally:
                 await asyncio.to_thread(shutil.rmtree, workdir, True)
 
+    def _command(self, workdir: str) -> tuple[list[str], dict]:
+        """argv and extra spawn arguments of one run."""
+        limits = [str(self.cpu_time_s), str(self.memory_bytes), str(self.max_file_bytes), str(self.max_open_files)]
+        if self._launcher is not None:
+            # bwrap's init (PID 1 of the sandbox) counts against RLIMIT_NPROC too.
+            args = ["-I", "-S", "-c", _LIMITS + _RUN, *limits, str(self.max_processes + 1), "0"]
+            argv = self._launcher.argv(os.path.join(workdir, "main.py"), args, tmpfs_bytes=self.max_disk_bytes)
+            return argv, {"cwd": "/", **self._launcher.spawn_kwargs()}
+        argv = [sys.executable, "-I", "-S", "-c", _LIMITS + _HOOK + _RUN, *limits, str(self.max_processes),
+                str(int(self.network_namespace))]
+        return argv, {"cwd": workdir}
+
     async def _spawn(self, workdir: str, stdin: bytes, limit_s: float) -> SandboxResult:
-        argv = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(self.cpu_time_s), str(self.memory_bytes),
-                str(self.max_file_bytes), str(self.max_open_files), str(self.max_processes), str(int(self.network_namespace))]
+        argv, kwargs = self._command(workdir)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=workdir, env=env, start_new_session=True,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *argv, env=env, start_new_session=True,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **kwargs,
         )
         out, err = _Capped(self.max_output_bytes), _Capped(self.max_output_bytes)
         timed_out = False
         try:
             async with asyncio.timeout(limit_s):
                 await asyncio.gather(_feed(proc.stdin, stdin), out.drain(proc.stdout), err.drain(proc.stderr), proc.wait())
-        except BaseException as exc:  # timeout, or our caller cancelled: never leave the group running
+        except BaseException as exc:  # timeout, or our caller cancelled: never leave the sandbox running
             timed_out = isinstance(exc, TimeoutError)
             _kill_group(proc.pid)
             # On 3.11 ``wait()`` also waits for the pipes to reach EOF, so drain them (discarding) first.
@@ -219,7 +271,7 @@ class Sandbox:
         return SandboxResult(
             stdout=bytes(out.data).decode("utf-8", "replace"), stderr=stderr_bytes.decode("utf-8", "replace"),
             returncode=proc.returncode, timed_out=timed_out, elapsed_s=time.monotonic() - t0,
-            truncated=out.dropped > 0 or err.dropped > 0, network=network,
+            truncated=out.dropped > 0 or err.dropped > 0, network="netns" if self._launcher is not None else network,
         )
 
 

@@ -31,6 +31,8 @@ def reward_fn_from_config(rollout: RolloutConfig) -> Callable[..., Any] | None:
 
     Raises:
         ConfigError: ``remote`` without ``--rm-url``, or an unknown type.
+        SandboxUnavailable (a ConfigError): ``code`` where bubblewrap cannot sandbox and
+            ``--allow-unsafe-code-execution`` is not given.
     """
     kind = rollout.rm_type
     if kind is None:
@@ -40,9 +42,10 @@ def reward_fn_from_config(rollout: RolloutConfig) -> Callable[..., Any] | None:
 
         return MathVerifier(timeout_s=rollout.reward_timeout_s)
     if kind == "code":
+        from slime.rollout.tools.sandbox import Sandbox
         from slime.rollout.verifiers.code import CodeVerifier
 
-        return CodeVerifier()
+        return CodeVerifier(Sandbox(allow_unsafe=rollout.allow_unsafe_code_execution))
     if kind in ("remote", "remote_rm"):
         if not rollout.rm_url:
             raise ConfigError(f"--rm-type={kind} needs --rm-url (the reward server's URL)")

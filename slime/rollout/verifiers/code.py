@@ -10,8 +10,8 @@ Test cases, from ``sample.metadata["tests"]`` or else ``sample.label`` (a JSON s
   runs after the program, in the same process;
 * a list of ``{"input": ..., "output": ...}`` objects.
 
-Each test case is one sandbox run (``slime/rollout/tools/sandbox.py``, which states what it does not
-protect against). Reward: 1.0 when every case passes, else 0.0; with ``partial_credit`` the
+Each test case is one sandbox run (``slime/rollout/tools/sandbox.py``: bubblewrap namespaces and
+limits; it states what it does not protect against). Reward: 1.0 when every case passes, else 0.0; with ``partial_credit`` the
 fraction passed (then every case runs; otherwise the first failure stops the check). Evidence:
 ``{"checked": {"kind", "num_tests", "code"}, "verdict": "passed 3/4" | "no_code" | "no_tests" |
 "error", "logs": "<the first failing case: input, expected, got, stderr tail>"}``; test cases that
@@ -91,7 +91,8 @@ class CodeVerifier:
     """``await CodeVerifier(sandbox)(sample) -> float`` (see the module docstring).
 
     Args:
-        sandbox: where programs run (default: ``Sandbox()``, 5 s and 1 GiB per case).
+        sandbox: where programs run (default: ``Sandbox()``, 5 s and 1 GiB per case; raises
+            ``SandboxUnavailable`` where bubblewrap cannot run).
         partial_credit: reward the fraction of cases passed instead of all-or-nothing.
     """
 

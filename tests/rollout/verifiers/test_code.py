@@ -6,9 +6,13 @@ import json
 
 import pytest
 
-from slime.rollout.tools.sandbox import Sandbox
+from slime.config import RolloutConfig
+from slime.rollout.tools.sandbox import Sandbox, SandboxUnavailable, sandbox_unavailable_reason
+from slime.rollout.verifiers import reward_fn_from_config
 from slime.rollout.verifiers.code import CodeVerifier
 from slime.types import Sample
+
+requires_bwrap = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
 
 SUM_IO = json.dumps({"inputs": ["1 2\n", "30 4\n"], "outputs": ["3\n", "34"]})
 
@@ -18,21 +22,24 @@ def fenced(code: str) -> str:
 
 
 @pytest.fixture
-def verifier():
+def verifier():  # needs bwrap: only tests marked requires_bwrap use it
     return CodeVerifier(Sandbox(timeout_s=1.0, memory_bytes=256 << 20))
 
 
+@requires_bwrap
 async def test_correct_program_passes_every_stdin_case(verifier):
     s = Sample(prompt_ids=[0], label=SUM_IO, response=fenced("a, b = map(int, input().split())\nprint(a + b)"))
     assert await verifier(s) == 1.0 and s.evidence["verifier"]["verdict"] == "passed 2/2"
 
 
+@requires_bwrap
 async def test_wrong_program_fails_and_logs_the_first_failing_case(verifier):
     s = Sample(prompt_ids=[0], label=SUM_IO, response=fenced("a, b = map(int, input().split())\nprint(a - b)"))
     assert await verifier(s) == 0.0
     assert "case 0" in s.evidence["verifier"]["logs"] and "expected '3\\n', got '-1\\n'" in s.evidence["verifier"]["logs"]
 
 
+@requires_bwrap
 async def test_asserts_with_partial_credit_give_the_fraction_passed():
     tests = {"asserts": ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]}
     s = Sample(prompt_ids=[0], metadata={"tests": tests}, response=fenced("def add(a, b):\n    return a + b"))
@@ -40,12 +47,22 @@ async def test_asserts_with_partial_credit_give_the_fraction_passed():
     assert s.evidence["verifier"]["verdict"] == "passed 1/2" and "AssertionError" in s.evidence["verifier"]["logs"]
 
 
+@requires_bwrap
 async def test_no_code_block_scores_zero(verifier):
     s = Sample(prompt_ids=[0], label=SUM_IO, response="print(1)")
     assert await verifier(s) == 0.0 and s.evidence["verifier"]["verdict"] == "no_code"
 
 
+@requires_bwrap
 async def test_a_program_that_never_ends_fails_on_time():
     s = Sample(prompt_ids=[0], label=SUM_IO, response=fenced("while True:\n    pass"))
     assert await CodeVerifier(Sandbox(timeout_s=0.3))(s) == 0.0
     assert "time limit" in s.evidence["verifier"]["logs"]
+
+
+def test_rm_type_code_refuses_to_start_without_bwrap_unless_unsafe_is_allowed(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    with pytest.raises(SandboxUnavailable, match="--allow-unsafe-code-execution"):
+        reward_fn_from_config(RolloutConfig(rm_type="code"))
+    verifier = reward_fn_from_config(RolloutConfig(rm_type="code", allow_unsafe_code_execution=True))
+    assert verifier.sandbox.isolation == "unsafe"
