@@ -295,7 +295,10 @@ class GenerateFn(Protocol):
 
 
 RewardFn = Callable[[Sample], Awaitable[float]]
-"""Per-sample reward: async, returns a float. May raise; the scheduler marks the sample FAILED."""
+"""Per-sample reward: async, returns a float. May raise; the scheduler marks the sample FAILED.
+A reward that reads ``Sample.label`` says so with an attribute ``needs_label = True`` (the math
+verifier and the built-in tasks' rewards do): the run then refuses, at load, each prompt row whose
+label is missing, null or blank, naming ``file:line`` (``--on-bad-data skip`` skips and counts it)."""
 
 GroupRewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
 """Per-group reward: async, returns one float per sample."""
