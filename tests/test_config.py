@@ -48,3 +48,20 @@ def _get(tree, path):
     for key in path.split("."):
         tree = tree[key]
     return tree
+
+
+def test_every_field_that_appears_in_several_sections_is_a_declared_shared_fact():
+    paths: dict[str, list[str]] = {}
+
+    def walk(obj, prefix):
+        for f in msgspec.structs.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, msgspec.Struct):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                paths.setdefault(f.name, []).append(prefix + f.name)
+
+    walk(Config(), "")
+    repeated = {tuple(sorted(p)) for p in paths.values() if len(p) > 1}
+    declared = {tuple(sorted([owner, *copies])) for owner, copies in SHARED_FIELDS.items()}
+    assert repeated == declared
