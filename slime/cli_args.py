@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from slime.config import Config
+from slime.config import SHARED_FIELDS, Config
 from slime.errors import ConfigError
 from slime.rollout.server_groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 
@@ -173,14 +173,6 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--debug-train-only": ("debug.debug_train_only", dict(action="store_true", help="train only, on --load-debug-rollout-data")),
 }
 
-# Values that several sections need: one flag sets them all (derived, not separate knobs).
-_SHARED = {
-    "rollout.n_samples_per_prompt": ["loop.n_samples_per_prompt"],
-    "rollout.rollout_temperature": ["train.rollout_temperature"],
-    "loop.max_staleness": ["train.max_staleness"],
-    "seed": ["data.seed", "train.seed"],
-}
-
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="slime train", allow_abbrev=False)
@@ -213,7 +205,7 @@ def _config_docs() -> dict[tuple[str, str], str]:
 
 def _help_from_config(path: str, docs: dict[tuple[str, str], str]) -> str:
     """Help text of a flag without one: its config field's docstring (first sentence) and default."""
-    from slime.config import Config
+    from slime.config import SHARED_FIELDS, Config
 
     *sections, key = path.split(".")
     owner = Config()
@@ -289,7 +281,7 @@ def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
         if "=" in path:
             path, const = path.split("=", 1)
             value = const
-        for p in [path, *_SHARED.get(path, [])]:
+        for p in [path, *SHARED_FIELDS.get(path, ())]:  # one flag sets a shared fact in every section
             _set(tree, p, value)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])

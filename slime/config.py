@@ -25,9 +25,20 @@ __all__ = [
     "ObsConfig",
     "DebugConfig",
     "Config",
+    "SHARED_FIELDS",
 ]
 
 _STRUCT = dict(kw_only=True, frozen=True, forbid_unknown_fields=True)
+
+SHARED_FIELDS: dict[str, tuple[str, ...]] = {
+    "rollout.n_samples_per_prompt": ("loop.n_samples_per_prompt",),
+    "rollout.rollout_temperature": ("train.rollout_temperature",),
+    "loop.max_staleness": ("train.max_staleness",),
+    "seed": ("data.seed", "train.seed"),
+}
+"""Facts that several sections need, as ``{owner: copies}`` (dotted paths from the root ``Config``):
+each section stays self-contained, the CLI sets every copy from the owner's flag, and
+``Config.validate`` refuses a config (e.g. built in Python) whose copies disagree with their owner."""
 
 
 class DataConfig(msgspec.Struct, **_STRUCT):
@@ -479,7 +490,14 @@ class Config(msgspec.Struct, **_STRUCT):
     seed: int = 1234
 
     def validate(self) -> "Config":
-        """Check values; raise ``ConfigError`` naming the CLI flag. Returns self."""
+        """Check values; raise ``ConfigError`` naming the CLI flag (or, for ``SHARED_FIELDS`` that
+        disagree, both fields and their values). Returns self."""
+        for owner, copies in SHARED_FIELDS.items():
+            want = _field(self, owner)
+            for copy in copies:
+                if (got := _field(self, copy)) != want:
+                    raise ConfigError(f"{copy}={got!r} disagrees with {owner}={want!r}: they hold the same fact and must be "
+                                      f"equal (the CLI sets both from one flag)")
         t = self.train
         m = self.train.megatron
         checks = [
@@ -578,3 +596,11 @@ class Config(msgspec.Struct, **_STRUCT):
                 f"--n-samples-per-prompt = {self.loop.rollout_batch_size} x {self.rollout.n_samples_per_prompt} = {samples}"
             )
         return self
+
+
+def _field(config: Config, path: str) -> object:
+    """The value at a dotted path of ``config``, e.g. ``"train.seed"``."""
+    value: object = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value

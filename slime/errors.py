@@ -3,6 +3,7 @@
     SlimeError
     ├── ConfigError (ValueError)        a flag or config value is invalid; names the flag
     ├── DataError (ValueError)          a malformed dataset row; names file:line
+    ├── RunError                        a run ended with nothing to show (it trained nothing); its files are written
     ├── EngineError                     anything from an inference engine (SGLang or embedded)
     │   ├── EngineUnavailable           cannot connect / connection dropped / 5xx: retry elsewhere
     │   ├── EngineTimeout (TimeoutError) the call ran past its ``*_timeout_s``
@@ -20,6 +21,7 @@ __all__ = [
     "SlimeError",
     "ConfigError",
     "DataError",
+    "RunError",
     "EngineError",
     "EngineUnavailable",
     "EngineTimeout",
@@ -39,6 +41,11 @@ class ConfigError(SlimeError, ValueError):
 
 class DataError(SlimeError, ValueError):
     """A malformed dataset row; the message names ``path:line``."""
+
+
+class RunError(SlimeError):
+    """A run that finished its steps without a usable result (e.g. every sample FAILED, so nothing
+    trained). Raised after the run's records, summary and report are written."""
 
 
 class EngineError(SlimeError):

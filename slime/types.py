@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import msgspec
 
-__all__ = ["OFFLINE_VERSION", "Status", "Sample", "Group", "GenerateFn", "RewardFn", "GroupRewardFn"]
+__all__ = ["OFFLINE_VERSION", "Status", "Sample", "Group", "valid_samples", "GenerateFn", "RewardFn", "GroupRewardFn"]
 
 OFFLINE_VERSION = -1
 """The version of a token that no policy of this run sampled (``--offline-data``). Such tokens are
@@ -158,6 +158,13 @@ class Sample(msgspec.Struct, kw_only=True):
         return len(self.response_ids)
 
     @property
+    def is_valid(self) -> bool:
+        """Whether the sample counts: not FAILED. The one definition used by GRPO's group statistics
+        (``slime.train.batch``), the dynamic-sampling filter and every metric (``valid_samples``). A
+        FAILED sample's reward is a 0.0 placeholder and its tokens never train."""
+        return self.status is not Status.FAILED
+
+    @property
     def num_versions_spanned(self) -> int:
         """How many distinct policy versions produced this sample's tokens (1 for a fresh sample)."""
         return len(set(self.versions))
@@ -264,6 +271,17 @@ class Group(msgspec.Struct, kw_only=True):
     def num_response_tokens(self) -> int:
         return sum(s.num_response_tokens for s in self.samples)
 
+    @property
+    def valid_samples(self) -> list[Sample]:
+        """The samples that count (``Sample.is_valid``), in order."""
+        return [s for s in self.samples if s.is_valid]
+
+
+def valid_samples(groups: Sequence[Group]) -> list[Sample]:
+    """The samples of ``groups`` that count (``Sample.is_valid``), group by group: what metrics are
+    computed over. Example: groups [[ok, FAILED], [ok]] -> [ok, ok]."""
+    return [s for g in groups for s in g.valid_samples]
+
 
 class GenerateFn(Protocol):
     """A generate function: grows ``sample`` through ``Sample.append`` and sets its status.
@@ -277,7 +295,10 @@ class GenerateFn(Protocol):
 
 
 RewardFn = Callable[[Sample], Awaitable[float]]
-"""Per-sample reward: async, returns a float. May raise; the scheduler marks the sample FAILED."""
+"""Per-sample reward: async, returns a float. May raise; the scheduler marks the sample FAILED.
+A reward that reads ``Sample.label`` says so with an attribute ``needs_label = True`` (the math
+verifier and the built-in tasks' rewards do): the run then refuses, at load, each prompt row whose
+label is missing, null or blank, naming ``file:line`` (``--on-bad-data skip`` skips and counts it)."""
 
 GroupRewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
 """Per-group reward: async, returns one float per sample."""

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -63,6 +62,7 @@ from slime.bench.modes import run_mode
 from slime.bench.overhead import http_overhead, scheduler_overhead
 from slime.bench.report import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
 from slime.bench.workload import MODES, Workload
+from slime.obs import strict_json
 from slime.rollout.pool import EnginePool
 
 __all__ = ["main", "build_parser", "run_bench"]
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results), flush=True)
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(results, indent=1) + "\n")
+        Path(ns.json).write_text(strict_json.dumps(results, indent=1) + "\n")  # NaN/inf as null
     if ns.png:
         plot(results, ns.png)
     missed = [k for k, t in results["targets"].items() if t["met"] is False]

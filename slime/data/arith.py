@@ -193,6 +193,9 @@ async def reward(sample: Sample) -> float:
     return 1.0 if answer is not None and answer == sample.label.strip() else 0.0
 
 
+reward.needs_label = True  # it reads Sample.label: prompt rows without one are refused at load (slime.types.RewardFn)
+
+
 # ---------------------------------------------------------------------------------------------
 # Measuring a Hugging Face model on the task (used by scripts/make_warmstart.py).
 # ---------------------------------------------------------------------------------------------

@@ -187,3 +187,6 @@ async def reward(sample: Sample) -> float:
     calls = sample.evidence.get("tool_calls") or []
     sample.evidence["calc"] = {"extracted_answer": answer, "label": sample.label, "tool_calls": len(calls)}
     return 1.0 if answer is not None and answer == sample.label.strip() else 0.0
+
+
+reward.needs_label = True  # it reads Sample.label: prompt rows without one are refused at load (slime.types.RewardFn)

@@ -6,7 +6,8 @@ object holding:
 
 - the prompt under ``input_key`` (``--input-key``): a non-empty string or, with
   ``--apply-chat-template``, a non-empty list of chat messages (``{"role": ..., "content": ...}``);
-- optionally the reference answer under ``label_key``, a metadata object under ``metadata_key``,
+- the reference answer under ``label_key`` (``--label-key``): optional, unless the run's reward reads it
+  (``needs_label``, e.g. ``--rm-type math`` or the built-in task's reward); a metadata object under ``metadata_key``,
   the row's tools under ``tool_key`` (``--tool-key``; OpenAI function schema, a list of
   ``{"type": "function", "function": {"name": ..., "parameters": ...}}``, or that list as a JSON
   string, as Parquet files often store it) and a numeric difficulty under ``curriculum_key``
@@ -71,12 +72,15 @@ def load_prompt_file(
     tool_key: str | None = None,
     curriculum_key: str | None = None,
     apply_chat_template: bool = False,
+    require_label: bool = False,
     on_bad_data: Literal["skip", "fail"] = "fail",
     flag: str = "--prompt-data",
 ) -> tuple[list[PromptRow], int]:
     """Read a JSONL or Parquet prompt file (by extension; see the module docstring).
 
     ``flag`` is the option that named the file (``--prompt-data`` or ``--eval-prompt-data``), for messages.
+    ``require_label``: the run's reward reads ``Sample.label`` (``needs_label``); a row whose label is
+    missing, null or blank is then a bad row.
 
     Returns:
         (rows, num_bad): the good rows in file order, and how many rows were skipped.
@@ -87,8 +91,8 @@ def load_prompt_file(
     """
 
     def parse(obj: Any, index: int) -> PromptRow:
-        return parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
-                                tool_key=tool_key, curriculum_key=curriculum_key, apply_chat_template=apply_chat_template)
+        return parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key,
+                                curriculum_key=curriculum_key, apply_chat_template=apply_chat_template, require_label=require_label)
 
     return read_rows(path, parse, on_bad_data=on_bad_data, flag=flag)
 
@@ -172,7 +176,7 @@ def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any]]:
 
 def parse_prompt_row(
     obj: Any, index: int, *, input_key: str = "prompt", label_key: str | None = "label", metadata_key: str | None = None,
-    tool_key: str | None = None, curriculum_key: str | None = None, apply_chat_template: bool = False,
+    tool_key: str | None = None, curriculum_key: str | None = None, apply_chat_template: bool = False, require_label: bool = False,
 ) -> PromptRow:
     """One decoded row -> ``PromptRow``. Raises ValueError saying what is wrong (the caller adds where)."""
     if not isinstance(obj, dict):
@@ -183,8 +187,10 @@ def parse_prompt_row(
     if isinstance(prompt, list) and apply_chat_template:
         messages = _messages(prompt, input_key)
         prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user" and isinstance(m.get("content"), str)), "")
-    elif isinstance(prompt, list):
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
         raise ValueError(f"key {input_key!r} (--input-key) is a list of chat messages; render it with --apply-chat-template")
+    elif isinstance(prompt, list):
+        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {_describe_list(prompt)}")
     elif not isinstance(prompt, str):
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {_short(prompt)}")
     elif not prompt.strip():
@@ -193,6 +199,11 @@ def parse_prompt_row(
     if label_key is not None and label_key in obj:
         label = obj[label_key]
         label = None if label is None else str(label)
+    if require_label and label_key is None:  # the run's setup, not this row: ConfigError is not skipped
+        raise ConfigError("the reward reads each sample's label (needs_label) but --label-key is unset")
+    if require_label and (label is None or not label.strip()):
+        state = f"missing (keys present: {sorted(obj)})" if label_key not in obj else "null" if label is None else "blank"
+        raise ValueError(f"key {label_key!r} (--label-key) is {state}; the reward needs a reference answer")
     metadata: dict[str, Any] = {}
     if metadata_key is not None and obj.get(metadata_key) is not None:
         metadata = obj[metadata_key]
@@ -211,6 +222,8 @@ def parse_prompt_row(
 def _messages(value: list[Any], key: str) -> list[dict[str, Any]]:
     if not value:
         raise ValueError(f"key {key!r} (--input-key) is an empty list of messages")
+    if not any(isinstance(m, dict) for m in value):
+        raise ValueError(f"key {key!r} (--input-key) must be a list of chat messages ({{'role': ..., 'content': ...}}), got {_describe_list(value)}")
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {_short(m)}")
@@ -252,6 +265,19 @@ def _json_if_string(value: Any, what: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{what} is a string but not JSON ({exc}): {_short(value)}") from None
+
+
+_JSON_KINDS = {str: "string", int: "number", float: "number", bool: "boolean", dict: "object", list: "list", type(None): "null"}
+
+
+def _describe_list(value: list[Any]) -> str:
+    """What a JSON list holds, in JSON's words. Example: ["a", "b"] -> "a list of 2 strings ['a', 'b']";
+    [1, "a"] -> "a list of 2 items (number, string) [1, 'a']"."""
+    kinds = sorted({_JSON_KINDS.get(type(v), type(v).__name__) for v in value})
+    if not kinds:
+        return "an empty list"
+    what = f"{kinds[0]}s" if len(kinds) == 1 else f"items ({', '.join(kinds)})"
+    return f"a list of {len(value)} {what} {_short(value)}"
 
 
 def _short(value: Any) -> str:

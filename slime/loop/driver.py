@@ -34,7 +34,7 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.evaluate import evaluate
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
-from slime.loop.report import MetricsWriter, format_step_line, write_json_atomic
+from slime.loop.report import MetricsWriter, check_something_trained, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
@@ -57,14 +57,15 @@ def _builtin_task(config: Config) -> Any:
     return importlib.import_module(f"slime.data.{config.data.builtin_task}")
 
 
-def load_prompts(config: Config, counts: dict[str, int] | None = None) -> tuple[list[PromptRow], list[PromptRow]]:
+def load_prompts(config: Config, counts: dict[str, int] | None = None, *, require_label: bool = False) -> tuple[list[PromptRow], list[PromptRow]]:
     """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``).
 
-    ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``)."""
+    ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``).
+    ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows."""
     num_bad = [0, 0]
     d = config.data
     kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
-              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template)
+              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, require_label=require_label)
     if d.prompt_data:
         train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
@@ -182,7 +183,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     reward_fn = reward_fn or _reward_function(config)
     generate_fn = _generate_function(config, tokenizer)
     data_counts: dict[str, int] = {}
-    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts)
+    needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
+    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts, require_label=needs_label)
     eval_rows = [] if train_only else eval_rows
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
@@ -290,6 +292,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     write_json_atomic(run_dir / "summary.json", summary)
     await asyncio.to_thread(write_plots, metrics.records, run_dir)
     await asyncio.to_thread(_write_report, run_dir)
+    check_something_trained(metrics.records, trains=not rollout_only, run_dir=run_dir)  # RunError, after every file is written
     return summary
 
 

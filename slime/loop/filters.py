@@ -18,8 +18,10 @@ __all__ = ["nonzero_reward_std", "oldest_first"]
 
 
 def nonzero_reward_std(group: Group) -> bool:
-    """Keep a group unless every sample got the same reward. Example: [1, 1, 1, 1] -> False."""
-    rewards = [s.reward for s in group.samples]
+    """Keep a group unless every sample that counts (``Sample.is_valid``, the samples GRPO normalises
+    over) got the same reward: exactly the groups with some non-zero GRPO advantage.
+    Example: [1, 1, 1, 1] -> False; [1, 1, 1, FAILED] -> False; [1, 0, FAILED, FAILED] -> True."""
+    rewards = [s.reward for s in group.valid_samples]
     return len(set(rewards)) > 1
 
 

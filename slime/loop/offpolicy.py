@@ -9,6 +9,8 @@ Example: trainer at version 6, ``max_staleness=2``, one sample with versions [3,
 lags [3, 3, 1, 0] -> 2 tokens masked; histogram {0: 1, 1: 1, 3: 2}; off-policy fraction 0.75;
 the sample spans 3 versions.
 
+FAILED samples (``Sample.is_valid`` False) never train: they are neither masked nor counted here.
+
 Offline tokens (``OFFLINE_VERSION``, ``--offline-data``) were sampled by no policy of this run: they
 are never masked for staleness, are left out of the lag statistics, and are counted as ``offline_tokens``.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from slime.types import OFFLINE_VERSION, Group
+from slime.types import OFFLINE_VERSION, Group, valid_samples
 
 __all__ = ["apply_staleness"]
 
@@ -34,17 +36,16 @@ def apply_staleness(groups: list[Group], *, trainer_version: int, max_staleness:
     masked = offline = 0
     max_spanned = 0
     multi = 0
-    for group in groups:
-        for s in group.samples:
-            for v, m in zip(s.versions, s.loss_mask):
-                if m and v == OFFLINE_VERSION:
-                    offline += 1
-                elif m:
-                    hist[trainer_version - v] += 1
-            masked += s.mask_stale(trainer_version, max_staleness)
-            spanned = s.num_versions_spanned
-            max_spanned = max(max_spanned, spanned)
-            multi += spanned >= 2
+    for s in valid_samples(groups):
+        for v, m in zip(s.versions, s.loss_mask):
+            if m and v == OFFLINE_VERSION:
+                offline += 1
+            elif m:
+                hist[trainer_version - v] += 1
+        masked += s.mask_stale(trainer_version, max_staleness)
+        spanned = s.num_versions_spanned
+        max_spanned = max(max_spanned, spanned)
+        multi += spanned >= 2
     total = sum(hist.values())
     off = sum(n for lag, n in hist.items() if lag > 0)
     return {

@@ -20,20 +20,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slime.errors import RunError
+from slime.obs import strict_json
 from slime.obs.plots import plot_reward_curve
 
-__all__ = ["MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve"]
+__all__ = ["MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve", "check_something_trained"]
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as strict JSON (NaN and infinities as null, ``slime.obs.strict_json``), atomically."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    tmp.write_text(strict_json.dumps(obj, indent=2, sort_keys=True))
     os.replace(tmp, path)
 
 
 class MetricsWriter:
-    """Appends one JSON line per record to ``RUN_DIR/metrics.jsonl`` (flushed each time)."""
+    """Appends one strict JSON line per record to ``RUN_DIR/metrics.jsonl`` (flushed each time).
+
+    ``records`` holds each record as the file does (NaN as None, int keys as strings), so a fresh
+    run and a resumed one, which reads the file back, summarise the same values."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -43,8 +49,9 @@ class MetricsWriter:
         self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-        self._f.write(json.dumps(record, default=str) + "\n")
+        line = strict_json.dumps(record)
+        self.records.append(json.loads(line))
+        self._f.write(line + "\n")
         self._f.flush()
 
     def close(self) -> None:
@@ -61,3 +68,29 @@ def format_step_line(r: dict[str, Any]) -> str:
         f"resumed {r['resumed_samples']:>3} lag max {r['max_version_lag']} multi-ver {r['multi_version_samples']:>3} "
         f"| loss {r.get('train/loss', float('nan')):+.4f} step {r['step_time_s']:.1f}s"
     )
+
+
+def check_something_trained(records: list[dict[str, Any]], *, trains: bool = True, run_dir: str | Path = "") -> None:
+    """Refuse to call a run a success when its steps produced nothing to learn from.
+
+    Args:
+        records: the run's metrics records (``kind`` "step" ones are read; a resumed run's whole history).
+        trains: False for a rollout-only run (``--debug-rollout-only``): then only "every sample FAILED" is checked.
+        run_dir: named in the message.
+
+    Raises:
+        RunError: there were steps and every sample of them FAILED (reward errors, engine refusals:
+            the log's warnings say which), or (``trains``) no token of any step was trained.
+    """
+    steps = [r for r in records if r.get("kind") == "step"]
+    if not steps:
+        return
+    num = sum(r.get("num_samples", 0) for r in steps)
+    failed = sum(r.get("failed_samples_in_batch", 0) for r in steps)
+    where = f"; its records are in {run_dir}" if run_dir else ""
+    if num and failed == num:
+        raise RunError(f"the run trained nothing: every one of the {num} samples of its {len(steps)} steps FAILED (reward errors "
+                       f"or engine refusals; the warnings in the log say why){where}")
+    if trains and sum(r.get("train/num_train_tokens", r.get("trained_tokens", 0)) for r in steps) == 0:
+        raise RunError(f"the run trained nothing: no token of its {len(steps)} steps was trained ({num - failed} samples "
+                       f"counted, every token masked, e.g. as over-stale){where}")

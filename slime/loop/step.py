@@ -50,7 +50,7 @@ from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
 from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
-from slime.types import Group, Sample, Status
+from slime.types import Group, Sample, Status, valid_samples
 
 __all__ = ["WeightSync", "run_step", "batch_stats", "pause_mode"]
 
@@ -58,27 +58,32 @@ log = logging.getLogger(__name__)
 
 
 def batch_stats(groups: list[Group]) -> dict[str, float]:
-    """The step record's batch numbers. With teacher-scored samples (``--use-opd``) also
-    ``opd/reverse_kl``: mean over the trainable tokens of non-FAILED samples of
-    ``rollout_logprob - teacher_logprob`` (nats; the sampled estimate of KL(student || teacher) per
-    token, from the engine's logprobs; the trainer's ``train/opd_reverse_kl`` uses its own),
-    and ``opd/teacher_logprob_mean`` over the same tokens."""
-    samples = [s for g in groups for s in g.samples]
+    """The step record's batch numbers. Every mean and total is over the samples that count
+    (``slime.types.valid_samples``: FAILED samples are left out, as GRPO leaves them out);
+    ``num_samples`` counts every sample taken and ``failed_samples_in_batch`` the FAILED ones.
+    Example: rewards [1, 0, FAILED], 3 tokens each -> reward_mean 0.5, trained_tokens 6, num_samples 3.
+
+    With teacher-scored samples (``--use-opd``) also ``opd/reverse_kl``: mean over the trainable
+    tokens of counted samples of ``rollout_logprob - teacher_logprob`` (nats; the sampled estimate of
+    KL(student || teacher) per token, from the engine's logprobs; the trainer's
+    ``train/opd_reverse_kl`` uses its own), and ``opd/teacher_logprob_mean`` over the same tokens."""
+    num_samples = sum(len(g.samples) for g in groups)
+    samples = valid_samples(groups)
     n = max(1, len(samples))
     return {**_opd_stats(samples),
         "reward_mean": sum(s.reward or 0.0 for s in samples) / n,
         "accuracy": sum((s.reward or 0.0) >= 1.0 for s in samples) / n,
         "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
         "response_tokens": sum(len(s.response_ids) for s in samples),
-        "num_samples": len(samples),
+        "num_samples": num_samples,
         "truncated_samples": sum(s.status is Status.TRUNCATED for s in samples),
-        "failed_samples_in_batch": sum(s.status is Status.FAILED for s in samples),
+        "failed_samples_in_batch": num_samples - len(samples),
         "trained_tokens": sum(sum(s.loss_mask) for s in samples),
     }
 
 
 def _opd_stats(samples: list[Sample]) -> dict[str, float]:
-    scored = [s for s in samples if s.teacher_logprobs is not None and s.status is not Status.FAILED]
+    scored = [s for s in samples if s.teacher_logprobs is not None]
     if not scored:
         return {}
     kl = teacher = 0.0

@@ -7,6 +7,7 @@
 - ``progress.py``: the per-step progress bar (rich on a TTY) and summary lines.
 - ``plots.py``: the end-of-run PNGs.
 - ``report.py``: ``slime report RUN_DIR``, which reads a run directory, finished or crashed.
+- ``strict_json.py``: the one JSON writer of run files (NaN and infinities as null).
 
 Nothing here imports the loop: the driver hands these objects the values they show.
 """

@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from slime.obs import strict_json
+
 __all__ = ["main", "load_run", "summarize"]
 
 TREND_STEPS = 5
@@ -217,16 +219,6 @@ def format_report(run_dir: Path, rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slime report", description="Summarize a run directory (finished or crashed).")
     parser.add_argument("run_dir", help="the run's --save directory")
@@ -244,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rep["plots_written"] = [str(p) for p in write_plots(records, run_dir, only_missing=True)]
     if ns.json:
-        print(json.dumps(_json_safe(rep), indent=2, sort_keys=True))
+        print(strict_json.dumps(rep, indent=2, sort_keys=True))
     else:
         print(format_report(run_dir, rep))
     return 0

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from slime.train.advantages import AdvantageEstimator, sample_scores
-from slime.types import OFFLINE_VERSION, Group, Status
+from slime.types import OFFLINE_VERSION, Group
 
 __all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget", "rl_batch_metrics"]
 
@@ -62,7 +62,7 @@ class TrainBatch:
         sample_advantages: [B] float32, one score per sample from ``sample_scores``: the GRPO
             advantage (grpo/gspo), reward minus group mean (reinforce_plus_plus_baseline), or the
             raw reward (reinforce_plus_plus, ppo); 0.0 for FAILED samples.
-        rewards: [B] float32, the sample rewards; NaN for FAILED samples without a reward.
+        rewards: [B] float32, the sample rewards; NaN for FAILED samples (their 0.0 is a placeholder).
         seq_lens: [B] int64, prompt + response tokens of each sample.
         response_mask: [B, L] float32, 1 = position predicts a response token (trainable or not).
         old_logprobs / ref_logprobs / old_values / returns: [B, L] float32 or None, filled by the
@@ -178,7 +178,7 @@ def build_train_batch(
             s.check_aligned()
             if not s.prompt_ids:
                 raise ValueError(f"Sample(group={s.group_id}, index={s.index}) has no prompt_ids")
-            if s.status is Status.FAILED:
+            if not s.is_valid:  # FAILED: out of the group's statistics (the one definition, Sample.is_valid)
                 continue
             if s.reward is None:
                 raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
@@ -208,7 +208,7 @@ def build_train_batch(
             attention_mask[b, : p + r] = 1
             resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
             versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
-            if s.status is not Status.FAILED:
+            if s.is_valid:
                 if teacher_logprobs is not None:
                     teacher_logprobs[b, resp] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
                 mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
@@ -230,7 +230,7 @@ def build_train_batch(
         advantages=advantages,
         staleness=staleness,
         sample_advantages=sample_adv,
-        rewards=torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples]),
+        rewards=torch.tensor([float(s.reward) if s.is_valid and s.reward is not None else float("nan") for s in samples]),
         seq_lens=torch.tensor(seq_lens, dtype=torch.long),
         response_mask=response_mask,
         teacher_logprobs=teacher_logprobs,
@@ -292,18 +292,19 @@ def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:
     weights that sampled it, against the engine's. On the same weights this is the train/inference
     mismatch (numerics, dtype, kernels: ~1e-6 with the embedded engine in fp32; 1.7e-3 mean / 6e-3
     max for fp32 trainer vs SGLang 0.5.17 serving bf16, docs/benchmarks.md); stale tokens add policy lag.
+    ``reward_mean`` and ``advantage_abs_mean`` are over the samples that count (FAILED left out).
     """
     assert batch.old_logprobs is not None
     n = batch.num_train_tokens
     trained = batch.loss_mask > 0
     gap = (batch.old_logprobs - batch.rollout_logprobs).abs()[trained]  # [num_train_tokens]
     staleness = batch.staleness[trained].float()
-    has_reward = ~batch.rewards.isnan()  # [B]
+    valid = ~batch.rewards.isnan()  # [B], the samples that count (NaN reward = FAILED)
     return {
         "train_rollout_logprob_abs_diff": float(gap.sum()) / max(n, 1),
         "train_rollout_logprob_abs_diff_max": float(gap.max()) if n else 0.0,
-        "reward_mean": float(batch.rewards[has_reward].mean()) if bool(has_reward.any()) else 0.0,
-        "advantage_abs_mean": float(batch.sample_advantages.abs().mean()),
+        "reward_mean": float(batch.rewards[valid].mean()) if bool(valid.any()) else 0.0,
+        "advantage_abs_mean": float(batch.sample_advantages[valid].abs().mean()) if bool(valid.any()) else 0.0,
         "staleness_mean": float(staleness.mean()) if n else 0.0,
         "staleness_max": float(staleness.max()) if n else 0.0,
         "num_samples": float(batch.num_samples),

@@ -62,6 +62,9 @@ class MathVerifier:
         PluginError: the sample has no label, or the check ran past ``timeout_s``.
     """
 
+    needs_label = True
+    """It reads ``Sample.label``: prompt rows without one are refused at load (``slime.types.RewardFn``)."""
+
     def __init__(self, *, timeout_s: float = 10.0):
         if timeout_s <= 0:
             raise ValueError(f"MathVerifier: timeout_s={timeout_s} must be > 0")
