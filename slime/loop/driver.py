@@ -155,7 +155,6 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     megatron = config.train.train_backend == "megatron"
     if megatron:
         from slime.train.megatron.trainer import MegatronTrainer, serve_if_worker
-        from slime.errors import ConfigError
 
         if config.save_interval or config.load:
             raise ConfigError("--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet")
@@ -176,7 +175,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         teacher_tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.engine.opd_teacher_load)
         check_same_vocab(tokenizer, teacher_tokenizer, student_name=base_model, teacher_name=config.engine.opd_teacher_load)
     if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"--apply-chat-template: the tokenizer of {base_model} has no chat template")
+        raise ConfigError(f"--apply-chat-template: the tokenizer in {base_model} has no chat template (no chat_template in tokenizer_config.json, "
+                          "no chat_template.jinja); use a model that has one (e.g. an -Instruct model), or drop --apply-chat-template to tokenize the raw prompt text")
     tokenize = prompt_tokenizer(tokenizer, apply_chat_template=config.data.apply_chat_template)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     reward_fn = reward_fn or _reward_function(config)
