@@ -3,6 +3,7 @@
     SlimeError
     ├── ConfigError (ValueError)        a flag or config value is invalid; names the flag
     ├── DataError (ValueError)          a malformed dataset row; names file:line
+    ├── CheckpointError (ValueError)    a model directory's file is missing, corrupt or truncated; names the file
     ├── EngineError                     anything from an inference engine (SGLang or embedded)
     │   ├── EngineUnavailable           cannot connect / connection dropped / 5xx: retry elsewhere
     │   ├── EngineTimeout (TimeoutError) the call ran past its ``*_timeout_s``
@@ -20,6 +21,7 @@ __all__ = [
     "SlimeError",
     "ConfigError",
     "DataError",
+    "CheckpointError",
     "EngineError",
     "EngineUnavailable",
     "EngineTimeout",
@@ -39,6 +41,11 @@ class ConfigError(SlimeError, ValueError):
 
 class DataError(SlimeError, ValueError):
     """A malformed dataset row; the message names ``path:line``."""
+
+
+class CheckpointError(SlimeError, ValueError):
+    """A model directory (``--hf-checkpoint`` and the like) with a missing, corrupt or truncated file;
+    the message names the file (``slime.hf_checkpoint.check_hf_dir``)."""
 
 
 class EngineError(SlimeError):

@@ -113,6 +113,7 @@ def model_dir(tmp_path):
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # no tensors: an 8-byte length and a 2-byte header
     return str(d)
 
 

@@ -30,6 +30,7 @@ from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_prompt_file
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.errors import ConfigError
+from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.evaluate import evaluate
@@ -143,8 +144,6 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
-    from transformers import AutoTokenizer
-
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
@@ -168,11 +167,11 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     base_model = config.engine.hf_checkpoint
     model_dir = str(ckpt / "model") if ckpt else base_model
     version = resume.policy_version if resume else 0
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
+    tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")
     if config.train.use_opd and config.engine.opd_teacher_load:
         from slime.rollout.opd import check_same_vocab
 
-        teacher_tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.engine.opd_teacher_load)
+        teacher_tokenizer = await asyncio.to_thread(load_tokenizer, config.engine.opd_teacher_load, flag="--opd-teacher-load")
         check_same_vocab(tokenizer, teacher_tokenizer, student_name=base_model, teacher_name=config.engine.opd_teacher_load)
     if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"--apply-chat-template: the tokenizer in {base_model} has no chat template (no chat_template in tokenizer_config.json, "

@@ -79,6 +79,7 @@ def test_apply_chat_template_with_a_tokenizer_without_one_is_one_line_naming_the
     from slime.loop.driver import run_training
 
     _write_word_tokenizer(tmp_path / "model", TINY_VOCAB_SIZE)  # no chat template
+    (tmp_path / "model" / "config.json").write_text("{}")
     config = Config(engine=EngineConfig(hf_checkpoint=str(tmp_path / "model")), data=DataConfig(apply_chat_template=True),
                     run_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError) as info:
