@@ -145,7 +145,8 @@ def _check_run_dir(config) -> None:
 def preflight(config) -> None:
     """Check at start what would otherwise fail minutes into a run, naming the flag.
 
-    Model directories (``--hf-checkpoint``, ``--ref-load``) exist and hold a ``config.json``; prompt
+    Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
+    load (``slime.hf_checkpoint.check_hf_dir``: config, weights, tokenizer); prompt
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
     ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
     launch plan builds, and what it launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``.
@@ -154,10 +155,12 @@ def preflight(config) -> None:
 
     Raises:
         ConfigError: the first problem found.
+        CheckpointError: a model directory's file is missing, corrupt or truncated.
     """
     import importlib.util
 
-    from slime.errors import ConfigError
+    from slime.errors import CheckpointError, ConfigError
+    from slime.hf_checkpoint import check_hf_dir
     from slime.loop.driver import check_run_modes
     from slime.loop.record import record_path
 
@@ -175,18 +178,18 @@ def preflight(config) -> None:
                           f"({record_path(config.debug.load_debug_rollout_data, 1)})")
     from slime.rollout.rewards import load_function
 
-    for flag, value in (("--hf-checkpoint", config.engine.hf_checkpoint), ("--ref-load", config.train.ref_load)):
+    # running engines and no trainer: only the tokenizer of --hf-checkpoint is read here
+    tokenizer_only = config.debug.debug_rollout_only and bool(config.engine.rollout_external_engine_addrs)
+    for flag, value in (("--hf-checkpoint", config.engine.hf_checkpoint), ("--ref-load", config.train.ref_load),
+                        ("--opd-teacher-load", config.engine.opd_teacher_load)):
         if not value:
             continue
-        path = Path(value)
-        hint = " (the default warm start is built by scripts/make_warmstart.py)" if value == DEFAULT_CHECKPOINT else ""
-        if not path.exists():
-            raise ConfigError(f"{flag}={value!r}: no such directory{hint}")
-        if not path.is_dir():
-            raise ConfigError(f"{flag}={value!r}: is a file, expected a Hugging Face model directory")
-        if not (path / "config.json").is_file():
-            found = sorted(p.name for p in path.iterdir())[:10]
-            raise ConfigError(f"{flag}={value!r}: no config.json in the directory, so it is not a Hugging Face model (found {found}){hint}")
+        try:
+            check_hf_dir(value, weights=not (tokenizer_only and flag == "--hf-checkpoint"), tokenizer=flag != "--ref-load", flag=flag)
+        except CheckpointError as exc:
+            if value == DEFAULT_CHECKPOINT:
+                raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
+            raise
     for flag, value in (("--prompt-data", config.data.prompt_data), ("--eval-prompt-data", config.data.eval_prompt_data)):
         if value and not Path(value).is_file():
             raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")

@@ -205,8 +205,6 @@ def _config_docs() -> dict[tuple[str, str], str]:
 
 def _help_from_config(path: str, docs: dict[tuple[str, str], str]) -> str:
     """Help text of a flag without one: its config field's docstring (first sentence) and default."""
-    from slime.config import SHARED_FIELDS, Config
-
     *sections, key = path.split(".")
     owner = Config()
     for name in sections:

@@ -4,6 +4,7 @@
     ├── ConfigError (ValueError)        a flag or config value is invalid; names the flag
     ├── DataError (ValueError)          a malformed dataset row; names file:line
     ├── RunError                        a run ended with nothing to show (it trained nothing); its files are written
+    ├── CheckpointError (ValueError)    a model directory's file is missing, corrupt or truncated; names the file
     ├── EngineError                     anything from an inference engine (SGLang or embedded)
     │   ├── EngineUnavailable           cannot connect / connection dropped / 5xx: retry elsewhere
     │   ├── EngineTimeout (TimeoutError) the call ran past its ``*_timeout_s``
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "RunError",
+    "CheckpointError",
     "EngineError",
     "EngineUnavailable",
     "EngineTimeout",
@@ -46,6 +48,9 @@ class DataError(SlimeError, ValueError):
 class RunError(SlimeError):
     """A run that finished its steps without a usable result (e.g. every sample FAILED, so nothing
     trained). Raised after the run's records, summary and report are written."""
+class CheckpointError(SlimeError, ValueError):
+    """A model directory (``--hf-checkpoint`` and the like) with a missing, corrupt or truncated file;
+    the message names the file (``slime.hf_checkpoint.check_hf_dir``)."""
 
 
 class EngineError(SlimeError):

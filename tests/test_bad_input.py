@@ -113,6 +113,7 @@ def model_dir(tmp_path):
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # no tensors: an 8-byte length and a 2-byte header
     return str(d)
 
 
@@ -298,8 +299,6 @@ async def test_a_dynamic_sampling_filter_returning_a_non_bool_names_the_flag_and
 
 def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it(tmp_path):
     from slime.cli import _check_run_dir
-    from slime.cli_args import build_parser, config_from_args
-    from slime.errors import ConfigError
 
     run = tmp_path / "run"
     run.mkdir()
@@ -318,7 +317,6 @@ def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it
 
 def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
     from slime.cli import _first_slime_error
-    from slime.errors import ConfigError, PluginError
 
     inner = PluginError("generate function broke its contract")
     group = ExceptionGroup("outer", [ValueError("x"), ExceptionGroup("inner", [inner])])
@@ -331,7 +329,6 @@ def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
     import msgspec
 
     from slime.cli import _warn_if_resuming_another_setup
-    from slime.cli_args import build_parser, config_from_args
 
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
     old = parse("--prompt-data", "a.jsonl", "--save", str(tmp_path))

@@ -30,6 +30,7 @@ from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_prompt_file
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.errors import ConfigError
+from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.evaluate import evaluate
@@ -144,8 +145,6 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
-    from transformers import AutoTokenizer
-
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
@@ -156,7 +155,6 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     megatron = config.train.train_backend == "megatron"
     if megatron:
         from slime.train.megatron.trainer import MegatronTrainer, serve_if_worker
-        from slime.errors import ConfigError
 
         if config.save_interval or config.load:
             raise ConfigError("--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet")
@@ -170,14 +168,15 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     base_model = config.engine.hf_checkpoint
     model_dir = str(ckpt / "model") if ckpt else base_model
     version = resume.policy_version if resume else 0
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
+    tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")
     if config.train.use_opd and config.engine.opd_teacher_load:
         from slime.rollout.opd import check_same_vocab
 
-        teacher_tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.engine.opd_teacher_load)
+        teacher_tokenizer = await asyncio.to_thread(load_tokenizer, config.engine.opd_teacher_load, flag="--opd-teacher-load")
         check_same_vocab(tokenizer, teacher_tokenizer, student_name=base_model, teacher_name=config.engine.opd_teacher_load)
     if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"--apply-chat-template: the tokenizer of {base_model} has no chat template")
+        raise ConfigError(f"--apply-chat-template: the tokenizer in {base_model} has no chat template (no chat_template in tokenizer_config.json, "
+                          "no chat_template.jinja); use a model that has one (e.g. an -Instruct model), or drop --apply-chat-template to tokenize the raw prompt text")
     tokenize = prompt_tokenizer(tokenizer, apply_chat_template=config.data.apply_chat_template)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     reward_fn = reward_fn or _reward_function(config)

@@ -44,6 +44,7 @@ from slime.config import Config
 from slime.data.dataset import PromptSource
 from slime.data.sft import SFTExample, load_sft_file, model_context_len, to_group
 from slime.errors import ConfigError
+from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.report import MetricsWriter, write_json_atomic
 from slime.obs.observers import Observers
@@ -143,7 +144,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
         ConfigError: flags an SFT run cannot honour, or a chat template without usable assistant spans.
         DataError: a malformed row (``path:line``).
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from slime.train.torch_backend import TorchTrainer
 
@@ -152,7 +153,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     run_dir, ckpt, resume = open_run_dir(config.run_dir, config.load, ("metrics.jsonl", "trained_rows.jsonl"))
     base_model = config.engine.hf_checkpoint
     model_dir = str(ckpt / "model") if ckpt else base_model
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, base_model)
+    tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")  # checks config.json too
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
     train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config, tokenizer, max_len=max_len)
     check_sft_steps(config, len(train_rows))

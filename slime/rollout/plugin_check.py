@@ -266,7 +266,15 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
 
             model_dir = await asyncio.to_thread(write_tiny_llama, Path(tmp) / "tiny", seed=0)
         else:
-            with contextlib.suppress(Exception):
+            from slime.errors import CheckpointError
+            from slime.hf_checkpoint import check_hf_dir
+
+            try:
+                await asyncio.to_thread(check_hf_dir, model_dir, tokenizer=True, flag="--model")
+            except CheckpointError as exc:
+                report.fail(str(exc))
+                return
+            with contextlib.suppress(Exception):  # a model directory without a tokenizer
                 from transformers import AutoTokenizer
 
                 tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)

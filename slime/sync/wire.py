@@ -138,7 +138,7 @@ def serialize_cuda_ipc(named: NamedTensors) -> str:
     not_cuda = [name for name, t in named if t.device.type != "cuda"]
     if not_cuda:
         raise ValueError(f"CUDA IPC payloads need CUDA tensors; {len(not_cuda)} are not (e.g. {not_cuda[0]!r})")
-    import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reductions)
+    import torch.multiprocessing as _torch_mp  # noqa: F401  (registers the CUDA tensor reductions; `as` keeps `torch` global)
     from multiprocessing.reduction import ForkingPickler  # torch 2.11 no longer re-exports it
 
     try:

@@ -50,6 +50,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from slime.config import TrainConfig
+from slime.hf_checkpoint import check_hf_dir
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget, rl_batch_metrics
@@ -114,6 +115,7 @@ class TorchTrainer:
         self._lock = threading.Lock()
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
+        check_hf_dir(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()  # dropout off: old_logprobs and the first step's logprobs match exactly
         pad = getattr(self.model.config, "pad_token_id", None)
@@ -122,6 +124,7 @@ class TorchTrainer:
         self.router_stats = attach_hf_routers(self.model)  # MoE models: per-step router metrics (moe_*)
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
+            check_hf_dir(config.ref_load or model_dir)
             self.ref_model = AutoModelForCausalLM.from_pretrained(config.ref_load or model_dir, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False)
         if objective.needs_critic(config):

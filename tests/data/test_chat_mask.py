@@ -1,4 +1,4 @@
-"""The SFT loss mask is the assistant spans of one full chat-template render (Qwen2.5 and Llama-3.1 formats)."""
+"""The SFT loss mask is the assistant spans of one full chat-template render (Qwen2.5, Llama-3.1 and GLM-4 formats)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def _call(city: str) -> dict:
 def conversation(kind: str) -> list[dict]:
     """System, user, an assistant tool call, two consecutive tool results, an answer, a second user turn.
 
-    Qwen2.5 calls both tools in one turn (parallel calls); Llama 3.1 allows one call per turn, so its
-    turn calls once and two results come back (e.g. current and forecast)."""
-    calls = [_call("Paris"), _call("Rome")] if kind == "qwen" else [_call("Paris")]
+    Qwen2.5 and GLM-4 call both tools in one turn (parallel calls); Llama 3.1 allows one call per
+    turn, so its turn calls once and two results come back (e.g. current and forecast)."""
+    calls = [_call("Paris")] if kind == "llama" else [_call("Paris"), _call("Rome")]
     return [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Weather in Paris and Rome?"},
@@ -46,10 +46,14 @@ EXPECTED_ASSISTANT_TEXT = {
              "Paris 18C sunny; Rome 24C clear.<|im_end|>You're welcome.<|im_end|>"),
     "llama": ('{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
               "Paris 18C sunny; Rome 24C clear.<|eot_id|>You're welcome.<|eot_id|>"),
+    # a turn ends at the next role tag, which the model emits to stop; the last turn has none to learn
+    "glm": ("\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+            "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call><|observation|>"
+            "Paris 18C sunny; Rome 24C clear.<|user|>You're welcome."),
 }
 
 
-@pytest.fixture(scope="module", params=["qwen", "llama"])
+@pytest.fixture(scope="module", params=["qwen", "llama", "glm"])
 def kind(request) -> str:
     return request.param
 
@@ -126,6 +130,35 @@ def test_assistant_char_spans_end_at_the_end_of_turn_marker_not_the_trailing_new
 
     text, spans = assistant_char_spans(render, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo "}])
     assert [text[a:b] for a, b in spans] == ["yo </s>"]
+
+
+def test_a_turn_ends_at_its_closing_special_token_else_at_the_next_turns_tag():
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo "}, {"role": "user", "content": "ok"},
+                {"role": "assistant", "content": "bye"}]
+
+    def glm(msgs, add_generation_prompt):  # no end-of-turn token: a turn ends where the next role tag begins
+        return "".join(f"<|{m['role']}|>\n{m['content']}" for m in msgs) + ("<|assistant|>\n" if add_generation_prompt else "")
+
+    def chatml(msgs, add_generation_prompt):
+        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    text, spans = assistant_char_spans(glm, messages, special_tokens={"<|user|>", "<|assistant|>"})
+    assert [text[a:b] for a, b in spans] == ["yo <|user|>", "bye"]  # the last turn has no tag to learn
+    text, spans = assistant_char_spans(chatml, messages, special_tokens={"<|im_start|>", "<|im_end|>"})
+    assert [text[a:b] for a, b in spans] == ["yo <|im_end|>", "bye<|im_end|>"]  # not the next <|im_start|>
+
+
+def test_glm4_tool_call_turn_trains_the_observation_tag_that_ends_it():
+    """The tag the model emits to stop (<|observation|> after a tool call, <|user|> after an answer) is
+    in the mask; the tool results after it, the assistant headers and the first user tag are not."""
+    messages = conversation("glm")
+    tok = build_chat_tokenizer("glm", [(messages, TOOLS)])
+    ids, mask = render_with_assistant_mask(tok, messages, TOOLS)
+    masks = {tag: [m for t, m in zip(ids, mask) if t == tok.convert_tokens_to_ids(tag)]
+             for tag in ("<|observation|>", "<|user|>", "<|assistant|>", "<|system|>")}
+    assert masks == {"<|observation|>": [1], "<|user|>": [0, 1], "<|assistant|>": [0, 0, 0], "<|system|>": [0, 0]}
+    at = ids.index(tok.convert_tokens_to_ids("<|observation|>"))
+    assert tok.decode(ids[at + 1:]).startswith("\n<tool_response>\nParis: 18C, sunny") and not any(mask[at + 1:at + 10])
 
 
 def test_tokenizer_without_chat_template_is_refused():

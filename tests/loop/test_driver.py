@@ -50,7 +50,6 @@ def test_mode_flags_that_disagree_are_named_at_start(config, message):
 
 
 def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(tmp_path):
-    from slime.config import TrainConfig
     from slime.data.offline import OfflineGroup, OfflineSample, OfflineSource
     from slime.loop.driver import _with_offline_logprobs
     from slime.train.torch_backend import TorchTrainer
@@ -72,3 +71,19 @@ def test_sft_runs_refuse_on_policy_distillation():
     with pytest.raises(ConfigError, match="--use-opd: on-policy distillation needs the student's own rollouts"):
         check_sft_config(config)
     check_sft_config(Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss")))
+
+
+def test_apply_chat_template_with_a_tokenizer_without_one_is_one_line_naming_the_dir(tmp_path):
+    import asyncio
+
+    from slime.loop.driver import run_training
+
+    _write_word_tokenizer(tmp_path / "model", TINY_VOCAB_SIZE)  # no chat template
+    (tmp_path / "model" / "config.json").write_text("{}")
+    config = Config(engine=EngineConfig(hf_checkpoint=str(tmp_path / "model")), data=DataConfig(apply_chat_template=True),
+                    run_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(run_training(config, progress=False))
+    assert str(info.value) == (f"--apply-chat-template: the tokenizer in {tmp_path / 'model'} has no chat template (no chat_template "
+                               "in tokenizer_config.json, no chat_template.jinja); use a model that has one (e.g. an -Instruct "
+                               "model), or drop --apply-chat-template to tokenize the raw prompt text")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from slime.hf_checkpoint import check_hf_dir, check_safetensors_file
 from slime.sync.hf_layout import checkpoint_views
 
 __all__ = ["LoadedModel", "load_model", "read_hf_weights", "copy_weights_"]
@@ -59,13 +60,13 @@ def load_model(model_path: str | Path) -> LoadedModel:
     """Load ``model_path`` (an HF directory) for serving.
 
     Raises:
-        ValueError: the directory does not exist or has no config.
+        CheckpointError: a missing directory, config or weights, or a corrupt or truncated file
+            (``slime.hf_checkpoint.check_hf_dir``); a ``ValueError``.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     path = Path(model_path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path}: not an HF model directory (no config.json)")
+    check_hf_dir(path, tokenizer=True)
     config = AutoConfig.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).eval()
     model.requires_grad_(False)
@@ -132,6 +133,7 @@ def read_hf_weights(model_path: str | Path, model: Any) -> dict[str, torch.Tenso
         raise ValueError(f"Failed to update weights: no *.safetensors files in {path}")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
+        check_safetensors_file(file)
         tensors.update(load_file(file))
     targets = weight_targets(model)
     expected = {name: t.shape for name, t in targets.items()}

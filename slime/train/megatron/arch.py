@@ -32,6 +32,8 @@ import json
 import os
 from typing import Any, Literal, Mapping
 
+from slime.hf_checkpoint import check_hf_dir
+
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
@@ -223,9 +225,11 @@ def _rope_theta(config: Mapping[str, Any], model_type: str) -> float:
 
 
 def load_hf_config(model_dir: str) -> dict[str, Any]:
-    """The ``config.json`` of an HF model directory, as a dict."""
-    path = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no config.json; expected an HF model directory")
-    with open(path) as f:
+    """The ``config.json`` of an HF model directory, as a dict.
+
+    Raises:
+        CheckpointError: no such directory or config, or invalid JSON (``slime.hf_checkpoint.check_hf_dir``).
+    """
+    check_hf_dir(model_dir, weights=False)
+    with open(os.path.join(model_dir, "config.json")) as f:
         return json.load(f)

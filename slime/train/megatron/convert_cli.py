@@ -33,6 +33,8 @@ from typing import Iterator, Sequence
 import torch
 
 from slime.config import MegatronConfig
+from slime.errors import CheckpointError
+from slime.hf_checkpoint import check_hf_dir
 from slime.train.checkpoint import TOKENIZER_FILES
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
@@ -151,12 +153,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("slime convert --to megatron needs --hf-checkpoint HF_DIR")
     if args.to == "hf" and not args.load:
         raise SystemExit("slime convert --to hf needs --load MCORE_DIR (a checkpoint written by --to megatron)")
+    try:  # the input's files before megatron's parallel state: a bad file is one line, at once
+        if args.to == "megatron":
+            check_hf_dir(args.hf_checkpoint, flag="--hf-checkpoint")
+    except CheckpointError as exc:
+        print(f"slime convert: error: {exc}", file=sys.stderr)
+        return 2
     ctx = init_parallel(MegatronConfig(), seed=0)
     try:
         if ctx.world_size != 1:
             raise SystemExit(f"slime convert runs as one process; got world size {ctx.world_size}")
         out = hf_to_megatron(args.hf_checkpoint, args.save) if args.to == "megatron" else megatron_to_hf(args.load, args.save)
-    except (ConvertError, FileExistsError, FileNotFoundError) as exc:
+    except (ConvertError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"slime convert: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from slime.config import MegatronConfig
+from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import hf_to_mcore_param, mcore_names
@@ -256,8 +257,10 @@ class HFCheckpointReader:
     """
 
     def __init__(self, model_dir: str):
+        """Raises ``CheckpointError`` for a missing, corrupt or truncated file (``slime.hf_checkpoint.check_hf_dir``)."""
         from safetensors import safe_open
 
+        check_hf_dir(model_dir)
         self.model_dir = model_dir
         index = os.path.join(model_dir, "model.safetensors.index.json")
         if os.path.isfile(index):
