@@ -241,9 +241,7 @@ class Scheduler(SchedulerCounters):
             elif self.group_filter is not None and not self._keep(group):
                 self.stats.filtered_groups += 1
                 self.stats.filtered_tokens += group.num_response_tokens
-                self.num_admitted -= 1
-                if self._budget is not None:
-                    self._budget += 1  # sync: one new group replaces the rejected one
+                self._free_slot()
             else:
                 self.stats.finished_groups += 1
                 self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
@@ -252,6 +250,14 @@ class Scheduler(SchedulerCounters):
             del self.inflight[group.group_id]
             await self._notify()
             self._fill()
+
+    def _free_slot(self) -> None:
+        """A group counted toward the batch left it (filtered out or dropped as stale): its admission
+        slot goes to a new group, and in ``sync`` (which starts exactly the groups the batch needs)
+        one more group may start."""
+        self.num_admitted -= 1
+        if self._budget is not None:
+            self._budget += 1
 
     def _lost(self, groups: list[Group], counter: str) -> None:
         """Partial groups the buffer evicted or expired: each frees its admission slot."""
@@ -342,7 +348,7 @@ class Scheduler(SchedulerCounters):
             for group in self.buffer.take(need):
                 if self.config.staleness_policy == "drop" and self._too_stale(group):
                     self.stats.dropped_stale_groups += 1
-                    self.num_admitted -= 1  # its batch slot goes to a fresh group
+                    self._free_slot()
                     self._gate_open = True
                     self._fill()
                 else:
