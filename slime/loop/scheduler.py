@@ -249,7 +249,8 @@ class Scheduler(SchedulerCounters):
         finally:
             del self.inflight[group.group_id]
             await self._notify()
-            self._fill()
+            if not asyncio.current_task().cancelling():  # the task group is shutting down: start nothing
+                self._fill()
 
     def _free_slot(self) -> None:
         """A group counted toward the batch left it (filtered out or dropped as stale): its admission
@@ -419,20 +420,48 @@ class Scheduler(SchedulerCounters):
             self._fill()
 
     async def _drain(self) -> None:
-        """Abort every request and wait until none is in flight (re-aborting each second)."""
+        """Abort every request and wait until none is in flight (re-aborting each second).
+
+        ``abort_timeout_s`` after the first abort, requests still running on an engine (one that does
+        not honour ``/abort_request``: hung) are given up on: the pool ends them as aborted (their
+        samples resume) and takes the engine out of rotation for the supervisor. Generate calls that
+        still do not return then are the generate function's own doing.
+
+        Raises:
+            PluginError: calls of ``--custom-generate-function-path`` did not return, though no
+                request of theirs has run on an engine for ``abort_timeout_s`` (it ignores aborts).
+            RuntimeError: the same with the default generate function, or a pool that cannot give up.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.abort_timeout_s
+        limit = self.config.abort_timeout_s
+        deadline = loop.time() + limit
         while self._num_requests > 0:
             await self.pool.abort_all()
             try:
                 async with asyncio.timeout(1.0):
                     await self._wait_for(lambda: self._num_requests == 0)
             except TimeoutError:
-                if loop.time() > deadline:
-                    raise RuntimeError(
-                        f"{self._num_requests} generate requests still in flight {self.config.abort_timeout_s}s "
-                        "after abort_all; the engine does not honour /abort_request"
-                    ) from None
+                if loop.time() < deadline:
+                    continue
+                give_up = getattr(self.pool, "give_up_inflight", None)
+                hung = give_up(f"still running {limit}s after abort_all", running_for_s=limit) if give_up else []
+                if hung:
+                    log.warning("engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
+                                "requests end as aborted and their samples resume", hung, limit)
+                    deadline = loop.time() + limit
+                    continue
+                self._raise_stuck(limit, can_give_up=give_up is not None)
+
+    def _raise_stuck(self, limit: float, *, can_give_up: bool) -> None:
+        n, name = self._num_requests, _function_name(self.generate_fn)
+        if not can_give_up:
+            raise RuntimeError(f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request")
+        where = f"{n} calls of the generate function {name} did not return {limit}s after abort_all"
+        if self.generate_fn is default_generate:
+            raise RuntimeError(f"{where}, though no request has run on an engine that long")
+        raise PluginError(f"--custom-generate-function-path {name} ignores aborts: {where}, though the engines ended every "
+                          "request sent before it (none has run that long). It must return as soon as pool.generate returns "
+                          "finish_reason abort, leaving the sample PARTIAL (it resumes later)")
 
     async def shutdown(self) -> None:
         """Abort everything and wait for every group task; leftovers stay in the partial queue."""
@@ -478,6 +507,13 @@ def _check_generate_output(sample: Sample, out: Any, *, max_response_len: int, e
         s.group_id = sample.group_id
         _raise_first(s.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
     return out
+
+
+def _function_name(fn: Any) -> str:
+    """``module.qualname`` of a function, a ``functools.partial`` of one, or a callable instance's class."""
+    fn = getattr(fn, "func", fn)
+    target = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{target.__module__}.{target.__qualname__}"
 
 
 def _raise_first(problems: list[str]) -> None:
