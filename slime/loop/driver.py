@@ -27,8 +27,9 @@ from typing import Any
 import msgspec
 
 from slime.config import Config
-from slime.data.dataset import PromptRow, PromptSource, load_prompt_file
+from slime.data.dataset import PromptRow, PromptSource, load_prompt_file, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
+from slime.data.sft import model_context_len
 from slime.errors import ConfigError
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
@@ -57,14 +58,15 @@ def _builtin_task(config: Config) -> Any:
     return importlib.import_module(f"slime.data.{config.data.builtin_task}")
 
 
-def load_prompts(config: Config, counts: dict[str, int] | None = None) -> tuple[list[PromptRow], list[PromptRow]]:
+def load_prompts(config: Config, counts: dict[str, int] | None = None, *, check: Any = None) -> tuple[list[PromptRow], list[PromptRow]]:
     """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``).
 
-    ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``)."""
+    ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``). ``check``:
+    a per-row check of the files' rows (``load_prompt_file``), e.g. ``prompt_length_check``."""
     num_bad = [0, 0]
     d = config.data
     kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
-              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template)
+              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, check=check)
     if d.prompt_data:
         train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
@@ -143,7 +145,7 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from slime.train.torch_backend import TorchTrainer
 
@@ -182,7 +184,9 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     reward_fn = reward_fn or _reward_function(config)
     generate_fn = _generate_function(config, tokenizer)
     data_counts: dict[str, int] = {}
-    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts)
+    max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
+    check = prompt_length_check(tokenize, max_len=max_len) if max_len else None  # the engine would refuse longer prompts
+    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts, check=check)
     eval_rows = [] if train_only else eval_rows
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
