@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import json
 import logging
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.evaluate import evaluate
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
-from slime.loop.report import MetricsWriter, format_step_line, write_json_atomic
+from slime.loop.report import JsonlLog, MetricsWriter, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
@@ -208,7 +207,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             offline.load_state_dict(resume.offline_source)
     weights_dir = config.sync.weights_dir or str(run_dir / "weights")
     metrics = MetricsWriter(run_dir)
-    trained_log = (run_dir / "trained_groups.jsonl").open("a")
+    trained_log = JsonlLog(run_dir / "trained_groups.jsonl")  # like metrics.jsonl, created by its first line
     t_start = time.monotonic()
 
     async with Observers(config, run_dir, progress=progress) as obs, _no_engines() if train_only else start_rollout(
@@ -257,8 +256,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 record["step"] = step
                 metrics.write(record)
                 for g in groups:
-                    trained_log.write(json.dumps({"step": step, "group_id": g.group_id, "data_index": g.data_index}) + "\n")
-                trained_log.flush()
+                    trained_log.write({"step": step, "group_id": g.group_id, "data_index": g.data_index})
                 obs.record(record, format_step_line(record))
                 if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout and eval_rows and not rollout_only:
                     async with sched.paused():

@@ -22,7 +22,7 @@ from typing import Any
 
 from slime.obs.plots import plot_reward_curve
 
-__all__ = ["MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve"]
+__all__ = ["JsonlLog", "MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve"]
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -32,23 +32,42 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+class JsonlLog:
+    """Appends one JSON line per record to ``path`` (flushed each time). The file is created by the
+    first record: a run that fails to start (an unreachable engine) leaves none, since a
+    ``metrics.jsonl`` marks ``--save`` as holding a run."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._f = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._f is None:
+            self._f = self.path.open("a", encoding="utf-8")
+        self._f.write(json.dumps(record, default=str) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
 class MetricsWriter:
-    """Appends one JSON line per record to ``RUN_DIR/metrics.jsonl`` (flushed each time)."""
+    """Appends one JSON line per record to ``RUN_DIR/metrics.jsonl`` (a ``JsonlLog``) and keeps them in ``records``."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
         if self.path.exists():  # a resumed run continues the file (cut back to its checkpoint first)
             self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        self._f = self.path.open("a", encoding="utf-8")
+        self._log = JsonlLog(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        self._f.write(json.dumps(record, default=str) + "\n")
-        self._f.flush()
+        self._log.write(record)
 
     def close(self) -> None:
-        self._f.close()
+        self._log.close()
 
 
 def format_step_line(r: dict[str, Any]) -> str:

@@ -33,3 +33,19 @@ async def test_a_prompt_longer_than_the_model_context_is_refused_at_load_by_file
     prompts.write_text(json.dumps({"prompt": "w3 w9"}) + "\n" + json.dumps({"prompt": " ".join(["w5"] * 400)}) + "\n")
     with pytest.raises(DataError, match=rf"{prompts}:2: the prompt renders to 40\d tokens, the model's context of 256"):
         await run_training(_config(tmp_path, prompts), reward_fn=lambda s: 0.0, progress=False)
+
+
+async def test_an_unreachable_engine_leaves_nothing_that_blocks_running_again_with_the_same_save(tmp_path):
+    from slime.cli import _check_run_dir
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w3 w9"}) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    config = _config(tmp_path, prompts, rollout_external_engine_addrs=(dead,), startup_timeout_s=0.3)
+    with pytest.raises(Exception, match=dead):
+        await run_training(config, reward_fn=lambda s: 0.0, progress=False)
+    run = tmp_path / "run"
+    assert not (run / "metrics.jsonl").exists() and not (run / "trained_groups.jsonl").exists()
+    _check_run_dir(config)  # before the fix: "--save=... already holds a run"
