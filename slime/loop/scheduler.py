@@ -23,14 +23,17 @@ The loops, what they consume and produce, what they wait for and what wakes them
   dynamic-sampling filter; a rejected group frees its slot, so exactly one new group replaces it)
   or back to the partial queue (some sample aborted). It waits on engines and reward functions.
 - ``next_batch`` (the driver): waits until ``n`` groups are ready and takes them. ``sync`` opens
-  the gate for exactly the groups the batch still needs. ``april`` keeps ``over_sampling`` groups
+  the gate for exactly the groups the batch still needs (one more for each group filtered out or
+  dropped as stale, e.g. ready groups of a checkpoint from another mode). ``april`` keeps ``over_sampling`` groups
   in flight; at the target it aborts the stragglers, which come back as partial groups; with
   ``overlap_train`` the gate then reopens at once, so generation goes on while the trainer works
   (partials resume first, on the old weights, and are aborted again by the weight update if still
   running). ``async`` never closes the gate and never aborts.
 - ``paused(mode)`` (weight sync): ``"abort"`` closes the gate, aborts every request and waits until
   none is in flight (no request straddles the update, so every token's version is exact), then
-  reopens and resumes partials first. ``"in_place"`` (``async``) pauses the engines with requests
+  reopens and resumes partials first. Requests an engine still runs ``abort_timeout_s`` later are
+  given up on (``EnginePool.give_up_inflight``: the hung engine leaves rotation, the requests end as
+  aborts); generate calls that still do not return then are a generate plugin ignoring aborts. ``"in_place"`` (``async``) pauses the engines with requests
   kept; they continue on the new weights and SGLang's ``weight_versions`` spans tag their new tokens.
 - Offline data (``--offline-data``, ``--offline-ratio R``): ``next_batch(n)`` puts the batch's share
   of pre-generated groups (``OFFLINE_VERSION`` tokens, rewarded here if the file had no reward) at the
