@@ -439,7 +439,9 @@ class Scheduler(SchedulerCounters):
         limit = self.config.abort_timeout_s
         deadline = loop.time() + limit
         while self._num_requests > 0:
-            await self.pool.abort_all()
+            with contextlib.suppress(TimeoutError):  # a hung engine answers no /abort_request either
+                async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
+                    await self.pool.abort_all()
             try:
                 async with asyncio.timeout(1.0):
                     await self._wait_for(lambda: self._num_requests == 0)

@@ -129,7 +129,9 @@ class EnginePool(PoolControl):
         self._abort_epoch = 0
         self._abort_event = asyncio.Event()
         self._rotation_event = asyncio.Event()
-        self._give_up: dict[str, asyncio.Future[str]] = {}  # per client url: resolved (with the reason) by give_up_inflight
+        self._attempts: dict[asyncio.Future[str], tuple[str, float]] = {}
+        """Each generate attempt in flight: its give-up future (``give_up_inflight`` resolves it with the
+        reason) -> (client url, loop time it started)."""
         self._closed = False
         for url in urls:
             self.add_engine(url)
@@ -316,8 +318,9 @@ class EnginePool(PoolControl):
             EngineTimeout: no answer within ``control_timeout_s`` of the abort (or no ``rid`` to abort by).
             The client's other errors.
         """
-        cfg = self.config
-        give_up = self._give_up.setdefault(client.url, asyncio.get_running_loop().create_future())
+        cfg, loop = self.config, asyncio.get_running_loop()
+        give_up: asyncio.Future[str] = loop.create_future()
+        self._attempts[give_up] = (client.url, loop.time())
         # the client's own deadline is only a backstop, past ours
         call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs,
                                                      timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s))
@@ -338,6 +341,7 @@ class EnginePool(PoolControl):
             raise EngineTimeout(f"ran past request_timeout_s={cfg.request_timeout_s}s and no answer came within "
                                 f"control_timeout_s={cfg.control_timeout_s}s of /abort_request", url=client.url, endpoint="/generate")
         finally:
+            del self._attempts[give_up]
             for task in (call, abort):
                 if task is not None and not task.done():
                     task.cancel()
@@ -348,24 +352,24 @@ class EnginePool(PoolControl):
         targets = self.clients if client is self._router else [client]
         await asyncio.gather(*(c.abort(rid) for c in targets), return_exceptions=True)
 
-    def give_up_inflight(self, reason: str) -> list[str]:
-        """End every generate call still waiting on an engine (``abort_all`` went unheard: it is hung).
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
+        """End every generate attempt that has been on an engine for ``running_for_s`` seconds or more
+        (the scheduler's drain: its ``abort_all`` went unheard, the engine is hung).
 
-        Each call returns an abort result with no tokens (its sample stays resumable); each worker that
+        Each ends with an abort result with no tokens (its sample stays resumable); each worker that
         held one is taken out of rotation (``on_engine_down``: the supervisor restarts or watches it).
-        Returns the urls of those workers (and of the router, whose calls end the same way).
+        Younger attempts (sent after the drain began) are left alone. Returns the urls of those
+        workers (and of the router, whose calls end the same way), in pool order.
         """
-        clients = [e.client for e in self._engines.values()] + ([self._router] if self._router else [])
-        urls = []
-        for client in clients:
-            if client.num_inflight == 0:
-                continue
-            urls.append(client.url)
-            give_up = self._give_up.pop(client.url, None)
-            if give_up is not None and not give_up.done():
+        now = asyncio.get_running_loop().time()
+        urls: list[str] = []
+        for give_up, (url, started) in list(self._attempts.items()):
+            if now - started >= running_for_s and not give_up.done():
                 give_up.set_result(reason)
-            if client.url in self._engines:
-                self.take_out(client.url, f"generate requests given up: {reason}")
+                urls += [] if url in urls else [url]
+        for url in urls:
+            if url in self._engines:
+                self.take_out(url, f"generate requests given up: {reason}")
         return urls
 
     def _bind_sticky(self, key: str, url: str) -> None:

@@ -87,7 +87,7 @@ async def test_a_hung_engine_ends_the_request_as_an_abort_and_its_breaker_opens(
         assert downs and downs[0][0] == engine.url and "/generate" in downs[0][1]
 
 
-async def test_give_up_inflight_ends_the_calls_of_a_hung_engine_and_takes_it_out(start_engines) -> None:
+async def test_give_up_inflight_ends_the_old_calls_of_a_hung_engine_and_takes_it_out(start_engines) -> None:
     hung, good = await start_engines(2)
     _hung(hung)
     good.on("/generate", body=generate_body())
@@ -96,6 +96,7 @@ async def test_give_up_inflight_ends_the_calls_of_a_hung_engine_and_takes_it_out
         call = asyncio.create_task(pool.generate([1], {}, rid="r-"))
         while pool.num_inflight == 0:
             await asyncio.sleep(0.01)
+        assert pool.give_up_inflight("too young", running_for_s=30) == [] and not call.done()
         assert pool.give_up_inflight("still running 30s after abort_all") == [hung.url]
         result = await asyncio.wait_for(call, 1)
         assert result.aborted and result.output_ids == [] and "30s after abort_all" in result.finish_reason.message
@@ -103,3 +104,30 @@ async def test_give_up_inflight_ends_the_calls_of_a_hung_engine_and_takes_it_out
         assert not states[hung.url]["in_rotation"] and states[good.url]["in_rotation"]
         assert pool.num_inflight == 0 and pool.give_up_inflight("again") == []
         assert not (await pool.generate([1], {})).aborted  # the other engine serves on
+
+
+async def test_a_drain_over_a_hung_engine_ends_at_abort_timeout_s_and_the_engine_leaves_rotation(start_engines) -> None:
+    from slime.config import LoopConfig
+    from slime.data.dataset import PromptRow, PromptSource
+    from slime.loop.buffer import DataBuffer
+    from slime.loop.scheduler import Scheduler
+
+    (engine,) = await start_engines()
+    _hung(engine)  # answers neither /generate nor /abort_request, as a wedged GPU
+    downs = []
+    async with EnginePool([engine.url], config=RolloutConfig(request_timeout_s=60, control_timeout_s=5)) as pool:
+        pool.on_engine_down = lambda url, reason: downs.append(url)
+        async with asyncio.TaskGroup() as tg:
+            sched = Scheduler(LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, abort_timeout_s=0.3),
+                              RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8),
+                              source=PromptSource([PromptRow(index=0, prompt="p")]), tokenize=lambda t: [1, 2],
+                              decode=lambda ids: "", pool=pool, buffer=DataBuffer(), reward_fn=lambda s: 1.0, task_group=tg)
+            batch = asyncio.create_task(sched.next_batch(1))
+            while pool.num_inflight < 2:
+                await asyncio.sleep(0.01)
+            t0 = time.monotonic()
+            await sched.shutdown()  # before the fix: RuntimeError "the engine does not honour /abort_request"
+            batch.cancel()
+        assert time.monotonic() - t0 < 3, "the drain waited on /abort_request past abort_timeout_s"
+        assert downs == [engine.url] and not pool.engine_states()[0]["in_rotation"]
+        assert sched.buffer.num_partial == 1
