@@ -458,15 +458,16 @@ class Scheduler(SchedulerCounters):
                 self._raise_stuck(limit, can_give_up=give_up is not None)
 
     def _raise_stuck(self, limit: float, *, can_give_up: bool) -> None:
-        n, name = self._num_requests, _function_name(self.generate_fn)
+        n = self._num_requests
         if not can_give_up:
             raise RuntimeError(f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request")
-        where = f"{n} calls of the generate function {name} did not return {limit}s after abort_all"
         if self.generate_fn is default_generate:
-            raise RuntimeError(f"{where}, though no request has run on an engine that long")
-        raise PluginError(f"--custom-generate-function-path {name} ignores aborts: {where}, though the engines ended every "
-                          "request sent before it (none has run that long). It must return as soon as pool.generate returns "
-                          "finish_reason abort, leaving the sample PARTIAL (it resumes later)")
+            raise RuntimeError(f"{n} calls of the default generate function did not return {limit}s after abort_all, "
+                               "though no request has run on an engine that long")
+        raise PluginError(f"--custom-generate-function-path {_function_name(self.generate_fn)} ignores aborts: {n} of its calls "
+                          f"did not return {limit}s after abort_all, though no request of theirs has run on an engine that long "
+                          "(the engines honoured the aborts). It must return as soon as pool.generate returns finish_reason "
+                          "abort, leaving the sample PARTIAL (it resumes later)")
 
     async def shutdown(self) -> None:
         """Abort everything and wait for every group task; leftovers stay in the partial queue."""
