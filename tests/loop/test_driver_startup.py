@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from slime.config import Config, DataConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
-from slime.errors import DataError
+from slime.errors import DataError, EngineError
 from slime.loop.driver import run_training
 from tests.fixtures.tiny_model import write_tiny_llama
 
@@ -44,7 +44,7 @@ async def test_an_unreachable_engine_leaves_nothing_that_blocks_running_again_wi
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
     config = _config(tmp_path, prompts, rollout_external_engine_addrs=(dead,), startup_timeout_s=0.3)
-    with pytest.raises(Exception, match=dead):
+    with pytest.raises(EngineError, match=dead):
         await run_training(config, reward_fn=lambda s: 0.0, progress=False)
     run = tmp_path / "run"
     assert not (run / "metrics.jsonl").exists() and not (run / "trained_groups.jsonl").exists()
