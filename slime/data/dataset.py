@@ -38,7 +38,7 @@ from slime.errors import ConfigError, DataError
 
 __all__ = [
     "PromptRow", "load_prompt_file", "load_jsonl_prompts", "read_rows", "parse_prompt_row",
-    "prompt_input", "tokenize_row", "row_metadata", "PromptSource",
+    "prompt_input", "tokenize_row", "row_metadata", "prompt_length_check", "PromptSource",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,12 +75,14 @@ def load_prompt_file(
     require_label: bool = False,
     on_bad_data: Literal["skip", "fail"] = "fail",
     flag: str = "--prompt-data",
+    check: Callable[[PromptRow], None] | None = None,
 ) -> tuple[list[PromptRow], int]:
     """Read a JSONL or Parquet prompt file (by extension; see the module docstring).
 
     ``flag`` is the option that named the file (``--prompt-data`` or ``--eval-prompt-data``), for messages.
     ``require_label``: the run's reward reads ``Sample.label`` (``needs_label``); a row whose label is
     missing, null or blank is then a bad row.
+    ``check``: raises ValueError for a parsed row that is bad for this run (``prompt_length_check``).
 
     Returns:
         (rows, num_bad): the good rows in file order, and how many rows were skipped.
@@ -91,8 +93,11 @@ def load_prompt_file(
     """
 
     def parse(obj: Any, index: int) -> PromptRow:
-        return parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key,
-                                curriculum_key=curriculum_key, apply_chat_template=apply_chat_template, require_label=require_label)
+        row = parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key,
+                               curriculum_key=curriculum_key, apply_chat_template=apply_chat_template, require_label=require_label)
+        if check is not None:
+            check(row)
+        return row
 
     return read_rows(path, parse, on_bad_data=on_bad_data, flag=flag)
 
@@ -296,6 +301,28 @@ def tokenize_row(tokenize: Callable[..., list[int]], row: PromptRow) -> list[int
     if row.messages is None and row.tools is None:
         return tokenize(row.prompt)
     return tokenize(prompt_input(row), tools=row.tools)
+
+
+def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int) -> Callable[[PromptRow], None]:
+    """A ``load_prompt_file`` check: a prompt that renders to ``max_len`` tokens or more (the model's
+    context, ``slime.data.sft.model_context_len``) leaves no room for a response token; the engine
+    would refuse it (HTTP 400), so it is a bad row, caught at load with its ``path:line``.
+
+    Only prompts that could be that long are tokenized: a text prompt of b UTF-8 bytes renders to at
+    most b tokens (each covers a byte or more) plus the template's own (measured once, with margin).
+    Rows with messages or tools are always measured.
+    """
+    overhead = len(tokenize("x")) + 8
+
+    def check(row: PromptRow) -> None:
+        if row.messages is None and row.tools is None and len(row.prompt.encode()) + overhead < max_len:
+            return
+        num_tokens = len(tokenize_row(tokenize, row))
+        if num_tokens >= max_len:
+            raise ValueError(f"the prompt renders to {num_tokens} tokens, the model's context of {max_len} (max_position_embeddings "
+                             "of --hf-checkpoint) leaves no room for a response; shorten it")
+
+    return check
 
 
 def row_metadata(row: PromptRow) -> dict[str, Any]:

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import json
 import logging
 import time
 from pathlib import Path
@@ -27,15 +26,16 @@ from typing import Any
 import msgspec
 
 from slime.config import Config
-from slime.data.dataset import PromptRow, PromptSource, load_prompt_file
+from slime.data.dataset import PromptRow, PromptSource, load_prompt_file, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
+from slime.data.sft import model_context_len
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.evaluate import evaluate
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
-from slime.loop.report import MetricsWriter, check_something_trained, format_step_line, write_json_atomic
+from slime.loop.report import JsonlLog, MetricsWriter, check_something_trained, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
@@ -58,15 +58,17 @@ def _builtin_task(config: Config) -> Any:
     return importlib.import_module(f"slime.data.{config.data.builtin_task}")
 
 
-def load_prompts(config: Config, counts: dict[str, int] | None = None, *, require_label: bool = False) -> tuple[list[PromptRow], list[PromptRow]]:
+def load_prompts(config: Config, counts: dict[str, int] | None = None, *, require_label: bool = False,
+                 check: Any = None) -> tuple[list[PromptRow], list[PromptRow]]:
     """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``).
 
     ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``).
-    ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows."""
+    ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows.
+    ``check``: a per-row check of the files' rows (``load_prompt_file``), e.g. ``prompt_length_check``."""
     num_bad = [0, 0]
     d = config.data
     kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
-              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, require_label=require_label)
+              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, require_label=require_label, check=check)
     if d.prompt_data:
         train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
@@ -145,6 +147,8 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
 async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
+    from transformers import AutoConfig
+
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
@@ -183,7 +187,9 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     generate_fn = _generate_function(config, tokenizer)
     data_counts: dict[str, int] = {}
     needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
-    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts, require_label=needs_label)
+    max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
+    check = prompt_length_check(tokenize, max_len=max_len) if max_len else None  # the engine would refuse longer prompts
+    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts, require_label=needs_label, check=check)
     eval_rows = [] if train_only else eval_rows
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
@@ -205,7 +211,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             offline.load_state_dict(resume.offline_source)
     weights_dir = config.sync.weights_dir or str(run_dir / "weights")
     metrics = MetricsWriter(run_dir)
-    trained_log = (run_dir / "trained_groups.jsonl").open("a")
+    trained_log = JsonlLog(run_dir / "trained_groups.jsonl")  # like metrics.jsonl, created by its first line
     t_start = time.monotonic()
 
     async with Observers(config, run_dir, progress=progress) as obs, _no_engines() if train_only else start_rollout(
@@ -254,8 +260,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 record["step"] = step
                 metrics.write(record)
                 for g in groups:
-                    trained_log.write(json.dumps({"step": step, "group_id": g.group_id, "data_index": g.data_index}) + "\n")
-                trained_log.flush()
+                    trained_log.write({"step": step, "group_id": g.group_id, "data_index": g.data_index})
                 obs.record(record, format_step_line(record))
                 if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout and eval_rows and not rollout_only:
                     async with sched.paused():

@@ -24,7 +24,7 @@ from slime.errors import RunError
 from slime.obs import strict_json
 from slime.obs.plots import plot_reward_curve
 
-__all__ = ["MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve", "check_something_trained"]
+__all__ = ["JsonlLog", "MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve", "check_something_trained"]
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -35,8 +35,31 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+class JsonlLog:
+    """Appends one JSON line per record to ``path`` (flushed each time). The file is created by the
+    first record: a run that fails to start (an unreachable engine) leaves none, since a
+    ``metrics.jsonl`` marks ``--save`` as holding a run."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._f = None
+
+    def write(self, record: dict[str, Any]) -> str:
+        """Append ``record`` as one strict JSON line (NaN/inf as null); returns the line."""
+        if self._f is None:
+            self._f = self.path.open("a", encoding="utf-8")
+        line = strict_json.dumps(record)
+        self._f.write(line + "\n")
+        self._f.flush()
+        return line
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
 class MetricsWriter:
-    """Appends one strict JSON line per record to ``RUN_DIR/metrics.jsonl`` (flushed each time).
+    """Appends one strict JSON line per record to ``RUN_DIR/metrics.jsonl`` (a ``JsonlLog``).
 
     ``records`` holds each record as the file does (NaN as None, int keys as strings), so a fresh
     run and a resumed one, which reads the file back, summarise the same values."""
@@ -46,16 +69,13 @@ class MetricsWriter:
         self.records: list[dict[str, Any]] = []
         if self.path.exists():  # a resumed run continues the file (cut back to its checkpoint first)
             self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        self._f = self.path.open("a", encoding="utf-8")
+        self._log = JsonlLog(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
-        line = strict_json.dumps(record)
-        self.records.append(json.loads(line))
-        self._f.write(line + "\n")
-        self._f.flush()
+        self.records.append(json.loads(self._log.write(record)))
 
     def close(self) -> None:
-        self._f.close()
+        self._log.close()
 
 
 def format_step_line(r: dict[str, Any]) -> str:

@@ -23,14 +23,17 @@ The loops, what they consume and produce, what they wait for and what wakes them
   dynamic-sampling filter; a rejected group frees its slot, so exactly one new group replaces it)
   or back to the partial queue (some sample aborted). It waits on engines and reward functions.
 - ``next_batch`` (the driver): waits until ``n`` groups are ready and takes them. ``sync`` opens
-  the gate for exactly the groups the batch still needs. ``april`` keeps ``over_sampling`` groups
+  the gate for exactly the groups the batch still needs (one more for each group filtered out or
+  dropped as stale, e.g. ready groups of a checkpoint from another mode). ``april`` keeps ``over_sampling`` groups
   in flight; at the target it aborts the stragglers, which come back as partial groups; with
   ``overlap_train`` the gate then reopens at once, so generation goes on while the trainer works
   (partials resume first, on the old weights, and are aborted again by the weight update if still
   running). ``async`` never closes the gate and never aborts.
 - ``paused(mode)`` (weight sync): ``"abort"`` closes the gate, aborts every request and waits until
   none is in flight (no request straddles the update, so every token's version is exact), then
-  reopens and resumes partials first. ``"in_place"`` (``async``) pauses the engines with requests
+  reopens and resumes partials first. Requests an engine still runs ``abort_timeout_s`` later are
+  given up on (``EnginePool.give_up_inflight``: the hung engine leaves rotation, the requests end as
+  aborts); generate calls that still do not return then are a generate plugin ignoring aborts. ``"in_place"`` (``async``) pauses the engines with requests
   kept; they continue on the new weights and SGLang's ``weight_versions`` spans tag their new tokens.
 - Offline data (``--offline-data``, ``--offline-ratio R``): ``next_batch(n)`` puts the batch's share
   of pre-generated groups (``OFFLINE_VERSION`` tokens, rewarded here if the file had no reward) at the
@@ -241,9 +244,7 @@ class Scheduler(SchedulerCounters):
             elif self.group_filter is not None and not self._keep(group):
                 self.stats.filtered_groups += 1
                 self.stats.filtered_tokens += group.num_response_tokens
-                self.num_admitted -= 1
-                if self._budget is not None:
-                    self._budget += 1  # sync: one new group replaces the rejected one
+                self._free_slot()
             else:
                 self.stats.finished_groups += 1
                 self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
@@ -251,7 +252,16 @@ class Scheduler(SchedulerCounters):
         finally:
             del self.inflight[group.group_id]
             await self._notify()
-            self._fill()
+            if not asyncio.current_task().cancelling():  # the task group is shutting down: start nothing
+                self._fill()
+
+    def _free_slot(self) -> None:
+        """A group counted toward the batch left it (filtered out or dropped as stale): its admission
+        slot goes to a new group, and in ``sync`` (which starts exactly the groups the batch needs)
+        one more group may start."""
+        self.num_admitted -= 1
+        if self._budget is not None:
+            self._budget += 1
 
     def _lost(self, groups: list[Group], counter: str) -> None:
         """Partial groups the buffer evicted or expired: each frees its admission slot."""
@@ -342,7 +352,7 @@ class Scheduler(SchedulerCounters):
             for group in self.buffer.take(need):
                 if self.config.staleness_policy == "drop" and self._too_stale(group):
                     self.stats.dropped_stale_groups += 1
-                    self.num_admitted -= 1  # its batch slot goes to a fresh group
+                    self._free_slot()
                     self._gate_open = True
                     self._fill()
                 else:
@@ -413,20 +423,51 @@ class Scheduler(SchedulerCounters):
             self._fill()
 
     async def _drain(self) -> None:
-        """Abort every request and wait until none is in flight (re-aborting each second)."""
+        """Abort every request and wait until none is in flight (re-aborting each second).
+
+        ``abort_timeout_s`` after the first abort, requests still running on an engine (one that does
+        not honour ``/abort_request``: hung) are given up on: the pool ends them as aborted (their
+        samples resume) and takes the engine out of rotation for the supervisor. Generate calls that
+        still do not return then are the generate function's own doing.
+
+        Raises:
+            PluginError: calls of ``--custom-generate-function-path`` did not return, though no
+                request of theirs has run on an engine for ``abort_timeout_s`` (it ignores aborts).
+            RuntimeError: the same with the default generate function, or a pool that cannot give up.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.abort_timeout_s
+        limit = self.config.abort_timeout_s
+        deadline = loop.time() + limit
         while self._num_requests > 0:
-            await self.pool.abort_all()
+            with contextlib.suppress(TimeoutError):  # a hung engine answers no /abort_request either
+                async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
+                    await self.pool.abort_all()
             try:
                 async with asyncio.timeout(1.0):
                     await self._wait_for(lambda: self._num_requests == 0)
             except TimeoutError:
-                if loop.time() > deadline:
-                    raise RuntimeError(
-                        f"{self._num_requests} generate requests still in flight {self.config.abort_timeout_s}s "
-                        "after abort_all; the engine does not honour /abort_request"
-                    ) from None
+                if loop.time() < deadline:
+                    continue
+                give_up = getattr(self.pool, "give_up_inflight", None)
+                hung = give_up(f"still running {limit}s after abort_all", running_for_s=limit) if give_up else []
+                if hung:
+                    log.warning("engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
+                                "requests end as aborted and their samples resume", hung, limit)
+                    deadline = loop.time() + limit
+                    continue
+                self._raise_stuck(limit, can_give_up=give_up is not None)
+
+    def _raise_stuck(self, limit: float, *, can_give_up: bool) -> None:
+        n = self._num_requests
+        if not can_give_up:
+            raise RuntimeError(f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request")
+        if self.generate_fn is default_generate:
+            raise RuntimeError(f"{n} calls of the default generate function did not return {limit}s after abort_all, "
+                               "though no request has run on an engine that long")
+        raise PluginError(f"--custom-generate-function-path {_function_name(self.generate_fn)} ignores aborts: {n} of its calls "
+                          f"did not return {limit}s after abort_all, though no request of theirs has run on an engine that long "
+                          "(the engines honoured the aborts). It must return as soon as pool.generate returns finish_reason "
+                          "abort, leaving the sample PARTIAL (it resumes later)")
 
     async def shutdown(self) -> None:
         """Abort everything and wait for every group task; leftovers stay in the partial queue."""
@@ -472,6 +513,13 @@ def _check_generate_output(sample: Sample, out: Any, *, max_response_len: int, e
         s.group_id = sample.group_id
         _raise_first(s.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
     return out
+
+
+def _function_name(fn: Any) -> str:
+    """``module.qualname`` of a function, a ``functools.partial`` of one, or a callable instance's class."""
+    fn = getattr(fn, "func", fn)
+    target = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{target.__module__}.{target.__qualname__}"
 
 
 def _raise_first(problems: list[str]) -> None:

@@ -152,6 +152,7 @@ class EngineClient(WeightSyncCalls):
         return_logprob: bool = True,
         headers: Mapping[str, str] | None = None,
         logprob_start_len: int | None = None,
+        timeout_s: float | None = None,
     ) -> GenerateResult:
         """``POST /generate`` for one prompt, one sample (§2). An abort is a normal result (§2.9).
 
@@ -164,17 +165,20 @@ class EngineClient(WeightSyncCalls):
             headers: extra HTTP headers for this call (``X-SMG-Routing-Key`` through a router, §5).
             logprob_start_len: ask for ``input_token_logprobs`` from this prompt position on
                 (``GenerateResult.input_logprobs``); None = not asked (SGLang's -1).
+            timeout_s: the call's deadline in seconds; None = ``request_timeout_s`` (the pool passes
+                a longer one: it aborts the request itself at ``request_timeout_s``).
 
         Raises:
             ValueError: bad input (see ``build_generate_payload``) or ``n != 1``.
-            EngineUnavailable / EngineTimeout (``request_timeout_s``) / EngineRequestError / ProtocolError.
+            EngineUnavailable / EngineTimeout (``timeout_s``) / EngineRequestError / ProtocolError.
         """
         if sampling_params.get("n", 1) != 1:
             raise ValueError(f"sampling_params['n']={sampling_params['n']!r}: send one request per sample (n must be 1)")
         payload = build_generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len)
         self.num_inflight += 1
         try:
-            reply = await self._send("POST", "/generate", body=payload, timeout_s=self.config.request_timeout_s, extra_headers=headers)
+            reply = await self._send("POST", "/generate", body=payload, timeout_s=timeout_s or self.config.request_timeout_s,
+                                     extra_headers=headers)
         finally:
             self.num_inflight -= 1
         if reply.status == ABORTED_BEFORE_SCHEDULING:

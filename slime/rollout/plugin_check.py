@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from slime.rollout import plugin_threads
 from slime.rollout.rewards import load_function
 from slime.types import Group, Sample, Status
 
@@ -207,10 +208,10 @@ async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: flo
                     status=Status.COMPLETED)
     sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
     if not _is_async(fn):
-        report.warn("is not async: slime runs it in a worker thread, where a hang cannot be cancelled")
+        report.warn("is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped")
     try:
         async with asyncio.timeout(timeout_s):
-            value = await fn(sample) if _is_async(fn) else await asyncio.to_thread(fn, sample)
+            value = await fn(sample) if _is_async(fn) else await plugin_threads.run_sync(fn, sample)
             if inspect.isawaitable(value):
                 value = await value
     except TimeoutError:

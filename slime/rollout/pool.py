@@ -16,12 +16,23 @@ it missed a weight update); ``rejoin`` (``pool_control.py``) re-syncs it and put
 Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``): only ``EngineUnavailable`` is retried,
 on a worker not yet tried in this call when there is one, after ``retry_backoff_s * 2**attempt``
 seconds. Example, ``max_retries=2, retry_backoff_s=0.5``: try A, fail, sleep 0.5, try B, fail,
-sleep 1.0, try A, fail -> ``EngineUnavailable("... 3 attempts ... [A, B, A]")``. ``EngineTimeout``
-is not retried (the request may still run there). A resent request keeps its ``rid`` and its
-``input_ids`` (prompt + partial response: the caller's sample only changes on success). With no
-worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart), using no attempt.
-``abort_all`` ends calls that are between attempts or waiting: they return a queued-abort result
-(no tokens, ``finish_reason`` abort, §2.9 B), so the scheduler's drain never waits on a retry.
+sleep 1.0, try A, fail -> ``EngineUnavailable("... 3 attempts ... [A, B, A]")``. A resent request
+keeps its ``rid`` and its ``input_ids`` (prompt + partial response: the caller's sample only changes
+on success). With no worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart),
+using no attempt. ``abort_all`` ends calls that are between attempts or waiting: they return a
+queued-abort result (no tokens, ``finish_reason`` abort, §2.9 B), so the scheduler's drain never
+waits on a retry.
+
+Timeouts: a generate never raises ``EngineTimeout``. At ``request_timeout_s`` the pool aborts the
+request by its ``rid`` (every worker, behind a router) and SGLang answers it with its tokens so far
+(``finish_reason`` abort): the sample is PARTIAL and resumes, nothing lost, the engine counted
+healthy. An engine that does not answer within ``control_timeout_s`` more is hung: the call ends
+with a queued-abort result and a failure on the engine's breaker, which opens after
+``failure_threshold`` of them (``on_engine_down``: the supervisor restarts it). Example, defaults
+(300 s, 60 s, K=3): a 400 s generation comes back PARTIAL at 300 s and resumes; a wedged engine
+ends each of its requests at 360 s and is out after three. ``give_up_inflight`` (the scheduler's
+drain, when ``abort_all`` went unheard) ends every call still on an engine the same way at once and
+takes that engine out of rotation.
 Control calls: ``pool_control.py``. Not covered: the router's own retries (§5.1) add to ours;
 health of the router itself (a dead router fails each call after its retries).
 """
@@ -118,6 +129,9 @@ class EnginePool(PoolControl):
         self._abort_epoch = 0
         self._abort_event = asyncio.Event()
         self._rotation_event = asyncio.Event()
+        self._attempts: dict[asyncio.Future[str], tuple[str, float]] = {}
+        """Each generate attempt in flight: its give-up future (``give_up_inflight`` resolves it with the
+        reason) -> (client url, loop time it started)."""
         self._closed = False
         for url in urls:
             self.add_engine(url)
@@ -241,10 +255,13 @@ class EnginePool(PoolControl):
                        return_logprob: bool = True, sticky_key: str | None = None, logprob_start_len: int | None = None) -> GenerateResult:
         """``EngineClient.generate`` on a chosen worker (or the router), retrying ``EngineUnavailable``.
 
+        Returns the engine's result; an abort result (``finish_reason`` abort, maybe no tokens) when
+        the request was aborted, ran past ``request_timeout_s`` or was given up on (module docstring).
+
         Raises:
             EngineUnavailable: all ``max_retries + 1`` attempts failed (the message lists the urls tried),
                 or no worker came back into rotation within ``rejoin_timeout_s``.
-            EngineTimeout / EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
+            EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
         """
         self._check_open()
         epoch, abort_event = self._abort_epoch, self._abort_event
@@ -270,13 +287,13 @@ class EnginePool(PoolControl):
                     self._bind_sticky(sticky_key, client.url)
             attempts.append(client.url)
             try:
-                result = await client.generate(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, headers=headers,
-                                               logprob_start_len=logprob_start_len)
+                result = await self._bounded(client, input_ids, sampling_params, rid=rid, return_logprob=return_logprob,
+                                             headers=headers, logprob_start_len=logprob_start_len)
             except (EngineUnavailable, EngineTimeout) as exc:
                 if engine is not None:
                     self.record_failure(client.url, f"/generate: {exc}")
-                if isinstance(exc, EngineTimeout):
-                    raise
+                if isinstance(exc, EngineTimeout):  # the request may still run there: not resent, the sample resumes later
+                    return _aborted(rid, str(exc))
                 last = exc
                 self.num_failovers += 1
                 if self._abort_epoch != epoch:
@@ -292,6 +309,68 @@ class EnginePool(PoolControl):
             f"gave up after {len(attempts)} attempts against {attempts}; last error: {last}",
             url=last.url, endpoint="/generate", status=last.status, engine_message=last.engine_message,
         ) from last
+
+    async def _bounded(self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
+                       rid: str | None, **kwargs: Any) -> GenerateResult:
+        """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
+
+        Raises:
+            EngineTimeout: no answer within ``control_timeout_s`` of the abort (or no ``rid`` to abort by).
+            The client's other errors.
+        """
+        cfg, loop = self.config, asyncio.get_running_loop()
+        give_up: asyncio.Future[str] = loop.create_future()
+        self._attempts[give_up] = (client.url, loop.time())
+        # the client's own deadline is only a backstop, past ours
+        call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs,
+                                                     timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s))
+        abort = None
+        try:
+            await asyncio.wait([call, give_up], timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done() and not give_up.done() and rid:
+                abort = asyncio.ensure_future(self._abort_rid(client, rid))
+                await asyncio.wait([call, give_up], timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if call.done():
+                result = call.result()
+                if abort is not None:
+                    log.warning("generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
+                                rid, client.url, cfg.request_timeout_s, len(result.output_ids))
+                return result
+            if give_up.done():
+                return _aborted(rid, f"given up on {client.url}: {give_up.result()}")
+            raise EngineTimeout(f"ran past request_timeout_s={cfg.request_timeout_s}s and no answer came within "
+                                f"control_timeout_s={cfg.control_timeout_s}s of /abort_request", url=client.url, endpoint="/generate")
+        finally:
+            del self._attempts[give_up]
+            for task in (call, abort):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def _abort_rid(self, client: EngineClient, rid: str) -> None:
+        """Abort ``rid`` where it runs: on ``client``, or behind a router on every worker (the router does
+        not forward ``/abort_request``). Best effort: an engine that does not answer is found hung anyway."""
+        targets = self.clients if client is self._router else [client]
+        await asyncio.gather(*(c.abort(rid) for c in targets), return_exceptions=True)
+
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
+        """End every generate attempt that has been on an engine for ``running_for_s`` seconds or more
+        (the scheduler's drain: its ``abort_all`` went unheard, the engine is hung).
+
+        Each ends with an abort result with no tokens (its sample stays resumable); each worker that
+        held one is taken out of rotation (``on_engine_down``: the supervisor restarts or watches it).
+        Younger attempts (sent after the drain began) are left alone. Returns the urls of those
+        workers (and of the router, whose calls end the same way), in pool order.
+        """
+        now = asyncio.get_running_loop().time()
+        urls: list[str] = []
+        for give_up, (url, started) in list(self._attempts.items()):
+            if now - started >= running_for_s and not give_up.done():
+                give_up.set_result(reason)
+                urls += [] if url in urls else [url]
+        for url in urls:
+            if url in self._engines:
+                self.take_out(url, f"generate requests given up: {reason}")
+        return urls
 
     def _bind_sticky(self, key: str, url: str) -> None:
         self._sticky[key] = url

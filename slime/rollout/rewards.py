@@ -1,14 +1,16 @@
 """Rewards at the plugin boundary: timeouts, failures kept as evidence, never a crashed run.
 
 A reward function is ``async def reward(sample) -> float`` (per sample) or, with ``--group-rm``,
-``async def reward(samples) -> list[float]`` (per group). A plain (sync) function is run in a
-worker thread. Whatever it does wrong (raises, hangs past ``reward_timeout_s``, returns a
-non-number or NaN, returns the wrong number of rewards) the sample is marked ``Status.FAILED``
-with ``reward = 0.0`` and ``sample.evidence["reward_error"]`` holding the exception type, message
-and elapsed seconds. Failed samples do not train (see ``slime/train/batch.py``).
+``async def reward(samples) -> list[float]`` (per group). A plain (sync) function is run on a
+daemon thread of its own (``slime.rollout.plugin_threads``): one that hangs is abandoned at the
+timeout and blocks neither other rewards, nor the train step, nor exit. Whatever it does wrong
+(raises, hangs past ``reward_timeout_s``, returns a non-number or NaN, returns the wrong number of
+rewards) the sample is marked ``Status.FAILED`` with ``reward = 0.0`` and
+``sample.evidence["reward_error"]`` holding the exception type, message and elapsed seconds.
+Failed samples do not train (see ``slime/train/batch.py``).
 
-Not covered: a sync reward function that hangs keeps its worker thread busy after the timeout
-(Python threads cannot be killed); the run goes on without it.
+Not covered: a hung sync reward function goes on running on its thread (Python threads cannot be
+killed); the run goes on without it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import traceback
 from typing import Any, Callable
 
 from slime.errors import ConfigError, PluginError
+from slime.rollout import plugin_threads
 from slime.types import Sample, Status
 
 __all__ = ["load_function", "score_sample", "score_group"]
@@ -70,10 +73,15 @@ def _load_from_file(file: Path, attr: str, *, flag: str, spec: str) -> Callable[
 async def _call(fn: Callable[..., Any], arg: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await fn(arg)
-    result = await asyncio.to_thread(fn, arg)
+    result = await plugin_threads.run_sync(fn, arg)
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _stuck() -> str:
+    n = plugin_threads.num_running()
+    return f"; {n} sync plugin calls still running (a sync reward that hangs is abandoned)" if n else ""
 
 
 def _as_reward(value: Any) -> float:
@@ -109,7 +117,7 @@ async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout
         sample.reward = _as_reward(raw)
     except TimeoutError as exc:
         if deadline.expired():  # our deadline, not a TimeoutError raised inside the reward function
-            exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s)")
+            exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
         _mark_failed(sample, exc, time.monotonic() - t0)
     except Exception as exc:  # plugin boundary: a user function's failure becomes data
         _mark_failed(sample, exc, time.monotonic() - t0)
@@ -129,7 +137,7 @@ async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any]
         values = [_as_reward(v) for v in raw]
     except Exception as exc:  # plugin boundary (TimeoutError included)
         if isinstance(exc, TimeoutError) and deadline.expired():
-            exc = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s)")
+            exc = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
         for s in samples:
             _mark_failed(s, exc, time.monotonic() - t0)
         return

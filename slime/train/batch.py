@@ -1,6 +1,6 @@
 """Build the padded tensors of one train step from rewarded groups.
 
-Shape legend: B = samples in the batch, T = longest prompt + response (right-padded), and
+Shape legend: B = samples in the batch (FAILED ones are not), T = longest prompt + response (right-padded), and
 L = T - 1 next-token positions: position ``t`` predicts token ``t + 1``. Per-token tensors live on
 the L axis so they line up with ``compute_token_logprobs`` output.
 
@@ -12,10 +12,11 @@ Example (prompt of 3 ``p0 p1 p2``, response of 4 ``r0 r1 r2 r3``, one pad, so T 
     loss_mask         0   0   1   1   1   1   0        (sample.loss_mask [1,1,1,1] at t = 2..5)
     rollout_logprobs  0   0  lp0 lp1 lp2 lp3  0        (advantages: A at t = 2..5, 0 elsewhere)
 
-Samples with status FAILED never train: their loss_mask is all 0 and they are left out of their
-group's reward mean and std (their reward may be None). A sample whose loss mask is all 0 (failed,
-or every token masked off-policy) adds nothing to the loss. Padding is ``pad_token_id`` and never
-reaches the loss.
+Samples with status FAILED never train and cost the trainer nothing: they get no row (a prompt the
+engine refused for its length would otherwise be a forward pass over all of it) and are left out of
+their group's reward mean and std (their reward may be None); with ``loss_agg="seq_mean"`` they do
+not count in the denominator either. A sample whose loss mask is all 0 (every token masked
+off-policy) adds nothing to the loss. Padding is ``pad_token_id`` and never reaches the loss.
 
 ``mask_offpolicy_in_partial_rollout`` (slime's ``--mask-offpolicy-in-partial-rollout``): a sample
 resumed from a partial rollout carries tokens of several policy versions; only the tokens of its
@@ -61,8 +62,8 @@ class TrainBatch:
             (``OFFLINE_VERSION``, exempt from the staleness bound).
         sample_advantages: [B] float32, one score per sample from ``sample_scores``: the GRPO
             advantage (grpo/gspo), reward minus group mean (reinforce_plus_plus_baseline), or the
-            raw reward (reinforce_plus_plus, ppo); 0.0 for FAILED samples.
-        rewards: [B] float32, the sample rewards; NaN for FAILED samples (their 0.0 is a placeholder).
+            raw reward (reinforce_plus_plus, ppo).
+        rewards: [B] float32, the sample rewards.
         seq_lens: [B] int64, prompt + response tokens of each sample.
         response_mask: [B, L] float32, 1 = position predicts a response token (trainable or not).
         old_logprobs / ref_logprobs / old_values / returns: [B, L] float32 or None, filled by the
@@ -70,7 +71,7 @@ class TrainBatch:
             model (KL), critic values before the step, and GAE returns (critic targets).
         teacher_logprobs: [B, L] float32 or None (without ``use_opd``): natural log, the on-policy
             distillation teacher's logprob of the predicted response token (``Sample.teacher_logprobs``);
-            0.0 at prompt and padding positions and for FAILED samples.
+            0.0 at prompt and padding positions.
     """
 
     input_ids: Tensor
@@ -159,7 +160,7 @@ def build_train_batch(
             the task reward does not train; ``TrainBatch.rewards`` still holds the real rewards.
 
     Returns:
-        A ``TrainBatch`` with B = total samples, in group order then sample order.
+        A ``TrainBatch`` with B = the samples not FAILED (0 if none), in group order then sample order.
 
     Raises:
         ValueError: a sample is misaligned, has no prompt, lacks a reward while not FAILED, or
@@ -189,8 +190,9 @@ def build_train_batch(
     scored = rewards if use_task_reward else torch.where(valid, 0.0, rewards)  # --opd-only: reward 0 for the estimator
     adv = sample_scores(scored, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
 
-    seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-    num_samples, t_max = len(samples), max(max(seq_lens), 2)
+    rows = [(gi, si, s) for gi, g in enumerate(groups) for si, s in enumerate(g.samples) if s.is_valid]
+    seq_lens = [len(s.prompt_ids) + len(s.response_ids) for _, _, s in rows]
+    num_samples, t_max = len(rows), max([*seq_lens, 2])
     input_ids = torch.full((num_samples, t_max), pad_token_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros((num_samples, t_max), dtype=torch.long)  # [B, T]
     loss_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
@@ -200,27 +202,23 @@ def build_train_batch(
     response_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
     teacher_logprobs = torch.zeros((num_samples, t_max - 1)) if use_opd else None  # [B, L], 0.0 off the response
     sample_adv = torch.zeros(num_samples)  # [B]
-    b = 0
-    for gi, g in enumerate(groups):
-        for si, s in enumerate(g.samples):
-            p, r = len(s.prompt_ids), len(s.response_ids)
-            input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-            attention_mask[b, : p + r] = 1
-            resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
-            versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
-            if s.is_valid:
-                if teacher_logprobs is not None:
-                    teacher_logprobs[b, resp] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
-                mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
-                if mask_offpolicy_in_partial_rollout and r:
-                    mask = mask * (versions == versions.max()).float()
-                loss_mask[b, resp] = mask
-            response_mask[b, resp] = 1.0
-            rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-            # an offline token (OFFLINE_VERSION, --offline-data) has no lag in this run: 0, so the check exempts it
-            staleness[b, resp] = torch.where(versions == OFFLINE_VERSION, 0, current_version - versions)
-            advantages[b, resp] = sample_adv[b] = adv[gi, si]
-            b += 1
+    for b, (gi, si, s) in enumerate(rows):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        attention_mask[b, : p + r] = 1
+        resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
+        versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
+        if teacher_logprobs is not None:
+            teacher_logprobs[b, resp] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+        mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
+        if mask_offpolicy_in_partial_rollout and r:
+            mask = mask * (versions == versions.max()).float()
+        loss_mask[b, resp] = mask
+        response_mask[b, resp] = 1.0
+        rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        # an offline token (OFFLINE_VERSION, --offline-data) has no lag in this run: 0, so the check exempts it
+        staleness[b, resp] = torch.where(versions == OFFLINE_VERSION, 0, current_version - versions)
+        advantages[b, resp] = sample_adv[b] = adv[gi, si]
     _check_staleness(staleness, loss_mask, current_version, max_staleness)
     return TrainBatch(
         input_ids=input_ids,
@@ -230,7 +228,7 @@ def build_train_batch(
         advantages=advantages,
         staleness=staleness,
         sample_advantages=sample_adv,
-        rewards=torch.tensor([float(s.reward) if s.is_valid and s.reward is not None else float("nan") for s in samples]),
+        rewards=torch.tensor([float(s.reward) if s.reward is not None else float("nan") for _, _, s in rows]),
         seq_lens=torch.tensor(seq_lens, dtype=torch.long),
         response_mask=response_mask,
         teacher_logprobs=teacher_logprobs,
@@ -299,12 +297,12 @@ def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:
     trained = batch.loss_mask > 0
     gap = (batch.old_logprobs - batch.rollout_logprobs).abs()[trained]  # [num_train_tokens]
     staleness = batch.staleness[trained].float()
-    valid = ~batch.rewards.isnan()  # [B], the samples that count (NaN reward = FAILED)
+    has_reward = ~batch.rewards.isnan()  # [B] (FAILED samples have no row; NaN = a sample without a reward)
     return {
         "train_rollout_logprob_abs_diff": float(gap.sum()) / max(n, 1),
         "train_rollout_logprob_abs_diff_max": float(gap.max()) if n else 0.0,
-        "reward_mean": float(batch.rewards[valid].mean()) if bool(valid.any()) else 0.0,
-        "advantage_abs_mean": float(batch.sample_advantages[valid].abs().mean()) if bool(valid.any()) else 0.0,
+        "reward_mean": float(batch.rewards[has_reward].mean()) if bool(has_reward.any()) else 0.0,
+        "advantage_abs_mean": float(batch.sample_advantages.abs().mean()) if batch.num_samples else 0.0,
         "staleness_mean": float(staleness.mean()) if n else 0.0,
         "staleness_max": float(staleness.max()) if n else 0.0,
         "num_samples": float(batch.num_samples),

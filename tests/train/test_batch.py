@@ -34,15 +34,29 @@ def test_layout_puts_response_logprobs_at_the_positions_that_predict_them():
     assert batch.num_train_tokens == 7 and batch.seq_lens.tolist() == [7, 8]
 
 
-def test_failed_sample_is_masked_and_left_out_of_group_statistics():
+def test_failed_sample_is_left_out_of_the_batch_and_of_group_statistics():
     ok = [_sample([1, 2], [3, 4], r, index=i) for i, r in enumerate([1.0, 0.0, 1.0])]
     failed = _sample([1, 2], [5, 6], None, status=Status.FAILED, index=3)
-    batch = build_train_batch([Group(group_id=7, samples=ok + [failed])], pad_token_id=PAD, current_version=3)
-    assert batch.loss_mask[3].sum() == 0 and batch.advantages[3].abs().sum() == 0
-    assert math.isnan(batch.rewards[3])
+    batch = build_train_batch([Group(group_id=7, samples=ok[:2] + [failed] + ok[2:])], pad_token_id=PAD, current_version=3)
+    assert batch.num_samples == 3 and batch.input_ids[:, 2:4].tolist() == [[3, 4]] * 3
     # the three valid rewards 1, 0, 1 alone set the mean 2/3 and the unbiased std sqrt(1/3)
     s3 = math.sqrt(3)
-    torch.testing.assert_close(batch.sample_advantages, torch.tensor([s3 / 3, -2 * s3 / 3, s3 / 3, 0.0]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(batch.sample_advantages, torch.tensor([s3 / 3, -2 * s3 / 3, s3 / 3]), atol=1e-5, rtol=0)
+
+
+def test_a_failed_sample_costs_the_trainer_nothing_however_long():
+    # a 400k-token prompt the engine refused (HTTP 400): before the fix it was laid out as a [B, 400k]
+    # row and the trainer ran its forward pass over it
+    ok = _sample([1, 2], [3, 4], 1.0)
+    refused = Sample(prompt_ids=[7] * 400_000, group_id=7, index=1, status=Status.FAILED)
+    batch = build_train_batch([Group(group_id=7, samples=[ok, refused])], pad_token_id=PAD, current_version=3)
+    assert batch.input_ids.shape == (1, 4) and batch.seq_lens.tolist() == [4]
+
+
+def test_a_batch_of_failed_samples_only_is_empty():
+    failed = [_sample([1, 2], [3], None, status=Status.FAILED, index=i) for i in range(2)]
+    batch = build_train_batch([Group(group_id=7, samples=failed)], pad_token_id=PAD, current_version=3)
+    assert batch.num_samples == 0 and batch.num_train_tokens == 0 and batch.input_ids.shape[0] == 0
 
 
 def test_slice_trims_to_the_longest_sequence_of_the_slice():

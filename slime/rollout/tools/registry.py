@@ -25,6 +25,8 @@ import inspect
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
+from slime.rollout import plugin_threads
+
 __all__ = ["Tool", "ToolResult", "ToolRegistry"]
 
 ToolFn = Callable[[dict[str, Any]], Awaitable[str] | str]
@@ -117,7 +119,7 @@ class ToolRegistry:
                 if inspect.iscoroutinefunction(tool.fn) or inspect.iscoroutinefunction(getattr(tool.fn, "__call__", None)):
                     out = await tool.fn(arguments)
                 else:
-                    out = await asyncio.to_thread(tool.fn, arguments)
+                    out = await plugin_threads.run_sync(tool.fn, arguments)  # a hung one is abandoned
                     if inspect.isawaitable(out):
                         out = await out
         except TimeoutError:

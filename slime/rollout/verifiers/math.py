@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from slime.errors import PluginError
+from slime.rollout import plugin_threads
 from slime.types import Sample
 
 __all__ = ["MathVerifier", "extract_gold", "extract_prediction", "check"]
@@ -82,7 +83,7 @@ class MathVerifier:
         sample.evidence["verifier"] = evidence
         try:
             async with asyncio.timeout(self.timeout_s):
-                equal, gold_parsed, pred_parsed = await asyncio.to_thread(check, gold, prediction)
+                equal, gold_parsed, pred_parsed = await plugin_threads.run_sync(check, gold, prediction)  # a hung one is abandoned
         except TimeoutError:  # a PluginError: the reward boundary would report a TimeoutError as its own timeout
             raise PluginError(f"math verifier: no verdict within {self.timeout_s}s") from None
         evidence["verdict"] = "correct" if equal else ("wrong" if pred_parsed else "no_answer")

@@ -1,0 +1,51 @@
+"""A prompt longer than the model's context is a bad row at load time, named by file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slime.data.dataset import load_prompt_file, prompt_length_check
+from slime.errors import DataError
+
+
+def _tokenize(prompt, tools=None):
+    return [1] + [len(w) for w in (prompt if isinstance(prompt, str) else prompt[-1]["content"]).split()]
+
+
+def _write(path, prompts):
+    path.write_text("".join(json.dumps({"prompt": p, "label": "1"}) + "\n" for p in prompts))
+    return path
+
+
+def test_a_prompt_longer_than_the_context_names_file_line_and_both_numbers(tmp_path):
+    path = _write(tmp_path / "p.jsonl", ["a b", "w " * 40, "c"])
+    with pytest.raises(DataError) as info:
+        load_prompt_file(path, check=prompt_length_check(_tokenize, max_len=32))
+    message = str(info.value)
+    assert f"{path}:2:" in message and "41 tokens" in message and "context of 32" in message
+    assert "--on-bad-data skip" in message
+
+
+def test_on_bad_data_skip_drops_the_long_prompt_and_counts_it(tmp_path):
+    path = _write(tmp_path / "p.jsonl", ["a b", "w " * 40, "c"])
+    rows, num_bad = load_prompt_file(path, on_bad_data="skip", check=prompt_length_check(_tokenize, max_len=32))
+    assert [r.prompt for r in rows] == ["a b", "c"] and num_bad == 1 and [r.index for r in rows] == [0, 1]
+
+
+def test_prompts_that_cannot_reach_the_context_are_not_tokenized():
+    calls = []
+
+    def tokenize(prompt, tools=None):
+        calls.append(prompt)
+        return _tokenize(prompt)
+
+    from slime.data.dataset import PromptRow
+
+    check = prompt_length_check(tokenize, max_len=1000)
+    calls.clear()
+    check(PromptRow(index=0, prompt="short"))
+    assert calls == []
+    check(PromptRow(index=0, prompt="x" * 2000))  # may be long enough: measured
+    assert len(calls) == 1
