@@ -367,10 +367,10 @@ class Scheduler(SchedulerCounters):
         return batch
 
     def _too_stale(self, group: Group) -> bool:
-        """True if a trainable token is more than ``max_staleness`` versions behind the engines
+        """True if a trainable token of a sample that counts (not FAILED) is more than ``max_staleness`` versions behind the engines
         (which hold the trainer's version whenever a batch is taken). Offline tokens are exempt."""
         bound = self.engine_version - self.config.max_staleness
-        return any(v < bound and m and v != OFFLINE_VERSION for s in group.samples for v, m in zip(s.versions, s.loss_mask))
+        return any(v < bound and m and v != OFFLINE_VERSION for s in group.valid_samples for v, m in zip(s.versions, s.loss_mask))
 
     def _offline_quota(self, n: int) -> int:
         """Offline groups in batch number ``rollout_id`` of ``n``: floor(k*n*R) - floor((k-1)*n*R)."""

@@ -90,3 +90,21 @@ async def test_eval_accuracy_leaves_failed_samples_out():
     assert out["failed"] == 1.0 and out["accuracy"] == pytest.approx(2 / 3)
     assert out["pass@1"] == pytest.approx(2 / 3) and out["pass@2"] == 1.0  # pass@2 over the 3 counted samples, 2 right
     assert math.isnan(out["pass@4"])  # 3 counted samples cannot estimate pass@4
+
+
+def test_a_failed_samples_old_tokens_do_not_get_its_group_dropped_as_stale():
+    """The staleness drop looks at the samples that count, like the filter, GRPO and the metrics."""
+    import types as _types
+
+    from slime.loop.scheduler import Scheduler
+    from slime.types import Group, Sample, Status
+
+    def sample(index: int, version: int, status: Status) -> Sample:
+        s = Sample(prompt_ids=[1], index=index)
+        s.append([5, 6], [-0.1, -0.2], version, trainable=True)
+        s.status = status
+        return s
+
+    sched = _types.SimpleNamespace(engine_version=9, config=_types.SimpleNamespace(max_staleness=2))
+    assert not Scheduler._too_stale(sched, Group(group_id=0, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.FAILED)]))
+    assert Scheduler._too_stale(sched, Group(group_id=1, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.COMPLETED)]))
