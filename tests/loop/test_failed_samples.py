@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import types
 
 import pytest
 
@@ -13,6 +14,7 @@ from slime.data.dataset import PromptRow
 from slime.loop.evaluate import evaluate
 from slime.loop.filters import nonzero_reward_std
 from slime.loop.offpolicy import apply_staleness
+from slime.loop.scheduler import Scheduler
 from slime.loop.step import batch_stats
 from slime.train.batch import build_train_batch, rl_batch_metrics
 from slime.types import Group, Sample, Status
@@ -94,10 +96,6 @@ async def test_eval_accuracy_leaves_failed_samples_out():
 
 def test_a_failed_samples_old_tokens_do_not_get_its_group_dropped_as_stale():
     """The staleness drop looks at the samples that count, like the filter, GRPO and the metrics."""
-    import types as _types
-
-    from slime.loop.scheduler import Scheduler
-    from slime.types import Group, Sample, Status
 
     def sample(index: int, version: int, status: Status) -> Sample:
         s = Sample(prompt_ids=[1], index=index)
@@ -105,6 +103,6 @@ def test_a_failed_samples_old_tokens_do_not_get_its_group_dropped_as_stale():
         s.status = status
         return s
 
-    sched = _types.SimpleNamespace(engine_version=9, config=_types.SimpleNamespace(max_staleness=2))
+    sched = types.SimpleNamespace(engine_version=9, config=types.SimpleNamespace(max_staleness=2))
     assert not Scheduler._too_stale(sched, Group(group_id=0, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.FAILED)]))
     assert Scheduler._too_stale(sched, Group(group_id=1, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.COMPLETED)]))
