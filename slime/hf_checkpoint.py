@@ -35,7 +35,14 @@ TOKENIZER_JSON_FILES = ("tokenizer_config.json", "tokenizer.json", "special_toke
 INDEX = "model.safetensors.index.json"
 
 
-def check_hf_dir(path: str | Path, *, weights: bool = True, tokenizer: bool = False, flag: str | None = None) -> None:
+TOKENIZER_VOCAB_FILES: tuple[tuple[str, ...], ...] = (
+    ("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",), ("tiktoken.model",),
+)
+"""Sets of files of which a loadable tokenizer has at least one (fast, sentencepiece, BPE, WordPiece, tiktoken)."""
+
+
+def check_hf_dir(path: str | Path, *, weights: bool = True, tokenizer: bool = False, flag: str | None = None,
+                 require_tokenizer: bool = False) -> None:
     """Check that ``path`` is an HF model directory whose files a library can load.
 
     Args:
@@ -44,6 +51,7 @@ def check_hf_dir(path: str | Path, *, weights: bool = True, tokenizer: bool = Fa
             and every shard it names (``pytorch_model.bin`` is accepted unchecked).
         tokenizer: also check the tokenizer's JSON files that are present (``TOKENIZER_JSON_FILES``).
         flag: the CLI flag that named ``path`` (``--hf-checkpoint``); it starts the message.
+        require_tokenizer: the directory must hold a tokenizer vocabulary (``TOKENIZER_VOCAB_FILES``).
 
     Raises:
         CheckpointError: one line: ``[flag: ]file: what is wrong`` (missing directory or file,
@@ -68,6 +76,9 @@ def check_hf_dir(path: str | Path, *, weights: bool = True, tokenizer: bool = Fa
             problem = _json_problem(path / name)
             if problem:
                 raise fail(f"{path / name}: {problem}")
+    if require_tokenizer and not any(all((path / f).is_file() for f in files) for files in TOKENIZER_VOCAB_FILES):
+        wanted = " or ".join(" + ".join(files) for files in TOKENIZER_VOCAB_FILES)
+        raise fail(f"{path}: no tokenizer vocabulary ({wanted})")
     if not weights:
         return
     if (path / INDEX).is_file():
@@ -113,8 +124,13 @@ def load_tokenizer(path: str | Path, *, flag: str | None = None):
     """
     from transformers import AutoTokenizer
 
-    check_hf_dir(path, weights=False, tokenizer=True, flag=flag)
-    return AutoTokenizer.from_pretrained(path)
+    check_hf_dir(path, weights=False, tokenizer=True, flag=flag, require_tokenizer=True)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:  # transformers' own words, last line first
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        where = f"{flag}={str(path)!r}" if flag else str(path)
+        raise CheckpointError(f"{where}: transformers cannot load its tokenizer: {lines[-1] if lines else type(exc).__name__}") from exc
 
 
 def _json_problem(file: Path) -> str | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slime.errors import CheckpointError
-from slime.hf_checkpoint import check_hf_dir
+from slime.hf_checkpoint import check_hf_dir, load_tokenizer
 from tests.fixtures.tiny_model import write_tiny_llama
 
 
@@ -154,3 +154,12 @@ def test_slime_convert_prints_one_line_naming_the_file(good_dir, tmp_path, capsy
     assert main(["--hf-checkpoint", str(model), "--save", str(tmp_path / "out"), "--to", "megatron"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"slime convert: error: --hf-checkpoint: {file}: truncated") and err.count("\n") == 1, err
+
+
+def test_a_directory_without_a_tokenizer_vocabulary_is_one_line_when_a_tokenizer_is_loaded(tmp_path):
+    d = tmp_path / "notok"
+    shutil.copytree(Path(__file__).parents[1] / "slime" / "data" / "assets" / "arith-warmstart", d)
+    (d / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"--hf-checkpoint: .*notok: no tokenizer vocabulary \(tokenizer.json or"):
+        load_tokenizer(d, flag="--hf-checkpoint")
+
