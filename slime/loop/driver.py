@@ -409,7 +409,8 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
         "mode": config.loop.mode,
         "partial_groups_left": buffer.num_partial,
         "ready_groups_left": buffer.num_ready,
-        "groups_trained": len(buffer.taken),
+        "groups_trained": len(buffer.taken),  # groups handed to the trainer, FAILED samples and all
+        "trained_tokens": sum(r.get("trained_tokens", 0) for r in steps),  # loss-bearing tokens: 0 when nothing trained
         "aborted_samples": sum(r["aborted_samples"] for r in steps),
         "resumed_samples": sum(r["resumed_samples"] for r in steps),
         "multi_version_samples": sum(r["multi_version_samples"] for r in steps),

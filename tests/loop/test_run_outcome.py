@@ -69,6 +69,7 @@ async def test_a_run_whose_every_sample_failed_is_an_error_after_its_files_are_w
     run = tmp_path / "run"
     summary = _strict(run / "summary.json")
     assert summary["eval_accuracy_before"] is None and summary["eval_accuracy_after"] is None  # no eval set: null, not NaN
+    assert summary["trained_tokens"] == 0  # says what the error says, beside groups_trained (groups that reached the trainer)
     steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
     assert [(r["failed_samples_in_batch"], r["trained_tokens"]) for r in steps] == [(2, 0), (2, 0)]
     assert (run / "report.txt").is_file()
@@ -77,7 +78,7 @@ async def test_a_run_whose_every_sample_failed_is_an_error_after_its_files_are_w
 async def test_a_run_that_trained_returns_its_summary_and_writes_strict_json(tmp_path, model):
     config = _config(tmp_path, model, _prompts(tmp_path, [{"prompt": "w5 w6"}]), template=_record(tmp_path, failed=False))
     summary = await run_training(config, progress=False)
-    assert summary["final_policy_version"] == 2 and summary["eval_accuracy_before"] is None
+    assert summary["final_policy_version"] == 2 and summary["eval_accuracy_before"] is None and summary["trained_tokens"] > 0
     assert _strict(tmp_path / "run" / "summary.json")["eval_accuracy_after"] is None
 
 
