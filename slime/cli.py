@@ -43,11 +43,19 @@ def _train(argv: list[str]) -> int:
         config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
         if not config.engine.hf_checkpoint:
             config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
+        from slime.rollout.placement import build_placement, placement_given, with_placement_defaults
+
+        config = with_placement_defaults(config)
         if ns.dry_run:
             from slime.rollout.sglang_launch import build_launch_plan, trainer_gpus, updates_in_place
 
-            print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
-                                    in_place_updates=updates_in_place(config)).format())
+            placement = build_placement(config) if placement_given(config) else None
+            if placement is not None:
+                print(placement.format())
+            if placement is None or not placement.servers_off_node0:
+                print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
+                                        in_place_updates=updates_in_place(config),
+                                        gpus_per_node=placement.gpus_per_node if placement else None).format())
             return 0
         preflight(config)
         _check_run_dir(config)
@@ -150,6 +158,7 @@ def preflight(config) -> None:
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
     ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
     launch plan builds, and what it launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``.
+    The placement flags make a plan rank 0 can launch, matching torchrun's ranks (``slime.rollout.placement``).
     The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
     the first record of ``--load-debug-rollout-data``.
 
@@ -171,6 +180,14 @@ def preflight(config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
                               "use --train-backend torch on a CPU")
+    from slime.rollout.placement import build_placement, check_torchrun_env, placement_given
+
+    placement = build_placement(config) if placement_given(config) else None
+    if placement is not None:
+        check_torchrun_env(config)
+        if placement.servers_off_node0:
+            raise ConfigError("the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
+                              "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)")
     if config.data.offline_data and not Path(config.data.offline_data).is_file():
         raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
     if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():

@@ -161,6 +161,9 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     # Weight sync (slime/sync/): --update-weight-buffer-size and --colocate are slime's flags.
     "--weight-sync": ("sync.method", dict(choices=["disk", "distributed", "tensor", "delta"], help="how new weights reach the engines")),
     "--update-weight-buffer-size": ("sync.update_weight_buffer_size", dict(type=int, help="bytes per weight-update bucket")),
+    # Placement (slime/rollout/placement.py): THUDM/slime's flags; the trainer is a torchrun job of these nodes x GPUs.
+    "--actor-num-nodes": ("train.actor_num_nodes", dict(type=int, help="nodes of the trainer (torchrun --nnodes; > 1 needs --train-backend megatron)")),
+    "--actor-num-gpus-per-node": ("train.actor_num_gpus_per_node", dict(type=int, help="trainer ranks per node (torchrun --nproc-per-node)")),
     "--colocate": ("sync.colocate", dict(action="store_true", help="engines share the trainer's devices: release memory while training")),
     "--save": ("run_dir", dict(help="run directory: metrics, summary, plots, weights")),
     "--save-interval": ("save_interval", dict(type=int, help="checkpoint every N steps")),

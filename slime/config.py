@@ -350,6 +350,13 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""
     megatron: MegatronConfig = MegatronConfig()
     """The megatron-core backend's parallelism, precision, schedule and packing knobs."""
+    actor_num_nodes: int | None = None
+    """Nodes of the trainer's torchrun job (``--actor-num-nodes``, THUDM/slime's flag; ``--nnodes``); None = 1.
+    More than one needs ``--train-backend megatron``. See ``slime.rollout.placement``."""
+    actor_num_gpus_per_node: int | None = None
+    """Trainer ranks (GPUs) per node (``--actor-num-gpus-per-node``; torchrun's ``--nproc-per-node``, checked
+    against ``LOCAL_WORLD_SIZE``); None = torchrun's own count. With ``--colocate`` it also sets the default
+    ``--rollout-num-gpus`` (nodes x GPUs per node), as in THUDM/slime."""
 
 
 class SyncConfig(msgspec.Struct, **_STRUCT):
@@ -573,6 +580,8 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.engine.num_engines >= 1, "--rollout-num-engines", self.engine.num_engines, ">= 1"),
             (self.engine.rollout_num_gpus is None or self.engine.rollout_num_gpus >= 1, "--rollout-num-gpus", self.engine.rollout_num_gpus, ">= 1"),
             (self.engine.rollout_num_gpus_per_engine >= 1, "--rollout-num-gpus-per-engine", self.engine.rollout_num_gpus_per_engine, ">= 1"),
+            (t.actor_num_nodes is None or t.actor_num_nodes >= 1, "--actor-num-nodes", t.actor_num_nodes, ">= 1"),
+            (t.actor_num_gpus_per_node is None or t.actor_num_gpus_per_node >= 1, "--actor-num-gpus-per-node", t.actor_num_gpus_per_node, ">= 1"),
             (self.engine.health_check_interval_s >= 0, "--health-check-interval-s", self.engine.health_check_interval_s, ">= 0 (0 = off)"),
             (self.obs.metrics_port is None or 0 <= self.obs.metrics_port <= 65535, "--metrics-port", self.obs.metrics_port, "in [0, 65535] (0 = any free port)"),
             (self.obs.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.obs.trace_flush_interval_s, ">= 0"),

@@ -31,7 +31,7 @@ PINNED = {
     "--lr-decay-style", "--lr-warmup-iters", "--lr-decay-iters", "--adam-eps", "--bf16", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--distributed-timeout-minutes",
-    "--weight-sync", "--update-weight-buffer-size", "--colocate",
+    "--weight-sync", "--update-weight-buffer-size", "--colocate", "--actor-num-nodes", "--actor-num-gpus-per-node",
     "--rollout-num-gpus", "--rollout-num-gpus-per-engine", "--sglang-router-ip", "--sglang-router-port", "--sglang-config",
     "--health-check-interval-s",
     "--enable-trace", "--metrics-port", "--use-tensorboard", "--tb-dir", "--use-wandb", "--wandb-project", "--wandb-group",

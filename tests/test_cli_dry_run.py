@@ -44,7 +44,7 @@ EXPECTED_TAIL = ["--mem-fraction-static", "0.7", "--enable-memory-saver", "--chu
 UNSUPPORTED = [  # flags of the same script that this slime does not have
     ["--balance-data"], ["--eval-max-response-len", "16384"],
     ["--eval-top-p", "0.7"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
-    ["--accumulate-allreduce-grads-in-fp32"], ["--attention-backend", "flash"], ["--actor-num-nodes", "1"],
+    ["--accumulate-allreduce-grads-in-fp32"], ["--attention-backend", "flash"],
     ["--sglang-router-request-timeout-secs", "14400"],
 ]
 

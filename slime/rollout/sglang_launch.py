@@ -32,7 +32,8 @@ Backends: ``sglang`` when ``--rollout-num-gpus`` or ``--sglang-config`` is given
 external backends; with SGLang servers declare a ``model: teacher`` group in ``--sglang-config``),
 ``--opd-teacher-addrs`` attaches to running ones (any backend). GPUs are numbered in order over
 the groups, through the parent's ``CUDA_VISIBLE_DEVICES`` when set; ports are the first free ones
-from ``base_port``. Not covered: several nodes (everything runs on this machine), DP attention.
+from ``base_port``. Several nodes: ``slime.rollout.placement`` lays them out; this plan is what rank 0
+launches on its node. Not covered: DP attention.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def backend_of(engine: EngineConfig) -> Literal["embedded", "sglang", "external"
 
 def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, weight_version: str = "0", seed: int = 0,
                       python: str = sys.executable, is_free: Callable[[str, int], bool] = port_is_free,
-                      trainer_gpus: int = 0, colocate: bool = False, in_place_updates: bool = False) -> LaunchPlan:
+                      trainer_gpus: int = 0, colocate: bool = False, in_place_updates: bool = False,
+                      gpus_per_node: int | None = None) -> LaunchPlan:
     """What to start for ``engine``; nothing is started.
 
     Args:
@@ -160,6 +162,8 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
             async``): the actor's servers get ``--disable-radix-cache`` unless the user set it, so no
             request reuses KV of older weights (docs/ARCHITECTURE.md, "In-place updates and the
             prefix cache": with the cache on, every update becomes an abort + flush).
+        gpus_per_node: this node's GPU count when ``CUDA_VISIBLE_DEVICES`` does not say it (the placement
+            plan's, ``slime.rollout.placement``); None = unknown unless a GPU trainer probes torch.
 
     Raises:
         ConfigError: flags that contradict each other, a bad ``--sglang-config``, too few GPUs.
@@ -194,7 +198,7 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
     if teacher_urls and TEACHER in deployment.models():
         raise ConfigError(f"--opd-teacher-addrs with a {TEACHER!r} group in --sglang-config: pick one teacher")
     plan = _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router,
-                        trainer_gpus=trainer_gpus, colocate=colocate, in_place_updates=in_place_updates)
+                        trainer_gpus=trainer_gpus, colocate=colocate, in_place_updates=in_place_updates, gpus_per_node=gpus_per_node)
     return dataclasses.replace(plan, teacher_urls=teacher_urls)
 
 
@@ -215,10 +219,12 @@ def teacher_processes(engine: EngineConfig, *, seed: int) -> list[EmbeddedEngine
 
 def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_dir: str | None, weight_version: str, python: str,
                  is_free: Callable[[str, int], bool], router: str | None, trainer_gpus: int, colocate: bool,
-                 in_place_updates: bool = False) -> LaunchPlan:
+                 in_place_updates: bool = False, gpus_per_node: int | None = None) -> LaunchPlan:
     host, global_args = _take_host(engine.sglang_args)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     gpus = _visible_gpus(probe=trainer_gpus > 0)
+    if gpus is None and gpus_per_node:
+        gpus = [str(n) for n in range(gpus_per_node)]
     need = sum(g.num_engines * (g.gpus_per_engine or 1) for g in deployment.groups)
     if engine.rollout_num_gpus is not None and need != engine.rollout_num_gpus:
         raise ConfigError(f"--sglang-config needs {need} GPUs (sum of num_engines x gpus_per_engine) but --rollout-num-gpus={engine.rollout_num_gpus}")
@@ -346,9 +352,12 @@ def check_launchable(plan: LaunchPlan) -> None:
 def trainer_gpus(config: Config) -> int:
     """GPUs the run's trainer uses on this machine, from the first visible one: the torchrun ranks
     here (``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``, else 1) for ``--train-backend megatron``; 0 for
-    the torch backend (CPU) and for runs without a trainer (``--debug-rollout-only``)."""
+    the torch backend (CPU) and for runs without a trainer (``--debug-rollout-only``); ``--actor-num-gpus-per-node``
+    when given."""
     if config.train.train_backend != "megatron" or config.debug.debug_rollout_only:
         return 0
+    if config.train.actor_num_gpus_per_node is not None:  # --actor-num-gpus-per-node (checked against torchrun's at start)
+        return config.train.actor_num_gpus_per_node
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
 
 
