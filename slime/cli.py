@@ -207,7 +207,8 @@ def preflight(config) -> None:
             if value == DEFAULT_CHECKPOINT:
                 raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
             raise
-    for flag, value in (("--prompt-data", config.data.prompt_data), ("--eval-prompt-data", config.data.eval_prompt_data)):
+    eval_paths = [("--eval-prompt-data", path) for _, path in config.data.eval_datasets]
+    for flag, value in (("--prompt-data", config.data.prompt_data), *eval_paths):
         if value and not Path(value).is_file():
             raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
     for flag, value in (

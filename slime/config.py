@@ -69,13 +69,35 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     offline_data: str | None = None
     """JSONL (or Parquet) of pre-generated samples mixed into each batch at ``--offline-ratio``
     (``--offline-data``); see ``slime.data.offline``."""
-    eval_prompt_data: str | None = None
-    """JSONL or Parquet of held-out prompts (``--eval-prompt-data``). None: the built-in task's eval split."""
+    eval_prompt_data: str | tuple[str, ...] | None = None
+    """Held-out prompts, JSONL or Parquet (``--eval-prompt-data``): one path (reported as ``accuracy``,
+    ``pass@k``, ...), or THUDM/slime's ``name path`` pairs, e.g. ``("aime", "aime.jsonl", "math", "m.jsonl")``
+    (each reported as ``eval/<name>/accuracy``, ...; ``eval_datasets``). None: the built-in task's eval split."""
     num_eval_prompts: int = 200
     """How many eval prompts to score (``--num-eval-prompts``)."""
     on_bad_data: Literal["skip", "fail"] = "fail"
     """A malformed line: skip it with a warning and a count, or stop (``--on-bad-data``)."""
     seed: int = 1234
+
+    @property
+    def eval_datasets(self) -> tuple[tuple[str | None, str], ...]:
+        """``eval_prompt_data`` as ``(name, path)`` pairs; name None for one unnamed path. Example:
+        ``"e.jsonl"`` -> ``((None, "e.jsonl"),)``; ``("aime", "a.jsonl")`` -> ``(("aime", "a.jsonl"),)``.
+
+        Raises:
+            ConfigError: an odd number of tokens (more than one), or a name used twice.
+        """
+        given = self.eval_prompt_data
+        if given is None or len(given) == 0:
+            return ()
+        if isinstance(given, str) or len(given) == 1:
+            return ((None, given if isinstance(given, str) else given[0]),)
+        if len(given) % 2:
+            raise ConfigError(f"--eval-prompt-data {' '.join(given)}: expected one path or 'name path' pairs, got {len(given)} values")
+        names = given[0::2]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--eval-prompt-data: dataset names must be unique, got {list(names)}")
+        return tuple(zip(names, given[1::2]))
 
 
 class RolloutConfig(msgspec.Struct, **_STRUCT):
@@ -118,6 +140,18 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """Samples per eval prompt (``--n-samples-per-eval-prompt``); eval reports mean accuracy and pass@k."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluation (``--eval-temperature``); 0 = greedy (then one sample per prompt)."""
+    eval_top_p: float | None = None
+    """Top-p of evaluation (``--eval-top-p``); None = ``rollout_top_p``, as in THUDM/slime."""
+    eval_max_response_len: int | None = None
+    """Cap on response tokens of an eval sample (``--eval-max-response-len``); None = ``rollout_max_response_len``."""
+
+    @property
+    def resolved_eval_top_p(self) -> float:
+        return self.rollout_top_p if self.eval_top_p is None else self.eval_top_p
+
+    @property
+    def resolved_eval_max_response_len(self) -> int:
+        return self.rollout_max_response_len if self.eval_max_response_len is None else self.eval_max_response_len
 
 
 class LoopConfig(msgspec.Struct, **_STRUCT):
@@ -553,6 +587,11 @@ class Config(msgspec.Struct, **_STRUCT):
             (0.0 <= self.loop.offline_ratio < 1.0, "--offline-ratio", self.loop.offline_ratio, "in [0, 1)"),
             (self.rollout.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.rollout.n_samples_per_eval_prompt, ">= 1"),
             (self.rollout.eval_temperature >= 0, "--eval-temperature", self.rollout.eval_temperature, ">= 0 (0 = greedy)"),
+            (self.rollout.eval_top_p is None or 0 < self.rollout.eval_top_p <= 1, "--eval-top-p", self.rollout.eval_top_p, "in (0, 1]"),
+            (self.rollout.eval_max_response_len is None or self.rollout.eval_max_response_len >= 1, "--eval-max-response-len",
+             self.rollout.eval_max_response_len, ">= 1"),
+            (bool(self.data.eval_datasets) or self.data.eval_prompt_data is None, "--eval-prompt-data", self.data.eval_prompt_data,
+             "one path or 'name path' pairs"),
             (self.sync.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.sync.update_weight_buffer_size, ">= 1 byte"),
             (self.sync.update_weights_timeout_s > 0, "update_weights_timeout_s", self.sync.update_weights_timeout_s, "> 0"),
             (not (self.sync.colocate and self.sync.method == "delta"), "--colocate with --weight-sync", self.sync.method,

@@ -36,7 +36,7 @@ PINNED = {
     "--health-check-interval-s",
     "--enable-trace", "--metrics-port", "--use-tensorboard", "--tb-dir", "--use-wandb", "--wandb-project", "--wandb-group",
     "--apply-chat-template", "--tool-key", "--curriculum-key", "--offline-data", "--offline-ratio", "--buffer-capacity",
-    "--n-samples-per-eval-prompt", "--eval-temperature",
+    "--n-samples-per-eval-prompt", "--eval-temperature", "--eval-top-p", "--eval-max-response-len",
     "--save-debug-rollout-data", "--load-debug-rollout-data", "--debug-rollout-only", "--debug-train-only",
     "--use-opd", "--opd-kl-coef", "--opd-only", "--opd-teacher-load", "--opd-teacher-addrs",
     "--loss-type", "--num-epoch",

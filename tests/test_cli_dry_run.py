@@ -1,8 +1,8 @@
 """``slime train --dry-run`` with THUDM/slime's Qwen3-4B launch flags (scripts/run-qwen3-4B.sh).
 
 The flags this slime has are kept as the script writes them; ``--rollout-num-gpus 8`` stands in for
-``--actor-num-nodes 1 --actor-num-gpus-per-node 8`` (Ray placement, which this slime does not have),
-and ``--eval-prompt-data`` takes one path (slime's takes ``name path`` pairs). Every ``--sglang-*``
+``--actor-num-nodes 1 --actor-num-gpus-per-node 8`` (accepted too: tests/rollout/test_placement.py),
+and ``--eval-prompt-data`` takes slime's ``name path`` pairs. Every ``--sglang-*``
 flag must reach each ``sglang.launch_server`` command unchanged, prefix stripped; every flag this
 slime does not know must stop the run with an error naming it.
 """
@@ -24,7 +24,7 @@ QWEN3_4B = [
     "--rollout-shuffle", "--num-rollout", "3000", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
     "--rollout-max-response-len", "8192", "--rollout-temperature", "0.8", "--global-batch-size", "256",
     # EVAL_ARGS
-    "--eval-interval", "20", "--eval-prompt-data", "/root/aime-2024/aime-2024.jsonl", "--n-samples-per-eval-prompt", "16",
+    "--eval-interval", "20", "--eval-prompt-data", "aime", "/root/aime-2024/aime-2024.jsonl", "--n-samples-per-eval-prompt", "16",
     # PERF_ARGS
     "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
     "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1", "--recompute-granularity", "full",
@@ -42,8 +42,7 @@ MORE_SGLANG = ["--sglang-enable-memory-saver", "--sglang-chunked-prefill-size", 
 EXPECTED_TAIL = ["--mem-fraction-static", "0.7", "--enable-memory-saver", "--chunked-prefill-size", "-1", "--cuda-graph-bs", "1", "2",
                  "4", "8", "--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--log-level=warning"]
 UNSUPPORTED = [  # flags of the same script that this slime does not have
-    ["--balance-data"], ["--eval-max-response-len", "16384"],
-    ["--eval-top-p", "0.7"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
+    ["--balance-data"], ["--optimizer", "adam"], ["--attention-dropout", "0.0"],
     ["--accumulate-allreduce-grads-in-fp32"], ["--attention-backend", "flash"],
     ["--sglang-router-request-timeout-secs", "14400"],
 ]

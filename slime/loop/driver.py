@@ -33,7 +33,7 @@ from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
-from slime.loop.evaluate import evaluate
+from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import JsonlLog, MetricsWriter, check_something_trained, format_step_line, write_json_atomic
 from slime.loop.scheduler import Scheduler
@@ -59,8 +59,12 @@ def _builtin_task(config: Config) -> Any:
 
 
 def load_prompts(config: Config, counts: dict[str, int] | None = None, *, require_label: bool = False,
-                 check: Any = None) -> tuple[list[PromptRow], list[PromptRow]]:
+                 check: Any = None, by_name: bool = False) -> tuple[list[PromptRow], Any]:
     """Train and eval prompt rows: the user's JSONL files, or the built-in task (``--builtin-task``).
+
+    The eval rows are one list (every dataset's, in order), or with ``by_name`` a dict ``{name: rows}``
+    of ``--eval-prompt-data``'s datasets (name None: one unnamed path, or the built-in eval split; empty:
+    no eval), each cut to ``--num-eval-prompts``.
 
     ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``).
     ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows.
@@ -74,17 +78,18 @@ def load_prompts(config: Config, counts: dict[str, int] | None = None, *, requir
     else:
         task = _builtin_task(config)
         train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=d.seed, split="train"))]
-    if d.eval_prompt_data:
-        evals, num_bad[1] = load_prompt_file(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
-    elif not d.prompt_data:
+    sets: dict[str | None, list[PromptRow]] = {}
+    for name, path in d.eval_datasets:
+        rows, bad = load_prompt_file(path, flag="--eval-prompt-data", **kw)
+        num_bad[1] += bad
+        sets[name] = rows[: d.num_eval_prompts]
+    if not d.eval_datasets and not d.prompt_data:
         task = _builtin_task(config)
         # a fixed held-out set (seed 0), the same for every run seed, so runs compare
-        evals = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
-    else:
-        evals = []
+        sets[None] = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
     if counts is not None:
         counts["bad_data_lines_skipped"] = sum(num_bad)
-    return train, evals[: d.num_eval_prompts]
+    return train, sets if by_name else [r for rows in sets.values() for r in rows]
 
 
 def check_run_modes(config: Config) -> None:
@@ -189,8 +194,10 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
     check = prompt_length_check(tokenize, max_len=max_len) if max_len else None  # the engine would refuse longer prompts
-    train_rows, eval_rows = await asyncio.to_thread(load_prompts, config, data_counts, require_label=needs_label, check=check)
-    eval_rows = [] if train_only else eval_rows
+    train_rows, eval_sets = await asyncio.to_thread(functools.partial(load_prompts, by_name=True), config, data_counts,
+                                                    require_label=needs_label, check=check)
+    eval_sets = {} if train_only else eval_sets
+    num_eval_prompts = sum(map(len, eval_sets.values()))
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
@@ -226,15 +233,16 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         sync = NoWeightSync() if train_only or rollout_only else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
         eval_kw = dict(
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn, generate_fn=generate_fn,
-            max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
-            temperature=config.rollout.eval_temperature, n_samples_per_prompt=config.rollout.n_samples_per_eval_prompt,
+            max_response_len=config.rollout.resolved_eval_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
+            temperature=config.rollout.eval_temperature, top_p=config.rollout.resolved_eval_top_p,
+            n_samples_per_prompt=config.rollout.n_samples_per_eval_prompt,
         )
         if resume is None:
-            with tracer.span("eval", "eval", step=0, num_prompts=len(eval_rows)):
-                before = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+            with tracer.span("eval", "eval", step=0, num_prompts=num_eval_prompts):
+                before = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
             metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before})
             obs.record(rec)
-            log.info("eval before RL: accuracy %.3f", before["accuracy"])
+            log.info("eval before RL: accuracy %.3f%s", before["accuracy"], _per_dataset(before))
         first_step = resume.step + 1 if resume else 1
         async with asyncio.TaskGroup() as tg:
             if train_only:  # recorded groups, no engine
@@ -262,12 +270,12 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                 for g in groups:
                     trained_log.write({"step": step, "group_id": g.group_id, "data_index": g.data_index})
                 obs.record(record, format_step_line(record))
-                if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout and eval_rows and not rollout_only:
+                if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout and eval_sets and not rollout_only:
                     async with sched.paused():
-                        with tracer.span("eval", "eval", step=step, num_prompts=len(eval_rows)):
-                            mid = await evaluate(eval_rows, engine_version=version, **eval_kw)
+                        with tracer.span("eval", "eval", step=step, num_prompts=num_eval_prompts):
+                            mid = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
                     metrics.write(rec := {"kind": "eval", "step": step, "policy_version": version, **mid})
-                    obs.record(rec, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}")
+                    obs.record(rec, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}{_per_dataset(mid)}")
                 if config.save_interval and (step % config.save_interval == 0 or step == config.loop.num_rollout):
                     async with sched.quiesced():
                         state = LoopState(step=step, policy_version=version, source=source.state_dict(), taken=sorted(buffer.taken),
@@ -278,11 +286,11 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             await sched.shutdown()
         await sync.close()
         obs.progress.close()
-        with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=len(eval_rows)):
+        with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=num_eval_prompts):
             if rollout_only:  # the weights never changed: the eval before stands
                 after = before
             else:
-                after = await evaluate(eval_rows, engine_version=version, **eval_kw) if eval_rows else {"accuracy": float("nan")}
+                after = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
         metrics.write(rec := {"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
         obs.record(rec)
     metrics.close()
@@ -298,6 +306,12 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     await asyncio.to_thread(_write_report, run_dir)
     check_something_trained(metrics.records, trains=not rollout_only, run_dir=run_dir)  # RunError, after every file is written
     return summary
+
+
+def _per_dataset(record: dict[str, Any]) -> str:
+    """`` (aime 0.200, math 0.800)``: each named eval dataset's accuracy, for the log line; empty without names."""
+    named = [(key.split("/")[1], value) for key, value in record.items() if key.startswith("eval/") and key.endswith("/accuracy")]
+    return f" ({', '.join(f'{name} {value:.3f}' for name, value in named)})" if named else ""
 
 
 def _write_report(run_dir: Path) -> None:
@@ -402,6 +416,8 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
         **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
         "eval_accuracy_before": evals[0]["accuracy"] if evals else None,  # None: no eval set (strict JSON has no NaN)
         "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
+        **({f"{key}_{when}": r[key] for when, r in (("before", evals[0]), ("after", evals[-1])) for key in r
+            if key.startswith("eval/") and key.endswith("/accuracy")} if evals else {}),  # eval/<name>/accuracy_before, ..._after
         "num_eval_prompts": config.data.num_eval_prompts,
         "num_rollout": config.loop.num_rollout,
         "final_policy_version": version,

@@ -121,8 +121,10 @@ def load_sft_data(config: Config, tokenizer: Any, *, max_len: int | None = None)
     kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data, max_len=max_len)
     train, num_bad = load_sft_file(d.prompt_data, flag="--prompt-data", **kw)
     evals: list[SFTExample] = []
-    if d.eval_prompt_data:
-        evals, bad_eval = load_sft_file(d.eval_prompt_data, flag="--eval-prompt-data", **kw)
+    if d.eval_datasets:
+        if len(d.eval_datasets) > 1:
+            raise ConfigError(f"--eval-prompt-data: SFT evaluates one file, got {len(d.eval_datasets)} named datasets")
+        evals, bad_eval = load_sft_file(d.eval_datasets[0][1], flag="--eval-prompt-data", **kw)
         num_bad += bad_eval
     return train, evals[: d.num_eval_prompts], num_bad
 
