@@ -8,8 +8,8 @@ actor's first GPU (and default to the actor's count). This slime starts the same
 - the trainer (``--train-backend megatron``) is one torchrun job, ``--nnodes`` = actor nodes,
   ``--nproc-per-node`` = actor GPUs per node, node ranks 0..N-1, rank 0 (node 0) hosting the loop;
   each node's ranks take its GPUs 0..G-1;
-- the SGLang servers are ``--rollout-num-gpus / --rollout-num-gpus-per-engine`` servers of
-  consecutive GPUs, numbered as slime numbers them: colocated from node 0 GPU 0 over the trainer's
+- the SGLang servers are ``--rollout-num-gpus / --rollout-num-gpus-per-engine`` servers (or those of
+  ``--sglang-config``'s groups, in order) of consecutive GPUs, numbered as slime numbers them: colocated from node 0 GPU 0 over the trainer's
   GPUs, otherwise on the GPUs after the trainer's (the rest of the trainer's nodes, then further
   nodes). A node has ``len(CUDA_VISIBLE_DEVICES)`` GPUs (torch's count on a GPU machine), else 8
   (slime's ``--num-gpus-per-node`` default).
@@ -70,7 +70,8 @@ class Placement:
     def format(self) -> str:
         """Per node: the torchrun command of its trainer ranks and the GPUs of trainer and servers."""
         a, g = self.actor_num_nodes, self.actor_num_gpus_per_node
-        lines = [f"# slime placement: {len(self.nodes)} node(s) of {self.gpus_per_node} GPU(s); trainer {a} node(s) x {g} GPU(s), "
+        trainer = f"trainer {a} node(s) x {g} GPU(s)" if self.megatron else "trainer in one process on node 0 (torch backend)"
+        lines = [f"# slime placement: {len(self.nodes)} node(s) of {self.gpus_per_node} GPU(s); {trainer}, "
                  f"SGLang servers on {self.rollout_num_gpus} GPU(s), {'colocated with' if self.colocate else 'apart from'} the trainer"]
         for n in self.nodes:
             lines.append(f"[node {n.node_rank}] trainer GPUs {_ids(n.trainer_gpus)}; SGLang servers "
@@ -144,9 +145,16 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
         if world % experts:
             raise ConfigError(f"--expert-model-parallel-size={m.expert_model_parallel_size} x --expert-tensor-parallel-size="
                               f"{m.resolved_expert_tensor_parallel_size} = {experts} must divide the trainer's {world} GPUs")
-    rollout, tp = e.rollout_num_gpus or 0, e.rollout_num_gpus_per_engine
-    if rollout % tp:
-        raise ConfigError(f"--rollout-num-gpus={rollout} must be a multiple of --rollout-num-gpus-per-engine={tp}")
+    if e.sglang_config:  # its groups' servers, in order (they may differ in size)
+        from slime.rollout.server_groups import load_sglang_config
+
+        sizes = [g.gpus_per_engine or 1 for g in load_sglang_config(e.sglang_config, e).groups for _ in range(g.num_engines)]
+    else:
+        total, tp = e.rollout_num_gpus or 0, e.rollout_num_gpus_per_engine
+        if total % tp:
+            raise ConfigError(f"--rollout-num-gpus={total} must be a multiple of --rollout-num-gpus-per-engine={tp}")
+        sizes = [tp] * (total // tp)
+    rollout = sum(sizes)
     trainer_slots = [(n, g) for n in range(nodes) for g in range(per_node)] if megatron else []
     if config.sync.colocate:  # from the trainer's first GPU, then the GPUs after it
         slots = [(n, g) for n in range(nodes) for g in range(per_node)]
@@ -158,11 +166,12 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
         slots += [(extra, g) for g in range(gpus_per_node)]
         extra += 1
     slots = slots[:rollout]
-    servers: list[list[tuple[int, int]]] = [slots[i : i + tp] for i in range(0, rollout, tp)]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    servers: list[list[tuple[int, int]]] = [slots[a : a + size] for a, size in zip(starts, sizes)]
     for i, s in enumerate(servers):
-        if len({n for n, _ in s}) > 1 or [g for _, g in s] != list(range(s[0][1], s[0][1] + tp)):
-            raise ConfigError(f"--rollout-num-gpus-per-engine={tp}: server {i} would take GPUs {[f'node{n}:{g}' for n, g in s]}, "
-                              f"not {tp} consecutive GPUs of one node (nodes of {gpus_per_node} GPUs, trainer {nodes} x {per_node})")
+        if len({n for n, _ in s}) > 1 or [g for _, g in s] != list(range(s[0][1], s[0][1] + len(s))):
+            raise ConfigError(f"--rollout-num-gpus-per-engine={len(s)}: server {i} would take GPUs {[f'node{n}:{g}' for n, g in s]}, "
+                              f"not {len(s)} consecutive GPUs of one node (nodes of {gpus_per_node} GPUs, trainer {nodes} x {per_node})")
     num_nodes = max([nodes, *(s[0][0] + 1 for s in servers)])
     plans = tuple(NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n),
                            tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n)) for n in range(num_nodes))

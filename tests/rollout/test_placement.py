@@ -105,3 +105,11 @@ def test_a_run_refuses_servers_on_other_nodes_than_rank_0s(monkeypatch):
     config = config_of(*MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8")
     with pytest.raises(ConfigError, match="SGLang servers on nodes other than rank 0's"):
         preflight(config)
+
+
+def test_sglang_config_groups_are_placed_in_order_with_their_own_sizes(tmp_path):
+    path = tmp_path / "sglang.yaml"
+    path.write_text("groups:\n  - {name: big, num_engines: 1, gpus_per_engine: 4}\n  - {name: small, num_engines: 2, gpus_per_engine: 1}\n")
+    p = build_placement(config_of(*MEGATRON, "--actor-num-gpus-per-node", "2", "--sglang-config", str(path)), gpus_per_node=8)
+    (node,) = p.nodes
+    assert node.trainer_gpus == (0, 1) and node.servers == ((2, 3, 4, 5), (6,), (7,))
