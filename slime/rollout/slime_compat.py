@@ -56,6 +56,7 @@ import logging
 import math
 from typing import Any, Callable
 
+from slime.data.dataset import prompt_input, row_metadata
 from slime.errors import PluginError
 from slime.types import OFFLINE_VERSION, Group, Sample, Status
 
@@ -155,8 +156,6 @@ class RolloutDataBuffer:
         """``num_samples`` prompt groups: groups handed back by ``add_samples`` first, then new prompts."""
         out, self._returned = self._returned[:num_samples], self._returned[num_samples:]
         for _ in range(num_samples - len(out)):
-            from slime.data.dataset import prompt_input, row_metadata
-
             row = self._next_row()
             ids = list(self._tokenize(row))
             gi = self._next_group_index
