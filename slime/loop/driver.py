@@ -246,7 +246,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                                                  source=source, tokenize=tokenize, buffer=buffer, reward_fn=reward_fn, pool=pool,
                                                  engine_version=version, fill_logprobs=not megatron)
             else:
-                if note := builtin_rollout_note(config.rollout.rollout_function_path):
+                if note := builtin_rollout_note(config.rollout.rollout_function_path, config.loop.mode):
                     log.info(note)
                 sched = Scheduler(
                     config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,

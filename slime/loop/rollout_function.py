@@ -50,13 +50,15 @@ BUILTIN_ROLLOUTS = {
 }
 
 
-def builtin_rollout_note(path: str | None) -> str | None:
-    """The one line logged for a THUDM/slime rollout function that the built-in scheduler replaces; None otherwise."""
+def builtin_rollout_note(path: str | None, mode: str | None = None) -> str | None:
+    """The one line logged for a THUDM/slime rollout function that the built-in scheduler replaces
+    (with a hint when the fully-async one runs in another ``mode``); None otherwise."""
     if path is None:
         return None
     for name, note in BUILTIN_ROLLOUTS.items():
         if path == name or path.endswith("." + name) or path.replace(":", ".") == name:
-            return f"--rollout-function-path={path}: {note}"
+            hint = f"; this run is --rollout-mode {mode}: pass --rollout-mode async for that" if "async" in name and mode not in (None, "async") else ""
+            return f"--rollout-function-path={path}: {note}{hint}"
     return None
 
 

@@ -248,7 +248,8 @@ def _to_sample(s: Any, *, group_id: int, index: int, engine_version: int, where:
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)):
         raise PluginError(f"{where}: reward is {type(reward).__name__} {reward!r:.60}, expected a finite float or None "
                           "(None: the run's reward function scores it)")
-    prompt = s.prompt if isinstance(s.prompt, str) else str((s.prompt or [{}])[-1].get("content", ""))
+    raw_prompt = getattr(s, "prompt", "")
+    prompt = raw_prompt if isinstance(raw_prompt, str) else _last_content(raw_prompt)
     metadata = dict(getattr(s, "metadata", None) or {})
     if logprobs is None:  # not sampled by this run's policy (SFT / offline data): as --offline-data without logprobs
         metadata.update(offline=True, offline_logprobs=False)
@@ -272,3 +273,10 @@ def _status(value: Any, where: str) -> Status:
     if name in ("completed", "truncated", "aborted", "failed"):
         return Status(name)
     raise PluginError(f"{where}: status is {name!r}; set COMPLETED, TRUNCATED, ABORTED or FAILED (a rollout function returns finished samples)")
+
+
+def _last_content(messages: Any) -> str:
+    """The text view of a chat-message prompt: its last message's content."""
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return str(messages[-1].get("content", ""))
+    return str(messages)

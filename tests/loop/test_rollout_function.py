@@ -11,7 +11,7 @@ from slime.data.dataset import PromptRow, PromptSource
 from slime.errors import ConfigError, PluginError
 from slime.loop.buffer import DataBuffer
 from slime.loop.driver import check_run_modes, run_training
-from slime.loop.rollout_function import RolloutFunctionScheduler, uses_rollout_function
+from slime.loop.rollout_function import RolloutFunctionScheduler, builtin_rollout_note, uses_rollout_function
 from slime.rollout.plugin_check import main as check_plugin
 from slime.rollout.slime_compat import RolloutArgs, SlimeSample, to_groups
 from slime.types import OFFLINE_VERSION, Sample, Status
@@ -111,6 +111,8 @@ def test_thudm_slime_s_own_rollout_functions_are_the_built_in_scheduler():
         config = Config(rollout=RolloutConfig(rollout_function_path=path), loop=LoopConfig(mode="async"))
         assert not uses_rollout_function(config)
         check_run_modes(config)  # not refused: the built-in scheduler runs it
+    assert builtin_rollout_note("fully_async_rollout.generate_rollout_fully_async", "sync").endswith(
+        "in --rollout-mode async does it; this run is --rollout-mode sync: pass --rollout-mode async for that")
 
 
 def test_args_adapter_names_a_missing_attribute():
@@ -130,3 +132,29 @@ def test_check_plugin_passes_a_good_rollout_function_and_fails_a_broken_one(caps
     assert "FAIL rollout: group 0 sample 0: status is 'pending'" in out and out.rstrip().endswith("RESULT: FAIL")
     assert check_plugin(["tests.loop.rollout_fns.wrong_signature", "--kind", "rollout"]) == 1
     assert "FAIL rollout: does not accept (args, rollout_id, data_buffer, evaluation=False)" in capsys.readouterr().out
+
+
+async def test_an_async_function_returning_our_groups_is_awaited_and_its_raise_is_one_line():
+    async def ours(args, rollout_id, data_buffer, evaluation=False):
+        groups = []
+        for group in data_buffer.get_samples(args.rollout_batch_size):
+            samples = []
+            for s in group:
+                ours = Sample(prompt_ids=list(s.tokens), status=Status.COMPLETED)
+                ours.append([4, 5], [-0.1, -0.2], args.engine_version)
+                samples.append(ours)
+            groups.append(samples)
+        return groups
+
+    rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
+    sched = RolloutFunctionScheduler(_config(), ours, source=PromptSource(rows, shuffle=False), tokenize=lambda text: [1],
+                                     buffer=DataBuffer(), reward_fn=half, engine_version=4)
+    groups = await sched.next_batch(2)
+    assert [s.versions for s in groups[1].samples] == [[4, 4], [4, 4]] and all(s.reward == 1.0 for g in groups for s in g.samples)
+
+    async def raises(args, rollout_id, data_buffer, evaluation=False):
+        raise RuntimeError("no engine here")
+
+    sched.fn = raises
+    with pytest.raises(PluginError, match=r"\(step 2\): raised RuntimeError: no engine here$"):
+        await sched.next_batch(2)
