@@ -148,8 +148,9 @@ def preflight(config) -> None:
     Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
     load (``slime.hf_checkpoint.check_hf_dir``: config, weights, tokenizer); prompt
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
-    ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
-    launch plan builds, and what it launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``.
+    ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
+    ``--use-wandb`` / ``--use-tensorboard`` have their package; the launch plan builds, and what it
+    launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``.
     The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
     the first record of ``--load-debug-rollout-data``.
 
