@@ -156,9 +156,10 @@ def preflight(config) -> None:
     Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
     load (``slime.hf_checkpoint.check_hf_dir``: config, weights, tokenizer); prompt
     files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
-    ``--buffer-filter-path``) import; ``--use-wandb`` / ``--use-tensorboard`` have their package; the
-    launch plan builds, and what it launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``.
-    The placement flags make a plan rank 0 can launch, matching torchrun's ranks (``slime.rollout.placement``).
+    ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
+    ``--use-wandb`` / ``--use-tensorboard`` have their package; the launch plan builds, and what it
+    launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``. The placement flags make
+    a plan rank 0 can launch, matching torchrun's ranks (``slime.rollout.placement``).
     The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
     the first record of ``--load-debug-rollout-data``.
 
@@ -172,6 +173,7 @@ def preflight(config) -> None:
     from slime.hf_checkpoint import check_hf_dir
     from slime.loop.driver import check_run_modes
     from slime.loop.record import record_path
+    from slime.loop.rollout_function import uses_rollout_function
 
     check_run_modes(config)
     if config.train.train_backend == "megatron":
@@ -215,6 +217,7 @@ def preflight(config) -> None:
         ("--custom-rm-path", config.rollout.custom_rm_path),
         ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
         ("--buffer-filter-path", config.loop.buffer_filter_path),
+        ("--rollout-function-path", config.rollout.rollout_function_path if uses_rollout_function(config) else None),
     ):
         if value:
             load_function(value, flag=flag)

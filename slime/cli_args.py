@@ -76,6 +76,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--max-retries": ("rollout.max_retries", dict(type=int)),
     "--custom-rm-path": ("rollout.custom_rm_path", dict()),
     "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),
+    "--rollout-function-path": ("rollout.rollout_function_path", dict(help="a function making a whole step's groups (slime's contract; slime.rollout.slime_compat)")),
     "--rm-type": ("rollout.rm_type", dict(choices=["math", "code", "remote", "remote_rm"], help="built-in verifier (slime/rollout/verifiers/)")),
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),
     "--allow-unsafe-code-execution": ("rollout.allow_unsafe_code_execution", dict(action="store_true", help="run model-written code without an OS sandbox where bubblewrap cannot run (--rm-type code)")),

@@ -123,6 +123,10 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """``pkg.module.func``: an async generate function ``(sample, sampling_params, **kwargs)``
     returning the sample or a list of finished samples (``--custom-generate-function-path``). If it
     takes a ``tokenizer`` argument, the run's tokenizer is bound to it."""
+    rollout_function_path: str | None = None
+    """``pkg.module.func`` of a function that makes a whole rollout step's groups, in THUDM/slime's
+    contract ``(args, rollout_id, data_buffer, evaluation=False)`` (``--rollout-function-path``);
+    it replaces the built-in scheduler for the step (``slime.loop.rollout_function``)."""
     custom_rm_path: str | None = None
     """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
     rm_type: Literal["math", "code", "remote", "remote_rm"] | None = None

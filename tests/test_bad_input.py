@@ -133,6 +133,8 @@ PREFLIGHT = [
     ("rm function missing", lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "slime.data.arith.nope"], r"--custom-rm-path=.*: module 'slime.data.arith' has no callable 'nope'"),
     ("rm path without module", lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "reward"], r"--custom-rm-path='reward': expected 'package.module.function'"),
     ("filter module raises", lambda t, m, mp: ["--hf-checkpoint", m, "--dynamic-sampling-filter-path", _broken_plugin(t, mp)], r"--dynamic-sampling-filter-path=.*raised NameError: name 'undefined_name'"),
+    ("rollout function missing", lambda t, m, mp: ["--hf-checkpoint", m, "--rollout-function-path", "slime.data.arith.nope"], r"--rollout-function-path=.*has no callable 'nope'"),
+    ("rollout function with APRIL", lambda t, m, mp: ["--hf-checkpoint", m, "--rollout-function-path", "m.f", "--partial-rollout"], r"--rollout-function-path=m.f with --rollout-mode april"),
     ("buffer filter not callable", lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli.DEFAULT_CHECKPOINT"], r"--buffer-filter-path=.*has no callable 'DEFAULT_CHECKPOINT'"),
 ]
 

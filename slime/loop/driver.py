@@ -36,6 +36,7 @@ from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import JsonlLog, MetricsWriter, check_something_trained, format_step_line, write_json_atomic
+from slime.loop.rollout_function import RolloutFunctionScheduler, builtin_rollout_note, check_rollout_function_modes, uses_rollout_function
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
@@ -127,6 +128,7 @@ def check_run_modes(config: Config) -> None:
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
+    check_rollout_function_modes(config)
 
 
 def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
@@ -247,13 +249,20 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         async with asyncio.TaskGroup() as tg:
             if train_only:  # recorded groups, no engine
                 sched = ReplayScheduler(config.loop, config.debug.load_debug_rollout_data, buffer=buffer, engine_version=version)
+            elif uses_rollout_function(config):  # --rollout-function-path: one call makes each step's groups
+                sched = RolloutFunctionScheduler(config, load_function(config.rollout.rollout_function_path, flag="--rollout-function-path"),
+                                                 source=source, tokenize=tokenize, buffer=buffer, reward_fn=reward_fn, pool=pool,
+                                                 engine_version=version, fill_logprobs=not megatron)
             else:
+                if note := builtin_rollout_note(config.rollout.rollout_function_path, config.loop.mode):
+                    log.info(note)
                 sched = Scheduler(
                     config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
                     buffer=buffer, reward_fn=reward_fn, task_group=tg, engine_version=version, group_filter=group_filter,
                     tracer=tracer, generate_fn=generate_fn, offline=offline, fixed_weights=rollout_only, teacher=teacher,
                 )
-            train_step = None if rollout_only else _with_offline_logprobs(trainer) if offline is not None or train_only else trainer.train_step
+            fill = offline is not None or train_only or uses_rollout_function(config)  # samples that may lack rollout logprobs
+            train_step = None if rollout_only else _with_offline_logprobs(trainer) if fill else trainer.train_step
             template = config.debug.save_debug_rollout_data
 
             async def on_batch(groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking

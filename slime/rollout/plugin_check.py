@@ -1,4 +1,4 @@
-"""``slime check-plugin PATH [--kind generate|reward|filter]``: run a plugin against slime's contract.
+"""``slime check-plugin PATH [--kind generate|reward|filter|rollout]``: run a plugin against slime's contract.
 
 ``PATH`` is ``pkg.module.func``, ``pkg.module:func`` or ``path/to/file.py:func``. For a generate
 function the embedded engine is started in-process on a tiny random Llama (vocab 64; ``--model
@@ -13,6 +13,11 @@ is 0/1 and logprobs are finite and <= 0; a status is set; tokens are only append
 middle of generation comes back PARTIAL with its tokens kept, and a second call finishes it. For
 ``reward``: a finite float (not a bool) for a finished sample (a sync function is a warning: slime
 runs it in a thread, where a hang cannot be cancelled). For ``filter`` (dynamic sampling): a ``bool``.
+For ``rollout`` (``--rollout-function-path``, THUDM/slime's whole-step contract): it takes ``(args,
+rollout_id, data_buffer, evaluation=False)``; one call on two probe prompts (2 samples each, the
+engine at ``args.sglang_router_ip:port`` and ``args.pool``) returns groups that convert
+(``slime.rollout.slime_compat.to_groups``: aligned, finished, 0/1 mask, finite logprobs <= 0);
+missing rewards or logprobs and a group count other than ``args.rollout_batch_size`` are warnings.
 
 Output: one ``PASS``/``FAIL``/``WARN`` line per check naming the problem precisely, then
 ``RESULT: PASS`` or ``RESULT: FAIL``. Exit status 0 when nothing failed, else 1.
@@ -38,7 +43,7 @@ from slime.rollout import plugin_threads
 from slime.rollout.rewards import load_function
 from slime.types import Group, Sample, Status
 
-__all__ = ["main", "load_plugin", "check_generate", "check_reward", "check_filter", "Report"]
+__all__ = ["main", "load_plugin", "check_generate", "check_reward", "check_filter", "check_rollout", "Report"]
 
 PROBE_PROMPT = [0, 5, 9, 17, 3]
 _LISTS = ("rollout_logprobs", "versions", "loss_mask")
@@ -246,6 +251,61 @@ def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
             report.fail(f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool")
 
 
+async def check_rollout(fn: Callable[..., Any], *, pool: Any, report: Report, model_dir: str = "", timeout_s: float = 60.0,
+                        max_response_len: int = 24) -> None:
+    """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
+    calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
+    it returns (``slime.rollout.slime_compat.to_groups``)."""
+    from slime.config import Config, EngineConfig, LoopConfig, RolloutConfig
+    from slime.data.dataset import PromptRow, PromptSource
+    from slime.errors import PluginError
+    from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
+
+    config = Config(rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
+                    loop=LoopConfig(rollout_batch_size=2, n_samples_per_prompt=2), engine=EngineConfig(hf_checkpoint=model_dir))
+    rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
+    source = PromptSource(rows, shuffle=False)
+    data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
+                                    n_samples_per_prompt=2, num_prompts=len(rows))
+    args = RolloutArgs(config, pool=pool, engine_version=0)
+    try:
+        inspect.signature(fn).bind(args, 0, data_buffer, evaluation=False)
+    except TypeError as exc:
+        report.fail(f"does not accept (args, rollout_id, data_buffer, evaluation=False): {exc}")
+        return
+    except ValueError:
+        pass  # no signature to inspect: let the call decide
+    report.ok(f"accepts (args, rollout_id, data_buffer, evaluation=False); {'async: awaited' if _is_async(fn) else 'sync: run on a thread'}")
+    try:
+        async with asyncio.timeout(timeout_s):
+            if _is_async(fn):
+                out = await fn(args, 0, data_buffer, evaluation=False)
+            else:  # a thread cannot be stopped: a hang is abandoned at the timeout
+                out = await asyncio.to_thread(fn, args, 0, data_buffer, evaluation=False)
+    except TimeoutError:
+        report.fail(f"did not return within {timeout_s}s")
+        return
+    except Exception as exc:  # the plugin's bug, reported as data
+        report.fail(f"raised {type(exc).__name__}: {exc}")
+        return
+    try:
+        groups, _ = to_groups(out, n_samples_per_prompt=2, engine_version=0, next_group_id=0, data_index=data_buffer.data_index)
+    except PluginError as exc:
+        report.fail(str(exc))
+        return
+    samples = [s for g in groups for s in g.samples]
+    report.ok(f"returned {len(groups)} groups ({', '.join(str(len(g.samples)) for g in groups)} samples): aligned lists, finished, "
+              f"{sum(s.num_response_tokens for s in samples)} response tokens")
+    if len(groups) != config.loop.rollout_batch_size:
+        report.warn(f"returned {len(groups)} groups for args.rollout_batch_size={config.loop.rollout_batch_size}; a run trains on what is returned")
+    if (longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)) > max_response_len:
+        report.warn(f"a response of {longest} tokens, more than args.rollout_max_response_len={max_response_len}")
+    if num := sum(s.reward is None for s in samples):
+        report.warn(f"{num} of {len(samples)} samples have no reward: a run scores them with its reward function")
+    if num := sum(bool(s.metadata.get("offline")) for s in samples):
+        report.warn(f"{num} of {len(samples)} samples have no rollout_log_probs: the trainer computes them (torch backend only)")
+
+
 async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report) -> None:
     if args.kind == "reward":
         return await check_reward(fn, report=report, timeout_s=args.timeout_s)
@@ -289,14 +349,17 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
         async with EngineServer(model_dir, port=0, seed=0, weight_version="0", num_threads=1) as server:
             config = RolloutConfig(request_timeout_s=args.timeout_s, max_retries=0)
             async with EnginePool([server.url], config=config) as pool:
-                await check_generate(fn, pool=pool, report=report, decode=decode, timeout_s=args.timeout_s)
+                if args.kind == "rollout":
+                    await check_rollout(fn, pool=pool, report=report, model_dir=str(model_dir), timeout_s=args.timeout_s)
+                else:
+                    await check_generate(fn, pool=pool, report=report, decode=decode, timeout_s=args.timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``slime check-plugin``; returns 0 when every check passed, else 1."""
-    p = argparse.ArgumentParser(prog="slime check-plugin", description="Check a generate / reward / filter plugin against slime's contract.")
+    p = argparse.ArgumentParser(prog="slime check-plugin", description="Check a generate / reward / filter / rollout plugin against slime's contract.")
     p.add_argument("path", help="pkg.module.func, pkg.module:func or path/to/file.py:func")
-    p.add_argument("--kind", choices=["generate", "reward", "filter"], default="generate")
+    p.add_argument("--kind", choices=["generate", "reward", "filter", "rollout"], default="generate")
     p.add_argument("--model", default=None, help="HF model dir for the embedded engine (default: a tiny random Llama)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="per call of the plugin")
     args = p.parse_args(argv)

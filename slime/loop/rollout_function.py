@@ -1,0 +1,174 @@
+"""``--rollout-function-path``: a user function makes each step's groups, in THUDM/slime's contract.
+
+The contract, the ``args`` / ``data_buffer`` it gets and what it may return are in
+``slime.rollout.slime_compat``. ``RolloutFunctionScheduler`` stands in for ``Scheduler`` in
+``run_step``: each step's ``next_batch`` calls the function once and::
+
+    groups  = to_groups(fn(args, rollout_id, data_buffer, evaluation=False))   # checked: aligned, finished, versions
+    rewards = the run's reward function, for each sample whose reward is None  # a failure marks it FAILED
+    buffer.push_ready(groups); buffer.take(len(groups))                        # the trained-once check holds
+
+then the step trains and syncs weights as any other. Semantics are sync: the engines' weights do not
+move during a call, so generated tokens are tagged with the engines' version then. Per-sample
+generation, partial rollouts (APRIL), async mode, staleness control, the dynamic-sampling filter and
+``--offline-data`` belong to the built-in scheduler, which the function replaces; those flags are
+refused with it (``check_rollout_function_modes``).
+
+THUDM/slime's own rollout functions, named in its scripts, are not imported:
+``slime.rollout.sglang_rollout.generate_rollout`` (slime's default) is the built-in scheduler, and
+``fully_async_rollout.generate_rollout_fully_async`` (its fully-async example) is the built-in
+scheduler in ``--rollout-mode async``; each logs one line saying so (``builtin_rollout_note``).
+
+Not covered: ``evaluation=True`` (eval runs on this project's evaluator); the function's groups
+handed back with ``data_buffer.add_samples`` are not kept across a resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from typing import Any, Callable
+
+from slime.data.dataset import tokenize_row
+from slime.errors import ConfigError, PluginError
+from slime.loop.buffer import DataBuffer
+from slime.loop.scheduler import SchedulerCounters, StepStats
+from slime.rollout.rewards import score_sample
+from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
+from slime.types import Group, Status
+
+__all__ = ["RolloutFunctionScheduler", "check_rollout_function_modes", "builtin_rollout_note", "uses_rollout_function"]
+
+log = logging.getLogger(__name__)
+
+BUILTIN_ROLLOUTS = {
+    "slime.rollout.sglang_rollout.generate_rollout": "THUDM/slime's default rollout: this project's built-in scheduler does it",
+    "fully_async_rollout.generate_rollout_fully_async": "THUDM/slime's fully-async example: this project's built-in scheduler "
+                                                        "in --rollout-mode async does it",
+}
+
+
+def builtin_rollout_note(path: str | None, mode: str | None = None) -> str | None:
+    """The one line logged for a THUDM/slime rollout function that the built-in scheduler replaces
+    (with a hint when the fully-async one runs in another ``mode``); None otherwise."""
+    if path is None:
+        return None
+    for name, note in BUILTIN_ROLLOUTS.items():
+        if path == name or path.endswith("." + name) or path.replace(":", ".") == name:
+            hint = f"; this run is --rollout-mode {mode}: pass --rollout-mode async for that" if "async" in name and mode not in (None, "async") else ""
+            return f"--rollout-function-path={path}: {note}{hint}"
+    return None
+
+
+def uses_rollout_function(config: Any) -> bool:
+    """Whether a user rollout function replaces the built-in scheduler (a path that is not one of ``BUILTIN_ROLLOUTS``)."""
+    path = config.rollout.rollout_function_path
+    return path is not None and builtin_rollout_note(path) is None
+
+
+def check_rollout_function_modes(config: Any) -> None:
+    """Refuse the flags a whole-step rollout function replaces (see module doc).
+
+    Raises:
+        ConfigError: one line naming both flags.
+    """
+    if not uses_rollout_function(config):
+        return
+    flag = f"--rollout-function-path={config.rollout.rollout_function_path}"
+    lp, dbg = config.loop, config.debug
+    problems = [
+        (lp.mode != "sync", f"--rollout-mode {lp.mode} (or --partial-rollout): the function makes a whole step per call, in sync; "
+                            "drop one of them"),
+        (lp.offline_ratio > 0, "--offline-ratio / --offline-data: mix offline samples inside the function instead"),
+        (lp.dynamic_sampling_filter_path is not None, "--dynamic-sampling-filter-path: filter groups inside the function instead"),
+        (dbg.train_only, "--debug-train-only / --load-debug-rollout-data: a train-only run replays records and calls no rollout function"),
+        (config.train.use_opd, "--use-opd: teacher scoring runs in the built-in scheduler; not with a rollout function yet"),
+    ]
+    for bad, what in problems:
+        if bad:
+            raise ConfigError(f"{flag} with {what}")
+
+
+class RolloutFunctionScheduler(SchedulerCounters):
+    """The part of ``Scheduler`` that ``run_step`` and the driver use, fed by a rollout function.
+
+    Args:
+        config: the run's root ``Config`` (``RolloutArgs`` reads slime's flag values from it).
+        fn: the rollout function ``(args, rollout_id, data_buffer, evaluation=False)``, sync or async.
+        source: the prompt rows (``PromptSource``); ``data_buffer.get_samples`` draws from it.
+        tokenize: the run's prompt tokenizer (``slime.loop.driver.prompt_tokenizer``).
+        reward_fn: per-sample reward for samples returned without one.
+        pool: the engines (``args.pool``, ``args.sglang_router_ip`` / ``port``); None without engines.
+        fill_logprobs: whether the trainer can compute missing rollout logprobs (torch backend); when
+            False a sample without ``rollout_log_probs`` is an error.
+    """
+
+    def __init__(self, config: Any, fn: Callable[..., Any], *, source: Any, tokenize: Callable[..., list[int]], buffer: DataBuffer,
+                 reward_fn: Callable[..., Any], pool: Any = None, engine_version: int = 0, fill_logprobs: bool = True):
+        self.config, self.rollout = config.loop, config.rollout
+        self.path = config.rollout.rollout_function_path
+        self.fn, self.buffer, self.reward_fn, self.pool = fn, buffer, reward_fn, pool
+        self.engine_version = engine_version
+        self.fill_logprobs = fill_logprobs
+        self.args = RolloutArgs(config, pool=pool, engine_version=engine_version)
+        self.data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: tokenize_row(tokenize, row),
+                                             n_samples_per_prompt=config.rollout.n_samples_per_prompt, num_prompts=len(source.rows))
+        self.rollout_id = 0
+        self.next_group_id = 0
+        self.num_admitted = 0
+        self.stats = StepStats()
+
+    async def next_batch(self, n: int) -> list[Group]:
+        """Call the function for the next step and return its groups, rewarded and checked.
+
+        Raises:
+            PluginError: the function raised, or returned something outside the contract (one line
+                naming ``--rollout-function-path``, the group and sample).
+        """
+        self.rollout_id += 1
+        where = f"--rollout-function-path={self.path} (step {self.rollout_id})"
+        self.args.engine_version = self.engine_version
+        call = (self.args, self.rollout_id - 1, self.data_buffer)  # slime's rollout_id is 0-based
+        try:
+            if inspect.iscoroutinefunction(self.fn):
+                out = await self.fn(*call, evaluation=False)
+            else:
+                out = await asyncio.to_thread(self.fn, *call, evaluation=False)
+            groups, metrics = to_groups(out, n_samples_per_prompt=self.rollout.n_samples_per_prompt, engine_version=self.engine_version,
+                                        next_group_id=self.next_group_id, rollout_id=self.rollout_id, data_index=self.data_buffer.data_index)
+        except PluginError as exc:
+            raise PluginError(f"{where}: {exc}") from None
+        except Exception as exc:  # the plugin's bug: stop the run with its reason
+            raise PluginError(f"{where}: raised {type(exc).__name__}: {exc}") from exc
+        if not self.fill_logprobs and any(s.metadata.get("offline_logprobs") is False for g in groups for s in g.samples):
+            raise PluginError(f"{where}: a sample without rollout_log_probs; computing them is implemented for the torch backend only")
+        if len(groups) != n:
+            log.warning("%s returned %d groups, the batch size is %d: training on the returned ones", where, len(groups), n)
+        if metrics:
+            log.info("%s metrics: %s", where, metrics)
+        for g in groups:
+            for s in g.samples:
+                if s.reward is None:
+                    await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+        self.next_group_id += len(groups)
+        self.num_admitted += len(groups)
+        st = self.stats
+        st.started_groups += len(groups)
+        st.finished_groups += len(groups)
+        st.generated_tokens += sum(s.num_response_tokens for g in groups for s in g.samples if not s.metadata.get("offline"))
+        st.failed_samples += sum(s.status is Status.FAILED for g in groups for s in g.samples)
+        for g in groups:
+            self.buffer.push_ready(g)
+        return self.buffer.take(len(groups))
+
+    def paused(self, mode: str = "abort") -> Any:
+        """Nothing generates between calls: pausing is a no-op."""
+        return contextlib.nullcontext()
+
+    quiesced = paused
+
+    async def shutdown(self) -> None:
+        pass
+
