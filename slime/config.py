@@ -103,9 +103,9 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     takes a ``tokenizer`` argument, the run's tokenizer is bound to it."""
     custom_rm_path: str | None = None
     """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
-    rm_type: Literal["math", "code", "remote", "remote_rm"] | None = None
+    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm"] | None = None
     """Built-in verifier used when ``custom_rm_path`` is unset (``--rm-type``): ``math`` (math-verify
-    against the label), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
+    against the label; ``deepscaler`` and ``dapo``, slime's math rewards, are this verifier), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
     ``rm_url``). See ``slime/rollout/verifiers/``."""
     rm_url: str | None = None
     """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers
