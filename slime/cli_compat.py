@@ -78,6 +78,13 @@ def _rope_theta(hf: dict[str, Any]) -> tuple[str, Any, Any]:
     return "rope_theta", "absent", _MISSING
 
 
+def _rope_scaling_factor(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if "factor" in scaling:
+        return "rope_scaling.factor", scaling["factor"], float(scaling["factor"])
+    return "rope_scaling.factor", "absent", _MISSING
+
+
 def _uses_rope(hf: dict[str, Any]) -> tuple[str, Any, Any]:
     key, raw, theta = _rope_theta(hf)
     return key, raw, True if theta is not _MISSING else _MISSING
@@ -157,6 +164,16 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--num-experts": Checked(_key("num_experts", "num_local_experts", "n_routed_experts"), _INT),
     "--moe-router-topk": Checked(_key("num_experts_per_tok"), _INT),
     "--moe-ffn-hidden-size": Checked(_key("moe_intermediate_size"), _INT),
+    "--use-rope-scaling": Checked(_key("rope_scaling", default=False, convert=bool), _FLAG),
+    "--rotary-scaling-factor": Checked(_rope_scaling_factor, _FLOAT),
+    "--spec": NoOp("the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)", dict(nargs=2, metavar=("MODULE", "FUNCTION"))),
+    "--moe-layer-freq": NoOp("which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()),
+    "--moe-router-score-function": NoOp("routing is HF's softmax over the router logits", dict(), allowed=("softmax",)),
+    "--moe-router-dtype": NoOp("the router gate runs in fp32 (slime/train/megatron/layers.py)", dict(), allowed=("fp32",)),
+    "--moe-token-drop-policy": NoOp("megatron-core's default; tokens are dropped only with --moe-expert-capacity-factor", dict(), allowed=("probs",)),
+    "--moe-grouped-gemm": NoOp("a kernel choice of megatron-core; experts run as its local (sequential) MLPs here", _FLAG),
+    "--moe-permute-fusion": NoOp("a Transformer Engine kernel; token permutation runs unfused here", _FLAG),
+    "--no-rope-fusion": NoOp("RoPE is applied by slime's attention (a torch.compile kernel on CUDA), not megatron's fused RoPE", _FLAG),
     # Megatron numerics and kernels
     "--attention-dropout": NoOp(_ZERO_DROPOUT, _FLOAT, allowed=(0.0,)),
     "--hidden-dropout": NoOp(_ZERO_DROPOUT, _FLOAT, allowed=(0.0,)),
@@ -168,6 +185,13 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     # Optimizer and data balance
     "--optimizer": NoOp("the optimizer is always AdamW (Megatron's 'adam' is AdamW: decoupled --weight-decay)", dict(), allowed=("adam",)),
     "--balance-data": NoOp("each data-parallel rank packs its micro-batches by token count (--use-dynamic-batch-size); there is no cross-rank re-balancing", _FLAG),
+    "--optimizer-cpu-offload": NoOp("optimizer state stays on the GPU (memory only: the update is the same)", _FLAG),
+    "--overlap-cpu-optimizer-d2h-h2d": NoOp("optimizer state stays on the GPU, so there is no host copy to overlap", _FLAG),
+    "--use-precision-aware-optimizer": NoOp("AdamW keeps fp32 master weights and moments (memory only, at fp32 precision)", _FLAG),
+    "--disable-compute-advantages-and-returns": NoOp("SFT (--loss-type sft_loss) computes no advantages here anyway", _FLAG),
+    # Logging
+    "--wandb-key": NoOp("wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()),
+    "--wandb-run-id": NoOp("W&B names the run itself; the run directory (--save) is in its config", dict()),
     "--reward-key": NoOp("rewards are floats here (the --rm-type verifiers return one; a reward function returning a dict is an error naming it)", dict()),
 }
 """Every accepted THUDM/slime flag that is not in ``slime.cli_args.FLAGS``, with its fate."""
@@ -243,6 +267,8 @@ def _same(value: Any, expected: Any) -> bool:
 
 def _num(value: Any) -> str:
     """A value as a script writes it: ``10000``, not ``10000.0``."""
+    if isinstance(value, list):
+        return " ".join(map(_num, value))
     return f"{value:.15g}" if isinstance(value, float) else str(value)
 
 
