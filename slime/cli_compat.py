@@ -184,7 +184,7 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--seq-length": NoOp("sequence lengths come from the data (prompt + --rollout-max-response-len); micro-batches are packed by --max-tokens-per-gpu", _INT),
     # Optimizer and data balance
     "--optimizer": NoOp("the optimizer is always AdamW (Megatron's 'adam' is AdamW: decoupled --weight-decay)", dict(), allowed=("adam",)),
-    "--balance-data": NoOp("each data-parallel rank packs its micro-batches by token count (--use-dynamic-batch-size); there is no cross-rank re-balancing", _FLAG),
+    "--balance-data": NoOp("always on: each step's samples are split over data-parallel ranks by token count, longest first onto the lightest rank (slime/train/megatron/packing.py)", _FLAG),
     "--optimizer-cpu-offload": NoOp("optimizer state stays on the GPU (memory only: the update is the same)", _FLAG),
     "--overlap-cpu-optimizer-d2h-h2d": NoOp("optimizer state stays on the GPU, so there is no host copy to overlap", _FLAG),
     "--use-precision-aware-optimizer": NoOp("AdamW keeps fp32 master weights and moments (memory only, at fp32 precision)", _FLAG),
