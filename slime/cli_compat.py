@@ -170,7 +170,7 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--moe-layer-freq": NoOp("which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()),
     "--moe-router-score-function": NoOp("routing is HF's softmax over the router logits", dict(), allowed=("softmax",)),
     "--moe-router-dtype": NoOp("the router gate runs in fp32 (slime/train/megatron/layers.py)", dict(), allowed=("fp32",)),
-    "--moe-token-drop-policy": NoOp("megatron-core's default; tokens are dropped only with --moe-expert-capacity-factor", dict(), allowed=("probs",)),
+    "--moe-token-drop-policy": NoOp("the megatron backend's policy; tokens are dropped only with --moe-expert-capacity-factor", dict(), allowed=("probs",)),
     "--moe-grouped-gemm": NoOp("a kernel choice of megatron-core; experts run as its local (sequential) MLPs here", _FLAG),
     "--moe-permute-fusion": NoOp("a Transformer Engine kernel; token permutation runs unfused here", _FLAG),
     "--no-rope-fusion": NoOp("RoPE is applied by slime's attention (a torch.compile kernel on CUDA), not megatron's fused RoPE", _FLAG),
@@ -202,7 +202,10 @@ def add_compat_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("THUDM/slime flags checked against --hf-checkpoint or no-ops here (docs/slime_flags.md)")
     for flag, entry in COMPAT_FLAGS.items():
         help_text = "checked against --hf-checkpoint's config.json" if isinstance(entry, Checked) else f"no-op: {entry.reason}"
-        group.add_argument(flag, dest=_dest(flag), default=None, help=help_text.replace("%", "%%"), **entry.kwargs)
+        kwargs = dict(entry.kwargs)
+        if kwargs.get("action") != "store_true" and "choices" not in kwargs:
+            kwargs.setdefault("metavar", flag[2:].upper().replace("-", "_"))
+        group.add_argument(flag, dest=_dest(flag), default=None, help=help_text.replace("%", "%%"), **kwargs)
 
 
 def _dest(flag: str) -> str:
