@@ -73,6 +73,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--reward-timeout-s": ("rollout.reward_timeout_s", dict(type=float)),
     "--max-retries": ("rollout.max_retries", dict(type=int)),
     "--custom-rm-path": ("rollout.custom_rm_path", dict()),
+    "--reward-key": ("rollout.reward_key", dict(help="entry of a dict returned by the reward function that is the reward")),
     "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),
     "--rm-type": ("rollout.rm_type", dict(choices=["math", "deepscaler", "dapo", "code", "remote", "remote_rm"], help="built-in verifier (slime/rollout/verifiers/; deepscaler and dapo: the math verifier)")),
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),

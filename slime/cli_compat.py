@@ -189,10 +189,10 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--overlap-cpu-optimizer-d2h-h2d": NoOp("optimizer state stays on the GPU, so there is no host copy to overlap", _FLAG),
     "--use-precision-aware-optimizer": NoOp("AdamW keeps fp32 master weights and moments (memory only, at fp32 precision)", _FLAG),
     "--disable-compute-advantages-and-returns": NoOp("SFT (--loss-type sft_loss) computes no advantages here anyway", _FLAG),
+    "--use-slime-router": NoOp("requests are spread by slime's own engine pool, or by sglang-router for launched SGLang servers; slime's router middleware does not exist here", _FLAG),
     # Logging
     "--wandb-key": NoOp("wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()),
     "--wandb-run-id": NoOp("W&B names the run itself; the run directory (--save) is in its config", dict()),
-    "--reward-key": NoOp("rewards are floats here (the --rm-type verifiers return one; a reward function returning a dict is an error naming it)", dict()),
 }
 """Every accepted THUDM/slime flag that is not in ``slime.cli_args.FLAGS``, with its fate."""
 

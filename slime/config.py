@@ -97,6 +97,9 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """First backoff; doubles per retry (``--retry-backoff-s``)."""
     reward_timeout_s: float = 30.0
     """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
+    reward_key: str | None = None
+    """Which entry of a dict returned by the reward function is the reward (``--reward-key``, slime's);
+    the whole dict is kept in ``Sample.evidence["reward_fields"]``. Float rewards are used as they are."""
     custom_generate_function_path: str | None = None
     """``pkg.module.func``: an async generate function ``(sample, sampling_params, **kwargs)``
     returning the sample or a list of finished samples (``--custom-generate-function-path``). If it

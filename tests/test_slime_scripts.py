@@ -157,6 +157,7 @@ NOT_ACCEPTED = {
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len",  # change training: not mapped yet
     "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4 layers the backends do not build
     "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # eval / placement families (items 3-4)
+    "--deterministic-mode",  # Megatron's deterministic kernels are not wired to the backends
 }
 LLAMA3_1_8B_CONFIG = {
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -228,6 +228,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn, generate_fn=generate_fn,
             max_response_len=config.rollout.rollout_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
             temperature=config.rollout.eval_temperature, n_samples_per_prompt=config.rollout.n_samples_per_eval_prompt,
+            reward_key=config.rollout.reward_key,
         )
         if resume is None:
             with tracer.span("eval", "eval", step=0, num_prompts=len(eval_rows)):
