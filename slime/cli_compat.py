@@ -240,7 +240,10 @@ def check_compat_flags(ns: argparse.Namespace, hf_checkpoint: str | None) -> Non
         elif hf is None:
             log.warning("%s%s: not checked: %s not found", flag, shown, path)
         else:
-            key, raw, expected = entry.hf_value(hf)
+            try:
+                key, raw, expected = entry.hf_value(hf)
+            except (TypeError, ValueError, AttributeError) as exc:  # a config.json value of the wrong type
+                raise ConfigError(f"{path}: cannot check {flag}: {type(exc).__name__}: {exc}") from None
             if expected is _MISSING:
                 log.warning("%s%s: not checked: %s has no %s", flag, shown, path, key)
             elif not _same(value, expected):
@@ -259,7 +262,8 @@ def _hf_config(hf_checkpoint: str | None, flags: list[str]) -> dict[str, Any] | 
         raise ConfigError(f"{path}: cannot read it to check {', '.join(flags)}: {exc}") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(hf).__name__}")
-    return {**hf, **(hf.get("text_config") or {})}
+    text = hf.get("text_config")
+    return {**hf, **text} if isinstance(text, dict) else hf
 
 
 def _same(value: Any, expected: Any) -> bool:

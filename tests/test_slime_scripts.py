@@ -214,3 +214,10 @@ def test_the_docs_table_names_every_flag_and_its_fate():
     doc = (Path(__file__).parents[1] / "docs" / "slime_flags.md").read_text()
     missing = [flag for flag in [*COMPAT_FLAGS, *NOT_ACCEPTED] if f"`{flag}`" not in doc]
     assert missing == []
+
+
+def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"head_dim": "wide", "text_config": {"num_hidden_layers": 36}}))
+    check_compat_flags(build_parser().parse_args(["--num-layers", "36"]), str(tmp_path))  # text_config (VLMs) is read
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'config.json'}: cannot check --kv-channels: ValueError")):
+        check_compat_flags(build_parser().parse_args(["--kv-channels", "128"]), str(tmp_path))
