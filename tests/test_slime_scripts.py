@@ -15,10 +15,11 @@ import re
 import shlex
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slime.cli import main
-from slime.cli_args import FLAGS, build_parser
+from slime.cli_args import FLAGS, build_parser, config_from_args, split_passthrough
 from slime.cli_compat import COMPAT_FLAGS, Checked, NoOp, check_compat_flags
 from slime.errors import ConfigError
 
@@ -106,6 +107,21 @@ def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, hf_dir,
             what = "no-op here: " if isinstance(COMPAT_FLAGS[flag], NoOp) else "checked: matches "
             assert len(said) == 1 and what in said[0], (flag, said)
     assert len(lines) == sum(tokens[0] in COMPAT_FLAGS for tokens in runnable)  # nothing else, nothing twice
+    _assert_applied(runnable)
+
+
+def _assert_applied(runnable: list[list[str]]) -> None:
+    """Each ``FLAGS`` flag of the script reached its config field with the script's value."""
+    argv, sglang_args, router_args = split_passthrough([t for tokens in runnable for t in tokens])
+    config = msgspec.to_builtins(config_from_args(build_parser().parse_args(argv), sglang_args=sglang_args, router_args=router_args))
+    for flag, *values in runnable:
+        if flag not in FLAGS or "=" in FLAGS[flag][0] or len(values) > 1:
+            continue
+        node = config
+        for part in FLAGS[flag][0].split("."):
+            node = node[part]
+        want = values[0] if values else True  # a bare flag sets True
+        assert node == (want if isinstance(node, (bool, str)) else type(node)(want)), (flag, node, want)
 
 
 @pytest.mark.parametrize("flag, value, hf_key", [
