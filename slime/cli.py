@@ -43,6 +43,9 @@ def _train(argv: list[str]) -> int:
         config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
         if not config.engine.hf_checkpoint:
             config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
+        from slime.cli_compat import check_compat_flags
+
+        check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
         from slime.rollout.placement import build_placement, placement_given, with_placement_defaults
 
         config = with_placement_defaults(config)

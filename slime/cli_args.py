@@ -75,9 +75,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--reward-timeout-s": ("rollout.reward_timeout_s", dict(type=float)),
     "--max-retries": ("rollout.max_retries", dict(type=int)),
     "--custom-rm-path": ("rollout.custom_rm_path", dict()),
+    "--reward-key": ("rollout.reward_key", dict(help="entry of a dict returned by the reward function that is the reward")),
     "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),
     "--rollout-function-path": ("rollout.rollout_function_path", dict(help="a function making a whole step's groups (slime's contract; slime.rollout.slime_compat)")),
-    "--rm-type": ("rollout.rm_type", dict(choices=["math", "code", "remote", "remote_rm"], help="built-in verifier (slime/rollout/verifiers/)")),
+    "--rm-type": ("rollout.rm_type", dict(choices=["math", "deepscaler", "dapo", "code", "remote", "remote_rm"], help="built-in verifier (slime/rollout/verifiers/; deepscaler and dapo: the math verifier)")),
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),
     "--allow-unsafe-code-execution": ("rollout.allow_unsafe_code_execution", dict(action="store_true", help="run model-written code without an OS sandbox where bubblewrap cannot run (--rm-type code)")),
     "--global-batch-size": ("train.global_batch_size", dict(type=int)),
@@ -188,6 +189,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
             docs = docs if docs is not None else _config_docs()
             kwargs = {**kwargs, "help": _help_from_config(path, docs)}
         parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, **kwargs)
+    # THUDM/slime flags with no field here: checked against --hf-checkpoint, or logged no-ops (slime/cli_compat.py)
+    from slime.cli_compat import add_compat_flags
+
+    add_compat_flags(parser)
     return parser
 
 

@@ -119,6 +119,9 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """First backoff; doubles per retry (``--retry-backoff-s``)."""
     reward_timeout_s: float = 30.0
     """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
+    reward_key: str | None = None
+    """Which entry of a dict returned by the reward function is the reward (``--reward-key``, slime's);
+    the whole dict is kept in ``Sample.evidence["reward_fields"]``. Float rewards are used as they are."""
     custom_generate_function_path: str | None = None
     """``pkg.module.func``: an async generate function ``(sample, sampling_params, **kwargs)``
     returning the sample or a list of finished samples (``--custom-generate-function-path``). If it
@@ -129,9 +132,9 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     it replaces the built-in scheduler for the step (``slime.loop.rollout_function``)."""
     custom_rm_path: str | None = None
     """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
-    rm_type: Literal["math", "code", "remote", "remote_rm"] | None = None
+    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm"] | None = None
     """Built-in verifier used when ``custom_rm_path`` is unset (``--rm-type``): ``math`` (math-verify
-    against the label), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
+    against the label; ``deepscaler`` and ``dapo``, slime's math rewards, are this verifier), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
     ``rm_url``). See ``slime/rollout/verifiers/``."""
     rm_url: str | None = None
     """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers

@@ -16,7 +16,7 @@ PINNED = {
     "--rollout-batch-size", "--over-sampling-batch-size", "--partial-rollout", "--rollout-mode", "--staleness-policy", "--dynamic-sampling-filter-path", "--buffer-filter-path",
     "--num-rollout", "--max-staleness", "--eval-interval", "--overlap-train", "--n-samples-per-prompt",
     "--rollout-max-response-len", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
-    "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path", "--custom-generate-function-path", "--rollout-function-path", "--rm-type", "--rm-url",
+    "--request-timeout-s", "--reward-timeout-s", "--max-retries", "--custom-rm-path", "--reward-key", "--custom-generate-function-path", "--rollout-function-path", "--rm-type", "--rm-url",
     "--allow-unsafe-code-execution",
     "--global-batch-size", "--micro-batch-size", "--lr", "--weight-decay", "--adam-beta1", "--adam-beta2",
     "--clip-grad", "--calculate-per-token-loss", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",

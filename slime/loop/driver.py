@@ -238,6 +238,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             max_response_len=config.rollout.resolved_eval_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
             temperature=config.rollout.eval_temperature, top_p=config.rollout.resolved_eval_top_p,
             n_samples_per_prompt=config.rollout.n_samples_per_eval_prompt,
+            reward_key=config.rollout.reward_key,
         )
         if resume is None:
             with tracer.span("eval", "eval", step=0, num_prompts=num_eval_prompts):

@@ -59,6 +59,7 @@ async def evaluate(
     generate_fn: Callable[..., Awaitable[Any]] = generate,
     n_samples_per_prompt: int = 1,
     top_p: float = 1.0,
+    reward_key: str | None = None,
 ) -> dict[str, float]:
     """Return ``accuracy`` (mean reward), ``pass@j`` (module docstring), ``mean_response_len`` and
     ``failed`` over ``n_samples_per_prompt`` samples of each of ``rows``, sampled at ``temperature``
@@ -83,7 +84,7 @@ async def evaluate(
         if not sample.is_valid:  # the generate function failed it: no reward call
             sample.reward = 0.0
         else:
-            await score_sample(sample, reward_fn, timeout_s=reward_timeout_s)
+            await score_sample(sample, reward_fn, timeout_s=reward_timeout_s, reward_key=reward_key)
         return sample
 
     samples = await asyncio.gather(*(one(i, r, j) for i, r in enumerate(rows) for j in range(k)))

@@ -236,7 +236,7 @@ class Scheduler(SchedulerCounters):
                     group.samples[i : i + 1] = new
             if group.is_finished and self.group_reward_fn is not None and not group.is_rewarded:
                 span = self.tracer.begin("group_reward", "reward", lanes="group reward")
-                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
                 if span is not None:
                     self.tracer.end(span, group_id=group.group_id, rewards=[smp.reward for smp in group.samples])
             if not (group.is_finished and group.is_rewarded):
@@ -314,7 +314,7 @@ class Scheduler(SchedulerCounters):
                 s.reward = 0.0
             elif self.group_reward_fn is None and s.reward is None:
                 span = self.tracer.begin("reward", "reward", lanes="reward")
-                await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
                 if span is not None:
                     self.tracer.end(span, group_id=s.group_id, index=s.index, reward=s.reward, status=s.status.value)
         return sample, produced
@@ -391,11 +391,11 @@ class Scheduler(SchedulerCounters):
                     if s.status is not Status.FAILED and s.teacher_logprobs is None:
                         await self._score_teacher(s)
             if self.group_reward_fn is not None and not group.is_rewarded:
-                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
             elif self.group_reward_fn is None:
                 for s in group.samples:
                     if s.reward is None:
-                        await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                        await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
             self.stats.offline_groups += 1
             self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
             groups.append(group)

@@ -84,7 +84,17 @@ def _stuck() -> str:
     return f"; {n} sync plugin calls still running (a sync reward that hangs is abandoned)" if n else ""
 
 
-def _as_reward(value: Any) -> float:
+def _as_reward(value: Any, reward_key: str | None = None, sample: Sample | None = None) -> float:
+    """The float reward in ``value``; a dict (slime's reward functions may return one) gives its
+    ``reward_key`` entry, and the whole dict is kept in ``sample.evidence["reward_fields"]``."""
+    if isinstance(value, dict):
+        if reward_key is None:
+            raise PluginError(f"reward function returned a dict {value!r:.80}; --reward-key names which entry is the reward")
+        if reward_key not in value:
+            raise PluginError(f"reward function returned a dict without --reward-key {reward_key!r}: {value!r:.80}")
+        if sample is not None:  # evidence stays JSON: scalar entries only
+            sample.evidence["reward_fields"] = {k: v for k, v in value.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        value = value[reward_key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PluginError(f"reward function returned {type(value).__name__} {value!r}, expected a float")
     value = float(value)
@@ -107,14 +117,15 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     }
 
 
-async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout_s: float) -> None:
-    """Set ``sample.reward`` from ``reward_fn``; on any plugin failure mark the sample FAILED."""
+async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout_s: float, reward_key: str | None = None) -> None:
+    """Set ``sample.reward`` from ``reward_fn`` (a dict result: its ``reward_key`` entry); on any
+    plugin failure mark the sample FAILED."""
     t0 = time.monotonic()
     deadline = asyncio.timeout(timeout_s)
     try:
         async with deadline:
             raw = await _call(reward_fn, sample)
-        sample.reward = _as_reward(raw)
+        sample.reward = _as_reward(raw, reward_key, sample)
     except TimeoutError as exc:
         if deadline.expired():  # our deadline, not a TimeoutError raised inside the reward function
             exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
@@ -123,8 +134,8 @@ async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout
         _mark_failed(sample, exc, time.monotonic() - t0)
 
 
-async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any], *, timeout_s: float) -> None:
-    """Set every sample's reward from one call of a per-group reward function."""
+async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any], *, timeout_s: float, reward_key: str | None = None) -> None:
+    """Set every sample's reward from one call of a per-group reward function (dict entries: their ``reward_key``)."""
     t0 = time.monotonic()
     deadline = asyncio.timeout(timeout_s)
     try:
@@ -134,7 +145,7 @@ async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any]
             raise PluginError(f"group reward function returned {type(raw).__name__} {raw!r:.60}, expected a list of {len(samples)} rewards")
         if len(raw) != len(samples):
             raise PluginError(f"group reward function returned {len(raw)} rewards for {len(samples)} samples")
-        values = [_as_reward(v) for v in raw]
+        values = [_as_reward(v, reward_key, s) for v, s in zip(raw, samples)]
     except Exception as exc:  # plugin boundary (TimeoutError included)
         if isinstance(exc, TimeoutError) and deadline.expired():
             exc = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")

@@ -19,8 +19,10 @@ from slime.errors import ConfigError
 
 __all__ = ["RM_TYPES", "reward_fn_from_config"]
 
-RM_TYPES = ("math", "code", "remote", "remote_rm")
-"""``--rm-type`` values; ``remote_rm`` is slime's spelling of ``remote``."""
+RM_TYPES = ("math", "deepscaler", "dapo", "code", "remote", "remote_rm")
+"""``--rm-type`` values; ``remote_rm`` is slime's spelling of ``remote``. slime's math rewards
+``deepscaler`` and ``dapo`` are ``math`` here: math-verify's answer extraction instead of their string
+matchers, and reward 0/1 (dapo's -1/1 gives the same GRPO advantages once divided by the group std)."""
 
 
 def reward_fn_from_config(rollout: RolloutConfig) -> Callable[..., Any] | None:
@@ -37,7 +39,7 @@ def reward_fn_from_config(rollout: RolloutConfig) -> Callable[..., Any] | None:
     kind = rollout.rm_type
     if kind is None:
         return None
-    if kind == "math":
+    if kind in ("math", "deepscaler", "dapo"):
         from slime.rollout.verifiers.math import MathVerifier
 
         return MathVerifier(timeout_s=rollout.reward_timeout_s)

@@ -79,6 +79,8 @@ async def test_slow_server_times_out_quickly_and_the_sample_is_failed_not_the_ru
 
 def test_rm_type_maps_to_verifiers_and_remote_needs_a_url():
     assert type(reward_fn_from_config(RolloutConfig(rm_type="math"))).__name__ == "MathVerifier"
+    for slime_math in ("deepscaler", "dapo"):  # slime's math rewards: the math verifier here
+        assert type(reward_fn_from_config(RolloutConfig(rm_type=slime_math))).__name__ == "MathVerifier"
     assert type(reward_fn_from_config(RolloutConfig(rm_type="remote_rm", rm_url="http://h:1/rm"))).__name__ == "RemoteRewardModel"
     assert reward_fn_from_config(RolloutConfig()) is None
     with pytest.raises(ConfigError, match="--rm-url"):
