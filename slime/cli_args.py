@@ -96,6 +96,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--use-tis": ("train.use_tis", dict(action="store_true")),
     "--tis-clip": ("train.tis_clip", dict(type=float)),
     "--tis-clip-low": ("train.tis_clip_low", dict(type=float)),
+    "--tis-level": ("train.tis_level", dict(choices=["token", "sequence", "geometric"], help="TIS ratio per token, or one per sample (product / geometric mean)")),
     "--train-threads": ("train.num_threads", dict(type=int)),
     # Algorithm set and off-policy corrections: slime's spelling where slime has the flag (MIS's
     # --mis-* keys are slime's mis.yaml keys; --use-decoupled-ppo / --behav-imp-weight-cap follow

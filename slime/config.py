@@ -311,6 +311,10 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Token-level truncated importance sampling between trainer and rollout logprobs (``--use-tis``)."""
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    tis_level: Literal["token", "sequence", "geometric"] = "token"
+    """Where the TIS ratio is taken (``--tis-level``, THUDM/slime's): per token, or one ratio per
+    sample from its trained tokens' log ratios summed (``sequence``) or averaged (``geometric``),
+    then truncated to [tis_clip_low, tis_clip] (``slime.train.offpolicy.tis_weights``)."""
     loss_agg: Literal["seq_mean", "token_mean"] = "seq_mean"
     """Loss aggregation: mean over each sample's tokens then over samples (slime's default), or
     one mean over every token of the step (``--calculate-per-token-loss``, DAPO)."""
@@ -567,6 +571,7 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.train.eps_clip > 0, "--eps-clip", self.train.eps_clip, "> 0"),
             (self.train.eps_clip_high is None or self.train.eps_clip_high >= 0, "--eps-clip-high", self.train.eps_clip_high, ">= 0"),
             (0 <= self.train.tis_clip_low <= self.train.tis_clip, "--tis-clip-low", self.train.tis_clip_low, f"in [0, --tis-clip={self.train.tis_clip}]"),
+            (t.tis_level == "token" or t.use_tis, "--tis-level", t.tis_level, "used with --use-tis (without it there is no TIS weight)"),
             (self.train.clip_grad >= 0, "--clip-grad", self.train.clip_grad, ">= 0 (0 = no clipping)"),
             (self.train.num_threads >= 1, "--train-threads", self.train.num_threads, ">= 1"),
             (self.train.micro_batch_size <= self.train.global_batch_size, "--micro-batch-size", self.train.micro_batch_size, f"<= --global-batch-size ({self.train.global_batch_size})"),

@@ -13,6 +13,8 @@ mismatch, which is what slime does without ``--use-tis``.
 1. TIS, truncated importance sampling (``--use-tis``): Yao et al. 2025, "Your Efficient RL
    Framework Secretly Brings You Off-Policy RL Training" (fengyao.notion.site/off-policy-rl).
    ``w = clamp(r, tis_clip_low, tis_clip)`` per token. The lower floor is slime's addition.
+   ``--tis-level sequence`` / ``geometric`` truncate one ratio per sample instead, taken as MIS
+   takes it below (slime's ``mis.py`` in ``tis_mode: truncate``).
 2. MIS, masked importance sampling (``--mis-level``): Liu, Li et al. 2025, "When Speed Kills
    Stability: Demystifying RL Collapse from the Training-Inference Mismatch"
    (richardli.xyz/rl-collapse); slime's ``examples/train_infer_mismatch_helper/mis.py`` in
@@ -74,24 +76,42 @@ def _check(old_logprobs: Tensor, rollout_logprobs: Tensor, loss_mask: Tensor) ->
     return (old_logprobs.detach().float() - rollout_logprobs.detach().float()) * loss_mask  # [B, L], 0 off mask
 
 
+def _log_rho(log_r: Tensor, mask: Tensor, level: str) -> Tensor:
+    """[B, L] log ratio at ``level``: per token, or each sample's sum / mean broadcast to its tokens."""
+    if level == "token":
+        return log_r
+    if level in ("sequence", "geometric"):
+        seq = log_r.sum(dim=-1, keepdim=True)  # [B, 1]
+        if level == "geometric":
+            seq = seq / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)
+        return seq.clamp(-MIS_LOG_RATIO_BOUND, MIS_LOG_RATIO_BOUND).expand_as(log_r)  # [B, L]
+    raise ValueError(f"importance weights: level={level!r}, expected token, sequence or geometric")
+
+
 def tis_weights(
-    old_logprobs: Tensor, rollout_logprobs: Tensor, loss_mask: Tensor, *, tis_clip: float, tis_clip_low: float = 0.0
+    old_logprobs: Tensor, rollout_logprobs: Tensor, loss_mask: Tensor, *, tis_clip: float, tis_clip_low: float = 0.0,
+    level: MISLevel = "token",
 ) -> tuple[Tensor, dict[str, float]]:
-    """Truncated IS weights ``clamp(exp(old - rollout), tis_clip_low, tis_clip)``.
+    """Truncated IS weights ``clamp(rho, tis_clip_low, tis_clip)``, rho = ``exp(old - rollout)`` at ``level``.
 
     Args:
         old_logprobs: [B, L] float32, the trainer's logprobs before the update (proximal).
         rollout_logprobs: [B, L] float32, the engine's logprobs (behaviour).
         loss_mask: [B, L] float, 1 = token trains.
         tis_clip / tis_clip_low: upper / lower truncation.
+        level: ``token`` (each token's ratio), ``sequence`` (one ratio per sample: the product
+            over its trained tokens) or ``geometric`` (their geometric mean), as ``mis_weights``.
 
     Returns:
         weights: [B, L] float32, detached; 0 where ``loss_mask`` is 0.
         metrics: ``tis_mean`` (mean weight) and ``tis_clipfrac`` (fraction truncated), token
             means over ``loss_mask``.
+
+    Raises:
+        ValueError: on a shape mismatch or an unknown level.
     """
     mask = loss_mask.float()
-    raw = _check(old_logprobs, rollout_logprobs, mask).exp()  # [B, L]
+    raw = _log_rho(_check(old_logprobs, rollout_logprobs, mask), mask, level).exp()  # [B, L]
     weights = raw.clamp(min=tis_clip_low, max=tis_clip) * mask
     return weights, {"tis_mean": _token_mean(weights, mask), "tis_clipfrac": _token_mean((weights != raw * mask).float(), mask)}
 
@@ -124,17 +144,7 @@ def mis_weights(
         ValueError: on a shape mismatch or an unknown level.
     """
     mask = loss_mask.float()
-    log_r = _check(old_logprobs, rollout_logprobs, mask)  # [B, L]
-    if level == "token":
-        log_rho = log_r
-    elif level in ("sequence", "geometric"):
-        seq = log_r.sum(dim=-1, keepdim=True)  # [B, 1]
-        if level == "geometric":
-            seq = seq / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)
-        log_rho = seq.clamp(-MIS_LOG_RATIO_BOUND, MIS_LOG_RATIO_BOUND).expand_as(log_r)  # [B, L]
-    else:
-        raise ValueError(f"mis_weights: level={level!r}, expected token, sequence or geometric")
-    rho = log_rho.exp()  # [B, L]
+    rho = _log_rho(_check(old_logprobs, rollout_logprobs, mask), mask, level).exp()  # [B, L]
     low, high = (rho < lower_bound).float(), (rho > upper_bound).float()
     weights = rho * (1.0 - low) * (1.0 - high) * mask
     metrics = {

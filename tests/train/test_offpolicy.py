@@ -6,6 +6,8 @@ log r = old_logp - rollout_logp on the trained tokens (sample B's third position
     sample B: log r = [ln 3, 0, (masked)]  ->  r = [3, 1, -]
 
     TIS, clip [0, 2]:        A [1, 2, 0.25]         B [2, 1, 0]
+    TIS sequence (slime's --tis-level): A 0.75 -> [0.75] * 3   B 3 -> 2 -> [2, 2, 0]
+    TIS geometric:           A [0.908560] * 3       B [1.732051, 1.732051, 0]
     MIS token [0.5, 2]:      A [1, 0, 0]            B [0, 1, 0]          (3 > 2, 0.25 < 0.5 masked)
     MIS sequence:            A rho = 3 * 0.25 = 0.75 (kept)   -> [0.75] * 3
                              B rho = 3 * 1 = 3 > 2 (masked)   -> [0, 0, 0]
@@ -16,6 +18,7 @@ log r = old_logp - rollout_logp on the trained tokens (sample B's third position
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,6 +33,28 @@ OLD = ROLLOUT + LOG_R
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 G = 0.75 ** (1 / 3)
 S3 = math.sqrt(3.0)
+
+
+@pytest.mark.parametrize("level, want", [
+    ("sequence", [[0.75, 0.75, 0.75], [2.0, 2.0, 0.0]]),
+    ("geometric", [[G, G, G], [S3, S3, 0.0]]),
+])
+def test_tis_at_sequence_and_geometric_level_truncates_one_ratio_per_sample(level, want):
+    w, m = tis_weights(OLD, ROLLOUT, MASK, tis_clip=2.0, tis_clip_low=0.0, level=level)
+    torch.testing.assert_close(w, torch.tensor(want))
+    assert m["tis_clipfrac"] == pytest.approx(2 / 5 if level == "sequence" else 0.0)
+
+
+def test_tis_level_reaches_the_loss_from_the_flag():
+    from slime.cli_args import build_parser, config_from_args
+    from slime.errors import ConfigError
+    from slime.train.objective import correction_weights
+
+    cfg = config_from_args(build_parser().parse_args(["--use-tis", "--tis-level", "geometric"])).train
+    w, _ = correction_weights(cfg, SimpleNamespace(old_logprobs=OLD, rollout_logprobs=ROLLOUT, loss_mask=MASK))
+    torch.testing.assert_close(w, torch.tensor([[G, G, G], [S3, S3, 0.0]]))
+    with pytest.raises(ConfigError, match="--tis-level"):  # without --use-tis it would weight nothing
+        config_from_args(build_parser().parse_args(["--tis-level", "sequence"]))
 
 
 def test_tis_truncates_each_token_ratio():
