@@ -147,6 +147,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--lr-decay-style": ("train.megatron.lr_decay_style", dict(choices=["constant", "linear", "cosine", "inverse-square-root"])),
     "--lr-warmup-iters": ("train.megatron.lr_warmup_iters", dict(type=int)),
     "--lr-decay-iters": ("train.megatron.lr_decay_iters", dict(type=int)),
+    "--lr-warmup-fraction": ("train.megatron.lr_warmup_fraction", dict(type=float, help="warm-up steps as a fraction of --lr-decay-iters (default: the run's optimizer steps)")),
     "--adam-eps": ("train.megatron.adam_eps", dict(type=float)),
     "--bf16": ("train.megatron.bf16", dict(action="store_true", help="bf16 params/activations, fp32 master weights")),
     "--use-distributed-optimizer": ("train.megatron.use_distributed_optimizer", dict(action="store_true")),

@@ -268,6 +268,10 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     does ``--min-lr``, ``--lr-warmup-iters`` and ``--lr-decay-iters``."""
     lr_warmup_iters: int = 0
     """Linear warm-up, in optimizer steps (``--lr-warmup-iters``)."""
+    lr_warmup_fraction: float | None = None
+    """Warm-up as a fraction of the decay steps (``--lr-warmup-fraction``, Megatron's): when the run's
+    optimizer steps are known, ``lr_warmup_iters = round(fraction x (lr_decay_iters or the run's
+    optimizer steps))`` (``slime.train.lr_schedule.resolve_lr_schedule``)."""
     lr_decay_iters: int | None = None
     """Optimizer steps over which lr decays to ``min_lr`` (``--lr-decay-iters``); None = no decay."""
     adam_eps: float = 1e-8
@@ -620,6 +624,9 @@ class Config(msgspec.Struct, **_STRUCT):
             (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
             (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
             (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
+            (m.lr_warmup_fraction is None or 0 <= m.lr_warmup_fraction < 1, "--lr-warmup-fraction", m.lr_warmup_fraction, "in [0, 1)"),
+            (m.lr_warmup_fraction is None or m.lr_warmup_iters == 0, "--lr-warmup-fraction with --lr-warmup-iters",
+             f"{m.lr_warmup_fraction} and {m.lr_warmup_iters}", "one of them (as in Megatron)"),
             (m.lr_decay_iters is None or m.lr_decay_iters >= 1, "--lr-decay-iters", m.lr_decay_iters, ">= 1, or unset"),
             (m.adam_eps > 0, "--adam-eps", m.adam_eps, "> 0"),
             (m.recompute_num_layers is None or m.recompute_num_layers >= 1, "--recompute-num-layers", m.recompute_num_layers, ">= 1, or unset"),

@@ -156,10 +156,13 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
     from transformers import AutoConfig
 
+    from slime.train.lr_schedule import resolve_lr_schedule
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
     check_run_modes(config)
+    steps = config.loop.num_rollout * config.loop.rollout_batch_size * config.rollout.n_samples_per_prompt // config.train.global_batch_size
+    config = msgspec.structs.replace(config, train=resolve_lr_schedule(config.train, steps))  # --lr-warmup-fraction, Megatron's default decay
     rollout_only, train_only = config.debug.debug_rollout_only, config.debug.train_only
     if rollout_only and not config.debug.save_debug_rollout_data:
         log.warning("--debug-rollout-only without --save-debug-rollout-data: the rollouts are not kept (metrics only)")

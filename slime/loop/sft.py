@@ -47,6 +47,7 @@ from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.report import MetricsWriter, write_json_atomic
+from slime.train.lr_schedule import resolve_lr_schedule
 from slime.obs.observers import Observers
 from slime.types import Group
 
@@ -167,7 +168,8 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
              len(train_rows), sum(len(r.input_ids) for r in train_rows), sum(sum(r.loss_mask) for r in train_rows),
              len(eval_rows), num_steps, config.loop.rollout_batch_size)
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
-    trainer = await asyncio.to_thread(TorchTrainer, config.train, model_dir=model_dir, policy_version=resume.policy_version if resume else 0)
+    train_cfg = resolve_lr_schedule(config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size)
+    trainer = await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0)
     if resume is not None:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)

@@ -21,9 +21,35 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from slime.config import TrainConfig
 
-__all__ = ["lr_at"]
+__all__ = ["lr_at", "resolve_lr_schedule"]
+
+
+def resolve_lr_schedule(config: TrainConfig, num_optimizer_steps: int) -> TrainConfig:
+    """``config`` with the steps Megatron derives from the run's length filled in.
+
+    ``num_optimizer_steps``: the run's optimizer steps (steps x samples per step / --global-batch-size).
+    As megatron-core does with ``train_iters``: an unset ``--lr-decay-iters`` of a decaying style
+    becomes ``num_optimizer_steps``, and ``--lr-warmup-fraction f`` becomes
+    ``lr_warmup_iters = round(f x lr_decay_iters)`` (``num_optimizer_steps`` if still unset).
+    Example: 1000 steps, cosine, fraction 0.1 -> decay over 1000, warm-up 100.
+    """
+    m = config.megatron
+    decay = m.lr_decay_iters
+    if decay is None and m.lr_decay_style not in ("constant", "inverse-square-root"):
+        decay = num_optimizer_steps
+    warmup = m.lr_warmup_iters
+    if m.lr_warmup_fraction is not None:
+        warmup = round(m.lr_warmup_fraction * (decay or num_optimizer_steps))
+        if decay is not None and warmup >= decay:
+            warmup = decay - 1  # at least one step after warm-up
+    if (decay, warmup) == (m.lr_decay_iters, m.lr_warmup_iters):
+        return config
+    return msgspec.structs.replace(config, megatron=msgspec.structs.replace(m, lr_decay_iters=decay, lr_warmup_iters=max(warmup, 0),
+                                                                          lr_warmup_fraction=None))
 
 
 def lr_at(config: TrainConfig, step: int) -> float:
