@@ -51,6 +51,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--eval-temperature": ("rollout.eval_temperature", dict(type=float, help="eval sampling temperature (0 = greedy)")),
     "--eval-prompt-data": ("data.eval_prompt_data", dict(nargs="+", help="held-out prompts: one path, or 'name path' pairs (THUDM/slime), reported per name")),
     "--eval-top-p": ("rollout.eval_top_p", dict(type=float, help="eval top-p (default: --rollout-top-p)")),
+    "--eval-top-k": ("rollout.eval_top_k", dict(type=int, help="eval top-k (default: --rollout-top-k; -1 = off)")),
+    "--skip-eval-before-train": ("loop.skip_eval_before_train", dict(action="store_true", help="no eval before the first step")),
     "--eval-max-response-len": ("rollout.eval_max_response_len", dict(type=int, help="eval response cap (default: --rollout-max-response-len)")),
     "--num-eval-prompts": ("data.num_eval_prompts", dict(type=int)),
     "--on-bad-data": ("data.on_bad_data", dict(choices=["skip", "fail"])),

@@ -151,6 +151,12 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     """Top-p of evaluation (``--eval-top-p``); None = ``rollout_top_p``, as in THUDM/slime."""
     eval_max_response_len: int | None = None
     """Cap on response tokens of an eval sample (``--eval-max-response-len``); None = ``rollout_max_response_len``."""
+    eval_top_k: int | None = None
+    """Top-k of evaluation (``--eval-top-k``); None = ``rollout_top_k``, as ``eval_top_p``. -1 = the whole vocabulary."""
+
+    @property
+    def resolved_eval_top_k(self) -> int:
+        return self.rollout_top_k if self.eval_top_k is None else self.eval_top_k
 
     @property
     def resolved_eval_top_p(self) -> float:
@@ -195,6 +201,8 @@ class LoopConfig(msgspec.Struct, **_STRUCT):
     first token's abort."""
     eval_interval: int = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
+    skip_eval_before_train: bool = False
+    """No eval before the first step (``--skip-eval-before-train``, THUDM/slime's); the later ones stay."""
     num_epoch: int | None = None
     """SFT: train this many passes over ``--prompt-data`` (``--num-epoch``, THUDM/slime's flag):
     ``num_rollout = num_epoch * rows // rollout_batch_size``, replacing ``--num-rollout``. None = use
@@ -603,6 +611,8 @@ class Config(msgspec.Struct, **_STRUCT):
             (0.0 <= self.loop.offline_ratio < 1.0, "--offline-ratio", self.loop.offline_ratio, "in [0, 1)"),
             (self.rollout.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.rollout.n_samples_per_eval_prompt, ">= 1"),
             (self.rollout.eval_temperature >= 0, "--eval-temperature", self.rollout.eval_temperature, ">= 0 (0 = greedy)"),
+            (self.rollout.eval_top_k is None or self.rollout.eval_top_k == -1 or self.rollout.eval_top_k >= 1, "--eval-top-k",
+             self.rollout.eval_top_k, ">= 1, or -1 (the whole vocabulary)"),
             (self.rollout.eval_top_p is None or 0 < self.rollout.eval_top_p <= 1, "--eval-top-p", self.rollout.eval_top_p, "in (0, 1]"),
             (self.rollout.eval_max_response_len is None or self.rollout.eval_max_response_len >= 1, "--eval-max-response-len",
              self.rollout.eval_max_response_len, ">= 1"),

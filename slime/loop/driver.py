@@ -239,11 +239,14 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         eval_kw = dict(
             pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn, generate_fn=generate_fn,
             max_response_len=config.rollout.resolved_eval_max_response_len, reward_timeout_s=config.rollout.reward_timeout_s,
-            temperature=config.rollout.eval_temperature, top_p=config.rollout.resolved_eval_top_p,
+            temperature=config.rollout.eval_temperature, top_p=config.rollout.resolved_eval_top_p, top_k=config.rollout.resolved_eval_top_k,
             n_samples_per_prompt=config.rollout.n_samples_per_eval_prompt,
             reward_key=config.rollout.reward_key,
         )
-        if resume is None:
+        before = None
+        if resume is None and config.loop.skip_eval_before_train:
+            log.info("--skip-eval-before-train: no eval before the first step")
+        elif resume is None:
             with tracer.span("eval", "eval", step=0, num_prompts=num_eval_prompts):
                 before = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
             metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before})
@@ -300,7 +303,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         await sync.close()
         obs.progress.close()
         with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=num_eval_prompts):
-            if rollout_only:  # the weights never changed: the eval before stands
+            if rollout_only and before is not None:  # the weights never changed: the eval before stands
                 after = before
             else:
                 after = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
@@ -424,12 +427,13 @@ def _summary(records: list[dict[str, Any]], config: Config, *, version: int, buf
     """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
+    first = evals[0] if evals and evals[0].get("step") == 0 else None  # None under --skip-eval-before-train
     opd = [r["opd/reverse_kl"] for r in steps if "opd/reverse_kl" in r]
     return {
         **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
-        "eval_accuracy_before": evals[0]["accuracy"] if evals else None,  # None: no eval set (strict JSON has no NaN)
+        "eval_accuracy_before": first["accuracy"] if first else None,  # None: no eval set (strict JSON has no NaN)
         "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
-        **({f"{key}_{when}": r[key] for when, r in (("before", evals[0]), ("after", evals[-1])) for key in r
+        **({f"{key}_{when}": r[key] for when, r in (("before", first), ("after", evals[-1])) if r for key in r
             if key.startswith("eval/") and key.endswith("/accuracy")} if evals else {}),  # eval/<name>/accuracy_before, ..._after
         "num_eval_prompts": config.data.num_eval_prompts,
         "num_rollout": config.loop.num_rollout,

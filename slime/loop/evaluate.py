@@ -60,10 +60,11 @@ async def evaluate(
     n_samples_per_prompt: int = 1,
     top_p: float = 1.0,
     reward_key: str | None = None,
+    top_k: int = -1,
 ) -> dict[str, float]:
     """Return ``accuracy`` (mean reward), ``pass@j`` (module docstring), ``mean_response_len`` and
-    ``failed`` over ``n_samples_per_prompt`` samples of each of ``rows``, sampled at ``temperature``
-    and ``top_p`` with at most ``max_response_len`` response tokens."""
+    ``failed`` over ``n_samples_per_prompt`` samples of each of ``rows``, sampled at ``temperature``,
+    ``top_p`` and ``top_k`` (-1 = off) with at most ``max_response_len`` response tokens."""
     sem = asyncio.Semaphore(max_concurrency)
     k = n_samples_per_prompt
 
@@ -73,7 +74,7 @@ async def evaluate(
         async with sem:
             out = await generate_fn(
                 sample,
-                {"temperature": temperature, "top_p": top_p},
+                {"temperature": temperature, "top_p": top_p, "top_k": top_k},
                 pool=pool,
                 max_response_len=max_response_len,
                 engine_version=engine_version,

@@ -188,7 +188,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
 
     async with Observers(config, run_dir, progress=progress) as obs:
         first_step = resume.step + 1 if resume else 1
-        if resume is None:
+        if resume is None and not config.loop.skip_eval_before_train:
             await evaluate(0)
         for step in range(first_step, num_steps + 1):
             t0 = time.monotonic()
@@ -250,7 +250,7 @@ def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, nu
         "num_steps": num_steps,
         "num_train_rows": num_rows,
         "bad_data_lines_skipped": num_bad,
-        "eval_loss_before": evals[0]["eval_loss"] if evals else None,
+        "eval_loss_before": evals[0]["eval_loss"] if evals and evals[0].get("step") == 0 else None,  # --skip-eval-before-train
         "eval_loss_after": evals[-1]["eval_loss"] if evals else None,
         "train_loss_last": steps[-1].get("train/loss") if steps else None,
         "trained_tokens": sum(r["trained_tokens"] for r in steps),
