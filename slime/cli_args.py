@@ -56,6 +56,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--eval-max-response-len": ("rollout.eval_max_response_len", dict(type=int, help="eval response cap (default: --rollout-max-response-len)")),
     "--num-eval-prompts": ("data.num_eval_prompts", dict(type=int)),
     "--on-bad-data": ("data.on_bad_data", dict(choices=["skip", "fail"])),
+    "--rollout-max-prompt-len": ("data.rollout_max_prompt_len", dict(type=int, help="prompts over this many tokens are bad rows at load (--on-bad-data)")),
     "--rollout-batch-size": ("loop.rollout_batch_size", dict(type=int, help="groups per train step")),
     "--over-sampling-batch-size": ("loop.over_sampling_batch_size", dict(type=int, help="groups in flight (april)")),
     "--partial-rollout": ("loop.mode=april", dict(action="store_true", help="APRIL: over-provision, abort at target, resume partials")),

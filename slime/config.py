@@ -77,6 +77,10 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     """How many eval prompts to score (``--num-eval-prompts``)."""
     on_bad_data: Literal["skip", "fail"] = "fail"
     """A malformed line: skip it with a warning and a count, or stop (``--on-bad-data``)."""
+    rollout_max_prompt_len: int | None = None
+    """Prompts over this many tokens (as rendered for the engine) are bad rows at load, named by
+    ``path:line`` and skipped or refused by ``on_bad_data`` (``--rollout-max-prompt-len``, THUDM/slime's,
+    whose dataset drops them). None = only the model's context bounds a prompt."""
     seed: int = 1234
 
     @property
@@ -633,6 +637,8 @@ class Config(msgspec.Struct, **_STRUCT):
             (m.moe_expert_capacity_factor is None or m.moe_expert_capacity_factor > 0, "--moe-expert-capacity-factor", m.moe_expert_capacity_factor, "> 0, or unset (dropless)"),
             (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
             (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
+            (self.data.rollout_max_prompt_len is None or self.data.rollout_max_prompt_len >= 1, "--rollout-max-prompt-len",
+             self.data.rollout_max_prompt_len, ">= 1, or unset"),
             (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
             (m.lr_warmup_fraction is None or 0 <= m.lr_warmup_fraction < 1, "--lr-warmup-fraction", m.lr_warmup_fraction, "in [0, 1)"),
             (m.lr_warmup_fraction is None or m.lr_warmup_iters == 0, "--lr-warmup-fraction with --lr-warmup-iters",

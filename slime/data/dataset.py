@@ -303,22 +303,29 @@ def tokenize_row(tokenize: Callable[..., list[int]], row: PromptRow) -> list[int
     return tokenize(prompt_input(row), tools=row.tools)
 
 
-def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int) -> Callable[[PromptRow], None]:
+def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int | None,
+                        max_prompt_len: int | None = None) -> Callable[[PromptRow], None]:
     """A ``load_prompt_file`` check: a prompt that renders to ``max_len`` tokens or more (the model's
     context, ``slime.data.sft.model_context_len``) leaves no room for a response token; the engine
-    would refuse it (HTTP 400), so it is a bad row, caught at load with its ``path:line``.
+    would refuse it (HTTP 400), so it is a bad row, caught at load with its ``path:line``. So is one
+    over ``max_prompt_len`` tokens (``--rollout-max-prompt-len``, THUDM/slime's: its dataset drops
+    them; here they follow ``--on-bad-data``).
 
     Only prompts that could be that long are tokenized: a text prompt of b UTF-8 bytes renders to at
     most b tokens (each covers a byte or more) plus the template's own (measured once, with margin).
     Rows with messages or tools are always measured.
     """
     overhead = len(tokenize("x")) + 8
+    # the shortest token count that is bad: max_len (no room for a response) or max_prompt_len + 1
+    limit = min(n for n in (max_len, max_prompt_len + 1 if max_prompt_len is not None else None) if n is not None)
 
     def check(row: PromptRow) -> None:
-        if row.messages is None and row.tools is None and len(row.prompt.encode()) + overhead < max_len:
+        if row.messages is None and row.tools is None and len(row.prompt.encode()) + overhead < limit:
             return
         num_tokens = len(tokenize_row(tokenize, row))
-        if num_tokens >= max_len:
+        if max_prompt_len is not None and num_tokens > max_prompt_len:
+            raise ValueError(f"the prompt renders to {num_tokens} tokens, over --rollout-max-prompt-len {max_prompt_len}")
+        if max_len is not None and num_tokens >= max_len:
             raise ValueError(f"the prompt renders to {num_tokens} tokens, the model's context of {max_len} (max_position_embeddings "
                              "of --hf-checkpoint) leaves no room for a response; shorten it")
 

@@ -198,7 +198,8 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     data_counts: dict[str, int] = {}
     needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
-    check = prompt_length_check(tokenize, max_len=max_len) if max_len else None  # the engine would refuse longer prompts
+    max_prompt_len = config.data.rollout_max_prompt_len
+    check = prompt_length_check(tokenize, max_len=max_len or None, max_prompt_len=max_prompt_len) if max_len or max_prompt_len else None  # the engine would refuse longer prompts
     train_rows, eval_sets = await asyncio.to_thread(functools.partial(load_prompts, by_name=True), config, data_counts,
                                                     require_label=needs_label, check=check)
     eval_sets = {} if train_only else eval_sets

@@ -94,6 +94,8 @@ def _rl_only_flags(config: Config) -> list[tuple[str, Any, Any]]:
         ("--custom-rm-path", config.rollout.custom_rm_path, d.rollout.custom_rm_path),
         ("--rm-type", config.rollout.rm_type, d.rollout.rm_type),
         ("--use-tis", config.train.use_tis, d.train.use_tis),
+        ("--tis-level", config.train.tis_level, d.train.tis_level),
+        ("--rollout-max-prompt-len", config.data.rollout_max_prompt_len, d.data.rollout_max_prompt_len),
         ("--advantage-estimator", config.train.advantage_estimator, d.train.advantage_estimator),
         ("--use-kl-loss", config.train.use_kl_loss, d.train.use_kl_loss),
     ]

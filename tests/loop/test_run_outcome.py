@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import msgspec
 import pytest
 
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
@@ -86,3 +87,11 @@ async def test_a_prompt_without_a_label_is_refused_at_load_when_the_reward_reads
     prompts = _prompts(tmp_path, [{"prompt": "w5", "label": "1"}, {"prompt": "w6", "label": None}])
     with pytest.raises(DataError, match="^" + re.escape(f"{prompts}:2: key 'label' (--label-key) is null; the reward needs a reference answer")):
         await run_training(_config(tmp_path, model, prompts, rm_type="math"), progress=False)
+
+
+async def test_a_prompt_over_rollout_max_prompt_len_is_refused_at_load_with_file_and_line(tmp_path, model):
+    prompts = _prompts(tmp_path, [{"prompt": "w5", "label": "1"}, {"prompt": "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9", "label": "1"}])
+    config = _config(tmp_path, model, prompts)
+    config = msgspec.structs.replace(config, data=msgspec.structs.replace(config.data, rollout_max_prompt_len=4))
+    with pytest.raises(DataError, match="^" + re.escape(f"{prompts}:2: the prompt renders to ") + r"\d+ tokens, over --rollout-max-prompt-len 4"):
+        await run_training(config, progress=False)
