@@ -133,6 +133,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--opd-teacher-addrs": ("engine.opd_teacher_addrs", dict(nargs="+", help="teacher engines already running (host:port)")),
     # Training backend (slime/train/megatron/): Megatron-LM's spelling; the batch, lr, weight-decay,
     # Adam and clip flags above are shared by both backends.
+    "--deterministic-mode": ("train.deterministic_mode", dict(action="store_true", help="deterministic trainer kernels (torch.use_deterministic_algorithms) and seed")),
     "--train-backend": ("train.train_backend", dict(choices=["torch", "megatron"], help="torch: one HF model in-process; megatron: megatron-core under torchrun")),
     "--tensor-model-parallel-size": ("train.megatron.tensor_model_parallel_size", dict(type=int)),
     "--pipeline-model-parallel-size": ("train.megatron.pipeline_model_parallel_size", dict(type=int)),

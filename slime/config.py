@@ -327,6 +327,9 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Token-level truncated importance sampling between trainer and rollout logprobs (``--use-tis``)."""
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    deterministic_mode: bool = False
+    """Deterministic trainer kernels and seed (``--deterministic-mode``, Megatron's;
+    ``slime.train.determinism``). The engines are not covered: ``--sglang-enable-deterministic-inference``."""
     tis_level: Literal["token", "sequence", "geometric"] = "token"
     """Where the TIS ratio is taken (``--tis-level``, THUDM/slime's): per token, or one ratio per
     sample from its trained tokens' log ratios summed (``sequence``) or averaged (``geometric``),

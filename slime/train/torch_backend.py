@@ -56,6 +56,7 @@ from slime.train.advantages import GROUP_NORMALISED
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget, rl_batch_metrics
 from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
 from slime.train.critic import ValueModel, explained_variance, value_loss
+from slime.train.determinism import enable_deterministic_mode
 from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from slime.train.losses import LossAgg
 from slime.train.lr_schedule import lr_at
@@ -115,6 +116,8 @@ class TorchTrainer:
         self._lock = threading.Lock()
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
+        if config.deterministic_mode:
+            enable_deterministic_mode(config.seed)
         check_hf_dir(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()  # dropout off: old_logprobs and the first step's logprobs match exactly

@@ -55,6 +55,7 @@ from torch import Tensor
 from slime.config import TrainConfig
 from slime.train import objective
 from slime.train.batch import TrainBatch, build_train_batch, rl_batch_metrics
+from slime.train.determinism import enable_deterministic_mode
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
 from slime.train.megatron.logprobs import vocab_parallel_logprobs
@@ -99,6 +100,8 @@ class MegatronTrainer:
         self.model_dir = model_dir
         self.policy_version = policy_version
         self._lock = threading.Lock()
+        if config.deterministic_mode:
+            enable_deterministic_mode(config.seed)
         mcfg = config.megatron
         self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
         self.tconfig = transformer_config(self.arch, mcfg)  # validates parallel sizes before any group exists
