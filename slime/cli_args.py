@@ -27,6 +27,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     # Real SGLang (slime/rollout/sglang_launch.py); every other --sglang-* / --router-* flag passes through.
     "--rollout-num-gpus": ("engine.rollout_num_gpus", dict(type=int, help="GPUs for SGLang servers (launches SGLang, not embedded engines)")),
     "--rollout-num-gpus-per-engine": ("engine.rollout_num_gpus_per_engine", dict(type=int, help="GPUs (tp size) per SGLang server")),
+    "--rollout-num-gpus-per-node": ("engine.rollout_num_gpus_per_node", dict(type=int, help="GPUs of a node in the placement plan (default: CUDA_VISIBLE_DEVICES, else 8)")),
     "--sglang-router-ip": ("engine.sglang_router_ip", dict(help="a running sglang-router to use, or the address ours binds")),
     "--sglang-router-port": ("engine.sglang_router_port", dict(type=int)),
     "--sglang-config": ("engine.sglang_config", dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)")),

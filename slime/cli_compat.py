@@ -120,6 +120,21 @@ _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwe
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
 
 
+# GLM-4-0414 (HF "glm4") adds a norm after attention and after the MLP; GLM models rotate interleaved pairs
+_POST_NORM_TYPES = frozenset({"glm4"})
+_INTERLEAVED_ROPE_TYPES = frozenset({"glm", "glm4", "chatglm"})
+
+
+def _model_type_in(types: frozenset[str]) -> Callable[[dict[str, Any]], tuple[str, Any, Any]]:
+    """A fact that only ``model_type`` says (HF configs have no key for it)."""
+    def get(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+        if "model_type" not in hf:
+            return "model_type", "absent", _MISSING
+        return "model_type", hf["model_type"], hf["model_type"] in types
+
+    return get
+
+
 def _qk_norm(hf: dict[str, Any]) -> tuple[str, Any, Any]:
     for k in ("use_qk_norm", "qk_layernorm"):
         if k in hf:
@@ -166,6 +181,10 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--moe-ffn-hidden-size": Checked(_key("moe_intermediate_size"), _INT),
     "--use-rope-scaling": Checked(_key("rope_scaling", default=False, convert=bool), _FLAG),
     "--rotary-scaling-factor": Checked(_rope_scaling_factor, _FLOAT),
+    # GLM-4 (scripts/models/glm4-9B.sh): layer options the HF model_type implies; the torch backend builds them from it
+    "--post-self-attn-layernorm": Checked(_model_type_in(_POST_NORM_TYPES), _FLAG),
+    "--post-mlp-layernorm": Checked(_model_type_in(_POST_NORM_TYPES), _FLAG),
+    "--rotary-interleaved": Checked(_model_type_in(_INTERLEAVED_ROPE_TYPES), _FLAG),
     "--spec": NoOp("the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)", dict(nargs=2, metavar=("MODULE", "FUNCTION"))),
     "--moe-layer-freq": NoOp("which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()),
     "--moe-router-score-function": NoOp("routing is HF's softmax over the router logits", dict(), allowed=("softmax",)),

@@ -463,6 +463,9 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     of embedded engines; engines = rollout_num_gpus / rollout_num_gpus_per_engine."""
     rollout_num_gpus_per_engine: int = 1
     """GPUs (= ``--tp-size``) per SGLang server (``--rollout-num-gpus-per-engine``)."""
+    rollout_num_gpus_per_node: int | None = None
+    """GPUs of each node the placement lays servers (and trainer ranks) on (``--rollout-num-gpus-per-node``,
+    THUDM/slime's); None = ``len(CUDA_VISIBLE_DEVICES)``, else 8 (``slime.rollout.placement``)."""
     sglang_args: tuple[str, ...] = ()
     """Every ``--sglang-X ...`` flag of ``slime train``, prefix stripped (``--X ...``), values untouched,
     in order: appended to each ``sglang.launch_server`` command."""
@@ -656,6 +659,8 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.save_interval >= 0, "--save-interval", self.save_interval, ">= 0"),
             (self.engine.num_engines >= 1, "--rollout-num-engines", self.engine.num_engines, ">= 1"),
             (self.engine.rollout_num_gpus is None or self.engine.rollout_num_gpus >= 1, "--rollout-num-gpus", self.engine.rollout_num_gpus, ">= 1"),
+            (self.engine.rollout_num_gpus_per_node is None or self.engine.rollout_num_gpus_per_node >= 1, "--rollout-num-gpus-per-node",
+             self.engine.rollout_num_gpus_per_node, ">= 1, or unset"),
             (self.engine.rollout_num_gpus_per_engine >= 1, "--rollout-num-gpus-per-engine", self.engine.rollout_num_gpus_per_engine, ">= 1"),
             (t.actor_num_nodes is None or t.actor_num_nodes >= 1, "--actor-num-nodes", t.actor_num_nodes, ">= 1"),
             (t.actor_num_gpus_per_node is None or t.actor_num_gpus_per_node >= 1, "--actor-num-gpus-per-node", t.actor_num_gpus_per_node, ">= 1"),

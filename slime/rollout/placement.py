@@ -11,8 +11,8 @@ actor's first GPU (and default to the actor's count). This slime starts the same
 - the SGLang servers are ``--rollout-num-gpus / --rollout-num-gpus-per-engine`` servers (or those of
   ``--sglang-config``'s groups, in order) of consecutive GPUs, numbered as slime numbers them: colocated from node 0 GPU 0 over the trainer's
   GPUs, otherwise on the GPUs after the trainer's (the rest of the trainer's nodes, then further
-  nodes). A node has ``len(CUDA_VISIBLE_DEVICES)`` GPUs (torch's count on a GPU machine), else 8
-  (slime's ``--num-gpus-per-node`` default).
+  nodes). A node has ``--rollout-num-gpus-per-node`` GPUs (THUDM/slime's flag; at most the visible
+  ones), else ``len(CUDA_VISIBLE_DEVICES)``, else 8 (slime's ``--num-gpus-per-node`` default).
 
 Example: ``--actor-num-nodes 2 --actor-num-gpus-per-node 4 --rollout-num-gpus 8
 --rollout-num-gpus-per-engine 2`` on 8-GPU nodes: node 0 trains on GPUs 0-3 and serves on 4-5, 6-7;
@@ -90,15 +90,18 @@ def _ids(ids: tuple[int, ...]) -> str:
 
 
 def placement_given(config: Config) -> bool:
-    """Whether the run names its placement (``--actor-num-nodes`` / ``--actor-num-gpus-per-node``)."""
-    return config.train.actor_num_nodes is not None or config.train.actor_num_gpus_per_node is not None
+    """Whether the run names its placement (``--actor-num-nodes`` / ``--actor-num-gpus-per-node`` /
+    ``--rollout-num-gpus-per-node``)."""
+    return (config.train.actor_num_nodes is not None or config.train.actor_num_gpus_per_node is not None
+            or config.engine.rollout_num_gpus_per_node is not None)
 
 
 def with_placement_defaults(config: Config) -> Config:
     """THUDM/slime's default: with ``--colocate`` and placement flags but no ``--rollout-num-gpus``,
     the rollout uses the actor's GPUs (nodes x GPUs per node). Other configs are returned unchanged."""
     t, e = config.train, config.engine
-    if not (config.sync.colocate and placement_given(config) and e.rollout_num_gpus is None and not e.sglang_config
+    actor_given = t.actor_num_nodes is not None or t.actor_num_gpus_per_node is not None
+    if not (config.sync.colocate and actor_given and e.rollout_num_gpus is None and not e.sglang_config
             and not e.rollout_external_engine_addrs):
         return config
     gpus = (t.actor_num_nodes or 1) * (t.actor_num_gpus_per_node or 1)
@@ -109,7 +112,8 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
     """The per-node layout of trainer ranks and SGLang servers (module docstring).
 
     Args:
-        gpus_per_node: GPUs of each node; default ``len(CUDA_VISIBLE_DEVICES)``, else 8.
+        gpus_per_node: GPUs of each node; default ``--rollout-num-gpus-per-node``, else
+            ``len(CUDA_VISIBLE_DEVICES)``, else 8.
 
     Raises:
         ConfigError: one line naming the flags: several nodes without ``--train-backend megatron``;
@@ -130,9 +134,13 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
                  "(--train-backend megatron starts %d ranks per node)", per_node, per_node)
     if gpus_per_node is None:
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        gpus_per_node = len(visible) or max(DEFAULT_GPUS_PER_NODE, per_node)
+        if e.rollout_num_gpus_per_node is not None and visible and e.rollout_num_gpus_per_node > len(visible):
+            raise ConfigError(f"--rollout-num-gpus-per-node={e.rollout_num_gpus_per_node} but this node sees {len(visible)} GPU(s) "
+                              f"(CUDA_VISIBLE_DEVICES={','.join(visible)})")
+        gpus_per_node = e.rollout_num_gpus_per_node or len(visible) or max(DEFAULT_GPUS_PER_NODE, per_node)
     if per_node > gpus_per_node:
-        raise ConfigError(f"--actor-num-gpus-per-node={per_node} but a node has {gpus_per_node} GPU(s) (CUDA_VISIBLE_DEVICES)")
+        raise ConfigError(f"--actor-num-gpus-per-node={per_node} but a node has {gpus_per_node} GPU(s) "
+                          f"({'--rollout-num-gpus-per-node' if e.rollout_num_gpus_per_node else 'CUDA_VISIBLE_DEVICES'})")
     world = nodes * per_node
     if megatron:
         model = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size

@@ -113,3 +113,19 @@ def test_sglang_config_groups_are_placed_in_order_with_their_own_sizes(tmp_path)
     p = build_placement(config_of(*MEGATRON, "--actor-num-gpus-per-node", "2", "--sglang-config", str(path)), gpus_per_node=8)
     (node,) = p.nodes
     assert node.trainer_gpus == (0, 1) and node.servers == ((2, 3, 4, 5), (6,), (7,))
+
+
+def test_rollout_num_gpus_per_node_is_the_node_size_of_the_plan(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    p = build_placement(config_of("--rollout-num-gpus-per-node", "4", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2"))
+    assert p.gpus_per_node == 4 and [n.servers for n in p.nodes] == [((0, 1), (2, 3)), ((0, 1), (2, 3))]
+    assert config_of("--rollout-num-gpus-per-node", "4", "--colocate").engine.rollout_num_gpus is None  # no actor flags: nothing derived
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(ConfigError, match=r"^--rollout-num-gpus-per-node=4 but this node sees 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0,1\)$"):
+        build_placement(config_of("--rollout-num-gpus-per-node", "4"))
+
+
+def test_dry_run_prints_the_plan_of_rollout_num_gpus_per_node(monkeypatch, capsys):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert main(["train", "--dry-run", "--hf-checkpoint", "/m", "--rollout-num-gpus-per-node", "4", "--rollout-num-gpus", "4"]) == 0
+    assert "node(s) of 4 GPU(s)" in capsys.readouterr().out
