@@ -40,6 +40,9 @@ PINNED = {
     "--save-debug-rollout-data", "--load-debug-rollout-data", "--debug-rollout-only", "--debug-train-only",
     "--use-opd", "--opd-kl-coef", "--opd-only", "--opd-teacher-load", "--opd-teacher-addrs",
     "--loss-type", "--num-epoch",
+    # THUDM/slime script flags of issue 16 item 1
+    "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode", "--eval-top-k",
+    "--skip-eval-before-train", "--rollout-num-gpus-per-node",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 
@@ -82,6 +85,8 @@ def test_every_flag_reaches_its_field(flag):
         base = [a for i, a in enumerate(base) if a != flag and (i == 0 or base[i - 1] != flag)]
     if flag == "--num-epoch":  # an SFT flag: RL runs refuse it
         base += ["--loss-type", "sft_loss"]
+    if flag == "--tis-level":  # the level of TIS: with --use-tis
+        base += ["--use-tis"]
     config = config_from_args(parser.parse_args(base + argv))
     got = _get(config, field)
     assert (list(got) if isinstance(got, (list, tuple)) else got) == expect

@@ -167,13 +167,12 @@ def test_the_compat_table_is_pinned_and_disjoint_from_the_applied_flags():
         "--use-rotary-position-embeddings", "--max-position-embeddings"}
 
 
-# Flags of the other scripts (other_run_scripts.txt) that slime train refuses, each an error naming it;
-# docs/slime_flags.md says why. The eval and placement ones are of the families items 3-4 add.
-NOT_ACCEPTED = {
-    "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len",  # change training: not mapped yet
-    "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4 layers the backends do not build
-    "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # eval / placement families (items 3-4)
-    "--deterministic-mode",  # Megatron's deterministic kernels are not wired to the backends
+# Flags of the other scripts (other_run_scripts.txt) that issue 16 item 1 added: each applied (FLAGS) or checked
+# (COMPAT_FLAGS); none is refused any more.
+ADDED = {
+    "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode",  # applied
+    "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # applied (eval path, placement plan)
+    "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4: checked against model_type
 }
 LLAMA3_1_8B_CONFIG = {
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -213,22 +212,39 @@ def test_qkv_bias_and_rope_scaling_are_checked_both_ways(tmp_path):
     check_compat_flags(build_parser().parse_args(["--add-qkv-bias"]), str(tmp_path))  # Qwen2's q/k/v carry a bias
 
 
-def test_every_flag_of_the_other_launch_scripts_is_accepted_or_refused_by_name(capsys):
-    known = set(build_parser()._option_string_actions)
+def test_every_flag_of_the_other_launch_scripts_is_accepted_and_has_a_fate():
+    parser = build_parser()
     for tokens in _flags("other_run_scripts.txt"):
         flag = tokens[0]
-        if flag.startswith("--sglang-") or flag in OWNED_ELSEWHERE:
-            continue
-        if flag in NOT_ACCEPTED and flag not in known:  # an item of issue 16 may add it
-            assert main(["train", "--dry-run", *tokens]) == 2
-            assert flag in capsys.readouterr().err
-        else:
-            assert flag in known, f"{flag} is neither accepted nor listed as refused"
+        if flag.startswith("--sglang-"):
+            continue  # passed to SGLang unchanged
+        assert flag in FLAGS or flag in COMPAT_FLAGS, f"{flag} has no fate"
+        parser.parse_args(tokens)  # accepted with the script's value
+    assert ADDED <= set(FLAGS) | set(COMPAT_FLAGS)
+
+
+GLM4_9B_0414_CONFIG = {  # the keys of THUDM/GLM-4-9B-0414's config.json that the GLM-4 flags are checked against
+    "model_type": "glm4", "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "partial_rotary_factor": 0.5,
+}
+
+
+def test_glm4_layer_flags_are_checked_against_the_hf_model_type(tmp_path, caplog):
+    glm = [t for t in _flags("other_run_scripts.txt") if t[0] in ("--post-self-attn-layernorm", "--post-mlp-layernorm",
+                                                                    "--rotary-interleaved", "--add-qkv-bias", "--rotary-percent")]
+    assert len(glm) == 5
+    (tmp_path / "config.json").write_text(json.dumps(GLM4_9B_0414_CONFIG))
+    caplog.set_level(logging.INFO, logger="slime.cli_compat")
+    check_compat_flags(build_parser().parse_args([t for tokens in glm for t in tokens]), str(tmp_path))
+    assert sum("checked: matches" in r.getMessage() for r in caplog.records) == 5
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
+    for flag in ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved"):
+        with pytest.raises(ConfigError, match=re.escape(f"{flag} disagrees with {tmp_path / 'config.json'}: model_type = qwen3 (so {flag} does not apply)")):
+            check_compat_flags(build_parser().parse_args([flag]), str(tmp_path))
 
 
 def test_the_docs_table_names_every_flag_and_its_fate():
     doc = (Path(__file__).parents[1] / "docs" / "slime_flags.md").read_text()
-    missing = [flag for flag in [*COMPAT_FLAGS, *NOT_ACCEPTED] if f"`{flag}`" not in doc]
+    missing = [flag for flag in [*COMPAT_FLAGS, *ADDED] if f"`{flag}`" not in doc]
     assert missing == []
 
 
