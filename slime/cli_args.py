@@ -72,6 +72,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--overlap-train": ("loop.overlap_train", dict(action=argparse.BooleanOptionalAction)),
     "--n-samples-per-prompt": ("rollout.n_samples_per_prompt", dict(type=int)),
     "--rollout-max-response-len": ("rollout.rollout_max_response_len", dict(type=int)),
+    "--rollout-max-context-len": ("rollout.rollout_max_context_len", dict(type=int, help="cap on prompt + response tokens of a rollout sample")),
     "--rollout-temperature": ("rollout.rollout_temperature", dict(type=float)),
     "--rollout-top-p": ("rollout.rollout_top_p", dict(type=float)),
     "--rollout-top-k": ("rollout.rollout_top_k", dict(type=int)),

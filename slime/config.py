@@ -112,6 +112,16 @@ class RolloutConfig(msgspec.Struct, **_STRUCT):
     rollout_top_k: int = -1
     rollout_max_response_len: int = 64
     """Cap on response tokens per sample, partial tokens included (``--rollout-max-response-len``)."""
+    rollout_max_context_len: int | None = None
+    """Cap on prompt + response tokens of a rollout sample (``--rollout-max-context-len``, THUDM/slime's): a
+    sample's response cap is ``min(rollout_max_response_len, rollout_max_context_len - prompt tokens)``, and a
+    prompt that leaves no room is a bad row at load. None = only the model's context bounds it."""
+
+    def response_cap(self, prompt_len: int) -> int:
+        """Response tokens a rollout sample of ``prompt_len`` prompt tokens may have (``rollout_max_context_len``)."""
+        if self.rollout_max_context_len is None:
+            return self.rollout_max_response_len
+        return max(0, min(self.rollout_max_response_len, self.rollout_max_context_len - prompt_len))
     rollout_stop_token_ids: tuple[int, ...] = ()
     request_timeout_s: float = 300.0
     """Per /generate call (``--request-timeout-s``)."""
@@ -621,6 +631,8 @@ class Config(msgspec.Struct, **_STRUCT):
             (0.0 <= self.loop.offline_ratio < 1.0, "--offline-ratio", self.loop.offline_ratio, "in [0, 1)"),
             (self.rollout.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.rollout.n_samples_per_eval_prompt, ">= 1"),
             (self.rollout.eval_temperature >= 0, "--eval-temperature", self.rollout.eval_temperature, ">= 0 (0 = greedy)"),
+            (self.rollout.rollout_max_context_len is None or self.rollout.rollout_max_context_len >= 2, "--rollout-max-context-len",
+             self.rollout.rollout_max_context_len, ">= 2 (a prompt token and a response token), or unset"),
             (self.rollout.eval_top_k is None or self.rollout.eval_top_k == -1 or self.rollout.eval_top_k >= 1, "--eval-top-k",
              self.rollout.eval_top_k, ">= 1, or -1 (the whole vocabulary)"),
             (self.rollout.eval_top_p is None or 0 < self.rollout.eval_top_p <= 1, "--eval-top-p", self.rollout.eval_top_p, "in (0, 1]"),

@@ -42,7 +42,7 @@ PINNED = {
     "--loss-type", "--num-epoch",
     # THUDM/slime script flags of issue 16 item 1
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode", "--eval-top-k",
-    "--skip-eval-before-train", "--rollout-num-gpus-per-node",
+    "--skip-eval-before-train", "--rollout-num-gpus-per-node", "--rollout-max-context-len",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 

@@ -80,7 +80,8 @@ def hf_dir(tmp_path: Path) -> Path:
 
 
 SCRIPTS = {"qwen3-4B-grpo": ("qwen3_4b_model.txt", "run_qwen3_4b.txt"),
-           "qwen3-4B-fully-async": ("qwen3_4b_model.txt", "run_qwen3_4b_fully_async.txt")}
+           "qwen3-4B-fully-async": ("qwen3_4b_model.txt", "run_qwen3_4b_fully_async.txt"),
+           "qwen3-0.6B-single-gpu": ("run_qwen3_0_6b_single_gpu.txt",)}  # --skip-eval-before-train, --eval-top-k
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -173,6 +174,7 @@ ADDED = {
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode",  # applied
     "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # applied (eval path, placement plan)
     "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4: checked against model_type
+    "--rollout-max-context-len",  # applied (multi-agent example): prompt + response cap
 }
 LLAMA3_1_8B_CONFIG = {
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -253,3 +255,18 @@ def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_file(tmp_p
     check_compat_flags(build_parser().parse_args(["--num-layers", "36"]), str(tmp_path))  # text_config (VLMs) is read
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'config.json'}: cannot check --kv-channels: ValueError")):
         check_compat_flags(build_parser().parse_args(["--kv-channels", "128"]), str(tmp_path))
+
+
+@pytest.mark.parametrize("argv", [
+    ["--custom-reward-post-process-path", "examples.on_policy_distillation.on_policy_distillation.post_process_rewards"],
+    ["--advantage-estimator", "on_policy_distillation"],
+    ["--eval-config", "multi_task.yaml"],
+])
+def test_the_refused_example_flags_are_errors_naming_them_and_documented(argv, capsys):
+    try:
+        rc = main(["train", "--dry-run", *argv])
+    except SystemExit as exc:  # argparse's invalid choice
+        rc = exc.code
+    assert rc == 2
+    assert argv[0] in capsys.readouterr().err
+    assert f"`{argv[0]}" in (Path(__file__).parents[1] / "docs" / "slime_flags.md").read_text()

@@ -303,13 +303,15 @@ def tokenize_row(tokenize: Callable[..., list[int]], row: PromptRow) -> list[int
     return tokenize(prompt_input(row), tools=row.tools)
 
 
-def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int | None,
-                        max_prompt_len: int | None = None) -> Callable[[PromptRow], None]:
+def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int | None, max_prompt_len: int | None = None,
+                        context: str = "the model's context", source: str = "max_position_embeddings of --hf-checkpoint",
+                        ) -> Callable[[PromptRow], None]:
     """A ``load_prompt_file`` check: a prompt that renders to ``max_len`` tokens or more (the model's
     context, ``slime.data.sft.model_context_len``) leaves no room for a response token; the engine
     would refuse it (HTTP 400), so it is a bad row, caught at load with its ``path:line``. So is one
     over ``max_prompt_len`` tokens (``--rollout-max-prompt-len``, THUDM/slime's: its dataset drops
-    them; here they follow ``--on-bad-data``).
+    them; here they follow ``--on-bad-data``). ``context`` / ``source`` name the bound ``max_len`` is in
+    the message (``--rollout-max-context-len`` when that is the smaller one).
 
     Only prompts that could be that long are tokenized: a text prompt of b UTF-8 bytes renders to at
     most b tokens (each covers a byte or more) plus the template's own (measured once, with margin).
@@ -326,8 +328,8 @@ def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int | No
         if max_prompt_len is not None and num_tokens > max_prompt_len:
             raise ValueError(f"the prompt renders to {num_tokens} tokens, over --rollout-max-prompt-len {max_prompt_len}")
         if max_len is not None and num_tokens >= max_len:
-            raise ValueError(f"the prompt renders to {num_tokens} tokens, the model's context of {max_len} (max_position_embeddings "
-                             "of --hf-checkpoint) leaves no room for a response; shorten it")
+            raise ValueError(f"the prompt renders to {num_tokens} tokens, {context} of {max_len} ({source}) "
+                             "leaves no room for a response; shorten it")
 
     return check
 

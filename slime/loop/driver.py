@@ -198,8 +198,12 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
     data_counts: dict[str, int] = {}
     needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
+    bound = dict(max_len=max_len or None)  # the engine would refuse longer prompts
+    ctx = config.rollout.rollout_max_context_len
+    if ctx is not None and (not max_len or ctx < max_len):
+        bound = dict(max_len=ctx, context="the rollout context", source="--rollout-max-context-len")
     max_prompt_len = config.data.rollout_max_prompt_len
-    check = prompt_length_check(tokenize, max_len=max_len or None, max_prompt_len=max_prompt_len) if max_len or max_prompt_len else None  # the engine would refuse longer prompts
+    check = prompt_length_check(tokenize, max_prompt_len=max_prompt_len, **bound) if bound["max_len"] or max_prompt_len else None
     train_rows, eval_sets = await asyncio.to_thread(functools.partial(load_prompts, by_name=True), config, data_counts,
                                                     require_label=needs_label, check=check)
     eval_sets = {} if train_only else eval_sets

@@ -287,7 +287,7 @@ class Scheduler(SchedulerCounters):
             self.tracer.counter("requests_in_flight", requests=self._num_requests)
             try:
                 out = await self.generate_fn(
-                    sample, self.sampling_params, pool=self.pool, max_response_len=self.rollout.rollout_max_response_len,
+                    sample, self.sampling_params, pool=self.pool, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
                     engine_version=self.engine_version, decode=self.decode,
                 )
             finally:
@@ -301,7 +301,7 @@ class Scheduler(SchedulerCounters):
                     )
                     self.tracer.counter("requests_in_flight", requests=self._num_requests)
                 await self._notify()
-            produced = _check_generate_output(sample, out, max_response_len=self.rollout.rollout_max_response_len,
+            produced = _check_generate_output(sample, out, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
                                               engine_version=self.engine_version)
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
