@@ -95,3 +95,13 @@ async def test_a_prompt_over_rollout_max_prompt_len_is_refused_at_load_with_file
     config = msgspec.structs.replace(config, data=msgspec.structs.replace(config.data, rollout_max_prompt_len=4))
     with pytest.raises(DataError, match="^" + re.escape(f"{prompts}:2: the prompt renders to ") + r"\d+ tokens, over --rollout-max-prompt-len 4"):
         await run_training(config, progress=False)
+
+
+async def test_lr_warmup_fraction_warms_up_over_that_fraction_of_the_runs_optimizer_steps(tmp_path, model):
+    config = _config(tmp_path, model, _prompts(tmp_path, [{"prompt": "w5 w6"}]), template=_record(tmp_path, failed=False))
+    # 2 steps x 1 group x 2 samples / --global-batch-size 2 = 2 optimizer steps; 0.99 x 2 -> 2 warm-up steps
+    config = msgspec.structs.replace(config, train=msgspec.structs.replace(
+        config.train, megatron=msgspec.structs.replace(config.train.megatron, lr_warmup_fraction=0.99)))
+    await run_training(config, progress=False)
+    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    assert [r["train/lr"] for r in steps] == pytest.approx([5e-4, 1e-3])

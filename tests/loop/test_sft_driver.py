@@ -120,3 +120,14 @@ def test_rl_flags_an_sft_run_never_reads_are_named_in_a_warning(model_dir, data,
                              "--num-epoch", "1", "--num-rollout", "5"))
     assert ("ignores these RL flags: --rollout-mode / --partial-rollout, --rm-type, --use-tis, "
             "--num-rollout (with --num-epoch, the epochs set the steps)") in caplog.text
+
+
+async def test_sft_skips_the_eval_before_training_and_warms_up_over_a_fraction_of_its_steps(model_dir, data, tmp_path):
+    run = tmp_path / "run"
+    summary = await run_sft(_config(model_dir, data, run, "--num-rollout", "4", "--skip-eval-before-train", "--lr-warmup-fraction", "0.5"),
+                            progress=False)
+    records = _records(run, "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in records if r["kind"] == "eval"] == [("eval", 4)]
+    assert summary["eval_loss_before"] is None and summary["eval_loss_after"] is not None
+    # 4 optimizer steps, warm-up 0.5 x 4 = 2: lr 1e-2 x 1/2, 1e-2, then constant
+    assert [r["train/lr"] for r in records if r["kind"] == "step"] == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2])
