@@ -27,13 +27,6 @@ DATA = Path(__file__).parent / "data" / "slime_scripts"
 
 # Flags of these scripts that other items of issue 16 add (items 2-4). Until they are merged a flag
 # the parser does not know yet is left out here; once merged, it is run like every other flag.
-OWNED_ELSEWHERE = {
-    "--rollout-function-path": "item 2",
-    "--actor-num-nodes": "item 3", "--actor-num-gpus-per-node": "item 3",
-    "--eval-max-response-len": "item 4", "--eval-top-p": "item 4",
-    "--eval-prompt-data": "item 4",  # slime's form is `name path` pairs
-}
-
 QWEN3_4B_CONFIG = {  # the architecture of Qwen/Qwen3-4B's config.json
     "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 2560, "intermediate_size": 9728,
     "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
@@ -49,27 +42,8 @@ def _flags(*names: str) -> list[list[str]]:
 
 
 def _runnable(flags: list[list[str]], hf_dir: Path) -> list[list[str]]:
-    """The flags as ``slime train`` takes them now: ``--hf-checkpoint`` is ``hf_dir``; a flag of
-    items 2-4 that this parser does not have (yet) is left out."""
-    actions = build_parser()._option_string_actions
-    out = []
-    for tokens in flags:
-        flag = tokens[0]
-        if flag == "--hf-checkpoint":
-            tokens = [flag, str(hf_dir)]
-        if flag in OWNED_ELSEWHERE:
-            action = actions.get(flag)
-            if action is None:
-                continue
-            if flag == "--eval-prompt-data" and action.nargs is None:
-                tokens = [flag, tokens[-1]]  # one path until item 4's `name path` pairs
-        out.append(tokens)
-    flags_given = {tokens[0] for tokens in out}
-    if "--actor-num-gpus-per-node" not in actions and "--colocate" in flags_given and "--rollout-num-gpus" not in flags_given:
-        # until item 3 places engines on the actor's colocated GPUs, say how many
-        gpus = next(int(tokens[1]) for tokens in flags if tokens[0] == "--actor-num-gpus-per-node")
-        out.append(["--rollout-num-gpus", str(gpus)])
-    return out
+    """The flags as ``slime train`` takes them: ``--hf-checkpoint`` is ``hf_dir``."""
+    return [[flag, str(hf_dir)] if flag == "--hf-checkpoint" else [flag, *rest] for flag, *rest in flags]
 
 
 @pytest.fixture
@@ -98,8 +72,8 @@ def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, hf_dir,
         flag = tokens[0]
         if flag.startswith("--sglang-"):
             continue  # passed to SGLang unchanged (tests/test_cli_dry_run.py)
-        assert flag in known or flag in OWNED_ELSEWHERE, f"{flag} is not accepted"
-        assert flag in FLAGS or flag in COMPAT_FLAGS or flag in OWNED_ELSEWHERE, f"{flag} has no fate"
+        assert flag in known, f"{flag} is not accepted"
+        assert flag in FLAGS or flag in COMPAT_FLAGS, f"{flag} has no fate"
     lines = [r.getMessage() for r in caplog.records if r.name == "slime.cli_compat"]
     for tokens in runnable:
         flag = tokens[0]
