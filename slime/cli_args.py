@@ -51,6 +51,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--n-samples-per-eval-prompt": ("rollout.n_samples_per_eval_prompt", dict(type=int, help="eval samples per prompt (mean accuracy and pass@k)")),
     "--eval-temperature": ("rollout.eval_temperature", dict(type=float, help="eval sampling temperature (0 = greedy)")),
     "--eval-prompt-data": ("data.eval_prompt_data", dict(nargs="+", help="held-out prompts: one path, or 'name path' pairs (THUDM/slime), reported per name")),
+    "--eval-config": ("data.eval_config", dict(help="THUDM/slime's YAML of eval datasets (eval: defaults/datasets); slime.eval_config")),
     "--eval-top-p": ("rollout.eval_top_p", dict(type=float, help="eval top-p (default: --rollout-top-p)")),
     "--eval-top-k": ("rollout.eval_top_k", dict(type=int, help="eval top-k (default: --rollout-top-k; -1 = off)")),
     "--skip-eval-before-train": ("loop.skip_eval_before_train", dict(action="store_true", help="no eval before the first step")),
@@ -300,6 +301,10 @@ def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
             value = const
         for p in [path, *SHARED_FIELDS.get(path, ())]:  # one flag sets a shared fact in every section
             _set(tree, p, value)
+    if getattr(ns, "eval_config", None) is not None:  # after the flags: its defaults win over them, as in slime
+        from slime.eval_config import apply_eval_config
+
+        apply_eval_config(ns.eval_config, tree)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
     try:

@@ -73,6 +73,9 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     """Held-out prompts, JSONL or Parquet (``--eval-prompt-data``): one path (reported as ``accuracy``,
     ``pass@k``, ...), or THUDM/slime's ``name path`` pairs, e.g. ``("aime", "aime.jsonl", "math", "m.jsonl")``
     (each reported as ``eval/<name>/accuracy``, ...; ``eval_datasets``). None: the built-in task's eval split."""
+    eval_config: str | None = None
+    """THUDM/slime's YAML of eval datasets (``--eval-config``); read into ``eval_prompt_data`` and the
+    eval sampling fields when the flags are parsed (``slime.eval_config``)."""
     num_eval_prompts: int = 200
     """How many eval prompts to score (``--num-eval-prompts``)."""
     on_bad_data: Literal["skip", "fail"] = "fail"

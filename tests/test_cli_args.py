@@ -42,7 +42,7 @@ PINNED = {
     "--loss-type", "--num-epoch",
     # THUDM/slime script flags of issue 16 item 1
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode", "--eval-top-k",
-    "--skip-eval-before-train", "--rollout-num-gpus-per-node", "--rollout-max-context-len",
+    "--skip-eval-before-train", "--rollout-num-gpus-per-node", "--rollout-max-context-len", "--eval-config",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 
@@ -59,7 +59,7 @@ def _get(config, path):
 
 
 @pytest.mark.parametrize("flag", sorted(FLAGS))
-def test_every_flag_reaches_its_field(flag):
+def test_every_flag_reaches_its_field(flag, tmp_path):
     path, kwargs = FLAGS[flag]
     parser = build_parser()
     field = path.split("=")[0]
@@ -87,6 +87,9 @@ def test_every_flag_reaches_its_field(flag):
         base += ["--loss-type", "sft_loss"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]
+    if flag == "--eval-config":  # a file it reads (tests/test_eval_config.py)
+        (tmp_path / "eval.yaml").write_text("eval:\n  datasets: [{name: a, path: a.jsonl}]\n")
+        argv, expect = [flag, str(tmp_path / "eval.yaml")], str(tmp_path / "eval.yaml")
     config = config_from_args(parser.parse_args(base + argv))
     got = _get(config, field)
     assert (list(got) if isinstance(got, (list, tuple)) else got) == expect

@@ -147,6 +147,7 @@ def test_the_compat_table_is_pinned_and_disjoint_from_the_applied_flags():
 ADDED = {
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode",  # applied
     "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # applied (eval path, placement plan)
+    "--eval-config",  # applied: slime.eval_config (tests/test_eval_config.py)
     "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4: checked against model_type
     "--rollout-max-context-len",  # applied (multi-agent example): prompt + response cap
 }
@@ -234,7 +235,6 @@ def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_file(tmp_p
 @pytest.mark.parametrize("argv", [
     ["--custom-reward-post-process-path", "examples.on_policy_distillation.on_policy_distillation.post_process_rewards"],
     ["--advantage-estimator", "on_policy_distillation"],
-    ["--eval-config", "multi_task.yaml"],
 ])
 def test_the_refused_example_flags_are_errors_naming_them_and_documented(argv, capsys):
     try:
