@@ -36,7 +36,7 @@ from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import JsonlLog, MetricsWriter, check_something_trained, format_step_line, write_json_atomic
-from slime.loop.rollout_function import RolloutFunctionScheduler, builtin_rollout_note, check_rollout_function_modes, uses_rollout_function
+from slime.loop.rollout_function import SFT_ROLLOUT, RolloutFunctionScheduler, builtin_rollout_note, check_rollout_function_modes, uses_rollout_function
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
@@ -102,7 +102,10 @@ def check_run_modes(config: Config) -> None:
     d, dbg, r = config.data, config.debug, config.rollout
     problems = [
         (dbg.debug_rollout_only and dbg.train_only, "--debug-rollout-only with --debug-train-only / --load-debug-rollout-data: pick one"),
-        (dbg.debug_train_only and dbg.load_debug_rollout_data is None, "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
+        (dbg.debug_train_only and dbg.load_debug_rollout_data is None and config.train.loss_type != "sft_loss",
+         "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
+        (config.rollout.rollout_function_path == SFT_ROLLOUT and config.train.loss_type != "sft_loss",
+         f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss"),
         (config.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={config.loop.offline_ratio} needs --offline-data"),
         (d.offline_data is not None and config.loop.offline_ratio == 0, "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)"),
         (r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,

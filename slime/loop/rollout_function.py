@@ -43,10 +43,12 @@ __all__ = ["RolloutFunctionScheduler", "check_rollout_function_modes", "builtin_
 
 log = logging.getLogger(__name__)
 
+SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
 BUILTIN_ROLLOUTS = {
     "slime.rollout.sglang_rollout.generate_rollout": "THUDM/slime's default rollout: this project's built-in scheduler does it",
     "fully_async_rollout.generate_rollout_fully_async": "THUDM/slime's fully-async example: this project's built-in scheduler "
                                                         "in --rollout-mode async does it",
+    SFT_ROLLOUT: "THUDM/slime's SFT rollout: --loss-type sft_loss does it (it trains on the rows of --prompt-data, generating nothing)",
 }
 
 

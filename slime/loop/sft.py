@@ -3,7 +3,7 @@
 No engine is launched and nothing is generated or rewarded (THUDM/slime spells this
 ``--rollout-function-path slime.rollout.sft_rollout.generate_rollout --loss-type sft_loss
 --disable-compute-advantages-and-returns --debug-train-only``; here ``--loss-type sft_loss`` implies
-the rest). One step::
+the rest, and those flags are accepted: one INFO line names them). One step::
 
     rows    = rollout_batch_size rows from --prompt-data (PromptSource: file order, or shuffled
               per epoch with --rollout-shuffle; its position is checkpointed)
@@ -47,6 +47,7 @@ from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.report import MetricsWriter, write_json_atomic
+from slime.loop.rollout_function import SFT_ROLLOUT
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.obs.observers import Observers
 from slime.types import Group
@@ -66,8 +67,10 @@ def check_sft_config(config: Config) -> None:
     problems = [
         (d.prompt_data is None, "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)"),
         (d.offline_data is not None, "--offline-data: not used by --loss-type sft_loss (every row of --prompt-data is trained on)"),
-        (dbg.debug_rollout_only or dbg.train_only or dbg.save_debug_rollout_data is not None,
-         "--debug-rollout-only / --debug-train-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)"),
+        (dbg.debug_rollout_only or dbg.load_debug_rollout_data is not None or dbg.save_debug_rollout_data is not None,
+         "--debug-rollout-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)"),
+        (config.rollout.rollout_function_path not in (None, SFT_ROLLOUT), f"--rollout-function-path={config.rollout.rollout_function_path}: "
+         f"--loss-type sft_loss trains on the rows of --prompt-data and calls no rollout function ({SFT_ROLLOUT} is implied)"),
         (config.train.rollout_temperature != 1.0, f"--rollout-temperature={config.train.rollout_temperature}: SFT scores tokens at "
          "temperature 1 (the NLL of the data); leave it unset"),
         (config.train.train_backend == "megatron", "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
@@ -77,6 +80,11 @@ def check_sft_config(config: Config) -> None:
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
+    # THUDM/slime's SFT scripts pass these; here --loss-type sft_loss implies them
+    implied = [flag for flag, given in (("--debug-train-only", dbg.debug_train_only),
+                                        (f"--rollout-function-path {SFT_ROLLOUT}", config.rollout.rollout_function_path == SFT_ROLLOUT)) if given]
+    if implied:
+        log.info("%s: implied by --loss-type sft_loss (no engine is launched; it trains on the rows of --prompt-data)", ", ".join(implied))
     ignored = [flag for flag, value, default in _rl_only_flags(config) if value != default]
     if ignored:
         log.warning("--loss-type sft_loss ignores these RL flags: %s (SFT trains on the rows of --prompt-data; "

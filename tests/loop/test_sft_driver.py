@@ -82,13 +82,39 @@ async def test_num_epoch_sets_the_number_of_steps(model_dir, data, tmp_path):
     assert summary["num_steps"] == 2 * 7 // 3
 
 
+# THUDM/slime's SFT scripts (scripts/run-qwen3-4B-base-sft.sh): implied here, accepted
+THUDM_SFT_FLAGS = ["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout", "--disable-compute-advantages-and-returns",
+                   "--debug-train-only"]
+
+
+def test_thudm_slime_sft_flags_are_accepted_as_implied_in_one_line(model_dir, data, tmp_path, caplog):
+    import logging
+
+    from slime.loop.driver import check_run_modes
+    from slime.loop.sft import check_sft_config
+
+    caplog.set_level(logging.INFO, logger="slime.loop.sft")
+    config = _config(model_dir, data, tmp_path / "r", *THUDM_SFT_FLAGS)
+    check_run_modes(config)  # preflight's check: --debug-train-only needs no record file here
+    check_sft_config(config)
+    assert [r.getMessage() for r in caplog.records if "implied by --loss-type sft_loss" in r.getMessage()] == [
+        "--debug-train-only, --rollout-function-path slime.rollout.sft_rollout.generate_rollout: implied by --loss-type sft_loss "
+        "(no engine is launched; it trains on the rows of --prompt-data)"]
+    with pytest.raises(ConfigError, match="--rollout-function-path=my.rollout: --loss-type sft_loss .* calls no rollout function"):
+        check_sft_config(_config(model_dir, data, tmp_path / "r", "--rollout-function-path", "my.rollout"))
+    rl = config_from_args(build_parser().parse_args(["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"]))
+    with pytest.raises(ConfigError, match="is THUDM/slime's SFT: pass --loss-type sft_loss"):
+        check_run_modes(rl)
+
+
 def test_slime_train_cli_runs_sft_and_prints_the_eval_loss(model_dir, data, tmp_path, capsys):
     from slime.cli import main
 
     train, evals = data
     argv = ["train", "--loss-type", "sft_loss", "--hf-checkpoint", str(model_dir), "--prompt-data", str(train),
             "--eval-prompt-data", str(evals), "--input-key", "prompt", "--rollout-batch-size", "2", "--global-batch-size", "2",
-            "--num-rollout", "2", "--train-threads", "1", "--save", str(tmp_path / "run"), "--no-progress", "--log-level", "WARNING"]
+            "--num-rollout", "2", "--train-threads", "1", "--save", str(tmp_path / "run"), "--no-progress", "--log-level", "WARNING",
+            *THUDM_SFT_FLAGS]
     assert main(argv) == 0
     assert "done: SFT 2 steps; eval loss" in capsys.readouterr().out
     assert main(argv) == 2  # the run directory is used: resume it with --load, or choose another --save
