@@ -107,7 +107,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     # Algorithm set and off-policy corrections: slime's spelling where slime has the flag (MIS's
     # --mis-* keys are slime's mis.yaml keys; --use-decoupled-ppo / --behav-imp-weight-cap follow
     # AReaL's use_decoupled_loss / behav_imp_weight_cap). See slime/train/.
-    "--advantage-estimator": ("train.advantage_estimator", dict(choices=["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae"])),
+    "--advantage-estimator": ("train.advantage_estimator", dict(choices=["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae",
+                                                                         "on_policy_distillation"])),  # the last: apply_slime_opd
+    "--custom-reward-post-process-path": ("train.custom_reward_post_process_path",
+                                          dict(help="THUDM/slime's OPD hook: a no-op with --use-opd (apply_slime_opd), an error otherwise")),
     "--disable-grpo-std-normalization": ("train.disable_grpo_std_normalization", dict(action="store_true", help="Dr. GRPO: centre rewards without dividing by the group std")),
     "--normalize-advantages": ("train.normalize_advantages", dict(action="store_true", help="whiten advantages over the step's trained tokens")),
     "--gamma": ("train.gamma", dict(type=float, help="discount of REINFORCE++ returns and GAE")),
@@ -305,6 +308,7 @@ def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
         from slime.eval_config import apply_eval_config
 
         apply_eval_config(ns.eval_config, tree)
+    apply_slime_opd(tree)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
     try:
@@ -312,6 +316,55 @@ def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
     return config.validate()
+
+
+def apply_slime_opd(tree: dict[str, Any]) -> None:
+    """Map THUDM/slime's on-policy-distillation flags (``examples/on_policy_distillation/run-qwen3-8B-opd.sh``)
+    onto ``--use-opd`` in ``tree`` (``msgspec.to_builtins(Config)``), in place, one INFO line each.
+
+    - ``--advantage-estimator on_policy_distillation`` (advantage = teacher minus student logprob per
+      token) is ``--use-opd --opd-only`` here (``-opd_kl_coef * (old_logp - teacher_logp)``, coef 1.0
+      by default, as slime's).
+    - The example's teacher is a server that its ``--custom-rm-path ...on_policy_distillation.reward_func``
+      asks for logprobs at ``--rm-url http://HOST:PORT/generate``; given no teacher flag, that server
+      becomes ``--opd-teacher-addrs http://HOST:PORT`` and the reward function is dropped (the teacher
+      is scored by ``slime.rollout.opd``; the task reward is the run's ``--rm-type`` / default).
+    - ``--custom-reward-post-process-path``: with ``--use-opd`` a no-op (the example's function only
+      moves the teacher's logprobs out of the reward payload).
+
+    Raises:
+        ConfigError: ``on_policy_distillation`` with no teacher (naming the flags to give), or
+            ``--custom-reward-post-process-path`` without ``--use-opd`` (a general reward post-process
+            hook does not exist here).
+    """
+    import logging
+    from urllib.parse import urlsplit
+
+    log = logging.getLogger(__name__)
+    train, engine, rollout = tree["train"], tree["engine"], tree["rollout"]
+    if train["advantage_estimator"] == "on_policy_distillation":
+        train.update(advantage_estimator="grpo", use_opd=True, opd_only=True)
+        log.info("--advantage-estimator on_policy_distillation: here --use-opd --opd-only (advantage per token = "
+                 "-opd_kl_coef * (logp - teacher_logp), --opd-kl-coef %s)", train["opd_kl_coef"])
+        teacher_given = engine["opd_teacher_load"] or engine["opd_teacher_addrs"] or engine["sglang_config"]
+        rm = rollout["custom_rm_path"] or ""
+        if not teacher_given and rm.endswith("on_policy_distillation.reward_func") and rollout["rm_url"]:
+            url = urlsplit(rollout["rm_url"])
+            engine["opd_teacher_addrs"] = [f"{url.scheme}://{url.netloc}"]
+            rollout.update(custom_rm_path=None, rm_url=None)
+            log.info("--custom-rm-path %s --rm-url %s: the example's teacher query; here the teacher is "
+                     "--opd-teacher-addrs %s, scored by slime.rollout.opd", rm, url.geturl(), engine["opd_teacher_addrs"][0])
+        elif not teacher_given:
+            raise ConfigError("--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs HOST:PORT (a running "
+                              "server), --opd-teacher-load HF_DIR, or a 'teacher' group in --sglang-config")
+    hook = train["custom_reward_post_process_path"]
+    if hook is not None:
+        if not train["use_opd"]:
+            raise ConfigError(f"--custom-reward-post-process-path {hook}: only THUDM/slime's on-policy-distillation hook is "
+                              "accepted, with --use-opd or --advantage-estimator on_policy_distillation, where it is a no-op; "
+                              "a general reward post-process hook does not exist here")
+        log.info("--custom-reward-post-process-path %s: no-op here: with --use-opd the teacher's logprobs are fetched and "
+                 "attached by slime.rollout.opd (slime's example hook only moves them out of the reward payload)", hook)
 
 
 def _set(tree: dict[str, Any], path: str, value: Any) -> None:

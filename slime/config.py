@@ -417,6 +417,10 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     The task reward is still computed, logged (``reward_mean``, ``accuracy``) and used by eval; it just
     does not train (every estimator sees reward 0). THUDM/slime gets the same with a reward function
     that returns 0, which also zeroes what its logs show."""
+    custom_reward_post_process_path: str | None = None
+    """THUDM/slime's ``--custom-reward-post-process-path``, accepted only with ``use_opd``, where it is a
+    no-op: slime's on-policy-distillation example uses it to move the teacher's logprobs from the reward
+    payload onto the samples, which ``slime.rollout.opd`` does here (``slime.cli_args.apply_slime_opd``)."""
     loss_type: Literal["policy_loss", "sft_loss"] = "policy_loss"
     """``--loss-type`` (THUDM/slime's flag): ``policy_loss`` (RL, the objective above) or ``sft_loss``
     (supervised fine-tuning: masked negative log-likelihood of the loss-mask tokens, aggregated by

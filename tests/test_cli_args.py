@@ -43,6 +43,7 @@ PINNED = {
     # THUDM/slime script flags of issue 16 item 1
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode", "--eval-top-k",
     "--skip-eval-before-train", "--rollout-num-gpus-per-node", "--rollout-max-context-len", "--eval-config",
+    "--custom-reward-post-process-path",
 }
 FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
 
@@ -87,6 +88,8 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base += ["--loss-type", "sft_loss"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]
+    if flag == "--custom-reward-post-process-path":  # THUDM/slime's OPD hook: only with --use-opd
+        base += ["--use-opd"]
     if flag == "--eval-config":  # a file it reads (tests/test_eval_config.py)
         (tmp_path / "eval.yaml").write_text("eval:\n  datasets: [{name: a, path: a.jsonl}]\n")
         argv, expect = [flag, str(tmp_path / "eval.yaml")], str(tmp_path / "eval.yaml")

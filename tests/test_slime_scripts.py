@@ -148,6 +148,7 @@ ADDED = {
     "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode",  # applied
     "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # applied (eval path, placement plan)
     "--eval-config",  # applied: slime.eval_config (tests/test_eval_config.py)
+    "--custom-reward-post-process-path",  # OPD example: a no-op with --use-opd, an error otherwise
     "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4: checked against model_type
     "--rollout-max-context-len",  # applied (multi-agent example): prompt + response cap
 }
@@ -232,15 +233,33 @@ def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_file(tmp_p
         check_compat_flags(build_parser().parse_args(["--kv-channels", "128"]), str(tmp_path))
 
 
-@pytest.mark.parametrize("argv", [
-    ["--custom-reward-post-process-path", "examples.on_policy_distillation.on_policy_distillation.post_process_rewards"],
-    ["--advantage-estimator", "on_policy_distillation"],
-])
-def test_the_refused_example_flags_are_errors_naming_them_and_documented(argv, capsys):
-    try:
-        rc = main(["train", "--dry-run", *argv])
-    except SystemExit as exc:  # argparse's invalid choice
-        rc = exc.code
-    assert rc == 2
-    assert argv[0] in capsys.readouterr().err
-    assert f"`{argv[0]}" in (Path(__file__).parents[1] / "docs" / "slime_flags.md").read_text()
+# THUDM/slime's examples/on_policy_distillation/run-qwen3-8B-opd.sh: its OPD flags (RM_ARGS, GRPO_ARGS)
+OPD_EXAMPLE = ["--custom-rm-path", "examples.on_policy_distillation.on_policy_distillation.reward_func",
+               "--custom-reward-post-process-path", "examples.on_policy_distillation.on_policy_distillation.post_process_rewards",
+               "--rm-url", "http://127.0.0.1:13141/generate", "--advantage-estimator", "on_policy_distillation",
+               "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl", "--entropy-coef", "0.00"]
+
+
+def test_the_opd_example_maps_onto_use_opd_with_its_teacher_server(caplog):
+    caplog.set_level(logging.INFO, logger="slime.cli_args")
+    config = config_from_args(build_parser().parse_args(OPD_EXAMPLE))
+    t = config.train
+    assert (t.use_opd, t.opd_only, t.opd_kl_coef, t.advantage_estimator) == (True, True, 1.0, "grpo")
+    assert config.engine.opd_teacher_addrs == ("http://127.0.0.1:13141",)  # the example's teacher server
+    assert (config.rollout.custom_rm_path, config.rollout.rm_url) == (None, None)  # its job (asking the teacher) is OPD's here
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and lines[0].startswith("--advantage-estimator on_policy_distillation: here --use-opd --opd-only")
+    assert "--custom-reward-post-process-path examples.on_policy_distillation.on_policy_distillation.post_process_rewards: no-op" in lines[2]
+    assert main(["train", "--dry-run", *OPD_EXAMPLE]) == 0
+
+
+def test_a_given_teacher_is_kept_and_no_teacher_is_an_error_naming_what_to_give():
+    config = config_from_args(build_parser().parse_args(["--advantage-estimator", "on_policy_distillation", "--opd-teacher-addrs", "h:1"]))
+    assert (config.train.use_opd, config.engine.opd_teacher_addrs) == (True, ("h:1",))
+    with pytest.raises(ConfigError, match="--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs"):
+        config_from_args(build_parser().parse_args(["--advantage-estimator", "on_policy_distillation"]))
+
+
+def test_the_reward_post_process_hook_without_opd_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match="--custom-reward-post-process-path m.f: only THUDM/slime's on-policy-distillation hook"):
+        config_from_args(build_parser().parse_args(["--custom-reward-post-process-path", "m.f"]))
