@@ -51,9 +51,14 @@ RUN_KEYS = {  # shared with the training data and reward here: must match the ru
 KEYS = {**SAMPLING_KEYS, **RUN_KEYS}
 
 
+# eval fields whose None means the rollout's value (RolloutConfig.resolved_eval_*)
+FALLBACK = {"eval_top_p": "rollout_top_p", "eval_top_k": "rollout_top_k", "eval_max_response_len": "rollout_max_response_len"}
+
+
 def _get(tree: dict[str, Any], path: str) -> Any:
     section, leaf = path.split(".")
-    return tree[section][leaf]
+    value = tree[section][leaf]
+    return tree[section][FALLBACK[leaf]] if value is None and leaf in FALLBACK else value
 
 
 def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
@@ -102,8 +107,9 @@ def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
             field, flag = KEYS[key]
             run = _get(tree, field)
             if value != run:
+                hint = "give one value for all datasets in eval.defaults" if key in SAMPLING_KEYS else f"it is the run's {flag} here"
                 raise ConfigError(f"{at}: {key} = {value!r}, but this slime evaluates every dataset with the run's "
-                                  f"{flag} ({run!r}); per-dataset {key} is not supported: set {flag} or eval.defaults")
+                                  f"{flag} ({run!r}); per-dataset {key} is not supported: {hint}")
         pairs += [entry["name"], entry["path"]]
     tree["data"]["eval_prompt_data"] = pairs
 
