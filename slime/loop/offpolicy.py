@@ -46,6 +46,10 @@ def apply_staleness(groups: list[Group], *, trainer_version: int, max_staleness:
         spanned = s.num_versions_spanned
         max_spanned = max(max_spanned, spanned)
         multi += spanned >= 2
+    for g in groups:  # a FAILED sample never trains, but its loss mask must not mark a stale token trainable
+        for s in g.samples:
+            if not s.is_valid:
+                s.mask_stale(trainer_version, max_staleness)
     total = sum(hist.values())
     off = sum(n for lag, n in hist.items() if lag > 0)
     return {

@@ -133,7 +133,7 @@ def test_probe_recovers_the_decode_cost_of_an_engine_and_refuses_one_that_stops_
         asyncio.run(run(early, batch_sizes=(1, 2), prompt_len=8, short=4, long=24, prefill_batch=0))
 
 
-REAL = ["--max-running-requests", "16", "--decode-step-ms", "4", "--decode-step-per-req-ms", "0.1", "--prefill-ms-per-token", "0.002",
+REAL = ["--max-running-requests", "16", "--decode-step-ms", "4", "--decode-step-per-req-ms", "0.4", "--prefill-ms-per-token", "0.002",
         "--weight-sync-ms", "50", "--time-scale", "1", "--response-len-median", "320", "--response-len-p99", "320",
         "--max-response-len", "320", "--seed", "0", "--weight-version", "default"]
 BENCH = ["--steps", "2", "--median", "40", "--p99", "160", "--max-len", "320", "--seed", "7", "--train-s", "0.3",
@@ -153,7 +153,8 @@ def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_le
     assert asyncio.run(serve_and_run()) == 0
     res = json.loads(out.read_text())
     cal = res["calibration"]
-    assert cal["decode_step_ms"] == pytest.approx(4.0, rel=0.3) and cal["decode_step_per_req_ms"] == pytest.approx(0.1, rel=0.5)
+    # a per-request cost large enough (6.4 ms at 16 running) to stand out of the jitter of a shared 2-core machine
+    assert cal["decode_step_ms"] == pytest.approx(4.0, rel=0.35) and cal["decode_step_per_req_ms"] == pytest.approx(0.4, rel=0.4)
     assert res["workload"]["time_scale"] == 1.0 and res["sim_workload"]["time_scale"] == 4.0
     lengths = DrawnLengths(median=40, p99=160, max_len=320, seed=7)
     drawn_first_batches = sum(lengths.total(s) for s in _samples(Workload(median=40, p99=160, max_len=320, seed=7), 2 * 4, 4))
