@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 
 def _builtin_task(config: Config) -> Any:
-    """The module of ``--builtin-task``: ``slime.data.arith`` or ``slime.data.calc``."""
+    """The module of ``--builtin-task``: ``slime.data.arith``, ``slime.data.calc`` or ``slime.data.chain``."""
     import importlib
 
     return importlib.import_module(f"slime.data.{config.data.builtin_task}")
