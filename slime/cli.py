@@ -277,9 +277,13 @@ def _check_plugin(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    if not argv or argv[0] != "rollout":
-        print("usage: slime bench rollout [options]   (see slime bench rollout --help)", file=sys.stderr)
+    if not argv or argv[0] not in ("rollout", "learning"):
+        print("usage: slime bench {rollout,learning} [options]   (see slime bench rollout --help, slime bench learning --help)", file=sys.stderr)
         return 2
+    if argv[0] == "learning":
+        from slime.bench.learning import main as learning_main
+
+        return learning_main(argv[1:])
     from slime.bench.rollout import main as bench_main
 
     return bench_main(argv[1:])
