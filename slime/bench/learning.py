@@ -246,19 +246,19 @@ def _one_run(argv: list[str]) -> list[dict[str, Any]]:
     import msgspec
 
     from slime.cli import DEFAULT_CHECKPOINTS, _check_run_dir, _run, preflight
-    from slime.cli_args import build_parser, config_from_args, split_passthrough
+    from slime import cli_args
     from slime.errors import ConfigError
     from slime.loop.driver import run_training
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync (as slime train)
-    argv, sglang_args, router_args = split_passthrough(argv)
-    parser = build_parser(argparse.ArgumentParser(prog="slime bench learning (a run)", allow_abbrev=False))
+    argv, sglang_args, router_args = cli_args.split_passthrough(argv)
+    parser = cli_args.build_parser(argparse.ArgumentParser(prog="slime bench learning (a run)", allow_abbrev=False))
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         raise ConfigError(f"unrecognized slime train arguments: {' '.join(unknown)}")
-    config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
+    config = cli_args.config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
     if not config.engine.hf_checkpoint:
         config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
     preflight(config)
