@@ -15,9 +15,8 @@ __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
 DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
 DEFAULT_CHECKPOINTS = {"arith": DEFAULT_CHECKPOINT, "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart"),
-                       "chain": DEFAULT_CHECKPOINT}
-"""The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``; ``chain``
-shares arith's (same format and vocabulary; ``scripts/make_warmstart.py --task chain`` makes its own)."""
+                       "chain": str(Path(__file__).parent / "data" / "assets" / "chain-warmstart")}
+"""The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
 def _train(argv: list[str]) -> int:
