@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/make_warmstart.py [--run-dir DIR] [--steps N] [--seed S] [--threads T] [--out DIR --save-dtype D]
+    python scripts/make_warmstart.py [--task arith|chain] [--run-dir DIR] [--steps N] [--seed S] [--threads T] [--out DIR --save-dtype D]
         [--hidden-size H --intermediate-size I --num-layers L --num-heads A --num-kv-heads K] [--compare-with DIR]
 
 A small Llama, from scratch, fine-tuned on ``prompt + solution + <eos>`` from the train split of
@@ -33,6 +33,12 @@ Half of the SFT targets answer directly (``#441``) instead of working the sum ou
 (``--direct-fraction 0.5``): the warm start learns both styles, and the direct style is usually
 wrong on 3- and 4-term sums. That is the room RL has: GRPO quickly learns to prefer the worked
 solution (a strategy, not new arithmetic), which is why the CPU demo gains 20+ points in minutes.
+
+``--task chain`` trains on ``slime.data.chain`` instead (addition chains of 2 to 10 one-digit terms,
+long-tailed lengths; same format, vocabulary and reward) into ``runs/chain-warmstart``; the
+generation config's ``max_new_tokens`` and the measurements then use chain's longest response. The
+shipped ``slime/data/assets/chain-warmstart`` is ``--task chain --steps 1000 --threads 1`` (measured
+in ``slime/data/chain.py``'s docstring).
 
 Measured (defaults: 1,200 steps, seed 0, 2 threads on a shared 2-core AMD EPYC, torch 2.13 CPU,
 2026-11-30, by this recipe's earlier hand-written loop): 1,069 s of training (other jobs sharing the

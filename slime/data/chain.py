@@ -12,9 +12,17 @@ batch of rollouts finishes at very different times::
     label     "16"
 
 The format, the character vocabulary and the reward are the arithmetic task's (``arith.score``:
-exact match of the answer after the single ``#``), so the arithmetic warm start can start RL here
-and ``scripts/make_warmstart.py --task chain`` makes a warm start of its own. Splits are fixed by a
-hash of the prompt (``arith.split_of``), as in ``arith``.
+exact match of the answer after the single ``#``). Splits are fixed by a hash of the prompt
+(``arith.split_of``), as in ``arith``.
+
+Warm start: ``slime/data/assets/chain-warmstart`` (the default of ``--builtin-task chain``), made by
+``scripts/make_warmstart.py --task chain --steps 1000 --threads 1`` (the arithmetic recipe: half the
+SFT targets answer directly; 829 s of ``slime train --loss-type sft_loss`` on a shared 2-core CPU,
+2026-12-01). On the 200 held-out problems: greedy 0.855, sampled at T=1 0.856, pass@8 1.000, mixed
+8-sample groups 0.380; greedy by terms 2: 1.00, 3: 0.89, 4: 0.86, 5: 0.71, 6: 0.67, 7: 0.62, 8: 0.33,
+9: 0.14, 10: 0.50; 71% of greedy answers are direct. The long chains are where RL has room. The
+arithmetic warm start (``--hf-checkpoint slime/data/assets/arith-warmstart``) also runs here but
+never saw more than 4 terms: greedy 0.650; sampled at T=1, 0.02 or less from 5 terms on.
 
 Sizes (``prompt + response`` must fit the model's context):
 

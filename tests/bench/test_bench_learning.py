@@ -97,3 +97,14 @@ def test_tiny_real_bench(tmp_path):
     assert results["curves"]["sync"][0]["off_policy_token_share"] == 0.0
     assert (tmp_path / "learning.png").stat().st_size > 0 and (tmp_path / "learning.txt").read_text().startswith("mode")
     assert (tmp_path / "runs" / "sync-s0" / "metrics.jsonl").is_file()
+
+
+def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
+    import argparse
+
+    from slime.cli_args import build_parser, config_from_args
+
+    argv = learning.train_argv("async-mis", 3, "/tmp/x", task="chain", num_rollout=5, eval_interval=2, extra=["--num-eval-prompts", "7"])
+    config = config_from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))
+    assert (config.data.num_eval_prompts, config.loop.rollout_batch_size, config.loop.mode, config.train.mis_level) == (7, 8, "async", "token")
+    assert (config.seed, config.loop.num_rollout, config.loop.eval_interval, config.data.builtin_task) == (3, 5, 2, "chain")
