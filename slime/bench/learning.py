@@ -24,6 +24,17 @@ against sync (ratio of the means, over the seeds that reached it). Outputs: ``OU
 ``OUT/learning.txt`` (the table, also printed) and ``OUT/learning.png`` (accuracy vs wall time and
 vs trained tokens; one line per mode, the mean over seeds on a common grid, seeds as a min-max band).
 
+On the CPU (defaults: ``TRAIN_FLAGS``, 8 groups x 8 samples a step, 200 eval prompts every 4 steps,
+40 steps, target 0.9 from the chain warm start's 0.855), a run takes about a minute on a quiet core.
+The GPU-sized version (item 3 of issue 15; documented, not run yet): the GPU-sized chain data
+(``slime.data.chain`` docstring) on a real SGLang, e.g. ``slime bench learning --modes
+sync,april,april-mask,async,async-tis,async-mis,async-decoupled --seeds 0 --num-rollout 200
+--eval-interval 10 --target-accuracy T -- --hf-checkpoint Qwen/Qwen2.5-0.5B-Instruct --prompt-data
+D/train.jsonl --eval-prompt-data D/eval.jsonl --num-eval-prompts 200 --rollout-max-response-len 1024
+--rollout-batch-size 32 --n-samples-per-prompt 8 --global-batch-size 256 --rollout-num-gpus 1
+--train-backend megatron`` (the chain reward is the built-in task's; T a few points under sync's
+final accuracy, set after a first sync run).
+
 Extra ``slime train`` flags go after ``--`` and apply to every run (e.g. ``-- --rollout-batch-size 8
 --hf-checkpoint DIR``); a flag that a mode sets itself (``--rollout-mode``, ``--seed``, ``--save``, ...)
 is refused there.

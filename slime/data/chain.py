@@ -33,7 +33,8 @@ Sizes (``prompt + response`` must fit the model's context):
   by ``python -m slime.data.chain --out DIR --max-terms 64 --max-digits 2 --alpha 1.2`` and used
   with ``--prompt-data DIR/train.jsonl --eval-prompt-data DIR/eval.jsonl --custom-rm-path
   slime.data.chain.reward --rollout-max-response-len 1024`` on a model with a context of 2k tokens
-  or more: responses from ~10 to ~800 tokens (character-level; fewer with a BPE tokenizer).
+  or more. Worked solutions (characters; fewer tokens with a BPE tokenizer): median 34, p90 320,
+  p99 668, max 748 (p99/median ~20); prompt + solution at most 916 characters.
 """
 
 from __future__ import annotations
