@@ -108,3 +108,8 @@ def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
     config = config_from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))
     assert (config.data.num_eval_prompts, config.loop.rollout_batch_size, config.loop.mode, config.train.mis_level) == (7, 8, "async", "token")
     assert (config.seed, config.loop.num_rollout, config.loop.eval_interval, config.data.builtin_task) == (3, 5, 2, "chain")
+
+
+def test_bench_usage_names_both_benches(capsys):
+    assert cli_main(["bench", "nope"]) == 2
+    assert "slime bench {rollout,learning}" in capsys.readouterr().err
