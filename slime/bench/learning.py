@@ -15,8 +15,10 @@ hyper-parameters. From each run's ``metrics.jsonl`` (``run_curve``) it reads:
   the wall time at an eval is when it began, i.e. what the model had reached by then;
 - time (both clocks) and tokens to reach ``--target-accuracy``: the first eval at or above it;
 - final accuracy (the driver's eval after the last step);
-- the off-policy token share (trained tokens with version lag > 0) and the version-lag distribution
-  of trained tokens (shares per lag, p50 / p90 / max).
+- the off-policy token share (the batches' model tokens with version lag > 0, the driver's
+  ``lag_histogram``: after the ``--max-staleness`` mask, before ``--mask-offpolicy-in-partial-rollout``,
+  which the trainer applies, so april-mask shows the share it masks) and the version-lag
+  distribution of those tokens (shares per lag, p50 / p90 / max).
 
 Per mode (``summarize``): seeds that reached the target, mean / min / max time to target, final
 accuracy mean and spread (sample standard deviation, min, max), and the speed-up of time to target
