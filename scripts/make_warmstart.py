@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/make_warmstart.py [--run-dir DIR] [--steps N] [--seed S] [--threads T] [--out DIR --save-dtype D]
+    python scripts/make_warmstart.py [--task arith|chain] [--run-dir DIR] [--steps N] [--seed S] [--threads T] [--out DIR --save-dtype D]
         [--hidden-size H --intermediate-size I --num-layers L --num-heads A --num-kv-heads K] [--compare-with DIR]
 
 A small Llama, from scratch, fine-tuned on ``prompt + solution + <eos>`` from the train split of
@@ -33,6 +33,12 @@ Half of the SFT targets answer directly (``#441``) instead of working the sum ou
 (``--direct-fraction 0.5``): the warm start learns both styles, and the direct style is usually
 wrong on 3- and 4-term sums. That is the room RL has: GRPO quickly learns to prefer the worked
 solution (a strategy, not new arithmetic), which is why the CPU demo gains 20+ points in minutes.
+
+``--task chain`` trains on ``slime.data.chain`` instead (addition chains of 2 to 10 one-digit terms,
+long-tailed lengths; same format, vocabulary and reward) into ``runs/chain-warmstart``; the
+generation config's ``max_new_tokens`` and the measurements then use chain's longest response. The
+shipped ``slime/data/assets/chain-warmstart`` is ``--task chain --steps 1000 --threads 1`` (measured
+in ``slime/data/chain.py``'s docstring).
 
 Measured (defaults: 1,200 steps, seed 0, 2 threads on a shared 2-core AMD EPYC, torch 2.13 CPU,
 2026-11-30, by this recipe's earlier hand-written loop): 1,069 s of training (other jobs sharing the
@@ -77,7 +83,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from slime.data import arith
+from slime.data import arith, chain
+
+TASKS = {"arith": arith, "chain": chain}  # the same format, vocabulary and reward (arith.score)
 from slime.data.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +104,9 @@ MODEL_DIMS = dict(
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "arith-warmstart")
+    p.add_argument("--task", choices=sorted(TASKS), default="arith",
+                   help="built-in task whose problems it trains on (chain: slime.data.chain, long-tailed lengths)")
+    p.add_argument("--run-dir", type=Path, default=None, help="default: runs/TASK-warmstart")
     p.add_argument("--steps", type=int, default=1200, help="optimizer steps (stops early on purpose)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of the trainer and the evaluation")
@@ -141,12 +151,12 @@ def make_model(tokenizer, seed: int, dims: dict = MODEL_DIMS) -> LlamaForCausalL
     return LlamaForCausalLM(config).float()
 
 
-def write_init(out: Path, seed: int, dims: dict = MODEL_DIMS) -> None:
+def write_init(out: Path, seed: int, dims: dict = MODEL_DIMS, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2) -> None:
     tokenizer = build_tokenizer()
     model = make_model(tokenizer, seed, dims)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {dims}", flush=True)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=arith.MAX_RESPONSE_CHARS + 2)
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=max_new_tokens)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -154,7 +164,7 @@ def write_init(out: Path, seed: int, dims: dict = MODEL_DIMS) -> None:
 def write_data(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     """The training rows in training order (step ``k`` trains rows ``k * batch_size ..``), and the eval problems."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    problems = arith.iter_problems(args.seed, "train")
+    problems = TASKS[args.task].iter_problems(args.seed, "train")
     style_rng = random.Random(f"style:{args.seed}")
     train = data_dir / "train.jsonl"
     with train.open("w") as f:
@@ -164,7 +174,7 @@ def write_data(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
             f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
     evals = data_dir / "eval.jsonl"
     with evals.open("w") as f:
-        eval_problems = arith.iter_problems(args.seed, "eval")  # the stream of arith.generate_dataset(n, seed, "eval")
+        eval_problems = TASKS[args.task].iter_problems(args.seed, "eval")  # the stream of generate_dataset(n, seed, "eval")
         for _ in range(args.num_eval):
             prompt, _, solution = next(eval_problems)
             f.write(json.dumps({"prompt": prompt, "response": solution}) + "\n")
@@ -199,10 +209,10 @@ def sft_command(args: argparse.Namespace, init: Path, train: Path, evals: Path, 
     ]
 
 
-def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int) -> None:
+def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2) -> None:
     """Print greedy and temperature-1 held-out accuracy, pass@8, mixed groups and direct-answer share."""
-    greedy = [texts[0] for texts in arith.sample_hf_model(model, tokenizer, eval_rows, temperature=0.0)]
-    sampled = arith.sample_hf_model(model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed)
+    greedy = [texts[0] for texts in arith.sample_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=max_new_tokens)]
+    sampled = arith.sample_hf_model(model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed, max_new_tokens=max_new_tokens)
     greedy_scores = [arith.score(text, row["label"]) for text, row in zip(greedy, eval_rows)]
     sampled_scores = [[arith.score(t, row["label"]) for t in texts] for texts, row in zip(sampled, eval_rows)]
     num_rows = len(eval_rows)
@@ -237,19 +247,19 @@ def compare_weights(mine: Path, shipped: Path) -> str:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    run_dir = args.run_dir.resolve()
+    run_dir = (args.run_dir or ROOT / "runs" / f"{args.task}-warmstart").resolve()
     init, out = run_dir / "init", run_dir / "sft"
     start = time.monotonic()
     if not args.eval_only:
         if out.exists():
             sys.exit(f"{out} exists; choose another --run-dir (or --eval-only)")
-        write_init(init, args.seed, model_dims(args))
+        write_init(init, args.seed, model_dims(args), TASKS[args.task].MAX_RESPONSE_CHARS + 2)
         train, evals = write_data(run_dir / "data", args)
         cmd = sft_command(args, init, train, evals, out)
         print("$ " + " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
         print(f"slime train (SFT) took {time.monotonic() - start:.1f}s", flush=True)
-    eval_rows = arith.generate_dataset(args.num_eval, seed=args.seed, split="eval")
+    eval_rows = TASKS[args.task].generate_dataset(args.num_eval, seed=args.seed, split="eval")
     measured = out / "model"
     if args.out is not None:  # the copy to ship: cast, save, and measure what was saved (rounded weights included)
         trained = LlamaForCausalLM.from_pretrained(measured, dtype=torch.float32)
@@ -259,12 +269,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(measured)
     model = LlamaForCausalLM.from_pretrained(measured, dtype=torch.float32)
     print(f"SFT model {measured}:", flush=True)
-    report(model, tokenizer, eval_rows, args.seed)
+    report(model, tokenizer, eval_rows, args.seed, TASKS[args.task].MAX_RESPONSE_CHARS + 2)
     shipped_dir = args.compare_with
     if shipped_dir is not None and (shipped_dir / "model.safetensors").is_file():
         shipped = LlamaForCausalLM.from_pretrained(shipped_dir, dtype=torch.float32)
-        theirs = arith.evaluate_hf_model(shipped, AutoTokenizer.from_pretrained(shipped_dir), eval_rows, temperature=0.0)
-        mine = arith.evaluate_hf_model(model, tokenizer, eval_rows, temperature=0.0)
+        theirs = arith.evaluate_hf_model(shipped, AutoTokenizer.from_pretrained(shipped_dir), eval_rows, temperature=0.0, max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2)
+        mine = arith.evaluate_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2)
         print(f"greedy held-out accuracy: this run {mine:.3f}  shipped {theirs:.3f}  difference {100 * (mine - theirs):+.1f} points")
         print(f"weights against the shipped {shipped_dir}: {compare_weights(measured, shipped_dir)}")
     print(f"total wall time {time.monotonic() - start:.1f}s")

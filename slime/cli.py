@@ -14,7 +14,8 @@ from pathlib import Path
 __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
 DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
-DEFAULT_CHECKPOINTS = {"arith": DEFAULT_CHECKPOINT, "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart")}
+DEFAULT_CHECKPOINTS = {"arith": DEFAULT_CHECKPOINT, "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart"),
+                       "chain": str(Path(__file__).parent / "data" / "assets" / "chain-warmstart")}
 """The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
@@ -299,9 +300,13 @@ def _check_plugin(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    if not argv or argv[0] != "rollout":
-        print("usage: slime bench rollout [options]   (see slime bench rollout --help)", file=sys.stderr)
+    if not argv or argv[0] not in ("rollout", "learning"):
+        print("usage: slime bench {rollout,learning} [options]   (see slime bench rollout --help, slime bench learning --help)", file=sys.stderr)
         return 2
+    if argv[0] == "learning":
+        from slime.bench.learning import main as learning_main
+
+        return learning_main(argv[1:])
     from slime.bench.rollout import main as bench_main
 
     return bench_main(argv[1:])

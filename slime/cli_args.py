@@ -35,8 +35,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
     "--engine-startup-timeout-s": ("engine.startup_timeout_s", dict(type=float, help="how long to wait for engines to be ready")),
     "--prompt-data": ("data.prompt_data", dict(help="JSONL or Parquet prompts (default: the built-in task, --builtin-task)")),
-    "--builtin-task": ("data.builtin_task", dict(choices=["arith", "calc"], help="built-in task and reward without --prompt-data: "
-                                                  "arith (default) or calc (tool calling; with slime.rollout.multiturn.calculator_generate)")),
+    "--builtin-task": ("data.builtin_task", dict(choices=["arith", "calc", "chain"], help="built-in task and reward without --prompt-data: "
+                                                  "arith (default), calc (tool calling; with slime.rollout.multiturn.calculator_generate) or chain (long-tailed lengths)")),
     "--input-key": ("data.input_key", dict()),
     "--label-key": ("data.label_key", dict()),
     "--metadata-key": ("data.metadata_key", dict()),

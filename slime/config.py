@@ -45,10 +45,11 @@ class DataConfig(msgspec.Struct, **_STRUCT):
     prompt_data: str | None = None
     """JSONL or Parquet (by extension) file of prompts (``--prompt-data``; ``slime.data.dataset``). None: the
     built-in task (``builtin_task``)."""
-    builtin_task: Literal["arith", "calc"] = "arith"
+    builtin_task: Literal["arith", "calc", "chain"] = "arith"
     """The built-in task used without ``--prompt-data`` (and its reward, without ``--custom-rm-path`` /
-    ``--rm-type``): ``arith`` (``slime.data.arith``, the first demo) or ``calc`` (``slime.data.calc``,
-    large-number arithmetic with a calculator tool) (``--builtin-task``)."""
+    ``--rm-type``): ``arith`` (``slime.data.arith``, the first demo), ``calc`` (``slime.data.calc``,
+    large-number arithmetic with a calculator tool) or ``chain`` (``slime.data.chain``, addition chains with a
+    long-tailed response length) (``--builtin-task``)."""
     input_key: str = "prompt"
     """Key of the prompt text in each row (``--input-key``)."""
     label_key: str | None = "label"

@@ -12,4 +12,6 @@ machine and date recorded in ``docs/benchmarks.md``.
 - ``calibrate.py``: a real engine's decode cost (a + b x running) and the sim engine calibrated to it.
 - ``engine_proc.py``: a simulated engine in its own process (so client CPU is measured alone).
 - ``report.py``: the table and the PNG.
+- ``learning.py``: ``slime bench learning``, held-out accuracy against wall time and trained tokens
+  for sync, APRIL and async (and their off-policy corrections) over seeds, through the real driver.
 """

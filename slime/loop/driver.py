@@ -52,8 +52,15 @@ __all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"
 log = logging.getLogger(__name__)
 
 
+def _clock(t_start: float, t_eval: float) -> dict[str, float]:
+    """An eval record's ``time_s`` (seconds since the run started, at its end) and ``eval_time_s`` (its own
+    duration, pauses included), so accuracy can be read against wall time with and without evals."""
+    now = time.monotonic()
+    return {"time_s": round(now - t_start, 4), "eval_time_s": round(now - t_eval, 4)}
+
+
 def _builtin_task(config: Config) -> Any:
-    """The module of ``--builtin-task``: ``slime.data.arith`` or ``slime.data.calc``."""
+    """The module of ``--builtin-task``: ``slime.data.arith``, ``slime.data.calc`` or ``slime.data.chain``."""
     import importlib
 
     return importlib.import_module(f"slime.data.{config.data.builtin_task}")
@@ -255,9 +262,10 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         if resume is None and config.loop.skip_eval_before_train:
             log.info("--skip-eval-before-train: no eval before the first step")
         elif resume is None:
+            t_eval = time.monotonic()
             with tracer.span("eval", "eval", step=0, num_prompts=num_eval_prompts):
                 before = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
-            metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before})
+            metrics.write(rec := {"kind": "eval", "step": 0, "policy_version": 0, **before, **_clock(t_start, t_eval)})
             obs.record(rec)
             log.info("eval before RL: accuracy %.3f%s", before["accuracy"], _per_dataset(before))
         first_step = resume.step + 1 if resume else 1
@@ -290,15 +298,17 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                                                          colocate=config.sync.colocate and not (train_only or rollout_only),
                                                          on_batch=on_batch if template else None)
                 record["step"] = step
+                record["time_s"] = round(time.monotonic() - t_start, 4)
                 metrics.write(record)
                 for g in groups:
                     trained_log.write({"step": step, "group_id": g.group_id, "data_index": g.data_index})
                 obs.record(record, format_step_line(record))
                 if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < config.loop.num_rollout and eval_sets and not rollout_only:
+                    t_eval = time.monotonic()
                     async with sched.paused():
                         with tracer.span("eval", "eval", step=step, num_prompts=num_eval_prompts):
                             mid = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
-                    metrics.write(rec := {"kind": "eval", "step": step, "policy_version": version, **mid})
+                    metrics.write(rec := {"kind": "eval", "step": step, "policy_version": version, **mid, **_clock(t_start, t_eval)})
                     obs.record(rec, f"eval @ step {step}: accuracy {mid['accuracy']:.3f}{_per_dataset(mid)}")
                 if config.save_interval and (step % config.save_interval == 0 or step == config.loop.num_rollout):
                     async with sched.quiesced():
@@ -310,12 +320,13 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
             await sched.shutdown()
         await sync.close()
         obs.progress.close()
+        t_eval = time.monotonic()
         with tracer.span("eval", "eval", step=config.loop.num_rollout, num_prompts=num_eval_prompts):
             if rollout_only and before is not None:  # the weights never changed: the eval before stands
                 after = before
             else:
                 after = await evaluate_datasets(eval_sets, engine_version=version, **eval_kw)
-        metrics.write(rec := {"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after})
+        metrics.write(rec := {"kind": "eval", "step": config.loop.num_rollout, "policy_version": version, **after, **_clock(t_start, t_eval)})
         obs.record(rec)
     metrics.close()
     trained_log.close()
