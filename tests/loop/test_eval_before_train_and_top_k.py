@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import types
 
 import pytest
 
@@ -13,7 +11,7 @@ from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConf
 from slime.errors import ConfigError
 from slime.loop import driver
 from slime.loop.driver import run_training
-from tests.fixtures.fake_pool import FakePool
+from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
 
 
@@ -31,21 +29,11 @@ def test_the_flags_reach_their_fields_and_eval_top_k_defaults_to_the_rollouts():
 
 @pytest.mark.parametrize("skip", [True, False])
 async def test_a_run_skips_the_eval_before_training_and_samples_eval_at_eval_top_k(tmp_path, monkeypatch, skip):
-    seen: list[dict] = []
-
-    class Pool(FakePool):
-        async def generate(self, input_ids, sampling_params, **kw):
-            seen.append(dict(sampling_params))
-            return await super().generate(input_ids, sampling_params, **kw)
-
-    @contextlib.asynccontextmanager
-    async def fake_engines(*args, **kwargs):
-        yield types.SimpleNamespace(pools=types.SimpleNamespace(default=Pool()), plan=types.SimpleNamespace(backend="embedded"))
+    seen = run_on_a_recording_fake_pool(monkeypatch, driver)
 
     async def reward(sample):
         return 1.0
 
-    monkeypatch.setattr(driver, "start_rollout", fake_engines)
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "w5 w6", "label": "x"}) + "\n")
@@ -61,5 +49,5 @@ async def test_a_run_skips_the_eval_before_training_and_samples_eval_at_eval_top
     assert [r["step"] for r in evals] == ([1] if skip else [0, 1])
     assert (summary["eval_accuracy_before"] is None) == skip and summary["eval_accuracy_after"] == 1.0
     # one eval ran: before the first step, or (skipped) after the last; the rollout's requests run at --rollout-top-k -1
-    eval_calls = [p for p in seen if p.get("top_k") == 1]
+    eval_calls = [p for _, p in seen if p.get("top_k") == 1]
     assert len(eval_calls) == 1 and all(p["temperature"] == 0.0 for p in eval_calls)

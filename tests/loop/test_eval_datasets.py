@@ -3,9 +3,7 @@ from the CLI through the driver's eval records and summary."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import types
 
 import pytest
 
@@ -14,7 +12,7 @@ from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConf
 from slime.errors import ConfigError
 from slime.loop import driver
 from slime.loop.driver import load_prompts, run_training
-from tests.fixtures.fake_pool import FakePool
+from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
 
 
@@ -56,21 +54,11 @@ def test_load_prompts_by_name_keeps_each_dataset_apart(tmp_path):
 
 
 async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_path, monkeypatch):
-    seen: list[dict] = []
-
-    class Pool(FakePool):
-        async def generate(self, input_ids, sampling_params, **kw):
-            seen.append(dict(sampling_params))
-            return await super().generate(input_ids, sampling_params, **kw)
-
-    @contextlib.asynccontextmanager
-    async def fake_engines(*args, **kwargs):
-        yield types.SimpleNamespace(pools=types.SimpleNamespace(default=Pool()), plan=types.SimpleNamespace(backend="embedded"))
+    seen = run_on_a_recording_fake_pool(monkeypatch, driver)
 
     async def reward(sample):  # "easy" prompts are always right
         return 1.0 if sample.prompt.startswith("w5") else 0.0
 
-    monkeypatch.setattr(driver, "start_rollout", fake_engines)
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     easy, hard = _jsonl(tmp_path / "easy.jsonl", ["w5 w6", "w5 w7"]), _jsonl(tmp_path / "hard.jsonl", ["w8 w9"])
     config = Config(
@@ -85,5 +73,5 @@ async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_
     assert evals and all(r["eval/easy/accuracy"] == 1.0 and r["eval/hard/accuracy"] == 0.0 and r["accuracy"] == 2 / 3 for r in evals)
     assert summary["eval/easy/accuracy_before"] == summary["eval/easy/accuracy_after"] == 1.0
     assert summary["eval/hard/accuracy_after"] == 0.0 and summary["eval_accuracy_after"] == 2 / 3
-    eval_calls = [p for p in seen if p["top_p"] == 0.7]  # eval requests; the rollout's run at --rollout-top-p 1.0
+    eval_calls = [p for _, p in seen if p["top_p"] == 0.7]  # eval requests; the rollout's run at --rollout-top-p 1.0
     assert len(eval_calls) >= 3 and all(p["max_new_tokens"] <= 3 and p["temperature"] == 0.0 for p in eval_calls)

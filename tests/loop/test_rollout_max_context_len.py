@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import types
 
 import pytest
 
@@ -13,7 +11,7 @@ from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConf
 from slime.errors import ConfigError, DataError
 from slime.loop import driver
 from slime.loop.driver import run_training
-from tests.fixtures.fake_pool import FakePool
+from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
 
 
@@ -26,21 +24,11 @@ def test_the_response_cap_is_what_the_context_leaves():
 
 
 def _run(tmp_path, monkeypatch, prompts, ctx):
-    seen: list[tuple[int, dict]] = []
-
-    class Pool(FakePool):
-        async def generate(self, input_ids, sampling_params, **kw):
-            seen.append((len(input_ids), dict(sampling_params)))
-            return await super().generate(input_ids, sampling_params, **kw)
-
-    @contextlib.asynccontextmanager
-    async def fake_engines(*args, **kwargs):
-        yield types.SimpleNamespace(pools=types.SimpleNamespace(default=Pool()), plan=types.SimpleNamespace(backend="embedded"))
+    seen = run_on_a_recording_fake_pool(monkeypatch, driver)
 
     async def reward(sample):
         return 1.0
 
-    monkeypatch.setattr(driver, "start_rollout", fake_engines)
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "label": "x"}) + "\n" for p in prompts))
