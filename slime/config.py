@@ -584,12 +584,12 @@ class Config(msgspec.Struct, **_STRUCT):
     def validate(self) -> "Config":
         """Check values; raise ``ConfigError`` naming the CLI flag (or, for ``SHARED_FIELDS`` that
         disagree, both fields and their values). Returns self."""
-        for owner, copies in SHARED_FIELDS.items():
-            want = _field(self, owner)
-            for copy in copies:
-                if (got := _field(self, copy)) != want:
-                    raise ConfigError(f"{copy}={got!r} disagrees with {owner}={want!r}: they hold the same fact and must be "
-                                      f"equal (the CLI sets both from one flag)")
+        disagreements = [f"{copy}={got!r} disagrees with {owner}={want!r}"
+                         for owner, copies in SHARED_FIELDS.items() for want in [_field(self, owner)]
+                         for copy in copies if (got := _field(self, copy)) != want]
+        if disagreements:  # all of them at once: a Config built in Python may have several
+            raise ConfigError("; ".join(disagreements) + ": each pair holds the same fact and must be equal "
+                              "(the CLI sets both from one flag)")
         t = self.train
         m = self.train.megatron
         checks = [

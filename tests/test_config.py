@@ -27,6 +27,13 @@ def test_a_python_config_whose_copies_disagree_is_refused_naming_both_fields(con
         config.validate()
 
 
+def test_every_disagreement_is_named_at_once():
+    config = Config(rollout=RolloutConfig(rollout_temperature=0.7), train=TrainConfig(max_staleness=2))
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    assert "train.rollout_temperature=1.0 disagrees" in str(info.value) and "train.max_staleness=2 disagrees" in str(info.value)
+
+
 def test_sft_configs_are_checked_too():
     with pytest.raises(ConfigError, match="train.rollout_temperature"):
         Config(rollout=RolloutConfig(rollout_temperature=0.5), train=TrainConfig(loss_type="sft_loss")).validate()
