@@ -701,7 +701,7 @@ class Config(msgspec.Struct, **_STRUCT):
         if self.loop.num_epoch is not None:
             raise ConfigError("--num-epoch: only with --loss-type sft_loss (RL runs count steps with --num-rollout)")
         samples = self.loop.rollout_batch_size * self.rollout.n_samples_per_prompt
-        if samples % self.train.global_batch_size != 0:
+        if samples % self.train.global_batch_size != 0 and not self.debug.debug_rollout_only:  # nothing trains in a rollout-only run
             raise ConfigError(
                 f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size x "
                 f"--n-samples-per-prompt = {self.loop.rollout_batch_size} x {self.rollout.n_samples_per_prompt} = {samples}"

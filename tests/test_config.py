@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from slime.config import SHARED_FIELDS, Config, DataConfig, LoopConfig, RolloutConfig, TrainConfig
+from slime.config import SHARED_FIELDS, Config, DataConfig, DebugConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
 
 
@@ -72,3 +72,11 @@ def test_every_field_that_appears_in_several_sections_is_a_declared_shared_fact(
     repeated = {tuple(sorted(p)) for p in paths.values() if len(p) > 1}
     declared = {tuple(sorted([owner, *copies])) for owner, copies in SHARED_FIELDS.items()}
     assert repeated == declared
+
+
+def test_a_rollout_only_run_does_not_need_a_global_batch_size_that_divides_its_samples():
+    with pytest.raises(ConfigError, match="--global-batch-size=128 must divide"):
+        Config(loop=LoopConfig(rollout_batch_size=2, n_samples_per_prompt=2), rollout=RolloutConfig(n_samples_per_prompt=2)).validate()
+    Config(loop=LoopConfig(rollout_batch_size=2, n_samples_per_prompt=2), rollout=RolloutConfig(n_samples_per_prompt=2),
+           debug=DebugConfig(debug_rollout_only=True)).validate()
+
