@@ -19,24 +19,24 @@ DEFAULT_CHECKPOINTS = {"arith": DEFAULT_CHECKPOINT, "calc": str(Path(__file__).p
 """The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
-def _train(argv: list[str]) -> int:
+def _train(argv: list[str], prog: str = "slime train") -> int:
     import msgspec
 
     from slime.cli_args import build_parser, config_from_args, split_passthrough
     from slime.errors import SlimeError
 
-    parser = build_parser(argparse.ArgumentParser(prog="slime train", description="Run GRPO with partial rollouts.", allow_abbrev=False))
+    parser = build_parser(argparse.ArgumentParser(prog=prog, description="Run GRPO with partial rollouts.", allow_abbrev=False))
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--no-progress", action="store_true", help="plain step lines, no progress bar")
     parser.add_argument("--dry-run", action="store_true", help="print every command the run would start (with its env) and exit")
     try:
         argv, sglang_args, router_args = split_passthrough(argv)
     except SlimeError as exc:
-        print(f"slime train: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
-        print(f"slime train: error: unrecognized arguments: {' '.join(unknown)} (not flags of this slime; only --sglang-* "
+        print(f"{prog}: error: unrecognized arguments: {' '.join(unknown)} (not flags of this slime; only --sglang-* "
               "and --router-* flags pass through, to SGLang and sglang-router; see slime train --help)", file=sys.stderr)
         return 2
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -79,17 +79,17 @@ def _train(argv: list[str]) -> int:
             return 0
         summary = _run(run_training(config, progress=not ns.no_progress))
     except SlimeError as exc:
-        print(f"slime train: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except BaseExceptionGroup as group:  # raised inside a task group: report slime's own error plainly
         leaf = _first_slime_error(group)
         if leaf is None:
             raise
-        print(f"slime train: error: {leaf}", file=sys.stderr)
+        print(f"{prog}: error: {leaf}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = f"; resume with --load {config.run_dir}" if config.save_interval else ""
-        print(f"slime train: interrupted; run directory {config.run_dir}{hint}", file=sys.stderr)
+        print(f"{prog}: interrupted; run directory {config.run_dir}{hint}", file=sys.stderr)
         return 130
     if not summary:  # a non-zero rank of a torchrun job
         return 0
@@ -315,7 +315,7 @@ def _bench(argv: list[str]) -> int:
 def _rollout(argv: list[str]) -> int:
     """``slime rollout``: ``slime train --debug-rollout-only`` (generate, reward and record with
     ``--save-debug-rollout-data``; nothing trains, the weights never change)."""
-    return _train(["--debug-rollout-only", *argv])
+    return _train(["--debug-rollout-only", *argv], prog="slime rollout")
 
 
 def _convert(argv: list[str]) -> int:

@@ -339,3 +339,9 @@ def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
     assert "other settings" not in caplog.text
     _warn_if_resuming_another_setup(parse("--prompt-data", "b.jsonl", "--load", str(tmp_path)))
     assert "resuming a run made with other settings: --prompt-data 'a.jsonl' -> 'b.jsonl'" in caplog.text
+
+
+def test_slime_rollout_names_itself_in_its_errors(capsys):
+    from slime.cli import main
+    assert main(["rollout", "--rollout-batch-size", "0"]) == 2
+    assert capsys.readouterr().err.startswith("slime rollout: error: --rollout-batch-size=0")
