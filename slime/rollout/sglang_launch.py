@@ -274,10 +274,14 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
             if defaults:
                 notes.append(f"{name} shares GPU(s) with the trainer{' (--colocate)' if colocate else ''}: added {' '.join(defaults)} "
                              "(set --sglang-mem-fraction-static / --sglang-enable-memory-saver to choose)")
-            if in_place_updates and group.model == ACTOR and "disable-radix-cache" not in _given_flags(global_args, group):
-                defaults = [*defaults, "--disable-radix-cache"]
-                notes.append(f"{name}: added --disable-radix-cache (async mode updates weights in place; a prefix cache would "
-                             "keep KV of older weights, so every update would have to abort and flush instead)")
+            if in_place_updates and group.model == ACTOR:
+                if "disable-radix-cache" not in _given_flags(global_args, group):
+                    defaults = [*defaults, "--disable-radix-cache"]
+                    notes.append(f"{name}: added --disable-radix-cache (async mode updates weights in place; a prefix cache would "
+                                 "keep KV of older weights, so every update would have to abort and flush instead)")
+                elif group.args.get("disable-radix-cache", group.args.get("--disable-radix-cache")) is False:
+                    notes.append(f"{name}: keeps its radix cache (disable-radix-cache: false in --sglang-config): once a request "
+                                 "reuses cached KV, every async weight update aborts and flushes instead of pausing in place")
             env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[n] for n in ids) if gpus is not None else ",".join(map(str, ids))}
             servers.append(ServerSpec(name, group.model, group.role, tuple(argv + group_args((*defaults, *global_args), group)),
                                       env, f"http://{url_host}:{port}", bootstrap))

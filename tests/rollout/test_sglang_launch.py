@@ -244,6 +244,15 @@ def test_async_mode_launches_actor_servers_without_a_radix_cache_unless_the_user
     assert mine.servers[0].argv.count("--disable-radix-cache") == 1
 
 
+def test_a_group_that_keeps_its_radix_cache_in_async_mode_is_noted_in_the_plan(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "groups.yaml").write_text("groups: [{name: a, args: {disable-radix-cache: false}}]")
+    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", sglang_config=str(tmp_path / "groups.yaml")), python=PY,
+                             is_free=lambda h, p: True, in_place_updates=True)
+    assert "--disable-radix-cache" not in plan.servers[0].argv
+    assert any("keeps its radix cache" in n for n in plan.notes)
+
+
 def test_updates_in_place_is_async_mode_without_colocate_with_a_trainer():
     from msgspec.structs import replace
 
