@@ -87,6 +87,24 @@ def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
+async def _call_plugin(report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *,
+                       is_async: bool | None = None) -> tuple[bool, Any]:
+    """``fn(*args)`` within ``timeout_s`` (async: awaited; sync: on a daemon thread, abandoned at the timeout,
+    ``plugin_threads``); returns ``(True, value)``, or ``(False, None)`` after reporting the timeout or exception."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            value = await fn(*args) if (_is_async(fn) if is_async is None else is_async) else await plugin_threads.run_sync(fn, *args)
+            if inspect.isawaitable(value):
+                value = await value
+    except TimeoutError:
+        report.fail(f"did not return within {timeout_s}s")
+        return False, None
+    except Exception as exc:  # the plugin's bug, reported as data
+        report.fail(f"raised {type(exc).__name__}: {exc}")
+        return False, None
+    return True, value
+
+
 def _problems(s: Sample, where: str) -> list[str]:
     """Alignment, mask and logprob problems of one sample, each a full sentence."""
     n = len(s.response_ids)
@@ -214,16 +232,8 @@ async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: flo
     sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
     if not _is_async(fn):
         report.warn("is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped")
-    try:
-        async with asyncio.timeout(timeout_s):
-            value = await fn(sample) if _is_async(fn) else await plugin_threads.run_sync(fn, sample)
-            if inspect.isawaitable(value):
-                value = await value
-    except TimeoutError:
-        report.fail(f"did not return within {timeout_s}s")
-        return
-    except Exception as exc:  # the plugin's bug, reported as data
-        report.fail(f"raised {type(exc).__name__}: {exc}")
+    ok, value = await _call_plugin(report, fn, (sample,), timeout_s)
+    if not ok:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         report.fail(f"returned {type(value).__name__} {value!r}, expected a finite float")
@@ -276,17 +286,9 @@ async def check_rollout(fn: Callable[..., Any], *, pool: Any, report: Report, mo
     except ValueError:
         pass  # no signature to inspect: let the call decide
     report.ok(f"accepts (args, rollout_id, data_buffer, evaluation=False); {'async: awaited' if _is_async(fn) else 'sync: run on a thread'}")
-    try:
-        async with asyncio.timeout(timeout_s):
-            if _is_async(fn):
-                out = await fn(args, 0, data_buffer, evaluation=False)
-            else:  # a thread cannot be stopped: a hang is abandoned at the timeout
-                out = await asyncio.to_thread(fn, args, 0, data_buffer, evaluation=False)
-    except TimeoutError:
-        report.fail(f"did not return within {timeout_s}s")
-        return
-    except Exception as exc:  # the plugin's bug, reported as data
-        report.fail(f"raised {type(exc).__name__}: {exc}")
+    ok, out = await _call_plugin(report, functools.partial(fn, evaluation=False), (args, 0, data_buffer), timeout_s,
+                                 is_async=_is_async(fn))
+    if not ok:
         return
     try:
         groups, _ = to_groups(out, n_samples_per_prompt=2, engine_version=0, next_group_id=0, data_index=data_buffer.data_index)
