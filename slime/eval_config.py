@@ -26,10 +26,10 @@ and the key. Unknown keys are errors too (nothing is dropped in silence).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from slime.errors import ConfigError
+from slime.yaml_file import read_yaml
 
 __all__ = ["apply_eval_config"]
 
@@ -70,15 +70,8 @@ def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
             ``name``/``path``; an unknown key; a per-dataset value other than the run's (naming
             the file, the dataset and the key); ``--eval-prompt-data`` given as well.
     """
-    import yaml  # PyYAML (a transformers dependency)
-
     where = f"--eval-config {path}"
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    raw = read_yaml(path, where)
     ev = raw.get("eval") if isinstance(raw, dict) else None
     datasets = ev.get("datasets") if isinstance(ev, dict) else None
     if not isinstance(datasets, list) or not datasets:

@@ -26,13 +26,13 @@ several nodes (GPUs are numbered on this machine), encoder disaggregation, place
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Literal
 
 import msgspec
 
 from slime.config import EngineConfig
 from slime.errors import ConfigError
+from slime.yaml_file import read_yaml
 
 __all__ = ["ServerGroup", "SglangDeployment", "ACTOR", "TEACHER", "load_sglang_config", "default_deployment", "group_args",
            "RESERVED_SERVER_FLAGS", "RESERVED_ROUTER_FLAGS"]
@@ -99,15 +99,8 @@ def load_sglang_config(path: str, engine: EngineConfig) -> SglangDeployment:
         ConfigError: unreadable file, bad YAML, a field of the wrong type or unknown (with its
             ``$.groups[i].field`` path), or a rule of the module docstring broken.
     """
-    import yaml  # PyYAML (a transformers dependency)
-
     where = f"--sglang-config {path!r}"
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    raw = read_yaml(path, where)
     try:
         deployment = msgspec.convert(raw, SglangDeployment)
     except msgspec.ValidationError as exc:
