@@ -248,7 +248,6 @@ def _run(coro):
     terminated = False
 
     async def main():
-        nonlocal terminated
         task = asyncio.current_task()
 
         def on_sigterm() -> None:
