@@ -6,6 +6,7 @@ the real server does where the CPU tests rely on it.
 - ``/generate`` with logprobs: aligned ids and logprobs, ``length`` finish, the server's ``weight_version``;
 - abort of a running request returns its partial tokens (a resumable PARTIAL sample); a request
   sent while paused and then aborted stays resumable (0.5.17 answers it with HTTP 499);
+- a request past ``request_timeout_s`` is aborted by its rid alone and stays resumable;
 - a resumed partial (prompt + partial ids, ``max_new_tokens`` reduced) continues token-exactly (greedy);
 - ``update_weights_from_disk`` and ``update_weights_from_tensor`` (our ``DiskWeightSync`` /
   ``TensorWeightSync``) with versions: outputs change, the version is reported everywhere, and
@@ -188,6 +189,21 @@ async def test_a_request_sent_while_paused_is_held_then_aborted_and_stays_resuma
         await b.pool.continue_generation()
     await asyncio.wait_for(task, 30)
     assert s.status is Status.PARTIAL and s.response_ids == [] and "generate_error" not in s.evidence
+
+
+async def test_a_request_past_request_timeout_s_is_aborted_by_rid_and_stays_resumable(backend):
+    """The pool's timeout path (``slime.rollout.pool``, "Timeouts"): at ``request_timeout_s`` it sends
+    ``/abort_request {"rid"}`` for that request only; the engine answers with the tokens so far."""
+    b = backend
+    cfg = RolloutConfig(request_timeout_s=0.5, control_timeout_s=30, max_retries=1, retry_backoff_s=0.05)
+    async with EnginePool([b.url], config=cfg) as pool:
+        s = Sample(prompt_ids=list(PROMPT))
+        other = asyncio.create_task(b.pool.generate(PROMPT, {"max_new_tokens": 1000, "ignore_eos": True}, rid="bystander-"))
+        await generate(s, {"ignore_eos": True}, pool=pool, max_response_len=3000, engine_version=0)
+        r = await asyncio.wait_for(other, 60)
+    s.check_aligned()
+    assert s.status is Status.PARTIAL and 0 < len(s.response_ids) < 3000 and "generate_error" not in s.evidence
+    assert r.finish_reason.type == "length" and len(r.output_ids) == 1000  # a rid abort leaves other requests alone
 
 
 async def test_resume_after_abort_is_token_exact(backend):
