@@ -55,7 +55,8 @@ from typing import Any
 
 from slime.obs import strict_json
 
-__all__ = ["VARIANTS", "OWN_FLAGS", "TRAIN_FLAGS", "train_argv", "run_curve", "summarize", "format_table", "plot", "run_bench", "build_parser", "main"]
+__all__ = ["VARIANTS", "OWN_FLAGS", "TRAIN_FLAGS", "train_argv", "run_curve", "summarize", "format_table", "plot", "run_bench",
+           "write_results", "merge_results", "build_parser", "main"]
 
 VARIANTS: dict[str, list[str]] = {
     "sync": ["--rollout-mode", "sync"],
@@ -286,10 +287,30 @@ def _one_run(argv: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _results(curves: dict[str, list[dict[str, Any]]], argvs: dict[str, list[list[str]]], *, task: str, num_rollout: int,
+             eval_interval: int, target: float, seeds: list[int], extra: list[str], bench_wall_s: float) -> dict[str, Any]:
+    summary = summarize(curves)
+    return {"target_accuracy": target, "task": task, "num_rollout": num_rollout, "eval_interval": eval_interval, "seeds": seeds,
+            "extra_flags": list(extra), "summary": summary, "curves": curves, "argv": argvs, "table": format_table(summary, target),
+            "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "bench_wall_s": bench_wall_s}}
+
+
+def write_results(results: dict[str, Any], out: str | Path) -> None:
+    """Write ``OUT/learning.json``, ``learning.txt`` (the table) and ``learning.png``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "learning.json").write_text(strict_json.dumps(results, indent=1) + "\n")
+    (out / "learning.txt").write_text(results["table"] + "\n")
+    plot(results["curves"], out / "learning.png", results["target_accuracy"])
+
+
 def run_bench(modes: list[str], seeds: list[int], out: str | Path, *, task: str, num_rollout: int, eval_interval: int, target: float,
               extra: list[str] = (), log=print) -> dict[str, Any]:
     """Run every (mode, seed), write ``OUT/learning.{json,txt,png}``; return the results dict
     (``curves``: mode -> per-seed ``run_curve``; ``summary``: ``summarize``; ``table``; ``argv`` per run; ``meta``).
+
+    The outputs are rewritten after every run, so a bench cut short (a time limit, a failed run) keeps
+    every run it finished; modes with no finished run are left out of them.
 
     Raises:
         SlimeError: a run failed (its run directory keeps what it wrote).
@@ -298,6 +319,7 @@ def run_bench(modes: list[str], seeds: list[int], out: str | Path, *, task: str,
     curves: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     argvs: dict[str, list[list[str]]] = {m: [] for m in modes}
     t_bench = time.monotonic()
+    results: dict[str, Any] = {}
     for seed in seeds:  # seeds outermost: a cut-short bench still has every mode of the first seeds
         for mode in modes:
             argv = train_argv(mode, seed, out / "runs" / f"{mode}-s{seed}", task=task, num_rollout=num_rollout,
@@ -310,16 +332,53 @@ def run_bench(modes: list[str], seeds: list[int], out: str | Path, *, task: str,
             log(f"[{mode} seed {seed}] {time.monotonic() - t:.1f} s: accuracy {_fmt(curve['initial_accuracy'], '.3f')} -> "
                 f"{_fmt(curve['final_accuracy'], '.3f')}, to {target:.2f} in {_fmt(curve['time_to_target_s'])} s "
                 f"({_fmt(curve['time_to_target_ex_eval_s'])} s without evals), off-policy share {_fmt(curve['off_policy_token_share'], '.3f')}")
-    summary = summarize(curves)
-    table = format_table(summary, target)
-    results = {"target_accuracy": target, "task": task, "num_rollout": num_rollout, "eval_interval": eval_interval, "seeds": seeds,
-               "extra_flags": list(extra), "summary": summary, "curves": curves, "argv": argvs, "table": table,
-               "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "bench_wall_s": time.monotonic() - t_bench}}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "learning.json").write_text(strict_json.dumps(results, indent=1) + "\n")
-    (out / "learning.txt").write_text(table + "\n")
-    plot(curves, out / "learning.png", target)
+            done = [m for m in modes if curves[m]]
+            results = _results({m: curves[m] for m in done}, {m: argvs[m] for m in done}, task=task, num_rollout=num_rollout,
+                               eval_interval=eval_interval, target=target, seeds=seeds, extra=list(extra),
+                               bench_wall_s=time.monotonic() - t_bench)
+            write_results(results, out)
     return results
+
+
+def merge_results(paths: list[str | Path]) -> dict[str, Any]:
+    """Merge ``learning.json`` files of separate benches (e.g. one process per mode) into one results dict.
+
+    The runs must share task, target, steps and eval interval; a (mode, seed) in two files is refused.
+
+    Raises:
+        ValueError: a file that is missing or not a bench's output, or benches that do not compare.
+    """
+    parts = []
+    for path in paths:
+        try:
+            parts.append((path, json.loads(Path(path).read_text())))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable learning.json ({exc})") from None
+    if not parts:
+        raise ValueError("nothing to merge")
+    keys = ("task", "target_accuracy", "num_rollout", "eval_interval")
+    first_path, first = parts[0]
+    curves: dict[str, list[dict[str, Any]]] = {}
+    argvs: dict[str, list[list[str]]] = {}
+    for path, part in parts:
+        if "curves" not in part:
+            raise ValueError(f"{path}: no curves (not a slime bench learning output)")
+        differ = [k for k in keys if part.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"{path} and {first_path} differ in {', '.join(differ)}: their runs do not compare")
+        for mode, runs in part["curves"].items():
+            have = {r["seed"] for r in curves.get(mode, [])}
+            twice = sorted(have & {r["seed"] for r in runs})
+            if twice:
+                raise ValueError(f"{path}: mode {mode} seed {twice[0]} is in another file too")
+            curves.setdefault(mode, []).extend(runs)
+            argvs.setdefault(mode, []).extend(part.get("argv", {}).get(mode, []))
+    order = [m for m in VARIANTS if m in curves] + [m for m in curves if m not in VARIANTS]
+    seeds = sorted({r["seed"] for runs in curves.values() for r in runs})
+    return _results({m: curves[m] for m in order}, {m: argvs.get(m, []) for m in order}, task=first["task"],
+                    num_rollout=first["num_rollout"], eval_interval=first["eval_interval"], target=first["target_accuracy"],
+                    seeds=seeds, extra=first.get("extra_flags", []),
+                    bench_wall_s=sum(p.get("meta", {}).get("bench_wall_s", 0.0) for _, p in parts))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-accuracy", type=float, default=0.9,
                    help="held-out accuracy whose first crossing is timed (chain's warm start: 0.855)")
     p.add_argument("--out", default="runs/bench-learning", help="run directories and learning.{json,txt,png}")
+    p.add_argument("--merge", nargs="+", metavar="LEARNING_JSON",
+                   help="run nothing: merge these benches' learning.json (e.g. one process per mode) into --out")
     return p
 
 
@@ -347,6 +408,16 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.merge:
+        try:
+            results = merge_results(ns.merge)
+        except ValueError as exc:
+            print(f"slime bench learning: error: {exc}", file=sys.stderr)
+            return 2
+        write_results(results, ns.out)
+        print(results["table"], flush=True)
+        print(f"wrote {Path(ns.out) / 'learning.json'}, learning.txt, learning.png", flush=True)
+        return 0
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
     if not modes or any(m not in VARIANTS for m in modes) or len(set(modes)) != len(modes):
         parser.error(f"--modes={ns.modes!r}: expected distinct names from {','.join(VARIANTS)}")

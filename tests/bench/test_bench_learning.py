@@ -113,3 +113,48 @@ def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
 def test_bench_usage_names_both_benches(capsys):
     assert cli_main(["bench", "nope"]) == 2
     assert "slime bench {rollout,learning}" in capsys.readouterr().err
+
+
+def _bench_file(tmp_path, name, curves, **over):
+    results = learning._results(curves, {m: [["--x"]] * len(r) for m, r in curves.items()}, task="chain", num_rollout=6,
+                                eval_interval=2, target=0.6, seeds=[0], extra=[], bench_wall_s=3.0)
+    results.update(over)
+    (tmp_path / name).mkdir()
+    learning.write_results(results, tmp_path / name)
+    return tmp_path / name / "learning.json"
+
+
+def test_merge_joins_per_mode_benches_and_refuses_ones_that_do_not_compare(tmp_path, capsys):
+    recs = _records(evals=[(0, 0.2, 10.0, 2.0), (2, 0.7, 16.0, 1.0)], steps=[(1, 100, {0: 100}), (2, 100, {1: 100})])
+    run = {"seed": 0, **learning.run_curve(recs, target=0.6)}
+    a = _bench_file(tmp_path, "a", {"async": [run]})
+    s = _bench_file(tmp_path, "s", {"sync": [run]})
+    assert cli_main(["bench", "learning", "--merge", str(a), str(s), "--out", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "learning.json").read_text())
+    assert list(merged["summary"]) == ["sync", "async"]  # the bench's own mode order
+    assert merged["summary"]["async"]["speedup_vs_sync"] == pytest.approx(1.0) and merged["meta"]["bench_wall_s"] == 6.0
+    assert (tmp_path / "m" / "learning.png").is_file() and "sync" in capsys.readouterr().out
+    other = _bench_file(tmp_path, "o", {"april": [run]}, target_accuracy=0.9)
+    assert cli_main(["bench", "learning", "--merge", str(s), str(other), "--out", str(tmp_path / "m2")]) == 2
+    assert "differ in target_accuracy" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="seed 0 is in another file"):
+        learning.merge_results([s, s])
+    with pytest.raises(ValueError, match="not a readable learning.json"):
+        learning.merge_results([tmp_path / "missing.json"])
+
+
+def test_a_bench_cut_short_keeps_the_runs_it_finished(tmp_path, monkeypatch):
+    recs = _records(evals=[(0, 0.2, 10.0, 2.0), (2, 0.7, 16.0, 1.0)], steps=[(1, 100, {0: 100}), (2, 100, {0: 100})])
+    calls = []
+
+    def one_run(argv):
+        calls.append(argv)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # e.g. the device's time limit
+        return recs
+
+    monkeypatch.setattr(learning, "_one_run", one_run)
+    with pytest.raises(KeyboardInterrupt):
+        learning.run_bench(["sync", "async"], [0], tmp_path, task="chain", num_rollout=2, eval_interval=2, target=0.6, log=lambda _: None)
+    results = json.loads((tmp_path / "learning.json").read_text())
+    assert list(results["curves"]) == ["sync"] and results["summary"]["sync"]["reached"] == 1
