@@ -53,8 +53,13 @@ Factory = Callable[[TrainConfig, str, torch.device], Any]
 
 
 def _megatron(cfg: TrainConfig, model_dir: str, device: torch.device):
+    import torch.distributed as dist
+
+    from slime.train.megatron.parallel import _free_port
     from slime.train.megatron.trainer import MegatronTrainer
 
+    if not dist.is_initialized() and "MASTER_PORT" in os.environ:  # the previous shape's trainer closed its group: a fresh rendezvous port
+        os.environ["MASTER_PORT"] = str(_free_port())
     return megatron_backend(MegatronTrainer(cfg, model_dir=model_dir))
 
 
