@@ -104,6 +104,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--tis-clip-low": ("train.tis_clip_low", dict(type=float)),
     "--tis-level": ("train.tis_level", dict(choices=["token", "sequence", "geometric"], help="TIS ratio per token, or one per sample (product / geometric mean)")),
     "--train-threads": ("train.num_threads", dict(type=int)),
+    "--train-device": ("train.device", dict(choices=["auto", "cpu", "cuda"], help="torch backend: auto = CUDA when available, else the CPU")),
     # Algorithm set and off-policy corrections: slime's spelling where slime has the flag (MIS's
     # --mis-* keys are slime's mis.yaml keys; --use-decoupled-ppo / --behav-imp-weight-cap follow
     # AReaL's use_decoupled_loss / behav_imp_weight_cap). See slime/train/.
@@ -159,7 +160,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--lr-decay-iters": ("train.megatron.lr_decay_iters", dict(type=int)),
     "--lr-warmup-fraction": ("train.megatron.lr_warmup_fraction", dict(type=float, help="warm-up steps as a fraction of --lr-decay-iters (default: the run's optimizer steps)")),
     "--adam-eps": ("train.megatron.adam_eps", dict(type=float)),
-    "--bf16": ("train.megatron.bf16", dict(action="store_true", help="bf16 params/activations, fp32 master weights")),
+    "--bf16": ("train.megatron.bf16", dict(action="store_true", help="bf16 training, fp32 master weights (torch backend: bf16 autocast)")),
     "--use-distributed-optimizer": ("train.megatron.use_distributed_optimizer", dict(action="store_true")),
     "--overlap-grad-reduce": ("train.megatron.overlap_grad_reduce", dict(action="store_true")),
     "--recompute-granularity": ("train.megatron.recompute_granularity", dict(choices=["full", "selective"])),

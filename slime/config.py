@@ -303,7 +303,9 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     adam_eps: float = 1e-8
     """Adam epsilon (``--adam-eps``)."""
     bf16: bool = False
-    """bf16 parameters and activations, fp32 master weights and grads (``--bf16``); off = fp32."""
+    """bf16 training (``--bf16``); off = fp32. megatron: bf16 parameters and activations, fp32 master
+    weights and grads. torch backend: fp32 parameters, grads and AdamW state (the master weights),
+    forward and backward under ``torch.autocast(dtype=torch.bfloat16)``."""
     use_distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (``--use-distributed-optimizer``)."""
     overlap_grad_reduce: bool = False
@@ -355,6 +357,10 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """Logits are divided by this before log_softmax, as SGLang does for returned logprobs."""
     max_staleness: int = 4
     num_threads: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the torch backend trains (``--train-device``): ``auto`` = the current CUDA device when
+    torch sees one, else the CPU; ``cuda`` fails without one. The megatron backend always trains on
+    CUDA (``cpu`` is refused with it)."""
     seed: int = 1234
     # Algorithm set and off-policy corrections (slime/train/; flag mapping in slime/cli_args.py).
     advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae"] = "grpo"
@@ -428,7 +434,7 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     ``loss_agg``; no rollouts, rewards, advantages or reference model). ``sft_loss`` makes ``slime
     train`` an SFT run (``slime.loop.sft``)."""
     train_backend: Literal["torch", "megatron"] = "torch"
-    """``torch``: one HF model in this process (CPU, small GPUs). ``megatron``: megatron-core's GPTModel
+    """``torch``: one HF model in this process (CPU or one GPU, ``--train-device``). ``megatron``: megatron-core's GPTModel
     with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""
     megatron: MegatronConfig = MegatronConfig()
     """The megatron-core backend's parallelism, precision, schedule and packing knobs."""
@@ -614,6 +620,7 @@ class Config(msgspec.Struct, **_STRUCT):
             (t.tis_level == "token" or t.use_tis, "--tis-level", t.tis_level, "used with --use-tis (without it there is no TIS weight)"),
             (self.train.clip_grad >= 0, "--clip-grad", self.train.clip_grad, ">= 0 (0 = no clipping)"),
             (self.train.num_threads >= 1, "--train-threads", self.train.num_threads, ">= 1"),
+            (not (t.train_backend == "megatron" and t.device == "cpu"), "--train-device", t.device, "auto or cuda with --train-backend megatron (CUDA only)"),
             (self.train.micro_batch_size <= self.train.global_batch_size, "--micro-batch-size", self.train.micro_batch_size, f"<= --global-batch-size ({self.train.global_batch_size})"),
             (t.eps_clip_c is None or t.eps_clip_c > 1.0, "--eps-clip-c", t.eps_clip_c, "> 1 (dual clip), or unset"),
             (0.0 <= t.gamma <= 1.0, "--gamma", t.gamma, "in [0, 1]"),

@@ -20,7 +20,7 @@ PINNED = {
     "--allow-unsafe-code-execution",
     "--global-batch-size", "--micro-batch-size", "--lr", "--weight-decay", "--adam-beta1", "--adam-beta2",
     "--clip-grad", "--calculate-per-token-loss", "--eps-clip", "--eps-clip-high", "--use-tis", "--tis-clip", "--tis-clip-low",
-    "--train-threads", "--save", "--save-interval", "--load", "--seed",
+    "--train-threads", "--train-device", "--save", "--save-interval", "--load", "--seed",
     "--advantage-estimator", "--disable-grpo-std-normalization", "--normalize-advantages", "--gamma", "--lambd",
     "--eps-clip-c", "--entropy-coef", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--kl-coef", "--ref-load",
     "--value-clip", "--critic-lr", "--mis-level", "--mis-lower-bound", "--mis-upper-bound", "--use-decoupled-ppo",

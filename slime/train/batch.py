@@ -46,7 +46,7 @@ __all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget", "rl_batch_
 
 @dataclasses.dataclass(frozen=True)
 class TrainBatch:
-    """The tensors of one train step (CPU). Legend in the module docstring.
+    """The tensors of one train step (built on the CPU; ``to`` moves them). Legend in the module docstring.
 
     Attributes:
         input_ids: [B, T] int64, prompt + response, right-padded with ``pad_token_id``.
@@ -112,6 +112,12 @@ class TrainBatch:
                     x = x[:, : t if x.shape[1] == self.input_ids.shape[1] else t - 1]
             fields[f.name] = x
         return TrainBatch(**fields)
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        """Every tensor on ``device`` (self when they already are); dtypes unchanged."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)})
 
     def slice(self, start: int, end: int) -> "TrainBatch":
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""

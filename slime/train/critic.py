@@ -50,8 +50,8 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_dir: str) -> "ValueModel":
-        """Load the base transformer of the causal LM in ``model_dir`` (fp32) and add a zero head."""
-        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        """Load the base transformer of the causal LM in ``model_dir`` (fp32, SDPA attention, CPU) and add a zero head."""
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
         model = cls(lm.base_model, int(lm.config.hidden_size))
         model.eval()  # dropout off, as for the policy
         return model

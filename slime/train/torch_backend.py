@@ -1,4 +1,4 @@
-"""The torch training backend: one HF causal LM, fp32, updated with an RL objective on CPU.
+"""The torch training backend: one HF causal LM, updated with an RL objective on the CPU or one GPU.
 
 ``train_step`` is plain blocking code: the loop calls it through ``asyncio.to_thread`` so the event
 loop keeps generating while it runs. One call is one rollout step (slime's ``train`` on one
@@ -29,6 +29,16 @@ Example: rollout_batch_size 4 groups x n 8 = 32 samples, global_batch_size 16, m
 ``old_logprobs`` come from the same weights, inputs and micro-batches); the second is off by one
 update, which is what the PPO clip is for. If the sample count is not a multiple of
 ``global_batch_size`` the last optimizer step takes the remainder.
+
+Device and precision: ``--train-device`` (``auto``: the current CUDA device when torch sees one,
+else the CPU) holds the policy, reference and critic and every tensor of the step; logprobs,
+losses and metrics are computed there. Parameters, gradients and AdamW state are always fp32 (they
+are the master weights); ``--bf16`` runs every forward and backward under
+``torch.autocast(dtype=torch.bfloat16)`` (matmuls and attention in bf16, softmax, norms and the
+logprob's ``log_softmax`` in fp32). Attention is torch's scaled-dot-product attention
+(``attn_implementation="sdpa"``). What leaves the trainer does not depend on either knob: weights
+for sync are fp32 CPU copies, ``save_hf`` writes fp32, and the loop's checkpoint holds the AdamW
+state as it lives on the device (resume on a machine with that device).
 
 Deviations from slime: dropout is off (``model.eval()``) so that the first optimizer step sees ratio
 1 exactly; an optimizer step whose gradient norm is not finite is skipped and counted
@@ -64,7 +74,7 @@ from slime.train.router_metrics import RouterStats, attach_hf_routers
 from slime.sync.hf_layout import checkpoint_views
 from slime.types import Group
 
-__all__ = ["TorchTrainer", "TOKENIZER_FILES"]
+__all__ = ["TorchTrainer", "TOKENIZER_FILES", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +101,9 @@ class TorchTrainer:
     Not thread-safe by design, but guarded: ``train_step``, ``save_hf`` and
     ``state_dict_for_sync`` take one lock, so a concurrent call waits instead of reading
     half-updated weights. Sets the process-wide torch thread count and seed.
+
+    Raises:
+        RuntimeError: ``--train-device cuda`` where torch sees no CUDA device.
     """
 
     config: TrainConfig
@@ -106,6 +119,10 @@ class TorchTrainer:
     """Optimizer steps taken so far (skipped ones included): the index into the lr schedule; checkpointed."""
     pad_token_id: int
     loss_agg: LossAgg
+    device: torch.device
+    """Where the models, the optimizer state and the step's tensors live (``resolve_device``)."""
+    bf16: bool
+    """Forward and backward under bf16 autocast (``--bf16``); weights stay fp32."""
 
     def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0):
         self.config = config
@@ -118,8 +135,10 @@ class TorchTrainer:
         torch.manual_seed(config.seed)
         if config.deterministic_mode:
             enable_deterministic_mode(config.seed)
+        self.device = resolve_device(config.device)
+        self.bf16 = config.megatron.bf16
         check_hf_dir(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model = _load_causal_lm(model_dir, self.device)
         self.model.eval()  # dropout off: old_logprobs and the first step's logprobs match exactly
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
@@ -128,19 +147,26 @@ class TorchTrainer:
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
             check_hf_dir(config.ref_load or model_dir)
-            self.ref_model = AutoModelForCausalLM.from_pretrained(config.ref_load or model_dir, dtype=torch.float32)
+            self.ref_model = _load_causal_lm(config.ref_load or model_dir, self.device)
             self.ref_model.eval().requires_grad_(False)
         if objective.needs_critic(config):
-            self.critic = ValueModel.from_pretrained(model_dir)
+            self.critic = ValueModel.from_pretrained(model_dir).to(self.device)
             self.critic_optimizer = self._adamw(self.critic.parameters(), config.critic_lr or config.lr)
         if config.kl_coef != 0.0 and config.advantage_estimator in GROUP_NORMALISED:
             logger.warning("--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator)
         if config.behav_imp_weight_cap is not None and not config.use_decoupled_ppo:
             logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
+        logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
 
     def _adamw(self, params, lr: float) -> torch.optim.AdamW:
         cfg = self.config
-        return torch.optim.AdamW(params, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+        # fused on CUDA (one kernel per step instead of a loop over tensors); the same update
+        return torch.optim.AdamW(params, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+                                 fused=self.device.type == "cuda" or None)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the trainer's device with ``--bf16``; nothing otherwise."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on ``groups`` (one rollout step) and bump ``policy_version`` by one.
@@ -184,7 +210,7 @@ class TorchTrainer:
             mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
             use_opd=cfg.use_opd,
             use_task_reward=not cfg.opd_only,
-        )
+        ).to(self.device)
         steps = self._plan(batch.seq_lens.tolist())
         sft = objective.is_sft(cfg)
         if not sft:  # SFT needs no logprobs from before the update
@@ -289,13 +315,15 @@ class TorchTrainer:
             ``eval_loss`` (nats per token), ``eval_tokens`` (tokens scored), ``eval_samples``.
         """
         with self._lock:
-            batch = build_train_batch(groups, pad_token_id=self.pad_token_id, current_version=self.policy_version)
-            total = 0.0
+            batch = build_train_batch(groups, pad_token_id=self.pad_token_id, current_version=self.policy_version).to(self.device)
+            total = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync at the end
             for step in self._plan(batch.seq_lens.tolist()):
                 for indices in step:
                     mb = batch.select(indices)
-                    logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature)  # [b, l]
-                    total += float(-(logprobs * mb.loss_mask).sum())
+                    with self._autocast():
+                        logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature)  # [b, l]
+                    total += -(logprobs * mb.loss_mask).sum()
+            total = float(total)
             num_tokens = batch.num_train_tokens
             return {"eval_loss": total / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
 
@@ -313,16 +341,19 @@ class TorchTrainer:
         values = torch.zeros_like(old) if self.critic is not None else None
         for indices in micro_batches:
             mb = batch.select(indices)
-            rows, cols = torch.as_tensor(indices, dtype=torch.long)[:, None], torch.arange(mb.loss_mask.shape[1])[None, :]
-            old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
-            if ref is not None:
-                ref[rows, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
-            if values is not None:
-                values[rows, cols] = self.critic(mb.input_ids, mb.attention_mask)
+            rows = torch.as_tensor(indices, dtype=torch.long, device=old.device)[:, None]
+            cols = torch.arange(mb.loss_mask.shape[1], device=old.device)[None, :]
+            with self._autocast():
+                old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                if ref is not None:
+                    ref[rows, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                if values is not None:
+                    values[rows, cols] = self.critic(mb.input_ids, mb.attention_mask).float()
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
 
     def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
-        with self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext():
+        routers = self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext()
+        with routers, self._autocast():
             logprobs, entropy = compute_token_logprobs_and_entropy(
                 self.model,
                 mb.input_ids,
@@ -334,7 +365,8 @@ class TorchTrainer:
 
     def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
         assert self.critic is not None and mb.old_values is not None and mb.returns is not None
-        values = self.critic(mb.input_ids, mb.attention_mask)  # [b, l]
+        with self._autocast():
+            values = self.critic(mb.input_ids, mb.attention_mask).float()  # [b, l]
         return value_loss(
             values, mb.old_values, mb.returns, mb.loss_mask, value_clip=self.config.value_clip, loss_agg=self.loss_agg, loss_denominator=denom
         )
@@ -368,13 +400,32 @@ class TorchTrainer:
         return save_hf_dir(self.model, out_dir, source_dir=self.model_dir, lock=self._lock)
 
     def state_dict_for_sync(self) -> dict[str, Tensor]:
-        """A copy of the weights, keyed by HF checkpoint name (fp32, CPU), safe to read while training.
+        """A copy of the weights, keyed by HF checkpoint name (fp32, CPU, whatever ``device`` and
+        ``--bf16`` are, as the megatron backend's), safe to read while training.
 
         Checkpoint names are what ``save_pretrained`` writes and SGLang loads: an MoE model's fused
         in-memory experts go out as one tensor per expert (``slime.sync.hf_layout``).
         """
         with self._lock:
-            return {name: t.detach().clone() for name, t in checkpoint_views(self.model.state_dict()).items()}
+            return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in checkpoint_views(self.model.state_dict()).items()}
+
+
+def resolve_device(device: str) -> torch.device:
+    """``--train-device`` as a torch device: ``auto`` = the current CUDA device if torch sees one, else the CPU.
+
+    Raises:
+        RuntimeError: ``cuda`` where torch sees no CUDA device.
+    """
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"--train-device {device}: torch sees no CUDA device (torch {torch.__version__}); use --train-device cpu or auto")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _load_causal_lm(model_dir: str, device: torch.device) -> PreTrainedModel:
+    """fp32 weights on ``device``, torch SDPA attention."""
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
 
 
 def _mean(xs: list[float]) -> float:

@@ -1,7 +1,8 @@
 """Shared pieces of the megatron GPU checks: random HF checkpoints (no downloads) and synthetic RL groups.
 
-Used by ``tests/gpu/megatron_*.py`` and ``scripts/bench_megatron_mfu.py`` through
-``scripts/gpu/megatron_checks.sh``; nothing here runs in CI.
+Used by ``tests/gpu/megatron_*.py``, ``scripts/gpu/bench_trainer.py`` and ``scripts/bench_megatron_mfu.py`` through
+``scripts/gpu/megatron_checks.sh``; in CI only the CPU smoke test of the trainer benchmark
+(tests/train/megatron/test_bench_trainer.py) uses it, on the CPU.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ import os
 
 import torch
 
-QWEN2_05B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-)
+from slime.bench.trainer import SHAPES
+
+QWEN2_05B = dict(SHAPES["qwen2-0.5b"])
 """Qwen2-0.5B's shape (494M parameters), with random weights."""
 
 SMALL = dict(QWEN2_05B, num_hidden_layers=4)
@@ -29,8 +29,8 @@ QWEN3_MOE_SMALL = dict(
 """A small Qwen3-MoE (``Qwen3MoeForCausalLM``): 4 MoE layers of 8 experts, top-2, about 128M parameters, random weights."""
 
 
-def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2") -> str:
-    """Save a random model of ``shape`` (initialised on the GPU) as an HF directory; return ``path``.
+def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2", device: str = "cuda") -> str:
+    """Save a random model of ``shape`` (initialised on ``device``) as an HF directory; return ``path``.
 
     ``family``: "qwen2" (``Qwen2ForCausalLM``) or "qwen3_moe" (``Qwen3MoeForCausalLM``).
     """
@@ -40,7 +40,7 @@ def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, 
         return path
     cfg_cls, model_cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[family]
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = model_cls(cfg_cls(**shape)).to(dtype)
     model.save_pretrained(path)
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:

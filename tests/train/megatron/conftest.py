@@ -12,8 +12,11 @@ passes ``use_cpu_initialization`` on a machine without CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import socket
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -97,3 +100,65 @@ def megatron_cpu() -> Iterator[object]:
 def make_hf():
     """``make_hf_model`` for tests (test modules here are not a package, so they take it as a fixture)."""
     return make_hf_model
+
+
+class _PassThroughDDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def zero_grad_buffer(self):
+        self.module.zero_grad(set_to_none=True)
+
+
+class _ConstantLR:
+    def __init__(self, lr: float):
+        self.lr = lr
+
+    def get_lr(self, _group):
+        return self.lr
+
+
+def _cpu_megatron_trainer(config, model_dir: str, ctx):
+    from slime.train.megatron.arch import ModelArch, load_hf_config
+    from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
+    from slime.train.megatron.parallel import ControlChannel
+    from slime.train.megatron.router_metrics import attach_megatron_routers
+    from slime.train.megatron.trainer import MegatronTrainer
+
+    class CpuMegatronTrainer(MegatronTrainer):
+        def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron DDP and optimizer
+            self.config, self.model_dir, self.policy_version = config, model_dir, 0
+            self._lock = threading.Lock()
+            self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
+            self.tconfig = transformer_config(self.arch, config.megatron, use_cpu_initialization=True)
+            self.ctx, self.channel = ctx, ControlChannel(ctx)
+            self.pad_token_id, self.pad_to = 0, 1
+            self.model = build_gpt_model(self.arch, self.tconfig, tp_size=1)
+            load_hf_weights(self.model, HFCheckpointReader(model_dir), self.arch, tp_size=1, tp_rank=0)
+            self.ddp, self.ref_model = _PassThroughDDP(self.model), None
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
+            self.scheduler = _ConstantLR(config.lr)
+            a = self.arch
+            self.router_stats = attach_megatron_routers(self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu")) if a.is_moe else None
+
+        def _optimizer_step(self) -> float:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad))
+            if math.isfinite(norm):
+                self.optimizer.step()
+            return norm
+
+    return CpuMegatronTrainer()
+
+
+@pytest.fixture(scope="session")
+def cpu_megatron_trainer():
+    """``(config, model_dir, ctx) -> MegatronTrainer`` on the CPU: the trainer's own step code with a pass-through
+    DDP and torch's AdamW in place of megatron's (both allocate on CUDA). Needs ``megatron_cpu``'s ctx."""
+    return _cpu_megatron_trainer

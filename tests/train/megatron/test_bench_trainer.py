@@ -1,0 +1,82 @@
+"""scripts/gpu/bench_trainer.py on the CPU at the ``tiny`` shape: the H200 benchmark's own code path, so it cannot rot.
+
+The script's ``main`` runs as on the GPU (random model written by ``make_hf_dir``, synthetic groups,
+``measure``, the profile, JSON and table), with one substitution: megatron's DDP and optimizer
+allocate on CUDA, so the megatron backend is conftest's CPU trainer (its own step code, torch's
+AdamW). What this checks is the harness (every number present and consistent, the speed-up rows,
+the profile's fields), not speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "gpu" / "bench_trainer.py"
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # megatron_common, as the script imports it
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_trainer_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer, capsys):
+    from slime.bench.trainer import megatron_backend
+
+    script = _load_script()
+    def cpu_megatron(cfg, model_dir, device):
+        trainer = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
+        trainer.close = lambda: None  # the module's parallel state outlives this trainer (megatron_cpu)
+        return megatron_backend(trainer)
+
+    factories = {"megatron": cpu_megatron}
+    argv = ["--shapes", "tiny", "--num-samples", "4", "--seq-len", "64", "--max-tokens-per-gpu", "128", "--steps", "2", "--warmup", "1",
+            "--profile", "--model-root", str(tmp_path / "models"), "--out", str(tmp_path / "out")]
+    assert script.main(argv, factories=factories) == 0
+
+    out = capsys.readouterr().out
+    assert "bench_trainer: PASSED" in out and "| tiny | megatron |" in out and "| tiny | transformers |" in out
+    result = json.loads((tmp_path / "out" / "bench_trainer.json").read_text())
+    tiny = result["shapes"]["tiny"]
+    assert tiny["tokens_per_step"] == 4 * 64 and tiny["train_flops_per_step"] == 3 * tiny["fwd_flops_per_step"] > 0
+    for name in ("transformers", "megatron"):
+        r = tiny["backends"][name]
+        assert len(r["rl_step_times_s"]) == len(r["old_logprob_pass_times_s"]) == 2
+        assert r["rl_step_s"] > 0 and r["old_logprob_pass_s"] > 0 and r["train_opt_s"] > 0
+        assert r["mfu_train_opt"] > 0 and r["mfu_rl_step"] > 0 and r["loss"] is not None
+    assert tiny["speedup_rl_step"] == pytest.approx(tiny["backends"]["transformers"]["rl_step_s"] / tiny["backends"]["megatron"]["rl_step_s"])
+    profile = json.loads((tmp_path / "out" / "bench_trainer_profile.json").read_text())["tiny"]
+    for name in ("transformers", "megatron"):
+        p = profile[name]
+        assert p["wall_ms"] > 0 and p["gpu_busy_ms"] > 0 and p["top_kernels"] and p["host_syncs"] >= 0
+
+
+def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer):
+    """Same groups, weights and objective: two RL steps' losses and grad norms agree (fp32 on the CPU)."""
+    import torch
+
+    import megatron_common
+    from slime.bench.trainer import SHAPES, TransformersReference
+    from slime.config import MegatronConfig, TrainConfig
+
+    model_dir = megatron_common.make_hf_dir(str(tmp_path / "tiny"), SHAPES["tiny"], dtype=torch.float32, device="cpu")
+    groups = megatron_common.make_groups(vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=24)
+    cfg = TrainConfig(global_batch_size=2, micro_batch_size=1, lr=1e-2, max_staleness=1 << 30,
+                      megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=64))
+    ref = TransformersReference(cfg, model_dir=model_dir, device=torch.device("cpu"), precision="fp32")
+    megatron = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
+    for _ in range(2):  # two optimizer steps per RL step: the second is off-policy (ratio != 1, loss != 0)
+        got, want = ref.rl_step(groups), megatron.train_step(groups)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-3) and got["grad_norm"] > 0
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-3, abs=1e-7)
+    assert abs(got["loss"]) > 1e-5
