@@ -10,7 +10,7 @@ different lengths, packed two per micro-batch. It records the per-token logprobs
 old-logprob pass, the step loss and metrics, and the full gradient of every HF tensor
 (gathered onto rank 0). ``_optimizer_step`` is replaced by what megatron's DDP and
 ``finalize_model_grads`` do to the gradients (sum over data x context parallel ranks; sum of the
-tied embedding's two copies under PP) followed by the gather; the optimizer itself does not step.
+tied embedding's two copies under PP; sum of the Q/K norms' gradients over TP) followed by the gather; the optimizer itself does not step.
 
 CPU stand-ins (test code only): ``torch.cuda.current_device`` answers "cpu" and ``synchronize``
 does nothing (``conftest.megatron_cpu``), ``Tensor.cuda`` is the identity (megatron copies the
@@ -117,6 +117,10 @@ def _trainer(config, model_dir: str, ctx):
             if self.ctx.world_size > 1 and ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
                 for p in params:  # megatron's DDP: sum over data x context parallel ranks
                     dist.all_reduce(p.grad, group=ps.get_data_parallel_group(with_context_parallel=True))
+            if self.ctx.tp_size > 1:  # finalize_model_grads: replicated Q/K norms see only this rank's heads
+                for name, p in self.model.named_parameters():
+                    if "q_layernorm" in name or "k_layernorm" in name:
+                        dist.all_reduce(p.grad, group=self.ctx.tp_group)
             if self.ctx.pp_size > 1 and self.arch.tie_word_embeddings and ps.is_rank_in_embedding_group():
                 dist.all_reduce(self.model.shared_embedding_or_output_weight().grad, group=ps.get_embedding_group())  # finalize_model_grads
             saved = [p.data for p in params]
