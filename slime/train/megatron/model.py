@@ -10,7 +10,9 @@ built with ``position_embedding_type="none"`` and must be fed packed micro-batch
 (``slime.train.megatron.packing``).
 
 Everything megatron needs that the HF config does not say comes from ``MegatronConfig``
-(parallel sizes, bf16, recompute). Mapping (HF config -> ``TransformerConfig``)::
+(parallel sizes, bf16, recompute). Context parallelism runs in ``SDPACoreAttention`` (K/V
+all-gather, no Transformer Engine); under pipeline parallelism each stage builds its share of the
+layers (``build_gpt_model``). Mapping (HF config -> ``TransformerConfig``)::
 
     num_hidden_layers -> num_layers             hidden_size -> hidden_size
     intermediate_size -> ffn_hidden_size        num_attention_heads -> num_attention_heads

@@ -32,8 +32,17 @@ step, all DP ranks), times the TP size under sequence parallelism (each TP rank 
 share of the loss scaled by its T / tp tokens): the trained term is coefficient x the
 token-weighted mean of the per micro-batch losses, normalised over the step as the RL loss is.
 
-Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), pipeline
-and context parallelism, and running without CUDA (megatron-core's optimizer and DDP
+Context parallelism (dense models): each CP rank runs its share of every packed sequence
+(``slime.train.megatron.context_parallel``); logprobs and entropies are all-gathered into the
+full packed order before the loss, so every CP rank computes the whole micro-batch's loss (same
+denominators as one rank) and keeps only its own tokens' gradient; DDP sums over DP x CP.
+
+Pipeline parallelism (dense models): ``_pipeline`` runs the micro-batches through megatron-core's
+1F1B schedule; the last stage computes logprobs and the loss, and broadcasts the old/ref logprobs
+and the step's metrics over the pipeline group (rank 0, stage 0, reports them).
+
+Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), CP or PP
+for MoE models, and running without CUDA (megatron-core's optimizer and DDP
 allocate on the GPU; use ``--train-backend torch`` on a CPU).
 """
 
