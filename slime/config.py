@@ -252,9 +252,12 @@ class MegatronConfig(msgspec.Struct, **_STRUCT):
     tensor_model_parallel_size: int = 1
     """Tensor-parallel ranks per model replica (``--tensor-model-parallel-size``)."""
     pipeline_model_parallel_size: int = 1
-    """Pipeline stages (``--pipeline-model-parallel-size``); the backend supports 1 for now."""
+    """Pipeline stages (``--pipeline-model-parallel-size``): megatron-core's 1F1B schedule over
+    consecutive layers (must divide the layer count; dense models only)."""
     context_parallel_size: int = 1
-    """Context-parallel ranks (``--context-parallel-size``); > 1 needs Transformer Engine attention."""
+    """Context-parallel ranks (``--context-parallel-size``): each sequence split over them in
+    2 x CP load-balanced chunks, K/V all-gathered in attention (``slime.train.megatron.context_parallel``;
+    dense models only)."""
     expert_model_parallel_size: int = 1
     """Expert-parallel ranks (``--expert-model-parallel-size``): an MoE layer's routed experts are
     split evenly over them (must divide ``num_experts``); > 1 only for MoE models."""

@@ -59,7 +59,7 @@ from slime.train.megatron.arch import ModelArch
 
 __all__ = [
     "hf_to_mcore", "mcore_to_hf", "iter_mcore_to_hf", "mcore_names", "hf_names_for", "is_tensor_parallel", "is_expert",
-    "mcore_param_to_hf", "hf_to_mcore_param",
+    "mcore_param_to_hf", "hf_to_mcore_param", "pipeline_stage", "stage_names",
 ]  # fmt: skip
 
 HfGetter = Callable[[str], Tensor]
@@ -99,6 +99,36 @@ def mcore_names(arch: ModelArch, *, ep_size: int = 1) -> list[str]:
     if not arch.tie_word_embeddings:
         names.append("output_layer.weight")
     return names
+
+
+def pipeline_stage(name: str, arch: ModelArch, pp_size: int) -> int:
+    """The pipeline stage holding ``name`` (an ``mcore_names`` name, global layer index): the
+    embedding on stage 0, the final norm and output layer on the last one, layer i on stage
+    ``i // (num_layers / pp_size)`` (megatron-core's even split)."""
+    layer, _ = _split_name(name)
+    if layer is not None:
+        return layer // (arch.num_layers // pp_size)
+    return 0 if name.startswith("embedding.") else pp_size - 1
+
+
+def stage_names(arch: ModelArch, *, pp_size: int = 1, pp_rank: int = 0, ep_size: int = 1) -> dict[str, str]:
+    """One pipeline stage's parameters: its model's (local) name -> the ``mcore_names`` (global) name.
+
+    A stage numbers its layers from 0 (``decoder.layers.0`` of stage s is global layer
+    ``s * num_layers / pp_size``). With tied embeddings the last stage of a pipeline holds its own
+    ``output_layer.weight``, a copy of the embedding (megatron sums the two gradients), mapped
+    here to ``embedding.word_embeddings.weight``.
+    """
+    per_stage = arch.num_layers // pp_size
+    out = {}
+    for name in mcore_names(arch, ep_size=ep_size):
+        if pipeline_stage(name, arch, pp_size) != pp_rank:
+            continue
+        layer, rest = _split_name(name)
+        out[name if layer is None else f"decoder.layers.{layer - pp_rank * per_stage}.{rest}"] = name
+    if pp_size > 1 and arch.tie_word_embeddings and pp_rank == pp_size - 1:
+        out["output_layer.weight"] = "embedding.word_embeddings.weight"
+    return out
 
 
 _LAYER_MAP = {

@@ -23,8 +23,12 @@ micro-batches only and does two things there:
    ``F.scaled_dot_product_attention(is_causal=True)`` once per sequence (flash / memory-efficient
    kernels on CUDA; math on CPU).
 
-Not covered: dropout inside attention (RL training runs without it), context parallelism, sliding
-windows, attention sinks, and unpacked ("sbhd") input (raises).
+Under context parallelism (``PackedRoPEParams.cp_size`` > 1) step 2 is
+``slime.train.megatron.context_parallel.cp_attention``: K/V all-gathered over the CP group, each
+local query chunk attending its sequence's keys up to its own position.
+
+Not covered: dropout inside attention (RL training runs without it), sliding windows, attention
+sinks, and unpacked ("sbhd") input (raises).
 
 ``TorchGatingRouter`` is megatron-core's ``TopKRouter`` with its gate as a plain ``F.linear`` in the
 router dtype. megatron-core 0.16.1's own gate (``RouterGatingLinearFunction``) names
@@ -47,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from slime.train.megatron._mcore import mcore
+from slime.train.megatron.context_parallel import cp_attention
 from slime.train.megatron.fusion import fused
 
 __all__ = ["RMSNorm", "SDPACoreAttention", "SwiGLUMLP", "TorchGatingRouter", "PackedRoPEParams", "rope_cos_sin"]
@@ -65,11 +70,20 @@ class PackedRoPEParams(_PackedSeqParams):
         seq_bounds: host copy of ``cu_seqlens`` (S+1 ints), so the per-sequence path never syncs.
         rope_cos / rope_sin: [t, 1, d] float32, cos/sin of each token's angle at its position in
             its own sequence (HF layout: the d/2 frequencies repeated twice).
+        cp_size / cp_rank / cp_group: context parallelism (``slime.train.megatron.context_parallel``);
+            with cp_size > 1, t, ``seq_bounds`` and the RoPE tables are this rank's share, the
+            ``cu_seqlens`` too, ``cp_full_bounds`` the segments of the full stream and
+            ``cp_full_index`` [T] int64 the gather order (``context_parallel.cp_split``).
     """
 
     seq_bounds: tuple[int, ...] = ()
     rope_cos: Tensor | None = None
     rope_sin: Tensor | None = None
+    cp_size: int = 1
+    cp_rank: int = 0
+    cp_group: Any = None
+    cp_full_index: Tensor | None = None
+    cp_full_bounds: tuple[int, ...] = ()
 
 
 def rope_cos_sin(position_ids: Tensor, *, head_dim: int, rope_theta: float) -> tuple[Tensor, Tensor]:
@@ -166,7 +180,8 @@ class SDPACoreAttention(_MegatronModule):
 
     Constructor arguments are the ones ``SelfAttention`` passes to any core attention
     (config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
-    cp_comm_type, pg_collection). ``use_varlen`` (class attribute) can be set False to force
+    cp_comm_type, pg_collection); context parallelism always runs as "all_gather" and takes its
+    group from the packed parameters. ``use_varlen`` (class attribute) can be set False to force
     the per-sequence SDPA path (the GPU checks compare the two).
     """
 
@@ -174,8 +189,6 @@ class SDPACoreAttention(_MegatronModule):
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None, cp_comm_type: str | None = None, pg_collection: Any = None):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError(f"SDPACoreAttention does not do context parallelism (context_parallel_size={config.context_parallel_size})")
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
@@ -187,6 +200,8 @@ class SDPACoreAttention(_MegatronModule):
         p = packed_seq_params
         query, key = _rope_qk(query, key, p.rope_cos, p.rope_sin)
         t, n, d = query.shape
+        if p.cp_size > 1:
+            return cp_attention(query, key, value, p, self.softmax_scale).reshape(t, n * d)
         if self.use_varlen and _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
             if not _VARLEN_GQA and key.shape[1] != n:
                 key = key.repeat_interleave(n // key.shape[1], dim=1)

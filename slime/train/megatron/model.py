@@ -10,7 +10,9 @@ built with ``position_embedding_type="none"`` and must be fed packed micro-batch
 (``slime.train.megatron.packing``).
 
 Everything megatron needs that the HF config does not say comes from ``MegatronConfig``
-(parallel sizes, bf16, recompute). Mapping (HF config -> ``TransformerConfig``)::
+(parallel sizes, bf16, recompute). Context parallelism runs in ``SDPACoreAttention`` (K/V
+all-gather, no Transformer Engine); under pipeline parallelism each stage builds its share of the
+layers (``build_gpt_model``). Mapping (HF config -> ``TransformerConfig``)::
 
     num_hidden_layers -> num_layers             hidden_size -> hidden_size
     intermediate_size -> ffn_hidden_size        num_attention_heads -> num_attention_heads
@@ -46,7 +48,7 @@ from slime.config import MegatronConfig
 from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.convert import hf_to_mcore_param, mcore_names
+from slime.train.megatron.convert import hf_to_mcore_param, stage_names
 from slime.train.megatron.layers import RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 
 __all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader"]
@@ -66,19 +68,16 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
             ``mcfg.bf16``, else fp32.
 
     Raises:
-        ValueError: a parallel size the backend does not run (pipeline, context > 1; expert > 1 on
-            a dense model), or TP / EP / ETP that do not divide heads, widths or the expert count.
+        ValueError: a parallel size the backend does not run (pipeline or context > 1 on an MoE
+            model; expert > 1 on a dense one), PP that does not divide the layers, or TP / EP / ETP
+            that do not divide heads, widths or the expert count.
     """
     TransformerConfig = mcore("megatron.core.transformer.transformer_config").TransformerConfig
-    for flag, size in (
-        ("--pipeline-model-parallel-size", mcfg.pipeline_model_parallel_size),
-        ("--context-parallel-size", mcfg.context_parallel_size),
-    ):
-        if size != 1:
-            raise ValueError(
-                f"{flag}={size}: slime's megatron backend runs tensor, data and expert parallelism only so far "
-                "(context parallelism needs Transformer Engine attention)"
-            )
+    cp, pp = mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
+    if arch.is_moe and (cp > 1 or pp > 1):
+        raise ValueError(f"--context-parallel-size={cp} / --pipeline-model-parallel-size={pp}: slime's megatron backend runs MoE models with TP, DP and EP only so far")
+    if arch.num_layers % pp:
+        raise ValueError(f"--pipeline-model-parallel-size={pp} does not divide the model's {arch.num_layers} layers")
     arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
     if arch.is_moe and mcfg.tensor_model_parallel_size > 1 and not mcfg.sequence_parallel:
         raise ValueError(
@@ -106,11 +105,13 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
-        pipeline_model_parallel_size=1,
-        context_parallel_size=1,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        cp_comm_type="all_gather" if cp > 1 else None,  # what SDPACoreAttention does (layers.py)
+        variable_seq_lengths=pp > 1,  # packed micro-batches differ in length: stages exchange shapes first
         expert_model_parallel_size=mcfg.expert_model_parallel_size,
         expert_tensor_parallel_size=etp,
-        **_moe_config(arch, mcfg),
+        **(_moe_config(arch, mcfg) if arch.is_moe else dict(moe_token_dispatcher_type="alltoall")),  # dense: no dispatcher runs; "allgather" refuses variable_seq_lengths
         sequence_parallel=mcfg.sequence_parallel and mcfg.tensor_model_parallel_size > 1,
         bf16=bf16,
         params_dtype=dtype,
@@ -134,9 +135,7 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
 
 
 def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, Any]:
-    """The ``TransformerConfig`` fields of an MoE model (module docstring); {} for a dense one."""
-    if not arch.is_moe:
-        return {}
+    """The ``TransformerConfig`` fields of an MoE model (module docstring)."""
     return dict(
         num_moe_experts=arch.num_experts,
         moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
@@ -176,13 +175,18 @@ def layer_spec(*, num_experts: int | None = None) -> Any:
     return spec
 
 
-def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
-    """A ``GPTModel`` (one pipeline stage holding every layer) with uninitialised weights.
+def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int, pp_rank: int = 0) -> Any:
+    """A ``GPTModel`` (one pipeline stage: all layers without PP) with uninitialised weights.
 
     ``config`` comes from ``transformer_config``; megatron's parallel state must be initialised
-    (the model reads its TP group). Q/K norms are built only for Qwen3 (``config.qk_layernorm``).
+    (the model reads its TP and PP groups). Q/K norms are built only for Qwen3 (``config.qk_layernorm``).
     The block spec names ``RMSNorm`` for the final norm too (megatron's default would be torch's).
     An MoE model gets the MoE spec on its MoE layers and the dense one elsewhere.
+
+    Under pipeline parallelism (``config.pipeline_model_parallel_size`` = P) stage ``pp_rank``
+    builds layers ``[pp_rank * L / P, (pp_rank + 1) * L / P)`` (megatron-core's even split, as
+    ``get_gpt_decoder_block_spec`` slices it), stage 0 the embedding, stage P - 1 the final norm
+    and output layer (a copy of the embedding when tied, kept equal by megatron's gradient sum).
     """
     gpt = mcore("megatron.core.models.gpt")
     TransformerBlockSubmodules = mcore("megatron.core.transformer.transformer_block").TransformerBlockSubmodules
@@ -192,14 +196,17 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int) -> Any:
             spec.submodules.self_attention.submodules.q_layernorm = None
             spec.submodules.self_attention.submodules.k_layernorm = None
     moe_layers = arch.moe_layers or (False,) * arch.num_layers
-    block = TransformerBlockSubmodules(layer_specs=[specs[m] for m in moe_layers], layer_norm=RMSNorm)
+    pp = config.pipeline_model_parallel_size
+    per_stage = arch.num_layers // pp
+    stage_layers = moe_layers[pp_rank * per_stage : (pp_rank + 1) * per_stage]
+    block = TransformerBlockSubmodules(layer_specs=[specs[m] for m in stage_layers], layer_norm=RMSNorm)
     model = gpt.GPTModel(
         config=config,
         transformer_layer_spec=block,
         vocab_size=arch.padded_vocab_size(tp_size),
         max_sequence_length=arch.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
+        pre_process=pp_rank == 0,
+        post_process=pp_rank == pp - 1,
         parallel_output=True,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="none",
@@ -293,6 +300,7 @@ class HFCheckpointReader:
 def load_hf_weights(
     model: Any, reader: Any, arch: ModelArch, *, tp_size: int, tp_rank: int,
     ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
+    pp_size: int = 1, pp_rank: int = 0,
 ) -> None:  # fmt: skip
     """Copy this rank's share of the HF weights into ``model`` (a ``GPTModel``), one tensor at a time.
 
@@ -300,20 +308,23 @@ def load_hf_weights(
         tp_size / tp_rank, ep_size / ep_rank, etp_size / etp_rank: this rank's place in the tensor,
             expert and expert-tensor parallel groups (``convert.hf_to_mcore_param``); an MoE
             rank reads only its own experts.
+        pp_size / pp_rank: the pipeline stage ``model`` is (``convert.stage_names``); it reads
+            only its own layers.
 
     Raises:
         KeyError: an HF tensor is missing. RuntimeError: the model's parameter set or a shape
             differs from what the conversion produces.
     """
     params = dict(model.named_parameters())
-    expected = mcore_names(arch, ep_size=ep_size)
+    names = stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size)  # local -> global
+    expected = list(names)
     missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or extra:
         raise RuntimeError(f"megatron model and converter disagree: missing in model {missing}, not converted {extra}")
     ranks = dict(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
     with torch.no_grad():
         for name in expected:
-            value = hf_to_mcore_param(name, reader.__getitem__, arch, **ranks)
+            value = hf_to_mcore_param(names[name], reader.__getitem__, arch, **ranks)
             param = params[name]
             if tuple(value.shape) != tuple(param.shape):
                 raise RuntimeError(f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(param.shape)} ({ranks})")

@@ -21,6 +21,15 @@ one empty micro-batch (``PackedMicroBatch.empty``) so that it joins the gradient
 Unpacking (``PackedMicroBatch.unpack``): packed position ``i`` predicts token ``i + 1``; for a
 sample at offset ``o`` with ``n`` tokens, positions ``o .. o + n - 2`` go to row ``j``, columns
 ``0 .. n - 2`` of a [b, L] tensor, the layout of ``slime.train.batch.TrainBatch``.
+
+Context parallelism (``cp_size`` > 1): each sample is padded to a multiple of 2 x CP tokens
+(pad tokens after its last one, positions continuing), the tail to a multiple of 2 x CP x
+``pad_to``, and each CP rank keeps its share (``slime.train.megatron.context_parallel``): chunks
+r and 2 CP - 1 - r of every sample. ``input_ids`` / ``position_ids`` / ``labels`` are that
+share (t = T / CP tokens, labels taken from the full stream, so a chunk's last token predicts
+the next chunk's first); ``PackedMicroBatch.full`` all-gathers per-token outputs back into the
+full order (T) that ``unpack`` reads. With ``--use-dynamic-batch-size`` a micro-batch holds up
+to ``max_tokens_per_gpu`` x CP tokens (each GPU about ``max_tokens_per_gpu``), as in THUDM slime.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 from torch import Tensor
 
 from slime.train.batch import TrainBatch
+from slime.train.megatron.context_parallel import cp_split, gather_full
 from slime.train.megatron.layers import PackedRoPEParams, rope_cos_sin
 
 __all__ = ["plan_step", "PackedMicroBatch", "pack_samples", "select_samples"]
@@ -116,7 +126,18 @@ class PackedMicroBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens this rank runs (its context-parallel share)."""
         return int(self.input_ids.shape[1])
+
+    def full(self, local: Tensor) -> Tensor:
+        """[t] per-token values of this CP rank -> [T] in full packed order (identity without CP).
+
+        Differentiable: every CP rank must compute the same function of the result (the loss);
+        each rank's backward keeps its own tokens' gradient (``context_parallel.gather_full``)."""
+        p = self.params
+        if p.cp_size == 1:
+            return local
+        return gather_full(local, p.cp_full_index, p.cp_group, sum_grads=False)
 
     def unpack(self, packed: Tensor) -> Tensor:
         """[t] per-position values (e.g. logprobs, differentiable) -> [b, L] in ``TrainBatch`` layout, 0 elsewhere."""
@@ -131,6 +152,7 @@ class PackedMicroBatch:
             cu_seqlens_kv=p.cu_seqlens_kv.to(device),
             rope_cos=p.rope_cos.to(device),
             rope_sin=p.rope_sin.to(device),
+            cp_full_index=p.cp_full_index.to(device) if p.cp_full_index is not None else None,
         )
         moved = {f: getattr(self, f).to(device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")}
         return dataclasses.replace(self, params=params, **moved)
@@ -144,6 +166,9 @@ def pack_samples(
     pad_to: int,
     head_dim: int,
     rope_theta: float,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    cp_group: object = None,
 ) -> PackedMicroBatch:
     """Pack rows ``samples`` of ``batch`` into one micro-batch (on the CPU).
 
@@ -155,21 +180,28 @@ def pack_samples(
         pad_to: t is rounded up to a multiple of this (the TP size under sequence parallelism,
             which splits t evenly; 1 otherwise).
         head_dim / rope_theta: for the RoPE tables.
+        cp_size / cp_rank / cp_group: context parallelism: this rank keeps its share of every
+            sample (module docstring).
     """
     pieces, positions, bounds = [], [], [0]
+    seg = 2 * cp_size if cp_size > 1 else 1  # every segment a multiple of this
     rows, cols, flat = [], [], []
     for j, s in enumerate(samples):
         n = int(batch.seq_lens[s])
+        m = -(-n // seg) * seg
         pieces.append(batch.input_ids[s, :n])
-        positions.append(torch.arange(n))
+        if m > n:
+            pieces.append(torch.full((m - n,), pad_token_id, dtype=torch.long))
+        positions.append(torch.arange(m))
         o = bounds[-1]
         rows.append(torch.full((n - 1,), j, dtype=torch.long))
         cols.append(torch.arange(n - 1))
         flat.append(torch.arange(o, o + n - 1))
-        bounds.append(o + n)
+        bounds.append(o + m)
     t = bounds[-1]
     need = t if samples else 2
-    padded = -(-need // pad_to) * pad_to
+    multiple = 2 * cp_size * pad_to if cp_size > 1 else pad_to
+    padded = -(-need // multiple) * multiple
     if padded > t:
         pieces.append(torch.full((padded - t,), pad_token_id, dtype=torch.long))
         positions.append(torch.arange(padded - t))
@@ -177,6 +209,12 @@ def pack_samples(
     input_ids = torch.cat(pieces).unsqueeze(0)  # [1, t]
     position_ids = torch.cat(positions).unsqueeze(0)  # [1, t]
     labels = torch.roll(input_ids, shifts=-1, dims=1)  # [1, t]
+    cp: dict = {}
+    if cp_size > 1:
+        local, full_index, local_bounds = cp_split(bounds, cp_size, cp_rank)
+        input_ids, position_ids, labels = (x[:, local] for x in (input_ids, position_ids, labels))
+        cp = dict(cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group, cp_full_index=full_index, cp_full_bounds=tuple(bounds))
+        bounds = list(local_bounds)
     cu = torch.tensor(bounds, dtype=torch.int32)  # [S+1]
     max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
     cos, sin = rope_cos_sin(position_ids[0], head_dim=head_dim, rope_theta=rope_theta)  # [t, 1, d] each
@@ -189,6 +227,7 @@ def pack_samples(
         seq_bounds=tuple(bounds),
         rope_cos=cos,
         rope_sin=sin,
+        **cp,
     )
     empty = torch.zeros(0, dtype=torch.long)
     num_cols = max((int(batch.seq_lens[s]) for s in samples), default=2) - 1

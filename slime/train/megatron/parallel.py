@@ -38,7 +38,13 @@ CONTROL_TIMEOUT = datetime.timedelta(days=7)
 
 @dataclasses.dataclass
 class ParallelContext:
-    """Ranks and groups of this process. ``dp`` excludes TP (megatron's data-parallel group).
+    """Ranks and groups of this process. ``dp`` excludes TP, CP and PP (megatron's data-parallel group).
+
+    megatron-core's rank order is "tp-cp-ep-dp-pp" (TP fastest): with 4 GPUs, TP=2, CP=2, ranks
+    {0, 1} and {2, 3} are TP groups, {0, 2} and {1, 3} CP groups. Context-parallel ranks hold
+    the same samples (each a share of every sequence) and replicated weights; pipeline stages
+    hold consecutive layers, stage 0 (with global rank 0) the embedding, the last stage the
+    output layer. Gradients are summed over data x context parallel ranks (megatron's DDP).
 
     Experts (MoE models) are laid out on a second grid of the same ranks, megatron-core's
     "tp-ep-dp" order: rank = etp_rank + etp_size * (ep_rank + ep_size * expert_dp_rank). Example:
@@ -59,6 +65,12 @@ class ParallelContext:
     dp_group: Any
     control_group: Any
     owns_process_group: bool
+    cp_size: int = 1
+    cp_rank: int = 0
+    cp_group: Any = None
+    pp_size: int = 1
+    pp_rank: int = 0
+    pp_group: Any = None
     ep_size: int = 1
     ep_rank: int = 0
     etp_size: int = 1
@@ -70,6 +82,16 @@ class ParallelContext:
     def is_driver(self) -> bool:
         """Rank 0: hosts the event loop and holds the gathered HF weights."""
         return self.rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        """This rank holds the last pipeline stage (output layer, logprobs, loss)."""
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def last_stage_rank(self) -> int:
+        """Global rank of the last pipeline stage in this rank's pipeline group (this rank without PP)."""
+        return dist.get_global_rank(self.pp_group, self.pp_size - 1) if self.pp_size > 1 else self.rank
 
     def close(self) -> None:
         """Tear down megatron's parallel state, and the default group if this context created it."""
@@ -85,13 +107,13 @@ def _free_port() -> int:
 
 
 def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
-    """Join (or create) the default process group and build megatron's TP/DP groups.
+    """Join (or create) the default process group and build megatron's TP/CP/PP/DP (and expert) groups.
 
     NCCL on CUDA (device ``cuda:LOCAL_RANK``), gloo on CPU. Seeds megatron's CUDA RNG tracker on
     CUDA (the model's dropout-free forward does not draw from it on CPU).
 
     Raises:
-        ValueError: the world size is not a multiple of the tensor-parallel size, or of
+        ValueError: the world size is not a multiple of TP x CP x PP, or of
             expert-parallel x expert-tensor-parallel size.
     """
     ps = mcore("megatron.core.parallel_state")
@@ -111,16 +133,19 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
         owns = True
     world, rank = dist.get_world_size(), dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    tp = mcfg.tensor_model_parallel_size
+    tp, cp, pp = mcfg.tensor_model_parallel_size, mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
     ep, etp = mcfg.expert_model_parallel_size, mcfg.resolved_expert_tensor_parallel_size
-    if world % tp:
-        raise ValueError(f"world size {world} is not a multiple of --tensor-model-parallel-size={tp}")
+    if world % (tp * cp * pp):
+        raise ValueError(
+            f"world size {world} is not a multiple of --tensor-model-parallel-size={tp} x --context-parallel-size={cp} x --pipeline-model-parallel-size={pp}"
+        )
     if world % (ep * etp):
         raise ValueError(f"world size {world} is not a multiple of --expert-model-parallel-size={ep} x --expert-tensor-parallel-size={etp}")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=1,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=etp,
             distributed_timeout_minutes=mcfg.distributed_timeout_minutes,
@@ -143,6 +168,12 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
         dp_group=ps.get_data_parallel_group(),
         control_group=control,
         owns_process_group=owns,
+        cp_size=ps.get_context_parallel_world_size(),
+        cp_rank=ps.get_context_parallel_rank(),
+        cp_group=ps.get_context_parallel_group(),
+        pp_size=ps.get_pipeline_model_parallel_world_size(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        pp_group=ps.get_pipeline_model_parallel_group(),
         ep_size=ps.get_expert_model_parallel_world_size(),
         ep_rank=ps.get_expert_model_parallel_rank(),
         etp_size=ps.get_expert_tensor_parallel_world_size(),

@@ -32,8 +32,17 @@ step, all DP ranks), times the TP size under sequence parallelism (each TP rank 
 share of the loss scaled by its T / tp tokens): the trained term is coefficient x the
 token-weighted mean of the per micro-batch losses, normalised over the step as the RL loss is.
 
-Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), pipeline
-and context parallelism, and running without CUDA (megatron-core's optimizer and DDP
+Context parallelism (dense models): each CP rank runs its share of every packed sequence
+(``slime.train.megatron.context_parallel``); logprobs and entropies are all-gathered into the
+full packed order before the loss, so every CP rank computes the whole micro-batch's loss (same
+denominators as one rank) and keeps only its own tokens' gradient; DDP sums over DP x CP.
+
+Pipeline parallelism (dense models): ``_pipeline`` runs the micro-batches through megatron-core's
+1F1B schedule; the last stage computes logprobs and the loss, and broadcasts the old/ref logprobs
+and the step's metrics over the pipeline group (rank 0, stage 0, reports them).
+
+Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), CP or PP
+for MoE models, and running without CUDA (megatron-core's optimizer and DDP
 allocate on the GPU; use ``--train-backend torch`` on a CPU).
 """
 
@@ -120,10 +129,10 @@ class MegatronTrainer:
             sp_group = self.ctx.tp_group if self.tconfig.sequence_parallel else None
             self.router_stats = attach_megatron_routers(self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group)
         log.info(
-            "megatron backend: %s, %d layers%s, TP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
+            "megatron backend: %s, %d layers%s, TP=%d CP=%d PP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
             self.arch.family, self.arch.num_layers,
             f" ({sum(self.arch.moe_layers)} MoE: {self.arch.num_experts} experts, top-{self.arch.moe_router_topk})" if self.arch.is_moe else "",
-            self.ctx.tp_size, self.ctx.dp_size, self.ctx.ep_size, self.ctx.etp_size, mcfg.bf16, self.tconfig.sequence_parallel,
+            self.ctx.tp_size, self.ctx.cp_size, self.ctx.pp_size, self.ctx.dp_size, self.ctx.ep_size, self.ctx.etp_size, mcfg.bf16, self.tconfig.sequence_parallel,
             f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{config.micro_batch_size} samples",
         )
 
@@ -135,9 +144,12 @@ class MegatronTrainer:
         arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
         if arch != self.arch:
             raise ValueError(f"{hf_dir}: architecture {arch} differs from the policy's {self.arch}")
-        model = build_gpt_model(arch, self.tconfig, tp_size=self.ctx.tp_size)
         c = self.ctx
-        load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=c.tp_size, tp_rank=c.tp_rank, ep_size=c.ep_size, ep_rank=c.ep_rank, etp_size=c.etp_size, etp_rank=c.etp_rank)
+        model = build_gpt_model(arch, self.tconfig, tp_size=c.tp_size, pp_rank=c.pp_rank)
+        load_hf_weights(
+            model, HFCheckpointReader(hf_dir), arch, tp_size=c.tp_size, tp_rank=c.tp_rank, ep_size=c.ep_size, ep_rank=c.ep_rank,
+            etp_size=c.etp_size, etp_rank=c.etp_rank, pp_size=c.pp_size, pp_rank=c.pp_rank,
+        )  # fmt: skip
         if self.tconfig.bf16:
             model = mcore("megatron.core.transformer.module").Float16Module(self.tconfig, model)
         if not trainable:
@@ -295,26 +307,35 @@ class MegatronTrainer:
                 lens[start:end],
                 dp_size=self.ctx.dp_size,
                 micro_batch_size=cfg.micro_batch_size,
-                max_tokens_per_gpu=mcfg.max_tokens_per_gpu if mcfg.use_dynamic_batch_size else None,
+                max_tokens_per_gpu=mcfg.max_tokens_per_gpu * self.ctx.cp_size if mcfg.use_dynamic_batch_size else None,  # CP ranks share a micro-batch
             )
-            mbs = [
-                pack_samples(batch, [start + i for i in mb], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
-                for mb in plan[self.ctx.dp_rank]
-            ]
+            mbs = [self._pack(batch, [start + i for i in mb]) for mb in plan[self.ctx.dp_rank]]
             if self.ctx.ep_size > 1:
                 busiest = max(len(p) for p in plan)
                 mbs += [self._placeholder(batch) for _ in range(busiest - len(mbs))]
             steps.append((start, end, mbs))
         return steps
 
+    def _pack(self, batch: TrainBatch, samples: list[int]) -> PackedMicroBatch:
+        """Rows ``samples`` packed (this CP rank's share) on this rank's device."""
+        c = self.ctx
+        return pack_samples(
+            batch, samples, pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta,
+            cp_size=c.cp_size, cp_rank=c.cp_rank, cp_group=c.cp_group,
+        ).to(c.device)  # fmt: skip
+
     def _placeholder(self, batch: TrainBatch) -> PackedMicroBatch:
         """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
-        return pack_samples(batch, [], pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta).to(self.ctx.device)
+        return self._pack(batch, [])
 
     def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
-        """Packed logprobs and entropies [t] of ``mb`` under ``model``."""
+        """Logprobs and entropies [T] of ``mb`` under ``model`` (one pipeline stage), full packed order."""
         logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)  # [1, t, v]
-        return vocab_parallel_logprobs(
+        return self._logprobs(logits, mb, entropy_grad=entropy_grad)
+
+    def _logprobs(self, logits: Tensor, mb: PackedMicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """[1, t, v] this rank's logits -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``)."""
+        logprob, entropy = vocab_parallel_logprobs(
             logits[0],
             mb.labels[0],
             temperature=self.config.rollout_temperature,
@@ -323,6 +344,37 @@ class MegatronTrainer:
             group=self.ctx.tp_group if self.ctx.tp_size > 1 else None,
             entropy_grad=entropy_grad,
         )
+        return mb.full(logprob), mb.full(entropy)
+
+    def _pipeline(self, model: Any, mbs: list[PackedMicroBatch], loss_of: Any, *, forward_only: bool, entropy_grad: bool = False) -> None:
+        """``mbs`` through megatron-core's pipeline schedule (1F1B; forward only for logprob passes).
+
+        Stage 0 embeds, every stage runs its layers and exchanges activations (and their
+        gradients) with its neighbours through megatron's P2P communication, shapes first
+        (packed micro-batches differ in length: ``variable_seq_lengths``). On the last stage
+        ``loss_of(i, logprob [T], entropy [T])`` returns micro-batch i's loss (already divided by
+        the step's denominator; megatron's ``calculate_per_token_loss`` keeps it as is) and the
+        schedule runs its backward. Gradient sync waits for the last micro-batch
+        (``config.no_sync_func``); ``_optimizer_step`` finalizes the gradients.
+        """
+        schedule = mcore("megatron.core.pipeline_parallel").get_forward_backward_func()
+        zero = torch.zeros((), dtype=torch.int, device=self.ctx.device)
+
+        def forward_step(data_iterator: Any, stage: Any) -> tuple[Tensor, Any]:
+            i = next(data_iterator)
+            mb = mbs[i]
+            out = stage(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict]:
+                logprob, entropy = self._logprobs(logits, mb, entropy_grad=entropy_grad)
+                return loss_of(i, logprob, entropy), zero, {}
+
+            return out, loss_func
+
+        schedule(
+            forward_step_func=forward_step, data_iterator=iter(range(len(mbs))), model=[model], num_microbatches=len(mbs),
+            seq_length=max(mb.num_tokens for mb in mbs), micro_batch_size=1, forward_only=forward_only,
+        )  # fmt: skip
 
     @torch.no_grad()
     def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
@@ -335,16 +387,27 @@ class MegatronTrainer:
         # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
         keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
         todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples or keep_placeholders]
-        for mb, rows in todo:
-            for model, out in ((self.model, old), (self.ref_model, ref)):
-                if model is None:
-                    continue
+        for model, out in ((self.model, old), (self.ref_model, ref)):
+            if model is None:
+                continue
+            if self.ctx.pp_size > 1:
+                if todo:
+
+                    def write(i: int, lp: Tensor, _: Tensor, out: Tensor = out) -> Tensor:
+                        out[todo[i][1], : todo[i][0].num_cols] = todo[i][0].unpack(lp)
+                        return lp.new_zeros(())
+
+                    self._pipeline(model, [mb for mb, _ in todo], write, forward_only=True)
+                continue
+            for mb, rows in todo:
                 lp = self._forward(model, mb)[0]
                 if mb.samples:
                     out[rows, : mb.num_cols] = mb.unpack(lp)
         for t in (old, ref):
             if t is not None and self.ctx.dp_size > 1:
                 dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
+            if t is not None and self.ctx.pp_size > 1:
+                dist.broadcast(t, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)  # computed on the last stage
         self.model.train()
         return _replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
 
@@ -376,20 +439,26 @@ class MegatronTrainer:
             if not mbs:
                 mbs = [self._placeholder(batch)]
                 step_subs = [None]
-            for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
-                sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
-                with sync:
-                    logprob, entropy = self._forward(self.ddp, mb, entropy_grad=cfg.entropy_coef != 0.0)
-                    if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
-                        (logprob.sum() * 0.0).backward()
-                        continue
-                    loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
-                    loss.backward()
-                step_loss += loss.detach()
+
+            def loss_of(mb: PackedMicroBatch, sub: TrainBatch | None, logprob: Tensor, entropy: Tensor, denom: float = denom, step_loss: Tensor = step_loss) -> Tensor:
+                if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
+                    return logprob.sum() * 0.0
+                loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
+                step_loss.add_(loss.detach())
                 seen.update(k for k in _TOKEN_METRICS if k in metrics)
                 for k, key in enumerate(_TOKEN_METRICS):
                     sums[k] += metrics.get(key, 0.0) * metrics["num_tokens"]
                 sums[-1] += metrics["num_tokens"]
+                return loss
+
+            entropy_grad = cfg.entropy_coef != 0.0
+            if self.ctx.pp_size > 1:
+                self._pipeline(self.ddp, mbs, lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent), forward_only=False, entropy_grad=entropy_grad)
+            else:
+                for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
+                    sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
+                    with sync:
+                        loss_of(mb, sub, *self._forward(self.ddp, mb, entropy_grad=entropy_grad)).backward()
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):
                 num_skipped += 1
@@ -398,9 +467,12 @@ class MegatronTrainer:
             grad_norms.append(grad_norm)
         self.policy_version += 1
         losses_t = torch.stack(losses) if losses else torch.zeros(0, dtype=torch.float64, device=self.ctx.device)
-        if self.ctx.dp_size > 1:
+        if self.ctx.dp_size > 1 or self.ctx.pp_size > 1:
             both = torch.cat([sums.to(self.ctx.device), losses_t])
-            dist.all_reduce(both, group=self.ctx.dp_group)
+            if self.ctx.dp_size > 1:
+                dist.all_reduce(both, group=self.ctx.dp_group)
+            if self.ctx.pp_size > 1:  # losses and metrics live on the last stage; rank 0 (stage 0) reports them
+                dist.broadcast(both, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)
             sums, losses_t = both[: len(sums)], both[len(sums) :]
         sums, losses_t = sums.cpu(), losses_t.cpu()
         router = self._router_metrics()

@@ -7,7 +7,10 @@ the full model exists once, on rank 0's CPU, and the GPUs only ever hold one gat
 extra. Other data-parallel replicas hold the same weights and take no part. A routed expert's
 parameter (MoE) is gathered the same way over the ETP x EP ranks of expert replica 0
 (``ParallelContext.expert_group``, whose rank 0 is global rank 0): local expert j of EP rank r
-becomes HF expert ``r * num_experts / EP + j``.
+becomes HF expert ``r * num_experts / EP + j``. Context-parallel ranks hold replicas too (only
+CP rank 0 takes part). Under pipeline parallelism a parameter of stage s > 0 is gathered onto that
+stage's TP rank 0, which sends the shards to rank 0 over the pipeline group (shape first, then
+data); the tied output layer of the last stage is the embedding's copy and is not sent.
 
 ``write_hf_dir`` writes those tensors as safetensors shards of at most ``max_shard_bytes``, with
 ``model.safetensors.index.json`` when there is more than one, plus ``config.json`` and the
@@ -29,7 +32,7 @@ from torch import Tensor
 
 from slime.train.checkpoint import TOKENIZER_FILES, copy_source_files, swap_into_place
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.convert import is_expert, is_tensor_parallel, mcore_names, mcore_param_to_hf
+from slime.train.megatron.convert import is_expert, is_tensor_parallel, mcore_names, mcore_param_to_hf, pipeline_stage, stage_names
 
 __all__ = ["iter_hf_weights", "write_hf_dir", "unwrap"]
 
@@ -54,25 +57,48 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
     Args:
         model: the trained model (wrappers allowed).
         arch: its architecture.
-        ctx: ``ParallelContext`` (rank, tp size/rank/group, dp rank; ep/etp sizes, expert dp rank
-            and expert group for MoE models).
+        ctx: ``ParallelContext`` (rank, tp size/rank/group, dp rank, cp rank, pp size/rank/group;
+            ep/etp sizes, expert dp rank and expert group for MoE models).
     """
     params = dict(unwrap(model).named_parameters())
     ep_size = getattr(ctx, "ep_size", 1)
+    pp_size, pp_rank = getattr(ctx, "pp_size", 1), getattr(ctx, "pp_rank", 0)
+    local_name = {g: n for n, g in stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size).items() if pipeline_stage(g, arch, pp_size) == pp_rank}
+    dtype0 = next(iter(params.values())).dtype
     for name in mcore_names(arch, ep_size=ep_size):
         if is_expert(name):
             if ctx.expert_dp_rank != 0:
                 continue
             yield from _gather_expert(name, params[name].detach(), arch, ctx, dtype)
             continue
-        if ctx.dp_rank != 0:
+        if ctx.dp_rank != 0 or getattr(ctx, "cp_rank", 0) != 0:
             continue
-        local = params[name].detach()
-        if ctx.tp_size > 1 and is_tensor_parallel(name):
-            shards = [torch.empty_like(local) for _ in range(ctx.tp_size)] if ctx.is_driver else None
-            dist.gather(local.contiguous(), shards, dst=0, group=ctx.tp_group)
-        else:
-            shards = [local]
+        stage = pipeline_stage(name, arch, pp_size)
+        shards = None
+        if stage == pp_rank:
+            local = params[local_name[name]].detach()
+            if ctx.tp_size > 1 and is_tensor_parallel(name):
+                leader = ctx.tp_rank == 0
+                shards = [torch.empty_like(local) for _ in range(ctx.tp_size)] if leader else None
+                dist.gather(local.contiguous(), shards, dst=dist.get_global_rank(ctx.tp_group, 0), group=ctx.tp_group)
+            else:
+                shards = [local] if ctx.tp_rank == 0 else None
+            if stage != 0 and shards is not None:  # this stage's leader -> rank 0
+                for shard in shards:
+                    shape = torch.tensor([shard.dim(), *shard.shape] + [0] * (3 - shard.dim()), dtype=torch.int64, device=shard.device)
+                    dist.send(shape, dst=0, group=ctx.pp_group)
+                    dist.send(shard.contiguous(), dst=0, group=ctx.pp_group)
+        elif ctx.is_driver:
+            src = dist.get_global_rank(ctx.pp_group, stage)
+            count = ctx.tp_size if ctx.tp_size > 1 and is_tensor_parallel(name) else 1
+            shards = []
+            device = next(iter(params.values())).device
+            for _ in range(count):
+                shape = torch.zeros(4, dtype=torch.int64, device=device)
+                dist.recv(shape, src=src, group=ctx.pp_group)
+                buf = torch.empty(shape[1 : 1 + int(shape[0])].tolist(), dtype=dtype0, device=device)
+                dist.recv(buf, src=src, group=ctx.pp_group)
+                shards.append(buf)
         if ctx.is_driver:
             for hf_name, tensor in mcore_param_to_hf(name, shards, arch).items():
                 yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)

@@ -64,3 +64,17 @@ def test_unpack_puts_each_prediction_at_its_train_batch_position():
 def test_empty_placeholder_has_no_predictions():
     mb = pack_samples(_batch([3]), [], pad_token_id=7, pad_to=4, head_dim=4, rope_theta=10000.0)
     assert mb.input_ids.tolist() == [[7, 7, 7, 7]] and mb.flat.numel() == 0
+
+
+def test_cp_split_gives_each_rank_an_early_and_a_late_chunk_of_every_sequence():
+    """megatron's load-balanced causal split per sequence (2 x CP chunks); full_index undoes it."""
+    import torch
+
+    from slime.train.megatron.context_parallel import cp_split
+
+    bounds = (0, 8, 12)  # segments of 8 and 4 tokens, CP=2: chunks of 2 and 1
+    local0, full_index, lb = cp_split(bounds, 2, 0)
+    local1, _, _ = cp_split(bounds, 2, 1)
+    assert local0.tolist() == [0, 1, 6, 7, 8, 11] and local1.tolist() == [2, 3, 4, 5, 9, 10]
+    assert lb == (0, 4, 6)
+    assert torch.equal(torch.cat([local0, local1])[full_index], torch.arange(12))
