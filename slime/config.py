@@ -434,7 +434,7 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """The megatron-core backend's parallelism, precision, schedule and packing knobs."""
     actor_num_nodes: int | None = None
     """Nodes of the trainer's torchrun job (``--actor-num-nodes``, THUDM/slime's flag; ``--nnodes``); None = 1.
-    More than one needs ``--train-backend megatron``. See ``slime.rollout.placement``."""
+    More than one needs ``--train-backend megatron``. See ``slime.engines.fleet.placement``."""
     actor_num_gpus_per_node: int | None = None
     """Trainer ranks (GPUs) per node (``--actor-num-gpus-per-node``; torchrun's ``--nproc-per-node``, checked
     against ``LOCAL_WORLD_SIZE``); None = torchrun's own count. With ``--colocate`` it also sets the default
@@ -475,7 +475,7 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     """torch threads per embedded engine."""
     startup_timeout_s: float = 120.0
     """Bound on one engine's (or router's) start, and on a restarted engine's return."""
-    # Real SGLang (slime/rollout/sglang_launch.py): launched from these, or attached to.
+    # Real SGLang (slime/engines/fleet/plan.py): launched from these, or attached to.
     rollout_num_gpus: int | None = None
     """GPUs for SGLang servers (``--rollout-num-gpus``); set (or ``sglang_config``) = launch SGLang instead
     of embedded engines; engines = rollout_num_gpus / rollout_num_gpus_per_engine."""
@@ -483,7 +483,7 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     """GPUs (= ``--tp-size``) per SGLang server (``--rollout-num-gpus-per-engine``)."""
     rollout_num_gpus_per_node: int | None = None
     """GPUs of each node the placement lays servers (and trainer ranks) on (``--rollout-num-gpus-per-node``,
-    THUDM/slime's); None = ``len(CUDA_VISIBLE_DEVICES)``, else 8 (``slime.rollout.placement``)."""
+    THUDM/slime's); None = ``len(CUDA_VISIBLE_DEVICES)``, else 8 (``slime.engines.fleet.placement``)."""
     sglang_args: tuple[str, ...] = ()
     """Every ``--sglang-X ...`` flag of ``slime train``, prefix stripped (``--X ...``), values untouched,
     in order: appended to each ``sglang.launch_server`` command."""

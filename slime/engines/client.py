@@ -28,8 +28,8 @@ import msgspec
 
 from slime.config import RolloutConfig
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
-from slime.rollout.client_weights import WeightSyncCalls
-from slime.rollout.protocol import FinishReason, GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
+from slime.engines.client_weights import WeightSyncCalls
+from slime.engines.protocol import FinishReason, GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
 
 __all__ = ["EngineClient", "CONNECT_TIMEOUT_S"]
 

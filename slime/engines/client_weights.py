@@ -3,7 +3,7 @@
 A mixin so that ``client.py`` stays about transport and generation; every method goes through
 ``EngineClient._call`` (same error mapping: 4xx and ``"success": false`` raise ``EngineRequestError``).
 Section numbers (§) refer to ``sglang-protocol.md``. The strategies that use these calls live in
-``slime/sync/``; the embedded engine serves them in ``slime/rollout/engine/weights.py``.
+``slime/sync/``; the embedded engine serves them in ``slime/servers/embedded/weights.py``.
 """
 
 from __future__ import annotations

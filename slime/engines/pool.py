@@ -49,10 +49,10 @@ import aiohttp
 
 from slime.config import RolloutConfig
 from slime.errors import EngineTimeout, EngineUnavailable
-from slime.rollout.breaker import BreakerState, CircuitBreaker
-from slime.rollout.client import CONNECT_TIMEOUT_S, EngineClient
-from slime.rollout.pool_control import PoolControl
-from slime.rollout.protocol import FinishReason, GenerateResult
+from slime.engines.breaker import BreakerState, CircuitBreaker
+from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.engines.pool_control import PoolControl
+from slime.engines.protocol import FinishReason, GenerateResult
 
 __all__ = ["EnginePool", "ROUTING_KEY_HEADER"]
 

@@ -26,7 +26,7 @@ import logging
 from typing import Any, Awaitable, Callable, Literal, Sequence
 
 from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
-from slime.rollout.client import EngineClient
+from slime.engines.client import EngineClient
 
 __all__ = ["PoolControl"]
 

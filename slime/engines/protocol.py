@@ -1,7 +1,7 @@
 """SGLang native HTTP wire format: the ``/generate`` payload we send and the bodies we read back.
 
 Section numbers (§) refer to ``sglang-protocol.md`` (SGLang 0.5.2, 0.5.6.post2, 0.5.23; 0.4.6 where
-cheap). Nothing here does I/O; ``slime/rollout/client.py`` sends and receives, this module builds
+cheap). Nothing here does I/O; ``slime/engines/client.py`` sends and receives, this module builds
 and parses. ``Sample`` lives in ``slime/types.py``, apart from these wire structs.
 
 What we tolerate (§9): ``output_ids`` absent (0.4.6 text mode, 0.5.2 queued abort; derived from

@@ -23,7 +23,7 @@ import urllib.parse
 from typing import Any
 
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
-from slime.rollout.client import EngineClient
+from slime.engines.client import EngineClient
 
 __all__ = ["RouterClient"]
 

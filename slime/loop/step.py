@@ -28,7 +28,7 @@ cache-hitting token tagged with the last flush's version, a lag that grows with 
 on the H200: 8 of 15 async steps had all their tokens masked as over-stale), so from then on each
 update pauses with ``abort`` and flushes instead (aborted requests resume token-exactly, as APRIL
 partials). Launched SGLang servers avoid this in async mode with ``--disable-radix-cache``
-(``slime.rollout.sglang_launch``); the embedded engine has no prefix cache.
+(``slime.engines.fleet.plan``); the embedded engine has no prefix cache.
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from slime.errors import EngineRequestError
-from slime.rollout.protocol import GenerateResult
+from slime.engines.protocol import GenerateResult
 from slime.types import Sample, Status
 
 __all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id", "kv_cache_version_of", "token_versions"]

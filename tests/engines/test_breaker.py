@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slime.rollout.breaker import BreakerState, CircuitBreaker
+from slime.engines.breaker import BreakerState, CircuitBreaker
 
 
 class Clock:

@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestServer
 
 from slime.config import RolloutConfig
 from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
-from slime.rollout.client import EngineClient
-from slime.rollout.pool import EnginePool
-from slime.rollout.protocol import SAMPLING_PARAM_KEYS
+from slime.engines.client import EngineClient
+from slime.engines.pool import EnginePool
+from slime.engines.protocol import SAMPLING_PARAM_KEYS
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)

@@ -11,9 +11,9 @@ from aiohttp import web
 
 from slime.config import RolloutConfig
 from slime.rollout.generate import generate
-from slime.rollout.pool import EnginePool
+from slime.engines.pool import EnginePool
 from slime.types import Sample, Status
-from tests.rollout.test_client import generate_body
+from tests.engines.test_client import generate_body
 
 TIMEOUTS = RolloutConfig(request_timeout_s=0.2, control_timeout_s=0.3, max_retries=0, retry_backoff_s=0.01)
 

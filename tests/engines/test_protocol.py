@@ -1,4 +1,4 @@
-"""slime/rollout/protocol.py against the response and error shapes of sglang-protocol.md.
+"""slime/engines/protocol.py against the response and error shapes of sglang-protocol.md.
 
 Recorded bodies live in ``data/sglang_bodies.json`` (copied from the protocol notes, per version).
 """
@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slime.errors import ProtocolError
-from slime.rollout.protocol import (
+from slime.engines.protocol import (
     SAMPLING_PARAM_KEYS,
     GenerateResult,
     build_generate_payload,

@@ -13,11 +13,11 @@ import aiohttp
 from aiohttp import web
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.rollout.pool import ROUTING_KEY_HEADER, EnginePool
-from slime.rollout.router import RouterClient
-from slime.rollout.supervisor import EngineSupervisor
-from tests.rollout.test_client import generate_body
-from tests.rollout.test_supervisor import FakeProcess, serving
+from slime.engines.pool import ROUTING_KEY_HEADER, EnginePool
+from slime.engines.router import RouterClient
+from slime.engines.fleet.supervisor import EngineSupervisor
+from tests.engines.test_client import generate_body
+from tests.engines.fleet.test_supervisor import FakeProcess, serving
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=1, retry_backoff_s=0.01)
 

@@ -19,7 +19,7 @@ Example: ``--actor-num-nodes 2 --actor-num-gpus-per-node 4 --rollout-num-gpus 8
 node 1 the same. With ``--colocate`` and no ``--rollout-num-gpus``: 8 rollout GPUs, four servers on
 GPUs 0-1 and 2-3 of each node, sharing them with the trainer.
 
-Rank 0 launches the servers of node 0 only (``slime.rollout.sglang_launch``); a plan with servers on
+Rank 0 launches the servers of node 0 only (``slime.engines.fleet.plan``); a plan with servers on
 other nodes is printed by ``slime train --dry-run`` but refused by a run: start those servers on their
 nodes and pass them with ``--rollout-external-engine-addrs``. Not covered: a server spanning nodes.
 """
@@ -154,7 +154,7 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
             raise ConfigError(f"--expert-model-parallel-size={m.expert_model_parallel_size} x --expert-tensor-parallel-size="
                               f"{m.resolved_expert_tensor_parallel_size} = {experts} must divide the trainer's {world} GPUs")
     if e.sglang_config:  # its groups' servers, in order (they may differ in size)
-        from slime.rollout.server_groups import load_sglang_config
+        from slime.engines.fleet.groups import load_sglang_config
 
         sizes = [g.gpus_per_engine or 1 for g in load_sglang_config(e.sglang_config, e).groups for _ in range(g.num_engines)]
     else:

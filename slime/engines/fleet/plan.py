@@ -27,12 +27,12 @@ With ``--colocate`` it also gets ``--enable-memory-saver`` (unless a group sets 
 
 Backends: ``sglang`` when ``--rollout-num-gpus`` or ``--sglang-config`` is given; ``external`` with
 ``--rollout-external-engine-addrs`` or with a router address alone (its workers are listed);
-``embedded`` otherwise (CPU engines, ``slime/rollout/launch.py``). On-policy distillation adds a
+``embedded`` otherwise (CPU engines, ``slime/engines/fleet/processes.py``). On-policy distillation adds a
 ``teacher`` model: ``--opd-teacher-load`` launches one embedded engine serving it (embedded or
 external backends; with SGLang servers declare a ``model: teacher`` group in ``--sglang-config``),
 ``--opd-teacher-addrs`` attaches to running ones (any backend). GPUs are numbered in order over
 the groups, through the parent's ``CUDA_VISIBLE_DEVICES`` when set; ports are the first free ones
-from ``base_port``. Several nodes: ``slime.rollout.placement`` lays them out; this plan is what rank 0
+from ``base_port``. Several nodes: ``slime.engines.fleet.placement`` lays them out; this plan is what rank 0
 launches on its node. Not covered: DP attention.
 """
 
@@ -48,8 +48,8 @@ from typing import Callable, Literal
 
 from slime.config import Config, EngineConfig
 from slime.errors import ConfigError
-from slime.rollout.launch import EmbeddedEngineProcess
-from slime.rollout.server_groups import (ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args,
+from slime.engines.fleet.processes import EmbeddedEngineProcess
+from slime.engines.fleet.groups import (ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args,
                                          load_sglang_config)
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
@@ -163,7 +163,7 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
             request reuses KV of older weights (docs/ARCHITECTURE.md, "In-place updates and the
             prefix cache": with the cache on, every update becomes an abort + flush).
         gpus_per_node: this node's GPU count when ``CUDA_VISIBLE_DEVICES`` does not say it (the placement
-            plan's, ``slime.rollout.placement``); None = unknown unless a GPU trainer probes torch.
+            plan's, ``slime.engines.fleet.placement``); None = unknown unless a GPU trainer probes torch.
 
     Raises:
         ConfigError: flags that contradict each other, a bad ``--sglang-config``, too few GPUs.

@@ -30,13 +30,13 @@ import aiohttp
 
 from slime.config import EngineConfig, RolloutConfig
 from slime.errors import ConfigError
-from slime.rollout.client import CONNECT_TIMEOUT_S, EngineClient
-from slime.rollout.pool import KEEPALIVE_S, MAX_CONNECTIONS, EnginePool
-from slime.rollout.processes import CommandProcess
-from slime.rollout.router import RouterClient
-from slime.rollout.server_groups import ACTOR, TEACHER
-from slime.rollout.sglang_launch import LaunchPlan, build_launch_plan, check_launchable, embedded_processes, teacher_processes
-from slime.rollout.supervisor import EngineSupervisor
+from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, EnginePool
+from slime.engines.fleet.processes import CommandProcess
+from slime.engines.router import RouterClient
+from slime.engines.fleet.groups import ACTOR, TEACHER
+from slime.engines.fleet.plan import LaunchPlan, build_launch_plan, check_launchable, embedded_processes, teacher_processes
+from slime.engines.fleet.supervisor import EngineSupervisor
 
 __all__ = ["start_rollout", "load_initial_weights", "PoolRegistry", "RolloutEngines"]
 

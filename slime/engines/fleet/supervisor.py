@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from slime.config import EngineConfig
 from slime.errors import EngineError, EngineRequestError
-from slime.rollout.router import RouterClient
+from slime.engines.router import RouterClient
 
 __all__ = ["EngineSupervisor", "EngineProcess"]
 

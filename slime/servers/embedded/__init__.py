@@ -48,13 +48,13 @@ __all__ = ["EngineServer", "main", "token_logprobs"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that ``slime.rollout.engine.sampling`` (imported by the trainer) pulls in only torch.
+    # Lazy, so that ``slime.servers.embedded.sampling`` (imported by the trainer) pulls in only torch.
     if name in ("EngineServer", "main"):
-        from slime.rollout.engine import server
+        from slime.servers.embedded import server
 
         return getattr(server, name)
     if name == "token_logprobs":
-        from slime.rollout.engine.sampling import token_logprobs
+        from slime.servers.embedded.sampling import token_logprobs
 
         return token_logprobs
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from slime.rollout.engine.request import EngineRequest
-from slime.rollout.engine.sampling import SamplingParams, seeded_generator
+from slime.servers.embedded.request import EngineRequest
+from slime.servers.embedded.sampling import SamplingParams, seeded_generator
 
 __all__ = ["ContractError", "ParsedGenerate", "parse_generate", "SAMPLING_FIELDS"]
 

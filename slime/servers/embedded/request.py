@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from slime.rollout.engine.sampling import SamplingParams
+from slime.servers.embedded.sampling import SamplingParams
 
 __all__ = [
     "EngineRequest", "resolve", "finish_length", "finish_stop", "finish_reason_after", "weight_version_spans",

@@ -24,19 +24,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import msgspec
 from aiohttp import web
 
-from slime.rollout.engine.model import read_hf_weights
-from slime.rollout.engine.parse import ContractError, parse_generate
-from slime.rollout.engine.request import build_response
+from slime.servers.embedded.model import read_hf_weights
+from slime.servers.embedded.parse import ContractError, parse_generate
+from slime.servers.embedded.request import build_response
+from slime.servers.embedded.weights import EngineDied, add_weight_routes, die_if_flush_fails
+from slime.servers.http import BadRequest, error_middleware
+from slime.servers.http import error_response as _error_response
+from slime.servers.http import field as _field
+from slime.servers.http import json_response as _json
+from slime.servers.http import read_json_object as _body
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from slime.rollout.engine.server import EngineServer
+    from slime.servers.embedded.server import EngineServer
 
 __all__ = ["add_routes", "ENGINE_VERSION"]
 
@@ -45,80 +50,6 @@ ENGINE_VERSION = "0.5.23"
 
 _FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. "
              "(When there are running or waiting requests, the operation will not be performed.)\n")
-
-
-class BadRequest(Exception):
-    """Answered with SGLang's FastAPI ErrorResponse shape (status 400)."""
-
-
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json")
-
-
-def _error_response(message: str, status: int = 400, kind: str = "Bad Request") -> web.Response:
-    return _json({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
-
-
-FLUSH_FAILED = "AssertionError: Cache flush failed after updating weights"
-"""What SGLang 0.5.17 logs before its scheduler dies (weight_updater.py:108, seen on the H200)."""
-
-
-class EngineDied(RuntimeError):
-    """The engine stopped serving, as SGLang does on ``FLUSH_FAILED`` (the route answers 500)."""
-
-
-async def die_if_flush_fails(server: "EngineServer", flush_cache: bool, num_paused: int) -> None:
-    """Behave like SGLang 0.5.17: an update with ``flush_cache`` while requests are paused in place
-    cannot flush the cache, and the server dies (every request fails, health is 503 from then on).
-
-    Raises:
-        EngineDied: when it died; the route turns it into a 500 naming SGLang's assertion.
-    """
-    if not flush_cache or not num_paused:
-        return
-    log.error("%s (%d requests paused in place); the engine stops, as SGLang 0.5.17 does", FLUSH_FAILED, num_paused)
-    await asyncio.to_thread(server.runner.stop)
-    raise EngineDied(f"{FLUSH_FAILED}: {num_paused} requests were paused in place (send flush_cache=false "
-                     "with an in-place update); the engine died, as SGLang 0.5.17 does")
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except BadRequest as exc:
-        return _error_response(str(exc))
-    except EngineDied as exc:
-        return _error_response(str(exc), 500, "Internal Server Error")
-    except web.HTTPNotFound:
-        return _json({"detail": "Not Found"}, 404)
-    except web.HTTPMethodNotAllowed:
-        return _json({"detail": "Method Not Allowed"}, 405)
-
-
-async def _body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip() and optional:
-        return {}
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"JSON decode error: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}")
-    return body
-
-
-def _field(body: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
-    """``body[name]`` checked against ``kind``; missing/null -> ``default`` (``...`` = required)."""
-    value = body.get(name)
-    if value is None:
-        if default is ...:
-            raise BadRequest(f"Field required: body.{name}")
-        return default
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise BadRequest(f"Input should be a valid {getattr(kind, '__name__', kind)}: body.{name} = {value!r}")
-    return value
 
 
 def add_routes(app: web.Application, server: "EngineServer") -> None:
@@ -277,7 +208,7 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
                                  "num_waiting_reqs": runner.num_waiting if runner else 0}],
         })
 
-    app.middlewares.append(_errors)
+    app.middlewares.append(error_middleware({EngineDied: lambda exc: _error_response(str(exc), 500, "Internal Server Error")}))
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)
     for path, handler in [("/abort_request", abort_request), ("/pause_generation", pause_generation),
@@ -290,6 +221,4 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
                           ("/model_info", model_info), ("/get_model_info", model_info),
                           ("/server_info", server_info), ("/get_server_info", server_info)]:
         app.router.add_get(path, handler)
-    from slime.rollout.engine.weights import add_weight_routes  # here: weights.py imports this module's helpers
-
     add_weight_routes(app, server)

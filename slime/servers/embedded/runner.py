@@ -34,10 +34,10 @@ import torch
 from transformers import DynamicCache
 
 from slime.hf_compat import CACHE_KWARG
-from slime.rollout.engine.batch import BatchKV, prefill_inputs
-from slime.rollout.engine.model import LoadedModel, copy_weights_
-from slime.rollout.engine.request import EngineRequest, finish_length, finish_reason_after, resolve
-from slime.rollout.engine.sampling import sample_next, token_logprobs
+from slime.servers.embedded.batch import BatchKV, prefill_inputs
+from slime.servers.embedded.model import LoadedModel, copy_weights_
+from slime.servers.embedded.request import EngineRequest, finish_length, finish_reason_after, resolve
+from slime.servers.embedded.sampling import sample_next, token_logprobs
 
 __all__ = ["ModelRunner", "PauseMode"]
 

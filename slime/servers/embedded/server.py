@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 import time
 import uuid
@@ -34,17 +33,17 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
-from slime.rollout.engine.model import LoadedModel, load_model
-from slime.rollout.engine.request import EngineRequest
-from slime.rollout.engine.routes import add_routes
-from slime.rollout.engine.runner import ModelRunner
-from slime.rollout.engine.sampling import SamplingParams, seeded_generator
+from slime.servers.embedded.model import LoadedModel, load_model
+from slime.servers.embedded.request import EngineRequest
+from slime.servers.embedded.routes import add_routes
+from slime.servers.embedded.runner import ModelRunner
+from slime.servers.embedded.sampling import SamplingParams, seeded_generator
+from slime.servers.http import READY_PREFIX, run_event_loop, serve_until_signal
 
 __all__ = ["EngineServer", "main", "READY_PREFIX"]
 
 logger = logging.getLogger(__name__)
 
-READY_PREFIX = "SLIME_ENGINE_READY"
 
 
 class EngineServer:
@@ -174,14 +173,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with EngineServer(args.model, host=args.host, port=args.port, max_running_requests=args.max_running_requests,
-                            weight_version=args.weight_version, seed=args.seed, num_threads=args.threads) as engine:
-        print(f"{READY_PREFIX} url={engine.url}", flush=True)
-        await stop.wait()
+    await serve_until_signal(lambda: EngineServer(args.model, host=args.host, port=args.port, max_running_requests=args.max_running_requests,
+                                                  weight_version=args.weight_version, seed=args.seed, num_threads=args.threads))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,13 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # keep the child's output line-oriented for the launcher
     try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    try:
-        runner(_serve(args))
+        run_event_loop(_serve(args))
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"slime engine: failed to start: {exc}", file=sys.stderr, flush=True)
         return 1

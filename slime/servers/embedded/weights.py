@@ -40,23 +40,49 @@ from typing import TYPE_CHECKING, Any
 import torch
 from aiohttp import web
 
-from slime.rollout.engine.model import weight_targets
-from slime.rollout.engine.routes import BadRequest, _body, _field, _json, die_if_flush_fails
+from slime.servers.embedded.model import weight_targets
+from slime.servers.http import BadRequest
+from slime.servers.http import field as _field
+from slime.servers.http import json_response as _json
+from slime.servers.http import read_json_object as _body
 from slime.sync.base import SESSION_HINT
 from slime.sync.codec import decode_payload, decode_tensor
 from slime.sync.group import WeightsUpdateGroup
 from slime.sync.wire import deserialize_safetensors, dtype_from_name, is_pickle, tensor_checksum
 
 if TYPE_CHECKING:
-    from slime.rollout.engine.server import EngineServer
+    from slime.servers.embedded.server import EngineServer
 
-__all__ = ["add_weight_routes", "GROUP_TIMEOUT_S"]
+__all__ = ["add_weight_routes", "die_if_flush_fails", "EngineDied", "FLUSH_FAILED", "GROUP_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
 GROUP_TIMEOUT_S = 600.0
 """Rendezvous and per-collective bound of a weights-update group (the init body has no timeout field)."""
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+FLUSH_FAILED = "AssertionError: Cache flush failed after updating weights"
+"""What SGLang 0.5.17 logs before its scheduler dies (weight_updater.py:108, seen on the H200)."""
+
+
+class EngineDied(RuntimeError):
+    """The engine stopped serving, as SGLang does on ``FLUSH_FAILED`` (the route answers 500)."""
+
+
+async def die_if_flush_fails(server: "EngineServer", flush_cache: bool, num_paused: int) -> None:
+    """Behave like SGLang 0.5.17: an update with ``flush_cache`` while requests are paused in place
+    cannot flush the cache, and the server dies (every request fails, health is 503 from then on).
+
+    Raises:
+        EngineDied: when it died; the route turns it into a 500 naming SGLang's assertion.
+    """
+    if not flush_cache or not num_paused:
+        return
+    logger.error("%s (%d requests paused in place); the engine stops, as SGLang 0.5.17 does", FLUSH_FAILED, num_paused)
+    await asyncio.to_thread(server.runner.stop)
+    raise EngineDied(f"{FLUSH_FAILED}: {num_paused} requests were paused in place (send flush_cache=false "
+                     "with an in-place update); the engine died, as SGLang 0.5.17 does")
 
 
 @dataclass

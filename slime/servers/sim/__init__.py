@@ -5,9 +5,9 @@ and ``main`` (server.py) serve it; ``SimConfig`` (config.py) holds the cost mode
 distribution; ``trajectory.py`` fixes each trajectory's length and tokens; ``stats.py`` the counters.
 """
 
-from slime.rollout.sim.config import SimConfig
-from slime.rollout.sim.engine import SimEngine, SimOutput
-from slime.rollout.sim.server import SimEngineServer, main
-from slime.rollout.sim.stats import SimStats
+from slime.servers.sim.config import SimConfig
+from slime.servers.sim.engine import SimEngine, SimOutput
+from slime.servers.sim.server import SimEngineServer, main
+from slime.servers.sim.stats import SimStats
 
 __all__ = ["SimConfig", "SimEngine", "SimOutput", "SimEngineServer", "SimStats", "main"]

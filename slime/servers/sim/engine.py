@@ -32,12 +32,12 @@ import time
 import uuid
 from typing import Any, Literal, Mapping, Sequence
 
-from slime.rollout.protocol import GenerateResult
-from slime.rollout.sim.config import SimConfig
-from slime.rollout.sim.lengths import make_length_distribution
-from slime.rollout.sim.scheduler import SimOutput, SimRequest, StepScheduler
-from slime.rollout.sim.stats import SimCounters, SimStats
-from slime.rollout.sim.trajectory import TrajectoryTracker
+from slime.engines.protocol import GenerateResult
+from slime.servers.sim.config import SimConfig
+from slime.servers.sim.lengths import make_length_distribution
+from slime.servers.sim.scheduler import SimOutput, SimRequest, StepScheduler
+from slime.servers.sim.stats import SimCounters, SimStats
+from slime.servers.sim.trajectory import TrajectoryTracker
 
 __all__ = ["SimEngine", "SimOutput", "DEFAULT_MAX_NEW_TOKENS"]
 

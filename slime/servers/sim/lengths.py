@@ -29,7 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from slime.errors import ConfigError
-from slime.rollout.sim.config import SimConfig
+from slime.servers.sim.config import SimConfig
 
 __all__ = ["LengthDistribution", "LogNormalLengths", "EmpiricalLengths", "make_length_distribution",
            "mix64", "mix64_array", "unit_uniform", "Z_99"]

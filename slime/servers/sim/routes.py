@@ -29,51 +29,20 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from slime.rollout.protocol import SAMPLING_PARAM_KEYS
-from slime.rollout.sim.engine import SimEngine, SimOutput
+from slime.engines.protocol import SAMPLING_PARAM_KEYS
+from slime.servers.http import BadRequest as _BadRequest
+from slime.servers.http import error_middleware
+from slime.servers.http import json_response as _json
+from slime.servers.http import read_json_object as _body
+from slime.servers.sim.engine import SimEngine, SimOutput
 
 __all__ = ["build_app", "to_wire"]
 
-_JSON = "application/json"
 _ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), status=status, content_type=_JSON)
-
-
-class _BadRequest(Exception):
-    """Answered with FastAPI's ErrorResponse shape, 400 (§1.1)."""
 
 
 class _Refused(Exception):
     """Answered with ``{"error": <payload>}``, 400: a string for contract violations, else ``{"message"}``."""
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except _BadRequest as exc:
-        return _json({"object": "error", "message": str(exc), "type": "Bad Request", "param": None, "code": 400}, 400)
-    except _Refused as exc:
-        return _json({"error": exc.args[0]}, 400)
-    except web.HTTPNotFound:
-        return _json({"detail": "Not Found"}, 404)
-    except web.HTTPMethodNotAllowed:
-        return _json({"detail": "Method Not Allowed"}, 405)
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    """The JSON object body; anything else (an empty body included) is FastAPI's 400 (§1)."""
-    try:
-        body = msgspec.json.decode(await request.read())
-    except msgspec.DecodeError as exc:
-        raise _BadRequest(f"JSON decode error: {exc}") from None
-    if not isinstance(body, dict):
-        raise _BadRequest("Input should be a valid dictionary or object to extract fields from, "
-                          f"got {type(body).__name__}")
-    return body
 
 
 def to_wire(out: SimOutput) -> dict[str, Any]:
@@ -241,7 +210,7 @@ async def _sim_stats_reset(request: web.Request) -> web.Response:
 
 def build_app(engine: SimEngine) -> web.Application:
     """An aiohttp app serving ``engine`` (whose lifecycle the caller owns)."""
-    app = web.Application(client_max_size=1 << 30, middlewares=[_errors])
+    app = web.Application(client_max_size=1 << 30, middlewares=[error_middleware({_Refused: lambda exc: _json({"error": exc.args[0]}, 400)})])
     app[_ENGINE_KEY] = engine
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", _generate)

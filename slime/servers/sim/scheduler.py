@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.rollout.protocol import FinishReason, GenerateResult
-from slime.rollout.sim.config import SimConfig
-from slime.rollout.sim.stats import SimCounters
-from slime.rollout.sim.trajectory import Trajectory, TrajectoryTracker
+from slime.engines.protocol import FinishReason, GenerateResult
+from slime.servers.sim.config import SimConfig
+from slime.servers.sim.stats import SimCounters
+from slime.servers.sim.trajectory import Trajectory, TrajectoryTracker
 
 __all__ = ["SimRequest", "SimOutput", "StepScheduler", "WAITING", "RUNNING", "DONE"]
 

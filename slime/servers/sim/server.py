@@ -15,21 +15,19 @@ Routes: ``routes.py``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 
 from aiohttp import web
 
 from slime.errors import ConfigError
-from slime.rollout.sim.config import SimConfig, add_sim_flags, config_from_args
-from slime.rollout.sim.engine import SimEngine
-from slime.rollout.sim.lengths import make_length_distribution
-from slime.rollout.sim.routes import build_app
+from slime.servers.http import READY_PREFIX, run_event_loop, serve_until_signal
+from slime.servers.sim.config import SimConfig, add_sim_flags, config_from_args
+from slime.servers.sim.engine import SimEngine
+from slime.servers.sim.lengths import make_length_distribution
+from slime.servers.sim.routes import build_app
 
 __all__ = ["SimEngineServer", "build_parser", "main", "READY_PREFIX"]
 
-READY_PREFIX = "SLIME_ENGINE_READY url="
 BACKLOG = 4096
 """Listen backlog (capped by the kernel's somaxconn): the benchmark opens hundreds of connections at
 once, and aiohttp's default of 128 makes the overflow wait for a 1 s SYN retransmit."""
@@ -87,13 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(config: SimConfig, host: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with SimEngineServer(config, host, port) as server:
-        print(f"{READY_PREFIX}{server.url}", flush=True)
-        await stop.wait()
+    await serve_until_signal(lambda: SimEngineServer(config, host, port))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slime engine --sim: error: {exc}", file=sys.stderr)
         return 2
     try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        uvloop = None
-    try:
-        (uvloop.run if uvloop is not None else asyncio.run)(_serve(config, ns.host, ns.port))
+        run_event_loop(_serve(config, ns.host, ns.port))
     except OSError as exc:  # the port is taken, the host cannot be bound
         print(f"slime engine --sim: error: cannot serve on {ns.host}:{ns.port}: {exc}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from slime.rollout.sim.config import SimConfig
+from slime.servers.sim.config import SimConfig
 
 __all__ = ["SimCounters", "SimStats"]
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slime.rollout.sim.config import SimConfig
-from slime.rollout.sim.lengths import LengthDistribution, mix64, mix64_array, unit_uniform
+from slime.servers.sim.config import SimConfig
+from slime.servers.sim.lengths import LengthDistribution, mix64, mix64_array, unit_uniform
 
 __all__ = ["Trajectory", "TrajectoryTracker", "rid_stem", "FIRST_TOKEN_ID"]
 

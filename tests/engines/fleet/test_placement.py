@@ -1,4 +1,4 @@
-"""THUDM/slime's placement flags: the per-node plan of trainer ranks and SGLang servers (slime/rollout/placement.py)."""
+"""THUDM/slime's placement flags: the per-node plan of trainer ranks and SGLang servers (slime/engines/fleet/placement.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from slime.cli import main, preflight
 from slime.cli_args import build_parser, config_from_args
 from slime.errors import ConfigError
-from slime.rollout.placement import build_placement, check_torchrun_env, with_placement_defaults
-from slime.rollout.sglang_launch import trainer_gpus
+from slime.engines.fleet.placement import build_placement, check_torchrun_env, with_placement_defaults
+from slime.engines.fleet.plan import trainer_gpus
 
 
 def config_of(*argv: str):

@@ -13,8 +13,8 @@ import pytest
 
 from slime.config import EngineConfig
 from slime.errors import ConfigError
-from slime.rollout.server_groups import ServerGroup, group_args
-from slime.rollout.sglang_launch import build_launch_plan
+from slime.engines.fleet.groups import ServerGroup, group_args
+from slime.engines.fleet.plan import build_launch_plan
 
 PY = "python"
 YAML = """\
@@ -198,7 +198,7 @@ def test_the_trainers_gpu_count_comes_from_torch_when_cuda_visible_devices_is_un
 
 def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(monkeypatch):
     from slime.config import Config, DebugConfig, TrainConfig
-    from slime.rollout.sglang_launch import trainer_gpus
+    from slime.engines.fleet.plan import trainer_gpus
 
     for var in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
@@ -218,7 +218,7 @@ def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(mo
 def test_check_launchable_names_the_package_the_commands_cannot_import(monkeypatch, argv_extra, colocate, missing, message):
     import importlib.util
 
-    from slime.rollout.sglang_launch import check_launchable
+    from slime.engines.fleet.plan import check_launchable
 
     engine = EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, router_args=argv_extra)
     plan = build_launch_plan(engine, python=PY, is_free=lambda h, p: True, colocate=colocate)
@@ -257,7 +257,7 @@ def test_updates_in_place_is_async_mode_without_colocate_with_a_trainer():
     from msgspec.structs import replace
 
     from slime.config import Config
-    from slime.rollout.sglang_launch import updates_in_place
+    from slime.engines.fleet.plan import updates_in_place
 
     def config(mode: str, colocate: bool = False) -> Config:
         c = Config()

@@ -13,10 +13,10 @@ import pytest
 from slime.config import EngineConfig, RolloutConfig
 from slime.errors import EngineRequestError, EngineUnavailable
 from slime.rollout.generate import generate
-from slime.rollout.pool import EnginePool
-from slime.rollout.supervisor import EngineSupervisor
+from slime.engines.pool import EnginePool
+from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.types import Sample, Status
-from tests.rollout.test_client import FakeEngine, dead_url, generate_body
+from tests.engines.test_client import FakeEngine, dead_url, generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)
 SUPERVISE = EngineConfig(health_check_interval_s=0.02, health_check_timeout_s=1.0, circuit_breaker_threshold=2,

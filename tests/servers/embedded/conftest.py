@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 import torch
 
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
 torch.set_num_threads(1)
@@ -38,7 +38,7 @@ def hf_model(tiny_model_path):
 
 @pytest.fixture(scope="session")
 def loaded(tiny_model_path):
-    from slime.rollout.engine.model import load_model
+    from slime.servers.embedded.model import load_model
 
     return load_model(tiny_model_path)
 

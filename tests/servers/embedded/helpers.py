@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from slime.rollout.engine.request import EngineRequest
-from slime.rollout.engine.sampling import SamplingParams, seeded_generator, token_logprobs
+from slime.servers.embedded.request import EngineRequest
+from slime.servers.embedded.sampling import SamplingParams, seeded_generator, token_logprobs
 
 
 def reference_logprobs(model, prompt: list[int], output: list[int], temperature: float) -> list[float]:

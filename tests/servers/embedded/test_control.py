@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from slime.rollout.engine import EngineServer
-from tests.rollout.engine.helpers import StepGate, max_abs_diff, reference_logprobs
+from slime.servers.embedded import EngineServer
+from tests.servers.embedded.helpers import StepGate, max_abs_diff, reference_logprobs
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 QUEUED_META = {"id", "finish_reason", "weight_version", "weight_versions", "e2e_latency", "completion_tokens",

@@ -63,6 +63,6 @@ def test_main_prints_the_ready_line_serves_and_exits_cleanly_on_sigterm(tiny_mod
 
 
 def main_entry(argv: list[str]) -> int:
-    from slime.rollout.engine.server import main
+    from slime.servers.embedded.server import main
 
     return main(argv)

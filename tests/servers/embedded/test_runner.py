@@ -1,4 +1,4 @@
-"""slime/rollout/engine/runner.py: continuous batching is exact, and finish reasons follow 0.5.23."""
+"""slime/servers/embedded/runner.py: continuous batching is exact, and finish reasons follow 0.5.23."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from slime.rollout.engine.runner import ModelRunner
-from tests.rollout.engine.helpers import StepGate, make_request, max_abs_diff, reference_logprobs
+from slime.servers.embedded.runner import ModelRunner
+from tests.servers.embedded.helpers import StepGate, make_request, max_abs_diff, reference_logprobs
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [20], [30, 31, 32, 33, 34], [40, 41]]
 MAX_NEW = [12, 5, 16, 9, 14]  # rows finish at different steps and leave the batch

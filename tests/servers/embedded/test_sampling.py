@@ -1,4 +1,4 @@
-"""slime/rollout/engine/sampling.py: the logprob convention and the per-request sampler."""
+"""slime/servers/embedded/sampling.py: the logprob convention and the per-request sampler."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from slime.rollout.engine.sampling import SamplingParams, sample_next, seeded_generator, token_logprobs
+from slime.servers.embedded.sampling import SamplingParams, sample_next, seeded_generator, token_logprobs
 
 
 def test_token_logprobs_is_log_softmax_of_temperature_scaled_logits():

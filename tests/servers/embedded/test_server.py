@@ -1,12 +1,12 @@
-"""slime/rollout/engine/server.py + routes.py: /generate shapes, ordering and error bodies over HTTP."""
+"""slime/servers/embedded/server.py + routes.py: /generate shapes, ordering and error bodies over HTTP."""
 
 from __future__ import annotations
 
 import pytest
 
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from tests.fixtures.tiny_model import TINY_VOCAB_SIZE
-from tests.rollout.engine.helpers import max_abs_diff, reference_logprobs
+from tests.servers.embedded.helpers import max_abs_diff, reference_logprobs
 
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
              "num_retractions", "weight_version", "weight_versions", "e2e_latency", "response_sent_to_client_ts"}
@@ -150,7 +150,7 @@ async def test_input_logprobs_match_a_full_forward_with_the_first_entry_null(eng
 
     import torch
 
-    from slime.rollout.engine.sampling import token_logprobs
+    from slime.servers.embedded.sampling import token_logprobs
 
     contexts = [[0, 5, 9, 14, 3, 22, 7], [0, 40, 41], [0, 8, 6, 4, 2, 33, 31, 30, 29, 12], [0, 17]]
     starts = [3, 0, 8, 1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from slime.rollout.sim import SimConfig
+from slime.servers.sim import SimConfig
 
 FAST = 1000.0
 """time_scale for tests that only need ordering: an 8 ms step sleeps 8 us."""

@@ -8,9 +8,9 @@ import msgspec
 import pytest
 
 from slime.errors import ConfigError
-from slime.rollout.sim import SimConfig
-from slime.rollout.sim.config import FLAGS, add_sim_flags, config_from_args
-from slime.rollout.sim.server import build_parser, main
+from slime.servers.sim import SimConfig
+from slime.servers.sim.config import FLAGS, add_sim_flags, config_from_args
+from slime.servers.sim.server import build_parser, main
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from slime.rollout.sim import SimEngine
-from tests.rollout.sim.helpers import fixed_config, until
+from slime.servers.sim import SimEngine
+from tests.servers.sim.helpers import fixed_config, until
 
 PROMPT = [11, 12, 13]
 

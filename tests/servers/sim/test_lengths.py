@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from slime.errors import ConfigError
-from slime.rollout.sim import SimConfig
-from slime.rollout.sim.lengths import (EmpiricalLengths, LogNormalLengths, make_length_distribution, mix64,
+from slime.servers.sim import SimConfig
+from slime.servers.sim.lengths import (EmpiricalLengths, LogNormalLengths, make_length_distribution, mix64,
                                       mix64_array, unit_uniform)
 
 

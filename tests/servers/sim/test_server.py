@@ -13,11 +13,11 @@ import pytest
 from slime.config import RolloutConfig
 from slime.errors import EngineRequestError
 from slime.rollout.generate import generate
-from slime.rollout.pool import EnginePool
-from slime.rollout.protocol import parse_generate_response
-from slime.rollout.sim import SimEngine, SimEngineServer
+from slime.engines.pool import EnginePool
+from slime.engines.protocol import parse_generate_response
+from slime.servers.sim import SimEngine, SimEngineServer
 from slime.types import Sample, Status
-from tests.rollout.sim.helpers import fixed_config, until
+from tests.servers.sim.helpers import fixed_config, until
 
 CONFIG = RolloutConfig(request_timeout_s=10.0, control_timeout_s=10.0, max_retries=0, retry_backoff_s=0.01)
 PROMPT = [11, 12, 13]
@@ -159,7 +159,7 @@ async def test_bad_generate_requests_are_refused_with_400(serve, payload, match)
 
 
 async def test_the_cli_prints_the_ready_line_and_serves_until_terminated(tmp_path):
-    code = "import sys; from slime.rollout.sim.server import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from slime.servers.sim.server import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", code, "--port", "0", "--time-scale", "1000", "--instant"],
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime.rollout.generate import request_id
-from slime.rollout.sim import SimConfig
-from slime.rollout.sim.lengths import make_length_distribution
-from slime.rollout.sim.trajectory import TrajectoryTracker, rid_stem
+from slime.servers.sim import SimConfig
+from slime.servers.sim.lengths import make_length_distribution
+from slime.servers.sim.trajectory import TrajectoryTracker, rid_stem
 from slime.types import Sample
 
 
