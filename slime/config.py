@@ -455,7 +455,7 @@ class SyncConfig(msgspec.Struct, **_STRUCT):
     """Bound on each weight-update HTTP call, the process-group rendezvous and each collective."""
     colocate: bool = False
     """Engines share the trainer's devices (``--colocate``): each step pauses generation, releases
-    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, §3.11). Launched
+    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, docs/sglang.md#memory). Launched
     SGLang servers then get the trainer's GPUs and ``--enable-memory-saver`` (``sglang_launch.py``)."""
     weights_dir: str = ""
     """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
@@ -500,7 +500,7 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     health_check_interval_s: float = 10.0
     """Seconds between ``/health_generate`` probes of each engine (``--health-check-interval-s``); 0 = off."""
     health_check_timeout_s: float = 30.0
-    """Bound on one probe (SGLang answers 503 after its own 20 s, sglang-protocol.md §3.4)."""
+    """Bound on one probe (SGLang answers 503 after its own 20 s, docs/sglang.md#health)."""
     circuit_breaker_threshold: int = 3
     """Consecutive failures (requests or probes) that open an engine's circuit breaker."""
     circuit_breaker_cooldown_s: float = 10.0
@@ -651,7 +651,7 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.sync.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.sync.update_weight_buffer_size, ">= 1 byte"),
             (self.sync.update_weights_timeout_s > 0, "update_weights_timeout_s", self.sync.update_weights_timeout_s, "> 0"),
             (not (self.sync.colocate and self.sync.method == "delta"), "--colocate with --weight-sync", self.sync.method,
-             "disk, distributed or tensor: released engine weights are lost (§3.11), so every delta would be a full sync"),
+             "disk, distributed or tensor: released engine weights are lost (docs/sglang.md#memory), so every delta would be a full sync"),
             (not (self.sync.colocate and self.loop.mode == "async"), "--colocate with --rollout-mode", self.loop.mode,
              "sync or april: colocated engines cannot generate while the trainer trains"),
             (m.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size", m.tensor_model_parallel_size, ">= 1"),

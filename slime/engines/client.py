@@ -1,6 +1,6 @@
 """``EngineClient``: one SGLang worker (or the embedded engine) over the native HTTP API.
 
-Section numbers (§) refer to ``sglang-protocol.md``. Every call has a deadline from
+Protocol facts: docs/sglang.md. Every call has a deadline from
 ``RolloutConfig`` (``request_timeout_s`` for ``/generate``, ``control_timeout_s`` for the rest),
 enforced by ``asyncio.timeout`` and mirrored in the per-request ``aiohttp.ClientTimeout``.
 
@@ -41,7 +41,7 @@ CONNECT_TIMEOUT_S = 10.0
 """TCP connect bound inside every call; a connect timeout means the request was never sent, so it is
 ``EngineUnavailable`` (safe to retry elsewhere), unlike a read that runs past the call's deadline."""
 _JSON_HEADERS = {"Content-Type": "application/json"}
-_READY_POLL_MAX_S = 2.0  # sglang's own HttpServerEngineAdapter polls /health_generate every 2 s (§6)
+_READY_POLL_MAX_S = 2.0  # sglang's own HttpServerEngineAdapter polls /health_generate every 2 s (docs/sglang.md#health)
 
 
 class _Reply(msgspec.Struct):
@@ -58,7 +58,7 @@ class EngineClient(WeightSyncCalls):
     """One engine at ``url`` (``http://host:port``), talking through a shared ``aiohttp.ClientSession``.
 
     ``num_inflight`` counts ``generate`` calls not yet returned (the pool's least-loaded signal).
-    ``api_key``, when given, is sent as ``Authorization: Bearer <key>`` (§1).
+    ``api_key``, when given, is sent as ``Authorization: Bearer <key>`` (docs/sglang.md#errors).
     """
 
     def __init__(self, url: str, *, session: aiohttp.ClientSession, config: RolloutConfig, api_key: str | None = None):
@@ -109,7 +109,7 @@ class EngineClient(WeightSyncCalls):
         raise cls(message, url=self.url, endpoint=endpoint, status=reply.status, engine_message=message)
 
     def _decode_json(self, reply: _Reply, endpoint: str) -> Any:
-        """A 2xx body as JSON; an empty body is None (``/abort_request`` answers 200 with nothing, §3.1)."""
+        """A 2xx body as JSON; an empty body is None (``/abort_request`` answers 200 with nothing, docs/sglang.md#abort)."""
         if not reply.body.strip():
             return None
         try:
@@ -120,7 +120,7 @@ class EngineClient(WeightSyncCalls):
             ) from exc
 
     async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None, raw: bytes | None = None) -> Any:
-        """Control call: JSON (or ``raw`` bytes) in, JSON out; 4xx/5xx and ``"success": false`` raise (§1.1)."""
+        """Control call: JSON (or ``raw`` bytes) in, JSON out; 4xx/5xx and ``"success": false`` raise (docs/sglang.md#errors)."""
         reply = await self._send(method, endpoint, body=body, timeout_s=timeout_s or self.config.control_timeout_s, raw=raw)
         self._raise_for_status(reply, endpoint)
         result = self._decode_json(reply, endpoint)
@@ -154,15 +154,15 @@ class EngineClient(WeightSyncCalls):
         logprob_start_len: int | None = None,
         timeout_s: float | None = None,
     ) -> GenerateResult:
-        """``POST /generate`` for one prompt, one sample (§2). An abort is a normal result (§2.9).
+        """``POST /generate`` for one prompt, one sample (docs/sglang.md#generate-request). An abort is a normal result (docs/sglang.md#abort).
 
         Args:
             input_ids: [num_prompt_tokens] int, sent as-is (never re-tokenised).
-            sampling_params: keys from ``SAMPLING_PARAM_KEYS`` (§2.2); ``n`` must be 1 (with
-                ``n > 1`` SGLang gives each sample a fresh rid that cannot be aborted by ours, §2.3).
-            rid: request id for ``abort``; pick ids that are not prefixes of one another (§3.1).
+            sampling_params: keys from ``SAMPLING_PARAM_KEYS`` (docs/sglang.md#generate-request); ``n`` must be 1 (with
+                ``n > 1`` SGLang gives each sample a fresh rid that cannot be aborted by ours, docs/sglang.md#generate-request).
+            rid: request id for ``abort``; pick ids that are not prefixes of one another (docs/sglang.md#abort).
             return_logprob: ask for ``output_token_logprobs``.
-            headers: extra HTTP headers for this call (``X-SMG-Routing-Key`` through a router, §5).
+            headers: extra HTTP headers for this call (``X-SMG-Routing-Key`` through a router, docs/sglang.md#router).
             logprob_start_len: ask for ``input_token_logprobs`` from this prompt position on
                 (``GenerateResult.input_logprobs``); None = not asked (SGLang's -1).
             timeout_s: the call's deadline in seconds; None = ``request_timeout_s`` (the pool passes
@@ -194,7 +194,7 @@ class EngineClient(WeightSyncCalls):
         return results[0]
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
-        """``POST /abort_request {"rid", "abort_all"}`` (§3.1). SGLang aborts every rid *starting with* ``rid``.
+        """``POST /abort_request {"rid", "abort_all"}`` (docs/sglang.md#abort). SGLang aborts every rid *starting with* ``rid``.
 
         Raises:
             ValueError: neither ``rid`` nor ``abort_all`` given (the server would silently ignore it).
@@ -204,13 +204,13 @@ class EngineClient(WeightSyncCalls):
         await self._call("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
-        """``POST /pause_generation {"mode"}`` (§3.2); new generates are held, not refused, until continue."""
+        """``POST /pause_generation {"mode"}`` (docs/sglang.md#pause); new generates are held, not refused, until continue."""
         if mode not in ("abort", "retract", "in_place"):
             raise ValueError(f"pause mode {mode!r}: expected 'abort', 'retract' or 'in_place'")
         await self._call("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
-        """``POST /continue_generation {}`` (§3.2)."""
+        """``POST /continue_generation {}`` (docs/sglang.md#pause)."""
         await self._call("POST", "/continue_generation", {})
 
     # -- weights and memory ----------------------------------------------------------------------
@@ -218,7 +218,7 @@ class EngineClient(WeightSyncCalls):
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str, abort_all_requests: bool = False, flush_cache: bool = True
     ) -> dict[str, Any]:
-        """``POST /update_weights_from_disk`` (§3.8) -> ``{"success": true, "message", "num_paused_requests"}``.
+        """``POST /update_weights_from_disk`` (docs/sglang.md#update-weights-from-disk) -> ``{"success": true, "message", "num_paused_requests"}``.
 
         Waits for in-flight generates unless paused or ``abort_all_requests``; bounded by ``control_timeout_s``.
 
@@ -230,22 +230,22 @@ class EngineClient(WeightSyncCalls):
         return await self._call("POST", "/update_weights_from_disk", body)
 
     async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict[str, Any]:
-        """``POST /update_weight_version`` (§3.7) -> ``{"success", "message", "new_version"}``.
+        """``POST /update_weight_version`` (docs/sglang.md#weight-version) -> ``{"success", "message", "new_version"}``.
 
         SGLang's own default for ``abort_all_requests`` is True; we always send the value explicitly.
         """
         return await self._call("POST", "/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests})
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
-        """``POST /release_memory_occupation {"tags"}`` (§3.11); tags None = all. The worker must be idle."""
+        """``POST /release_memory_occupation {"tags"}`` (docs/sglang.md#memory); tags None = all. The worker must be idle."""
         await self._call("POST", "/release_memory_occupation", {"tags": list(tags) if tags else None})
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
-        """``POST /resume_memory_occupation {"tags"}`` (§3.11); re-sync weights afterwards."""
+        """``POST /resume_memory_occupation {"tags"}`` (docs/sglang.md#memory); re-sync weights afterwards."""
         await self._call("POST", "/resume_memory_occupation", {"tags": list(tags) if tags else None})
 
     async def flush_cache(self) -> bool:
-        """``POST /flush_cache`` (§3.3): True on 200, False on 400 (busy; the plain-text body is not
+        """``POST /flush_cache`` (docs/sglang.md#flush-cache): True on 200, False on 400 (busy; the plain-text body is not
         trusted: 0.5.2/0.5.6 send the success text on refusal too). Other statuses raise as usual."""
         reply = await self._send("POST", "/flush_cache", timeout_s=self.config.control_timeout_s)
         if reply.status == 400:
@@ -256,7 +256,7 @@ class EngineClient(WeightSyncCalls):
     # -- health and info -------------------------------------------------------------------------
 
     async def health_generate(self, *, timeout_s: float | None = None) -> bool:
-        """``GET /health_generate`` (§3.4): True on 200; False on 5xx, unreachable or timed out.
+        """``GET /health_generate`` (docs/sglang.md#health): True on 200; False on 5xx, unreachable or timed out.
 
         Raises:
             EngineRequestError: a 4xx (wrong key, not an SGLang server): waiting will not fix it.
@@ -270,7 +270,7 @@ class EngineClient(WeightSyncCalls):
         return reply.status == 200
 
     async def wait_ready(self, timeout_s: float) -> None:
-        """Poll ``GET /health_generate`` until 200 (§6; ``/model_info`` answers before the engine is ready).
+        """Poll ``GET /health_generate`` until 200 (docs/sglang.md#health; ``/model_info`` answers before the engine is ready).
 
         Backoff starts at ``retry_backoff_s`` and doubles up to 2 s; each probe is bounded by the time left.
 
@@ -304,10 +304,10 @@ class EngineClient(WeightSyncCalls):
         raise cls(f"not ready after {timeout_s}s ({num_probes} probes; last: {last})", url=self.url, endpoint="/health_generate")
 
     async def model_info(self) -> dict[str, Any]:
-        """``GET /model_info`` (0.5.6+), falling back to ``/get_model_info`` on 404 (§3.5).
+        """``GET /model_info`` (0.5.6+), falling back to ``/get_model_info`` on 404 (docs/sglang.md#model-info).
         Keys include ``model_path``, ``weight_version`` (0.5.2+), ``is_generation``."""
         return await self._get_with_fallback("/model_info", "/get_model_info")
 
     async def server_info(self) -> dict[str, Any]:
-        """``GET /server_info`` (0.5.6+), falling back to ``/get_server_info`` on 404 (§3.6)."""
+        """``GET /server_info`` (0.5.6+), falling back to ``/get_server_info`` on 404 (docs/sglang.md#model-info)."""
         return await self._get_with_fallback("/server_info", "/get_server_info")

@@ -20,7 +20,7 @@ sleep 1.0, try A, fail -> ``EngineUnavailable("... 3 attempts ... [A, B, A]")``.
 keeps its ``rid`` and its ``input_ids`` (prompt + partial response: the caller's sample only changes
 on success). With no worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart),
 using no attempt. ``abort_all`` ends calls that are between attempts or waiting: they return a
-queued-abort result (no tokens, ``finish_reason`` abort, §2.9 B), so the scheduler's drain never
+queued-abort result (no tokens, ``finish_reason`` abort, docs/sglang.md#abort, case B), so the scheduler's drain never
 waits on a retry.
 
 Timeouts: a generate never raises ``EngineTimeout``. At ``request_timeout_s`` the pool aborts the
@@ -33,7 +33,7 @@ with a queued-abort result and a failure on the engine's breaker, which opens af
 ends each of its requests at 360 s and is out after three. ``give_up_inflight`` (the scheduler's
 drain, when ``abort_all`` went unheard) ends every call still on an engine the same way at once and
 takes that engine out of rotation.
-Control calls: ``pool_control.py``. Not covered: the router's own retries (§5.1) add to ours;
+Control calls: ``pool_control.py``. Not covered: the router's own retries (docs/sglang.md#router) add to ours;
 health of the router itself (a dead router fails each call after its retries).
 """
 
@@ -384,6 +384,6 @@ class EnginePool(PoolControl):
 
 
 def _aborted(rid: str | None, message: str) -> GenerateResult:
-    """What SGLang answers for a request aborted in its waiting queue (§2.9 B): no tokens, abort."""
+    """What SGLang answers for a request aborted in its waiting queue (docs/sglang.md#abort, case B): no tokens, abort."""
     return GenerateResult(output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message),
                           completion_tokens=0, rid=rid or "")

@@ -2,7 +2,7 @@
 
 Each control call goes to every worker in rotation, concurrently.
 
-sglang-router forwards none of them (sglang-protocol.md §5.4), so even behind a router the pool
+sglang-router forwards none of them (docs/sglang.md#router), so even behind a router the pool
 addresses workers directly. What an unreachable worker (``EngineUnavailable`` / ``EngineTimeout``)
 does to each call:
 
@@ -88,7 +88,7 @@ class PoolControl:
         return {c.url: o for c, o in zip(clients, outcomes) if not isinstance(o, BaseException)}
 
     async def abort_all(self) -> dict[str, None]:
-        """``POST /abort_request {"abort_all": true}`` on every worker (§3.1); also ends the pool's own
+        """``POST /abort_request {"abort_all": true}`` on every worker (docs/sglang.md#abort); also ends the pool's own
         generate calls that are between retries or waiting for a worker (they return an abort)."""
         self._abort_epoch += 1
         event, self._abort_event = self._abort_event, asyncio.Event()
@@ -96,7 +96,7 @@ class PoolControl:
         return await self._fan_out("abort_all", lambda c: c.abort(abort_all=True), on_unreachable="skip")
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> dict[str, None]:
-        """Every worker pauses (§3.2); a worker that rejoins before ``continue_generation`` is paused too."""
+        """Every worker pauses (docs/sglang.md#pause); a worker that rejoins before ``continue_generation`` is paused too."""
         self.paused_mode = mode
         return await self._fan_out(f"pause_generation({mode})", lambda c: c.pause_generation(mode), on_unreachable="skip")
 
@@ -107,7 +107,7 @@ class PoolControl:
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
     ) -> dict[str, dict[str, Any]]:
-        """Every worker loads ``model_path`` (§3.8); it becomes ``weights`` for later rejoins.
+        """Every worker loads ``model_path`` (docs/sglang.md#update-weights-from-disk); it becomes ``weights`` for later rejoins.
         Returns ``{url: {"success", "message", ...}}`` of the workers that loaded it.
 
         Raises:
@@ -127,7 +127,7 @@ class PoolControl:
 
     async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
                                               **kwargs: Any) -> dict[str, dict[str, Any]]:
-        """Every worker receives one bucket over the weights-update group (§3.10); ``kwargs`` as
+        """Every worker receives one bucket over the weights-update group (docs/sglang.md#update-weights-from-distributed); ``kwargs`` as
         ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
         async with self.weights_lock:
             self._note_version(kwargs)
@@ -138,7 +138,7 @@ class PoolControl:
             return out
 
     async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]:
-        """Every worker loads the same payload (§3.9); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
+        """Every worker loads the same payload (docs/sglang.md#update-weights-from-tensor); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
         async with self.weights_lock:
             self._note_version(kwargs)
             out = await self._fan_out("update_weights_from_tensor",
@@ -157,17 +157,17 @@ class PoolControl:
             self.kv_cache_version, self.num_prefix_cache_hits = str(weight_version), 0
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
-        """Every worker frees ``tags`` (None = all) for a colocated trainer (§3.11); workers must be idle."""
+        """Every worker frees ``tags`` (None = all) for a colocated trainer (docs/sglang.md#memory); workers must be idle."""
         self.memory_released = True
         return await self._fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags), on_unreachable="skip")
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
-        """Every worker re-maps ``tags`` (§3.11); released weights must be synced again afterwards."""
+        """Every worker re-maps ``tags`` (docs/sglang.md#memory); released weights must be synced again afterwards."""
         self.memory_released = False
         return await self._fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip")
 
     async def flush_cache(self) -> dict[str, bool]:
-        """``{url: flushed}``; False where the worker was busy (§3.3). When every worker flushed, their
+        """``{url: flushed}``; False where the worker was busy (docs/sglang.md#flush-cache). When every worker flushed, their
         caches hold nothing older than ``latest_version`` (``kv_cache_version``)."""
         async with self.weights_lock:
             out = await self._fan_out("flush_cache", lambda c: c.flush_cache(), on_unreachable="skip")

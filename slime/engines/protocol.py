@@ -1,10 +1,10 @@
 """SGLang native HTTP wire format: the ``/generate`` payload we send and the bodies we read back.
 
-Section numbers (§) refer to ``sglang-protocol.md`` (SGLang 0.5.2, 0.5.6.post2, 0.5.23; 0.4.6 where
+Protocol facts: docs/sglang.md (SGLang 0.5.2, 0.5.6.post2, 0.5.23; 0.4.6 where
 cheap). Nothing here does I/O; ``slime/engines/client.py`` sends and receives, this module builds
 and parses. ``Sample`` lives in ``slime/types.py``, apart from these wire structs.
 
-What we tolerate (§9): ``output_ids`` absent (0.4.6 text mode, 0.5.2 queued abort; derived from
+What we tolerate (docs/sglang.md#client-tolerance): ``output_ids`` absent (0.4.6 text mode, 0.5.2 queued abort; derived from
 ``output_token_logprobs[i][1]``), ``prompt_tokens``/``cached_tokens``/``e2e_latency``/
 ``weight_version`` absent, a JSON array instead of one object. What we refuse with ``ProtocolError``:
 a body that is not JSON of that shape, a logprob list not aligned with ``output_ids``, a ``null``
@@ -30,7 +30,7 @@ SAMPLING_PARAM_KEYS = frozenset({
     "repetition_penalty", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
     "sampling_seed", "stream_interval", "custom_params", "beam_width",
 })
-"""The documented ``sampling_params`` keys (§2.2). 0.5.23 answers 400 to any other key."""
+"""The documented ``sampling_params`` keys (docs/sglang.md#generate-request). 0.5.23 answers 400 to any other key."""
 
 _INT_SAMPLING_KEYS = ("max_new_tokens", "top_k", "min_new_tokens", "n")
 _MISPLACED_HINTS = {
@@ -42,7 +42,7 @@ _MAX_ERROR_TEXT = 2000
 
 
 class FinishReason(msgspec.Struct, kw_only=True):
-    """``meta_info.finish_reason`` (§2.5).
+    """``meta_info.finish_reason`` (docs/sglang.md#finish-reason).
 
     Shapes: ``{"type":"stop","matched": <token id> | "<stop string or regex>" | [ids]}``,
     ``{"type":"length","length": <max_new_tokens>}``,
@@ -59,12 +59,12 @@ class FinishReason(msgspec.Struct, kw_only=True):
 
 
 class GenerateResult(msgspec.Struct, kw_only=True):
-    """One finished (or aborted) ``/generate`` item, normalised across SGLang versions (§2.4, §2.9).
+    """One finished (or aborted) ``/generate`` item, normalised across SGLang versions (docs/sglang.md#generate-response, #abort).
 
     Attributes:
         output_ids: [num_tokens] int, every sampled token, EOS/stop token included; for a running
             abort, through the token of the step the abort landed in; ``[]`` for a queued abort.
-        output_logprobs: [num_tokens] float, natural log, temperature-scaled distribution (§2.4),
+        output_logprobs: [num_tokens] float, natural log, temperature-scaled distribution (docs/sglang.md#generate-response),
             aligned with ``output_ids``; ``[]`` when logprobs were not asked for. A ``null`` from the
             server becomes NaN only when the caller allowed it.
         finish_reason: see ``FinishReason``; ``finish_reason.type == "abort"`` is data, not an error.
@@ -72,13 +72,13 @@ class GenerateResult(msgspec.Struct, kw_only=True):
             on 0.5.2/0.5.6 queued aborts.
         token_weight_versions: [num_tokens] str, the weight version of each output token, expanded
             from 0.5.23 ``weight_versions`` spans ``[{version, start, end}]``; None when absent.
-        prompt_tokens / cached_tokens: token counts; None when absent (queued aborts, §2.9).
+        prompt_tokens / cached_tokens: token counts; None when absent (queued aborts, docs/sglang.md#abort).
         completion_tokens: ``meta_info.completion_tokens`` (= num_tokens on every documented shape).
         e2e_latency: seconds from arrival to finish; None when absent.
         rid: ``meta_info.id`` (for ``n > 1``: the server-generated per-sample id).
         text: detokenised output; None with ``--skip-tokenizer-init``.
         input_token_ids / input_logprobs: [num_prompt_tokens - logprob_start_len] int / float,
-            ``meta_info.input_token_logprobs`` (§2.4) when the request set ``logprob_start_len``:
+            ``meta_info.input_token_logprobs`` (docs/sglang.md#generate-response) when the request set ``logprob_start_len``:
             the prompt tokens from ``logprob_start_len`` on, and the natural-log probability of each
             given the tokens before it; NaN where the server sent ``null`` (SGLang's first entry
             always, and any non-finite value). ``[]`` when not asked for.
@@ -104,7 +104,7 @@ class GenerateResult(msgspec.Struct, kw_only=True):
 
 
 class _LogprobEntry(msgspec.Struct, array_like=True):
-    """``[logprob | null, token_id, text | null]`` (§2.4)."""
+    """``[logprob | null, token_id, text | null]`` (docs/sglang.md#generate-response)."""
 
     logprob: float | None
     token_id: int
@@ -143,7 +143,7 @@ def build_generate_payload(
     input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, return_logprob: bool,
     logprob_start_len: int | None = None,
 ) -> dict[str, Any]:
-    """Build a single-prompt ``/generate`` body (§2.1): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len]}``.
+    """Build a single-prompt ``/generate`` body (docs/sglang.md#generate-request): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len]}``.
 
     ``sampling_params`` is copied, never mutated, and limited to ``SAMPLING_PARAM_KEYS``;
     ``return_logprob`` always goes at the top level. ``logprob_start_len`` (first prompt position
@@ -155,7 +155,7 @@ def build_generate_payload(
     """
     ids = list(input_ids)
     if not ids:
-        raise ValueError("input_ids is empty: SGLang answers 400 to an empty prompt (§2.1)")
+        raise ValueError("input_ids is empty: SGLang answers 400 to an empty prompt (docs/sglang.md#generate-request)")
     bad = next((t for t in ids if type(t) is not int), None)
     if bad is not None:
         raise ValueError(f"input_ids must be ints, got {bad!r} ({type(bad).__name__})")
@@ -163,7 +163,7 @@ def build_generate_payload(
     if unknown:
         hints = "; ".join(f"{k}: {_MISPLACED_HINTS[k]}" for k in unknown if k in _MISPLACED_HINTS)
         raise ValueError(
-            f"unknown sampling_params key(s) {unknown} (SGLang 0.5.23 rejects them with 400, §2.2)"
+            f"unknown sampling_params key(s) {unknown} (SGLang 0.5.23 rejects them with 400, docs/sglang.md#generate-request)"
             + (f"; {hints}" if hints else "")
         )
     for key in _INT_SAMPLING_KEYS:
@@ -183,10 +183,10 @@ def build_generate_payload(
 def parse_generate_response(
     body: bytes | str, *, url: str, return_logprob: bool = True, allow_null_logprobs: bool = False
 ) -> list[GenerateResult]:
-    """Parse a non-streaming ``/generate`` 200 body (§2.4, §2.9) into one result per item.
+    """Parse a non-streaming ``/generate`` 200 body (docs/sglang.md#generate-response, #abort) into one result per item.
 
     Args:
-        body: the raw body: one JSON object (single prompt) or an array (batch or ``n > 1``, §2.3).
+        body: the raw body: one JSON object (single prompt) or an array (batch or ``n > 1``, docs/sglang.md#generate-request).
         url: engine base URL, for error messages.
         return_logprob: whether the request asked for logprobs; then ``output_token_logprobs`` must
             be present and aligned with ``output_ids``, except on the 0.5.2 queued-abort shape
@@ -223,12 +223,12 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
         raise fail("finish_reason is null (an unfinished stream chunk?)")
     entries, output_ids = meta.output_token_logprobs, item.output_ids
     if output_ids is None and entries is not None:
-        output_ids = [e.token_id for e in entries]  # 0.4.6 text mode (§7)
+        output_ids = [e.token_id for e in entries]  # 0.4.6 text mode (docs/sglang.md#versions)
     if output_ids is None:
         if meta.finish_reason.type != "abort":
             raise fail("no output_ids and no output_token_logprobs: cannot recover the tokens "
                        "(0.4.6 text mode? ask with return_logprob=True)")
-        output_ids = []  # 0.5.2 "Abort before prefill" (§2.9)
+        output_ids = []  # 0.5.2 "Abort before prefill" (docs/sglang.md#abort)
     logprobs: list[float] = []
     if entries is not None:
         if len(entries) != len(output_ids):
@@ -239,7 +239,7 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
                            f"output_ids[{i}]={output_ids[i]}")
             if entry.logprob is None and not allow_null:
                 raise fail(f"output_token_logprobs[{i}] has a null logprob (token {entry.token_id}); "
-                           "the server sends null for non-finite values (§2.4)")
+                           "the server sends null for non-finite values (docs/sglang.md#generate-response)")
             logprobs.append(math.nan if entry.logprob is None else entry.logprob)
     elif return_logprob and output_ids:
         raise fail(f"logprobs were asked for but output_token_logprobs is absent ({len(output_ids)} output_ids)")
@@ -277,7 +277,7 @@ def _expand_spans(spans: list[_WeightSpan], num_tokens: int, fail: Callable[[str
 
 
 def error_message_from_body(status: int, content_type: str, text: str) -> str:
-    """The engine's own error text from any §1.1 / §2.7 error body, for ``EngineError.engine_message``.
+    """The engine's own error text from any docs/sglang.md#errors error body, for ``EngineError.engine_message``.
 
     Understands ``{"error": "<str>"}`` (0.5.23 contract), ``{"error": {"message"}}`` (ValueError;
     also the stream error chunk, with or without a ``data: `` prefix), ``{"object": "error",

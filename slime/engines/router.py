@@ -1,6 +1,6 @@
-"""``RouterClient``: sglang-router's worker-management and readiness endpoints (sglang-protocol.md §5).
+"""``RouterClient``: sglang-router's worker-management and readiness endpoints (docs/sglang.md#router).
 
-Which router versions answer what (§5.2), and what we do:
+Which router versions answer what (docs/sglang.md#router), and what we do:
 
     list     GET /workers -> {"workers": [{"url", "id"?, ...}]}; 404 -> GET /list_workers -> {"urls": [...]}
     add      POST /workers {"url", "worker_type"?, "bootstrap_port"?} -> 200, or 202 (0.3.x registers
@@ -10,7 +10,7 @@ Which router versions answer what (§5.2), and what we do:
     ready    GET /readiness == 200 (healthy workers > 0); 404 -> GET /health == 200 (router liveness)
 
 ``/generate`` goes through the router with ``EngineClient.generate`` (this class is one); control
-calls never do (§5.4). Not verified against a running router: the bodies above come from the
+calls never do (docs/sglang.md#router). Not verified against a running router: the bodies above come from the
 protocol notes (wheel 0.3.2 strings and public sources), and the ⚠ there apply (e.g. whether the
 legacy ``/add_worker`` waits for the worker to be healthy).
 """

@@ -11,7 +11,7 @@
 
 With ``colocate`` (engines share the trainer's devices) generation is paused (abort + drain) from
 the end of the rollout to the end of the sync, and engine memory is released around the train step
-(§3.11 of sglang-protocol.md; released weights are lost, hence the sync right after)::
+(docs/sglang.md#memory; released weights are lost, hence the sync right after)::
 
     async with scheduler.paused("abort"):
         release_memory_occupation -> train_step -> sync.save -> resume_memory_occupation -> sync.load

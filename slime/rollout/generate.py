@@ -78,7 +78,7 @@ def token_versions(result: GenerateResult, engine_version: int, kv_cache_version
 
 
 def request_id(sample: Sample) -> str:
-    """A rid that is never a prefix of another (SGLang aborts by rid prefix, protocol §3.1)."""
+    """A rid that is never a prefix of another (SGLang aborts by rid prefix, docs/sglang.md#abort)."""
     return f"slime-g{sample.group_id}-s{sample.index}-a{sample.num_aborts}-r{sample.num_resumes}-"
 
 

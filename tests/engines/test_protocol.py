@@ -1,4 +1,4 @@
-"""slime/engines/protocol.py against the response and error shapes of sglang-protocol.md.
+"""slime/engines/protocol.py against the response and error shapes of docs/sglang.md#protocol-reference.
 
 Recorded bodies live in ``data/sglang_bodies.json`` (copied from the protocol notes, per version).
 """

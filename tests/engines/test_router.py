@@ -1,6 +1,6 @@
 """Routing through sglang-router, and RouterClient's worker management, against a fake router.
 
-The fake router is a ``FakeEngine`` with canned replies in the shapes of sglang-protocol.md §5.2
+The fake router is a ``FakeEngine`` with canned replies in the shapes of docs/sglang.md#router
 (gateway ``/workers`` with ids and 202, legacy ``/list_workers`` / ``/add_worker``). It does not
 forward anything: the point is what our side sends where.
 """

@@ -1,7 +1,7 @@
 """The launch plan: which SGLang servers, routers or embedded engines a run starts (or attaches to).
 
 ``build_launch_plan`` turns ``EngineConfig`` into commands without starting anything, so ``slime
-train --dry-run`` prints exactly what a run would start. Per SGLang server (sglang-protocol.md §6)::
+train --dry-run`` prints exactly what a run would start. Per SGLang server (docs/sglang.md#launch)::
 
     CUDA_VISIBLE_DEVICES=<its gpus> python -m sglang.launch_server --model-path P --host H --port N
         --tp-size <gpus per engine> --weight-version <policy version>
@@ -9,7 +9,7 @@ train --dry-run`` prints exactly what a run would start. Per SGLang server (sgla
         <every --sglang-* flag, prefix stripped, values untouched; a group's YAML args override them>
 
 and per model served by several servers (or by PD groups, or given ``--router-*`` flags), one router
-(§5.1): ``python -m sglang_router.launch_router --worker-urls U... --host H --port P <every --router-*
+(docs/sglang.md#router): ``python -m sglang_router.launch_router --worker-urls U... --host H --port P <every --router-*
 flag, prefix stripped>``, or for PD ``--pd-disaggregation --prefill U B ... --decode U ...``. A model
 with one regular server gets no router: ``EnginePool`` calls the server directly (a router in front
 of one worker adds a hop and a process, nothing else). With ``--sglang-router-ip/--sglang-router-port``

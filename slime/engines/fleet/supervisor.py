@@ -111,8 +111,8 @@ class EngineSupervisor:
     async def check_once(self, tg: asyncio.TaskGroup) -> None:
         """One round: exited processes, due health checks, and recoveries for every down worker."""
         now = self.clock()
-        # A paused engine answers /health_generate 503 (and SGLang's probe blocks ~20 s, §3.2); one
-        # whose memory is released must not run the probe's forward pass (§3.11): no probes then.
+        # A paused engine answers /health_generate 503 (and SGLang's probe gives up after 20 s, docs/sglang.md#health); one
+        # whose memory is released must not run the probe's forward pass (docs/sglang.md#memory): no probes then.
         quiet = self.pool.paused_mode is not None or getattr(self.pool, "memory_released", False)
         for url in self.pool.urls:
             if url in self._recovering or url in self.given_up or url in self._probing:

@@ -1,6 +1,6 @@
 """Turn a ``/generate`` body into ``EngineRequest``s, with SGLang 0.5.23's checks and error shapes.
 
-Two layers of errors, as in SGLang 0.5.23 (protocol §2.8):
+Two layers of errors, as in SGLang 0.5.23 (docs/sglang.md#errors):
 
 * ``ContractError`` (body ``{"error": "<string>"}``, 400): wrong JSON types of known fields and the
   closed set of ``sampling_params`` keys, worded like SGLang's serde contract

@@ -4,13 +4,13 @@ The runner thread owns an ``EngineRequest`` from ``submit`` until it sets ``done
 the HTTP handler reads it. ``output_ids``, ``output_logprobs`` and ``output_versions`` grow together
 through ``append`` (one entry per generated token, stop/EOS token included).
 
-finish_reason objects (protocol §2.5), built by the ``finish_*`` helpers::
+finish_reason objects (docs/sglang.md#finish-reason), built by the ``finish_*`` helpers::
 
     {"type": "stop", "matched": 1}                 EOS / stop_token_ids hit (token id)
     {"type": "stop", "matched": "</s>"}            stop string hit
     {"type": "length", "length": 128}              max_new_tokens (or the context) reached
     {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}   running abort
-    {"type": "abort", "message": "Abort in waiting queue"}                          queued abort (§2.9 B)
+    {"type": "abort", "message": "Abort in waiting queue"}                          queued abort (docs/sglang.md#abort, case B)
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class EngineRequest:
         output_logprobs: [N] float natural-log logprob of each output id (see sampling.py).
         output_versions: [N] weight version that produced each output id.
         input_logprobs: [P - logprob_start_len] floats, filled at first prefill; the first entry is None
-            (as in SGLang, sglang-protocol.md §2.4), so ask from P - 1 to score token P onwards.
-        finish_reason: None while running; the §2.5 object once finished.
+            (as in SGLang, docs/sglang.md#generate-response), so ask from P - 1 to score token P onwards.
+        finish_reason: None while running; the docs/sglang.md#finish-reason object once finished.
         queued: True while the request has no KV (never prefilled, or retracted).
         num_retractions: times a ``retract`` pause evicted it back to the waiting queue.
         seq: submission order, used for the weight-update barrier.
@@ -94,7 +94,7 @@ class EngineRequest:
         resolve(self.done, self)
 
     def abort(self, message: str = "Aborted") -> None:
-        """Finish as aborted: the §2.9 A shape if it holds KV, the smaller B shape if still queued."""
+        """Finish as aborted: the docs/sglang.md#abort, case A shape if it holds KV, the smaller B shape if still queued."""
         if self.queued:
             self.finish({"type": "abort", "message": QUEUED_ABORT_MESSAGE if message == "Aborted" else message})
         else:
@@ -164,7 +164,7 @@ def weight_version_spans(versions: list[str], current: str) -> list[dict[str, An
 def build_response(
     req: EngineRequest, *, weight_version: str, tokenizer: Any = None, return_text_in_logprobs: bool = False
 ) -> dict[str, Any]:
-    """The §2.4 response object for a finished request (§2.9 B layout for a queued abort).
+    """The docs/sglang.md#generate-response response object for a finished request (docs/sglang.md#abort, case B layout for a queued abort).
 
     Args:
         req: a finished request.

@@ -1,18 +1,18 @@
-"""HTTP routes of the embedded engine: SGLang 0.5.23's native subset (protocol §8), same shapes.
+"""HTTP routes of the embedded engine: SGLang 0.5.23's native subset (docs/sglang.md#stand-in), same shapes.
 
 | route | reply |
 | --- | --- |
-| POST/PUT /generate | §2.4 object, or an array for batch / n > 1 (errors: §2.8 shapes) |
+| POST/PUT /generate | docs/sglang.md#generate-response object, or an array for batch / n > 1 (errors: docs/sglang.md#errors shapes) |
 | POST /abort_request | 200, empty body |
 | POST /pause_generation, /continue_generation | ``{"message": ..., "status": "ok"}`` |
 | POST /update_weights_from_disk | ``{"success", "message", "num_paused_requests"}`` (400 when success is false) |
 | POST /update_weight_version | ``{"success", "message", "new_version"}`` |
 | GET/POST /flush_cache | plain text; 400 ``Flush cache failed.`` while requests are in flight |
 | GET /health, /health_generate, /ready | 200 / 503, empty body |
-| GET /model_info, /get_model_info, /server_info, /get_server_info | JSON objects (§3.5, §3.6 subset) |
+| GET /model_info, /get_model_info, /server_info, /get_server_info | JSON objects (docs/sglang.md#model-info, a subset) |
 | weight sessions, process groups, tensor / distributed / delta updates, memory release / resume | see ``weights.py`` |
 
-Error bodies (§1.1): unreadable or non-object JSON and missing required fields ->
+Error bodies (docs/sglang.md#errors): unreadable or non-object JSON and missing required fields ->
 ``{"object": "error", "message", "type": "Bad Request", "param": null, "code": 400}``; unknown
 route -> 404 ``{"detail": "Not Found"}``; wrong method -> 405 ``{"detail": "Method Not Allowed"}``.
 ``/health`` answers without a probe (like ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``);

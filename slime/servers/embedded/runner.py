@@ -314,7 +314,7 @@ class ModelRunner:
                 ctx = contexts[i]
                 rows = logits[i, width - len(ctx) : width - 1]  # [P - 1, V] predicting ctx[1:]
                 lps = token_logprobs(rows, torch.tensor(ctx[1:]), req.params.temperature).tolist()
-                # SGLang's first entry is always null (sglang-protocol.md §2.4): the logits that would
+                # SGLang's first entry is always null (docs/sglang.md#generate-response): the logits that would
                 # score it (position start - 1) are not computed there, so we drop ours too.
                 req.input_logprobs = [None] + ([None] + lps)[req.logprob_start_len + 1 :]
         batch = BatchKV(cache, mask)

@@ -1,6 +1,6 @@
 """Sampling and logprobs for the embedded engine, and the one logprob function the trainer shares.
 
-Which distribution a logprob comes from (SGLang's default, protocol §2.4):
+Which distribution a logprob comes from (SGLang's default, docs/sglang.md#generate-response):
 
     temperature >= 1e-6:  logprob = log_softmax(logits / temperature)[token]
     temperature <  1e-6:  logprob = log_softmax(logits)[token]      (greedy; SGLang rewrites it to top_k=1)

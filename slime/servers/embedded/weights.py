@@ -1,4 +1,4 @@
-"""Weight-update and memory routes of the embedded engine beyond ``/update_weights_from_disk`` (§3.9-3.11).
+"""Weight-update and memory routes of the embedded engine beyond ``/update_weights_from_disk`` (docs/sglang.md#update-weights-from-tensor, #update-weights-from-distributed, #memory).
 
 | route | reply |
 | --- | --- |
@@ -279,7 +279,7 @@ def add_weight_routes(app: web.Application, server: "EngineServer") -> None:
                 for p, shape in state.freed:
                     p.data = torch.zeros(shape, dtype=p.dtype)
                 state.freed = []
-                logger.warning("weights re-allocated as zeros after release: sync weights before generating (§3.11)")
+                logger.warning("weights re-allocated as zeros after release: sync weights before generating (docs/sglang.md#memory)")
             state.released -= tags
             if not state.released and state.paused_by_release:
                 await asyncio.wrap_future(server.runner.resume())

@@ -5,7 +5,7 @@ The public, in-process face of the simulation (``server.py`` serves the same obj
 tokens) and hand it to the ``StepScheduler`` (``scheduler.py``: queue, steps, versions), which
 resolves it when the trajectory reaches its length, ``max_new_tokens`` runs out, or it is aborted.
 
-Control, with SGLang's semantics (protocol §3): ``abort`` (the rid must be in flight exactly, then
+Control, with SGLang's semantics (docs/sglang.md#abort, #pause): ``abort`` (the rid must be in flight exactly, then
 every rid starting with it is aborted) / ``abort_all``; ``pause_generation`` abort | retract (running
 requests go back to the queue head with their tokens, re-prefilled on continue) | in_place (steps
 stop, progress kept); requests arriving while paused wait. ``update_weights_from_disk`` waits for
@@ -42,7 +42,7 @@ from slime.servers.sim.trajectory import TrajectoryTracker
 __all__ = ["SimEngine", "SimOutput", "DEFAULT_MAX_NEW_TOKENS"]
 
 DEFAULT_MAX_NEW_TOKENS = 128
-"""SGLang's default when ``sampling_params`` has no ``max_new_tokens`` (§2.2)."""
+"""SGLang's default when ``sampling_params`` has no ``max_new_tokens`` (docs/sglang.md#generate-request)."""
 
 
 class SimEngine:

@@ -1,18 +1,18 @@
-"""HTTP routes of the simulated engine: the SGLang native subset (§ = sglang-protocol.md), same shapes.
+"""HTTP routes of the simulated engine: the SGLang native subset (docs/sglang.md), same shapes.
 
 | route | reply |
 | --- | --- |
-| POST/PUT /generate | §2.4 object (§2.9 B for a queued abort), an array for a batch; ``input_ids`` only, no ``text`` |
-| POST /abort_request | 200, empty body (§3.1) |
-| POST /pause_generation, /continue_generation | ``{"message": ..., "status": "ok"}`` (§3.2) |
-| POST /update_weights_from_disk | ``{"success", "message", "num_paused_requests"}`` (§3.8; nothing is read) |
-| POST /update_weight_version | ``{"success", "message", "new_version"}`` (§3.7) |
-| GET/POST /flush_cache | plain text; 400 ``Flush cache failed.`` while requests are in flight (§3.3) |
-| GET /health, /health_generate | 200, empty; ``/health_generate`` 503 at once while paused (§3.4) |
-| GET /model_info, /get_model_info, /server_info, /get_server_info | JSON objects (§3.5, §3.6 subset) |
+| POST/PUT /generate | docs/sglang.md#generate-response object (docs/sglang.md#abort, case B for a queued abort), an array for a batch; ``input_ids`` only, no ``text`` |
+| POST /abort_request | 200, empty body (docs/sglang.md#abort) |
+| POST /pause_generation, /continue_generation | ``{"message": ..., "status": "ok"}`` (docs/sglang.md#pause) |
+| POST /update_weights_from_disk | ``{"success", "message", "num_paused_requests"}`` (docs/sglang.md#update-weights-from-disk; nothing is read) |
+| POST /update_weight_version | ``{"success", "message", "new_version"}`` (docs/sglang.md#weight-version) |
+| GET/POST /flush_cache | plain text; 400 ``Flush cache failed.`` while requests are in flight (docs/sglang.md#flush-cache) |
+| GET /health, /health_generate | 200, empty; ``/health_generate`` 503 at once while paused (docs/sglang.md#health) |
+| GET /model_info, /get_model_info, /server_info, /get_server_info | JSON objects (docs/sglang.md#model-info, a subset) |
 | GET /sim_stats, POST /sim_stats/reset | ``SimStats`` (``stats.py``); ``{"success": true}`` |
 
-Error shapes (§1.1): contract violations ``{"error": "<str>"}``, bad values ``{"error": {"message"}}``,
+Error shapes (docs/sglang.md#errors): contract violations ``{"error": "<str>"}``, bad values ``{"error": {"message"}}``,
 malformed bodies the FastAPI ``ErrorResponse``, unknown routes ``{"detail": "Not Found"}`` (404),
 wrong methods ``{"detail": "Method Not Allowed"}`` (405). Responses omit ``text`` (as SGLang with
 ``--skip-tokenizer-init``). A client that disconnects aborts its requests (the app must be served
@@ -46,7 +46,7 @@ class _Refused(Exception):
 
 
 def to_wire(out: SimOutput) -> dict[str, Any]:
-    """The §2.4 response object (the smaller §2.9 B layout for a queued abort)."""
+    """The docs/sglang.md#generate-response response object (the smaller docs/sglang.md#abort, case B layout for a queued abort)."""
     ids, lps = out.tokens()
     meta: dict[str, Any] = {"id": out.rid, "finish_reason": out.finish_reason}
     if not out.queued_abort:
@@ -163,7 +163,7 @@ async def _update_weights_from_disk(request: web.Request) -> web.Response:
 
 
 async def _update_weight_version(request: web.Request) -> web.Response:
-    body = await _body(request)  # SGLang's default for abort_all_requests is true here (§3.7)
+    body = await _body(request)  # SGLang's default for abort_all_requests is true here (docs/sglang.md#weight-version)
     return _json(request.app[_ENGINE_KEY].update_weight_version(
         _required_str(body, "new_version"), abort_all_requests=bool(body.get("abort_all_requests", True))))
 

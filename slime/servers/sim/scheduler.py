@@ -65,9 +65,9 @@ class SimOutput:
     Attributes:
         start: response position of the first output token (= tokens carried in ``input_ids``).
         num_tokens: output tokens.
-        finish_reason: the §2.5 object (a queued abort has no ``status_code``/``err_type``).
+        finish_reason: the docs/sglang.md#finish-reason object (a queued abort has no ``status_code``/``err_type``).
         spans: [(version, start, end)] tiling [0, num_tokens); ``[(current, 0, 0)]`` when empty.
-        prompt_tokens: ``len(input_ids)``; None for a queued abort (§2.9 B).
+        prompt_tokens: ``len(input_ids)``; None for a queued abort (docs/sglang.md#abort, case B).
         e2e_latency: wall seconds from arrival to finish.
     """
 
@@ -232,7 +232,7 @@ class StepScheduler:
         self.waiting.extendleft(reversed(back))
 
     def abort(self, reqs: list[SimRequest], message: str) -> None:
-        """Running requests end with their tokens (§2.9 A); queued ones get the B shape."""
+        """Running requests end with their tokens (docs/sglang.md#abort, case A); queued ones get the B shape."""
         queued = False
         for req in reqs:
             if req.state == RUNNING:

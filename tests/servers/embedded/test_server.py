@@ -145,7 +145,7 @@ async def test_text_prompts_and_stop_strings_need_and_use_a_tokenizer(tiny_token
 async def test_input_logprobs_match_a_full_forward_with_the_first_entry_null(engine, session, hf_model):
     """Prefill-only scoring (the OPD teacher request): several contexts of different lengths, batched in one
     prefill when they arrive together (left padding), each with its own logprob_start_len; every entry after the first equals an HF
-    forward, the first is null as in SGLang (sglang-protocol.md §2.4)."""
+    forward, the first is null as in SGLang (docs/sglang.md#generate-response)."""
     import asyncio
 
     import torch
