@@ -17,7 +17,7 @@ import datetime
 import json
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "rollout" / "data" / "sglang_bodies.json"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "engines" / "data" / "sglang_bodies.json"
 MAX_TOKENS = 64
 
 

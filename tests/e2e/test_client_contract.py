@@ -27,7 +27,7 @@ from slime.engines.pool import EnginePool
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import write_tiny_llama
 
-BODIES = json.loads((Path(__file__).parents[1] / "rollout" / "data" / "sglang_bodies.json").read_text())["generate"]
+BODIES = json.loads((Path(__file__).parents[1] / "engines" / "data" / "sglang_bodies.json").read_text())["generate"]
 REPLAYS = {
     "0.5.2": {"finished": "0.5.2/finished_with_logprobs", "abort": "0.5.2/running_abort", "queued_abort": "0.5.2/abort_before_prefill"},
     "0.5.6": {"finished": "0.5.6/finished_with_logprobs", "abort": "0.5.6/waiting_queue_abort", "queued_abort": "0.5.6/waiting_queue_abort"},
