@@ -117,8 +117,8 @@ async def bench_cpu(args) -> dict:
     from safetensors.torch import load_file
 
     from slime.config import RolloutConfig, SyncConfig
-    from slime.rollout.launch import launch_embedded_engines
-    from slime.rollout.pool import EnginePool
+    from slime.engines.fleet.processes import launch_embedded_engines
+    from slime.engines.pool import EnginePool
     from slime.sync.delta import DeltaWeightSync
     from slime.sync.disk import DiskWeightSync
     from slime.sync.distributed import DistributedWeightSync

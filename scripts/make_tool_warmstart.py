@@ -252,9 +252,9 @@ async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num
     from transformers import AutoTokenizer
 
     from slime.config import RolloutConfig
-    from slime.rollout.engine import EngineServer
+    from slime.servers.embedded import EngineServer
     from slime.rollout.multiturn import calculator_generate
-    from slime.rollout.pool import EnginePool
+    from slime.engines.pool import EnginePool
     from slime.types import Sample, Status
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -47,11 +47,11 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         from slime.cli_compat import check_compat_flags
 
         check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
-        from slime.rollout.placement import build_placement, placement_given, with_placement_defaults
+        from slime.engines.fleet.placement import build_placement, placement_given, with_placement_defaults
 
         config = with_placement_defaults(config)
         if ns.dry_run:
-            from slime.rollout.sglang_launch import build_launch_plan, trainer_gpus, updates_in_place
+            from slime.engines.fleet.plan import build_launch_plan, trainer_gpus, updates_in_place
 
             placement = build_placement(config) if placement_given(config) else None
             if placement is not None:
@@ -163,7 +163,7 @@ def preflight(config) -> None:
     ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
     ``--use-wandb`` / ``--use-tensorboard`` have their package; the launch plan builds, and what it
     launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``. The placement flags make
-    a plan rank 0 can launch, matching torchrun's ranks (``slime.rollout.placement``).
+    a plan rank 0 can launch, matching torchrun's ranks (``slime.engines.fleet.placement``).
     The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
     the first record of ``--load-debug-rollout-data``.
 
@@ -186,7 +186,7 @@ def preflight(config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
                               "use --train-backend torch on a CPU")
-    from slime.rollout.placement import build_placement, check_torchrun_env, placement_given
+    from slime.engines.fleet.placement import build_placement, check_torchrun_env, placement_given
 
     placement = build_placement(config) if placement_given(config) else None
     if placement is not None:
@@ -228,7 +228,7 @@ def preflight(config) -> None:
     for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.rollout.sglang_launch import build_launch_plan, check_launchable, trainer_gpus, updates_in_place
+    from slime.engines.fleet.plan import build_launch_plan, check_launchable, trainer_gpus, updates_in_place
 
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
     check_launchable(build_launch_plan(config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
@@ -278,10 +278,10 @@ def _run(coro):
 
 def _engine(argv: list[str]) -> int:
     if "--sim" in argv:
-        from slime.rollout.sim.server import main as sim_main
+        from slime.servers.sim.server import main as sim_main
 
         return sim_main(argv)
-    from slime.rollout.engine.server import main as engine_main
+    from slime.servers.embedded.server import main as engine_main
 
     return engine_main(argv)
 

@@ -14,7 +14,7 @@ import msgspec
 
 from slime.config import SHARED_FIELDS, Config
 from slime.errors import ConfigError
-from slime.rollout.server_groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
+from slime.engines.fleet.groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 
 __all__ = ["FLAGS", "build_parser", "config_from_args", "split_passthrough", "RESERVED_PASSTHROUGH"]
 
@@ -24,7 +24,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--rollout-external-engine-addrs": ("engine.rollout_external_engine_addrs", dict(nargs="+", help="engines already running (host:port)")),
     "--rollout-num-engines": ("engine.num_engines", dict(type=int, help="embedded engines to launch")),
     "--engine-threads": ("engine.engine_threads", dict(type=int, help="torch threads per embedded engine")),
-    # Real SGLang (slime/rollout/sglang_launch.py); every other --sglang-* / --router-* flag passes through.
+    # Real SGLang (slime/engines/fleet/plan.py); every other --sglang-* / --router-* flag passes through.
     "--rollout-num-gpus": ("engine.rollout_num_gpus", dict(type=int, help="GPUs for SGLang servers (launches SGLang, not embedded engines)")),
     "--rollout-num-gpus-per-engine": ("engine.rollout_num_gpus_per_engine", dict(type=int, help="GPUs (tp size) per SGLang server")),
     "--rollout-num-gpus-per-node": ("engine.rollout_num_gpus_per_node", dict(type=int, help="GPUs of a node in the placement plan (default: CUDA_VISIBLE_DEVICES, else 8)")),
@@ -178,7 +178,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     # Weight sync (slime/sync/): --update-weight-buffer-size and --colocate are slime's flags.
     "--weight-sync": ("sync.method", dict(choices=["disk", "distributed", "tensor", "delta"], help="how new weights reach the engines")),
     "--update-weight-buffer-size": ("sync.update_weight_buffer_size", dict(type=int, help="bytes per weight-update bucket")),
-    # Placement (slime/rollout/placement.py): THUDM/slime's flags; the trainer is a torchrun job of these nodes x GPUs.
+    # Placement (slime/engines/fleet/placement.py): THUDM/slime's flags; the trainer is a torchrun job of these nodes x GPUs.
     "--actor-num-nodes": ("train.actor_num_nodes", dict(type=int, help="nodes of the trainer (torchrun --nnodes; > 1 needs --train-backend megatron)")),
     "--actor-num-gpus-per-node": ("train.actor_num_gpus_per_node", dict(type=int, help="trainer ranks per node (torchrun --nproc-per-node)")),
     "--colocate": ("sync.colocate", dict(action="store_true", help="engines share the trainer's devices: release memory while training")),

@@ -443,7 +443,7 @@ class TrainConfig(msgspec.Struct, **_STRUCT):
     """The megatron-core backend's parallelism, precision, schedule and packing knobs."""
     actor_num_nodes: int | None = None
     """Nodes of the trainer's torchrun job (``--actor-num-nodes``, THUDM/slime's flag; ``--nnodes``); None = 1.
-    More than one needs ``--train-backend megatron``. See ``slime.rollout.placement``."""
+    More than one needs ``--train-backend megatron``. See ``slime.engines.fleet.placement``."""
     actor_num_gpus_per_node: int | None = None
     """Trainer ranks (GPUs) per node (``--actor-num-gpus-per-node``; torchrun's ``--nproc-per-node``, checked
     against ``LOCAL_WORLD_SIZE``); None = torchrun's own count. With ``--colocate`` it also sets the default
@@ -464,7 +464,7 @@ class SyncConfig(msgspec.Struct, **_STRUCT):
     """Bound on each weight-update HTTP call, the process-group rendezvous and each collective."""
     colocate: bool = False
     """Engines share the trainer's devices (``--colocate``): each step pauses generation, releases
-    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, §3.11). Launched
+    engine memory, trains, resumes it and syncs (``/release_memory_occupation``, docs/sglang.md#memory). Launched
     SGLang servers then get the trainer's GPUs and ``--enable-memory-saver`` (``sglang_launch.py``)."""
     weights_dir: str = ""
     """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
@@ -484,7 +484,7 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     """torch threads per embedded engine."""
     startup_timeout_s: float = 120.0
     """Bound on one engine's (or router's) start, and on a restarted engine's return."""
-    # Real SGLang (slime/rollout/sglang_launch.py): launched from these, or attached to.
+    # Real SGLang (slime/engines/fleet/plan.py): launched from these, or attached to.
     rollout_num_gpus: int | None = None
     """GPUs for SGLang servers (``--rollout-num-gpus``); set (or ``sglang_config``) = launch SGLang instead
     of embedded engines; engines = rollout_num_gpus / rollout_num_gpus_per_engine."""
@@ -492,7 +492,7 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     """GPUs (= ``--tp-size``) per SGLang server (``--rollout-num-gpus-per-engine``)."""
     rollout_num_gpus_per_node: int | None = None
     """GPUs of each node the placement lays servers (and trainer ranks) on (``--rollout-num-gpus-per-node``,
-    THUDM/slime's); None = ``len(CUDA_VISIBLE_DEVICES)``, else 8 (``slime.rollout.placement``)."""
+    THUDM/slime's); None = ``len(CUDA_VISIBLE_DEVICES)``, else 8 (``slime.engines.fleet.placement``)."""
     sglang_args: tuple[str, ...] = ()
     """Every ``--sglang-X ...`` flag of ``slime train``, prefix stripped (``--X ...``), values untouched,
     in order: appended to each ``sglang.launch_server`` command."""
@@ -509,7 +509,7 @@ class EngineConfig(msgspec.Struct, **_STRUCT):
     health_check_interval_s: float = 10.0
     """Seconds between ``/health_generate`` probes of each engine (``--health-check-interval-s``); 0 = off."""
     health_check_timeout_s: float = 30.0
-    """Bound on one probe (SGLang answers 503 after its own 20 s, sglang-protocol.md §3.4)."""
+    """Bound on one probe (SGLang answers 503 after its own 20 s, docs/sglang.md#health)."""
     circuit_breaker_threshold: int = 3
     """Consecutive failures (requests or probes) that open an engine's circuit breaker."""
     circuit_breaker_cooldown_s: float = 10.0
@@ -661,7 +661,7 @@ class Config(msgspec.Struct, **_STRUCT):
             (self.sync.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.sync.update_weight_buffer_size, ">= 1 byte"),
             (self.sync.update_weights_timeout_s > 0, "update_weights_timeout_s", self.sync.update_weights_timeout_s, "> 0"),
             (not (self.sync.colocate and self.sync.method == "delta"), "--colocate with --weight-sync", self.sync.method,
-             "disk, distributed or tensor: released engine weights are lost (§3.11), so every delta would be a full sync"),
+             "disk, distributed or tensor: released engine weights are lost (docs/sglang.md#memory), so every delta would be a full sync"),
             (not (self.sync.colocate and self.loop.mode == "async"), "--colocate with --rollout-mode", self.loop.mode,
              "sync or april: colocated engines cannot generate while the trainer trains"),
             (m.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size", m.tensor_model_parallel_size, ">= 1"),

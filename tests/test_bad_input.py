@@ -26,7 +26,7 @@ from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
 from slime.errors import ConfigError, DataError, EngineRequestError, EngineTimeout, EngineUnavailable, PluginError, ProtocolError
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
-from slime.rollout.client import EngineClient
+from slime.engines.client import EngineClient
 from slime.rollout.rewards import score_group, score_sample
 from slime.types import Sample, Status
 from tests.fixtures.fake_pool import FakePool
@@ -169,7 +169,7 @@ async def engine(status=200, body: object = b"", *, content_type="application/js
         yield EngineClient(f"http://127.0.0.1:{server.port}", session=session, config=RolloutConfig(request_timeout_s=0.3, control_timeout_s=0.3))
 
 
-ERROR_BODIES = [  # one per documented error-body shape (slime/rollout/protocol.py: error_message_from_body)
+ERROR_BODIES = [  # one per documented error-body shape (slime/engines/protocol.py: error_message_from_body)
     ("error string", 400, {"error": "prompt too long"}, "application/json", EngineRequestError, "prompt too long"),
     ("error object", 400, {"error": {"message": "bad top_k", "type": "BadRequestError"}}, "application/json", EngineRequestError, "bad top_k"),
     ("ErrorResponse", 400, {"object": "error", "message": "max_new_tokens too big", "code": 400}, "application/json", EngineRequestError, "max_new_tokens too big"),

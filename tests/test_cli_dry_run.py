@@ -1,7 +1,7 @@
 """``slime train --dry-run`` with THUDM/slime's Qwen3-4B launch flags (scripts/run-qwen3-4B.sh).
 
 The flags this slime has are kept as the script writes them; ``--rollout-num-gpus 8`` stands in for
-``--actor-num-nodes 1 --actor-num-gpus-per-node 8`` (accepted too: tests/rollout/test_placement.py),
+``--actor-num-nodes 1 --actor-num-gpus-per-node 8`` (accepted too: tests/engines/fleet/test_placement.py),
 and ``--eval-prompt-data`` takes slime's ``name path`` pairs. Every ``--sglang-*``
 flag must reach each ``sglang.launch_server`` command unchanged, prefix stripped; every flag this
 slime does not know must stop the run with an error naming it.

@@ -82,7 +82,7 @@ def _torch_trainer(model: Path):
 
 
 def _engine(model: Path):
-    from slime.rollout.engine.model import load_model
+    from slime.servers.embedded.model import load_model
 
     load_model(model)
 
@@ -129,7 +129,7 @@ def test_every_checkpoint_load_checks_the_files_first(good_dir, tmp_path, load, 
 def test_the_engines_reload_from_disk_names_a_truncated_file(good_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from slime.rollout.engine.model import read_hf_weights
+    from slime.servers.embedded.model import read_hf_weights
 
     model, file = _broken(good_dir, tmp_path / "m", "truncated")
     with pytest.raises(CheckpointError, match=re.escape(str(file)) + ": truncated"):

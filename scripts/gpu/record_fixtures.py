@@ -3,8 +3,8 @@
     python scripts/gpu/record_fixtures.py RECORDED_JSON VERSION [--date YYYY-MM-DD]
 
 RECORDED_JSON is what ``scripts/gpu/sglang_contract.sh`` writes ($OUT/sglang_bodies.json). Each
-``generate/<name>`` entry becomes ``VERSION/<name>`` in tests/rollout/data/sglang_bodies.json, with
-the ``expect`` block that tests/rollout/test_protocol.py checks, computed from the body itself
+``generate/<name>`` entry becomes ``VERSION/<name>`` in tests/engines/data/sglang_bodies.json, with
+the ``expect`` block that tests/engines/test_protocol.py checks, computed from the body itself
 (ids, logprobs, finish reason, versions, counts), so CI parses the real server's shapes; the
 non-generate bodies (model_info, pause, update, abort) go under ``recorded[VERSION]`` for reference.
 Long bodies are cut to their first 64 tokens (aligned lists cut together, counts adjusted).
@@ -17,7 +17,7 @@ import datetime
 import json
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "rollout" / "data" / "sglang_bodies.json"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "engines" / "data" / "sglang_bodies.json"
 MAX_TOKENS = 64
 
 

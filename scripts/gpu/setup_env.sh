@@ -97,7 +97,7 @@ result["versions"] = versions
 try:
     import torch
     from slime.hf_compat import CACHE_KWARG
-    import slime.rollout.engine.runner, slime.train.megatron.trainer  # noqa: F401  (engine; megatron backend)
+    import slime.servers.embedded.runner, slime.train.megatron.trainer  # noqa: F401  (engine; megatron backend)
     result["cuda"] = {"available": torch.cuda.is_available(), "devices": torch.cuda.device_count()}
     result["hf_cache_kwarg"] = CACHE_KWARG
 except Exception as exc:  # noqa: BLE001

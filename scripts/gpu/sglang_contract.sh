@@ -7,7 +7,7 @@
 # our extra wheels installed in /tmp/site (pytest-asyncio at least). Makes the contract model in /tmp, starts
 # one SGLang server on it (bf16, triton attention, no CUDA graphs, 25 % of the GPU) unless one already answers
 # on PORT, runs the suite against it and writes to $OUT: contract.log (pytest output), sglang_bodies.json
-# (the raw response bodies, for tests/rollout/data/sglang_bodies.json) and sglang_server.log (its tail).
+# (the raw response bodies, for tests/engines/data/sglang_bodies.json) and sglang_server.log (its tail).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/slime_gpu_out}

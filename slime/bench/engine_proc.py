@@ -1,4 +1,4 @@
-"""A simulated engine in its own process: ``python -m slime.rollout.sim.server --port 0 ...``.
+"""A simulated engine in its own process: ``python -m slime.servers.sim.server --port 0 ...``.
 
 The benchmark measures the client's CPU with ``time.process_time()``, so the engine must not share
 the process. ``sim_engine_process(flags)`` starts one, waits for its ``SLIME_ENGINE_READY url=`` line,
@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Sequence
 import aiohttp
 import msgspec
 
-from slime.rollout.sim.server import READY_PREFIX
+from slime.servers.sim.server import READY_PREFIX
 
 __all__ = ["EngineProcess", "sim_engine_process", "reset_sim_stats", "read_sim_stats", "process_cpu_s"]
 
@@ -38,7 +38,7 @@ async def sim_engine_process(flags: Sequence[str]) -> AsyncIterator[EngineProces
     Raises:
         RuntimeError: the process exited, or printed no ready line within ``START_TIMEOUT_S``.
     """
-    cmd = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "slime.rollout.sim.server", "--host", "127.0.0.1", "--port", "0", *flags]
+    cmd = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "slime.servers.sim.server", "--host", "127.0.0.1", "--port", "0", *flags]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     try:
         url = await _ready_url(proc, cmd)

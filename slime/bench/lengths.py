@@ -6,7 +6,7 @@ sample's length itself and makes every engine generate exactly that: each reques
 rest of its draw only) and ``ignore_eos: true``. A real engine then ends every sample with
 ``finish_reason`` ``length`` at exactly the drawn length.
 
-The draw is the simulated engine's own (``slime.rollout.sim.trajectory``): log-normal of the
+The draw is the simulated engine's own (``slime.servers.sim.trajectory``): log-normal of the
 workload's median and p99, capped at ``max_len``, keyed on (seed, the sample's rid stem
 ``slime-g<group>-s<index>``, its prompt ids). So the simulated engine started with the workload's
 seed would stop each sample at the same length by itself; in the benchmark it is started with every
@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from slime.rollout.generate import generate as default_generate
-from slime.rollout.sim.config import SimConfig
-from slime.rollout.sim.lengths import LogNormalLengths
-from slime.rollout.sim.trajectory import TrajectoryTracker
+from slime.servers.sim.config import SimConfig
+from slime.servers.sim.lengths import LogNormalLengths
+from slime.servers.sim.trajectory import TrajectoryTracker
 from slime.types import Group, Sample
 
 __all__ = ["DrawnLengths"]

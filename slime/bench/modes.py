@@ -52,7 +52,7 @@ from slime.data.dataset import PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.rollout.pool import EnginePool
+from slime.engines.pool import EnginePool
 from slime.types import Group, Sample
 
 __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]

@@ -27,9 +27,9 @@ from slime.data.dataset import PromptRow, PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.rollout.pool import EnginePool
-from slime.rollout.protocol import FinishReason, GenerateResult
-from slime.rollout.sim import SimConfig, SimEngine
+from slime.engines.pool import EnginePool
+from slime.engines.protocol import FinishReason, GenerateResult
+from slime.servers.sim import SimConfig, SimEngine
 
 __all__ = ["InstantPool", "SimEnginePool", "scheduler_overhead", "http_overhead"]
 

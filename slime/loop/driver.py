@@ -42,9 +42,9 @@ from slime.loop.step import run_step
 from slime.obs.observers import Observers
 from slime.obs.plots import write_plots
 from slime.rollout.generate import generate as default_generate
-from slime.rollout.deploy import load_initial_weights, start_rollout
+from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.rollout.rewards import load_function
-from slime.rollout.sglang_launch import trainer_gpus, updates_in_place
+from slime.engines.fleet.plan import trainer_gpus, updates_in_place
 from slime.sync import build_weight_sync
 
 __all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]

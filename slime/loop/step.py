@@ -11,7 +11,7 @@
 
 With ``colocate`` (engines share the trainer's devices) generation is paused (abort + drain) from
 the end of the rollout to the end of the sync, and engine memory is released around the train step
-(§3.11 of sglang-protocol.md; released weights are lost, hence the sync right after)::
+(docs/sglang.md#memory; released weights are lost, hence the sync right after)::
 
     async with scheduler.paused("abort"):
         release_memory_occupation -> train_step -> sync.save -> resume_memory_occupation -> sync.load
@@ -28,7 +28,7 @@ cache-hitting token tagged with the last flush's version, a lag that grows with 
 on the H200: 8 of 15 async steps had all their tokens masked as over-stale), so from then on each
 update pauses with ``abort`` and flushes instead (aborted requests resume token-exactly, as APRIL
 partials). Launched SGLang servers avoid this in async mode with ``--disable-radix-cache``
-(``slime.rollout.sglang_launch``); the embedded engine has no prefix cache.
+(``slime.engines.fleet.plan``); the embedded engine has no prefix cache.
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from slime.errors import EngineRequestError
-from slime.rollout.protocol import GenerateResult
+from slime.engines.protocol import GenerateResult
 from slime.types import Sample, Status
 
 __all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id", "kv_cache_version_of", "token_versions"]
@@ -78,7 +78,7 @@ def token_versions(result: GenerateResult, engine_version: int, kv_cache_version
 
 
 def request_id(sample: Sample) -> str:
-    """A rid that is never a prefix of another (SGLang aborts by rid prefix, protocol §3.1)."""
+    """A rid that is never a prefix of another (SGLang aborts by rid prefix, docs/sglang.md#abort)."""
     return f"slime-g{sample.group_id}-s{sample.index}-a{sample.num_aborts}-r{sample.num_resumes}-"
 
 

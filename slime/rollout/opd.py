@@ -2,7 +2,7 @@
 
 The student samples as usual; once a sample is finished (never a partial one, so aborts, resumes
 and weight updates cannot misalign it) the teacher, an engine serving a larger checkpoint, scores
-its response in one prefill-only request over the SGLang protocol (sglang-protocol.md §2.1, §2.4)::
+its response in one prefill-only request over the SGLang protocol (docs/sglang.md#generate-request, #generate-response)::
 
     POST /generate {"input_ids": prompt_ids + response_ids, "return_logprob": true,
                     "logprob_start_len": len(prompt_ids) - 1,
@@ -40,7 +40,7 @@ from typing import Any
 
 from slime.errors import ConfigError, EngineError
 from slime.rollout.generate import request_id
-from slime.rollout.server_groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
+from slime.engines.fleet.groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
 from slime.types import Sample, Status
 
 __all__ = ["TeacherScorer", "TeacherError", "TEACHER", "TEACHER_SAMPLING_PARAMS", "check_same_vocab"]

@@ -316,8 +316,8 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
     from transformers.utils import logging as hf_logging
 
     from slime.config import RolloutConfig
-    from slime.rollout.engine import EngineServer
-    from slime.rollout.pool import EnginePool
+    from slime.servers.embedded import EngineServer
+    from slime.engines.pool import EnginePool
 
     hf_logging.disable_progress_bar()  # keep the report line-oriented
     with tempfile.TemporaryDirectory(prefix="slime-check-plugin-") as tmp:
@@ -325,7 +325,7 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
         decode: Callable[[list[int]], str] = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
         tok = None
         if model_dir is None:
-            from slime.rollout.engine.tiny import write_tiny_llama
+            from slime.servers.embedded.tiny import write_tiny_llama
 
             model_dir = await asyncio.to_thread(write_tiny_llama, Path(tmp) / "tiny", seed=0)
         else:

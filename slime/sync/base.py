@@ -10,7 +10,7 @@ One update to version N, as ``slime.loop.step.run_step`` drives it::
 that no token is sampled from a half-updated model between two buckets. Strategies that hold
 resources (a process group) also have an idempotent ``close()``.
 
-Sessions (§3.10): SGLang 0.5.23 refuses ``/update_weights_from_tensor`` and
+Sessions (docs/sglang.md#update-weights-from-distributed): SGLang 0.5.23 refuses ``/update_weights_from_tensor`` and
 ``/update_weights_from_distributed`` outside ``/begin_weight_update`` ... ``/end_weight_update``
 (400, "... must run between begin_weight_update() and end_weight_update()"); 0.5.6 and older have no
 such endpoints (404). ``weight_update_session`` opens one on every engine that knows them and

@@ -20,7 +20,7 @@ the first update is a full sync. Every request carries ``weight_version``.
 Transport: the embedded engine serves ``/update_weights_from_delta`` (not an SGLang endpoint). A real
 SGLang server would take the same payload through ``/update_weights_from_tensor`` with
 ``load_format="slime.sync.sglang_loader.load_delta"``, a loader registered with
-``--custom-weight-loader`` (§3.9); ``slime.sync.sglang_loader`` has both halves. That path is chosen
+``--custom-weight-loader`` (docs/sglang.md#update-weights-from-tensor); ``slime.sync.sglang_loader`` has both halves. That path is chosen
 for engines whose ``/server_info`` does not say ``"engine": "slime-embedded"``; it is not verified
 against a live SGLang server. Real SGLang engines hold bf16: pass ``engine_dtype=torch.bfloat16`` so
 that deltas are taken between what the engine actually holds (docs/benchmarks.md has the sizes).

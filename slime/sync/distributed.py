@@ -1,4 +1,4 @@
-"""Weight sync by broadcast: the trainer is rank 0 of a process group with every engine TP rank (§3.10).
+"""Weight sync by broadcast: the trainer is rank 0 of a process group with every engine TP rank (docs/sglang.md#update-weights-from-distributed).
 
 One update to version N (inside ``weight_update_session``)::
 

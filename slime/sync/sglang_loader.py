@@ -4,7 +4,7 @@ Launch SGLang with ``--custom-weight-loader slime.sync.sglang_loader.load_delta`
 in the server's environment); ``DeltaWeightSync`` then sends ``/update_weights_from_tensor`` with
 ``load_format="slime.sync.sglang_loader.load_delta"`` and one tensor ``("slime_delta", uint8)`` that
 holds a ``slime.sync.codec`` payload. SGLang calls ``load_delta(model, named_tensors)`` on every TP
-rank (§3.9).
+rank (docs/sglang.md#update-weights-from-tensor).
 
 SGLang's model parameters are fused and sharded (``qkv_proj``, ``gate_up_proj``, TP slices), so the
 HF-named tensors a delta refers to cannot be read back from the model. The loader therefore keeps a
@@ -16,7 +16,7 @@ answers 400 and the sender falls back to a full sync. The same happens on a chec
 before anything reaches the model.
 
 Not verified against a live SGLang server (the call signature is read from SGLang's
-``model_runner.update_weights_from_tensor``; see sglang-protocol.md §3.9).
+``model_runner.update_weights_from_tensor``; see docs/sglang.md#update-weights-from-tensor).
 """
 
 from __future__ import annotations

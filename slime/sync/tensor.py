@@ -1,4 +1,4 @@
-"""Weight sync by tensor payload (colocated engines): ``/update_weights_from_tensor`` (§3.9).
+"""Weight sync by tensor payload (colocated engines): ``/update_weights_from_tensor`` (docs/sglang.md#update-weights-from-tensor).
 
 One update to version N (inside ``weight_update_session``)::
 

@@ -6,7 +6,7 @@ Nothing here does I/O. Four pieces:
 * ``flatten`` / ``unflatten``: one uint8 buffer per bucket, byte-compatible with SGLang's
   ``FlattenedTensorBucket`` (``load_format="flattened_bucket"``): each tensor's bytes in list order;
 * ``tensor_checksum``: sha256 of a tensor's raw bytes (the delta sync compares these);
-* the ``/update_weights_from_tensor`` payload. Real SGLang (§3.9) expects base64 of a torch
+* the ``/update_weights_from_tensor`` payload. Real SGLang (docs/sglang.md#update-weights-from-tensor) expects base64 of a torch
   ``ForkingPickler`` pickle of ``[(name, tensor), ...]``: for CUDA tensors that pickle carries CUDA
   IPC handles, so only a process on the same node with the GPU visible can open it
   (``serialize_cuda_ipc``, guarded to CUDA tensors). Unpickling runs code, so the embedded engine
@@ -127,7 +127,7 @@ def is_pickle(blob: bytes) -> bool:
 
 def serialize_cuda_ipc(named: NamedTensors) -> str:
     """base64 of a ``ForkingPickler`` pickle of ``named`` as real SGLang's ``MultiprocessingSerializer``
-    makes it (§3.9). CUDA tensors only: the pickle holds IPC handles, so the caller must keep the
+    makes it (docs/sglang.md#update-weights-from-tensor). CUDA tensors only: the pickle holds IPC handles, so the caller must keep the
     tensors alive until the engine answered. If sglang is importable, its device-UUID reduction patch
     is applied (needed when trainer and engine see different ``CUDA_VISIBLE_DEVICES``).
 

@@ -20,8 +20,8 @@ from slime.bench.overhead import SimEnginePool
 from slime.bench.rollout import main
 from slime.bench.workload import Workload
 from slime.rollout.generate import request_id
-from slime.rollout.protocol import FinishReason, GenerateResult
-from slime.rollout.sim import SimConfig, SimEngine
+from slime.engines.protocol import FinishReason, GenerateResult
+from slime.servers.sim import SimConfig, SimEngine
 from slime.types import Sample, Status
 
 WL = Workload(median=40, p99=160, max_len=320, seed=7)

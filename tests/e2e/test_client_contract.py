@@ -1,6 +1,6 @@
 """One contract suite for our client and generate path, run against every backend we can run here:
 the embedded engine over loopback HTTP, and loopback servers replaying the recorded response
-shapes of SGLang 0.5.2, 0.5.6 and 0.5.23 (tests/rollout/data/sglang_bodies.json, from the protocol
+shapes of SGLang 0.5.2, 0.5.6 and 0.5.23 (tests/engines/data/sglang_bodies.json, from the protocol
 notes) and of 0.5.17 (recorded from a real server on the H200 by scripts/gpu/sglang_contract.sh). Every backend must satisfy the same assertions:
 
 - a finished request gives aligned output ids and logprobs, a stop/length finish reason, and our
@@ -21,13 +21,13 @@ import pytest
 from aiohttp import web
 
 from slime.config import RolloutConfig
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from slime.rollout.generate import generate
-from slime.rollout.pool import EnginePool
+from slime.engines.pool import EnginePool
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import write_tiny_llama
 
-BODIES = json.loads((Path(__file__).parents[1] / "rollout" / "data" / "sglang_bodies.json").read_text())["generate"]
+BODIES = json.loads((Path(__file__).parents[1] / "engines" / "data" / "sglang_bodies.json").read_text())["generate"]
 REPLAYS = {
     "0.5.2": {"finished": "0.5.2/finished_with_logprobs", "abort": "0.5.2/running_abort", "queued_abort": "0.5.2/abort_before_prefill"},
     "0.5.6": {"finished": "0.5.6/finished_with_logprobs", "abort": "0.5.6/waiting_queue_abort", "queued_abort": "0.5.6/waiting_queue_abort"},

@@ -9,9 +9,9 @@ import torch
 
 from slime.config import RolloutConfig
 from slime.errors import EngineRequestError, EngineUnavailable
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from slime.rollout.generate import generate
-from slime.rollout.pool import EnginePool
+from slime.engines.pool import EnginePool
 from slime.train.logprobs import sample_logprobs
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama

@@ -21,7 +21,7 @@ from slime.data.dataset import PromptRow, PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.rollout.deploy import start_rollout
+from slime.engines.fleet.start import start_rollout
 from slime.rollout.generate import generate
 from slime.sync.disk import DiskWeightSync
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama

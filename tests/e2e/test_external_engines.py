@@ -14,7 +14,7 @@ from slime.cli import _first_slime_error
 from slime.config import Config, DataConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
 from slime.loop.driver import run_training
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from tests.e2e.test_record_replay import parity
 from tests.fixtures.tiny_model import write_tiny_llama
 

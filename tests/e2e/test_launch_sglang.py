@@ -30,7 +30,7 @@ keys = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "RANK", "MASTER_PORT", "NCCL_NVLS_
 record = {"argv": sys.argv[1:], "pid": os.getpid(), "child_pid": child.pid, "env": {k: os.environ.get(k) for k in keys}}
 with open(os.path.join(os.environ["FAKE_SGLANG_RECORDS"], f"{os.getpid()}.json"), "w") as f:
     json.dump(record, f)
-os.execv(sys.executable, [sys.executable, "-m", "slime.rollout.engine.server", "--model", args.model_path, "--host", args.host,
+os.execv(sys.executable, [sys.executable, "-m", "slime.servers.embedded.server", "--model", args.model_path, "--host", args.host,
                           "--port", args.port, "--weight-version", args.weight_version])
 """
 REPO = str(Path(slime.__file__).resolve().parents[1])

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig, SyncConfig, TrainConfig
-from slime.rollout.engine import EngineServer
-from slime.rollout.engine.model import load_model
-from slime.rollout.engine.runner import ModelRunner
-from slime.rollout.pool import EnginePool
+from slime.servers.embedded import EngineServer
+from slime.servers.embedded.model import load_model
+from slime.servers.embedded.runner import ModelRunner
+from slime.engines.pool import EnginePool
 from slime.sync import build_weight_sync
 from slime.train.logprobs import sample_logprobs
 from slime.types import Group, Sample, Status
 from tests.fixtures.tiny_model import TINY_VOCAB_SIZE, write_tiny_moe
-from tests.rollout.engine.helpers import StepGate, make_request, max_abs_diff, reference_logprobs
+from tests.servers.embedded.helpers import StepGate, make_request, max_abs_diff, reference_logprobs
 
 torch.set_num_threads(1)
 

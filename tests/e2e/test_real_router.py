@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.rollout.launch import EmbeddedEngineProcess
-from slime.rollout.pool import EnginePool
-from slime.rollout.processes import CommandProcess
-from slime.rollout.router import RouterClient
-from slime.rollout.supervisor import EngineSupervisor
+from slime.engines.fleet.processes import EmbeddedEngineProcess
+from slime.engines.pool import EnginePool
+from slime.engines.fleet.processes import CommandProcess
+from slime.engines.router import RouterClient
+from slime.engines.fleet.supervisor import EngineSupervisor
 from tests.fixtures.tiny_model import write_tiny_llama
 
 pytest.importorskip("sglang_router")

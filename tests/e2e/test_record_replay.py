@@ -18,7 +18,7 @@ from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConf
 from slime.loop import driver
 from slime.loop.driver import run_training
 from slime.loop.record import load_rollout_record
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from slime.types import OFFLINE_VERSION
 from tests.fixtures.tiny_model import write_tiny_llama
 

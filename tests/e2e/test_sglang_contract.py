@@ -21,7 +21,7 @@ the real server does where the CPU tests rely on it.
 Environment for the ``sglang`` backend: ``SLIME_SGLANG_URL`` (a server started with
 ``--weight-version 0`` on ``SLIME_SGLANG_MODEL``, a dir made by ``contract_model_dir``),
 optional ``SLIME_CONTRACT_RECORD`` (a JSON path: the raw response bodies are written there, for the
-CPU replay fixtures in tests/rollout/data/sglang_bodies.json).
+CPU replay fixtures in tests/engines/data/sglang_bodies.json).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig, SyncConfig
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from slime.rollout.generate import generate, token_versions
-from slime.rollout.pool import EnginePool
-from slime.rollout.protocol import parse_generate_response
+from slime.engines.pool import EnginePool
+from slime.engines.protocol import parse_generate_response
 from slime.sync.disk import DiskWeightSync
 from slime.sync.tensor import TensorWeightSync
 from slime.types import Sample, Status
@@ -192,7 +192,7 @@ async def test_a_request_sent_while_paused_is_held_then_aborted_and_stays_resuma
 
 
 async def test_a_request_past_request_timeout_s_is_aborted_by_rid_and_stays_resumable(backend):
-    """The pool's timeout path (``slime.rollout.pool``, "Timeouts"): at ``request_timeout_s`` it sends
+    """The pool's timeout path (``slime.engines.pool``, "Timeouts"): at ``request_timeout_s`` it sends
     ``/abort_request {"rid"}`` for that request only; the engine answers with the tokens so far."""
     b = backend
     cfg = RolloutConfig(request_timeout_s=0.5, control_timeout_s=30, max_retries=1, retry_backoff_s=0.05)

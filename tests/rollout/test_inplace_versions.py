@@ -18,10 +18,10 @@ import types
 import pytest
 
 from slime.config import RolloutConfig
-from slime.rollout.engine import EngineServer
+from slime.servers.embedded import EngineServer
 from slime.rollout.generate import generate, token_versions
-from slime.rollout.pool import EnginePool
-from slime.rollout.protocol import FinishReason, GenerateResult
+from slime.engines.pool import EnginePool
+from slime.engines.protocol import FinishReason, GenerateResult
 from slime.loop.step import pause_mode
 from slime.sync.disk import DiskWeightSync
 from slime.config import SyncConfig

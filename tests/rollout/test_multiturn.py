@@ -193,7 +193,7 @@ class FirstTurnScripted:
 
 @pytest.fixture(scope="module")
 def chat_model_dir(tmp_path_factory):
-    from slime.rollout.engine.tiny import write_tiny_llama
+    from slime.servers.embedded.tiny import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("mt") / "tiny-chat", vocab_size=len(TOK), max_position_embeddings=2048, eos_token_id=IM_END)
 
@@ -202,8 +202,8 @@ async def test_real_engine_abort_in_turn_two_then_resume_equals_the_uninterrupte
     import torch
 
     from slime.config import RolloutConfig
-    from slime.rollout.engine import EngineServer
-    from slime.rollout.pool import EnginePool
+    from slime.servers.embedded import EngineServer
+    from slime.engines.pool import EnginePool
 
     torch.set_num_threads(1)
     gen = MultiTurnGenerate(tokenizer=TOK, tools=ToolRegistry([calculator_tool()]), system_prompt=SYSTEM)

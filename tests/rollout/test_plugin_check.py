@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig
-from slime.rollout.engine import EngineServer
-from slime.rollout.engine.tiny import write_tiny_llama
+from slime.servers.embedded import EngineServer
+from slime.servers.embedded.tiny import write_tiny_llama
 from slime.rollout.plugin_check import Report, check_filter, check_generate, check_reward, load_plugin, main
-from slime.rollout.pool import EnginePool
+from slime.engines.pool import EnginePool
 
 torch.set_num_threads(1)
 

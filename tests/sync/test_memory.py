@@ -1,4 +1,4 @@
-"""Memory release / resume on the embedded engine (§3.11): freed weights, held generation, re-sync needed."""
+"""Memory release / resume on the embedded engine (docs/sglang.md#memory): freed weights, held generation, re-sync needed."""
 
 from __future__ import annotations
 

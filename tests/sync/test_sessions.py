@@ -10,7 +10,7 @@ from aiohttp import web
 
 from slime.config import RolloutConfig
 from slime.errors import EngineRequestError
-from slime.rollout.client import EngineClient
+from slime.engines.client import EngineClient
 from slime.sync.base import SESSION_HINT, weight_update_session
 from slime.sync.wire import serialize_safetensors
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slime.rollout.protocol import FinishReason, GenerateResult
+from slime.engines.protocol import FinishReason, GenerateResult
 
 
 class ScriptedPool:

@@ -1,0 +1,389 @@
+"""``EnginePool``: several engines (or one router in front of them) behind one ``aiohttp.ClientSession``.
+
+Routing for ``generate``, without a router: a ``sticky_key`` (one per trajectory, so the turns of a
+conversation share the prefix cache) goes back to the engine it went to last while that engine is in
+rotation with a closed breaker; otherwise the engine with the fewest in-flight generates wins
+(engines with a recent failure last; ties: the one picked least often). With a router
+(``router_url``) every ``generate`` goes to the router with header ``X-SMG-Routing-Key:
+<sticky_key>``; sglang-router 0.3.2's ``--policy manual`` keeps a key on one worker (checked against
+the wheel, tests/e2e/test_real_router.py; later ones also ``consistent_hashing``); others ignore it.
+
+Engine failures: each worker has a ``CircuitBreaker`` (``breaker.py``); ``EngineUnavailable`` and
+``EngineTimeout`` count against it. ``take_out`` removes a worker from rotation (being restarted, or
+it missed a weight update); ``rejoin`` (``pool_control.py``) re-syncs it and puts it back.
+``on_engine_down(url, reason)`` (set by ``EngineSupervisor``) hears of every breaker that opens.
+
+Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``): only ``EngineUnavailable`` is retried,
+on a worker not yet tried in this call when there is one, after ``retry_backoff_s * 2**attempt``
+seconds. Example, ``max_retries=2, retry_backoff_s=0.5``: try A, fail, sleep 0.5, try B, fail,
+sleep 1.0, try A, fail -> ``EngineUnavailable("... 3 attempts ... [A, B, A]")``. A resent request
+keeps its ``rid`` and its ``input_ids`` (prompt + partial response: the caller's sample only changes
+on success). With no worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart),
+using no attempt. ``abort_all`` ends calls that are between attempts or waiting: they return a
+queued-abort result (no tokens, ``finish_reason`` abort, docs/sglang.md#abort, case B), so the scheduler's drain never
+waits on a retry.
+
+Timeouts: a generate never raises ``EngineTimeout``. At ``request_timeout_s`` the pool aborts the
+request by its ``rid`` (every worker, behind a router) and SGLang answers it with its tokens so far
+(``finish_reason`` abort): the sample is PARTIAL and resumes, nothing lost, the engine counted
+healthy. An engine that does not answer within ``control_timeout_s`` more is hung: the call ends
+with a queued-abort result and a failure on the engine's breaker, which opens after
+``failure_threshold`` of them (``on_engine_down``: the supervisor restarts it). Example, defaults
+(300 s, 60 s, K=3): a 400 s generation comes back PARTIAL at 300 s and resumes; a wedged engine
+ends each of its requests at 360 s and is out after three. ``give_up_inflight`` (the scheduler's
+drain, when ``abort_all`` went unheard) ends every call still on an engine the same way at once and
+takes that engine out of rotation.
+Control calls: ``pool_control.py``. Not covered: the router's own retries (docs/sglang.md#router) add to ours;
+health of the router itself (a dead router fails each call after its retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import aiohttp
+
+from slime.config import RolloutConfig
+from slime.errors import EngineTimeout, EngineUnavailable
+from slime.engines.breaker import BreakerState, CircuitBreaker
+from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.engines.pool_control import PoolControl
+from slime.engines.protocol import FinishReason, GenerateResult
+
+__all__ = ["EnginePool", "ROUTING_KEY_HEADER"]
+
+log = logging.getLogger(__name__)
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+MAX_CONNECTIONS = 4096
+"""Connector bound over all engines: room for thousands of concurrent generates (one socket each)."""
+KEEPALIVE_S = 4.0
+"""Below uvicorn's 5 s keep-alive, so we do not reuse a socket the server is about to close."""
+_MAX_STICKY_KEYS = 65536  # least recently used keys are forgotten past this
+
+
+@dataclasses.dataclass(eq=False)
+class _Engine:
+    client: EngineClient
+    breaker: CircuitBreaker
+    in_rotation: bool = True
+    out_reason: str = ""
+    num_picks: int = 0
+
+
+class EnginePool(PoolControl):
+    """Workers at ``urls`` (and optionally the router at ``router_url``); an async context manager.
+
+    Construct inside a running event loop (aiohttp's rule). A ``session`` passed in is used and left
+    open; otherwise the pool creates one and ``close()`` (idempotent) closes it.
+
+    Args:
+        failure_threshold / breaker_cooldown_s: each worker's breaker (K, first cooldown; default
+            cooldown ``retry_backoff_s * 2**max_retries``, the longest backoff of one retry chain).
+        rejoin_timeout_s: how long ``generate`` waits when no worker is in rotation (0: fail at once).
+        weights: ``(model_path, weight_version)`` the workers hold at start; ``rejoin`` syncs to the latest.
+
+    Raises:
+        ValueError: no urls, or a url given twice.
+    """
+
+    def __init__(self, urls: Sequence[str], *, config: RolloutConfig, session: aiohttp.ClientSession | None = None,
+                 api_key: str | None = None, router_url: str | None = None, failure_threshold: int = 3,
+                 breaker_cooldown_s: float | None = None, rejoin_timeout_s: float = 0.0,
+                 weights: tuple[str, str] | None = None):
+        if not urls:
+            raise ValueError("EnginePool needs at least one engine url")
+        self.config = config
+        self.failure_threshold = failure_threshold
+        self.breaker_cooldown_s = breaker_cooldown_s or max(config.retry_backoff_s * 2**config.max_retries, 1e-3)
+        self.rejoin_timeout_s = rejoin_timeout_s
+        self.weights = weights
+        """``(model_path, weight_version)`` last sent to every worker (``update_weights_from_disk``)."""
+        self.latest_version: str | None = weights[1] if weights else None
+        """The newest ``weight_version`` pushed by any weight update (disk, tensor, distributed)."""
+        self.kv_cache_version: str | None = weights[1] if weights else None
+        """The ``weight_version`` at which every worker's prefix (radix) cache was last emptied, or None if
+        unknown. KV computed by older weights survives an update without ``flush_cache`` (an in-place
+        update, which must not flush: SGLang 0.5.17 dies on it), so a request that reuses cached KV
+        (``cached_tokens > 0``) may depend on weights as old as this; ``generate`` tags its tokens no
+        newer than it (docs/ARCHITECTURE.md, "In-place updates and the prefix cache")."""
+        self.num_prefix_cache_hits = 0
+        """Results with ``cached_tokens > 0`` since ``kv_cache_version`` was last set (0 on engines
+        without a prefix cache, like the embedded one: no cache refresh is then needed)."""
+        self.weights_lock = asyncio.Lock()  # held by weight updates and ``rejoin``: a rejoiner never misses one
+        self.paused_mode: str | None = None
+        self.on_engine_down: Callable[[str, str], None] | None = None
+        self.num_failovers = 0  # generate attempts that failed with EngineUnavailable and were retried
+        self._api_key = api_key
+        self._owns_session = session is None
+        self._session = session or aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+        )
+        self._engines: dict[str, _Engine] = {}
+        self._router = EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
+        self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._abort_epoch = 0
+        self._abort_event = asyncio.Event()
+        self._rotation_event = asyncio.Event()
+        self._attempts: dict[asyncio.Future[str], tuple[str, float]] = {}
+        """Each generate attempt in flight: its give-up future (``give_up_inflight`` resolves it with the
+        reason) -> (client url, loop time it started)."""
+        self._closed = False
+        for url in urls:
+            self.add_engine(url)
+
+    async def __aenter__(self) -> "EnginePool":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the owned session (in-flight calls then fail with ``EngineUnavailable``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_session:
+            await self._session.close()
+
+    @property
+    def urls(self) -> list[str]:
+        """Every worker, in rotation or not."""
+        return list(self._engines)
+
+    @property
+    def clients(self) -> list[EngineClient]:
+        """Workers in rotation: the ones control calls and weight updates address."""
+        return [e.client for e in self._engines.values() if e.in_rotation]
+
+    @property
+    def router_url(self) -> str | None:
+        return self._router.url if self._router else None
+
+    @property
+    def num_inflight(self) -> int:
+        """Generate calls in flight over all engines (and the router)."""
+        return sum(e.client.num_inflight for e in self._engines.values()) + (self._router.num_inflight if self._router else 0)
+
+    def add_engine(self, url: str) -> EngineClient:
+        """Start routing to ``url``. Raises ValueError if it is already in the pool."""
+        client = EngineClient(url, session=self._session, config=self.config, api_key=self._api_key)
+        if client.url in self._engines:
+            raise ValueError(f"engine {client.url} is already in the pool")
+        breaker = CircuitBreaker(failure_threshold=self.failure_threshold, cooldown_s=self.breaker_cooldown_s)
+        self._engines[client.url] = _Engine(client, breaker)
+        return client
+
+    def remove_engine(self, url: str) -> EngineClient:
+        """Forget ``url`` for good; its in-flight calls finish normally. Raises KeyError if unknown."""
+        return self._engine(url, pop=True).client
+
+    def client(self, url: str) -> EngineClient:
+        return self._engine(url).client
+
+    def engine_states(self) -> list[dict[str, Any]]:
+        """One row per worker: url, in_rotation, out_reason, breaker state, consecutive failures, in flight, picks."""
+        return [{"url": u, "in_rotation": e.in_rotation, "out_reason": e.out_reason, "breaker": e.breaker.state.value,
+                 "consecutive_failures": e.breaker.num_consecutive_failures, "num_inflight": e.client.num_inflight,
+                 "num_picks": e.num_picks} for u, e in self._engines.items()]
+
+    def _engine(self, url: str, *, pop: bool = False) -> _Engine:
+        key = url.rstrip("/")
+        if key not in self._engines:
+            raise KeyError(f"engine {key} is not in the pool (have {self.urls})")
+        return self._engines.pop(key) if pop else self._engines[key]
+
+    # -- health bookkeeping ----------------------------------------------------------------------
+
+    def record_success(self, url: str) -> None:
+        self._engine(url).breaker.record_success()
+
+    def record_failure(self, url: str, reason: str) -> None:
+        """Count a failure of ``url``; if its breaker opens, tell ``on_engine_down``."""
+        if url.rstrip("/") in self._engines and self._engine(url).breaker.record_failure():
+            log.warning("engine %s: circuit breaker open after %s", url, reason)
+            self._notify_down(url, reason)
+
+    def trip(self, url: str, reason: str) -> None:
+        """Open ``url``'s breaker now (its process exited)."""
+        if self._engine(url).breaker.trip():
+            self._notify_down(url, reason)
+
+    def _notify_down(self, url: str, reason: str) -> None:
+        if self.on_engine_down is not None:
+            self.on_engine_down(url.rstrip("/"), reason)
+
+    # -- generate --------------------------------------------------------------------------------
+
+    def _pick(self, sticky_key: str | None, tried: set[str]) -> _Engine | None:
+        rotation = [e for e in self._engines.values() if e.in_rotation]
+        if not rotation:
+            return None
+        if sticky_key is not None and not tried:
+            engine = self._engines.get(self._sticky.get(sticky_key, ""))
+            if engine is not None and engine.in_rotation and engine.breaker.state is BreakerState.CLOSED:
+                return engine
+        candidates = [e for e in rotation if e.client.url not in tried] or rotation
+        candidates = [e for e in candidates if e.breaker.available()] or candidates
+        return min(candidates, key=lambda e: (e.breaker.num_consecutive_failures > 0, e.client.num_inflight, e.num_picks))
+
+    async def _wait(self, event: asyncio.Event, timeout_s: float, abort_event: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(abort_event.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _pick_or_wait(self, sticky_key: str | None, tried: set[str], epoch: int, abort_event: asyncio.Event) -> _Engine | None:
+        """A worker to try; None if ``abort_all`` came while waiting for one to rejoin."""
+        deadline = asyncio.get_running_loop().time() + self.rejoin_timeout_s
+        while (engine := self._pick(sticky_key, tried)) is None:
+            left = deadline - asyncio.get_running_loop().time()
+            if not self._engines or left <= 0:
+                raise EngineUnavailable(f"no engine in rotation (waited {self.rejoin_timeout_s}s): {self.engine_states()}", endpoint="/generate")
+            await self._wait(self._rotation_event, left, abort_event)
+            if self._abort_epoch != epoch:
+                return None
+        return engine
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None = None,
+                       return_logprob: bool = True, sticky_key: str | None = None, logprob_start_len: int | None = None) -> GenerateResult:
+        """``EngineClient.generate`` on a chosen worker (or the router), retrying ``EngineUnavailable``.
+
+        Returns the engine's result; an abort result (``finish_reason`` abort, maybe no tokens) when
+        the request was aborted, ran past ``request_timeout_s`` or was given up on (module docstring).
+
+        Raises:
+            EngineUnavailable: all ``max_retries + 1`` attempts failed (the message lists the urls tried),
+                or no worker came back into rotation within ``rejoin_timeout_s``.
+            EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
+        """
+        self._check_open()
+        epoch, abort_event = self._abort_epoch, self._abort_event
+        attempts: list[str] = []
+        last: EngineUnavailable | None = None
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                await self._wait(asyncio.Event(), self.config.retry_backoff_s * 2 ** (attempt - 1), abort_event)
+                if self._abort_epoch != epoch:
+                    return _aborted(rid, f"aborted while retrying after: {last}")
+            engine, headers = None, None
+            if self._router is not None:
+                client = self._router
+                headers = {ROUTING_KEY_HEADER: sticky_key} if sticky_key is not None else None
+            else:
+                engine = await self._pick_or_wait(sticky_key, set(attempts), epoch, abort_event)
+                if engine is None:
+                    return _aborted(rid, "aborted while waiting for an engine to rejoin")
+                client = engine.client
+                engine.num_picks += 1
+                engine.breaker.begin()
+                if sticky_key is not None:  # bound now, so concurrent turns of one trajectory share an engine
+                    self._bind_sticky(sticky_key, client.url)
+            attempts.append(client.url)
+            try:
+                result = await self._bounded(client, input_ids, sampling_params, rid=rid, return_logprob=return_logprob,
+                                             headers=headers, logprob_start_len=logprob_start_len)
+            except (EngineUnavailable, EngineTimeout) as exc:
+                if engine is not None:
+                    self.record_failure(client.url, f"/generate: {exc}")
+                if isinstance(exc, EngineTimeout):  # the request may still run there: not resent, the sample resumes later
+                    return _aborted(rid, str(exc))
+                last = exc
+                self.num_failovers += 1
+                if self._abort_epoch != epoch:
+                    return _aborted(rid, f"aborted after: {exc}")
+                continue
+            if engine is not None:
+                engine.breaker.record_success()
+            if result.cached_tokens:
+                self.num_prefix_cache_hits += 1
+            return result
+        assert last is not None
+        raise EngineUnavailable(
+            f"gave up after {len(attempts)} attempts against {attempts}; last error: {last}",
+            url=last.url, endpoint="/generate", status=last.status, engine_message=last.engine_message,
+        ) from last
+
+    async def _bounded(self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
+                       rid: str | None, **kwargs: Any) -> GenerateResult:
+        """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
+
+        Raises:
+            EngineTimeout: no answer within ``control_timeout_s`` of the abort (or no ``rid`` to abort by).
+            The client's other errors.
+        """
+        cfg, loop = self.config, asyncio.get_running_loop()
+        give_up: asyncio.Future[str] = loop.create_future()
+        self._attempts[give_up] = (client.url, loop.time())
+        # the client's own deadline is only a backstop, past ours
+        call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs,
+                                                     timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s))
+        abort = None
+        try:
+            await asyncio.wait([call, give_up], timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done() and not give_up.done() and rid:
+                abort = asyncio.ensure_future(self._abort_rid(client, rid))
+                await asyncio.wait([call, give_up], timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if call.done():
+                result = call.result()
+                if abort is not None:
+                    log.warning("generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
+                                rid, client.url, cfg.request_timeout_s, len(result.output_ids))
+                return result
+            if give_up.done():
+                return _aborted(rid, f"given up on {client.url}: {give_up.result()}")
+            raise EngineTimeout(f"ran past request_timeout_s={cfg.request_timeout_s}s and no answer came within "
+                                f"control_timeout_s={cfg.control_timeout_s}s of /abort_request", url=client.url, endpoint="/generate")
+        finally:
+            del self._attempts[give_up]
+            for task in (call, abort):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def _abort_rid(self, client: EngineClient, rid: str) -> None:
+        """Abort ``rid`` where it runs: on ``client``, or behind a router on every worker (the router does
+        not forward ``/abort_request``). Best effort: an engine that does not answer is found hung anyway."""
+        targets = self.clients if client is self._router else [client]
+        await asyncio.gather(*(c.abort(rid) for c in targets), return_exceptions=True)
+
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
+        """End every generate attempt that has been on an engine for ``running_for_s`` seconds or more
+        (the scheduler's drain: its ``abort_all`` went unheard, the engine is hung).
+
+        Each ends with an abort result with no tokens (its sample stays resumable); each worker that
+        held one is taken out of rotation (``on_engine_down``: the supervisor restarts or watches it).
+        Younger attempts (sent after the drain began) are left alone. Returns the urls of those
+        workers (and of the router, whose calls end the same way), in pool order.
+        """
+        now = asyncio.get_running_loop().time()
+        urls: list[str] = []
+        for give_up, (url, started) in list(self._attempts.items()):
+            if now - started >= running_for_s and not give_up.done():
+                give_up.set_result(reason)
+                urls += [] if url in urls else [url]
+        for url in urls:
+            if url in self._engines:
+                self.take_out(url, f"generate requests given up: {reason}")
+        return urls
+
+    def _bind_sticky(self, key: str, url: str) -> None:
+        self._sticky[key] = url
+        self._sticky.move_to_end(key)
+        if len(self._sticky) > _MAX_STICKY_KEYS:
+            self._sticky.popitem(last=False)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("EnginePool is closed")
+
+
+def _aborted(rid: str | None, message: str) -> GenerateResult:
+    """What SGLang answers for a request aborted in its waiting queue (docs/sglang.md#abort, case B): no tokens, abort."""
+    return GenerateResult(output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message),
+                          completion_tokens=0, rid=rid or "")

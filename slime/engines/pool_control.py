@@ -1,0 +1,230 @@
+"""The control calls of ``EnginePool``, and taking workers out of rotation and back.
+
+Each control call goes to every worker in rotation, concurrently.
+
+sglang-router forwards none of them (docs/sglang.md#router), so even behind a router the pool
+addresses workers directly. What an unreachable worker (``EngineUnavailable`` / ``EngineTimeout``)
+does to each call:
+
+    abort_all, pause/continue, flush_cache, release/resume memory   skipped, counted on its breaker
+    update_weights_from_disk                                         taken out of rotation (it missed
+                                                                     the update; ``rejoin`` re-syncs it)
+    update_weights_from_tensor / _from_distributed                   taken out of rotation, and raised
+                                                                     (the broadcast is out of step)
+    wait_ready                                                       raised
+
+Any other ``EngineError`` (a 4xx, ``success: false``) is raised, naming every engine that failed.
+Not covered: a worker out of rotation gets no control call at all (a hung one keeps its requests
+until the supervisor restarts it); ``rejoin`` replays only disk weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Awaitable, Callable, Literal, Sequence
+
+from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
+from slime.engines.client import EngineClient
+
+__all__ = ["PoolControl"]
+
+log = logging.getLogger(__name__)
+OnUnreachable = Literal["skip", "take_out", "take_out_and_raise", "raise"]
+
+
+class PoolControl:
+    """Mixin of ``EnginePool`` (which provides ``clients``, ``record_failure``, ``take_out``, ...)."""
+
+    clients: list[EngineClient]
+    paused_mode: str | None
+    memory_released: bool = False
+    """Between ``release_memory_occupation`` and ``resume_memory_occupation`` (no health probes then)."""
+    weights: tuple[str, str] | None
+    weights_lock: asyncio.Lock
+    latest_version: str | None
+    kv_cache_version: str | None
+    num_prefix_cache_hits: int
+    _abort_epoch: int
+    _abort_event: asyncio.Event
+    _rotation_event: asyncio.Event
+
+    async def _fan_out(self, what: str, call: Callable[[EngineClient], Awaitable[Any]], *,
+                       on_unreachable: OnUnreachable = "raise", clients: Sequence[EngineClient] | None = None) -> dict[str, Any]:
+        """Run ``call`` on every worker in rotation (or ``clients``) concurrently; all are tried.
+
+        Returns ``{url: result}`` of the workers that answered. Raises the failures' common
+        ``EngineError`` class (else ``EngineError``) naming every failed engine; a non-engine
+        exception (a bug) propagates as is.
+        """
+        self._check_open()  # type: ignore[attr-defined]
+        clients = list(self.clients if clients is None else clients)
+        outcomes = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
+        failed: list[tuple[EngineClient, EngineError]] = []
+        for c, o in zip(clients, outcomes):
+            if not isinstance(o, BaseException):
+                continue
+            if not isinstance(o, EngineError):
+                raise o
+            if isinstance(o, (EngineUnavailable, EngineTimeout)) and on_unreachable != "raise":
+                if on_unreachable == "skip":
+                    log.warning("%s: engine %s unreachable, skipped: %s", what, c.url, o)
+                    self.record_failure(c.url, f"{what}: {o}")  # type: ignore[attr-defined]
+                    continue
+                self.take_out(c.url, f"{what} failed: {o}")  # type: ignore[attr-defined]
+                if on_unreachable == "take_out":
+                    continue
+            failed.append((c, o))
+        if failed:
+            first = failed[0][1]
+            classes = {type(exc) for _, exc in failed}
+            cls = classes.pop() if len(classes) == 1 else EngineError
+            lines = "; ".join(f"{c.url}: {exc}" for c, exc in failed)
+            raise cls(
+                f"{what} failed on {len(failed)} of {len(clients)} engines: {lines}",
+                url=first.url, endpoint=first.endpoint, status=first.status, engine_message=first.engine_message,
+            ) from first
+        return {c.url: o for c, o in zip(clients, outcomes) if not isinstance(o, BaseException)}
+
+    async def abort_all(self) -> dict[str, None]:
+        """``POST /abort_request {"abort_all": true}`` on every worker (docs/sglang.md#abort); also ends the pool's own
+        generate calls that are between retries or waiting for a worker (they return an abort)."""
+        self._abort_epoch += 1
+        event, self._abort_event = self._abort_event, asyncio.Event()
+        event.set()
+        return await self._fan_out("abort_all", lambda c: c.abort(abort_all=True), on_unreachable="skip")
+
+    async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> dict[str, None]:
+        """Every worker pauses (docs/sglang.md#pause); a worker that rejoins before ``continue_generation`` is paused too."""
+        self.paused_mode = mode
+        return await self._fan_out(f"pause_generation({mode})", lambda c: c.pause_generation(mode), on_unreachable="skip")
+
+    async def continue_generation(self) -> dict[str, None]:
+        self.paused_mode = None
+        return await self._fan_out("continue_generation", lambda c: c.continue_generation(), on_unreachable="skip")
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
+    ) -> dict[str, dict[str, Any]]:
+        """Every worker loads ``model_path`` (docs/sglang.md#update-weights-from-disk); it becomes ``weights`` for later rejoins.
+        Returns ``{url: {"success", "message", ...}}`` of the workers that loaded it.
+
+        Raises:
+            EngineRequestError (or another EngineError): naming each engine that reported failure.
+        """
+        async with self.weights_lock:
+            self.weights, self.latest_version = (model_path, weight_version), weight_version
+            out = await self._fan_out(
+                f"update_weights_from_disk({model_path!r}, weight_version={weight_version!r})",
+                lambda c: c.update_weights_from_disk(
+                    model_path, weight_version=weight_version, abort_all_requests=abort_all_requests, flush_cache=flush_cache
+                ),
+                on_unreachable="take_out",
+            )
+            self._note_flush(flush_cache, weight_version)
+            return out
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                              **kwargs: Any) -> dict[str, dict[str, Any]]:
+        """Every worker receives one bucket over the weights-update group (docs/sglang.md#update-weights-from-distributed); ``kwargs`` as
+        ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
+        async with self.weights_lock:
+            self._note_version(kwargs)
+            out = await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
+                                      lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),  # type: ignore[attr-defined]
+                                      on_unreachable="take_out_and_raise")
+            self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
+            return out
+
+    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]:
+        """Every worker loads the same payload (docs/sglang.md#update-weights-from-tensor); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
+        async with self.weights_lock:
+            self._note_version(kwargs)
+            out = await self._fan_out("update_weights_from_tensor",
+                                      lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),  # type: ignore[attr-defined]
+                                      on_unreachable="take_out_and_raise")
+            self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
+            return out
+
+    def _note_version(self, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("weight_version") is not None:
+            self.latest_version = str(kwargs["weight_version"])
+
+    def _note_flush(self, flushed: bool, weight_version: Any) -> None:
+        """After an update: with ``flush_cache`` the prefix caches hold only KV of ``weight_version``."""
+        if flushed and weight_version is not None:
+            self.kv_cache_version, self.num_prefix_cache_hits = str(weight_version), 0
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
+        """Every worker frees ``tags`` (None = all) for a colocated trainer (docs/sglang.md#memory); workers must be idle."""
+        self.memory_released = True
+        return await self._fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags), on_unreachable="skip")
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
+        """Every worker re-maps ``tags`` (docs/sglang.md#memory); released weights must be synced again afterwards."""
+        self.memory_released = False
+        return await self._fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip")
+
+    async def flush_cache(self) -> dict[str, bool]:
+        """``{url: flushed}``; False where the worker was busy (docs/sglang.md#flush-cache). When every worker flushed, their
+        caches hold nothing older than ``latest_version`` (``kv_cache_version``)."""
+        async with self.weights_lock:
+            out = await self._fan_out("flush_cache", lambda c: c.flush_cache(), on_unreachable="skip")
+            if out and all(out.values()) and len(out) == len(self.clients):
+                self.kv_cache_version, self.num_prefix_cache_hits = self.latest_version, 0
+            return out
+
+    def take_out(self, url: str, reason: str) -> bool:
+        """Stop routing to and controlling ``url`` until ``rejoin``. Returns False if it was already out."""
+        engine = self._engine(url)  # type: ignore[attr-defined]
+        if not engine.in_rotation:
+            return False
+        engine.in_rotation, engine.out_reason = False, reason
+        log.warning("engine %s taken out of rotation: %s", engine.client.url, reason)
+        self._notify_down(engine.client.url, reason)  # type: ignore[attr-defined]
+        return True
+
+    async def rejoin(self, url: str) -> None:
+        """Sync ``url`` to the current weights if its ``weight_version`` differs, pause it if the pool is
+        paused, close its breaker and put it back in rotation.
+
+        The current version is what a worker in rotation reports (so a sync that bypassed the pool
+        counts), else ``latest_version``; it is replayed from ``weights`` (disk) when that holds it.
+
+        Raises:
+            EngineRequestError: the current version is not on disk (a tensor/NCCL/delta update).
+            EngineError: from the engine calls.
+        """
+        engine = self._engine(url)  # type: ignore[attr-defined]
+        async with self.weights_lock:
+            target = self.latest_version
+            for peer in [c for c in self.clients if c.url != engine.client.url][:1]:
+                with contextlib.suppress(EngineError):
+                    if (version := (await peer.model_info()).get("weight_version")) is not None:
+                        target = str(version)
+            if target is not None:
+                held = str((await engine.client.model_info()).get("weight_version"))
+                if held != target:
+                    if self.weights is None or self.weights[1] != target:
+                        raise EngineRequestError(
+                            f"holds weight_version {held!r}; the current one, {target!r}, was not written to disk, "
+                            "so it cannot be re-synced (only update_weights_from_disk is replayed on rejoin)",
+                            url=engine.client.url, endpoint="(rejoin)")
+                    path, version = self.weights
+                    await engine.client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
+            if self.paused_mode is not None:
+                await engine.client.pause_generation(self.paused_mode)  # type: ignore[arg-type]
+            engine.breaker.record_success()
+            engine.in_rotation, engine.out_reason = True, ""
+        log.info("engine %s back in rotation at weight_version %s", engine.client.url, self.latest_version)
+        event, self._rotation_event = self._rotation_event, asyncio.Event()
+        event.set()  # wakes generate calls waiting for a worker
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until every worker answers ``/health_generate`` 200 and close their breakers.
+        Raises as ``EngineClient.wait_ready``."""
+        clients = [self.client(u) for u in self.urls]  # type: ignore[attr-defined]
+        await self._fan_out("wait_ready", lambda c: c.wait_ready(timeout_s), clients=clients)
+        for c in clients:
+            self.record_success(c.url)  # type: ignore[attr-defined]
