@@ -68,8 +68,6 @@ def test_empty_placeholder_has_no_predictions():
 
 def test_cp_split_gives_each_rank_an_early_and_a_late_chunk_of_every_sequence():
     """megatron's load-balanced causal split per sequence (2 x CP chunks); full_index undoes it."""
-    import torch
-
     from slime.train.megatron.context_parallel import cp_split
 
     bounds = (0, 8, 12)  # segments of 8 and 4 tokens, CP=2: chunks of 2 and 1
