@@ -26,18 +26,8 @@ MAIN_LIMIT=${MAIN_LIMIT:-260}
 EXTRA_DEADLINE=${EXTRA_DEADLINE:-100000}  # skip the benchmark parts if the script has run this many seconds
 MFU_ARGS=${MFU_ARGS:---steps 5 --profile}
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-
-status=0
-run() {  # run LIMIT_S CMD...: log the command and its output, remember a failure
-    local limit=$1; shift
-    echo "=== $(date +%T) $*" | tee -a "$LOG"
-    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
-    echo "=== rc=$rc" | tee -a "$LOG"
-    [ "$rc" -eq 0 ] || status=1
-}
+source scripts/gpu/lib.sh
+install_wheels
 
 run 60 python3 -c "import sys, torch, megatron.core, transformers, math_verify, rank_bm25, msgspec; print(sys.version.split()[0], torch.__version__, 'megatron-core', megatron.core.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(), 'cpus', __import__('os').cpu_count())"
 

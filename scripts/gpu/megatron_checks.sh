@@ -27,18 +27,8 @@ mkdir -p "$OUT" /tmp/slime_gpu
 LOG="$OUT/checks.log"
 PARTS=${1:-all}
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-
-status=0
-run() {  # run LIMIT_S CMD...: log the command and its output, remember a failure
-    local limit=$1; shift
-    echo "=== $(date +%T) $*" | tee -a "$LOG"
-    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
-    echo "=== rc=$rc" | tee -a "$LOG"
-    [ "$rc" -eq 0 ] || status=1
-}
+source scripts/gpu/lib.sh
+install_wheels
 
 [[ $PARTS == m ]] || run 60 python3 -c "import sys, torch, megatron.core, transformers; print(sys.version.split()[0], torch.__version__, 'megatron-core', megatron.core.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 

@@ -17,22 +17,12 @@ SEQ=${1:-16384}
 mkdir -p "$OUT" /tmp/slime_gpu
 LOG="$OUT/long_context.log"
 
-if ! python3 -c "import megatron.core" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || { echo "FAILED: no megatron-core wheel (carry .whl)"; exit 1; }
-    export PYTHONPATH=/tmp/site:$PWD
-else
+source scripts/gpu/lib.sh
+if python3 -c "import megatron.core" 2>/dev/null; then
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+else
+    install_wheels  # carry .whl
 fi
-
-status=0
-run() {  # run LIMIT_S CMD...
-    local limit=$1; shift
-    echo "=== $(date +%T) $*" | tee -a "$LOG"
-    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
-    echo "=== rc=$rc" | tee -a "$LOG"
-    [ "$rc" -eq 0 ] || status=1
-}
 
 run 240 python3 tests/gpu/megatron_long_context.py --seq-len "$SEQ" --name plain
 run 180 python3 tests/gpu/megatron_long_context.py --seq-len "$SEQ" --name recompute --recompute-granularity full

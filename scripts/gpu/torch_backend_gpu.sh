@@ -23,18 +23,8 @@ mkdir -p "$OUT" /tmp/slime_gpu
 LOG="$OUT/torch_backend_gpu.log"
 PARTS=${1:-tests,parity,main}
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-
-status=0
-run() {  # run LIMIT_S CMD...: log the command and its output, remember a failure
-    local limit=$1; shift
-    echo "=== $(date +%T) $*" | tee -a "$LOG"
-    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
-    echo "=== rc=$rc" | tee -a "$LOG"
-    [ "$rc" -eq 0 ] || status=1
-}
+source scripts/gpu/lib.sh
+install_wheels
 
 MAIN_JOB=(--partial-rollout --rollout-batch-size 16 --over-sampling-batch-size 32 --n-samples-per-prompt 8
           --global-batch-size 128 --micro-batch-size 128 --rollout-max-response-len 48 --rollout-temperature 1.0
