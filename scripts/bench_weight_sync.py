@@ -118,7 +118,7 @@ async def bench_cpu(args) -> dict:
 
     from slime.config import RolloutConfig, SyncConfig
     from slime.engines.fleet.processes import launch_embedded_engines
-    from slime.engines.pool import EnginePool
+    from slime.engines.pool import HttpEnginePool
     from slime.sync.delta import DeltaWeightSync
     from slime.sync.disk import DiskWeightSync
     from slime.sync.distributed import DistributedWeightSync
@@ -132,7 +132,7 @@ async def bench_cpu(args) -> dict:
     cfg = SyncConfig(weights_dir=str(tmp / "weights"), update_weight_buffer_size=args.update_weight_buffer_size)
     out: dict = {"model": model_dir, "num_params": num_params, "state_bytes": full_bytes, "strategies": {}, "delta": {}}
     async with launch_embedded_engines(model_dir, num_engines=1, threads=1, max_running_requests=8, startup_timeout_s=120) as urls, \
-            EnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool:
+            HttpEnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool:
         await pool.wait_ready(120)
         save_hf = lambda d: _save_hf(state, model_dir, d)  # noqa: E731
         makers = {

@@ -52,7 +52,7 @@ from slime.data.dataset import PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.engines.pool import EnginePool
+from slime.engines.pool import HttpEnginePool
 from slime.types import Group, Sample
 
 __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
@@ -60,8 +60,8 @@ __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
 READY_TIMEOUT_S = 60.0
 
 
-class CountingPool(EnginePool):
-    """``EnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued) and
+class CountingPool(HttpEnginePool):
+    """``HttpEnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued) and
     feeds ``meter`` (requests in flight; paused in place) when one is attached."""
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -101,7 +101,7 @@ class BenchWeightSync:
     paused in place). ``load_s`` records the wall seconds of each load.
     """
 
-    def __init__(self, pool: EnginePool, weights_path: str | None = None):
+    def __init__(self, pool: HttpEnginePool, weights_path: str | None = None):
         self.pool = pool
         self.weights_path = weights_path
         self.load_s: list[float] = []

@@ -14,7 +14,7 @@ Errors are mapped once, here (``slime/errors.py``):
     a body we cannot decode                                                 -> ProtocolError
 
 Each carries ``url``, ``endpoint``, ``status`` and the engine's own words (``engine_message``, via
-``error_message_from_body``). The client owns no session: the ``EnginePool`` (or the caller) does.
+``error_message_from_body``). The client owns no session: the ``HttpEnginePool`` (or the caller) does.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class EngineClient(WeightSyncCalls):
         if extra_headers:
             headers = {**headers, **extra_headers}
         client_timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, CONNECT_TIMEOUT_S))
-        err = dict(url=self.url, endpoint=endpoint)
+        err: dict[str, Any] = dict(url=self.url, endpoint=endpoint)
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._session.request(

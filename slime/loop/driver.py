@@ -46,6 +46,7 @@ from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.rollout.rewards import load_function
 from slime.engines.fleet.plan import trainer_gpus, updates_in_place
 from slime.sync import build_weight_sync
+from slime.types import GenerateFn, RewardFn
 
 __all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]
 
@@ -161,7 +162,7 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
     return tokenize
 
 
-async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
+async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
     from transformers import AutoConfig
@@ -419,7 +420,7 @@ def _with_offline_logprobs(trainer: Any) -> Any:
     return train_step
 
 
-def _reward_function(config: Config) -> Any:
+def _reward_function(config: Config) -> RewardFn:
     """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the built-in task's reward (``--builtin-task``)."""
     if config.rollout.custom_rm_path:
         return load_function(config.rollout.custom_rm_path)
@@ -431,7 +432,7 @@ def _reward_function(config: Config) -> Any:
     return _builtin_task(config).reward
 
 
-def _generate_function(config: Config, tokenizer: Any) -> Any:
+def _generate_function(config: Config, tokenizer: Any) -> GenerateFn:
     """``--custom-generate-function-path`` (with the tokenizer bound when it asks for one), else the default."""
     path = config.rollout.custom_generate_function_path
     if not path:

@@ -63,12 +63,13 @@ from typing import Any, Awaitable, Callable, Literal
 
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptSource, row_metadata, tokenize_row
+from slime.engines.interface import EnginePool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.obs.trace import NULL_TRACER
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import score_group, score_sample
-from slime.types import OFFLINE_VERSION, Group, Sample, Status
+from slime.types import OFFLINE_VERSION, GenerateFn, Group, GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["Scheduler", "StepStats"]
 
@@ -143,12 +144,12 @@ class Scheduler(SchedulerCounters):
         source: PromptSource,
         tokenize: Callable[[str], list[int]],
         decode: Callable[[list[int]], str],
-        pool: Any,
+        pool: EnginePool,
         buffer: DataBuffer,
-        reward_fn: Callable[[Sample], Awaitable[float]] | None,
+        reward_fn: RewardFn | None,
         task_group: asyncio.TaskGroup,
-        group_reward_fn: Callable[[list[Sample]], Awaitable[list[float]]] | None = None,
-        generate_fn: Callable[..., Awaitable[Any]] = default_generate,
+        group_reward_fn: GroupRewardFn | None = None,
+        generate_fn: GenerateFn = default_generate,
         group_filter: Callable[[Group], bool] | None = None,
         engine_version: int = 0,
         next_group_id: int = 0,

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from slime.errors import ConfigError, PluginError
 from slime.rollout import plugin_threads
-from slime.types import Sample, Status
+from slime.types import GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["load_function", "score_sample", "score_group"]
 
@@ -117,7 +117,7 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     }
 
 
-async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout_s: float, reward_key: str | None = None) -> None:
+async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float, reward_key: str | None = None) -> None:
     """Set ``sample.reward`` from ``reward_fn`` (a dict result: its ``reward_key`` entry); on any
     plugin failure mark the sample FAILED."""
     t0 = time.monotonic()
@@ -134,7 +134,7 @@ async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout
         _mark_failed(sample, exc, time.monotonic() - t0)
 
 
-async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any], *, timeout_s: float, reward_key: str | None = None) -> None:
+async def score_group(samples: list[Sample], group_reward_fn: GroupRewardFn, *, timeout_s: float, reward_key: str | None = None) -> None:
     """Set every sample's reward from one call of a per-group reward function (dict entries: their ``reward_key``)."""
     t0 = time.monotonic()
     deadline = asyncio.timeout(timeout_s)

@@ -33,7 +33,7 @@ import base64
 import logging
 import pickle
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from slime.errors import EngineRequestError
 from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.codec import ZLIB_LEVEL, EncodedTensor, encode_payload, encode_tensor
 from slime.sync.wire import serialize_cuda_ipc
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["DeltaWeightSync", "SGLANG_LOADER"]
 
@@ -56,14 +59,14 @@ class DeltaWeightSync:
 
     Args:
         config: ``update_weight_buffer_size`` (payload bytes per request), ``update_weights_timeout_s``.
-        pool: the ``EnginePool`` (its ``clients``).
+        pool: the ``HttpEnginePool`` (its ``clients``).
         state_fn: blocking, returns a copy of the trainer's weights.
         base: the weights the engines hold now (None: the first update is a full sync).
         engine_dtype: the dtype the engines hold (None: the trainer's dtype; the embedded engine is fp32).
         level: zlib level of the delta parts.
     """
 
-    def __init__(self, config: SyncConfig, *, pool: Any, state_fn: StateFn, base: dict[str, torch.Tensor] | None = None,
+    def __init__(self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn, base: dict[str, torch.Tensor] | None = None,
                  engine_dtype: torch.dtype | None = None, level: int = ZLIB_LEVEL):
         self.config = config
         self.pool = pool

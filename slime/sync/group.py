@@ -103,7 +103,7 @@ class WeightsUpdateGroup:
         if backend == "gloo":
             from torch.distributed import ProcessGroupGloo
 
-            pg = ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            pg: Any = ProcessGroupGloo(prefixed, rank, world_size, timeout)  # Gloo or NCCL: no common base in torch's stubs
         else:
             from torch.distributed import ProcessGroupNCCL
 

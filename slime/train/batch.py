@@ -33,7 +33,7 @@ boundaries, and the version is what makes a token off-policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -103,7 +103,7 @@ class TrainBatch:
         """Rows ``indices`` (any order), with T trimmed to their longest sequence (L = T - 1 with it)."""
         idx = torch.as_tensor(list(indices), dtype=torch.long, device=self.input_ids.device)
         t = max(int(self.seq_lens[idx].max()), 2) if len(idx) else 2
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
             if x is not None:
@@ -122,7 +122,7 @@ class TrainBatch:
     def slice(self, start: int, end: int) -> "TrainBatch":
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""
         t = max(int(self.seq_lens[start:end].max()), 2) if end > start else 2
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
             if x is None:

@@ -323,9 +323,9 @@ class TorchTrainer:
                     with self._autocast():
                         logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature)  # [b, l]
                     total += -(logprobs * mb.loss_mask).sum()
-            total = float(total)
+            loss_sum = float(total)
             num_tokens = batch.num_train_tokens
-            return {"eval_loss": total / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
+            return {"eval_loss": loss_sum / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
 
     @torch.no_grad()
     def _before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
@@ -425,7 +425,7 @@ def resolve_device(device: str) -> torch.device:
 
 def _load_causal_lm(model_dir: str, device: torch.device) -> PreTrainedModel:
     """fp32 weights on ``device``, torch SDPA attention."""
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
 
 
 def _mean(xs: list[float]) -> float:

@@ -11,7 +11,7 @@ train --dry-run`` prints exactly what a run would start. Per SGLang server (docs
 and per model served by several servers (or by PD groups, or given ``--router-*`` flags), one router
 (docs/sglang.md#router): ``python -m sglang_router.launch_router --worker-urls U... --host H --port P <every --router-*
 flag, prefix stripped>``, or for PD ``--pd-disaggregation --prefill U B ... --decode U ...``. A model
-with one regular server gets no router: ``EnginePool`` calls the server directly (a router in front
+with one regular server gets no router: ``HttpEnginePool`` calls the server directly (a router in front
 of one worker adds a hop and a process, nothing else). With ``--sglang-router-ip/--sglang-router-port``
 the actor's router is not launched: the launched servers are registered with it (``POST /workers``).
 

@@ -117,7 +117,7 @@ class ToolRegistry:
         try:
             async with asyncio.timeout(self.timeout_s):
                 if inspect.iscoroutinefunction(tool.fn) or inspect.iscoroutinefunction(getattr(tool.fn, "__call__", None)):
-                    out = await tool.fn(arguments)
+                    out = await tool.fn(arguments)  # type: ignore[misc]  # iscoroutinefunction checked it; mypy cannot narrow a callable
                 else:
                     out = await plugin_threads.run_sync(tool.fn, arguments)  # a hung one is abandoned
                     if inspect.isawaitable(out):

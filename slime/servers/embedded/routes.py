@@ -79,7 +79,7 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
         reqs = parsed.requests
         rids = [r.rid for r in reqs]
         seen: set[str] = set()
-        dup = next((rid for rid in rids if rid in server.inflight or rid in seen or seen.add(rid)), None)
+        dup = next((rid for rid in rids if rid in server.inflight or rid in seen or seen.add(rid)), None)  # type: ignore[func-returns-value]  # add() records it; None keeps the scan going
         if dup is not None:
             return _json({"error": {"message": f"Duplicate request ID {dup} found."}}, 400)
         server.inflight.update((r.rid, r) for r in reqs)

@@ -163,7 +163,7 @@ class ModelRunner:
             self._pending.append(_Update(tensors, weight_version, barrier, future))
 
         posted = self._post(op, with_barrier=True)
-        posted.add_done_callback(lambda f: f.cancelled() or f.exception() is None or resolve(future, exc=f.exception()))
+        posted.add_done_callback(lambda f: f.cancelled() or f.exception() is None or resolve(future, exc=f.exception()))  # type: ignore[func-returns-value]
         return future
 
     # ---- runner thread ---------------------------------------------------------------------------
@@ -316,7 +316,8 @@ class ModelRunner:
                 lps = token_logprobs(rows, torch.tensor(ctx[1:]), req.params.temperature).tolist()
                 # SGLang's first entry is always null (docs/sglang.md#generate-response): the logits that would
                 # score it (position start - 1) are not computed there, so we drop ours too.
-                req.input_logprobs = [None] + ([None] + lps)[req.logprob_start_len + 1 :]
+                scored: list[float | None] = [None, *lps]
+                req.input_logprobs = [None, *scored[req.logprob_start_len + 1 :]]
         batch = BatchKV(cache, mask)
         keep = self._sample(reqs, logits[:, -1, :])
         if not keep:

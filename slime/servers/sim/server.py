@@ -3,7 +3,7 @@
 Example::
 
     async with SimEngineServer(SimConfig(time_scale=3)) as server:
-        async with EnginePool([server.url], config=RolloutConfig()) as pool:
+        async with HttpEnginePool([server.url], config=RolloutConfig()) as pool:
             result = await pool.generate([1, 2, 3], {"max_new_tokens": 512, "sampling_seed": 7})
         server.engine.stats().slot_utilization
 

@@ -146,7 +146,7 @@ class PackedMicroBatch:
 
     def to(self, device: torch.device | str) -> "PackedMicroBatch":
         p = self.params
-        params = dataclasses.replace(
+        params = dataclasses.replace(  # type: ignore[call-arg]  # the fields of megatron-core's PackedSeqParams (an Any base here)
             p,
             cu_seqlens_q=p.cu_seqlens_q.to(device),
             cu_seqlens_kv=p.cu_seqlens_kv.to(device),
