@@ -252,9 +252,9 @@ async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num
     from transformers import AutoTokenizer
 
     from slime.config import RolloutConfig
-    from slime.servers.embedded import EngineServer
-    from slime.rollout.multiturn import calculator_generate
     from slime.engines.pool import HttpEnginePool
+    from slime.rollout.multiturn import calculator_generate
+    from slime.servers.embedded import EngineServer
     from slime.types import Sample, Status
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -27,7 +27,7 @@ import asyncio
 import random
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import msgspec
 

@@ -20,10 +20,11 @@ tokens; aborted after 600, it is resumed with ``input_ids = prompt + 600 ids`` a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from slime.rollout.generate import generate as default_generate
 from slime.engines.interface import GeneratePool
+from slime.rollout.generate import generate as default_generate
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.lengths import LogNormalLengths
 from slime.servers.sim.trajectory import TrajectoryTracker

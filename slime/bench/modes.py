@@ -40,7 +40,8 @@ import os
 import statistics
 import time
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 
@@ -49,10 +50,10 @@ from slime.bench.lengths import DrawnLengths
 from slime.bench.occupancy import OccupancyMeter
 from slime.bench.workload import Mode, Workload
 from slime.data.dataset import PromptSource
+from slime.engines.pool import HttpEnginePool
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.engines.pool import HttpEnginePool
 from slime.types import Group, Sample
 
 __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]

@@ -24,12 +24,12 @@ import aiohttp
 from slime.bench.engine_proc import sim_engine_process
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource
+from slime.engines.interface import EnginePool, PauseMode
+from slime.engines.pool import HttpEnginePool
+from slime.engines.protocol import FinishReason, GenerateResult
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.engines.pool import HttpEnginePool
-from slime.engines.interface import EnginePool, PauseMode
-from slime.engines.protocol import FinishReason, GenerateResult
 from slime.servers.sim import SimConfig, SimEngine
 
 __all__ = ["InstantPool", "SimEnginePool", "scheduler_overhead", "http_overhead"]

@@ -62,8 +62,8 @@ from slime.bench.modes import Mode, run_mode
 from slime.bench.overhead import http_overhead, scheduler_overhead
 from slime.bench.report import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
 from slime.bench.workload import MODES, Workload
-from slime.obs import strict_json
 from slime.engines.pool import HttpEnginePool
+from slime.obs import strict_json
 
 __all__ = ["main", "build_parser", "run_bench"]
 

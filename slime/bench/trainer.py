@@ -25,7 +25,8 @@ import dataclasses
 import re
 import statistics
 import time
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F

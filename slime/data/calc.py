@@ -34,7 +34,8 @@ import json
 import math
 import random
 import re
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from slime.rollout.tools.parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 

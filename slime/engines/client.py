@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import aiohttp
 import msgspec
 
 from slime.config import RolloutConfig
-from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 from slime.engines.client_weights import WeightSyncCalls
 from slime.engines.protocol import FinishReason, GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
+from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 __all__ = ["EngineClient", "CONNECT_TIMEOUT_S"]
 

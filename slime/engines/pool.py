@@ -43,16 +43,17 @@ import asyncio
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Self, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
 
 import aiohttp
 
 from slime.config import RolloutConfig
-from slime.errors import EngineTimeout, EngineUnavailable
 from slime.engines.breaker import BreakerState, CircuitBreaker
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.engines.pool_control import PoolControl
 from slime.engines.protocol import FinishReason, GenerateResult
+from slime.errors import EngineTimeout, EngineUnavailable
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
 

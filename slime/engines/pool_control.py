@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
-from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
 from slime.engines.client import EngineClient
+from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
 
 __all__ = ["PoolControl"]
 

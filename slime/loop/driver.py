@@ -29,6 +29,8 @@ from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_prompt_file, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.data.sft import model_context_len
+from slime.engines.fleet.plan import trainer_gpus, updates_in_place
+from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
@@ -36,15 +38,19 @@ from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import JsonlLog, MetricsWriter, check_something_trained, format_step_line, write_json_atomic
-from slime.loop.rollout_function import SFT_ROLLOUT, RolloutFunctionScheduler, builtin_rollout_note, check_rollout_function_modes, uses_rollout_function
+from slime.loop.rollout_function import (
+    SFT_ROLLOUT,
+    RolloutFunctionScheduler,
+    builtin_rollout_note,
+    check_rollout_function_modes,
+    uses_rollout_function,
+)
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
 from slime.obs.plots import write_plots
 from slime.rollout.generate import generate as default_generate
-from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.rollout.rewards import load_function
-from slime.engines.fleet.plan import trainer_gpus, updates_in_place
 from slime.sync import build_weight_sync
 from slime.types import GenerateFn, RewardFn
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.data.dataset import PromptRow, row_metadata, tokenize_row
 from slime.engines.interface import EnginePool

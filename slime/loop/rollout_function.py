@@ -29,7 +29,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.data.dataset import tokenize_row
 from slime.engines.interface import WorkerPool

@@ -59,7 +59,8 @@ import contextlib
 import dataclasses
 import logging
 import math
-from typing import Any, Awaitable, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptSource, row_metadata, tokenize_row
@@ -349,7 +350,7 @@ class Scheduler(SchedulerCounters):
         batch: list[Group] = []
         while len(batch) < n:
             need = n - len(batch)
-            await self._wait_for(lambda: self.buffer.num_ready >= need)
+            await self._wait_for(lambda: self.buffer.num_ready >= need)  # noqa: B023  # awaited within this iteration
             for group in self.buffer.take(need):
                 if self.config.staleness_policy == "drop" and self._too_stale(group):
                     self.stats.dropped_stale_groups += 1

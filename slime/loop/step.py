@@ -44,7 +44,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from slime.engines.interface import EnginePool
 from slime.loop.offpolicy import apply_staleness

@@ -142,7 +142,7 @@ class PrometheusExporter:
         if runner is not None:
             await runner.cleanup()
 
-    async def __aenter__(self) -> "PrometheusExporter":
+    async def __aenter__(self) -> PrometheusExporter:
         await self.start()
         return self
 
@@ -226,7 +226,7 @@ class ScalarLoggers:
         self.writers = writers
 
     @classmethod
-    def from_config(cls, obs: Any, *, run_dir: str | Path, config: dict[str, Any]) -> "ScalarLoggers":
+    def from_config(cls, obs: Any, *, run_dir: str | Path, config: dict[str, Any]) -> ScalarLoggers:
         """Writers from an ``ObsConfig``; ``config`` (the resolved run config) goes to W&B."""
         writers: list[ScalarWriter] = []
         if obs.use_wandb:

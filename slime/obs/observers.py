@@ -52,7 +52,7 @@ class Observers:
         self.tracer = open_tracer(o.enable_trace, run_dir / "trace.json", flush_interval_s=o.trace_flush_interval_s)
         self.progress = StepProgress(config.loop.num_rollout, enabled=progress)
 
-    async def __aenter__(self) -> "Observers":
+    async def __aenter__(self) -> Observers:
         if self.exporter is not None:
             try:
                 await self.exporter.start()

@@ -16,11 +16,12 @@ evidence; an unreachable engine (after the pool's bounded retries) propagates.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from slime.errors import EngineRequestError
 from slime.engines.interface import GeneratePool
 from slime.engines.protocol import GenerateResult
+from slime.errors import EngineRequestError
 from slime.types import Sample, Status
 
 __all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id", "kv_cache_version_of", "token_versions"]

@@ -52,10 +52,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from slime.errors import EngineRequestError
 from slime.engines.interface import GeneratePool
+from slime.errors import EngineRequestError
 from slime.rollout.generate import kv_cache_version_of, status_from_finish_reason, token_versions
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
@@ -292,7 +293,7 @@ def _tool_delta(tokenizer: Any, schemas: list[dict[str, Any]], history: list[dic
                 tool_msgs: list[dict[str, Any]], turn_ids: list[int]) -> tuple[list[int], str]:
     """Tokens to append after the model's turn (module docstring). Returns (ids, "full" | "minimal")."""
     first_user = next((i for i, m in enumerate(history) if m.get("role") == "user"), len(history) - 1)
-    for how, hist in (("full", history), ("minimal", history[: first_user + 1])):
+    for how, hist in (("full", history), ("minimal", history[: first_user + 1])):  # noqa: B007  # `how` is returned after the break
         x = render(tokenizer, hist, schemas, generation_prompt=False)
         b = render(tokenizer, hist + [assistant] + tool_msgs, schemas, generation_prompt=True)
         if b[: len(x)] == x:

@@ -36,8 +36,9 @@ import math
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from slime.engines.interface import EnginePool, WorkerPool
 from slime.rollout import plugin_threads
@@ -86,7 +87,7 @@ def _takes_tokenizer(fn: Any) -> bool:
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  # an async __call__, not a callable test
 
 
 async def _call_plugin(report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *,
@@ -318,8 +319,8 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
     from transformers.utils import logging as hf_logging
 
     from slime.config import RolloutConfig
-    from slime.servers.embedded import EngineServer
     from slime.engines.pool import HttpEnginePool
+    from slime.servers.embedded import EngineServer
 
     hf_logging.disable_progress_bar()  # keep the report line-oriented
     with tempfile.TemporaryDirectory(prefix="slime-check-plugin-") as tmp:

@@ -21,10 +21,11 @@ import importlib.util
 import inspect
 import logging
 import math
-from pathlib import Path
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from slime.errors import ConfigError, PluginError
 from slime.rollout import plugin_threads
@@ -126,7 +127,7 @@ async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float,
         async with deadline:
             raw = await _call(reward_fn, sample)
         sample.reward = _as_reward(raw, reward_key, sample)
-    except TimeoutError as exc:
+    except TimeoutError:
         if deadline.expired():  # our deadline, not a TimeoutError raised inside the reward function
             exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
         _mark_failed(sample, exc, time.monotonic() - t0)

@@ -54,11 +54,12 @@ import enum
 import itertools
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.data.dataset import prompt_input, row_metadata
-from slime.errors import PluginError
 from slime.engines.interface import WorkerPool
+from slime.errors import PluginError
 from slime.types import OFFLINE_VERSION, Group, Sample, Status
 
 __all__ = ["SlimeSample", "RolloutFnTrainOutput", "RolloutArgs", "RolloutDataBuffer", "to_groups"]
@@ -92,7 +93,7 @@ class SlimeSample:
     loss_mask: list[int] | None = None
     weight_versions: list[str] = dataclasses.field(default_factory=list)
     rollout_log_probs: list[float] | None = None
-    status: "SlimeSample.Status" = Status.PENDING
+    status: SlimeSample.Status = Status.PENDING
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slime.config import SyncConfig
 from slime.sync.base import StateFn, engines, snapshot, weight_update_session

@@ -33,7 +33,8 @@ boundaries, and the version is what makes a token off-policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -99,7 +100,7 @@ class TrainBatch:
         """Tokens that carry loss (sum of ``loss_mask``)."""
         return int(self.loss_mask.sum())
 
-    def select(self, indices: Sequence[int]) -> "TrainBatch":
+    def select(self, indices: Sequence[int]) -> TrainBatch:
         """Rows ``indices`` (any order), with T trimmed to their longest sequence (L = T - 1 with it)."""
         idx = torch.as_tensor(list(indices), dtype=torch.long, device=self.input_ids.device)
         t = max(int(self.seq_lens[idx].max()), 2) if len(idx) else 2
@@ -113,13 +114,13 @@ class TrainBatch:
             fields[f.name] = x
         return TrainBatch(**fields)
 
-    def to(self, device: torch.device | str) -> "TrainBatch":
+    def to(self, device: torch.device | str) -> TrainBatch:
         """Every tensor on ``device`` (self when they already are); dtypes unchanged."""
         if self.input_ids.device == torch.device(device):
             return self
         return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)})
 
-    def slice(self, start: int, end: int) -> "TrainBatch":
+    def slice(self, start: int, end: int) -> TrainBatch:
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""
         t = max(int(self.seq_lens[start:end].max()), 2) if end > start else 2
         fields: dict[str, Any] = {}

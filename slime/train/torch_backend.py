@@ -53,7 +53,7 @@ import logging
 import math
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -61,6 +61,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from slime.config import TrainConfig
 from slime.hf_checkpoint import check_hf_dir
+from slime.sync.hf_layout import checkpoint_views
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget, rl_batch_metrics
@@ -71,7 +72,6 @@ from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_
 from slime.train.losses import LossAgg
 from slime.train.lr_schedule import lr_at
 from slime.train.router_metrics import RouterStats, attach_hf_routers
-from slime.sync.hf_layout import checkpoint_views
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES", "resolve_device"]

@@ -21,9 +21,9 @@ import pytest
 from aiohttp import web
 
 from slime.config import RolloutConfig
-from slime.servers.embedded import EngineServer
-from slime.rollout.generate import generate
 from slime.engines.pool import HttpEnginePool
+from slime.rollout.generate import generate
+from slime.servers.embedded import EngineServer
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import write_tiny_llama
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig
-from slime.errors import EngineRequestError, EngineUnavailable
-from slime.servers.embedded import EngineServer
-from slime.rollout.generate import generate
 from slime.engines.pool import HttpEnginePool
+from slime.errors import EngineRequestError, EngineUnavailable
+from slime.rollout.generate import generate
+from slime.servers.embedded import EngineServer
 from slime.train.logprobs import sample_logprobs
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig, SyncConfig, TrainConfig
+from slime.engines.pool import HttpEnginePool
 from slime.servers.embedded import EngineServer
 from slime.servers.embedded.model import load_model
 from slime.servers.embedded.runner import ModelRunner
-from slime.engines.pool import HttpEnginePool
 from slime.sync import build_weight_sync
 from slime.train.logprobs import sample_logprobs
 from slime.types import Group, Sample, Status
@@ -159,7 +159,7 @@ def test_torch_backend_router_metrics_count_real_tokens_and_match_hf_routing(moe
     with torch.no_grad():  # the reference: the same routers on each sequence alone, no padding
         for seq in seqs:
             picked = []
-            handles = [r.register_forward_hook(lambda m, a, out: picked.append(out[2])) for r in routers]
+            handles = [r.register_forward_hook(lambda m, a, out: picked.append(out[2])) for r in routers]  # noqa: B023  # hooks removed within this iteration
             trainer.model(torch.tensor([seq]))
             for h in handles:
                 h.remove()

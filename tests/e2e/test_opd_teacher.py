@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from slime.config import RolloutConfig
-from slime.servers.embedded import EngineServer
+from slime.engines.pool import HttpEnginePool
 from slime.rollout.generate import generate
 from slime.rollout.opd import TeacherScorer
-from slime.engines.pool import HttpEnginePool
+from slime.servers.embedded import EngineServer
 from slime.train.logprobs import sample_logprobs
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import write_tiny_llama

@@ -20,11 +20,10 @@ import aiohttp
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.engines.fleet.processes import EmbeddedEngineProcess
-from slime.engines.pool import HttpEnginePool
-from slime.engines.fleet.processes import CommandProcess
-from slime.engines.router import RouterClient
+from slime.engines.fleet.processes import CommandProcess, EmbeddedEngineProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
+from slime.engines.pool import HttpEnginePool
+from slime.engines.router import RouterClient
 from tests.fixtures.tiny_model import write_tiny_llama
 
 pytest.importorskip("sglang_router")

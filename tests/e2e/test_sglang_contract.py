@@ -39,10 +39,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig, SyncConfig
-from slime.servers.embedded import EngineServer
-from slime.rollout.generate import generate, token_versions
 from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import parse_generate_response
+from slime.rollout.generate import generate
+from slime.servers.embedded import EngineServer
 from slime.sync.disk import DiskWeightSync
 from slime.sync.tensor import TensorWeightSync
 from slime.types import Sample, Status

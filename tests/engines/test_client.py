@@ -10,7 +10,8 @@ import asyncio
 import json
 import socket
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,10 +19,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from slime.config import RolloutConfig
-from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 from slime.engines.client import EngineClient
 from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import SAMPLING_PARAM_KEYS
+from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)

@@ -10,8 +10,8 @@ import time
 from aiohttp import web
 
 from slime.config import RolloutConfig
-from slime.rollout.generate import generate
 from slime.engines.pool import HttpEnginePool
+from slime.rollout.generate import generate
 from slime.types import Sample, Status
 from tests.engines.test_client import generate_body
 

@@ -13,11 +13,11 @@ import aiohttp
 from aiohttp import web
 
 from slime.config import EngineConfig, RolloutConfig
+from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import ROUTING_KEY_HEADER, HttpEnginePool
 from slime.engines.router import RouterClient
-from slime.engines.fleet.supervisor import EngineSupervisor
-from tests.engines.test_client import generate_body
 from tests.engines.fleet.test_supervisor import FakeProcess, serving
+from tests.engines.test_client import generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=1, retry_backoff_s=0.01)
 

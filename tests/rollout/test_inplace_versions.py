@@ -17,14 +17,13 @@ import types
 
 import pytest
 
-from slime.config import RolloutConfig
-from slime.servers.embedded import EngineServer
-from slime.rollout.generate import generate, token_versions
+from slime.config import RolloutConfig, SyncConfig
 from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import FinishReason, GenerateResult
 from slime.loop.step import pause_mode
+from slime.rollout.generate import generate, token_versions
+from slime.servers.embedded import EngineServer
 from slime.sync.disk import DiskWeightSync
-from slime.config import SyncConfig
 from slime.types import Sample
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 

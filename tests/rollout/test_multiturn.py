@@ -202,8 +202,8 @@ async def test_real_engine_abort_in_turn_two_then_resume_equals_the_uninterrupte
     import torch
 
     from slime.config import RolloutConfig
-    from slime.servers.embedded import EngineServer
     from slime.engines.pool import HttpEnginePool
+    from slime.servers.embedded import EngineServer
 
     torch.set_num_threads(1)
     gen = MultiTurnGenerate(tokenizer=TOK, tools=ToolRegistry([calculator_tool()]), system_prompt=SYSTEM)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig
+from slime.engines.pool import HttpEnginePool
+from slime.rollout.plugin_check import Report, check_filter, check_generate, check_reward, load_plugin, main
 from slime.servers.embedded import EngineServer
 from slime.servers.embedded.tiny import write_tiny_llama
-from slime.rollout.plugin_check import Report, check_filter, check_generate, check_reward, load_plugin, main
-from slime.engines.pool import HttpEnginePool
 
 torch.set_num_threads(1)
 

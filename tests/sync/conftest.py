@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from slime.config import RolloutConfig
-from slime.servers.embedded import EngineServer
 from slime.engines.pool import HttpEnginePool
+from slime.servers.embedded import EngineServer
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
 torch.set_num_threads(1)

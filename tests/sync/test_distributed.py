@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slime.config import RolloutConfig, SyncConfig
-from slime.servers.embedded import EngineServer
 from slime.engines.pool import HttpEnginePool
+from slime.servers.embedded import EngineServer
 from slime.sync.distributed import DistributedWeightSync, sglang_version
 from tests.sync.conftest import assert_holds, greedy_outputs
 

@@ -44,13 +44,13 @@ import os
 import shlex
 import socket
 import sys
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from slime.config import Config, EngineConfig
-from slime.errors import ConfigError
+from slime.engines.fleet.groups import ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args, load_sglang_config
 from slime.engines.fleet.processes import EmbeddedEngineProcess
-from slime.engines.fleet.groups import (ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args,
-                                         load_sglang_config)
+from slime.errors import ConfigError
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
            "teacher_processes", "check_launchable", "trainer_gpus", "updates_in_place", "SHARED_MEM_FRACTION_STATIC"]

@@ -31,8 +31,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from slime.errors import EngineUnavailable
 

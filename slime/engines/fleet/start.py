@@ -23,20 +23,21 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import aiohttp
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.errors import ConfigError
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
-from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
-from slime.engines.fleet.processes import CommandProcess
-from slime.engines.router import RouterClient
 from slime.engines.fleet.groups import ACTOR, TEACHER
 from slime.engines.fleet.plan import LaunchPlan, build_launch_plan, check_launchable, embedded_processes, teacher_processes
+from slime.engines.fleet.processes import CommandProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
+from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
+from slime.engines.router import RouterClient
+from slime.errors import ConfigError
 
 __all__ = ["start_rollout", "load_initial_weights", "PoolRegistry", "RolloutEngines"]
 

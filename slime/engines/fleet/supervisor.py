@@ -31,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from slime.config import EngineConfig
-from slime.errors import EngineError, EngineRequestError
 from slime.engines.pool import HttpEnginePool
 from slime.engines.router import RouterClient
+from slime.errors import EngineError, EngineRequestError
 
 __all__ = ["EngineSupervisor", "EngineProcess"]
 

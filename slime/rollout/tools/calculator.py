@@ -19,7 +19,8 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.rollout.tools.registry import Tool
 

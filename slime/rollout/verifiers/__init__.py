@@ -12,8 +12,6 @@ Each is ``async (sample) -> float`` and writes ``sample.evidence["verifier"] = {
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 from slime.config import RolloutConfig
 from slime.errors import ConfigError
 from slime.types import RewardFn

@@ -99,7 +99,7 @@ class BatchKV:
         layers = [(k[index, :, start:], v[index, :, start:]) for k, v in self._layers()]
         self._rebuild(layers, mask[:, start:])
 
-    def extend(self, other: "BatchKV") -> None:
+    def extend(self, other: BatchKV) -> None:
         """Append ``other``'s rows after ours, left-padding the shorter side with zeros."""
         width = max(self.length, other.length)
 

@@ -52,7 +52,7 @@ _FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. "
              "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
-def add_routes(app: web.Application, server: "EngineServer") -> None:
+def add_routes(app: web.Application, server: EngineServer) -> None:
     """Register every route on ``app``, bound to ``server``'s runner and state."""
 
     def not_ready() -> web.Response | None:

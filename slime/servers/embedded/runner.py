@@ -27,8 +27,9 @@ import concurrent.futures
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from transformers import DynamicCache
@@ -72,7 +73,7 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         self.weight_version = weight_version
         self.error: BaseException | None = None
-        self.step_hook: Callable[["ModelRunner"], None] | None = None
+        self.step_hook: Callable[[ModelRunner], None] | None = None
         """Test-only: called on the runner thread after every decode step (may block to hold the runner)."""
         self._cond = threading.Condition()
         self._inbox: list[EngineRequest] = []

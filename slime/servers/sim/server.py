@@ -47,7 +47,7 @@ class SimEngineServer:
         self.engine: SimEngine | None = None
         self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> "SimEngineServer":
+    async def __aenter__(self) -> SimEngineServer:
         self.engine = SimEngine(self.config)
         self.engine.start()
         self._runner = web.AppRunner(build_app(self.engine), handler_cancellation=True, access_log=None,

@@ -51,11 +51,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import math
+import os
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -453,7 +454,7 @@ class MegatronTrainer:
 
             entropy_grad = cfg.entropy_coef != 0.0
             if self.ctx.pp_size > 1:
-                self._pipeline(self.ddp, mbs, lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent), forward_only=False, entropy_grad=entropy_grad)
+                self._pipeline(self.ddp, mbs, lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent), forward_only=False, entropy_grad=entropy_grad)  # noqa: B023  # called within this iteration
             else:
                 for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
                     sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()

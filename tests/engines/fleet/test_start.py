@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.errors import EngineUnavailable
 from slime.engines.client import EngineClient
-from slime.engines.fleet.start import start_rollout
 from slime.engines.fleet.processes import CommandProcess
+from slime.engines.fleet.start import start_rollout
+from slime.errors import EngineUnavailable
 from tests.engines.test_client import generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=1, retry_backoff_s=0.01)
@@ -103,9 +103,9 @@ async def test_external_actor_engines_with_a_launched_teacher_and_with_running_t
 
 
 async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run_weights_with_the_cache_flushed(start_engines, tmp_path):
-    from slime.errors import ConfigError
     from slime.engines.fleet.start import load_initial_weights
     from slime.engines.pool import HttpEnginePool
+    from slime.errors import ConfigError
 
     run_model = tmp_path / "run-model"
     run_model.mkdir()

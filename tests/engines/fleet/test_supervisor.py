@@ -11,10 +11,10 @@ import asyncio
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
+from slime.engines.fleet.supervisor import EngineSupervisor
+from slime.engines.pool import HttpEnginePool
 from slime.errors import EngineRequestError, EngineUnavailable
 from slime.rollout.generate import generate
-from slime.engines.pool import HttpEnginePool
-from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.types import Sample, Status
 from tests.engines.test_client import FakeEngine, dead_url, generate_body
 

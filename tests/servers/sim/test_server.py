@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 
 from slime.config import RolloutConfig
-from slime.errors import EngineRequestError
-from slime.rollout.generate import generate
 from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import parse_generate_response
+from slime.errors import EngineRequestError
+from slime.rollout.generate import generate
 from slime.servers.sim import SimEngine, SimEngineServer
 from slime.types import Sample, Status
 from tests.servers.sim.helpers import fixed_config, until
