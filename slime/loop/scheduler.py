@@ -69,6 +69,7 @@ from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.obs.trace import NULL_TRACER
 from slime.rollout.generate import generate as default_generate
+from slime.rollout.opd import TeacherScorer
 from slime.rollout.rewards import score_group, score_sample
 from slime.types import OFFLINE_VERSION, GenerateFn, Group, GroupRewardFn, RewardFn, Sample, Status
 
@@ -157,7 +158,7 @@ class Scheduler(SchedulerCounters):
         tracer: Any = None,
         offline: Any = None,
         fixed_weights: bool = False,
-        teacher: Any = None,
+        teacher: TeacherScorer | None = None,
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")

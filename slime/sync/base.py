@@ -80,7 +80,7 @@ def engines(pool: WorkerPool) -> list[EngineClient]:
     return clients
 
 
-async def _begin(client: Any) -> bool:
+async def _begin(client: EngineClient) -> bool:
     try:
         return await client.begin_weight_update()
     except EngineRequestError as exc:

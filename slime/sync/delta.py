@@ -44,6 +44,7 @@ from slime.sync.codec import ZLIB_LEVEL, EncodedTensor, encode_payload, encode_t
 from slime.sync.wire import serialize_cuda_ipc
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.client import EngineClient
     from slime.engines.interface import WorkerPool
 
 __all__ = ["DeltaWeightSync", "SGLANG_LOADER"]
@@ -109,7 +110,7 @@ class DeltaWeightSync:
         out = [encode_tensor(n, None if full else base.get(n), t, level=self.level, full=full) for n, t in new.items()]
         return [e for e in out if e is not None]
 
-    async def _push(self, client: Any, encoded: list[EncodedTensor], new: dict[str, torch.Tensor],
+    async def _push(self, client: EngineClient, encoded: list[EncodedTensor], new: dict[str, torch.Tensor],
                     control: dict[str, Any], full: list[asyncio.Future]) -> tuple[int, bool]:
         """Send ``encoded`` to one engine; on a mismatch or refusal, a full sync. Returns (bytes sent, fell back)."""
         sent, problem = 0, None
@@ -130,7 +131,7 @@ class DeltaWeightSync:
             raise RuntimeError(f"full weight sync to {client.url} (version {control['weight_version']}) still mismatches: {problem}")
         return sent + more, True
 
-    async def _send(self, client: Any, encoded: list[EncodedTensor], control: dict[str, Any]) -> tuple[int, str | None]:
+    async def _send(self, client: EngineClient, encoded: list[EncodedTensor], control: dict[str, Any]) -> tuple[int, str | None]:
         """Send in buckets; returns (bytes, None) or (bytes, a description of the checksum mismatch)."""
         sent, bad = 0, []
         timeout_s = self.config.update_weights_timeout_s
