@@ -118,7 +118,7 @@ async def bench_cpu(args) -> dict:
 
     from slime.config import RolloutConfig, SyncConfig
     from slime.engines.fleet.processes import launch_embedded_engines
-    from slime.engines.pool import EnginePool
+    from slime.engines.pool import HttpEnginePool
     from slime.sync.delta import DeltaWeightSync
     from slime.sync.disk import DiskWeightSync
     from slime.sync.distributed import DistributedWeightSync
@@ -132,7 +132,7 @@ async def bench_cpu(args) -> dict:
     cfg = SyncConfig(weights_dir=str(tmp / "weights"), update_weight_buffer_size=args.update_weight_buffer_size)
     out: dict = {"model": model_dir, "num_params": num_params, "state_bytes": full_bytes, "strategies": {}, "delta": {}}
     async with launch_embedded_engines(model_dir, num_engines=1, threads=1, max_running_requests=8, startup_timeout_s=120) as urls, \
-            EnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool:
+            HttpEnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool:
         await pool.wait_ready(120)
         save_hf = lambda d: _save_hf(state, model_dir, d)  # noqa: E731
         makers = {
@@ -155,15 +155,15 @@ async def bench_cpu(args) -> dict:
                 if name.startswith("delta"):
                     sync = make()  # no base: every sync is a full one
             await sync.close()
-            s, l = statistics.median(saves[1:]), statistics.median(loads[1:])
-            out["strategies"][name] = {"bytes": full_bytes, "save_s": s, "load_s": l, "gb_per_s": full_bytes / (s + l) / 1e9,
-                                       "load_gb_per_s": full_bytes / l / 1e9}
+            s, ld = statistics.median(saves[1:]), statistics.median(loads[1:])
+            out["strategies"][name] = {"bytes": full_bytes, "save_s": s, "load_s": ld, "gb_per_s": full_bytes / (s + ld) / 1e9,
+                                       "load_gb_per_s": full_bytes / ld / 1e9}
         for label, kw in [("1 AdamW step, lr 1e-6", dict(lr=1e-6)), ("1 AdamW step, lr 1e-5", dict(lr=1e-5)),
                           ("11th AdamW step, lr 1e-6", dict(lr=1e-6, warmup=10)),
                           ("1 AdamW step, lr 1e-6, last layer only", dict(lr=1e-6, only="model.layers.3."))]:
             before, after = adamw_steps(model_dir, **kw)
             row = {"fp32": delta_sizes(before, after), "bf16": delta_sizes(before, after, torch.bfloat16)}
-            sync = DeltaWeightSync(cfg, pool=pool, state_fn=lambda: dict(after), base=before)
+            sync = DeltaWeightSync(cfg, pool=pool, state_fn=lambda: dict(after), base=before)  # noqa: B023  # used within this iteration
             await pool.update_weights_from_disk(_save_hf(before, model_dir, str(tmp / "before")), weight_version=str(version))
             version += 1
             t0 = time.monotonic()
@@ -232,7 +232,7 @@ def bench_gpu(args) -> dict:
         total = sum(t.numel() * t.element_size() for _, t in tensors)
         parts = buckets(tensors, args.update_weight_buffer_size)
         for flat in (False, True):
-            run = lambda: [group.broadcast([t for _, t in b], flattened=flat) for b in parts]  # noqa: E731
+            run = lambda: [group.broadcast([t for _, t in b], flattened=flat) for b in parts]  # noqa: E731, B023  # timed within this iteration
             dt = timed(run, max(1, args.repeats // 2))
             out["weights"][f"{str(dtype)[6:]} {'flat buckets' if flat else 'per tensor'}"] = {
                 "bytes": total, "seconds": dt, "gb_per_s": total / dt / 1e9, "num_buckets": len(parts)}

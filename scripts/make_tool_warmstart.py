@@ -252,15 +252,15 @@ async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num
     from transformers import AutoTokenizer
 
     from slime.config import RolloutConfig
-    from slime.servers.embedded import EngineServer
+    from slime.engines.pool import HttpEnginePool
     from slime.rollout.multiturn import calculator_generate
-    from slime.engines.pool import EnginePool
+    from slime.servers.embedded import EngineServer
     from slime.types import Sample, Status
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sem = asyncio.Semaphore(128)
     async with EngineServer(model_dir, port=0, seed=seed, weight_version="0", num_threads=threads) as server:
-        async with EnginePool([server.url], config=RolloutConfig(request_timeout_s=600, max_retries=0)) as pool:
+        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=600, max_retries=0)) as pool:
 
             async def one(g: int, i: int, row: dict) -> Sample:
                 sample = Sample(prompt_ids=[], prompt=row["prompt"], label=row["label"], group_id=g, index=i)

@@ -84,9 +84,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from slime.data import arith, chain
+from slime.data.tokenizer import build_tokenizer
 
 TASKS = {"arith": arith, "chain": chain}  # the same format, vocabulary and reward (arith.score)
-from slime.data.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "slime" / "data" / "assets" / "arith-warmstart"

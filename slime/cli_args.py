@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 
 from slime.config import SHARED_FIELDS, Config
-from slime.errors import ConfigError
 from slime.engines.fleet.groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
+from slime.errors import ConfigError
 
 __all__ = ["FLAGS", "build_parser", "config_from_args", "split_passthrough", "RESERVED_PASSTHROUGH"]
 

@@ -22,9 +22,10 @@ import argparse
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from slime.errors import ConfigError
 

@@ -590,7 +590,7 @@ class Config(msgspec.Struct, **_STRUCT):
     """Resume from this run directory's latest checkpoint (``--load``); usually the same as ``--save``."""
     seed: int = 1234
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Check values; raise ``ConfigError`` naming the CLI flag (or, for ``SHARED_FIELDS`` that
         disagree, both fields and their values). Returns self."""
         disagreements = [f"{copy}={got!r} disagrees with {owner}={want!r}"

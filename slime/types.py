@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-__all__ = ["OFFLINE_VERSION", "Status", "Sample", "Group", "valid_samples", "GenerateFn", "RewardFn", "GroupRewardFn"]
+if TYPE_CHECKING:  # the pool type only: types.py imports nothing of ours at run time
+    from slime.engines.interface import EnginePool
+
+__all__ = ["OFFLINE_VERSION", "Status", "Sample", "Group", "valid_samples", "GenerateFn", "RewardFn", "RewardValue", "GroupRewardFn"]
 
 OFFLINE_VERSION = -1
 """The version of a token that no policy of this run sampled (``--offline-data``). Such tokens are
@@ -284,21 +288,37 @@ def valid_samples(groups: Sequence[Group]) -> list[Sample]:
 
 
 class GenerateFn(Protocol):
-    """A generate function: grows ``sample`` through ``Sample.append`` and sets its status.
+    """A generate function (``--custom-generate-function-path``; the default is ``slime.rollout.generate.generate``):
+    grows ``sample`` through ``Sample.append`` and sets its status.
 
-    Called with the sample (possibly a partial one to resume), the sampling params (SGLang's
-    ``sampling_params`` keys) and the engine client. Returns the sample, or a list of samples
-    when one trajectory yields several.
+    Called by the scheduler with the sample (possibly a partial one to resume), the sampling params
+    (SGLang's ``sampling_params`` keys, without ``max_new_tokens``), the run's engine pool
+    (``slime.engines.interface.EnginePool``; most functions only call its ``generate``), the cap on
+    response tokens counting those the sample already has, the policy version the engines hold, and
+    ``decode`` (token ids -> text). Returns the sample, or a list of samples when one trajectory yields
+    several. A function that takes a ``tokenizer`` keyword gets the run's tokenizer bound by the driver.
     """
 
-    def __call__(self, sample: Sample, sampling_params: dict[str, Any], **kwargs: Any) -> Awaitable[Sample | list[Sample]]: ...
+    def __call__(self, sample: Sample, sampling_params: dict[str, Any], *, pool: EnginePool, max_response_len: int,
+                 engine_version: int, decode: Callable[[list[int]], str] | None = None) -> Awaitable[Sample | list[Sample]]: ...
 
 
-RewardFn = Callable[[Sample], Awaitable[float]]
-"""Per-sample reward: async, returns a float. May raise; the scheduler marks the sample FAILED.
-A reward that reads ``Sample.label`` says so with an attribute ``needs_label = True`` (the math
-verifier and the built-in tasks' rewards do): the run then refuses, at load, each prompt row whose
-label is missing, null or blank, naming ``file:line`` (``--on-bad-data skip`` skips and counts it)."""
+RewardValue = float | dict[str, Any]
+"""What a reward function returns: the reward, or a dict whose ``--reward-key`` entry is the reward."""
 
-GroupRewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
-"""Per-group reward: async, returns one float per sample."""
+
+class RewardFn(Protocol):
+    """Per-sample reward (``--custom-rm-path``, ``--rm-type``, a built-in task's): ``async def reward(sample)``
+    returning a float (or a dict, see ``RewardValue``); a plain function runs on a daemon thread
+    (``slime.rollout.rewards``). May raise; the sample is then marked FAILED with the error as evidence.
+    A reward that reads ``Sample.label`` says so with an attribute ``needs_label = True`` (the math
+    verifier and the built-in tasks' rewards do): the run then refuses, at load, each prompt row whose
+    label is missing, null or blank, naming ``file:line`` (``--on-bad-data skip`` skips and counts it)."""
+
+    def __call__(self, sample: Sample, /) -> RewardValue | Awaitable[RewardValue]: ...
+
+
+class GroupRewardFn(Protocol):
+    """Per-group reward (``--group-rm``): one reward per sample of the group, in order; async or plain."""
+
+    def __call__(self, samples: list[Sample], /) -> list[float] | Awaitable[list[float]]: ...

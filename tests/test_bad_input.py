@@ -23,10 +23,10 @@ from slime.cli import main as slime_main
 from slime.cli_args import build_parser, config_from_args
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
+from slime.engines.client import EngineClient
 from slime.errors import ConfigError, DataError, EngineRequestError, EngineTimeout, EngineUnavailable, PluginError, ProtocolError
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
-from slime.engines.client import EngineClient
 from slime.rollout.rewards import score_group, score_sample
 from slime.types import Sample, Status
 from tests.fixtures.fake_pool import FakePool

@@ -34,7 +34,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import torch
@@ -43,8 +44,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron_common import make_groups, make_hf_dir  # noqa: E402
 
 from slime.bench.trainer import (  # noqa: E402
-    SHAPES, TransformersReference, flops_per_token, format_profile, markdown_table, matmul_ceiling_tflops, measure, megatron_backend,
-    profile_summary, torch_backend,
+    SHAPES,
+    TransformersReference,
+    flops_per_token,
+    format_profile,
+    markdown_table,
+    matmul_ceiling_tflops,
+    measure,
+    megatron_backend,
+    profile_summary,
+    torch_backend,
 )  # fmt: skip
 from slime.config import MegatronConfig, TrainConfig  # noqa: E402
 
@@ -117,7 +126,7 @@ def run_shape(name: str, args: argparse.Namespace, factories: dict[str, Factory]
             r = measure(backend, groups, warmup=args.warmup, steps=args.steps, fwd_flops=fwd, train_flops=train, ceiling_tflops=ceiling)
             r["build_and_measure_s"] = time.perf_counter() - t0
             if args.profile:
-                profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)
+                profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)  # noqa: B023  # called within this iteration
                 print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
         except torch.OutOfMemoryError as exc:
             r = {"skipped": f"out of memory: {str(exc).splitlines()[0][:200]}"}

@@ -5,7 +5,7 @@ machine and date recorded in ``docs/benchmarks.md``.
   the simulated engine or a real SGLang, plus the scheduler's and the HTTP client's own overhead.
 - ``workload.py``: the standard long-tail workload and each mode's knobs.
 - ``modes.py``: one mode's run (fresh engine process, scheduler, ``run_step`` x steps) and its metrics.
-- ``overhead.py``: scheduler completions/s on an instant in-process engine; ``EnginePool`` vs a bare
+- ``overhead.py``: scheduler completions/s on an instant in-process engine; ``HttpEnginePool`` vs a bare
   aiohttp client against an instant engine on loopback.
 - ``lengths.py``: each sample's response length, drawn by the client and enforced per request.
 - ``occupancy.py``: engine occupancy measured from the client side (any engine).

@@ -1,6 +1,6 @@
 """Calibrating the simulated engine to a real one: decode step cost = a + b x running requests.
 
-``probe_decode_cost`` measures a real engine (any ``EnginePool``-like ``generate``) before the
+``probe_decode_cost`` measures a real engine (any ``HttpEnginePool``-like ``generate``) before the
 modes run: for each batch size B it sends B requests at once twice, with ``max_new_tokens`` =
 ``short`` and then ``long`` (``ignore_eos``, fresh random prompts of ``prompt_len`` tokens, so no
 prefix-cache hit), and takes::
@@ -27,11 +27,12 @@ import asyncio
 import random
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import msgspec
 
 from slime.bench.workload import Workload
+from slime.engines.interface import GeneratePool
 
 __all__ = ["DecodeCost", "fit_decode_cost", "probe_decode_cost", "calibrated_workload"]
 
@@ -63,7 +64,7 @@ def fit_decode_cost(points: Sequence[tuple[int, float]], *, prefill_ms_per_token
                       points=[(int(x), y) for x, y in points], prefill_ms_per_token=prefill_ms_per_token)
 
 
-async def probe_decode_cost(pool: Any, *, batch_sizes: Sequence[int] = (1, 32, 64, 128, 256), prompt_len: int = 512,
+async def probe_decode_cost(pool: GeneratePool, *, batch_sizes: Sequence[int] = (1, 32, 64, 128, 256), prompt_len: int = 512,
                             short: int = 16, long: int = 272, prefill_len: int = 2048, prefill_batch: int = 8,
                             seed: int = 0, log=print) -> DecodeCost:
     """Measure the engine behind ``pool`` (idle, weights loaded) and fit its decode cost.

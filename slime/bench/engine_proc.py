@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import os
 import sys
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import aiohttp
 import msgspec

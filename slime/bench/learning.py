@@ -263,13 +263,12 @@ def _one_run(argv: list[str]) -> list[dict[str, Any]]:
         SlimeError: a bad flag or a failed run (the driver's own errors).
     """
     import msgspec
+    from transformers.utils import logging as hf_logging
 
-    from slime.cli import DEFAULT_CHECKPOINTS, _check_run_dir, _run, preflight
     from slime import cli_args
+    from slime.cli import DEFAULT_CHECKPOINTS, _check_run_dir, _run, preflight
     from slime.errors import ConfigError
     from slime.loop.driver import run_training
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync (as slime train)
     argv, sglang_args, router_args = cli_args.split_passthrough(argv)

@@ -20,8 +20,10 @@ tokens; aborted after 600, it is resumed with ``input_ids = prompt + 600 ids`` a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from slime.engines.interface import GeneratePool
 from slime.rollout.generate import generate as default_generate
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.lengths import LogNormalLengths
@@ -54,7 +56,7 @@ class DrawnLengths:
             self._totals[key] = self._tracker.resolve(list(sample.prompt_ids), sampling_seed=None, rid=stem).total
         return self._totals[key]
 
-    async def generate(self, sample: Sample, sampling_params: dict[str, Any], *, pool: Any, max_response_len: int,
+    async def generate(self, sample: Sample, sampling_params: dict[str, Any], *, pool: GeneratePool, max_response_len: int,
                        engine_version: int, decode: Callable[[list[int]], str] | None = None) -> Sample:
         """``slime.rollout.generate.generate`` with ``max_new_tokens`` = the rest of the draw and
         ``ignore_eos``; the scheduler's generate-function signature."""

@@ -40,7 +40,8 @@ import os
 import statistics
 import time
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 
@@ -49,10 +50,10 @@ from slime.bench.lengths import DrawnLengths
 from slime.bench.occupancy import OccupancyMeter
 from slime.bench.workload import Mode, Workload
 from slime.data.dataset import PromptSource
+from slime.engines.pool import HttpEnginePool
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.engines.pool import EnginePool
 from slime.types import Group, Sample
 
 __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
@@ -60,8 +61,8 @@ __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
 READY_TIMEOUT_S = 60.0
 
 
-class CountingPool(EnginePool):
-    """``EnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued) and
+class CountingPool(HttpEnginePool):
+    """``HttpEnginePool`` that counts the ``/generate`` calls it is asked for (the requests issued) and
     feeds ``meter`` (requests in flight; paused in place) when one is attached."""
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -101,7 +102,7 @@ class BenchWeightSync:
     paused in place). ``load_s`` records the wall seconds of each load.
     """
 
-    def __init__(self, pool: EnginePool, weights_path: str | None = None):
+    def __init__(self, pool: HttpEnginePool, weights_path: str | None = None):
         self.pool = pool
         self.weights_path = weights_path
         self.load_s: list[float] = []

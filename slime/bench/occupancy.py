@@ -19,7 +19,7 @@ Example: cap 4; 2 requests for 1 s, then 6 for 1 s: (2 * 1 + 4 * 1) / (4 * 2) = 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["OccupancyMeter"]
 

@@ -6,7 +6,7 @@ same process: either ``InstantPool`` (a trivial fake with the pool's interface, 
 scheduler's alone) or ``SimEngine(instant=True)`` wrapped by ``SimEnginePool`` (the sim engine's own
 per-request work, ~numpy hashing and token draws, is then counted too). One thread, one core.
 
-``http_overhead``: ``EnginePool.generate`` against an instant ``SimEngine`` in its own process on
+``http_overhead``: ``HttpEnginePool.generate`` against an instant ``SimEngine`` in its own process on
 loopback, next to a bare aiohttp client (one ``ClientSession``, ``session.post(json=...)``, body
 read, not parsed) sending the same requests with the same concurrency. Rounds alternate (bare,
 ours, bare, ours, ...) so that noise from other processes hits both; the best round of each is kept.
@@ -24,11 +24,12 @@ import aiohttp
 from slime.bench.engine_proc import sim_engine_process
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource
+from slime.engines.interface import EnginePool, PauseMode
+from slime.engines.pool import HttpEnginePool
+from slime.engines.protocol import FinishReason, GenerateResult
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.engines.pool import EnginePool
-from slime.engines.protocol import FinishReason, GenerateResult
 from slime.servers.sim import SimConfig, SimEngine
 
 __all__ = ["InstantPool", "SimEnginePool", "scheduler_overhead", "http_overhead"]
@@ -37,7 +38,7 @@ _STOP = FinishReason(type="stop", matched=2)
 
 
 class InstantPool:
-    """The ``EnginePool`` interface, answering every generate at once with ``num_tokens`` tokens (EOS last)."""
+    """The ``HttpEnginePool`` interface, answering every generate at once with ``num_tokens`` tokens (EOS last)."""
 
     def __init__(self, num_tokens: int = 16):
         self.version = "0"
@@ -65,7 +66,7 @@ class InstantPool:
 
 
 class SimEnginePool:
-    """An in-process ``SimEngine`` behind the ``EnginePool`` interface (no HTTP)."""
+    """An in-process ``SimEngine`` behind the ``HttpEnginePool`` interface (no HTTP)."""
 
     def __init__(self, engine: SimEngine):
         self.engine = engine
@@ -77,7 +78,7 @@ class SimEnginePool:
         self.engine.abort_all()
         return {}
 
-    async def pause_generation(self, mode: str = "abort") -> dict:
+    async def pause_generation(self, mode: PauseMode = "abort") -> dict:
         self.engine.pause_generation(mode)
         return {}
 
@@ -90,7 +91,7 @@ class SimEnginePool:
 
 
 class _NoSync:
-    def __init__(self, pool: Any):
+    def __init__(self, pool: EnginePool):
         self.pool = pool
 
     async def save(self, version: int) -> str:
@@ -158,13 +159,13 @@ def instant_sim_flags(seed: int) -> list[str]:
 
 
 async def http_overhead(num_requests: int, *, concurrency: int = 64, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Requests/s and client CPU/request of ``EnginePool.generate`` and of bare aiohttp (same requests)."""
+    """Requests/s and client CPU/request of ``HttpEnginePool.generate`` and of bare aiohttp (same requests)."""
     prompts = [[3 + (i * 31 + j) % 30000 for j in range(32)] for i in range(256)]
     params = {"max_new_tokens": 128, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
     results: dict[str, list[dict[str, float]]] = {"ours": [], "bare": []}
     async with sim_engine_process(instant_sim_flags(seed)) as proc:
         url = proc.url
-        async with aiohttp.ClientSession() as session, EnginePool([url], config=RolloutConfig()) as pool:
+        async with aiohttp.ClientSession() as session, HttpEnginePool([url], config=RolloutConfig()) as pool:
             await pool.wait_ready(30.0)
 
             async def bare(i: int, tag: str) -> None:

@@ -126,7 +126,7 @@ def format_table(results: dict[str, Any]) -> str:
                      f"({sched['cpu_us_per_completion']:.1f} us CPU each); with SimEngine(instant) in-process: "
                      f"{results.get('scheduler_sim_engine', {}).get('completions_per_s', float('nan')):,.0f}/s")
     if http:
-        lines.append(f"HTTP, instant engine on loopback, concurrency {http['concurrency']}: EnginePool {http['http_requests_per_s']:,.0f} req/s "
+        lines.append(f"HTTP, instant engine on loopback, concurrency {http['concurrency']}: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s "
                      f"({http['ours_client_cpu_ms_per_request']:.3f} ms CPU/req), bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s "
                      f"({http['bare_client_cpu_ms_per_request']:.3f} ms CPU/req): ratio {http['ratio_vs_bare']:.2f}")
     cal = results.get("calibration")

@@ -5,7 +5,7 @@ process per mode, or the running engines of ``--engine-urls``, e.g. a real SGLan
 prompts, the same seed and the same per-sample response lengths (drawn by the client and enforced
 per request, ``lengths.py``), with the real ``Scheduler`` and ``slime.loop.step.run_step``; then
 measures our own overhead (scheduler completions per CPU-second, i.e. on one core, on an instant
-in-process engine, with the wall-time rate beside it in ``scheduler``; ``EnginePool`` vs bare
+in-process engine, with the wall-time rate beside it in ``scheduler``; ``HttpEnginePool`` vs bare
 aiohttp on loopback).
 
 Per mode (``modes.py``): ``delivered_tokens_per_s`` (response tokens handed to the trainer / wall
@@ -58,12 +58,12 @@ from typing import Any
 import msgspec
 
 from slime.bench.calibrate import calibrated_workload, probe_decode_cost
-from slime.bench.modes import run_mode
+from slime.bench.modes import Mode, run_mode
 from slime.bench.overhead import http_overhead, scheduler_overhead
 from slime.bench.report import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
 from slime.bench.workload import MODES, Workload
+from slime.engines.pool import HttpEnginePool
 from slime.obs import strict_json
-from slime.engines.pool import EnginePool
 
 __all__ = ["main", "build_parser", "run_bench"]
 
@@ -156,7 +156,7 @@ def completions_per_core_s(sched: dict[str, float]) -> float:
     return 1e6 / sched["cpu_us_per_completion"]
 
 
-async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | None = None, weights_path: str | None = None,
+async def run_bench(wl: Workload, modes: list[Mode], *, engine_urls: list[str] | None = None, weights_path: str | None = None,
                     overhead_samples: int = 50_000, http_requests: int = 5_000, http_concurrency: int = 64,
                     probe: ProbeConfig | None = None, log=print) -> dict[str, Any]:
     """Run the overhead measurements, then every mode; return the results dict (see module doc).
@@ -183,11 +183,11 @@ async def run_bench(wl: Workload, modes: list[str], *, engine_urls: list[str] | 
         results["http_requests_per_s"] = http["http_requests_per_s"]
         results["bare_aiohttp_requests_per_s"] = http["bare_aiohttp_requests_per_s"]
         results["http_ratio_vs_bare"] = http["ratio_vs_bare"]
-        log(f"http: EnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s")
+        log(f"http: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s")
     run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
     cost = None
     if probe is not None:
-        async with EnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
+        async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
             await pool.wait_ready(60.0)
             t0 = time.monotonic()
             cost = await probe_decode_cost(pool, batch_sizes=probe.batch_sizes, prompt_len=probe.prompt_len, short=probe.short,

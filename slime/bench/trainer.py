@@ -25,7 +25,8 @@ import dataclasses
 import re
 import statistics
 import time
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -126,7 +127,7 @@ class TransformersReference:
             raise ValueError(f"precision={precision!r}: expected 'autocast', 'bf16' or 'fp32'")
         self.config, self.device, self.precision = config, torch.device(device), precision
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
         self.pad_token_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
                                            weight_decay=config.weight_decay, fused=self.device.type == "cuda" or None)

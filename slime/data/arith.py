@@ -31,8 +31,9 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -134,7 +135,7 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
     Raises:
         ValueError: for an unknown split.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for prompt, label, _ in iter_problems(seed, split, **kwargs):
         if len(rows) == n:
             break
@@ -193,7 +194,7 @@ async def reward(sample: Sample) -> float:
     return 1.0 if answer is not None and answer == sample.label.strip() else 0.0
 
 
-reward.needs_label = True  # it reads Sample.label: prompt rows without one are refused at load (slime.types.RewardFn)
+reward.needs_label = True  # type: ignore[attr-defined]  # a function attribute; it reads Sample.label: prompt rows without one are refused at load (slime.types.RewardFn)
 
 
 # ---------------------------------------------------------------------------------------------

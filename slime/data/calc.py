@@ -34,7 +34,8 @@ import json
 import math
 import random
 import re
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from slime.rollout.tools.parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -110,7 +111,7 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
     Raises:
         ValueError: for an unknown split.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for prompt, label in iter_problems(seed, split, **kwargs):
         if len(rows) == n:
             break
@@ -189,4 +190,4 @@ async def reward(sample: Sample) -> float:
     return 1.0 if answer is not None and answer == sample.label.strip() else 0.0
 
 
-reward.needs_label = True  # it reads Sample.label: prompt rows without one are refused at load (slime.types.RewardFn)
+reward.needs_label = True  # type: ignore[attr-defined]  # a function attribute; it reads Sample.label: prompt rows without one are refused at load (slime.types.RewardFn)

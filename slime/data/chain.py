@@ -43,7 +43,8 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from slime.data.arith import extract_answer, read_jsonl, reward, score, split_of, write_jsonl
 

@@ -47,7 +47,8 @@ whitespace dropped).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 from slime.errors import ConfigError
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 

@@ -28,8 +28,9 @@ Not covered: multi-turn offline samples (tool tokens with loss mask 0); a respon
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import msgspec
 

@@ -14,22 +14,23 @@ Errors are mapped once, here (``slime/errors.py``):
     a body we cannot decode                                                 -> ProtocolError
 
 Each carries ``url``, ``endpoint``, ``status`` and the engine's own words (``engine_message``, via
-``error_message_from_body``). The client owns no session: the ``EnginePool`` (or the caller) does.
+``error_message_from_body``). The client owns no session: the ``HttpEnginePool`` (or the caller) does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import aiohttp
 import msgspec
 
 from slime.config import RolloutConfig
-from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 from slime.engines.client_weights import WeightSyncCalls
 from slime.engines.protocol import FinishReason, GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
+from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 __all__ = ["EngineClient", "CONNECT_TIMEOUT_S"]
 
@@ -85,7 +86,7 @@ class EngineClient(WeightSyncCalls):
         if extra_headers:
             headers = {**headers, **extra_headers}
         client_timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, CONNECT_TIMEOUT_S))
-        err = dict(url=self.url, endpoint=endpoint)
+        err: dict[str, Any] = dict(url=self.url, endpoint=endpoint)
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._session.request(

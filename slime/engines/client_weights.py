@@ -8,7 +8,8 @@ Protocol facts: docs/sglang.md. The strategies that use these calls live in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from slime.errors import EngineRequestError
 

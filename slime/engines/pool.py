@@ -1,4 +1,4 @@
-"""``EnginePool``: several engines (or one router in front of them) behind one ``aiohttp.ClientSession``.
+"""``HttpEnginePool``: several engines (or one router in front of them) behind one ``aiohttp.ClientSession``.
 
 Routing for ``generate``, without a router: a ``sticky_key`` (one per trajectory, so the turns of a
 conversation share the prefix cache) goes back to the engine it went to last while that engine is in
@@ -43,18 +43,19 @@ import asyncio
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
 
 import aiohttp
 
 from slime.config import RolloutConfig
-from slime.errors import EngineTimeout, EngineUnavailable
 from slime.engines.breaker import BreakerState, CircuitBreaker
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.engines.pool_control import PoolControl
 from slime.engines.protocol import FinishReason, GenerateResult
+from slime.errors import EngineTimeout, EngineUnavailable
 
-__all__ = ["EnginePool", "ROUTING_KEY_HEADER"]
+__all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
 
 log = logging.getLogger(__name__)
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
@@ -74,7 +75,7 @@ class _Engine:
     num_picks: int = 0
 
 
-class EnginePool(PoolControl):
+class HttpEnginePool(PoolControl):
     """Workers at ``urls`` (and optionally the router at ``router_url``); an async context manager.
 
     Construct inside a running event loop (aiohttp's rule). A ``session`` passed in is used and left
@@ -95,7 +96,7 @@ class EnginePool(PoolControl):
                  breaker_cooldown_s: float | None = None, rejoin_timeout_s: float = 0.0,
                  weights: tuple[str, str] | None = None):
         if not urls:
-            raise ValueError("EnginePool needs at least one engine url")
+            raise ValueError("HttpEnginePool needs at least one engine url")
         self.config = config
         self.failure_threshold = failure_threshold
         self.breaker_cooldown_s = breaker_cooldown_s or max(config.retry_backoff_s * 2**config.max_retries, 1e-3)
@@ -136,7 +137,7 @@ class EnginePool(PoolControl):
         for url in urls:
             self.add_engine(url)
 
-    async def __aenter__(self) -> "EnginePool":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -325,11 +326,12 @@ class EnginePool(PoolControl):
         call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs,
                                                      timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s))
         abort = None
+        racing: list[asyncio.Future[Any]] = [call, give_up]
         try:
-            await asyncio.wait([call, give_up], timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(racing, timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if not call.done() and not give_up.done() and rid:
                 abort = asyncio.ensure_future(self._abort_rid(client, rid))
-                await asyncio.wait([call, give_up], timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(racing, timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if call.done():
                 result = call.result()
                 if abort is not None:
@@ -380,7 +382,7 @@ class EnginePool(PoolControl):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("EnginePool is closed")
+            raise RuntimeError("HttpEnginePool is closed")
 
 
 def _aborted(rid: str | None, message: str) -> GenerateResult:

@@ -1,4 +1,4 @@
-"""The control calls of ``EnginePool``, and taking workers out of rotation and back.
+"""The control calls of ``HttpEnginePool``, and taking workers out of rotation and back.
 
 Each control call goes to every worker in rotation, concurrently.
 
@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Awaitable, Callable, Literal, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
-from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
 from slime.engines.client import EngineClient
+from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
 
 __all__ = ["PoolControl"]
 
@@ -35,9 +36,27 @@ OnUnreachable = Literal["skip", "take_out", "take_out_and_raise", "raise"]
 
 
 class PoolControl:
-    """Mixin of ``EnginePool`` (which provides ``clients``, ``record_failure``, ``take_out``, ...)."""
+    """Mixin of ``HttpEnginePool`` (which provides ``clients``, ``record_failure``, ``take_out``, ...)."""
 
-    clients: list[EngineClient]
+    if TYPE_CHECKING:  # provided by HttpEnginePool
+        @property
+        def clients(self) -> list[EngineClient]: ...
+
+        def record_failure(self, url: str, reason: str) -> None: ...
+
+        def client(self, url: str) -> EngineClient: ...
+
+        def record_success(self, url: str) -> None: ...
+
+        @property
+        def urls(self) -> list[str]: ...
+
+        def _engine(self, url: str, *, pop: bool = False) -> Any: ...
+
+        def _check_open(self) -> None: ...
+
+        def _notify_down(self, url: str, reason: str) -> None: ...
+
     paused_mode: str | None
     memory_released: bool = False
     """Between ``release_memory_occupation`` and ``resume_memory_occupation`` (no health probes then)."""
@@ -58,7 +77,7 @@ class PoolControl:
         ``EngineError`` class (else ``EngineError``) naming every failed engine; a non-engine
         exception (a bug) propagates as is.
         """
-        self._check_open()  # type: ignore[attr-defined]
+        self._check_open()
         clients = list(self.clients if clients is None else clients)
         outcomes = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
         failed: list[tuple[EngineClient, EngineError]] = []
@@ -70,9 +89,9 @@ class PoolControl:
             if isinstance(o, (EngineUnavailable, EngineTimeout)) and on_unreachable != "raise":
                 if on_unreachable == "skip":
                     log.warning("%s: engine %s unreachable, skipped: %s", what, c.url, o)
-                    self.record_failure(c.url, f"{what}: {o}")  # type: ignore[attr-defined]
+                    self.record_failure(c.url, f"{what}: {o}")
                     continue
-                self.take_out(c.url, f"{what} failed: {o}")  # type: ignore[attr-defined]
+                self.take_out(c.url, f"{what} failed: {o}")
                 if on_unreachable == "take_out":
                     continue
             failed.append((c, o))
@@ -132,7 +151,7 @@ class PoolControl:
         async with self.weights_lock:
             self._note_version(kwargs)
             out = await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
-                                      lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),  # type: ignore[attr-defined]
+                                      lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),
                                       on_unreachable="take_out_and_raise")
             self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
             return out
@@ -142,7 +161,7 @@ class PoolControl:
         async with self.weights_lock:
             self._note_version(kwargs)
             out = await self._fan_out("update_weights_from_tensor",
-                                      lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),  # type: ignore[attr-defined]
+                                      lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),
                                       on_unreachable="take_out_and_raise")
             self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
             return out
@@ -177,12 +196,12 @@ class PoolControl:
 
     def take_out(self, url: str, reason: str) -> bool:
         """Stop routing to and controlling ``url`` until ``rejoin``. Returns False if it was already out."""
-        engine = self._engine(url)  # type: ignore[attr-defined]
+        engine = self._engine(url)
         if not engine.in_rotation:
             return False
         engine.in_rotation, engine.out_reason = False, reason
         log.warning("engine %s taken out of rotation: %s", engine.client.url, reason)
-        self._notify_down(engine.client.url, reason)  # type: ignore[attr-defined]
+        self._notify_down(engine.client.url, reason)
         return True
 
     async def rejoin(self, url: str) -> None:
@@ -196,7 +215,7 @@ class PoolControl:
             EngineRequestError: the current version is not on disk (a tensor/NCCL/delta update).
             EngineError: from the engine calls.
         """
-        engine = self._engine(url)  # type: ignore[attr-defined]
+        engine = self._engine(url)
         async with self.weights_lock:
             target = self.latest_version
             for peer in [c for c in self.clients if c.url != engine.client.url][:1]:
@@ -214,7 +233,7 @@ class PoolControl:
                     path, version = self.weights
                     await engine.client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
             if self.paused_mode is not None:
-                await engine.client.pause_generation(self.paused_mode)  # type: ignore[arg-type]
+                await engine.client.pause_generation(self.paused_mode)
             engine.breaker.record_success()
             engine.in_rotation, engine.out_reason = True, ""
         log.info("engine %s back in rotation at weight_version %s", engine.client.url, self.latest_version)
@@ -224,7 +243,7 @@ class PoolControl:
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until every worker answers ``/health_generate`` 200 and close their breakers.
         Raises as ``EngineClient.wait_ready``."""
-        clients = [self.client(u) for u in self.urls]  # type: ignore[attr-defined]
+        clients = [self.client(u) for u in self.urls]
         await self._fan_out("wait_ready", lambda c: c.wait_ready(timeout_s), clients=clients)
         for c in clients:
-            self.record_success(c.url)  # type: ignore[attr-defined]
+            self.record_success(c.url)

@@ -14,7 +14,8 @@ logprob (unless allowed), weight-version spans that do not tile the output, a nu
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import msgspec
 

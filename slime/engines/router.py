@@ -22,8 +22,8 @@ import time
 import urllib.parse
 from typing import Any
 
-from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 from slime.engines.client import EngineClient
+from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 __all__ = ["RouterClient"]
 

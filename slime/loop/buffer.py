@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from slime.errors import PluginError
 from slime.types import Group

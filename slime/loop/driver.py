@@ -29,6 +29,8 @@ from slime.config import Config
 from slime.data.dataset import PromptRow, PromptSource, load_prompt_file, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.data.sft import model_context_len
+from slime.engines.fleet.plan import trainer_gpus, updates_in_place
+from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
@@ -36,16 +38,21 @@ from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import JsonlLog, MetricsWriter, check_something_trained, format_step_line, write_json_atomic
-from slime.loop.rollout_function import SFT_ROLLOUT, RolloutFunctionScheduler, builtin_rollout_note, check_rollout_function_modes, uses_rollout_function
+from slime.loop.rollout_function import (
+    SFT_ROLLOUT,
+    RolloutFunctionScheduler,
+    builtin_rollout_note,
+    check_rollout_function_modes,
+    uses_rollout_function,
+)
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.observers import Observers
 from slime.obs.plots import write_plots
 from slime.rollout.generate import generate as default_generate
-from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.rollout.rewards import load_function
-from slime.engines.fleet.plan import trainer_gpus, updates_in_place
 from slime.sync import build_weight_sync
+from slime.types import GenerateFn, RewardFn
 
 __all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]
 
@@ -161,7 +168,7 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
     return tokenize
 
 
-async def run_training(config: Config, *, reward_fn: Any = None, progress: bool = True) -> dict[str, Any]:
+async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
     from transformers import AutoConfig
@@ -419,7 +426,7 @@ def _with_offline_logprobs(trainer: Any) -> Any:
     return train_step
 
 
-def _reward_function(config: Config) -> Any:
+def _reward_function(config: Config) -> RewardFn:
     """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the built-in task's reward (``--builtin-task``)."""
     if config.rollout.custom_rm_path:
         return load_function(config.rollout.custom_rm_path)
@@ -431,7 +438,7 @@ def _reward_function(config: Config) -> Any:
     return _builtin_task(config).reward
 
 
-def _generate_function(config: Config, tokenizer: Any) -> Any:
+def _generate_function(config: Config, tokenizer: Any) -> GenerateFn:
     """``--custom-generate-function-path`` (with the tokenizer bound when it asks for one), else the default."""
     path = config.rollout.custom_generate_function_path
     if not path:

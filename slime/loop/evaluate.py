@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.data.dataset import PromptRow, row_metadata, tokenize_row
+from slime.engines.interface import EnginePool
 from slime.rollout.generate import generate
 from slime.rollout.rewards import score_sample
-from slime.types import Sample
+from slime.types import GenerateFn, RewardFn, Sample
 
 __all__ = ["evaluate", "evaluate_datasets", "pass_at_k"]
 
@@ -47,16 +49,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 async def evaluate(
     rows: list[PromptRow],
     *,
-    pool: Any,
+    pool: EnginePool,
     tokenize: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
-    reward_fn: Callable[[Sample], Awaitable[float]],
+    reward_fn: RewardFn,
     max_response_len: int,
     engine_version: int,
     reward_timeout_s: float,
     temperature: float = 0.0,
     max_concurrency: int = 64,
-    generate_fn: Callable[..., Awaitable[Any]] = generate,
+    generate_fn: GenerateFn = generate,
     n_samples_per_prompt: int = 1,
     top_p: float = 1.0,
     reward_key: str | None = None,

@@ -29,15 +29,17 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.data.dataset import tokenize_row
+from slime.engines.interface import WorkerPool
 from slime.errors import ConfigError, PluginError
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import SchedulerCounters, StepStats
 from slime.rollout.rewards import score_sample
 from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
-from slime.types import Group, Status
+from slime.types import Group, RewardFn, Status
 
 __all__ = ["RolloutFunctionScheduler", "check_rollout_function_modes", "builtin_rollout_note", "uses_rollout_function"]
 
@@ -108,7 +110,7 @@ class RolloutFunctionScheduler(SchedulerCounters):
     """
 
     def __init__(self, config: Any, fn: Callable[..., Any], *, source: Any, tokenize: Callable[..., list[int]], buffer: DataBuffer,
-                 reward_fn: Callable[..., Any], pool: Any = None, engine_version: int = 0, fill_logprobs: bool = True):
+                 reward_fn: RewardFn, pool: WorkerPool | None = None, engine_version: int = 0, fill_logprobs: bool = True):
         self.config, self.rollout = config.loop, config.rollout
         self.path = config.rollout.rollout_function_path
         self.fn, self.buffer, self.reward_fn, self.pool = fn, buffer, reward_fn, pool

@@ -59,16 +59,19 @@ import contextlib
 import dataclasses
 import logging
 import math
-from typing import Any, Awaitable, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptSource, row_metadata, tokenize_row
+from slime.engines.interface import EnginePool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.obs.trace import NULL_TRACER
 from slime.rollout.generate import generate as default_generate
+from slime.rollout.opd import TeacherScorer
 from slime.rollout.rewards import score_group, score_sample
-from slime.types import OFFLINE_VERSION, Group, Sample, Status
+from slime.types import OFFLINE_VERSION, GenerateFn, Group, GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["Scheduler", "StepStats"]
 
@@ -143,19 +146,19 @@ class Scheduler(SchedulerCounters):
         source: PromptSource,
         tokenize: Callable[[str], list[int]],
         decode: Callable[[list[int]], str],
-        pool: Any,
+        pool: EnginePool,
         buffer: DataBuffer,
-        reward_fn: Callable[[Sample], Awaitable[float]] | None,
+        reward_fn: RewardFn | None,
         task_group: asyncio.TaskGroup,
-        group_reward_fn: Callable[[list[Sample]], Awaitable[list[float]]] | None = None,
-        generate_fn: Callable[..., Awaitable[Any]] = default_generate,
+        group_reward_fn: GroupRewardFn | None = None,
+        generate_fn: GenerateFn = default_generate,
         group_filter: Callable[[Group], bool] | None = None,
         engine_version: int = 0,
         next_group_id: int = 0,
         tracer: Any = None,
         offline: Any = None,
         fixed_weights: bool = False,
-        teacher: Any = None,
+        teacher: TeacherScorer | None = None,
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")
@@ -348,7 +351,7 @@ class Scheduler(SchedulerCounters):
         batch: list[Group] = []
         while len(batch) < n:
             need = n - len(batch)
-            await self._wait_for(lambda: self.buffer.num_ready >= need)
+            await self._wait_for(lambda: self.buffer.num_ready >= need)  # noqa: B023  # awaited within this iteration
             for group in self.buffer.take(need):
                 if self.config.staleness_policy == "drop" and self._too_stale(group):
                     self.stats.dropped_stale_groups += 1

@@ -48,8 +48,8 @@ from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
 from slime.loop.report import MetricsWriter, write_json_atomic
 from slime.loop.rollout_function import SFT_ROLLOUT
-from slime.train.lr_schedule import resolve_lr_schedule
 from slime.obs.observers import Observers
+from slime.train.lr_schedule import resolve_lr_schedule
 from slime.types import Group
 
 __all__ = ["run_sft", "load_sft_data", "check_sft_config", "num_sft_steps"]

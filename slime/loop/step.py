@@ -44,8 +44,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from slime.engines.interface import EnginePool
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
 from slime.obs.trace import NULL_TRACER
@@ -176,7 +178,7 @@ async def run_step(
     return version, groups, record
 
 
-def pause_mode(config: Any, pool: Any, version: int, *, colocate: bool = False) -> str:
+def pause_mode(config: Any, pool: EnginePool, version: int, *, colocate: bool = False) -> str:
     """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode unless a
     request has reused cached KV since the engines' caches were last emptied (see the module doc),
     else ``"abort"`` (then the update also flushes the caches).

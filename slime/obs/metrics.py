@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slime.errors import ConfigError
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["PrometheusExporter", "TensorBoardWriter", "WandbWriter", "ScalarLoggers", "scalars_of"]
 
@@ -71,11 +74,11 @@ class PrometheusExporter:
         )
         self._partial = Gauge("slime_partial_groups_queued", "Aborted groups waiting to be resumed", registry=self.registry)
         self._ready = Gauge("slime_ready_groups", "Finished groups waiting for a train step", registry=self.registry)
-        self._pool: Any = None
+        self._pool: WorkerPool | None = None
         self._buffer: Any = None
         self._runner: Any = None
 
-    def watch(self, *, pool: Any = None, buffer: Any = None) -> None:
+    def watch(self, *, pool: WorkerPool | None = None, buffer: Any = None) -> None:
         """Read live values at each scrape: ``pool.num_inflight``, ``pool.clients[i].url/num_inflight``,
         ``buffer.num_partial``, ``buffer.num_ready``."""
         self._pool, self._buffer = pool, buffer
@@ -139,7 +142,7 @@ class PrometheusExporter:
         if runner is not None:
             await runner.cleanup()
 
-    async def __aenter__(self) -> "PrometheusExporter":
+    async def __aenter__(self) -> PrometheusExporter:
         await self.start()
         return self
 
@@ -223,7 +226,7 @@ class ScalarLoggers:
         self.writers = writers
 
     @classmethod
-    def from_config(cls, obs: Any, *, run_dir: str | Path, config: dict[str, Any]) -> "ScalarLoggers":
+    def from_config(cls, obs: Any, *, run_dir: str | Path, config: dict[str, Any]) -> ScalarLoggers:
         """Writers from an ``ObsConfig``; ``config`` (the resolved run config) goes to W&B."""
         writers: list[ScalarWriter] = []
         if obs.use_wandb:

@@ -14,7 +14,7 @@ Closing (also when the run fails) stops the bar, closes the TensorBoard / W&B wr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -22,6 +22,9 @@ from slime.config import Config
 from slime.obs.metrics import PrometheusExporter, ScalarLoggers
 from slime.obs.progress import StepProgress
 from slime.obs.trace import NullTracer, Tracer, open_tracer
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["Observers"]
 
@@ -49,7 +52,7 @@ class Observers:
         self.tracer = open_tracer(o.enable_trace, run_dir / "trace.json", flush_interval_s=o.trace_flush_interval_s)
         self.progress = StepProgress(config.loop.num_rollout, enabled=progress)
 
-    async def __aenter__(self) -> "Observers":
+    async def __aenter__(self) -> Observers:
         if self.exporter is not None:
             try:
                 await self.exporter.start()
@@ -61,7 +64,7 @@ class Observers:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def watch(self, *, pool: Any = None, buffer: Any = None) -> None:
+    def watch(self, *, pool: WorkerPool | None = None, buffer: Any = None) -> None:
         """Live values for ``/metrics`` (see ``PrometheusExporter.watch``)."""
         if self.exporter is not None:
             self.exporter.watch(pool=pool, buffer=buffer)

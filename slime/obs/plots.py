@@ -14,8 +14,9 @@ are ``matplotlib.figure.Figure`` objects (no pyplot state), so drawing is safe o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "PLOTS",

@@ -48,7 +48,7 @@ class _Span:
 
     __slots__ = ("tracer", "name", "cat", "track", "args", "start")
 
-    def __init__(self, tracer: "Tracer", name: str, cat: str, track: str, args: dict[str, Any]):
+    def __init__(self, tracer: Tracer, name: str, cat: str, track: str, args: dict[str, Any]):
         self.tracer, self.name, self.cat, self.track, self.args = tracer, name, cat, track, args
         self.start = 0
 

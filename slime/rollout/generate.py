@@ -16,10 +16,12 @@ evidence; an unreachable engine (after the pool's bounded retries) propagates.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from slime.errors import EngineRequestError
+from slime.engines.interface import GeneratePool
 from slime.engines.protocol import GenerateResult
+from slime.errors import EngineRequestError
 from slime.types import Sample, Status
 
 __all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id", "kv_cache_version_of", "token_versions"]
@@ -47,7 +49,7 @@ def policy_version_of(weight_version: str | None, default: int) -> int:
     return default
 
 
-def kv_cache_version_of(pool: Any, default: int) -> int | None:
+def kv_cache_version_of(pool: GeneratePool, default: int) -> int | None:
     """The pool's ``kv_cache_version`` as our integer version (read it when the request is SENT), or
     None when the pool does not know it (a pool without prefix-cache tracking, or an engine we never
     flushed)."""
@@ -86,7 +88,7 @@ async def generate(
     sample: Sample,
     sampling_params: dict[str, Any],
     *,
-    pool: Any,
+    pool: GeneratePool,
     max_response_len: int,
     engine_version: int,
     decode: Callable[[list[int]], str] | None = None,
@@ -96,7 +98,7 @@ async def generate(
     Args:
         sample: a PENDING or PARTIAL sample; mutated in place through ``Sample.append``.
         sampling_params: SGLang ``sampling_params`` without ``max_new_tokens`` (set here).
-        pool: an ``EnginePool`` (``generate(input_ids, sampling_params, rid=, sticky_key=)``).
+        pool: an ``HttpEnginePool`` (``generate(input_ids, sampling_params, rid=, sticky_key=)``).
         max_response_len: cap on response tokens, counting tokens the sample already has.
         engine_version: the policy version the engines hold, used when the engine's
             ``weight_version`` is not one of ours.

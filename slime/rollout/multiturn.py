@@ -52,8 +52,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from slime.engines.interface import GeneratePool
 from slime.errors import EngineRequestError
 from slime.rollout.generate import kv_cache_version_of, status_from_finish_reason, token_versions
 from slime.rollout.tools.calculator import calculator_tool
@@ -96,7 +98,7 @@ class MultiTurnGenerate:
         self.tokenizer, self.tools = tokenizer, tools
         self.max_turns, self.max_tool_output_tokens, self.system_prompt = max_turns, max_tool_output_tokens, system_prompt
 
-    async def __call__(self, sample: Sample, sampling_params: dict[str, Any], *, pool: Any, max_response_len: int,
+    async def __call__(self, sample: Sample, sampling_params: dict[str, Any], *, pool: GeneratePool, max_response_len: int,
                        engine_version: int, decode: Callable[[list[int]], str] | None = None) -> Sample:
         return await generate(
             sample, sampling_params, pool=pool, max_response_len=max_response_len, engine_version=engine_version,
@@ -110,7 +112,7 @@ CALCULATOR_MAX_TURNS = 4
 """Model turns per trajectory for ``calculator_generate`` (a call and an answer need 2)."""
 
 
-async def calculator_generate(sample: Sample, sampling_params: dict[str, Any], *, tokenizer: Any, pool: Any,
+async def calculator_generate(sample: Sample, sampling_params: dict[str, Any], *, tokenizer: Any, pool: GeneratePool,
                               max_response_len: int, engine_version: int,
                               decode: Callable[[list[int]], str] | None = None) -> Sample:
     """Multi-turn generate with the ``calculator`` tool, for the CLI (the tool-calling demo)::
@@ -136,7 +138,7 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str,
     return list(out if isinstance(out, list) else out["input_ids"])
 
 
-async def generate(sample: Sample, sampling_params: dict[str, Any], *, pool: Any, max_response_len: int, engine_version: int,
+async def generate(sample: Sample, sampling_params: dict[str, Any], *, pool: GeneratePool, max_response_len: int, engine_version: int,
                    decode: Callable[[list[int]], str] | None = None, tokenizer: Any, tools: ToolRegistry, max_turns: int = 8,
                    max_tool_output_tokens: int = 512, system_prompt: str | None = None) -> Sample:
     """Run turns for ``sample`` (fresh, or partial with its state); mutates it through ``Sample.append``.
@@ -177,7 +179,7 @@ def _new_state(sample: Sample, system_prompt: str | None) -> dict[str, Any]:
     return {"messages": messages, "turn": 0, "turn_start": 0, "phase": "generate", "pending": [], "template": "full"}
 
 
-async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: dict[str, Any], pool: Any,
+async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: dict[str, Any], pool: GeneratePool,
                       max_response_len: int, engine_version: int, tokenizer: Any, max_turns: int) -> bool:
     """One /generate for the current turn. Returns True when the loop goes on (tools to run)."""
     params = dict(sampling_params, max_new_tokens=max_response_len - len(sample.response_ids))
@@ -291,7 +293,7 @@ def _tool_delta(tokenizer: Any, schemas: list[dict[str, Any]], history: list[dic
                 tool_msgs: list[dict[str, Any]], turn_ids: list[int]) -> tuple[list[int], str]:
     """Tokens to append after the model's turn (module docstring). Returns (ids, "full" | "minimal")."""
     first_user = next((i for i, m in enumerate(history) if m.get("role") == "user"), len(history) - 1)
-    for how, hist in (("full", history), ("minimal", history[: first_user + 1])):
+    for how, hist in (("full", history), ("minimal", history[: first_user + 1])):  # noqa: B007  # `how` is returned after the break
         x = render(tokenizer, hist, schemas, generation_prompt=False)
         b = render(tokenizer, hist + [assistant] + tool_msgs, schemas, generation_prompt=True)
         if b[: len(x)] == x:

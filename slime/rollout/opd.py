@@ -38,9 +38,10 @@ import math
 import time
 from typing import Any
 
+from slime.engines.fleet.groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
+from slime.engines.interface import GeneratePool
 from slime.errors import ConfigError, EngineError
 from slime.rollout.generate import request_id
-from slime.engines.fleet.groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
 from slime.types import Sample, Status
 
 __all__ = ["TeacherScorer", "TeacherError", "TEACHER", "TEACHER_SAMPLING_PARAMS", "check_same_vocab"]
@@ -59,14 +60,14 @@ class TeacherScorer:
     """Scores finished samples with a teacher pool; see the module docstring.
 
     Args:
-        pool: an ``EnginePool`` of teacher engines (or anything with its ``generate``); its
+        pool: an ``HttpEnginePool`` of teacher engines (or anything with its ``generate``); its
             retries, breakers and ``request_timeout_s`` bound every call.
 
     Attributes:
         num_scored / num_failed: samples scored, and marked FAILED by a teacher failure.
     """
 
-    def __init__(self, pool: Any):
+    def __init__(self, pool: GeneratePool):
         self.pool = pool
         self.num_scored = 0
         self.num_failed = 0

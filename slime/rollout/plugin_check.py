@@ -36,9 +36,11 @@ import math
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from slime.engines.interface import EnginePool, WorkerPool
 from slime.rollout import plugin_threads
 from slime.rollout.rewards import load_function
 from slime.types import Group, Sample, Status
@@ -53,7 +55,8 @@ class Report:
     """Collects check lines; ``failed`` is True once any check failed."""
 
     def __init__(self, kind: str, out: Any = None):
-        self.kind, self.out, self.lines, self.failed = kind, out or sys.stdout, [], False
+        self.kind, self.out, self.failed = kind, out or sys.stdout, False
+        self.lines: list[str] = []
 
     def _emit(self, tag: str, text: str) -> None:
         line = f"{tag} {self.kind}: {text}"
@@ -84,7 +87,7 @@ def _takes_tokenizer(fn: Any) -> bool:
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  # an async __call__, not a callable test
 
 
 async def _call_plugin(report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *,
@@ -179,7 +182,7 @@ async def _call_generate(fn: Callable[..., Any], sample: Sample, params: dict[st
     return None if problems else samples
 
 
-async def check_generate(fn: Callable[..., Any], *, pool: Any, report: Report, decode: Callable[[list[int]], str],
+async def check_generate(fn: Callable[..., Any], *, pool: EnginePool, report: Report, decode: Callable[[list[int]], str],
                          timeout_s: float = 60.0, max_response_len: int = 24) -> None:
     """Run the generate contract (module docstring) against ``pool``."""
     if not _is_async(fn):
@@ -261,7 +264,7 @@ def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
             report.fail(f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool")
 
 
-async def check_rollout(fn: Callable[..., Any], *, pool: Any, report: Report, model_dir: str = "", timeout_s: float = 60.0,
+async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0,
                         max_response_len: int = 24) -> None:
     """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
     calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
@@ -316,8 +319,8 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
     from transformers.utils import logging as hf_logging
 
     from slime.config import RolloutConfig
+    from slime.engines.pool import HttpEnginePool
     from slime.servers.embedded import EngineServer
-    from slime.engines.pool import EnginePool
 
     hf_logging.disable_progress_bar()  # keep the report line-oriented
     with tempfile.TemporaryDirectory(prefix="slime-check-plugin-") as tmp:
@@ -341,7 +344,7 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
                 from transformers import AutoTokenizer
 
                 tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
-                decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+                decode = lambda ids: str(tok.decode(ids, skip_special_tokens=True))  # noqa: E731
         if _takes_tokenizer(fn):  # as slime train does: the run's tokenizer is bound as tokenizer=
             if tok is None:
                 report.fail("takes tokenizer=: pass --model DIR, a model directory with a tokenizer (and a chat "
@@ -350,7 +353,7 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
             fn = functools.partial(fn, tokenizer=tok)
         async with EngineServer(model_dir, port=0, seed=0, weight_version="0", num_threads=1) as server:
             config = RolloutConfig(request_timeout_s=args.timeout_s, max_retries=0)
-            async with EnginePool([server.url], config=config) as pool:
+            async with HttpEnginePool([server.url], config=config) as pool:
                 if args.kind == "rollout":
                     await check_rollout(fn, pool=pool, report=report, model_dir=str(model_dir), timeout_s=args.timeout_s)
                 else:

@@ -21,7 +21,8 @@ import asyncio
 import contextvars
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["MAX_THREADS", "run_sync", "num_running"]
 

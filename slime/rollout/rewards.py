@@ -21,14 +21,15 @@ import importlib.util
 import inspect
 import logging
 import math
-from pathlib import Path
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from slime.errors import ConfigError, PluginError
 from slime.rollout import plugin_threads
-from slime.types import Sample, Status
+from slime.types import GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["load_function", "score_sample", "score_group"]
 
@@ -117,7 +118,7 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     }
 
 
-async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout_s: float, reward_key: str | None = None) -> None:
+async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float, reward_key: str | None = None) -> None:
     """Set ``sample.reward`` from ``reward_fn`` (a dict result: its ``reward_key`` entry); on any
     plugin failure mark the sample FAILED."""
     t0 = time.monotonic()
@@ -126,7 +127,7 @@ async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout
         async with deadline:
             raw = await _call(reward_fn, sample)
         sample.reward = _as_reward(raw, reward_key, sample)
-    except TimeoutError as exc:
+    except TimeoutError:
         if deadline.expired():  # our deadline, not a TimeoutError raised inside the reward function
             exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
         _mark_failed(sample, exc, time.monotonic() - t0)
@@ -134,7 +135,7 @@ async def score_sample(sample: Sample, reward_fn: Callable[..., Any], *, timeout
         _mark_failed(sample, exc, time.monotonic() - t0)
 
 
-async def score_group(samples: list[Sample], group_reward_fn: Callable[..., Any], *, timeout_s: float, reward_key: str | None = None) -> None:
+async def score_group(samples: list[Sample], group_reward_fn: GroupRewardFn, *, timeout_s: float, reward_key: str | None = None) -> None:
     """Set every sample's reward from one call of a per-group reward function (dict entries: their ``reward_key``)."""
     t0 = time.monotonic()
     deadline = asyncio.timeout(timeout_s)

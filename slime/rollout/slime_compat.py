@@ -24,7 +24,7 @@ The parts given to the function:
   ``rollout_top_k``, ``hf_checkpoint``, ``sglang_router_ip`` / ``sglang_router_port`` (the SGLang
   ``/generate`` endpoint: the router, else the first engine), ...; see ``RolloutArgs.__init__``).
   Reading any other attribute raises AttributeError naming it and what is there. Ours, beyond
-  slime's: ``args.pool`` (the run's ``EnginePool``, for ``async def`` functions) and
+  slime's: ``args.pool`` (the run's ``HttpEnginePool``, for ``async def`` functions) and
   ``args.engine_version`` (the engines' policy version during the call).
 - ``data_buffer`` (``RolloutDataBuffer``): ``get_samples(n)`` returns ``n`` prompt groups of
   ``n_samples_per_prompt`` fresh ``SlimeSample`` each, from the run's prompt data (``--prompt-data``,
@@ -54,9 +54,11 @@ import enum
 import itertools
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.data.dataset import prompt_input, row_metadata
+from slime.engines.interface import WorkerPool
 from slime.errors import PluginError
 from slime.types import OFFLINE_VERSION, Group, Sample, Status
 
@@ -91,7 +93,7 @@ class SlimeSample:
     loss_mask: list[int] | None = None
     weight_versions: list[str] = dataclasses.field(default_factory=list)
     rollout_log_probs: list[float] | None = None
-    status: "SlimeSample.Status" = Status.PENDING
+    status: SlimeSample.Status = Status.PENDING
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -104,13 +106,15 @@ class RolloutFnTrainOutput:
 
 
 class RolloutArgs:
+    engine_version: int  # the policy version the engines hold; refreshed by the caller before each call
+
     """The ``args`` a rollout function gets: slime's flag names over this run's config (see module doc).
 
     Attributes may be set (some slime functions stash values on ``args``); a missing one raises
     AttributeError naming it and the attributes that exist.
     """
 
-    def __init__(self, config: Any, *, pool: Any = None, engine_version: int = 0):
+    def __init__(self, config: Any, *, pool: WorkerPool | None = None, engine_version: int = 0):
         r, lp, d = config.rollout, config.loop, config.data
         url = (getattr(pool, "router_url", None) or (pool.urls[0] if pool is not None and pool.urls else "")).rstrip("/")
         host, _, port = url.rpartition("//")[2].rpartition(":")

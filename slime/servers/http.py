@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any, AsyncContextManager, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -92,7 +94,7 @@ def field(body: dict[str, Any], name: str, kind: type, default: Any = ...) -> An
     return value
 
 
-async def serve_until_signal(make_server: Callable[[], AsyncContextManager[Any]]) -> None:
+async def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManager[Any]]) -> None:
     """Serve ``make_server()`` (an async context manager with a ``url``), print the ready line, and
     return on SIGINT or SIGTERM (leaving the context stops the server)."""
     stop = asyncio.Event()

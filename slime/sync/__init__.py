@@ -25,17 +25,20 @@ Layout::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from slime.config import SyncConfig
-from slime.sync.base import WeightSync
+from slime.sync.base import WeightSource, WeightSync
+
+if TYPE_CHECKING:  # types only: sync never imports the client side at run time
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["WeightSync", "build_weight_sync"]
 
 
-def build_weight_sync(config: SyncConfig, *, pool: Any, trainer: Any, weights_dir: str) -> Any:
+def build_weight_sync(config: SyncConfig, *, pool: WorkerPool, trainer: WeightSource, weights_dir: str) -> WeightSync:
     """The strategy ``config.method`` names, wired to ``pool`` and ``trainer`` (``save_hf``,
     ``state_dict_for_sync``). ``delta`` starts from the trainer's current weights as the engines'
     base: both loaded the same checkpoint, and the checksums catch it if not."""

@@ -23,13 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Callable, Protocol, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from slime.errors import EngineRequestError, EngineUnavailable
 
-__all__ = ["WeightSync", "StateFn", "weight_update_session", "snapshot", "engines", "SESSION_HINT"]
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.client import EngineClient
+    from slime.engines.interface import WorkerPool
+
+__all__ = ["WeightSource", "WeightSync", "StateFn", "weight_update_session", "snapshot", "engines", "SESSION_HINT"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,18 @@ StateFn = Callable[[], dict[str, torch.Tensor]]
 
 SESSION_HINT = "must run between begin_weight_update() and end_weight_update()"
 """The text of SGLang 0.5.23's 400 for an update outside a session (the embedded engine uses it too)."""
+
+
+class WeightSource(Protocol):
+    """What weight sync reads from a trainer (both backends implement it)."""
+
+    def save_hf(self, out_dir: str) -> str:
+        """Write the policy as an HF checkpoint into ``out_dir`` (blocking); returns the directory."""
+        ...
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """A fresh copy of the policy's weights keyed by HF name (blocking; see ``StateFn``)."""
+        ...
 
 
 class WeightSync(Protocol):
@@ -55,7 +72,7 @@ async def snapshot(state_fn: StateFn) -> list[tuple[str, torch.Tensor]]:
     return list((await asyncio.to_thread(state_fn)).items())
 
 
-def engines(pool: Any) -> list[Any]:
+def engines(pool: WorkerPool) -> list[EngineClient]:
     """The pool's clients in rotation. Raises EngineUnavailable when there is none to sync."""
     clients = pool.clients
     if not clients:
@@ -63,7 +80,7 @@ def engines(pool: Any) -> list[Any]:
     return clients
 
 
-async def _begin(client: Any) -> bool:
+async def _begin(client: EngineClient) -> bool:
     try:
         return await client.begin_weight_update()
     except EngineRequestError as exc:

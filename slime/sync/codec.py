@@ -74,10 +74,11 @@ def _pack(arr: np.ndarray, level: int) -> torch.Tensor:
     """zlib of the byte planes of a 1-D array, as a uint8 tensor."""
     k = arr.dtype.itemsize
     planes = np.ascontiguousarray(arr.view(np.uint8).reshape(-1, k).T)
-    return torch.frombuffer(bytearray(zlib.compress(planes, level)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(zlib.compress(planes, level)  # type: ignore[arg-type]  # a contiguous ndarray is a buffer; numpy's stubs do not say so
+    ), dtype=torch.uint8)
 
 
-def _unpack(blob: torch.Tensor, dtype: np.dtype, n: int) -> np.ndarray:
+def _unpack(blob: torch.Tensor, dtype: np.typing.DTypeLike, n: int) -> np.ndarray:
     k = np.dtype(dtype).itemsize
     planes = np.frombuffer(zlib.decompress(blob.numpy().tobytes()), dtype=np.uint8)
     if planes.size != n * k:

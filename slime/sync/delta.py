@@ -33,7 +33,7 @@ import base64
 import logging
 import pickle
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,10 @@ from slime.errors import EngineRequestError
 from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.codec import ZLIB_LEVEL, EncodedTensor, encode_payload, encode_tensor
 from slime.sync.wire import serialize_cuda_ipc
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.client import EngineClient
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["DeltaWeightSync", "SGLANG_LOADER"]
 
@@ -56,14 +60,14 @@ class DeltaWeightSync:
 
     Args:
         config: ``update_weight_buffer_size`` (payload bytes per request), ``update_weights_timeout_s``.
-        pool: the ``EnginePool`` (its ``clients``).
+        pool: the ``HttpEnginePool`` (its ``clients``).
         state_fn: blocking, returns a copy of the trainer's weights.
         base: the weights the engines hold now (None: the first update is a full sync).
         engine_dtype: the dtype the engines hold (None: the trainer's dtype; the embedded engine is fp32).
         level: zlib level of the delta parts.
     """
 
-    def __init__(self, config: SyncConfig, *, pool: Any, state_fn: StateFn, base: dict[str, torch.Tensor] | None = None,
+    def __init__(self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn, base: dict[str, torch.Tensor] | None = None,
                  engine_dtype: torch.dtype | None = None, level: int = ZLIB_LEVEL):
         self.config = config
         self.pool = pool
@@ -106,7 +110,7 @@ class DeltaWeightSync:
         out = [encode_tensor(n, None if full else base.get(n), t, level=self.level, full=full) for n, t in new.items()]
         return [e for e in out if e is not None]
 
-    async def _push(self, client: Any, encoded: list[EncodedTensor], new: dict[str, torch.Tensor],
+    async def _push(self, client: EngineClient, encoded: list[EncodedTensor], new: dict[str, torch.Tensor],
                     control: dict[str, Any], full: list[asyncio.Future]) -> tuple[int, bool]:
         """Send ``encoded`` to one engine; on a mismatch or refusal, a full sync. Returns (bytes sent, fell back)."""
         sent, problem = 0, None
@@ -127,7 +131,7 @@ class DeltaWeightSync:
             raise RuntimeError(f"full weight sync to {client.url} (version {control['weight_version']}) still mismatches: {problem}")
         return sent + more, True
 
-    async def _send(self, client: Any, encoded: list[EncodedTensor], control: dict[str, Any]) -> tuple[int, str | None]:
+    async def _send(self, client: EngineClient, encoded: list[EncodedTensor], control: dict[str, Any]) -> tuple[int, str | None]:
         """Send in buckets; returns (bytes, None) or (bytes, a description of the checksum mismatch)."""
         sent, bad = 0, []
         timeout_s = self.config.update_weights_timeout_s

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
 from slime.config import SyncConfig
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.interface import EnginePool
 
 __all__ = ["DiskWeightSync"]
 
@@ -29,11 +33,11 @@ class DiskWeightSync:
 
     Args:
         config: the sync section (``weights_dir``, ``keep_last``).
-        pool: the ``EnginePool`` (``update_weights_from_disk(path, weight_version=)``).
+        pool: the ``HttpEnginePool`` (``update_weights_from_disk(path, weight_version=)``).
         save_fn: blocking ``save_fn(out_dir)`` writing an HF checkpoint (run in a thread).
     """
 
-    def __init__(self, config: SyncConfig, *, pool: Any, save_fn: Callable[[str], None]):
+    def __init__(self, config: SyncConfig, *, pool: EnginePool, save_fn: Callable[[str], object]):
         if not config.weights_dir:
             raise ValueError("SyncConfig.weights_dir is empty")
         self.config = config

@@ -28,12 +28,15 @@ import itertools
 import logging
 import os
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from slime.config import SyncConfig
 from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.group import WeightsUpdateGroup, address_towards, backend_for, master_store
 from slime.sync.wire import NamedTensors, buckets, dtype_name
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["DistributedWeightSync", "sglang_version"]
 
@@ -64,13 +67,13 @@ class DistributedWeightSync:
     Args:
         config: ``update_weight_buffer_size`` (bytes per bucket) and ``update_weights_timeout_s``
             (each HTTP call, the rendezvous and every collective).
-        pool: the ``EnginePool`` (its ``clients`` and ``update_weights_from_distributed``).
+        pool: the ``HttpEnginePool`` (its ``clients`` and ``update_weights_from_distributed``).
         state_fn: blocking, returns a copy of the trainer's weights (CPU -> gloo, CUDA -> nccl).
         load_format: ``"auto"`` (see module doc), ``None`` (one broadcast per tensor) or
             ``"flattened_bucket"``.
     """
 
-    def __init__(self, config: SyncConfig, *, pool: Any, state_fn: StateFn,
+    def __init__(self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn,
                  load_format: Literal["auto", "flattened_bucket"] | None = "auto"):
         self.config = config
         self.pool = pool

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import datetime
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import torch
@@ -81,7 +82,7 @@ class WeightsUpdateGroup:
 
     @classmethod
     def join(cls, *, group_name: str, rank: int, world_size: int, backend: str, timeout_s: float,
-             master_address: str = "", master_port: int = 0, store: TCPStore | None = None) -> "WeightsUpdateGroup":
+             master_address: str = "", master_port: int = 0, store: TCPStore | None = None) -> WeightsUpdateGroup:
         """Join the group (blocking until every member joined). Rank 0 passes its ``master_store``;
         the others pass ``master_address`` / ``master_port``.
 
@@ -103,7 +104,7 @@ class WeightsUpdateGroup:
         if backend == "gloo":
             from torch.distributed import ProcessGroupGloo
 
-            pg = ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            pg: Any = ProcessGroupGloo(prefixed, rank, world_size, timeout)  # Gloo or NCCL: no common base in torch's stubs
         else:
             from torch.distributed import ProcessGroupNCCL
 

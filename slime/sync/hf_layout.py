@@ -22,7 +22,7 @@ columns) and expert biases; a state dict with neither is returned unchanged.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from torch import Tensor
 

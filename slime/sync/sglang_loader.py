@@ -22,7 +22,8 @@ Not verified against a live SGLang server (the call signature is read from SGLan
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from slime.sync.wire import tensor_checksum
 
 __all__ = ["load_delta"]
 
-_SHADOWS: "weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]]" = weakref.WeakKeyDictionary()
+_SHADOWS: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 """model -> {HF name: CPU tensor it holds}. Module state on purpose: SGLang gives a loader nothing
 else to keep it in, and it must outlive each call."""
 

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from slime.config import SyncConfig
 from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.wire import NamedTensors, buckets, serialize_cuda_ipc, serialize_safetensors
+
+if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from slime.engines.interface import WorkerPool
 
 __all__ = ["TensorWeightSync"]
 
@@ -33,11 +36,11 @@ class TensorWeightSync:
 
     Args:
         config: ``update_weight_buffer_size`` (bytes per request), ``update_weights_timeout_s``.
-        pool: the ``EnginePool`` (its ``clients`` and ``update_weights_from_tensor``).
+        pool: the ``HttpEnginePool`` (its ``clients`` and ``update_weights_from_tensor``).
         state_fn: blocking, returns a copy of the trainer's weights (CPU or CUDA).
     """
 
-    def __init__(self, config: SyncConfig, *, pool: Any, state_fn: StateFn):
+    def __init__(self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn):
         self.config = config
         self.pool = pool
         self.state_fn = state_fn

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from safetensors.torch import load as st_load
@@ -138,8 +138,9 @@ def serialize_cuda_ipc(named: NamedTensors) -> str:
     not_cuda = [name for name, t in named if t.device.type != "cuda"]
     if not_cuda:
         raise ValueError(f"CUDA IPC payloads need CUDA tensors; {len(not_cuda)} are not (e.g. {not_cuda[0]!r})")
-    import torch.multiprocessing as _torch_mp  # noqa: F401  (registers the CUDA tensor reductions; `as` keeps `torch` global)
     from multiprocessing.reduction import ForkingPickler  # torch 2.11 no longer re-exports it
+
+    import torch.multiprocessing as _torch_mp  # noqa: F401  (registers the CUDA tensor reductions; `as` keeps `torch` global)
 
     try:
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions

@@ -33,7 +33,8 @@ boundaries, and the version is what makes a token off-policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,7 +42,12 @@ from torch import Tensor
 from slime.train.advantages import AdvantageEstimator, sample_scores
 from slime.types import OFFLINE_VERSION, Group
 
-__all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget", "rl_batch_metrics"]
+__all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget", "plan_steps", "MicroBatch", "Step", "rl_batch_metrics"]
+
+MicroBatch = list[int]
+"""Sample indices of one micro-batch, ascending."""
+Step = list[MicroBatch]
+"""The micro-batches of one optimizer step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +105,11 @@ class TrainBatch:
         """Tokens that carry loss (sum of ``loss_mask``)."""
         return int(self.loss_mask.sum())
 
-    def select(self, indices: Sequence[int]) -> "TrainBatch":
+    def select(self, indices: Sequence[int]) -> TrainBatch:
         """Rows ``indices`` (any order), with T trimmed to their longest sequence (L = T - 1 with it)."""
         idx = torch.as_tensor(list(indices), dtype=torch.long, device=self.input_ids.device)
         t = max(int(self.seq_lens[idx].max()), 2) if len(idx) else 2
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
             if x is not None:
@@ -113,16 +119,16 @@ class TrainBatch:
             fields[f.name] = x
         return TrainBatch(**fields)
 
-    def to(self, device: torch.device | str) -> "TrainBatch":
+    def to(self, device: torch.device | str) -> TrainBatch:
         """Every tensor on ``device`` (self when they already are); dtypes unchanged."""
         if self.input_ids.device == torch.device(device):
             return self
         return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)})
 
-    def slice(self, start: int, end: int) -> "TrainBatch":
+    def slice(self, start: int, end: int) -> TrainBatch:
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""
         t = max(int(self.seq_lens[start:end].max()), 2) if end > start else 2
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             x = getattr(self, f.name)
             if x is None:
@@ -286,6 +292,25 @@ def pack_by_token_budget(seq_lens: Sequence[int], max_tokens: int) -> list[list[
             bins.append([i])
             longest.append(seq_lens[i])
     return [sorted(b) for b in bins]
+
+
+def plan_steps(seq_lens: Sequence[int], *, global_batch_size: int, micro_batch_size: int,
+               max_tokens_per_gpu: int | None = None) -> list[Step]:
+    """Optimizer steps of ``global_batch_size`` samples (in batch order), each a list of micro-batches.
+
+    A micro-batch is ``micro_batch_size`` consecutive samples, or, with ``max_tokens_per_gpu``
+    (``--use-dynamic-batch-size``), a padded pack of at most that many tokens (``pack_by_token_budget``).
+    The last step takes the remainder. Example: 10 samples, global 4, micro 2 ->
+    ``[[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9]]]``.
+    """
+    steps: list[Step] = []
+    for start in range(0, len(seq_lens), global_batch_size):
+        end = min(start + global_batch_size, len(seq_lens))
+        if max_tokens_per_gpu is not None:
+            steps.append([[start + i for i in mb] for mb in pack_by_token_budget(seq_lens[start:end], max_tokens_per_gpu)])
+        else:
+            steps.append([list(range(s, min(s + micro_batch_size, end))) for s in range(start, end, micro_batch_size)])
+    return steps
 
 
 def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:

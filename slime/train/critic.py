@@ -49,7 +49,7 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_pretrained(cls, model_dir: str) -> "ValueModel":
+    def from_pretrained(cls, model_dir: str) -> ValueModel:
         """Load the base transformer of the causal LM in ``model_dir`` (fp32, SDPA attention, CPU) and add a zero head."""
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
         model = cls(lm.base_model, int(lm.config.hidden_size))

@@ -16,7 +16,7 @@ Not covered: packed (varlen) sequences, and vocab-parallel logits (megatron hand
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

@@ -36,7 +36,8 @@ placeholder micro-batches a rank runs under expert parallelism (``MegatronTraine
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

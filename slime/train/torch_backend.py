@@ -30,15 +30,7 @@ Example: rollout_batch_size 4 groups x n 8 = 32 samples, global_batch_size 16, m
 update, which is what the PPO clip is for. If the sample count is not a multiple of
 ``global_batch_size`` the last optimizer step takes the remainder.
 
-Device and precision: ``--train-device`` (``auto``: the current CUDA device when torch sees one,
-else the CPU) holds the policy, reference and critic and every tensor of the step; logprobs,
-losses and metrics are computed there. Parameters, gradients and AdamW state are always fp32 (they
-are the master weights); ``--bf16`` runs every forward and backward under
-``torch.autocast(dtype=torch.bfloat16)`` (matmuls and attention in bf16, softmax, norms and the
-logprob's ``log_softmax`` in fp32). Attention is torch's scaled-dot-product attention
-(``attn_implementation="sdpa"``). What leaves the trainer does not depend on either knob: weights
-for sync are fp32 CPU copies, ``save_hf`` writes fp32, and the loop's checkpoint holds the AdamW
-state as it lives on the device (resume on a machine with that device).
+Device and precision (``--train-device``, ``--bf16``): ``slime.train.torch_device``.
 
 Deviations from slime: dropout is off (``model.eval()``) so that the first optimizer step sees ratio
 1 exactly; an optimizer step whose gradient norm is not finite is skipped and counted
@@ -53,17 +45,18 @@ import logging
 import math
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from slime.config import TrainConfig
 from slime.hf_checkpoint import check_hf_dir
+from slime.sync.hf_layout import checkpoint_views
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
-from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget, rl_batch_metrics
+from slime.train.batch import MicroBatch, Step, TrainBatch, build_train_batch, plan_steps, rl_batch_metrics
 from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
 from slime.train.critic import ValueModel, explained_variance, value_loss
 from slime.train.determinism import enable_deterministic_mode
@@ -71,7 +64,7 @@ from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_
 from slime.train.losses import LossAgg
 from slime.train.lr_schedule import lr_at
 from slime.train.router_metrics import RouterStats, attach_hf_routers
-from slime.sync.hf_layout import checkpoint_views
+from slime.train.torch_device import adamw, autocast, load_causal_lm, resolve_device
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES", "resolve_device"]
@@ -84,9 +77,6 @@ _TOKEN_METRICS = (
     "value_clipfrac",
 )  # fmt: skip
 """Token-mean metrics averaged over the step's trained tokens; the first four are always reported."""
-
-MicroBatch = list[int]  # sample indices of one micro-batch, ascending
-Step = list[MicroBatch]  # the micro-batches of one optimizer step
 
 
 class TorchTrainer:
@@ -138,7 +128,7 @@ class TorchTrainer:
         self.device = resolve_device(config.device)
         self.bf16 = config.megatron.bf16
         check_hf_dir(model_dir)
-        self.model = _load_causal_lm(model_dir, self.device)
+        self.model = load_causal_lm(model_dir, self.device)
         self.model.eval()  # dropout off: old_logprobs and the first step's logprobs match exactly
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
@@ -147,7 +137,7 @@ class TorchTrainer:
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
             check_hf_dir(config.ref_load or model_dir)
-            self.ref_model = _load_causal_lm(config.ref_load or model_dir, self.device)
+            self.ref_model = load_causal_lm(config.ref_load or model_dir, self.device)
             self.ref_model.eval().requires_grad_(False)
         if objective.needs_critic(config):
             self.critic = ValueModel.from_pretrained(model_dir).to(self.device)
@@ -159,14 +149,10 @@ class TorchTrainer:
         logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
 
     def _adamw(self, params, lr: float) -> torch.optim.AdamW:
-        cfg = self.config
-        # fused on CUDA (one kernel per step instead of a loop over tensors); the same update
-        return torch.optim.AdamW(params, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
-                                 fused=self.device.type == "cuda" or None)
+        return adamw(params, self.config, lr, self.device)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast on the trainer's device with ``--bf16``; nothing otherwise."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        return autocast(self.device, self.bf16)
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on ``groups`` (one rollout step) and bump ``policy_version`` by one.
@@ -284,15 +270,9 @@ class TorchTrainer:
         A micro-batch is ``micro_batch_size`` consecutive samples, or, with ``--use-dynamic-batch-size``,
         a padded pack of at most ``--max-tokens-per-gpu`` tokens (``pack_by_token_budget``).
         """
-        gbs, mbs, m = self.config.global_batch_size, self.config.micro_batch_size, self.config.megatron
-        steps = []
-        for start in range(0, len(seq_lens), gbs):
-            end = min(start + gbs, len(seq_lens))
-            if m.use_dynamic_batch_size:
-                steps.append([[start + i for i in mb] for mb in pack_by_token_budget(seq_lens[start:end], m.max_tokens_per_gpu)])
-            else:
-                steps.append([list(range(s, min(s + mbs, end))) for s in range(start, end, mbs)])
-        return steps
+        m = self.config.megatron
+        return plan_steps(seq_lens, global_batch_size=self.config.global_batch_size, micro_batch_size=self.config.micro_batch_size,
+                          max_tokens_per_gpu=m.max_tokens_per_gpu if m.use_dynamic_batch_size else None)
 
     def _lr(self) -> float:
         return lr_at(self.config, self.num_optimizer_steps)
@@ -323,9 +303,9 @@ class TorchTrainer:
                     with self._autocast():
                         logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature)  # [b, l]
                     total += -(logprobs * mb.loss_mask).sum()
-            total = float(total)
+            loss_sum = float(total)
             num_tokens = batch.num_train_tokens
-            return {"eval_loss": total / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
+            return {"eval_loss": loss_sum / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
 
     @torch.no_grad()
     def _before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
@@ -408,24 +388,6 @@ class TorchTrainer:
         """
         with self._lock:
             return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in checkpoint_views(self.model.state_dict()).items()}
-
-
-def resolve_device(device: str) -> torch.device:
-    """``--train-device`` as a torch device: ``auto`` = the current CUDA device if torch sees one, else the CPU.
-
-    Raises:
-        RuntimeError: ``cuda`` where torch sees no CUDA device.
-    """
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"--train-device {device}: torch sees no CUDA device (torch {torch.__version__}); use --train-device cpu or auto")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def _load_causal_lm(model_dir: str, device: torch.device) -> PreTrainedModel:
-    """fp32 weights on ``device``, torch SDPA attention."""
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
 
 
 def _mean(xs: list[float]) -> float:

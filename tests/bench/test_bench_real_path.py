@@ -19,8 +19,8 @@ from slime.bench.occupancy import OccupancyMeter
 from slime.bench.overhead import SimEnginePool
 from slime.bench.rollout import main
 from slime.bench.workload import Workload
-from slime.rollout.generate import request_id
 from slime.engines.protocol import FinishReason, GenerateResult
+from slime.rollout.generate import request_id
 from slime.servers.sim import SimConfig, SimEngine
 from slime.types import Sample, Status
 

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from slime.data.chat_mask import TemplateError, assistant_char_spans, has_generation_blocks, render_with_assistant_mask
 from slime.data.sft import load_sft_file
 from slime.errors import DataError
-from tests.fixtures.chat_tokenizers import build_chat_tokenizer, template_text
+from tests.fixtures.chat_tokenizers import build_chat_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

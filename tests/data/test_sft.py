@@ -75,7 +75,7 @@ def test_group_holds_the_row_with_masked_out_turns_between_assistant_turns():
 
 def test_example_needs_a_prompt_token_before_the_first_trained_one():
     with pytest.raises(ValueError):
-        SFTExample(index=0, input_ids=[1, 2], loss_mask=[0, 0]).num_prompt_tokens
+        SFTExample(index=0, input_ids=[1, 2], loss_mask=[0, 0]).num_prompt_tokens  # noqa: B018  # the property raises
 
 
 def test_row_longer_than_the_model_context_is_a_bad_row_named_by_file_and_line(tmp_path, arith_tok):

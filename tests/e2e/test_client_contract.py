@@ -21,9 +21,9 @@ import pytest
 from aiohttp import web
 
 from slime.config import RolloutConfig
-from slime.servers.embedded import EngineServer
+from slime.engines.pool import HttpEnginePool
 from slime.rollout.generate import generate
-from slime.engines.pool import EnginePool
+from slime.servers.embedded import EngineServer
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import write_tiny_llama
 
@@ -72,7 +72,7 @@ def model_dir(tmp_path_factory):
 async def backend(request, model_dir):
     if request.param == "embedded":
         async with EngineServer(model_dir, port=0, seed=0, weight_version="0") as server:
-            async with EnginePool([server.url], config=CONFIG) as pool:
+            async with HttpEnginePool([server.url], config=CONFIG) as pool:
                 yield request.param, pool, None
         return
     replay = _Replay(request.param)
@@ -85,7 +85,7 @@ async def backend(request, model_dir):
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
-        async with EnginePool([url], config=CONFIG) as pool:
+        async with HttpEnginePool([url], config=CONFIG) as pool:
             yield request.param, pool, replay
     finally:
         await runner.cleanup()

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig
+from slime.engines.pool import HttpEnginePool
 from slime.errors import EngineRequestError, EngineUnavailable
-from slime.servers.embedded import EngineServer
 from slime.rollout.generate import generate
-from slime.engines.pool import EnginePool
+from slime.servers.embedded import EngineServer
 from slime.train.logprobs import sample_logprobs
 from slime.types import Sample, Status
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
@@ -33,7 +33,7 @@ def model_v2_dir(model_dir, tmp_path_factory):
 @pytest.fixture
 async def pool(model_dir):
     async with EngineServer(model_dir, port=0, seed=0, weight_version="0") as server:
-        async with EnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)) as p:
+        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)) as p:
             yield p
 
 
@@ -103,7 +103,7 @@ async def test_trainer_logprobs_equal_engine_logprobs_on_same_weights(pool, mode
 
 async def test_unreachable_engine_fails_clearly_after_bounded_retries():
     config = RolloutConfig(request_timeout_s=2, max_retries=2, retry_backoff_s=0.01)
-    async with EnginePool(["http://127.0.0.1:9"], config=config) as pool:
+    async with HttpEnginePool(["http://127.0.0.1:9"], config=config) as pool:
         with pytest.raises(EngineUnavailable) as info:
             async with asyncio.timeout(10):
                 await pool.generate(PROMPT, {"max_new_tokens": 4}, rid="x-")

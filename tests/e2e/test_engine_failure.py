@@ -18,10 +18,10 @@ from pathlib import Path
 
 from slime.config import EngineConfig, LoopConfig, RolloutConfig, SyncConfig
 from slime.data.dataset import PromptRow, PromptSource
+from slime.engines.fleet.start import start_rollout
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
-from slime.engines.fleet.start import start_rollout
 from slime.rollout.generate import generate
 from slime.sync.disk import DiskWeightSync
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama

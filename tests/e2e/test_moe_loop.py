@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig, SyncConfig, TrainConfig
+from slime.engines.pool import HttpEnginePool
 from slime.servers.embedded import EngineServer
 from slime.servers.embedded.model import load_model
 from slime.servers.embedded.runner import ModelRunner
-from slime.engines.pool import EnginePool
 from slime.sync import build_weight_sync
 from slime.train.logprobs import sample_logprobs
 from slime.types import Group, Sample, Status
@@ -98,7 +98,7 @@ async def test_engine_and_trainer_logprobs_agree_before_and_after_a_train_step_a
     trainer = TorchTrainer(TrainConfig(lr=5e-2, global_batch_size=8, micro_batch_size=4), model_dir=str(moe_dir))
     params = {"max_new_tokens": 24, "temperature": 0.9, "ignore_eos": True}
     async with EngineServer(moe_dir, port=0, seed=0, weight_version="0") as server:
-        async with EnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)) as pool:
+        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)) as pool:
             before = await pool.generate(PROMPT, params, rid="b-")
             ours = sample_logprobs(trainer.model, PROMPT, before.output_ids, 0.9)
             assert max_abs_diff(ours, before.output_logprobs) <= 1e-4
@@ -159,7 +159,7 @@ def test_torch_backend_router_metrics_count_real_tokens_and_match_hf_routing(moe
     with torch.no_grad():  # the reference: the same routers on each sequence alone, no padding
         for seq in seqs:
             picked = []
-            handles = [r.register_forward_hook(lambda m, a, out: picked.append(out[2])) for r in routers]
+            handles = [r.register_forward_hook(lambda m, a, out: picked.append(out[2])) for r in routers]  # noqa: B023  # hooks removed within this iteration
             trainer.model(torch.tensor([seq]))
             for h in handles:
                 h.remove()

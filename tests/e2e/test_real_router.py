@@ -20,11 +20,10 @@ import aiohttp
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.engines.fleet.processes import EmbeddedEngineProcess
-from slime.engines.pool import EnginePool
-from slime.engines.fleet.processes import CommandProcess
-from slime.engines.router import RouterClient
+from slime.engines.fleet.processes import CommandProcess, EmbeddedEngineProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
+from slime.engines.pool import HttpEnginePool
+from slime.engines.router import RouterClient
 from tests.fixtures.tiny_model import write_tiny_llama
 
 pytest.importorskip("sglang_router")
@@ -50,7 +49,7 @@ async def test_real_router_routes_by_key_lists_workers_and_follows_a_restart(tmp
         try:
             await router.start(60)
             await asyncio.wait_for(_until_listed(client, urls), 30)
-            async with EnginePool(urls, config=CONFIG, session=session, router_url=client.url, weights=(model, "7")) as pool:
+            async with HttpEnginePool(urls, config=CONFIG, session=session, router_url=client.url, weights=(model, "7")) as pool:
                 served = {}
                 for key in [f"g{i}-s0" for i in range(8)] * 3:
                     result = await pool.generate([0, 5, 6], {"max_new_tokens": 2}, sticky_key=key)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import msgspec
-import pytest
 
 from slime.config import Config, DataConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.loop.checkpoint import latest_checkpoint

@@ -39,10 +39,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig, SyncConfig
-from slime.servers.embedded import EngineServer
-from slime.rollout.generate import generate, token_versions
-from slime.engines.pool import EnginePool
+from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import parse_generate_response
+from slime.rollout.generate import generate
+from slime.servers.embedded import EngineServer
 from slime.sync.disk import DiskWeightSync
 from slime.sync.tensor import TensorWeightSync
 from slime.types import Sample, Status
@@ -54,7 +54,7 @@ RECORDED: dict[str, Any] = {}
 
 
 class Backend:
-    def __init__(self, name: str, pool: EnginePool, url: str, model_dir: Path, v2_dir: Path, server: Any = None):
+    def __init__(self, name: str, pool: HttpEnginePool, url: str, model_dir: Path, v2_dir: Path, server: Any = None):
         self.name, self.pool, self.url, self.model_dir, self.v2_dir, self.server = name, pool, url, model_dir, v2_dir, server
         self.long = 1500 if name == "sglang" else 400
 
@@ -101,7 +101,7 @@ async def backend(request, tmp_path_factory):
     if request.param == "embedded":
         v0, v2 = request.getfixturevalue("embedded_models")
         async with EngineServer(v0, port=0, seed=0, weight_version="0") as server:
-            async with EnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
+            async with HttpEnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
                 yield Backend("embedded", pool, server.url, v0, v2, server)
         return
     url, model = os.environ.get("SLIME_SGLANG_URL"), os.environ.get("SLIME_SGLANG_MODEL")
@@ -110,7 +110,7 @@ async def backend(request, tmp_path_factory):
     v2 = Path("/tmp/slime_contract_v2")
     if not v2.exists():
         perturb_weights(model, v2, seed=1)
-    async with EnginePool([url], config=CONFIG, weights=(model, "0")) as pool:
+    async with HttpEnginePool([url], config=CONFIG, weights=(model, "0")) as pool:
         b = Backend("sglang", pool, url, Path(model), v2)
         await b.reset()
         try:
@@ -196,7 +196,7 @@ async def test_a_request_past_request_timeout_s_is_aborted_by_rid_and_stays_resu
     ``/abort_request {"rid"}`` for that request only; the engine answers with the tokens so far."""
     b = backend
     cfg = RolloutConfig(request_timeout_s=0.5, control_timeout_s=30, max_retries=1, retry_backoff_s=0.05)
-    async with EnginePool([b.url], config=cfg) as pool:
+    async with HttpEnginePool([b.url], config=cfg) as pool:
         s = Sample(prompt_ids=list(PROMPT))
         other = asyncio.create_task(b.pool.generate(PROMPT, {"max_new_tokens": 1000, "ignore_eos": True}, rid="bystander-"))
         await generate(s, {"ignore_eos": True}, pool=pool, max_response_len=3000, engine_version=0)

@@ -1,4 +1,4 @@
-"""EngineClient and EnginePool against small in-process aiohttp servers that speak the SGLang shapes.
+"""EngineClient and HttpEnginePool against small in-process aiohttp servers that speak the SGLang shapes.
 
 No model: each ``FakeEngine`` answers from canned handlers and records every call it gets.
 Ordering is fixed with events; the only waits are the deadlines under test.
@@ -10,7 +10,8 @@ import asyncio
 import json
 import socket
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,10 +19,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from slime.config import RolloutConfig
-from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 from slime.engines.client import EngineClient
-from slime.engines.pool import EnginePool
+from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import SAMPLING_PARAM_KEYS
+from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)
@@ -144,7 +145,7 @@ async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_no
     assert result.aborted and result.output_ids == [] and result.finish_reason.status_code == 499
     assert result.finish_reason.message == "Request held- was aborted"
     sample = Sample(prompt_ids=[1, 2])
-    async with EnginePool([engine.url], config=FAST) as pool:
+    async with HttpEnginePool([engine.url], config=FAST) as pool:
         await generate(sample, {}, pool=pool, max_response_len=8, engine_version=0)
     assert sample.status is Status.PARTIAL and sample.num_aborts == 1 and not sample.evidence
 
@@ -215,7 +216,7 @@ async def test_connection_refused_gives_up_after_bounded_retries_with_backoff() 
     url = dead_url()
     config = RolloutConfig(max_retries=3, retry_backoff_s=0.02)
     t0 = time.monotonic()
-    async with EnginePool([url], config=config) as pool:
+    async with HttpEnginePool([url], config=config) as pool:
         with pytest.raises(EngineUnavailable) as info:
             await pool.generate([1], {})
     elapsed = time.monotonic() - t0
@@ -228,7 +229,7 @@ async def test_unavailable_engine_is_retried_on_the_other_one(start_engines) -> 
     bad.on("/generate", status=503, body={"object": "error", "message": "overloaded", "code": 503})
     good.on("/generate", body=generate_body("ok"))
     config = RolloutConfig(max_retries=3, retry_backoff_s=0.1)  # a failed engine cools down for 0.8 s
-    async with EnginePool([bad.url, good.url], config=config) as pool:
+    async with HttpEnginePool([bad.url, good.url], config=config) as pool:
         result = await pool.generate([1], {}, rid="ok")
         assert result.rid == "ok" and (bad.hits("/generate"), good.hits("/generate")) == (1, 1)
         assert good.calls[0][2]["rid"] == "ok"
@@ -247,7 +248,7 @@ async def test_timeout_is_not_retried_on_another_engine(start_engines) -> None:
     slow.routes["/generate"] = stall
     fast.on("/generate", body=generate_body())
     config = RolloutConfig(request_timeout_s=0.2, control_timeout_s=0.2)
-    async with EnginePool([slow.url, fast.url], config=config) as pool:
+    async with HttpEnginePool([slow.url, fast.url], config=config) as pool:
         result = await pool.generate([1], {})  # ends as an abort (the sample resumes later), never raises
     release.set()
     assert result.aborted and "request_timeout_s=0.2" in result.finish_reason.message
@@ -258,7 +259,7 @@ async def test_sticky_key_returns_to_its_engine_and_others_go_to_the_least_loade
     a, b = await start_engines(2)
     a.on("/generate", body=generate_body())
     b.on("/generate", body=generate_body())
-    async with EnginePool([a.url, b.url], config=FAST) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
         await pool.generate([1], {}, sticky_key="group-7")
         await pool.generate([1], {}, sticky_key="group-7")
         await pool.generate([1], {}, sticky_key="group-7")
@@ -276,7 +277,7 @@ async def test_concurrent_samples_with_one_sticky_key_share_an_engine(start_engi
         return web.json_response(generate_body())
 
     a.routes["/generate"] = b.routes["/generate"] = stall
-    async with EnginePool([a.url, b.url], config=FAST) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
         tasks = [asyncio.create_task(pool.generate([1], {}, sticky_key="group-1")) for _ in range(3)]
         while pool.num_inflight < 3:
             await asyncio.sleep(0)
@@ -289,7 +290,7 @@ async def test_abort_all_reaches_every_engine_with_a_json_body(start_engines) ->
     engines = await start_engines(3)
     for engine in engines:
         engine.on("/abort_request", text="")
-    async with EnginePool([e.url for e in engines], config=FAST) as pool:
+    async with HttpEnginePool([e.url for e in engines], config=FAST) as pool:
         assert set(await pool.abort_all()) == {e.url for e in engines}
     for engine in engines:
         assert engine.calls == [("POST", "/abort_request", {"rid": "", "abort_all": True}, "application/json")]
@@ -299,7 +300,7 @@ async def test_update_weights_failure_names_the_failing_engine(start_engines) ->
     ok, bad = await start_engines(2)
     ok.on("/update_weights_from_disk", body={"success": True, "message": "Succeeded.", "num_paused_requests": 0})
     bad.on("/update_weights_from_disk", status=400, body={"success": False, "message": "no such file /ckpt/v3"})
-    async with EnginePool([ok.url, bad.url], config=FAST) as pool:
+    async with HttpEnginePool([ok.url, bad.url], config=FAST) as pool:
         with pytest.raises(EngineRequestError) as info:
             await pool.update_weights_from_disk("/ckpt/v3", "3")
     text = str(info.value)
@@ -339,7 +340,7 @@ async def test_flush_cache_is_decided_by_the_status_code_not_the_text(start_engi
     idle, busy = await start_engines(2)
     idle.on("/flush_cache", text="Cache flushed.\n")
     busy.on("/flush_cache", status=400, text="Cache flushed.\nPlease check backend logs for more details.")
-    async with EnginePool([idle.url, busy.url], config=FAST) as pool:
+    async with HttpEnginePool([idle.url, busy.url], config=FAST) as pool:
         assert await pool.flush_cache() == {idle.url: True, busy.url: False}
 
 
@@ -361,7 +362,7 @@ async def test_wait_ready_polls_health_generate_until_200(start_engines) -> None
         return web.Response(status=next(replies))
 
     engine.routes["/health_generate"] = health
-    async with EnginePool([engine.url], config=FAST) as pool:
+    async with HttpEnginePool([engine.url], config=FAST) as pool:
         await pool.wait_ready(timeout_s=5.0)
     assert engine.hits("/health_generate") == 3 and engine.hits("/model_info") == 0
 
@@ -390,7 +391,7 @@ async def test_health_generate_is_a_bool_except_for_4xx(start_engines, session) 
 async def test_pool_close_is_idempotent_and_add_remove_engine_route(start_engines) -> None:
     a, b = await start_engines(2)
     b.on("/generate", body=generate_body())
-    pool = EnginePool([a.url], config=FAST)
+    pool = HttpEnginePool([a.url], config=FAST)
     pool.add_engine(b.url + "/")
     pool.remove_engine(a.url)
     with pytest.raises(ValueError):
@@ -407,7 +408,7 @@ async def test_bulk_failure_of_mixed_kinds_is_an_engine_error_naming_both(start_
     (engine,) = await start_engines()
     engine.on("/health_generate", status=400, body={"error": {"message": "nope"}})
     down = dead_url()
-    async with EnginePool([engine.url, down], config=FAST) as pool:
+    async with HttpEnginePool([engine.url, down], config=FAST) as pool:
         with pytest.raises(EngineError) as info:
             await pool.wait_ready(0.3)
     assert type(info.value) is EngineError and engine.url in str(info.value) and down in str(info.value)
@@ -417,7 +418,7 @@ async def test_control_call_skips_an_unreachable_engine_but_raises_a_refusal(sta
     (engine,) = await start_engines()
     engine.on("/continue_generation", status=400, body={"error": {"message": "nope"}})
     down = dead_url()
-    async with EnginePool([engine.url, down], config=FAST) as pool:
+    async with HttpEnginePool([engine.url, down], config=FAST) as pool:
         with pytest.raises(EngineRequestError) as info:
             await pool.continue_generation()
         assert engine.url in str(info.value) and down not in str(info.value)

@@ -10,8 +10,8 @@ import time
 from aiohttp import web
 
 from slime.config import RolloutConfig
+from slime.engines.pool import HttpEnginePool
 from slime.rollout.generate import generate
-from slime.engines.pool import EnginePool
 from slime.types import Sample, Status
 from tests.engines.test_client import generate_body
 
@@ -54,7 +54,7 @@ def _hung(engine):
 async def test_a_request_past_its_timeout_is_aborted_by_rid_and_keeps_its_tokens(start_engines) -> None:
     (engine,) = await start_engines()
     _honours_abort(engine)
-    async with EnginePool([engine.url], config=TIMEOUTS) as pool:
+    async with HttpEnginePool([engine.url], config=TIMEOUTS) as pool:
         result = await pool.generate([1, 2], {}, rid="slime-g0-s0-a0-r0-")
         assert result.aborted and result.output_ids == [7, 8, 9]
         assert [c[2] for c in engine.calls if c[1] == "/abort_request"] == [{"rid": "slime-g0-s0-a0-r0-", "abort_all": False}]
@@ -64,7 +64,7 @@ async def test_a_request_past_its_timeout_is_aborted_by_rid_and_keeps_its_tokens
 async def test_the_sample_of_a_timed_out_request_stays_resumable(start_engines) -> None:
     (engine,) = await start_engines()
     _honours_abort(engine)
-    async with EnginePool([engine.url], config=TIMEOUTS) as pool:
+    async with HttpEnginePool([engine.url], config=TIMEOUTS) as pool:
         sample = await generate(Sample(prompt_ids=[1, 2]), {}, pool=pool, max_response_len=16, engine_version=0)
         assert sample.status is Status.PARTIAL and sample.response_ids == [7, 8, 9]
         engine.on("/generate", body=generate_body("r", (4, 2)))
@@ -76,7 +76,7 @@ async def test_a_hung_engine_ends_the_request_as_an_abort_and_its_breaker_opens(
     (engine,) = await start_engines()
     _hung(engine)
     downs = []
-    async with EnginePool([engine.url], config=TIMEOUTS, failure_threshold=2) as pool:
+    async with HttpEnginePool([engine.url], config=TIMEOUTS, failure_threshold=2) as pool:
         pool.on_engine_down = lambda url, reason: downs.append((url, reason))
         for attempt in range(2):
             t0 = time.monotonic()
@@ -92,7 +92,7 @@ async def test_give_up_inflight_ends_the_old_calls_of_a_hung_engine_and_takes_it
     _hung(hung)
     good.on("/generate", body=generate_body())
     config = RolloutConfig(request_timeout_s=60, control_timeout_s=60, max_retries=0)
-    async with EnginePool([hung.url, good.url], config=config) as pool:
+    async with HttpEnginePool([hung.url, good.url], config=config) as pool:
         call = asyncio.create_task(pool.generate([1], {}, rid="r-"))
         while pool.num_inflight == 0:
             await asyncio.sleep(0.01)
@@ -115,7 +115,7 @@ async def test_a_drain_over_a_hung_engine_ends_at_abort_timeout_s_and_the_engine
     (engine,) = await start_engines()
     _hung(engine)  # answers neither /generate nor /abort_request, as a wedged GPU
     downs = []
-    async with EnginePool([engine.url], config=RolloutConfig(request_timeout_s=60, control_timeout_s=5)) as pool:
+    async with HttpEnginePool([engine.url], config=RolloutConfig(request_timeout_s=60, control_timeout_s=5)) as pool:
         pool.on_engine_down = lambda url, reason: downs.append(url)
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, abort_timeout_s=0.3),

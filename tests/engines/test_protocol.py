@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slime.errors import ProtocolError
 from slime.engines.protocol import (
     SAMPLING_PARAM_KEYS,
     GenerateResult,
@@ -22,6 +21,7 @@ from slime.engines.protocol import (
     error_message_from_body,
     parse_generate_response,
 )
+from slime.errors import ProtocolError
 
 URL = "http://10.0.0.1:30000"
 DATA = json.loads((Path(__file__).parent / "data" / "sglang_bodies.json").read_text())

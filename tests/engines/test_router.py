@@ -13,11 +13,11 @@ import aiohttp
 from aiohttp import web
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.engines.pool import ROUTING_KEY_HEADER, EnginePool
-from slime.engines.router import RouterClient
 from slime.engines.fleet.supervisor import EngineSupervisor
-from tests.engines.test_client import generate_body
+from slime.engines.pool import ROUTING_KEY_HEADER, HttpEnginePool
+from slime.engines.router import RouterClient
 from tests.engines.fleet.test_supervisor import FakeProcess, serving
+from tests.engines.test_client import generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=1, retry_backoff_s=0.01)
 
@@ -33,7 +33,7 @@ async def test_generate_goes_through_the_router_with_the_routing_key_and_control
     router.routes["/generate"] = route
     for w in (w1, w2):
         w.on("/abort_request", text="")
-    async with EnginePool([w1.url, w2.url], config=FAST, router_url=router.url) as pool:
+    async with HttpEnginePool([w1.url, w2.url], config=FAST, router_url=router.url) as pool:
         await pool.generate([1, 2], {}, rid="g3-s1-", sticky_key="g3-s1")
         await pool.generate([1, 2, 5], {}, rid="g3-s1-a1-", sticky_key="g3-s1")
         await pool.generate([1], {})
@@ -89,7 +89,7 @@ async def test_a_restarted_worker_leaves_the_router_and_is_registered_again(star
     serving(worker, "0")
     router.on("/workers", body={"workers": [{"id": "w-1", "url": worker.url}]})
     router.on("/workers/w-1", status=202, body={"status": "accepted"})
-    async with EnginePool([worker.url], config=FAST, router_url=router.url, weights=("/ckpt", "0")) as pool:
+    async with HttpEnginePool([worker.url], config=FAST, router_url=router.url, weights=("/ckpt", "0")) as pool:
         proc = FakeProcess("w")
         client = RouterClient(router.url, session=pool._session, config=FAST)
         supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0), processes={worker.url: proc}, router=client)

@@ -24,7 +24,6 @@ import sys
 
 import torch
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_common import make_groups, write_json  # noqa: E402
 

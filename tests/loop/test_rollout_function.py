@@ -119,7 +119,7 @@ def test_args_adapter_names_a_missing_attribute():
     args = RolloutArgs(_config())
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.sglang_router_ip) == (2, 2, None)
     with pytest.raises(AttributeError, match=r"^args.sglang_dp_size: not provided to rollout functions here \(slime_compat.RolloutArgs has: "):
-        args.sglang_dp_size
+        args.sglang_dp_size  # noqa: B018  # the attribute access raises
 
 
 def test_check_plugin_passes_a_good_rollout_function_and_fails_a_broken_one(capsys):

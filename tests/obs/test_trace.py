@@ -187,7 +187,7 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
     per_sample = defaultdict(list)
     for e in gens:
         per_sample[(e["args"]["group_id"], e["args"]["index"])].append(e)
-    for (gid, idx), segs in per_sample.items():  # one request at a time per sample, tokens only grow
+    for segs in per_sample.values():  # one request at a time per sample, tokens only grow
         segs.sort(key=lambda e: e["ts"])
         assert all(a["ts"] + a["dur"] <= b["ts"] and a["args"]["tokens"] <= b["args"]["tokens"] for a, b in zip(segs, segs[1:]))
     rewards = [e for e in events if e["name"] == "reward"]

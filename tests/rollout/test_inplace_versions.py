@@ -17,14 +17,13 @@ import types
 
 import pytest
 
-from slime.config import RolloutConfig
-from slime.servers.embedded import EngineServer
-from slime.rollout.generate import generate, token_versions
-from slime.engines.pool import EnginePool
+from slime.config import RolloutConfig, SyncConfig
+from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import FinishReason, GenerateResult
 from slime.loop.step import pause_mode
+from slime.rollout.generate import generate, token_versions
+from slime.servers.embedded import EngineServer
 from slime.sync.disk import DiskWeightSync
-from slime.config import SyncConfig
 from slime.types import Sample
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
@@ -77,7 +76,7 @@ def models(tmp_path_factory):
 async def test_pool_tracks_when_the_prefix_cache_was_last_emptied(models):
     v0, v1 = models
     async with EngineServer(v0, port=0, seed=0, weight_version="0") as server:
-        async with EnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
+        async with HttpEnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
             assert pool.kv_cache_version == "0"
             await pool.update_weights_from_disk(str(v1), "1", flush_cache=False)
             assert (pool.kv_cache_version, pool.latest_version) == ("0", "1")
@@ -91,7 +90,7 @@ async def test_pool_tracks_when_the_prefix_cache_was_last_emptied(models):
 async def test_in_place_disk_update_with_a_request_in_flight_keeps_the_engine_alive_and_versions_the_tokens(models, tmp_path):
     v0, v1 = models
     async with EngineServer(v0, port=0, seed=0, weight_version="0") as server:
-        async with EnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
+        async with HttpEnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
             sync = DiskWeightSync(SyncConfig(weights_dir=str(tmp_path / "w")), pool=pool,
                                   save_fn=lambda out: __import__("shutil").copytree(v1, out))
             staged = await sync.save(1)

@@ -202,15 +202,15 @@ async def test_real_engine_abort_in_turn_two_then_resume_equals_the_uninterrupte
     import torch
 
     from slime.config import RolloutConfig
+    from slime.engines.pool import HttpEnginePool
     from slime.servers.embedded import EngineServer
-    from slime.engines.pool import EnginePool
 
     torch.set_num_threads(1)
     gen = MultiTurnGenerate(tokenizer=TOK, tools=ToolRegistry([calculator_tool()]), system_prompt=SYSTEM)
     greedy = {"temperature": 0.0, "ignore_eos": True}
     max_len = len(turn(CALLS)) + 150
     async with EngineServer(chat_model_dir, port=0, seed=0, weight_version="3") as server:
-        async with EnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=0)) as real:
+        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=0)) as real:
             reference = await gen(fresh(), greedy, pool=FirstTurnScripted(real), max_response_len=max_len, engine_version=3)
             pool = FirstTurnScripted(real)
             sample = fresh()

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from slime.engines.protocol import FinishReason, GenerateResult
 from slime.errors import EngineTimeout, EngineUnavailable
 from slime.rollout.opd import TEACHER_SAMPLING_PARAMS, TeacherScorer
-from slime.engines.protocol import FinishReason, GenerateResult
 from slime.types import Sample, Status
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from slime.config import RolloutConfig
+from slime.engines.pool import HttpEnginePool
+from slime.rollout.plugin_check import Report, check_filter, check_generate, check_reward, load_plugin, main
 from slime.servers.embedded import EngineServer
 from slime.servers.embedded.tiny import write_tiny_llama
-from slime.rollout.plugin_check import Report, check_filter, check_generate, check_reward, load_plugin, main
-from slime.engines.pool import EnginePool
 
 torch.set_num_threads(1)
 
@@ -82,7 +82,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture
 async def pool(tiny_dir):
     async with EngineServer(tiny_dir, port=0, seed=0, weight_version="0") as server:
-        async with EnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=0)) as p:
+        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=0)) as p:
             yield p
 
 

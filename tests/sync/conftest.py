@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from slime.config import RolloutConfig
+from slime.engines.pool import HttpEnginePool
 from slime.servers.embedded import EngineServer
-from slime.engines.pool import EnginePool
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
 torch.set_num_threads(1)
@@ -43,7 +43,7 @@ async def engine(v1_path):
 
 @pytest.fixture
 async def pool(engine):
-    async with EnginePool([engine.url], config=RolloutConfig(control_timeout_s=30.0)) as p:
+    async with HttpEnginePool([engine.url], config=RolloutConfig(control_timeout_s=30.0)) as p:
         yield p
 
 

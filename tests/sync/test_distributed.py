@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slime.config import RolloutConfig, SyncConfig
+from slime.engines.pool import HttpEnginePool
 from slime.servers.embedded import EngineServer
-from slime.engines.pool import EnginePool
 from slime.sync.distributed import DistributedWeightSync, sglang_version
 from tests.sync.conftest import assert_holds, greedy_outputs
 
@@ -23,7 +23,7 @@ async def test_broadcast_weights_arrive_bit_exact_and_generate_like_a_disk_synce
     assert engine.weight_version == "1"
     assert sync.stats["num_buckets"] == (1 if buffer_size > 1 << 20 else 17)
     assert sync.stats["bytes"] == sum(t.numel() * t.element_size() for t in v2_state.values())
-    async with EngineServer(v1_path, port=0, seed=0) as disk_engine, EnginePool([disk_engine.url], config=RolloutConfig()) as disk_pool:
+    async with EngineServer(v1_path, port=0, seed=0) as disk_engine, HttpEnginePool([disk_engine.url], config=RolloutConfig()) as disk_pool:
         await disk_pool.update_weights_from_disk(str(v2_path), weight_version="1")
         after = await greedy_outputs(pool.clients[0])
         assert after == await greedy_outputs(disk_pool.clients[0]) and after != before

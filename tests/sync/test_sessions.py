@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 
 from slime.config import RolloutConfig
-from slime.errors import EngineRequestError
 from slime.engines.client import EngineClient
+from slime.errors import EngineRequestError
 from slime.sync.base import SESSION_HINT, weight_update_session
 from slime.sync.wire import serialize_safetensors
 

@@ -125,3 +125,11 @@ def test_estimator_picks_the_sample_score():
               for est in ("grpo", "reinforce_plus_plus_baseline", "ppo")}
     assert scores["grpo"] == pytest.approx([0.7071, -0.7071], abs=1e-4)
     assert scores["reinforce_plus_plus_baseline"] == [0.5, -0.5] and scores["ppo"] == [1.0, 0.0]
+
+
+def test_plan_steps_cuts_optimizer_steps_then_micro_batches_the_last_step_taking_the_remainder():
+    from slime.train.batch import plan_steps
+
+    assert plan_steps([5] * 10, global_batch_size=4, micro_batch_size=2) == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9]]]
+    # a token budget packs each step's samples (padded to the longest) into at most 12 tokens
+    assert plan_steps([6, 6, 6, 2], global_batch_size=4, micro_batch_size=1, max_tokens_per_gpu=12) == [[[0, 1], [2, 3]]]

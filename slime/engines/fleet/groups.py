@@ -86,7 +86,7 @@ class SglangDeployment(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
         return list(dict.fromkeys(g.model for g in self.groups))
 
     def model_path(self, model: str) -> str:
-        return next(g.model_path for g in self.groups if g.model == model and g.model_path)  # type: ignore[return-value]
+        return next(g.model_path for g in self.groups if g.model == model and g.model_path)
 
     def is_pd(self, model: str) -> bool:
         return any(g.role != "regular" for g in self.groups if g.model == model)
@@ -151,7 +151,7 @@ def _resolve(d: SglangDeployment, engine: EngineConfig, where: str) -> SglangDep
         mine = [g for g in out.groups if g.model == model]
         roles, paths = {g.role for g in mine}, {g.model_path for g in mine}
         if len(paths) > 1:
-            raise ConfigError(f"{where}: model {model!r} has groups with different model_path values {sorted(paths)}")  # type: ignore[type-var]
+            raise ConfigError(f"{where}: model {model!r} has groups with different model_path values {sorted(paths)}")
         if roles - {"regular"} and roles != {"prefill", "decode"}:
             raise ConfigError(f"{where}: model {model!r} has roles {sorted(roles)}; PD disaggregation needs prefill and decode groups and no regular one")
     return out

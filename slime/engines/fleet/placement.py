@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 
 import msgspec
 
@@ -186,7 +187,7 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
     return Placement(nodes, per_node, gpus_per_node, rollout, config.sync.colocate, megatron, plans)
 
 
-def check_torchrun_env(config: Config, env: dict[str, str] | None = None) -> None:
+def check_torchrun_env(config: Config, env: Mapping[str, str] | None = None) -> None:
     """Under torchrun, the job must be the one the placement flags describe.
 
     Raises:

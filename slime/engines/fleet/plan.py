@@ -11,7 +11,7 @@ train --dry-run`` prints exactly what a run would start. Per SGLang server (docs
 and per model served by several servers (or by PD groups, or given ``--router-*`` flags), one router
 (docs/sglang.md#router): ``python -m sglang_router.launch_router --worker-urls U... --host H --port P <every --router-*
 flag, prefix stripped>``, or for PD ``--pd-disaggregation --prefill U B ... --decode U ...``. A model
-with one regular server gets no router: ``EnginePool`` calls the server directly (a router in front
+with one regular server gets no router: ``HttpEnginePool`` calls the server directly (a router in front
 of one worker adds a hop and a process, nothing else). With ``--sglang-router-ip/--sglang-router-port``
 the actor's router is not launched: the launched servers are registered with it (``POST /workers``).
 
@@ -44,13 +44,13 @@ import os
 import shlex
 import socket
 import sys
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from slime.config import Config, EngineConfig
-from slime.errors import ConfigError
+from slime.engines.fleet.groups import ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args, load_sglang_config
 from slime.engines.fleet.processes import EmbeddedEngineProcess
-from slime.engines.fleet.groups import (ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args,
-                                         load_sglang_config)
+from slime.errors import ConfigError
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
            "teacher_processes", "check_launchable", "trainer_gpus", "updates_in_place", "SHARED_MEM_FRACTION_STATIC"]

@@ -31,8 +31,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, Sequence
 
 from slime.errors import EngineUnavailable
 
@@ -219,7 +219,7 @@ class EmbeddedEngineProcess:
 
 @contextlib.asynccontextmanager
 async def launch_embedded_engines(model_dir: str, *, num_engines: int, threads: int, max_running_requests: int, startup_timeout_s: float,
-                                  seed: int = 0, weight_version: str = "0"):
+                                  seed: int = 0, weight_version: str = "0") -> AsyncIterator[list[str]]:
     """Start ``num_engines`` embedded engines at ``weight_version``; yield their URLs; stop them on exit."""
     procs = [
         EmbeddedEngineProcess(model_dir, threads=threads, max_running_requests=max_running_requests, seed=seed + i, weight_version=weight_version)

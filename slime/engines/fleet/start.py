@@ -5,7 +5,7 @@
     plan ──► start servers (all at once; each: start, wait /health_generate)   [sglang | embedded]
          ──► routers: launch (worker urls on the command line) and wait /readiness,
              or use a running one (register our servers, or list its workers)
-         ──► one EnginePool per model (router url + worker urls) ──► PoolRegistry (actor = default)
+         ──► one HttpEnginePool per model (router url + worker urls) ──► PoolRegistry (actor = default)
          ──► one EngineSupervisor per pool (health checks, restarts / sidelining), in a TaskGroup
     exit: supervisors stop, routers stop, servers stop (SIGTERM, then SIGKILL), pools close
 
@@ -23,35 +23,36 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import aiohttp
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.errors import ConfigError
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
-from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, EnginePool
-from slime.engines.fleet.processes import CommandProcess
-from slime.engines.router import RouterClient
 from slime.engines.fleet.groups import ACTOR, TEACHER
 from slime.engines.fleet.plan import LaunchPlan, build_launch_plan, check_launchable, embedded_processes, teacher_processes
+from slime.engines.fleet.processes import CommandProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
+from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
+from slime.engines.router import RouterClient
+from slime.errors import ConfigError
 
 __all__ = ["start_rollout", "load_initial_weights", "PoolRegistry", "RolloutEngines"]
 
 log = logging.getLogger(__name__)
 
 
-class PoolRegistry(Mapping[str, EnginePool]):
-    """``model -> EnginePool``; ``default`` is the actor's pool (the policy; the only one updated)."""
+class PoolRegistry(Mapping[str, HttpEnginePool]):
+    """``model -> HttpEnginePool``; ``default`` is the actor's pool (the policy; the only one updated)."""
 
-    def __init__(self, pools: Mapping[str, EnginePool], default: str = ACTOR):
+    def __init__(self, pools: Mapping[str, HttpEnginePool], default: str = ACTOR):
         if default not in pools:
             raise ValueError(f"no pool for the default model {default!r} (have {sorted(pools)})")
         self._pools, self.default_model = dict(pools), default
 
-    def __getitem__(self, model: str) -> EnginePool:
+    def __getitem__(self, model: str) -> HttpEnginePool:
         if model not in self._pools:
             raise KeyError(f"no engines serve model {model!r} (have {sorted(self._pools)})")
         return self._pools[model]
@@ -63,7 +64,7 @@ class PoolRegistry(Mapping[str, EnginePool]):
         return len(self._pools)
 
     @property
-    def default(self) -> EnginePool:
+    def default(self) -> HttpEnginePool:
         return self._pools[self.default_model]
 
 
@@ -103,12 +104,12 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
     processes: dict[str, Any] = {}
     routers: dict[str, CommandProcess] = {}
-    pools: dict[str, EnginePool] = {}
+    pools: dict[str, HttpEnginePool] = {}
     model_of: dict[str, str] = {}
     try:
         teachers = teacher_processes(engine, seed=seed)  # --opd-teacher-load: one embedded engine (embedded / external backends)
         if plan.backend == "embedded":
-            procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
+            procs: list[Any] = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
             urls = await _start_all(procs + teachers, timeout_s)
             processes.update(zip(urls, procs + teachers))
             model_of.update((u, ACTOR) for u in urls[: len(procs)])
@@ -153,7 +154,7 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             urls = [u for u, m in model_of.items() if m == model]
             router = plan.router_of(model)
             weights = (model_dir or engine.hf_checkpoint, weight_version) if model == ACTOR else None
-            pools[model] = EnginePool(urls, config=rollout, session=session, router_url=router.url if router else None,
+            pools[model] = HttpEnginePool(urls, config=rollout, session=session, router_url=router.url if router else None,
                                       failure_threshold=engine.circuit_breaker_threshold, rejoin_timeout_s=rejoin_timeout_s,
                                       breaker_cooldown_s=engine.circuit_breaker_cooldown_s, weights=weights)
             if plan.backend == "external" or (model == TEACHER and plan.teacher_urls):
@@ -184,7 +185,7 @@ SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "n
 """``config.json`` fields two checkpoints must share for one's weights to load into the other's model."""
 
 
-async def load_initial_weights(pool: EnginePool, model_dir: str, weight_version: str) -> None:
+async def load_initial_weights(pool: HttpEnginePool, model_dir: str, weight_version: str) -> None:
     """Give running (external) engines the run's weights at start: ``/update_weights_from_disk`` of
     ``model_dir`` at ``weight_version``, cache flushed (nothing was sent to them yet).
 
@@ -228,8 +229,9 @@ async def _start_all(procs: list[Any], timeout_s: float) -> list[str]:
     if errors:
         await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
         raise errors[0]
-    log.info("engines ready: %s", ", ".join(results))
-    return list(results)
+    urls = [r for r in results if isinstance(r, str)]  # no errors: every result is a url
+    log.info("engines ready: %s", ", ".join(urls))
+    return urls
 
 
 def _log(log_dir: str | Path | None, name: str) -> Path | None:

@@ -31,11 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from slime.config import EngineConfig
-from slime.errors import EngineError, EngineRequestError
+from slime.engines.pool import HttpEnginePool
 from slime.engines.router import RouterClient
+from slime.errors import EngineError, EngineRequestError
 
 __all__ = ["EngineSupervisor", "EngineProcess"]
 
@@ -54,14 +56,14 @@ class EngineSupervisor:
     """Watches ``pool``'s workers; restarts those in ``processes`` (launch mode), sidelines the rest.
 
     Args:
-        pool: the ``EnginePool``; its ``on_engine_down`` is set to this supervisor.
+        pool: the ``HttpEnginePool``; its ``on_engine_down`` is set to this supervisor.
         config: health-check interval and timeout, breaker cooldown, restart bound, startup timeout.
         processes: ``{url: process}`` of the workers we launched (``restart(timeout)``, ``returncode``).
         router: a router whose registration follows the workers we launched (remove on down, add on rejoin).
         registration: ``{url: {"worker_type", "bootstrap_port"}}`` for ``router.add_worker`` (PD workers).
     """
 
-    def __init__(self, pool: Any, *, config: EngineConfig, processes: Mapping[str, EngineProcess] | None = None,
+    def __init__(self, pool: HttpEnginePool, *, config: EngineConfig, processes: Mapping[str, EngineProcess] | None = None,
                  router: RouterClient | None = None, registration: Mapping[str, dict[str, Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.pool, self.config = pool, config

@@ -114,7 +114,7 @@ def _base_python() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(bwrap: str, python: str, euid: int) -> BwrapLauncher | str:
     try:
         help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S).stdout

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable
 from typing import Any
 
 from slime.rollout.tools.registry import Tool
@@ -33,7 +34,7 @@ _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _REJECTED = {
     ast.Name: "names are not allowed", ast.Call: "calls are not allowed", ast.Attribute: "attributes are not allowed",
     ast.Subscript: "subscripts are not allowed", ast.Compare: "comparisons are not allowed",

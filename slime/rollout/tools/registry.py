@@ -23,7 +23,8 @@ import asyncio
 import dataclasses
 import inspect
 import time
-from typing import Any, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from slime.rollout import plugin_threads
 
@@ -116,8 +117,8 @@ class ToolRegistry:
             return _failed(name, f"arguments must be a JSON object, got {type(arguments).__name__}", t0)
         try:
             async with asyncio.timeout(self.timeout_s):
-                if inspect.iscoroutinefunction(tool.fn) or inspect.iscoroutinefunction(getattr(tool.fn, "__call__", None)):
-                    out = await tool.fn(arguments)
+                if inspect.iscoroutinefunction(tool.fn) or inspect.iscoroutinefunction(getattr(tool.fn, "__call__", None)):  # noqa: B004  # an async __call__
+                    out = await tool.fn(arguments)  # type: ignore[misc]  # iscoroutinefunction checked it; mypy cannot narrow a callable
                 else:
                     out = await plugin_threads.run_sync(tool.fn, arguments)  # a hung one is abandoned
                     if inspect.isawaitable(out):

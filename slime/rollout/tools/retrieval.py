@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rank_bm25 import BM25Okapi
 
@@ -54,7 +55,7 @@ class BM25Index:
         self._bm25 = BM25Okapi([tokenize(t) or [""] for t in self.texts])
 
     @classmethod
-    def from_jsonl(cls, path: str | Path, *, id_key: str = "id", text_key: str = "text") -> "BM25Index":
+    def from_jsonl(cls, path: str | Path, *, id_key: str = "id", text_key: str = "text") -> BM25Index:
         """Load rows ``{"id": str|int, "text": str}``, one per line; blank lines are skipped.
 
         Raises:

@@ -12,10 +12,9 @@ Each is ``async (sample) -> float`` and writes ``sample.evidence["verifier"] = {
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 from slime.config import RolloutConfig
 from slime.errors import ConfigError
+from slime.types import RewardFn
 
 __all__ = ["RM_TYPES", "reward_fn_from_config"]
 
@@ -25,7 +24,7 @@ RM_TYPES = ("math", "deepscaler", "dapo", "code", "remote", "remote_rm")
 matchers, and reward 0/1 (dapo's -1/1 gives the same GRPO advantages once divided by the group std)."""
 
 
-def reward_fn_from_config(rollout: RolloutConfig) -> Callable[..., Any] | None:
+def reward_fn_from_config(rollout: RolloutConfig) -> RewardFn | None:
     """The verifier that ``rollout.rm_type`` names, or None when it is unset.
 
     The per-verifier timeout is ``reward_timeout_s`` (the reward boundary applies it as well). A

@@ -48,7 +48,7 @@ class RemoteRewardModel:
         self._session = session
         self._owns_session = session is None
 
-    async def __aenter__(self) -> "RemoteRewardModel":
+    async def __aenter__(self) -> RemoteRewardModel:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -80,11 +80,11 @@ class BatchKV:
             "input_ids": torch.tensor(last_ids, dtype=torch.long)[:, None],
             "position_ids": position_ids,
             "attention_mask": _additive(self.mask[:, None, :]),
-            CACHE_KWARG: self.cache,
+            CACHE_KWARG: self.cache,  # type: ignore[dict-item]  # the model takes its cache with the tensors
         }
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        return [(layer.keys, layer.values) for layer in self.cache.layers]  # type: ignore[union-attr]  # full-attention layers only (Llama/Qwen)
 
     def _rebuild(self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
         self.cache = DynamicCache(ddp_cache_data=layers)
@@ -99,7 +99,7 @@ class BatchKV:
         layers = [(k[index, :, start:], v[index, :, start:]) for k, v in self._layers()]
         self._rebuild(layers, mask[:, start:])
 
-    def extend(self, other: "BatchKV") -> None:
+    def extend(self, other: BatchKV) -> None:
         """Append ``other``'s rows after ours, left-padding the shorter side with zeros."""
         width = max(self.length, other.length)
 

@@ -52,7 +52,7 @@ _FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. "
              "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
-def add_routes(app: web.Application, server: "EngineServer") -> None:
+def add_routes(app: web.Application, server: EngineServer) -> None:
     """Register every route on ``app``, bound to ``server``'s runner and state."""
 
     def not_ready() -> web.Response | None:
@@ -79,7 +79,7 @@ def add_routes(app: web.Application, server: "EngineServer") -> None:
         reqs = parsed.requests
         rids = [r.rid for r in reqs]
         seen: set[str] = set()
-        dup = next((rid for rid in rids if rid in server.inflight or rid in seen or seen.add(rid)), None)
+        dup = next((rid for rid in rids if rid in server.inflight or rid in seen or seen.add(rid)), None)  # type: ignore[func-returns-value]  # add() records it; None keeps the scan going
         if dup is not None:
             return _json({"error": {"message": f"Duplicate request ID {dup} found."}}, 400)
         server.inflight.update((r.rid, r) for r in reqs)

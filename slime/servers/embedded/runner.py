@@ -27,8 +27,9 @@ import concurrent.futures
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from transformers import DynamicCache
@@ -72,7 +73,7 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         self.weight_version = weight_version
         self.error: BaseException | None = None
-        self.step_hook: Callable[["ModelRunner"], None] | None = None
+        self.step_hook: Callable[[ModelRunner], None] | None = None
         """Test-only: called on the runner thread after every decode step (may block to hold the runner)."""
         self._cond = threading.Condition()
         self._inbox: list[EngineRequest] = []
@@ -163,7 +164,7 @@ class ModelRunner:
             self._pending.append(_Update(tensors, weight_version, barrier, future))
 
         posted = self._post(op, with_barrier=True)
-        posted.add_done_callback(lambda f: f.cancelled() or f.exception() is None or resolve(future, exc=f.exception()))
+        posted.add_done_callback(lambda f: f.cancelled() or f.exception() is None or resolve(future, exc=f.exception()))  # type: ignore[func-returns-value]
         return future
 
     # ---- runner thread ---------------------------------------------------------------------------
@@ -316,7 +317,8 @@ class ModelRunner:
                 lps = token_logprobs(rows, torch.tensor(ctx[1:]), req.params.temperature).tolist()
                 # SGLang's first entry is always null (docs/sglang.md#generate-response): the logits that would
                 # score it (position start - 1) are not computed there, so we drop ours too.
-                req.input_logprobs = [None] + ([None] + lps)[req.logprob_start_len + 1 :]
+                scored: list[float | None] = [None, *lps]
+                req.input_logprobs = [None, *scored[req.logprob_start_len + 1 :]]
         batch = BatchKV(cache, mask)
         keep = self._sample(reqs, logits[:, -1, :])
         if not keep:

@@ -78,6 +78,7 @@ def scaled_log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor) 
         [..., V] float32 natural-log probabilities.
     """
     logits = logits.float()
+    t: torch.Tensor | float
     if isinstance(temperature, torch.Tensor):
         t = temperature.to(device=logits.device, dtype=torch.float32)
         t = torch.where(t < GREEDY_EPS, torch.ones_like(t), t).unsqueeze(-1)

@@ -94,7 +94,7 @@ class EngineServer:
     def weight_version(self) -> str:
         return self.runner.weight_version if self.runner is not None else self.initial_weight_version
 
-    async def start(self) -> "EngineServer":
+    async def start(self) -> EngineServer:
         """Bind, load the model, start the runner, warm up; returns once ``/health_generate`` is 200."""
         if self._closed:
             raise RuntimeError("EngineServer cannot be restarted after close()")
@@ -152,7 +152,7 @@ class EngineServer:
         if self._app_runner is not None:
             await self._app_runner.cleanup()
 
-    async def __aenter__(self) -> "EngineServer":
+    async def __aenter__(self) -> EngineServer:
         return await self.start()
 
     async def __aexit__(self, *exc_info: object) -> None:

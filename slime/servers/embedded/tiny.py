@@ -34,6 +34,6 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, h
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
     model.save_pretrained(path)
     return path

@@ -70,7 +70,7 @@ class EngineDied(RuntimeError):
     """The engine stopped serving, as SGLang does on ``FLUSH_FAILED`` (the route answers 500)."""
 
 
-async def die_if_flush_fails(server: "EngineServer", flush_cache: bool, num_paused: int) -> None:
+async def die_if_flush_fails(server: EngineServer, flush_cache: bool, num_paused: int) -> None:
     """Behave like SGLang 0.5.17: an update with ``flush_cache`` while requests are paused in place
     cannot flush the cache, and the server dies (every request fails, health is 503 from then on).
 
@@ -110,7 +110,7 @@ def _check_against_model(model: Any, tensors: dict[str, torch.Tensor]) -> str | 
     return None
 
 
-def add_weight_routes(app: web.Application, server: "EngineServer") -> None:
+def add_weight_routes(app: web.Application, server: EngineServer) -> None:
     """Register the routes above on ``app`` (called by ``routes.add_routes``)."""
     state = _State()
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from slime.engines.protocol import GenerateResult
 from slime.servers.sim.config import SimConfig
@@ -64,7 +65,7 @@ class SimEngine:
         self._next_seq = 0
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> "SimEngine":
+    async def __aenter__(self) -> SimEngine:
         self.start()
         return self
 

@@ -107,7 +107,7 @@ class EmpiricalLengths:
         return float(self.values[i] + min(max(frac, 0.0), 1.0) * (self.values[i + 1] - self.values[i]))
 
     @classmethod
-    def from_file(cls, path: str) -> "EmpiricalLengths":
+    def from_file(cls, path: str) -> EmpiricalLengths:
         """Read a histogram file (formats in the module docstring).
 
         Raises:

@@ -3,7 +3,7 @@
 Example::
 
     async with SimEngineServer(SimConfig(time_scale=3)) as server:
-        async with EnginePool([server.url], config=RolloutConfig()) as pool:
+        async with HttpEnginePool([server.url], config=RolloutConfig()) as pool:
             result = await pool.generate([1, 2, 3], {"max_new_tokens": 512, "sampling_seed": 7})
         server.engine.stats().slot_utilization
 
@@ -47,7 +47,7 @@ class SimEngineServer:
         self.engine: SimEngine | None = None
         self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> "SimEngineServer":
+    async def __aenter__(self) -> SimEngineServer:
         self.engine = SimEngine(self.config)
         self.engine.start()
         self._runner = web.AppRunner(build_app(self.engine), handler_cancellation=True, access_log=None,

@@ -30,7 +30,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from slime.hf_checkpoint import check_hf_dir
 
@@ -144,7 +145,7 @@ class ModelArch:
             raise ValueError(f"--tensor-model-parallel-size={tp} must divide {', '.join(problems)} of this {self.family} model")
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelArch":
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArch:
         """Read a ``config.json`` dict (or ``PretrainedConfig.to_dict()``).
 
         Raises:

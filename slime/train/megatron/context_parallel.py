@@ -30,7 +30,8 @@ one-rank gradient, whatever the loss (token means, sequence means, sequence-leve
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -50,7 +50,7 @@ drops the padding again.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor

@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 import warnings
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

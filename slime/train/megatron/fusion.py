@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,7 +29,7 @@ __all__ = ["fused", "compile_enabled", "status"]
 
 log = logging.getLogger(__name__)
 
-_REGISTRY: list["_Fused"] = []
+_REGISTRY: list[_Fused] = []
 
 
 def compile_enabled() -> bool:

@@ -56,10 +56,10 @@ from slime.train.megatron.fusion import fused
 
 __all__ = ["RMSNorm", "SDPACoreAttention", "SwiGLUMLP", "TorchGatingRouter", "PackedRoPEParams", "rope_cos_sin"]
 
-_PackedSeqParams = mcore("megatron.core.packed_seq_params").PackedSeqParams
-_MegatronModule = mcore("megatron.core.transformer.module").MegatronModule
-_MLP = mcore("megatron.core.transformer.mlp").MLP
-_TopKRouter = mcore("megatron.core.transformer.moe.router").TopKRouter
+_PackedSeqParams: Any = mcore("megatron.core.packed_seq_params").PackedSeqParams
+_MegatronModule: Any = mcore("megatron.core.transformer.module").MegatronModule
+_MLP: Any = mcore("megatron.core.transformer.mlp").MLP
+_TopKRouter: Any = mcore("megatron.core.transformer.moe.router").TopKRouter
 
 
 @dataclasses.dataclass
@@ -138,7 +138,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
-        self.weight.sequence_parallel = bool(config.sequence_parallel)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)  # type: ignore[attr-defined]  # megatron-core reads this flag
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
@@ -157,7 +157,7 @@ def _varlen_fn():
         return None, False
     params = inspect.signature(varlen_attn).parameters
     if "window_size" in params:
-        causal = dict(window_size=(-1, 0))
+        causal: dict[str, Any] = dict(window_size=(-1, 0))
     elif "is_causal" in params:
         causal = dict(is_causal=True)
     else:
@@ -165,9 +165,9 @@ def _varlen_fn():
     gqa = "enable_gqa" in params
 
     def run(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
-        extra = dict(enable_gqa=True) if gqa else {}
-        kw = dict(scale=scale) if "scale" in params else {}
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal, **kw, **extra)
+        extra: dict[str, Any] = dict(enable_gqa=True) if gqa else {}
+        kw: dict[str, Any] = dict(scale=scale) if "scale" in params else {}
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal, **kw, **extra)  # type: ignore[return-value]  # a tensor unless return_aux
 
     return run, gqa
 

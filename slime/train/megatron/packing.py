@@ -35,7 +35,7 @@ to ``max_tokens_per_gpu`` x CP tokens (each GPU about ``max_tokens_per_gpu``), a
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -144,9 +144,9 @@ class PackedMicroBatch:
         dense = packed.new_zeros((self.num_rows, self.num_cols))
         return dense.index_put((self.rows, self.cols), packed[self.flat])
 
-    def to(self, device: torch.device | str) -> "PackedMicroBatch":
+    def to(self, device: torch.device | str) -> PackedMicroBatch:
         p = self.params
-        params = dataclasses.replace(
+        params = dataclasses.replace(  # type: ignore[call-arg]  # the fields of megatron-core's PackedSeqParams (an Any base here)
             p,
             cu_seqlens_q=p.cu_seqlens_q.to(device),
             cu_seqlens_kv=p.cu_seqlens_kv.to(device),

@@ -24,7 +24,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

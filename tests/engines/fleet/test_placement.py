@@ -9,9 +9,9 @@ import pytest
 
 from slime.cli import main, preflight
 from slime.cli_args import build_parser, config_from_args
-from slime.errors import ConfigError
 from slime.engines.fleet.placement import build_placement, check_torchrun_env, with_placement_defaults
 from slime.engines.fleet.plan import trainer_gpus
+from slime.errors import ConfigError
 
 
 def config_of(*argv: str):

@@ -12,9 +12,9 @@ import textwrap
 import pytest
 
 from slime.config import EngineConfig
-from slime.errors import ConfigError
 from slime.engines.fleet.groups import ServerGroup, group_args
 from slime.engines.fleet.plan import build_launch_plan
+from slime.errors import ConfigError
 
 PY = "python"
 YAML = """\

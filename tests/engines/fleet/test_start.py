@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
-from slime.errors import EngineUnavailable
 from slime.engines.client import EngineClient
-from slime.engines.fleet.start import start_rollout
 from slime.engines.fleet.processes import CommandProcess
+from slime.engines.fleet.start import start_rollout
+from slime.errors import EngineUnavailable
 from tests.engines.test_client import generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=1, retry_backoff_s=0.01)
@@ -103,9 +103,9 @@ async def test_external_actor_engines_with_a_launched_teacher_and_with_running_t
 
 
 async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run_weights_with_the_cache_flushed(start_engines, tmp_path):
-    from slime.errors import ConfigError
     from slime.engines.fleet.start import load_initial_weights
-    from slime.engines.pool import EnginePool
+    from slime.engines.pool import HttpEnginePool
+    from slime.errors import ConfigError
 
     run_model = tmp_path / "run-model"
     run_model.mkdir()
@@ -115,13 +115,13 @@ async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run
     b.on("/model_info", body={"model_path": "/elsewhere/base", "weight_version": "0"})  # no architectures (SGLang < 0.5.10, say)
     for e in (a, b):
         e.on("/update_weights_from_disk", body={"success": True, "message": "ok"})
-    async with EnginePool([a.url, b.url], config=FAST) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
         await load_initial_weights(pool, str(run_model), "0")
     for e in (a, b):
         (body,) = [c[2] for c in e.calls if c[1] == "/update_weights_from_disk"]
         assert body["model_path"] == str(run_model) and body["weight_version"] == "0" and body["flush_cache"] is True
     b.on("/model_info", body={"model_path": "/elsewhere/qwen", "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"})
-    async with EnginePool([a.url, b.url], config=FAST) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
         with pytest.raises(ConfigError, match=r"serves '/elsewhere/qwen'.*architectures \['Qwen2ForCausalLM'\] \(engine\) vs "
                                               r"\['LlamaForCausalLM'\] \(run\); model_type 'qwen2' \(engine\) vs 'llama' \(run\)"):
             await load_initial_weights(pool, str(run_model), "0")

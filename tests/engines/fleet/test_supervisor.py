@@ -11,10 +11,10 @@ import asyncio
 import pytest
 
 from slime.config import EngineConfig, RolloutConfig
+from slime.engines.fleet.supervisor import EngineSupervisor
+from slime.engines.pool import HttpEnginePool
 from slime.errors import EngineRequestError, EngineUnavailable
 from slime.rollout.generate import generate
-from slime.engines.pool import EnginePool
-from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.types import Sample, Status
 from tests.engines.test_client import FakeEngine, dead_url, generate_body
 
@@ -55,7 +55,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def in_rotation(pool: EnginePool) -> list[str]:
+def in_rotation(pool: HttpEnginePool) -> list[str]:
     return [c.url for c in pool.clients]
 
 
@@ -64,7 +64,7 @@ async def test_failing_health_checks_sideline_an_external_engine_until_it_answer
     serving(good, "3")
     serving(flaky, "0")
     flaky.on("/health_generate", status=503, text="")
-    async with EnginePool([good.url, flaky.url], config=FAST, weights=("/ckpt/v0", "0"), failure_threshold=2) as pool:
+    async with HttpEnginePool([good.url, flaky.url], config=FAST, weights=("/ckpt/v0", "0"), failure_threshold=2) as pool:
         await pool.update_weights_from_disk("/ckpt/v3", "3")
         supervisor = EngineSupervisor(pool, config=SUPERVISE)
         async with asyncio.TaskGroup() as tg:
@@ -85,7 +85,7 @@ async def test_an_exited_process_is_restarted_resynced_and_put_back(start_engine
     a, b = await start_engines(2)
     serving(a, "2")
     serving(b, "0")  # what a freshly started server reports
-    async with EnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v2", "2")) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v2", "2")) as pool:
         proc = FakeProcess("b")
         supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0, startup_timeout_s=5.0),
                                       processes={b.url: proc})
@@ -103,7 +103,7 @@ async def test_an_engine_whose_restarts_keep_failing_is_given_up_and_the_rest_ke
     a, b = await start_engines(2)
     serving(a, "0")
     serving(b, "0")
-    async with EnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v0", "0")) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v0", "0")) as pool:
         proc = FakeProcess("b", failing_restarts=99)
         supervisor = EngineSupervisor(pool, config=SUPERVISE, processes={b.url: proc})
         proc.returncode = 1
@@ -123,7 +123,7 @@ async def test_a_retry_resends_prompt_and_partial_tokens_and_the_sample_only_cha
     sample = Sample(prompt_ids=[3, 4], group_id=5, index=0)
     sample.append([9, 9], [-0.1, -0.2], 0)
     sample.status, sample.num_aborts = Status.PARTIAL, 1
-    async with EnginePool([bad.url, good.url], config=FAST) as pool:
+    async with HttpEnginePool([bad.url, good.url], config=FAST) as pool:
         await generate(sample, {"temperature": 1.0}, pool=pool, max_response_len=8, engine_version=1)
     sent_bad, sent_good = bad.calls[0][2], good.calls[0][2]
     assert sent_bad["input_ids"] == sent_good["input_ids"] == [3, 4, 9, 9] and sent_bad["rid"] == sent_good["rid"]
@@ -135,7 +135,7 @@ async def test_abort_all_ends_a_call_that_waits_for_an_engine_to_rejoin(start_en
     (engine,) = await start_engines()
     serving(engine, "0")
     engine.on("/abort_request", text="")
-    async with EnginePool([engine.url], config=FAST, rejoin_timeout_s=30.0) as pool:
+    async with HttpEnginePool([engine.url], config=FAST, rejoin_timeout_s=30.0) as pool:
         pool.take_out(engine.url, "restarting")
         waiting = asyncio.create_task(pool.generate([1], {}, rid="r1"))
         await settle()  # the call now waits for a worker
@@ -148,7 +148,7 @@ async def test_a_waiting_call_goes_out_when_the_engine_rejoins_and_a_paused_pool
     (engine,) = await start_engines()
     serving(engine, "0")
     engine.on("/pause_generation", body={"message": "paused", "status": "ok"})
-    async with EnginePool([engine.url], config=FAST, rejoin_timeout_s=30.0, weights=("/ckpt/v0", "0")) as pool:
+    async with HttpEnginePool([engine.url], config=FAST, rejoin_timeout_s=30.0, weights=("/ckpt/v0", "0")) as pool:
         pool.take_out(engine.url, "restarting")
         await pool.pause_generation("in_place")
         waiting = asyncio.create_task(pool.generate([1], {}))
@@ -163,7 +163,7 @@ async def test_a_weight_update_takes_an_unreachable_engine_out_and_rejoin_refuse
     (good,) = await start_engines()
     serving(good, "1")
     down = dead_url()
-    async with EnginePool([good.url, down], config=FAST, weights=("/ckpt/v0", "0")) as pool:
+    async with HttpEnginePool([good.url, down], config=FAST, weights=("/ckpt/v0", "0")) as pool:
         await pool.update_weights_from_disk("/ckpt/v1", "1")
         assert in_rotation(pool) == [good.url]
         pool.latest_version = "2"  # as after a tensor/NCCL update: nothing on disk to replay
@@ -176,7 +176,7 @@ async def test_no_health_probe_reaches_an_engine_while_the_pool_is_paused_or_its
     serving(engine, "0")
     engine.on("/pause_generation", body={"message": "paused", "status": "ok"})
     engine.on("/release_memory_occupation", body=None)
-    async with EnginePool([engine.url], config=FAST) as pool:
+    async with HttpEnginePool([engine.url], config=FAST) as pool:
         supervisor = EngineSupervisor(pool, config=SUPERVISE)
         async with asyncio.TaskGroup() as tg:
             await pool.pause_generation("in_place")
@@ -191,7 +191,7 @@ async def test_rejoin_follows_the_version_the_other_engines_hold_even_if_the_poo
     a, b = await start_engines(2)
     serving(a, "5")  # e.g. after delta syncs that went to the clients directly
     serving(b, "0")
-    async with EnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v0", "0")) as pool:
+    async with HttpEnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v0", "0")) as pool:
         pool.take_out(b.url, "restarting")
         with pytest.raises(EngineRequestError, match="the current one, '5', was not written to disk"):
             await pool.rejoin(b.url)

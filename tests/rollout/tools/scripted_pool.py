@@ -1,4 +1,4 @@
-"""A scripted stand-in for ``EnginePool.generate``: predetermined replies, aborts where told."""
+"""A scripted stand-in for ``HttpEnginePool.generate``: predetermined replies, aborts where told."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The simulated engine over HTTP, driven by our own EngineClient / EnginePool (the real client path)."""
+"""The simulated engine over HTTP, driven by our own EngineClient / HttpEnginePool (the real client path)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 
 from slime.config import RolloutConfig
+from slime.engines.pool import HttpEnginePool
+from slime.engines.protocol import parse_generate_response
 from slime.errors import EngineRequestError
 from slime.rollout.generate import generate
-from slime.engines.pool import EnginePool
-from slime.engines.protocol import parse_generate_response
 from slime.servers.sim import SimEngine, SimEngineServer
 from slime.types import Sample, Status
 from tests.servers.sim.helpers import fixed_config, until
@@ -27,11 +27,11 @@ PROMPT = [11, 12, 13]
 async def serve():
     stack: list[SimEngineServer] = []
 
-    async def start(config) -> tuple[SimEngineServer, EnginePool]:
+    async def start(config) -> tuple[SimEngineServer, HttpEnginePool]:
         server = SimEngineServer(config)
         await server.__aenter__()
         stack.append(server)
-        pool = EnginePool([server.url], config=CONFIG)
+        pool = HttpEnginePool([server.url], config=CONFIG)
         stack.append(pool)
         return server, pool
 
@@ -165,7 +165,7 @@ async def test_the_cli_prints_the_ready_line_and_serves_until_terminated(tmp_pat
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
         assert line.startswith("SLIME_ENGINE_READY url=http://127.0.0.1:")
-        async with EnginePool([line.split("=", 1)[1].strip()], config=CONFIG) as pool:
+        async with HttpEnginePool([line.split("=", 1)[1].strip()], config=CONFIG) as pool:
             result = await pool.generate(PROMPT, {"max_new_tokens": 4})
         assert len(result.output_ids) == 4
     finally:

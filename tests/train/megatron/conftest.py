@@ -17,8 +17,8 @@ import json
 import math
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch

@@ -79,13 +79,13 @@ def _groups(vocab: int):
 
 
 def _trainer(config, model_dir: str, ctx):
+    from megatron.core import parallel_state as ps
+
     from slime.train.megatron.arch import ModelArch, load_hf_config
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
     from slime.train.megatron.parallel import ControlChannel
     from slime.train.megatron.trainer import MegatronTrainer
     from slime.train.megatron.weights import iter_hf_weights
-
-    from megatron.core import parallel_state as ps
 
     class CpuTrainer(MegatronTrainer):
         def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron's DDP and optimizer

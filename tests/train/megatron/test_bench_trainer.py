@@ -63,9 +63,9 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
 
 def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer):
     """Same groups, weights and objective: two RL steps' losses and grad norms agree (fp32 on the CPU)."""
+    import megatron_common
     import torch
 
-    import megatron_common
     from slime.bench.trainer import SHAPES, TransformersReference
     from slime.config import MegatronConfig, TrainConfig
 

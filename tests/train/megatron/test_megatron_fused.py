@@ -10,7 +10,6 @@ this graph.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -171,7 +170,7 @@ def test_rmsnorm_rope_swiglu_trace_as_one_graph_and_match_eager_with_gradients()
     ]
     for fn, args in cases:
         grads = []
-        for run in (lambda *a: _traced(fn, *a), fn.fn):
+        for run in (lambda *a: _traced(fn, *a), fn.fn):  # noqa: B023  # called within this iteration
             leaves = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 and a is not cos and a is not sin else a for a in args]
             outs = run(*leaves)
             outs = outs if isinstance(outs, tuple) else (outs,)

@@ -11,7 +11,6 @@ covers megatron's DDP and optimizer.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

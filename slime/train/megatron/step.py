@@ -1,0 +1,343 @@
+"""One train step of the megatron backend, on every rank: ``MegatronTrainStep``, the half of
+``MegatronTrainer`` (``trainer.py``) that runs once the batch is on every rank.
+
+One ``train_step``:
+
+    rank 0: groups ─► build_train_batch (scores, masks, staleness check) ─► broadcast ("train", batch)
+    every rank, per optimizer step of ``global_batch_size`` samples:
+        plan_step: this DP rank's samples, packed into micro-batches (token budget or sample count)
+    every rank, before the update (no grad; same micro-batches as training, so step 1 has ratio 1):
+        old_logprobs (and ref_logprobs with a KL term) for its samples, summed over DP so every
+        rank holds the whole [B, L] tensors ─► objective.with_advantages (same on every rank)
+    every rank, per optimizer step:
+        per micro-batch: GPTModel forward on the packed tokens ─► vocab_parallel_logprobs ─►
+            unpack to [b, L] ─► objective.micro_batch_loss (the torch backend's loss code) ─► backward
+            (DDP no_sync except on the last micro-batch)
+        finalize_model_grads (DP gradient sum, sequence-parallel norm grads) ─► grad norm ─►
+        skip if not finite, else clip to ``clip_grad`` and step megatron's optimizer; lr schedule +1
+    policy_version += 1; metrics summed over DP ranks, returned on rank 0 (MoE models add the
+    router metrics of ``slime.train.router_metrics``: load per expert, load-balancing
+    loss, dropped tokens)
+
+Loss scale: each micro-batch loss is already divided by the whole optimizer step's denominator
+(samples for ``seq_mean``, trained tokens for ``token_mean``), so DDP must sum gradients over
+data-parallel ranks rather than average them: ``calculate_per_token_loss=True`` in the
+``TransformerConfig`` does exactly that, and ``finalize_model_grads`` gets no token count to
+divide by. Tensor-parallel ranks compute the same loss; megatron's layers reduce their gradients.
+
+MoE load-balancing loss (``--moe-aux-loss-coeff`` > 0): megatron-core attaches it to the router
+output, scaled by the micro-batch's token count (``calculate_per_token_loss``), and multiplies its
+gradient by ``MoEAuxLossAutoScaler``'s scale, which is set here to 1 / (tokens of the optimizer
+step, all DP ranks), times the TP size under sequence parallelism (each TP rank then holds a
+share of the loss scaled by its T / tp tokens): the trained term is coefficient x the
+token-weighted mean of the per micro-batch losses, normalised over the step as the RL loss is.
+
+Context parallelism (dense models): each CP rank runs its share of every packed sequence
+(``slime.train.megatron.context_parallel``); logprobs and entropies are all-gathered into the
+full packed order before the loss, so every CP rank computes the whole micro-batch's loss (same
+denominators as one rank) and keeps only its own tokens' gradient; DDP sums over DP x CP.
+
+Pipeline parallelism (dense models): ``_pipeline`` runs the micro-batches through megatron-core's
+1F1B schedule; the last stage computes logprobs and the loss, and broadcasts the old/ref logprobs
+and the step's metrics over the pipeline group (rank 0, stage 0, reports them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from slime.config import TrainConfig
+from slime.train import objective
+from slime.train.batch import TrainBatch, rl_batch_metrics
+from slime.train.megatron._mcore import mcore
+from slime.train.megatron.arch import ModelArch
+from slime.train.megatron.logprobs import vocab_parallel_logprobs
+from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
+from slime.train.megatron.parallel import ParallelContext
+
+__all__ = ["MegatronTrainStep"]
+
+log = logging.getLogger(__name__)
+
+_TOKEN_METRICS = (
+    "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
+    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac", "nll",
+)  # fmt: skip
+"""Token-mean metrics (as the torch backend reports them); the first four always (RL), ``nll`` with ``sft_loss``."""
+
+
+class MegatronTrainStep:
+    """Mixin of ``MegatronTrainer``: the train step every rank runs (``_train_batch``), given the
+    models, optimizer and parallel context that the trainer built."""
+
+    config: TrainConfig
+    arch: ModelArch
+    ctx: ParallelContext
+    tconfig: Any  # megatron-core's TransformerConfig
+    model: Any  # GPTModel (this pipeline stage), maybe bf16-wrapped
+    ddp: Any  # its DistributedDataParallel wrapper
+    ref_model: Any
+    optimizer: Any  # megatron's (chained) optimizer
+    scheduler: Any  # megatron's OptimizerParamScheduler
+    router_stats: Any
+    pad_token_id: int
+    pad_to: int
+    policy_version: int
+
+    def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
+        """Per optimizer step: (first sample, end sample, this rank's packed micro-batches).
+
+        Under expert parallelism every MoE layer's forward is a collective over the EP ranks,
+        which are different DP ranks: each rank then runs as many micro-batches as the busiest DP
+        rank of the step, the missing ones as placeholders (``pack_samples`` of no sample, loss 0).
+        Every rank computes the same plan, so no count is exchanged.
+        """
+        cfg, mcfg = self.config, self.config.megatron
+        lens = batch.seq_lens.tolist()
+        steps = []
+        for start in range(0, batch.num_samples, cfg.global_batch_size):
+            end = min(start + cfg.global_batch_size, batch.num_samples)
+            plan = plan_step(
+                lens[start:end],
+                dp_size=self.ctx.dp_size,
+                micro_batch_size=cfg.micro_batch_size,
+                max_tokens_per_gpu=mcfg.max_tokens_per_gpu * self.ctx.cp_size if mcfg.use_dynamic_batch_size else None,  # CP ranks share a micro-batch
+            )
+            mbs = [self._pack(batch, [start + i for i in mb]) for mb in plan[self.ctx.dp_rank]]
+            if self.ctx.ep_size > 1:
+                busiest = max(len(p) for p in plan)
+                mbs += [self._placeholder(batch) for _ in range(busiest - len(mbs))]
+            steps.append((start, end, mbs))
+        return steps
+
+    def _pack(self, batch: TrainBatch, samples: list[int]) -> PackedMicroBatch:
+        """Rows ``samples`` packed (this CP rank's share) on this rank's device."""
+        c = self.ctx
+        return pack_samples(
+            batch, samples, pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta,
+            cp_size=c.cp_size, cp_rank=c.cp_rank, cp_group=c.cp_group,
+        ).to(c.device)  # fmt: skip
+
+    def _placeholder(self, batch: TrainBatch) -> PackedMicroBatch:
+        """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
+        return self._pack(batch, [])
+
+    def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+        """Logprobs and entropies [T] of ``mb`` under ``model`` (one pipeline stage), full packed order."""
+        logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)  # [1, t, v]
+        return self._logprobs(logits, mb, entropy_grad=entropy_grad)
+
+    def _logprobs(self, logits: Tensor, mb: PackedMicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """[1, t, v] this rank's logits -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``)."""
+        logprob, entropy = vocab_parallel_logprobs(
+            logits[0],
+            mb.labels[0],
+            temperature=self.config.rollout_temperature,
+            vocab_size=self.arch.vocab_size,
+            tp_rank=self.ctx.tp_rank,
+            group=self.ctx.tp_group if self.ctx.tp_size > 1 else None,
+            entropy_grad=entropy_grad,
+        )
+        return mb.full(logprob), mb.full(entropy)
+
+    def _pipeline(self, model: Any, mbs: list[PackedMicroBatch], loss_of: Any, *, forward_only: bool, entropy_grad: bool = False) -> None:
+        """``mbs`` through megatron-core's pipeline schedule (1F1B; forward only for logprob passes).
+
+        Stage 0 embeds, every stage runs its layers and exchanges activations (and their
+        gradients) with its neighbours through megatron's P2P communication, shapes first
+        (packed micro-batches differ in length: ``variable_seq_lengths``). On the last stage
+        ``loss_of(i, logprob [T], entropy [T])`` returns micro-batch i's loss (already divided by
+        the step's denominator; megatron's ``calculate_per_token_loss`` keeps it as is) and the
+        schedule runs its backward. Gradient sync waits for the last micro-batch
+        (``config.no_sync_func``); ``_optimizer_step`` finalizes the gradients.
+        """
+        schedule = mcore("megatron.core.pipeline_parallel").get_forward_backward_func()
+        zero = torch.zeros((), dtype=torch.int, device=self.ctx.device)
+
+        def forward_step(data_iterator: Any, stage: Any) -> tuple[Tensor, Any]:
+            i = next(data_iterator)
+            mb = mbs[i]
+            out = stage(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict]:
+                logprob, entropy = self._logprobs(logits, mb, entropy_grad=entropy_grad)
+                return loss_of(i, logprob, entropy), zero, {}
+
+            return out, loss_func
+
+        schedule(
+            forward_step_func=forward_step, data_iterator=iter(range(len(mbs))), model=[model], num_microbatches=len(mbs),
+            seq_length=max(mb.num_tokens for mb in mbs), micro_batch_size=1, forward_only=forward_only,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
+        """``old_logprobs`` (and ``ref_logprobs``) for every sample, computed on the micro-batches of training."""
+        old = torch.zeros_like(batch.loss_mask, device=self.ctx.device)  # [B, L]
+        ref = torch.zeros_like(old) if self.ref_model is not None else None
+        self.model.eval()
+        # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
+        # memory synchronises the stream, and one per micro-batch would stall the GPU until the
+        # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
+        keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
+        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples or keep_placeholders]
+        for model, out in ((self.model, old), (self.ref_model, ref)):
+            if model is None:
+                continue
+            if self.ctx.pp_size > 1:
+                if todo:
+
+                    def write(i: int, lp: Tensor, _: Tensor, out: Tensor = out) -> Tensor:
+                        out[todo[i][1], : todo[i][0].num_cols] = todo[i][0].unpack(lp)
+                        return lp.new_zeros(())
+
+                    self._pipeline(model, [mb for mb, _ in todo], write, forward_only=True)
+                continue
+            for mb, rows in todo:
+                lp = self._forward(model, mb)[0]
+                if mb.samples:
+                    out[rows, : mb.num_cols] = mb.unpack(lp)
+        for t in (old, ref):
+            if t is not None and self.ctx.dp_size > 1:
+                dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
+            if t is not None and self.ctx.pp_size > 1:
+                dist.broadcast(t, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)  # computed on the last stage
+        self.model.train()
+        return _replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
+
+    def _train_batch(self, batch: TrainBatch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        cfg = self.config
+        steps = self._plan(batch)
+        if not objective.is_sft(cfg):  # --loss-type sft_loss needs no logprobs from before the update
+            batch = objective.with_advantages(cfg, self._before_update(batch, steps))
+        # Every micro-batch's rows go to the GPU now, while it is idle: selected on the CPU (no
+        # index upload, no ``int(max)`` read back) and copied before the first forward, so the
+        # loop below has no host sync between one micro-batch's backward and the next forward.
+        subs = [[_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs] for _, _, mbs in steps]
+        sums = torch.zeros(len(_TOKEN_METRICS) + 1, dtype=torch.float64)  # token-weighted metric sums, then num_tokens
+        seen: set[str] = set()
+        losses, grad_norms, num_skipped = [], [], 0
+        for (start, end, mbs), step_subs in zip(steps, subs):
+            step_mask = batch.loss_mask[start:end]
+            if step_mask.sum() == 0:
+                continue  # same decision on every rank: the batch is identical everywhere
+            denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
+            if self.router_stats is not None:  # the aux loss is averaged over the step's tokens (module docstring)
+                aux_scale = mcore("megatron.core.transformer.moe.moe_utils").MoEAuxLossAutoScaler
+                sp = self.ctx.tp_size if self.tconfig.sequence_parallel else 1  # each TP rank scales by its T / tp tokens
+                aux_scale.set_loss_scale(torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # read back once, after the whole step
+            if not mbs:
+                mbs = [self._placeholder(batch)]
+                step_subs = [None]
+
+            def loss_of(mb: PackedMicroBatch, sub: TrainBatch | None, logprob: Tensor, entropy: Tensor, denom: float = denom, step_loss: Tensor = step_loss) -> Tensor:
+                if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
+                    return logprob.sum() * 0.0
+                loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
+                step_loss.add_(loss.detach())
+                seen.update(k for k in _TOKEN_METRICS if k in metrics)
+                for k, key in enumerate(_TOKEN_METRICS):
+                    sums[k] += metrics.get(key, 0.0) * metrics["num_tokens"]
+                sums[-1] += metrics["num_tokens"]
+                return loss
+
+            entropy_grad = cfg.entropy_coef != 0.0
+            if self.ctx.pp_size > 1:
+                self._pipeline(self.ddp, mbs, lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent), forward_only=False, entropy_grad=entropy_grad)  # noqa: B023  # called within this iteration
+            else:
+                for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
+                    sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
+                    with sync:
+                        loss_of(mb, sub, *self._forward(self.ddp, mb, entropy_grad=entropy_grad)).backward()
+            grad_norm = self._optimizer_step()
+            if not math.isfinite(grad_norm):
+                num_skipped += 1
+                log.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
+            losses.append(step_loss)
+            grad_norms.append(grad_norm)
+        self.policy_version += 1
+        losses_t = torch.stack(losses) if losses else torch.zeros(0, dtype=torch.float64, device=self.ctx.device)
+        if self.ctx.dp_size > 1 or self.ctx.pp_size > 1:
+            both = torch.cat([sums.to(self.ctx.device), losses_t])
+            if self.ctx.dp_size > 1:
+                dist.all_reduce(both, group=self.ctx.dp_group)
+            if self.ctx.pp_size > 1:  # losses and metrics live on the last stage; rank 0 (stage 0) reports them
+                dist.broadcast(both, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)
+            sums, losses_t = both[: len(sums)], both[len(sums) :]
+        sums, losses_t = sums.cpu(), losses_t.cpu()
+        router = self._router_metrics()
+        num_tokens = max(float(sums[-1]), 1.0)
+        always = 0 if objective.is_sft(cfg) else 4
+        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < always}
+        out.update(_batch_metrics(batch))
+        out.update(objective.opd_metrics(batch))
+        out.update(router)
+        out.update(
+            loss=float(losses_t.mean()) if len(losses_t) else 0.0,
+            grad_norm=sum(grad_norms) / max(len(grad_norms), 1),
+            num_optimizer_steps=float(len(losses)),
+            num_skipped_steps=float(num_skipped),
+            policy_version=float(self.policy_version),
+            lr=float(self.scheduler.get_lr({})),
+            train_time_s=time.perf_counter() - t0,
+        )
+        return out
+
+    def _router_metrics(self) -> dict[str, float]:
+        """This step's router metrics (MoE models; every rank, collectively), {} for a dense model."""
+        if self.router_stats is None:
+            return {}
+        groups = [self.ctx.dp_group]  # under sequence parallelism the hooks already summed over TP
+        mcore("megatron.core.transformer.moe.moe_utils").clear_aux_losses_tracker()  # megatron's own copy, unused here
+        return self.router_stats.collect(groups=groups)
+
+    def _optimizer_step(self) -> float:
+        """Reduce gradients, then step unless the gradient norm is not finite; returns the norm before clipping.
+
+        Mirrors megatron's ``ChainedOptimizer.step`` (prepare, norm, clip, step) with one
+        difference: a non-finite norm skips the update (bf16 has no loss scaler to do it).
+        """
+        mcore("megatron.core.distributed").finalize_model_grads([self.ddp], num_tokens=None)
+        opt = self.optimizer
+        if opt.prepare_grads():
+            return float("nan")
+        grad_norm = float(opt.get_grad_norm())
+        if not math.isfinite(grad_norm):
+            return grad_norm
+        if self.config.clip_grad > 0:
+            clip = mcore("megatron.core.optimizer.clip_grads").clip_grad_by_total_norm_fp32
+            for o in getattr(opt, "chained_optimizers", [opt]):
+                params = o.get_parameters()
+                if params:
+                    clip(params, max_norm=self.config.clip_grad, total_norm=grad_norm, use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+        opt.step_with_ready_grads()
+        self.scheduler.step(increment=1)
+        return grad_norm
+
+
+def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
+    return dataclasses.replace(batch, **fields)
+
+
+def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None})
+
+
+def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
+    n = batch.num_train_tokens
+    if batch.old_logprobs is None:  # --loss-type sft_loss
+        return {"num_samples": float(batch.num_samples), "num_train_tokens": float(n)}
+    return rl_batch_metrics(batch)

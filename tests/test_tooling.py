@@ -1,0 +1,46 @@
+"""CI's static checks (docs/ARCHITECTURE.md, "Tooling"): ``ruff check`` over slime/, tests/ and scripts/,
+and mypy over the package, each with the configuration in pyproject.toml. Both tools come with the
+``test`` extra (scripts/setup.sh); where one is not installed its test is skipped, naming the tool.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(module: str) -> list[str]:
+    """``python -m <module>`` from this interpreter's environment, or skip naming the missing tool."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install -e '.[test]', or bash scripts/setup.sh)")
+    return [sys.executable, "-m", module]
+
+
+def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_ruff_check_is_clean():
+    out = _run([*_tool("ruff"), "check", "--no-cache", "slime", "tests", "scripts"], timeout_s=60)
+    assert out.returncode == 0, f"ruff check found problems (fix them, or `# noqa: CODE  # why`):\n{out.stdout}{out.stderr}"
+
+
+def test_ruff_format_config_matches_the_lint_line_length():
+    """``ruff format`` (the one formatting commit) wraps to the same length the linter is configured with."""
+    import tomllib
+
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
+    assert ruff["line-length"] == 140 and "format" in ruff
+
+
+def test_mypy_is_clean_on_the_package():
+    """mypy with pyproject.toml's [tool.mypy] (files = slime). Its incremental cache lives in .mypy_cache,
+    so a re-run only re-checks what changed."""
+    out = _run([*_tool("mypy"), "--no-error-summary", "--hide-error-context"], timeout_s=300)
+    assert out.returncode == 0, f"mypy found type errors:\n{out.stdout}{out.stderr}"
