@@ -172,7 +172,8 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
         )
         version = 0
         for _ in range(3):
-            version, groups, record = await run_step(sched, train_step=lambda gs: {"loss": 0.0}, sync=_Sync(pool), version=version, tracer=tr)
+            groups, record = await run_step(sched, train_step=lambda gs: {"loss": 0.0}, sync=_Sync(pool), tracer=tr)
+            version = sched.version.engines
         await sched.shutdown()
     tr.close()
     events = load_valid(tmp_path / "trace.json")
