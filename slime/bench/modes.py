@@ -187,9 +187,9 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
                 decode=lambda ids: "", pool=pool, buffer=buffer, reward_fn=_reward_one, task_group=tg,
                 generate_fn=lengths.generate,
             )
-            version = 0
             for step in range(1, wl.steps + 1):
-                version, _, record = await run_step(sched, train_step=train_step, sync=sync, version=version, on_batch=on_batch)
+                _, step_record = await run_step(sched, train_step=train_step, sync=sync, on_batch=on_batch)
+                record = step_record.to_dict()
                 record["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
                 record["length_mismatch_samples"] = mismatches[-1]
                 records.append(record)

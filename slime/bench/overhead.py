@@ -123,12 +123,12 @@ async def scheduler_overhead(num_samples: int, *, engine: Literal["fake", "sim"]
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(loop_cfg, rollout, source=PromptSource(rows, shuffle=False), tokenize=ids.__getitem__,
                               decode=lambda _: "", pool=pool, buffer=DataBuffer(), reward_fn=_one, task_group=tg)
-            sync, version = _NoSync(pool), 0
-            version, _, _ = await run_step(sched, train_step=lambda g: {}, sync=sync, version=version)  # warm-up
+            sync = _NoSync(pool)
+            await run_step(sched, train_step=lambda g: {}, sync=sync)  # warm-up
             done = 0
             cpu0, t0 = time.process_time(), time.perf_counter()
             for _ in range(steps):
-                version, groups, _ = await run_step(sched, train_step=lambda g: {}, sync=sync, version=version)
+                groups, _ = await run_step(sched, train_step=lambda g: {}, sync=sync)
                 done += sum(len(g.samples) for g in groups)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             await sched.shutdown()

@@ -47,12 +47,14 @@ class LoopState(msgspec.Struct, kw_only=True):
     step: int
     policy_version: int
     source: dict[str, int]
-    next_group_id: int
-    num_admitted: int
-    rollout_id: int
-    taken: list[int]
-    ready: list[Group]
-    partial: list[Group]
+    """The prompt (or SFT row) position (``PromptSource.state_dict``)."""
+    # the scheduler and buffer (an SFT run has neither: the defaults)
+    next_group_id: int = 0
+    num_admitted: int = 0
+    rollout_id: int = 0
+    taken: list[int] = []
+    ready: list[Group] = []
+    partial: list[Group] = []
     num_evicted: int = 0
     """Partial groups the buffer evicted at ``--buffer-capacity`` (``DataBuffer.num_evicted``)."""
     num_expired: int = 0

@@ -29,7 +29,8 @@ import msgspec
 from slime.config import LoopConfig
 from slime.errors import DataError
 from slime.loop.buffer import DataBuffer
-from slime.loop.scheduler import SchedulerCounters, StepStats
+from slime.loop.counters import SchedulerCounters, StepStats
+from slime.loop.version import PolicyVersion
 from slime.types import Group
 
 __all__ = ["RolloutRecord", "record_path", "save_rollout_record", "load_rollout_record", "ReplayScheduler", "NoWeightSync"]
@@ -84,9 +85,9 @@ class ReplayScheduler(SchedulerCounters):
     the recording run had another batch size).
     """
 
-    def __init__(self, config: LoopConfig, template: str, *, buffer: DataBuffer, engine_version: int = 0):
+    def __init__(self, config: LoopConfig, template: str, *, buffer: DataBuffer, version: PolicyVersion | None = None):
         self.config, self.template, self.buffer = config, template, buffer
-        self.engine_version = engine_version
+        self.version = version if version is not None else PolicyVersion()
         self.pool = None
         self.rollout_id = 0
         self.next_group_id = 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.errors import RunError
+from slime.loop.step_record import StepRecord
 from slime.obs import strict_json
 from slime.obs.plots import plot_reward_curve
 
@@ -78,15 +79,15 @@ class MetricsWriter:
         self._log.close()
 
 
-def format_step_line(r: dict[str, Any]) -> str:
+def format_step_line(r: StepRecord) -> str:
     """One summary line per step: reward, accuracy, length, tokens/s, aborts, resumes, lag (and the
     teacher's reverse KL with ``--use-opd``)."""
-    opd = f"rkl {r['opd/reverse_kl']:.4f} " if "opd/reverse_kl" in r else ""
+    opd = f"rkl {r.opd_reverse_kl:.4f} " if r.opd_reverse_kl is not None else ""
     return (
-        f"step {r['step']:>3} v{r['policy_version']:<3} reward {r['reward_mean']:.3f} acc {r['accuracy']:.3f} {opd}"
-        f"len {r['response_len_mean']:5.1f} tok/s {r['tokens_per_s']:7.0f} aborted {r['aborted_samples']:>3} "
-        f"resumed {r['resumed_samples']:>3} lag max {r['max_version_lag']} multi-ver {r['multi_version_samples']:>3} "
-        f"| loss {r.get('train/loss', float('nan')):+.4f} step {r['step_time_s']:.1f}s"
+        f"step {r.step:>3} v{r.policy_version:<3} reward {r.reward_mean:.3f} acc {r.accuracy:.3f} {opd}"
+        f"len {r.response_len_mean:5.1f} tok/s {r.tokens_per_s:7.0f} aborted {r.aborted_samples:>3} "
+        f"resumed {r.resumed_samples:>3} lag max {r.max_version_lag} multi-ver {r.multi_version_samples:>3} "
+        f"| loss {r.train.get('loss', float('nan')):+.4f} step {r.step_time_s:.1f}s"
     )
 
 

@@ -32,11 +32,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import tokenize_row
 from slime.engines.interface import WorkerPool
 from slime.errors import ConfigError, PluginError
 from slime.loop.buffer import DataBuffer
-from slime.loop.scheduler import SchedulerCounters, StepStats
+from slime.loop.counters import SchedulerCounters, StepStats
+from slime.loop.version import PolicyVersion
 from slime.rollout.rewards import score_sample
 from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
 from slime.types import Group, RewardFn, Status
@@ -99,26 +101,30 @@ class RolloutFunctionScheduler(SchedulerCounters):
     """The part of ``Scheduler`` that ``run_step`` and the driver use, fed by a rollout function.
 
     Args:
-        config: the run's root ``Config`` (``RolloutArgs`` reads slime's flag values from it).
+        config / rollout: the loop and rollout sections.
         fn: the rollout function ``(args, rollout_id, data_buffer, evaluation=False)``, sync or async.
         source: the prompt rows (``PromptSource``); ``data_buffer.get_samples`` draws from it.
         tokenize: the run's prompt tokenizer (``slime.loop.driver.prompt_tokenizer``).
         reward_fn: per-sample reward for samples returned without one.
-        pool: the engines (``args.pool``, ``args.sglang_router_ip`` / ``port``); None without engines.
+        args: the function's ``args`` (``slime.rollout.slime_compat.RolloutArgs``: slime's flag values,
+            ``args.pool``, ``args.sglang_router_ip`` / ``port``); its ``engine_version`` is set before each call.
+        pool: the engines; None without engines.
+        version: the run's ``PolicyVersion`` (read only).
         fill_logprobs: whether the trainer can compute missing rollout logprobs (torch backend); when
             False a sample without ``rollout_log_probs`` is an error.
     """
 
-    def __init__(self, config: Any, fn: Callable[..., Any], *, source: Any, tokenize: Callable[..., list[int]], buffer: DataBuffer,
-                 reward_fn: RewardFn, pool: WorkerPool | None = None, engine_version: int = 0, fill_logprobs: bool = True):
-        self.config, self.rollout = config.loop, config.rollout
-        self.path = config.rollout.rollout_function_path
+    def __init__(self, config: LoopConfig, rollout: RolloutConfig, fn: Callable[..., Any], *, args: RolloutArgs, source: Any,
+                 tokenize: Callable[..., list[int]], buffer: DataBuffer, reward_fn: RewardFn, pool: WorkerPool | None = None,
+                 version: PolicyVersion | None = None, fill_logprobs: bool = True):
+        self.config, self.rollout = config, rollout
+        self.path = rollout.rollout_function_path
         self.fn, self.buffer, self.reward_fn, self.pool = fn, buffer, reward_fn, pool
-        self.engine_version = engine_version
+        self.version = version if version is not None else PolicyVersion()
         self.fill_logprobs = fill_logprobs
-        self.args = RolloutArgs(config, pool=pool, engine_version=engine_version)
+        self.args = args
         self.data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: tokenize_row(tokenize, row),
-                                             n_samples_per_prompt=config.rollout.n_samples_per_prompt, num_prompts=len(source.rows))
+                                             n_samples_per_prompt=rollout.n_samples_per_prompt, num_prompts=len(source.rows))
         self.rollout_id = 0
         self.next_group_id = 0
         self.num_admitted = 0

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -67,53 +66,19 @@ from slime.data.dataset import PromptSource, row_metadata, tokenize_row
 from slime.engines.interface import EnginePool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
+from slime.loop.counters import SchedulerCounters, StepStats
+from slime.loop.drain import drain
+from slime.loop.generate_contract import check_generate_output
+from slime.loop.scoring import Scorer
+from slime.loop.version import PolicyVersion
 from slime.obs.trace import NULL_TRACER
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.opd import TeacherScorer
-from slime.rollout.rewards import score_group, score_sample
 from slime.types import OFFLINE_VERSION, GenerateFn, Group, GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["Scheduler", "StepStats"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class StepStats:
-    """Counters since the last ``pop_stats()``."""
-
-    started_groups: int = 0
-    finished_groups: int = 0
-    filtered_groups: int = 0
-    aborted_samples: int = 0
-    resumed_samples: int = 0
-    failed_samples: int = 0
-    generated_tokens: int = 0
-    filtered_tokens: int = 0
-    dropped_stale_groups: int = 0
-    offline_groups: int = 0
-    evicted_groups: int = 0
-    expired_groups: int = 0
-
-
-class SchedulerCounters:
-    """Resumable counters and per-step stats, shared by ``Scheduler`` and the train-only ``ReplayScheduler``."""
-
-    next_group_id: int
-    num_admitted: int
-    rollout_id: int
-    stats: StepStats
-
-    def counters(self) -> dict[str, int]:
-        """The scheduler's own resumable counters (see ``slime.loop.checkpoint``)."""
-        return {"next_group_id": self.next_group_id, "num_admitted": self.num_admitted, "rollout_id": self.rollout_id}
-
-    def restore_counters(self, *, next_group_id: int, num_admitted: int, rollout_id: int) -> None:
-        self.next_group_id, self.num_admitted, self.rollout_id = next_group_id, num_admitted, rollout_id
-
-    def pop_stats(self) -> StepStats:
-        stats, self.stats = self.stats, StepStats()
-        return stats
 
 
 class Scheduler(SchedulerCounters):
@@ -132,6 +97,8 @@ class Scheduler(SchedulerCounters):
         tracer: ``slime.obs.trace.Tracer``; records each generate request and reward call.
         offline: source of pre-generated groups (``slime.data.offline.OfflineSource``), mixed in at
             ``config.offline_ratio``; None = online only.
+        version: the run's ``PolicyVersion`` (read only here: ``engine_version`` is ``version.engines``);
+            None = a fresh one at 0.
         fixed_weights: the engines' version never moves (rollout-only mode): no admission bound.
         teacher: on-policy distillation (``--use-opd``): a ``slime.rollout.opd.TeacherScorer`` that
             scores every finished sample (online and offline) before its reward; a teacher failure
@@ -153,7 +120,7 @@ class Scheduler(SchedulerCounters):
         group_reward_fn: GroupRewardFn | None = None,
         generate_fn: GenerateFn = default_generate,
         group_filter: Callable[[Group], bool] | None = None,
-        engine_version: int = 0,
+        version: PolicyVersion | None = None,
         next_group_id: int = 0,
         tracer: Any = None,
         offline: Any = None,
@@ -165,12 +132,12 @@ class Scheduler(SchedulerCounters):
         self.config, self.rollout = config, rollout
         self.source, self.tokenize, self.decode = source, tokenize, decode
         self.pool, self.buffer, self.task_group = pool, buffer, task_group
-        self.reward_fn, self.group_reward_fn = reward_fn, group_reward_fn
+        self.group_reward_fn = group_reward_fn
         self.generate_fn, self.group_filter = generate_fn, group_filter
         self.tracer = tracer or NULL_TRACER
-        self.offline, self.fixed_weights, self.teacher = offline, fixed_weights, teacher
-        self.engine_version = engine_version
-        """The policy version the engines hold (the driver bumps it after each weight sync)."""
+        self.offline, self.fixed_weights = offline, fixed_weights
+        self.score = Scorer(rollout, reward_fn=reward_fn, group_reward_fn=group_reward_fn, teacher=teacher, tracer=self.tracer)
+        self.version = version if version is not None else PolicyVersion()
         self.rollout_id = 0
         self.next_group_id = next_group_id
         self.num_admitted = 0
@@ -237,11 +204,8 @@ class Scheduler(SchedulerCounters):
                 if new is not None:  # a generate function that returned several samples
                     i = next(i for i, s in enumerate(group.samples) if s is old)
                     group.samples[i : i + 1] = new
-            if group.is_finished and self.group_reward_fn is not None and not group.is_rewarded:
-                span = self.tracer.begin("group_reward", "reward", lanes="group reward")
-                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
-                if span is not None:
-                    self.tracer.end(span, group_id=group.group_id, rewards=[smp.reward for smp in group.samples])
+            if group.is_finished:
+                await self.score.group(group)
             if not (group.is_finished and group.is_rewarded):
                 self._lost(self.buffer.push_partial(group), "evicted_groups")
             elif self.group_filter is not None and not self._keep(group):
@@ -304,29 +268,15 @@ class Scheduler(SchedulerCounters):
                     )
                     self.tracer.counter("requests_in_flight", requests=self._num_requests)
                 await self._notify()
-            produced = _check_generate_output(sample, out, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
+            produced = check_generate_output(sample, out, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
                                               engine_version=self.engine_version)
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
                 self.stats.aborted_samples += 1
                 return sample, None
         for s in produced or [sample]:
-            if self.teacher is not None and s.status is not Status.FAILED and s.teacher_logprobs is None:
-                await self._score_teacher(s)
-            if s.status is Status.FAILED:
-                s.reward = 0.0
-            elif self.group_reward_fn is None and s.reward is None:
-                span = self.tracer.begin("reward", "reward", lanes="reward")
-                await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
-                if span is not None:
-                    self.tracer.end(span, group_id=s.group_id, index=s.index, reward=s.reward, status=s.status.value)
+            await self.score.sample(s)
         return sample, produced
-
-    async def _score_teacher(self, sample: Sample) -> None:
-        span = self.tracer.begin("teacher", "reward", lanes="teacher")
-        await self.teacher.score(sample)
-        if span is not None:
-            self.tracer.end(span, group_id=sample.group_id, index=sample.index, status=sample.status.value)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -389,16 +339,7 @@ class Scheduler(SchedulerCounters):
         for _ in range(num):
             group = self.offline.next_group(group_id=self.next_group_id, rollout_id=self.rollout_id)
             self.next_group_id += 1
-            if self.teacher is not None:
-                for s in group.samples:
-                    if s.status is not Status.FAILED and s.teacher_logprobs is None:
-                        await self._score_teacher(s)
-            if self.group_reward_fn is not None and not group.is_rewarded:
-                await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
-            elif self.group_reward_fn is None:
-                for s in group.samples:
-                    if s.reward is None:
-                        await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
+            await self.score.offline(group)
             self.stats.offline_groups += 1
             self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
             groups.append(group)
@@ -426,51 +367,9 @@ class Scheduler(SchedulerCounters):
             self._fill()
 
     async def _drain(self) -> None:
-        """Abort every request and wait until none is in flight (re-aborting each second).
-
-        ``abort_timeout_s`` after the first abort, requests still running on an engine (one that does
-        not honour ``/abort_request``: hung) are given up on: the pool ends them as aborted (their
-        samples resume) and takes the engine out of rotation for the supervisor. Generate calls that
-        still do not return then are the generate function's own doing.
-
-        Raises:
-            PluginError: calls of ``--custom-generate-function-path`` did not return, though no
-                request of theirs has run on an engine for ``abort_timeout_s`` (it ignores aborts).
-            RuntimeError: the same with the default generate function, or a pool that cannot give up.
-        """
-        loop = asyncio.get_running_loop()
-        limit = self.config.abort_timeout_s
-        deadline = loop.time() + limit
-        while self._num_requests > 0:
-            with contextlib.suppress(TimeoutError):  # a hung engine answers no /abort_request either
-                async with asyncio.timeout(max(deadline - loop.time(), 1.0)):
-                    await self.pool.abort_all()
-            try:
-                async with asyncio.timeout(1.0):
-                    await self._wait_for(lambda: self._num_requests == 0)
-            except TimeoutError:
-                if loop.time() < deadline:
-                    continue
-                give_up = getattr(self.pool, "give_up_inflight", None)
-                hung = give_up(f"still running {limit}s after abort_all", running_for_s=limit) if give_up else []
-                if hung:
-                    log.warning("engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
-                                "requests end as aborted and their samples resume", hung, limit)
-                    deadline = loop.time() + limit
-                    continue
-                self._raise_stuck(limit, can_give_up=give_up is not None)
-
-    def _raise_stuck(self, limit: float, *, can_give_up: bool) -> None:
-        n = self._num_requests
-        if not can_give_up:
-            raise RuntimeError(f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request")
-        if self.generate_fn is default_generate:
-            raise RuntimeError(f"{n} calls of the default generate function did not return {limit}s after abort_all, "
-                               "though no request has run on an engine that long")
-        raise PluginError(f"--custom-generate-function-path {_function_name(self.generate_fn)} ignores aborts: {n} of its calls "
-                          f"did not return {limit}s after abort_all, though no request of theirs has run on an engine that long "
-                          "(the engines honoured the aborts). It must return as soon as pool.generate returns finish_reason "
-                          "abort, leaving the sample PARTIAL (it resumes later)")
+        """Abort every request and wait until none is in flight (``slime.loop.drain.drain``)."""
+        await drain(self.pool, num_requests=lambda: self._num_requests, wait_for=self._wait_for,
+                    abort_timeout_s=self.config.abort_timeout_s, generate_fn=self.generate_fn)
 
     async def shutdown(self) -> None:
         """Abort everything and wait for every group task; leftovers stay in the partial queue."""
@@ -488,43 +387,3 @@ class Scheduler(SchedulerCounters):
         finally:
             self._gate_open = was_open
             self._fill()
-
-
-
-def _check_generate_output(sample: Sample, out: Any, *, max_response_len: int, engine_version: int) -> list[Sample] | None:
-    """Validate a generate function's return value; a list replaces the sample in its group.
-
-    Raises:
-        PluginError: a wrong return type, misaligned lists, a sample left pending, over
-            ``max_response_len`` or with a token newer than ``engine_version``
-            (``Sample.generate_contract_problems``). A broken plugin stops the run with the reason
-            instead of looping on a sample that never finishes or crashing the trainer later.
-    """
-    where = f"group {sample.group_id} sample {sample.index}"
-    if out is sample or out is None:
-        sample.check_aligned()
-        _raise_first(sample.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
-        return None
-    if isinstance(out, Sample):
-        raise PluginError(f"generate function returned a different Sample object for {where}; grow and return the one given")
-    if not isinstance(out, list) or not out or not all(isinstance(s, Sample) for s in out):
-        raise PluginError(f"generate function returned {type(out).__name__} for {where}; expected the Sample or a non-empty list of Samples")
-    for s in out:
-        s.check_aligned()
-        if not s.status.is_finished:
-            raise PluginError(f"generate function returned several samples for {where}, one with status {s.status.value}; each must be finished")
-        s.group_id = sample.group_id
-        _raise_first(s.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
-    return out
-
-
-def _function_name(fn: Any) -> str:
-    """``module.qualname`` of a function, a ``functools.partial`` of one, or a callable instance's class."""
-    fn = getattr(fn, "func", fn)
-    target = fn if hasattr(fn, "__qualname__") else type(fn)
-    return f"{target.__module__}.{target.__qualname__}"
-
-
-def _raise_first(problems: list[str]) -> None:
-    if problems:
-        raise PluginError(f"generate function broke its contract: {problems[0]}")

@@ -32,22 +32,22 @@ this driver builds the torch trainer); a resumed run with another ``--rollout-ba
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from slime.config import Config
+from slime.config import Config, DataConfig, LoopConfig
 from slime.data.dataset import PromptSource
 from slime.data.sft import SFTExample, load_sft_file, model_context_len, to_group
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
-from slime.loop.checkpoint import LoopState, load_checkpoint, open_run_dir, save_checkpoint
-from slime.loop.report import MetricsWriter, write_json_atomic
+from slime.loop.checkpoint import LoopState, load_checkpoint
 from slime.loop.rollout_function import SFT_ROLLOUT
+from slime.loop.run import RunFiles, finish_run, open_run, run_steps
+from slime.loop.step_record import SFTStepRecord
 from slime.obs.observers import Observers
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.types import Group
@@ -112,23 +112,22 @@ def _rl_only_flags(config: Config) -> list[tuple[str, Any, Any]]:
     return pairs
 
 
-def check_sft_steps(config: Config, num_rows: int) -> None:
+def check_sft_steps(loop: LoopConfig, num_rows: int) -> None:
     """With ``--num-epoch``, refuse a step larger than the dataset (it would pass over it several times).
 
     Raises:
         ConfigError: ``--rollout-batch-size`` > rows of ``--prompt-data``.
     """
-    if config.loop.num_epoch is not None and config.loop.rollout_batch_size > num_rows:
-        raise ConfigError(f"--rollout-batch-size={config.loop.rollout_batch_size} is larger than --prompt-data ({num_rows} rows): "
-                          f"one step would pass over the data {config.loop.rollout_batch_size / num_rows:.1f} times, more than "
-                          f"--num-epoch={config.loop.num_epoch} asks; use a batch of at most {num_rows} rows")
+    if loop.num_epoch is not None and loop.rollout_batch_size > num_rows:
+        raise ConfigError(f"--rollout-batch-size={loop.rollout_batch_size} is larger than --prompt-data ({num_rows} rows): "
+                          f"one step would pass over the data {loop.rollout_batch_size / num_rows:.1f} times, more than "
+                          f"--num-epoch={loop.num_epoch} asks; use a batch of at most {num_rows} rows")
 
 
-def load_sft_data(config: Config, tokenizer: Any, *, max_len: int | None = None) -> tuple[list[SFTExample], list[SFTExample], int]:
+def load_sft_data(d: DataConfig, tokenizer: Any, *, max_len: int | None = None) -> tuple[list[SFTExample], list[SFTExample], int]:
     """Train and eval examples (``slime.data.sft``) and how many bad rows were skipped.
 
-    ``max_len``: the model's context (``slime.data.sft.model_context_len``); longer rows are bad rows."""
-    d = config.data
+    ``d``: the data section. ``max_len``: the model's context (``slime.data.sft.model_context_len``); longer rows are bad rows."""
     kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data, max_len=max_len)
     train, num_bad = load_sft_file(d.prompt_data, flag="--prompt-data", **kw)
     evals: list[SFTExample] = []
@@ -140,14 +139,14 @@ def load_sft_data(config: Config, tokenizer: Any, *, max_len: int | None = None)
     return train, evals[: d.num_eval_prompts], num_bad
 
 
-def num_sft_steps(config: Config, num_rows: int) -> int:
+def num_sft_steps(loop: LoopConfig, num_rows: int) -> int:
     """``--num-rollout``, or with ``--num-epoch E``: ``E * num_rows // rollout_batch_size`` (at least 1).
 
     Example: 1,000 rows, 3 epochs, 64 rows a step -> 46 steps (the last partial batch of rows is
     carried into the next step, never dropped, as ``PromptSource`` runs across epochs)."""
-    if config.loop.num_epoch is None:
-        return config.loop.num_rollout
-    return max(1, config.loop.num_epoch * num_rows // config.loop.rollout_batch_size)
+    if loop.num_epoch is None:
+        return loop.num_rollout
+    return max(1, loop.num_epoch * num_rows // loop.rollout_batch_size)
 
 
 async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
@@ -163,17 +162,17 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
 
     config.validate()
     check_sft_config(config)
-    run_dir, ckpt, resume = open_run_dir(config.run_dir, config.load, ("metrics.jsonl", "trained_rows.jsonl"))
     base_model = config.engine.hf_checkpoint
-    model_dir = str(ckpt / "model") if ckpt else base_model
     tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")  # checks config.json too
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
-    train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config, tokenizer, max_len=max_len)
-    check_sft_steps(config, len(train_rows))
-    num_steps = num_sft_steps(config, len(train_rows))
+    train_rows, eval_rows, num_bad = await asyncio.to_thread(load_sft_data, config.data, tokenizer, max_len=max_len)
+    check_sft_steps(config.loop, len(train_rows))
+    num_steps = num_sft_steps(config.loop, len(train_rows))
     if num_steps != config.loop.num_rollout:
         config = msgspec.structs.replace(config, loop=msgspec.structs.replace(config.loop, num_rollout=num_steps))
-    write_json_atomic(run_dir / "config.json", msgspec.to_builtins(config))
+    files = open_run(config.run_dir, config.load, "trained_rows.jsonl", config)
+    ckpt, resume = files.checkpoint, files.resume
+    model_dir = str(ckpt / "model") if ckpt else base_model
     log.info("SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
              len(train_rows), sum(len(r.input_ids) for r in train_rows), sum(sum(r.loss_mask) for r in train_rows),
              len(eval_rows), num_steps, config.loop.rollout_batch_size)
@@ -184,71 +183,67 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
         log.info("resuming from %s (step %d, epoch %d, row %d of the epoch)", ckpt, resume.step, source.epoch, source.position)
-    eval_groups = [to_group(ex, group_id=-1 - i, policy_version=0) for i, ex in enumerate(eval_rows)]
-    metrics = MetricsWriter(run_dir)
-    trained_log = (run_dir / "trained_rows.jsonl").open("a")
-    t_start = time.monotonic()
-
-    async def evaluate(step: int) -> None:
-        if not eval_groups:
-            return
-        rec = {"kind": "eval", "step": step, "policy_version": trainer.policy_version, **await asyncio.to_thread(trainer.eval_loss, eval_groups)}
-        metrics.write(rec)
-        obs.record(rec, f"eval @ step {step}: loss {rec['eval_loss']:.4f} over {int(rec['eval_tokens'])} tokens")
-
-    async with Observers(config, run_dir, progress=progress) as obs:
-        first_step = resume.step + 1 if resume else 1
-        if resume is None and not config.loop.skip_eval_before_train:
-            await evaluate(0)
-        for step in range(first_step, num_steps + 1):
-            t0 = time.monotonic()
-            rows = [source.next() for _ in range(config.loop.rollout_batch_size)]
-            groups = [to_group(ex, group_id=(step - 1) * len(rows) + k, policy_version=trainer.policy_version) for k, ex in enumerate(rows)]
-            train_metrics = await asyncio.to_thread(trainer.train_step, groups)
-            record = _step_record(step, trainer.policy_version, source, groups, train_metrics, time.monotonic() - t0)
-            metrics.write(record)
-            trained_log.write(json.dumps({"step": step, "data_index": [ex.index for ex in rows]}) + "\n")
-            trained_log.flush()
-            obs.record(record, _step_line(record))
-            if config.loop.eval_interval and step % config.loop.eval_interval == 0 and step < num_steps:
-                await evaluate(step)
-            if config.save_interval and (step % config.save_interval == 0 or step == num_steps):
-                state = LoopState(step=step, policy_version=trainer.policy_version, source=source.state_dict(), next_group_id=step * len(rows),
-                                  num_admitted=step * len(rows), rollout_id=step, taken=[], ready=[], partial=[])
-                with obs.tracer.span("checkpoint", "checkpoint", step=step):
-                    await asyncio.to_thread(save_checkpoint, run_dir / "checkpoints", state, trainer=trainer)
-        await evaluate(num_steps)
-    trained_log.close()
-    metrics.close()
-    await asyncio.to_thread(trainer.save_hf, str(run_dir / "model"))
-    summary = _summary(metrics.records, num_steps=num_steps, num_rows=len(train_rows), num_bad=num_bad, wall_time_s=time.monotonic() - t_start)
-    summary["model_dir"] = str(run_dir / "model")
-    write_json_atomic(run_dir / "summary.json", summary)
-    await asyncio.to_thread(_write_report, run_dir)
+    async with Observers(config, files.run_dir, progress=progress) as obs:
+        mode = SFTMode(trainer, source, files, obs, eval_rows, rows_per_step=config.loop.rollout_batch_size)
+        await run_steps(mode, files, obs, num_steps=num_steps, eval_interval=config.loop.eval_interval, save_interval=config.save_interval,
+                        eval_before=not config.loop.skip_eval_before_train)
+        await mode.evaluate(num_steps)
+    files.metrics.close()
+    await asyncio.to_thread(trainer.save_hf, str(files.run_dir / "model"))
+    summary = _summary(files.metrics.records, num_steps=num_steps, num_rows=len(train_rows), num_bad=num_bad, wall_time_s=files.seconds())
+    summary["model_dir"] = str(files.run_dir / "model")
+    await asyncio.to_thread(finish_run, files, summary, plots=False)
     return summary
 
 
-def _write_report(run_dir: Path) -> None:
-    """``RUN_DIR/report.txt``: what ``slime report RUN_DIR`` prints."""
-    from slime.obs.report import format_report, load_run, summarize
+class SFTMode:
+    """The SFT run's part of the skeleton (``slime.loop.run.RunMode``): ``rows_per_step`` rows a step, the
+    eval loss of the eval rows, checkpoints of the trainer and the data position only."""
 
-    (run_dir / "report.txt").write_text(format_report(run_dir, summarize(*load_run(run_dir))) + "\n")
+    def __init__(self, trainer: Any, source: PromptSource, files: RunFiles, obs: Any, eval_rows: list[SFTExample], *, rows_per_step: int):
+        self.trainer, self.source, self.files, self.obs, self.rows_per_step = trainer, source, files, obs, rows_per_step
+        self.eval_groups = [to_group(ex, group_id=-1 - i, policy_version=0) for i, ex in enumerate(eval_rows)]
+
+    async def step(self, step: int) -> tuple[SFTStepRecord, list[dict[str, Any]]]:
+        t0 = time.monotonic()
+        rows = [self.source.next() for _ in range(self.rows_per_step)]
+        version = self.trainer.policy_version
+        groups = [to_group(ex, group_id=(step - 1) * len(rows) + k, policy_version=version) for k, ex in enumerate(rows)]
+        train_metrics = await asyncio.to_thread(self.trainer.train_step, groups)
+        record = _step_record(step, self.trainer.policy_version, self.source, groups, train_metrics, time.monotonic() - t0)
+        return record, [{"step": step, "data_index": [ex.index for ex in rows]}]
+
+    def step_line(self, r: SFTStepRecord) -> str:
+        return (f"step {r.step:>5} epoch {r.epoch} loss {r.train.get('loss', float('nan')):.4f} "
+                f"lr {r.train.get('lr', float('nan')):.2e} grad_norm {r.train.get('grad_norm', float('nan')):.3f} "
+                f"tokens {r.trained_tokens}/{r.num_tokens} tok/s {r.tokens_per_s:.0f} {r.step_time_s:.2f}s")
+
+    async def evaluate(self, step: int) -> None:
+        if not self.eval_groups:
+            return
+        rec = {"kind": "eval", "step": step, "policy_version": self.trainer.policy_version,
+               **await asyncio.to_thread(self.trainer.eval_loss, self.eval_groups)}
+        self.files.metrics.write(rec)
+        self.obs.record(rec, f"eval @ step {step}: loss {rec['eval_loss']:.4f} over {int(rec['eval_tokens'])} tokens")
+
+    def quiesced(self) -> Any:
+        return _nothing_in_flight()
+
+    def loop_state(self, step: int) -> LoopState:
+        # no scheduler or buffer: the trainer, the step and the data position are the whole state
+        return LoopState(step=step, policy_version=self.trainer.policy_version, source=self.source.state_dict())
 
 
-def _step_record(step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def _nothing_in_flight():
+    yield
+
+
+def _step_record(step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float) -> SFTStepRecord:
     num_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
-    return {
-        "kind": "step", "step": step, "policy_version": version, "epoch": source.epoch, "num_rows": len(groups),
-        "num_tokens": num_tokens, "trained_tokens": int(train.get("num_train_tokens", 0)),
-        "tokens_per_s": num_tokens / max(step_time_s, 1e-9), "step_time_s": step_time_s,
-        **{f"train/{k}": v for k, v in train.items()},
-    }
-
-
-def _step_line(r: dict[str, Any]) -> str:
-    return (f"step {r['step']:>5} epoch {r['epoch']} loss {r.get('train/loss', float('nan')):.4f} "
-            f"lr {r.get('train/lr', float('nan')):.2e} grad_norm {r.get('train/grad_norm', float('nan')):.3f} "
-            f"tokens {r['trained_tokens']}/{r['num_tokens']} tok/s {r['tokens_per_s']:.0f} {r['step_time_s']:.2f}s")
+    return SFTStepRecord(step=step, policy_version=version, epoch=source.epoch, num_rows=len(groups), num_tokens=num_tokens,
+                         trained_tokens=int(train.get("num_train_tokens", 0)), tokens_per_s=num_tokens / max(step_time_s, 1e-9),
+                         step_time_s=step_time_s, train=train)
 
 
 def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> dict[str, Any]:

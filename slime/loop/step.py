@@ -32,6 +32,8 @@ partials). Launched SGLang servers avoid this in async mode with ``--disable-rad
 
 The trainer's version equals the engines' version at each train step (weights are synced right
 after every step), so a token's lag at training is how many updates happened since it was sampled.
+Both are one object, the run's ``PolicyVersion`` (``sched.version``, ``slime.loop.version``): the
+train step bumps it, the weight sync publishes it, nothing else writes it.
 
 ``on_batch(groups)`` (recording, ``--save-debug-rollout-data``) is awaited right after the groups
 are taken, before staleness masking. ``train_step=None`` (rollout-only, ``--debug-rollout-only``)
@@ -50,6 +52,7 @@ from typing import Any
 from slime.engines.interface import EnginePool
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
+from slime.loop.step_record import StepRecord
 from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
 from slime.types import Group, Sample, Status, valid_samples
@@ -105,20 +108,25 @@ async def run_step(
     *,
     train_step: Callable[[list[Group]], dict[str, Any]] | None,
     sync: WeightSync | None,
-    version: int,
     tracer: Any = None,
     colocate: bool = False,
     on_batch: Callable[[list[Group]], Awaitable[Any]] | None = None,
-) -> tuple[int, list[Group], dict[str, Any]]:
-    """Run one rollout + train + weight-sync step. Returns (new version, groups, metrics record).
+) -> tuple[list[Group], StepRecord]:
+    """Run one rollout + train + weight-sync step. Returns (groups, step record).
+
+    The run's ``PolicyVersion`` is ``sched.version``: the train step bumps it (checked against the
+    trainer's own ``policy_version`` metric) and the weight sync publishes it to the engines.
 
     ``tracer`` (``slime.obs.trace.Tracer``) gets the phases on its ``driver`` track: ``step`` >
     ``rollout_wait``, ``train_step``, ``weight_sync`` > ``save``, ``pause``, ``load``, ``resume``
     (+ ``release_memory``, ``resume_memory`` with ``colocate``). ``colocate``: see the module doc;
     ``sched.pool`` must then have ``release_memory_occupation`` / ``resume_memory_occupation``.
     The record carries the strategy's ``stats`` (bytes, seconds, ...) as ``weight_sync/*``.
+
+    Raises:
+        RuntimeError: the trainer reports another policy version than the loop counts.
     """
-    config = sched.config
+    config, version = sched.config, sched.version
     tr = tracer or NULL_TRACER
     step_start = tr.now()
     t0 = time.monotonic()
@@ -127,27 +135,27 @@ async def run_step(
     t_rollout = time.monotonic() - t0
     if on_batch is not None:
         await on_batch(groups)
-    stale = apply_staleness(groups, trainer_version=version, max_staleness=config.max_staleness)
+    stale = apply_staleness(groups, trainer_version=version.trainer, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
-    mode = pause_mode(config, sched.pool, version, colocate=colocate)
+    mode = pause_mode(config, sched.pool, version.trainer, colocate=colocate)
     if train_step is None:
         st = sched.pop_stats()
-        dt = time.monotonic() - t0
-        record = {"kind": "step", "policy_version": version, **batch, **_scheduler_record(sched, st, dt), "rollout_wait_s": t_rollout, **stale}
-        tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
-        return version, groups, record
+        record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout)
+        tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
+        return groups, record
     async with contextlib.AsyncExitStack() as held:
         if colocate:  # the engines give their memory to the trainer: nothing generates until the sync is done
             await held.enter_async_context(sched.paused("abort"))
             with tr.span("release_memory", "weight_sync"):
                 await sched.pool.release_memory_occupation()
         t1 = time.monotonic()
-        with tr.span("train_step", "train", version=version, num_samples=batch["num_samples"]):
+        with tr.span("train_step", "train", version=version.trainer, num_samples=batch["num_samples"]):
             train_metrics = await asyncio.to_thread(train_step, groups)
+        new = version.bump(train_metrics.get("policy_version"))
         t_train = time.monotonic() - t1
         sync_start = tr.now()
-        with tr.span("save", "weight_sync", version=version + 1):
-            path = await sync.save(version + 1)
+        with tr.span("save", "weight_sync", version=new):
+            path = await sync.save(new)
         t2 = time.monotonic()
         if colocate:
             with tr.span("resume_memory", "weight_sync"):
@@ -155,27 +163,19 @@ async def run_step(
         pause_start = tr.now()
         async with contextlib.nullcontext() if colocate else sched.paused(mode):
             tr.complete("pause", "weight_sync", pause_start, mode=mode)
-            with tr.span("load", "weight_sync", version=version + 1):
-                await sync.load(path, version + 1, abort_all_requests=mode == "abort")
-            version += 1
-            sched.engine_version = version
+            with tr.span("load", "weight_sync", version=new):
+                await sync.load(path, new, abort_all_requests=mode == "abort")
+            version.publish()
             resume_start = tr.now()
     tr.complete("resume", "weight_sync", resume_start, mode=mode)
-    tr.complete("weight_sync", "weight_sync", sync_start, version=version, mode=mode)
-    tr.instant("policy_version", "weight_sync", version=version)
+    tr.complete("weight_sync", "weight_sync", sync_start, version=new, mode=mode)
+    tr.instant("policy_version", "weight_sync", version=new)
     t_sync = time.monotonic() - t2
     st = sched.pop_stats()
-    dt = time.monotonic() - t0
-    record = {
-        "kind": "step", "policy_version": version, **batch, **_scheduler_record(sched, st, dt),
-        "rollout_wait_s": t_rollout, "train_time_s": t_train, "weight_sync_s": t_sync,
-        "weight_sync_in_place": int(mode == "in_place"),
-        **stale,
-        **{f"train/{k}": v for k, v in train_metrics.items()},
-        **{f"weight_sync/{k}": v for k, v in getattr(sync, "stats", {}).items()},
-    }
-    tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version)
-    return version, groups, record
+    record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout, train_time_s=t_train, weight_sync_s=t_sync,
+                     weight_sync_in_place=int(mode == "in_place"), train=train_metrics, weight_sync=dict(getattr(sync, "stats", {})))
+    tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=new)
+    return groups, record
 
 
 def pause_mode(config: Any, pool: EnginePool, version: int, *, colocate: bool = False) -> str:
@@ -197,14 +197,19 @@ def pause_mode(config: Any, pool: EnginePool, version: int, *, colocate: bool = 
     return "in_place"
 
 
-def _scheduler_record(sched: Any, st: Any, dt: float) -> dict[str, Any]:
-    """The step record's scheduler and buffer counters (``StepStats`` since the last step)."""
-    return {
-        "aborted_samples": st.aborted_samples, "resumed_samples": st.resumed_samples,
-        "started_groups": st.started_groups, "generated_tokens": st.generated_tokens,
-        "failed_samples": st.failed_samples, "filtered_groups": st.filtered_groups,
-        "dropped_stale_groups": st.dropped_stale_groups, "offline_groups": st.offline_groups,
-        "buffer_evicted_groups": st.evicted_groups, "buffer_expired_groups": st.expired_groups,
-        "tokens_per_s": st.generated_tokens / dt, "step_time_s": dt,
-        "partial_groups_queued": sched.buffer.num_partial, "ready_groups_left": sched.buffer.num_ready,
-    }
+def _record(sched: Any, batch: dict[str, Any], stale: dict[str, Any], st: Any, dt: float, **step: Any) -> StepRecord:
+    """The step record: the batch, the scheduler and buffer counters (``StepStats`` since the last step),
+    the off-policy statistics and the step's own times and metrics."""
+    return StepRecord(
+        policy_version=sched.version.engines,
+        opd_reverse_kl=batch.get("opd/reverse_kl"), opd_teacher_logprob_mean=batch.get("opd/teacher_logprob_mean"),
+        **{k: v for k, v in batch.items() if not k.startswith("opd/")},
+        aborted_samples=st.aborted_samples, resumed_samples=st.resumed_samples,
+        started_groups=st.started_groups, generated_tokens=st.generated_tokens,
+        failed_samples=st.failed_samples, filtered_groups=st.filtered_groups,
+        dropped_stale_groups=st.dropped_stale_groups, offline_groups=st.offline_groups,
+        buffer_evicted_groups=st.evicted_groups, buffer_expired_groups=st.expired_groups,
+        tokens_per_s=st.generated_tokens / dt, step_time_s=dt,
+        partial_groups_queued=sched.buffer.num_partial, ready_groups_left=sched.buffer.num_ready,
+        **stale, **step,
+    )

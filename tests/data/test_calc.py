@@ -84,17 +84,17 @@ async def test_reward_falls_back_to_the_response_text_and_needs_a_label():
 
 def test_builtin_task_flag_selects_the_calc_rows_and_reward():
     from slime.cli_args import build_parser, config_from_args
-    from slime.loop.driver import _reward_function, load_prompts
+    from slime.loop.inputs import load_prompts, reward_function
 
     args = ["--builtin-task", "calc", "--num-eval-prompts", "20", "--rollout-batch-size", "4", "--global-batch-size", "32"]
     config = config_from_args(build_parser().parse_args(args))
     assert config.data.builtin_task == "calc"
-    train, evals = load_prompts(config)
+    train, evals = load_prompts(config.data)
     assert len(train) == 20000 and len(evals) == 20
     assert [(r.prompt, r.label) for r in evals] == [(r["prompt"], r["label"]) for r in calc.generate_dataset(20, seed=0, split="eval")]
-    assert _reward_function(config) is calc.reward
+    assert reward_function(config.rollout, builtin=config.data.builtin_task) is calc.reward
     default = config_from_args(build_parser().parse_args(args[2:]))
-    assert default.data.builtin_task == "arith" and _reward_function(default) is not calc.reward
+    assert default.data.builtin_task == "arith" and reward_function(default.rollout, builtin=default.data.builtin_task) is not calc.reward
 
 
 

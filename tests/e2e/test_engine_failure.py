@@ -95,7 +95,8 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
             for step in (1, 2, 3):
                 if step == 2:  # kill while it is busy, in step 2 or 3 (whichever catches it generating)
                     killer = tg.create_task(kill_when_busy())
-                version, _, _ = await run_step(sched, train_step=train_step, sync=sync, version=version)
+                await run_step(sched, train_step=train_step, sync=sync)
+                version = sched.version.engines
             await killer
             await until(lambda: any(e[0] == "restarted" for e in supervisor.events), timeout_s=90)
             assert len(rejoins) == 1 and rejoins[0][0] == rejoins[0][1] != "0"  # re-synced from the launch version 0
@@ -105,7 +106,8 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
             picks = lambda: next(r["num_picks"] for r in pool.engine_states() if r["url"] == victim_url)  # noqa: E731
             picks_before = picks()
             for _ in range(3):  # a step may be served from groups already finished; run until it generates
-                version, _, _ = await run_step(sched, train_step=train_step, sync=sync, version=version)
+                await run_step(sched, train_step=train_step, sync=sync)
+                version = sched.version.engines
                 if picks() > picks_before:
                     break
             await sched.shutdown()

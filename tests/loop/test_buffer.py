@@ -78,7 +78,7 @@ async def test_scheduler_counts_evicted_groups_frees_their_slots_and_loses_nothi
             trained += [g.group_id for g in await sched.next_batch(2)]
             async with sched.paused():
                 await pool.update_weights_from_disk("w", weight_version=str(version + 1))
-                sched.engine_version = version + 1
+                sched.version.bump(), sched.version.publish()  # the train step and the weight sync
             evicted += sched.pop_stats().evicted_groups
         await sched.shutdown()
         evicted += sched.pop_stats().evicted_groups

@@ -51,7 +51,7 @@ def test_mode_flags_that_disagree_are_named_at_start(config, message):
 
 def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(tmp_path):
     from slime.data.offline import OfflineGroup, OfflineSample, OfflineSource
-    from slime.loop.driver import _with_offline_logprobs
+    from slime.loop.inputs import with_offline_logprobs as _with_offline_logprobs
     from slime.train.torch_backend import TorchTrainer
     from tests.fixtures.tiny_model import write_tiny_llama
 

@@ -11,7 +11,8 @@ from slime.cli_args import build_parser, config_from_args
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
 from slime.loop import driver
-from slime.loop.driver import load_prompts, run_training
+from slime.loop.driver import run_training
+from slime.loop.inputs import load_prompts
 from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
 
@@ -47,9 +48,9 @@ def _jsonl(path, prompts):
 def test_load_prompts_by_name_keeps_each_dataset_apart(tmp_path):
     a, b = _jsonl(tmp_path / "a.jsonl", ["a1", "a2", "a3"]), _jsonl(tmp_path / "b.jsonl", ["b1"])
     config = Config(data=DataConfig(prompt_data=a, eval_prompt_data=("aa", a, "bb", b), num_eval_prompts=2))
-    _, sets = load_prompts(config, by_name=True)
+    _, sets = load_prompts(config.data, by_name=True)
     assert {name: [r.prompt for r in rows] for name, rows in sets.items()} == {"aa": ["a1", "a2"], "bb": ["b1"]}
-    _, flat = load_prompts(config)
+    _, flat = load_prompts(config.data)
     assert [r.prompt for r in flat] == ["a1", "a2", "b1"]
 
 

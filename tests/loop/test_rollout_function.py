@@ -12,6 +12,7 @@ from slime.errors import ConfigError, PluginError
 from slime.loop.buffer import DataBuffer
 from slime.loop.driver import check_run_modes, run_training
 from slime.loop.rollout_function import RolloutFunctionScheduler, builtin_rollout_note, uses_rollout_function
+from slime.loop.version import PolicyVersion
 from slime.rollout.plugin_check import main as check_plugin
 from slime.rollout.slime_compat import RolloutArgs, SlimeSample, to_groups
 from slime.types import OFFLINE_VERSION, Sample, Status
@@ -26,6 +27,11 @@ async def half(sample):
 def _config(**loop) -> Config:
     return Config(rollout=RolloutConfig(n_samples_per_prompt=2, rollout_function_path="tests.loop.rollout_fns.sft_rollout"),
                   loop=LoopConfig(rollout_batch_size=2, n_samples_per_prompt=2, **loop))
+
+
+def _rf_scheduler(fn, **kw):
+    config = _config()
+    return RolloutFunctionScheduler(config.loop, config.rollout, fn, args=RolloutArgs(config), **kw)
 
 
 async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_path):
@@ -54,16 +60,16 @@ async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_pat
 async def test_an_sft_style_function_s_samples_are_rewarded_tagged_offline_and_checked():
     buffer = DataBuffer()
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
-    sched = RolloutFunctionScheduler(_config(), rollout_fns.sft_rollout, source=PromptSource(rows, shuffle=False),
-                                     tokenize=lambda text: [1, 2, 3], buffer=buffer, reward_fn=half)
+    sched = _rf_scheduler(rollout_fns.sft_rollout, source=PromptSource(rows, shuffle=False),
+                          tokenize=lambda text: [1, 2, 3], buffer=buffer, reward_fn=half)
     groups = await sched.next_batch(2)
     assert [g.group_id for g in groups] == [0, 1] and [g.data_index for g in groups] == [0, 1]
     s = groups[0].samples[1]
     assert s.prompt_ids == [1, 2, 3] and s.response_ids == [7, 7, 8, 9] and s.loss_mask == [0, 0, 1, 1]
     assert s.versions == [OFFLINE_VERSION] * 4 and s.metadata["offline_logprobs"] is False and s.reward == 1.0
     assert [g.group_id for g in await sched.next_batch(2)] == [2, 3] and buffer.taken == {0, 1, 2, 3}
-    sched = RolloutFunctionScheduler(_config(), rollout_fns.left_pending, source=PromptSource(rows, shuffle=False),
-                                     tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half)
+    sched = _rf_scheduler(rollout_fns.left_pending, source=PromptSource(rows, shuffle=False),
+                          tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half)
     with pytest.raises(PluginError, match=r"^--rollout-function-path=tests.loop.rollout_fns.sft_rollout \(step 1\): group 0 sample 0: "
                                           r"status is 'pending'"):
         await sched.next_batch(2)
@@ -147,8 +153,9 @@ async def test_an_async_function_returning_our_groups_is_awaited_and_its_raise_i
         return groups
 
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
-    sched = RolloutFunctionScheduler(_config(), ours, source=PromptSource(rows, shuffle=False), tokenize=lambda text: [1],
-                                     buffer=DataBuffer(), reward_fn=half, engine_version=4)
+    config = _config()
+    sched = RolloutFunctionScheduler(config.loop, config.rollout, ours, args=RolloutArgs(config), source=PromptSource(rows, shuffle=False),
+                                     tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half, version=PolicyVersion(4))
     groups = await sched.next_batch(2)
     assert [s.versions for s in groups[1].samples] == [[4, 4], [4, 4]] and all(s.reward == 1.0 for g in groups for s in g.samples)
 

@@ -51,7 +51,7 @@ async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, rew
             async with sched.paused("in_place" if mode == "async" else "abort"):
                 await pool.update_weights_from_disk("w", weight_version=str(version + 1))
                 version += 1
-                sched.engine_version = version
+                sched.version.bump(), sched.version.publish()  # the train step and the weight sync
         await sched.shutdown()
     return trained, buffer, sched, pool
 

@@ -11,6 +11,7 @@ from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
+from slime.loop.version import PolicyVersion
 from slime.types import Group, Sample, Status
 from tests.fixtures.fake_pool import FakePool
 
@@ -47,7 +48,7 @@ async def test_sync_mode_replaces_a_dropped_stale_group():
     buffer.restore(ready=[_finished_group(1000, 0), _finished_group(1001, 0)], partial=[], taken=[])
     async with asyncio.TaskGroup() as tg:
         sched = _scheduler(tg, pool=FakePool(version=5), buffer=buffer, max_staleness=1, staleness_policy="drop")
-        sched.engine_version = 5
+        sched.version = PolicyVersion(5)  # the version of the engines it starts on
         async with asyncio.timeout(5):  # before the fix: waited forever
             batch = await sched.next_batch(2)
         await sched.shutdown()

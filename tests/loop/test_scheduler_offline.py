@@ -47,7 +47,7 @@ async def _run(mode, ratio, num_batches, *, target=4, max_staleness=100, stalene
             batches.append(await sched.next_batch(target))
             async with sched.paused("in_place" if mode == "async" else "abort"):
                 await pool.update_weights_from_disk("w", weight_version=str(version + 1))
-                sched.engine_version = version + 1
+                sched.version.bump(), sched.version.publish()  # the train step and the weight sync
         await sched.shutdown()
     return batches, sched
 

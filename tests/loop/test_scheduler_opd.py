@@ -40,7 +40,7 @@ async def test_every_trained_sample_is_scored_once_on_its_final_tokens(mode):
             trained += await sched.next_batch(4)
             async with sched.paused("in_place" if mode == "async" else "abort"):
                 await pool.update_weights_from_disk("w", weight_version=str(version + 1))
-                sched.engine_version = version + 1
+                sched.version.bump(), sched.version.publish()  # the train step and the weight sync
         await sched.shutdown()
     samples = [s for g in trained for s in g.samples]
     scored = {tuple(c["input_ids"]) for c in teacher_pool.calls}

@@ -89,7 +89,8 @@ async def _run(mode, max_staleness, policy, steps, target, over, train_ticks, ch
         )
         chaos_task = tg.create_task(chaos())
         for _ in range(steps):
-            state["version"], _, _ = await run_step(sched, train_step=train_step, sync=_Sync(pool), version=state["version"])
+            await run_step(sched, train_step=train_step, sync=_Sync(pool))
+            state["version"] = sched.version.engines
         chaos_task.cancel()
         await sched.shutdown()
     return sched, buffer, trained, violations

@@ -170,9 +170,9 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
             tokenize=lambda t: [1, 5, 7], decode=lambda ids: "", pool=pool, buffer=buffer, reward_fn=_reward, task_group=tg,
             tracer=tr,
         )
-        version = 0
         for _ in range(3):
-            version, groups, record = await run_step(sched, train_step=lambda gs: {"loss": 0.0}, sync=_Sync(pool), version=version, tracer=tr)
+            groups, record = await run_step(sched, train_step=lambda gs: {"loss": 0.0}, sync=_Sync(pool), tracer=tr)
+        assert sched.version.engines == 3
         await sched.shutdown()
     tr.close()
     events = load_valid(tmp_path / "trace.json")

@@ -248,6 +248,7 @@ async def test_generate_returning_one_sample_per_turn_works_with_scheduler_rewar
     from slime.data.dataset import PromptRow, PromptSource
     from slime.loop.buffer import DataBuffer
     from slime.loop.scheduler import Scheduler
+    from slime.loop.version import PolicyVersion
 
     multiturn = MultiTurnGenerate(tokenizer=TOK, tools=ToolRegistry([calculator_tool()]), system_prompt=SYSTEM)
 
@@ -280,7 +281,7 @@ async def test_generate_returning_one_sample_per_turn_works_with_scheduler_rewar
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=2000),
             source=PromptSource(rows, shuffle=False), tokenize=lambda text: [0], decode=TOK.decode, pool=RulePool(),
             buffer=DataBuffer(), reward_fn=reward, task_group=tg, generate_fn=per_turn, group_filter=keep_mixed,
-            engine_version=3,  # the scripted engine serves weight version 3
+            version=PolicyVersion(3),  # the scripted engine serves weight version 3
         )
         batch = await sched.next_batch(2)
         await sched.shutdown()

@@ -1,0 +1,55 @@
+"""What every scheduler (``Scheduler``, the train-only ``ReplayScheduler``, ``RolloutFunctionScheduler``)
+counts and reads: per-step stats, the resumable counters and the run's policy version."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from slime.loop.version import PolicyVersion
+
+__all__ = ["StepStats", "SchedulerCounters"]
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Counters since the last ``pop_stats()``."""
+
+    started_groups: int = 0
+    finished_groups: int = 0
+    filtered_groups: int = 0
+    aborted_samples: int = 0
+    resumed_samples: int = 0
+    failed_samples: int = 0
+    generated_tokens: int = 0
+    filtered_tokens: int = 0
+    dropped_stale_groups: int = 0
+    offline_groups: int = 0
+    evicted_groups: int = 0
+    expired_groups: int = 0
+
+
+class SchedulerCounters:
+    """Resumable counters and per-step stats, shared by every scheduler; the policy version is read
+    from the run's ``PolicyVersion`` (``slime.loop.version``), never kept here."""
+
+    next_group_id: int
+    num_admitted: int
+    rollout_id: int
+    stats: StepStats
+    version: PolicyVersion
+
+    @property
+    def engine_version(self) -> int:
+        """The policy version the engines hold (``version.engines``): what new tokens are stamped with."""
+        return self.version.engines
+
+    def counters(self) -> dict[str, int]:
+        """The scheduler's own resumable counters (see ``slime.loop.checkpoint``)."""
+        return {"next_group_id": self.next_group_id, "num_admitted": self.num_admitted, "rollout_id": self.rollout_id}
+
+    def restore_counters(self, *, next_group_id: int, num_admitted: int, rollout_id: int) -> None:
+        self.next_group_id, self.num_admitted, self.rollout_id = next_group_id, num_admitted, rollout_id
+
+    def pop_stats(self) -> StepStats:
+        stats, self.stats = self.stats, StepStats()
+        return stats

@@ -1,0 +1,158 @@
+"""What an RL run is built from: its prompts, prompt tokenizer, reward and generate functions, offline
+data and teacher (``--use-opd``), each from the config section that defines it."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any
+
+from slime.config import DataConfig, LoopConfig, RolloutConfig
+from slime.data.dataset import PromptRow, load_prompt_file
+from slime.data.offline import OfflineSource, load_offline_data
+from slime.errors import ConfigError
+from slime.rollout.generate import generate as default_generate
+from slime.rollout.rewards import load_function
+
+__all__ = ["builtin_task", "load_prompts", "prompt_tokenizer", "teacher_scorer", "offline_source", "with_offline_logprobs",
+           "reward_function", "generate_function"]
+
+log = logging.getLogger(__name__)
+
+
+def builtin_task(name: str) -> Any:
+    """The module of ``--builtin-task``: ``slime.data.arith``, ``slime.data.calc`` or ``slime.data.chain``."""
+    import importlib
+
+    return importlib.import_module(f"slime.data.{name}")
+
+
+def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, require_label: bool = False,
+                 check: Any = None, by_name: bool = False) -> tuple[list[PromptRow], Any]:
+    """Train and eval prompt rows of the data section ``d``: the user's JSONL files, or the built-in task (``--builtin-task``).
+
+    The eval rows are one list (every dataset's, in order), or with ``by_name`` a dict ``{name: rows}``
+    of ``--eval-prompt-data``'s datasets (name None: one unnamed path, or the built-in eval split; empty:
+    no eval), each cut to ``--num-eval-prompts``.
+
+    ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``).
+    ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows.
+    ``check``: a per-row check of the files' rows (``load_prompt_file``), e.g. ``prompt_length_check``."""
+    num_bad = [0, 0]
+    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
+              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, require_label=require_label, check=check)
+    if d.prompt_data:
+        train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
+    else:
+        task = builtin_task(d.builtin_task)
+        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=d.seed, split="train"))]
+    sets: dict[str | None, list[PromptRow]] = {}
+    for name, path in d.eval_datasets:
+        rows, bad = load_prompt_file(path, flag="--eval-prompt-data", **kw)
+        num_bad[1] += bad
+        sets[name] = rows[: d.num_eval_prompts]
+    if not d.eval_datasets and not d.prompt_data:
+        task = builtin_task(d.builtin_task)
+        # a fixed held-out set (seed 0), the same for every run seed, so runs compare
+        sets[None] = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
+    if counts is not None:
+        counts["bad_data_lines_skipped"] = sum(num_bad)
+    return train, sets if by_name else [r for rows in sets.values() for r in rows]
+
+
+def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
+    """The run's prompt tokenizer: ``tokenize(text_or_messages, tools=None) -> [num_prompt_tokens] ids``.
+
+    Without ``apply_chat_template``: ``tokenizer.encode(text)`` with the tokenizer's defaults (BOS),
+    as SGLang tokenizes ``text``; tools are not rendered (they stay in ``Sample.metadata["tools"]``).
+    With it: text becomes ``[{"role": "user", "content": text}]``, a row's messages are used as given,
+    and ``apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)``
+    renders them (THUDM/slime renders its prompts the same way).
+    """
+
+    def tokenize(prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        if not apply_chat_template:
+            return tokenizer.encode(prompt)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        out = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(out if isinstance(out, list) else out["input_ids"])
+
+    return tokenize
+
+
+def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
+    """``--use-opd``: the scorer over the ``teacher`` pool (``slime.rollout.opd``); None without OPD or
+    engines (train-only runs train on recorded teacher logprobs).
+
+    Raises:
+        ConfigError: ``--use-opd`` with no teacher engines.
+    """
+    if not use_opd or engines is None:
+        return None
+    from slime.rollout.opd import TEACHER, TeacherScorer
+
+    if TEACHER not in engines.pools:
+        raise ConfigError(f"--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs HOST:PORT, or a "
+                          f"'model: {TEACHER}' group in --sglang-config (models served: {sorted(engines.pools)})")
+    log.info("on-policy distillation: teacher engines %s, --opd-kl-coef %s", engines.pools[TEACHER].urls, opd_kl_coef)
+    return TeacherScorer(engines.pools[TEACHER])
+
+
+def offline_source(d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool) -> OfflineSource:
+    """``--offline-data``, tokenised (prompts as online ones; responses without special tokens)."""
+    groups = load_offline_data(
+        d.offline_data, tokenize=tokenize, encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        group_size=n_samples_per_prompt, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+        tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, on_bad_data=d.on_bad_data,
+    )
+    if megatron and any(s.logprobs is None for g in groups for s in g.samples):
+        raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
+    log.info("offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
+             len(groups), d.offline_data, 100 * loop.offline_ratio, loop.online_groups_per_batch)
+    return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=d.seed + 1)
+
+
+def with_offline_logprobs(trainer: Any) -> Any:
+    """``trainer.train_step`` that first fills the rollout logprobs of offline samples whose file had
+    none (``metadata["offline_logprobs"] is False``) with the trainer's own, at the rollout
+    temperature: the behaviour policy is unknown, so it is taken to be the current one (slime.data.offline)."""
+
+    def train_step(groups: list[Any]) -> dict[str, Any]:
+        todo = [s for g in groups for s in g.samples if s.metadata.get("offline") and not s.metadata.get("offline_logprobs")]
+        if todo:
+            import torch
+
+            from slime.train.logprobs import compute_token_logprobs
+
+            device = next(trainer.model.parameters()).device
+            with torch.no_grad():
+                for s in todo:
+                    ids = torch.tensor([s.prompt_ids + s.response_ids], device=device)  # [1, T]
+                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.config.rollout_temperature)  # [1, T-1]
+                    s.rollout_logprobs[:] = lp[0, len(s.prompt_ids) - 1 :].tolist()
+        return trainer.train_step(groups)
+
+    return train_step
+
+
+def reward_function(rollout: RolloutConfig, *, builtin: str) -> Any:
+    """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the reward of the built-in task ``builtin`` (``--builtin-task``)."""
+    if rollout.custom_rm_path:
+        return load_function(rollout.custom_rm_path)
+    from slime.rollout.verifiers import reward_fn_from_config
+
+    fn = reward_fn_from_config(rollout)
+    if fn is not None:
+        return fn
+    return builtin_task(builtin).reward
+
+
+def generate_function(path: str | None, tokenizer: Any) -> Any:
+    """``--custom-generate-function-path`` (with the tokenizer bound when it asks for one), else the default."""
+    if not path:
+        return default_generate
+    fn = load_function(path, flag="--custom-generate-function-path")
+    if "tokenizer" in inspect.signature(fn).parameters:
+        fn = functools.partial(fn, tokenizer=tokenizer)
+    return fn

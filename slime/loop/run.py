@@ -1,0 +1,121 @@
+"""The run skeleton shared by the RL run (``slime.loop.driver``) and the SFT run (``slime.loop.sft``).
+
+::
+
+    files = open_run(run_dir, load, trained_log, config)   # RUN_DIR, config.json, resume point, metrics + trained logs
+    ... the mode builds its trainer, data and (RL) engines, restores the checkpoint ...
+    async with Observers(...) as obs:
+        await run_steps(mode, files, obs, ...)              # eval before, steps, evals, checkpoints
+        ... the mode's final eval ...
+    finish_run(files, summary)                              # summary.json, report.txt (and the plots)
+
+A mode is a ``RunMode``: what one step does, how it evaluates, what its checkpoint holds. The
+skeleton owns the order: an eval before the first step of a fresh run (unless
+``--skip-eval-before-train``), every step's record written, then an eval every ``eval_interval``
+steps (not after the last: the mode's final eval follows the loop), then a checkpoint every
+``save_interval`` steps and after the last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
+from slime.loop.report import JsonlLog, MetricsWriter, write_json_atomic
+from slime.loop.step_record import SFTStepRecord, StepRecord
+
+__all__ = ["RunFiles", "RunMode", "open_run", "run_steps", "finish_run"]
+
+
+@dataclasses.dataclass
+class RunFiles:
+    """A run's directory and the logs it appends to."""
+
+    run_dir: Path
+    checkpoint: Path | None
+    """The checkpoint to resume from (``--load``), or None."""
+    resume: LoopState | None
+    metrics: MetricsWriter
+    trained_log: JsonlLog
+    t_start: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def first_step(self) -> int:
+        return self.resume.step + 1 if self.resume else 1
+
+    def seconds(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.t_start
+
+
+class RunMode(Protocol):
+    """What a kind of run adds to the skeleton."""
+
+    trainer: Any
+    """Saved in checkpoints (``slime.loop.checkpoint``); None: no checkpoints (rollout-only)."""
+
+    async def step(self, step: int) -> tuple[StepRecord | SFTStepRecord, list[dict[str, Any]]]:
+        """Run step ``step`` (1-based); returns its record and the trained-log lines."""
+
+    async def evaluate(self, step: int) -> None:
+        """A mid-run or first eval: writes its own record (``step`` 0: before the first step)."""
+
+    def step_line(self, record: Any) -> str:
+        """The progress line of a step record."""
+
+    def loop_state(self, step: int) -> LoopState:
+        """What a checkpoint after ``step`` holds besides the trainer."""
+
+    def quiesced(self) -> Any:
+        """An async context with nothing in flight, for a checkpoint."""
+
+
+def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: Any) -> RunFiles:
+    """Create ``run_dir``, find the checkpoint to resume from, cut the logs back to it and write ``config.json``."""
+    path, ckpt, resume = open_run_dir(run_dir, load, ("metrics.jsonl", trained_log))
+    write_json_atomic(path / "config.json", msgspec.to_builtins(config))
+    # like metrics.jsonl, the trained log is created by its first line
+    return RunFiles(path, ckpt, resume, MetricsWriter(path), JsonlLog(path / trained_log))
+
+
+async def run_steps(mode: RunMode, files: RunFiles, obs: Any, *, num_steps: int, eval_interval: int | None, save_interval: int | None,
+                    eval_before: bool) -> None:
+    """The step loop (see the module doc). ``eval_before``: evaluate before the first step of a fresh run."""
+    if files.resume is None and eval_before:
+        await mode.evaluate(0)
+    for step in range(files.first_step, num_steps + 1):
+        record, trained = await mode.step(step)
+        record.step = step
+        if isinstance(record, StepRecord):
+            record.time_s = round(files.seconds(), 4)
+        row = record.to_dict()
+        files.metrics.write(row)
+        for line in trained:
+            files.trained_log.write(line)
+        obs.record(row, mode.step_line(record))
+        if eval_interval and step % eval_interval == 0 and step < num_steps:
+            await mode.evaluate(step)
+        if mode.trainer is not None and save_interval and (step % save_interval == 0 or step == num_steps):
+            async with mode.quiesced():
+                state = mode.loop_state(step)
+                with obs.tracer.span("checkpoint", "checkpoint", step=step):
+                    await asyncio.to_thread(save_checkpoint, files.run_dir / "checkpoints", state, trainer=mode.trainer)
+
+
+def finish_run(files: RunFiles, summary: dict[str, Any], *, plots: bool = True) -> None:
+    """Close the logs; write ``summary.json``, the plots (``slime.obs.plots``) and ``report.txt``."""
+    from slime.obs.plots import write_plots
+    from slime.obs.report import format_report, load_run, summarize
+
+    files.metrics.close()
+    files.trained_log.close()
+    write_json_atomic(files.run_dir / "summary.json", summary)
+    if plots:
+        write_plots(files.metrics.records, files.run_dir)
+    (files.run_dir / "report.txt").write_text(format_report(files.run_dir, summarize(*load_run(files.run_dir))) + "\n")
