@@ -85,7 +85,7 @@ def load_prompts(config: Config, counts: dict[str, int] | None = None, *, requir
         train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
         task = _builtin_task(config)
-        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=d.seed, split="train"))]
+        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=config.seed, split="train"))]
     sets: dict[str | None, list[PromptRow]] = {}
     for name, path in d.eval_datasets:
         rows, bad = load_prompt_file(path, flag="--eval-prompt-data", **kw)
@@ -101,40 +101,27 @@ def load_prompts(config: Config, counts: dict[str, int] | None = None, *, requir
 
 
 def check_run_modes(config: Config) -> None:
-    """Checks across flags of the data and debug modes, at start.
+    """Checks across sections of the data and debug modes, at start (each section's own checks: ``Config.validate``).
 
     Raises:
         ConfigError: naming the flags.
     """
-    d, dbg, r = config.data, config.debug, config.rollout
+    d, dbg = config.data, config.debug
     problems = [
-        (dbg.debug_rollout_only and dbg.train_only, "--debug-rollout-only with --debug-train-only / --load-debug-rollout-data: pick one"),
         (dbg.debug_train_only and dbg.load_debug_rollout_data is None and config.train.loss_type != "sft_loss",
          "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
         (config.rollout.rollout_function_path == SFT_ROLLOUT and config.train.loss_type != "sft_loss",
          f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss"),
         (config.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={config.loop.offline_ratio} needs --offline-data"),
         (d.offline_data is not None and config.loop.offline_ratio == 0, "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)"),
-        (r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,
-         f"--n-samples-per-eval-prompt={r.n_samples_per_eval_prompt} needs --eval-temperature > 0 (greedy samples are all the same)"),
         (dbg.debug_rollout_only and bool(config.save_interval or config.load), "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)"),
         ((dbg.debug_rollout_only or dbg.train_only) and config.train.train_backend == "megatron",
          "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
         (not config.train.use_opd and bool(config.engine.opd_teacher_load or config.engine.opd_teacher_addrs),
          "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
-        (config.train.opd_only and not config.train.use_opd, "--opd-only needs --use-opd (and a teacher)"),
         (config.train.use_opd and not (config.engine.opd_teacher_load or config.engine.opd_teacher_addrs or config.engine.sglang_config),
          "--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs host:port, or a 'teacher' group in --sglang-config"),
-        (config.train.opd_only and config.train.opd_kl_coef == 0,
-         "--opd-only with --opd-kl-coef 0: nothing would train (the task reward is off and the distillation term is zero)"),
     ]
-    for flag, template in (("--save-debug-rollout-data", dbg.save_debug_rollout_data), ("--load-debug-rollout-data", dbg.load_debug_rollout_data)):
-        if template is not None:
-            try:
-                ok = template.format(rollout_id=1) != template.format(rollout_id=2)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError(f"{flag}={template!r}: not a path template ({type(exc).__name__}: {exc}); use {{rollout_id}}") from None
-            problems.append((not ok, f"{flag}={template!r}: the path needs {{rollout_id}} (one file per step)"))
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
@@ -183,7 +170,7 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
         if config.save_interval or config.load:
             raise ConfigError("--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet")
         train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or config.engine.hf_checkpoint)
-        if await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=config.engine.hf_checkpoint):
+        if await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=config.engine.hf_checkpoint, **config.trainer_kwargs()):
             return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
     run_dir, ckpt, resume = open_run_dir(config.run_dir, config.load, ("metrics.jsonl", "trained_groups.jsonl"))
     if resume is not None:
@@ -218,11 +205,11 @@ async def run_training(config: Config, *, reward_fn: Any = None, progress: bool 
                                                     require_label=needs_label, check=check)
     eval_sets = {} if train_only else eval_sets
     num_eval_prompts = sum(map(len, eval_sets.values()))
-    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
+    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(_offline_source, config, tokenize, tokenizer) if config.data.offline_data and not train_only else None
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
     trainer = None if rollout_only else await asyncio.to_thread(
-        MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version)
+        MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version, **config.trainer_kwargs())
     lp = config.loop
     buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None,
                         capacity=lp.buffer_capacity,
@@ -393,7 +380,7 @@ def _offline_source(config: Config, tokenize: Any, tokenizer: Any) -> OfflineSou
         raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
     log.info("offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
              len(groups), d.offline_data, 100 * config.loop.offline_ratio, config.loop.online_groups_per_batch)
-    return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=d.seed + 1)
+    return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=config.seed + 1)
 
 
 def _with_offline_logprobs(trainer: Any) -> Any:
@@ -412,7 +399,7 @@ def _with_offline_logprobs(trainer: Any) -> Any:
             with torch.no_grad():
                 for s in todo:
                     ids = torch.tensor([s.prompt_ids + s.response_ids], device=device)  # [1, T]
-                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.config.rollout_temperature)  # [1, T-1]
+                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.rollout_temperature)  # [1, T-1]
                     s.rollout_logprobs[:] = lp[0, len(s.prompt_ids) - 1 :].tolist()
         return trainer.train_step(groups)
 
