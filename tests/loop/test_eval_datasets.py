@@ -64,7 +64,7 @@ async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_
     config = Config(
         data=DataConfig(prompt_data=easy, eval_prompt_data=("easy", easy, "hard", hard)),
         rollout=RolloutConfig(n_samples_per_prompt=2, eval_top_p=0.7, eval_max_response_len=3, rollout_max_response_len=8),
-        loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1, n_samples_per_prompt=2),
+        loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model)), debug=DebugConfig(debug_rollout_only=True), run_dir=str(tmp_path / "run"),
     )

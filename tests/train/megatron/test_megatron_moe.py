@@ -142,15 +142,15 @@ def test_router_metrics_match_megatron_load_balancing_loss_and_count_drops(hf_di
     assert m["moe_dropped_token_frac"] == pytest.approx(1.0 - kept / (20 * arch.moe_router_topk)) and m["moe_dropped_token_frac"] > 0
 
 
-def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dirs, megatron_cpu):
+def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dirs, megatron_cpu, cpu_megatron_trainer):
     """Same weights and groups: the megatron MoE trainer's loss, grad norm and ratios equal TorchTrainer's on the HF MoE model."""
-    from test_megatron_trainer import _cpu_trainer, _groups
+    from test_megatron_trainer import _groups
 
     from slime.train.torch_backend import TorchTrainer
 
-    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, rollout_temperature=0.9, megatron=CPU_MOE)
-    megatron = _cpu_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
-    reference = TorchTrainer(config, model_dir=hf_dirs["qwen3_moe"])
+    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, megatron=CPU_MOE)
+    megatron = cpu_megatron_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu, rollout_temperature=0.9)
+    reference = TorchTrainer(config, model_dir=hf_dirs["qwen3_moe"], rollout_temperature=0.9)
     groups = _groups(96)
     for _ in range(2):
         got, want = megatron.train_step(groups), reference.train_step(groups)
@@ -160,16 +160,16 @@ def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dir
     assert sum(got[f"moe_expert_load_{e}"] for e in range(4)) == pytest.approx(1.0) and got["moe_dropped_token_frac"] == 0.0
 
 
-def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(hf_dirs, megatron_cpu):
+def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(hf_dirs, megatron_cpu, cpu_megatron_trainer):
     """Under EP each MoE forward is a collective over DP ranks: a rank with fewer samples pads with placeholders."""
     import dataclasses
 
-    from test_megatron_trainer import _cpu_trainer, _groups
+    from test_megatron_trainer import _groups
 
     from slime.train.batch import build_train_batch
 
     config = TrainConfig(global_batch_size=8, micro_batch_size=1, megatron=MegatronConfig(moe_token_dispatcher_type="allgather", use_dynamic_batch_size=True, max_tokens_per_gpu=13))  # DP plan: 3 and 4 micro-batches
-    trainer = _cpu_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
+    trainer = cpu_megatron_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
     batch = build_train_batch(_groups(96), pad_token_id=0, current_version=0)
     counts = {}
     for ep in (1, 2):
