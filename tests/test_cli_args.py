@@ -90,8 +90,6 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base += ["--use-tis"]
     if flag in ("--custom-reward-post-process-path", "--opd-only"):  # THUDM/slime's OPD hook, pure distillation: only with --use-opd
         base += ["--use-opd"]
-    if flag == "--n-samples-per-eval-prompt":  # several greedy samples would all be the same
-        base += ["--eval-temperature", "0.5"]
     if flag in ("--save-debug-rollout-data", "--load-debug-rollout-data"):  # a path template, one file per step
         argv, expect = [flag, "some/{rollout_id}"], "some/{rollout_id}"
     if flag == "--eval-config":  # a file it reads (tests/test_eval_config.py)

@@ -90,7 +90,6 @@ def test_every_section_has_its_own_validate_and_the_root_runs_them(monkeypatch):
 @pytest.mark.parametrize("section, message", [
     (LoopConfig(max_staleness=-1), "--max-staleness=-1"),
     (RolloutConfig(rollout_temperature=0.0), "--rollout-temperature=0.0"),
-    (RolloutConfig(n_samples_per_eval_prompt=4), "needs --eval-temperature > 0"),
     (TrainConfig(opd_only=True), "--opd-only needs --use-opd"),
     (MegatronConfig(tensor_model_parallel_size=0), "--tensor-model-parallel-size=0"),
     (SyncConfig(colocate=True, method="delta"), "--colocate with --weight-sync"),

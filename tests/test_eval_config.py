@@ -47,8 +47,7 @@ def test_a_per_dataset_value_this_slime_cannot_honour_is_one_error_naming_it(tmp
     with pytest.raises(ConfigError, match=re.escape("eval.datasets[1] (math500): top_p = 0.95, but this slime")):
         _config(tmp_path, per_dataset, "--rm-type", "deepscaler")
     same = MULTI_TASK.replace("      input_key: prompt\n", "      top_k: 20\n")  # --eval-top-k unset: the rollout's
-    # (16 samples per prompt need a temperature > 0)
-    assert _config(tmp_path, same, "--rm-type", "deepscaler", "--rollout-top-k", "20", "--eval-temperature", "0.6").rollout.resolved_eval_top_k == 20
+    assert _config(tmp_path, same, "--rm-type", "deepscaler", "--rollout-top-k", "20").rollout.resolved_eval_top_k == 20
     with pytest.raises(ConfigError, match=re.escape("eval.datasets[0] (aime): metadata_overrides: a key this slime cannot honour")):
         _config(tmp_path, MULTI_TASK.replace("      rm_type: deepscaler\n", "      metadata_overrides: {split: test}\n", 1))
 

@@ -106,7 +106,7 @@ def check_run_modes(config: Config) -> None:
     Raises:
         ConfigError: naming the flags.
     """
-    d, dbg = config.data, config.debug
+    d, dbg, r = config.data, config.debug, config.rollout
     problems = [
         (dbg.debug_train_only and dbg.load_debug_rollout_data is None and config.train.loss_type != "sft_loss",
          "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
@@ -114,6 +114,8 @@ def check_run_modes(config: Config) -> None:
          f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss"),
         (config.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={config.loop.offline_ratio} needs --offline-data"),
         (d.offline_data is not None and config.loop.offline_ratio == 0, "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)"),
+        (r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,
+         f"--n-samples-per-eval-prompt={r.n_samples_per_eval_prompt} needs --eval-temperature > 0 (greedy samples are all the same)"),
         (dbg.debug_rollout_only and bool(config.save_interval or config.load), "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)"),
         ((dbg.debug_rollout_only or dbg.train_only) and config.train.train_backend == "megatron",
          "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
