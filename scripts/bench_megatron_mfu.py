@@ -56,7 +56,7 @@ def main() -> int:
     prompt = args.seq_len // 8
     groups = make_groups(vocab_size=QWEN2_05B["vocab_size"], num_groups=args.num_samples // 8, group_size=8, prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False)
     cfg = TrainConfig(
-        train_backend="megatron", global_batch_size=args.num_samples, micro_batch_size=1, lr=1e-6, max_staleness=1 << 30,
+        train_backend="megatron", global_batch_size=args.num_samples, micro_batch_size=1, lr=1e-6,
         megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu, recompute_granularity=args.recompute_granularity, recompute_method="uniform" if args.recompute_granularity == "full" else None),
     )
     trainer = MegatronTrainer(cfg, model_dir=model_dir)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from slime.config import SHARED_FIELDS, Config
+from slime.config import Config
 from slime.engines.fleet.groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 from slime.errors import ConfigError
 
@@ -210,14 +210,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def _config_docs() -> dict[tuple[str, str], str]:
-    """``{(class name, field): docstring}`` of ``slime/config.py``: the string under each field."""
+    """``{(class name, field): docstring}`` of the ``slime/config/`` modules: the string under each field."""
     import ast
-    import inspect
+    import pkgutil
+    from pathlib import Path
 
-    from slime import config as config_module
+    from slime import config as config_package
 
     docs: dict[tuple[str, str], str] = {}
-    for node in ast.parse(inspect.getsource(config_module)).body:
+    sources = [Path(config_package.__path__[0], f"{m.name}.py").read_text() for m in pkgutil.iter_modules(config_package.__path__)]
+    for node in (n for source in sources for n in ast.parse(source).body):
         if isinstance(node, ast.ClassDef):
             body = node.body
             for field, doc in zip(body, body[1:]):
@@ -303,8 +305,7 @@ def config_from_args(ns: argparse.Namespace, base: Config | None = None, *,
         if "=" in path:
             path, const = path.split("=", 1)
             value = const
-        for p in [path, *SHARED_FIELDS.get(path, ())]:  # one flag sets a shared fact in every section
-            _set(tree, p, value)
+        _set(tree, path, value)
     if getattr(ns, "eval_config", None) is not None:  # after the flags: its defaults win over them, as in slime
         from slime.eval_config import apply_eval_config
 

@@ -88,8 +88,10 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base += ["--loss-type", "sft_loss"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]
-    if flag == "--custom-reward-post-process-path":  # THUDM/slime's OPD hook: only with --use-opd
+    if flag in ("--custom-reward-post-process-path", "--opd-only"):  # THUDM/slime's OPD hook, pure distillation: only with --use-opd
         base += ["--use-opd"]
+    if flag in ("--save-debug-rollout-data", "--load-debug-rollout-data"):  # a path template, one file per step
+        argv, expect = [flag, "some/{rollout_id}"], "some/{rollout_id}"
     if flag == "--eval-config":  # a file it reads (tests/test_eval_config.py)
         (tmp_path / "eval.yaml").write_text("eval:\n  datasets: [{name: a, path: a.jsonl}]\n")
         argv, expect = [flag, str(tmp_path / "eval.yaml")], str(tmp_path / "eval.yaml")
@@ -98,9 +100,11 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
     assert (list(got) if isinstance(got, (list, tuple)) else got) == expect
 
 
-def test_shared_values_reach_every_section():
-    c = config_from_args(build_parser().parse_args(["--n-samples-per-prompt", "4", "--global-batch-size", "64", "--rollout-temperature", "0.7", "--seed", "9"]))
-    assert c.loop.n_samples_per_prompt == 4 and c.train.rollout_temperature == 0.7 and c.train.seed == 9 and c.data.seed == 9
+def test_each_flag_sets_one_field_and_the_trainer_is_handed_the_facts_it_needs():
+    c = config_from_args(build_parser().parse_args(["--n-samples-per-prompt", "4", "--global-batch-size", "64", "--rollout-temperature", "0.7",
+                                                    "--seed", "9", "--max-staleness", "2"]))
+    assert c.rollout.n_samples_per_prompt == 4 and c.rollout.rollout_temperature == 0.7 and c.seed == 9 and c.loop.max_staleness == 2
+    assert c.trainer_kwargs() == dict(rollout_temperature=0.7, max_staleness=2, seed=9)
 
 
 @pytest.mark.parametrize(

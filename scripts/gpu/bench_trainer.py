@@ -112,7 +112,7 @@ def run_shape(name: str, args: argparse.Namespace, factories: dict[str, Factory]
                          prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False)
     tokens = num_samples * args.seq_len
     fwd, train = (x * tokens for x in flops_per_token(shape, args.seq_len))
-    cfg = TrainConfig(global_batch_size=num_samples, micro_batch_size=1, lr=1e-6, max_staleness=1 << 30,
+    cfg = TrainConfig(global_batch_size=num_samples, micro_batch_size=1, lr=1e-6,
                       megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu))
     result: dict[str, Any] = {"shape": shape, "num_samples": num_samples, "seq_len": args.seq_len, "tokens_per_step": tokens,
                               "fwd_flops_per_step": fwd, "train_flops_per_step": train, "backends": {}}

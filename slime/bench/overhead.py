@@ -117,7 +117,7 @@ async def scheduler_overhead(num_samples: int, *, engine: Literal["fake", "sim"]
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(1024)]
     ids = {r.prompt: [3 + (7 * r.index + j) % 1000 for j in range(32)] for r in rows}
     loop_cfg = LoopConfig(mode="april", rollout_batch_size=groups_per_step, over_sampling_batch_size=2 * groups_per_step,
-                          n_samples_per_prompt=n, overlap_train=False, num_rollout=steps + 1)
+                          overlap_train=False, num_rollout=steps + 1)
     rollout = RolloutConfig(n_samples_per_prompt=n, rollout_max_response_len=4 * response_len)
     async with _InstantEngine(engine, response_len) as pool:
         async with asyncio.TaskGroup() as tg:

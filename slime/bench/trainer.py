@@ -116,16 +116,18 @@ class TransformersReference:
         precision: ``autocast`` = fp32 weights, grads and AdamW state (master weights) and bf16 autocast,
             like megatron's ``--bf16``; ``bf16`` = bf16 weights, grads and AdamW state (no master copy);
             ``fp32`` = no autocast (exact comparisons on the CPU).
+        rollout_temperature: logits are divided by it before log_softmax, as the backends do.
     """
 
     name = "transformers"
 
-    def __init__(self, config: TrainConfig, *, model_dir: str, device: torch.device, precision: str = "autocast"):
+    def __init__(self, config: TrainConfig, *, model_dir: str, device: torch.device, precision: str = "autocast", rollout_temperature: float = 1.0):
         from transformers import AutoModelForCausalLM
 
         if precision not in ("autocast", "bf16", "fp32"):
             raise ValueError(f"precision={precision!r}: expected 'autocast', 'bf16' or 'fp32'")
         self.config, self.device, self.precision = config, torch.device(device), precision
+        self.rollout_temperature = rollout_temperature
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
         self.pad_token_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
@@ -149,8 +151,8 @@ class TransformersReference:
             position_ids = (mb.attention_mask.cumsum(-1) - 1).clamp_min(0)  # [b, T]
             logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=position_ids, use_cache=False).logits
         logits = logits[:, :-1].float()  # [b, L, V]
-        if self.config.rollout_temperature != 1.0:
-            logits = logits / self.config.rollout_temperature
+        if self.rollout_temperature != 1.0:
+            logits = logits / self.rollout_temperature
         targets = mb.input_ids[:, 1:]  # [b, L]
         nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
         return -nll * mb.attention_mask[:, 1:]

@@ -113,7 +113,7 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
         )
 
     def loop_config(self, mode: Mode) -> LoopConfig:
-        common: dict[str, Any] = dict(mode=mode, rollout_batch_size=self.rollout_batch_size, n_samples_per_prompt=self.n_samples_per_prompt,
+        common: dict[str, Any] = dict(mode=mode, rollout_batch_size=self.rollout_batch_size,
                       num_rollout=self.steps, abort_timeout_s=120.0)
         if mode == "sync":
             return LoopConfig(**common, over_sampling_batch_size=self.rollout_batch_size)

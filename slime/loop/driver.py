@@ -74,14 +74,13 @@ def _clock(t_start: float, t_eval: float) -> dict[str, float]:
 
 
 def check_run_modes(config: Config) -> None:
-    """Checks across flags of the data and debug modes, at start.
+    """Checks across sections of the data and debug modes, at start (each section's own checks: ``Config.validate``).
 
     Raises:
         ConfigError: naming the flags.
     """
     d, dbg, r = config.data, config.debug, config.rollout
     problems = [
-        (dbg.debug_rollout_only and dbg.train_only, "--debug-rollout-only with --debug-train-only / --load-debug-rollout-data: pick one"),
         (dbg.debug_train_only and dbg.load_debug_rollout_data is None and config.train.loss_type != "sft_loss",
          "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
         (config.rollout.rollout_function_path == SFT_ROLLOUT and config.train.loss_type != "sft_loss",
@@ -95,19 +94,9 @@ def check_run_modes(config: Config) -> None:
          "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
         (not config.train.use_opd and bool(config.engine.opd_teacher_load or config.engine.opd_teacher_addrs),
          "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
-        (config.train.opd_only and not config.train.use_opd, "--opd-only needs --use-opd (and a teacher)"),
         (config.train.use_opd and not (config.engine.opd_teacher_load or config.engine.opd_teacher_addrs or config.engine.sglang_config),
          "--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs host:port, or a 'teacher' group in --sglang-config"),
-        (config.train.opd_only and config.train.opd_kl_coef == 0,
-         "--opd-only with --opd-kl-coef 0: nothing would train (the task reward is off and the distillation term is zero)"),
     ]
-    for flag, template in (("--save-debug-rollout-data", dbg.save_debug_rollout_data), ("--load-debug-rollout-data", dbg.load_debug_rollout_data)):
-        if template is not None:
-            try:
-                ok = template.format(rollout_id=1) != template.format(rollout_id=2)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError(f"{flag}={template!r}: not a path template ({type(exc).__name__}: {exc}); use {{rollout_id}}") from None
-            problems.append((not ok, f"{flag}={template!r}: the path needs {{rollout_id}} (one file per step)"))
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
@@ -136,7 +125,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         if config.save_interval or config.load:
             raise ConfigError("--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet")
         train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or config.engine.hf_checkpoint)
-        if await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=config.engine.hf_checkpoint):
+        if await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=config.engine.hf_checkpoint, **config.trainer_kwargs()):
             return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
     files = open_run(config.run_dir, config.load, "trained_groups.jsonl", config)
     ckpt, resume = files.checkpoint, files.resume
@@ -168,14 +157,15 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     max_prompt_len = config.data.rollout_max_prompt_len
     check = prompt_length_check(tokenize, max_prompt_len=max_prompt_len, **bound) if bound["max_len"] or max_prompt_len else None
     train_rows, eval_sets = await asyncio.to_thread(functools.partial(load_prompts, by_name=True), config.data, data_counts,
-                                                    require_label=needs_label, check=check)
+                                                    seed=config.seed, require_label=needs_label, check=check)
     eval_sets = {} if train_only else eval_sets
-    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed, curriculum=config.data.curriculum_key is not None)
+    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed, curriculum=config.data.curriculum_key is not None)
     offline = await asyncio.to_thread(offline_source, config.data, config.loop, tokenize, tokenizer, n_samples_per_prompt=config.rollout.n_samples_per_prompt,
-                                      megatron=megatron) if config.data.offline_data and not train_only else None
+                                      megatron=megatron, seed=config.seed) if config.data.offline_data and not train_only else None
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
     trainer = None if rollout_only else await asyncio.to_thread(
-        MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version.trainer)
+        MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version.trainer,
+        **config.trainer_kwargs())
     lp = config.loop
     buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None,
                         capacity=lp.buffer_capacity,

@@ -28,7 +28,7 @@ def builtin_task(name: str) -> Any:
     return importlib.import_module(f"slime.data.{name}")
 
 
-def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, require_label: bool = False,
+def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, seed: int, require_label: bool = False,
                  check: Any = None, by_name: bool = False) -> tuple[list[PromptRow], Any]:
     """Train and eval prompt rows of the data section ``d``: the user's JSONL files, or the built-in task (``--builtin-task``).
 
@@ -37,6 +37,7 @@ def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, require
     no eval), each cut to ``--num-eval-prompts``.
 
     ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``).
+    ``seed``: the run's ``--seed`` (the built-in task's train split is drawn from it).
     ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows.
     ``check``: a per-row check of the files' rows (``load_prompt_file``), e.g. ``prompt_length_check``."""
     num_bad = [0, 0]
@@ -46,7 +47,7 @@ def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, require
         train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
         task = builtin_task(d.builtin_task)
-        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=d.seed, split="train"))]
+        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=seed, split="train"))]
     sets: dict[str | None, list[PromptRow]] = {}
     for name, path in d.eval_datasets:
         rows, bad = load_prompt_file(path, flag="--eval-prompt-data", **kw)
@@ -99,8 +100,9 @@ def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
     return TeacherScorer(engines.pools[TEACHER])
 
 
-def offline_source(d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool) -> OfflineSource:
-    """``--offline-data``, tokenised (prompts as online ones; responses without special tokens)."""
+def offline_source(d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool,
+                   seed: int) -> OfflineSource:
+    """``--offline-data``, tokenised (prompts as online ones; responses without special tokens), shuffled from ``seed`` + 1."""
     groups = load_offline_data(
         d.offline_data, tokenize=tokenize, encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
         group_size=n_samples_per_prompt, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
@@ -110,7 +112,7 @@ def offline_source(d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: An
         raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
     log.info("offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
              len(groups), d.offline_data, 100 * loop.offline_ratio, loop.online_groups_per_batch)
-    return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=d.seed + 1)
+    return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=seed + 1)
 
 
 def with_offline_logprobs(trainer: Any) -> Any:

@@ -71,7 +71,7 @@ def check_sft_config(config: Config) -> None:
          "--debug-rollout-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)"),
         (config.rollout.rollout_function_path not in (None, SFT_ROLLOUT), f"--rollout-function-path={config.rollout.rollout_function_path}: "
          f"--loss-type sft_loss trains on the rows of --prompt-data and calls no rollout function ({SFT_ROLLOUT} is implied)"),
-        (config.train.rollout_temperature != 1.0, f"--rollout-temperature={config.train.rollout_temperature}: SFT scores tokens at "
+        (config.rollout.rollout_temperature != 1.0, f"--rollout-temperature={config.rollout.rollout_temperature}: SFT scores tokens at "
          "temperature 1 (the NLL of the data); leave it unset"),
         (config.train.train_backend == "megatron", "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
          "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks"),
@@ -176,9 +176,10 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     log.info("SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
              len(train_rows), sum(len(r.input_ids) for r in train_rows), sum(sum(r.loss_mask) for r in train_rows),
              len(eval_rows), num_steps, config.loop.rollout_batch_size)
-    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.data.seed)
+    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed)
     train_cfg = resolve_lr_schedule(config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size)
-    trainer = await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0)
+    trainer = await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0,
+                                      **config.trainer_kwargs())
     if resume is not None:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)

@@ -275,7 +275,7 @@ async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Rep
     from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
 
     config = Config(rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
-                    loop=LoopConfig(rollout_batch_size=2, n_samples_per_prompt=2), engine=EngineConfig(hf_checkpoint=model_dir))
+                    loop=LoopConfig(rollout_batch_size=2), engine=EngineConfig(hf_checkpoint=model_dir))
     rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
     source = PromptSource(rows, shuffle=False)
     data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],

@@ -125,7 +125,7 @@ class RolloutArgs:
             rollout_top_p=r.rollout_top_p, rollout_top_k=r.rollout_top_k, rollout_stop_token_ids=list(r.rollout_stop_token_ids),
             hf_checkpoint=config.engine.hf_checkpoint, prompt_data=d.prompt_data, input_key=d.input_key, label_key=d.label_key,
             metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template, rollout_shuffle=d.rollout_shuffle,
-            rollout_seed=d.seed, custom_rm_path=r.custom_rm_path, custom_generate_function_path=r.custom_generate_function_path,
+            rollout_seed=config.seed, custom_rm_path=r.custom_rm_path, custom_generate_function_path=r.custom_generate_function_path,
             rollout_global_dataset=True, partial_rollout=False, group_rm=False,
             sglang_router_ip=host or None, sglang_router_port=int(port) if port.isdigit() else None,
             pool=pool, engine_version=engine_version,

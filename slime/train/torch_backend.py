@@ -87,6 +87,11 @@ class TorchTrainer:
         config: the ``train`` config section.
         model_dir: HF model directory (config.json + safetensors, tokenizer files optional).
         policy_version: the version of the weights in ``model_dir`` (0 for a fresh run).
+        rollout_temperature: the engines' sampling temperature (``RolloutConfig.rollout_temperature``): logits
+            are divided by it before log_softmax, as SGLang does for returned logprobs.
+        max_staleness: refuse a batch with a trainable token more versions behind than this
+            (``LoopConfig.max_staleness``); None = no check.
+        seed: the run's seed (``Config.seed``), for torch and ``--deterministic-mode``.
 
     Not thread-safe by design, but guarded: ``train_step``, ``save_hf`` and
     ``state_dict_for_sync`` take one lock, so a concurrent call waits instead of reading
@@ -114,17 +119,19 @@ class TorchTrainer:
     bf16: bool
     """Forward and backward under bf16 autocast (``--bf16``); weights stay fp32."""
 
-    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0):
+    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0, rollout_temperature: float = 1.0,
+                 max_staleness: int | None = None, seed: int = 1234):
         self.config = config
+        self.rollout_temperature, self.max_staleness = rollout_temperature, max_staleness
         self.model_dir = model_dir
         self.policy_version = policy_version
         self.num_optimizer_steps = 0
         self.loss_agg = config.loss_agg
         self._lock = threading.Lock()
         torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(seed)
         if config.deterministic_mode:
-            enable_deterministic_mode(config.seed)
+            enable_deterministic_mode(seed)
         self.device = resolve_device(config.device)
         self.bf16 = config.megatron.bf16
         check_hf_dir(model_dir)
@@ -191,7 +198,7 @@ class TorchTrainer:
             pad_token_id=self.pad_token_id,
             current_version=self.policy_version,
             normalize_advantages_by_std=not cfg.disable_grpo_std_normalization,
-            max_staleness=cfg.max_staleness,
+            max_staleness=self.max_staleness,
             advantage_estimator=cfg.advantage_estimator,
             mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
             use_opd=cfg.use_opd,
@@ -301,7 +308,7 @@ class TorchTrainer:
                 for indices in step:
                     mb = batch.select(indices)
                     with self._autocast():
-                        logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.config.rollout_temperature)  # [b, l]
+                        logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.rollout_temperature)  # [b, l]
                     total += -(logprobs * mb.loss_mask).sum()
             loss_sum = float(total)
             num_tokens = batch.num_train_tokens
@@ -315,7 +322,7 @@ class TorchTrainer:
         sequence), so the first optimizer step sees ratio 1 exactly. Results are stitched into
         [B, L] tensors, zero beyond each span's own length.
         """
-        temperature = self.config.rollout_temperature
+        temperature = self.rollout_temperature
         old = torch.zeros_like(batch.loss_mask)  # [B, L]
         ref = torch.zeros_like(old) if self.ref_model is not None else None
         values = torch.zeros_like(old) if self.critic is not None else None
@@ -338,7 +345,7 @@ class TorchTrainer:
                 self.model,
                 mb.input_ids,
                 mb.attention_mask,
-                temperature=self.config.rollout_temperature,
+                temperature=self.rollout_temperature,
                 entropy_grad=self.config.entropy_coef != 0.0,
             )  # [b, l], [b, l]
         return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)

@@ -89,7 +89,7 @@ def test_builtin_task_flag_selects_the_calc_rows_and_reward():
     args = ["--builtin-task", "calc", "--num-eval-prompts", "20", "--rollout-batch-size", "4", "--global-batch-size", "32"]
     config = config_from_args(build_parser().parse_args(args))
     assert config.data.builtin_task == "calc"
-    train, evals = load_prompts(config.data)
+    train, evals = load_prompts(config.data, seed=config.seed)
     assert len(train) == 20000 and len(evals) == 20
     assert [(r.prompt, r.label) for r in evals] == [(r["prompt"], r["label"]) for r in calc.generate_dataset(20, seed=0, split="eval")]
     assert reward_function(config.rollout, builtin=config.data.builtin_task) is calc.reward

@@ -27,7 +27,7 @@ from slime.sync.disk import DiskWeightSync
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
 ROLLOUT = RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60, max_retries=3, retry_backoff_s=0.05)
-LOOP = LoopConfig(mode="april", rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=4, n_samples_per_prompt=4, max_staleness=2)
+LOOP = LoopConfig(mode="april", rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=4, max_staleness=2)
 
 
 async def count_w7(sample):

@@ -25,7 +25,7 @@ def _config(tmp_path, model, url):
     return Config(
         data=DataConfig(prompt_data=str(prompts)),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, request_timeout_s=60),
-        loop=LoopConfig(mode="sync", rollout_batch_size=2, num_rollout=1, n_samples_per_prompt=2),
+        loop=LoopConfig(mode="sync", rollout_batch_size=2, num_rollout=1),
         train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4),
         engine=EngineConfig(hf_checkpoint=str(model), rollout_external_engine_addrs=(url,), health_check_interval_s=0),
         run_dir=str(tmp_path / "run"),

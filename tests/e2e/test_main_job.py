@@ -26,8 +26,8 @@ async def test_main_job_runs_end_to_end_and_writes_its_outputs(tmp_path, mode):
     config = Config(
         data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=8),
         rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60),
-        loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=3, n_samples_per_prompt=4, max_staleness=2),
-        train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=8, max_staleness=2),
+        loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=3, max_staleness=2),
+        train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=8),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         run_dir=str(tmp_path / "run"),
     )

@@ -130,8 +130,8 @@ async def test_main_job_trains_a_moe_model_end_to_end(tmp_path):
     config = Config(
         data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4),
         rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=16, request_timeout_s=60),
-        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=4, max_staleness=2),
-        train=TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=4, max_staleness=2),
+        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, max_staleness=2),
+        train=TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=4),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         run_dir=str(tmp_path / "run"),
     )

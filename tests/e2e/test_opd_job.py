@@ -22,8 +22,8 @@ async def test_opd_job_scores_every_sample_and_reports_the_reverse_kl(tmp_path, 
     config = Config(
         data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4),
         rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=16, request_timeout_s=60),
-        loop=LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=4, max_staleness=2),
-        train=TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=8, max_staleness=2, use_opd=True, opd_only=True),
+        loop=LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, max_staleness=2),
+        train=TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=8, use_opd=True, opd_only=True),
         engine=EngineConfig(hf_checkpoint=str(student), startup_timeout_s=60, opd_teacher_load=str(teacher)),
         run_dir=str(tmp_path / "run"),
     )

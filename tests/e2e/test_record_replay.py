@@ -46,9 +46,9 @@ def _config(tmp_path, model, run, debug, engine_url=None, offline=None):
     return Config(
         data=DataConfig(prompt_data=str(_prompts(tmp_path)), offline_data=offline),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, request_timeout_s=60),
-        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=2, max_staleness=2,
+        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, max_staleness=2,
                         offline_ratio=0.5 if offline else 0.0),
-        train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4, max_staleness=2),
+        train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4),
         engine=EngineConfig(hf_checkpoint=str(model), rollout_external_engine_addrs=(engine_url,) if engine_url else ()),
         debug=debug, run_dir=str(tmp_path / run),
     )

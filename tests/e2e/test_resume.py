@@ -24,8 +24,8 @@ def _config(tmp_path, mode, num_rollout, run):
     return Config(
         data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4, rollout_shuffle=True),
         rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60),
-        loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=num_rollout, n_samples_per_prompt=4, max_staleness=3),
-        train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=16, max_staleness=3),
+        loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=num_rollout, max_staleness=3),
+        train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=16),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         run_dir=str(tmp_path / run), save_interval=1, load=str(tmp_path / run),
     )

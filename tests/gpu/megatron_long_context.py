@@ -48,7 +48,7 @@ def main() -> int:
     groups = make_groups(vocab_size=QWEN2_15B["vocab_size"], num_groups=1, group_size=2, prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False)
     full = args.recompute_granularity == "full"
     cfg = TrainConfig(
-        train_backend="megatron", global_batch_size=2, micro_batch_size=1, lr=1e-6, max_staleness=1 << 30,
+        train_backend="megatron", global_batch_size=2, micro_batch_size=1, lr=1e-6,
         megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.seq_len, recompute_granularity=args.recompute_granularity,
                                 recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None),
     )  # fmt: skip

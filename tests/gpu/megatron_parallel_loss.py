@@ -51,7 +51,7 @@ def main() -> int:
     from slime.train.megatron.trainer import MegatronTrainer
 
     cfg = TrainConfig(
-        train_backend="megatron", global_batch_size=8, micro_batch_size=args.micro_batch_size, lr=1e-5, max_staleness=8,
+        train_backend="megatron", global_batch_size=8, micro_batch_size=args.micro_batch_size, lr=1e-5,
         megatron=MegatronConfig(
             tensor_model_parallel_size=args.tp, bf16=True, use_dynamic_batch_size=not args.static, max_tokens_per_gpu=1024,
             sequence_parallel=args.sequence_parallel, use_distributed_optimizer=args.distributed_optimizer,

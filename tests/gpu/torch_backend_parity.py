@@ -47,9 +47,9 @@ def main() -> int:
     groups = load_rollout_record(args.record, 1).groups
 
     def trainer(device: str, bf16: bool) -> TorchTrainer:
-        cfg = TrainConfig(global_batch_size=128, micro_batch_size=128, lr=3e-5, use_tis=True, rollout_temperature=1.0, max_staleness=4, seed=1,
+        cfg = TrainConfig(global_batch_size=128, micro_batch_size=128, lr=3e-5, use_tis=True,
                           num_threads=min(8, os.cpu_count() or 1), device=device, megatron=MegatronConfig(bf16=bf16))
-        return TorchTrainer(cfg, model_dir=model_dir)
+        return TorchTrainer(cfg, model_dir=model_dir, rollout_temperature=1.0, seed=1)
 
     def old_logprobs(t: TorchTrainer) -> tuple[torch.Tensor, torch.Tensor]:
         batch = build_train_batch(groups, pad_token_id=t.pad_token_id, current_version=t.policy_version)

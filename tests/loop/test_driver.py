@@ -46,7 +46,7 @@ def test_chat_template_renders_text_and_messages_with_tools_as_apply_chat_templa
 ])
 def test_mode_flags_that_disagree_are_named_at_start(config, message):
     with pytest.raises(ConfigError, match=message.replace("{", "\\{").replace("}", "\\}")):
-        check_run_modes(config)
+        check_run_modes(config.validate())  # as run_training: each section's checks, then those across them
 
 
 def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(tmp_path):

@@ -21,7 +21,7 @@ def _config(tmp_path, prompts, **engine_kw):
     return Config(
         data=DataConfig(prompt_data=str(prompts)),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8),
-        loop=LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1, n_samples_per_prompt=2),
+        loop=LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model), **engine_kw),
         run_dir=str(tmp_path / "run"),

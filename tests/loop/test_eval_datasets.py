@@ -48,9 +48,9 @@ def _jsonl(path, prompts):
 def test_load_prompts_by_name_keeps_each_dataset_apart(tmp_path):
     a, b = _jsonl(tmp_path / "a.jsonl", ["a1", "a2", "a3"]), _jsonl(tmp_path / "b.jsonl", ["b1"])
     config = Config(data=DataConfig(prompt_data=a, eval_prompt_data=("aa", a, "bb", b), num_eval_prompts=2))
-    _, sets = load_prompts(config.data, by_name=True)
+    _, sets = load_prompts(config.data, seed=config.seed, by_name=True)
     assert {name: [r.prompt for r in rows] for name, rows in sets.items()} == {"aa": ["a1", "a2"], "bb": ["b1"]}
-    _, flat = load_prompts(config.data)
+    _, flat = load_prompts(config.data, seed=config.seed)
     assert [r.prompt for r in flat] == ["a1", "a2", "b1"]
 
 
@@ -65,7 +65,7 @@ async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_
     config = Config(
         data=DataConfig(prompt_data=easy, eval_prompt_data=("easy", easy, "hard", hard)),
         rollout=RolloutConfig(n_samples_per_prompt=2, eval_top_p=0.7, eval_max_response_len=3, rollout_max_response_len=8),
-        loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1, n_samples_per_prompt=2),
+        loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model)), debug=DebugConfig(debug_rollout_only=True), run_dir=str(tmp_path / "run"),
     )

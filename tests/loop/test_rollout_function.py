@@ -26,7 +26,7 @@ async def half(sample):
 
 def _config(**loop) -> Config:
     return Config(rollout=RolloutConfig(n_samples_per_prompt=2, rollout_function_path="tests.loop.rollout_fns.sft_rollout"),
-                  loop=LoopConfig(rollout_batch_size=2, n_samples_per_prompt=2, **loop))
+                  loop=LoopConfig(rollout_batch_size=2, **loop))
 
 
 def _rf_scheduler(fn, **kw):
@@ -42,7 +42,7 @@ async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_pat
         data=DataConfig(prompt_data=str(prompts), num_eval_prompts=0),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, request_timeout_s=60,
                               rollout_function_path="tests.loop.rollout_fns.generate_rollout"),
-        loop=LoopConfig(rollout_batch_size=2, num_rollout=2, n_samples_per_prompt=2),
+        loop=LoopConfig(rollout_batch_size=2, num_rollout=2),
         train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         run_dir=str(tmp_path / "run"),

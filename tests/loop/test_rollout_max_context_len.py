@@ -35,7 +35,7 @@ def _run(tmp_path, monkeypatch, prompts, ctx):
     config = Config(
         data=DataConfig(prompt_data=str(path)),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, rollout_max_context_len=ctx),
-        loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1, n_samples_per_prompt=2),
+        loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model)), debug=DebugConfig(debug_rollout_only=True), run_dir=str(tmp_path / "run"),
     )

@@ -29,7 +29,7 @@ def _config(tmp_path, model, prompts, *, template=None, rm_type=None) -> Config:
     return Config(
         data=DataConfig(prompt_data=str(prompts)),
         rollout=RolloutConfig(n_samples_per_prompt=2, rm_type=rm_type),
-        loop=LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=2, n_samples_per_prompt=2),
+        loop=LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=2),
         train=TrainConfig(lr=1e-3, global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model)),
         debug=DebugConfig(load_debug_rollout_data=template), run_dir=str(tmp_path / "run"),

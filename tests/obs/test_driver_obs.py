@@ -40,7 +40,7 @@ async def test_a_run_with_every_observer_leaves_trace_metrics_events_plots_and_a
     config = Config(
         data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4),
         rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=16, request_timeout_s=60),
-        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, n_samples_per_prompt=4),
+        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2),
         train=TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=8),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         obs=ObsConfig(enable_trace=True, metrics_port=port, metrics_host="127.0.0.1", use_tensorboard=True),

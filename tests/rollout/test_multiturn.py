@@ -277,7 +277,7 @@ async def test_generate_returning_one_sample_per_turn_works_with_scheduler_rewar
     rows = [PromptRow(index=i, prompt=QUESTION) for i in range(4)]
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2, n_samples_per_prompt=2),
+            LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=2000),
             source=PromptSource(rows, shuffle=False), tokenize=lambda text: [0], decode=TOK.decode, pool=RulePool(),
             buffer=DataBuffer(), reward_fn=reward, task_group=tg, generate_fn=per_turn, group_filter=keep_mixed,

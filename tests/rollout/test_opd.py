@@ -126,6 +126,5 @@ def test_opd_flag_combinations_that_cannot_work_are_refused_before_anything_star
     from slime.errors import ConfigError
     from slime.loop.driver import check_run_modes
 
-    config = config_from_args(build_parser().parse_args(["--use-opd", *extra]))
-    with pytest.raises(ConfigError, match=words):
-        check_run_modes(config)
+    with pytest.raises(ConfigError, match=words):  # the section's own checks (config_from_args), or those across sections
+        check_run_modes(config_from_args(build_parser().parse_args(["--use-opd", *extra])))

@@ -17,11 +17,12 @@ def test_the_flag_makes_the_trainer_deterministic_and_says_what_it_does_not_cove
         monkeypatch.setenv(key, "x")
         monkeypatch.delenv(key)
     monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1")  # a value the user set is kept
-    cfg = config_from_args(build_parser().parse_args(["--deterministic-mode", "--seed", "7"])).train
+    config = config_from_args(build_parser().parse_args(["--deterministic-mode", "--seed", "7"]))
+    cfg = config.train
     assert cfg.deterministic_mode
     caplog.set_level(logging.INFO, logger="slime.train.determinism")
     try:
-        TorchTrainer(cfg, model_dir=tiny_model_dir)
+        TorchTrainer(cfg, model_dir=tiny_model_dir, **config.trainer_kwargs())  # the run's seed, as the driver passes it
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
         assert torch.initial_seed() == 7
     finally:

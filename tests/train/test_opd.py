@@ -112,9 +112,9 @@ def test_pure_opd_steps_bring_the_student_towards_its_teacher(tiny_model_dir, tm
 
     teacher = AutoModelForCausalLM.from_pretrained(write_tiny_llama(tmp_path / "teacher", seed=3), dtype=torch.float32).eval()
     prompt, responses = [5, 9, 2], [[17, 8, 41, 3], [30, 31, 32, 33], [40, 41, 42], [50, 51]]
-    cfg = TrainConfig(lr=3e-3, global_batch_size=4, micro_batch_size=4, rollout_temperature=1.0, num_threads=1, seed=0,
+    cfg = TrainConfig(lr=3e-3, global_batch_size=4, micro_batch_size=4, num_threads=1,
                       use_opd=True, opd_only=True, opd_kl_coef=1.0)
-    trainer = TorchTrainer(cfg, model_dir=tiny_model_dir)
+    trainer = TorchTrainer(cfg, model_dir=tiny_model_dir, rollout_temperature=1.0, seed=0)
     teacher_lps = [sample_logprobs(teacher, prompt, resp, 1.0) for resp in responses]
 
     def gap() -> float:  # mean squared per-token logprob gap, student vs teacher

@@ -29,7 +29,7 @@ def _groups(rows=ROWS):
 
 
 def _config(**kw):
-    base = dict(lr=1e-2, global_batch_size=3, micro_batch_size=3, num_threads=1, seed=0, loss_type="sft_loss", loss_agg="token_mean")
+    base = dict(lr=1e-2, global_batch_size=3, micro_batch_size=3, num_threads=1, loss_type="sft_loss", loss_agg="token_mean")
     return TrainConfig(**{**base, **kw})
 
 
@@ -69,7 +69,7 @@ def test_shared_objective_routes_sft_loss_without_old_logprobs():
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
 def test_trainer_step_loss_equals_hand_computed_masked_nll(tiny_model_dir, loss_agg):
-    trainer = TorchTrainer(_config(loss_agg=loss_agg, micro_batch_size=1), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(loss_agg=loss_agg, micro_batch_size=1), model_dir=tiny_model_dir, seed=0)
     total, per_row = _hand_nll(trainer.model)
     num_tokens = sum(sum(m[1:]) for _, m in ROWS)
     before = {k: v.clone() for k, v in trainer.state_dict_for_sync().items()}
@@ -85,7 +85,7 @@ def test_trainer_step_loss_equals_hand_computed_masked_nll(tiny_model_dir, loss_
 
 
 def test_eval_loss_is_the_token_mean_nll_and_does_not_train(tiny_model_dir):
-    trainer = TorchTrainer(_config(loss_agg="seq_mean"), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(loss_agg="seq_mean"), model_dir=tiny_model_dir, seed=0)
     total, _ = _hand_nll(trainer.model)
     before = {k: v.clone() for k, v in trainer.state_dict_for_sync().items()}
     out = trainer.eval_loss(_groups())
@@ -94,8 +94,8 @@ def test_eval_loss_is_the_token_mean_nll_and_does_not_train(tiny_model_dir):
 
 
 def test_token_budget_micro_batches_give_the_same_loss_and_update(tiny_model_dir):
-    fixed = TorchTrainer(_config(micro_batch_size=3), model_dir=tiny_model_dir)
-    packed = TorchTrainer(_config(megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=9)), model_dir=tiny_model_dir)
+    fixed = TorchTrainer(_config(micro_batch_size=3), model_dir=tiny_model_dir, seed=0)
+    packed = TorchTrainer(_config(megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=9)), model_dir=tiny_model_dir, seed=0)
     assert [len(mb) for mb in packed._plan([7, 8, 3])[0]] == [1, 1, 1]  # 2 x 8 > 9: every row alone
     grads = []
     for trainer in (fixed, packed):  # record the accumulated gradient right before the optimizer step
@@ -144,7 +144,7 @@ def test_lr_schedule_is_the_warm_start_loops_warmup_then_cosine():
 
 def test_trainer_follows_the_schedule_step_by_step(tiny_model_dir):
     cfg = _config(lr=1e-2, megatron=MegatronConfig(min_lr=0.0, lr_warmup_iters=2, lr_decay_iters=4, lr_decay_style="linear"))
-    trainer = TorchTrainer(cfg, model_dir=tiny_model_dir)
+    trainer = TorchTrainer(cfg, model_dir=tiny_model_dir, seed=0)
     lrs = [trainer.train_step(_groups())["lr"] for _ in range(5)]
     assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 5e-3, 0.0])
     assert trainer.num_optimizer_steps == 5

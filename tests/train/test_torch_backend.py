@@ -27,16 +27,20 @@ def _groups(rewards=(1.0, 0.0, 0.0, 0.0), statuses=None):
 
 
 def _config(**kw):
-    base = dict(lr=3e-3, global_batch_size=4, micro_batch_size=2, rollout_temperature=0.8, num_threads=1, seed=0)
+    base = dict(lr=3e-3, global_batch_size=4, micro_batch_size=2, num_threads=1)
     return TrainConfig(**{**base, **kw})
 
 
+FACTS = dict(rollout_temperature=0.8, seed=0)
+"""What the run hands a trainer from outside its section (``Config.trainer_kwargs``)."""
+
+
 def _response_logprob(trainer, i):
-    return sum(sample_logprobs(trainer.model, PROMPT, RESPONSES[i], trainer.config.rollout_temperature))
+    return sum(sample_logprobs(trainer.model, PROMPT, RESPONSES[i], trainer.rollout_temperature))
 
 
 def test_repeated_steps_raise_the_rewarded_sample_and_lower_the_surrogate_loss(tiny_model_dir):
-    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir, **FACTS)
     groups = _groups()
     batch = build_train_batch(groups, pad_token_id=0, current_version=0)
     with torch.no_grad():
@@ -57,7 +61,7 @@ def test_repeated_steps_raise_the_rewarded_sample_and_lower_the_surrogate_loss(t
 
 
 def test_first_optimizer_step_is_on_policy_and_metrics_are_reported(tiny_model_dir):
-    trainer = TorchTrainer(_config(use_tis=True), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(use_tis=True), model_dir=tiny_model_dir, **FACTS)
     m = trainer.train_step(_groups())
     assert m["pg_clipfrac"] == 0.0 and m["ratio_mean"] == pytest.approx(1.0, abs=1e-7)
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
@@ -68,18 +72,18 @@ def test_first_optimizer_step_is_on_policy_and_metrics_are_reported(tiny_model_d
 
 
 def test_micro_batch_size_does_not_change_loss_or_gradient(tiny_model_dir):
-    results = [TorchTrainer(_config(micro_batch_size=mbs), model_dir=tiny_model_dir).train_step(_groups()) for mbs in (1, 4)]
+    results = [TorchTrainer(_config(micro_batch_size=mbs), model_dir=tiny_model_dir, **FACTS).train_step(_groups()) for mbs in (1, 4)]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6)
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
 
 
 def test_global_batch_size_splits_the_rollout_into_optimizer_steps(tiny_model_dir):
-    m = TorchTrainer(_config(global_batch_size=2, micro_batch_size=1), model_dir=tiny_model_dir).train_step(_groups())
+    m = TorchTrainer(_config(global_batch_size=2, micro_batch_size=1), model_dir=tiny_model_dir, **FACTS).train_step(_groups())
     assert m["num_optimizer_steps"] == 2
 
 
 def test_failed_samples_do_not_train(tiny_model_dir):
-    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir, **FACTS)
     before = {k: v.clone() for k, v in trainer.state_dict_for_sync().items()}
     groups = _groups(rewards=(None, None, None, None), statuses={i: Status.FAILED for i in range(4)})
     m = trainer.train_step(groups)
@@ -88,7 +92,7 @@ def test_failed_samples_do_not_train(tiny_model_dir):
 
 
 def test_save_hf_round_trip_loads_equal_weights_and_copies_tokenizer_files(tiny_model_dir, tmp_path):
-    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir, **FACTS)
     trainer.train_step(_groups())
     out = tmp_path / "weights" / "v1"
     for _ in range(2):  # the second save replaces the first in place
@@ -135,7 +139,7 @@ def test_default_config_trains_exactly_like_the_plain_grpo_ppo_reference(tiny_mo
     # the second optimizer step is off-policy (ratio != 1), so the clip and TIS weights are exercised
     config = _config(global_batch_size=2, micro_batch_size=1, use_tis=use_tis)
     reference, want_losses = _plain_grpo_reference_step(tiny_model_dir, config, _groups())
-    trainer = TorchTrainer(config, model_dir=tiny_model_dir)
+    trainer = TorchTrainer(config, model_dir=tiny_model_dir, **FACTS)
     m = trainer.train_step(_groups())
     assert m["loss"] == pytest.approx(sum(want_losses) / 2, abs=1e-6)
     got = trainer.state_dict_for_sync()
@@ -152,7 +156,7 @@ def test_ppo_with_gae_trains_policy_and_critic_and_reports_value_metrics(tiny_mo
     # GAE gives A_t = sum of future rewards - V_t = R on every trained token, and returns = R:
     #   value_loss = seq_mean((0 - R)^2) = (1 + 0 + 0 + 0) / 4 = 0.25
     #   policy loss (ratio 1) = -seq_mean(A) = -0.25;  explained variance = 1 - Var(R - 0) / Var(R) = 0
-    trainer = TorchTrainer(_config(advantage_estimator="ppo", gamma=1.0, lambd=1.0, critic_lr=1e-2), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(advantage_estimator="ppo", gamma=1.0, lambd=1.0, critic_lr=1e-2), model_dir=tiny_model_dir, **FACTS)
     assert trainer.critic is not None and trainer.ref_model is None
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     critic0 = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
@@ -165,7 +169,7 @@ def test_ppo_with_gae_trains_policy_and_critic_and_reports_value_metrics(tiny_mo
 
 
 def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
-    trainer = TorchTrainer(_config(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl"), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl"), model_dir=tiny_model_dir, **FACTS)
     assert trainer.ref_model is not None and trainer.critic is None
     ref0 = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -189,7 +193,7 @@ def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
     ids=["gspo", "rf++", "rf++baseline", "mis", "decoupled", "dualclip-entropy-drgrpo"],
 )
 def test_every_option_trains_through_train_step(tiny_model_dir, options):
-    trainer = TorchTrainer(_config(global_batch_size=2, **options), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(global_batch_size=2, **options), model_dir=tiny_model_dir, **FACTS)
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     m = trainer.train_step(_groups())
     assert m["num_optimizer_steps"] == 2 and all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")

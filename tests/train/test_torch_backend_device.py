@@ -37,8 +37,12 @@ def _groups(seed: int = 0, num_samples: int = 8) -> list[Group]:
     return [Group(group_id=0, samples=samples)]
 
 
+FACTS = dict(rollout_temperature=0.8, seed=0)
+"""What the run hands a trainer from outside its section (``Config.trainer_kwargs``)."""
+
+
 def _config(device: str = "auto", bf16: bool = False, **kw) -> TrainConfig:
-    base = dict(lr=3e-3, global_batch_size=8, micro_batch_size=4, rollout_temperature=0.8, num_threads=1, seed=0, use_tis=True)
+    base = dict(lr=3e-3, global_batch_size=8, micro_batch_size=4, num_threads=1, use_tis=True)
     return TrainConfig(**{**base, **kw}, device=device, megatron=MegatronConfig(bf16=bf16))
 
 
@@ -69,7 +73,7 @@ def test_auto_and_cuda_pick_the_current_cuda_device_when_torch_sees_one(monkeypa
 
 def test_default_on_a_cpu_machine_is_fp32_on_the_cpu_with_sdpa(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config(), model_dir=tiny_model_dir, **FACTS)
     assert trainer.device == torch.device("cpu") and not trainer.bf16
     assert {(p.device.type, p.dtype) for p in trainer.model.parameters()} == {("cpu", torch.float32)}
     assert trainer.model.config._attn_implementation == "sdpa"
@@ -81,7 +85,7 @@ def test_default_on_a_cpu_machine_is_fp32_on_the_cpu_with_sdpa(tiny_model_dir, m
 
 def test_bf16_autocast_trains_on_the_cpu_with_fp32_weights_and_an_on_policy_first_step(tiny_model_dir):
     groups = _groups()
-    fp32, bf16 = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir), TorchTrainer(_config("cpu", bf16=True), model_dir=tiny_model_dir)
+    fp32, bf16 = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS), TorchTrainer(_config("cpu", bf16=True), model_dir=tiny_model_dir, **FACTS)
     ref, mask = _old_logprobs(fp32, groups)
     got, _ = _old_logprobs(bf16, groups)
     diff = ((got - ref).abs() * mask).sum() / mask.sum()
@@ -106,7 +110,7 @@ gpu = pytest.mark.gpu
 @gpu
 def test_gpu_fp32_matches_the_cpu_and_keeps_everything_on_the_device(tiny_model_dir):
     groups = _groups()
-    cpu, cuda = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir), TorchTrainer(_config("cuda"), model_dir=tiny_model_dir)
+    cpu, cuda = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS), TorchTrainer(_config("cuda"), model_dir=tiny_model_dir, **FACTS)
     assert {p.device.type for p in cuda.model.parameters()} == {"cuda"}
     ref, mask = _old_logprobs(cpu, groups)
     got, _ = _old_logprobs(cuda, groups)
@@ -120,7 +124,7 @@ def test_gpu_fp32_matches_the_cpu_and_keeps_everything_on_the_device(tiny_model_
 @gpu
 def test_gpu_bf16_logprobs_match_the_cpu_fp32_reference_before_and_after_a_step(tiny_model_dir):
     groups = _groups()
-    cpu, cuda = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir), TorchTrainer(_config("cuda", bf16=True), model_dir=tiny_model_dir)
+    cpu, cuda = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS), TorchTrainer(_config("cuda", bf16=True), model_dir=tiny_model_dir, **FACTS)
     for _ in range(2):
         ref, mask = _old_logprobs(cpu, groups)
         got, _ = _old_logprobs(cuda, groups)
@@ -136,7 +140,7 @@ def test_gpu_sync_save_hf_and_loop_checkpoint_round_trip(tiny_model_dir, tmp_pat
     from slime.loop.checkpoint import LoopState, load_checkpoint, save_checkpoint
 
     groups = _groups()
-    trainer = TorchTrainer(_config("cuda", bf16=True), model_dir=tiny_model_dir)
+    trainer = TorchTrainer(_config("cuda", bf16=True), model_dir=tiny_model_dir, **FACTS)
     trainer.train_step(groups)
     state = trainer.state_dict_for_sync()
     assert {(t.device.type, t.dtype) for t in state.values()} == {("cpu", torch.float32)}
@@ -147,7 +151,7 @@ def test_gpu_sync_save_hf_and_loop_checkpoint_round_trip(tiny_model_dir, tmp_pat
 
     loop = LoopState(step=1, policy_version=1, source={}, next_group_id=1, num_admitted=1, rollout_id=1, taken=[], ready=[], partial=[])
     ckpt = save_checkpoint(tmp_path / "ckpt", loop, trainer=trainer)
-    resumed = TorchTrainer(_config("cuda", bf16=True), model_dir=str(ckpt / "model"))
+    resumed = TorchTrainer(_config("cuda", bf16=True), model_dir=str(ckpt / "model"), **FACTS)
     load_checkpoint(ckpt, trainer=resumed)
     assert resumed.policy_version == trainer.policy_version and resumed.num_optimizer_steps == trainer.num_optimizer_steps
     assert all(s["exp_avg"].device.type == "cuda" for s in resumed.optimizer.state.values())

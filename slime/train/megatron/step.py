@@ -92,6 +92,8 @@ class MegatronTrainStep:
     pad_token_id: int
     pad_to: int
     policy_version: int
+    rollout_temperature: float  # the engines' sampling temperature (RolloutConfig's)
+    max_staleness: int | None
 
     def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
         """Per optimizer step: (first sample, end sample, this rank's packed micro-batches).
@@ -141,7 +143,7 @@ class MegatronTrainStep:
         logprob, entropy = vocab_parallel_logprobs(
             logits[0],
             mb.labels[0],
-            temperature=self.config.rollout_temperature,
+            temperature=self.rollout_temperature,
             vocab_size=self.arch.vocab_size,
             tp_rank=self.ctx.tp_rank,
             group=self.ctx.tp_group if self.ctx.tp_size > 1 else None,

@@ -48,27 +48,31 @@ class MegatronTrainer(MegatronTrainStep):
         model_dir: HF directory (Llama / Qwen2 / Qwen3 dense, Qwen3-MoE / Qwen2-MoE) the weights start from; also the
             source of config and tokenizer files in every ``save_hf`` output.
         policy_version: version of the weights in ``model_dir``.
+        rollout_temperature, max_staleness, seed: as ``TorchTrainer``'s (the run passes the rollout, loop and
+            root config's values).
 
     Raises:
         RuntimeError: no CUDA device. ValueError: an unsupported option (module docstring) or
             architecture (``UnsupportedArchitecture``, a ValueError).
     """
 
-    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0):
+    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0, rollout_temperature: float = 1.0,
+                 max_staleness: int | None = None, seed: int = 1234):
         if not torch.cuda.is_available():
             raise RuntimeError("--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU")
         if objective.needs_critic(config):
             raise ValueError(f"--advantage-estimator {config.advantage_estimator} needs a critic, which the megatron backend does not have yet; use --train-backend torch")
         self.config = config
+        self.rollout_temperature, self.max_staleness = rollout_temperature, max_staleness
         self.model_dir = model_dir
         self.policy_version = policy_version
         self._lock = threading.Lock()
         if config.deterministic_mode:
-            enable_deterministic_mode(config.seed)
+            enable_deterministic_mode(seed)
         mcfg = config.megatron
         self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
         self.tconfig = transformer_config(self.arch, mcfg)  # validates parallel sizes before any group exists
-        self.ctx: ParallelContext = init_parallel(mcfg, seed=config.seed)
+        self.ctx: ParallelContext = init_parallel(mcfg, seed=seed)
         self.channel = ControlChannel(self.ctx)
         self.pad_token_id = int(load_hf_config(model_dir).get("pad_token_id") or 0)
         self.pad_to = self.ctx.tp_size if self.tconfig.sequence_parallel else 1
@@ -189,7 +193,7 @@ class MegatronTrainer(MegatronTrainStep):
                 pad_token_id=self.pad_token_id,
                 current_version=self.policy_version,
                 normalize_advantages_by_std=not cfg.disable_grpo_std_normalization,
-                max_staleness=cfg.max_staleness,
+                max_staleness=self.max_staleness,
                 advantage_estimator=cfg.advantage_estimator,
                 mask_offpolicy_in_partial_rollout=cfg.mask_offpolicy_in_partial_rollout,
                 use_opd=cfg.use_opd,
@@ -258,13 +262,14 @@ def _fuse_torch_adam(optimizer: Any) -> None:
                 g["foreach"], g["fused"] = False, True
 
 
-def serve_if_worker(config: TrainConfig, *, model_dir: str) -> bool:
+def serve_if_worker(config: TrainConfig, *, model_dir: str, **trainer_kwargs: Any) -> bool:
     """On a torchrun rank other than 0: build the trainer, serve rank 0 until "stop", return True.
 
     On rank 0 (or without torchrun) return False at once: the caller builds the trainer and runs
     the driver.
+    ``trainer_kwargs``: ``MegatronTrainer``'s keyword arguments, the same on every rank.
     """
     if int(os.environ.get("RANK", "0")) == 0:
         return False
-    MegatronTrainer(config, model_dir=model_dir).serve()
+    MegatronTrainer(config, model_dir=model_dir, **trainer_kwargs).serve()
     return True

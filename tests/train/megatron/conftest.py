@@ -125,7 +125,7 @@ class _ConstantLR:
         return self.lr
 
 
-def _cpu_megatron_trainer(config, model_dir: str, ctx):
+def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0, max_staleness: int | None = None):
     from slime.train.megatron.arch import ModelArch, load_hf_config
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
     from slime.train.megatron.parallel import ControlChannel
@@ -135,6 +135,7 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx):
     class CpuMegatronTrainer(MegatronTrainer):
         def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron DDP and optimizer
             self.config, self.model_dir, self.policy_version = config, model_dir, 0
+            self.rollout_temperature, self.max_staleness = rollout_temperature, max_staleness
             self._lock = threading.Lock()
             self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
             self.tconfig = transformer_config(self.arch, config.megatron, use_cpu_initialization=True)
@@ -159,6 +160,6 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx):
 
 @pytest.fixture(scope="session")
 def cpu_megatron_trainer():
-    """``(config, model_dir, ctx) -> MegatronTrainer`` on the CPU: the trainer's own step code with a pass-through
+    """``(config, model_dir, ctx, *, rollout_temperature, max_staleness) -> MegatronTrainer`` on the CPU: the trainer's own step code with a pass-through
     DDP and torch's AdamW in place of megatron's (both allocate on CUDA). Needs ``megatron_cpu``'s ctx."""
     return _cpu_megatron_trainer

@@ -78,7 +78,7 @@ def _groups(vocab: int):
     return groups
 
 
-def _trainer(config, model_dir: str, ctx):
+def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
     from megatron.core import parallel_state as ps
 
     from slime.train.megatron.arch import ModelArch, load_hf_config
@@ -90,6 +90,7 @@ def _trainer(config, model_dir: str, ctx):
     class CpuTrainer(MegatronTrainer):
         def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron's DDP and optimizer
             self.config, self.model_dir, self.policy_version = config, model_dir, 0
+            self.rollout_temperature, self.max_staleness = rollout_temperature, None
             self._lock = threading.Lock()
             self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
             self.tconfig = transformer_config(self.arch, config.megatron, use_cpu_initialization=True)
@@ -148,8 +149,8 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
             if ctx.rank != 0:
                 return None
             ctx = dataclasses.replace(ctx, world_size=1, dp_size=1, dp_rank=0, dp_group=None)
-        config = TrainConfig(lr=1e-3, global_batch_size=6, micro_batch_size=2, rollout_temperature=0.9, loss_agg="token_mean", entropy_coef=0.01, megatron=mcfg)
-        trainer = _trainer(config, hf_dir, ctx)
+        config = TrainConfig(lr=1e-3, global_batch_size=6, micro_batch_size=2, loss_agg="token_mean", entropy_coef=0.01, megatron=mcfg)
+        trainer = _trainer(config, hf_dir, ctx, rollout_temperature=0.9)
         batch = build_train_batch(_groups(trainer.arch.vocab_size), pad_token_id=0, current_version=0)
         metrics = trainer._train_batch(batch)
         return dict(trainer.result, metrics=metrics, mask=batch.loss_mask)

@@ -71,7 +71,7 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
 
     model_dir = megatron_common.make_hf_dir(str(tmp_path / "tiny"), SHAPES["tiny"], dtype=torch.float32, device="cpu")
     groups = megatron_common.make_groups(vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=24)
-    cfg = TrainConfig(global_batch_size=2, micro_batch_size=1, lr=1e-2, max_staleness=1 << 30,
+    cfg = TrainConfig(global_batch_size=2, micro_batch_size=1, lr=1e-2,
                       megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=64))
     ref = TransformersReference(cfg, model_dir=model_dir, device=torch.device("cpu"), precision="fp32")
     megatron = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)

@@ -67,7 +67,7 @@ def test_packed_megatron_loss_and_grads_match_the_torch_backend(family, hf_dirs,
     model = build_gpt_model(arch, transformer_config(arch, MegatronConfig(), use_cpu_initialization=True), tp_size=1)
     load_hf_weights(model, HFCheckpointReader(hf_dirs[family]), arch, tp_size=1, tp_rank=0)
     hf = make_hf(family)
-    cfg = TrainConfig(rollout_temperature=0.8, entropy_coef=0.01)
+    cfg = TrainConfig(entropy_coef=0.01)
     batch = build_train_batch(_groups(arch.vocab_size), pad_token_id=0, current_version=0)
     with torch.no_grad():
         old, _ = compute_token_logprobs_and_entropy(hf, batch.input_ids, batch.attention_mask, temperature=0.8)

@@ -148,9 +148,9 @@ def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dir
 
     from slime.train.torch_backend import TorchTrainer
 
-    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, rollout_temperature=0.9, megatron=CPU_MOE)
-    megatron = cpu_megatron_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
-    reference = TorchTrainer(config, model_dir=hf_dirs["qwen3_moe"])
+    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, megatron=CPU_MOE)
+    megatron = cpu_megatron_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu, rollout_temperature=0.9)
+    reference = TorchTrainer(config, model_dir=hf_dirs["qwen3_moe"], rollout_temperature=0.9)
     groups = _groups(96)
     for _ in range(2):
         got, want = megatron.train_step(groups), reference.train_step(groups)

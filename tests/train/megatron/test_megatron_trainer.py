@@ -39,12 +39,12 @@ def test_train_step_metrics_match_the_torch_backend(dynamic, hf_dirs, megatron_c
     from slime.train.torch_backend import TorchTrainer
 
     config = TrainConfig(
-        lr=1e-3, global_batch_size=4, micro_batch_size=2, rollout_temperature=0.9, loss_agg="token_mean" if dynamic else "seq_mean",
+        lr=1e-3, global_batch_size=4, micro_batch_size=2, loss_agg="token_mean" if dynamic else "seq_mean",
         megatron=MegatronConfig(use_dynamic_batch_size=dynamic, max_tokens_per_gpu=20),
     )
     groups = _groups(96)
-    megatron = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu)
-    reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"])
+    megatron = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu, rollout_temperature=0.9)
+    reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9)
     for _ in range(2):
         got, want = megatron.train_step(groups), reference.train_step(groups)
         for key in ("loss", "grad_norm", "ratio_mean", "entropy", "pg_clipfrac", "approx_kl", "train_rollout_logprob_abs_diff", "num_train_tokens", "num_optimizer_steps"):
@@ -76,7 +76,7 @@ def test_opd_step_matches_the_torch_backend(estimator, hf_dirs, megatron_cpu, cp
     """``--use-opd``: the reverse-KL advantage term (objective.with_advantages) is the same in both backends."""
     from slime.train.torch_backend import TorchTrainer
 
-    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, rollout_temperature=1.0, advantage_estimator=estimator,
+    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, advantage_estimator=estimator,
                          use_opd=True, opd_kl_coef=0.5)
     groups = _groups(96)
     g = torch.Generator().manual_seed(5)

@@ -1,0 +1,118 @@
+"""``RolloutConfig``: how samples are generated (sampling, requests, retries), rewarded and evaluated (``slime.rollout``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from slime.config._base import STRUCT, require
+
+__all__ = ["RolloutConfig"]
+
+
+class RolloutConfig(msgspec.Struct, **STRUCT):
+    n_samples_per_prompt: int = 8
+    """Samples per prompt (the GRPO group size) (``--n-samples-per-prompt``)."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of the engines (``--rollout-temperature``). The one copy of the fact: the trainer
+    divides its logits by it before log_softmax, as SGLang does for returned logprobs, and gets it from the
+    run's wiring (``TorchTrainer(..., rollout_temperature=config.rollout.rollout_temperature)``)."""
+    rollout_top_p: float = 1.0
+    rollout_top_k: int = -1
+    rollout_max_response_len: int = 64
+    """Cap on response tokens per sample, partial tokens included (``--rollout-max-response-len``)."""
+    rollout_max_context_len: int | None = None
+    """Cap on prompt + response tokens of a rollout sample (``--rollout-max-context-len``, THUDM/slime's): a
+    sample's response cap is ``min(rollout_max_response_len, rollout_max_context_len - prompt tokens)``, and a
+    prompt that leaves no room is a bad row at load. None = only the model's context bounds it."""
+
+    def response_cap(self, prompt_len: int) -> int:
+        """Response tokens a rollout sample of ``prompt_len`` prompt tokens may have (``rollout_max_context_len``)."""
+        if self.rollout_max_context_len is None:
+            return self.rollout_max_response_len
+        return max(0, min(self.rollout_max_response_len, self.rollout_max_context_len - prompt_len))
+    rollout_stop_token_ids: tuple[int, ...] = ()
+    request_timeout_s: float = 300.0
+    """Per /generate call (``--request-timeout-s``)."""
+    control_timeout_s: float = 60.0
+    """Per control call (abort, weight update, health) (``--control-timeout-s``)."""
+    max_retries: int = 3
+    """Retries of an unreachable engine call before giving up (``--max-retries``)."""
+    retry_backoff_s: float = 0.5
+    """First backoff; doubles per retry (``--retry-backoff-s``)."""
+    reward_timeout_s: float = 30.0
+    """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
+    reward_key: str | None = None
+    """Which entry of a dict returned by the reward function is the reward (``--reward-key``, slime's);
+    the whole dict is kept in ``Sample.evidence["reward_fields"]``. Float rewards are used as they are."""
+    custom_generate_function_path: str | None = None
+    """``pkg.module.func``: an async generate function ``(sample, sampling_params, **kwargs)``
+    returning the sample or a list of finished samples (``--custom-generate-function-path``). If it
+    takes a ``tokenizer`` argument, the run's tokenizer is bound to it."""
+    rollout_function_path: str | None = None
+    """``pkg.module.func`` of a function that makes a whole rollout step's groups, in THUDM/slime's
+    contract ``(args, rollout_id, data_buffer, evaluation=False)`` (``--rollout-function-path``);
+    it replaces the built-in scheduler for the step (``slime.loop.rollout_function``)."""
+    custom_rm_path: str | None = None
+    """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
+    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm"] | None = None
+    """Built-in verifier used when ``custom_rm_path`` is unset (``--rm-type``): ``math`` (math-verify
+    against the label; ``deepscaler`` and ``dapo``, slime's math rewards, are this verifier), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
+    ``rm_url``). See ``slime/rollout/verifiers/``."""
+    rm_url: str | None = None
+    """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers
+    ``{"reward": float}`` to ``{"prompt", "response", "label"}``."""
+    allow_unsafe_code_execution: bool = False
+    """Let ``rm_type="code"`` run model-written code without an OS sandbox where bubblewrap is
+    missing or cannot create namespaces (``--allow-unsafe-code-execution``); otherwise the run
+    refuses to start. See ``slime/rollout/tools/sandbox.py``."""
+    n_samples_per_eval_prompt: int = 1
+    """Samples per eval prompt (``--n-samples-per-eval-prompt``); eval reports mean accuracy and pass@k."""
+    eval_temperature: float = 0.0
+    """Sampling temperature of evaluation (``--eval-temperature``); 0 = greedy (then one sample per prompt)."""
+    eval_top_p: float | None = None
+    """Top-p of evaluation (``--eval-top-p``); None = ``rollout_top_p``, as in THUDM/slime."""
+    eval_max_response_len: int | None = None
+    """Cap on response tokens of an eval sample (``--eval-max-response-len``); None = ``rollout_max_response_len``."""
+    eval_top_k: int | None = None
+    """Top-k of evaluation (``--eval-top-k``); None = ``rollout_top_k``, as ``eval_top_p``. -1 = the whole vocabulary."""
+
+    @property
+    def resolved_eval_top_k(self) -> int:
+        return self.rollout_top_k if self.eval_top_k is None else self.eval_top_k
+
+    @property
+    def resolved_eval_top_p(self) -> float:
+        return self.rollout_top_p if self.eval_top_p is None else self.eval_top_p
+
+    @property
+    def resolved_eval_max_response_len(self) -> int:
+        return self.rollout_max_response_len if self.eval_max_response_len is None else self.eval_max_response_len
+
+    def validate(self) -> None:
+        """Check this section's values.
+
+        Raises:
+            ConfigError: naming the flag.
+        """
+        require([
+            (self.n_samples_per_prompt >= 1, "--n-samples-per-prompt", self.n_samples_per_prompt, ">= 1"),
+            (self.rollout_max_response_len >= 1, "--rollout-max-response-len", self.rollout_max_response_len, ">= 1"),
+            (self.rollout_temperature > 0, "--rollout-temperature", self.rollout_temperature, "> 0 for RL"),
+            (0 < self.rollout_top_p <= 1, "--rollout-top-p", self.rollout_top_p, "in (0, 1]"),
+            (self.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.n_samples_per_eval_prompt, ">= 1"),
+            (self.eval_temperature >= 0, "--eval-temperature", self.eval_temperature, ">= 0 (0 = greedy)"),
+            (self.rollout_max_context_len is None or self.rollout_max_context_len >= 2, "--rollout-max-context-len",
+             self.rollout_max_context_len, ">= 2 (a prompt token and a response token), or unset"),
+            (self.eval_top_k is None or self.eval_top_k == -1 or self.eval_top_k >= 1, "--eval-top-k",
+             self.eval_top_k, ">= 1, or -1 (the whole vocabulary)"),
+            (self.eval_top_p is None or 0 < self.eval_top_p <= 1, "--eval-top-p", self.eval_top_p, "in (0, 1]"),
+            (self.eval_max_response_len is None or self.eval_max_response_len >= 1, "--eval-max-response-len",
+             self.eval_max_response_len, ">= 1"),
+            (self.request_timeout_s > 0, "--request-timeout-s", self.request_timeout_s, "> 0"),
+            (self.reward_timeout_s > 0, "--reward-timeout-s", self.reward_timeout_s, "> 0"),
+            (self.max_retries >= 0, "--max-retries", self.max_retries, ">= 0"),
+        ])
+        # n_samples_per_eval_prompt > 1 with greedy eval is refused at run start (slime.loop.driver.check_run_modes), not
+        # here: THUDM/slime's eval YAMLs set 16 samples with no temperature and must still parse (--dry-run)
