@@ -166,8 +166,10 @@ def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_le
     assert res["modes"]["april"]["resumed_samples"] > 0  # partials resumed to exactly their draw
     for mode, m in res["modes"].items():  # the client-side measure agrees with the engine's own
         assert m["engine_occupancy"] == pytest.approx(m["slot_utilization"], abs=0.1), mode
-    for mode, row in res["sim_vs_real"].items():  # the sim calibrated to a sim is close to it
-        assert abs(row["rel_error"]) < 0.3, (mode, row)
+    # the sim calibrated to a sim is close to it: a calibration bug (a unit off by 1000, the time scale applied
+    # twice: 4x) is far outside 60 %; a loaded 2-core machine's jitter reached 45 % (the accuracy is the benchmark's)
+    for mode, row in res["sim_vs_real"].items():
+        assert abs(row["rel_error"]) < 0.6, (mode, row)
     assert all(t["met"] is not False for name, t in res["targets"].items() if "length_mismatch" in name)
 
 
