@@ -10,6 +10,11 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # types only: the CLI imports its parts lazily, so `slime --help` stays fast
+    from slime.config import Config
+    from slime.engines.fleet.placement import Placement
 
 __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
@@ -47,18 +52,16 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         from slime.cli_compat import check_compat_flags
 
         check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
-        from slime.engines.fleet.placement import build_placement, placement_given, with_placement_defaults
-
-        config = with_placement_defaults(config)
+        config = config.with_placement_defaults()
         if ns.dry_run:
-            from slime.engines.fleet.plan import build_launch_plan, trainer_gpus, updates_in_place
+            from slime.engines.fleet.plan import build_launch_plan
 
-            placement = build_placement(config) if placement_given(config) else None
+            placement = _placement(config)
             if placement is not None:
                 print(placement.format())
             if placement is None or not placement.servers_off_node0:
-                print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
-                                        in_place_updates=updates_in_place(config),
+                print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate,
+                                        in_place_updates=config.updates_in_place(),
                                         gpus_per_node=placement.gpus_per_node if placement else None).format())
             return 0
         preflight(config)
@@ -114,7 +117,7 @@ def _first_slime_error(group: BaseExceptionGroup):
     return None
 
 
-def _warn_if_resuming_another_setup(config) -> None:
+def _warn_if_resuming_another_setup(config: Config) -> None:
     """``--load`` of a run made with other data, model or loss: allowed (e.g. a new data mix), but said."""
     import msgspec
 
@@ -131,7 +134,7 @@ def _warn_if_resuming_another_setup(config) -> None:
         logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
 
 
-def _check_run_dir(config) -> None:
+def _check_run_dir(config: Config) -> None:
     """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
     from slime.errors import ConfigError
 
@@ -154,7 +157,7 @@ def _check_run_dir(config) -> None:
                               "is nothing to resume; start a new run with another --save")
 
 
-def preflight(config) -> None:
+def preflight(config: Config) -> None:
     """Check at start what would otherwise fail minutes into a run, naming the flag.
 
     Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
@@ -175,22 +178,20 @@ def preflight(config) -> None:
 
     from slime.errors import CheckpointError, ConfigError
     from slime.hf_checkpoint import check_hf_dir
-    from slime.loop.driver import check_run_modes
     from slime.loop.record import record_path
-    from slime.loop.rollout_function import uses_rollout_function
 
-    check_run_modes(config)
+    config.check_run_modes()
     if config.train.train_backend == "megatron":
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
                               "use --train-backend torch on a CPU")
-    from slime.engines.fleet.placement import build_placement, check_torchrun_env, placement_given
+    from slime.engines.fleet.placement import check_torchrun_env
 
-    placement = build_placement(config) if placement_given(config) else None
+    placement = _placement(config)
     if placement is not None:
-        check_torchrun_env(config)
+        check_torchrun_env(config.train, config.engine)
         if placement.servers_off_node0:
             raise ConfigError("the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
                               "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)")
@@ -221,18 +222,33 @@ def preflight(config) -> None:
         ("--custom-rm-path", config.rollout.custom_rm_path),
         ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
         ("--buffer-filter-path", config.loop.buffer_filter_path),
-        ("--rollout-function-path", config.rollout.rollout_function_path if uses_rollout_function(config) else None),
+        ("--rollout-function-path", config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None),
     ):
         if value:
             load_function(value, flag=flag)
     for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.engines.fleet.plan import build_launch_plan, check_launchable, trainer_gpus, updates_in_place
+    from slime.engines.fleet.plan import build_launch_plan, check_launchable
 
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
-    check_launchable(build_launch_plan(config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
-                                       in_place_updates=updates_in_place(config)))
+    check_launchable(build_launch_plan(config.engine, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate,
+                                       in_place_updates=config.updates_in_place()))
+
+
+def _placement(config: Config) -> Placement | None:
+    """The run's per-node plan when it names one (``slime.engines.fleet.placement``), else None."""
+    from slime.engines.fleet.placement import build_placement, placement_given
+
+    if not placement_given(config.train, config.engine):
+        return None
+    return build_placement(config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only)
+
+
+def _trainer_gpus(config: Config) -> int:
+    from slime.engines.fleet.plan import trainer_gpus
+
+    return trainer_gpus(config.train, rollout_only=config.debug.debug_rollout_only)
 
 
 def _run(coro):

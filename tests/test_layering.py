@@ -182,7 +182,7 @@ def test_the_documented_plugin_paths_are_found():
 def test_every_documented_plugin_path_into_slime_still_resolves(path):
     """A dotted path users pass (``--custom-generate-function-path slime.rollout...``) keeps working after a
     move; THUDM/slime's own rollout paths are names the driver recognises, not modules here."""
-    from slime.loop.rollout_function import BUILTIN_ROLLOUTS
+    from slime.config.rollout import BUILTIN_ROLLOUTS
     from slime.rollout.rewards import load_function
 
     if path not in BUILTIN_ROLLOUTS:

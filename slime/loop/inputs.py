@@ -131,7 +131,7 @@ def with_offline_logprobs(trainer: Any) -> Any:
             with torch.no_grad():
                 for s in todo:
                     ids = torch.tensor([s.prompt_ids + s.response_ids], device=device)  # [1, T]
-                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.config.rollout_temperature)  # [1, T-1]
+                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.rollout_temperature)  # [1, T-1]
                     s.rollout_logprobs[:] = lp[0, len(s.prompt_ids) - 1 :].tolist()
         return trainer.train_step(groups)
 

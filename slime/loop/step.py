@@ -49,6 +49,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
@@ -178,7 +179,7 @@ async def run_step(
     return groups, record
 
 
-def pause_mode(config: Any, pool: EnginePool, version: int, *, colocate: bool = False) -> str:
+def pause_mode(config: LoopConfig, pool: EnginePool, version: int, *, colocate: bool = False) -> str:
     """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode unless a
     request has reused cached KV since the engines' caches were last emptied (see the module doc),
     else ``"abort"`` (then the update also flushes the caches).
