@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only: the CLI imports its parts lazily, so `slime --help` stays fast
     from slime.config import Config
@@ -28,7 +28,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
     import msgspec
 
     from slime.cli_args import build_parser, config_from_args, split_passthrough
-    from slime.errors import SlimeError
+    from slime.errors import SlimeError, first_slime_error
 
     parser = build_parser(argparse.ArgumentParser(prog=prog, description="Run GRPO with partial rollouts.", allow_abbrev=False))
     parser.add_argument("--log-level", default="INFO")
@@ -85,7 +85,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except BaseExceptionGroup as group:  # raised inside a task group: report slime's own error plainly
-        leaf = _first_slime_error(group)
+        leaf = first_slime_error(group)
         if leaf is None:
             raise
         print(f"{prog}: error: {leaf}", file=sys.stderr)
@@ -103,18 +103,6 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         f"max versions in a trained sample {summary['max_versions_in_a_trained_sample']}; run dir {config.run_dir}"
     )
     return 0
-
-
-def _first_slime_error(group: BaseExceptionGroup):
-    """The first ``SlimeError`` in a (nested) exception group, or None."""
-    from slime.errors import SlimeError
-
-    for exc in group.exceptions:
-        if isinstance(exc, SlimeError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup) and (found := _first_slime_error(exc)) is not None:
-            return found
-    return None
 
 
 def _warn_if_resuming_another_setup(config: Config) -> None:
@@ -321,10 +309,40 @@ def _bench(argv: list[str]) -> int:
     if argv[0] == "learning":
         from slime.bench.learning import main as learning_main
 
-        return learning_main(argv[1:])
+        return learning_main(argv[1:], train=_train_records)
     from slime.bench.rollout import main as bench_main
 
     return bench_main(argv[1:])
+
+
+def _train_records(argv: list[str]) -> list[dict[str, Any]]:
+    """Run ``slime train ARGV`` in this process (``slime bench learning``'s runs, no progress bar); return its
+    ``metrics.jsonl`` records.
+
+    Raises:
+        SlimeError: a bad flag or a failed run (the driver's own errors).
+    """
+    import msgspec
+    from transformers.utils import logging as hf_logging
+
+    from slime import cli_args
+    from slime.errors import ConfigError
+    from slime.loop.driver import run_training
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync (as slime train)
+    argv, sglang_args, router_args = cli_args.split_passthrough(argv)
+    parser = cli_args.build_parser(argparse.ArgumentParser(prog="slime bench learning (a run)", allow_abbrev=False))
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError(f"unrecognized slime train arguments: {' '.join(unknown)}")
+    config = cli_args.config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
+    if not config.engine.hf_checkpoint:
+        config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
+    preflight(config)
+    _check_run_dir(config)
+    _run(run_training(config, progress=False))
+    path = Path(config.run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _rollout(argv: list[str]) -> int:

@@ -59,8 +59,6 @@ MAY_IMPORT = {
 }
 KNOWN = {
     ("slime.data.calc", "slime.rollout.tools.parse"): "the calculator task writes the tool-call markup that parser reads",
-    ("slime.bench.learning", "slime.cli"): "reuses the CLI's run helpers; goes when cli.py is split (issue 17, a later phase)",
-    ("slime.bench.learning", "slime.cli_args"): "builds each run's config as `slime train` does (same later phase)",
 }
 """Arrows that break the rules today, each with why; the test fails if one disappears (drop it here)."""
 
