@@ -83,7 +83,7 @@ TRAIN_FLAGS = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--gl
 
 
 def train_argv(mode: str, seed: int, run_dir: str | Path, *, task: str, num_rollout: int, eval_interval: int,
-               extra: list[str] = ()) -> list[str]:
+               extra: Sequence[str] = ()) -> list[str]:
     """The ``slime train`` arguments of one run: the bench's, then ``extra`` (the last of a repeated flag wins), then the mode's."""
     return ["--builtin-task", task, "--num-rollout", str(num_rollout), "--eval-interval", str(eval_interval), "--seed", str(seed),
             "--save", str(run_dir), *TRAIN_FLAGS, *extra, *VARIANTS[mode]]

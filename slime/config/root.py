@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -21,6 +21,14 @@ from slime.errors import ConfigError
 __all__ = ["Config"]
 
 log = logging.getLogger(__name__)
+
+
+class TrainerKwargs(TypedDict):
+    """``Config.trainer_kwargs()``: a trainer's keyword arguments from outside its section."""
+
+    rollout_temperature: float
+    max_staleness: int | None
+    seed: int
 
 
 class Config(msgspec.Struct, **STRUCT):
@@ -42,11 +50,11 @@ class Config(msgspec.Struct, **STRUCT):
     """The run's seed (``--seed``), its one copy: the prompt order (``--rollout-shuffle``; offline samples use
     seed + 1), the trainer's torch seed and the engines' sampling seed are all passed this value."""
 
-    def trainer_kwargs(self) -> dict[str, float | int]:
+    def trainer_kwargs(self) -> TrainerKwargs:
         """What a trainer needs from outside its ``train`` section, as keyword arguments of ``TorchTrainer`` and
         ``MegatronTrainer``: the engines' sampling temperature (its logprobs must match theirs), the staleness
         bound (``build_train_batch``'s check) and the run's seed. Each is read from its one field."""
-        return dict(rollout_temperature=self.rollout.rollout_temperature, max_staleness=self.loop.max_staleness, seed=self.seed)
+        return TrainerKwargs(rollout_temperature=self.rollout.rollout_temperature, max_staleness=self.loop.max_staleness, seed=self.seed)
 
     def validate(self) -> Config:
         """Check every section (its own ``validate``), then the checks across sections. Returns self.

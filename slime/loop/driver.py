@@ -115,7 +115,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     data_counts: dict[str, int] = {}
     needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
-    bound = dict(max_len=max_len or None)  # the engine would refuse longer prompts
+    bound: dict[str, Any] = dict(max_len=max_len or None)  # the engine would refuse longer prompts
     ctx = config.rollout.rollout_max_context_len
     if ctx is not None and (not max_len or ctx < max_len):
         bound = dict(max_len=ctx, context="the rollout context", source="--rollout-max-context-len")
