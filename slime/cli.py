@@ -10,6 +10,11 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # types only: the CLI imports its parts lazily, so `slime --help` stays fast
+    from slime.config import Config
+    from slime.engines.fleet.placement import Placement
 
 __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
@@ -23,7 +28,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
     import msgspec
 
     from slime.cli_args import build_parser, config_from_args, split_passthrough
-    from slime.errors import SlimeError
+    from slime.errors import SlimeError, first_slime_error
 
     parser = build_parser(argparse.ArgumentParser(prog=prog, description="Run GRPO with partial rollouts.", allow_abbrev=False))
     parser.add_argument("--log-level", default="INFO")
@@ -47,18 +52,16 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         from slime.cli_compat import check_compat_flags
 
         check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
-        from slime.engines.fleet.placement import build_placement, placement_given, with_placement_defaults
-
-        config = with_placement_defaults(config)
+        config = config.with_placement_defaults()
         if ns.dry_run:
-            from slime.engines.fleet.plan import build_launch_plan, trainer_gpus, updates_in_place
+            from slime.engines.fleet.plan import build_launch_plan
 
-            placement = build_placement(config) if placement_given(config) else None
+            placement = _placement(config)
             if placement is not None:
                 print(placement.format())
             if placement is None or not placement.servers_off_node0:
-                print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
-                                        in_place_updates=updates_in_place(config),
+                print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate,
+                                        in_place_updates=config.updates_in_place(),
                                         gpus_per_node=placement.gpus_per_node if placement else None).format())
             return 0
         preflight(config)
@@ -82,7 +85,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except BaseExceptionGroup as group:  # raised inside a task group: report slime's own error plainly
-        leaf = _first_slime_error(group)
+        leaf = first_slime_error(group)
         if leaf is None:
             raise
         print(f"{prog}: error: {leaf}", file=sys.stderr)
@@ -102,19 +105,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
     return 0
 
 
-def _first_slime_error(group: BaseExceptionGroup):
-    """The first ``SlimeError`` in a (nested) exception group, or None."""
-    from slime.errors import SlimeError
-
-    for exc in group.exceptions:
-        if isinstance(exc, SlimeError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup) and (found := _first_slime_error(exc)) is not None:
-            return found
-    return None
-
-
-def _warn_if_resuming_another_setup(config) -> None:
+def _warn_if_resuming_another_setup(config: Config) -> None:
     """``--load`` of a run made with other data, model or loss: allowed (e.g. a new data mix), but said."""
     import msgspec
 
@@ -131,7 +122,7 @@ def _warn_if_resuming_another_setup(config) -> None:
         logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
 
 
-def _check_run_dir(config) -> None:
+def _check_run_dir(config: Config) -> None:
     """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
     from slime.errors import ConfigError
 
@@ -154,7 +145,7 @@ def _check_run_dir(config) -> None:
                               "is nothing to resume; start a new run with another --save")
 
 
-def preflight(config) -> None:
+def preflight(config: Config) -> None:
     """Check at start what would otherwise fail minutes into a run, naming the flag.
 
     Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
@@ -175,22 +166,20 @@ def preflight(config) -> None:
 
     from slime.errors import CheckpointError, ConfigError
     from slime.hf_checkpoint import check_hf_dir
-    from slime.loop.driver import check_run_modes
     from slime.loop.record import record_path
-    from slime.loop.rollout_function import uses_rollout_function
 
-    check_run_modes(config)
+    config.check_run_modes()
     if config.train.train_backend == "megatron":
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
                               "use --train-backend torch on a CPU")
-    from slime.engines.fleet.placement import build_placement, check_torchrun_env, placement_given
+    from slime.engines.fleet.placement import check_torchrun_env
 
-    placement = build_placement(config) if placement_given(config) else None
+    placement = _placement(config)
     if placement is not None:
-        check_torchrun_env(config)
+        check_torchrun_env(config.train, config.engine)
         if placement.servers_off_node0:
             raise ConfigError("the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
                               "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)")
@@ -221,18 +210,33 @@ def preflight(config) -> None:
         ("--custom-rm-path", config.rollout.custom_rm_path),
         ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
         ("--buffer-filter-path", config.loop.buffer_filter_path),
-        ("--rollout-function-path", config.rollout.rollout_function_path if uses_rollout_function(config) else None),
+        ("--rollout-function-path", config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None),
     ):
         if value:
             load_function(value, flag=flag)
     for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.engines.fleet.plan import build_launch_plan, check_launchable, trainer_gpus, updates_in_place
+    from slime.engines.fleet.plan import build_launch_plan, check_launchable
 
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
-    check_launchable(build_launch_plan(config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate,
-                                       in_place_updates=updates_in_place(config)))
+    check_launchable(build_launch_plan(config.engine, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate,
+                                       in_place_updates=config.updates_in_place()))
+
+
+def _placement(config: Config) -> Placement | None:
+    """The run's per-node plan when it names one (``slime.engines.fleet.placement``), else None."""
+    from slime.engines.fleet.placement import build_placement, placement_given
+
+    if not placement_given(config.train, config.engine):
+        return None
+    return build_placement(config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only)
+
+
+def _trainer_gpus(config: Config) -> int:
+    from slime.engines.fleet.plan import trainer_gpus
+
+    return trainer_gpus(config.train, rollout_only=config.debug.debug_rollout_only)
 
 
 def _run(coro):
@@ -305,10 +309,40 @@ def _bench(argv: list[str]) -> int:
     if argv[0] == "learning":
         from slime.bench.learning import main as learning_main
 
-        return learning_main(argv[1:])
+        return learning_main(argv[1:], train=_train_records)
     from slime.bench.rollout import main as bench_main
 
     return bench_main(argv[1:])
+
+
+def _train_records(argv: list[str]) -> list[dict[str, Any]]:
+    """Run ``slime train ARGV`` in this process (``slime bench learning``'s runs, no progress bar); return its
+    ``metrics.jsonl`` records.
+
+    Raises:
+        SlimeError: a bad flag or a failed run (the driver's own errors).
+    """
+    import msgspec
+    from transformers.utils import logging as hf_logging
+
+    from slime import cli_args
+    from slime.errors import ConfigError
+    from slime.loop.driver import run_training
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync (as slime train)
+    argv, sglang_args, router_args = cli_args.split_passthrough(argv)
+    parser = cli_args.build_parser(argparse.ArgumentParser(prog="slime bench learning (a run)", allow_abbrev=False))
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError(f"unrecognized slime train arguments: {' '.join(unknown)}")
+    config = cli_args.config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
+    if not config.engine.hf_checkpoint:
+        config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
+    preflight(config)
+    _check_run_dir(config)
+    _run(run_training(config, progress=False))
+    path = Path(config.run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _rollout(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ None) and ``engine_message`` (the engine's own words, from whichever error-body 
 from __future__ import annotations
 
 __all__ = [
+    "first_slime_error",
     "SlimeError",
     "ConfigError",
     "DataError",
@@ -91,3 +92,13 @@ class ProtocolError(EngineError):
 
 class PluginError(SlimeError):
     """A user plugin broke its contract (wrong return type, misaligned lists)."""
+
+
+def first_slime_error(group: BaseExceptionGroup) -> SlimeError | None:
+    """The first ``SlimeError`` in a (nested) exception group (raised inside a task group), or None."""
+    for exc in group.exceptions:
+        if isinstance(exc, SlimeError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (found := first_slime_error(exc)) is not None:
+            return found
+    return None

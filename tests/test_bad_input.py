@@ -318,13 +318,13 @@ def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it
 
 
 def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
-    from slime.cli import _first_slime_error
+    from slime.errors import first_slime_error
 
     inner = PluginError("generate function broke its contract")
     group = ExceptionGroup("outer", [ValueError("x"), ExceptionGroup("inner", [inner])])
-    assert _first_slime_error(group) is inner
-    assert _first_slime_error(ExceptionGroup("g", [ValueError("x")])) is None
-    assert isinstance(_first_slime_error(ExceptionGroup("g", [ConfigError("c")])), ConfigError)
+    assert first_slime_error(group) is inner
+    assert first_slime_error(ExceptionGroup("g", [ValueError("x")])) is None
+    assert isinstance(first_slime_error(ExceptionGroup("g", [ConfigError("c")])), ConfigError)
 
 
 def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):

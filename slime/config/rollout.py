@@ -8,7 +8,28 @@ import msgspec
 
 from slime.config._base import STRUCT, require
 
-__all__ = ["RolloutConfig"]
+__all__ = ["RolloutConfig", "SFT_ROLLOUT", "BUILTIN_ROLLOUTS", "builtin_rollout_note"]
+
+SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
+BUILTIN_ROLLOUTS = {
+    "slime.rollout.sglang_rollout.generate_rollout": "THUDM/slime's default rollout: this project's built-in scheduler does it",
+    "fully_async_rollout.generate_rollout_fully_async": "THUDM/slime's fully-async example: this project's built-in scheduler "
+                                                        "in --rollout-mode async does it",
+    SFT_ROLLOUT: "THUDM/slime's SFT rollout: --loss-type sft_loss does it (it trains on the rows of --prompt-data, generating nothing)",
+}
+"""THUDM/slime's own ``--rollout-function-path`` values: names this project's built-in paths replace, never imported."""
+
+
+def builtin_rollout_note(path: str | None, mode: str | None = None) -> str | None:
+    """The one line logged for a THUDM/slime rollout function that the built-in scheduler replaces
+    (with a hint when the fully-async one runs in another ``mode``); None otherwise."""
+    if path is None:
+        return None
+    for name, note in BUILTIN_ROLLOUTS.items():
+        if path == name or path.endswith("." + name) or path.replace(":", ".") == name:
+            hint = f"; this run is --rollout-mode {mode}: pass --rollout-mode async for that" if "async" in name and mode not in (None, "async") else ""
+            return f"--rollout-function-path={path}: {note}{hint}"
+    return None
 
 
 class RolloutConfig(msgspec.Struct, **STRUCT):
@@ -26,6 +47,12 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     """Cap on prompt + response tokens of a rollout sample (``--rollout-max-context-len``, THUDM/slime's): a
     sample's response cap is ``min(rollout_max_response_len, rollout_max_context_len - prompt tokens)``, and a
     prompt that leaves no room is a bad row at load. None = only the model's context bounds it."""
+
+    @property
+    def uses_rollout_function(self) -> bool:
+        """Whether a user rollout function replaces the built-in scheduler (a ``--rollout-function-path`` that is
+        not one of ``BUILTIN_ROLLOUTS``)."""
+        return self.rollout_function_path is not None and builtin_rollout_note(self.rollout_function_path) is None
 
     def response_cap(self, prompt_len: int) -> int:
         """Response tokens a rollout sample of ``prompt_len`` prompt tokens may have (``rollout_max_context_len``)."""
@@ -114,5 +141,5 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
             (self.reward_timeout_s > 0, "--reward-timeout-s", self.reward_timeout_s, "> 0"),
             (self.max_retries >= 0, "--max-retries", self.max_retries, ">= 0"),
         ])
-        # n_samples_per_eval_prompt > 1 with greedy eval is refused at run start (slime.loop.driver.check_run_modes), not
+        # n_samples_per_eval_prompt > 1 with greedy eval is refused at run start (Config.check_run_modes), not
         # here: THUDM/slime's eval YAMLs set 16 samples with no temperature and must still parse (--dry-run)

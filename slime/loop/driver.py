@@ -24,9 +24,10 @@ from typing import Any
 import msgspec
 
 from slime.config import Config
+from slime.config.rollout import builtin_rollout_note
 from slime.data.dataset import PromptSource, prompt_length_check
 from slime.data.sft import model_context_len
-from slime.engines.fleet.plan import trainer_gpus, updates_in_place
+from slime.engines.fleet.plan import trainer_gpus
 from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
@@ -44,13 +45,7 @@ from slime.loop.inputs import (
 )
 from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
 from slime.loop.report import check_something_trained, format_step_line
-from slime.loop.rollout_function import (
-    SFT_ROLLOUT,
-    RolloutFunctionScheduler,
-    builtin_rollout_note,
-    check_rollout_function_modes,
-    uses_rollout_function,
-)
+from slime.loop.rollout_function import RolloutFunctionScheduler
 from slime.loop.run import RunFiles, finish_run, open_run, run_steps
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
@@ -61,7 +56,7 @@ from slime.rollout.rewards import load_function
 from slime.sync import build_weight_sync
 from slime.types import RewardFn
 
-__all__ = ["run_training", "load_prompts", "check_run_modes", "prompt_tokenizer"]
+__all__ = ["run_training", "load_prompts", "prompt_tokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -73,36 +68,6 @@ def _clock(t_start: float, t_eval: float) -> dict[str, float]:
     return {"time_s": round(now - t_start, 4), "eval_time_s": round(now - t_eval, 4)}
 
 
-def check_run_modes(config: Config) -> None:
-    """Checks across sections of the data and debug modes, at start (each section's own checks: ``Config.validate``).
-
-    Raises:
-        ConfigError: naming the flags.
-    """
-    d, dbg, r = config.data, config.debug, config.rollout
-    problems = [
-        (dbg.debug_train_only and dbg.load_debug_rollout_data is None and config.train.loss_type != "sft_loss",
-         "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
-        (config.rollout.rollout_function_path == SFT_ROLLOUT and config.train.loss_type != "sft_loss",
-         f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss"),
-        (config.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={config.loop.offline_ratio} needs --offline-data"),
-        (d.offline_data is not None and config.loop.offline_ratio == 0, "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)"),
-        (r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,
-         f"--n-samples-per-eval-prompt={r.n_samples_per_eval_prompt} needs --eval-temperature > 0 (greedy samples are all the same)"),
-        (dbg.debug_rollout_only and bool(config.save_interval or config.load), "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)"),
-        ((dbg.debug_rollout_only or dbg.train_only) and config.train.train_backend == "megatron",
-         "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
-        (not config.train.use_opd and bool(config.engine.opd_teacher_load or config.engine.opd_teacher_addrs),
-         "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
-        (config.train.use_opd and not (config.engine.opd_teacher_load or config.engine.opd_teacher_addrs or config.engine.sglang_config),
-         "--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs host:port, or a 'teacher' group in --sglang-config"),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(message)
-    check_rollout_function_modes(config)
-
-
 async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
@@ -112,7 +77,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
-    check_run_modes(config)
+    config.check_run_modes()
     steps = config.loop.num_rollout * config.loop.rollout_batch_size * config.rollout.n_samples_per_prompt // config.train.global_batch_size
     config = msgspec.structs.replace(config, train=resolve_lr_schedule(config.train, steps))  # --lr-warmup-fraction, Megatron's default decay
     rollout_only, train_only = config.debug.debug_rollout_only, config.debug.train_only
@@ -150,7 +115,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     data_counts: dict[str, int] = {}
     needs_label = getattr(reward_fn, "needs_label", False) and not train_only  # a train-only run rewards nothing
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
-    bound = dict(max_len=max_len or None)  # the engine would refuse longer prompts
+    bound: dict[str, Any] = dict(max_len=max_len or None)  # the engine would refuse longer prompts
     ctx = config.rollout.rollout_max_context_len
     if ctx is not None and (not max_len or ctx < max_len):
         bound = dict(max_len=ctx, context="the rollout context", source="--rollout-max-context-len")
@@ -181,9 +146,10 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
             offline.load_state_dict(resume.offline_source)
     weights_dir = config.sync.weights_dir or str(files.run_dir / "weights")
 
-    async with Observers(config, files.run_dir, progress=progress) as obs, _no_engines() if train_only else start_rollout(
+    async with Observers(config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config),
+                         progress=progress) as obs, _no_engines() if train_only else start_rollout(
         config.engine, config.rollout, model_dir=model_dir, weight_version=str(version.engines), seed=config.seed, log_dir=files.run_dir / "logs",
-        trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=updates_in_place(config),
+        trainer_gpus=trainer_gpus(config.train, rollout_only=rollout_only), colocate=config.sync.colocate, in_place_updates=config.updates_in_place(),
     ) as engines:
         pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
         if engines and engines.plan.backend == "external":  # they serve whatever they last loaded: give them this run's policy
@@ -203,11 +169,12 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         async with asyncio.TaskGroup() as tg:
             if train_only:  # recorded groups, no engine
                 sched = ReplayScheduler(config.loop, config.debug.load_debug_rollout_data, buffer=buffer, version=version)
-            elif uses_rollout_function(config):  # --rollout-function-path: one call makes each step's groups
+            elif config.rollout.uses_rollout_function:  # --rollout-function-path: one call makes each step's groups
                 from slime.rollout.slime_compat import RolloutArgs
 
                 sched = RolloutFunctionScheduler(config.loop, config.rollout, load_function(config.rollout.rollout_function_path, flag="--rollout-function-path"),
-                                                 args=RolloutArgs(config, pool=pool, engine_version=version.engines), source=source, tokenize=tokenize,
+                                                 args=RolloutArgs(config.rollout, config.loop, config.data, hf_checkpoint=config.engine.hf_checkpoint,
+                                                                  seed=config.seed, pool=pool, engine_version=version.engines), source=source, tokenize=tokenize,
                                                  buffer=buffer, reward_fn=reward_fn, pool=pool, version=version, fill_logprobs=not megatron)
             else:
                 if note := builtin_rollout_note(config.rollout.rollout_function_path, config.loop.mode):
@@ -217,7 +184,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
                     buffer=buffer, reward_fn=reward_fn, task_group=tg, version=version, group_filter=group_filter,
                     tracer=tracer, generate_fn=generate_fn, offline=offline, fixed_weights=rollout_only, teacher=teacher,
                 )
-            fill = offline is not None or train_only or uses_rollout_function(config)  # samples that may lack rollout logprobs
+            fill = offline is not None or train_only or config.rollout.uses_rollout_function  # samples that may lack rollout logprobs
             train_step = None if rollout_only else with_offline_logprobs(trainer) if fill else trainer.train_step
             if resume is not None:
                 sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from slime.errors import RunError
 from slime.loop.step_record import StepRecord
@@ -43,7 +43,7 @@ class JsonlLog:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._f = None
+        self._f: TextIO | None = None
 
     def write(self, record: dict[str, Any]) -> str:
         """Append ``record`` as one strict JSON line (NaN/inf as null); returns the line."""

@@ -12,12 +12,12 @@ then the step trains and syncs weights as any other. Semantics are sync: the eng
 move during a call, so generated tokens are tagged with the engines' version then. Per-sample
 generation, partial rollouts (APRIL), async mode, staleness control, the dynamic-sampling filter and
 ``--offline-data`` belong to the built-in scheduler, which the function replaces; those flags are
-refused with it (``check_rollout_function_modes``).
+refused with it (``Config.check_rollout_function_modes``).
 
 THUDM/slime's own rollout functions, named in its scripts, are not imported:
 ``slime.rollout.sglang_rollout.generate_rollout`` (slime's default) is the built-in scheduler, and
 ``fully_async_rollout.generate_rollout_fully_async`` (its fully-async example) is the built-in
-scheduler in ``--rollout-mode async``; each logs one line saying so (``builtin_rollout_note``).
+scheduler in ``--rollout-mode async``; each logs one line saying so (``slime.config.rollout.builtin_rollout_note``).
 
 Not covered: ``evaluation=True`` (eval runs on this project's evaluator); the function's groups
 handed back with ``data_buffer.add_samples`` are not kept across a resume.
@@ -35,7 +35,7 @@ from typing import Any
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import tokenize_row
 from slime.engines.interface import WorkerPool
-from slime.errors import ConfigError, PluginError
+from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.loop.counters import SchedulerCounters, StepStats
 from slime.loop.version import PolicyVersion
@@ -43,59 +43,9 @@ from slime.rollout.rewards import score_sample
 from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
 from slime.types import Group, RewardFn, Status
 
-__all__ = ["RolloutFunctionScheduler", "check_rollout_function_modes", "builtin_rollout_note", "uses_rollout_function"]
+__all__ = ["RolloutFunctionScheduler"]
 
 log = logging.getLogger(__name__)
-
-SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
-BUILTIN_ROLLOUTS = {
-    "slime.rollout.sglang_rollout.generate_rollout": "THUDM/slime's default rollout: this project's built-in scheduler does it",
-    "fully_async_rollout.generate_rollout_fully_async": "THUDM/slime's fully-async example: this project's built-in scheduler "
-                                                        "in --rollout-mode async does it",
-    SFT_ROLLOUT: "THUDM/slime's SFT rollout: --loss-type sft_loss does it (it trains on the rows of --prompt-data, generating nothing)",
-}
-
-
-def builtin_rollout_note(path: str | None, mode: str | None = None) -> str | None:
-    """The one line logged for a THUDM/slime rollout function that the built-in scheduler replaces
-    (with a hint when the fully-async one runs in another ``mode``); None otherwise."""
-    if path is None:
-        return None
-    for name, note in BUILTIN_ROLLOUTS.items():
-        if path == name or path.endswith("." + name) or path.replace(":", ".") == name:
-            hint = f"; this run is --rollout-mode {mode}: pass --rollout-mode async for that" if "async" in name and mode not in (None, "async") else ""
-            return f"--rollout-function-path={path}: {note}{hint}"
-    return None
-
-
-def uses_rollout_function(config: Any) -> bool:
-    """Whether a user rollout function replaces the built-in scheduler (a path that is not one of ``BUILTIN_ROLLOUTS``)."""
-    path = config.rollout.rollout_function_path
-    return path is not None and builtin_rollout_note(path) is None
-
-
-def check_rollout_function_modes(config: Any) -> None:
-    """Refuse the flags a whole-step rollout function replaces (see module doc).
-
-    Raises:
-        ConfigError: one line naming both flags.
-    """
-    if not uses_rollout_function(config):
-        return
-    flag = f"--rollout-function-path={config.rollout.rollout_function_path}"
-    lp, dbg = config.loop, config.debug
-    problems = [
-        (lp.mode != "sync", f"--rollout-mode {lp.mode} (or --partial-rollout): the function makes a whole step per call, in sync; "
-                            "drop one of them"),
-        (lp.offline_ratio > 0, "--offline-ratio / --offline-data: mix offline samples inside the function instead"),
-        (lp.dynamic_sampling_filter_path is not None, "--dynamic-sampling-filter-path: filter groups inside the function instead"),
-        (dbg.train_only, "--debug-train-only / --load-debug-rollout-data: a train-only run replays records and calls no rollout function"),
-        (config.train.use_opd, "--use-opd: teacher scoring runs in the built-in scheduler; not with a rollout function yet"),
-    ]
-    for bad, what in problems:
-        if bad:
-            raise ConfigError(f"{flag} with {what}")
-
 
 class RolloutFunctionScheduler(SchedulerCounters):
     """The part of ``Scheduler`` that ``run_step`` and the driver use, fed by a rollout function.

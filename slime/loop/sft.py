@@ -45,71 +45,15 @@ from slime.data.sft import SFTExample, load_sft_file, model_context_len, to_grou
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint
-from slime.loop.rollout_function import SFT_ROLLOUT
 from slime.loop.run import RunFiles, finish_run, open_run, run_steps
 from slime.loop.step_record import SFTStepRecord
 from slime.obs.observers import Observers
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.types import Group
 
-__all__ = ["run_sft", "load_sft_data", "check_sft_config", "num_sft_steps"]
+__all__ = ["run_sft", "load_sft_data", "num_sft_steps"]
 
 log = logging.getLogger(__name__)
-
-
-def check_sft_config(config: Config) -> None:
-    """Flags that an SFT run cannot honour, refused at start.
-
-    Raises:
-        ConfigError: naming the flag.
-    """
-    d, dbg = config.data, config.debug
-    problems = [
-        (d.prompt_data is None, "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)"),
-        (d.offline_data is not None, "--offline-data: not used by --loss-type sft_loss (every row of --prompt-data is trained on)"),
-        (dbg.debug_rollout_only or dbg.load_debug_rollout_data is not None or dbg.save_debug_rollout_data is not None,
-         "--debug-rollout-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)"),
-        (config.rollout.rollout_function_path not in (None, SFT_ROLLOUT), f"--rollout-function-path={config.rollout.rollout_function_path}: "
-         f"--loss-type sft_loss trains on the rows of --prompt-data and calls no rollout function ({SFT_ROLLOUT} is implied)"),
-        (config.rollout.rollout_temperature != 1.0, f"--rollout-temperature={config.rollout.rollout_temperature}: SFT scores tokens at "
-         "temperature 1 (the NLL of the data); leave it unset"),
-        (config.train.train_backend == "megatron", "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
-         "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks"),
-        (config.train.use_opd, "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none"),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(message)
-    # THUDM/slime's SFT scripts pass these; here --loss-type sft_loss implies them
-    implied = [flag for flag, given in (("--debug-train-only", dbg.debug_train_only),
-                                        (f"--rollout-function-path {SFT_ROLLOUT}", config.rollout.rollout_function_path == SFT_ROLLOUT)) if given]
-    if implied:
-        log.info("%s: implied by --loss-type sft_loss (no engine is launched; it trains on the rows of --prompt-data)", ", ".join(implied))
-    ignored = [flag for flag, value, default in _rl_only_flags(config) if value != default]
-    if ignored:
-        log.warning("--loss-type sft_loss ignores these RL flags: %s (SFT trains on the rows of --prompt-data; "
-                    "nothing is generated, rewarded or importance-weighted)", ", ".join(ignored))
-
-
-def _rl_only_flags(config: Config) -> list[tuple[str, Any, Any]]:
-    """(flag, value, default) of the flags an SFT run never reads."""
-    d = Config()
-    pairs = [
-        ("--rollout-mode / --partial-rollout", config.loop.mode, d.loop.mode),
-        ("--over-sampling-batch-size", config.loop.over_sampling_batch_size, d.loop.over_sampling_batch_size),
-        ("--n-samples-per-prompt", config.rollout.n_samples_per_prompt, d.rollout.n_samples_per_prompt),
-        ("--custom-generate-function-path", config.rollout.custom_generate_function_path, d.rollout.custom_generate_function_path),
-        ("--custom-rm-path", config.rollout.custom_rm_path, d.rollout.custom_rm_path),
-        ("--rm-type", config.rollout.rm_type, d.rollout.rm_type),
-        ("--use-tis", config.train.use_tis, d.train.use_tis),
-        ("--tis-level", config.train.tis_level, d.train.tis_level),
-        ("--rollout-max-prompt-len", config.data.rollout_max_prompt_len, d.data.rollout_max_prompt_len),
-        ("--advantage-estimator", config.train.advantage_estimator, d.train.advantage_estimator),
-        ("--use-kl-loss", config.train.use_kl_loss, d.train.use_kl_loss),
-    ]
-    if config.loop.num_epoch is not None:
-        pairs.append(("--num-rollout (with --num-epoch, the epochs set the steps)", config.loop.num_rollout, d.loop.num_rollout))
-    return pairs
 
 
 def check_sft_steps(loop: LoopConfig, num_rows: int) -> None:
@@ -161,7 +105,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     from slime.train.torch_backend import TorchTrainer
 
     config.validate()
-    check_sft_config(config)
+    config.check_sft_run()
     base_model = config.engine.hf_checkpoint
     tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")  # checks config.json too
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
@@ -184,7 +128,8 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
         log.info("resuming from %s (step %d, epoch %d, row %d of the epoch)", ckpt, resume.step, source.epoch, source.position)
-    async with Observers(config, files.run_dir, progress=progress) as obs:
+    async with Observers(config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config),
+                         progress=progress) as obs:
         mode = SFTMode(trainer, source, files, obs, eval_rows, rows_per_step=config.loop.rollout_batch_size)
         await run_steps(mode, files, obs, num_steps=num_steps, eval_interval=config.loop.eval_interval, save_interval=config.save_interval,
                         eval_before=not config.loop.skip_eval_before_train)

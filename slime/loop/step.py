@@ -47,8 +47,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
+from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
@@ -178,7 +179,7 @@ async def run_step(
     return groups, record
 
 
-def pause_mode(config: Any, pool: EnginePool, version: int, *, colocate: bool = False) -> str:
+def pause_mode(config: LoopConfig, pool: EnginePool, version: int, *, colocate: bool = False) -> Literal["abort", "in_place"]:
     """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode unless a
     request has reused cached KV since the engines' caches were last emptied (see the module doc),
     else ``"abort"`` (then the update also flushes the caches).
@@ -187,12 +188,13 @@ def pause_mode(config: Any, pool: EnginePool, version: int, *, colocate: bool = 
     """
     if config.mode != "async" or colocate:
         return "abort"
-    if getattr(pool, "num_prefix_cache_hits", 0) and getattr(pool, "kv_cache_version", None) is not None:
+    hits = getattr(pool, "num_prefix_cache_hits", 0)  # HttpEnginePool's counters, not part of the EnginePool Protocol
+    if hits and getattr(pool, "kv_cache_version", None) is not None:
         if not getattr(pool, "_warned_cache_refresh", False):
             log.warning("the engines reuse cached KV (cached_tokens > 0 in %d replies): async updates abort and flush the "
                         "prefix cache instead of pausing in place; start SGLang with --disable-radix-cache to keep "
-                        "in-place updates (slime does for the servers it launches)", pool.num_prefix_cache_hits)
-            pool._warned_cache_refresh = True
+                        "in-place updates (slime does for the servers it launches)", hits)
+            setattr(pool, "_warned_cache_refresh", True)  # noqa: B010  # once per pool; not an attribute of the Protocol
         return "abort"
     return "in_place"
 

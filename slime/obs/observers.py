@@ -2,7 +2,7 @@
 
 ::
 
-    async with Observers(config, run_dir, progress=True) as obs:
+    async with Observers(config.obs, run_dir, num_steps=N, run_config=msgspec.to_builtins(config)) as obs:
         obs.watch(pool=pool, buffer=buffer)          # live values for /metrics
         Scheduler(..., tracer=obs.tracer); run_step(..., tracer=obs.tracer)
         obs.record(record, line)                     # each metrics.jsonl record: TB, W&B, Prometheus, bar
@@ -16,9 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from slime.config import Config
+from slime.config import ObsConfig
 from slime.obs.metrics import PrometheusExporter, ScalarLoggers
 from slime.obs.progress import StepProgress
 from slime.obs.trace import NullTracer, Tracer, open_tracer
@@ -33,8 +31,10 @@ class Observers:
     """The trace, the Prometheus exporter, the TensorBoard / W&B writers and the progress bar.
 
     Args:
-        config: the run config (its ``obs`` section says what is on; W&B gets all of it).
+        obs: the run's ``obs`` section (what is on).
         run_dir: where ``trace.json`` and ``tb/`` go.
+        num_steps: the run's steps (``--num-rollout``), the progress bar's total.
+        run_config: the whole run config as JSON-able builtins, for W&B's run config.
         progress: False = plain step lines even on a terminal.
 
     Raises:
@@ -44,13 +44,13 @@ class Observers:
     tracer: Tracer | NullTracer
     exporter: PrometheusExporter | None
 
-    def __init__(self, config: Config, run_dir: str | Path, *, progress: bool = True):
-        o = config.obs
+    def __init__(self, obs: ObsConfig, run_dir: str | Path, *, num_steps: int, run_config: dict[str, Any], progress: bool = True):
+        o = obs
         run_dir = Path(run_dir)
-        self.scalars = ScalarLoggers.from_config(o, run_dir=run_dir, config=msgspec.to_builtins(config))
+        self.scalars = ScalarLoggers.from_config(o, run_dir=run_dir, config=run_config)
         self.exporter = PrometheusExporter(host=o.metrics_host, port=o.metrics_port) if o.metrics_port is not None else None
         self.tracer = open_tracer(o.enable_trace, run_dir / "trace.json", flush_interval_s=o.trace_flush_interval_s)
-        self.progress = StepProgress(config.loop.num_rollout, enabled=progress)
+        self.progress = StepProgress(num_steps, enabled=progress)
 
     async def __aenter__(self) -> Observers:
         if self.exporter is not None:

@@ -269,18 +269,18 @@ async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Rep
     """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
     calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
     it returns (``slime.rollout.slime_compat.to_groups``)."""
-    from slime.config import Config, EngineConfig, LoopConfig, RolloutConfig
+    from slime.config import DataConfig, LoopConfig, RolloutConfig
     from slime.data.dataset import PromptRow, PromptSource
     from slime.errors import PluginError
     from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
 
-    config = Config(rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
-                    loop=LoopConfig(rollout_batch_size=2), engine=EngineConfig(hf_checkpoint=model_dir))
     rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
     source = PromptSource(rows, shuffle=False)
     data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
                                     n_samples_per_prompt=2, num_prompts=len(rows))
-    args = RolloutArgs(config, pool=pool, engine_version=0)
+    loop = LoopConfig(rollout_batch_size=2)
+    args = RolloutArgs(RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len), loop, DataConfig(),
+                       hf_checkpoint=model_dir, pool=pool, engine_version=0)
     try:
         inspect.signature(fn).bind(args, 0, data_buffer, evaluation=False)
     except TypeError as exc:
@@ -301,8 +301,8 @@ async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Rep
     samples = [s for g in groups for s in g.samples]
     report.ok(f"returned {len(groups)} groups ({', '.join(str(len(g.samples)) for g in groups)} samples): aligned lists, finished, "
               f"{sum(s.num_response_tokens for s in samples)} response tokens")
-    if len(groups) != config.loop.rollout_batch_size:
-        report.warn(f"returned {len(groups)} groups for args.rollout_batch_size={config.loop.rollout_batch_size}; a run trains on what is returned")
+    if len(groups) != loop.rollout_batch_size:
+        report.warn(f"returned {len(groups)} groups for args.rollout_batch_size={loop.rollout_batch_size}; a run trains on what is returned")
     if (longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)) > max_response_len:
         report.warn(f"a response of {longest} tokens, more than args.rollout_max_response_len={max_response_len}")
     if num := sum(s.reward is None for s in samples):

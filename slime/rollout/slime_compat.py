@@ -57,6 +57,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from slime.config import DataConfig, LoopConfig, RolloutConfig
 from slime.data.dataset import prompt_input, row_metadata
 from slime.engines.interface import WorkerPool
 from slime.errors import PluginError
@@ -110,12 +111,18 @@ class RolloutArgs:
 
     """The ``args`` a rollout function gets: slime's flag names over this run's config (see module doc).
 
+    Args:
+        rollout / loop / data: the run's sections the flags come from.
+        hf_checkpoint: ``--hf-checkpoint``. seed: the run's ``--seed`` (``args.rollout_seed``).
+        pool: the engines (``args.pool``, and the router address). engine_version: as the attribute.
+
     Attributes may be set (some slime functions stash values on ``args``); a missing one raises
     AttributeError naming it and the attributes that exist.
     """
 
-    def __init__(self, config: Any, *, pool: WorkerPool | None = None, engine_version: int = 0):
-        r, lp, d = config.rollout, config.loop, config.data
+    def __init__(self, rollout: RolloutConfig, loop: LoopConfig, data: DataConfig, *, hf_checkpoint: str | None = None, seed: int = 1234,
+                 pool: WorkerPool | None = None, engine_version: int = 0):
+        r, lp, d = rollout, loop, data
         url = (getattr(pool, "router_url", None) or (pool.urls[0] if pool is not None and pool.urls else "")).rstrip("/")
         host, _, port = url.rpartition("//")[2].rpartition(":")
         self.__dict__.update(
@@ -123,9 +130,9 @@ class RolloutArgs:
             over_sampling_batch_size=lp.over_sampling_batch_size, num_rollout=lp.num_rollout,
             rollout_max_response_len=r.rollout_max_response_len, rollout_temperature=r.rollout_temperature,
             rollout_top_p=r.rollout_top_p, rollout_top_k=r.rollout_top_k, rollout_stop_token_ids=list(r.rollout_stop_token_ids),
-            hf_checkpoint=config.engine.hf_checkpoint, prompt_data=d.prompt_data, input_key=d.input_key, label_key=d.label_key,
+            hf_checkpoint=hf_checkpoint, prompt_data=d.prompt_data, input_key=d.input_key, label_key=d.label_key,
             metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template, rollout_shuffle=d.rollout_shuffle,
-            rollout_seed=config.seed, custom_rm_path=r.custom_rm_path, custom_generate_function_path=r.custom_generate_function_path,
+            rollout_seed=seed, custom_rm_path=r.custom_rm_path, custom_generate_function_path=r.custom_generate_function_path,
             rollout_global_dataset=True, partial_rollout=False, group_rm=False,
             sglang_router_ip=host or None, sglang_router_port=int(port) if port.isdigit() else None,
             pool=pool, engine_version=engine_version,

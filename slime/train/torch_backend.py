@@ -139,7 +139,7 @@ class TorchTrainer:
         self.model.eval()  # dropout off: old_logprobs and the first step's logprobs match exactly
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.optimizer = self._adamw(self.model.parameters(), config.lr)
+        self.optimizer = adamw(self.model.parameters(), config, config.lr, self.device)
         self.router_stats = attach_hf_routers(self.model)  # MoE models: per-step router metrics (moe_*)
         self.ref_model = self.critic = self.critic_optimizer = None
         if objective.needs_reference(config):
@@ -148,15 +148,12 @@ class TorchTrainer:
             self.ref_model.eval().requires_grad_(False)
         if objective.needs_critic(config):
             self.critic = ValueModel.from_pretrained(model_dir).to(self.device)
-            self.critic_optimizer = self._adamw(self.critic.parameters(), config.critic_lr or config.lr)
+            self.critic_optimizer = adamw(self.critic.parameters(), config, config.critic_lr or config.lr, self.device)
         if config.kl_coef != 0.0 and config.advantage_estimator in GROUP_NORMALISED:
             logger.warning("--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator)
         if config.behav_imp_weight_cap is not None and not config.use_decoupled_ppo:
             logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
         logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
-
-    def _adamw(self, params, lr: float) -> torch.optim.AdamW:
-        return adamw(params, self.config, lr, self.device)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.bf16)

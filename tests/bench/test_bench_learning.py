@@ -72,7 +72,7 @@ def test_plot_writes_png(tmp_path):
 ])
 def test_bad_flags_are_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        learning.main(args)
+        learning.main(args, train=lambda argv: [])
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -153,8 +153,8 @@ def test_a_bench_cut_short_keeps_the_runs_it_finished(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # e.g. the device's time limit
         return recs
 
-    monkeypatch.setattr(learning, "_one_run", one_run)
     with pytest.raises(KeyboardInterrupt):
-        learning.run_bench(["sync", "async"], [0], tmp_path, task="chain", num_rollout=2, eval_interval=2, target=0.6, log=lambda _: None)
+        learning.run_bench(["sync", "async"], [0], tmp_path, task="chain", num_rollout=2, eval_interval=2, target=0.6, train=one_run,
+                           log=lambda _: None)
     results = json.loads((tmp_path / "learning.json").read_text())
     assert list(results["curves"]) == ["sync"] and results["summary"]["sync"]["reached"] == 1

@@ -10,9 +10,8 @@ import json
 
 import pytest
 
-from slime.cli import _first_slime_error
 from slime.config import Config, DataConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
-from slime.errors import ConfigError
+from slime.errors import ConfigError, first_slime_error
 from slime.loop.driver import run_training
 from slime.servers.embedded import EngineServer
 from tests.e2e.test_record_replay import parity
@@ -50,7 +49,7 @@ async def test_an_engine_serving_another_model_is_refused_at_start_naming_both(t
         with pytest.raises(BaseExceptionGroup) as info:  # raised inside start_rollout's task group; `slime train` prints the leaf
             await run_training(_config(tmp_path, model, server.url), reward_fn=parity, progress=False)
         assert server.model_path == str(other)  # nothing was loaded
-    error = _first_slime_error(info.value)
+    error = first_slime_error(info.value)
     assert isinstance(error, ConfigError)
     message = str(error)
     assert str(other) in message and str(model) in message and "hidden_size 48 (engine) vs 32 (run)" in message and "\n" not in message

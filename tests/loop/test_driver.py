@@ -7,7 +7,7 @@ import pytest
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.data.dataset import PromptRow, tokenize_row
 from slime.errors import ConfigError
-from slime.loop.driver import check_run_modes, prompt_tokenizer
+from slime.loop.driver import prompt_tokenizer
 from tests.fixtures.tiny_model import TINY_VOCAB_SIZE, _write_word_tokenizer
 
 TEMPLATE = (
@@ -46,7 +46,7 @@ def test_chat_template_renders_text_and_messages_with_tools_as_apply_chat_templa
 ])
 def test_mode_flags_that_disagree_are_named_at_start(config, message):
     with pytest.raises(ConfigError, match=message.replace("{", "\\{").replace("}", "\\}")):
-        check_run_modes(config.validate())  # as run_training: each section's checks, then those across them
+        config.validate().check_run_modes()  # as run_training: each section's checks, then those across them
 
 
 def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(tmp_path):
@@ -65,12 +65,11 @@ def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(t
 
 
 def test_sft_runs_refuse_on_policy_distillation():
-    from slime.loop.sft import check_sft_config
 
     config = Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss", use_opd=True))
     with pytest.raises(ConfigError, match="--use-opd: on-policy distillation needs the student's own rollouts"):
-        check_sft_config(config)
-    check_sft_config(Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss")))
+        config.check_sft_run()
+    Config(data=DataConfig(prompt_data="rows.jsonl"), train=TrainConfig(loss_type="sft_loss")).check_sft_run()
 
 
 def test_apply_chat_template_with_a_tokenizer_without_one_is_one_line_naming_the_dir(tmp_path):

@@ -7,11 +7,12 @@ import json
 import pytest
 
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
+from slime.config.rollout import builtin_rollout_note
 from slime.data.dataset import PromptRow, PromptSource
 from slime.errors import ConfigError, PluginError
 from slime.loop.buffer import DataBuffer
-from slime.loop.driver import check_run_modes, run_training
-from slime.loop.rollout_function import RolloutFunctionScheduler, builtin_rollout_note, uses_rollout_function
+from slime.loop.driver import run_training
+from slime.loop.rollout_function import RolloutFunctionScheduler
 from slime.loop.version import PolicyVersion
 from slime.rollout.plugin_check import main as check_plugin
 from slime.rollout.slime_compat import RolloutArgs, SlimeSample, to_groups
@@ -29,9 +30,13 @@ def _config(**loop) -> Config:
                   loop=LoopConfig(rollout_batch_size=2, **loop))
 
 
+def _args(config: Config) -> RolloutArgs:
+    return RolloutArgs(config.rollout, config.loop, config.data, hf_checkpoint=config.engine.hf_checkpoint, seed=config.seed)
+
+
 def _rf_scheduler(fn, **kw):
     config = _config()
-    return RolloutFunctionScheduler(config.loop, config.rollout, fn, args=RolloutArgs(config), **kw)
+    return RolloutFunctionScheduler(config.loop, config.rollout, fn, args=_args(config), **kw)
 
 
 async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_path):
@@ -102,27 +107,27 @@ def test_our_samples_pass_through_and_bad_shapes_are_named():
 
 
 def test_flags_the_function_replaces_are_refused_in_one_line():
-    check_run_modes(_config())
+    _config().check_run_modes()
     with pytest.raises(ConfigError, match=r"^--rollout-function-path=tests.loop.rollout_fns.sft_rollout with --rollout-mode april"):
-        check_run_modes(_config(mode="april"))
+        _config(mode="april").check_run_modes()
     with pytest.raises(ConfigError, match="with --dynamic-sampling-filter-path"):
-        check_run_modes(_config(dynamic_sampling_filter_path="x.y"))
+        _config(dynamic_sampling_filter_path="x.y").check_run_modes()
     train_only = Config(rollout=RolloutConfig(rollout_function_path="m.f"), debug=DebugConfig(debug_train_only=True, load_debug_rollout_data="r{rollout_id}"))
     with pytest.raises(ConfigError, match="with --debug-train-only"):
-        check_run_modes(train_only)
+        train_only.check_run_modes()
 
 
 def test_thudm_slime_s_own_rollout_functions_are_the_built_in_scheduler():
     for path in ("slime.rollout.sglang_rollout.generate_rollout", "fully_async_rollout.generate_rollout_fully_async"):
         config = Config(rollout=RolloutConfig(rollout_function_path=path), loop=LoopConfig(mode="async"))
-        assert not uses_rollout_function(config)
-        check_run_modes(config)  # not refused: the built-in scheduler runs it
+        assert not config.rollout.uses_rollout_function
+        config.check_run_modes()  # not refused: the built-in scheduler runs it
     assert builtin_rollout_note("fully_async_rollout.generate_rollout_fully_async", "sync").endswith(
         "in --rollout-mode async does it; this run is --rollout-mode sync: pass --rollout-mode async for that")
 
 
 def test_args_adapter_names_a_missing_attribute():
-    args = RolloutArgs(_config())
+    args = _args(_config())
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.sglang_router_ip) == (2, 2, None)
     with pytest.raises(AttributeError, match=r"^args.sglang_dp_size: not provided to rollout functions here \(slime_compat.RolloutArgs has: "):
         args.sglang_dp_size  # noqa: B018  # the attribute access raises
@@ -154,7 +159,7 @@ async def test_an_async_function_returning_our_groups_is_awaited_and_its_raise_i
 
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
     config = _config()
-    sched = RolloutFunctionScheduler(config.loop, config.rollout, ours, args=RolloutArgs(config), source=PromptSource(rows, shuffle=False),
+    sched = RolloutFunctionScheduler(config.loop, config.rollout, ours, args=_args(config), source=PromptSource(rows, shuffle=False),
                                      tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half, version=PolicyVersion(4))
     groups = await sched.next_batch(2)
     assert [s.versions for s in groups[1].samples] == [[4, 4], [4, 4]] and all(s.reward == 1.0 for g in groups for s in g.samples)

@@ -90,21 +90,19 @@ THUDM_SFT_FLAGS = ["--rollout-function-path", "slime.rollout.sft_rollout.generat
 def test_thudm_slime_sft_flags_are_accepted_as_implied_in_one_line(model_dir, data, tmp_path, caplog):
     import logging
 
-    from slime.loop.driver import check_run_modes
-    from slime.loop.sft import check_sft_config
 
-    caplog.set_level(logging.INFO, logger="slime.loop.sft")
+    caplog.set_level(logging.INFO, logger="slime.config.root")
     config = _config(model_dir, data, tmp_path / "r", *THUDM_SFT_FLAGS)
-    check_run_modes(config)  # preflight's check: --debug-train-only needs no record file here
-    check_sft_config(config)
+    config.check_run_modes()  # preflight's check: --debug-train-only needs no record file here
+    config.check_sft_run()
     assert [r.getMessage() for r in caplog.records if "implied by --loss-type sft_loss" in r.getMessage()] == [
         "--debug-train-only, --rollout-function-path slime.rollout.sft_rollout.generate_rollout: implied by --loss-type sft_loss "
         "(no engine is launched; it trains on the rows of --prompt-data)"]
     with pytest.raises(ConfigError, match="--rollout-function-path=my.rollout: --loss-type sft_loss .* calls no rollout function"):
-        check_sft_config(_config(model_dir, data, tmp_path / "r", "--rollout-function-path", "my.rollout"))
+        _config(model_dir, data, tmp_path / "r", "--rollout-function-path", "my.rollout").check_sft_run()
     rl = config_from_args(build_parser().parse_args(["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"]))
     with pytest.raises(ConfigError, match="is THUDM/slime's SFT: pass --loss-type sft_loss"):
-        check_run_modes(rl)
+        rl.check_run_modes()
 
 
 def test_slime_train_cli_runs_sft_and_prints_the_eval_loss(model_dir, data, tmp_path, capsys):
@@ -138,12 +136,11 @@ async def test_a_step_larger_than_the_data_is_refused_with_num_epoch(model_dir, 
 
 
 def test_rl_flags_an_sft_run_never_reads_are_named_in_a_warning(model_dir, data, tmp_path, caplog):
-    from slime.loop.sft import check_sft_config
 
-    check_sft_config(_config(model_dir, data, tmp_path / "r"))
+    _config(model_dir, data, tmp_path / "r").check_sft_run()
     assert "ignores these RL flags" not in caplog.text
-    check_sft_config(_config(model_dir, data, tmp_path / "r", "--partial-rollout", "--use-tis", "--rm-type", "math",
-                             "--num-epoch", "1", "--num-rollout", "5"))
+    _config(model_dir, data, tmp_path / "r", "--partial-rollout", "--use-tis", "--rm-type", "math",
+                             "--num-epoch", "1", "--num-rollout", "5").check_sft_run()
     assert ("ignores these RL flags: --rollout-mode / --partial-rollout, --rm-type, --use-tis, "
             "--num-rollout (with --num-epoch, the epochs set the steps)") in caplog.text
 

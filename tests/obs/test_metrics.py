@@ -123,7 +123,7 @@ def test_wandb_run_gets_project_group_config_and_each_record(tmp_path, monkeypat
 
 async def test_observers_fan_records_out_and_close_everything(tmp_path, capsys):
     config = Config(loop=LoopConfig(num_rollout=2), obs=ObsConfig(enable_trace=True, metrics_port=0, metrics_host="127.0.0.1", use_tensorboard=True))
-    async with Observers(config, tmp_path, progress=False) as obs:
+    async with Observers(config.obs, tmp_path, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=False) as obs:
         obs.watch(pool=_Pool(), buffer=_Buffer())
         obs.record({"kind": "eval", "step": 0, "accuracy": 0.25})
         obs.record(STEP, "step   3 line")

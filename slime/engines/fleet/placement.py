@@ -31,12 +31,10 @@ import logging
 import os
 from collections.abc import Mapping
 
-import msgspec
-
-from slime.config import Config
+from slime.config import EngineConfig, TrainConfig
 from slime.errors import ConfigError
 
-__all__ = ["NodePlan", "Placement", "placement_given", "with_placement_defaults", "build_placement", "check_torchrun_env",
+__all__ = ["NodePlan", "Placement", "placement_given", "build_placement", "check_torchrun_env",
            "DEFAULT_GPUS_PER_NODE"]
 
 log = logging.getLogger(__name__)
@@ -90,29 +88,19 @@ def _ids(ids: tuple[int, ...]) -> str:
     return ",".join(map(str, ids)) if ids else "none"
 
 
-def placement_given(config: Config) -> bool:
+def placement_given(train: TrainConfig, engine: EngineConfig) -> bool:
     """Whether the run names its placement (``--actor-num-nodes`` / ``--actor-num-gpus-per-node`` /
     ``--rollout-num-gpus-per-node``)."""
-    return (config.train.actor_num_nodes is not None or config.train.actor_num_gpus_per_node is not None
-            or config.engine.rollout_num_gpus_per_node is not None)
+    return train.actor_num_nodes is not None or train.actor_num_gpus_per_node is not None or engine.rollout_num_gpus_per_node is not None
 
 
-def with_placement_defaults(config: Config) -> Config:
-    """THUDM/slime's default: with ``--colocate`` and placement flags but no ``--rollout-num-gpus``,
-    the rollout uses the actor's GPUs (nodes x GPUs per node). Other configs are returned unchanged."""
-    t, e = config.train, config.engine
-    actor_given = t.actor_num_nodes is not None or t.actor_num_gpus_per_node is not None
-    if not (config.sync.colocate and actor_given and e.rollout_num_gpus is None and not e.sglang_config
-            and not e.rollout_external_engine_addrs):
-        return config
-    gpus = (t.actor_num_nodes or 1) * (t.actor_num_gpus_per_node or 1)
-    return msgspec.structs.replace(config, engine=msgspec.structs.replace(e, rollout_num_gpus=gpus))
-
-
-def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Placement:
+def build_placement(train: TrainConfig, engine: EngineConfig, *, colocate: bool = False, rollout_only: bool = False,
+                    gpus_per_node: int | None = None) -> Placement:
     """The per-node layout of trainer ranks and SGLang servers (module docstring).
 
     Args:
+        train / engine: the run's sections (placement flags, parallel sizes; rollout GPUs and servers).
+        colocate: ``--colocate``. rollout_only: ``--debug-rollout-only`` (no trainer ranks).
         gpus_per_node: GPUs of each node; default ``--rollout-num-gpus-per-node``, else
             ``len(CUDA_VISIBLE_DEVICES)``, else 8.
 
@@ -122,9 +110,9 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
             has; rollout GPUs not a multiple of ``--rollout-num-gpus-per-engine``; a server that
             would span two nodes.
     """
-    t, e, m = config.train, config.engine, config.train.megatron
+    t, e, m = train, engine, train.megatron
     nodes, per_node = t.actor_num_nodes or 1, t.actor_num_gpus_per_node or 1
-    megatron = t.train_backend == "megatron" and not config.debug.debug_rollout_only
+    megatron = t.train_backend == "megatron" and not rollout_only
     if nodes < 1 or per_node < 1:
         raise ConfigError(f"--actor-num-nodes={nodes} and --actor-num-gpus-per-node={per_node} must be >= 1")
     if not megatron and nodes > 1:
@@ -165,7 +153,7 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
         sizes = [tp] * (total // tp)
     rollout = sum(sizes)
     trainer_slots = [(n, g) for n in range(nodes) for g in range(per_node)] if megatron else []
-    if config.sync.colocate:  # from the trainer's first GPU, then the GPUs after it
+    if colocate:  # from the trainer's first GPU, then the GPUs after it
         slots = [(n, g) for n in range(nodes) for g in range(per_node)]
         slots += [(n, g) for n in range(nodes) for g in range(per_node, gpus_per_node)]
     else:  # after the trainer's GPUs: the rest of its nodes first
@@ -184,10 +172,10 @@ def build_placement(config: Config, *, gpus_per_node: int | None = None) -> Plac
     num_nodes = max([nodes, *(s[0][0] + 1 for s in servers)])
     plans = tuple(NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n),
                            tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n)) for n in range(num_nodes))
-    return Placement(nodes, per_node, gpus_per_node, rollout, config.sync.colocate, megatron, plans)
+    return Placement(nodes, per_node, gpus_per_node, rollout, colocate, megatron, plans)
 
 
-def check_torchrun_env(config: Config, env: Mapping[str, str] | None = None) -> None:
+def check_torchrun_env(train: TrainConfig, engine: EngineConfig, env: Mapping[str, str] | None = None) -> None:
     """Under torchrun, the job must be the one the placement flags describe.
 
     Raises:
@@ -195,8 +183,8 @@ def check_torchrun_env(config: Config, env: Mapping[str, str] | None = None) -> 
             nodes x GPUs per node (both values named).
     """
     env = os.environ if env is None else env
-    t = config.train
-    if t.train_backend != "megatron" or not placement_given(config) or "WORLD_SIZE" not in env:
+    t = train
+    if t.train_backend != "megatron" or not placement_given(train, engine) or "WORLD_SIZE" not in env:
         return
     nodes, per_node = t.actor_num_nodes or 1, t.actor_num_gpus_per_node
     if per_node is not None and int(env.get("LOCAL_WORLD_SIZE", per_node)) != per_node:

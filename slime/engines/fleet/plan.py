@@ -47,13 +47,13 @@ import sys
 from collections.abc import Callable
 from typing import Literal
 
-from slime.config import Config, EngineConfig
+from slime.config import EngineConfig, TrainConfig
 from slime.engines.fleet.groups import ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args, load_sglang_config
 from slime.engines.fleet.processes import EmbeddedEngineProcess
 from slime.errors import ConfigError
 
 __all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
-           "teacher_processes", "check_launchable", "trainer_gpus", "updates_in_place", "SHARED_MEM_FRACTION_STATIC"]
+           "teacher_processes", "check_launchable", "trainer_gpus", "SHARED_MEM_FRACTION_STATIC"]
 
 SHARED_MEM_FRACTION_STATIC = 0.5
 """``--mem-fraction-static`` of a server that shares its GPU with the trainer, unless the user sets one."""
@@ -156,7 +156,7 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
         model_dir: the actor's weights at start (default ``engine.hf_checkpoint``; a checkpoint on resume).
         weight_version: the policy version the servers start at.
         is_free: ``(host, port) -> bool``; ports for which it is False are skipped.
-        trainer_gpus: how many GPUs the trainer uses, from the first visible one (``trainer_gpus(config)``).
+        trainer_gpus: how many GPUs the trainer uses, from the first visible one (``trainer_gpus(config.train, ...)``).
         colocate: ``--colocate``: the servers share the trainer's GPUs and release memory while it trains.
         in_place_updates: weights are updated while requests are paused in place (``--rollout-mode
             async``): the actor's servers get ``--disable-radix-cache`` unless the user set it, so no
@@ -353,22 +353,16 @@ def check_launchable(plan: LaunchPlan) -> None:
                               "(slime train --dry-run shows the commands)")
 
 
-def trainer_gpus(config: Config) -> int:
+def trainer_gpus(train: TrainConfig, *, rollout_only: bool = False) -> int:
     """GPUs the run's trainer uses on this machine, from the first visible one: the torchrun ranks
     here (``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``, else 1) for ``--train-backend megatron``; 0 for
-    the torch backend (CPU) and for runs without a trainer (``--debug-rollout-only``); ``--actor-num-gpus-per-node``
-    when given."""
-    if config.train.train_backend != "megatron" or config.debug.debug_rollout_only:
+    the torch backend (CPU) and for runs without a trainer (``rollout_only``: ``--debug-rollout-only``);
+    ``--actor-num-gpus-per-node`` when given."""
+    if train.train_backend != "megatron" or rollout_only:
         return 0
-    if config.train.actor_num_gpus_per_node is not None:  # --actor-num-gpus-per-node (checked against torchrun's at start)
-        return config.train.actor_num_gpus_per_node
+    if train.actor_num_gpus_per_node is not None:  # --actor-num-gpus-per-node (checked against torchrun's at start)
+        return train.actor_num_gpus_per_node
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
-
-
-def updates_in_place(config: Config) -> bool:
-    """Whether the run updates weights while requests are paused in place: ``--rollout-mode async``
-    without ``--colocate`` and with a trainer (``slime.loop.step.pause_mode``)."""
-    return config.loop.mode == "async" and not config.sync.colocate and not config.debug.debug_rollout_only
 
 
 def _take_host(tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:

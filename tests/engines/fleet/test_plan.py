@@ -197,17 +197,17 @@ def test_the_trainers_gpu_count_comes_from_torch_when_cuda_visible_devices_is_un
 
 
 def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(monkeypatch):
-    from slime.config import Config, DebugConfig, TrainConfig
+    from slime.config import TrainConfig
     from slime.engines.fleet.plan import trainer_gpus
 
     for var in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    megatron = Config(train=TrainConfig(train_backend="megatron"))
-    assert trainer_gpus(Config()) == 0 and trainer_gpus(megatron) == 1
+    megatron = TrainConfig(train_backend="megatron")
+    assert trainer_gpus(TrainConfig()) == 0 and trainer_gpus(megatron) == 1
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert trainer_gpus(megatron) == 8
-    assert trainer_gpus(Config(train=TrainConfig(train_backend="megatron"), debug=DebugConfig(debug_rollout_only=True))) == 0
+    assert trainer_gpus(megatron, rollout_only=True) == 0
 
 
 @pytest.mark.parametrize("argv_extra, colocate, missing, message", [
@@ -257,11 +257,10 @@ def test_updates_in_place_is_async_mode_without_colocate_with_a_trainer():
     from msgspec.structs import replace
 
     from slime.config import Config
-    from slime.engines.fleet.plan import updates_in_place
 
     def config(mode: str, colocate: bool = False) -> Config:
         c = Config()
         return replace(c, loop=replace(c.loop, mode=mode), sync=replace(c.sync, colocate=colocate))
-    assert updates_in_place(config("async"))
-    assert not updates_in_place(config("async", colocate=True))
-    assert not updates_in_place(config("april"))
+    assert config("async").updates_in_place()
+    assert not config("async", colocate=True).updates_in_place()
+    assert not config("april").updates_in_place()
