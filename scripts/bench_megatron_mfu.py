@@ -54,10 +54,26 @@ def main() -> int:
     ceiling = matmul_ceiling_tflops()
     model_dir = make_hf_dir("/tmp/slime_gpu/qwen2_05b", QWEN2_05B)
     prompt = args.seq_len // 8
-    groups = make_groups(vocab_size=QWEN2_05B["vocab_size"], num_groups=args.num_samples // 8, group_size=8, prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False)
+    groups = make_groups(
+        vocab_size=QWEN2_05B["vocab_size"],
+        num_groups=args.num_samples // 8,
+        group_size=8,
+        prompt_len=prompt,
+        response_len=args.seq_len - prompt,
+        ragged=False,
+    )
     cfg = TrainConfig(
-        train_backend="megatron", global_batch_size=args.num_samples, micro_batch_size=1, lr=1e-6,
-        megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu, recompute_granularity=args.recompute_granularity, recompute_method="uniform" if args.recompute_granularity == "full" else None),
+        train_backend="megatron",
+        global_batch_size=args.num_samples,
+        micro_batch_size=1,
+        lr=1e-6,
+        megatron=MegatronConfig(
+            bf16=True,
+            use_dynamic_batch_size=True,
+            max_tokens_per_gpu=args.max_tokens_per_gpu,
+            recompute_granularity=args.recompute_granularity,
+            recompute_method="uniform" if args.recompute_granularity == "full" else None,
+        ),
     )
     trainer = MegatronTrainer(cfg, model_dir=model_dir)
     n_params = sum(p.numel() for p in trainer.model.parameters())

@@ -44,9 +44,19 @@ def warmstart_like(path: Path) -> Path:
     from slime.data.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
@@ -91,11 +101,19 @@ def delta_sizes(before, after, dtype=torch.float32) -> dict:
     _, metas, parts = decode_payload(payload)
     exact = all(torch.equal(decode_tensor(n, m, parts, old[n]).view(torch.uint8), new[n].view(torch.uint8)) for n, m in metas.items())
     numel = sum(t.numel() for t in new.values())
-    return {"dtype": str(dtype).removeprefix("torch."), "changed_frac": changed / numel, "full_bytes": full,
-            "entropy_bits": diff_entropy(old, new),
-            "sparse_bytes": changed * (4 + itemsize), "encoded_bytes": sum(e.nbytes for e in encoded), "payload_bytes": len(payload),
-            "payload_ratio": len(payload) / full, "encode_s": t_encode, "bit_exact": exact,
-            "encodings": sorted({e.encoding for e in encoded})}
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "changed_frac": changed / numel,
+        "full_bytes": full,
+        "entropy_bits": diff_entropy(old, new),
+        "sparse_bytes": changed * (4 + itemsize),
+        "encoded_bytes": sum(e.nbytes for e in encoded),
+        "payload_bytes": len(payload),
+        "payload_ratio": len(payload) / full,
+        "encode_s": t_encode,
+        "bit_exact": exact,
+        "encodings": sorted({e.encoding for e in encoded}),
+    }
 
 
 def diff_entropy(old: dict, new: dict) -> float:
@@ -131,8 +149,10 @@ async def bench_cpu(args) -> dict:
     full_bytes = sum(t.numel() * t.element_size() for t in state.values())
     cfg = SyncConfig(weights_dir=str(tmp / "weights"), update_weight_buffer_size=args.update_weight_buffer_size)
     out: dict = {"model": model_dir, "num_params": num_params, "state_bytes": full_bytes, "strategies": {}, "delta": {}}
-    async with launch_embedded_engines(model_dir, num_engines=1, threads=1, max_running_requests=8, startup_timeout_s=120) as urls, \
-            HttpEnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool:
+    async with (
+        launch_embedded_engines(model_dir, num_engines=1, threads=1, max_running_requests=8, startup_timeout_s=120) as urls,
+        HttpEnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool,
+    ):
         await pool.wait_ready(120)
         save_hf = lambda d: _save_hf(state, model_dir, d)  # noqa: E731
         makers = {
@@ -156,11 +176,19 @@ async def bench_cpu(args) -> dict:
                     sync = make()  # no base: every sync is a full one
             await sync.close()
             s, ld = statistics.median(saves[1:]), statistics.median(loads[1:])
-            out["strategies"][name] = {"bytes": full_bytes, "save_s": s, "load_s": ld, "gb_per_s": full_bytes / (s + ld) / 1e9,
-                                       "load_gb_per_s": full_bytes / ld / 1e9}
-        for label, kw in [("1 AdamW step, lr 1e-6", dict(lr=1e-6)), ("1 AdamW step, lr 1e-5", dict(lr=1e-5)),
-                          ("11th AdamW step, lr 1e-6", dict(lr=1e-6, warmup=10)),
-                          ("1 AdamW step, lr 1e-6, last layer only", dict(lr=1e-6, only="model.layers.3."))]:
+            out["strategies"][name] = {
+                "bytes": full_bytes,
+                "save_s": s,
+                "load_s": ld,
+                "gb_per_s": full_bytes / (s + ld) / 1e9,
+                "load_gb_per_s": full_bytes / ld / 1e9,
+            }
+        for label, kw in [
+            ("1 AdamW step, lr 1e-6", dict(lr=1e-6)),
+            ("1 AdamW step, lr 1e-5", dict(lr=1e-5)),
+            ("11th AdamW step, lr 1e-6", dict(lr=1e-6, warmup=10)),
+            ("1 AdamW step, lr 1e-6, last layer only", dict(lr=1e-6, only="model.layers.3.")),
+        ]:
             before, after = adamw_steps(model_dir, **kw)
             row = {"fp32": delta_sizes(before, after), "bf16": delta_sizes(before, after, torch.bfloat16)}
             sync = DeltaWeightSync(cfg, pool=pool, state_fn=lambda: dict(after), base=before)  # noqa: B023  # used within this iteration
@@ -219,11 +247,25 @@ def bench_gpu(args) -> dict:
     store = master_store("127.0.0.1", 2, 600) if rank == 0 else None  # the trainer's side of slime's own group
     port = [store.port if store is not None else None]
     dist.broadcast_object_list(port, src=0)
-    group = WeightsUpdateGroup.join(group_name="bench", rank=rank, world_size=2, backend="nccl", timeout_s=600,
-                                    master_address="127.0.0.1", master_port=port[0], store=store)
+    group = WeightsUpdateGroup.join(
+        group_name="bench",
+        rank=rank,
+        world_size=2,
+        backend="nccl",
+        timeout_s=600,
+        master_address="127.0.0.1",
+        master_port=port[0],
+        store=store,
+    )
     out["link"]["weights_group_broadcast_gb_s"] = nbytes / timed(lambda: group.broadcast([big])) / 1e9
-    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_hidden_layers=args.layers,
-                      num_attention_heads=args.hidden // 64, num_key_value_heads=max(1, args.hidden // 256), vocab_size=32000)
+    cfg = LlamaConfig(
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 4,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(1, args.hidden // 256),
+        vocab_size=32000,
+    )
     with torch.device("meta"):
         shapes = {n: (t.shape) for n, t in LlamaForCausalLM(cfg).state_dict().items()}
     out["num_params"] = sum(s.numel() for s in shapes.values())
@@ -235,7 +277,11 @@ def bench_gpu(args) -> dict:
             run = lambda: [group.broadcast([t for _, t in b], flattened=flat) for b in parts]  # noqa: E731, B023  # timed within this iteration
             dt = timed(run, max(1, args.repeats // 2))
             out["weights"][f"{str(dtype)[6:]} {'flat buckets' if flat else 'per tensor'}"] = {
-                "bytes": total, "seconds": dt, "gb_per_s": total / dt / 1e9, "num_buckets": len(parts)}
+                "bytes": total,
+                "seconds": dt,
+                "gb_per_s": total / dt / 1e9,
+                "num_buckets": len(parts),
+            }
         del tensors
     group.destroy()
     dist.destroy_process_group()

@@ -31,12 +31,40 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def train_cmd(run_dir: Path, args) -> list[str]:
     return [
-        str(ROOT / ".venv/bin/slime"), "train", "--rollout-mode", args.mode,
-        "--rollout-batch-size", "4", "--over-sampling-batch-size", "8", "--n-samples-per-prompt", "8",
-        "--global-batch-size", "32", "--micro-batch-size", "32", "--rollout-max-response-len", "48",
-        "--num-rollout", str(args.num_rollout), "--lr", "5e-5", "--num-eval-prompts", "20",
-        "--rollout-shuffle", "--seed", str(args.seed), "--save", str(run_dir), "--load", str(run_dir),
-        "--save-interval", "1", "--no-progress", "--log-level", "WARNING",
+        str(ROOT / ".venv/bin/slime"),
+        "train",
+        "--rollout-mode",
+        args.mode,
+        "--rollout-batch-size",
+        "4",
+        "--over-sampling-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "8",
+        "--global-batch-size",
+        "32",
+        "--micro-batch-size",
+        "32",
+        "--rollout-max-response-len",
+        "48",
+        "--num-rollout",
+        str(args.num_rollout),
+        "--lr",
+        "5e-5",
+        "--num-eval-prompts",
+        "20",
+        "--rollout-shuffle",
+        "--seed",
+        str(args.seed),
+        "--save",
+        str(run_dir),
+        "--load",
+        str(run_dir),
+        "--save-interval",
+        "1",
+        "--no-progress",
+        "--log-level",
+        "WARNING",
     ]
 
 
@@ -86,18 +114,26 @@ def main() -> int:
             break  # finished before the kill landed; restart the whole schedule
         kills += 1
         latest = kill_dir / "checkpoints" / "latest"
-        print(f"kill {kills}: SIGKILL after {at:.1f}s; latest checkpoint: {latest.read_text().strip() if latest.exists() else 'none'}", flush=True)
+        print(
+            f"kill {kills}: SIGKILL after {at:.1f}s; latest checkpoint: {latest.read_text().strip() if latest.exists() else 'none'}",
+            flush=True,
+        )
     run(train_cmd(kill_dir, args))
     a, b = trained(ref_dir), trained(kill_dir)
     ids = [g for _, g, _ in b]
     assert len(ids) == len(set(ids)), f"a group was trained twice: {sorted(ids)}"
     if args.mode == "sync":
         assert a == b, f"trained groups differ:\nuninterrupted {a}\nkilled+resumed {b}"
-    final = msgspec.json.decode((kill_dir / "checkpoints" / (kill_dir / "checkpoints" / "latest").read_text().strip() / "loop.json").read_bytes())
+    final = msgspec.json.decode(
+        (kill_dir / "checkpoints" / (kill_dir / "checkpoints" / "latest").read_text().strip() / "loop.json").read_bytes()
+    )
     pending = {g["group_id"] for g in final["ready"] + final["partial"]}
     assert set(ids) | pending == set(range(final["next_group_id"])), "a started group was lost"
-    print(f"OK: {kills} SIGKILLs, {len(b)} groups trained, identical to the uninterrupted run" if args.mode == "sync"
-          else f"OK: {kills} SIGKILLs, {len(b)} groups trained once each, {len(pending)} pending, none lost")
+    print(
+        f"OK: {kills} SIGKILLs, {len(b)} groups trained, identical to the uninterrupted run"
+        if args.mode == "sync"
+        else f"OK: {kills} SIGKILLs, {len(b)} groups trained once each, {len(pending)} pending, none lost"
+    )
     return 0
 
 

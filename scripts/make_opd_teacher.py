@@ -30,11 +30,34 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parent
 DEFAULT_OUT = SCRIPTS.parent / "slime" / "data" / "assets" / "arith-opd-teacher"
 TEACHER_FLAGS = [
-    "--out", str(SCRIPTS.parent / "runs" / "arith-opd-teacher" / "bf16"),  # copy it to DEFAULT_OUT to ship it
-    "--hidden-size", "256", "--intermediate-size", "768", "--num-layers", "6", "--num-heads", "4", "--num-kv-heads", "2",
-    "--direct-fraction", "0", "--steps", "900", "--lr", "2e-3", "--save-dtype", "bfloat16",
-    "--threads", "1", "--eval-interval", "300",
-    "--run-dir", str(SCRIPTS.parent / "runs" / "arith-opd-teacher"), "--compare-with", str(DEFAULT_OUT),
+    "--out",
+    str(SCRIPTS.parent / "runs" / "arith-opd-teacher" / "bf16"),  # copy it to DEFAULT_OUT to ship it
+    "--hidden-size",
+    "256",
+    "--intermediate-size",
+    "768",
+    "--num-layers",
+    "6",
+    "--num-heads",
+    "4",
+    "--num-kv-heads",
+    "2",
+    "--direct-fraction",
+    "0",
+    "--steps",
+    "900",
+    "--lr",
+    "2e-3",
+    "--save-dtype",
+    "bfloat16",
+    "--threads",
+    "1",
+    "--eval-interval",
+    "300",
+    "--run-dir",
+    str(SCRIPTS.parent / "runs" / "arith-opd-teacher"),
+    "--compare-with",
+    str(DEFAULT_OUT),
 ]
 
 

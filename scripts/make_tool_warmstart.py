@@ -123,13 +123,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage1-lr", type=float, default=3e-3)
     p.add_argument("--steps", type=int, default=1500, help="stage 2 steps")
     p.add_argument("--lr", type=float, default=1e-3, help="stage 2 peak learning rate")
-    p.add_argument("--tool-only-steps", type=int, default=1000,
-                   help="stage 2: first steps on tool conversations only, then the mix")
-    p.add_argument("--direct-fraction", type=float, default=0.6,
-                   help="stage 2, after --tool-only-steps: share of conversations that answer directly, without the tool")
+    p.add_argument("--tool-only-steps", type=int, default=1000, help="stage 2: first steps on tool conversations only, then the mix")
+    p.add_argument(
+        "--direct-fraction",
+        type=float,
+        default=0.6,
+        help="stage 2, after --tool-only-steps: share of conversations that answer directly, without the tool",
+    )
     p.add_argument("--init-from", type=Path, default=None, help="skip stage 1: start stage 2 from this HF directory")
-    p.add_argument("--save-interval", type=int, default=500,
-                   help="checkpoint every N steps of each stage (the teacher-forced check runs on each)")
+    p.add_argument(
+        "--save-interval", type=int, default=500, help="checkpoint every N steps of each stage (the teacher-forced check runs on each)"
+    )
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-only", action="store_true", help="only measure DIR/stage2/model")
     return p.parse_args()
@@ -151,8 +155,9 @@ def write_init(out: Path, seed: int) -> None:
     tokenizer = build_chat_tokenizer()
     model = make_model(tokenizer, seed)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {MODEL_DIMS}", flush=True)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                               do_sample=False, max_new_tokens=MAX_RESPONSE_LEN)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=MAX_RESPONSE_LEN
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -185,11 +190,29 @@ def write_eval(path: Path) -> None:
 
 def sft_command(args: argparse.Namespace, stage: Stage, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
     # the arithmetic warm start's recipe, with this stage's numbers
-    return make_warmstart.sft_recipe(batch_size=args.batch_size, steps=stage.steps, lr=stage.lr, warmup_steps=stage.warmup_steps,
-                                     threads=args.threads, seed=args.seed, save=out, save_interval=args.save_interval,
-                                     eval_interval=100) + [
-        "--hf-checkpoint", str(init), "--prompt-data", str(train), "--input-key", "messages", "--tool-key", "tools",
-        "--eval-prompt-data", str(evals), "--num-eval-prompts", "64",
+    return make_warmstart.sft_recipe(
+        batch_size=args.batch_size,
+        steps=stage.steps,
+        lr=stage.lr,
+        warmup_steps=stage.warmup_steps,
+        threads=args.threads,
+        seed=args.seed,
+        save=out,
+        save_interval=args.save_interval,
+        eval_interval=100,
+    ) + [
+        "--hf-checkpoint",
+        str(init),
+        "--prompt-data",
+        str(train),
+        "--input-key",
+        "messages",
+        "--tool-key",
+        "tools",
+        "--eval-prompt-data",
+        str(evals),
+        "--num-eval-prompts",
+        "64",
     ]
 
 
@@ -265,8 +288,14 @@ async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num
             async def one(g: int, i: int, row: dict) -> Sample:
                 sample = Sample(prompt_ids=[], prompt=row["prompt"], label=row["label"], group_id=g, index=i)
                 async with sem:
-                    await calculator_generate(sample, {"temperature": temperature}, tokenizer=tokenizer, pool=pool,
-                                              max_response_len=MAX_RESPONSE_LEN, engine_version=0)
+                    await calculator_generate(
+                        sample,
+                        {"temperature": temperature},
+                        tokenizer=tokenizer,
+                        pool=pool,
+                        max_response_len=MAX_RESPONSE_LEN,
+                        engine_version=0,
+                    )
                 sample.reward = 0.0 if sample.status is Status.FAILED else await calc.reward(sample)
                 return sample
 
@@ -298,8 +327,10 @@ def report(model_dir: Path, eval_rows: list[dict], seed: int, threads: int) -> N
         f"sampled@T=1 {sum(map(used_tool, flat)) / len(flat):.3f} (accuracy with the tool "
         f"{_mean([s for s in flat if used_tool(s)]):.3f}, direct {_mean([s for s in flat if not used_tool(s)]):.3f})"
     )
-    print(f"mean response tokens: greedy {sum(len(s.response_ids) for s in greedy) / n:.1f}  "
-          f"statuses: {sorted({s.status.value for s in flat})}  eval wall time {time.monotonic() - t0:.1f}s")
+    print(
+        f"mean response tokens: greedy {sum(len(s.response_ids) for s in greedy) / n:.1f}  "
+        f"statuses: {sorted({s.status.value for s in flat})}  eval wall time {time.monotonic() - t0:.1f}s"
+    )
 
 
 def _mean(samples: list) -> float:
@@ -339,7 +370,9 @@ def main() -> None:
             print(f"{stage} {label}  teacher-forced on held-out: {teacher_forced_check(model_dir, rows)}", flush=True)
     model_dir = run_dir / "stage2" / "model"
     print(f"SFT model {model_dir}:", flush=True)
-    report(model_dir, calc.generate_dataset(args.num_eval, seed=0, split="eval"), args.seed, args.threads)  # the set `slime train` evaluates on
+    report(
+        model_dir, calc.generate_dataset(args.num_eval, seed=0, split="eval"), args.seed, args.threads
+    )  # the set `slime train` evaluates on
     print(f"weights against the shipped {SHIPPED}: {compare_weights(model_dir, SHIPPED)}")
     print(f"total wall time {time.monotonic() - start:.1f}s")
 

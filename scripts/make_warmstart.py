@@ -104,8 +104,12 @@ MODEL_DIMS = dict(
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", choices=sorted(TASKS), default="arith",
-                   help="built-in task whose problems it trains on (chain: slime.data.chain, long-tailed lengths)")
+    p.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="arith",
+        help="built-in task whose problems it trains on (chain: slime.data.chain, long-tailed lengths)",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/TASK-warmstart")
     p.add_argument("--steps", type=int, default=1200, help="optimizer steps (stops early on purpose)")
     p.add_argument("--seed", type=int, default=0)
@@ -113,8 +117,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=50)
-    p.add_argument("--direct-fraction", type=float, default=0.5,
-                   help="share of SFT targets that answer directly ('#441') instead of working it out")
+    p.add_argument(
+        "--direct-fraction", type=float, default=0.5, help="share of SFT targets that answer directly ('#441') instead of working it out"
+    )
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-interval", type=int, default=100, help="eval loss every N steps")
     p.add_argument("--eval-only", action="store_true", help="only measure DIR/sft/model")
@@ -124,19 +129,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=MODEL_DIMS["num_hidden_layers"])
     p.add_argument("--num-heads", type=int, default=MODEL_DIMS["num_attention_heads"])
     p.add_argument("--num-kv-heads", type=int, default=MODEL_DIMS["num_key_value_heads"])
-    p.add_argument("--out", type=Path, default=None,
-                   help="also save the trained model here, in --save-dtype, and measure that copy (e.g. to ship it)")
-    p.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dtype of the --out copy (bfloat16 halves the file; engines and trainers load it as float32)")
-    p.add_argument("--compare-with", type=Path, default=SHIPPED,
-                   help="shipped checkpoint to compare weights and greedy accuracy with")
+    p.add_argument(
+        "--out", type=Path, default=None, help="also save the trained model here, in --save-dtype, and measure that copy (e.g. to ship it)"
+    )
+    p.add_argument(
+        "--save-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="dtype of the --out copy (bfloat16 halves the file; engines and trainers load it as float32)",
+    )
+    p.add_argument("--compare-with", type=Path, default=SHIPPED, help="shipped checkpoint to compare weights and greedy accuracy with")
     return p.parse_args()
 
 
 def model_dims(args: argparse.Namespace) -> dict:
-    return {**MODEL_DIMS, "hidden_size": args.hidden_size, "intermediate_size": args.intermediate_size,
-            "num_hidden_layers": args.num_layers, "num_attention_heads": args.num_heads,
-            "num_key_value_heads": args.num_kv_heads}
+    return {
+        **MODEL_DIMS,
+        "hidden_size": args.hidden_size,
+        "intermediate_size": args.intermediate_size,
+        "num_hidden_layers": args.num_layers,
+        "num_attention_heads": args.num_heads,
+        "num_key_value_heads": args.num_kv_heads,
+    }
 
 
 def make_model(tokenizer, seed: int, dims: dict = MODEL_DIMS) -> LlamaForCausalLM:
@@ -155,8 +169,13 @@ def write_init(out: Path, seed: int, dims: dict = MODEL_DIMS, max_new_tokens: in
     tokenizer = build_tokenizer()
     model = make_model(tokenizer, seed, dims)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {dims}", flush=True)
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=max_new_tokens)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -181,8 +200,18 @@ def write_data(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     return train, evals
 
 
-def sft_recipe(*, batch_size: int, steps: int, lr: float, warmup_steps: int, threads: int, seed: int, save: Path,
-               save_interval: int, eval_interval: int) -> list[str]:
+def sft_recipe(
+    *,
+    batch_size: int,
+    steps: int,
+    lr: float,
+    warmup_steps: int,
+    threads: int,
+    seed: int,
+    save: Path,
+    save_interval: int,
+    eval_interval: int,
+) -> list[str]:
     """The demo warm starts' shared ``slime train --loss-type sft_loss`` flags (data flags not included).
 
     Batch ``batch_size`` rows a step in one micro-batch, AdamW (betas 0.9/0.95, weight decay 0.1, clip
@@ -190,26 +219,81 @@ def sft_recipe(*, batch_size: int, steps: int, lr: float, warmup_steps: int, thr
     over the batch's trained tokens. Also used by ``scripts/make_tool_warmstart.py``.
     """
     return [
-        sys.executable, "-m", "slime.cli", "train", "--loss-type", "sft_loss",
-        "--rollout-batch-size", str(batch_size), "--global-batch-size", str(batch_size),
-        "--micro-batch-size", str(batch_size), "--num-rollout", str(steps),
-        "--lr", str(lr), "--min-lr", str(lr / 10), "--lr-warmup-iters", str(warmup_steps),
-        "--lr-decay-style", "cosine", "--lr-decay-iters", str(steps),
-        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0",
-        "--calculate-per-token-loss", "--train-threads", str(threads), "--seed", str(seed),
-        "--save", str(save), "--save-interval", str(save_interval), "--eval-interval", str(eval_interval), "--no-progress",
+        sys.executable,
+        "-m",
+        "slime.cli",
+        "train",
+        "--loss-type",
+        "sft_loss",
+        "--rollout-batch-size",
+        str(batch_size),
+        "--global-batch-size",
+        str(batch_size),
+        "--micro-batch-size",
+        str(batch_size),
+        "--num-rollout",
+        str(steps),
+        "--lr",
+        str(lr),
+        "--min-lr",
+        str(lr / 10),
+        "--lr-warmup-iters",
+        str(warmup_steps),
+        "--lr-decay-style",
+        "cosine",
+        "--lr-decay-iters",
+        str(steps),
+        "--weight-decay",
+        "0.1",
+        "--adam-beta1",
+        "0.9",
+        "--adam-beta2",
+        "0.95",
+        "--clip-grad",
+        "1.0",
+        "--calculate-per-token-loss",
+        "--train-threads",
+        str(threads),
+        "--seed",
+        str(seed),
+        "--save",
+        str(save),
+        "--save-interval",
+        str(save_interval),
+        "--eval-interval",
+        str(eval_interval),
+        "--no-progress",
     ]
 
 
 def sft_command(args: argparse.Namespace, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
-    return sft_recipe(batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps,
-                      threads=args.threads, seed=args.seed, save=out, save_interval=200, eval_interval=args.eval_interval) + [
-        "--hf-checkpoint", str(init), "--prompt-data", str(train), "--eval-prompt-data", str(evals),
-        "--num-eval-prompts", str(args.num_eval), "--input-key", "prompt",
+    return sft_recipe(
+        batch_size=args.batch_size,
+        steps=args.steps,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        threads=args.threads,
+        seed=args.seed,
+        save=out,
+        save_interval=200,
+        eval_interval=args.eval_interval,
+    ) + [
+        "--hf-checkpoint",
+        str(init),
+        "--prompt-data",
+        str(train),
+        "--eval-prompt-data",
+        str(evals),
+        "--num-eval-prompts",
+        str(args.num_eval),
+        "--input-key",
+        "prompt",
     ]
 
 
-def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2) -> None:
+def report(
+    model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2
+) -> None:
     """Print greedy and temperature-1 held-out accuracy, pass@8, mixed groups and direct-answer share."""
     greedy = [texts[0] for texts in arith.sample_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=max_new_tokens)]
     sampled = arith.sample_hf_model(model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed, max_new_tokens=max_new_tokens)
@@ -228,8 +312,7 @@ def report(model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int,
     by_terms: dict[int, list[float]] = {}
     for row, g in zip(eval_rows, greedy_scores):
         by_terms.setdefault(row["prompt"].count("+") + 1, []).append(g)
-    print("greedy by number of terms: " + "  ".join(
-        f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(by_terms.items())))
+    print("greedy by number of terms: " + "  ".join(f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(by_terms.items())))
 
 
 def compare_weights(mine: Path, shipped: Path) -> str:
@@ -273,7 +356,13 @@ def main() -> None:
     shipped_dir = args.compare_with
     if shipped_dir is not None and (shipped_dir / "model.safetensors").is_file():
         shipped = LlamaForCausalLM.from_pretrained(shipped_dir, dtype=torch.float32)
-        theirs = arith.evaluate_hf_model(shipped, AutoTokenizer.from_pretrained(shipped_dir), eval_rows, temperature=0.0, max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2)
+        theirs = arith.evaluate_hf_model(
+            shipped,
+            AutoTokenizer.from_pretrained(shipped_dir),
+            eval_rows,
+            temperature=0.0,
+            max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2,
+        )
         mine = arith.evaluate_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2)
         print(f"greedy held-out accuracy: this run {mine:.3f}  shipped {theirs:.3f}  difference {100 * (mine - theirs):+.1f} points")
         print(f"weights against the shipped {shipped_dir}: {compare_weights(measured, shipped_dir)}")

@@ -19,8 +19,11 @@ if TYPE_CHECKING:  # types only: the CLI imports its parts lazily, so `slime --h
 __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
 
 DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
-DEFAULT_CHECKPOINTS = {"arith": DEFAULT_CHECKPOINT, "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart"),
-                       "chain": str(Path(__file__).parent / "data" / "assets" / "chain-warmstart")}
+DEFAULT_CHECKPOINTS = {
+    "arith": DEFAULT_CHECKPOINT,
+    "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart"),
+    "chain": str(Path(__file__).parent / "data" / "assets" / "chain-warmstart"),
+}
 """The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
@@ -41,14 +44,19 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         return 2
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
-        print(f"{prog}: error: unrecognized arguments: {' '.join(unknown)} (not flags of this slime; only --sglang-* "
-              "and --router-* flags pass through, to SGLang and sglang-router; see slime train --help)", file=sys.stderr)
+        print(
+            f"{prog}: error: unrecognized arguments: {' '.join(unknown)} (not flags of this slime; only --sglang-* "
+            "and --router-* flags pass through, to SGLang and sglang-router; see slime train --help)",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
         if not config.engine.hf_checkpoint:
-            config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
+            config = msgspec.structs.replace(
+                config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task])
+            )
         from slime.cli_compat import check_compat_flags
 
         check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
@@ -60,9 +68,16 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
             if placement is not None:
                 print(placement.format())
             if placement is None or not placement.servers_off_node0:
-                print(build_launch_plan(config.engine, seed=config.seed, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate,
-                                        in_place_updates=config.updates_in_place(),
-                                        gpus_per_node=placement.gpus_per_node if placement else None).format())
+                print(
+                    build_launch_plan(
+                        config.engine,
+                        seed=config.seed,
+                        trainer_gpus=_trainer_gpus(config),
+                        colocate=config.sync.colocate,
+                        in_place_updates=config.updates_in_place(),
+                        gpus_per_node=placement.gpus_per_node if placement else None,
+                    ).format()
+                )
             return 0
         preflight(config)
         _check_run_dir(config)
@@ -77,8 +92,10 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
 
             summary = _run(run_sft(config, progress=not ns.no_progress))
             fmt = lambda x: "n/a (no --eval-prompt-data)" if x is None else f"{x:.4f}"  # noqa: E731
-            print(f"done: SFT {summary['num_steps']} steps; eval loss {fmt(summary['eval_loss_before'])} -> "
-                  f"{fmt(summary['eval_loss_after'])}; model {summary['model_dir']}; run dir {config.run_dir}")
+            print(
+                f"done: SFT {summary['num_steps']} steps; eval loss {fmt(summary['eval_loss_before'])} -> "
+                f"{fmt(summary['eval_loss_after'])}; model {summary['model_dir']}; run dir {config.run_dir}"
+            )
             return 0
         summary = _run(run_training(config, progress=not ns.no_progress))
     except SlimeError as exc:
@@ -115,9 +132,16 @@ def _warn_if_resuming_another_setup(config: Config) -> None:
     except (OSError, ValueError):
         return
     now = msgspec.to_builtins(config)
-    fields = [("data", "prompt_data", "--prompt-data"), ("engine", "hf_checkpoint", "--hf-checkpoint"), ("train", "loss_type", "--loss-type")]
-    changed = [f"{flag} {saved.get(sec, {}).get(key)!r} -> {now[sec][key]!r}" for sec, key, flag in fields
-               if sec in saved and key in saved[sec] and saved[sec][key] != now[sec][key]]
+    fields = [
+        ("data", "prompt_data", "--prompt-data"),
+        ("engine", "hf_checkpoint", "--hf-checkpoint"),
+        ("train", "loss_type", "--loss-type"),
+    ]
+    changed = [
+        f"{flag} {saved.get(sec, {}).get(key)!r} -> {now[sec][key]!r}"
+        for sec, key, flag in fields
+        if sec in saved and key in saved[sec] and saved[sec][key] != now[sec][key]
+    ]
     if changed:
         logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
 
@@ -141,8 +165,10 @@ def _check_run_dir(config: Config) -> None:
     if config.load and latest_checkpoint(Path(config.load) / "checkpoints") is None:
         loaded = Path(config.load)
         if (loaded / "metrics.jsonl").exists() or (loaded / "summary.json").exists():
-            raise ConfigError(f"--load={config.load!r}: that run has no checkpoint (it ran without --save-interval), so there "
-                              "is nothing to resume; start a new run with another --save")
+            raise ConfigError(
+                f"--load={config.load!r}: that run has no checkpoint (it ran without --save-interval), so there "
+                "is nothing to resume; start a new run with another --save"
+            )
 
 
 def preflight(config: Config) -> None:
@@ -173,27 +199,36 @@ def preflight(config: Config) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
-                              "use --train-backend torch on a CPU")
+            raise ConfigError(
+                "--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
+                "use --train-backend torch on a CPU"
+            )
     from slime.engines.fleet.placement import check_torchrun_env
 
     placement = _placement(config)
     if placement is not None:
         check_torchrun_env(config.train, config.engine)
         if placement.servers_off_node0:
-            raise ConfigError("the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
-                              "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)")
+            raise ConfigError(
+                "the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
+                "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)"
+            )
     if config.data.offline_data and not Path(config.data.offline_data).is_file():
         raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
     if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
-        raise ConfigError(f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
-                          f"({record_path(config.debug.load_debug_rollout_data, 1)})")
+        raise ConfigError(
+            f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
+            f"({record_path(config.debug.load_debug_rollout_data, 1)})"
+        )
     from slime.rollout.rewards import load_function
 
     # running engines and no trainer: only the tokenizer of --hf-checkpoint is read here
     tokenizer_only = config.debug.debug_rollout_only and bool(config.engine.rollout_external_engine_addrs)
-    for flag, value in (("--hf-checkpoint", config.engine.hf_checkpoint), ("--ref-load", config.train.ref_load),
-                        ("--opd-teacher-load", config.engine.opd_teacher_load)):
+    for flag, value in (
+        ("--hf-checkpoint", config.engine.hf_checkpoint),
+        ("--ref-load", config.train.ref_load),
+        ("--opd-teacher-load", config.engine.opd_teacher_load),
+    ):
         if not value:
             continue
         try:
@@ -214,14 +249,20 @@ def preflight(config: Config) -> None:
     ):
         if value:
             load_function(value, flag=flag)
-    for flag, on, package in (("--use-wandb", config.obs.use_wandb, "wandb"), ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard")):
+    for flag, on, package in (
+        ("--use-wandb", config.obs.use_wandb, "wandb"),
+        ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard"),
+    ):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
     from slime.engines.fleet.plan import build_launch_plan, check_launchable
 
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
-    check_launchable(build_launch_plan(config.engine, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate,
-                                       in_place_updates=config.updates_in_place()))
+    check_launchable(
+        build_launch_plan(
+            config.engine, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
+        )
+    )
 
 
 def _placement(config: Config) -> Placement | None:
@@ -304,7 +345,10 @@ def _check_plugin(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     if not argv or argv[0] not in ("rollout", "learning"):
-        print("usage: slime bench {rollout,learning} [options]   (see slime bench rollout --help, slime bench learning --help)", file=sys.stderr)
+        print(
+            "usage: slime bench {rollout,learning} [options]   (see slime bench rollout --help, slime bench learning --help)",
+            file=sys.stderr,
+        )
         return 2
     if argv[0] == "learning":
         from slime.bench.learning import main as learning_main
@@ -337,7 +381,9 @@ def _train_records(argv: list[str]) -> list[dict[str, Any]]:
         raise ConfigError(f"unrecognized slime train arguments: {' '.join(unknown)}")
     config = cli_args.config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
     if not config.engine.hf_checkpoint:
-        config = msgspec.structs.replace(config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task]))
+        config = msgspec.structs.replace(
+            config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task])
+        )
     preflight(config)
     _check_run_dir(config)
     _run(run_training(config, progress=False))
@@ -357,7 +403,15 @@ def _convert(argv: list[str]) -> int:
     return convert_main(argv)
 
 
-COMMANDS = {"train": _train, "rollout": _rollout, "engine": _engine, "report": _report, "check-plugin": _check_plugin, "convert": _convert, "bench": _bench}
+COMMANDS = {
+    "train": _train,
+    "rollout": _rollout,
+    "engine": _engine,
+    "report": _report,
+    "check-plugin": _check_plugin,
+    "convert": _convert,
+    "bench": _bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

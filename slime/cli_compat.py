@@ -115,8 +115,23 @@ def _gqa(hf: dict[str, Any]) -> tuple[str, Any, Any]:
 
 
 # HF model types whose attention normalises q and k (HF configs have no key for it)
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "olmo2", "olmoe", "gemma3", "gemma3_text",
-                            "gemma4", "gemma4_text", "glm4_moe", "chameleon"})
+_QK_NORM_TYPES = frozenset(
+    {
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_next",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "olmo2",
+        "olmoe",
+        "gemma3",
+        "gemma3_text",
+        "gemma4",
+        "gemma4_text",
+        "glm4_moe",
+        "chameleon",
+    }
+)
 # ... and those with a bias on q, k and v only (Megatron's --add-qkv-bias)
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
 
@@ -128,6 +143,7 @@ _INTERLEAVED_ROPE_TYPES = frozenset({"glm", "glm4", "chatglm"})
 
 def _model_type_in(types: frozenset[str]) -> Callable[[dict[str, Any]], tuple[str, Any, Any]]:
     """A fact that only ``model_type`` says (HF configs have no key for it)."""
+
     def get(hf: dict[str, Any]) -> tuple[str, Any, Any]:
         if "model_type" not in hf:
             return "model_type", "absent", _MISSING
@@ -167,7 +183,10 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--swiglu": Checked(_key("hidden_act", "hidden_activation", convert=lambda act: act in ("silu", "swish")), _FLAG),
     "--rotary-base": Checked(_rope_theta, _FLOAT),
     "--use-rotary-position-embeddings": Checked(_uses_rope, _FLAG),
-    "--position-embedding-type": Checked(lambda hf: (*_uses_rope(hf)[:2], "rope" if _uses_rope(hf)[2] is True else _MISSING), dict(choices=["rope", "learned_absolute", "none"])),
+    "--position-embedding-type": Checked(
+        lambda hf: (*_uses_rope(hf)[:2], "rope" if _uses_rope(hf)[2] is True else _MISSING),
+        dict(choices=["rope", "learned_absolute", "none"]),
+    ),
     "--rotary-percent": Checked(_key("partial_rotary_factor", default=1.0, convert=float), _FLOAT),
     "--normalization": Checked(_normalization, dict(choices=["RMSNorm", "LayerNorm"])),
     "--norm-epsilon": Checked(_key("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", convert=float), _FLOAT),
@@ -186,30 +205,49 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--post-self-attn-layernorm": Checked(_model_type_in(_POST_NORM_TYPES), _FLAG),
     "--post-mlp-layernorm": Checked(_model_type_in(_POST_NORM_TYPES), _FLAG),
     "--rotary-interleaved": Checked(_model_type_in(_INTERLEAVED_ROPE_TYPES), _FLAG),
-    "--spec": NoOp("the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)", dict(nargs=2, metavar=("MODULE", "FUNCTION"))),
+    "--spec": NoOp(
+        "the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)", dict(nargs=2, metavar=("MODULE", "FUNCTION"))
+    ),
     "--moe-layer-freq": NoOp("which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()),
     "--moe-router-score-function": NoOp("routing is HF's softmax over the router logits", dict(), allowed=("softmax",)),
     "--moe-router-dtype": NoOp("the router gate runs in fp32 (slime/train/megatron/layers.py)", dict(), allowed=("fp32",)),
-    "--moe-token-drop-policy": NoOp("the megatron backend's policy; tokens are dropped only with --moe-expert-capacity-factor", dict(), allowed=("probs",)),
+    "--moe-token-drop-policy": NoOp(
+        "the megatron backend's policy; tokens are dropped only with --moe-expert-capacity-factor", dict(), allowed=("probs",)
+    ),
     "--moe-grouped-gemm": NoOp("a kernel choice of megatron-core; experts run as its local (sequential) MLPs here", _FLAG),
     "--moe-permute-fusion": NoOp("a Transformer Engine kernel; token permutation runs unfused here", _FLAG),
     "--no-rope-fusion": NoOp("RoPE is applied by slime's attention (a torch.compile kernel on CUDA), not megatron's fused RoPE", _FLAG),
     # Megatron numerics and kernels
     "--attention-dropout": NoOp(_ZERO_DROPOUT, _FLOAT, allowed=(0.0,)),
     "--hidden-dropout": NoOp(_ZERO_DROPOUT, _FLOAT, allowed=(0.0,)),
-    "--attention-softmax-in-fp32": NoOp("attention is SDPA / flash attention in both backends, whose kernels keep the softmax in fp32", _FLAG),
-    "--accumulate-allreduce-grads-in-fp32": NoOp("gradients are fp32 already (torch backend: fp32 params; megatron backend: grad_reduce_in_fp32 is always on)", _FLAG),
-    "--attention-backend": NoOp("both backends run their own attention: SDPA (torch), SDPA / varlen flash attention (megatron, slime/train/megatron/layers.py)", dict(choices=["flash", "fused", "unfused", "local", "auto"])),
+    "--attention-softmax-in-fp32": NoOp(
+        "attention is SDPA / flash attention in both backends, whose kernels keep the softmax in fp32", _FLAG
+    ),
+    "--accumulate-allreduce-grads-in-fp32": NoOp(
+        "gradients are fp32 already (torch backend: fp32 params; megatron backend: grad_reduce_in_fp32 is always on)", _FLAG
+    ),
+    "--attention-backend": NoOp(
+        "both backends run their own attention: SDPA (torch), SDPA / varlen flash attention (megatron, slime/train/megatron/layers.py)",
+        dict(choices=["flash", "fused", "unfused", "local", "auto"]),
+    ),
     "--init-method-std": NoOp("weights are loaded from --hf-checkpoint, never initialised", _FLOAT),
-    "--seq-length": NoOp("sequence lengths come from the data (prompt + --rollout-max-response-len); micro-batches are packed by --max-tokens-per-gpu", _INT),
+    "--seq-length": NoOp(
+        "sequence lengths come from the data (prompt + --rollout-max-response-len); micro-batches are packed by --max-tokens-per-gpu", _INT
+    ),
     # Optimizer and data balance
     "--optimizer": NoOp("the optimizer is always AdamW (Megatron's 'adam' is AdamW: decoupled --weight-decay)", dict(), allowed=("adam",)),
-    "--balance-data": NoOp("always on: each step's samples are split over data-parallel ranks by token count, longest first onto the lightest rank (slime/train/megatron/packing.py)", _FLAG),
+    "--balance-data": NoOp(
+        "always on: each step's samples are split over data-parallel ranks by token count, longest first onto the lightest rank (slime/train/megatron/packing.py)",
+        _FLAG,
+    ),
     "--optimizer-cpu-offload": NoOp("optimizer state stays on the GPU (memory only: the update is the same)", _FLAG),
     "--overlap-cpu-optimizer-d2h-h2d": NoOp("optimizer state stays on the GPU, so there is no host copy to overlap", _FLAG),
     "--use-precision-aware-optimizer": NoOp("AdamW keeps fp32 master weights and moments (memory only, at fp32 precision)", _FLAG),
     "--disable-compute-advantages-and-returns": NoOp("SFT (--loss-type sft_loss) computes no advantages here anyway", _FLAG),
-    "--use-slime-router": NoOp("requests are spread by slime's own engine pool, or by sglang-router for launched SGLang servers; slime's router middleware does not exist here", _FLAG),
+    "--use-slime-router": NoOp(
+        "requests are spread by slime's own engine pool, or by sglang-router for launched SGLang servers; slime's router middleware does not exist here",
+        _FLAG,
+    ),
     # Logging
     "--wandb-key": NoOp("wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()),
     "--wandb-run-id": NoOp("W&B names the run itself; the run directory (--save) is in its config", dict()),

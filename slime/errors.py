@@ -49,6 +49,8 @@ class DataError(SlimeError, ValueError):
 class RunError(SlimeError):
     """A run that finished its steps without a usable result (e.g. every sample FAILED, so nothing
     trained). Raised after the run's records, summary and report are written."""
+
+
 class CheckpointError(SlimeError, ValueError):
     """A model directory (``--hf-checkpoint`` and the like) with a missing, corrupt or truncated file;
     the message names the file (``slime.hf_checkpoint.check_hf_dir``)."""

@@ -101,8 +101,10 @@ def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
             run = _get(tree, field)
             if value != run:
                 hint = "give one value for all datasets in eval.defaults" if key in SAMPLING_KEYS else f"it is the run's {flag} here"
-                raise ConfigError(f"{at}: {key} = {value!r}, but this slime evaluates every dataset with the run's "
-                                  f"{flag} ({run!r}); per-dataset {key} is not supported: {hint}")
+                raise ConfigError(
+                    f"{at}: {key} = {value!r}, but this slime evaluates every dataset with the run's "
+                    f"{flag} ({run!r}); per-dataset {key} is not supported: {hint}"
+                )
         pairs += [entry["name"], entry["path"]]
     tree["data"]["eval_prompt_data"] = pairs
 

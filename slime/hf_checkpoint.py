@@ -36,13 +36,18 @@ INDEX = "model.safetensors.index.json"
 
 
 TOKENIZER_VOCAB_FILES: tuple[tuple[str, ...], ...] = (
-    ("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",), ("tiktoken.model",),
+    ("tokenizer.json",),
+    ("tokenizer.model",),
+    ("vocab.json", "merges.txt"),
+    ("vocab.txt",),
+    ("tiktoken.model",),
 )
 """Sets of files of which a loadable tokenizer has at least one (fast, sentencepiece, BPE, WordPiece, tiktoken)."""
 
 
-def check_hf_dir(path: str | Path, *, weights: bool = True, tokenizer: bool = False, flag: str | None = None,
-                 require_tokenizer: bool = False) -> None:
+def check_hf_dir(
+    path: str | Path, *, weights: bool = True, tokenizer: bool = False, flag: str | None = None, require_tokenizer: bool = False
+) -> None:
     """Check that ``path`` is an HF model directory whose files a library can load.
 
     Args:
@@ -173,6 +178,8 @@ def _safetensors_problem(file: Path) -> str | None:
     data_len = max(ends, default=0)
     expected = 8 + header_len + data_len
     if size != expected:
-        return (f"{bad}: {size} bytes, expected {expected} (8-byte length + {header_len}-byte header + "
-                f"{data_len} bytes of tensor data); re-download or re-save it")
+        return (
+            f"{bad}: {size} bytes, expected {expected} (8-byte length + {header_len}-byte header + "
+            f"{data_len} bytes of tensor data); re-download or re-save it"
+        )
     return None

@@ -139,18 +139,14 @@ class Sample(msgspec.Struct, kw_only=True):
                 f"for its {len(self.response_ids)} tokens; a teacher-scored sample cannot grow"
             )
         if len(logprobs) != k:
-            raise ValueError(
-                f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but "
-                f"{len(logprobs)} logprobs"
-            )
+            raise ValueError(f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but {len(logprobs)} logprobs")
         if isinstance(policy_version, int):
             new_versions = [policy_version] * k
         else:
             new_versions = [int(v) for v in policy_version]
             if len(new_versions) != k:
                 raise ValueError(
-                    f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but "
-                    f"{len(new_versions)} versions"
+                    f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but {len(new_versions)} versions"
                 )
         self.response_ids.extend(int(t) for t in token_ids)
         self.rollout_logprobs.extend(float(x) for x in logprobs)
@@ -212,13 +208,17 @@ class Sample(msgspec.Struct, kw_only=True):
         where = f"group {self.group_id} sample {self.index}"
         out = []
         if self.status is Status.PENDING:
-            out.append(f"{where}: status is still pending after the call (returned None or the sample without setting "
-                       "a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED")
+            out.append(
+                f"{where}: status is still pending after the call (returned None or the sample without setting "
+                "a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED"
+            )
         if max_response_len is not None and len(self.response_ids) > max_response_len:
             out.append(f"{where}: {len(self.response_ids)} response tokens, more than max_response_len={max_response_len}")
         if engine_version is not None and self.versions and max(self.versions) > engine_version:
-            out.append(f"{where}: a token has policy version {max(self.versions)}, newer than the engine's {engine_version}; "
-                       "tag each token with the engine_version the call was given (or the engine's weight_versions)")
+            out.append(
+                f"{where}: a token has policy version {max(self.versions)}, newer than the engine's {engine_version}; "
+                "tag each token with the engine_version the call was given (or the engine's weight_versions)"
+            )
         return out
 
     def set_teacher_logprobs(self, logprobs: Sequence[float]) -> None:
@@ -299,8 +299,16 @@ class GenerateFn(Protocol):
     several. A function that takes a ``tokenizer`` keyword gets the run's tokenizer bound by the driver.
     """
 
-    def __call__(self, sample: Sample, sampling_params: dict[str, Any], *, pool: EnginePool, max_response_len: int,
-                 engine_version: int, decode: Callable[[list[int]], str] | None = None) -> Awaitable[Sample | list[Sample]]: ...
+    def __call__(
+        self,
+        sample: Sample,
+        sampling_params: dict[str, Any],
+        *,
+        pool: EnginePool,
+        max_response_len: int,
+        engine_version: int,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> Awaitable[Sample | list[Sample]]: ...
 
 
 RewardValue = float | dict[str, Any]

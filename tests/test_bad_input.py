@@ -41,7 +41,12 @@ DATA = [
     ("missing input key", b'{"question": "a"}\n', {}, r":1: missing key 'prompt' \(--input-key\); keys present: \['question'\]"),
     ("prompt of wrong type", b'{"prompt": 5}\n', {}, r":1: key 'prompt' \(--input-key\) must be a non-empty string, got int 5"),
     ("blank prompt", b'{"prompt": "a"}\n{"prompt": "  "}\n', {}, r":2: .*got the blank string"),
-    ("bad metadata", b'{"prompt": "a", "meta": [1]}\n', {"metadata_key": "meta"}, r":1: key 'meta' \(--metadata-key\) must be an object, got list \[1\]"),
+    (
+        "bad metadata",
+        b'{"prompt": "a", "meta": [1]}\n',
+        {"metadata_key": "meta"},
+        r":1: key 'meta' \(--metadata-key\) must be an object, got list \[1\]",
+    ),
     ("empty file", b"", {}, r"no usable prompt rows: the file is empty or blank \(--prompt-data\)"),
     ("every line bad, skipped", b"x\ny\n", {"on_bad_data": "skip"}, r"no usable prompt rows: all 2 non-blank lines are bad"),
 ]
@@ -68,7 +73,9 @@ def test_a_missing_or_directory_data_path_names_the_flag(tmp_path, kind):
     path = tmp_path / "evals"
     if kind == "directory":
         path.mkdir()
-    with pytest.raises(DataError, match=f"{path}: {'is a directory' if kind == 'directory' else 'prompt file not found'}.*--eval-prompt-data"):
+    with pytest.raises(
+        DataError, match=f"{path}: {'is a directory' if kind == 'directory' else 'prompt file not found'}.*--eval-prompt-data"
+    ):
         load_jsonl_prompts(path, flag="--eval-prompt-data")
 
 
@@ -76,8 +83,14 @@ def test_a_missing_or_directory_data_path_names_the_flag(tmp_path, kind):
 
 FLAGS = [
     (["--rollout-batch-size", "0"], "--rollout-batch-size=0 is invalid: expected >= 1"),
-    (["--rollout-batch-size", "8", "--over-sampling-batch-size", "4"], "--over-sampling-batch-size=4 is invalid: expected >= --rollout-batch-size (8)"),
-    (["--global-batch-size", "48", "--micro-batch-size", "8"], "--global-batch-size=48 must divide --rollout-batch-size x --n-samples-per-prompt = 16 x 8 = 128"),
+    (
+        ["--rollout-batch-size", "8", "--over-sampling-batch-size", "4"],
+        "--over-sampling-batch-size=4 is invalid: expected >= --rollout-batch-size (8)",
+    ),
+    (
+        ["--global-batch-size", "48", "--micro-batch-size", "8"],
+        "--global-batch-size=48 must divide --rollout-batch-size x --n-samples-per-prompt = 16 x 8 = 128",
+    ),
     (["--micro-batch-size", "256"], "--micro-batch-size=256 is invalid: expected <= --global-batch-size (128)"),
     (["--rollout-top-p", "1.5"], "--rollout-top-p=1.5 is invalid"),
     (["--rollout-temperature", "0"], "--rollout-temperature=0.0 is invalid: expected > 0 for RL"),
@@ -97,11 +110,14 @@ def test_an_invalid_value_names_its_flag(argv, message):
         config_from_args(build_parser().parse_args(argv))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--rollout-mode", "bogus"], "argument --rollout-mode: invalid choice: 'bogus'"),
-    (["--n-samples-per-prompt", "abc"], "argument --n-samples-per-prompt: invalid int value: 'abc'"),
-    (["--rollout-batchsize", "4"], "unrecognized arguments: --rollout-batchsize"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rollout-mode", "bogus"], "argument --rollout-mode: invalid choice: 'bogus'"),
+        (["--n-samples-per-prompt", "abc"], "argument --n-samples-per-prompt: invalid int value: 'abc'"),
+        (["--rollout-batchsize", "4"], "unrecognized arguments: --rollout-batchsize"),
+    ],
+)
 def test_a_malformed_flag_is_refused_by_name(capsys, argv, message):
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)
@@ -128,14 +144,46 @@ PREFLIGHT = [
     ("hf checkpoint is a file", lambda t, m, mp: ["--hf-checkpoint", m + "/config.json"], r"--hf-checkpoint=.*: is a file"),
     ("no config.json", lambda t, m, mp: ["--hf-checkpoint", str(t)], r"--hf-checkpoint=.*: no config.json in the directory"),
     ("ref-load no config.json", lambda t, m, mp: ["--hf-checkpoint", m, "--ref-load", str(t)], r"--ref-load=.*: no config.json"),
-    ("prompt data missing", lambda t, m, mp: ["--hf-checkpoint", m, "--prompt-data", str(t / "p.jsonl")], r"--prompt-data=.*p.jsonl': no such JSONL file"),
-    ("rm module missing", lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "no_such_mod.reward"], r"--custom-rm-path='no_such_mod.reward': cannot import module 'no_such_mod'"),
-    ("rm function missing", lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "slime.data.arith.nope"], r"--custom-rm-path=.*: module 'slime.data.arith' has no callable 'nope'"),
-    ("rm path without module", lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "reward"], r"--custom-rm-path='reward': expected 'package.module.function'"),
-    ("filter module raises", lambda t, m, mp: ["--hf-checkpoint", m, "--dynamic-sampling-filter-path", _broken_plugin(t, mp)], r"--dynamic-sampling-filter-path=.*raised NameError: name 'undefined_name'"),
-    ("rollout function missing", lambda t, m, mp: ["--hf-checkpoint", m, "--rollout-function-path", "slime.data.arith.nope"], r"--rollout-function-path=.*has no callable 'nope'"),
-    ("rollout function with APRIL", lambda t, m, mp: ["--hf-checkpoint", m, "--rollout-function-path", "m.f", "--partial-rollout"], r"--rollout-function-path=m.f with --rollout-mode april"),
-    ("buffer filter not callable", lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli.DEFAULT_CHECKPOINT"], r"--buffer-filter-path=.*has no callable 'DEFAULT_CHECKPOINT'"),
+    (
+        "prompt data missing",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--prompt-data", str(t / "p.jsonl")],
+        r"--prompt-data=.*p.jsonl': no such JSONL file",
+    ),
+    (
+        "rm module missing",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "no_such_mod.reward"],
+        r"--custom-rm-path='no_such_mod.reward': cannot import module 'no_such_mod'",
+    ),
+    (
+        "rm function missing",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "slime.data.arith.nope"],
+        r"--custom-rm-path=.*: module 'slime.data.arith' has no callable 'nope'",
+    ),
+    (
+        "rm path without module",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--custom-rm-path", "reward"],
+        r"--custom-rm-path='reward': expected 'package.module.function'",
+    ),
+    (
+        "filter module raises",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--dynamic-sampling-filter-path", _broken_plugin(t, mp)],
+        r"--dynamic-sampling-filter-path=.*raised NameError: name 'undefined_name'",
+    ),
+    (
+        "rollout function missing",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--rollout-function-path", "slime.data.arith.nope"],
+        r"--rollout-function-path=.*has no callable 'nope'",
+    ),
+    (
+        "rollout function with APRIL",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--rollout-function-path", "m.f", "--partial-rollout"],
+        r"--rollout-function-path=m.f with --rollout-mode april",
+    ),
+    (
+        "buffer filter not callable",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli.DEFAULT_CHECKPOINT"],
+        r"--buffer-filter-path=.*has no callable 'DEFAULT_CHECKPOINT'",
+    ),
 ]
 
 
@@ -148,6 +196,7 @@ def test_slime_train_checks_paths_and_plugins_at_start(tmp_path, model_dir, monk
 
 
 # -- engine answers ---------------------------------------------------------------------------------
+
 
 def _gen(meta: dict, ids=(5, 6), **kw) -> dict:
     base = {"id": "r", "finish_reason": {"type": "stop", "matched": 6}, "output_token_logprobs": [[-0.5, t, None] for t in ids]}
@@ -166,15 +215,45 @@ async def engine(status=200, body: object = b"", *, content_type="application/js
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
-        yield EngineClient(f"http://127.0.0.1:{server.port}", session=session, config=RolloutConfig(request_timeout_s=0.3, control_timeout_s=0.3))
+        yield EngineClient(
+            f"http://127.0.0.1:{server.port}", session=session, config=RolloutConfig(request_timeout_s=0.3, control_timeout_s=0.3)
+        )
 
 
 ERROR_BODIES = [  # one per documented error-body shape (slime/engines/protocol.py: error_message_from_body)
     ("error string", 400, {"error": "prompt too long"}, "application/json", EngineRequestError, "prompt too long"),
-    ("error object", 400, {"error": {"message": "bad top_k", "type": "BadRequestError"}}, "application/json", EngineRequestError, "bad top_k"),
-    ("ErrorResponse", 400, {"object": "error", "message": "max_new_tokens too big", "code": 400}, "application/json", EngineRequestError, "max_new_tokens too big"),
-    ("stream error chunk", 400, b'data: {"error": {"message": "stream broke"}}\n\ndata: [DONE]\n', "text/event-stream", EngineRequestError, "stream broke"),
-    ("FastAPI 422", 422, {"detail": [{"loc": ["body", "input_ids"], "msg": "field required"}]}, "application/json", EngineRequestError, "body.input_ids: field required"),
+    (
+        "error object",
+        400,
+        {"error": {"message": "bad top_k", "type": "BadRequestError"}},
+        "application/json",
+        EngineRequestError,
+        "bad top_k",
+    ),
+    (
+        "ErrorResponse",
+        400,
+        {"object": "error", "message": "max_new_tokens too big", "code": 400},
+        "application/json",
+        EngineRequestError,
+        "max_new_tokens too big",
+    ),
+    (
+        "stream error chunk",
+        400,
+        b'data: {"error": {"message": "stream broke"}}\n\ndata: [DONE]\n',
+        "text/event-stream",
+        EngineRequestError,
+        "stream broke",
+    ),
+    (
+        "FastAPI 422",
+        422,
+        {"detail": [{"loc": ["body", "input_ids"], "msg": "field required"}]},
+        "application/json",
+        EngineRequestError,
+        "body.input_ids: field required",
+    ),
     ("FastAPI 404", 404, {"detail": "Not Found"}, "application/json", EngineRequestError, "Not Found"),
     ("plain text 500", 500, b"Internal Server Error", "text/plain", EngineUnavailable, "Internal Server Error"),
     ("empty 503", 503, b"", "text/plain", EngineUnavailable, "(empty body, HTTP 503)"),
@@ -193,7 +272,9 @@ async def test_each_error_body_shape_becomes_our_error_with_the_engine_message(s
 
 async def test_success_false_on_a_control_call_carries_the_engine_message():
     async with engine(200, {"success": False, "message": "weights not found at /w/v3"}) as client:
-        with pytest.raises(EngineRequestError, match=re.escape(f"{client.url}/update_weights_from_disk (HTTP 200): weights not found at /w/v3")):
+        with pytest.raises(
+            EngineRequestError, match=re.escape(f"{client.url}/update_weights_from_disk (HTTP 200): weights not found at /w/v3")
+        ):
             await client.update_weights_from_disk("/w/v3", weight_version="3")
 
 
@@ -203,8 +284,16 @@ BAD_200 = [
     ("unknown finish reason", _gen({"finish_reason": {"type": "eos"}}), r"cannot parse /generate response .*finish_reason"),
     ("null finish reason", _gen({"finish_reason": None}), r"finish_reason is null"),
     ("null logprob", _gen({"output_token_logprobs": [[None, 5, None], [-0.5, 6, None]]}), r"output_token_logprobs\[0\] has a null logprob"),
-    ("logprob for another token", _gen({"output_token_logprobs": [[-0.5, 9, None], [-0.5, 6, None]]}), r"output_token_logprobs\[0\] is for token 9, output_ids\[0\]=5"),
-    ("weight spans off", _gen({"weight_versions": [{"version": "1", "start": 0, "end": 1}]}), r"weight_versions spans .* cover 1 of 2 output tokens"),
+    (
+        "logprob for another token",
+        _gen({"output_token_logprobs": [[-0.5, 9, None], [-0.5, 6, None]]}),
+        r"output_token_logprobs\[0\] is for token 9, output_ids\[0\]=5",
+    ),
+    (
+        "weight spans off",
+        _gen({"weight_versions": [{"version": "1", "start": 0, "end": 1}]}),
+        r"weight_versions spans .* cover 1 of 2 output tokens",
+    ),
 ]
 
 
@@ -229,6 +318,7 @@ async def test_a_refused_connection_and_a_timeout_name_the_engine_and_endpoint()
 
 
 # -- reward, generate and filter plugins -------------------------------------------------------------
+
 
 async def _hang(_):
     await asyncio.sleep(10)
@@ -258,11 +348,15 @@ async def test_a_failing_reward_marks_the_sample_failed_and_logs_group_and_index
     assert "reward failed for group 7 sample 3" in caplog.text and message in caplog.text
 
 
-@pytest.mark.parametrize("fn, message", [
-    (lambda samples: [1.0, 0.0], "group reward function returned 2 rewards for 3 samples"),
-    (lambda samples: 1.0, "group reward function returned float 1.0, expected a list of 3 rewards"),
-    (lambda samples: [1.0, "x", 0.0], "reward function returned str 'x', expected a float"),
-], ids=["wrong count", "not a list", "wrong element type"])
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda samples: [1.0, 0.0], "group reward function returned 2 rewards for 3 samples"),
+        (lambda samples: 1.0, "group reward function returned float 1.0, expected a list of 3 rewards"),
+        (lambda samples: [1.0, "x", 0.0], "reward function returned str 'x', expected a float"),
+    ],
+    ids=["wrong count", "not a list", "wrong element type"],
+)
 async def test_a_group_reward_of_the_wrong_shape_fails_every_sample_of_the_group(caplog, fn, message):
     samples = [Sample(prompt_ids=[1], group_id=4, index=i, status=Status.COMPLETED) for i in range(3)]
     await score_group(samples, fn, timeout_s=1.0)
@@ -276,9 +370,16 @@ async def _run_one_batch(**kw):
 
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode="sync", rollout_batch_size=1), RolloutConfig(n_samples_per_prompt=2),
-            source=PromptSource([PromptRow(index=0, prompt="p")], shuffle=False), tokenize=lambda t: [1, 2], decode=lambda ids: "",
-            pool=FakePool(), buffer=DataBuffer(), reward_fn=reward, task_group=tg, **kw,
+            LoopConfig(mode="sync", rollout_batch_size=1),
+            RolloutConfig(n_samples_per_prompt=2),
+            source=PromptSource([PromptRow(index=0, prompt="p")], shuffle=False),
+            tokenize=lambda t: [1, 2],
+            decode=lambda ids: "",
+            pool=FakePool(),
+            buffer=DataBuffer(),
+            reward_fn=reward,
+            task_group=tg,
+            **kw,
         )
         await sched.next_batch(1)
 
@@ -343,5 +444,6 @@ def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
 
 def test_slime_rollout_names_itself_in_its_errors(capsys):
     from slime.cli import main
+
     assert main(["rollout", "--rollout-batch-size", "0"]) == 2
     assert capsys.readouterr().err.startswith("slime rollout: error: --rollout-batch-size=0")

@@ -17,32 +17,131 @@ from slime.cli import main
 
 QWEN3_4B = [
     # CKPT_ARGS
-    "--hf-checkpoint", "/root/Qwen3-4B", "--ref-load", "/root/Qwen3-4B_torch_dist", "--load", "/root/Qwen3-4B_slime/",
-    "--save", "/root/Qwen3-4B_slime/", "--save-interval", "20",
+    "--hf-checkpoint",
+    "/root/Qwen3-4B",
+    "--ref-load",
+    "/root/Qwen3-4B_torch_dist",
+    "--load",
+    "/root/Qwen3-4B_slime/",
+    "--save",
+    "/root/Qwen3-4B_slime/",
+    "--save-interval",
+    "20",
     # ROLLOUT_ARGS (--rm-type, --balance-data, --optimizer and the MISC_ARGS: tests/test_slime_scripts.py)
-    "--prompt-data", "/root/dapo-math-17k/dapo-math-17k.jsonl", "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-    "--rollout-shuffle", "--num-rollout", "3000", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
-    "--rollout-max-response-len", "8192", "--rollout-temperature", "0.8", "--global-batch-size", "256",
+    "--prompt-data",
+    "/root/dapo-math-17k/dapo-math-17k.jsonl",
+    "--input-key",
+    "prompt",
+    "--label-key",
+    "label",
+    "--apply-chat-template",
+    "--rollout-shuffle",
+    "--num-rollout",
+    "3000",
+    "--rollout-batch-size",
+    "32",
+    "--n-samples-per-prompt",
+    "8",
+    "--rollout-max-response-len",
+    "8192",
+    "--rollout-temperature",
+    "0.8",
+    "--global-batch-size",
+    "256",
     # EVAL_ARGS
-    "--eval-interval", "20", "--eval-prompt-data", "aime", "/root/aime-2024/aime-2024.jsonl", "--n-samples-per-eval-prompt", "16",
+    "--eval-interval",
+    "20",
+    "--eval-prompt-data",
+    "aime",
+    "/root/aime-2024/aime-2024.jsonl",
+    "--n-samples-per-eval-prompt",
+    "16",
     # PERF_ARGS
-    "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
-    "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1", "--recompute-granularity", "full",
-    "--recompute-method", "uniform", "--recompute-num-layers", "1", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "9216",
+    "--tensor-model-parallel-size",
+    "2",
+    "--sequence-parallel",
+    "--pipeline-model-parallel-size",
+    "1",
+    "--context-parallel-size",
+    "1",
+    "--expert-model-parallel-size",
+    "1",
+    "--expert-tensor-parallel-size",
+    "1",
+    "--recompute-granularity",
+    "full",
+    "--recompute-method",
+    "uniform",
+    "--recompute-num-layers",
+    "1",
+    "--use-dynamic-batch-size",
+    "--max-tokens-per-gpu",
+    "9216",
     # GRPO_ARGS
-    "--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl",
-    "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28",
+    "--advantage-estimator",
+    "grpo",
+    "--use-kl-loss",
+    "--kl-loss-coef",
+    "0.00",
+    "--kl-loss-type",
+    "low_var_kl",
+    "--entropy-coef",
+    "0.00",
+    "--eps-clip",
+    "0.2",
+    "--eps-clip-high",
+    "0.28",
     # OPTIMIZER_ARGS
-    "--lr", "1e-6", "--lr-decay-style", "constant", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
+    "--lr",
+    "1e-6",
+    "--lr-decay-style",
+    "constant",
+    "--weight-decay",
+    "0.1",
+    "--adam-beta1",
+    "0.9",
+    "--adam-beta2",
+    "0.98",
     # SGLANG_ARGS, and the GPUs of --actor-num-gpus-per-node 8 --colocate
-    "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.7", "--rollout-num-gpus", "8", "--colocate",
+    "--rollout-num-gpus-per-engine",
+    "2",
+    "--sglang-mem-fraction-static",
+    "0.7",
+    "--rollout-num-gpus",
+    "8",
+    "--colocate",
 ]
-MORE_SGLANG = ["--sglang-enable-memory-saver", "--sglang-chunked-prefill-size", "-1", "--sglang-cuda-graph-bs", "1", "2", "4", "8",
-               "--sglang-json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--sglang-log-level=warning"]
-EXPECTED_TAIL = ["--mem-fraction-static", "0.7", "--enable-memory-saver", "--chunked-prefill-size", "-1", "--cuda-graph-bs", "1", "2",
-                 "4", "8", "--json-model-override-args", '{"rope_scaling": {"type": "yarn", "factor": 4.0}}', "--log-level=warning"]
+MORE_SGLANG = [
+    "--sglang-enable-memory-saver",
+    "--sglang-chunked-prefill-size",
+    "-1",
+    "--sglang-cuda-graph-bs",
+    "1",
+    "2",
+    "4",
+    "8",
+    "--sglang-json-model-override-args",
+    '{"rope_scaling": {"type": "yarn", "factor": 4.0}}',
+    "--sglang-log-level=warning",
+]
+EXPECTED_TAIL = [
+    "--mem-fraction-static",
+    "0.7",
+    "--enable-memory-saver",
+    "--chunked-prefill-size",
+    "-1",
+    "--cuda-graph-bs",
+    "1",
+    "2",
+    "4",
+    "8",
+    "--json-model-override-args",
+    '{"rope_scaling": {"type": "yarn", "factor": 4.0}}',
+    "--log-level=warning",
+]
 UNSUPPORTED = [  # flags this slime does not have (--balance-data, --optimizer, dropouts...: tests/test_slime_scripts.py)
-    ["--sglang-router-request-timeout-secs", "14400"], ["--no-such-flag"],
+    ["--sglang-router-request-timeout-secs", "14400"],
+    ["--no-such-flag"],
 ]
 
 
@@ -56,7 +155,7 @@ def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(cap
         assert argv[0] == f"CUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1}"
         start = argv.index("--weight-version")
         assert argv[argv.index("--model-path") + 1] == "/root/Qwen3-4B" and argv[argv.index("--tp-size") + 1] == "2"
-        assert argv[start + 1] == "0" and argv[start + 2:] == EXPECTED_TAIL
+        assert argv[start + 1] == "0" and argv[start + 2 :] == EXPECTED_TAIL
     (router,) = [shlex.split(line) for line in out.splitlines() if "sglang_router.launch_router" in line]
     urls = router[router.index("--worker-urls") + 1 : router.index("--host")]
     assert urls == [f"http://127.0.0.1:{argv[argv.index('--port') + 1]}" for argv in servers]
@@ -78,8 +177,10 @@ def test_a_flag_this_slime_does_not_have_is_an_error_naming_it(capsys, extra):
     assert extra[0] in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, hint", [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-port", "its own port"),
-                                        ("--router-port", "--sglang-router-port")])
+@pytest.mark.parametrize(
+    "flag, hint",
+    [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-port", "its own port"), ("--router-port", "--sglang-router-port")],
+)
 def test_a_pass_through_flag_slime_sets_itself_is_refused_with_what_to_use(capsys, flag, hint):
     assert main(["train", "--dry-run", *QWEN3_4B, flag, "3"]) == 2
     err = capsys.readouterr().err
@@ -93,8 +194,12 @@ def test_sglang_flags_without_sglang_servers_are_an_error_not_ignored(capsys):
 
 def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
     path = tmp_path / "groups.yaml"
-    path.write_text("groups:\n  - {name: actor, num_engines: 2}\n  - {name: teacher, model: teacher, model_path: /ckpt/t, gpus_per_engine: 2}\n")
-    assert main(["train", "--dry-run", "--hf-checkpoint", "/ckpt/p", "--sglang-config", str(path), "--sglang-mem-fraction-static", "0.6"]) == 0
+    path.write_text(
+        "groups:\n  - {name: actor, num_engines: 2}\n  - {name: teacher, model: teacher, model_path: /ckpt/t, gpus_per_engine: 2}\n"
+    )
+    assert (
+        main(["train", "--dry-run", "--hf-checkpoint", "/ckpt/p", "--sglang-config", str(path), "--sglang-mem-fraction-static", "0.6"]) == 0
+    )
     out = capsys.readouterr().out
     assert "[server actor-1] model=actor" in out and "[server teacher-0] model=teacher" in out
     assert out.count("--mem-fraction-static 0.6") == 3

@@ -42,9 +42,16 @@ def test_no_field_name_is_stored_in_two_places():
     assert {name: paths for name, paths in _paths(Config()).items() if len(paths) > 1} == {}
 
 
-@pytest.mark.parametrize("section, field", [
-    ("train", "rollout_temperature"), ("train", "max_staleness"), ("train", "seed"), ("data", "seed"), ("loop", "n_samples_per_prompt"),
-])
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ("train", "rollout_temperature"),
+        ("train", "max_staleness"),
+        ("train", "seed"),
+        ("data", "seed"),
+        ("loop", "n_samples_per_prompt"),
+    ],
+)
 def test_the_former_copies_no_longer_exist(section, field):
     with pytest.raises(msgspec.ValidationError, match=f"unknown field `{field}`"):
         msgspec.convert({section: {field: 1}}, Config)
@@ -79,7 +86,9 @@ async def test_the_rl_driver_builds_its_trainer_with_the_rollout_temperature_of_
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, rollout_temperature=0.7),
         loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1, max_staleness=2),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
-        engine=EngineConfig(hf_checkpoint=str(model)), run_dir=str(tmp_path / "run"), seed=5,
+        engine=EngineConfig(hf_checkpoint=str(model)),
+        run_dir=str(tmp_path / "run"),
+        seed=5,
     )
     with pytest.raises(_Built):
         await run_training(config, reward_fn=lambda s: 0.0, progress=False)
@@ -98,17 +107,21 @@ def test_every_section_has_its_own_validate_and_the_root_runs_them(monkeypatch):
     assert sorted(called) == sorted(c.__name__ for c in top)
 
 
-@pytest.mark.parametrize("section, message", [
-    (LoopConfig(max_staleness=-1), "--max-staleness=-1"),
-    (RolloutConfig(rollout_temperature=0.0), "--rollout-temperature=0.0"),
-    (TrainConfig(opd_only=True), "--opd-only needs --use-opd"),
-    (MegatronConfig(tensor_model_parallel_size=0), "--tensor-model-parallel-size=0"),
-    (SyncConfig(colocate=True, method="delta"), "--colocate with --weight-sync"),
-    (EngineConfig(num_engines=0), "--rollout-num-engines=0"),
-    (ObsConfig(metrics_port=70000), "--metrics-port=70000"),
-    (DebugConfig(save_debug_rollout_data="r.msgpack"), "needs \\{rollout_id\\}"),
-    (DataConfig(rollout_max_prompt_len=0), "--rollout-max-prompt-len=0"),
-], ids=lambda x: type(x).__name__ if isinstance(x, msgspec.Struct) else None)
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        (LoopConfig(max_staleness=-1), "--max-staleness=-1"),
+        (RolloutConfig(rollout_temperature=0.0), "--rollout-temperature=0.0"),
+        (TrainConfig(opd_only=True), "--opd-only needs --use-opd"),
+        (MegatronConfig(tensor_model_parallel_size=0), "--tensor-model-parallel-size=0"),
+        (SyncConfig(colocate=True, method="delta"), "--colocate with --weight-sync"),
+        (EngineConfig(num_engines=0), "--rollout-num-engines=0"),
+        (ObsConfig(metrics_port=70000), "--metrics-port=70000"),
+        (DebugConfig(save_debug_rollout_data="r.msgpack"), "needs \\{rollout_id\\}"),
+        (DataConfig(rollout_max_prompt_len=0), "--rollout-max-prompt-len=0"),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, msgspec.Struct) else None,
+)
 def test_a_section_checks_its_own_fields_alone(section, message):
     with pytest.raises(ConfigError, match=message):
         section.validate()
@@ -124,5 +137,6 @@ def test_each_config_module_stays_under_400_lines():
 def test_a_rollout_only_run_does_not_need_a_global_batch_size_that_divides_its_samples():
     with pytest.raises(ConfigError, match="--global-batch-size=128 must divide"):
         Config(loop=LoopConfig(rollout_batch_size=2), rollout=RolloutConfig(n_samples_per_prompt=2)).validate()
-    Config(loop=LoopConfig(rollout_batch_size=2), rollout=RolloutConfig(n_samples_per_prompt=2),
-           debug=DebugConfig(debug_rollout_only=True)).validate()
+    Config(
+        loop=LoopConfig(rollout_batch_size=2), rollout=RolloutConfig(n_samples_per_prompt=2), debug=DebugConfig(debug_rollout_only=True)
+    ).validate()

@@ -40,8 +40,12 @@ def test_datasets_become_named_eval_sets_and_defaults_set_the_eval_flags(tmp_pat
 
 
 def test_a_per_dataset_value_this_slime_cannot_honour_is_one_error_naming_it(tmp_path):
-    with pytest.raises(ConfigError, match=re.escape("eval.datasets[0] (aime): rm_type = 'deepscaler', but this slime evaluates "
-                                                    "every dataset with the run's --rm-type ('math')")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "eval.datasets[0] (aime): rm_type = 'deepscaler', but this slime evaluates every dataset with the run's --rm-type ('math')"
+        ),
+    ):
         _config(tmp_path, MULTI_TASK, "--rm-type", "math")
     per_dataset = MULTI_TASK.replace("      input_key: prompt\n", "      top_p: 0.95\n")
     with pytest.raises(ConfigError, match=re.escape("eval.datasets[1] (math500): top_p = 0.95, but this slime")):
@@ -52,12 +56,15 @@ def test_a_per_dataset_value_this_slime_cannot_honour_is_one_error_naming_it(tmp
         _config(tmp_path, MULTI_TASK.replace("      rm_type: deepscaler\n", "      metadata_overrides: {split: test}\n", 1))
 
 
-@pytest.mark.parametrize("text, flags, message", [
-    ("eval: {}\n", (), "expected 'eval: datasets:'"),
-    ("eval:\n  datasets:\n    - path: a.jsonl\n", (), "eval.datasets[0]: each dataset needs a 'name' and a 'path'"),
-    ("eval:\n  datasets: [{name: a, path: a.jsonl}]\n", ("--eval-prompt-data", "b", "b.jsonl"), "with --eval-prompt-data"),
-    ("eval: [\n", (), "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, flags, message",
+    [
+        ("eval: {}\n", (), "expected 'eval: datasets:'"),
+        ("eval:\n  datasets:\n    - path: a.jsonl\n", (), "eval.datasets[0]: each dataset needs a 'name' and a 'path'"),
+        ("eval:\n  datasets: [{name: a, path: a.jsonl}]\n", ("--eval-prompt-data", "b", "b.jsonl"), "with --eval-prompt-data"),
+        ("eval: [\n", (), "not valid YAML"),
+    ],
+)
 def test_bad_files_are_one_line_naming_the_file(tmp_path, text, flags, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         _config(tmp_path, text, *flags)

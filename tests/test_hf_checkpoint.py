@@ -38,7 +38,9 @@ def _broken(src: Path, dst: Path, what: str) -> tuple[Path, Path]:
         file = dst / "model.safetensors.index.json"
         (dst / "model.safetensors").rename(dst / "model-00001-of-00002.safetensors")
         names = ["model.embed_tokens.weight", "lm_head.weight"]
-        file.write_text(json.dumps({"weight_map": {names[0]: "model-00001-of-00002.safetensors", names[1]: "model-00002-of-00002.safetensors"}}))
+        file.write_text(
+            json.dumps({"weight_map": {names[0]: "model-00001-of-00002.safetensors", names[1]: "model-00002-of-00002.safetensors"}})
+        )
     else:
         raise ValueError(what)
     return dst, file
@@ -46,13 +48,19 @@ def _broken(src: Path, dst: Path, what: str) -> tuple[Path, Path]:
 
 CASES = [
     ("config", r"invalid JSON at line \d+, column \d+: Expecting ',' delimiter"),
-    ("truncated", r"truncated or corrupt safetensors file: 50000 bytes, expected \d+ \(8-byte length \+ \d+-byte header \+ \d+ bytes of tensor data\)"),
+    (
+        "truncated",
+        r"truncated or corrupt safetensors file: 50000 bytes, expected \d+ \(8-byte length \+ \d+-byte header \+ \d+ bytes of tensor data\)",
+    ),
     ("missing shard", r"names model-00002-of-00002.safetensors, which is missing"),
 ]
 
 
-@pytest.mark.parametrize("what, problem", CASES + [("tokenizer", r"invalid JSON at line 2, column 1: Expecting property name")],
-                         ids=[c[0] for c in CASES] + ["tokenizer"])
+@pytest.mark.parametrize(
+    "what, problem",
+    CASES + [("tokenizer", r"invalid JSON at line 2, column 1: Expecting property name")],
+    ids=[c[0] for c in CASES] + ["tokenizer"],
+)
 def test_the_checker_names_the_file_and_what_is_wrong(good_dir, tmp_path, what, problem):
     check_hf_dir(good_dir, tokenizer=True)
     model, file = _broken(good_dir, tmp_path / "m", what)
@@ -66,7 +74,9 @@ def test_the_checker_refuses_a_directory_without_weights_and_a_header_that_lies(
     model = tmp_path / "m"
     shutil.copytree(good_dir, model)
     (model / "model.safetensors").write_bytes((10**6).to_bytes(8, "little") + b"{}")
-    with pytest.raises(CheckpointError, match=r"model.safetensors: truncated or corrupt safetensors file: 10 bytes, but its header alone claims 1000008"):
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors: truncated or corrupt safetensors file: 10 bytes, but its header alone claims 1000008"
+    ):
         check_hf_dir(model)
     (model / "model.safetensors").unlink()
     check_hf_dir(model, weights=False)
@@ -107,15 +117,26 @@ def _sft(model: Path):
     from slime.loop.sft import run_sft
 
     train = TrainConfig(loss_type="sft_loss", global_batch_size=16, micro_batch_size=16)
-    config = Config(engine=EngineConfig(hf_checkpoint=str(model)), train=train, data=DataConfig(prompt_data=str(model / "sft.jsonl")),
-                    run_dir=str(model.parent / "run"))
+    config = Config(
+        engine=EngineConfig(hf_checkpoint=str(model)),
+        train=train,
+        data=DataConfig(prompt_data=str(model / "sft.jsonl")),
+        run_dir=str(model.parent / "run"),
+    )
     asyncio.run(run_sft(config, progress=False))
 
 
 LOADERS = [  # (loader, the broken file it must name)
-    (_torch_trainer, "config"), (_torch_trainer, "truncated"), (_engine, "config"), (_engine, "truncated"),
-    (_megatron_reader, "config"), (_megatron_reader, "truncated"), (_megatron_reader, "missing shard"),
-    (_driver, "tokenizer"), (_sft, "tokenizer"), (_sft, "config"),
+    (_torch_trainer, "config"),
+    (_torch_trainer, "truncated"),
+    (_engine, "config"),
+    (_engine, "truncated"),
+    (_megatron_reader, "config"),
+    (_megatron_reader, "truncated"),
+    (_megatron_reader, "missing shard"),
+    (_driver, "tokenizer"),
+    (_sft, "tokenizer"),
+    (_sft, "config"),
 ]
 
 
@@ -162,4 +183,3 @@ def test_a_directory_without_a_tokenizer_vocabulary_is_one_line_when_a_tokenizer
     (d / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match=r"--hf-checkpoint: .*notok: no tokenizer vocabulary \(tokenizer.json or"):
         load_tokenizer(d, flag="--hf-checkpoint")
-

@@ -22,8 +22,15 @@ def test_the_cache_keyword_is_a_named_parameter_of_the_model_forward(name):
 
 
 def test_a_decode_step_through_the_cache_equals_the_full_forward():
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, initializer_range=0.2)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        initializer_range=0.2,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     ids = torch.tensor([[3, 7, 1, 9, 4]])

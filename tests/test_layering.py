@@ -74,8 +74,13 @@ def imports(path: Path, modules: set[str], root: Path = ROOT) -> list[tuple[int,
     ``from a.b import c`` names ``a.b.c`` when that is a module, else ``a.b``; relative imports are resolved.
     """
     tree = ast.parse(path.read_text(), str(path))
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for stmt in node.body for n in ast.walk(stmt)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
     me = module_name(path, root)
     package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
     found = []
@@ -167,9 +172,14 @@ def test_no_import_cycle_between_modules():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-DOCUMENTED = sorted({m.group(1) for f in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "scripts").rglob("*.sh")]
-                     if f.name != "benchmarks.md"
-                     for m in re.finditer(r"--[a-z-]+-path[ =]+[`'\"]?(slime\.[A-Za-z0-9_.:]+)", f.read_text())})
+DOCUMENTED = sorted(
+    {
+        m.group(1)
+        for f in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "scripts").rglob("*.sh")]
+        if f.name != "benchmarks.md"
+        for m in re.finditer(r"--[a-z-]+-path[ =]+[`'\"]?(slime\.[A-Za-z0-9_.:]+)", f.read_text())
+    }
+)
 
 
 def test_the_documented_plugin_paths_are_found():
@@ -193,8 +203,19 @@ def test_each_known_exception_still_exists(pair):
     assert dep in {d for _, d in GRAPH[module]}, f"{module} no longer imports {dep}: remove it from KNOWN"
 
 
-@pytest.mark.parametrize("rule", [("rollout", "train"), ("train", "rollout"), ("servers", "loop"), ("servers", "engines"),
-                                  ("engines", "rollout"), ("loop", "servers"), ("loop", "cli"), ("bench", "cli")])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        ("rollout", "train"),
+        ("train", "rollout"),
+        ("servers", "loop"),
+        ("servers", "engines"),
+        ("engines", "rollout"),
+        ("loop", "servers"),
+        ("loop", "cli"),
+        ("bench", "cli"),
+    ],
+)
 def test_the_stated_rules_hold(rule):
     """What docs/ARCHITECTURE.md says in words: rollout and train never import each other, servers never
     import the loop or the client, nothing imports back up into the CLI."""
@@ -207,14 +228,17 @@ def test_a_new_back_arrow_or_cycle_is_caught(tmp_path):
     import shutil
 
     shutil.copytree(ROOT / "slime", tmp_path / "slime")
-    (tmp_path / "slime" / "train" / "kl.py").write_text((ROOT / "slime" / "train" / "kl.py").read_text()
-                                                        + "\nfrom slime.rollout.generate import request_id\n")
-    (tmp_path / "slime" / "engines" / "breaker.py").write_text((ROOT / "slime" / "engines" / "breaker.py").read_text()
-                                                               + "\ndef _late():\n    from slime.engines import pool\n")
+    (tmp_path / "slime" / "train" / "kl.py").write_text(
+        (ROOT / "slime" / "train" / "kl.py").read_text() + "\nfrom slime.rollout.generate import request_id\n"
+    )
+    (tmp_path / "slime" / "engines" / "breaker.py").write_text(
+        (ROOT / "slime" / "engines" / "breaker.py").read_text() + "\ndef _late():\n    from slime.engines import pool\n"
+    )
     graph = import_graph(tmp_path)
     assert [b for b in back_arrows(graph) if b.startswith("slime.train.kl:")] == [
         f"slime.train.kl:{len((ROOT / 'slime/train/kl.py').read_text().splitlines()) + 2} imports slime.rollout.generate"
-        " (train may not import rollout)"]
+        " (train may not import rollout)"
+    ]
     assert any({"slime.engines.breaker", "slime.engines.pool"} <= set(c) for c in cycles(graph))
 
 

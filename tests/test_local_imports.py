@@ -56,14 +56,19 @@ def shadowing_imports(source: str) -> list[tuple[int, str, str]]:
 
 
 def test_the_checker_finds_an_import_that_shadows_a_module_name():
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\nfrom errors import ConfigError\n"
-              "def f(x):\n    if x:\n        from errors import ConfigError\n    import torch\n    import torch.nn as nn\n"
-              "    raise ConfigError('x')\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\nfrom errors import ConfigError\n"
+        "def f(x):\n    if x:\n        from errors import ConfigError\n    import torch\n    import torch.nn as nn\n"
+        "    raise ConfigError('x')\n"
+    )
     assert shadowing_imports(source) == [(7, "f", "ConfigError")]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_no_function_import_shadows_a_module_level_name(folder):
-    bad = [f"{path.relative_to(ROOT)}:{line}: {fn}() imports {name!r}, which the module already binds"
-           for path in sorted((ROOT / folder).rglob("*.py")) for line, fn, name in shadowing_imports(path.read_text())]
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {fn}() imports {name!r}, which the module already binds"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line, fn, name in shadowing_imports(path.read_text())
+    ]
     assert not bad, "\n".join(bad)

@@ -28,9 +28,20 @@ DATA = Path(__file__).parent / "data" / "slime_scripts"
 # Flags of these scripts that other items of issue 16 add (items 2-4). Until they are merged a flag
 # the parser does not know yet is left out here; once merged, it is run like every other flag.
 QWEN3_4B_CONFIG = {  # the architecture of Qwen/Qwen3-4B's config.json
-    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 2560, "intermediate_size": 9728,
-    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
-    "rope_theta": 1000000, "rms_norm_eps": 1e-6, "vocab_size": 151936, "tie_word_embeddings": True, "attention_bias": False,
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rope_theta": 1000000,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
     "max_position_embeddings": 40960,
 }
 
@@ -53,9 +64,11 @@ def hf_dir(tmp_path: Path) -> Path:
     return tmp_path / "Qwen3-4B"
 
 
-SCRIPTS = {"qwen3-4B-grpo": ("qwen3_4b_model.txt", "run_qwen3_4b.txt"),
-           "qwen3-4B-fully-async": ("qwen3_4b_model.txt", "run_qwen3_4b_fully_async.txt"),
-           "qwen3-0.6B-single-gpu": ("run_qwen3_0_6b_single_gpu.txt",)}  # --skip-eval-before-train, --eval-top-k
+SCRIPTS = {
+    "qwen3-4B-grpo": ("qwen3_4b_model.txt", "run_qwen3_4b.txt"),
+    "qwen3-4B-fully-async": ("qwen3_4b_model.txt", "run_qwen3_4b_fully_async.txt"),
+    "qwen3-0.6B-single-gpu": ("run_qwen3_0_6b_single_gpu.txt",),
+}  # --skip-eval-before-train, --eval-top-k
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -99,16 +112,19 @@ def _assert_applied(runnable: list[list[str]]) -> None:
         assert node == (want if isinstance(node, (bool, str)) else type(node)(want)), (flag, node, want)
 
 
-@pytest.mark.parametrize("flag, value, hf_key", [
-    ("--num-layers", "40", "num_hidden_layers = 36"),
-    ("--hidden-size", "4096", "hidden_size = 2560"),
-    ("--num-query-groups", "4", "num_key_value_heads = 8"),
-    ("--rotary-base", "10000", "rope_theta = 1000000"),
-    ("--norm-epsilon", "1e-05", "rms_norm_eps = 1e-06"),
-    ("--kv-channels", "64", "head_dim = 128"),
-    ("--untie-embeddings-and-output-weights", None, "tie_word_embeddings = True"),
-    ("--normalization", "LayerNorm", "rms_norm_eps = 1e-06 (RMSNorm)"),
-])
+@pytest.mark.parametrize(
+    "flag, value, hf_key",
+    [
+        ("--num-layers", "40", "num_hidden_layers = 36"),
+        ("--hidden-size", "4096", "hidden_size = 2560"),
+        ("--num-query-groups", "4", "num_key_value_heads = 8"),
+        ("--rotary-base", "10000", "rope_theta = 1000000"),
+        ("--norm-epsilon", "1e-05", "rms_norm_eps = 1e-06"),
+        ("--kv-channels", "64", "head_dim = 128"),
+        ("--untie-embeddings-and-output-weights", None, "tie_word_embeddings = True"),
+        ("--normalization", "LayerNorm", "rms_norm_eps = 1e-06 (RMSNorm)"),
+    ],
+)
 def test_an_architecture_flag_that_disagrees_with_the_hf_config_is_an_error(flag, value, hf_key, hf_dir, capsys):
     flags = [t for t in _flags("qwen3_4b_model.txt") if t[0] != flag]
     argv = [t for tokens in _runnable(flags + _flags("run_qwen3_4b.txt"), hf_dir) for t in tokens]
@@ -117,10 +133,13 @@ def test_an_architecture_flag_that_disagrees_with_the_hf_config_is_an_error(flag
     assert f"{flag}{' ' + value if value else ''} disagrees with {hf_dir / 'config.json'}: {hf_key}" in err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--hidden-dropout", "0.1"], "--hidden-dropout 0.1: not supported here, only 0"),
-    (["--optimizer", "sgd"], "--optimizer sgd: not supported here, only adam"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--hidden-dropout", "0.1"], "--hidden-dropout 0.1: not supported here, only 0"),
+        (["--optimizer", "sgd"], "--optimizer sgd: not supported here, only adam"),
+    ],
+)
 def test_a_no_op_flag_with_a_value_that_would_change_training_is_an_error(argv, words, capsys):
     assert main(["train", "--dry-run", *argv]) == 2
     assert words in capsys.readouterr().err
@@ -130,44 +149,97 @@ def test_an_architecture_flag_without_a_config_json_is_logged_as_not_checked(tmp
     caplog.set_level(logging.INFO, logger="slime.cli_compat")
     assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "elsewhere"), "--num-layers", "36"]) == 0
     assert [r.getMessage() for r in caplog.records if r.name == "slime.cli_compat"] == [
-        f"--num-layers 36: not checked: {tmp_path / 'elsewhere' / 'config.json'} not found"]
+        f"--num-layers 36: not checked: {tmp_path / 'elsewhere' / 'config.json'} not found"
+    ]
 
 
 def test_the_compat_table_is_pinned_and_disjoint_from_the_applied_flags():
     assert not set(COMPAT_FLAGS) & set(FLAGS)
     assert {f for f, e in COMPAT_FLAGS.items() if isinstance(e, Checked)} >= {
-        "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
-        "--num-query-groups", "--kv-channels", "--swiglu", "--rotary-base", "--normalization", "--norm-epsilon",
-        "--qk-layernorm", "--vocab-size", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-        "--use-rotary-position-embeddings", "--max-position-embeddings"}
+        "--num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--group-query-attention",
+        "--num-query-groups",
+        "--kv-channels",
+        "--swiglu",
+        "--rotary-base",
+        "--normalization",
+        "--norm-epsilon",
+        "--qk-layernorm",
+        "--vocab-size",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--use-rotary-position-embeddings",
+        "--max-position-embeddings",
+    }
 
 
 # Flags of the other scripts (other_run_scripts.txt) that issue 16 item 1 added: each applied (FLAGS) or checked
 # (COMPAT_FLAGS); none is refused any more.
 ADDED = {
-    "--tis-level", "--lr-warmup-fraction", "--rollout-max-prompt-len", "--deterministic-mode",  # applied
-    "--skip-eval-before-train", "--eval-top-k", "--rollout-num-gpus-per-node",  # applied (eval path, placement plan)
+    "--tis-level",
+    "--lr-warmup-fraction",
+    "--rollout-max-prompt-len",
+    "--deterministic-mode",  # applied
+    "--skip-eval-before-train",
+    "--eval-top-k",
+    "--rollout-num-gpus-per-node",  # applied (eval path, placement plan)
     "--eval-config",  # applied: slime.eval_config (tests/test_eval_config.py)
     "--custom-reward-post-process-path",  # OPD example: a no-op with --use-opd, an error otherwise
-    "--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved",  # GLM-4: checked against model_type
+    "--post-self-attn-layernorm",
+    "--post-mlp-layernorm",
+    "--rotary-interleaved",  # GLM-4: checked against model_type
     "--rollout-max-context-len",  # applied (multi-agent example): prompt + response cap
 }
 LLAMA3_1_8B_CONFIG = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "vocab_size": 128256, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
 }
 QWEN3_30B_A3B_CONFIG = {
-    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "hidden_act": "silu", "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6, "vocab_size": 151936, "tie_word_embeddings": False, "num_experts": 128, "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
 }
 
 
-@pytest.mark.parametrize("model, hf_config", [("llama3_1_8b_model.txt", LLAMA3_1_8B_CONFIG), ("qwen3_30b_a3b_model.txt", QWEN3_30B_A3B_CONFIG)])
+@pytest.mark.parametrize(
+    "model, hf_config", [("llama3_1_8b_model.txt", LLAMA3_1_8B_CONFIG), ("qwen3_30b_a3b_model.txt", QWEN3_30B_A3B_CONFIG)]
+)
 def test_the_model_flags_of_other_families_match_their_hf_config(model, hf_config, tmp_path, caplog):
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
     caplog.set_level(logging.INFO, logger="slime.cli_compat")
@@ -182,8 +254,10 @@ def test_the_model_flags_of_other_families_match_their_hf_config(model, hf_confi
 
 def test_qkv_bias_and_rope_scaling_are_checked_both_ways(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "rope_theta": 10000.0, "attention_bias": False}))
-    for argv, words in ((["--add-qkv-bias"], "attention_bias = False (so --add-qkv-bias does not apply)"),
-                        (["--use-rope-scaling"], "rope_scaling = absent (so --use-rope-scaling does not apply)")):
+    for argv, words in (
+        (["--add-qkv-bias"], "attention_bias = False (so --add-qkv-bias does not apply)"),
+        (["--use-rope-scaling"], "rope_scaling = absent (so --use-rope-scaling does not apply)"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(words)):
             check_compat_flags(build_parser().parse_args(argv), str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
@@ -202,13 +276,19 @@ def test_every_flag_of_the_other_launch_scripts_is_accepted_and_has_a_fate():
 
 
 GLM4_9B_0414_CONFIG = {  # the keys of THUDM/GLM-4-9B-0414's config.json that the GLM-4 flags are checked against
-    "model_type": "glm4", "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "partial_rotary_factor": 0.5,
+    "model_type": "glm4",
+    "architectures": ["Glm4ForCausalLM"],
+    "attention_bias": True,
+    "partial_rotary_factor": 0.5,
 }
 
 
 def test_glm4_layer_flags_are_checked_against_the_hf_model_type(tmp_path, caplog):
-    glm = [t for t in _flags("other_run_scripts.txt") if t[0] in ("--post-self-attn-layernorm", "--post-mlp-layernorm",
-                                                                    "--rotary-interleaved", "--add-qkv-bias", "--rotary-percent")]
+    glm = [
+        t
+        for t in _flags("other_run_scripts.txt")
+        if t[0] in ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved", "--add-qkv-bias", "--rotary-percent")
+    ]
     assert len(glm) == 5
     (tmp_path / "config.json").write_text(json.dumps(GLM4_9B_0414_CONFIG))
     caplog.set_level(logging.INFO, logger="slime.cli_compat")
@@ -216,7 +296,9 @@ def test_glm4_layer_flags_are_checked_against_the_hf_model_type(tmp_path, caplog
     assert sum("checked: matches" in r.getMessage() for r in caplog.records) == 5
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
     for flag in ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved"):
-        with pytest.raises(ConfigError, match=re.escape(f"{flag} disagrees with {tmp_path / 'config.json'}: model_type = qwen3 (so {flag} does not apply)")):
+        with pytest.raises(
+            ConfigError, match=re.escape(f"{flag} disagrees with {tmp_path / 'config.json'}: model_type = qwen3 (so {flag} does not apply)")
+        ):
             check_compat_flags(build_parser().parse_args([flag]), str(tmp_path))
 
 
@@ -234,10 +316,23 @@ def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_file(tmp_p
 
 
 # THUDM/slime's examples/on_policy_distillation/run-qwen3-8B-opd.sh: its OPD flags (RM_ARGS, GRPO_ARGS)
-OPD_EXAMPLE = ["--custom-rm-path", "examples.on_policy_distillation.on_policy_distillation.reward_func",
-               "--custom-reward-post-process-path", "examples.on_policy_distillation.on_policy_distillation.post_process_rewards",
-               "--rm-url", "http://127.0.0.1:13141/generate", "--advantage-estimator", "on_policy_distillation",
-               "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "low_var_kl", "--entropy-coef", "0.00"]
+OPD_EXAMPLE = [
+    "--custom-rm-path",
+    "examples.on_policy_distillation.on_policy_distillation.reward_func",
+    "--custom-reward-post-process-path",
+    "examples.on_policy_distillation.on_policy_distillation.post_process_rewards",
+    "--rm-url",
+    "http://127.0.0.1:13141/generate",
+    "--advantage-estimator",
+    "on_policy_distillation",
+    "--use-kl-loss",
+    "--kl-loss-coef",
+    "0.00",
+    "--kl-loss-type",
+    "low_var_kl",
+    "--entropy-coef",
+    "0.00",
+]
 
 
 def test_the_opd_example_maps_onto_use_opd_with_its_teacher_server(caplog):
@@ -249,7 +344,9 @@ def test_the_opd_example_maps_onto_use_opd_with_its_teacher_server(caplog):
     assert (config.rollout.custom_rm_path, config.rollout.rm_url) == (None, None)  # its job (asking the teacher) is OPD's here
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3 and lines[0].startswith("--advantage-estimator on_policy_distillation: here --use-opd --opd-only")
-    assert "--custom-reward-post-process-path examples.on_policy_distillation.on_policy_distillation.post_process_rewards: no-op" in lines[2]
+    assert (
+        "--custom-reward-post-process-path examples.on_policy_distillation.on_policy_distillation.post_process_rewards: no-op" in lines[2]
+    )
     assert main(["train", "--dry-run", *OPD_EXAMPLE]) == 0
 
 

@@ -67,16 +67,20 @@ def test_no_function_outside_the_cli_and_the_run_skeletons_takes_the_whole_confi
             name = hit.split(" ", 1)[1].split("(", 1)[0]
             if allowed is not None and name not in allowed:
                 bad.append(hit)
-    assert not bad, ("these take the whole Config: pass the section(s) or values they read, or make a check "
-                     "across sections a method of Config (slime/config/root.py):\n" + "\n".join(bad))
+    assert not bad, (
+        "these take the whole Config: pass the section(s) or values they read, or make a check "
+        "across sections a method of Config (slime/config/root.py):\n" + "\n".join(bad)
+    )
 
 
 def test_the_rule_catches_a_whole_config_parameter(tmp_path):
     """The scan sees the spellings a whole config comes in: annotated, quoted, optional, unannotated."""
     src = tmp_path / "slime" / "m.py"
     src.parent.mkdir()
-    src.write_text("def a(config: Config): ...\ndef b(c: 'Config | None'): ...\nasync def c(*, config): ...\n"
-                   "def d(train: TrainConfig, config: Any): ...\nclass K:\n    def e(self, x: slime.config.Config): ...\n")
+    src.write_text(
+        "def a(config: Config): ...\ndef b(c: 'Config | None'): ...\nasync def c(*, config): ...\n"
+        "def d(train: TrainConfig, config: Any): ...\nclass K:\n    def e(self, x: slime.config.Config): ...\n"
+    )
     import tests.test_structure as me
 
     old, me.ROOT = me.ROOT, tmp_path

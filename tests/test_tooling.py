@@ -1,5 +1,5 @@
-"""CI's static checks (docs/ARCHITECTURE.md, "Tooling"): ``ruff check`` over slime/, tests/ and scripts/,
-and mypy over the package, each with the configuration in pyproject.toml. Both tools come with the
+"""CI's static checks (docs/ARCHITECTURE.md, "Tooling"): ``ruff check`` and ``ruff format --check`` over
+slime/, tests/ and scripts/, and mypy over the package, each with the configuration in pyproject.toml. Both tools come with the
 ``test`` extra (scripts/setup.sh); where one is not installed its test is skipped, naming the tool.
 """
 
@@ -31,12 +31,10 @@ def test_ruff_check_is_clean():
     assert out.returncode == 0, f"ruff check found problems (fix them, or `# noqa: CODE  # why`):\n{out.stdout}{out.stderr}"
 
 
-def test_ruff_format_config_matches_the_lint_line_length():
-    """``ruff format`` (the one formatting commit) wraps to the same length the linter is configured with."""
-    import tomllib
-
-    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
-    assert ruff["line-length"] == 140 and "format" in ruff
+def test_code_is_ruff_formatted():
+    """``ruff format --check``: the tree is as ``ruff format slime tests scripts`` leaves it (line length 140)."""
+    out = _run([*_tool("ruff"), "format", "--check", "--no-cache", "slime", "tests", "scripts"], timeout_s=60)
+    assert out.returncode == 0, f"not formatted (run `ruff format slime tests scripts`):\n{out.stdout}{out.stderr}"
 
 
 def test_mypy_is_clean_on_the_package():

@@ -102,20 +102,39 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def run_shape(name: str, args: argparse.Namespace, factories: dict[str, Factory], device: torch.device, ceiling: float) -> tuple[dict, dict]:
+def run_shape(
+    name: str, args: argparse.Namespace, factories: dict[str, Factory], device: torch.device, ceiling: float
+) -> tuple[dict, dict]:
     """Every backend on one shape; returns (results, profiles)."""
     shape = SHAPES[name]
     num_samples = args.large_num_samples if name == "qwen2-7b" else args.num_samples
     model_dir = make_hf_dir(os.path.join(args.model_root, name), shape, dtype=torch.bfloat16, device=device.type)
     prompt = args.seq_len // 8
-    groups = make_groups(vocab_size=shape["vocab_size"], num_groups=max(num_samples // 8, 1), group_size=min(num_samples, 8),
-                         prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False)
+    groups = make_groups(
+        vocab_size=shape["vocab_size"],
+        num_groups=max(num_samples // 8, 1),
+        group_size=min(num_samples, 8),
+        prompt_len=prompt,
+        response_len=args.seq_len - prompt,
+        ragged=False,
+    )
     tokens = num_samples * args.seq_len
     fwd, train = (x * tokens for x in flops_per_token(shape, args.seq_len))
-    cfg = TrainConfig(global_batch_size=num_samples, micro_batch_size=1, lr=1e-6,
-                      megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu))
-    result: dict[str, Any] = {"shape": shape, "num_samples": num_samples, "seq_len": args.seq_len, "tokens_per_step": tokens,
-                              "fwd_flops_per_step": fwd, "train_flops_per_step": train, "backends": {}}
+    cfg = TrainConfig(
+        global_batch_size=num_samples,
+        micro_batch_size=1,
+        lr=1e-6,
+        megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu),
+    )
+    result: dict[str, Any] = {
+        "shape": shape,
+        "num_samples": num_samples,
+        "seq_len": args.seq_len,
+        "tokens_per_step": tokens,
+        "fwd_flops_per_step": fwd,
+        "train_flops_per_step": train,
+        "backends": {},
+    }
     profiles: dict[str, Any] = {}
     for backend_name in args.backends.split(","):
         _free(device)
@@ -146,8 +165,12 @@ def run_shape(name: str, args: argparse.Namespace, factories: dict[str, Factory]
 def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = None) -> int:
     """Run the benchmark; ``factories`` replaces backend constructors (the CPU smoke test's megatron stand-in)."""
     args = parse_args(argv)
-    factories = {"transformers": lambda cfg, d, dev: TransformersReference(cfg, model_dir=d, device=dev, precision=args.reference_precision),
-                 "megatron": _megatron, "torch": _torch, **(factories or {})}
+    factories = {
+        "transformers": lambda cfg, d, dev: TransformersReference(cfg, model_dir=d, device=dev, precision=args.reference_precision),
+        "megatron": _megatron,
+        "torch": _torch,
+        **(factories or {}),
+    }
     unknown = set(args.shapes.split(",")) - SHAPES.keys() | set(args.backends.split(",")) - factories.keys()
     if unknown:
         raise SystemExit(f"unknown shapes/backends: {sorted(unknown)}")
@@ -162,16 +185,25 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
         mcore = __import__("megatron.core", fromlist=["__version__"]).__version__
     except ImportError:
         pass
-    payload = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-               "transformers": __import__("transformers").__version__, "megatron_core": mcore, "ceiling_tflops": ceiling,
-               "args": vars(args), "shapes": results}
+    payload = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "megatron_core": mcore,
+        "ceiling_tflops": ceiling,
+        "args": vars(args),
+        "shapes": results,
+    }
     with open(os.path.join(args.out, "bench_trainer.json"), "w") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
     if args.profile:
         with open(os.path.join(args.out, "bench_trainer_profile.json"), "w") as f:
             json.dump(profiles, f, indent=2, sort_keys=True)
-    print(f"\nceiling {ceiling:.1f} TFLOP/s ({payload['device']}), {args.num_samples} x {args.seq_len} tokens per step, "
-          f"{args.max_tokens_per_gpu}-token micro-batches, median of {args.steps} after {args.warmup} warm-up\n", flush=True)
+    print(
+        f"\nceiling {ceiling:.1f} TFLOP/s ({payload['device']}), {args.num_samples} x {args.seq_len} tokens per step, "
+        f"{args.max_tokens_per_gpu}-token micro-batches, median of {args.steps} after {args.warmup} warm-up\n",
+        flush=True,
+    )
     print(markdown_table(results), flush=True)
     ran = all(any("rl_step_s" in r for r in res["backends"].values()) for res in results.values())
     print(f"bench_trainer: {'PASSED' if ran else 'FAILED'}", flush=True)

@@ -37,10 +37,23 @@ def main(out: str) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
     fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
     fast.save_pretrained(out)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                      num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                      tie_word_embeddings=True, use_sliding_window=False, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-                      torch_dtype="bfloat16")
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_default_dtype(torch.bfloat16)
@@ -50,8 +63,10 @@ def main(out: str) -> None:
     num_params = sum(p.numel() for p in model.parameters())
     with open(os.path.join(out, ".complete"), "w") as f:
         json.dump({"num_params": num_params, "seconds": round(time.time() - t0, 1)}, f)
-    print(f"{out}: Qwen2-0.5B shape, {num_params / 1e6:.0f}M random bf16 parameters, built on {device} in {time.time() - t0:.0f} s: "
-          f"{sorted(os.listdir(out))}")
+    print(
+        f"{out}: Qwen2-0.5B shape, {num_params / 1e6:.0f}M random bf16 parameters, built on {device} in {time.time() - t0:.0f} s: "
+        f"{sorted(os.listdir(out))}"
+    )
 
 
 if __name__ == "__main__":

@@ -38,11 +38,17 @@ def _cut(body: dict) -> dict:
 def _expect(body: dict) -> dict:
     meta = body["meta_info"]
     fr = meta["finish_reason"]
-    out = {"output_ids": body.get("output_ids") or [],
-           "output_logprobs": [e[0] for e in meta.get("output_token_logprobs") or []],
-           "finish_type": fr["type"], "weight_version": meta.get("weight_version"), "token_weight_versions": None,
-           "prompt_tokens": meta.get("prompt_tokens"), "completion_tokens": meta.get("completion_tokens"),
-           "cached_tokens": meta.get("cached_tokens"), "rid": meta.get("id", "")}
+    out = {
+        "output_ids": body.get("output_ids") or [],
+        "output_logprobs": [e[0] for e in meta.get("output_token_logprobs") or []],
+        "finish_type": fr["type"],
+        "weight_version": meta.get("weight_version"),
+        "token_weight_versions": None,
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "cached_tokens": meta.get("cached_tokens"),
+        "rid": meta.get("id", ""),
+    }
     for key in ("message", "length", "matched"):
         if key in fr:
             out[key] = fr[key]
@@ -59,7 +65,9 @@ def merge(recorded: dict, version: str, date: str) -> int:
         fixtures["generate"][f"{version}/{name.split('/', 1)[1]}"] = {
             "return_logprob": bool(entry["request"]["body"].get("return_logprob")),
             "source": f"recorded from SGLang {version} on an H200, {date} (scripts/gpu/sglang_contract.sh)",
-            "body": body, "expect": _expect(body)}
+            "body": body,
+            "expect": _expect(body),
+        }
         n += 1
     fixtures.setdefault("recorded", {})[version] = {k: v for k, v in sorted(recorded.items()) if not k.startswith("generate/")}
     FIXTURES.write_text(json.dumps(fixtures, indent=2) + "\n")

@@ -60,13 +60,27 @@ def fit_decode_cost(points: Sequence[tuple[int, float]], *, prefill_ms_per_token
         raise ValueError(f"need points at two or more batch sizes, got {list(points)}")
     b, a = statistics.linear_regression(xs, ys)
     r2 = statistics.correlation(xs, ys) ** 2 if len(set(ys)) > 1 else 1.0
-    return DecodeCost(decode_step_ms=max(a, 0.0), decode_step_per_req_ms=max(b, 0.0), r2=r2,
-                      points=[(int(x), y) for x, y in points], prefill_ms_per_token=prefill_ms_per_token)
+    return DecodeCost(
+        decode_step_ms=max(a, 0.0),
+        decode_step_per_req_ms=max(b, 0.0),
+        r2=r2,
+        points=[(int(x), y) for x, y in points],
+        prefill_ms_per_token=prefill_ms_per_token,
+    )
 
 
-async def probe_decode_cost(pool: GeneratePool, *, batch_sizes: Sequence[int] = (1, 32, 64, 128, 256), prompt_len: int = 512,
-                            short: int = 16, long: int = 272, prefill_len: int = 2048, prefill_batch: int = 8,
-                            seed: int = 0, log=print) -> DecodeCost:
+async def probe_decode_cost(
+    pool: GeneratePool,
+    *,
+    batch_sizes: Sequence[int] = (1, 32, 64, 128, 256),
+    prompt_len: int = 512,
+    short: int = 16,
+    long: int = 272,
+    prefill_len: int = 2048,
+    prefill_batch: int = 8,
+    seed: int = 0,
+    log=print,
+) -> DecodeCost:
     """Measure the engine behind ``pool`` (idle, weights loaded) and fit its decode cost.
 
     Args:
@@ -88,13 +102,16 @@ async def probe_decode_cost(pool: GeneratePool, *, batch_sizes: Sequence[int] = 
         prompts = [[rng.randrange(3, 30000) for _ in range(num_prompt)] for _ in range(batch)]
         params = {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 1.0}
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(pool.generate(p, params, rid=f"slime-probe-{next(counter)}-", return_logprob=False)
-                                         for p in prompts))
+        results = await asyncio.gather(
+            *(pool.generate(p, params, rid=f"slime-probe-{next(counter)}-", return_logprob=False) for p in prompts)
+        )
         wall = time.perf_counter() - t0
         bad = [len(r.output_ids) for r in results if len(r.output_ids) != max_new]
         if bad:
-            raise RuntimeError(f"probe: {len(bad)} of {batch} requests returned {bad[:4]} tokens, not max_new_tokens={max_new} "
-                               "(does the engine honour ignore_eos?)")
+            raise RuntimeError(
+                f"probe: {len(bad)} of {batch} requests returned {bad[:4]} tokens, not max_new_tokens={max_new} "
+                "(does the engine honour ignore_eos?)"
+            )
         return wall
 
     await timed(max(batch_sizes), prompt_len, short)  # warm-up
@@ -116,5 +133,11 @@ async def probe_decode_cost(pool: GeneratePool, *, batch_sizes: Sequence[int] = 
 def calibrated_workload(wl: Workload, cost: DecodeCost, *, weight_sync_ms: float, time_scale: float) -> Workload:
     """``wl`` on a simulated engine with the measured costs (simulated ms = real ms), run at ``time_scale``."""
     prefill = wl.prefill_ms_per_token if cost.prefill_ms_per_token is None else cost.prefill_ms_per_token
-    return msgspec.structs.replace(wl, decode_step_ms=cost.decode_step_ms, decode_step_per_req_ms=cost.decode_step_per_req_ms,
-                                   prefill_ms_per_token=prefill, weight_sync_ms=max(0.0, weight_sync_ms), time_scale=time_scale)
+    return msgspec.structs.replace(
+        wl,
+        decode_step_ms=cost.decode_step_ms,
+        decode_step_per_req_ms=cost.decode_step_per_req_ms,
+        prefill_ms_per_token=prefill,
+        weight_sync_ms=max(0.0, weight_sync_ms),
+        time_scale=time_scale,
+    )

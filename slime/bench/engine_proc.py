@@ -39,7 +39,18 @@ async def sim_engine_process(flags: Sequence[str]) -> AsyncIterator[EngineProces
     Raises:
         RuntimeError: the process exited, or printed no ready line within ``START_TIMEOUT_S``.
     """
-    cmd = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "slime.servers.sim.server", "--host", "127.0.0.1", "--port", "0", *flags]
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore::RuntimeWarning:runpy",
+        "-m",
+        "slime.servers.sim.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        *flags,
+    ]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     try:
         url = await _ready_url(proc, cmd)
@@ -60,7 +71,7 @@ async def _ready_url(proc: asyncio.subprocess.Process, cmd: list[str]) -> str:
         async with asyncio.timeout(START_TIMEOUT_S):
             while line := (await proc.stdout.readline()).decode(errors="replace"):
                 if line.startswith(READY_PREFIX):
-                    return line[len(READY_PREFIX):].strip()
+                    return line[len(READY_PREFIX) :].strip()
     except TimeoutError:
         raise RuntimeError(f"no {READY_PREFIX!r} line within {START_TIMEOUT_S}s from {' '.join(cmd)}") from None
     await proc.wait()

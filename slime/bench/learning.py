@@ -58,8 +58,22 @@ from slime.obs import strict_json
 TrainFn = Callable[[list[str]], list[dict[str, Any]]]
 """Runs ``slime train ARGV`` and returns its ``metrics.jsonl`` records (``slime.cli``'s in-process run)."""
 
-__all__ = ["VARIANTS", "OWN_FLAGS", "TRAIN_FLAGS", "TrainFn", "train_argv", "run_curve", "summarize", "format_table", "plot", "run_bench",
-           "write_results", "merge_results", "build_parser", "main"]
+__all__ = [
+    "VARIANTS",
+    "OWN_FLAGS",
+    "TRAIN_FLAGS",
+    "TrainFn",
+    "train_argv",
+    "run_curve",
+    "summarize",
+    "format_table",
+    "plot",
+    "run_bench",
+    "write_results",
+    "merge_results",
+    "build_parser",
+    "main",
+]
 
 VARIANTS: dict[str, list[str]] = {
     "sync": ["--rollout-mode", "sync"],
@@ -72,29 +86,85 @@ VARIANTS: dict[str, list[str]] = {
 }
 """Each mode's own ``slime train`` flags."""
 
-OWN_FLAGS = ("--rollout-mode", "--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis", "--mis-level",
-             "--use-decoupled-ppo", "--seed", "--save", "--load", "--num-rollout", "--eval-interval", "--builtin-task")
+OWN_FLAGS = (
+    "--rollout-mode",
+    "--partial-rollout",
+    "--mask-offpolicy-in-partial-rollout",
+    "--use-tis",
+    "--mis-level",
+    "--use-decoupled-ppo",
+    "--seed",
+    "--save",
+    "--load",
+    "--num-rollout",
+    "--eval-interval",
+    "--builtin-task",
+)
 """Flags the bench sets on every run; refused among the extra flags."""
 
 
-TRAIN_FLAGS = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--global-batch-size", "64", "--num-eval-prompts", "200",
-               "--rollout-max-response-len", "96"]
+TRAIN_FLAGS = [
+    "--rollout-batch-size",
+    "8",
+    "--n-samples-per-prompt",
+    "8",
+    "--global-batch-size",
+    "64",
+    "--num-eval-prompts",
+    "200",
+    "--rollout-max-response-len",
+    "96",
+]
 """The bench's default ``slime train`` flags (sized for the CPU and ``chain``); extra flags after ``--`` override them."""
 
 
-def train_argv(mode: str, seed: int, run_dir: str | Path, *, task: str, num_rollout: int, eval_interval: int,
-               extra: Sequence[str] = ()) -> list[str]:
+def train_argv(
+    mode: str, seed: int, run_dir: str | Path, *, task: str, num_rollout: int, eval_interval: int, extra: Sequence[str] = ()
+) -> list[str]:
     """The ``slime train`` arguments of one run: the bench's, then ``extra`` (the last of a repeated flag wins), then the mode's."""
-    return ["--builtin-task", task, "--num-rollout", str(num_rollout), "--eval-interval", str(eval_interval), "--seed", str(seed),
-            "--save", str(run_dir), *TRAIN_FLAGS, *extra, *VARIANTS[mode]]
+    return [
+        "--builtin-task",
+        task,
+        "--num-rollout",
+        str(num_rollout),
+        "--eval-interval",
+        str(eval_interval),
+        "--seed",
+        str(seed),
+        "--save",
+        str(run_dir),
+        *TRAIN_FLAGS,
+        *extra,
+        *VARIANTS[mode],
+    ]
 
 
-def _results(curves: dict[str, list[dict[str, Any]]], argvs: dict[str, list[list[str]]], *, task: str, num_rollout: int,
-             eval_interval: int, target: float, seeds: list[int], extra: list[str], bench_wall_s: float) -> dict[str, Any]:
+def _results(
+    curves: dict[str, list[dict[str, Any]]],
+    argvs: dict[str, list[list[str]]],
+    *,
+    task: str,
+    num_rollout: int,
+    eval_interval: int,
+    target: float,
+    seeds: list[int],
+    extra: list[str],
+    bench_wall_s: float,
+) -> dict[str, Any]:
     summary = summarize(curves)
-    return {"target_accuracy": target, "task": task, "num_rollout": num_rollout, "eval_interval": eval_interval, "seeds": seeds,
-            "extra_flags": list(extra), "summary": summary, "curves": curves, "argv": argvs, "table": format_table(summary, target),
-            "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "bench_wall_s": bench_wall_s}}
+    return {
+        "target_accuracy": target,
+        "task": task,
+        "num_rollout": num_rollout,
+        "eval_interval": eval_interval,
+        "seeds": seeds,
+        "extra_flags": list(extra),
+        "summary": summary,
+        "curves": curves,
+        "argv": argvs,
+        "table": format_table(summary, target),
+        "meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "bench_wall_s": bench_wall_s},
+    }
 
 
 def write_results(results: dict[str, Any], out: str | Path) -> None:
@@ -106,8 +176,19 @@ def write_results(results: dict[str, Any], out: str | Path) -> None:
     plot(results["curves"], out / "learning.png", results["target_accuracy"])
 
 
-def run_bench(modes: list[str], seeds: list[int], out: str | Path, *, task: str, num_rollout: int, eval_interval: int, target: float,
-              train: TrainFn, extra: Sequence[str] = (), log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_bench(
+    modes: list[str],
+    seeds: list[int],
+    out: str | Path,
+    *,
+    task: str,
+    num_rollout: int,
+    eval_interval: int,
+    target: float,
+    train: TrainFn,
+    extra: Sequence[str] = (),
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Run every (mode, seed) with ``train``, write ``OUT/learning.{json,txt,png}``; return the results dict
     (``curves``: mode -> per-seed ``run_curve``; ``summary``: ``summarize``; ``table``; ``argv`` per run; ``meta``).
 
@@ -124,20 +205,37 @@ def run_bench(modes: list[str], seeds: list[int], out: str | Path, *, task: str,
     results: dict[str, Any] = {}
     for seed in seeds:  # seeds outermost: a cut-short bench still has every mode of the first seeds
         for mode in modes:
-            argv = train_argv(mode, seed, out / "runs" / f"{mode}-s{seed}", task=task, num_rollout=num_rollout,
-                              eval_interval=eval_interval, extra=list(extra))
+            argv = train_argv(
+                mode,
+                seed,
+                out / "runs" / f"{mode}-s{seed}",
+                task=task,
+                num_rollout=num_rollout,
+                eval_interval=eval_interval,
+                extra=list(extra),
+            )
             log(f"[{mode} seed {seed}] slime train {' '.join(argv)}")
             t = time.monotonic()
             curve = run_curve(train(argv), target)
             curves[mode].append({"seed": seed, **curve})
             argvs[mode].append(argv)
-            log(f"[{mode} seed {seed}] {time.monotonic() - t:.1f} s: accuracy {fmt(curve['initial_accuracy'], '.3f')} -> "
+            log(
+                f"[{mode} seed {seed}] {time.monotonic() - t:.1f} s: accuracy {fmt(curve['initial_accuracy'], '.3f')} -> "
                 f"{fmt(curve['final_accuracy'], '.3f')}, to {target:.2f} in {fmt(curve['time_to_target_s'])} s "
-                f"({fmt(curve['time_to_target_ex_eval_s'])} s without evals), off-policy share {fmt(curve['off_policy_token_share'], '.3f')}")
+                f"({fmt(curve['time_to_target_ex_eval_s'])} s without evals), off-policy share {fmt(curve['off_policy_token_share'], '.3f')}"
+            )
             done = [m for m in modes if curves[m]]
-            results = _results({m: curves[m] for m in done}, {m: argvs[m] for m in done}, task=task, num_rollout=num_rollout,
-                               eval_interval=eval_interval, target=target, seeds=seeds, extra=list(extra),
-                               bench_wall_s=time.monotonic() - t_bench)
+            results = _results(
+                {m: curves[m] for m in done},
+                {m: argvs[m] for m in done},
+                task=task,
+                num_rollout=num_rollout,
+                eval_interval=eval_interval,
+                target=target,
+                seeds=seeds,
+                extra=list(extra),
+                bench_wall_s=time.monotonic() - t_bench,
+            )
             write_results(results, out)
     return results
 
@@ -177,26 +275,42 @@ def merge_results(paths: list[str | Path]) -> dict[str, Any]:
             argvs.setdefault(mode, []).extend(part.get("argv", {}).get(mode, []))
     order = [m for m in VARIANTS if m in curves] + [m for m in curves if m not in VARIANTS]
     seeds = sorted({r["seed"] for runs in curves.values() for r in runs})
-    return _results({m: curves[m] for m in order}, {m: argvs.get(m, []) for m in order}, task=first["task"],
-                    num_rollout=first["num_rollout"], eval_interval=first["eval_interval"], target=first["target_accuracy"],
-                    seeds=seeds, extra=first.get("extra_flags", []),
-                    bench_wall_s=sum(p.get("meta", {}).get("bench_wall_s", 0.0) for _, p in parts))
+    return _results(
+        {m: curves[m] for m in order},
+        {m: argvs.get(m, []) for m in order},
+        task=first["task"],
+        num_rollout=first["num_rollout"],
+        eval_interval=first["eval_interval"],
+        target=first["target_accuracy"],
+        seeds=seeds,
+        extra=first.get("extra_flags", []),
+        bench_wall_s=sum(p.get("meta", {}).get("bench_wall_s", 0.0) for _, p in parts),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slime bench learning", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
-                                epilog="extra slime train flags go after --, e.g. -- --rollout-batch-size 8 --hf-checkpoint DIR")
+    p = argparse.ArgumentParser(
+        prog="slime bench learning",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+        epilog="extra slime train flags go after --, e.g. -- --rollout-batch-size 8 --hf-checkpoint DIR",
+    )
     p.add_argument("--modes", default="sync,april,async", help=f"comma-separated subset of {','.join(VARIANTS)}")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (each mode runs once per seed)")
     p.add_argument("--builtin-task", default="chain", choices=["arith", "chain"], help="the task (slime.data.TASK)")
     p.add_argument("--num-rollout", type=int, default=40, help="train steps per run")
     p.add_argument("--eval-interval", type=int, default=4, help="held-out eval every N steps (each eval is timed and excluded too)")
-    p.add_argument("--target-accuracy", type=float, default=0.9,
-                   help="held-out accuracy whose first crossing is timed (chain's warm start: 0.855)")
+    p.add_argument(
+        "--target-accuracy", type=float, default=0.9, help="held-out accuracy whose first crossing is timed (chain's warm start: 0.855)"
+    )
     p.add_argument("--out", default="runs/bench-learning", help="run directories and learning.{json,txt,png}")
-    p.add_argument("--merge", nargs="+", metavar="LEARNING_JSON",
-                   help="run nothing: merge these benches' learning.json (e.g. one process per mode) into --out")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="LEARNING_JSON",
+        help="run nothing: merge these benches' learning.json (e.g. one process per mode) into --out",
+    )
     return p
 
 
@@ -238,8 +352,18 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
     if own:
         parser.error(f"after --: {', '.join(own)} are set by the bench (per mode / seed, or by its own flags)")
     try:
-        results = run_bench(modes, seeds, ns.out, task=ns.builtin_task, num_rollout=ns.num_rollout, eval_interval=ns.eval_interval,
-                            target=ns.target_accuracy, train=train, extra=extra, log=lambda line: print(line, flush=True))
+        results = run_bench(
+            modes,
+            seeds,
+            ns.out,
+            task=ns.builtin_task,
+            num_rollout=ns.num_rollout,
+            eval_interval=ns.eval_interval,
+            target=ns.target_accuracy,
+            train=train,
+            extra=extra,
+            log=lambda line: print(line, flush=True),
+        )
     except SlimeError as exc:
         print(f"slime bench learning: error: {exc}", file=sys.stderr)
         return 2
@@ -252,4 +376,3 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
     print(results["table"], flush=True)
     print(f"wrote {Path(ns.out) / 'learning.json'}, learning.txt, learning.png", flush=True)
     return 0
-

@@ -53,9 +53,15 @@ def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
         started = r["time_s"] - r.get("eval_time_s", 0.0) - t0
         wall = max(0.0, started)
         acc = r.get("accuracy")
-        points.append({"step": int(r["step"]), "accuracy": None if acc is None else float(acc), "wall_s": wall,
-                       "wall_ex_eval_s": max(0.0, wall - eval_so_far),
-                       "trained_tokens": max((v for k, v in tokens_by_step.items() if k <= r["step"]), default=0.0)})
+        points.append(
+            {
+                "step": int(r["step"]),
+                "accuracy": None if acc is None else float(acc),
+                "wall_s": wall,
+                "wall_ex_eval_s": max(0.0, wall - eval_so_far),
+                "trained_tokens": max((v for k, v in tokens_by_step.items() if k <= r["step"]), default=0.0),
+            }
+        )
         if r is not evals[0] and r is not evals[-1]:
             eval_so_far += float(r.get("eval_time_s", 0.0))
     reached = next((p for p in points if p["accuracy"] is not None and p["accuracy"] >= target), None)
@@ -89,8 +95,13 @@ def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
 def _stats(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
-    return {"n": len(values), "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def summarize(curves: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -102,8 +113,18 @@ def summarize(curves: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, An
     out: dict[str, dict[str, Any]] = {}
     for mode, runs in curves.items():
         m: dict[str, Any] = {"seeds": len(runs), "reached": sum(r["time_to_target_s"] is not None for r in runs)}
-        for key in ("time_to_target_s", "time_to_target_ex_eval_s", "tokens_to_target", "final_accuracy", "initial_accuracy",
-                    "off_policy_token_share", "train_wall_s", "train_wall_ex_eval_s", "eval_time_s", "trained_tokens"):
+        for key in (
+            "time_to_target_s",
+            "time_to_target_ex_eval_s",
+            "tokens_to_target",
+            "final_accuracy",
+            "initial_accuracy",
+            "off_policy_token_share",
+            "train_wall_s",
+            "train_wall_ex_eval_s",
+            "eval_time_s",
+            "trained_tokens",
+        ):
             m[key] = _stats([float(r[key]) for r in runs if r[key] is not None])
         m["lag_p90_max"] = max((r["lag_p90"] for r in runs if r["lag_p90"] is not None), default=None)
         m["lag_max"] = max((r["lag_max"] for r in runs if r["lag_max"] is not None), default=None)
@@ -124,8 +145,10 @@ def fmt(x: Any, spec: str = ".1f") -> str:
 
 def format_table(summary: dict[str, dict[str, Any]], target: float) -> str:
     """The per-mode table (one row a mode; time as mean [min-max] over the seeds that reached the target)."""
-    head = (f"{'mode':<16} {'reached':>7} {'t->' + format(target, '.2f') + ' s':>20} {'ex-eval s':>9} {'x sync':>6} "
-            f"{'tokens->target':>14} {'final acc':>15} {'vs sync':>7} {'off-pol':>7} {'lag p90/max':>11} {'wall s':>7} {'eval s':>6}")
+    head = (
+        f"{'mode':<16} {'reached':>7} {'t->' + format(target, '.2f') + ' s':>20} {'ex-eval s':>9} {'x sync':>6} "
+        f"{'tokens->target':>14} {'final acc':>15} {'vs sync':>7} {'off-pol':>7} {'lag p90/max':>11} {'wall s':>7} {'eval s':>6}"
+    )
     lines = [head, "-" * len(head)]
     for mode, m in summary.items():
         t, te, tok, fa = m["time_to_target_s"], m["time_to_target_ex_eval_s"], m["tokens_to_target"], m["final_accuracy"]
@@ -135,7 +158,8 @@ def format_table(summary: dict[str, dict[str, Any]], target: float) -> str:
             f"{mode:<16} {m['reached']:>3}/{m['seeds']:<3} {span:>20} {fmt(te['mean']):>9} {fmt(m['speedup_vs_sync'], '.2f'):>6} "
             f"{fmt(tok['mean'], '.0f'):>14} {acc:>15} {fmt(m['final_accuracy_vs_sync_points'], '+.1f'):>7} "
             f"{fmt(m['off_policy_token_share']['mean'], '.3f'):>7} {fmt(m['lag_p90_max'], 'd'):>5}/{fmt(m['lag_max'], 'd'):<5} "
-            f"{fmt(m['train_wall_s']['mean']):>7} {fmt(m['eval_time_s']['mean']):>6}")
+            f"{fmt(m['train_wall_s']['mean']):>7} {fmt(m['eval_time_s']['mean']):>6}"
+        )
     return "\n".join(lines)
 
 
@@ -143,8 +167,10 @@ def _band(runs: list[dict[str, Any]], x_key: str):
     """Mean, min and max accuracy of the runs on a common grid of ``x_key`` (linear interpolation, no extrapolation)."""
     import numpy as np
 
-    series = [([p[x_key] for p in r["points"] if p["accuracy"] is not None], [p["accuracy"] for p in r["points"] if p["accuracy"] is not None])
-              for r in runs]
+    series = [
+        ([p[x_key] for p in r["points"] if p["accuracy"] is not None], [p["accuracy"] for p in r["points"] if p["accuracy"] is not None])
+        for r in runs
+    ]
     series = [(x, y) for x, y in series if x]
     if not series:
         return None

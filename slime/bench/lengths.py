@@ -56,16 +56,27 @@ class DrawnLengths:
             self._totals[key] = self._tracker.resolve(list(sample.prompt_ids), sampling_seed=None, rid=stem).total
         return self._totals[key]
 
-    async def generate(self, sample: Sample, sampling_params: dict[str, Any], *, pool: GeneratePool, max_response_len: int,
-                       engine_version: int, decode: Callable[[list[int]], str] | None = None) -> Sample:
+    async def generate(
+        self,
+        sample: Sample,
+        sampling_params: dict[str, Any],
+        *,
+        pool: GeneratePool,
+        max_response_len: int,
+        engine_version: int,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> Sample:
         """``slime.rollout.generate.generate`` with ``max_new_tokens`` = the rest of the draw and
         ``ignore_eos``; the scheduler's generate-function signature."""
         return await default_generate(
-            sample, {**sampling_params, "ignore_eos": True}, pool=pool, max_response_len=min(self.total(sample), max_response_len),
-            engine_version=engine_version, decode=decode,
+            sample,
+            {**sampling_params, "ignore_eos": True},
+            pool=pool,
+            max_response_len=min(self.total(sample), max_response_len),
+            engine_version=engine_version,
+            decode=decode,
         )
 
     def mismatches(self, groups: list[Group]) -> int:
         """Samples of a finished batch whose response length differs from their draw (0 when enforced)."""
         return sum(len(s.response_ids) != self.total(s) for g in groups for s in g.samples)
-

@@ -112,8 +112,9 @@ class BenchWeightSync:
 
     async def load(self, path: str, version: int, *, abort_all_requests: bool = True) -> None:
         t0 = time.monotonic()
-        await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests,
-                                                 flush_cache=abort_all_requests)
+        await self.pool.update_weights_from_disk(
+            path, weight_version=str(version), abort_all_requests=abort_all_requests, flush_cache=abort_all_requests
+        )
         self.load_s.append(time.monotonic() - t0)
 
 
@@ -134,8 +135,9 @@ def _tokens(groups: Sequence[Group]) -> int:
     return sum(g.num_response_tokens for g in groups)
 
 
-async def run_mode(mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | None = None, weights_path: str | None = None,
-                   log=print) -> dict[str, Any]:
+async def run_mode(
+    mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | None = None, weights_path: str | None = None, log=print
+) -> dict[str, Any]:
     """Run ``wl.steps`` steps of ``mode`` and return its metrics (see ``rollout.py`` for the keys).
 
     Without ``engine_urls`` a fresh simulated engine process is started and stopped for this mode.
@@ -183,8 +185,15 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
         cpu0, t0 = time.process_time(), time.monotonic()
         async with asyncio.TaskGroup() as tg:
             sched = Scheduler(
-                wl.loop_config(mode), rollout, source=PromptSource(rows, shuffle=False), tokenize=prompt_ids.__getitem__,
-                decode=lambda ids: "", pool=pool, buffer=buffer, reward_fn=_reward_one, task_group=tg,
+                wl.loop_config(mode),
+                rollout,
+                source=PromptSource(rows, shuffle=False),
+                tokenize=prompt_ids.__getitem__,
+                decode=lambda ids: "",
+                pool=pool,
+                buffer=buffer,
+                reward_fn=_reward_one,
+                task_group=tg,
                 generate_fn=lengths.generate,
             )
             for step in range(1, wl.steps + 1):
@@ -203,17 +212,32 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
             engine_cpu = process_cpu_s(engine_pid) if engine_pid else None
             await sched.shutdown()
         final = await read_sim_stats(stats_session, urls) if has_stats else None
-    out = _metrics(records, buffer, wl, wall_s=wall_s, cpu_s=cpu_s, num_requests=num_requests, window=window, final=final,
-                   engine_cpu_s=None if engine_cpu is None or engine_cpu0 is None else engine_cpu - engine_cpu0)
-    out.update(occupancy, length_mismatch_samples=sum(mismatches), weight_load_s=sync.load_s,
-               weight_load_median_s=statistics.median(sync.load_s) if sync.load_s else None)
+    out = _metrics(
+        records,
+        buffer,
+        wl,
+        wall_s=wall_s,
+        cpu_s=cpu_s,
+        num_requests=num_requests,
+        window=window,
+        final=final,
+        engine_cpu_s=None if engine_cpu is None or engine_cpu0 is None else engine_cpu - engine_cpu0,
+    )
+    out.update(
+        occupancy,
+        length_mismatch_samples=sum(mismatches),
+        weight_load_s=sync.load_s,
+        weight_load_median_s=statistics.median(sync.load_s) if sync.load_s else None,
+    )
     return out
 
 
 def _step_line(mode: str, step: int, steps: int, r: dict[str, Any]) -> str:
-    return (f"[{mode:>5}] step {step:>2}/{steps} {r['step_time_s']:6.1f}s (rollout wait {r['rollout_wait_s']:5.1f}s) "
-            f"tokens {r['response_tokens']:>7} aborted {r['aborted_samples']:>3} resumed {r['resumed_samples']:>3} "
-            f"lag max {r['max_version_lag']} partial {r['partial_groups_queued']:>2} ready {r['ready_groups_left']:>2}")
+    return (
+        f"[{mode:>5}] step {step:>2}/{steps} {r['step_time_s']:6.1f}s (rollout wait {r['rollout_wait_s']:5.1f}s) "
+        f"tokens {r['response_tokens']:>7} aborted {r['aborted_samples']:>3} resumed {r['resumed_samples']:>3} "
+        f"lag max {r['max_version_lag']} partial {r['partial_groups_queued']:>2} ready {r['ready_groups_left']:>2}"
+    )
 
 
 def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_requests, window, final, engine_cpu_s) -> dict[str, Any]:
@@ -278,4 +302,3 @@ def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_re
             engine_busy_fraction=sum(s["busy_sim_s"] for s in window) / max(1e-9, sum(s["elapsed_sim_s"] for s in window)),
         )
     return out
-

@@ -48,8 +48,14 @@ class InstantPool:
     async def generate(self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True) -> GenerateResult:
         n = min(len(self._ids), sampling_params["max_new_tokens"])
         reason = _STOP if n == len(self._ids) else FinishReason(type="length", length=n)
-        return GenerateResult(output_ids=self._ids[:n], output_logprobs=self._lps[:n], finish_reason=reason,
-                              weight_version=self.version, completion_tokens=n, rid=rid or "")
+        return GenerateResult(
+            output_ids=self._ids[:n],
+            output_logprobs=self._lps[:n],
+            finish_reason=reason,
+            weight_version=self.version,
+            completion_tokens=n,
+            rid=rid or "",
+        )
 
     async def abort_all(self) -> dict:
         return {}
@@ -105,8 +111,9 @@ async def _one(sample) -> float:
     return 1.0
 
 
-async def scheduler_overhead(num_samples: int, *, engine: Literal["fake", "sim"] = "fake", groups_per_step: int = 64,
-                             n: int = 8, response_len: int = 16) -> dict[str, float]:
+async def scheduler_overhead(
+    num_samples: int, *, engine: Literal["fake", "sim"] = "fake", groups_per_step: int = 64, n: int = 8, response_len: int = 16
+) -> dict[str, float]:
     """Completions/s of the scheduler (plus ``run_step``) on an instant in-process engine.
 
     Returns ``{"completions_per_s", "cpu_us_per_completion", "completions", "wall_s"}``; one warm-up
@@ -116,13 +123,27 @@ async def scheduler_overhead(num_samples: int, *, engine: Literal["fake", "sim"]
     steps = max(1, -(-num_samples // per_step))
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(1024)]
     ids = {r.prompt: [3 + (7 * r.index + j) % 1000 for j in range(32)] for r in rows}
-    loop_cfg = LoopConfig(mode="april", rollout_batch_size=groups_per_step, over_sampling_batch_size=2 * groups_per_step,
-                          overlap_train=False, num_rollout=steps + 1)
+    loop_cfg = LoopConfig(
+        mode="april",
+        rollout_batch_size=groups_per_step,
+        over_sampling_batch_size=2 * groups_per_step,
+        overlap_train=False,
+        num_rollout=steps + 1,
+    )
     rollout = RolloutConfig(n_samples_per_prompt=n, rollout_max_response_len=4 * response_len)
     async with _InstantEngine(engine, response_len) as pool:
         async with asyncio.TaskGroup() as tg:
-            sched = Scheduler(loop_cfg, rollout, source=PromptSource(rows, shuffle=False), tokenize=ids.__getitem__,
-                              decode=lambda _: "", pool=pool, buffer=DataBuffer(), reward_fn=_one, task_group=tg)
+            sched = Scheduler(
+                loop_cfg,
+                rollout,
+                source=PromptSource(rows, shuffle=False),
+                tokenize=ids.__getitem__,
+                decode=lambda _: "",
+                pool=pool,
+                buffer=DataBuffer(),
+                reward_fn=_one,
+                task_group=tg,
+            )
             sync = _NoSync(pool)
             await run_step(sched, train_step=lambda g: {}, sync=sync)  # warm-up
             done = 0
@@ -143,8 +164,15 @@ class _InstantEngine:
     async def __aenter__(self):
         if self.kind == "fake":
             return InstantPool(self.response_len)
-        self.engine = SimEngine(SimConfig(instant=True, response_len_median=self.response_len, response_len_p99=self.response_len,
-                                          max_response_len=4 * self.response_len, weight_version="0"))
+        self.engine = SimEngine(
+            SimConfig(
+                instant=True,
+                response_len_median=self.response_len,
+                response_len_p99=self.response_len,
+                max_response_len=4 * self.response_len,
+                weight_version="0",
+            )
+        )
         self.engine.start()
         return SimEnginePool(self.engine)
 
@@ -154,8 +182,19 @@ class _InstantEngine:
 
 
 def instant_sim_flags(seed: int) -> list[str]:
-    return ["--instant", "--response-len-median", "32", "--response-len-p99", "128", "--max-response-len", "128",
-            "--seed", str(seed), "--weight-version", "0"]
+    return [
+        "--instant",
+        "--response-len-median",
+        "32",
+        "--response-len-p99",
+        "128",
+        "--max-response-len",
+        "128",
+        "--seed",
+        str(seed),
+        "--weight-version",
+        "0",
+    ]
 
 
 async def http_overhead(num_requests: int, *, concurrency: int = 64, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
@@ -189,7 +228,9 @@ async def http_overhead(num_requests: int, *, concurrency: int = 64, rounds: int
         "ratio_vs_bare": best["ours"]["requests_per_s"] / best["bare"]["requests_per_s"],
         "ours_client_cpu_ms_per_request": best["ours"]["cpu_ms_per_request"],
         "bare_client_cpu_ms_per_request": best["bare"]["cpu_ms_per_request"],
-        "rounds": results, "num_requests": num_requests, "concurrency": concurrency,
+        "rounds": results,
+        "num_requests": num_requests,
+        "concurrency": concurrency,
     }
 
 

@@ -57,12 +57,17 @@ def sim_vs_real(real: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]])
             continue
         r, s = real[mode], sim[mode]
         out[mode] = {
-            "real_tokens_per_s": r["delivered_tokens_per_engine_s"], "sim_tokens_per_s": s["delivered_tokens_per_engine_s"],
+            "real_tokens_per_s": r["delivered_tokens_per_engine_s"],
+            "sim_tokens_per_s": s["delivered_tokens_per_engine_s"],
             "rel_error": s["delivered_tokens_per_engine_s"] / r["delivered_tokens_per_engine_s"] - 1.0,
-            "real_speedup_vs_sync": r.get("speedup_vs_sync"), "sim_speedup_vs_sync": s.get("speedup_vs_sync"),
-            "real_occupancy": r["engine_occupancy"], "sim_occupancy": s["engine_occupancy"],
-            "real_step_p50_s": r["step_time_p50_engine_s"], "sim_step_p50_s": s["step_time_p50_engine_s"],
-            "real_off_policy": r["off_policy_token_fraction"], "sim_off_policy": s["off_policy_token_fraction"],
+            "real_speedup_vs_sync": r.get("speedup_vs_sync"),
+            "sim_speedup_vs_sync": s.get("speedup_vs_sync"),
+            "real_occupancy": r["engine_occupancy"],
+            "sim_occupancy": s["engine_occupancy"],
+            "real_step_p50_s": r["step_time_p50_engine_s"],
+            "sim_step_p50_s": s["step_time_p50_engine_s"],
+            "real_off_policy": r["off_policy_token_fraction"],
+            "sim_off_policy": s["off_policy_token_fraction"],
         }
     return out
 
@@ -122,22 +127,30 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"{mode:>5} token lag (versions behind the trainer): {hist}")
     sched, http = results.get("scheduler"), results.get("http")
     if sched:
-        lines.append(f"scheduler on an instant in-process engine: {sched['completions_per_s']:,.0f} completions/s "
-                     f"({sched['cpu_us_per_completion']:.1f} us CPU each); with SimEngine(instant) in-process: "
-                     f"{results.get('scheduler_sim_engine', {}).get('completions_per_s', float('nan')):,.0f}/s")
+        lines.append(
+            f"scheduler on an instant in-process engine: {sched['completions_per_s']:,.0f} completions/s "
+            f"({sched['cpu_us_per_completion']:.1f} us CPU each); with SimEngine(instant) in-process: "
+            f"{results.get('scheduler_sim_engine', {}).get('completions_per_s', float('nan')):,.0f}/s"
+        )
     if http:
-        lines.append(f"HTTP, instant engine on loopback, concurrency {http['concurrency']}: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s "
-                     f"({http['ours_client_cpu_ms_per_request']:.3f} ms CPU/req), bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s "
-                     f"({http['bare_client_cpu_ms_per_request']:.3f} ms CPU/req): ratio {http['ratio_vs_bare']:.2f}")
+        lines.append(
+            f"HTTP, instant engine on loopback, concurrency {http['concurrency']}: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s "
+            f"({http['ours_client_cpu_ms_per_request']:.3f} ms CPU/req), bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s "
+            f"({http['bare_client_cpu_ms_per_request']:.3f} ms CPU/req): ratio {http['ratio_vs_bare']:.2f}"
+        )
     cal = results.get("calibration")
     if cal:
         points = ", ".join(f"{n}: {ms:.2f}" for n, ms in cal["points"])
         prefill = "-" if cal.get("prefill_ms_per_token") is None else f"{1000 * cal['prefill_ms_per_token']:.2f} us/token"
-        lines.append(f"calibration (real engine, before the modes): decode step = {cal['decode_step_ms']:.3f} + "
-                     f"{cal['decode_step_per_req_ms']:.5f} x running ms (r2 {cal['r2']:.3f}; ms per step at N running: {points}); "
-                     f"prefill {prefill}; weight load {cal['weight_sync_ms']:.0f} ms (median of the real run)")
-        lines.append(f"simulated engine calibrated to it (time scale {results['sim_workload']['time_scale']:g}; "
-                     "rates and step times per second of engine time):")
+        lines.append(
+            f"calibration (real engine, before the modes): decode step = {cal['decode_step_ms']:.3f} + "
+            f"{cal['decode_step_per_req_ms']:.5f} x running ms (r2 {cal['r2']:.3f}; ms per step at N running: {points}); "
+            f"prefill {prefill}; weight load {cal['weight_sync_ms']:.0f} ms (median of the real run)"
+        )
+        lines.append(
+            f"simulated engine calibrated to it (time scale {results['sim_workload']['time_scale']:g}; "
+            "rates and step times per second of engine time):"
+        )
         lines += _table(_SIM_COLUMNS, results["sim_vs_real"])
     for name, t in results["targets"].items():
         if t["met"] is not None:
@@ -165,14 +178,20 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
         return run.get("time_scale", 1.0) if sim else 1.0
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, key, title in ((ax1, rate, "delivered tokens/s (whole loop)"),
-                           (ax2, "engine_occupancy", "engine occupancy (client side)")):
+    for ax, key, title in ((ax1, rate, "delivered tokens/s (whole loop)"), (ax2, "engine_occupancy", "engine occupancy (client side)")):
         for offset, runs, hatch in ((0.0, real, None), (width, sim, "//")):
             if not runs:
                 continue
             vals = [runs[m].get(key) or 0.0 for m in modes]
-            bars = ax.bar([x + offset for x in xs], vals, width, color=[colors.get(m, "C0") for m in modes], hatch=hatch,
-                          edgecolor="k" if hatch else None, label="simulated" if hatch else ("real" if sim else None))
+            bars = ax.bar(
+                [x + offset for x in xs],
+                vals,
+                width,
+                color=[colors.get(m, "C0") for m in modes],
+                hatch=hatch,
+                edgecolor="k" if hatch else None,
+                label="simulated" if hatch else ("real" if sim else None),
+            )
             if key.startswith("delivered"):
                 for bar, m in zip(bars, modes):
                     s = runs[m].get("speedup_vs_sync")

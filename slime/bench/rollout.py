@@ -70,19 +70,27 @@ __all__ = ["main", "build_parser", "run_bench"]
 
 def build_parser() -> argparse.ArgumentParser:
     d = Workload()
-    p = argparse.ArgumentParser(prog="slime bench rollout", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="slime bench rollout", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,april,async")
     p.add_argument("--steps", type=int, default=d.steps, help="rollout steps per mode")
-    p.add_argument("--time-scale", type=float, default=d.time_scale,
-                   help="simulated time / wall time of the simulated engine (real engines: always 1)")
+    p.add_argument(
+        "--time-scale", type=float, default=d.time_scale, help="simulated time / wall time of the simulated engine (real engines: always 1)"
+    )
     p.add_argument("--train-s", type=float, default=d.train_s, help="engine seconds of one train step (slept / time scale)")
     p.add_argument("--rollout-batch-size", type=int, default=d.rollout_batch_size, help="groups per step")
     p.add_argument("--n-samples-per-prompt", type=int, default=d.n_samples_per_prompt, help="samples per group")
-    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
-                   help="engine running cap (sim engine; with --engine-urls: the servers' total, for the occupancy)")
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=d.max_running_requests,
+        help="engine running cap (sim engine; with --engine-urls: the servers' total, for the occupancy)",
+    )
     p.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms, help="sim engine: fixed ms of a decode step")
-    p.add_argument("--decode-step-per-req-ms", type=float, default=d.decode_step_per_req_ms, help="sim engine: ms per running request per step")
+    p.add_argument(
+        "--decode-step-per-req-ms", type=float, default=d.decode_step_per_req_ms, help="sim engine: ms per running request per step"
+    )
     p.add_argument("--prefill-ms-per-token", type=float, default=d.prefill_ms_per_token, help="sim engine: ms per prefilled token")
     p.add_argument("--weight-sync-ms", type=float, default=d.weight_sync_ms, help="sim engine: ms of one weight load")
     p.add_argument("--median", type=float, default=d.median, help="median response length, tokens")
@@ -90,16 +98,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=d.max_len, help="response length cap (rollout_max_response_len)")
     p.add_argument("--seed", type=int, default=d.seed, help="engine and prompt seed")
     p.add_argument("--april-over-sampling", type=int, default=d.april_over_sampling, help="groups in flight in april")
-    p.add_argument("--april-overlap-train", action=argparse.BooleanOptionalAction, default=d.april_overlap_train,
-                   help="april keeps generating during the train step (--no-april-overlap-train: classic APRIL)")
+    p.add_argument(
+        "--april-overlap-train",
+        action=argparse.BooleanOptionalAction,
+        default=d.april_overlap_train,
+        help="april keeps generating during the train step (--no-april-overlap-train: classic APRIL)",
+    )
     p.add_argument("--async-capacity", type=int, default=d.async_capacity, help="groups in flight in async")
     p.add_argument("--async-max-staleness", type=int, default=d.async_max_staleness, help="max_staleness of async")
     p.add_argument("--engine-urls", default=None, help="comma-separated running engines instead of a fresh sim engine per mode")
-    p.add_argument("--weights-path", default=None,
-                   help="checkpoint dir loaded by /update_weights_from_disk at each mode's start and after every step; "
-                        "needed with real engines (the sim engine reads nothing)")
-    p.add_argument("--calibrate-sim", action="store_true",
-                   help="with --engine-urls: probe the decode cost first, then run the modes on a simulated engine calibrated to it")
+    p.add_argument(
+        "--weights-path",
+        default=None,
+        help="checkpoint dir loaded by /update_weights_from_disk at each mode's start and after every step; "
+        "needed with real engines (the sim engine reads nothing)",
+    )
+    p.add_argument(
+        "--calibrate-sim",
+        action="store_true",
+        help="with --engine-urls: probe the decode cost first, then run the modes on a simulated engine calibrated to it",
+    )
     p.add_argument("--probe-batch-sizes", default=None, help="running requests probed (none given: 1 and cap/8, /4, /2, /1)")
     p.add_argument("--probe-prompt-len", type=int, default=512, help="prompt tokens of each probe request")
     p.add_argument("--probe-tokens", default="16,272", help="max_new_tokens of the short and long probe rounds")
@@ -113,13 +131,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def workload_from_args(ns: argparse.Namespace) -> Workload:
-    return Workload(steps=ns.steps, time_scale=ns.time_scale, train_s=ns.train_s, median=ns.median, p99=ns.p99,
-                    max_len=ns.max_len, seed=ns.seed, april_over_sampling=ns.april_over_sampling, april_overlap_train=ns.april_overlap_train,
-                    async_capacity=ns.async_capacity, async_max_staleness=ns.async_max_staleness,
-                    rollout_batch_size=ns.rollout_batch_size, n_samples_per_prompt=ns.n_samples_per_prompt,
-                    max_running_requests=ns.max_running_requests, decode_step_ms=ns.decode_step_ms,
-                    decode_step_per_req_ms=ns.decode_step_per_req_ms, prefill_ms_per_token=ns.prefill_ms_per_token,
-                    weight_sync_ms=ns.weight_sync_ms)
+    return Workload(
+        steps=ns.steps,
+        time_scale=ns.time_scale,
+        train_s=ns.train_s,
+        median=ns.median,
+        p99=ns.p99,
+        max_len=ns.max_len,
+        seed=ns.seed,
+        april_over_sampling=ns.april_over_sampling,
+        april_overlap_train=ns.april_overlap_train,
+        async_capacity=ns.async_capacity,
+        async_max_staleness=ns.async_max_staleness,
+        rollout_batch_size=ns.rollout_batch_size,
+        n_samples_per_prompt=ns.n_samples_per_prompt,
+        max_running_requests=ns.max_running_requests,
+        decode_step_ms=ns.decode_step_ms,
+        decode_step_per_req_ms=ns.decode_step_per_req_ms,
+        prefill_ms_per_token=ns.prefill_ms_per_token,
+        weight_sync_ms=ns.weight_sync_ms,
+    )
 
 
 class ProbeConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -156,44 +187,72 @@ def completions_per_core_s(sched: dict[str, float]) -> float:
     return 1e6 / sched["cpu_us_per_completion"]
 
 
-async def run_bench(wl: Workload, modes: list[Mode], *, engine_urls: list[str] | None = None, weights_path: str | None = None,
-                    overhead_samples: int = 50_000, http_requests: int = 5_000, http_concurrency: int = 64,
-                    probe: ProbeConfig | None = None, log=print) -> dict[str, Any]:
+async def run_bench(
+    wl: Workload,
+    modes: list[Mode],
+    *,
+    engine_urls: list[str] | None = None,
+    weights_path: str | None = None,
+    overhead_samples: int = 50_000,
+    http_requests: int = 5_000,
+    http_concurrency: int = 64,
+    probe: ProbeConfig | None = None,
+    log=print,
+) -> dict[str, Any]:
     """Run the overhead measurements, then every mode; return the results dict (see module doc).
 
     With ``engine_urls`` the modes run at time scale 1 (``wl.time_scale`` is then the calibrated
     simulated engine's); ``probe`` (real engines only) adds the calibration and the simulated run.
     """
-    results: dict[str, Any] = {"modes": {}, "scheduler_completions_per_s": None, "http_requests_per_s": None,
-                               "bare_aiohttp_requests_per_s": None}
-    meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "host": platform.node(),
-            "platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "loadavg_start": _loadavg(), "argv": sys.argv, "git": _git_state(), "engine_urls": engine_urls}
+    results: dict[str, Any] = {
+        "modes": {},
+        "scheduler_completions_per_s": None,
+        "http_requests_per_s": None,
+        "bare_aiohttp_requests_per_s": None,
+    }
+    meta = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": _loadavg(),
+        "argv": sys.argv,
+        "git": _git_state(),
+        "engine_urls": engine_urls,
+    }
     if probe is not None and engine_urls is None:
         raise ValueError("calibrating the simulated engine needs real engines (--engine-urls)")
     if overhead_samples > 0:
         results["scheduler"] = await scheduler_overhead(overhead_samples, engine="fake")
         results["scheduler_sim_engine"] = await scheduler_overhead(overhead_samples, engine="sim")
         results["scheduler_completions_per_s"] = completions_per_core_s(results["scheduler"])
-        log(f"scheduler: {results['scheduler_completions_per_s']:,.0f} completions per CPU-second on an instant in-process engine "
-            f"({results['scheduler']['completions_per_s']:,.0f}/s of wall time)")
+        log(
+            f"scheduler: {results['scheduler_completions_per_s']:,.0f} completions per CPU-second on an instant in-process engine "
+            f"({results['scheduler']['completions_per_s']:,.0f}/s of wall time)"
+        )
     if http_requests > 0:
         http = await http_overhead(http_requests, concurrency=http_concurrency, seed=wl.seed)
         results["http"] = http
         results["http_requests_per_s"] = http["http_requests_per_s"]
         results["bare_aiohttp_requests_per_s"] = http["bare_aiohttp_requests_per_s"]
         results["http_ratio_vs_bare"] = http["ratio_vs_bare"]
-        log(f"http: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s")
+        log(
+            f"http: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s"
+        )
     run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
     cost = None
     if probe is not None:
         async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
             await pool.wait_ready(60.0)
             t0 = time.monotonic()
-            cost = await probe_decode_cost(pool, batch_sizes=probe.batch_sizes, prompt_len=probe.prompt_len, short=probe.short,
-                                           long=probe.long, seed=wl.seed, log=log)
-        log(f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
-            f"(r2 {cost.r2:.3f}; probe {time.monotonic() - t0:.1f} s)")
+            cost = await probe_decode_cost(
+                pool, batch_sizes=probe.batch_sizes, prompt_len=probe.prompt_len, short=probe.short, long=probe.long, seed=wl.seed, log=log
+            )
+        log(
+            f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
+            f"(r2 {cost.r2:.3f}; probe {time.monotonic() - t0:.1f} s)"
+        )
     for mode in modes:
         results["modes"][mode] = await run_mode(mode, run_wl, engine_urls=engine_urls, weights_path=weights_path, log=log)
     _speedups(results["modes"])
@@ -260,9 +319,24 @@ def main(argv: list[str] | None = None) -> int:
         probe = probe_from_args(ns, wl.max_running_requests) if ns.calibrate_sim else None
     except ValueError as exc:
         parser.error(str(exc))
-    urls = [u.strip() if u.strip().startswith("http") else f"http://{u.strip()}" for u in ns.engine_urls.split(",")] if ns.engine_urls else None
-    results = _run(run_bench(wl, modes, engine_urls=urls, weights_path=ns.weights_path, overhead_samples=ns.overhead_samples, http_requests=ns.http_requests,
-                             http_concurrency=ns.http_concurrency, probe=probe, log=lambda line: print(line, flush=True)))
+    urls = (
+        [u.strip() if u.strip().startswith("http") else f"http://{u.strip()}" for u in ns.engine_urls.split(",")]
+        if ns.engine_urls
+        else None
+    )
+    results = _run(
+        run_bench(
+            wl,
+            modes,
+            engine_urls=urls,
+            weights_path=ns.weights_path,
+            overhead_samples=ns.overhead_samples,
+            http_requests=ns.http_requests,
+            http_concurrency=ns.http_concurrency,
+            probe=probe,
+            log=lambda line: print(line, flush=True),
+        )
+    )
     print(format_table(results), flush=True)
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)

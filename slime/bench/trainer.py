@@ -121,7 +121,9 @@ class TransformersReference:
 
     name = "transformers"
 
-    def __init__(self, config: TrainConfig, *, model_dir: str, device: torch.device, precision: str = "autocast", rollout_temperature: float = 1.0):
+    def __init__(
+        self, config: TrainConfig, *, model_dir: str, device: torch.device, precision: str = "autocast", rollout_temperature: float = 1.0
+    ):
         from transformers import AutoModelForCausalLM
 
         if precision not in ("autocast", "bf16", "fp32"):
@@ -131,8 +133,13 @@ class TransformersReference:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
         self.pad_token_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                                           weight_decay=config.weight_decay, fused=self.device.type == "cuda" or None)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            weight_decay=config.weight_decay,
+            fused=self.device.type == "cuda" or None,
+        )
         self.policy_version = 0
 
     def _batch(self, groups: Sequence[Group]) -> tuple[TrainBatch, list[list[list[int]]]]:
@@ -232,8 +239,16 @@ def torch_backend(trainer: Any) -> _TrainerAdapter:
     return _TrainerAdapter("torch", trainer, trainer.device, prepare)
 
 
-def measure(backend: BackendUnderTest, groups: Sequence[Group], *, warmup: int, steps: int, fwd_flops: float, train_flops: float,
-            ceiling_tflops: float) -> dict[str, Any]:
+def measure(
+    backend: BackendUnderTest,
+    groups: Sequence[Group],
+    *,
+    warmup: int,
+    steps: int,
+    fwd_flops: float,
+    train_flops: float,
+    ceiling_tflops: float,
+) -> dict[str, Any]:
     """Time ``warmup`` + ``steps`` RL steps, each followed by one old-logprob pass alone; medians of the last ``steps``.
 
     Returns (seconds, fractions): ``rl_step_s`` (old-logprob pass + train step), ``old_logprob_pass_s``,
@@ -336,8 +351,10 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
 def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str:
     """A few lines of ``profile_summary`` for a log."""
     s = summary
-    lines = [f"{name}: {s['gpu_busy_ms']:.1f} ms busy in {s['wall_ms']:.1f} ms wall (idle {s['gpu_idle_ms']:.1f} ms), "
-             f"{s['host_syncs']} host syncs, {s['kernel_launches']} kernel launches"]
+    lines = [
+        f"{name}: {s['gpu_busy_ms']:.1f} ms busy in {s['wall_ms']:.1f} ms wall (idle {s['gpu_idle_ms']:.1f} ms), "
+        f"{s['host_syncs']} host syncs, {s['kernel_launches']} kernel launches"
+    ]
     lines += [f"  {k:45s} {v:9.1f} ms {s['classes_pct'][k]:5.1f} %" for k, v in s["classes_ms"].items()]
     lines += [f"  {r['ms']:9.2f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in s["top_kernels"][:rows]]
     return "\n".join(lines)
@@ -345,8 +362,10 @@ def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str
 
 def markdown_table(results: dict[str, dict[str, Any]], *, reference: str = "transformers", other: str = "megatron") -> str:
     """One row per shape: each backend's train+opt MFU and RL step, and ``reference`` / ``other`` speed-up."""
-    head = ("| shape | backend | train+opt s | train+opt MFU | old-logprob pass s | RL step s | RL step MFU | peak GiB |\n"
-            "|---|---|---|---|---|---|---|---|")
+    head = (
+        "| shape | backend | train+opt s | train+opt MFU | old-logprob pass s | RL step s | RL step MFU | peak GiB |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     rows, ratios = [head], []
     for shape, res in results.items():
         for name, r in res.get("backends", {}).items():
@@ -354,9 +373,12 @@ def markdown_table(results: dict[str, dict[str, Any]], *, reference: str = "tran
                 rows.append(f"| {shape} | {name} | skipped: {r['skipped'][:60]} | | | | | |")
                 continue
             peak = f"{r['peak_memory_gib']:.1f}" if "peak_memory_gib" in r else "-"
-            rows.append(f"| {shape} | {name} | {r['train_opt_s']:.3f} | {100 * r['mfu_train_opt']:.1f} % | {r['old_logprob_pass_s']:.3f} | "
-                        f"{r['rl_step_s']:.3f} | {100 * r['mfu_rl_step']:.1f} % | {peak} |")
+            rows.append(
+                f"| {shape} | {name} | {r['train_opt_s']:.3f} | {100 * r['mfu_train_opt']:.1f} % | {r['old_logprob_pass_s']:.3f} | "
+                f"{r['rl_step_s']:.3f} | {100 * r['mfu_rl_step']:.1f} % | {peak} |"
+            )
         if res.get("speedup_rl_step") is not None:
-            ratios.append(f"{shape}: {other} RL step {res['speedup_rl_step']:.2f}x the {reference} one "
-                          f"(train+opt {res['speedup_train_opt']:.2f}x)")
+            ratios.append(
+                f"{shape}: {other} RL step {res['speedup_rl_step']:.2f}x the {reference} one (train+opt {res['speedup_train_opt']:.2f}x)"
+            )
     return "\n".join(rows + ([""] + ratios if ratios else []))

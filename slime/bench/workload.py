@@ -85,8 +85,10 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
         if not 1 <= self.median <= self.p99 or self.max_len < 1:
             raise ValueError(f"need 1 <= --median={self.median} <= --p99={self.p99} and --max-len={self.max_len} >= 1")
         if self.rollout_batch_size < 1 or self.n_samples_per_prompt < 1 or self.max_running_requests < 1:
-            raise ValueError(f"--rollout-batch-size={self.rollout_batch_size}, --n-samples-per-prompt={self.n_samples_per_prompt} "
-                             f"and --max-running-requests={self.max_running_requests} must be >= 1")
+            raise ValueError(
+                f"--rollout-batch-size={self.rollout_batch_size}, --n-samples-per-prompt={self.n_samples_per_prompt} "
+                f"and --max-running-requests={self.max_running_requests} must be >= 1"
+            )
         for name in ("april_over_sampling", "async_capacity"):
             if getattr(self, name) < self.rollout_batch_size:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= rollout_batch_size={self.rollout_batch_size}")
@@ -98,29 +100,41 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
         ``max_new_tokens`` says, as a real engine does with ``ignore_eos`` (``lengths.py``).
         """
         values = {
-            "--max-running-requests": self.max_running_requests, "--decode-step-ms": self.decode_step_ms,
-            "--decode-step-per-req-ms": self.decode_step_per_req_ms, "--prefill-ms-per-token": self.prefill_ms_per_token,
-            "--time-scale": self.time_scale, "--weight-sync-ms": self.weight_sync_ms, "--response-len-median": self.max_len,
-            "--response-len-p99": self.max_len, "--max-response-len": self.max_len, "--seed": self.seed, "--weight-version": "0",
+            "--max-running-requests": self.max_running_requests,
+            "--decode-step-ms": self.decode_step_ms,
+            "--decode-step-per-req-ms": self.decode_step_per_req_ms,
+            "--prefill-ms-per-token": self.prefill_ms_per_token,
+            "--time-scale": self.time_scale,
+            "--weight-sync-ms": self.weight_sync_ms,
+            "--response-len-median": self.max_len,
+            "--response-len-p99": self.max_len,
+            "--max-response-len": self.max_len,
+            "--seed": self.seed,
+            "--weight-version": "0",
         }
         return [str(x) for kv in values.items() for x in kv]
 
     def rollout_config(self) -> RolloutConfig:
         # Requests in async mode may live for many train steps; nothing here should time out.
         return RolloutConfig(
-            n_samples_per_prompt=self.n_samples_per_prompt, rollout_max_response_len=self.max_len,
-            request_timeout_s=3600.0, control_timeout_s=600.0, reward_timeout_s=60.0,
+            n_samples_per_prompt=self.n_samples_per_prompt,
+            rollout_max_response_len=self.max_len,
+            request_timeout_s=3600.0,
+            control_timeout_s=600.0,
+            reward_timeout_s=60.0,
         )
 
     def loop_config(self, mode: Mode) -> LoopConfig:
-        common: dict[str, Any] = dict(mode=mode, rollout_batch_size=self.rollout_batch_size,
-                      num_rollout=self.steps, abort_timeout_s=120.0)
+        common: dict[str, Any] = dict(mode=mode, rollout_batch_size=self.rollout_batch_size, num_rollout=self.steps, abort_timeout_s=120.0)
         if mode == "sync":
             return LoopConfig(**common, over_sampling_batch_size=self.rollout_batch_size)
         if mode == "april":
-            return LoopConfig(**common, over_sampling_batch_size=self.april_over_sampling, overlap_train=self.april_overlap_train, max_staleness=4)
-        return LoopConfig(**common, over_sampling_batch_size=self.async_capacity, max_staleness=self.async_max_staleness,
-                          staleness_policy="mask")
+            return LoopConfig(
+                **common, over_sampling_batch_size=self.april_over_sampling, overlap_train=self.april_overlap_train, max_staleness=4
+            )
+        return LoopConfig(
+            **common, over_sampling_batch_size=self.async_capacity, max_staleness=self.async_max_staleness, staleness_policy="mask"
+        )
 
     def prompts(self) -> tuple[list[PromptRow], dict[str, list[int]]]:
         """Synthetic rows ``p0, p1, ...`` and the fixed map text -> 16..64 random token ids (seeded)."""

@@ -63,12 +63,22 @@ class DataConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require([
-            (bool(self.eval_datasets) or self.eval_prompt_data is None, "--eval-prompt-data", self.eval_prompt_data,
-             "one path or 'name path' pairs"),
-            (self.rollout_max_prompt_len is None or self.rollout_max_prompt_len >= 1, "--rollout-max-prompt-len",
-             self.rollout_max_prompt_len, ">= 1, or unset"),
-        ])
+        require(
+            [
+                (
+                    bool(self.eval_datasets) or self.eval_prompt_data is None,
+                    "--eval-prompt-data",
+                    self.eval_prompt_data,
+                    "one path or 'name path' pairs",
+                ),
+                (
+                    self.rollout_max_prompt_len is None or self.rollout_max_prompt_len >= 1,
+                    "--rollout-max-prompt-len",
+                    self.rollout_max_prompt_len,
+                    ">= 1, or unset",
+                ),
+            ]
+        )
 
     @property
     def eval_datasets(self) -> tuple[tuple[str | None, str], ...]:

@@ -41,7 +41,10 @@ class DebugConfig(msgspec.Struct, **STRUCT):
         """
         if self.debug_rollout_only and self.train_only:
             raise ConfigError("--debug-rollout-only with --debug-train-only / --load-debug-rollout-data: pick one")
-        for flag, template in (("--save-debug-rollout-data", self.save_debug_rollout_data), ("--load-debug-rollout-data", self.load_debug_rollout_data)):
+        for flag, template in (
+            ("--save-debug-rollout-data", self.save_debug_rollout_data),
+            ("--load-debug-rollout-data", self.load_debug_rollout_data),
+        ):
             if template is None:
                 continue
             try:

@@ -66,13 +66,23 @@ class EngineConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require([
-            (not (self.opd_teacher_load and self.opd_teacher_addrs), "--opd-teacher-load with --opd-teacher-addrs",
-             f"{self.opd_teacher_load!r} and {list(self.opd_teacher_addrs)}", "one teacher: launch one or attach to running ones"),
-            (self.num_engines >= 1, "--rollout-num-engines", self.num_engines, ">= 1"),
-            (self.rollout_num_gpus is None or self.rollout_num_gpus >= 1, "--rollout-num-gpus", self.rollout_num_gpus, ">= 1"),
-            (self.rollout_num_gpus_per_node is None or self.rollout_num_gpus_per_node >= 1, "--rollout-num-gpus-per-node",
-             self.rollout_num_gpus_per_node, ">= 1, or unset"),
-            (self.rollout_num_gpus_per_engine >= 1, "--rollout-num-gpus-per-engine", self.rollout_num_gpus_per_engine, ">= 1"),
-            (self.health_check_interval_s >= 0, "--health-check-interval-s", self.health_check_interval_s, ">= 0 (0 = off)"),
-        ])
+        require(
+            [
+                (
+                    not (self.opd_teacher_load and self.opd_teacher_addrs),
+                    "--opd-teacher-load with --opd-teacher-addrs",
+                    f"{self.opd_teacher_load!r} and {list(self.opd_teacher_addrs)}",
+                    "one teacher: launch one or attach to running ones",
+                ),
+                (self.num_engines >= 1, "--rollout-num-engines", self.num_engines, ">= 1"),
+                (self.rollout_num_gpus is None or self.rollout_num_gpus >= 1, "--rollout-num-gpus", self.rollout_num_gpus, ">= 1"),
+                (
+                    self.rollout_num_gpus_per_node is None or self.rollout_num_gpus_per_node >= 1,
+                    "--rollout-num-gpus-per-node",
+                    self.rollout_num_gpus_per_node,
+                    ">= 1, or unset",
+                ),
+                (self.rollout_num_gpus_per_engine >= 1, "--rollout-num-gpus-per-engine", self.rollout_num_gpus_per_engine, ">= 1"),
+                (self.health_check_interval_s >= 0, "--health-check-interval-s", self.health_check_interval_s, ">= 0 (0 = off)"),
+            ]
+        )

@@ -70,11 +70,13 @@ class LoopConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require([
-            (self.rollout_batch_size >= 1, "--rollout-batch-size", self.rollout_batch_size, ">= 1"),
-            (self.num_rollout >= 0, "--num-rollout", self.num_rollout, ">= 0"),
-            (self.max_staleness >= 0, "--max-staleness", self.max_staleness, ">= 0"),
-            (self.buffer_capacity is None or self.buffer_capacity >= 1, "--buffer-capacity", self.buffer_capacity, ">= 1, or unset"),
-            (0.0 <= self.offline_ratio < 1.0, "--offline-ratio", self.offline_ratio, "in [0, 1)"),
-            (self.num_epoch is None or self.num_epoch >= 1, "--num-epoch", self.num_epoch, ">= 1, or unset"),
-        ])
+        require(
+            [
+                (self.rollout_batch_size >= 1, "--rollout-batch-size", self.rollout_batch_size, ">= 1"),
+                (self.num_rollout >= 0, "--num-rollout", self.num_rollout, ">= 0"),
+                (self.max_staleness >= 0, "--max-staleness", self.max_staleness, ">= 0"),
+                (self.buffer_capacity is None or self.buffer_capacity >= 1, "--buffer-capacity", self.buffer_capacity, ">= 1, or unset"),
+                (0.0 <= self.offline_ratio < 1.0, "--offline-ratio", self.offline_ratio, "in [0, 1)"),
+                (self.num_epoch is None or self.num_epoch >= 1, "--num-epoch", self.num_epoch, ">= 1, or unset"),
+            ]
+        )

@@ -108,22 +108,43 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
             ConfigError: naming the flag.
         """
         m = self
-        require([
-            (m.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size", m.tensor_model_parallel_size, ">= 1"),
-            (m.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size", m.pipeline_model_parallel_size, ">= 1"),
-            (m.context_parallel_size >= 1, "--context-parallel-size", m.context_parallel_size, ">= 1"),
-            (m.expert_model_parallel_size >= 1, "--expert-model-parallel-size", m.expert_model_parallel_size, ">= 1"),
-            (m.expert_tensor_parallel_size is None or m.expert_tensor_parallel_size >= 1, "--expert-tensor-parallel-size", m.expert_tensor_parallel_size, ">= 1, or unset (= --tensor-model-parallel-size)"),
-            (m.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff", m.moe_aux_loss_coeff, ">= 0"),
-            (m.moe_expert_capacity_factor is None or m.moe_expert_capacity_factor > 0, "--moe-expert-capacity-factor", m.moe_expert_capacity_factor, "> 0, or unset (dropless)"),
-            (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
-            (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
-            (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
-            (m.lr_warmup_fraction is None or 0 <= m.lr_warmup_fraction < 1, "--lr-warmup-fraction", m.lr_warmup_fraction, "in [0, 1)"),
-            (m.lr_warmup_fraction is None or m.lr_warmup_iters == 0, "--lr-warmup-fraction with --lr-warmup-iters",
-             f"{m.lr_warmup_fraction} and {m.lr_warmup_iters}", "one of them (as in Megatron)"),
-            (m.lr_decay_iters is None or m.lr_decay_iters >= 1, "--lr-decay-iters", m.lr_decay_iters, ">= 1, or unset"),
-            (m.adam_eps > 0, "--adam-eps", m.adam_eps, "> 0"),
-            (m.recompute_num_layers is None or m.recompute_num_layers >= 1, "--recompute-num-layers", m.recompute_num_layers, ">= 1, or unset"),
-            (m.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes", m.distributed_timeout_minutes, ">= 1"),
-        ])
+        require(
+            [
+                (m.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size", m.tensor_model_parallel_size, ">= 1"),
+                (m.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size", m.pipeline_model_parallel_size, ">= 1"),
+                (m.context_parallel_size >= 1, "--context-parallel-size", m.context_parallel_size, ">= 1"),
+                (m.expert_model_parallel_size >= 1, "--expert-model-parallel-size", m.expert_model_parallel_size, ">= 1"),
+                (
+                    m.expert_tensor_parallel_size is None or m.expert_tensor_parallel_size >= 1,
+                    "--expert-tensor-parallel-size",
+                    m.expert_tensor_parallel_size,
+                    ">= 1, or unset (= --tensor-model-parallel-size)",
+                ),
+                (m.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff", m.moe_aux_loss_coeff, ">= 0"),
+                (
+                    m.moe_expert_capacity_factor is None or m.moe_expert_capacity_factor > 0,
+                    "--moe-expert-capacity-factor",
+                    m.moe_expert_capacity_factor,
+                    "> 0, or unset (dropless)",
+                ),
+                (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
+                (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
+                (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
+                (m.lr_warmup_fraction is None or 0 <= m.lr_warmup_fraction < 1, "--lr-warmup-fraction", m.lr_warmup_fraction, "in [0, 1)"),
+                (
+                    m.lr_warmup_fraction is None or m.lr_warmup_iters == 0,
+                    "--lr-warmup-fraction with --lr-warmup-iters",
+                    f"{m.lr_warmup_fraction} and {m.lr_warmup_iters}",
+                    "one of them (as in Megatron)",
+                ),
+                (m.lr_decay_iters is None or m.lr_decay_iters >= 1, "--lr-decay-iters", m.lr_decay_iters, ">= 1, or unset"),
+                (m.adam_eps > 0, "--adam-eps", m.adam_eps, "> 0"),
+                (
+                    m.recompute_num_layers is None or m.recompute_num_layers >= 1,
+                    "--recompute-num-layers",
+                    m.recompute_num_layers,
+                    ">= 1, or unset",
+                ),
+                (m.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes", m.distributed_timeout_minutes, ">= 1"),
+            ]
+        )

@@ -39,7 +39,14 @@ class ObsConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require([
-            (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port", self.metrics_port, "in [0, 65535] (0 = any free port)"),
-            (self.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.trace_flush_interval_s, ">= 0"),
-        ])
+        require(
+            [
+                (
+                    self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+                    "--metrics-port",
+                    self.metrics_port,
+                    "in [0, 65535] (0 = any free port)",
+                ),
+                (self.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.trace_flush_interval_s, ">= 0"),
+            ]
+        )

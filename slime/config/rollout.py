@@ -14,7 +14,7 @@ SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
 BUILTIN_ROLLOUTS = {
     "slime.rollout.sglang_rollout.generate_rollout": "THUDM/slime's default rollout: this project's built-in scheduler does it",
     "fully_async_rollout.generate_rollout_fully_async": "THUDM/slime's fully-async example: this project's built-in scheduler "
-                                                        "in --rollout-mode async does it",
+    "in --rollout-mode async does it",
     SFT_ROLLOUT: "THUDM/slime's SFT rollout: --loss-type sft_loss does it (it trains on the rows of --prompt-data, generating nothing)",
 }
 """THUDM/slime's own ``--rollout-function-path`` values: names this project's built-in paths replace, never imported."""
@@ -27,7 +27,11 @@ def builtin_rollout_note(path: str | None, mode: str | None = None) -> str | Non
         return None
     for name, note in BUILTIN_ROLLOUTS.items():
         if path == name or path.endswith("." + name) or path.replace(":", ".") == name:
-            hint = f"; this run is --rollout-mode {mode}: pass --rollout-mode async for that" if "async" in name and mode not in (None, "async") else ""
+            hint = (
+                f"; this run is --rollout-mode {mode}: pass --rollout-mode async for that"
+                if "async" in name and mode not in (None, "async")
+                else ""
+            )
             return f"--rollout-function-path={path}: {note}{hint}"
     return None
 
@@ -59,6 +63,7 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
         if self.rollout_max_context_len is None:
             return self.rollout_max_response_len
         return max(0, min(self.rollout_max_response_len, self.rollout_max_context_len - prompt_len))
+
     rollout_stop_token_ids: tuple[int, ...] = ()
     request_timeout_s: float = 300.0
     """Per /generate call (``--request-timeout-s``)."""
@@ -123,23 +128,37 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require([
-            (self.n_samples_per_prompt >= 1, "--n-samples-per-prompt", self.n_samples_per_prompt, ">= 1"),
-            (self.rollout_max_response_len >= 1, "--rollout-max-response-len", self.rollout_max_response_len, ">= 1"),
-            (self.rollout_temperature > 0, "--rollout-temperature", self.rollout_temperature, "> 0 for RL"),
-            (0 < self.rollout_top_p <= 1, "--rollout-top-p", self.rollout_top_p, "in (0, 1]"),
-            (self.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.n_samples_per_eval_prompt, ">= 1"),
-            (self.eval_temperature >= 0, "--eval-temperature", self.eval_temperature, ">= 0 (0 = greedy)"),
-            (self.rollout_max_context_len is None or self.rollout_max_context_len >= 2, "--rollout-max-context-len",
-             self.rollout_max_context_len, ">= 2 (a prompt token and a response token), or unset"),
-            (self.eval_top_k is None or self.eval_top_k == -1 or self.eval_top_k >= 1, "--eval-top-k",
-             self.eval_top_k, ">= 1, or -1 (the whole vocabulary)"),
-            (self.eval_top_p is None or 0 < self.eval_top_p <= 1, "--eval-top-p", self.eval_top_p, "in (0, 1]"),
-            (self.eval_max_response_len is None or self.eval_max_response_len >= 1, "--eval-max-response-len",
-             self.eval_max_response_len, ">= 1"),
-            (self.request_timeout_s > 0, "--request-timeout-s", self.request_timeout_s, "> 0"),
-            (self.reward_timeout_s > 0, "--reward-timeout-s", self.reward_timeout_s, "> 0"),
-            (self.max_retries >= 0, "--max-retries", self.max_retries, ">= 0"),
-        ])
+        require(
+            [
+                (self.n_samples_per_prompt >= 1, "--n-samples-per-prompt", self.n_samples_per_prompt, ">= 1"),
+                (self.rollout_max_response_len >= 1, "--rollout-max-response-len", self.rollout_max_response_len, ">= 1"),
+                (self.rollout_temperature > 0, "--rollout-temperature", self.rollout_temperature, "> 0 for RL"),
+                (0 < self.rollout_top_p <= 1, "--rollout-top-p", self.rollout_top_p, "in (0, 1]"),
+                (self.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.n_samples_per_eval_prompt, ">= 1"),
+                (self.eval_temperature >= 0, "--eval-temperature", self.eval_temperature, ">= 0 (0 = greedy)"),
+                (
+                    self.rollout_max_context_len is None or self.rollout_max_context_len >= 2,
+                    "--rollout-max-context-len",
+                    self.rollout_max_context_len,
+                    ">= 2 (a prompt token and a response token), or unset",
+                ),
+                (
+                    self.eval_top_k is None or self.eval_top_k == -1 or self.eval_top_k >= 1,
+                    "--eval-top-k",
+                    self.eval_top_k,
+                    ">= 1, or -1 (the whole vocabulary)",
+                ),
+                (self.eval_top_p is None or 0 < self.eval_top_p <= 1, "--eval-top-p", self.eval_top_p, "in (0, 1]"),
+                (
+                    self.eval_max_response_len is None or self.eval_max_response_len >= 1,
+                    "--eval-max-response-len",
+                    self.eval_max_response_len,
+                    ">= 1",
+                ),
+                (self.request_timeout_s > 0, "--request-timeout-s", self.request_timeout_s, "> 0"),
+                (self.reward_timeout_s > 0, "--reward-timeout-s", self.reward_timeout_s, "> 0"),
+                (self.max_retries >= 0, "--max-retries", self.max_retries, ">= 0"),
+            ]
+        )
         # n_samples_per_eval_prompt > 1 with greedy eval is refused at run start (Config.check_run_modes), not
         # here: THUDM/slime's eval YAMLs set 16 samples with no temperature and must still parse (--dry-run)

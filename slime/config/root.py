@@ -64,21 +64,29 @@ class Config(msgspec.Struct, **STRUCT):
         """
         for section in (self.loop, self.rollout, self.train, self.data, self.sync, self.engine, self.obs, self.debug):
             section.validate()
-        require([
-            (
-                self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size or self.train.loss_type == "sft_loss",
-                "--over-sampling-batch-size",
-                self.loop.over_sampling_batch_size,
-                f">= --rollout-batch-size ({self.loop.rollout_batch_size})",
-            ),
-            (not (self.sync.colocate and self.loop.mode == "async"), "--colocate with --rollout-mode", self.loop.mode,
-             "sync or april: colocated engines cannot generate while the trainer trains"),
-            (self.save_interval >= 0, "--save-interval", self.save_interval, ">= 0"),
-        ])
+        require(
+            [
+                (
+                    self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size or self.train.loss_type == "sft_loss",
+                    "--over-sampling-batch-size",
+                    self.loop.over_sampling_batch_size,
+                    f">= --rollout-batch-size ({self.loop.rollout_batch_size})",
+                ),
+                (
+                    not (self.sync.colocate and self.loop.mode == "async"),
+                    "--colocate with --rollout-mode",
+                    self.loop.mode,
+                    "sync or april: colocated engines cannot generate while the trainer trains",
+                ),
+                (self.save_interval >= 0, "--save-interval", self.save_interval, ">= 0"),
+            ]
+        )
         if self.train.loss_type == "sft_loss":  # one sample per data row: --n-samples-per-prompt does not apply
             if self.loop.rollout_batch_size % self.train.global_batch_size != 0:
-                raise ConfigError(f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size="
-                                  f"{self.loop.rollout_batch_size} (SFT rows per step)")
+                raise ConfigError(
+                    f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size="
+                    f"{self.loop.rollout_batch_size} (SFT rows per step)"
+                )
             return self
         if self.loop.num_epoch is not None:
             raise ConfigError("--num-epoch: only with --loss-type sft_loss (RL runs count steps with --num-rollout)")
@@ -101,8 +109,13 @@ class Config(msgspec.Struct, **STRUCT):
         (``slime.engines.fleet.placement``)."""
         t, e = self.train, self.engine
         actor_given = t.actor_num_nodes is not None or t.actor_num_gpus_per_node is not None
-        if not (self.sync.colocate and actor_given and e.rollout_num_gpus is None and not e.sglang_config
-                and not e.rollout_external_engine_addrs):
+        if not (
+            self.sync.colocate
+            and actor_given
+            and e.rollout_num_gpus is None
+            and not e.sglang_config
+            and not e.rollout_external_engine_addrs
+        ):
             return self
         gpus = (t.actor_num_nodes or 1) * (t.actor_num_gpus_per_node or 1)
         return msgspec.structs.replace(self, engine=msgspec.structs.replace(e, rollout_num_gpus=gpus))
@@ -116,21 +129,39 @@ class Config(msgspec.Struct, **STRUCT):
         """
         d, dbg, r, t, e = self.data, self.debug, self.rollout, self.train, self.engine
         problems = [
-            (dbg.debug_train_only and dbg.load_debug_rollout_data is None and t.loss_type != "sft_loss",
-             "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)"),
-            (r.rollout_function_path == SFT_ROLLOUT and t.loss_type != "sft_loss",
-             f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss"),
+            (
+                dbg.debug_train_only and dbg.load_debug_rollout_data is None and t.loss_type != "sft_loss",
+                "--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)",
+            ),
+            (
+                r.rollout_function_path == SFT_ROLLOUT and t.loss_type != "sft_loss",
+                f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss",
+            ),
             (self.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={self.loop.offline_ratio} needs --offline-data"),
-            (d.offline_data is not None and self.loop.offline_ratio == 0, "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)"),
-            (r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,
-             f"--n-samples-per-eval-prompt={r.n_samples_per_eval_prompt} needs --eval-temperature > 0 (greedy samples are all the same)"),
-            (dbg.debug_rollout_only and bool(self.save_interval or self.load), "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)"),
-            ((dbg.debug_rollout_only or dbg.train_only) and t.train_backend == "megatron",
-             "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet"),
-            (not t.use_opd and bool(e.opd_teacher_load or e.opd_teacher_addrs),
-             "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd"),
-            (t.use_opd and not (e.opd_teacher_load or e.opd_teacher_addrs or e.sglang_config),
-             "--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs host:port, or a 'teacher' group in --sglang-config"),
+            (
+                d.offline_data is not None and self.loop.offline_ratio == 0,
+                "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)",
+            ),
+            (
+                r.n_samples_per_eval_prompt > 1 and r.eval_temperature == 0,
+                f"--n-samples-per-eval-prompt={r.n_samples_per_eval_prompt} needs --eval-temperature > 0 (greedy samples are all the same)",
+            ),
+            (
+                dbg.debug_rollout_only and bool(self.save_interval or self.load),
+                "--debug-rollout-only: --save-interval / --load are not supported (nothing trains)",
+            ),
+            (
+                (dbg.debug_rollout_only or dbg.train_only) and t.train_backend == "megatron",
+                "--debug-rollout-only / --debug-train-only / --load-debug-rollout-data: not supported with --train-backend megatron yet",
+            ),
+            (
+                not t.use_opd and bool(e.opd_teacher_load or e.opd_teacher_addrs),
+                "--opd-teacher-load / --opd-teacher-addrs: a teacher is only used with --use-opd",
+            ),
+            (
+                t.use_opd and not (e.opd_teacher_load or e.opd_teacher_addrs or e.sglang_config),
+                "--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs host:port, or a 'teacher' group in --sglang-config",
+            ),
         ]
         for bad, message in problems:
             if bad:
@@ -148,11 +179,16 @@ class Config(msgspec.Struct, **STRUCT):
         flag = f"--rollout-function-path={self.rollout.rollout_function_path}"
         lp, dbg = self.loop, self.debug
         problems = [
-            (lp.mode != "sync", f"--rollout-mode {lp.mode} (or --partial-rollout): the function makes a whole step per call, in sync; "
-                                "drop one of them"),
+            (
+                lp.mode != "sync",
+                f"--rollout-mode {lp.mode} (or --partial-rollout): the function makes a whole step per call, in sync; drop one of them",
+            ),
             (lp.offline_ratio > 0, "--offline-ratio / --offline-data: mix offline samples inside the function instead"),
             (lp.dynamic_sampling_filter_path is not None, "--dynamic-sampling-filter-path: filter groups inside the function instead"),
-            (dbg.train_only, "--debug-train-only / --load-debug-rollout-data: a train-only run replays records and calls no rollout function"),
+            (
+                dbg.train_only,
+                "--debug-train-only / --load-debug-rollout-data: a train-only run replays records and calls no rollout function",
+            ),
             (self.train.use_opd, "--use-opd: teacher scoring runs in the built-in scheduler; not with a rollout function yet"),
         ]
         for bad, what in problems:
@@ -170,28 +206,49 @@ class Config(msgspec.Struct, **STRUCT):
         problems = [
             (d.prompt_data is None, "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)"),
             (d.offline_data is not None, "--offline-data: not used by --loss-type sft_loss (every row of --prompt-data is trained on)"),
-            (dbg.debug_rollout_only or dbg.load_debug_rollout_data is not None or dbg.save_debug_rollout_data is not None,
-             "--debug-rollout-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)"),
-            (r.rollout_function_path not in (None, SFT_ROLLOUT), f"--rollout-function-path={r.rollout_function_path}: "
-             f"--loss-type sft_loss trains on the rows of --prompt-data and calls no rollout function ({SFT_ROLLOUT} is implied)"),
-            (r.rollout_temperature != 1.0, f"--rollout-temperature={r.rollout_temperature}: SFT scores tokens at "
-             "temperature 1 (the NLL of the data); leave it unset"),
-            (self.train.train_backend == "megatron", "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
-             "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks"),
+            (
+                dbg.debug_rollout_only or dbg.load_debug_rollout_data is not None or dbg.save_debug_rollout_data is not None,
+                "--debug-rollout-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)",
+            ),
+            (
+                r.rollout_function_path not in (None, SFT_ROLLOUT),
+                f"--rollout-function-path={r.rollout_function_path}: "
+                f"--loss-type sft_loss trains on the rows of --prompt-data and calls no rollout function ({SFT_ROLLOUT} is implied)",
+            ),
+            (
+                r.rollout_temperature != 1.0,
+                f"--rollout-temperature={r.rollout_temperature}: SFT scores tokens at temperature 1 (the NLL of the data); leave it unset",
+            ),
+            (
+                self.train.train_backend == "megatron",
+                "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
+                "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks",
+            ),
             (self.train.use_opd, "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none"),
         ]
         for bad, message in problems:
             if bad:
                 raise ConfigError(message)
         # THUDM/slime's SFT scripts pass these; here --loss-type sft_loss implies them
-        implied = [flag for flag, given in (("--debug-train-only", dbg.debug_train_only),
-                                            (f"--rollout-function-path {SFT_ROLLOUT}", r.rollout_function_path == SFT_ROLLOUT)) if given]
+        implied = [
+            flag
+            for flag, given in (
+                ("--debug-train-only", dbg.debug_train_only),
+                (f"--rollout-function-path {SFT_ROLLOUT}", r.rollout_function_path == SFT_ROLLOUT),
+            )
+            if given
+        ]
         if implied:
-            log.info("%s: implied by --loss-type sft_loss (no engine is launched; it trains on the rows of --prompt-data)", ", ".join(implied))
+            log.info(
+                "%s: implied by --loss-type sft_loss (no engine is launched; it trains on the rows of --prompt-data)", ", ".join(implied)
+            )
         ignored = [flag for flag, value, default in self._rl_only_flags() if value != default]
         if ignored:
-            log.warning("--loss-type sft_loss ignores these RL flags: %s (SFT trains on the rows of --prompt-data; "
-                        "nothing is generated, rewarded or importance-weighted)", ", ".join(ignored))
+            log.warning(
+                "--loss-type sft_loss ignores these RL flags: %s (SFT trains on the rows of --prompt-data; "
+                "nothing is generated, rewarded or importance-weighted)",
+                ", ".join(ignored),
+            )
 
     def _rl_only_flags(self) -> list[tuple[str, Any, Any]]:
         """(flag, value, default) of the flags an SFT run never reads."""

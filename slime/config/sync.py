@@ -38,9 +38,15 @@ class SyncConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require([
-            (self.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.update_weight_buffer_size, ">= 1 byte"),
-            (self.update_weights_timeout_s > 0, "update_weights_timeout_s", self.update_weights_timeout_s, "> 0"),
-            (not (self.colocate and self.method == "delta"), "--colocate with --weight-sync", self.method,
-             "disk, distributed or tensor: released engine weights are lost (docs/sglang.md#memory), so every delta would be a full sync"),
-        ])
+        require(
+            [
+                (self.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.update_weight_buffer_size, ">= 1 byte"),
+                (self.update_weights_timeout_s > 0, "update_weights_timeout_s", self.update_weights_timeout_s, "> 0"),
+                (
+                    not (self.colocate and self.method == "delta"),
+                    "--colocate with --weight-sync",
+                    self.method,
+                    "disk, distributed or tensor: released engine weights are lost (docs/sglang.md#memory), so every delta would be a full sync",
+                ),
+            ]
+        )

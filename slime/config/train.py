@@ -135,40 +135,74 @@ class TrainConfig(msgspec.Struct, **STRUCT):
             ConfigError: naming the flag.
         """
         t = self
-        require([
-            (t.lr > 0, "--lr", t.lr, "> 0"),
-            (t.global_batch_size >= 1, "--global-batch-size", t.global_batch_size, ">= 1"),
-            (t.micro_batch_size >= 1, "--micro-batch-size", t.micro_batch_size, ">= 1"),
-            (t.eps_clip > 0, "--eps-clip", t.eps_clip, "> 0"),
-            (t.eps_clip_high is None or t.eps_clip_high >= 0, "--eps-clip-high", t.eps_clip_high, ">= 0"),
-            (0 <= t.tis_clip_low <= t.tis_clip, "--tis-clip-low", t.tis_clip_low, f"in [0, --tis-clip={t.tis_clip}]"),
-            (t.tis_level == "token" or t.use_tis, "--tis-level", t.tis_level, "used with --use-tis (without it there is no TIS weight)"),
-            (t.clip_grad >= 0, "--clip-grad", t.clip_grad, ">= 0 (0 = no clipping)"),
-            (t.num_threads >= 1, "--train-threads", t.num_threads, ">= 1"),
-            (not (t.train_backend == "megatron" and t.device == "cpu"), "--train-device", t.device, "auto or cuda with --train-backend megatron (CUDA only)"),
-            (t.micro_batch_size <= t.global_batch_size, "--micro-batch-size", t.micro_batch_size, f"<= --global-batch-size ({t.global_batch_size})"),
-            (t.eps_clip_c is None or t.eps_clip_c > 1.0, "--eps-clip-c", t.eps_clip_c, "> 1 (dual clip), or unset"),
-            (0.0 <= t.gamma <= 1.0, "--gamma", t.gamma, "in [0, 1]"),
-            (0.0 <= t.lambd <= 1.0, "--lambd", t.lambd, "in [0, 1]"),
-            (t.kl_coef >= 0, "--kl-coef", t.kl_coef, ">= 0"),
-            (t.kl_loss_coef >= 0, "--kl-loss-coef", t.kl_loss_coef, ">= 0"),
-            (t.opd_kl_coef >= 0, "--opd-kl-coef", t.opd_kl_coef, ">= 0"),
-            (t.entropy_coef >= 0, "--entropy-coef", t.entropy_coef, ">= 0"),
-            (t.value_clip > 0, "--value-clip", t.value_clip, "> 0"),
-            (t.critic_lr is None or t.critic_lr > 0, "--critic-lr", t.critic_lr, "> 0, or unset (= --lr)"),
-            (0 <= t.mis_lower_bound <= t.mis_upper_bound, "--mis-lower-bound", t.mis_lower_bound, f"in [0, --mis-upper-bound={t.mis_upper_bound}]"),
-            (t.behav_imp_weight_cap is None or t.behav_imp_weight_cap > 1.0, "--behav-imp-weight-cap", t.behav_imp_weight_cap, "> 1, or unset"),
-            (
-                t.use_tis + (t.mis_level != "none") + t.use_decoupled_ppo <= 1,
-                "--use-tis / --mis-level / --use-decoupled-ppo",
-                f"use_tis={t.use_tis}, mis_level={t.mis_level}, use_decoupled_ppo={t.use_decoupled_ppo}",
-                "at most one off-policy correction",
-            ),
-            (t.actor_num_nodes is None or t.actor_num_nodes >= 1, "--actor-num-nodes", t.actor_num_nodes, ">= 1"),
-            (t.actor_num_gpus_per_node is None or t.actor_num_gpus_per_node >= 1, "--actor-num-gpus-per-node", t.actor_num_gpus_per_node, ">= 1"),
-        ])
+        require(
+            [
+                (t.lr > 0, "--lr", t.lr, "> 0"),
+                (t.global_batch_size >= 1, "--global-batch-size", t.global_batch_size, ">= 1"),
+                (t.micro_batch_size >= 1, "--micro-batch-size", t.micro_batch_size, ">= 1"),
+                (t.eps_clip > 0, "--eps-clip", t.eps_clip, "> 0"),
+                (t.eps_clip_high is None or t.eps_clip_high >= 0, "--eps-clip-high", t.eps_clip_high, ">= 0"),
+                (0 <= t.tis_clip_low <= t.tis_clip, "--tis-clip-low", t.tis_clip_low, f"in [0, --tis-clip={t.tis_clip}]"),
+                (
+                    t.tis_level == "token" or t.use_tis,
+                    "--tis-level",
+                    t.tis_level,
+                    "used with --use-tis (without it there is no TIS weight)",
+                ),
+                (t.clip_grad >= 0, "--clip-grad", t.clip_grad, ">= 0 (0 = no clipping)"),
+                (t.num_threads >= 1, "--train-threads", t.num_threads, ">= 1"),
+                (
+                    not (t.train_backend == "megatron" and t.device == "cpu"),
+                    "--train-device",
+                    t.device,
+                    "auto or cuda with --train-backend megatron (CUDA only)",
+                ),
+                (
+                    t.micro_batch_size <= t.global_batch_size,
+                    "--micro-batch-size",
+                    t.micro_batch_size,
+                    f"<= --global-batch-size ({t.global_batch_size})",
+                ),
+                (t.eps_clip_c is None or t.eps_clip_c > 1.0, "--eps-clip-c", t.eps_clip_c, "> 1 (dual clip), or unset"),
+                (0.0 <= t.gamma <= 1.0, "--gamma", t.gamma, "in [0, 1]"),
+                (0.0 <= t.lambd <= 1.0, "--lambd", t.lambd, "in [0, 1]"),
+                (t.kl_coef >= 0, "--kl-coef", t.kl_coef, ">= 0"),
+                (t.kl_loss_coef >= 0, "--kl-loss-coef", t.kl_loss_coef, ">= 0"),
+                (t.opd_kl_coef >= 0, "--opd-kl-coef", t.opd_kl_coef, ">= 0"),
+                (t.entropy_coef >= 0, "--entropy-coef", t.entropy_coef, ">= 0"),
+                (t.value_clip > 0, "--value-clip", t.value_clip, "> 0"),
+                (t.critic_lr is None or t.critic_lr > 0, "--critic-lr", t.critic_lr, "> 0, or unset (= --lr)"),
+                (
+                    0 <= t.mis_lower_bound <= t.mis_upper_bound,
+                    "--mis-lower-bound",
+                    t.mis_lower_bound,
+                    f"in [0, --mis-upper-bound={t.mis_upper_bound}]",
+                ),
+                (
+                    t.behav_imp_weight_cap is None or t.behav_imp_weight_cap > 1.0,
+                    "--behav-imp-weight-cap",
+                    t.behav_imp_weight_cap,
+                    "> 1, or unset",
+                ),
+                (
+                    t.use_tis + (t.mis_level != "none") + t.use_decoupled_ppo <= 1,
+                    "--use-tis / --mis-level / --use-decoupled-ppo",
+                    f"use_tis={t.use_tis}, mis_level={t.mis_level}, use_decoupled_ppo={t.use_decoupled_ppo}",
+                    "at most one off-policy correction",
+                ),
+                (t.actor_num_nodes is None or t.actor_num_nodes >= 1, "--actor-num-nodes", t.actor_num_nodes, ">= 1"),
+                (
+                    t.actor_num_gpus_per_node is None or t.actor_num_gpus_per_node >= 1,
+                    "--actor-num-gpus-per-node",
+                    t.actor_num_gpus_per_node,
+                    ">= 1",
+                ),
+            ]
+        )
         if t.opd_only and not t.use_opd:
             raise ConfigError("--opd-only needs --use-opd (and a teacher)")
         if t.opd_only and t.opd_kl_coef == 0:
-            raise ConfigError("--opd-only with --opd-kl-coef 0: nothing would train (the task reward is off and the distillation term is zero)")
+            raise ConfigError(
+                "--opd-only with --opd-kl-coef 0: nothing would train (the task reward is off and the distillation term is zero)"
+            )
         t.megatron.validate()

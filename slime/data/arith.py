@@ -79,9 +79,7 @@ def _draw_number(rng: random.Random, max_digits: int) -> int:
     return rng.randint(low, 10**num_digits - 1)
 
 
-def make_problem(
-    rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS
-) -> tuple[str, str, str]:
+def make_problem(rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS) -> tuple[str, str, str]:
     """Draw one problem.
 
     The number of terms is uniform in ``[MIN_TERMS, max_terms]``; each term first draws its digit
@@ -232,9 +230,7 @@ def hf_generate(
                 chunk = [tokenizer(p)["input_ids"] for p in prompts[start : start + batch_size]]
                 responses.extend(
                     tokenizer.decode(ids, skip_special_tokens=True)
-                    for ids in _generate_batch(
-                        model, chunk, eos_id, pad_id, temperature, max_new_tokens, generator
-                    )
+                    for ids in _generate_batch(model, chunk, eos_id, pad_id, temperature, max_new_tokens, generator)
                 )
     finally:
         model.train(was_training)

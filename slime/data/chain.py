@@ -48,8 +48,23 @@ from typing import Any
 
 from slime.data.arith import extract_answer, read_jsonl, reward, score, split_of, write_jsonl
 
-__all__ = ["MIN_TERMS", "MAX_TERMS", "MAX_DIGITS", "ALPHA", "MAX_RESPONSE_CHARS", "term_weights", "make_problem",
-           "iter_problems", "generate_dataset", "extract_answer", "score", "reward", "read_jsonl", "write_jsonl", "main"]
+__all__ = [
+    "MIN_TERMS",
+    "MAX_TERMS",
+    "MAX_DIGITS",
+    "ALPHA",
+    "MAX_RESPONSE_CHARS",
+    "term_weights",
+    "make_problem",
+    "iter_problems",
+    "generate_dataset",
+    "extract_answer",
+    "score",
+    "reward",
+    "read_jsonl",
+    "write_jsonl",
+    "main",
+]
 
 MIN_TERMS = 2
 MAX_TERMS = 10
@@ -71,8 +86,9 @@ def term_weights(max_terms: int = MAX_TERMS, alpha: float = ALPHA) -> list[float
     return [(k - 1) ** -alpha for k in range(MIN_TERMS, max_terms + 1)]
 
 
-def make_problem(rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS,
-                 alpha: float = ALPHA) -> tuple[str, str, str]:
+def make_problem(
+    rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS, alpha: float = ALPHA
+) -> tuple[str, str, str]:
     """Draw one problem: ``K`` terms (``term_weights``), each uniform with 1 to ``max_digits`` digits.
 
     Returns:

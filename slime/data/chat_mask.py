@@ -104,14 +104,16 @@ def assistant_char_spans(
                 raise TemplateError(
                     f"chat template is not prefix-stable: rendering {what} is not a prefix of rendering the whole "
                     f"conversation ({len(messages)} messages); they differ at character {at}: prefix has "
-                    f"{prefix[at:at + 40]!r}, full render has {text[at:at + 40]!r}. The SFT loss mask is located in the "
+                    f"{prefix[at : at + 40]!r}, full render has {text[at : at + 40]!r}. The SFT loss mask is located in the "
                     "full render, so the template must render earlier turns the same whatever follows them, or mark "
                     "assistant text with {% generation %} ... {% endgeneration %} blocks"
                 )
         start, end = len(head), _turn_end(text, len(turn.rstrip()), special_tokens)
         if end <= start:
-            raise TemplateError(f"chat template renders assistant message {i} as nothing after its generation prompt "
-                                f"(characters {start}..{len(turn)}); cannot build its loss mask")
+            raise TemplateError(
+                f"chat template renders assistant message {i} as nothing after its generation prompt "
+                f"(characters {start}..{len(turn)}); cannot build its loss mask"
+            )
         spans.append((start, end))
     return text, spans
 
@@ -159,15 +161,19 @@ def render_with_assistant_mask(
     """
     template = getattr(tokenizer, "chat_template", None)
     if not template:
-        raise TemplateError(f"the tokenizer ({type(tokenizer).__name__}, {getattr(tokenizer, 'name_or_path', '')!r}) has no chat "
-                            "template; chat-message rows need one (or use plain prompt/response rows)")
+        raise TemplateError(
+            f"the tokenizer ({type(tokenizer).__name__}, {getattr(tokenizer, 'name_or_path', '')!r}) has no chat "
+            "template; chat-message rows need one (or use plain prompt/response rows)"
+        )
     tools = tools or None
     if has_generation_blocks(template):
         out = _apply(tokenizer, messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
     if not getattr(tokenizer, "is_fast", False):
-        raise TemplateError(f"{type(tokenizer).__name__} is not a fast tokenizer (no character offsets) and its chat template "
-                            "has no {% generation %} blocks: cannot locate assistant tokens")
+        raise TemplateError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer (no character offsets) and its chat template "
+            "has no {% generation %} blocks: cannot locate assistant tokens"
+        )
 
     def render(msgs: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return _apply(tokenizer, msgs, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)

@@ -38,8 +38,16 @@ import msgspec
 from slime.errors import ConfigError, DataError
 
 __all__ = [
-    "PromptRow", "load_prompt_file", "load_jsonl_prompts", "read_rows", "parse_prompt_row",
-    "prompt_input", "tokenize_row", "row_metadata", "prompt_length_check", "PromptSource",
+    "PromptRow",
+    "load_prompt_file",
+    "load_jsonl_prompts",
+    "read_rows",
+    "parse_prompt_row",
+    "prompt_input",
+    "tokenize_row",
+    "row_metadata",
+    "prompt_length_check",
+    "PromptSource",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,8 +102,17 @@ def load_prompt_file(
     """
 
     def parse(obj: Any, index: int) -> PromptRow:
-        row = parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key,
-                               curriculum_key=curriculum_key, apply_chat_template=apply_chat_template, require_label=require_label)
+        row = parse_prompt_row(
+            obj,
+            index,
+            input_key=input_key,
+            label_key=label_key,
+            metadata_key=metadata_key,
+            tool_key=tool_key,
+            curriculum_key=curriculum_key,
+            apply_chat_template=apply_chat_template,
+            require_label=require_label,
+        )
         if check is not None:
             check(row)
         return row
@@ -108,7 +125,11 @@ load_jsonl_prompts = load_prompt_file
 
 
 def read_rows(
-    path: str | Path, parse: Callable[[Any, int], T], *, on_bad_data: Literal["skip", "fail"] = "fail", flag: str = "--prompt-data",
+    path: str | Path,
+    parse: Callable[[Any, int], T],
+    *,
+    on_bad_data: Literal["skip", "fail"] = "fail",
+    flag: str = "--prompt-data",
 ) -> tuple[list[T], int]:
     """Parse every row of a JSONL or Parquet file with ``parse(obj, index_among_good_rows)``.
 
@@ -181,8 +202,16 @@ def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any]]:
 
 
 def parse_prompt_row(
-    obj: Any, index: int, *, input_key: str = "prompt", label_key: str | None = "label", metadata_key: str | None = None,
-    tool_key: str | None = None, curriculum_key: str | None = None, apply_chat_template: bool = False, require_label: bool = False,
+    obj: Any,
+    index: int,
+    *,
+    input_key: str = "prompt",
+    label_key: str | None = "label",
+    metadata_key: str | None = None,
+    tool_key: str | None = None,
+    curriculum_key: str | None = None,
+    apply_chat_template: bool = False,
+    require_label: bool = False,
 ) -> PromptRow:
     """One decoded row -> ``PromptRow``. Raises ValueError saying what is wrong (the caller adds where)."""
     if not isinstance(obj, dict):
@@ -220,7 +249,9 @@ def parse_prompt_row(
     if curriculum_key is not None:
         difficulty = obj.get(curriculum_key)
         if isinstance(difficulty, bool) or not isinstance(difficulty, (int, float)):
-            raise ValueError(f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {_short(difficulty)}")
+            raise ValueError(
+                f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {_short(difficulty)}"
+            )
         difficulty = float(difficulty)
     return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata, messages=messages, tools=tools, difficulty=difficulty)
 
@@ -229,7 +260,9 @@ def _messages(value: list[Any], key: str) -> list[dict[str, Any]]:
     if not value:
         raise ValueError(f"key {key!r} (--input-key) is an empty list of messages")
     if not any(isinstance(m, dict) for m in value):
-        raise ValueError(f"key {key!r} (--input-key) must be a list of chat messages ({{'role': ..., 'content': ...}}), got {_describe_list(value)}")
+        raise ValueError(
+            f"key {key!r} (--input-key) must be a list of chat messages ({{'role': ..., 'content': ...}}), got {_describe_list(value)}"
+        )
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {_short(m)}")
@@ -251,7 +284,9 @@ def _tools(value: Any, key: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise ValueError(f"key {key!r} (--tool-key) must be a list of tools, got {type(value).__name__} {_short(value)}")
     for i, tool in enumerate(value):
-        _function_of(tool, f"key {key!r} (--tool-key): tool {i}", "{'type': 'function', 'function': {'name': ...}} (OpenAI function schema)")
+        _function_of(
+            tool, f"key {key!r} (--tool-key): tool {i}", "{'type': 'function', 'function': {'name': ...}} (OpenAI function schema)"
+        )
     return value
 
 
@@ -304,9 +339,14 @@ def tokenize_row(tokenize: Callable[..., list[int]], row: PromptRow) -> list[int
     return tokenize(prompt_input(row), tools=row.tools)
 
 
-def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int | None, max_prompt_len: int | None = None,
-                        context: str = "the model's context", source: str = "max_position_embeddings of --hf-checkpoint",
-                        ) -> Callable[[PromptRow], None]:
+def prompt_length_check(
+    tokenize: Callable[..., list[int]],
+    *,
+    max_len: int | None,
+    max_prompt_len: int | None = None,
+    context: str = "the model's context",
+    source: str = "max_position_embeddings of --hf-checkpoint",
+) -> Callable[[PromptRow], None]:
     """A ``load_prompt_file`` check: a prompt that renders to ``max_len`` tokens or more (the model's
     context, ``slime.data.sft.model_context_len``) leaves no room for a response token; the engine
     would refuse it (HTTP 400), so it is a bad row, caught at load with its ``path:line``. So is one
@@ -329,8 +369,9 @@ def prompt_length_check(tokenize: Callable[..., list[int]], *, max_len: int | No
         if max_prompt_len is not None and num_tokens > max_prompt_len:
             raise ValueError(f"the prompt renders to {num_tokens} tokens, over --rollout-max-prompt-len {max_prompt_len}")
         if max_len is not None and num_tokens >= max_len:
-            raise ValueError(f"the prompt renders to {num_tokens} tokens, {context} of {max_len} ({source}) "
-                             "leaves no room for a response; shorten it")
+            raise ValueError(
+                f"the prompt renders to {num_tokens} tokens, {context} of {max_len} ({source}) leaves no room for a response; shorten it"
+            )
 
     return check
 

@@ -90,8 +90,15 @@ def load_offline_data(
     """
 
     def parse(obj: Any, index: int) -> tuple[PromptRow, OfflineSample]:
-        row = parse_prompt_row(obj, index, input_key=input_key, label_key=label_key, metadata_key=metadata_key,
-                               tool_key=tool_key, apply_chat_template=apply_chat_template)
+        row = parse_prompt_row(
+            obj,
+            index,
+            input_key=input_key,
+            label_key=label_key,
+            metadata_key=metadata_key,
+            tool_key=tool_key,
+            apply_chat_template=apply_chat_template,
+        )
         response = obj.get("response")
         if not isinstance(response, str) or not response:
             raise ValueError(f"key 'response' must be a non-empty string, got {type(response).__name__} {response!r:.60}")
@@ -121,8 +128,10 @@ def load_offline_data(
     for members in by_prompt.values():
         row = members[0][0]
         if len(members) != group_size:
-            msg = (f"{path}: prompt {row.prompt!r:.60} has {len(members)} rows, expected --n-samples-per-prompt={group_size} "
-                   "(the rows of one prompt form one group) (--offline-data)")
+            msg = (
+                f"{path}: prompt {row.prompt!r:.60} has {len(members)} rows, expected --n-samples-per-prompt={group_size} "
+                "(the rows of one prompt form one group) (--offline-data)"
+            )
             if on_bad_data == "fail":
                 raise DataError(msg + " (use --on-bad-data skip to skip such groups)")
             log.warning("skipping offline group: %s", msg)
@@ -148,10 +157,19 @@ class OfflineSource:
         samples = []
         for i, s in enumerate(og.samples):
             metadata = {**row_metadata(og.row), "offline": True, "offline_logprobs": s.logprobs is not None}
-            sample = Sample(prompt_ids=list(og.prompt_ids), group_id=group_id, index=i, label=og.row.label, prompt=og.row.prompt,
-                            response=s.response, metadata=metadata, reward=s.reward)
-            sample.append(s.response_ids, s.logprobs if s.logprobs is not None else [0.0] * len(s.response_ids),
-                          OFFLINE_VERSION, trainable=True)
+            sample = Sample(
+                prompt_ids=list(og.prompt_ids),
+                group_id=group_id,
+                index=i,
+                label=og.row.label,
+                prompt=og.row.prompt,
+                response=s.response,
+                metadata=metadata,
+                reward=s.reward,
+            )
+            sample.append(
+                s.response_ids, s.logprobs if s.logprobs is not None else [0.0] * len(s.response_ids), OFFLINE_VERSION, trainable=True
+            )
             sample.status = Status.COMPLETED
             samples.append(sample)
         return Group(group_id=group_id, samples=samples, rollout_id=rollout_id, data_index=og.index)

@@ -91,7 +91,13 @@ def model_context_len(config: Any) -> int | None:
 
 
 def parse_sft_row(
-    obj: Any, index: int, *, tokenizer: Any, input_key: str = "messages", tool_key: str | None = None, max_len: int | None = None,
+    obj: Any,
+    index: int,
+    *,
+    tokenizer: Any,
+    input_key: str = "messages",
+    tool_key: str | None = None,
+    max_len: int | None = None,
 ) -> SFTExample:
     """One decoded row -> ``SFTExample``. Raises ValueError saying what is wrong (the caller adds where).
 
@@ -118,15 +124,20 @@ def parse_sft_row(
     elif isinstance(value, str) and value:
         response = obj.get(RESPONSE_KEY)
         if not isinstance(response, str) or not response:
-            raise ValueError(f"a plain SFT row (string under {input_key!r}) needs a non-empty string under {RESPONSE_KEY!r}, "
-                             f"got {type(response).__name__}")
+            raise ValueError(
+                f"a plain SFT row (string under {input_key!r}) needs a non-empty string under {RESPONSE_KEY!r}, "
+                f"got {type(response).__name__}"
+            )
         ids, mask = tokenize_plain(tokenizer, value, response)
     else:
-        raise ValueError(f"key {input_key!r} (--input-key) must be a list of chat messages or a non-empty prompt string, "
-                         f"got {type(value).__name__}")
+        raise ValueError(
+            f"key {input_key!r} (--input-key) must be a list of chat messages or a non-empty prompt string, got {type(value).__name__}"
+        )
     if max_len is not None and len(ids) > max_len:
-        raise ValueError(f"the row renders to {len(ids)} tokens, more than the model's context of {max_len} (max_position_embeddings "
-                         f"of --hf-checkpoint); shorten or split it (rows are not truncated)")
+        raise ValueError(
+            f"the row renders to {len(ids)} tokens, more than the model's context of {max_len} (max_position_embeddings "
+            f"of --hf-checkpoint); shorten or split it (rows are not truncated)"
+        )
     if 1 not in mask:
         raise ValueError(f"no token to train on: the loss mask of the {len(ids)} rendered tokens is all 0")
     if mask[0] == 1:
@@ -135,8 +146,14 @@ def parse_sft_row(
 
 
 def load_sft_file(
-    path: str | Path, *, tokenizer: Any, input_key: str = "messages", tool_key: str | None = None,
-    on_bad_data: Literal["skip", "fail"] = "fail", flag: str = "--prompt-data", max_len: int | None = None,
+    path: str | Path,
+    *,
+    tokenizer: Any,
+    input_key: str = "messages",
+    tool_key: str | None = None,
+    on_bad_data: Literal["skip", "fail"] = "fail",
+    flag: str = "--prompt-data",
+    max_len: int | None = None,
 ) -> tuple[list[SFTExample], int]:
     """Read and tokenise an SFT file (JSONL or Parquet by extension; see the module docstring).
 
@@ -149,8 +166,12 @@ def load_sft_file(
         DataError: missing / empty file, or a malformed row (``path:line``) with ``on_bad_data="fail"``.
         TemplateError: the chat template cannot give an assistant mask.
     """
-    return read_rows(path, lambda obj, i: parse_sft_row(obj, i, tokenizer=tokenizer, input_key=input_key, tool_key=tool_key, max_len=max_len),
-                     on_bad_data=on_bad_data, flag=flag)
+    return read_rows(
+        path,
+        lambda obj, i: parse_sft_row(obj, i, tokenizer=tokenizer, input_key=input_key, tool_key=tool_key, max_len=max_len),
+        on_bad_data=on_bad_data,
+        flag=flag,
+    )
 
 
 def to_group(example: SFTExample, *, group_id: int, policy_version: int) -> Group:

@@ -43,8 +43,20 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast
 
 __all__ = [
-    "PAD_TOKEN", "BOS_TOKEN", "EOS_TOKEN", "UNK_TOKEN", "SPECIAL_TOKENS", "ALPHABET", "build_tokenizer",
-    "IM_START", "IM_END", "CHAT_SPECIAL_TOKENS", "CHAT_TOOL_TOKENS", "CHAT_ALPHABET", "CHAT_TEMPLATE", "build_chat_tokenizer",
+    "PAD_TOKEN",
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "UNK_TOKEN",
+    "SPECIAL_TOKENS",
+    "ALPHABET",
+    "build_tokenizer",
+    "IM_START",
+    "IM_END",
+    "CHAT_SPECIAL_TOKENS",
+    "CHAT_TOOL_TOKENS",
+    "CHAT_ALPHABET",
+    "CHAT_TEMPLATE",
+    "build_chat_tokenizer",
 ]
 
 PAD_TOKEN = "<pad>"

@@ -45,8 +45,9 @@ class CircuitBreaker:
         ValueError: a threshold below 1 or a non-positive cooldown.
     """
 
-    def __init__(self, *, failure_threshold: int, cooldown_s: float, max_cooldown_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, *, failure_threshold: int, cooldown_s: float, max_cooldown_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ):
         if failure_threshold < 1:
             raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
         if cooldown_s <= 0:

@@ -76,8 +76,16 @@ class EngineClient(WeightSyncCalls):
 
     # -- transport -------------------------------------------------------------------------------
 
-    async def _send(self, method: str, endpoint: str, *, body: Any = None, timeout_s: float, raw: bytes | None = None,
-                    extra_headers: Mapping[str, str] | None = None) -> _Reply:
+    async def _send(
+        self,
+        method: str,
+        endpoint: str,
+        *,
+        body: Any = None,
+        timeout_s: float,
+        raw: bytes | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> _Reply:
         """One HTTP exchange; raises only EngineUnavailable / EngineTimeout (any status comes back).
         ``raw``: send these bytes as ``application/octet-stream`` instead of ``body`` as JSON.
         ``extra_headers``: added to this request only (e.g. the router's routing key)."""
@@ -89,9 +97,7 @@ class EngineClient(WeightSyncCalls):
         err: dict[str, Any] = dict(url=self.url, endpoint=endpoint)
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._session.request(
-                    method, self.url + endpoint, data=data, headers=headers, timeout=client_timeout
-                ) as resp:
+                async with self._session.request(method, self.url + endpoint, data=data, headers=headers, timeout=client_timeout) as resp:
                     return _Reply(resp.status, resp.content_type, await resp.read())
         except aiohttp.ConnectionTimeoutError as exc:
             raise EngineUnavailable(f"connect timed out after {CONNECT_TIMEOUT_S}s", engine_message=str(exc), **err) from exc
@@ -175,23 +181,33 @@ class EngineClient(WeightSyncCalls):
         """
         if sampling_params.get("n", 1) != 1:
             raise ValueError(f"sampling_params['n']={sampling_params['n']!r}: send one request per sample (n must be 1)")
-        payload = build_generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len)
+        payload = build_generate_payload(
+            input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len
+        )
         self.num_inflight += 1
         try:
-            reply = await self._send("POST", "/generate", body=payload, timeout_s=timeout_s or self.config.request_timeout_s,
-                                     extra_headers=headers)
+            reply = await self._send(
+                "POST", "/generate", body=payload, timeout_s=timeout_s or self.config.request_timeout_s, extra_headers=headers
+            )
         finally:
             self.num_inflight -= 1
         if reply.status == ABORTED_BEFORE_SCHEDULING:
             # 0.5.17: a request held by a pause (or still in the tokenizer) when /abort_request came
             # answers 499 {"error": {"message": "Request <rid> was aborted"}}: an abort, not a failure
             message = error_message_from_body(reply.status, reply.content_type, reply.text)
-            return GenerateResult(output_ids=[], output_logprobs=[], completion_tokens=0, rid=rid or "",
-                                  finish_reason=FinishReason(type="abort", message=message, status_code=reply.status))
+            return GenerateResult(
+                output_ids=[],
+                output_logprobs=[],
+                completion_tokens=0,
+                rid=rid or "",
+                finish_reason=FinishReason(type="abort", message=message, status_code=reply.status),
+            )
         self._raise_for_status(reply, "/generate")
         results = parse_generate_response(reply.body, url=self.url, return_logprob=return_logprob)
         if len(results) != 1:
-            raise ProtocolError(f"expected one result for one prompt, got {len(results)}", url=self.url, endpoint="/generate", status=reply.status)
+            raise ProtocolError(
+                f"expected one result for one prompt, got {len(results)}", url=self.url, endpoint="/generate", status=reply.status
+            )
         return results[0]
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
@@ -226,8 +242,12 @@ class EngineClient(WeightSyncCalls):
         Raises:
             EngineRequestError: ``success: false`` (200 or 400), carrying the engine's message.
         """
-        body = {"model_path": model_path, "weight_version": weight_version,
-                "abort_all_requests": abort_all_requests, "flush_cache": flush_cache}
+        body = {
+            "model_path": model_path,
+            "weight_version": weight_version,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
         return await self._call("POST", "/update_weights_from_disk", body)
 
     async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict[str, Any]:

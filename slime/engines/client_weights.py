@@ -20,8 +20,10 @@ class WeightSyncCalls:
     """Mixed into ``EngineClient``; needs its ``_call(method, endpoint, body, *, timeout_s, raw)``."""
 
     if TYPE_CHECKING:  # provided by EngineClient, which this class is mixed into
-        async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None,
-                        raw: bytes | None = None) -> Any: ...
+
+        async def _call(
+            self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None, raw: bytes | None = None
+        ) -> Any: ...
 
     # ``timeout_s`` defaults to ``control_timeout_s``; the sync strategies pass their own bound.
 
@@ -48,13 +50,26 @@ class WeightSyncCalls:
         return True
 
     async def init_weights_update_group(
-        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
-        group_name: str, backend: str, timeout_s: float | None = None,
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """``POST /init_weights_update_group`` (docs/sglang.md#update-weights-from-distributed): the engine's TP ranks join as ``rank_offset + tp_rank``.
         Blocks until every rank (the trainer, rank 0, included) has joined: start the trainer's side first."""
-        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-                "world_size": world_size, "group_name": group_name, "backend": backend}
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
         return await self._call("POST", "/init_weights_update_group", body, timeout_s=timeout_s)
 
     async def destroy_weights_update_group(self, group_name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
@@ -62,26 +77,52 @@ class WeightSyncCalls:
         return await self._call("POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s=timeout_s)
 
     async def update_weights_from_distributed(
-        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *, group_name: str,
-        weight_version: str, abort_all_requests: bool = False, flush_cache: bool = True,
-        load_format: str | None = None, timeout_s: float | None = None,
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str,
+        weight_version: str,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """``POST /update_weights_from_distributed`` (docs/sglang.md#update-weights-from-distributed). The engine receives one ``broadcast(src=0)``
         per tensor in list order (one flat uint8 buffer with ``load_format="flattened_bucket"``) while
         this call is pending; the caller must broadcast the same tensors concurrently.
         ``dtypes`` are torch attribute names (``"float32"``)."""
-        body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-                "group_name": group_name, "weight_version": weight_version, "abort_all_requests": abort_all_requests,
-                "flush_cache": flush_cache, "load_format": load_format}
+        body = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "weight_version": weight_version,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+            "load_format": load_format,
+        }
         return await self._call("POST", "/update_weights_from_distributed", body, timeout_s=timeout_s)
 
     async def update_weights_from_tensor(
-        self, serialized_named_tensors: Sequence[str], *, weight_version: str, load_format: str | None = None,
-        abort_all_requests: bool = False, flush_cache: bool = True, timeout_s: float | None = None,
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        weight_version: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """``POST /update_weights_from_tensor`` (docs/sglang.md#update-weights-from-tensor): one base64 payload per TP rank (see ``slime.sync.wire``)."""
-        body = {"serialized_named_tensors": list(serialized_named_tensors), "load_format": load_format,
-                "weight_version": weight_version, "abort_all_requests": abort_all_requests, "flush_cache": flush_cache}
+        body = {
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "load_format": load_format,
+            "weight_version": weight_version,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
         return await self._call("POST", "/update_weights_from_tensor", body, timeout_s=timeout_s)
 
     async def update_weights_from_delta(self, payload: bytes, *, timeout_s: float | None = None) -> dict[str, Any]:

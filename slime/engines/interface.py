@@ -31,9 +31,16 @@ PauseMode = Literal["abort", "retract", "in_place"]
 class GeneratePool(Protocol):
     """One ``/generate`` call on some engine of the pool."""
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None = None,
-                       return_logprob: bool = True, sticky_key: str | None = None,
-                       logprob_start_len: int | None = None) -> GenerateResult:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        sticky_key: str | None = None,
+        logprob_start_len: int | None = None,
+    ) -> GenerateResult:
         """The engine's result for ``input_ids`` (``[num_tokens]`` token ids) and SGLang ``sampling_params``.
 
         ``rid`` names the request for aborts (docs/sglang.md#abort); ``sticky_key`` keeps one trajectory's
@@ -60,8 +67,9 @@ class EnginePool(GeneratePool, Protocol):
 
     async def continue_generation(self) -> dict[str, None]: ...
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str, *, abort_all_requests: bool = False,
-                                       flush_cache: bool = True) -> dict[str, dict[str, Any]]:
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
+    ) -> dict[str, dict[str, Any]]:
         """Every engine loads the HF checkpoint at ``model_path`` and reports ``weight_version`` from then on."""
         ...
 
@@ -108,11 +116,11 @@ class WorkerPool(EnginePool, Protocol):
         """End every generate on an engine for ``running_for_s`` s or more (a hung engine); returns their urls."""
         ...
 
-    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str],
-                                         **kwargs: Any) -> dict[str, dict[str, Any]]: ...
+    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]: ...
 
-    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                                              **kwargs: Any) -> dict[str, dict[str, Any]]: ...
+    async def update_weights_from_distributed(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], **kwargs: Any
+    ) -> dict[str, dict[str, Any]]: ...
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until every worker answers ``/health_generate``; raises ``EngineTimeout`` past ``timeout_s``."""

@@ -91,10 +91,19 @@ class HttpEnginePool(PoolControl):
         ValueError: no urls, or a url given twice.
     """
 
-    def __init__(self, urls: Sequence[str], *, config: RolloutConfig, session: aiohttp.ClientSession | None = None,
-                 api_key: str | None = None, router_url: str | None = None, failure_threshold: int = 3,
-                 breaker_cooldown_s: float | None = None, rejoin_timeout_s: float = 0.0,
-                 weights: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        config: RolloutConfig,
+        session: aiohttp.ClientSession | None = None,
+        api_key: str | None = None,
+        router_url: str | None = None,
+        failure_threshold: int = 3,
+        breaker_cooldown_s: float | None = None,
+        rejoin_timeout_s: float = 0.0,
+        weights: tuple[str, str] | None = None,
+    ):
         if not urls:
             raise ValueError("HttpEnginePool needs at least one engine url")
         self.config = config
@@ -188,9 +197,18 @@ class HttpEnginePool(PoolControl):
 
     def engine_states(self) -> list[dict[str, Any]]:
         """One row per worker: url, in_rotation, out_reason, breaker state, consecutive failures, in flight, picks."""
-        return [{"url": u, "in_rotation": e.in_rotation, "out_reason": e.out_reason, "breaker": e.breaker.state.value,
-                 "consecutive_failures": e.breaker.num_consecutive_failures, "num_inflight": e.client.num_inflight,
-                 "num_picks": e.num_picks} for u, e in self._engines.items()]
+        return [
+            {
+                "url": u,
+                "in_rotation": e.in_rotation,
+                "out_reason": e.out_reason,
+                "breaker": e.breaker.state.value,
+                "consecutive_failures": e.breaker.num_consecutive_failures,
+                "num_inflight": e.client.num_inflight,
+                "num_picks": e.num_picks,
+            }
+            for u, e in self._engines.items()
+        ]
 
     def _engine(self, url: str, *, pop: bool = False) -> _Engine:
         key = url.rstrip("/")
@@ -246,14 +264,24 @@ class HttpEnginePool(PoolControl):
         while (engine := self._pick(sticky_key, tried)) is None:
             left = deadline - asyncio.get_running_loop().time()
             if not self._engines or left <= 0:
-                raise EngineUnavailable(f"no engine in rotation (waited {self.rejoin_timeout_s}s): {self.engine_states()}", endpoint="/generate")
+                raise EngineUnavailable(
+                    f"no engine in rotation (waited {self.rejoin_timeout_s}s): {self.engine_states()}", endpoint="/generate"
+                )
             await self._wait(self._rotation_event, left, abort_event)
             if self._abort_epoch != epoch:
                 return None
         return engine
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None = None,
-                       return_logprob: bool = True, sticky_key: str | None = None, logprob_start_len: int | None = None) -> GenerateResult:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        sticky_key: str | None = None,
+        logprob_start_len: int | None = None,
+    ) -> GenerateResult:
         """``EngineClient.generate`` on a chosen worker (or the router), retrying ``EngineUnavailable``.
 
         Returns the engine's result; an abort result (``finish_reason`` abort, maybe no tokens) when
@@ -288,8 +316,15 @@ class HttpEnginePool(PoolControl):
                     self._bind_sticky(sticky_key, client.url)
             attempts.append(client.url)
             try:
-                result = await self._bounded(client, input_ids, sampling_params, rid=rid, return_logprob=return_logprob,
-                                             headers=headers, logprob_start_len=logprob_start_len)
+                result = await self._bounded(
+                    client,
+                    input_ids,
+                    sampling_params,
+                    rid=rid,
+                    return_logprob=return_logprob,
+                    headers=headers,
+                    logprob_start_len=logprob_start_len,
+                )
             except (EngineUnavailable, EngineTimeout) as exc:
                 if engine is not None:
                     self.record_failure(client.url, f"/generate: {exc}")
@@ -308,11 +343,15 @@ class HttpEnginePool(PoolControl):
         assert last is not None
         raise EngineUnavailable(
             f"gave up after {len(attempts)} attempts against {attempts}; last error: {last}",
-            url=last.url, endpoint="/generate", status=last.status, engine_message=last.engine_message,
+            url=last.url,
+            endpoint="/generate",
+            status=last.status,
+            engine_message=last.engine_message,
         ) from last
 
-    async def _bounded(self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
-                       rid: str | None, **kwargs: Any) -> GenerateResult:
+    async def _bounded(
+        self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, **kwargs: Any
+    ) -> GenerateResult:
         """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
 
         Raises:
@@ -323,8 +362,9 @@ class HttpEnginePool(PoolControl):
         give_up: asyncio.Future[str] = loop.create_future()
         self._attempts[give_up] = (client.url, loop.time())
         # the client's own deadline is only a backstop, past ours
-        call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs,
-                                                     timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s))
+        call = asyncio.ensure_future(
+            client.generate(input_ids, sampling_params, rid=rid, **kwargs, timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s)
+        )
         abort = None
         racing: list[asyncio.Future[Any]] = [call, give_up]
         try:
@@ -335,13 +375,22 @@ class HttpEnginePool(PoolControl):
             if call.done():
                 result = call.result()
                 if abort is not None:
-                    log.warning("generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
-                                rid, client.url, cfg.request_timeout_s, len(result.output_ids))
+                    log.warning(
+                        "generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
+                        rid,
+                        client.url,
+                        cfg.request_timeout_s,
+                        len(result.output_ids),
+                    )
                 return result
             if give_up.done():
                 return _aborted(rid, f"given up on {client.url}: {give_up.result()}")
-            raise EngineTimeout(f"ran past request_timeout_s={cfg.request_timeout_s}s and no answer came within "
-                                f"control_timeout_s={cfg.control_timeout_s}s of /abort_request", url=client.url, endpoint="/generate")
+            raise EngineTimeout(
+                f"ran past request_timeout_s={cfg.request_timeout_s}s and no answer came within "
+                f"control_timeout_s={cfg.control_timeout_s}s of /abort_request",
+                url=client.url,
+                endpoint="/generate",
+            )
         finally:
             del self._attempts[give_up]
             for task in (call, abort):
@@ -387,5 +436,6 @@ class HttpEnginePool(PoolControl):
 
 def _aborted(rid: str | None, message: str) -> GenerateResult:
     """What SGLang answers for a request aborted in its waiting queue (docs/sglang.md#abort, case B): no tokens, abort."""
-    return GenerateResult(output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message),
-                          completion_tokens=0, rid=rid or "")
+    return GenerateResult(
+        output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message), completion_tokens=0, rid=rid or ""
+    )

@@ -39,6 +39,7 @@ class PoolControl:
     """Mixin of ``HttpEnginePool`` (which provides ``clients``, ``record_failure``, ``take_out``, ...)."""
 
     if TYPE_CHECKING:  # provided by HttpEnginePool
+
         @property
         def clients(self) -> list[EngineClient]: ...
 
@@ -69,8 +70,14 @@ class PoolControl:
     _abort_event: asyncio.Event
     _rotation_event: asyncio.Event
 
-    async def _fan_out(self, what: str, call: Callable[[EngineClient], Awaitable[Any]], *,
-                       on_unreachable: OnUnreachable = "raise", clients: Sequence[EngineClient] | None = None) -> dict[str, Any]:
+    async def _fan_out(
+        self,
+        what: str,
+        call: Callable[[EngineClient], Awaitable[Any]],
+        *,
+        on_unreachable: OnUnreachable = "raise",
+        clients: Sequence[EngineClient] | None = None,
+    ) -> dict[str, Any]:
         """Run ``call`` on every worker in rotation (or ``clients``) concurrently; all are tried.
 
         Returns ``{url: result}`` of the workers that answered. Raises the failures' common
@@ -102,7 +109,10 @@ class PoolControl:
             lines = "; ".join(f"{c.url}: {exc}" for c, exc in failed)
             raise cls(
                 f"{what} failed on {len(failed)} of {len(clients)} engines: {lines}",
-                url=first.url, endpoint=first.endpoint, status=first.status, engine_message=first.engine_message,
+                url=first.url,
+                endpoint=first.endpoint,
+                status=first.status,
+                engine_message=first.engine_message,
             ) from first
         return {c.url: o for c, o in zip(clients, outcomes) if not isinstance(o, BaseException)}
 
@@ -144,15 +154,18 @@ class PoolControl:
             self._note_flush(flush_cache, weight_version)
             return out
 
-    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                                              **kwargs: Any) -> dict[str, dict[str, Any]]:
+    async def update_weights_from_distributed(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], **kwargs: Any
+    ) -> dict[str, dict[str, Any]]:
         """Every worker receives one bucket over the weights-update group (docs/sglang.md#update-weights-from-distributed); ``kwargs`` as
         ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
         async with self.weights_lock:
             self._note_version(kwargs)
-            out = await self._fan_out(f"update_weights_from_distributed({len(names)} tensors)",
-                                      lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),
-                                      on_unreachable="take_out_and_raise")
+            out = await self._fan_out(
+                f"update_weights_from_distributed({len(names)} tensors)",
+                lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),
+                on_unreachable="take_out_and_raise",
+            )
             self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
             return out
 
@@ -160,9 +173,11 @@ class PoolControl:
         """Every worker loads the same payload (docs/sglang.md#update-weights-from-tensor); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
         async with self.weights_lock:
             self._note_version(kwargs)
-            out = await self._fan_out("update_weights_from_tensor",
-                                      lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),
-                                      on_unreachable="take_out_and_raise")
+            out = await self._fan_out(
+                "update_weights_from_tensor",
+                lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),
+                on_unreachable="take_out_and_raise",
+            )
             self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
             return out
 
@@ -229,7 +244,9 @@ class PoolControl:
                         raise EngineRequestError(
                             f"holds weight_version {held!r}; the current one, {target!r}, was not written to disk, "
                             "so it cannot be re-synced (only update_weights_from_disk is replayed on rejoin)",
-                            url=engine.client.url, endpoint="(rejoin)")
+                            url=engine.client.url,
+                            endpoint="(rejoin)",
+                        )
                     path, version = self.weights
                     await engine.client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
             if self.paused_mode is not None:

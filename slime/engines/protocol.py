@@ -21,16 +21,45 @@ import msgspec
 
 from slime.errors import ProtocolError
 
-__all__ = ["SAMPLING_PARAM_KEYS", "FinishReason", "GenerateResult", "build_generate_payload",
-           "parse_generate_response", "error_message_from_body"]
+__all__ = [
+    "SAMPLING_PARAM_KEYS",
+    "FinishReason",
+    "GenerateResult",
+    "build_generate_payload",
+    "parse_generate_response",
+    "error_message_from_body",
+]
 
-SAMPLING_PARAM_KEYS = frozenset({
-    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-    "stop_regex", "ignore_eos", "min_new_tokens", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "n", "frequency_penalty", "presence_penalty",
-    "repetition_penalty", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
-    "sampling_seed", "stream_interval", "custom_params", "beam_width",
-})
+SAMPLING_PARAM_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "ignore_eos",
+        "min_new_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "n",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "logit_bias",
+        "sampling_seed",
+        "stream_interval",
+        "custom_params",
+        "beam_width",
+    }
+)
 """The documented ``sampling_params`` keys (docs/sglang.md#generate-request). 0.5.23 answers 400 to any other key."""
 
 _INT_SAMPLING_KEYS = ("max_new_tokens", "top_k", "min_new_tokens", "n")
@@ -141,7 +170,11 @@ _generate_decoder = msgspec.json.Decoder(_WireItem | list[_WireItem])
 
 
 def build_generate_payload(
-    input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, return_logprob: bool,
+    input_ids: Sequence[int],
+    sampling_params: Mapping[str, Any],
+    *,
+    rid: str | None,
+    return_logprob: bool,
     logprob_start_len: int | None = None,
 ) -> dict[str, Any]:
     """Build a single-prompt ``/generate`` body (docs/sglang.md#generate-request): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len]}``.
@@ -207,7 +240,10 @@ def parse_generate_response(
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
         raise ProtocolError(
             f"cannot parse /generate response ({exc}); body starts {text[:300]!r}",
-            url=url, endpoint="/generate", status=200, engine_message=error_message_from_body(200, "", text),
+            url=url,
+            endpoint="/generate",
+            status=200,
+            engine_message=error_message_from_body(200, "", text),
         ) from exc
     items = decoded if isinstance(decoded, list) else [decoded]
     return [_to_result(item, i, url, return_logprob, allow_null_logprobs) for i, item in enumerate(items)]
@@ -227,8 +263,9 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
         output_ids = [e.token_id for e in entries]  # 0.4.6 text mode (docs/sglang.md#versions)
     if output_ids is None:
         if meta.finish_reason.type != "abort":
-            raise fail("no output_ids and no output_token_logprobs: cannot recover the tokens "
-                       "(0.4.6 text mode? ask with return_logprob=True)")
+            raise fail(
+                "no output_ids and no output_token_logprobs: cannot recover the tokens (0.4.6 text mode? ask with return_logprob=True)"
+            )
         output_ids = []  # 0.5.2 "Abort before prefill" (docs/sglang.md#abort)
     logprobs: list[float] = []
     if entries is not None:
@@ -236,11 +273,12 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
             raise fail(f"len(output_ids)={len(output_ids)} != len(output_token_logprobs)={len(entries)}")
         for i, entry in enumerate(entries):
             if entry.token_id != output_ids[i]:
-                raise fail(f"output_token_logprobs[{i}] is for token {entry.token_id}, "
-                           f"output_ids[{i}]={output_ids[i]}")
+                raise fail(f"output_token_logprobs[{i}] is for token {entry.token_id}, output_ids[{i}]={output_ids[i]}")
             if entry.logprob is None and not allow_null:
-                raise fail(f"output_token_logprobs[{i}] has a null logprob (token {entry.token_id}); "
-                           "the server sends null for non-finite values (docs/sglang.md#generate-response)")
+                raise fail(
+                    f"output_token_logprobs[{i}] has a null logprob (token {entry.token_id}); "
+                    "the server sends null for non-finite values (docs/sglang.md#generate-response)"
+                )
             logprobs.append(math.nan if entry.logprob is None else entry.logprob)
     elif return_logprob and output_ids:
         raise fail(f"logprobs were asked for but output_token_logprobs is absent ({len(output_ids)} output_ids)")

@@ -48,7 +48,9 @@ class RouterClient(EngineClient):
             body, key = await self._call("GET", "/list_workers"), "urls"
         rows = body.get(key) if isinstance(body, dict) else None
         if not isinstance(rows, list):
-            raise ProtocolError(f"expected {{{key!r}: [...]}} from the worker listing, got {str(body)[:200]!r}", url=self.url, endpoint=f"/{key}")
+            raise ProtocolError(
+                f"expected {{{key!r}: [...]}} from the worker listing, got {str(body)[:200]!r}", url=self.url, endpoint=f"/{key}"
+            )
         workers = [{"url": r} if isinstance(r, str) else r for r in rows]
         if not all(isinstance(w, dict) and isinstance(w.get("url"), str) for w in workers):
             raise ProtocolError(f"worker entries without a url: {str(rows)[:200]!r}", url=self.url, endpoint="/workers")

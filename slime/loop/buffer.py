@@ -53,8 +53,13 @@ class DataBuffer:
             ``expire``; None = never.
     """
 
-    def __init__(self, *, buffer_filter: Callable[[int, list[Group], int], list[Group]] | None = None,
-                 capacity: int | None = None, max_staleness: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        buffer_filter: Callable[[int, list[Group], int], list[Group]] | None = None,
+        capacity: int | None = None,
+        max_staleness: int | None = None,
+    ) -> None:
         self.buffer_filter = buffer_filter
         self.capacity = capacity
         self.max_staleness = max_staleness
@@ -99,8 +104,14 @@ class DataBuffer:
             out.append(heapq.heappop(self._partial)[2])
         if out:
             self.num_expired += len(out)
-            log.info("expired %d partial groups (ids %s) older than --max-staleness=%d at version %d; %d expired so far",
-                     len(out), [g.group_id for g in out], self.max_staleness, current_version, self.num_expired)
+            log.info(
+                "expired %d partial groups (ids %s) older than --max-staleness=%d at version %d; %d expired so far",
+                len(out),
+                [g.group_id for g in out],
+                self.max_staleness,
+                current_version,
+                self.num_expired,
+            )
         return out
 
     def _evict(self) -> list[Group]:
@@ -109,9 +120,15 @@ class DataBuffer:
             out.append(heapq.heappop(self._partial)[2])
         if out:
             self.num_evicted += len(out)
-            log.warning("buffer full (--buffer-capacity=%d): evicted %d partial groups (ids %s) with %d tokens; they are "
-                        "lost on purpose, %d evicted so far", self.capacity, len(out), [g.group_id for g in out],
-                        sum(g.num_response_tokens for g in out), self.num_evicted)
+            log.warning(
+                "buffer full (--buffer-capacity=%d): evicted %d partial groups (ids %s) with %d tokens; they are "
+                "lost on purpose, %d evicted so far",
+                self.capacity,
+                len(out),
+                [g.group_id for g in out],
+                sum(g.num_response_tokens for g in out),
+                self.num_evicted,
+            )
         return out
 
     @property

@@ -142,8 +142,12 @@ def open_run_dir(run_dir: str | Path, load: str | None, logs: tuple[str, ...]) -
 
 
 def _trainer_state(trainer: Any) -> dict[str, Any]:
-    state = {"optimizer": trainer.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "policy_version": trainer.policy_version,
-             "num_optimizer_steps": getattr(trainer, "num_optimizer_steps", 0)}
+    state = {
+        "optimizer": trainer.optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "policy_version": trainer.policy_version,
+        "num_optimizer_steps": getattr(trainer, "num_optimizer_steps", 0),
+    }
     if getattr(trainer, "critic", None) is not None:
         state["critic"] = trainer.critic.state_dict()
         state["critic_optimizer"] = trainer.critic_optimizer.state_dict()

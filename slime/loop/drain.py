@@ -21,8 +21,14 @@ __all__ = ["drain"]
 log = logging.getLogger(__name__)
 
 
-async def drain(pool: Any, *, num_requests: Callable[[], int], wait_for: Callable[[Callable[[], bool]], Awaitable[None]],
-                abort_timeout_s: float, generate_fn: Any) -> None:
+async def drain(
+    pool: Any,
+    *,
+    num_requests: Callable[[], int],
+    wait_for: Callable[[Callable[[], bool]], Awaitable[None]],
+    abort_timeout_s: float,
+    generate_fn: Any,
+) -> None:
     """Abort every request of ``pool`` and wait until ``num_requests()`` is 0.
 
     ``abort_timeout_s`` after the first abort, requests still running on an engine (one that does
@@ -56,8 +62,12 @@ async def drain(pool: Any, *, num_requests: Callable[[], int], wait_for: Callabl
             give_up = getattr(pool, "give_up_inflight", None)
             hung = give_up(f"still running {limit}s after abort_all", running_for_s=limit) if give_up else []
             if hung:
-                log.warning("engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
-                            "requests end as aborted and their samples resume", hung, limit)
+                log.warning(
+                    "engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
+                    "requests end as aborted and their samples resume",
+                    hung,
+                    limit,
+                )
                 deadline = loop.time() + limit
                 continue
             _raise_stuck(num_requests(), limit, can_give_up=give_up is not None, generate_fn=generate_fn)
@@ -67,9 +77,13 @@ def _raise_stuck(n: int, limit: float, *, can_give_up: bool, generate_fn: Any) -
     if not can_give_up:
         raise RuntimeError(f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request")
     if generate_fn is default_generate:
-        raise RuntimeError(f"{n} calls of the default generate function did not return {limit}s after abort_all, "
-                           "though no request has run on an engine that long")
-    raise PluginError(f"--custom-generate-function-path {function_name(generate_fn)} ignores aborts: {n} of its calls "
-                      f"did not return {limit}s after abort_all, though no request of theirs has run on an engine that long "
-                      "(the engines honoured the aborts). It must return as soon as pool.generate returns finish_reason "
-                      "abort, leaving the sample PARTIAL (it resumes later)")
+        raise RuntimeError(
+            f"{n} calls of the default generate function did not return {limit}s after abort_all, "
+            "though no request has run on an engine that long"
+        )
+    raise PluginError(
+        f"--custom-generate-function-path {function_name(generate_fn)} ignores aborts: {n} of its calls "
+        f"did not return {limit}s after abort_all, though no request of theirs has run on an engine that long "
+        "(the engines honoured the aborts). It must return as soon as pool.generate returns finish_reason "
+        "abort, leaving the sample PARTIAL (it resumes later)"
+    )

@@ -79,7 +79,9 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     config.validate()
     config.check_run_modes()
     steps = config.loop.num_rollout * config.loop.rollout_batch_size * config.rollout.n_samples_per_prompt // config.train.global_batch_size
-    config = msgspec.structs.replace(config, train=resolve_lr_schedule(config.train, steps))  # --lr-warmup-fraction, Megatron's default decay
+    config = msgspec.structs.replace(
+        config, train=resolve_lr_schedule(config.train, steps)
+    )  # --lr-warmup-fraction, Megatron's default decay
     rollout_only, train_only = config.debug.debug_rollout_only, config.debug.train_only
     if rollout_only and not config.debug.save_debug_rollout_data:
         log.warning("--debug-rollout-only without --save-debug-rollout-data: the rollouts are not kept (metrics only)")
@@ -106,8 +108,10 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         teacher_tokenizer = await asyncio.to_thread(load_tokenizer, config.engine.opd_teacher_load, flag="--opd-teacher-load")
         check_same_vocab(tokenizer, teacher_tokenizer, student_name=base_model, teacher_name=config.engine.opd_teacher_load)
     if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"--apply-chat-template: the tokenizer in {base_model} has no chat template (no chat_template in tokenizer_config.json, "
-                          "no chat_template.jinja); use a model that has one (e.g. an -Instruct model), or drop --apply-chat-template to tokenize the raw prompt text")
+        raise ConfigError(
+            f"--apply-chat-template: the tokenizer in {base_model} has no chat template (no chat_template in tokenizer_config.json, "
+            "no chat_template.jinja); use a model that has one (e.g. an -Instruct model), or drop --apply-chat-template to tokenize the raw prompt text"
+        )
     tokenize = prompt_tokenizer(tokenizer, apply_chat_template=config.data.apply_chat_template)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     reward_fn = reward_fn or reward_function(config.rollout, builtin=config.data.builtin_task)
@@ -121,49 +125,109 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         bound = dict(max_len=ctx, context="the rollout context", source="--rollout-max-context-len")
     max_prompt_len = config.data.rollout_max_prompt_len
     check = prompt_length_check(tokenize, max_prompt_len=max_prompt_len, **bound) if bound["max_len"] or max_prompt_len else None
-    train_rows, eval_sets = await asyncio.to_thread(functools.partial(load_prompts, by_name=True), config.data, data_counts,
-                                                    seed=config.seed, require_label=needs_label, check=check)
+    train_rows, eval_sets = await asyncio.to_thread(
+        functools.partial(load_prompts, by_name=True), config.data, data_counts, seed=config.seed, require_label=needs_label, check=check
+    )
     eval_sets = {} if train_only else eval_sets
-    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed, curriculum=config.data.curriculum_key is not None)
-    offline = await asyncio.to_thread(offline_source, config.data, config.loop, tokenize, tokenizer, n_samples_per_prompt=config.rollout.n_samples_per_prompt,
-                                      megatron=megatron, seed=config.seed) if config.data.offline_data and not train_only else None
+    source = PromptSource(
+        train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed, curriculum=config.data.curriculum_key is not None
+    )
+    offline = (
+        await asyncio.to_thread(
+            offline_source,
+            config.data,
+            config.loop,
+            tokenize,
+            tokenizer,
+            n_samples_per_prompt=config.rollout.n_samples_per_prompt,
+            megatron=megatron,
+            seed=config.seed,
+        )
+        if config.data.offline_data and not train_only
+        else None
+    )
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
-    trainer = None if rollout_only else await asyncio.to_thread(
-        MegatronTrainer if megatron else TorchTrainer, train_cfg, model_dir=model_dir, policy_version=version.trainer,
-        **config.trainer_kwargs())
+    trainer = (
+        None
+        if rollout_only
+        else await asyncio.to_thread(
+            MegatronTrainer if megatron else TorchTrainer,
+            train_cfg,
+            model_dir=model_dir,
+            policy_version=version.trainer,
+            **config.trainer_kwargs(),
+        )
+    )
     lp = config.loop
-    buffer = DataBuffer(buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None,
-                        capacity=lp.buffer_capacity,
-                        # expire over-stale partial groups only under --staleness-policy drop; with mask
-                        # their old tokens are masked and their new tokens still train
-                        max_staleness=lp.max_staleness if lp.staleness_policy == "drop" else None)
-    group_filter = load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
+    buffer = DataBuffer(
+        buffer_filter=load_function(lp.buffer_filter_path, flag="--buffer-filter-path") if lp.buffer_filter_path else None,
+        capacity=lp.buffer_capacity,
+        # expire over-stale partial groups only under --staleness-policy drop; with mask
+        # their old tokens are masked and their new tokens still train
+        max_staleness=lp.max_staleness if lp.staleness_policy == "drop" else None,
+    )
+    group_filter = (
+        load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
+    )
     if resume is not None:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
-        buffer.restore(ready=resume.ready, partial=resume.partial, taken=resume.taken, num_evicted=resume.num_evicted, num_expired=resume.num_expired)
+        buffer.restore(
+            ready=resume.ready, partial=resume.partial, taken=resume.taken, num_evicted=resume.num_evicted, num_expired=resume.num_expired
+        )
         if offline is not None and resume.offline_source is not None:
             offline.load_state_dict(resume.offline_source)
     weights_dir = config.sync.weights_dir or str(files.run_dir / "weights")
 
-    async with Observers(config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config),
-                         progress=progress) as obs, _no_engines() if train_only else start_rollout(
-        config.engine, config.rollout, model_dir=model_dir, weight_version=str(version.engines), seed=config.seed, log_dir=files.run_dir / "logs",
-        trainer_gpus=trainer_gpus(config.train, rollout_only=rollout_only), colocate=config.sync.colocate, in_place_updates=config.updates_in_place(),
-    ) as engines:
+    async with (
+        Observers(
+            config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=progress
+        ) as obs,
+        _no_engines()
+        if train_only
+        else start_rollout(
+            config.engine,
+            config.rollout,
+            model_dir=model_dir,
+            weight_version=str(version.engines),
+            seed=config.seed,
+            log_dir=files.run_dir / "logs",
+            trainer_gpus=trainer_gpus(config.train, rollout_only=rollout_only),
+            colocate=config.sync.colocate,
+            in_place_updates=config.updates_in_place(),
+        ) as engines,
+    ):
         pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
         if engines and engines.plan.backend == "external":  # they serve whatever they last loaded: give them this run's policy
             await load_initial_weights(pool, model_dir, str(version.engines))
         tracer = obs.tracer
         teacher = teacher_scorer(engines, use_opd=config.train.use_opd, opd_kl_coef=config.train.opd_kl_coef)
-        sync = NoWeightSync() if train_only or rollout_only else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
+        sync = (
+            NoWeightSync()
+            if train_only or rollout_only
+            else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
+        )
         r = config.rollout
-        evaluator = RLEval(files, obs, eval_sets, version, dict(
-            pool=pool, tokenize=tokenize, decode=decode, reward_fn=reward_fn, generate_fn=generate_fn,
-            max_response_len=r.resolved_eval_max_response_len, reward_timeout_s=r.reward_timeout_s,
-            temperature=r.eval_temperature, top_p=r.resolved_eval_top_p, top_k=r.resolved_eval_top_k,
-            n_samples_per_prompt=r.n_samples_per_eval_prompt, reward_key=r.reward_key,
-        ))
+        evaluator = RLEval(
+            files,
+            obs,
+            eval_sets,
+            version,
+            dict(
+                pool=pool,
+                tokenize=tokenize,
+                decode=decode,
+                reward_fn=reward_fn,
+                generate_fn=generate_fn,
+                max_response_len=r.resolved_eval_max_response_len,
+                reward_timeout_s=r.reward_timeout_s,
+                temperature=r.eval_temperature,
+                top_p=r.resolved_eval_top_p,
+                top_k=r.resolved_eval_top_k,
+                n_samples_per_prompt=r.n_samples_per_eval_prompt,
+                reward_key=r.reward_key,
+            ),
+        )
         if resume is None and config.loop.skip_eval_before_train:
             log.info("--skip-eval-before-train: no eval before the first step")
         async with asyncio.TaskGroup() as tg:
@@ -172,28 +236,75 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
             elif config.rollout.uses_rollout_function:  # --rollout-function-path: one call makes each step's groups
                 from slime.rollout.slime_compat import RolloutArgs
 
-                sched = RolloutFunctionScheduler(config.loop, config.rollout, load_function(config.rollout.rollout_function_path, flag="--rollout-function-path"),
-                                                 args=RolloutArgs(config.rollout, config.loop, config.data, hf_checkpoint=config.engine.hf_checkpoint,
-                                                                  seed=config.seed, pool=pool, engine_version=version.engines), source=source, tokenize=tokenize,
-                                                 buffer=buffer, reward_fn=reward_fn, pool=pool, version=version, fill_logprobs=not megatron)
+                sched = RolloutFunctionScheduler(
+                    config.loop,
+                    config.rollout,
+                    load_function(config.rollout.rollout_function_path, flag="--rollout-function-path"),
+                    args=RolloutArgs(
+                        config.rollout,
+                        config.loop,
+                        config.data,
+                        hf_checkpoint=config.engine.hf_checkpoint,
+                        seed=config.seed,
+                        pool=pool,
+                        engine_version=version.engines,
+                    ),
+                    source=source,
+                    tokenize=tokenize,
+                    buffer=buffer,
+                    reward_fn=reward_fn,
+                    pool=pool,
+                    version=version,
+                    fill_logprobs=not megatron,
+                )
             else:
                 if note := builtin_rollout_note(config.rollout.rollout_function_path, config.loop.mode):
                     log.info(note)
                 sched = Scheduler(
-                    config.loop, config.rollout, source=source, tokenize=tokenize, decode=decode, pool=pool,
-                    buffer=buffer, reward_fn=reward_fn, task_group=tg, version=version, group_filter=group_filter,
-                    tracer=tracer, generate_fn=generate_fn, offline=offline, fixed_weights=rollout_only, teacher=teacher,
+                    config.loop,
+                    config.rollout,
+                    source=source,
+                    tokenize=tokenize,
+                    decode=decode,
+                    pool=pool,
+                    buffer=buffer,
+                    reward_fn=reward_fn,
+                    task_group=tg,
+                    version=version,
+                    group_filter=group_filter,
+                    tracer=tracer,
+                    generate_fn=generate_fn,
+                    offline=offline,
+                    fixed_weights=rollout_only,
+                    teacher=teacher,
                 )
             fill = offline is not None or train_only or config.rollout.uses_rollout_function  # samples that may lack rollout logprobs
             train_step = None if rollout_only else with_offline_logprobs(trainer) if fill else trainer.train_step
             if resume is not None:
                 sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
             obs.watch(pool=pool, buffer=buffer)
-            mode = RLMode(sched, evaluator, trainer=trainer, train_step=train_step, sync=sync, tracer=tracer, source=source, offline=offline,
-                          colocate=config.sync.colocate and not (train_only or rollout_only), record_template=config.debug.save_debug_rollout_data,
-                          rollout_only=rollout_only)
-            await run_steps(mode, files, obs, num_steps=config.loop.num_rollout, eval_interval=config.loop.eval_interval,
-                            save_interval=config.save_interval, eval_before=not config.loop.skip_eval_before_train)
+            mode = RLMode(
+                sched,
+                evaluator,
+                trainer=trainer,
+                train_step=train_step,
+                sync=sync,
+                tracer=tracer,
+                source=source,
+                offline=offline,
+                colocate=config.sync.colocate and not (train_only or rollout_only),
+                record_template=config.debug.save_debug_rollout_data,
+                rollout_only=rollout_only,
+            )
+            await run_steps(
+                mode,
+                files,
+                obs,
+                num_steps=config.loop.num_rollout,
+                eval_interval=config.loop.eval_interval,
+                save_interval=config.save_interval,
+                eval_before=not config.loop.skip_eval_before_train,
+            )
             await sched.shutdown()
         await sync.close()
         obs.progress.close()
@@ -203,8 +314,15 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     if megatron and trainer is not None:
         await asyncio.to_thread(trainer.close)  # releases the other torchrun ranks
     files.metrics.close()
-    summary = _summary(files.metrics.records, num_eval_prompts=config.data.num_eval_prompts, num_rollout=config.loop.num_rollout,
-                       mode=config.loop.mode, version=version.engines, buffer=buffer, wall_time_s=files.seconds())
+    summary = _summary(
+        files.metrics.records,
+        num_eval_prompts=config.data.num_eval_prompts,
+        num_rollout=config.loop.num_rollout,
+        mode=config.loop.mode,
+        version=version.engines,
+        buffer=buffer,
+        wall_time_s=files.seconds(),
+    )
     summary.update(data_counts)
     await asyncio.to_thread(finish_run, files, summary)
     check_something_trained(files.metrics.records, trains=not rollout_only, run_dir=files.run_dir)  # RunError, after every file is written
@@ -224,10 +342,13 @@ class RLEval:
         """Evaluate, write the record; returns the eval's numbers."""
         t_eval = time.monotonic()
         with self.obs.tracer.span("eval", "eval", step=step, num_prompts=self.num_prompts):
-            result = reuse if reuse is not None else await evaluate_datasets(self.eval_sets, engine_version=self.version.engines, **self.eval_kw)
+            result = (
+                reuse if reuse is not None else await evaluate_datasets(self.eval_sets, engine_version=self.version.engines, **self.eval_kw)
+            )
         policy_version = 0 if step == 0 else self.version.engines
-        self.files.metrics.write(rec := {"kind": "eval", "step": step, "policy_version": policy_version, **result,
-                                         **_clock(self.files.t_start, t_eval)})
+        self.files.metrics.write(
+            rec := {"kind": "eval", "step": step, "policy_version": policy_version, **result, **_clock(self.files.t_start, t_eval)}
+        )
         return result | {"_record": rec}
 
     async def final(self, step: int, *, reuse_before: bool) -> None:
@@ -239,19 +360,39 @@ class RLEval:
 class RLMode:
     """The RL run's part of the skeleton (``slime.loop.run.RunMode``): one ``run_step`` per step."""
 
-    def __init__(self, sched: Any, evaluator: RLEval, *, trainer: Any, train_step: Any, sync: Any, tracer: Any, source: PromptSource,
-                 offline: Any, colocate: bool, record_template: str | None, rollout_only: bool):
+    def __init__(
+        self,
+        sched: Any,
+        evaluator: RLEval,
+        *,
+        trainer: Any,
+        train_step: Any,
+        sync: Any,
+        tracer: Any,
+        source: PromptSource,
+        offline: Any,
+        colocate: bool,
+        record_template: str | None,
+        rollout_only: bool,
+    ):
         self.sched, self.evaluator, self.trainer, self.train_step, self.sync = sched, evaluator, trainer, train_step, sync
         self.tracer, self.source, self.offline, self.colocate = tracer, source, offline, colocate
         self.record_template, self.rollout_only = record_template, rollout_only
 
     async def _on_batch(self, groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
-        await asyncio.to_thread(save_rollout_record, self.record_template, self.sched.rollout_id, groups,
-                                policy_version=self.sched.version.trainer)
+        await asyncio.to_thread(
+            save_rollout_record, self.record_template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer
+        )
 
     async def step(self, step: int) -> tuple[StepRecord, list[dict[str, Any]]]:
-        groups, record = await run_step(self.sched, train_step=self.train_step, sync=self.sync, tracer=self.tracer, colocate=self.colocate,
-                                        on_batch=self._on_batch if self.record_template else None)
+        groups, record = await run_step(
+            self.sched,
+            train_step=self.train_step,
+            sync=self.sync,
+            tracer=self.tracer,
+            colocate=self.colocate,
+            on_batch=self._on_batch if self.record_template else None,
+        )
         return record, [{"step": step, "group_id": g.group_id, "data_index": g.data_index} for g in groups]
 
     def step_line(self, record: StepRecord) -> str:
@@ -276,10 +417,18 @@ class RLMode:
 
     def loop_state(self, step: int) -> LoopState:
         buffer = self.sched.buffer
-        return LoopState(step=step, policy_version=self.sched.version.engines, source=self.source.state_dict(), taken=sorted(buffer.taken),
-                         ready=list(buffer.ready), partial=buffer.partial_groups(), num_evicted=buffer.num_evicted,
-                         num_expired=buffer.num_expired, offline_source=self.offline.state_dict() if self.offline else None,
-                         **self.sched.counters())
+        return LoopState(
+            step=step,
+            policy_version=self.sched.version.engines,
+            source=self.source.state_dict(),
+            taken=sorted(buffer.taken),
+            ready=list(buffer.ready),
+            partial=buffer.partial_groups(),
+            num_evicted=buffer.num_evicted,
+            num_expired=buffer.num_expired,
+            offline_source=self.offline.state_dict() if self.offline else None,
+            **self.sched.counters(),
+        )
 
 
 def _per_dataset(record: dict[str, Any]) -> str:
@@ -294,8 +443,16 @@ async def _no_engines():
     yield None
 
 
-def _summary(records: list[dict[str, Any]], *, num_eval_prompts: int, num_rollout: int, mode: str, version: int, buffer: DataBuffer,
-             wall_time_s: float) -> dict[str, Any]:
+def _summary(
+    records: list[dict[str, Any]],
+    *,
+    num_eval_prompts: int,
+    num_rollout: int,
+    mode: str,
+    version: int,
+    buffer: DataBuffer,
+    wall_time_s: float,
+) -> dict[str, Any]:
     """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -305,8 +462,17 @@ def _summary(records: list[dict[str, Any]], *, num_eval_prompts: int, num_rollou
         **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
         "eval_accuracy_before": first["accuracy"] if first else None,  # None: no eval set (strict JSON has no NaN)
         "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
-        **({f"{key}_{when}": r[key] for when, r in (("before", first), ("after", evals[-1])) if r for key in r
-            if key.startswith("eval/") and key.endswith("/accuracy")} if evals else {}),  # eval/<name>/accuracy_before, ..._after
+        **(
+            {
+                f"{key}_{when}": r[key]
+                for when, r in (("before", first), ("after", evals[-1]))
+                if r
+                for key in r
+                if key.startswith("eval/") and key.endswith("/accuracy")
+            }
+            if evals
+            else {}
+        ),  # eval/<name>/accuracy_before, ..._after
         "num_eval_prompts": num_eval_prompts,
         "num_rollout": num_rollout,
         "final_policy_version": version,

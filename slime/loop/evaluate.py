@@ -71,8 +71,14 @@ async def evaluate(
     k = n_samples_per_prompt
 
     async def one(i: int, row: PromptRow, index: int) -> Sample:
-        sample = Sample(prompt_ids=tokenize_row(tokenize, row), group_id=-1 - i, index=index, label=row.label, prompt=row.prompt,
-                        metadata=row_metadata(row))
+        sample = Sample(
+            prompt_ids=tokenize_row(tokenize, row),
+            group_id=-1 - i,
+            index=index,
+            label=row.label,
+            prompt=row.prompt,
+            metadata=row_metadata(row),
+        )
         async with sem:
             out = await generate_fn(
                 sample,
@@ -97,7 +103,10 @@ async def evaluate(
     ks = sorted({j for j in (2**e for e in range(k.bit_length())) if j <= k} | {k})
     return {
         "accuracy": sum(s.reward or 0.0 for s in counted) / n if n else math.nan,
-        **{f"pass@{j}": _mean([pass_at_k(len(p), sum((s.reward or 0.0) >= 1.0 for s in p), j) for p in per_prompt if len(p) >= j]) for j in ks},
+        **{
+            f"pass@{j}": _mean([pass_at_k(len(p), sum((s.reward or 0.0) >= 1.0 for s in p), j) for p in per_prompt if len(p) >= j])
+            for j in ks
+        },
         "mean_response_len": sum(len(s.response_ids) for s in counted) / n if n else math.nan,
         "failed": float(len(samples) - n),
     }

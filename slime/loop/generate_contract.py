@@ -28,11 +28,15 @@ def check_generate_output(sample: Sample, out: Any, *, max_response_len: int, en
     if isinstance(out, Sample):
         raise PluginError(f"generate function returned a different Sample object for {where}; grow and return the one given")
     if not isinstance(out, list) or not out or not all(isinstance(s, Sample) for s in out):
-        raise PluginError(f"generate function returned {type(out).__name__} for {where}; expected the Sample or a non-empty list of Samples")
+        raise PluginError(
+            f"generate function returned {type(out).__name__} for {where}; expected the Sample or a non-empty list of Samples"
+        )
     for s in out:
         s.check_aligned()
         if not s.status.is_finished:
-            raise PluginError(f"generate function returned several samples for {where}, one with status {s.status.value}; each must be finished")
+            raise PluginError(
+                f"generate function returned several samples for {where}, one with status {s.status.value}; each must be finished"
+            )
         s.group_id = sample.group_id
         _raise_first(s.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
     return out

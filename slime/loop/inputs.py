@@ -15,8 +15,16 @@ from slime.errors import ConfigError
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import load_function
 
-__all__ = ["builtin_task", "load_prompts", "prompt_tokenizer", "teacher_scorer", "offline_source", "with_offline_logprobs",
-           "reward_function", "generate_function"]
+__all__ = [
+    "builtin_task",
+    "load_prompts",
+    "prompt_tokenizer",
+    "teacher_scorer",
+    "offline_source",
+    "with_offline_logprobs",
+    "reward_function",
+    "generate_function",
+]
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +36,9 @@ def builtin_task(name: str) -> Any:
     return importlib.import_module(f"slime.data.{name}")
 
 
-def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, seed: int, require_label: bool = False,
-                 check: Any = None, by_name: bool = False) -> tuple[list[PromptRow], Any]:
+def load_prompts(
+    d: DataConfig, counts: dict[str, int] | None = None, *, seed: int, require_label: bool = False, check: Any = None, by_name: bool = False
+) -> tuple[list[PromptRow], Any]:
     """Train and eval prompt rows of the data section ``d``: the user's JSONL files, or the built-in task (``--builtin-task``).
 
     The eval rows are one list (every dataset's, in order), or with ``by_name`` a dict ``{name: rows}``
@@ -41,13 +50,24 @@ def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, seed: i
     ``require_label``: the reward reads labels (its ``needs_label``); rows without one are bad rows.
     ``check``: a per-row check of the files' rows (``load_prompt_file``), e.g. ``prompt_length_check``."""
     num_bad = [0, 0]
-    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, on_bad_data=d.on_bad_data,
-              tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, require_label=require_label, check=check)
+    kw = dict(
+        input_key=d.input_key,
+        label_key=d.label_key,
+        metadata_key=d.metadata_key,
+        on_bad_data=d.on_bad_data,
+        tool_key=d.tool_key,
+        apply_chat_template=d.apply_chat_template,
+        require_label=require_label,
+        check=check,
+    )
     if d.prompt_data:
         train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
         task = builtin_task(d.builtin_task)
-        train = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(20000, seed=seed, split="train"))]
+        train = [
+            PromptRow(index=i, prompt=r["prompt"], label=r["label"])
+            for i, r in enumerate(task.generate_dataset(20000, seed=seed, split="train"))
+        ]
     sets: dict[str | None, list[PromptRow]] = {}
     for name, path in d.eval_datasets:
         rows, bad = load_prompt_file(path, flag="--eval-prompt-data", **kw)
@@ -56,7 +76,10 @@ def load_prompts(d: DataConfig, counts: dict[str, int] | None = None, *, seed: i
     if not d.eval_datasets and not d.prompt_data:
         task = builtin_task(d.builtin_task)
         # a fixed held-out set (seed 0), the same for every run seed, so runs compare
-        sets[None] = [PromptRow(index=i, prompt=r["prompt"], label=r["label"]) for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))]
+        sets[None] = [
+            PromptRow(index=i, prompt=r["prompt"], label=r["label"])
+            for i, r in enumerate(task.generate_dataset(d.num_eval_prompts, seed=0, split="eval"))
+        ]
     if counts is not None:
         counts["bad_data_lines_skipped"] = sum(num_bad)
     return train, sets if by_name else [r for rows in sets.values() for r in rows]
@@ -94,24 +117,39 @@ def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
     from slime.rollout.opd import TEACHER, TeacherScorer
 
     if TEACHER not in engines.pools:
-        raise ConfigError(f"--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs HOST:PORT, or a "
-                          f"'model: {TEACHER}' group in --sglang-config (models served: {sorted(engines.pools)})")
+        raise ConfigError(
+            f"--use-opd needs a teacher: --opd-teacher-load HF_DIR, --opd-teacher-addrs HOST:PORT, or a "
+            f"'model: {TEACHER}' group in --sglang-config (models served: {sorted(engines.pools)})"
+        )
     log.info("on-policy distillation: teacher engines %s, --opd-kl-coef %s", engines.pools[TEACHER].urls, opd_kl_coef)
     return TeacherScorer(engines.pools[TEACHER])
 
 
-def offline_source(d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool,
-                   seed: int) -> OfflineSource:
+def offline_source(
+    d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool, seed: int
+) -> OfflineSource:
     """``--offline-data``, tokenised (prompts as online ones; responses without special tokens), shuffled from ``seed`` + 1."""
     groups = load_offline_data(
-        d.offline_data, tokenize=tokenize, encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
-        group_size=n_samples_per_prompt, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
-        tool_key=d.tool_key, apply_chat_template=d.apply_chat_template, on_bad_data=d.on_bad_data,
+        d.offline_data,
+        tokenize=tokenize,
+        encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        group_size=n_samples_per_prompt,
+        input_key=d.input_key,
+        label_key=d.label_key,
+        metadata_key=d.metadata_key,
+        tool_key=d.tool_key,
+        apply_chat_template=d.apply_chat_template,
+        on_bad_data=d.on_bad_data,
     )
     if megatron and any(s.logprobs is None for g in groups for s in g.samples):
         raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
-    log.info("offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
-             len(groups), d.offline_data, 100 * loop.offline_ratio, loop.online_groups_per_batch)
+    log.info(
+        "offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
+        len(groups),
+        d.offline_data,
+        100 * loop.offline_ratio,
+        loop.online_groups_per_batch,
+    )
     return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=seed + 1)
 
 
@@ -131,7 +169,9 @@ def with_offline_logprobs(trainer: Any) -> Any:
             with torch.no_grad():
                 for s in todo:
                     ids = torch.tensor([s.prompt_ids + s.response_ids], device=device)  # [1, T]
-                    lp = compute_token_logprobs(trainer.model, ids, torch.ones_like(ids), temperature=trainer.rollout_temperature)  # [1, T-1]
+                    lp = compute_token_logprobs(
+                        trainer.model, ids, torch.ones_like(ids), temperature=trainer.rollout_temperature
+                    )  # [1, T-1]
                     s.rollout_logprobs[:] = lp[0, len(s.prompt_ids) - 1 :].tolist()
         return trainer.train_step(groups)
 

@@ -98,8 +98,12 @@ class ReplayScheduler(SchedulerCounters):
         self.rollout_id += 1
         record = load_rollout_record(self.template, self.rollout_id)
         if len(record.groups) != n:
-            log.warning("rollout record %s holds %d groups, the batch size is %d: training on the recorded ones",
-                        record_path(self.template, self.rollout_id), len(record.groups), n)
+            log.warning(
+                "rollout record %s holds %d groups, the batch size is %d: training on the recorded ones",
+                record_path(self.template, self.rollout_id),
+                len(record.groups),
+                n,
+            )
         for g in record.groups:
             self.buffer.push_ready(g)
         groups = self.buffer.take(len(record.groups))
@@ -116,7 +120,6 @@ class ReplayScheduler(SchedulerCounters):
 
     async def shutdown(self) -> None:
         pass
-
 
 
 class NoWeightSync:

@@ -110,8 +110,12 @@ def check_something_trained(records: list[dict[str, Any]], *, trains: bool = Tru
     failed = sum(r.get("failed_samples_in_batch", 0) for r in steps)
     where = f"; its records are in {run_dir}" if run_dir else ""
     if num and failed == num:
-        raise RunError(f"the run trained nothing: every one of the {num} samples of its {len(steps)} steps FAILED (reward errors "
-                       f"or engine refusals; the warnings in the log say why){where}")
+        raise RunError(
+            f"the run trained nothing: every one of the {num} samples of its {len(steps)} steps FAILED (reward errors "
+            f"or engine refusals; the warnings in the log say why){where}"
+        )
     if trains and sum(r.get("train/num_train_tokens", r.get("trained_tokens", 0)) for r in steps) == 0:
-        raise RunError(f"the run trained nothing: no token of its {len(steps)} steps was trained ({num - failed} samples "
-                       f"counted, every token masked, e.g. as over-stale){where}")
+        raise RunError(
+            f"the run trained nothing: no token of its {len(steps)} steps was trained ({num - failed} samples "
+            f"counted, every token masked, e.g. as over-stale){where}"
+        )

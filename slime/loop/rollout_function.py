@@ -47,6 +47,7 @@ __all__ = ["RolloutFunctionScheduler"]
 
 log = logging.getLogger(__name__)
 
+
 class RolloutFunctionScheduler(SchedulerCounters):
     """The part of ``Scheduler`` that ``run_step`` and the driver use, fed by a rollout function.
 
@@ -64,17 +65,33 @@ class RolloutFunctionScheduler(SchedulerCounters):
             False a sample without ``rollout_log_probs`` is an error.
     """
 
-    def __init__(self, config: LoopConfig, rollout: RolloutConfig, fn: Callable[..., Any], *, args: RolloutArgs, source: Any,
-                 tokenize: Callable[..., list[int]], buffer: DataBuffer, reward_fn: RewardFn, pool: WorkerPool | None = None,
-                 version: PolicyVersion | None = None, fill_logprobs: bool = True):
+    def __init__(
+        self,
+        config: LoopConfig,
+        rollout: RolloutConfig,
+        fn: Callable[..., Any],
+        *,
+        args: RolloutArgs,
+        source: Any,
+        tokenize: Callable[..., list[int]],
+        buffer: DataBuffer,
+        reward_fn: RewardFn,
+        pool: WorkerPool | None = None,
+        version: PolicyVersion | None = None,
+        fill_logprobs: bool = True,
+    ):
         self.config, self.rollout = config, rollout
         self.path = rollout.rollout_function_path
         self.fn, self.buffer, self.reward_fn, self.pool = fn, buffer, reward_fn, pool
         self.version = version if version is not None else PolicyVersion()
         self.fill_logprobs = fill_logprobs
         self.args = args
-        self.data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: tokenize_row(tokenize, row),
-                                             n_samples_per_prompt=rollout.n_samples_per_prompt, num_prompts=len(source.rows))
+        self.data_buffer = RolloutDataBuffer(
+            next_row=source.next,
+            tokenize=lambda row: tokenize_row(tokenize, row),
+            n_samples_per_prompt=rollout.n_samples_per_prompt,
+            num_prompts=len(source.rows),
+        )
         self.rollout_id = 0
         self.next_group_id = 0
         self.num_admitted = 0
@@ -96,8 +113,14 @@ class RolloutFunctionScheduler(SchedulerCounters):
                 out = await self.fn(*call, evaluation=False)
             else:
                 out = await asyncio.to_thread(self.fn, *call, evaluation=False)
-            groups, metrics = to_groups(out, n_samples_per_prompt=self.rollout.n_samples_per_prompt, engine_version=self.engine_version,
-                                        next_group_id=self.next_group_id, rollout_id=self.rollout_id, data_index=self.data_buffer.data_index)
+            groups, metrics = to_groups(
+                out,
+                n_samples_per_prompt=self.rollout.n_samples_per_prompt,
+                engine_version=self.engine_version,
+                next_group_id=self.next_group_id,
+                rollout_id=self.rollout_id,
+                data_index=self.data_buffer.data_index,
+            )
         except PluginError as exc:
             raise PluginError(f"{where}: {exc}") from None
         except Exception as exc:  # the plugin's bug: stop the run with its reason
@@ -131,4 +154,3 @@ class RolloutFunctionScheduler(SchedulerCounters):
 
     async def shutdown(self) -> None:
         pass
-

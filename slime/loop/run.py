@@ -84,8 +84,9 @@ def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: An
     return RunFiles(path, ckpt, resume, MetricsWriter(path), JsonlLog(path / trained_log))
 
 
-async def run_steps(mode: RunMode, files: RunFiles, obs: Any, *, num_steps: int, eval_interval: int | None, save_interval: int | None,
-                    eval_before: bool) -> None:
+async def run_steps(
+    mode: RunMode, files: RunFiles, obs: Any, *, num_steps: int, eval_interval: int | None, save_interval: int | None, eval_before: bool
+) -> None:
     """The step loop (see the module doc). ``eval_before``: evaluate before the first step of a fresh run."""
     if files.resume is None and eval_before:
         await mode.evaluate(0)

@@ -238,7 +238,9 @@ class Scheduler(SchedulerCounters):
     def _keep(self, group: Group) -> bool:
         keep = self.group_filter(group)
         if not isinstance(keep, bool):
-            raise PluginError(f"--dynamic-sampling-filter-path returned {type(keep).__name__} {keep!r} for group {group.group_id}, expected bool")
+            raise PluginError(
+                f"--dynamic-sampling-filter-path returned {type(keep).__name__} {keep!r} for group {group.group_id}, expected bool"
+            )
         return keep
 
     async def _run_sample(self, sample: Sample) -> tuple[Sample, list[Sample] | None]:
@@ -254,22 +256,31 @@ class Scheduler(SchedulerCounters):
             self.tracer.counter("requests_in_flight", requests=self._num_requests)
             try:
                 out = await self.generate_fn(
-                    sample, self.sampling_params, pool=self.pool, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
-                    engine_version=self.engine_version, decode=self.decode,
+                    sample,
+                    self.sampling_params,
+                    pool=self.pool,
+                    max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
+                    engine_version=self.engine_version,
+                    decode=self.decode,
                 )
             finally:
                 self._num_requests -= 1
                 if span is not None:
                     self.tracer.end(
-                        span, group_id=sample.group_id, index=sample.index, new_tokens=len(sample.response_ids) - before,
-                        tokens=len(sample.response_ids), finish=sample.status.value,
+                        span,
+                        group_id=sample.group_id,
+                        index=sample.index,
+                        new_tokens=len(sample.response_ids) - before,
+                        tokens=len(sample.response_ids),
+                        finish=sample.status.value,
                         version=sample.versions[-1] if len(sample.versions) > before else self.engine_version,
                         resumed=before > 0,
                     )
                     self.tracer.counter("requests_in_flight", requests=self._num_requests)
                 await self._notify()
-            produced = check_generate_output(sample, out, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
-                                              engine_version=self.engine_version)
+            produced = check_generate_output(
+                sample, out, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)), engine_version=self.engine_version
+            )
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
                 self.stats.aborted_samples += 1
@@ -368,8 +379,13 @@ class Scheduler(SchedulerCounters):
 
     async def _drain(self) -> None:
         """Abort every request and wait until none is in flight (``slime.loop.drain.drain``)."""
-        await drain(self.pool, num_requests=lambda: self._num_requests, wait_for=self._wait_for,
-                    abort_timeout_s=self.config.abort_timeout_s, generate_fn=self.generate_fn)
+        await drain(
+            self.pool,
+            num_requests=lambda: self._num_requests,
+            wait_for=self._wait_for,
+            abort_timeout_s=self.config.abort_timeout_s,
+            generate_fn=self.generate_fn,
+        )
 
     async def shutdown(self) -> None:
         """Abort everything and wait for every group task; leftovers stay in the partial queue."""

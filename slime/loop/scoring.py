@@ -19,14 +19,21 @@ __all__ = ["Scorer"]
 
 class Scorer:
     """Args:
-        rollout: the rollout section (``reward_timeout_s``, ``reward_key``).
-        reward_fn / group_reward_fn: per-sample or per-group reward (one of them).
-        teacher: a ``slime.rollout.opd.TeacherScorer``, or None.
-        tracer: ``slime.obs.trace.Tracer`` (``reward``, ``group_reward``, ``teacher`` spans).
+    rollout: the rollout section (``reward_timeout_s``, ``reward_key``).
+    reward_fn / group_reward_fn: per-sample or per-group reward (one of them).
+    teacher: a ``slime.rollout.opd.TeacherScorer``, or None.
+    tracer: ``slime.obs.trace.Tracer`` (``reward``, ``group_reward``, ``teacher`` spans).
     """
 
-    def __init__(self, rollout: RolloutConfig, *, reward_fn: RewardFn | None, group_reward_fn: GroupRewardFn | None,
-                 teacher: TeacherScorer | None, tracer: Any):
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        *,
+        reward_fn: RewardFn | None,
+        group_reward_fn: GroupRewardFn | None,
+        teacher: TeacherScorer | None,
+        tracer: Any,
+    ):
         self.rollout, self.reward_fn, self.group_reward_fn = rollout, reward_fn, group_reward_fn
         self.teacher, self.tracer = teacher, tracer
 
@@ -58,7 +65,9 @@ class Scorer:
                 if s.status is not Status.FAILED and s.teacher_logprobs is None:
                     await self._teacher(s)
         if self.group_reward_fn is not None and not group.is_rewarded:
-            await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
+            await score_group(
+                group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key
+            )
         elif self.group_reward_fn is None:
             for s in group.samples:
                 if s.reward is None:

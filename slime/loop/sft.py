@@ -63,9 +63,11 @@ def check_sft_steps(loop: LoopConfig, num_rows: int) -> None:
         ConfigError: ``--rollout-batch-size`` > rows of ``--prompt-data``.
     """
     if loop.num_epoch is not None and loop.rollout_batch_size > num_rows:
-        raise ConfigError(f"--rollout-batch-size={loop.rollout_batch_size} is larger than --prompt-data ({num_rows} rows): "
-                          f"one step would pass over the data {loop.rollout_batch_size / num_rows:.1f} times, more than "
-                          f"--num-epoch={loop.num_epoch} asks; use a batch of at most {num_rows} rows")
+        raise ConfigError(
+            f"--rollout-batch-size={loop.rollout_batch_size} is larger than --prompt-data ({num_rows} rows): "
+            f"one step would pass over the data {loop.rollout_batch_size / num_rows:.1f} times, more than "
+            f"--num-epoch={loop.num_epoch} asks; use a batch of at most {num_rows} rows"
+        )
 
 
 def load_sft_data(d: DataConfig, tokenizer: Any, *, max_len: int | None = None) -> tuple[list[SFTExample], list[SFTExample], int]:
@@ -117,22 +119,37 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     files = open_run(config.run_dir, config.load, "trained_rows.jsonl", config)
     ckpt, resume = files.checkpoint, files.resume
     model_dir = str(ckpt / "model") if ckpt else base_model
-    log.info("SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
-             len(train_rows), sum(len(r.input_ids) for r in train_rows), sum(sum(r.loss_mask) for r in train_rows),
-             len(eval_rows), num_steps, config.loop.rollout_batch_size)
+    log.info(
+        "SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
+        len(train_rows),
+        sum(len(r.input_ids) for r in train_rows),
+        sum(sum(r.loss_mask) for r in train_rows),
+        len(eval_rows),
+        num_steps,
+        config.loop.rollout_batch_size,
+    )
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed)
     train_cfg = resolve_lr_schedule(config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size)
-    trainer = await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0,
-                                      **config.trainer_kwargs())
+    trainer = await asyncio.to_thread(
+        TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0, **config.trainer_kwargs()
+    )
     if resume is not None:
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
         log.info("resuming from %s (step %d, epoch %d, row %d of the epoch)", ckpt, resume.step, source.epoch, source.position)
-    async with Observers(config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config),
-                         progress=progress) as obs:
+    async with Observers(
+        config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=progress
+    ) as obs:
         mode = SFTMode(trainer, source, files, obs, eval_rows, rows_per_step=config.loop.rollout_batch_size)
-        await run_steps(mode, files, obs, num_steps=num_steps, eval_interval=config.loop.eval_interval, save_interval=config.save_interval,
-                        eval_before=not config.loop.skip_eval_before_train)
+        await run_steps(
+            mode,
+            files,
+            obs,
+            num_steps=num_steps,
+            eval_interval=config.loop.eval_interval,
+            save_interval=config.save_interval,
+            eval_before=not config.loop.skip_eval_before_train,
+        )
         await mode.evaluate(num_steps)
     files.metrics.close()
     await asyncio.to_thread(trainer.save_hf, str(files.run_dir / "model"))
@@ -160,15 +177,21 @@ class SFTMode:
         return record, [{"step": step, "data_index": [ex.index for ex in rows]}]
 
     def step_line(self, r: SFTStepRecord) -> str:
-        return (f"step {r.step:>5} epoch {r.epoch} loss {r.train.get('loss', float('nan')):.4f} "
-                f"lr {r.train.get('lr', float('nan')):.2e} grad_norm {r.train.get('grad_norm', float('nan')):.3f} "
-                f"tokens {r.trained_tokens}/{r.num_tokens} tok/s {r.tokens_per_s:.0f} {r.step_time_s:.2f}s")
+        return (
+            f"step {r.step:>5} epoch {r.epoch} loss {r.train.get('loss', float('nan')):.4f} "
+            f"lr {r.train.get('lr', float('nan')):.2e} grad_norm {r.train.get('grad_norm', float('nan')):.3f} "
+            f"tokens {r.trained_tokens}/{r.num_tokens} tok/s {r.tokens_per_s:.0f} {r.step_time_s:.2f}s"
+        )
 
     async def evaluate(self, step: int) -> None:
         if not self.eval_groups:
             return
-        rec = {"kind": "eval", "step": step, "policy_version": self.trainer.policy_version,
-               **await asyncio.to_thread(self.trainer.eval_loss, self.eval_groups)}
+        rec = {
+            "kind": "eval",
+            "step": step,
+            "policy_version": self.trainer.policy_version,
+            **await asyncio.to_thread(self.trainer.eval_loss, self.eval_groups),
+        }
         self.files.metrics.write(rec)
         self.obs.record(rec, f"eval @ step {step}: loss {rec['eval_loss']:.4f} over {int(rec['eval_tokens'])} tokens")
 
@@ -185,11 +208,21 @@ async def _nothing_in_flight():
     yield
 
 
-def _step_record(step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float) -> SFTStepRecord:
+def _step_record(
+    step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float
+) -> SFTStepRecord:
     num_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
-    return SFTStepRecord(step=step, policy_version=version, epoch=source.epoch, num_rows=len(groups), num_tokens=num_tokens,
-                         trained_tokens=int(train.get("num_train_tokens", 0)), tokens_per_s=num_tokens / max(step_time_s, 1e-9),
-                         step_time_s=step_time_s, train=train)
+    return SFTStepRecord(
+        step=step,
+        policy_version=version,
+        epoch=source.epoch,
+        num_rows=len(groups),
+        num_tokens=num_tokens,
+        trained_tokens=int(train.get("num_train_tokens", 0)),
+        tokens_per_s=num_tokens / max(step_time_s, 1e-9),
+        step_time_s=step_time_s,
+        train=train,
+    )
 
 
 def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> dict[str, Any]:

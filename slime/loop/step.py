@@ -76,7 +76,8 @@ def batch_stats(groups: list[Group]) -> dict[str, float]:
     num_samples = sum(len(g.samples) for g in groups)
     samples = valid_samples(groups)
     n = max(1, len(samples))
-    return {**_opd_stats(samples),
+    return {
+        **_opd_stats(samples),
         "reward_mean": sum(s.reward or 0.0 for s in samples) / n,
         "accuracy": sum((s.reward or 0.0) >= 1.0 for s in samples) / n,
         "response_len_mean": sum(len(s.response_ids) for s in samples) / n,
@@ -173,8 +174,19 @@ async def run_step(
     tr.instant("policy_version", "weight_sync", version=new)
     t_sync = time.monotonic() - t2
     st = sched.pop_stats()
-    record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout, train_time_s=t_train, weight_sync_s=t_sync,
-                     weight_sync_in_place=int(mode == "in_place"), train=train_metrics, weight_sync=dict(getattr(sync, "stats", {})))
+    record = _record(
+        sched,
+        batch,
+        stale,
+        st,
+        time.monotonic() - t0,
+        rollout_wait_s=t_rollout,
+        train_time_s=t_train,
+        weight_sync_s=t_sync,
+        weight_sync_in_place=int(mode == "in_place"),
+        train=train_metrics,
+        weight_sync=dict(getattr(sync, "stats", {})),
+    )
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=new)
     return groups, record
 
@@ -191,9 +203,12 @@ def pause_mode(config: LoopConfig, pool: EnginePool, version: int, *, colocate: 
     hits = getattr(pool, "num_prefix_cache_hits", 0)  # HttpEnginePool's counters, not part of the EnginePool Protocol
     if hits and getattr(pool, "kv_cache_version", None) is not None:
         if not getattr(pool, "_warned_cache_refresh", False):
-            log.warning("the engines reuse cached KV (cached_tokens > 0 in %d replies): async updates abort and flush the "
-                        "prefix cache instead of pausing in place; start SGLang with --disable-radix-cache to keep "
-                        "in-place updates (slime does for the servers it launches)", hits)
+            log.warning(
+                "the engines reuse cached KV (cached_tokens > 0 in %d replies): async updates abort and flush the "
+                "prefix cache instead of pausing in place; start SGLang with --disable-radix-cache to keep "
+                "in-place updates (slime does for the servers it launches)",
+                hits,
+            )
             setattr(pool, "_warned_cache_refresh", True)  # noqa: B010  # once per pool; not an attribute of the Protocol
         return "abort"
     return "in_place"
@@ -204,14 +219,23 @@ def _record(sched: Any, batch: dict[str, Any], stale: dict[str, Any], st: Any, d
     the off-policy statistics and the step's own times and metrics."""
     return StepRecord(
         policy_version=sched.version.engines,
-        opd_reverse_kl=batch.get("opd/reverse_kl"), opd_teacher_logprob_mean=batch.get("opd/teacher_logprob_mean"),
+        opd_reverse_kl=batch.get("opd/reverse_kl"),
+        opd_teacher_logprob_mean=batch.get("opd/teacher_logprob_mean"),
         **{k: v for k, v in batch.items() if not k.startswith("opd/")},
-        aborted_samples=st.aborted_samples, resumed_samples=st.resumed_samples,
-        started_groups=st.started_groups, generated_tokens=st.generated_tokens,
-        failed_samples=st.failed_samples, filtered_groups=st.filtered_groups,
-        dropped_stale_groups=st.dropped_stale_groups, offline_groups=st.offline_groups,
-        buffer_evicted_groups=st.evicted_groups, buffer_expired_groups=st.expired_groups,
-        tokens_per_s=st.generated_tokens / dt, step_time_s=dt,
-        partial_groups_queued=sched.buffer.num_partial, ready_groups_left=sched.buffer.num_ready,
-        **stale, **step,
+        aborted_samples=st.aborted_samples,
+        resumed_samples=st.resumed_samples,
+        started_groups=st.started_groups,
+        generated_tokens=st.generated_tokens,
+        failed_samples=st.failed_samples,
+        filtered_groups=st.filtered_groups,
+        dropped_stale_groups=st.dropped_stale_groups,
+        offline_groups=st.offline_groups,
+        buffer_evicted_groups=st.evicted_groups,
+        buffer_expired_groups=st.expired_groups,
+        tokens_per_s=st.generated_tokens / dt,
+        step_time_s=dt,
+        partial_groups_queued=sched.buffer.num_partial,
+        ready_groups_left=sched.buffer.num_ready,
+        **stale,
+        **step,
     )

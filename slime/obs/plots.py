@@ -106,8 +106,11 @@ def plot_response_length(records: Records, path: str | Path) -> None:
     x, y = _series(_evals(records), "mean_response_len")
     if x:
         ax.plot(x, y, "o-", label="eval response length (mean)")
-    trunc = [(r["step"], r["truncated_samples"] / r["num_samples"]) for r in steps
-             if isinstance(r.get("truncated_samples"), (int, float)) and r.get("num_samples")]
+    trunc = [
+        (r["step"], r["truncated_samples"] / r["num_samples"])
+        for r in steps
+        if isinstance(r.get("truncated_samples"), (int, float)) and r.get("num_samples")
+    ]
     if trunc:
         ax2 = ax.twinx()
         ax2.plot([p[0] for p in trunc], [p[1] for p in trunc], ":", color="tab:red", label="truncated share")
@@ -150,8 +153,11 @@ def plot_staleness(records: Records, path: str | Path, *, max_lag_shown: int = 4
     x, y = _series(all_steps, "off_policy_token_fraction")
     if x:
         bottom.plot(x, y, label="off-policy token share (lag > 0)")
-    multi = [(r["step"], r["multi_version_samples"] / r["num_samples"]) for r in all_steps
-             if isinstance(r.get("multi_version_samples"), (int, float)) and r.get("num_samples")]
+    multi = [
+        (r["step"], r["multi_version_samples"] / r["num_samples"])
+        for r in all_steps
+        if isinstance(r.get("multi_version_samples"), (int, float)) and r.get("num_samples")
+    ]
     if multi:
         bottom.plot([p[0] for p in multi], [p[1] for p in multi], label="samples spanning >= 2 versions")
     bottom.set_ylim(0, 1)

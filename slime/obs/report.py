@@ -133,12 +133,19 @@ def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict 
         "aborted_samples": _total(steps, "aborted_samples"),
         "resumed_samples": _total(steps, "resumed_samples"),
         "staleness": {
-            "max_version_lag": max((int(r["max_version_lag"]) for r in steps if isinstance(r.get("max_version_lag"), (int, float))), default=None),
-            "off_policy_token_fraction_mean": _mean([v for v in (_num(r.get("off_policy_token_fraction")) for r in steps) if v is not None]),
+            "max_version_lag": max(
+                (int(r["max_version_lag"]) for r in steps if isinstance(r.get("max_version_lag"), (int, float))), default=None
+            ),
+            "off_policy_token_fraction_mean": _mean(
+                [v for v in (_num(r.get("off_policy_token_fraction")) for r in steps) if v is not None]
+            ),
             "lag_histogram": {str(k): v for k, v in sorted(hist.items())},
             "masked_stale_tokens": _total(steps, "masked_stale_tokens"),
             "multi_version_samples": _total(steps, "multi_version_samples"),
-            "max_versions_in_a_sample": max((int(r["max_versions_in_a_sample"]) for r in steps if isinstance(r.get("max_versions_in_a_sample"), (int, float))), default=None),
+            "max_versions_in_a_sample": max(
+                (int(r["max_versions_in_a_sample"]) for r in steps if isinstance(r.get("max_versions_in_a_sample"), (int, float))),
+                default=None,
+            ),
         },
         "failures": {
             "failed_samples": failed,
@@ -150,8 +157,17 @@ def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict 
     }
 
 
-def _summarize_sft(steps: list[dict[str, Any]], evals: list[dict[str, Any]], summary: dict | None, planned: Any, problems: list[str], *,
-                   tps: list[float], wall: float | None, step_times: list[float]) -> dict[str, Any]:
+def _summarize_sft(
+    steps: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    summary: dict | None,
+    planned: Any,
+    problems: list[str],
+    *,
+    tps: list[float],
+    wall: float | None,
+    step_times: list[float],
+) -> dict[str, Any]:
     """The report of an SFT run (``slime.loop.sft``): eval loss and train-loss trend instead of rewards."""
     eval_points = [(r.get("step"), _num(r.get("eval_loss"))) for r in evals]
     losses = [v for v in (_num(r.get("train/loss")) for r in steps) if v is not None]

@@ -91,19 +91,42 @@ class MultiTurnGenerate:
     ``prompt_ids`` of a fresh sample are replaced by the template's rendering of it.
     """
 
-    def __init__(self, *, tokenizer: Any, tools: ToolRegistry, max_turns: int = 8, max_tool_output_tokens: int = 512,
-                 system_prompt: str | None = None):
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        tools: ToolRegistry,
+        max_turns: int = 8,
+        max_tool_output_tokens: int = 512,
+        system_prompt: str | None = None,
+    ):
         if max_turns < 1 or max_tool_output_tokens < 1:
             raise ValueError(f"max_turns={max_turns} and max_tool_output_tokens={max_tool_output_tokens} must be >= 1")
         self.tokenizer, self.tools = tokenizer, tools
         self.max_turns, self.max_tool_output_tokens, self.system_prompt = max_turns, max_tool_output_tokens, system_prompt
 
-    async def __call__(self, sample: Sample, sampling_params: dict[str, Any], *, pool: GeneratePool, max_response_len: int,
-                       engine_version: int, decode: Callable[[list[int]], str] | None = None) -> Sample:
+    async def __call__(
+        self,
+        sample: Sample,
+        sampling_params: dict[str, Any],
+        *,
+        pool: GeneratePool,
+        max_response_len: int,
+        engine_version: int,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> Sample:
         return await generate(
-            sample, sampling_params, pool=pool, max_response_len=max_response_len, engine_version=engine_version,
-            decode=decode, tokenizer=self.tokenizer, tools=self.tools, max_turns=self.max_turns,
-            max_tool_output_tokens=self.max_tool_output_tokens, system_prompt=self.system_prompt,
+            sample,
+            sampling_params,
+            pool=pool,
+            max_response_len=max_response_len,
+            engine_version=engine_version,
+            decode=decode,
+            tokenizer=self.tokenizer,
+            tools=self.tools,
+            max_turns=self.max_turns,
+            max_tool_output_tokens=self.max_tool_output_tokens,
+            system_prompt=self.system_prompt,
         )
 
 
@@ -112,9 +135,16 @@ CALCULATOR_MAX_TURNS = 4
 """Model turns per trajectory for ``calculator_generate`` (a call and an answer need 2)."""
 
 
-async def calculator_generate(sample: Sample, sampling_params: dict[str, Any], *, tokenizer: Any, pool: GeneratePool,
-                              max_response_len: int, engine_version: int,
-                              decode: Callable[[list[int]], str] | None = None) -> Sample:
+async def calculator_generate(
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    *,
+    tokenizer: Any,
+    pool: GeneratePool,
+    max_response_len: int,
+    engine_version: int,
+    decode: Callable[[list[int]], str] | None = None,
+) -> Sample:
     """Multi-turn generate with the ``calculator`` tool, for the CLI (the tool-calling demo)::
 
         slime train --custom-generate-function-path slime.rollout.multiturn.calculator_generate ...
@@ -127,20 +157,31 @@ async def calculator_generate(sample: Sample, sampling_params: dict[str, Any], *
     if gen is None:
         gen = MultiTurnGenerate(tokenizer=tokenizer, tools=ToolRegistry([calculator_tool()]), max_turns=CALCULATOR_MAX_TURNS)
         _CALCULATOR_GENERATES[tokenizer] = gen
-    return await gen(sample, sampling_params, pool=pool, max_response_len=max_response_len,
-                     engine_version=engine_version, decode=decode)
+    return await gen(sample, sampling_params, pool=pool, max_response_len=max_response_len, engine_version=engine_version, decode=decode)
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool) -> list[int]:
     """``apply_chat_template(..., tokenize=True)`` as a flat ``[num_tokens]`` id list."""
-    out = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                        tokenize=True, return_dict=False)
+    out = tokenizer.apply_chat_template(
+        messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+    )
     return list(out if isinstance(out, list) else out["input_ids"])
 
 
-async def generate(sample: Sample, sampling_params: dict[str, Any], *, pool: GeneratePool, max_response_len: int, engine_version: int,
-                   decode: Callable[[list[int]], str] | None = None, tokenizer: Any, tools: ToolRegistry, max_turns: int = 8,
-                   max_tool_output_tokens: int = 512, system_prompt: str | None = None) -> Sample:
+async def generate(
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    *,
+    pool: GeneratePool,
+    max_response_len: int,
+    engine_version: int,
+    decode: Callable[[list[int]], str] | None = None,
+    tokenizer: Any,
+    tools: ToolRegistry,
+    max_turns: int = 8,
+    max_tool_output_tokens: int = 512,
+    system_prompt: str | None = None,
+) -> Sample:
     """Run turns for ``sample`` (fresh, or partial with its state); mutates it through ``Sample.append``.
 
     Returns the same sample with status COMPLETED, TRUNCATED, PARTIAL or FAILED (module docstring).
@@ -149,8 +190,9 @@ async def generate(sample: Sample, sampling_params: dict[str, Any], *, pool: Gen
     state = sample.metadata.get(STATE_KEY)
     if state is None:
         if sample.response_ids:
-            return _fail(sample, "StateError", "sample has response tokens but no multi-turn state; it was not "
-                         "started by this generate function")
+            return _fail(
+                sample, "StateError", "sample has response tokens but no multi-turn state; it was not started by this generate function"
+            )
         state = _new_state(sample, system_prompt)
         sample.prompt_ids = await asyncio.to_thread(render, tokenizer, state["messages"], schemas, generation_prompt=True)
         sample.metadata = {**sample.metadata, STATE_KEY: state}
@@ -179,15 +221,24 @@ def _new_state(sample: Sample, system_prompt: str | None) -> dict[str, Any]:
     return {"messages": messages, "turn": 0, "turn_start": 0, "phase": "generate", "pending": [], "template": "full"}
 
 
-async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: dict[str, Any], pool: GeneratePool,
-                      max_response_len: int, engine_version: int, tokenizer: Any, max_turns: int) -> bool:
+async def _model_step(
+    sample: Sample,
+    state: dict[str, Any],
+    sampling_params: dict[str, Any],
+    pool: GeneratePool,
+    max_response_len: int,
+    engine_version: int,
+    tokenizer: Any,
+    max_turns: int,
+) -> bool:
     """One /generate for the current turn. Returns True when the loop goes on (tools to run)."""
     params = dict(sampling_params, max_new_tokens=max_response_len - len(sample.response_ids))
     kv_version = kv_cache_version_of(pool, engine_version)
     rid = f"slime-mt-g{sample.group_id}-s{sample.index}-a{sample.num_aborts}-r{sample.num_resumes}-t{state['turn']}-"
     try:
-        result = await pool.generate(sample.prompt_ids + sample.response_ids, params, rid=rid,
-                                     sticky_key=f"g{sample.group_id}-s{sample.index}")
+        result = await pool.generate(
+            sample.prompt_ids + sample.response_ids, params, rid=rid, sticky_key=f"g{sample.group_id}-s{sample.index}"
+        )
     except EngineRequestError as exc:
         sample.status = Status.FAILED
         sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc), "turn": state["turn"]}
@@ -200,7 +251,7 @@ async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: di
     if sample.status is not Status.COMPLETED:
         state["phase"] = "done"
         return False
-    turn_ids = sample.response_ids[state["turn_start"]:]
+    turn_ids = sample.response_ids[state["turn_start"] :]
     assistant = {"role": "assistant", "content": _assistant_text(tokenizer, turn_ids)}
     calls = parse_tool_calls(assistant["content"])
     state["turn"] += 1
@@ -221,8 +272,9 @@ async def _model_step(sample: Sample, state: dict[str, Any], sampling_params: di
     return True
 
 
-async def _tool_step(sample: Sample, state: dict[str, Any], tokenizer: Any, tools: ToolRegistry,
-                     max_response_len: int, max_tool_output_tokens: int) -> bool:
+async def _tool_step(
+    sample: Sample, state: dict[str, Any], tokenizer: Any, tools: ToolRegistry, max_response_len: int, max_tool_output_tokens: int
+) -> bool:
     """Run the pending tool calls and append the template delta. Returns True when the loop goes on."""
     calls = [ToolCall(c["name"], c["arguments"], c["error"], c.get("raw", "")) for c in state["pending"]]
     results = await asyncio.gather(*(_call(tools, c) for c in calls))
@@ -231,12 +283,18 @@ async def _tool_step(sample: Sample, state: dict[str, Any], tokenizer: Any, tool
         for c, r in zip(calls, results)
     ]
     records = [
-        {"turn": state["turn"], "name": c.name, "arguments": c.arguments, "error": r.error,
-         "content": m["content"][:2000], "elapsed_s": round(r.elapsed_s, 4)}
+        {
+            "turn": state["turn"],
+            "name": c.name,
+            "arguments": c.arguments,
+            "error": r.error,
+            "content": m["content"][:2000],
+            "elapsed_s": round(r.elapsed_s, 4),
+        }
         for c, r, m in zip(calls, results, tool_msgs)
     ]
     history, assistant = state["messages"], state["pending_assistant"]
-    turn_ids = sample.response_ids[state["turn_start"]:]
+    turn_ids = sample.response_ids[state["turn_start"] :]
     try:
         insert, how = await asyncio.to_thread(_tool_delta, tokenizer, tools.schemas, history, assistant, tool_msgs, turn_ids)
     except TemplateError as exc:
@@ -289,8 +347,14 @@ def _clip(tokenizer: Any, text: str, max_tokens: int) -> str:
     return tokenizer.decode(ids[:max_tokens], skip_special_tokens=False) + f"\n...[truncated {len(ids) - max_tokens} tokens]"
 
 
-def _tool_delta(tokenizer: Any, schemas: list[dict[str, Any]], history: list[dict[str, Any]], assistant: dict[str, Any],
-                tool_msgs: list[dict[str, Any]], turn_ids: list[int]) -> tuple[list[int], str]:
+def _tool_delta(
+    tokenizer: Any,
+    schemas: list[dict[str, Any]],
+    history: list[dict[str, Any]],
+    assistant: dict[str, Any],
+    tool_msgs: list[dict[str, Any]],
+    turn_ids: list[int],
+) -> tuple[list[int], str]:
     """Tokens to append after the model's turn (module docstring). Returns (ids, "full" | "minimal")."""
     first_user = next((i for i, m in enumerate(history) if m.get("role") == "user"), len(history) - 1)
     for how, hist in (("full", history), ("minimal", history[: first_user + 1])):  # noqa: B007  # `how` is returned after the break
@@ -303,9 +367,10 @@ def _tool_delta(tokenizer: Any, schemas: list[dict[str, Any]], history: list[dic
     end_token, k = turn_ids[-1], turn_ids.count(turn_ids[-1])
     ends = [i for i in range(len(x), len(b)) if b[i] == end_token]
     if len(ends) < k:
-        raise TurnEndError(f"turn ended with token {end_token}, which the chat template does not end an assistant turn with; "
-                           "tool calls not run")
-    return b[ends[k - 1] + 1:], how
+        raise TurnEndError(
+            f"turn ended with token {end_token}, which the chat template does not end an assistant turn with; tool calls not run"
+        )
+    return b[ends[k - 1] + 1 :], how
 
 
 def _fail(sample: Sample, kind: str, message: str) -> Sample:

@@ -83,8 +83,10 @@ class TeacherScorer:
             ValueError: ``sample`` is not finished, or already FAILED (a bug in the caller).
         """
         if not sample.status.is_finished or sample.status is Status.FAILED:
-            raise ValueError(f"TeacherScorer.score: group {sample.group_id} sample {sample.index} has status "
-                             f"{sample.status.value}; only finished, non-failed samples are scored")
+            raise ValueError(
+                f"TeacherScorer.score: group {sample.group_id} sample {sample.index} has status "
+                f"{sample.status.value}; only finished, non-failed samples are scored"
+            )
         if not sample.response_ids:
             sample.set_teacher_logprobs([])
             self.num_scored += 1
@@ -93,8 +95,11 @@ class TeacherScorer:
         start = len(sample.prompt_ids) - 1
         try:
             result = await self.pool.generate(
-                sample.prompt_ids + sample.response_ids, TEACHER_SAMPLING_PARAMS,
-                rid="teacher-" + request_id(sample), logprob_start_len=start, return_logprob=True,
+                sample.prompt_ids + sample.response_ids,
+                TEACHER_SAMPLING_PARAMS,
+                rid="teacher-" + request_id(sample),
+                logprob_start_len=start,
+                return_logprob=True,
             )
             logprobs = _response_logprobs(result, sample)
         except (EngineError, TeacherError) as exc:
@@ -108,8 +113,12 @@ class TeacherScorer:
         sample.status = Status.FAILED
         where = f"group {sample.group_id} sample {sample.index}"
         log.warning("teacher scoring failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, exc)
-        sample.evidence["teacher_error"] = {"where": where, "type": type(exc).__name__, "message": str(exc) or repr(exc),
-                                            "elapsed_s": round(elapsed_s, 4)}
+        sample.evidence["teacher_error"] = {
+            "where": where,
+            "type": type(exc).__name__,
+            "message": str(exc) or repr(exc),
+            "elapsed_s": round(elapsed_s, 4),
+        }
 
 
 def check_same_vocab(student: Any, teacher: Any, *, student_name: str = "student", teacher_name: str = "teacher") -> None:
@@ -130,8 +139,10 @@ def check_same_vocab(student: Any, teacher: Any, *, student_name: str = "student
     else:
         tok = next(t for t in sorted(a) if a[t] != b.get(t))
         diff = f"token {tok!r} is id {a[tok]} for the student and {b.get(tok)} for the teacher"
-    raise ConfigError(f"--opd-teacher-load={teacher_name!r}: its tokenizer differs from the student's ({student_name!r}): {diff}; "
-                      "on-policy distillation scores the student's token ids, so both need the same vocabulary")
+    raise ConfigError(
+        f"--opd-teacher-load={teacher_name!r}: its tokenizer differs from the student's ({student_name!r}): {diff}; "
+        "on-policy distillation scores the student's token ids, so both need the same vocabulary"
+    )
 
 
 def _response_logprobs(result: Any, sample: Sample) -> list[float]:
@@ -147,11 +158,12 @@ def _response_logprobs(result: Any, sample: Sample) -> list[float]:
     got = list(result.input_token_ids)
     if got != want:
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise TeacherError(f"teacher input_token_logprobs cover {len(got)} tokens, expected {len(want)} "
-                           f"(last prompt token + response); first difference at entry {first}")
+        raise TeacherError(
+            f"teacher input_token_logprobs cover {len(got)} tokens, expected {len(want)} "
+            f"(last prompt token + response); first difference at entry {first}"
+        )
     values = list(result.input_logprobs[1:])
     bad = next((i for i, x in enumerate(values) if not math.isfinite(x)), None)
     if bad is not None:
         raise TeacherError(f"teacher logprob of response token {bad} (id {sample.response_ids[bad]}) is {values[bad]} (null or non-finite)")
     return values
-

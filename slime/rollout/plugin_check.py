@@ -90,8 +90,9 @@ def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  # an async __call__, not a callable test
 
 
-async def _call_plugin(report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *,
-                       is_async: bool | None = None) -> tuple[bool, Any]:
+async def _call_plugin(
+    report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *, is_async: bool | None = None
+) -> tuple[bool, Any]:
     """``fn(*args)`` within ``timeout_s`` (async: awaited; sync: on a daemon thread, abandoned at the timeout,
     ``plugin_threads``); returns ``(True, value)``, or ``(False, None)`` after reporting the timeout or exception."""
     try:
@@ -111,8 +112,7 @@ async def _call_plugin(report: Any, fn: Callable[..., Any], args: tuple[Any, ...
 def _problems(s: Sample, where: str) -> list[str]:
     """Alignment, mask and logprob problems of one sample, each a full sentence."""
     n = len(s.response_ids)
-    out = [f"{where}: response_ids has {n} tokens but {name} has {len(getattr(s, name))}"
-           for name in _LISTS if len(getattr(s, name)) != n]
+    out = [f"{where}: response_ids has {n} tokens but {name} has {len(getattr(s, name))}" for name in _LISTS if len(getattr(s, name)) != n]
     if out:
         return out
     bad_mask = [i for i, m in enumerate(s.loss_mask) if m not in (0, 1)]
@@ -137,13 +137,16 @@ def _rewrites(before: dict[str, list], s: Sample, where: str) -> list[str]:
         old, new = before[name], getattr(s, name)
         if new[: len(old)] != old:
             i = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-            out.append(f"{where}: {name} was rewritten at position {i} (had {len(old)} entries before the call, "
-                       f"{len(new)} after); earlier tokens must stay as they were, only append")
+            out.append(
+                f"{where}: {name} was rewritten at position {i} (had {len(old)} entries before the call, "
+                f"{len(new)} after); earlier tokens must stay as they were, only append"
+            )
     return out
 
 
-async def _call_generate(fn: Callable[..., Any], sample: Sample, params: dict[str, Any], ctx: dict[str, Any],
-                         max_len: int, report: Report, what: str) -> list[Sample] | None:
+async def _call_generate(
+    fn: Callable[..., Any], sample: Sample, params: dict[str, Any], ctx: dict[str, Any], max_len: int, report: Report, what: str
+) -> list[Sample] | None:
     """Call once and check the return value; None (after a FAIL) when nothing more can be checked."""
     before = _snapshot(sample)
     try:
@@ -182,8 +185,15 @@ async def _call_generate(fn: Callable[..., Any], sample: Sample, params: dict[st
     return None if problems else samples
 
 
-async def check_generate(fn: Callable[..., Any], *, pool: EnginePool, report: Report, decode: Callable[[list[int]], str],
-                         timeout_s: float = 60.0, max_response_len: int = 24) -> None:
+async def check_generate(
+    fn: Callable[..., Any],
+    *,
+    pool: EnginePool,
+    report: Report,
+    decode: Callable[[list[int]], str],
+    timeout_s: float = 60.0,
+    max_response_len: int = 24,
+) -> None:
     """Run the generate contract (module docstring) against ``pool``."""
     if not _is_async(fn):
         report.fail("is not async: write `async def generate(sample, sampling_params, **kwargs)`")
@@ -215,8 +225,10 @@ async def check_generate(fn: Callable[..., Any], *, pool: EnginePool, report: Re
         if sample.status.is_finished and len(sample.response_ids) >= long_len:
             report.warn("finished before the abort landed; abort and resume were not exercised")
         else:
-            report.fail(f"aborted call: status is {sample.status.value} with {len(sample.response_ids)} tokens after "
-                        "/abort_request; an aborted request must come back as Status.PARTIAL with its tokens kept")
+            report.fail(
+                f"aborted call: status is {sample.status.value} with {len(sample.response_ids)} tokens after "
+                "/abort_request; an aborted request must come back as Status.PARTIAL with its tokens kept"
+            )
         return
     report.ok(f"abort mid-generation: status partial with {len(sample.response_ids)} tokens kept")
     if await _call_generate(fn, sample, params, ctx, long_len, report, "resumed call") is None:
@@ -227,11 +239,9 @@ async def check_generate(fn: Callable[..., Any], *, pool: EnginePool, report: Re
     report.ok(f"resume: earlier tokens kept, status {sample.status.value}, {len(sample.response_ids)} tokens")
 
 
-
 async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: float = 30.0) -> None:
     """Call a per-sample reward function on a finished probe sample; it must return a finite float."""
-    sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2",
-                    status=Status.COMPLETED)
+    sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED)
     sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
     if not _is_async(fn):
         report.warn("is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped")
@@ -264,8 +274,9 @@ def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
             report.fail(f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool")
 
 
-async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0,
-                        max_response_len: int = 24) -> None:
+async def check_rollout(
+    fn: Callable[..., Any], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0, max_response_len: int = 24
+) -> None:
     """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
     calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
     it returns (``slime.rollout.slime_compat.to_groups``)."""
@@ -276,11 +287,21 @@ async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Rep
 
     rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
     source = PromptSource(rows, shuffle=False)
-    data_buffer = RolloutDataBuffer(next_row=source.next, tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
-                                    n_samples_per_prompt=2, num_prompts=len(rows))
+    data_buffer = RolloutDataBuffer(
+        next_row=source.next,
+        tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
+        n_samples_per_prompt=2,
+        num_prompts=len(rows),
+    )
     loop = LoopConfig(rollout_batch_size=2)
-    args = RolloutArgs(RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len), loop, DataConfig(),
-                       hf_checkpoint=model_dir, pool=pool, engine_version=0)
+    args = RolloutArgs(
+        RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
+        loop,
+        DataConfig(),
+        hf_checkpoint=model_dir,
+        pool=pool,
+        engine_version=0,
+    )
     try:
         inspect.signature(fn).bind(args, 0, data_buffer, evaluation=False)
     except TypeError as exc:
@@ -288,9 +309,10 @@ async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Rep
         return
     except ValueError:
         pass  # no signature to inspect: let the call decide
-    report.ok(f"accepts (args, rollout_id, data_buffer, evaluation=False); {'async: awaited' if _is_async(fn) else 'sync: run on a thread'}")
-    ok, out = await _call_plugin(report, functools.partial(fn, evaluation=False), (args, 0, data_buffer), timeout_s,
-                                 is_async=_is_async(fn))
+    report.ok(
+        f"accepts (args, rollout_id, data_buffer, evaluation=False); {'async: awaited' if _is_async(fn) else 'sync: run on a thread'}"
+    )
+    ok, out = await _call_plugin(report, functools.partial(fn, evaluation=False), (args, 0, data_buffer), timeout_s, is_async=_is_async(fn))
     if not ok:
         return
     try:
@@ -299,10 +321,14 @@ async def check_rollout(fn: Callable[..., Any], *, pool: WorkerPool, report: Rep
         report.fail(str(exc))
         return
     samples = [s for g in groups for s in g.samples]
-    report.ok(f"returned {len(groups)} groups ({', '.join(str(len(g.samples)) for g in groups)} samples): aligned lists, finished, "
-              f"{sum(s.num_response_tokens for s in samples)} response tokens")
+    report.ok(
+        f"returned {len(groups)} groups ({', '.join(str(len(g.samples)) for g in groups)} samples): aligned lists, finished, "
+        f"{sum(s.num_response_tokens for s in samples)} response tokens"
+    )
     if len(groups) != loop.rollout_batch_size:
-        report.warn(f"returned {len(groups)} groups for args.rollout_batch_size={loop.rollout_batch_size}; a run trains on what is returned")
+        report.warn(
+            f"returned {len(groups)} groups for args.rollout_batch_size={loop.rollout_batch_size}; a run trains on what is returned"
+        )
     if (longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)) > max_response_len:
         report.warn(f"a response of {longest} tokens, more than args.rollout_max_response_len={max_response_len}")
     if num := sum(s.reward is None for s in samples):
@@ -347,8 +373,10 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
                 decode = lambda ids: str(tok.decode(ids, skip_special_tokens=True))  # noqa: E731
         if _takes_tokenizer(fn):  # as slime train does: the run's tokenizer is bound as tokenizer=
             if tok is None:
-                report.fail("takes tokenizer=: pass --model DIR, a model directory with a tokenizer (and a chat "
-                            "template if the function renders conversations), so it can be bound as slime train binds it")
+                report.fail(
+                    "takes tokenizer=: pass --model DIR, a model directory with a tokenizer (and a chat "
+                    "template if the function renders conversations), so it can be bound as slime train binds it"
+                )
                 return
             fn = functools.partial(fn, tokenizer=tok)
         async with EngineServer(model_dir, port=0, seed=0, weight_version="0", num_threads=1) as server:
@@ -362,7 +390,9 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
 
 def main(argv: list[str] | None = None) -> int:
     """``slime check-plugin``; returns 0 when every check passed, else 1."""
-    p = argparse.ArgumentParser(prog="slime check-plugin", description="Check a generate / reward / filter / rollout plugin against slime's contract.")
+    p = argparse.ArgumentParser(
+        prog="slime check-plugin", description="Check a generate / reward / filter / rollout plugin against slime's contract."
+    )
     p.add_argument("path", help="pkg.module.func, pkg.module:func or path/to/file.py:func")
     p.add_argument("--kind", choices=["generate", "reward", "filter", "rollout"], default="generate")
     p.add_argument("--model", default=None, help="HF model dir for the embedded engine (default: a tiny random Llama)")

@@ -120,29 +120,55 @@ class RolloutArgs:
     AttributeError naming it and the attributes that exist.
     """
 
-    def __init__(self, rollout: RolloutConfig, loop: LoopConfig, data: DataConfig, *, hf_checkpoint: str | None = None, seed: int = 1234,
-                 pool: WorkerPool | None = None, engine_version: int = 0):
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        loop: LoopConfig,
+        data: DataConfig,
+        *,
+        hf_checkpoint: str | None = None,
+        seed: int = 1234,
+        pool: WorkerPool | None = None,
+        engine_version: int = 0,
+    ):
         r, lp, d = rollout, loop, data
         url = (getattr(pool, "router_url", None) or (pool.urls[0] if pool is not None and pool.urls else "")).rstrip("/")
         host, _, port = url.rpartition("//")[2].rpartition(":")
         self.__dict__.update(
-            rollout_batch_size=lp.rollout_batch_size, n_samples_per_prompt=r.n_samples_per_prompt,
-            over_sampling_batch_size=lp.over_sampling_batch_size, num_rollout=lp.num_rollout,
-            rollout_max_response_len=r.rollout_max_response_len, rollout_temperature=r.rollout_temperature,
-            rollout_top_p=r.rollout_top_p, rollout_top_k=r.rollout_top_k, rollout_stop_token_ids=list(r.rollout_stop_token_ids),
-            hf_checkpoint=hf_checkpoint, prompt_data=d.prompt_data, input_key=d.input_key, label_key=d.label_key,
-            metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template, rollout_shuffle=d.rollout_shuffle,
-            rollout_seed=seed, custom_rm_path=r.custom_rm_path, custom_generate_function_path=r.custom_generate_function_path,
-            rollout_global_dataset=True, partial_rollout=False, group_rm=False,
-            sglang_router_ip=host or None, sglang_router_port=int(port) if port.isdigit() else None,
-            pool=pool, engine_version=engine_version,
+            rollout_batch_size=lp.rollout_batch_size,
+            n_samples_per_prompt=r.n_samples_per_prompt,
+            over_sampling_batch_size=lp.over_sampling_batch_size,
+            num_rollout=lp.num_rollout,
+            rollout_max_response_len=r.rollout_max_response_len,
+            rollout_temperature=r.rollout_temperature,
+            rollout_top_p=r.rollout_top_p,
+            rollout_top_k=r.rollout_top_k,
+            rollout_stop_token_ids=list(r.rollout_stop_token_ids),
+            hf_checkpoint=hf_checkpoint,
+            prompt_data=d.prompt_data,
+            input_key=d.input_key,
+            label_key=d.label_key,
+            metadata_key=d.metadata_key,
+            apply_chat_template=d.apply_chat_template,
+            rollout_shuffle=d.rollout_shuffle,
+            rollout_seed=seed,
+            custom_rm_path=r.custom_rm_path,
+            custom_generate_function_path=r.custom_generate_function_path,
+            rollout_global_dataset=True,
+            partial_rollout=False,
+            group_rm=False,
+            sglang_router_ip=host or None,
+            sglang_router_port=int(port) if port.isdigit() else None,
+            pool=pool,
+            engine_version=engine_version,
         )
 
     def __getattr__(self, name: str) -> Any:  # only called for attributes that are not there
         if name.startswith("__"):
             raise AttributeError(name)
-        raise AttributeError(f"args.{name}: not provided to rollout functions here (slime_compat.RolloutArgs has: "
-                             f"{', '.join(sorted(self.__dict__))})")
+        raise AttributeError(
+            f"args.{name}: not provided to rollout functions here (slime_compat.RolloutArgs has: {', '.join(sorted(self.__dict__))})"
+        )
 
 
 class RolloutDataBuffer:
@@ -155,7 +181,9 @@ class RolloutDataBuffer:
         num_prompts: what ``len()`` answers.
     """
 
-    def __init__(self, *, next_row: Callable[[], Any], tokenize: Callable[[Any], list[int]], n_samples_per_prompt: int, num_prompts: int = 0):
+    def __init__(
+        self, *, next_row: Callable[[], Any], tokenize: Callable[[Any], list[int]], n_samples_per_prompt: int, num_prompts: int = 0
+    ):
         self._next_row, self._tokenize, self._n, self._num_prompts = next_row, tokenize, n_samples_per_prompt, num_prompts
         self._returned: list[list[Any]] = []
         self._next_group_index = 0
@@ -174,8 +202,16 @@ class RolloutDataBuffer:
             self.data_index[gi] = row.index
             group = []
             for _ in range(self._n):
-                group.append(SlimeSample(group_index=gi, index=self._next_index, prompt=prompt_input(row), tokens=list(ids),
-                                         label=row.label, metadata=row_metadata(row)))
+                group.append(
+                    SlimeSample(
+                        group_index=gi,
+                        index=self._next_index,
+                        prompt=prompt_input(row),
+                        tokens=list(ids),
+                        label=row.label,
+                        metadata=row_metadata(row),
+                    )
+                )
                 self._next_index += 1
             out.append(group)
         return out
@@ -190,8 +226,15 @@ class RolloutDataBuffer:
         return self._num_prompts
 
 
-def to_groups(output: Any, *, n_samples_per_prompt: int, engine_version: int, next_group_id: int, rollout_id: int = 0,
-              data_index: dict[int, int] | None = None) -> tuple[list[Group], dict[str, Any]]:
+def to_groups(
+    output: Any,
+    *,
+    n_samples_per_prompt: int,
+    engine_version: int,
+    next_group_id: int,
+    rollout_id: int = 0,
+    data_index: dict[int, int] | None = None,
+) -> tuple[list[Group], dict[str, Any]]:
     """A rollout function's return value as our groups, with fresh group ids from ``next_group_id``;
     returns ``(groups, metrics)``.
 
@@ -209,8 +252,10 @@ def to_groups(output: Any, *, n_samples_per_prompt: int, engine_version: int, ne
     elif any(isinstance(g, (list, Group)) for g in raw):
         raise PluginError("returned a list mixing groups and single samples; return list[list[Sample]] or a flat list[Sample]")
     elif len(raw) % n_samples_per_prompt:
-        raise PluginError(f"returned a flat list of {len(raw)} samples, not a multiple of n_samples_per_prompt={n_samples_per_prompt}; "
-                          "return a list of groups instead")
+        raise PluginError(
+            f"returned a flat list of {len(raw)} samples, not a multiple of n_samples_per_prompt={n_samples_per_prompt}; "
+            "return a list of groups instead"
+        )
     else:
         raw_groups = [raw[i : i + n_samples_per_prompt] for i in range(0, len(raw), n_samples_per_prompt)]
     groups = []
@@ -218,8 +263,10 @@ def to_groups(output: Any, *, n_samples_per_prompt: int, engine_version: int, ne
         if not members:
             raise PluginError(f"group {gi} is empty")
         gid = next_group_id + gi
-        samples = [_to_sample(s, group_id=gid, index=i, engine_version=engine_version, where=f"group {gi} sample {i}")
-                   for i, s in enumerate(members)]
+        samples = [
+            _to_sample(s, group_id=gid, index=i, engine_version=engine_version, where=f"group {gi} sample {i}")
+            for i, s in enumerate(members)
+        ]
         first = getattr(members[0], "group_index", None)
         groups.append(Group(group_id=gid, samples=samples, rollout_id=rollout_id, data_index=(data_index or {}).get(first, -1)))
     return groups, metrics
@@ -239,8 +286,10 @@ def _to_sample(s: Any, *, group_id: int, index: int, engine_version: int, where:
         s.group_id, s.index = group_id, index
         return s
     if not hasattr(s, "tokens") or not hasattr(s, "response_length"):
-        raise PluginError(f"{where}: is a {type(s).__module__}.{type(s).__qualname__}, expected slime.types.Sample or a slime-shaped "
-                          "sample (tokens, response_length, loss_mask, rollout_log_probs, status, reward)")
+        raise PluginError(
+            f"{where}: is a {type(s).__module__}.{type(s).__qualname__}, expected slime.types.Sample or a slime-shaped "
+            "sample (tokens, response_length, loss_mask, rollout_log_probs, status, reward)"
+        )
     tokens, n = list(s.tokens or []), s.response_length
     if not isinstance(n, int) or not 0 <= n <= len(tokens):
         raise PluginError(f"{where}: response_length={n!r} with {len(tokens)} tokens; expected 0 <= response_length <= len(tokens)")
@@ -253,20 +302,32 @@ def _to_sample(s: Any, *, group_id: int, index: int, engine_version: int, where:
     if mask is not None and any(m not in (0, 1) for m in mask):
         raise PluginError(f"{where}: loss_mask holds {next(m for m in mask if m not in (0, 1))!r}, expected 0 or 1")
     if logprobs is not None and any(not math.isfinite(x) or x > 1e-6 for x in logprobs):
-        raise PluginError(f"{where}: rollout_log_probs holds {next(x for x in logprobs if not math.isfinite(x) or x > 1e-6)!r}, "
-                          "expected finite log-probabilities <= 0")
+        raise PluginError(
+            f"{where}: rollout_log_probs holds {next(x for x in logprobs if not math.isfinite(x) or x > 1e-6)!r}, "
+            "expected finite log-probabilities <= 0"
+        )
     reward = getattr(s, "reward", None)
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)):
-        raise PluginError(f"{where}: reward is {type(reward).__name__} {reward!r:.60}, expected a finite float or None "
-                          "(None: the run's reward function scores it)")
+        raise PluginError(
+            f"{where}: reward is {type(reward).__name__} {reward!r:.60}, expected a finite float or None "
+            "(None: the run's reward function scores it)"
+        )
     raw_prompt = getattr(s, "prompt", "")
     prompt = raw_prompt if isinstance(raw_prompt, str) else _last_content(raw_prompt)
     metadata = dict(getattr(s, "metadata", None) or {})
     if logprobs is None:  # not sampled by this run's policy (SFT / offline data): as --offline-data without logprobs
         metadata.update(offline=True, offline_logprobs=False)
-    out = Sample(prompt_ids=tokens[: len(tokens) - n], group_id=group_id, index=index, label=getattr(s, "label", None), prompt=prompt,
-                 response=getattr(s, "response", "") or "", metadata=metadata, status=status,
-                 reward=None if reward is None else float(reward))
+    out = Sample(
+        prompt_ids=tokens[: len(tokens) - n],
+        group_id=group_id,
+        index=index,
+        label=getattr(s, "label", None),
+        prompt=prompt,
+        response=getattr(s, "response", "") or "",
+        metadata=metadata,
+        status=status,
+        reward=None if reward is None else float(reward),
+    )
     response = tokens[len(tokens) - n :]
     version = OFFLINE_VERSION if logprobs is None else engine_version
     lps = [0.0] * n if logprobs is None else [float(x) for x in logprobs]
@@ -283,7 +344,9 @@ def _status(value: Any, where: str) -> Status:
     name = getattr(value, "value", value)
     if name in ("completed", "truncated", "aborted", "failed"):
         return Status(name)
-    raise PluginError(f"{where}: status is {name!r}; set COMPLETED, TRUNCATED, ABORTED or FAILED (a rollout function returns finished samples)")
+    raise PluginError(
+        f"{where}: status is {name!r}; set COMPLETED, TRUNCATED, ABORTED or FAILED (a rollout function returns finished samples)"
+    )
 
 
 def _last_content(messages: Any) -> str:

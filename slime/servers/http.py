@@ -19,8 +19,17 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-__all__ = ["READY_PREFIX", "BadRequest", "error_middleware", "error_response", "field", "json_response", "read_json_object",
-           "run_event_loop", "serve_until_signal"]
+__all__ = [
+    "READY_PREFIX",
+    "BadRequest",
+    "error_middleware",
+    "error_response",
+    "field",
+    "json_response",
+    "read_json_object",
+    "run_event_loop",
+    "serve_until_signal",
+]
 
 READY_PREFIX = "SLIME_ENGINE_READY url="
 """The line a server prints on stdout (flushed) once it serves, followed by its URL."""

@@ -86,8 +86,7 @@ async def _begin(client: EngineClient) -> bool:
     except EngineRequestError as exc:
         if exc.status != 400:
             raise
-        log.warning("%s: a weight-update session is already open (%s); ending it and beginning again",
-                    client.url, exc.engine_message)
+        log.warning("%s: a weight-update session is already open (%s); ending it and beginning again", client.url, exc.engine_message)
         await client.end_weight_update()
         return await client.begin_weight_update()
 

@@ -74,8 +74,12 @@ def _pack(arr: np.ndarray, level: int) -> torch.Tensor:
     """zlib of the byte planes of a 1-D array, as a uint8 tensor."""
     k = arr.dtype.itemsize
     planes = np.ascontiguousarray(arr.view(np.uint8).reshape(-1, k).T)
-    return torch.frombuffer(bytearray(zlib.compress(planes, level)  # type: ignore[arg-type]  # a contiguous ndarray is a buffer; numpy's stubs do not say so
-    ), dtype=torch.uint8)
+    return torch.frombuffer(
+        bytearray(
+            zlib.compress(planes, level)  # type: ignore[arg-type]  # a contiguous ndarray is a buffer; numpy's stubs do not say so
+        ),
+        dtype=torch.uint8,
+    )
 
 
 def _unpack(blob: torch.Tensor, dtype: np.typing.DTypeLike, n: int) -> np.ndarray:
@@ -95,8 +99,9 @@ def _unsigned(t: torch.Tensor) -> np.ndarray:
     return a.view(np.dtype(f"u{a.dtype.itemsize}"))
 
 
-def encode_tensor(name: str, old: torch.Tensor | None, new: torch.Tensor, *, level: int = ZLIB_LEVEL,
-                  full: bool = False) -> EncodedTensor | None:
+def encode_tensor(
+    name: str, old: torch.Tensor | None, new: torch.Tensor, *, level: int = ZLIB_LEVEL, full: bool = False
+) -> EncodedTensor | None:
     """The smallest bit-exact encoding of ``new`` given ``old`` (same dtype and shape); None when
     unchanged. ``old=None`` or ``full=True``: ``raw``.
 

@@ -67,8 +67,16 @@ class DeltaWeightSync:
         level: zlib level of the delta parts.
     """
 
-    def __init__(self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn, base: dict[str, torch.Tensor] | None = None,
-                 engine_dtype: torch.dtype | None = None, level: int = ZLIB_LEVEL):
+    def __init__(
+        self,
+        config: SyncConfig,
+        *,
+        pool: WorkerPool,
+        state_fn: StateFn,
+        base: dict[str, torch.Tensor] | None = None,
+        engine_dtype: torch.dtype | None = None,
+        level: int = ZLIB_LEVEL,
+    ):
         self.config = config
         self.pool = pool
         self.state_fn = state_fn
@@ -101,17 +109,29 @@ class DeltaWeightSync:
         sent = sum(r[0] for r in results)
         dt = time.monotonic() - t0
         full_bytes = sum(t.numel() * t.element_size() for t in staged.values())
-        self.stats = {"bytes": sent, "full_bytes": full_bytes * len(clients), "seconds": dt,
-                      "num_changed_tensors": len(encoded), "num_full_fallbacks": sum(r[1] for r in results),
-                      "bytes_ratio": sent / max(1, full_bytes * len(clients)), "gb_per_s": full_bytes * len(clients) / max(dt, 1e-9) / 1e9}
+        self.stats = {
+            "bytes": sent,
+            "full_bytes": full_bytes * len(clients),
+            "seconds": dt,
+            "num_changed_tensors": len(encoded),
+            "num_full_fallbacks": sum(r[1] for r in results),
+            "bytes_ratio": sent / max(1, full_bytes * len(clients)),
+            "gb_per_s": full_bytes * len(clients) / max(dt, 1e-9) / 1e9,
+        }
 
     def _encode(self, new: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None) -> list[EncodedTensor]:
         full = base is None
         out = [encode_tensor(n, None if full else base.get(n), t, level=self.level, full=full) for n, t in new.items()]
         return [e for e in out if e is not None]
 
-    async def _push(self, client: EngineClient, encoded: list[EncodedTensor], new: dict[str, torch.Tensor],
-                    control: dict[str, Any], full: list[asyncio.Future]) -> tuple[int, bool]:
+    async def _push(
+        self,
+        client: EngineClient,
+        encoded: list[EncodedTensor],
+        new: dict[str, torch.Tensor],
+        control: dict[str, Any],
+        full: list[asyncio.Future],
+    ) -> tuple[int, bool]:
         """Send ``encoded`` to one engine; on a mismatch or refusal, a full sync. Returns (bytes sent, fell back)."""
         sent, problem = 0, None
         try:
@@ -122,8 +142,7 @@ class DeltaWeightSync:
             problem = f"the engine refused it: {exc.engine_message}"
         if problem is None:
             return sent, False
-        log.warning("delta weight sync to %s (version %s): %s; falling back to a full sync", client.url,
-                    control["weight_version"], problem)
+        log.warning("delta weight sync to %s (version %s): %s; falling back to a full sync", client.url, control["weight_version"], problem)
         if not full:
             full.append(asyncio.ensure_future(asyncio.to_thread(self._encode, new, None)))
         more, problem = await self._send(client, await full[0], {**control, "base_weight_version": None})
@@ -145,8 +164,13 @@ class DeltaWeightSync:
             else:  # real SGLang: the custom loader verifies the checksums itself and fails the call
                 serialized, keepalive = _sglang_payload(payload)  # a CUDA IPC sender keeps the tensor alive
                 await client.update_weights_from_tensor(
-                    [serialized], weight_version=control["weight_version"], load_format=SGLANG_LOADER,
-                    abort_all_requests=control["abort_all_requests"], flush_cache=control["flush_cache"], timeout_s=timeout_s)
+                    [serialized],
+                    weight_version=control["weight_version"],
+                    load_format=SGLANG_LOADER,
+                    abort_all_requests=control["abort_all_requests"],
+                    flush_cache=control["flush_cache"],
+                    timeout_s=timeout_s,
+                )
                 del keepalive  # the engine has answered: it no longer reads the tensor
         if bad:
             return sent, f"sha256 mismatch on {len(bad)} of {len(encoded)} tensors (e.g. {bad[:3]})"

@@ -60,8 +60,9 @@ class DiskWeightSync:
         ``abort_all_requests=False`` for an in-place update (async mode): paused requests stay and
         continue on the new weights, and the prefix cache is not flushed (SGLang 0.5.17 asserts the
         flush succeeded and dies when requests are paused in place; ``kv_cache_version`` records it)."""
-        await self.pool.update_weights_from_disk(str(path), weight_version=str(version), abort_all_requests=abort_all_requests,
-                                                 flush_cache=abort_all_requests)
+        await self.pool.update_weights_from_disk(
+            str(path), weight_version=str(version), abort_all_requests=abort_all_requests, flush_cache=abort_all_requests
+        )
         while len(self._written) > max(1, self.config.keep_last):
             old = self._written.pop(0)
             await asyncio.to_thread(shutil.rmtree, old, True)

@@ -58,6 +58,7 @@ def _log_outcome(what: str):
     def done(fut: asyncio.Future) -> None:
         if not fut.cancelled() and fut.exception() is not None:
             log.warning("%s ended with %r", what, fut.exception())
+
     return done
 
 
@@ -73,8 +74,9 @@ class DistributedWeightSync:
             ``"flattened_bucket"``.
     """
 
-    def __init__(self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn,
-                 load_format: Literal["auto", "flattened_bucket"] | None = "auto"):
+    def __init__(
+        self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn, load_format: Literal["auto", "flattened_bucket"] | None = "auto"
+    ):
         self.config = config
         self.pool = pool
         self.state_fn = state_fn
@@ -102,9 +104,14 @@ class DistributedWeightSync:
                     names = [n for n, _ in bucket]
                     tensors = [t.to(device) for _, t in bucket]
                     http = self.pool.update_weights_from_distributed(
-                        names, [dtype_name(t.dtype) for t in tensors], [list(t.shape) for t in tensors],
-                        group_name=group.name, weight_version=str(version), abort_all_requests=abort_all_requests,
-                        flush_cache=abort_all_requests, load_format="flattened_bucket" if self._flattened else None,
+                        names,
+                        [dtype_name(t.dtype) for t in tensors],
+                        [list(t.shape) for t in tensors],
+                        group_name=group.name,
+                        weight_version=str(version),
+                        abort_all_requests=abort_all_requests,
+                        flush_cache=abort_all_requests,
+                        load_format="flattened_bucket" if self._flattened else None,
                         timeout_s=timeout_s,
                     )
                     send = asyncio.ensure_future(asyncio.to_thread(group.broadcast, tensors, flattened=self._flattened))
@@ -131,27 +138,47 @@ class DistributedWeightSync:
         infos = await asyncio.gather(*(c.server_info() for c in clients))
         tp_sizes = [int(info.get("tp_size") or 1) for info in infos]
         self._flattened = self.load_format == "flattened_bucket" or (
-            self.load_format == "auto" and all(sglang_version(i) >= (0, 5, 6) for i in infos))
+            self.load_format == "auto" and all(sglang_version(i) >= (0, 5, 6) for i in infos)
+        )
         world_size = 1 + sum(tp_sizes)
         offsets = [1 + sum(tp_sizes[:i]) for i in range(len(clients))]
         address = address_towards(urls[0])
         store = master_store(address, world_size, timeout_s)
         name = f"slime_weights_{os.getpid()}_{next(_group_ids)}"  # fresh per group: a stale one on an engine cannot clash
-        join = asyncio.ensure_future(asyncio.to_thread(
-            WeightsUpdateGroup.join, group_name=name, rank=0, world_size=world_size, backend=backend,
-            timeout_s=timeout_s, store=store))
-        calls = [c.init_weights_update_group(master_address=address, master_port=store.port, rank_offset=off,
-                                             world_size=world_size, group_name=name, backend=backend, timeout_s=timeout_s)
-                 for c, off in zip(clients, offsets)]
+        join = asyncio.ensure_future(
+            asyncio.to_thread(
+                WeightsUpdateGroup.join, group_name=name, rank=0, world_size=world_size, backend=backend, timeout_s=timeout_s, store=store
+            )
+        )
+        calls = [
+            c.init_weights_update_group(
+                master_address=address,
+                master_port=store.port,
+                rank_offset=off,
+                world_size=world_size,
+                group_name=name,
+                backend=backend,
+                timeout_s=timeout_s,
+            )
+            for c, off in zip(clients, offsets)
+        ]
         try:
             await asyncio.gather(*calls)
         except BaseException:
             join.add_done_callback(_log_outcome(f"trainer side of group {name}"))
             raise
         self._group, self._group_urls = await join, urls
-        log.info("weights-update group %s: %s backend, world size %d (trainer rank 0 at %s:%d, engines %s at ranks %s), %s",
-                 name, backend, world_size, address, store.port, urls, offsets,
-                 "flattened buckets" if self._flattened else "one broadcast per tensor")
+        log.info(
+            "weights-update group %s: %s backend, world size %d (trainer rank 0 at %s:%d, engines %s at ranks %s), %s",
+            name,
+            backend,
+            world_size,
+            address,
+            store.port,
+            urls,
+            offsets,
+            "flattened buckets" if self._flattened else "one broadcast per tensor",
+        )
 
     async def _drop_group(self) -> None:
         group, self._group, urls = self._group, None, self._group_urls
@@ -159,8 +186,13 @@ class DistributedWeightSync:
             return
         by_url = {c.url: c for c in self.pool.clients}
         results = await asyncio.gather(
-            *(by_url[u].destroy_weights_update_group(group.name, timeout_s=self.config.update_weights_timeout_s)
-              for u in urls if u in by_url), return_exceptions=True)
+            *(
+                by_url[u].destroy_weights_update_group(group.name, timeout_s=self.config.update_weights_timeout_s)
+                for u in urls
+                if u in by_url
+            ),
+            return_exceptions=True,
+        )
         for exc in (r for r in results if isinstance(r, BaseException)):
             log.warning("destroy_weights_update_group(%s) failed: %s", group.name, exc)
         group.destroy()

@@ -81,8 +81,18 @@ class WeightsUpdateGroup:
     store: Store
 
     @classmethod
-    def join(cls, *, group_name: str, rank: int, world_size: int, backend: str, timeout_s: float,
-             master_address: str = "", master_port: int = 0, store: TCPStore | None = None) -> WeightsUpdateGroup:
+    def join(
+        cls,
+        *,
+        group_name: str,
+        rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        master_address: str = "",
+        master_port: int = 0,
+        store: TCPStore | None = None,
+    ) -> WeightsUpdateGroup:
         """Join the group (blocking until every member joined). Rank 0 passes its ``master_store``;
         the others pass ``master_address`` / ``master_port``.
 
@@ -122,8 +132,9 @@ class WeightsUpdateGroup:
             if self.rank == 0:
                 flat = flatten(tensors)
             else:
-                flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8,
-                                   device=tensors[0].device if tensors else "cpu")
+                flat = torch.empty(
+                    sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8, device=tensors[0].device if tensors else "cpu"
+                )
             self._broadcast_one(flat)
             out = tensors if self.rank == 0 else unflatten(flat, [t.dtype for t in tensors], [t.shape for t in tensors])
         else:

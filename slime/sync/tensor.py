@@ -64,9 +64,13 @@ class TensorWeightSync:
                 cuda = bucket[0][1].device.type == "cuda"
                 payload = await asyncio.to_thread(serialize_cuda_ipc if cuda else serialize_safetensors, bucket)
                 await self.pool.update_weights_from_tensor(
-                    [payload] * self._tp_size, weight_version=str(version), load_format=None,
-                    abort_all_requests=abort_all_requests, flush_cache=abort_all_requests,
-                    timeout_s=self.config.update_weights_timeout_s)
+                    [payload] * self._tp_size,
+                    weight_version=str(version),
+                    load_format=None,
+                    abort_all_requests=abort_all_requests,
+                    flush_cache=abort_all_requests,
+                    timeout_s=self.config.update_weights_timeout_s,
+                )
                 num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         dt = time.monotonic() - t0
         self.stats = {"bytes": num_bytes, "seconds": dt, "num_buckets": len(parts), "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9}

@@ -252,7 +252,9 @@ def token_advantages(
     elif estimator in CRITIC_ESTIMATORS:
         if values is None:
             raise ValueError(f"advantage estimator {estimator!r} needs critic values")
-        adv, returns = gae(_terminal_rewards(scores, mask) - penalty, values.detach().float() * response, response, gamma=gamma, lambd=lambd)
+        adv, returns = gae(
+            _terminal_rewards(scores, mask) - penalty, values.detach().float() * response, response, gamma=gamma, lambd=lambd
+        )
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
     if opd_penalty is not None:

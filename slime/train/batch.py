@@ -196,8 +196,10 @@ def build_train_batch(
             if s.reward is None:
                 raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
             if use_opd and s.teacher_logprobs is None:
-                raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no teacher_logprobs "
-                                 "(--use-opd: every finished sample is scored by the teacher before it is rewarded)")
+                raise ValueError(
+                    f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no teacher_logprobs "
+                    "(--use-opd: every finished sample is scored by the teacher before it is rewarded)"
+                )
             rewards[gi, si], valid[gi, si] = float(s.reward), True
     scored = rewards if use_task_reward else torch.where(valid, 0.0, rewards)  # --opd-only: reward 0 for the estimator
     adv = sample_scores(scored, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
@@ -294,8 +296,9 @@ def pack_by_token_budget(seq_lens: Sequence[int], max_tokens: int) -> list[list[
     return [sorted(b) for b in bins]
 
 
-def plan_steps(seq_lens: Sequence[int], *, global_batch_size: int, micro_batch_size: int,
-               max_tokens_per_gpu: int | None = None) -> list[Step]:
+def plan_steps(
+    seq_lens: Sequence[int], *, global_batch_size: int, micro_batch_size: int, max_tokens_per_gpu: int | None = None
+) -> list[Step]:
     """Optimizer steps of ``global_batch_size`` samples (in batch order), each a list of micro-batches.
 
     A micro-batch is ``micro_batch_size`` consecutive samples, or, with ``max_tokens_per_gpu``
@@ -339,4 +342,3 @@ def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:
         "num_samples": float(batch.num_samples),
         "num_train_tokens": float(n),
     }
-

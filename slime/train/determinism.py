@@ -36,5 +36,8 @@ def enable_deterministic_mode(seed: int) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(seed)
-    log.info("--deterministic-mode: deterministic torch kernels, seed %d; not covered: the engines "
-             "(--sglang-enable-deterministic-inference) and NCCL's reduction order", seed)
+    log.info(
+        "--deterministic-mode: deterministic torch kernels, seed %d; not covered: the engines "
+        "(--sglang-enable-deterministic-inference) and NCCL's reduction order",
+        seed,
+    )

@@ -112,8 +112,9 @@ def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None,
     """The active off-policy weights of a micro-batch (TIS, MIS or decoupled PPO), or None."""
     assert mb.old_logprobs is not None
     if cfg.use_tis:
-        return tis_weights(mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, tis_clip=cfg.tis_clip, tis_clip_low=cfg.tis_clip_low,
-                           level=cfg.tis_level)
+        return tis_weights(
+            mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, tis_clip=cfg.tis_clip, tis_clip_low=cfg.tis_clip_low, level=cfg.tis_level
+        )
     if cfg.mis_level != "none":
         return mis_weights(
             mb.old_logprobs,

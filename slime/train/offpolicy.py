@@ -89,7 +89,12 @@ def _log_rho(log_r: Tensor, mask: Tensor, level: str) -> Tensor:
 
 
 def tis_weights(
-    old_logprobs: Tensor, rollout_logprobs: Tensor, loss_mask: Tensor, *, tis_clip: float, tis_clip_low: float = 0.0,
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    loss_mask: Tensor,
+    *,
+    tis_clip: float,
+    tis_clip_low: float = 0.0,
     level: MISLevel = "token",
 ) -> tuple[Tensor, dict[str, float]]:
     """Truncated IS weights ``clamp(rho, tis_clip_low, tis_clip)``, rho = ``exp(old - rollout)`` at ``level``.

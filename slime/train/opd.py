@@ -55,8 +55,10 @@ def reverse_kl(student_logprobs: Tensor, teacher_logprobs: Tensor, loss_mask: Te
         ValueError: shapes differ.
     """
     if not (student_logprobs.shape == teacher_logprobs.shape == loss_mask.shape):
-        raise ValueError(f"reverse_kl: shapes differ: student {tuple(student_logprobs.shape)}, "
-                         f"teacher {tuple(teacher_logprobs.shape)}, loss_mask {tuple(loss_mask.shape)}")
+        raise ValueError(
+            f"reverse_kl: shapes differ: student {tuple(student_logprobs.shape)}, "
+            f"teacher {tuple(teacher_logprobs.shape)}, loss_mask {tuple(loss_mask.shape)}"
+        )
     return (student_logprobs.detach().float() - teacher_logprobs.float()) * loss_mask.float()
 
 

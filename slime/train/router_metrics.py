@@ -61,7 +61,9 @@ class RouterStats:
         self.device = device
         self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
         self.routers: list[Any] = []
-        self._sums = torch.zeros(0, num_experts + 3, dtype=torch.float64, device=device)  # [L, E + 3]: slots per expert, tokens, dropped slots, aux x tokens
+        self._sums = torch.zeros(
+            0, num_experts + 3, dtype=torch.float64, device=device
+        )  # [L, E + 3]: slots per expert, tokens, dropped slots, aux x tokens
         self._token_mask: Tensor | None = None
 
     @property

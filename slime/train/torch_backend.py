@@ -119,8 +119,16 @@ class TorchTrainer:
     bf16: bool
     """Forward and backward under bf16 autocast (``--bf16``); weights stay fp32."""
 
-    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0, rollout_temperature: float = 1.0,
-                 max_staleness: int | None = None, seed: int = 1234):
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model_dir: str,
+        policy_version: int = 0,
+        rollout_temperature: float = 1.0,
+        max_staleness: int | None = None,
+        seed: int = 1234,
+    ):
         self.config = config
         self.rollout_temperature, self.max_staleness = rollout_temperature, max_staleness
         self.model_dir = model_dir
@@ -150,7 +158,9 @@ class TorchTrainer:
             self.critic = ValueModel.from_pretrained(model_dir).to(self.device)
             self.critic_optimizer = adamw(self.critic.parameters(), config, config.critic_lr or config.lr, self.device)
         if config.kl_coef != 0.0 and config.advantage_estimator in GROUP_NORMALISED:
-            logger.warning("--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator)
+            logger.warning(
+                "--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator
+            )
         if config.behav_imp_weight_cap is not None and not config.use_decoupled_ppo:
             logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
         logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
@@ -275,8 +285,12 @@ class TorchTrainer:
         a padded pack of at most ``--max-tokens-per-gpu`` tokens (``pack_by_token_budget``).
         """
         m = self.config.megatron
-        return plan_steps(seq_lens, global_batch_size=self.config.global_batch_size, micro_batch_size=self.config.micro_batch_size,
-                          max_tokens_per_gpu=m.max_tokens_per_gpu if m.use_dynamic_batch_size else None)
+        return plan_steps(
+            seq_lens,
+            global_batch_size=self.config.global_batch_size,
+            micro_batch_size=self.config.micro_batch_size,
+            max_tokens_per_gpu=m.max_tokens_per_gpu if m.use_dynamic_batch_size else None,
+        )
 
     def _lr(self) -> float:
         return lr_at(self.config, self.num_optimizer_steps)
@@ -305,7 +319,9 @@ class TorchTrainer:
                 for indices in step:
                     mb = batch.select(indices)
                     with self._autocast():
-                        logprobs = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=self.rollout_temperature)  # [b, l]
+                        logprobs = compute_token_logprobs(
+                            self.model, mb.input_ids, mb.attention_mask, temperature=self.rollout_temperature
+                        )  # [b, l]
                     total += -(logprobs * mb.loss_mask).sum()
             loss_sum = float(total)
             num_tokens = batch.num_train_tokens
@@ -352,7 +368,13 @@ class TorchTrainer:
         with self._autocast():
             values = self.critic(mb.input_ids, mb.attention_mask).float()  # [b, l]
         return value_loss(
-            values, mb.old_values, mb.returns, mb.loss_mask, value_clip=self.config.value_clip, loss_agg=self.loss_agg, loss_denominator=denom
+            values,
+            mb.old_values,
+            mb.returns,
+            mb.loss_mask,
+            value_clip=self.config.value_clip,
+            loss_agg=self.loss_agg,
+            loss_denominator=denom,
         )
 
     def _zero_grad(self) -> None:
@@ -371,8 +393,11 @@ class TorchTrainer:
     def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
         num_train_tokens = batch.num_train_tokens
         if objective.is_sft(self.config):
-            return {"num_samples": float(batch.num_samples), "num_train_tokens": float(num_train_tokens),
-                    "num_tokens": float(batch.seq_lens.sum())}
+            return {
+                "num_samples": float(batch.num_samples),
+                "num_train_tokens": float(num_train_tokens),
+                "num_tokens": float(batch.seq_lens.sum()),
+            }
         return rl_batch_metrics(batch)
 
     def save_hf(self, out_dir: str) -> str:

@@ -32,7 +32,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"--train-device {device}: torch sees no CUDA device (torch {torch.__version__}); use --train-device cpu or auto")
+        raise RuntimeError(
+            f"--train-device {device}: torch sees no CUDA device (torch {torch.__version__}); use --train-device cpu or auto"
+        )
     return torch.device("cuda", torch.cuda.current_device())
 
 
@@ -44,8 +46,9 @@ def load_causal_lm(model_dir: str, device: torch.device) -> PreTrainedModel:
 def adamw(params: Iterable[torch.nn.Parameter], config: TrainConfig, lr: float, device: torch.device) -> torch.optim.AdamW:
     """AdamW with the config's betas and weight decay; fused on CUDA (one kernel per step instead of
     a loop over tensors: the same update)."""
-    return torch.optim.AdamW(params, lr=lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
-                             fused=device.type == "cuda" or None)
+    return torch.optim.AdamW(
+        params, lr=lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay, fused=device.type == "cuda" or None
+    )
 
 
 def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:

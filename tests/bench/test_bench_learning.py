@@ -18,8 +18,14 @@ def _records(*, evals, steps):
 def test_run_curve_times_tokens_and_lags():
     recs = _records(
         evals=[(0, 0.2, 10.0, 2.0), (2, 0.5, 16.0, 1.0), (4, 0.7, 23.0, 1.0), (6, 0.65, 30.0, 2.0)],
-        steps=[(1, 100, {0: 100}), (2, 100, {0: 50, 1: 50}), (3, 100, {1: 100}), (4, 100, {0: 60, 3: 40}),
-               (5, 100, {0: 100}), (6, 100, {0: 100})],
+        steps=[
+            (1, 100, {0: 100}),
+            (2, 100, {0: 50, 1: 50}),
+            (3, 100, {1: 100}),
+            (4, 100, {0: 60, 3: 40}),
+            (5, 100, {0: 100}),
+            (6, 100, {0: 100}),
+        ],
     )
     c = learning.run_curve(recs, target=0.6)
     # training starts at the end of the step-0 eval (t=10); an eval's point is when it began
@@ -42,15 +48,28 @@ def test_run_curve_never_reached_and_old_records():
 
 
 def _curve(t, acc, tokens=100.0):
-    return {"time_to_target_s": t, "time_to_target_ex_eval_s": None if t is None else t - 1, "tokens_to_target": None if t is None else tokens,
-            "final_accuracy": acc, "initial_accuracy": 0.2, "off_policy_token_share": 0.0, "train_wall_s": 50.0,
-            "train_wall_ex_eval_s": 45.0, "eval_time_s": 5.0, "trained_tokens": 1000.0, "lag_p90": 0, "lag_max": 1}
+    return {
+        "time_to_target_s": t,
+        "time_to_target_ex_eval_s": None if t is None else t - 1,
+        "tokens_to_target": None if t is None else tokens,
+        "final_accuracy": acc,
+        "initial_accuracy": 0.2,
+        "off_policy_token_share": 0.0,
+        "train_wall_s": 50.0,
+        "train_wall_ex_eval_s": 45.0,
+        "eval_time_s": 5.0,
+        "trained_tokens": 1000.0,
+        "lag_p90": 0,
+        "lag_max": 1,
+    }
 
 
 def test_summarize_spread_and_speedup():
     s = learning.summarize({"sync": [_curve(30.0, 0.70), _curve(50.0, 0.74)], "async": [_curve(20.0, 0.69), _curve(None, 0.71)]})
     assert s["sync"]["reached"] == 2 and s["async"]["reached"] == 1
-    assert s["sync"]["final_accuracy"]["mean"] == pytest.approx(0.72) and s["sync"]["final_accuracy"]["std"] == pytest.approx(0.02828, abs=1e-4)
+    assert s["sync"]["final_accuracy"]["mean"] == pytest.approx(0.72) and s["sync"]["final_accuracy"]["std"] == pytest.approx(
+        0.02828, abs=1e-4
+    )
     assert s["async"]["speedup_vs_sync"] == pytest.approx(40.0 / 20.0)
     assert s["async"]["speedup_vs_sync_ex_eval"] == pytest.approx(39.0 / 19.0)
     assert s["async"]["final_accuracy_vs_sync_points"] == pytest.approx(-2.0)
@@ -64,12 +83,15 @@ def test_plot_writes_png(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--modes", "sync,bogus"], "--modes="),
-    (["--seeds", "0,x"], "--seeds="),
-    (["--target-accuracy", "1.5"], "--target-accuracy="),
-    (["--", "--rollout-mode", "sync"], "--rollout-mode are set by the bench"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--modes", "sync,bogus"], "--modes="),
+        (["--seeds", "0,x"], "--seeds="),
+        (["--target-accuracy", "1.5"], "--target-accuracy="),
+        (["--", "--rollout-mode", "sync"], "--rollout-mode are set by the bench"),
+    ],
+)
 def test_bad_flags_are_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
         learning.main(args, train=lambda argv: [])
@@ -83,9 +105,35 @@ def test_failed_run_is_one_line(tmp_path, capsys):
 
 def test_tiny_real_bench(tmp_path):
     """Two modes, one seed, two steps through the real driver and embedded engine: every output is written."""
-    code = cli_main(["bench", "learning", "--modes", "sync,async-tis", "--seeds", "0", "--num-rollout", "2", "--eval-interval", "1",
-                     "--target-accuracy", "0.01", "--out", str(tmp_path), "--", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                     "--global-batch-size", "4", "--num-eval-prompts", "4", "--rollout-max-response-len", "96"])
+    code = cli_main(
+        [
+            "bench",
+            "learning",
+            "--modes",
+            "sync,async-tis",
+            "--seeds",
+            "0",
+            "--num-rollout",
+            "2",
+            "--eval-interval",
+            "1",
+            "--target-accuracy",
+            "0.01",
+            "--out",
+            str(tmp_path),
+            "--",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--num-eval-prompts",
+            "4",
+            "--rollout-max-response-len",
+            "96",
+        ]
+    )
     assert code == 0
     results = json.loads((tmp_path / "learning.json").read_text())
     assert set(results["summary"]) == {"sync", "async-tis"}
@@ -106,7 +154,12 @@ def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
 
     argv = learning.train_argv("async-mis", 3, "/tmp/x", task="chain", num_rollout=5, eval_interval=2, extra=["--num-eval-prompts", "7"])
     config = config_from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))
-    assert (config.data.num_eval_prompts, config.loop.rollout_batch_size, config.loop.mode, config.train.mis_level) == (7, 8, "async", "token")
+    assert (config.data.num_eval_prompts, config.loop.rollout_batch_size, config.loop.mode, config.train.mis_level) == (
+        7,
+        8,
+        "async",
+        "token",
+    )
     assert (config.seed, config.loop.num_rollout, config.loop.eval_interval, config.data.builtin_task) == (3, 5, 2, "chain")
 
 
@@ -116,8 +169,17 @@ def test_bench_usage_names_both_benches(capsys):
 
 
 def _bench_file(tmp_path, name, curves, **over):
-    results = learning._results(curves, {m: [["--x"]] * len(r) for m, r in curves.items()}, task="chain", num_rollout=6,
-                                eval_interval=2, target=0.6, seeds=[0], extra=[], bench_wall_s=3.0)
+    results = learning._results(
+        curves,
+        {m: [["--x"]] * len(r) for m, r in curves.items()},
+        task="chain",
+        num_rollout=6,
+        eval_interval=2,
+        target=0.6,
+        seeds=[0],
+        extra=[],
+        bench_wall_s=3.0,
+    )
     results.update(over)
     (tmp_path / name).mkdir()
     learning.write_results(results, tmp_path / name)
@@ -154,7 +216,8 @@ def test_a_bench_cut_short_keeps_the_runs_it_finished(tmp_path, monkeypatch):
         return recs
 
     with pytest.raises(KeyboardInterrupt):
-        learning.run_bench(["sync", "async"], [0], tmp_path, task="chain", num_rollout=2, eval_interval=2, target=0.6, train=one_run,
-                           log=lambda _: None)
+        learning.run_bench(
+            ["sync", "async"], [0], tmp_path, task="chain", num_rollout=2, eval_interval=2, target=0.6, train=one_run, log=lambda _: None
+        )
     results = json.loads((tmp_path / "learning.json").read_text())
     assert list(results["curves"]) == ["sync"] and results["summary"]["sync"]["reached"] == 1

@@ -60,8 +60,9 @@ class _IgnoreEosPool:
         n, reason = sampling_params["max_new_tokens"], FinishReason(type="length", length=sampling_params["max_new_tokens"])
         if self.abort_after is not None and self.abort_after < n:
             n, reason, self.abort_after = self.abort_after, FinishReason(type="abort", message="Aborted"), None
-        return GenerateResult(output_ids=[5] * n, output_logprobs=[-1.0] * n, finish_reason=reason, weight_version="0",
-                              completion_tokens=n, rid=rid or "")
+        return GenerateResult(
+            output_ids=[5] * n, output_logprobs=[-1.0] * n, finish_reason=reason, weight_version="0", completion_tokens=n, rid=rid or ""
+        )
 
 
 def test_generate_asks_for_the_rest_of_the_draw_and_a_resume_ends_exactly_on_it():
@@ -123,8 +124,16 @@ def test_probe_recovers_the_decode_cost_of_an_engine_and_refuses_one_that_stops_
         async with SimEngine(cfg) as eng:
             return await probe_decode_cost(SimEnginePool(eng), log=lambda _: None, **kw)
 
-    cfg = SimConfig(decode_step_ms=4.0, decode_step_per_req_ms=0.25, prefill_ms_per_token=0.01, time_scale=1.0,
-                    response_len_median=64, response_len_p99=64, max_response_len=64, max_running_requests=32)
+    cfg = SimConfig(
+        decode_step_ms=4.0,
+        decode_step_per_req_ms=0.25,
+        prefill_ms_per_token=0.01,
+        time_scale=1.0,
+        response_len_median=64,
+        response_len_p99=64,
+        max_response_len=64,
+        max_running_requests=32,
+    )
     cost = asyncio.run(run(cfg, batch_sizes=(1, 8, 32), prompt_len=16, short=4, long=24, prefill_len=400, prefill_batch=4))
     assert cost.decode_step_ms == pytest.approx(4.0, rel=0.25) and cost.decode_step_per_req_ms == pytest.approx(0.25, rel=0.25)
     assert cost.prefill_ms_per_token == pytest.approx(0.01, rel=0.5)
@@ -133,13 +142,67 @@ def test_probe_recovers_the_decode_cost_of_an_engine_and_refuses_one_that_stops_
         asyncio.run(run(early, batch_sizes=(1, 2), prompt_len=8, short=4, long=24, prefill_batch=0))
 
 
-REAL = ["--max-running-requests", "16", "--decode-step-ms", "4", "--decode-step-per-req-ms", "0.4", "--prefill-ms-per-token", "0.002",
-        "--weight-sync-ms", "50", "--time-scale", "1", "--response-len-median", "320", "--response-len-p99", "320",
-        "--max-response-len", "320", "--seed", "0", "--weight-version", "default"]
-BENCH = ["--steps", "2", "--median", "40", "--p99", "160", "--max-len", "320", "--seed", "7", "--train-s", "0.3",
-         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-running-requests", "16", "--april-over-sampling", "8",
-         "--async-capacity", "6", "--overhead-samples", "0", "--http-requests", "0", "--time-scale", "4",
-         "--calibrate-sim", "--probe-batch-sizes", "1,4,16", "--probe-prompt-len", "16", "--probe-tokens", "4,36"]
+REAL = [
+    "--max-running-requests",
+    "16",
+    "--decode-step-ms",
+    "4",
+    "--decode-step-per-req-ms",
+    "0.4",
+    "--prefill-ms-per-token",
+    "0.002",
+    "--weight-sync-ms",
+    "50",
+    "--time-scale",
+    "1",
+    "--response-len-median",
+    "320",
+    "--response-len-p99",
+    "320",
+    "--max-response-len",
+    "320",
+    "--seed",
+    "0",
+    "--weight-version",
+    "default",
+]
+BENCH = [
+    "--steps",
+    "2",
+    "--median",
+    "40",
+    "--p99",
+    "160",
+    "--max-len",
+    "320",
+    "--seed",
+    "7",
+    "--train-s",
+    "0.3",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--max-running-requests",
+    "16",
+    "--april-over-sampling",
+    "8",
+    "--async-capacity",
+    "6",
+    "--overhead-samples",
+    "0",
+    "--http-requests",
+    "0",
+    "--time-scale",
+    "4",
+    "--calibrate-sim",
+    "--probe-batch-sizes",
+    "1,4,16",
+    "--probe-prompt-len",
+    "16",
+    "--probe-tokens",
+    "4,36",
+]
 
 
 def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_length(tmp_path):
@@ -147,8 +210,10 @@ def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_le
 
     async def serve_and_run() -> int:
         async with sim_engine_process(REAL) as proc:
-            return await asyncio.to_thread(main, [*BENCH, "--engine-urls", proc.url, "--weights-path", str(tmp_path),
-                                                  "--json", str(out), "--png", str(tmp_path / "b.png")])
+            return await asyncio.to_thread(
+                main,
+                [*BENCH, "--engine-urls", proc.url, "--weights-path", str(tmp_path), "--json", str(out), "--png", str(tmp_path / "b.png")],
+            )
 
     assert asyncio.run(serve_and_run()) == 0
     res = json.loads(out.read_text())
@@ -179,14 +244,17 @@ def test_docstring_example_of_the_standard_draw():
     assert lengths.total(_samples(wl, 1, 8)[3]) == 1323
 
 
-@pytest.mark.parametrize("argv", [
-    ["--calibrate-sim"],  # nothing real to calibrate against
-    ["--engine-urls", "127.0.0.1:1"],  # a real engine needs a checkpoint to load
-    ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-tokens", "16"],
-    ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-batch-sizes", "8"],
-    ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-batch-sizes", "1,512"],
-    ["--median", "50", "--p99", "10"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--calibrate-sim"],  # nothing real to calibrate against
+        ["--engine-urls", "127.0.0.1:1"],  # a real engine needs a checkpoint to load
+        ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-tokens", "16"],
+        ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-batch-sizes", "8"],
+        ["--engine-urls", "127.0.0.1:1", "--weights-path", "w", "--calibrate-sim", "--probe-batch-sizes", "1,512"],
+        ["--median", "50", "--p99", "10"],
+    ],
+)
 def test_bench_rejects_inconsistent_real_engine_flags(argv):
     with pytest.raises(SystemExit) as exc:
         main(argv)

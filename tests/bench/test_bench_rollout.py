@@ -8,10 +8,35 @@ import pytest
 
 from slime.bench.rollout import main
 
-TINY = ["--steps", "2", "--time-scale", "50", "--train-s", "3", "--median", "40", "--p99", "160", "--max-len", "320",
-        "--overhead-samples", "2000", "--http-requests", "200", "--http-concurrency", "16"]
-MODE_KEYS = ("delivered_tokens_per_s", "samples_per_s", "slot_utilization", "step_time_p50_s", "step_time_p99_s",
-             "wasted_tokens", "client_cpu_ms_per_request")
+TINY = [
+    "--steps",
+    "2",
+    "--time-scale",
+    "50",
+    "--train-s",
+    "3",
+    "--median",
+    "40",
+    "--p99",
+    "160",
+    "--max-len",
+    "320",
+    "--overhead-samples",
+    "2000",
+    "--http-requests",
+    "200",
+    "--http-concurrency",
+    "16",
+]
+MODE_KEYS = (
+    "delivered_tokens_per_s",
+    "samples_per_s",
+    "slot_utilization",
+    "step_time_p50_s",
+    "step_time_p99_s",
+    "wasted_tokens",
+    "client_cpu_ms_per_request",
+)
 
 
 def test_bench_rollout_writes_every_mode_with_sane_numbers(tmp_path):

@@ -44,13 +44,24 @@ def test_conversations_call_the_tool_with_the_expression_or_answer_directly():
     [call] = parse_tool_calls(tool[1]["content"])
     assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "347*82*19"}, None)
     assert tool[2]["content"] == "540626" and tool[3]["content"] == "#540626"
-    assert calc.conversation("12+34", "46", use_tool=False) == [{"role": "user", "content": "12+34"}, {"role": "assistant", "content": "#46"}]
+    assert calc.conversation("12+34", "46", use_tool=False) == [
+        {"role": "user", "content": "12+34"},
+        {"role": "assistant", "content": "#46"},
+    ]
 
 
 @pytest.mark.parametrize(
     "text, answer",
-    [("#540626", "540626"), (" #540626\n", "540626"), ("so #46", "46"), ("#30;#359", None), ("#", None), ("540626", None),
-     (calc.tool_call_text("1+1"), None), (None, None)],
+    [
+        ("#540626", "540626"),
+        (" #540626\n", "540626"),
+        ("so #46", "46"),
+        ("#30;#359", None),
+        ("#", None),
+        ("540626", None),
+        (calc.tool_call_text("1+1"), None),
+        (None, None),
+    ],
 )
 def test_extract_answer(text, answer):
     assert calc.extract_answer(text) == answer
@@ -74,7 +85,9 @@ async def test_reward_reads_the_final_assistant_message_of_the_multiturn_state()
 
 
 async def test_reward_falls_back_to_the_response_text_and_needs_a_label():
-    sample = Sample(prompt_ids=[1], label="46", response=calc.tool_call_text("12+34") + "\ntool\n<tool_response>46</tool_response>\nassistant\n#46\n")
+    sample = Sample(
+        prompt_ids=[1], label="46", response=calc.tool_call_text("12+34") + "\ntool\n<tool_response>46</tool_response>\nassistant\n#46\n"
+    )
     assert await calc.reward(sample) == 1.0
     assert await calc.reward(Sample(prompt_ids=[1], label="46", response="#46")) == 1.0
     assert await calc.reward(Sample(prompt_ids=[1], label="46", response="#45")) == 0.0
@@ -97,8 +110,6 @@ def test_builtin_task_flag_selects_the_calc_rows_and_reward():
     assert default.data.builtin_task == "arith" and reward_function(default.rollout, builtin=default.data.builtin_task) is not calc.reward
 
 
-
-
 def test_shipped_checkpoint_loads_with_its_chat_template_and_fits_the_task():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -110,8 +121,9 @@ def test_shipped_checkpoint_loads_with_its_chat_template_and_fits_the_task():
     assert model.config.model_type == "llama" and model.config.vocab_size == len(tok) == len(build_chat_tokenizer())
     assert tok.eos_token == IM_END and model.config.eos_token_id == tok.eos_token_id
     messages = calc.conversation("9999*9999*9999", "999700029999", use_tool=True)
-    ids = tok.apply_chat_template(messages, tools=[{"type": "function", "function": {"name": "calculator"}}],
-                                  tokenize=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        messages, tools=[{"type": "function", "function": {"name": "calculator"}}], tokenize=True, return_dict=False
+    )
     assert len(ids) <= model.config.max_position_embeddings  # the longest problem fits
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits

@@ -13,8 +13,16 @@ from slime.data.sft import load_sft_file
 from slime.errors import DataError
 from tests.fixtures.chat_tokenizers import build_chat_tokenizer
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def _call(city: str) -> dict:
@@ -41,15 +49,21 @@ def conversation(kind: str) -> list[dict]:
 
 # What the assistant wrote, as rendered, end-of-turn tokens included and role headers excluded.
 EXPECTED_ASSISTANT_TEXT = {
-    "qwen": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>'
-             "Paris 18C sunny; Rome 24C clear.<|im_end|>You're welcome.<|im_end|>"),
-    "llama": ('{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
-              "Paris 18C sunny; Rome 24C clear.<|eot_id|>You're welcome.<|eot_id|>"),
+    "qwen": (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>'
+        "Paris 18C sunny; Rome 24C clear.<|im_end|>You're welcome.<|im_end|>"
+    ),
+    "llama": (
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
+        "Paris 18C sunny; Rome 24C clear.<|eot_id|>You're welcome.<|eot_id|>"
+    ),
     # a turn ends at the next role tag, which the model emits to stop; the last turn has none to learn
-    "glm": ("\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
-            "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call><|observation|>"
-            "Paris 18C sunny; Rome 24C clear.<|user|>You're welcome."),
+    "glm": (
+        "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+        "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call><|observation|>"
+        "Paris 18C sunny; Rome 24C clear.<|user|>You're welcome."
+    ),
 }
 
 
@@ -116,8 +130,10 @@ def _unstable_tokenizer() -> PreTrainedTokenizerFast:
 
 def test_template_that_is_not_prefix_stable_is_refused_with_where_it_differs():
     messages = [
-        {"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>x</think>b"},
-        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "<think>x</think>b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
     ]
     with pytest.raises(TemplateError, match=r"not prefix-stable: rendering messages\[:2\] .* differ at character \d+"):
         render_with_assistant_mask(_unstable_tokenizer(), messages)
@@ -133,14 +149,20 @@ def test_assistant_char_spans_end_at_the_end_of_turn_marker_not_the_trailing_new
 
 
 def test_a_turn_ends_at_its_closing_special_token_else_at_the_next_turns_tag():
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo "}, {"role": "user", "content": "ok"},
-                {"role": "assistant", "content": "bye"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo "},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "bye"},
+    ]
 
     def glm(msgs, add_generation_prompt):  # no end-of-turn token: a turn ends where the next role tag begins
         return "".join(f"<|{m['role']}|>\n{m['content']}" for m in msgs) + ("<|assistant|>\n" if add_generation_prompt else "")
 
     def chatml(msgs, add_generation_prompt):
-        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + (
+            "<|im_start|>assistant\n" if add_generation_prompt else ""
+        )
 
     text, spans = assistant_char_spans(glm, messages, special_tokens={"<|user|>", "<|assistant|>"})
     assert [text[a:b] for a, b in spans] == ["yo <|user|>", "bye"]  # the last turn has no tag to learn
@@ -154,11 +176,13 @@ def test_glm4_tool_call_turn_trains_the_observation_tag_that_ends_it():
     messages = conversation("glm")
     tok = build_chat_tokenizer("glm", [(messages, TOOLS)])
     ids, mask = render_with_assistant_mask(tok, messages, TOOLS)
-    masks = {tag: [m for t, m in zip(ids, mask) if t == tok.convert_tokens_to_ids(tag)]
-             for tag in ("<|observation|>", "<|user|>", "<|assistant|>", "<|system|>")}
+    masks = {
+        tag: [m for t, m in zip(ids, mask) if t == tok.convert_tokens_to_ids(tag)]
+        for tag in ("<|observation|>", "<|user|>", "<|assistant|>", "<|system|>")
+    }
     assert masks == {"<|observation|>": [1], "<|user|>": [0, 1], "<|assistant|>": [0, 0, 0], "<|system|>": [0, 0]}
     at = ids.index(tok.convert_tokens_to_ids("<|observation|>"))
-    assert tok.decode(ids[at + 1:]).startswith("\n<tool_response>\nParis: 18C, sunny") and not any(mask[at + 1:at + 10])
+    assert tok.decode(ids[at + 1 :]).startswith("\n<tool_response>\nParis: 18C, sunny") and not any(mask[at + 1 : at + 10])
 
 
 def test_tokenizer_without_chat_template_is_refused():
@@ -180,8 +204,12 @@ def test_conversation_the_template_rejects_names_file_and_line(tmp_path):
 
 
 def test_template_problem_stops_the_run_even_when_bad_rows_are_skipped(tmp_path):
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>x</think>b"},
-                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "<think>x</think>b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": messages}) + "\n")
     with pytest.raises(TemplateError, match="prefix-stable"):

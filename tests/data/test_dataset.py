@@ -21,7 +21,7 @@ def _write(tmp_path, lines):
     "bad, why",
     [
         ('{"prompt": "1+1=", "label": "2"', "invalid JSON"),
-        ('[1, 2]', "expected a JSON object"),
+        ("[1, 2]", "expected a JSON object"),
         ('{"label": "2"}', "missing key 'prompt'"),
         ('{"prompt": 5}', "must be a non-empty string"),
         ('{"prompt": "x", "meta": [1]}', "must be an object"),
@@ -46,7 +46,9 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 
 def test_gsm8k_loads_with_users_keys():
-    rows, bad = load_jsonl_prompts(str(Path(__file__).parents[2] / "data" / "gsm8k" / "test.jsonl"), input_key="question", label_key="answer")
+    rows, bad = load_jsonl_prompts(
+        str(Path(__file__).parents[2] / "data" / "gsm8k" / "test.jsonl"), input_key="question", label_key="answer"
+    )
     assert bad == 0 and len(rows) == 1319 and rows[0].label.endswith("#### 18")
 
 

@@ -51,11 +51,14 @@ def test_rows_of_one_prompt_become_one_group_of_offline_samples(tmp_path):
     assert source.next_group(group_id=9, rollout_id=4).samples[0].response == "2", "a second epoch starts over"
 
 
-@pytest.mark.parametrize("bad, why", [
-    ({"prompt": "x", "response": "ab", "logprobs": [-1.0]}, ":3: key 'logprobs' has 1 values for the 2 tokens of 'response'"),
-    ({"prompt": "x", "response": ""}, ":3: key 'response' must be a non-empty string"),
-    ({"prompt": "x", "response": "a", "reward": "high"}, ":3: key 'reward' must be a number or null"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ({"prompt": "x", "response": "ab", "logprobs": [-1.0]}, ":3: key 'logprobs' has 1 values for the 2 tokens of 'response'"),
+        ({"prompt": "x", "response": ""}, ":3: key 'response' must be a non-empty string"),
+        ({"prompt": "x", "response": "a", "reward": "high"}, ":3: key 'reward' must be a number or null"),
+    ],
+)
 def test_a_bad_offline_row_is_named_by_file_and_line(tmp_path, bad, why):
     p = _write(tmp_path, ROWS[:2] + [bad])
     with pytest.raises(DataError, match=str(p) + why):

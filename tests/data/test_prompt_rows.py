@@ -22,9 +22,21 @@ def _write(tmp_path, rows):
     "row, template, message",
     [
         ({"prompt": ["a", "b"]}, False, "key 'prompt' (--input-key) must be a non-empty string, got a list of 2 strings ['a', 'b']"),
-        ({"prompt": [1, "a"]}, False, "key 'prompt' (--input-key) must be a non-empty string, got a list of 2 items (number, string) [1, 'a']"),
-        ({"prompt": [{"role": "user", "content": "hi"}]}, False, "key 'prompt' (--input-key) is a list of chat messages; render it with --apply-chat-template"),
-        ({"prompt": ["a", "b"]}, True, "key 'prompt' (--input-key) must be a list of chat messages ({'role': ..., 'content': ...}), got a list of 2 strings ['a', 'b']"),
+        (
+            {"prompt": [1, "a"]},
+            False,
+            "key 'prompt' (--input-key) must be a non-empty string, got a list of 2 items (number, string) [1, 'a']",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": "hi"}]},
+            False,
+            "key 'prompt' (--input-key) is a list of chat messages; render it with --apply-chat-template",
+        ),
+        (
+            {"prompt": ["a", "b"]},
+            True,
+            "key 'prompt' (--input-key) must be a list of chat messages ({'role': ..., 'content': ...}), got a list of 2 strings ['a', 'b']",
+        ),
     ],
     ids=["strings", "mixed", "messages without template", "strings with template"],
 )
@@ -37,8 +49,11 @@ def test_a_list_under_the_input_key_is_described_as_what_it_is(tmp_path, row, te
 
 @pytest.mark.parametrize(
     "row, why",
-    [({"prompt": "a"}, "key 'label' (--label-key) is missing (keys present: ['prompt'])"), ({"prompt": "a", "label": None}, "key 'label' (--label-key) is null"),
-     ({"prompt": "a", "label": " "}, "key 'label' (--label-key) is blank")],
+    [
+        ({"prompt": "a"}, "key 'label' (--label-key) is missing (keys present: ['prompt'])"),
+        ({"prompt": "a", "label": None}, "key 'label' (--label-key) is null"),
+        ({"prompt": "a", "label": " "}, "key 'label' (--label-key) is blank"),
+    ],
     ids=["missing", "null", "blank"],
 )
 def test_a_row_without_a_label_is_refused_when_the_reward_needs_one(tmp_path, row, why):

@@ -60,8 +60,12 @@ def test_chat_row_without_assistant_turn_is_a_bad_row(tmp_path):
 
 
 def test_group_holds_the_row_with_masked_out_turns_between_assistant_turns():
-    messages = [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c"},
-                {"role": "user", "content": "d"}, {"role": "assistant", "content": "e f"}]
+    messages = [
+        {"role": "user", "content": "a b"},
+        {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "d"},
+        {"role": "assistant", "content": "e f"},
+    ]
     tok = build_chat_tokenizer("qwen", [(messages, None)])
     ex = parse_sft_row({"messages": messages}, 4, tokenizer=tok)
     group = to_group(ex, group_id=9, policy_version=3)
@@ -85,7 +89,10 @@ def test_row_longer_than_the_model_context_is_a_bad_row_named_by_file_and_line(t
     with pytest.raises(DataError, match=rf"{path}:2: the row renders to 27 tokens, more than the model's context of 26"):
         load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=26)
     rows, num_bad = load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=26, on_bad_data="skip")
-    assert ([r.input_ids for r in rows], num_bad) == ([[arith_tok.bos_token_id, *arith_tok.encode("1+1=#2", add_special_tokens=False), arith_tok.eos_token_id]], 1)
+    assert ([r.input_ids for r in rows], num_bad) == (
+        [[arith_tok.bos_token_id, *arith_tok.encode("1+1=#2", add_special_tokens=False), arith_tok.eos_token_id]],
+        1,
+    )
     assert len(load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=27)[0]) == 2  # exactly the context fits
 
 
@@ -99,14 +106,19 @@ def test_model_context_len_reads_the_hf_config_field():
     assert model_context_len(object()) is None
 
 
-@pytest.mark.parametrize("arguments, why", [
-    ("{bad json", r"'arguments' is a string but not JSON"),
-    ("[1, 2]", r"'arguments' must be a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "arguments, why",
+    [
+        ("{bad json", r"'arguments' is a string but not JSON"),
+        ("[1, 2]", r"'arguments' must be a JSON object, got list"),
+    ],
+)
 def test_a_tool_call_with_malformed_arguments_is_a_bad_row(tmp_path, arguments, why):
     good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    bad = [{"role": "user", "content": "hi"},
-           {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": arguments}}]}]
+    bad = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": arguments}}]},
+    ]
     tok = build_chat_tokenizer("qwen", [(good, None)])
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": good}) + "\n" + json.dumps({"messages": bad}) + "\n")

@@ -48,8 +48,15 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     tokenizer = AutoTokenizer.from_pretrained(model)
     rows = [PromptRow(index=i, prompt=f"w{3 + i % 20} w{5 + i % 7} w9") for i in range(200)]
-    engine_cfg = EngineConfig(hf_checkpoint=str(model), num_engines=2, startup_timeout_s=90, health_check_interval_s=0.5,
-                              health_check_timeout_s=10, circuit_breaker_threshold=2, circuit_breaker_cooldown_s=0.5)
+    engine_cfg = EngineConfig(
+        hf_checkpoint=str(model),
+        num_engines=2,
+        startup_timeout_s=90,
+        health_check_interval_s=0.5,
+        health_check_timeout_s=10,
+        circuit_breaker_threshold=2,
+        circuit_breaker_cooldown_s=0.5,
+    )
     trained: list[int] = []
     prefix_violations: list[str] = []
 
@@ -78,8 +85,11 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
                 rejoins.append((str((await pool.client(url).model_info())["weight_version"]), pool.latest_version))
 
         pool.rejoin = rejoin_then_check
-        sync = DiskWeightSync(SyncConfig(weights_dir=str(tmp_path / "weights")), pool=pool,
-                              save_fn=lambda out: perturb_weights(model, out, seed=len(os.listdir(tmp_path / "weights")), scale=0.05))
+        sync = DiskWeightSync(
+            SyncConfig(weights_dir=str(tmp_path / "weights")),
+            pool=pool,
+            save_fn=lambda out: perturb_weights(model, out, seed=len(os.listdir(tmp_path / "weights")), scale=0.05),
+        )
         buffer, version = DataBuffer(), 0
 
         async def kill_when_busy() -> None:
@@ -87,10 +97,18 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
             os.kill(old_pid, signal.SIGKILL)
 
         async with asyncio.TaskGroup() as tg:
-            sched = Scheduler(LOOP, ROLLOUT, source=PromptSource(rows, shuffle=False, seed=0), pool=pool, buffer=buffer,
-                              tokenize=lambda t: tokenizer.encode(t, add_special_tokens=False),
-                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                              reward_fn=count_w7, task_group=tg, generate_fn=checked_generate)
+            sched = Scheduler(
+                LOOP,
+                ROLLOUT,
+                source=PromptSource(rows, shuffle=False, seed=0),
+                pool=pool,
+                buffer=buffer,
+                tokenize=lambda t: tokenizer.encode(t, add_special_tokens=False),
+                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                reward_fn=count_w7,
+                task_group=tg,
+                generate_fn=checked_generate,
+            )
             killer = None
             for step in (1, 2, 3):
                 if step == 2:  # kill while it is busy, in step 2 or 3 (whichever catches it generating)

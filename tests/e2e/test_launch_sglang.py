@@ -58,11 +58,39 @@ def _alive(pid: int) -> bool:
 def _argv(tmp_path: Path, model: Path, *extra: str) -> list[str]:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(16)) + "\n")
-    return ["train", "--hf-checkpoint", str(model), "--prompt-data", str(prompts), "--rollout-num-gpus", "1",
-            "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-            "--micro-batch-size", "4", "--rollout-max-response-len", "8", "--custom-rm-path", "tests.e2e.test_record_replay.parity",
-            "--engine-startup-timeout-s", "60", "--health-check-interval-s", "0", "--save", str(tmp_path / "run"), "--no-progress",
-            "--sglang-attention-backend", "triton", *extra]
+    return [
+        "train",
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(prompts),
+        "--rollout-num-gpus",
+        "1",
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--custom-rm-path",
+        "tests.e2e.test_record_replay.parity",
+        "--engine-startup-timeout-s",
+        "60",
+        "--health-check-interval-s",
+        "0",
+        "--save",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--sglang-attention-backend",
+        "triton",
+        *extra,
+    ]
 
 
 def test_slime_train_launches_sglang_servers_trains_through_them_and_stops_their_process_group(tmp_path, monkeypatch):
@@ -83,8 +111,13 @@ def test_slime_train_launches_sglang_servers_trains_through_them_and_stops_their
     assert argv[argv.index("--weight-version") + 1] == "0" and argv[argv.index("--model-path") + 1] == str(model)
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.5" and "--enable-memory-saver" in argv  # colocated defaults
     assert argv[argv.index("--attention-backend") + 1] == "triton"  # --sglang-* passed through
-    assert record["env"] == {"CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": os.pathsep.join([str(site), REPO]), "RANK": None,
-                             "MASTER_PORT": None, "NCCL_NVLS_ENABLE": "0"}
+    assert record["env"] == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "PYTHONPATH": os.pathsep.join([str(site), REPO]),
+        "RANK": None,
+        "MASTER_PORT": None,
+        "NCCL_NVLS_ENABLE": "0",
+    }
     assert not _alive(record["pid"]) and not _alive(record["child_pid"]), "a process of the server's group outlived the run"
 
     run = tmp_path / "run"

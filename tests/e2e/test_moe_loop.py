@@ -81,7 +81,13 @@ def _groups(vocab: int) -> list[Group]:
     for gi in range(2):
         samples = []
         for i in range(4):
-            s = Sample(prompt_ids=torch.randint(1, vocab, (4,), generator=g).tolist(), index=i, group_id=gi, reward=float(i % 2), status=Status.COMPLETED)
+            s = Sample(
+                prompt_ids=torch.randint(1, vocab, (4,), generator=g).tolist(),
+                index=i,
+                group_id=gi,
+                reward=float(i % 2),
+                status=Status.COMPLETED,
+            )
             s.append(torch.randint(1, vocab, (5 + i,), generator=g).tolist(), (-torch.rand(5 + i, generator=g)).tolist(), policy_version=0)
             samples.append(s)
         groups.append(Group(group_id=gi, samples=samples))
@@ -102,7 +108,9 @@ async def test_engine_and_trainer_logprobs_agree_before_and_after_a_train_step_a
             before = await pool.generate(PROMPT, params, rid="b-")
             ours = sample_logprobs(trainer.model, PROMPT, before.output_ids, 0.9)
             assert max_abs_diff(ours, before.output_logprobs) <= 1e-4
-            sync = build_weight_sync(SyncConfig(method=method, update_weight_buffer_size=4096), pool=pool, trainer=trainer, weights_dir=str(tmp_path / "w"))
+            sync = build_weight_sync(
+                SyncConfig(method=method, update_weight_buffer_size=4096), pool=pool, trainer=trainer, weights_dir=str(tmp_path / "w")
+            )
             metrics = trainer.train_step(_groups(TINY_VOCAB_SIZE))
             assert metrics["grad_norm"] > 0
             await sync.load(await sync.save(1), 1)

@@ -31,11 +31,18 @@ def dirs(tmp_path_factory):
 
 async def test_teacher_engine_scores_student_samples_like_an_hf_forward(dirs):
     student_dir, teacher_dir = dirs
-    async with EngineServer(student_dir, port=0, seed=0, weight_version="0") as student, \
-            EngineServer(teacher_dir, port=0, seed=1) as teacher:
-        async with HttpEnginePool([student.url], config=CONFIG) as student_pool, HttpEnginePool([teacher.url], config=CONFIG) as teacher_pool:
+    async with (
+        EngineServer(student_dir, port=0, seed=0, weight_version="0") as student,
+        EngineServer(teacher_dir, port=0, seed=1) as teacher,
+    ):
+        async with (
+            HttpEnginePool([student.url], config=CONFIG) as student_pool,
+            HttpEnginePool([teacher.url], config=CONFIG) as teacher_pool,
+        ):
             samples = [Sample(prompt_ids=p, group_id=0, index=i) for i, p in enumerate(PROMPTS)]
-            await asyncio.gather(*(generate(s, {"temperature": 1.0}, pool=student_pool, max_response_len=12, engine_version=0) for s in samples))
+            await asyncio.gather(
+                *(generate(s, {"temperature": 1.0}, pool=student_pool, max_response_len=12, engine_version=0) for s in samples)
+            )
             scorer = TeacherScorer(teacher_pool)
             await asyncio.gather(*(scorer.score(s) for s in samples))  # concurrent: one batched prefill on the teacher
     hf_teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval()
@@ -52,7 +59,9 @@ async def test_teacher_engine_scores_student_samples_like_an_hf_forward(dirs):
 async def test_an_unreachable_teacher_fails_the_sample_after_bounded_retries():
     s = Sample(prompt_ids=[0, 5], status=Status.COMPLETED)
     s.append([7, 1], [-0.5, -0.1], policy_version=0)
-    async with HttpEnginePool(["http://127.0.0.1:9"], config=RolloutConfig(request_timeout_s=2, max_retries=1, retry_backoff_s=0.01)) as pool:
+    async with HttpEnginePool(
+        ["http://127.0.0.1:9"], config=RolloutConfig(request_timeout_s=2, max_retries=1, retry_backoff_s=0.01)
+    ) as pool:
         async with asyncio.timeout(10):
             await TeacherScorer(pool).score(s)
     assert s.status is Status.FAILED and s.teacher_logprobs is None

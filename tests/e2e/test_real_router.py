@@ -43,8 +43,21 @@ async def test_real_router_routes_by_key_lists_workers_and_follows_a_restart(tmp
     port = free_port()
     async with aiohttp.ClientSession() as session:
         client = RouterClient(f"http://127.0.0.1:{port}", session=session, config=CONFIG)
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--host", "127.0.0.1",
-                "--port", str(port), "--policy", "manual", "--health-check-interval-secs", "1"]
+        argv = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--worker-urls",
+            *urls,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "manual",
+            "--health-check-interval-secs",
+            "1",
+        ]
         router = CommandProcess("router", argv, env={}, url=client.url, ready=client.wait_ready, log_path=tmp_path / "router.log")
         try:
             await router.start(60)
@@ -57,8 +70,12 @@ async def test_real_router_routes_by_key_lists_workers_and_follows_a_restart(tmp
                 assert all(len(v) == 1 for v in served.values()), served
                 assert set().union(*served.values()) == {"7", "9"}  # both engines got keys
                 await pool.update_weights_from_disk(model, "7")  # one version everywhere, as in a run
-                supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0, startup_timeout_s=90),
-                                              processes={urls[0]: engines[0]}, router=client)
+                supervisor = EngineSupervisor(
+                    pool,
+                    config=EngineConfig(health_check_interval_s=0, startup_timeout_s=90),
+                    processes={urls[0]: engines[0]},
+                    router=client,
+                )
                 old_pid = engines[0].pid
                 os.kill(old_pid, signal.SIGKILL)
                 await engines[0].proc.wait()

@@ -46,11 +46,18 @@ def _config(tmp_path, model, run, debug, engine_url=None, offline=None):
     return Config(
         data=DataConfig(prompt_data=str(_prompts(tmp_path)), offline_data=offline),
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, request_timeout_s=60),
-        loop=LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=4, num_rollout=2, max_staleness=2,
-                        offline_ratio=0.5 if offline else 0.0),
+        loop=LoopConfig(
+            mode="april",
+            rollout_batch_size=2,
+            over_sampling_batch_size=4,
+            num_rollout=2,
+            max_staleness=2,
+            offline_ratio=0.5 if offline else 0.0,
+        ),
         train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4),
         engine=EngineConfig(hf_checkpoint=str(model), rollout_external_engine_addrs=(engine_url,) if engine_url else ()),
-        debug=debug, run_dir=str(tmp_path / run),
+        debug=debug,
+        run_dir=str(tmp_path / run),
     )
 
 
@@ -69,13 +76,17 @@ async def test_a_train_only_run_on_recorded_groups_trains_the_same_groups_withou
         rec = load_rollout_record(template, step)
         assert rec.policy_version == step - 1 and len(rec.groups) == 2
         assert [all(v == OFFLINE_VERSION for s in g.samples for v in s.versions) for g in rec.groups] == [True, False]
-        assert all(len(s.response_ids) == len(s.versions) == len(s.loss_mask) and s.reward is not None for g in rec.groups for s in g.samples)
+        assert all(
+            len(s.response_ids) == len(s.versions) == len(s.loss_mask) and s.reward is not None for g in rec.groups for s in g.samples
+        )
 
     def no_engines(*args, **kwargs):
         raise AssertionError("a train-only run launched an engine")
 
     monkeypatch.setattr(driver, "start_rollout", no_engines)
-    summary = await run_training(_config(tmp_path, model, "replay", DebugConfig(load_debug_rollout_data=template)), reward_fn=parity, progress=False)
+    summary = await run_training(
+        _config(tmp_path, model, "replay", DebugConfig(load_debug_rollout_data=template)), reward_fn=parity, progress=False
+    )
     assert summary["final_policy_version"] == 2 and summary["groups_trained"] == 4
     ids = lambda rows: [(r["step"], r["group_id"]) for r in rows]  # noqa: E731
     assert ids(_lines(tmp_path / "replay" / "trained_groups.jsonl")) == ids(_lines(tmp_path / "run" / "trained_groups.jsonl"))
@@ -116,11 +127,37 @@ def test_slime_rollout_writes_records_and_leaves_the_weights_unchanged(tmp_path)
     before = digest()
     template = str(tmp_path / "records" / "rollout_{rollout_id}.msgpack")
     with _engine_in_thread(model) as url:
-        argv = ["rollout", "--hf-checkpoint", str(model), "--rollout-external-engine-addrs", url, "--prompt-data", str(_prompts(tmp_path)),
-                "--save", str(tmp_path / "run"), "--save-debug-rollout-data", template, "--num-rollout", "2", "--rollout-batch-size", "2",
-                "--over-sampling-batch-size", "4", "--partial-rollout", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-                "--micro-batch-size", "4", "--rollout-max-response-len", "8", "--custom-rm-path", "tests.e2e.test_record_replay.parity",
-                "--no-progress"]
+        argv = [
+            "rollout",
+            "--hf-checkpoint",
+            str(model),
+            "--rollout-external-engine-addrs",
+            url,
+            "--prompt-data",
+            str(_prompts(tmp_path)),
+            "--save",
+            str(tmp_path / "run"),
+            "--save-debug-rollout-data",
+            template,
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "2",
+            "--over-sampling-batch-size",
+            "4",
+            "--partial-rollout",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--custom-rm-path",
+            "tests.e2e.test_record_replay.parity",
+            "--no-progress",
+        ]
         assert main(argv) == 0
     records = [load_rollout_record(template, step) for step in (1, 2)]
     assert [r.policy_version for r in records] == [0, 0] and sum(len(r.groups) for r in records) == 4

@@ -27,7 +27,9 @@ def _config(tmp_path, mode, num_rollout, run):
         loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=num_rollout, max_staleness=3),
         train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=16),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
-        run_dir=str(tmp_path / run), save_interval=1, load=str(tmp_path / run),
+        run_dir=str(tmp_path / run),
+        save_interval=1,
+        load=str(tmp_path / run),
     )
 
 

@@ -139,8 +139,12 @@ async def _greedy(b: Backend, n: int = 48, rid: str = "greedy-") -> list[int]:
 
 async def test_generate_with_logprobs_is_aligned_and_versioned(backend):
     b = backend
-    status, body = await b.raw("POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True},
-                                                     "return_logprob": True}, record="generate/finished_with_logprobs")
+    status, body = await b.raw(
+        "POST",
+        "/generate",
+        {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}, "return_logprob": True},
+        record="generate/finished_with_logprobs",
+    )
     assert status == 200 and body["meta_info"]["finish_reason"]["type"] == "length"
     r = await b.pool.generate(PROMPT, {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}, rid="gen-")
     assert len(r.output_ids) == len(r.output_logprobs) == r.completion_tokens == 16
@@ -157,9 +161,19 @@ async def test_abort_of_a_running_request_returns_its_partial_tokens(backend):
     b = backend
     s = Sample(prompt_ids=list(PROMPT))
     task = asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0))
-    raw = asyncio.create_task(b.raw("POST", "/generate", {"input_ids": PROMPT, "return_logprob": True, "rid": "raw-abort-",
-                                                          "sampling_params": {"max_new_tokens": b.long, "ignore_eos": True}},
-                                    record="generate/running_abort"))
+    raw = asyncio.create_task(
+        b.raw(
+            "POST",
+            "/generate",
+            {
+                "input_ids": PROMPT,
+                "return_logprob": True,
+                "rid": "raw-abort-",
+                "sampling_params": {"max_new_tokens": b.long, "ignore_eos": True},
+            },
+            record="generate/running_abort",
+        )
+    )
     await b.until_running()
     status, body = await b.raw("POST", "/abort_request", {"abort_all": True}, record="abort_request/abort_all")
     assert status == 200
@@ -220,7 +234,9 @@ async def test_resume_after_abort_is_token_exact(backend):
     cut = len(s.response_ids)
     await generate(s, greedy, pool=b.pool, max_response_len=n, engine_version=0)
     assert s.status is Status.TRUNCATED and s.num_resumes == 1 and len(s.response_ids) == n
-    assert s.response_ids == full, f"resumed at {cut}: first difference at {next(i for i, (x, y) in enumerate(zip(s.response_ids, full)) if x != y)}"
+    assert s.response_ids == full, (
+        f"resumed at {cut}: first difference at {next(i for i, (x, y) in enumerate(zip(s.response_ids, full)) if x != y)}"
+    )
 
 
 async def test_update_weights_from_disk_with_versions(backend, tmp_path):
@@ -234,8 +250,9 @@ async def test_update_weights_from_disk_with_versions(backend, tmp_path):
     assert after != before
     r = await b.pool.generate(PROMPT, {"max_new_tokens": 4}, rid="v1-")
     assert r.weight_version == "1"
-    status, body = await b.raw("POST", "/update_weights_from_disk", {"model_path": str(b.model_dir), "weight_version": "0"},
-                               record="update_weights_from_disk/idle")
+    status, body = await b.raw(
+        "POST", "/update_weights_from_disk", {"model_path": str(b.model_dir), "weight_version": "0"}, record="update_weights_from_disk/idle"
+    )
     assert status == 200 and body["success"] is True
     assert await _greedy(b) == before
 
@@ -243,6 +260,7 @@ async def test_update_weights_from_disk_with_versions(backend, tmp_path):
 async def test_update_weights_from_tensor_with_versions(backend):
     b = backend
     from safetensors.torch import load_file
+
     before = await _greedy(b)
     await b.pool.update_weights_from_disk(str(b.v2_dir), "disk-v2", abort_all_requests=True)
     via_disk = await _greedy(b)
@@ -261,16 +279,21 @@ async def test_pause_with_long_requests_in_flight_then_update_then_continue(back
     """As ``slime.loop.step`` does it: flush only when the pause aborted everything."""
     b = backend
     samples = [Sample(prompt_ids=list(PROMPT), index=i) for i in range(2)]
-    tasks = [asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0)) for s in samples]
+    tasks = [
+        asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0)) for s in samples
+    ]
     await b.until_running()
     status, body = await b.raw("POST", "/pause_generation", {"mode": mode}, record=f"pause_generation/{mode}")
     assert status == 200
     if mode == "abort":
         await b.pool.abort_all()
     aborted = mode == "abort"
-    status, body = await b.raw("POST", "/update_weights_from_disk",
-                               {"model_path": str(b.v2_dir), "weight_version": "1", "abort_all_requests": aborted, "flush_cache": aborted},
-                               record=f"update_weights_from_disk/paused_{mode}")
+    status, body = await b.raw(
+        "POST",
+        "/update_weights_from_disk",
+        {"model_path": str(b.v2_dir), "weight_version": "1", "abort_all_requests": aborted, "flush_cache": aborted},
+        record=f"update_weights_from_disk/paused_{mode}",
+    )
     assert status == 200 and body["success"] is True, body
     await b.raw("POST", "/continue_generation", {}, record="continue_generation")
     await asyncio.wait_for(asyncio.gather(*tasks), 120)
@@ -304,6 +327,7 @@ async def test_trainer_logprobs_of_engine_tokens_match_the_engine(backend):
     from transformers import AutoModelForCausalLM
 
     from slime.train.logprobs import sample_logprobs
+
     b = backend
     device = "cuda" if b.name == "sglang" else "cpu"
     model = AutoModelForCausalLM.from_pretrained(b.model_dir, dtype=torch.float32).to(device).eval()
@@ -313,7 +337,11 @@ async def test_trainer_logprobs_of_engine_tokens_match_the_engine(backend):
         mine = sample_logprobs(model, PROMPT, r.output_ids, temperature=1.0)
         diffs += [abs(x - y) for x, y in zip(mine, r.output_logprobs)]
     mean, worst = sum(diffs) / len(diffs), max(diffs)
-    RECORDED.setdefault("_measured", {})["logprob_gap_fp32_trainer_vs_engine"] = {"backend": b.name, "mean_abs": mean, "max_abs": worst,
-                                                                                  "num_tokens": len(diffs)}
+    RECORDED.setdefault("_measured", {})["logprob_gap_fp32_trainer_vs_engine"] = {
+        "backend": b.name,
+        "mean_abs": mean,
+        "max_abs": worst,
+        "num_tokens": len(diffs),
+    }
     print(f"logprob gap ({b.name}): mean |diff| {mean:.2e}, max {worst:.2e} over {len(diffs)} tokens")
     assert mean < (1e-4 if b.name == "embedded" else 5e-2) and worst < (1e-3 if b.name == "embedded" else 0.5)

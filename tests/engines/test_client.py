@@ -33,8 +33,13 @@ def generate_body(rid: str = "r1", ids: tuple[int, ...] = (5, 6)) -> dict[str, A
         "text": "hi",
         "output_ids": list(ids),
         "meta_info": {
-            "id": rid, "finish_reason": {"type": "stop", "matched": ids[-1]}, "prompt_tokens": 3,
-            "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": "1", "e2e_latency": 0.01,
+            "id": rid,
+            "finish_reason": {"type": "stop", "matched": ids[-1]},
+            "prompt_tokens": 3,
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": "1",
+            "e2e_latency": 0.01,
             "output_token_logprobs": [[-0.5, t, None] for t in ids],
         },
     }
@@ -128,8 +133,18 @@ async def test_unknown_sampling_key_or_n_above_one_is_refused_before_sending(sta
 
 async def test_a_052_abort_before_prefill_without_output_ids_parses(start_engines, session) -> None:
     (engine,) = await start_engines()
-    engine.on("/generate", body={"text": "", "meta_info": {"id": "r", "finish_reason": {
-        "type": "abort", "message": "Abort before prefill"}, "prompt_tokens": 0, "completion_tokens": 0}})
+    engine.on(
+        "/generate",
+        body={
+            "text": "",
+            "meta_info": {
+                "id": "r",
+                "finish_reason": {"type": "abort", "message": "Abort before prefill"},
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+            },
+        },
+    )
     result = await EngineClient(engine.url, session=session, config=FAST).generate([1], {}, rid="r")
     assert result.aborted and result.output_ids == [] and result.output_logprobs == []
 
@@ -138,6 +153,7 @@ async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_no
     """Seen on SGLang 0.5.17 (H200): a request held by a pause, then aborted, answers 499."""
     from slime.rollout.generate import generate
     from slime.types import Sample, Status
+
     (engine,) = await start_engines()
     engine.on("/generate", status=499, body={"error": {"message": "Request held- was aborted"}})
     client = EngineClient(engine.url, session=session, config=FAST)
@@ -155,21 +171,34 @@ async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_no
     [
         (400, {"error": {"message": "Duplicate request ID r"}}, None, EngineRequestError, "Duplicate request ID r"),
         (400, {"error": "unknown field `foo`"}, None, EngineRequestError, "unknown field `foo`"),
-        (400, {"object": "error", "message": "bad body", "type": "Bad Request", "param": None, "code": 400},
-         None, EngineRequestError, "bad body"),
-        (422, {"detail": [{"loc": ["body", "input_ids"], "msg": "field required"}]}, None, EngineRequestError,
-         "body.input_ids: field required"),
+        (
+            400,
+            {"object": "error", "message": "bad body", "type": "Bad Request", "param": None, "code": 400},
+            None,
+            EngineRequestError,
+            "bad body",
+        ),
+        (
+            422,
+            {"detail": [{"loc": ["body", "input_ids"], "msg": "field required"}]},
+            None,
+            EngineRequestError,
+            "body.input_ids: field required",
+        ),
         (401, {"error": "Unauthorized"}, None, EngineRequestError, "Unauthorized"),
-        (500, {"object": "error", "message": "scheduler died", "type": "500", "param": None, "code": 500},
-         None, EngineUnavailable, "scheduler died"),
+        (
+            500,
+            {"object": "error", "message": "scheduler died", "type": "500", "param": None, "code": 500},
+            None,
+            EngineUnavailable,
+            "scheduler died",
+        ),
         (503, None, "", EngineUnavailable, "(empty body, HTTP 503)"),
         (502, None, "Bad Gateway", EngineUnavailable, "Bad Gateway"),
         (200, None, "<html>not json</html>", ProtocolError, ""),
     ],
 )
-async def test_generate_maps_each_status_and_body_shape_to_one_error(
-    start_engines, session, status, body, text, error, message
-) -> None:
+async def test_generate_maps_each_status_and_body_shape_to_one_error(start_engines, session, status, body, text, error, message) -> None:
     (engine,) = await start_engines()
     engine.on("/generate", status=status, body=body, text=text)
     with pytest.raises(error) as info:

@@ -118,10 +118,17 @@ async def test_a_drain_over_a_hung_engine_ends_at_abort_timeout_s_and_the_engine
     async with HttpEnginePool([engine.url], config=RolloutConfig(request_timeout_s=60, control_timeout_s=5)) as pool:
         pool.on_engine_down = lambda url, reason: downs.append(url)
         async with asyncio.TaskGroup() as tg:
-            sched = Scheduler(LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, abort_timeout_s=0.3),
-                              RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8),
-                              source=PromptSource([PromptRow(index=0, prompt="p")]), tokenize=lambda t: [1, 2],
-                              decode=lambda ids: "", pool=pool, buffer=DataBuffer(), reward_fn=lambda s: 1.0, task_group=tg)
+            sched = Scheduler(
+                LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, abort_timeout_s=0.3),
+                RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8),
+                source=PromptSource([PromptRow(index=0, prompt="p")]),
+                tokenize=lambda t: [1, 2],
+                decode=lambda ids: "",
+                pool=pool,
+                buffer=DataBuffer(),
+                reward_fn=lambda s: 1.0,
+                task_group=tg,
+            )
             batch = asyncio.create_task(sched.next_batch(1))
             while pool.num_inflight < 2:
                 await asyncio.sleep(0.01)

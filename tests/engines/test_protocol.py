@@ -126,8 +126,14 @@ def test_weight_version_spans_that_do_not_tile_the_output_are_rejected(spans: li
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"not json", b"{}", b'{"meta_info": {"id": "x", "finish_reason": {"type": "finished"}}}',
-     b'{"meta_info": {"id": "x", "finish_reason": null}, "output_ids": []}', b'{"error": {"message": "boom"}}'],
+    [
+        b"",
+        b"not json",
+        b"{}",
+        b'{"meta_info": {"id": "x", "finish_reason": {"type": "finished"}}}',
+        b'{"meta_info": {"id": "x", "finish_reason": null}, "output_ids": []}',
+        b'{"error": {"message": "boom"}}',
+    ],
 )
 def test_undecodable_or_unfinished_bodies_are_protocol_errors(body: bytes) -> None:
     with pytest.raises(ProtocolError) as info:

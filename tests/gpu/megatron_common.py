@@ -29,7 +29,9 @@ QWEN3_MOE_SMALL = dict(
 """A small Qwen3-MoE (``Qwen3MoeForCausalLM``): 4 MoE layers of 8 experts, top-2, about 128M parameters, random weights."""
 
 
-def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2", device: str = "cuda") -> str:
+def make_hf_dir(
+    path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2", device: str = "cuda"
+) -> str:
     """Save a random model of ``shape`` (initialised on ``device``) as an HF directory; return ``path``.
 
     ``family``: "qwen2" (``Qwen2ForCausalLM``) or "qwen3_moe" (``Qwen3MoeForCausalLM``).
@@ -48,7 +50,9 @@ def make_hf_dir(path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, 
     return path
 
 
-def make_groups(*, vocab_size: int, num_groups: int, group_size: int, prompt_len: int, response_len: int, seed: int = 0, ragged: bool = True):
+def make_groups(
+    *, vocab_size: int, num_groups: int, group_size: int, prompt_len: int, response_len: int, seed: int = 0, ragged: bool = True
+):
     """Rewarded groups of random tokens; response lengths vary inside each group when ``ragged``."""
     from slime.types import Group, Sample, Status
 
@@ -58,7 +62,13 @@ def make_groups(*, vocab_size: int, num_groups: int, group_size: int, prompt_len
         samples = []
         for i in range(group_size):
             r = response_len - (int(torch.randint(0, response_len // 2, (1,), generator=g)) if ragged else 0)
-            s = Sample(prompt_ids=torch.randint(1, vocab_size, (prompt_len,), generator=g).tolist(), index=i, group_id=gi, reward=float((i + gi) % 2), status=Status.COMPLETED)
+            s = Sample(
+                prompt_ids=torch.randint(1, vocab_size, (prompt_len,), generator=g).tolist(),
+                index=i,
+                group_id=gi,
+                reward=float((i + gi) % 2),
+                status=Status.COMPLETED,
+            )
             s.append(torch.randint(1, vocab_size, (r,), generator=g).tolist(), (-torch.rand(r, generator=g) * 3).tolist(), policy_version=0)
             samples.append(s)
         groups.append(Group(group_id=gi, samples=samples))

@@ -53,7 +53,10 @@ def _trainer(model_dir: str, *, bf16: bool):
     from slime.train.megatron.trainer import MegatronTrainer
 
     cfg = TrainConfig(
-        train_backend="megatron", global_batch_size=16, micro_batch_size=4, lr=1e-6,
+        train_backend="megatron",
+        global_batch_size=16,
+        micro_batch_size=4,
+        lr=1e-6,
         megatron=MegatronConfig(bf16=bf16, use_dynamic_batch_size=True, max_tokens_per_gpu=4096),
     )
     return MegatronTrainer(cfg, model_dir=model_dir)

@@ -45,7 +45,9 @@ def main() -> int:
     model_dir = make_hf_dir("/tmp/slime_gpu/qwen2_15b", QWEN2_15B)
     prompt = args.seq_len // 8
     # One GRPO group of two samples (rewards 0 and 1: non-zero advantages), one micro-batch each.
-    groups = make_groups(vocab_size=QWEN2_15B["vocab_size"], num_groups=1, group_size=2, prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False)
+    groups = make_groups(
+        vocab_size=QWEN2_15B["vocab_size"], num_groups=1, group_size=2, prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False
+    )
     full = args.recompute_granularity == "full"
     cfg = TrainConfig(
         train_backend="megatron", global_batch_size=2, micro_batch_size=1, lr=1e-6,

@@ -42,7 +42,11 @@ def main() -> int:
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--static", action="store_true", help="micro-batches of --micro-batch-size samples instead of a token budget")
-    p.add_argument("--check-gather", action="store_true", help="before training, gather the weights (state_dict_for_sync) and compare with the checkpoint")
+    p.add_argument(
+        "--check-gather",
+        action="store_true",
+        help="before training, gather the weights (state_dict_for_sync) and compare with the checkpoint",
+    )
     p.add_argument("--out-dir", default=os.environ.get("OUT", "."))
     args = p.parse_args()
 
@@ -51,11 +55,20 @@ def main() -> int:
     from slime.train.megatron.trainer import MegatronTrainer
 
     cfg = TrainConfig(
-        train_backend="megatron", global_batch_size=8, micro_batch_size=args.micro_batch_size, lr=1e-5,
+        train_backend="megatron",
+        global_batch_size=8,
+        micro_batch_size=args.micro_batch_size,
+        lr=1e-5,
         megatron=MegatronConfig(
-            tensor_model_parallel_size=args.tp, bf16=True, use_dynamic_batch_size=not args.static, max_tokens_per_gpu=1024,
-            sequence_parallel=args.sequence_parallel, use_distributed_optimizer=args.distributed_optimizer,
-            expert_model_parallel_size=args.ep, expert_tensor_parallel_size=args.etp, moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+            tensor_model_parallel_size=args.tp,
+            bf16=True,
+            use_dynamic_batch_size=not args.static,
+            max_tokens_per_gpu=1024,
+            sequence_parallel=args.sequence_parallel,
+            use_distributed_optimizer=args.distributed_optimizer,
+            expert_model_parallel_size=args.ep,
+            expert_tensor_parallel_size=args.etp,
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff,
         ),
     )
     trainer = MegatronTrainer(cfg, model_dir=args.model_dir)

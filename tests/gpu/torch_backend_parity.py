@@ -47,8 +47,15 @@ def main() -> int:
     groups = load_rollout_record(args.record, 1).groups
 
     def trainer(device: str, bf16: bool) -> TorchTrainer:
-        cfg = TrainConfig(global_batch_size=128, micro_batch_size=128, lr=3e-5, use_tis=True,
-                          num_threads=min(8, os.cpu_count() or 1), device=device, megatron=MegatronConfig(bf16=bf16))
+        cfg = TrainConfig(
+            global_batch_size=128,
+            micro_batch_size=128,
+            lr=3e-5,
+            use_tis=True,
+            num_threads=min(8, os.cpu_count() or 1),
+            device=device,
+            megatron=MegatronConfig(bf16=bf16),
+        )
         return TorchTrainer(cfg, model_dir=model_dir, rollout_temperature=1.0, seed=1)
 
     def old_logprobs(t: TorchTrainer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,15 +77,26 @@ def main() -> int:
 
     ref = runs["reference"]
     mask = ref["mask"].bool()
-    result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
-              "num_samples": int(mask.shape[0]), "num_train_tokens": int(mask.sum()), "tolerances": TOLERANCES, "checks": {}}
+    result = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "num_samples": int(mask.shape[0]),
+        "num_train_tokens": int(mask.sum()),
+        "tolerances": TOLERANCES,
+        "checks": {},
+    }
     ok = True
     for name in ("fp32", "bf16"):
         run, tol = runs[name], TOLERANCES[name]
-        entry = {"device": run["device"], "train_step_s": run["step_s"], "reference_train_step_s": ref["step_s"],
-                 "loss": run["metrics"]["loss"], "reference_loss": ref["metrics"]["loss"],
-                 "train_rollout_logprob_abs_diff": run["metrics"].get("train_rollout_logprob_abs_diff"),
-                 "reference_train_rollout_logprob_abs_diff": ref["metrics"].get("train_rollout_logprob_abs_diff")}
+        entry = {
+            "device": run["device"],
+            "train_step_s": run["step_s"],
+            "reference_train_step_s": ref["step_s"],
+            "loss": run["metrics"]["loss"],
+            "reference_loss": ref["metrics"]["loss"],
+            "train_rollout_logprob_abs_diff": run["metrics"].get("train_rollout_logprob_abs_diff"),
+            "reference_train_rollout_logprob_abs_diff": ref["metrics"].get("train_rollout_logprob_abs_diff"),
+        }
         passed = abs(entry["loss"] - entry["reference_loss"]) <= tol["loss"]
         for when in ("before", "after"):
             diff = (run[when] - ref[when]).abs()[mask]

@@ -50,8 +50,19 @@ def test_eviction_and_expiry_counts_survive_a_checkpoint():
     buf.push_partial(_group(0, 0))
     buf.push_partial(_group(1, 1))
     buf.expire(2)
-    state = LoopState(step=1, policy_version=2, source={"epoch": 0, "position": 2}, next_group_id=2, num_admitted=2, rollout_id=1,
-                      taken=[], ready=list(buf.ready), partial=buf.partial_groups(), num_evicted=buf.num_evicted, num_expired=buf.num_expired)
+    state = LoopState(
+        step=1,
+        policy_version=2,
+        source={"epoch": 0, "position": 2},
+        next_group_id=2,
+        num_admitted=2,
+        rollout_id=1,
+        taken=[],
+        ready=list(buf.ready),
+        partial=buf.partial_groups(),
+        num_evicted=buf.num_evicted,
+        num_expired=buf.num_expired,
+    )
     back = msgspec.json.decode(msgspec.json.encode(state), type=LoopState)
     restored = DataBuffer()
     restored.restore(ready=back.ready, partial=back.partial, taken=back.taken, num_evicted=back.num_evicted, num_expired=back.num_expired)
@@ -71,8 +82,13 @@ async def test_scheduler_counts_evicted_groups_frees_their_slots_and_loses_nothi
         sched = Scheduler(
             LoopConfig(mode="april", rollout_batch_size=2, over_sampling_batch_size=8, max_staleness=100),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32),
-            source=PromptSource(rows, shuffle=False), tokenize=lambda t: [1, 3 + len(t)], decode=lambda ids: "",
-            pool=pool, buffer=buffer, reward_fn=_reward, task_group=tg,
+            source=PromptSource(rows, shuffle=False),
+            tokenize=lambda t: [1, 3 + len(t)],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=buffer,
+            reward_fn=_reward,
+            task_group=tg,
         )
         for version in range(4):
             trained += [g.group_id for g in await sched.next_batch(2)]

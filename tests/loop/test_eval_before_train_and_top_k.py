@@ -42,7 +42,9 @@ async def test_a_run_skips_the_eval_before_training_and_samples_eval_at_eval_top
         rollout=RolloutConfig(n_samples_per_prompt=2, eval_top_k=1, rollout_max_response_len=4),
         loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1, skip_eval_before_train=skip),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
-        engine=EngineConfig(hf_checkpoint=str(model)), debug=DebugConfig(debug_rollout_only=True), run_dir=str(tmp_path / "run"),
+        engine=EngineConfig(hf_checkpoint=str(model)),
+        debug=DebugConfig(debug_rollout_only=True),
+        run_dir=str(tmp_path / "run"),
     )
     summary = await run_training(config, reward_fn=reward, progress=False)
     evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]

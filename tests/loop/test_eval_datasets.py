@@ -23,7 +23,10 @@ def parse(*argv: str) -> Config:
 
 def test_eval_prompt_data_takes_one_path_or_name_path_pairs():
     assert parse("--eval-prompt-data", "e.jsonl").data.eval_datasets == ((None, "e.jsonl"),)
-    assert parse("--eval-prompt-data", "aime", "a.jsonl", "math", "m.jsonl").data.eval_datasets == (("aime", "a.jsonl"), ("math", "m.jsonl"))
+    assert parse("--eval-prompt-data", "aime", "a.jsonl", "math", "m.jsonl").data.eval_datasets == (
+        ("aime", "a.jsonl"),
+        ("math", "m.jsonl"),
+    )
     assert DataConfig(eval_prompt_data="e.jsonl").eval_datasets == ((None, "e.jsonl"),)  # a config built in Python, as before
     with pytest.raises(ConfigError, match=r"^--eval-prompt-data aime a.jsonl math: expected one path or 'name path' pairs, got 3 values$"):
         parse("--eval-prompt-data", "aime", "a.jsonl", "math")
@@ -67,7 +70,9 @@ async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_
         rollout=RolloutConfig(n_samples_per_prompt=2, eval_top_p=0.7, eval_max_response_len=3, rollout_max_response_len=8),
         loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
-        engine=EngineConfig(hf_checkpoint=str(model)), debug=DebugConfig(debug_rollout_only=True), run_dir=str(tmp_path / "run"),
+        engine=EngineConfig(hf_checkpoint=str(model)),
+        debug=DebugConfig(debug_rollout_only=True),
+        run_dir=str(tmp_path / "run"),
     )
     summary = await run_training(config, reward_fn=reward, progress=False)
     evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]

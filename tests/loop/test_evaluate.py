@@ -24,8 +24,18 @@ async def test_n_samples_per_eval_prompt_reports_accuracy_and_pass_at_k():
         return 1.0 if (sample.prompt, sample.index) in {("a", 0), ("b", 0), ("b", 2)} else 0.0
 
     rows = [PromptRow(index=0, prompt="a", label="x"), PromptRow(index=1, prompt="b", label="y")]
-    out = await evaluate(rows, pool=FakePool(), tokenize=lambda t: [1, 3 + ord(t)], decode=lambda ids: "", reward_fn=reward,
-                         max_response_len=8, engine_version=0, reward_timeout_s=5, temperature=1.0, n_samples_per_prompt=4)
+    out = await evaluate(
+        rows,
+        pool=FakePool(),
+        tokenize=lambda t: [1, 3 + ord(t)],
+        decode=lambda ids: "",
+        reward_fn=reward,
+        max_response_len=8,
+        engine_version=0,
+        reward_timeout_s=5,
+        temperature=1.0,
+        n_samples_per_prompt=4,
+    )
     assert sorted(seen) == [(p, j) for p in "ab" for j in range(4)]
     assert out["accuracy"] == 3 / 8
     assert out["pass@1"] == pytest.approx((0.25 + 0.5) / 2)
@@ -45,8 +55,18 @@ async def test_eval_samples_at_the_given_top_p_and_response_cap():
         return 0.0
 
     rows = [PromptRow(index=0, prompt="a", label="x")]
-    await evaluate(rows, pool=Pool(), tokenize=lambda t: [1, 3 + ord(t)], decode=lambda ids: "", reward_fn=reward,
-                   max_response_len=3, engine_version=0, reward_timeout_s=5, temperature=0.6, top_p=0.7)
+    await evaluate(
+        rows,
+        pool=Pool(),
+        tokenize=lambda t: [1, 3 + ord(t)],
+        decode=lambda ids: "",
+        reward_fn=reward,
+        max_response_len=3,
+        engine_version=0,
+        reward_timeout_s=5,
+        temperature=0.6,
+        top_p=0.7,
+    )
     assert seen and all(p["top_p"] == 0.7 and p["temperature"] == 0.6 and p["max_new_tokens"] <= 3 for p in seen)
 
 
@@ -56,8 +76,17 @@ async def test_named_eval_datasets_are_reported_per_name_beside_the_pooled_accur
 
     easy = [PromptRow(index=i, prompt=f"e{i}", label="x") for i in range(3)]
     hard = [PromptRow(index=0, prompt="h0", label="x")]
-    kw = dict(pool=FakePool(), tokenize=lambda t: [1, 3 + len(t)], decode=lambda ids: "", reward_fn=reward,
-              max_response_len=4, engine_version=0, reward_timeout_s=5, temperature=1.0, n_samples_per_prompt=2)
+    kw = dict(
+        pool=FakePool(),
+        tokenize=lambda t: [1, 3 + len(t)],
+        decode=lambda ids: "",
+        reward_fn=reward,
+        max_response_len=4,
+        engine_version=0,
+        reward_timeout_s=5,
+        temperature=1.0,
+        n_samples_per_prompt=2,
+    )
     out = await evaluate_datasets({"easy": easy, "hard": hard}, **kw)
     assert out["eval/easy/accuracy"] == 1.0 and out["eval/hard/accuracy"] == 0.0
     assert out["eval/easy/pass@2"] == 1.0 and out["eval/hard/failed"] == 0.0

@@ -77,7 +77,7 @@ def test_the_trainers_reward_mean_leaves_failed_samples_out():
     batch = build_train_batch([_group([1.0, 0.0, None])], pad_token_id=0, current_version=0)
     batch = dataclasses.replace(batch, old_logprobs=batch.rollout_logprobs.clone())
     metrics = rl_batch_metrics(batch)
-    assert metrics["reward_mean"] == 0.5 and metrics["advantage_abs_mean"] == pytest.approx(0.5 ** 0.5, rel=1e-4)  # +-(0.5 / 0.7071)
+    assert metrics["reward_mean"] == 0.5 and metrics["advantage_abs_mean"] == pytest.approx(0.5**0.5, rel=1e-4)  # +-(0.5 / 0.7071)
 
 
 async def test_eval_accuracy_leaves_failed_samples_out():
@@ -86,9 +86,18 @@ async def test_eval_accuracy_leaves_failed_samples_out():
             raise RuntimeError("verifier crashed")
         return 1.0 if sample.index != 1 else 0.0
 
-    out = await evaluate([PromptRow(index=0, prompt="a", label="x")], pool=FakePool(), tokenize=lambda t: [1, 3 + ord(t)],
-                         decode=lambda ids: "", reward_fn=reward, max_response_len=8, engine_version=0, reward_timeout_s=5,
-                         temperature=1.0, n_samples_per_prompt=4)
+    out = await evaluate(
+        [PromptRow(index=0, prompt="a", label="x")],
+        pool=FakePool(),
+        tokenize=lambda t: [1, 3 + ord(t)],
+        decode=lambda ids: "",
+        reward_fn=reward,
+        max_response_len=8,
+        engine_version=0,
+        reward_timeout_s=5,
+        temperature=1.0,
+        n_samples_per_prompt=4,
+    )
     assert out["failed"] == 1.0 and out["accuracy"] == pytest.approx(2 / 3)
     assert out["pass@1"] == pytest.approx(2 / 3) and out["pass@2"] == 1.0  # pass@2 over the 3 counted samples, 2 right
     assert math.isnan(out["pass@4"])  # 3 counted samples cannot estimate pass@4

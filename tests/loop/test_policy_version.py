@@ -53,10 +53,18 @@ async def test_trainer_engine_and_token_versions_agree_step_after_step(mode, sta
     version = PolicyVersion(start)
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(200)]
     async with asyncio.TaskGroup() as tg:
-        sched = Scheduler(LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, max_staleness=0 if mode == "sync" else 1),
-                          RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=16), source=PromptSource(rows, shuffle=False),
-                          tokenize=lambda t: [1, 3 + len(t)], decode=lambda ids: "", pool=pool, buffer=DataBuffer(), reward_fn=_reward,
-                          task_group=tg, version=version)
+        sched = Scheduler(
+            LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, max_staleness=0 if mode == "sync" else 1),
+            RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=16),
+            source=PromptSource(rows, shuffle=False),
+            tokenize=lambda t: [1, 3 + len(t)],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=DataBuffer(),
+            reward_fn=_reward,
+            task_group=tg,
+            version=version,
+        )
         for step in range(1, 5):
             _, record = await run_step(sched, train_step=trainer.train_step, sync=_Sync(pool))
             assert version.trainer == version.engines == trainer.policy_version == start + step == record.policy_version
@@ -73,9 +81,17 @@ async def test_a_trainer_whose_counter_drifts_stops_the_run():
     pool = FakePool()
     trainer = _Trainer(5)  # e.g. a checkpoint's trainer.pt of another run
     async with asyncio.TaskGroup() as tg:
-        sched = Scheduler(LoopConfig(mode="sync", rollout_batch_size=1), RolloutConfig(n_samples_per_prompt=1, rollout_max_response_len=8),
-                          source=PromptSource([PromptRow(index=0, prompt="p")], shuffle=False), tokenize=lambda t: [1, 2],
-                          decode=lambda ids: "", pool=pool, buffer=DataBuffer(), reward_fn=_reward, task_group=tg)
+        sched = Scheduler(
+            LoopConfig(mode="sync", rollout_batch_size=1),
+            RolloutConfig(n_samples_per_prompt=1, rollout_max_response_len=8),
+            source=PromptSource([PromptRow(index=0, prompt="p")], shuffle=False),
+            tokenize=lambda t: [1, 2],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=DataBuffer(),
+            reward_fn=_reward,
+            task_group=tg,
+        )
         with pytest.raises(RuntimeError, match="trainer reports policy version 6 after its step, the loop counts 1"):
             await run_step(sched, train_step=trainer.train_step, sync=_Sync(pool))
         await sched.shutdown()

@@ -26,8 +26,10 @@ async def half(sample):
 
 
 def _config(**loop) -> Config:
-    return Config(rollout=RolloutConfig(n_samples_per_prompt=2, rollout_function_path="tests.loop.rollout_fns.sft_rollout"),
-                  loop=LoopConfig(rollout_batch_size=2, **loop))
+    return Config(
+        rollout=RolloutConfig(n_samples_per_prompt=2, rollout_function_path="tests.loop.rollout_fns.sft_rollout"),
+        loop=LoopConfig(rollout_batch_size=2, **loop),
+    )
 
 
 def _args(config: Config) -> RolloutArgs:
@@ -45,8 +47,12 @@ async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_pat
     prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i} w5 w9"}) for i in range(8)) + "\n")
     config = Config(
         data=DataConfig(prompt_data=str(prompts), num_eval_prompts=0),
-        rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, request_timeout_s=60,
-                              rollout_function_path="tests.loop.rollout_fns.generate_rollout"),
+        rollout=RolloutConfig(
+            n_samples_per_prompt=2,
+            rollout_max_response_len=8,
+            request_timeout_s=60,
+            rollout_function_path="tests.loop.rollout_fns.generate_rollout",
+        ),
         loop=LoopConfig(rollout_batch_size=2, num_rollout=2),
         train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
@@ -65,27 +71,35 @@ async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_pat
 async def test_an_sft_style_function_s_samples_are_rewarded_tagged_offline_and_checked():
     buffer = DataBuffer()
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
-    sched = _rf_scheduler(rollout_fns.sft_rollout, source=PromptSource(rows, shuffle=False),
-                          tokenize=lambda text: [1, 2, 3], buffer=buffer, reward_fn=half)
+    sched = _rf_scheduler(
+        rollout_fns.sft_rollout, source=PromptSource(rows, shuffle=False), tokenize=lambda text: [1, 2, 3], buffer=buffer, reward_fn=half
+    )
     groups = await sched.next_batch(2)
     assert [g.group_id for g in groups] == [0, 1] and [g.data_index for g in groups] == [0, 1]
     s = groups[0].samples[1]
     assert s.prompt_ids == [1, 2, 3] and s.response_ids == [7, 7, 8, 9] and s.loss_mask == [0, 0, 1, 1]
     assert s.versions == [OFFLINE_VERSION] * 4 and s.metadata["offline_logprobs"] is False and s.reward == 1.0
     assert [g.group_id for g in await sched.next_batch(2)] == [2, 3] and buffer.taken == {0, 1, 2, 3}
-    sched = _rf_scheduler(rollout_fns.left_pending, source=PromptSource(rows, shuffle=False),
-                          tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half)
-    with pytest.raises(PluginError, match=r"^--rollout-function-path=tests.loop.rollout_fns.sft_rollout \(step 1\): group 0 sample 0: "
-                                          r"status is 'pending'"):
+    sched = _rf_scheduler(
+        rollout_fns.left_pending, source=PromptSource(rows, shuffle=False), tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half
+    )
+    with pytest.raises(
+        PluginError,
+        match=r"^--rollout-function-path=tests.loop.rollout_fns.sft_rollout \(step 1\): group 0 sample 0: "
+        r"status is 'pending'",
+    ):
         await sched.next_batch(2)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda s: setattr(s, "loss_mask", [1]), "group 0 sample 0: loss_mask has 1 entries for response_length=2"),
-    (lambda s: setattr(s, "rollout_log_probs", [-0.1, float("nan")]), "group 0 sample 0: rollout_log_probs holds nan"),
-    (lambda s: setattr(s, "reward", {"score": 1.0}), "group 0 sample 0: reward is dict"),
-    (lambda s: setattr(s, "response_length", 9), "group 0 sample 0: response_length=9 with 3 tokens"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: setattr(s, "loss_mask", [1]), "group 0 sample 0: loss_mask has 1 entries for response_length=2"),
+        (lambda s: setattr(s, "rollout_log_probs", [-0.1, float("nan")]), "group 0 sample 0: rollout_log_probs holds nan"),
+        (lambda s: setattr(s, "reward", {"score": 1.0}), "group 0 sample 0: reward is dict"),
+        (lambda s: setattr(s, "response_length", 9), "group 0 sample 0: response_length=9 with 3 tokens"),
+    ],
+)
 def test_a_slime_sample_outside_the_contract_is_one_line_naming_it(edit, message):
     s = SlimeSample(tokens=[1, 5, 6], response_length=2, status=SlimeSample.Status.COMPLETED)
     edit(s)
@@ -96,7 +110,9 @@ def test_a_slime_sample_outside_the_contract_is_one_line_naming_it(edit, message
 def test_our_samples_pass_through_and_bad_shapes_are_named():
     ok = Sample(prompt_ids=[1], status=Status.COMPLETED, reward=1.0)
     ok.append([4, 5], [-0.1, -0.2], 3)
-    groups, _ = to_groups(type("Out", (), {"samples": [[ok]], "metrics": {"m": 1}})(), n_samples_per_prompt=1, engine_version=3, next_group_id=7)
+    groups, _ = to_groups(
+        type("Out", (), {"samples": [[ok]], "metrics": {"m": 1}})(), n_samples_per_prompt=1, engine_version=3, next_group_id=7
+    )
     assert groups[0].group_id == 7 and groups[0].samples[0] is ok and ok.group_id == 7
     with pytest.raises(PluginError, match="newer than the engine's 2"):
         to_groups([[ok]], n_samples_per_prompt=1, engine_version=2, next_group_id=0)
@@ -112,7 +128,10 @@ def test_flags_the_function_replaces_are_refused_in_one_line():
         _config(mode="april").check_run_modes()
     with pytest.raises(ConfigError, match="with --dynamic-sampling-filter-path"):
         _config(dynamic_sampling_filter_path="x.y").check_run_modes()
-    train_only = Config(rollout=RolloutConfig(rollout_function_path="m.f"), debug=DebugConfig(debug_train_only=True, load_debug_rollout_data="r{rollout_id}"))
+    train_only = Config(
+        rollout=RolloutConfig(rollout_function_path="m.f"),
+        debug=DebugConfig(debug_train_only=True, load_debug_rollout_data="r{rollout_id}"),
+    )
     with pytest.raises(ConfigError, match="with --debug-train-only"):
         train_only.check_run_modes()
 
@@ -123,13 +142,16 @@ def test_thudm_slime_s_own_rollout_functions_are_the_built_in_scheduler():
         assert not config.rollout.uses_rollout_function
         config.check_run_modes()  # not refused: the built-in scheduler runs it
     assert builtin_rollout_note("fully_async_rollout.generate_rollout_fully_async", "sync").endswith(
-        "in --rollout-mode async does it; this run is --rollout-mode sync: pass --rollout-mode async for that")
+        "in --rollout-mode async does it; this run is --rollout-mode sync: pass --rollout-mode async for that"
+    )
 
 
 def test_args_adapter_names_a_missing_attribute():
     args = _args(_config())
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.sglang_router_ip) == (2, 2, None)
-    with pytest.raises(AttributeError, match=r"^args.sglang_dp_size: not provided to rollout functions here \(slime_compat.RolloutArgs has: "):
+    with pytest.raises(
+        AttributeError, match=r"^args.sglang_dp_size: not provided to rollout functions here \(slime_compat.RolloutArgs has: "
+    ):
         args.sglang_dp_size  # noqa: B018  # the attribute access raises
 
 
@@ -159,8 +181,17 @@ async def test_an_async_function_returning_our_groups_is_awaited_and_its_raise_i
 
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
     config = _config()
-    sched = RolloutFunctionScheduler(config.loop, config.rollout, ours, args=_args(config), source=PromptSource(rows, shuffle=False),
-                                     tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half, version=PolicyVersion(4))
+    sched = RolloutFunctionScheduler(
+        config.loop,
+        config.rollout,
+        ours,
+        args=_args(config),
+        source=PromptSource(rows, shuffle=False),
+        tokenize=lambda text: [1],
+        buffer=DataBuffer(),
+        reward_fn=half,
+        version=PolicyVersion(4),
+    )
     groups = await sched.next_batch(2)
     assert [s.versions for s in groups[1].samples] == [[4, 4], [4, 4]] and all(s.reward == 1.0 for g in groups for s in g.samples)
 

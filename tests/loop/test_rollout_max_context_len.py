@@ -37,7 +37,9 @@ def _run(tmp_path, monkeypatch, prompts, ctx):
         rollout=RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=8, rollout_max_context_len=ctx),
         loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
-        engine=EngineConfig(hf_checkpoint=str(model)), debug=DebugConfig(debug_rollout_only=True), run_dir=str(tmp_path / "run"),
+        engine=EngineConfig(hf_checkpoint=str(model)),
+        debug=DebugConfig(debug_rollout_only=True),
+        run_dir=str(tmp_path / "run"),
     )
     return path, seen, run_training(config, reward_fn=reward, progress=False)
 
@@ -50,5 +52,7 @@ async def test_rollout_requests_ask_for_what_the_context_leaves(tmp_path, monkey
 
 async def test_a_prompt_that_fills_the_context_is_a_bad_row_at_load(tmp_path, monkeypatch):
     path, _, run = _run(tmp_path, monkeypatch, ["w5", "w5 w6 w7 w8 w9 w5 w6 w7"], ctx=5)
-    with pytest.raises(DataError, match=rf"^{path}:2: the prompt renders to \d+ tokens, the rollout context of 5 \(--rollout-max-context-len\)"):
+    with pytest.raises(
+        DataError, match=rf"^{path}:2: the prompt renders to \d+ tokens, the rollout context of 5 \(--rollout-max-context-len\)"
+    ):
         await run

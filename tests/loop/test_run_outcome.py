@@ -32,7 +32,8 @@ def _config(tmp_path, model, prompts, *, template=None, rm_type=None) -> Config:
         loop=LoopConfig(mode="sync", rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=2),
         train=TrainConfig(lr=1e-3, global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model)),
-        debug=DebugConfig(load_debug_rollout_data=template), run_dir=str(tmp_path / "run"),
+        debug=DebugConfig(load_debug_rollout_data=template),
+        run_dir=str(tmp_path / "run"),
     )
 
 
@@ -85,7 +86,9 @@ async def test_a_run_that_trained_returns_its_summary_and_writes_strict_json(tmp
 
 async def test_a_prompt_without_a_label_is_refused_at_load_when_the_reward_reads_labels(tmp_path, model):
     prompts = _prompts(tmp_path, [{"prompt": "w5", "label": "1"}, {"prompt": "w6", "label": None}])
-    with pytest.raises(DataError, match="^" + re.escape(f"{prompts}:2: key 'label' (--label-key) is null; the reward needs a reference answer")):
+    with pytest.raises(
+        DataError, match="^" + re.escape(f"{prompts}:2: key 'label' (--label-key) is null; the reward needs a reference answer")
+    ):
         await run_training(_config(tmp_path, model, prompts, rm_type="math"), progress=False)
 
 
@@ -93,15 +96,19 @@ async def test_a_prompt_over_rollout_max_prompt_len_is_refused_at_load_with_file
     prompts = _prompts(tmp_path, [{"prompt": "w5", "label": "1"}, {"prompt": "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9", "label": "1"}])
     config = _config(tmp_path, model, prompts)
     config = msgspec.structs.replace(config, data=msgspec.structs.replace(config.data, rollout_max_prompt_len=4))
-    with pytest.raises(DataError, match="^" + re.escape(f"{prompts}:2: the prompt renders to ") + r"\d+ tokens, over --rollout-max-prompt-len 4"):
+    with pytest.raises(
+        DataError, match="^" + re.escape(f"{prompts}:2: the prompt renders to ") + r"\d+ tokens, over --rollout-max-prompt-len 4"
+    ):
         await run_training(config, progress=False)
 
 
 async def test_lr_warmup_fraction_warms_up_over_that_fraction_of_the_runs_optimizer_steps(tmp_path, model):
     config = _config(tmp_path, model, _prompts(tmp_path, [{"prompt": "w5 w6"}]), template=_record(tmp_path, failed=False))
     # 2 steps x 1 group x 2 samples / --global-batch-size 2 = 2 optimizer steps; 0.99 x 2 -> 2 warm-up steps
-    config = msgspec.structs.replace(config, train=msgspec.structs.replace(
-        config.train, megatron=msgspec.structs.replace(config.train.megatron, lr_warmup_fraction=0.99)))
+    config = msgspec.structs.replace(
+        config,
+        train=msgspec.structs.replace(config.train, megatron=msgspec.structs.replace(config.train.megatron, lr_warmup_fraction=0.99)),
+    )
     await run_training(config, progress=False)
     steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
     assert [r["train/lr"] for r in steps] == pytest.approx([5e-4, 1e-3])

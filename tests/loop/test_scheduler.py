@@ -20,8 +20,20 @@ async def _reward(sample):
     return float(len(sample.response_ids) % 2)
 
 
-async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, reward_fn=_reward, train_ticks=5,
-                    max_staleness=100, staleness_policy="mask", group_filter=None):
+async def run_steps(
+    mode,
+    num_steps,
+    *,
+    target=4,
+    over=8,
+    n=4,
+    overlap=True,
+    reward_fn=_reward,
+    train_ticks=5,
+    max_staleness=100,
+    staleness_policy="mask",
+    group_filter=None,
+):
     buffer = DataBuffer()
     pool = FakePool()
     rows = [PromptRow(index=i, prompt=f"p{i}", label=None) for i in range(10_000)]
@@ -29,8 +41,12 @@ async def run_steps(mode, num_steps, *, target=4, over=8, n=4, overlap=True, rew
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
             LoopConfig(
-                mode=mode, rollout_batch_size=target, over_sampling_batch_size=over, overlap_train=overlap,
-                max_staleness=max_staleness, staleness_policy=staleness_policy,
+                mode=mode,
+                rollout_batch_size=target,
+                over_sampling_batch_size=over,
+                overlap_train=overlap,
+                max_staleness=max_staleness,
+                staleness_policy=staleness_policy,
             ),
             RolloutConfig(n_samples_per_prompt=n, rollout_max_response_len=MAX_LEN, reward_timeout_s=0.5),
             source=PromptSource(rows, shuffle=False),
@@ -142,15 +158,20 @@ async def test_admission_control_bounds_version_lag(mode):
     for version, groups in trained:
         for g in groups:
             for s in g.samples:
-                assert version - min(s.versions) <= 1 or not any(
-                    m for v, m in zip(s.versions, s.loss_mask) if version - v > 1
-                ), f"token lag {version - min(s.versions)} > 1 admitted"
+                assert version - min(s.versions) <= 1 or not any(m for v, m in zip(s.versions, s.loss_mask) if version - v > 1), (
+                    f"token lag {version - min(s.versions)} > 1 admitted"
+                )
     assert sched.num_admitted <= (sched.engine_version + 1 + 1) * 2
 
 
 async def test_staleness_drop_policy_drops_whole_group_and_replaces_it():
     trained, buffer, sched, _ = await run_steps("april", 6, target=2, over=16, max_staleness=0, staleness_policy="drop", train_ticks=40)
-    dropped = set(range(sched.next_group_id)) - {g.group_id for _, gs in trained for g in gs} - {g.group_id for g in buffer.ready} - {g.group_id for g in buffer.partial_groups()}
+    dropped = (
+        set(range(sched.next_group_id))
+        - {g.group_id for _, gs in trained for g in gs}
+        - {g.group_id for g in buffer.ready}
+        - {g.group_id for g in buffer.partial_groups()}
+    )
     _check_trained(trained, buffer, sched, dropped=dropped)
     assert all(len(gs) == 2 for _, gs in trained)
     for version, groups in trained:
@@ -188,21 +209,32 @@ async def _too_long(sample, sampling_params, *, max_response_len, engine_version
     return sample
 
 
-@pytest.mark.parametrize("generate, words", [
-    (_leaves_pending, "status is still pending"),
-    (_future_version, "policy version 7, newer than the engine's 0"),
-    (_too_long, f"{MAX_LEN + 3} response tokens, more than max_response_len={MAX_LEN}"),
-])
+@pytest.mark.parametrize(
+    "generate, words",
+    [
+        (_leaves_pending, "status is still pending"),
+        (_future_version, "policy version 7, newer than the engine's 0"),
+        (_too_long, f"{MAX_LEN + 3} response tokens, more than max_response_len={MAX_LEN}"),
+    ],
+)
 async def test_a_generate_function_that_breaks_the_contract_stops_the_run_with_the_reason(generate, words):
     from slime.errors import PluginError
 
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(8)]
     with pytest.raises(ExceptionGroup) as info:
         async with asyncio.TaskGroup() as tg:
-            sched = Scheduler(LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2),
-                              RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=MAX_LEN),
-                              source=PromptSource(rows, shuffle=False), tokenize=lambda t: [1, 2], decode=lambda ids: "",
-                              pool=FakePool(), buffer=DataBuffer(), reward_fn=_reward, task_group=tg, generate_fn=generate)
+            sched = Scheduler(
+                LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2),
+                RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=MAX_LEN),
+                source=PromptSource(rows, shuffle=False),
+                tokenize=lambda t: [1, 2],
+                decode=lambda ids: "",
+                pool=FakePool(),
+                buffer=DataBuffer(),
+                reward_fn=_reward,
+                task_group=tg,
+                generate_fn=generate,
+            )
             async with asyncio.timeout(10):  # before the fix, a pending sample looped forever
                 await sched.next_batch(2)
     errors = info.value.subgroup(PluginError).exceptions

@@ -26,8 +26,14 @@ def _scheduler(tg, *, pool=None, buffer=None, generate_fn=None, **loop_kw):
     return Scheduler(
         LoopConfig(**{"mode": "sync", "rollout_batch_size": 2, "over_sampling_batch_size": 2, **loop_kw}),
         RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=16),
-        source=PromptSource(rows, shuffle=False), tokenize=lambda t: [1, 2, 3], decode=lambda ids: "",
-        pool=pool or FakePool(), buffer=buffer or DataBuffer(), reward_fn=_reward, task_group=tg, **kw,
+        source=PromptSource(rows, shuffle=False),
+        tokenize=lambda t: [1, 2, 3],
+        decode=lambda ids: "",
+        pool=pool or FakePool(),
+        buffer=buffer or DataBuffer(),
+        reward_fn=_reward,
+        task_group=tg,
+        **kw,
     )
 
 
@@ -123,8 +129,9 @@ async def test_a_failure_elsewhere_cancels_the_groups_without_a_taskgroup_shutti
     pool = FakePool()
     with pytest.raises(ExceptionGroup) as info:
         async with asyncio.TaskGroup() as tg:
-            sched = _scheduler(tg, pool=pool, mode="april", rollout_batch_size=1, over_sampling_batch_size=4, overlap_train=True,
-                               max_staleness=100)
+            sched = _scheduler(
+                tg, pool=pool, mode="april", rollout_batch_size=1, over_sampling_batch_size=4, overlap_train=True, max_staleness=100
+            )
             await sched.next_batch(1)  # generation goes on, gate open (overlap), as while the trainer works
             raise ValueError("the train step failed")
     assert [type(e) for e in info.value.exceptions] == [ValueError], info.value.exceptions

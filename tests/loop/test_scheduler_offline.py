@@ -23,9 +23,15 @@ async def _reward(sample):
 
 def _offline_source(num_groups=3, n=2):
     groups = [
-        OfflineGroup(index=i, row=PromptRow(index=i, prompt=f"o{i}"), prompt_ids=[1, 4, 5],
-                     samples=[OfflineSample(response="r", response_ids=[7, 8, 2], logprobs=[-0.1, -0.2, -0.3],
-                                            reward=1.0 if j == 0 else None) for j in range(n)])
+        OfflineGroup(
+            index=i,
+            row=PromptRow(index=i, prompt=f"o{i}"),
+            prompt_ids=[1, 4, 5],
+            samples=[
+                OfflineSample(response="r", response_ids=[7, 8, 2], logprobs=[-0.1, -0.2, -0.3], reward=1.0 if j == 0 else None)
+                for j in range(n)
+            ],
+        )
         for i in range(num_groups)
     ]
     return OfflineSource(groups)
@@ -36,12 +42,23 @@ async def _run(mode, ratio, num_batches, *, target=4, max_staleness=100, stalene
     batches = []
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=target, over_sampling_batch_size=2 * target, offline_ratio=ratio,
-                       max_staleness=max_staleness, staleness_policy=staleness_policy),
+            LoopConfig(
+                mode=mode,
+                rollout_batch_size=target,
+                over_sampling_batch_size=2 * target,
+                offline_ratio=ratio,
+                max_staleness=max_staleness,
+                staleness_policy=staleness_policy,
+            ),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=16),
             source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(1000)], shuffle=False),
-            tokenize=lambda t: [1, 3 + len(t)], decode=lambda ids: "", pool=pool, buffer=DataBuffer(),
-            reward_fn=_reward, task_group=tg, offline=_offline_source(),
+            tokenize=lambda t: [1, 3 + len(t)],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=DataBuffer(),
+            reward_fn=_reward,
+            task_group=tg,
+            offline=_offline_source(),
         )
         for version in range(num_batches):
             batches.append(await sched.next_batch(target))

@@ -33,8 +33,14 @@ async def test_every_trained_sample_is_scored_once_on_its_final_tokens(mode):
         sched = Scheduler(
             LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, overlap_train=True, max_staleness=100),
             RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=MAX_LEN),
-            source=PromptSource(rows, shuffle=False), tokenize=lambda t: [1] + [3 + ord(c) % 50 for c in t], decode=lambda ids: "",
-            pool=pool, buffer=DataBuffer(), reward_fn=_reward, task_group=tg, teacher=TeacherScorer(teacher_pool),
+            source=PromptSource(rows, shuffle=False),
+            tokenize=lambda t: [1] + [3 + ord(c) % 50 for c in t],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=DataBuffer(),
+            reward_fn=_reward,
+            task_group=tg,
+            teacher=TeacherScorer(teacher_pool),
         )
         for version in range(4):
             trained += await sched.next_batch(4)

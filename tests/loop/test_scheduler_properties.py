@@ -81,11 +81,22 @@ async def _run(mode, max_staleness, policy, steps, target, over, train_ticks, ch
 
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=target, over_sampling_batch_size=over, max_staleness=max_staleness,
-                       staleness_policy=policy, overlap_train=bool(seed % 2)),
+            LoopConfig(
+                mode=mode,
+                rollout_batch_size=target,
+                over_sampling_batch_size=over,
+                max_staleness=max_staleness,
+                staleness_policy=policy,
+                overlap_train=bool(seed % 2),
+            ),
             RolloutConfig(n_samples_per_prompt=3, rollout_max_response_len=MAX_LEN, reward_timeout_s=1.0),
-            source=PromptSource(rows, shuffle=False), tokenize=lambda t: [1, 2 + len(t)], decode=lambda ids: "",
-            pool=pool, buffer=buffer, reward_fn=reward, task_group=tg,
+            source=PromptSource(rows, shuffle=False),
+            tokenize=lambda t: [1, 2 + len(t)],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=buffer,
+            reward_fn=reward,
+            task_group=tg,
         )
         chaos_task = tg.create_task(chaos())
         for _ in range(steps):
@@ -109,10 +120,12 @@ async def _run(mode, max_staleness, policy, steps, target, over, train_ticks, ch
     fail_salt=st.integers(0, 10),
     seed=st.integers(0, 10_000),
 )
-def test_no_group_lost_or_repeated_lists_aligned_and_staleness_bounded(mode, max_staleness, policy, steps, target, extra,
-                                                                     train_ticks, chaos_every, fail_salt, seed):
+def test_no_group_lost_or_repeated_lists_aligned_and_staleness_bounded(
+    mode, max_staleness, policy, steps, target, extra, train_ticks, chaos_every, fail_salt, seed
+):
     sched, buffer, trained, violations = asyncio.run(
-        _run(mode, max_staleness, policy, steps, target, target + extra, train_ticks, chaos_every, fail_salt, seed))
+        _run(mode, max_staleness, policy, steps, target, target + extra, train_ticks, chaos_every, fail_salt, seed)
+    )
     assert len(trained) == len(set(trained)) == steps * target, "a group was trained twice or a batch was short"
     pending = [g.group_id for g in [*buffer.ready, *buffer.partial_groups()]]
     assert len(pending) == len(set(pending)) and not set(pending) & set(trained)

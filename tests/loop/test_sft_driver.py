@@ -31,9 +31,34 @@ def data(tmp_path) -> tuple[Path, Path]:
 
 def _config(model_dir, data, run_dir, *extra):
     train, evals = data
-    argv = ["--loss-type", "sft_loss", "--hf-checkpoint", str(model_dir), "--prompt-data", str(train), "--eval-prompt-data", str(evals),
-            "--input-key", "prompt", "--rollout-batch-size", "3", "--global-batch-size", "3", "--micro-batch-size", "2",
-            "--rollout-shuffle", "--lr", "1e-2", "--train-threads", "1", "--save", str(run_dir), "--seed", "3", *extra]
+    argv = [
+        "--loss-type",
+        "sft_loss",
+        "--hf-checkpoint",
+        str(model_dir),
+        "--prompt-data",
+        str(train),
+        "--eval-prompt-data",
+        str(evals),
+        "--input-key",
+        "prompt",
+        "--rollout-batch-size",
+        "3",
+        "--global-batch-size",
+        "3",
+        "--micro-batch-size",
+        "2",
+        "--rollout-shuffle",
+        "--lr",
+        "1e-2",
+        "--train-threads",
+        "1",
+        "--save",
+        str(run_dir),
+        "--seed",
+        "3",
+        *extra,
+    ]
     return config_from_args(build_parser().parse_args(argv))
 
 
@@ -45,7 +70,15 @@ async def test_sft_run_logs_steps_eval_loss_and_writes_the_final_model(model_dir
     run = tmp_path / "run"
     summary = await run_sft(_config(model_dir, data, run, "--num-rollout", "4", "--eval-interval", "2"), progress=False)
     records = _records(run, "metrics.jsonl")
-    assert [(r["kind"], r["step"]) for r in records] == [("eval", 0), ("step", 1), ("step", 2), ("eval", 2), ("step", 3), ("step", 4), ("eval", 4)]
+    assert [(r["kind"], r["step"]) for r in records] == [
+        ("eval", 0),
+        ("step", 1),
+        ("step", 2),
+        ("eval", 2),
+        ("step", 3),
+        ("step", 4),
+        ("eval", 4),
+    ]
     evals = [r["eval_loss"] for r in records if r["kind"] == "eval"]
     assert evals[-1] < evals[0] and all(r["eval_tokens"] == 8.0 for r in records if r["kind"] == "eval")  # 2 rows x (3 words + EOS)
     steps = [r for r in records if r["kind"] == "step"]
@@ -83,13 +116,16 @@ async def test_num_epoch_sets_the_number_of_steps(model_dir, data, tmp_path):
 
 
 # THUDM/slime's SFT scripts (scripts/run-qwen3-4B-base-sft.sh): implied here, accepted
-THUDM_SFT_FLAGS = ["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout", "--disable-compute-advantages-and-returns",
-                   "--debug-train-only"]
+THUDM_SFT_FLAGS = [
+    "--rollout-function-path",
+    "slime.rollout.sft_rollout.generate_rollout",
+    "--disable-compute-advantages-and-returns",
+    "--debug-train-only",
+]
 
 
 def test_thudm_slime_sft_flags_are_accepted_as_implied_in_one_line(model_dir, data, tmp_path, caplog):
     import logging
-
 
     caplog.set_level(logging.INFO, logger="slime.config.root")
     config = _config(model_dir, data, tmp_path / "r", *THUDM_SFT_FLAGS)
@@ -97,7 +133,8 @@ def test_thudm_slime_sft_flags_are_accepted_as_implied_in_one_line(model_dir, da
     config.check_sft_run()
     assert [r.getMessage() for r in caplog.records if "implied by --loss-type sft_loss" in r.getMessage()] == [
         "--debug-train-only, --rollout-function-path slime.rollout.sft_rollout.generate_rollout: implied by --loss-type sft_loss "
-        "(no engine is launched; it trains on the rows of --prompt-data)"]
+        "(no engine is launched; it trains on the rows of --prompt-data)"
+    ]
     with pytest.raises(ConfigError, match="--rollout-function-path=my.rollout: --loss-type sft_loss .* calls no rollout function"):
         _config(model_dir, data, tmp_path / "r", "--rollout-function-path", "my.rollout").check_sft_run()
     rl = config_from_args(build_parser().parse_args(["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"]))
@@ -109,10 +146,33 @@ def test_slime_train_cli_runs_sft_and_prints_the_eval_loss(model_dir, data, tmp_
     from slime.cli import main
 
     train, evals = data
-    argv = ["train", "--loss-type", "sft_loss", "--hf-checkpoint", str(model_dir), "--prompt-data", str(train),
-            "--eval-prompt-data", str(evals), "--input-key", "prompt", "--rollout-batch-size", "2", "--global-batch-size", "2",
-            "--num-rollout", "2", "--train-threads", "1", "--save", str(tmp_path / "run"), "--no-progress", "--log-level", "WARNING",
-            *THUDM_SFT_FLAGS]
+    argv = [
+        "train",
+        "--loss-type",
+        "sft_loss",
+        "--hf-checkpoint",
+        str(model_dir),
+        "--prompt-data",
+        str(train),
+        "--eval-prompt-data",
+        str(evals),
+        "--input-key",
+        "prompt",
+        "--rollout-batch-size",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--num-rollout",
+        "2",
+        "--train-threads",
+        "1",
+        "--save",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--log-level",
+        "WARNING",
+        *THUDM_SFT_FLAGS,
+    ]
     assert main(argv) == 0
     assert "done: SFT 2 steps; eval loss" in capsys.readouterr().out
     assert main(argv) == 2  # the run directory is used: resume it with --load, or choose another --save
@@ -139,16 +199,20 @@ def test_rl_flags_an_sft_run_never_reads_are_named_in_a_warning(model_dir, data,
 
     _config(model_dir, data, tmp_path / "r").check_sft_run()
     assert "ignores these RL flags" not in caplog.text
-    _config(model_dir, data, tmp_path / "r", "--partial-rollout", "--use-tis", "--rm-type", "math",
-                             "--num-epoch", "1", "--num-rollout", "5").check_sft_run()
-    assert ("ignores these RL flags: --rollout-mode / --partial-rollout, --rm-type, --use-tis, "
-            "--num-rollout (with --num-epoch, the epochs set the steps)") in caplog.text
+    _config(
+        model_dir, data, tmp_path / "r", "--partial-rollout", "--use-tis", "--rm-type", "math", "--num-epoch", "1", "--num-rollout", "5"
+    ).check_sft_run()
+    assert (
+        "ignores these RL flags: --rollout-mode / --partial-rollout, --rm-type, --use-tis, "
+        "--num-rollout (with --num-epoch, the epochs set the steps)"
+    ) in caplog.text
 
 
 async def test_sft_skips_the_eval_before_training_and_warms_up_over_a_fraction_of_its_steps(model_dir, data, tmp_path):
     run = tmp_path / "run"
-    summary = await run_sft(_config(model_dir, data, run, "--num-rollout", "4", "--skip-eval-before-train", "--lr-warmup-fraction", "0.5"),
-                            progress=False)
+    summary = await run_sft(
+        _config(model_dir, data, run, "--num-rollout", "4", "--skip-eval-before-train", "--lr-warmup-fraction", "0.5"), progress=False
+    )
     records = _records(run, "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "eval"] == [("eval", 4)]
     assert summary["eval_loss_before"] is None and summary["eval_loss_after"] is not None

@@ -49,7 +49,12 @@ async def test_colocated_step_releases_memory_around_training_and_syncs_after_re
             LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, max_staleness=4),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
             source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
-            tokenize=lambda t: [1, 5, 7], decode=lambda ids: "", pool=pool, buffer=DataBuffer(), reward_fn=_reward, task_group=tg,
+            tokenize=lambda t: [1, 5, 7],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=DataBuffer(),
+            reward_fn=_reward,
+            task_group=tg,
         )
 
         def train_step(groups):

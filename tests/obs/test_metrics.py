@@ -17,10 +17,25 @@ from slime.obs.metrics import PrometheusExporter, ScalarLoggers, TensorBoardWrit
 from slime.obs.observers import Observers
 
 STEP = {
-    "kind": "step", "step": 3, "policy_version": 3, "reward_mean": 0.625, "accuracy": 0.5, "tokens_per_s": 812.0,
-    "step_time_s": 1.5, "aborted_samples": 4, "resumed_samples": 2, "failed_samples": 1, "generated_tokens": 1200,
-    "filtered_groups": 0, "dropped_stale_groups": 0, "off_policy_token_fraction": 0.25, "max_version_lag": 1,
-    "lag_histogram": {"0": 90, "1": 30}, "train/loss": -0.01, "partial_groups_queued": 3, "ready_groups_left": 1,
+    "kind": "step",
+    "step": 3,
+    "policy_version": 3,
+    "reward_mean": 0.625,
+    "accuracy": 0.5,
+    "tokens_per_s": 812.0,
+    "step_time_s": 1.5,
+    "aborted_samples": 4,
+    "resumed_samples": 2,
+    "failed_samples": 1,
+    "generated_tokens": 1200,
+    "filtered_groups": 0,
+    "dropped_stale_groups": 0,
+    "off_policy_token_fraction": 0.25,
+    "max_version_lag": 1,
+    "lag_histogram": {"0": 90, "1": 30},
+    "train/loss": -0.01,
+    "partial_groups_queued": 3,
+    "ready_groups_left": 1,
 }
 
 
@@ -122,8 +137,12 @@ def test_wandb_run_gets_project_group_config_and_each_record(tmp_path, monkeypat
 
 
 async def test_observers_fan_records_out_and_close_everything(tmp_path, capsys):
-    config = Config(loop=LoopConfig(num_rollout=2), obs=ObsConfig(enable_trace=True, metrics_port=0, metrics_host="127.0.0.1", use_tensorboard=True))
-    async with Observers(config.obs, tmp_path, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=False) as obs:
+    config = Config(
+        loop=LoopConfig(num_rollout=2), obs=ObsConfig(enable_trace=True, metrics_port=0, metrics_host="127.0.0.1", use_tensorboard=True)
+    )
+    async with Observers(
+        config.obs, tmp_path, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=False
+    ) as obs:
         obs.watch(pool=_Pool(), buffer=_Buffer())
         obs.record({"kind": "eval", "step": 0, "accuracy": 0.25})
         obs.record(STEP, "step   3 line")

@@ -51,12 +51,24 @@ def test_on_a_terminal_a_rich_bar_shows_steps_reward_and_tokens_per_s():
 def _run_records(num_steps: int = 6) -> list[dict]:
     records = [{"kind": "eval", "step": 0, "accuracy": 0.2, "mean_response_len": 12.0}]
     for s in range(1, num_steps + 1):
-        records.append({
-            "kind": "step", "step": s, "reward_mean": 0.1 * s, "accuracy": 0.08 * s, "response_len_mean": 20.0 + s,
-            "num_samples": 16, "truncated_samples": s % 3, "tokens_per_s": 900.0 + s, "rollout_wait_s": 1.0,
-            "train_time_s": 0.5, "weight_sync_s": 0.1, "off_policy_token_fraction": 0.1 * (s % 4),
-            "multi_version_samples": s % 2, "lag_histogram": {"0": 100, "1": 10 * s, "6": 1},
-        })
+        records.append(
+            {
+                "kind": "step",
+                "step": s,
+                "reward_mean": 0.1 * s,
+                "accuracy": 0.08 * s,
+                "response_len_mean": 20.0 + s,
+                "num_samples": 16,
+                "truncated_samples": s % 3,
+                "tokens_per_s": 900.0 + s,
+                "rollout_wait_s": 1.0,
+                "train_time_s": 0.5,
+                "weight_sync_s": 0.1,
+                "off_policy_token_fraction": 0.1 * (s % 4),
+                "multi_version_samples": s % 2,
+                "lag_histogram": {"0": 100, "1": 10 * s, "6": 1},
+            }
+        )
     records.append({"kind": "eval", "step": num_steps, "accuracy": 0.6, "mean_response_len": 14.0})
     # what a run writes goes through JSON, which turns lag keys into strings
     return json.loads(json.dumps(records))

@@ -10,11 +10,26 @@ from slime.obs.report import main
 
 def _step(s: int, **kw) -> dict:
     rec = {
-        "kind": "step", "step": s, "policy_version": s, "reward_mean": 0.1 * s, "accuracy": 0.1 * s, "tokens_per_s": 100.0 * s,
-        "generated_tokens": 50, "aborted_samples": 2, "resumed_samples": 1, "failed_samples": 0, "step_time_s": 2.0,
-        "max_version_lag": s % 3, "off_policy_token_fraction": 0.5, "lag_histogram": {"0": 10, "1": 10},
-        "masked_stale_tokens": 0, "multi_version_samples": 1, "max_versions_in_a_sample": 2, "truncated_samples": 1,
-        "filtered_groups": 0, "dropped_stale_groups": 0,
+        "kind": "step",
+        "step": s,
+        "policy_version": s,
+        "reward_mean": 0.1 * s,
+        "accuracy": 0.1 * s,
+        "tokens_per_s": 100.0 * s,
+        "generated_tokens": 50,
+        "aborted_samples": 2,
+        "resumed_samples": 1,
+        "failed_samples": 0,
+        "step_time_s": 2.0,
+        "max_version_lag": s % 3,
+        "off_policy_token_fraction": 0.5,
+        "lag_histogram": {"0": 10, "1": 10},
+        "masked_stale_tokens": 0,
+        "multi_version_samples": 1,
+        "max_versions_in_a_sample": 2,
+        "truncated_samples": 1,
+        "filtered_groups": 0,
+        "dropped_stale_groups": 0,
     }
     return {**rec, **kw}
 

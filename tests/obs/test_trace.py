@@ -21,8 +21,12 @@ _BASE = {
     "type": "object",
     "required": ["ph", "name", "pid", "tid"],
     "properties": {
-        "name": {"type": "string"}, "cat": {"type": "string"}, "pid": {"type": "integer"}, "tid": {"type": "integer"},
-        "ts": {"type": "number", "minimum": 0}, "args": {"type": "object"},
+        "name": {"type": "string"},
+        "cat": {"type": "string"},
+        "pid": {"type": "integer"},
+        "tid": {"type": "integer"},
+        "ts": {"type": "number", "minimum": 0},
+        "args": {"type": "object"},
     },
 }
 TRACE_EVENT_FORMAT = {
@@ -35,26 +39,58 @@ TRACE_EVENT_FORMAT = {
         "displayTimeUnit": {"enum": ["ms", "ns"]},
     },
     "$defs": {
-        "event": {"allOf": [_BASE, {"oneOf": [
-            {"$ref": "#/$defs/complete"}, {"$ref": "#/$defs/instant"}, {"$ref": "#/$defs/counter"}, {"$ref": "#/$defs/metadata"},
-        ]}]},
+        "event": {
+            "allOf": [
+                _BASE,
+                {
+                    "oneOf": [
+                        {"$ref": "#/$defs/complete"},
+                        {"$ref": "#/$defs/instant"},
+                        {"$ref": "#/$defs/counter"},
+                        {"$ref": "#/$defs/metadata"},
+                    ]
+                },
+            ]
+        },
         "complete": {"required": ["ts", "dur"], "properties": {"ph": {"const": "X"}, "dur": {"type": "number", "minimum": 0}}},
         "instant": {"required": ["ts"], "properties": {"ph": {"const": "i"}, "s": {"enum": ["g", "p", "t"]}}},
-        "counter": {"required": ["ts", "args"], "properties": {
-            "ph": {"const": "C"}, "args": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "number"}},
-        }},
-        "metadata": {"required": ["args"], "properties": {"ph": {"const": "M"}}, "oneOf": [
-            {"properties": {"name": {"enum": ["process_name", "thread_name"]}, "args": {"required": ["name"], "properties": {"name": {"type": "string"}}}}},
-            {"properties": {"name": {"enum": ["process_sort_index", "thread_sort_index"]}, "args": {"required": ["sort_index"], "properties": {"sort_index": {"type": "integer"}}}}},
-        ]},
+        "counter": {
+            "required": ["ts", "args"],
+            "properties": {
+                "ph": {"const": "C"},
+                "args": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "number"}},
+            },
+        },
+        "metadata": {
+            "required": ["args"],
+            "properties": {"ph": {"const": "M"}},
+            "oneOf": [
+                {
+                    "properties": {
+                        "name": {"enum": ["process_name", "thread_name"]},
+                        "args": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+                    }
+                },
+                {
+                    "properties": {
+                        "name": {"enum": ["process_sort_index", "thread_sort_index"]},
+                        "args": {"required": ["sort_index"], "properties": {"sort_index": {"type": "integer"}}},
+                    }
+                },
+            ],
+        },
     },
 }
 GENERATE_ARGS = {
     "type": "object",
     "required": ["group_id", "index", "new_tokens", "tokens", "finish", "version", "resumed"],
     "properties": {
-        "group_id": {"type": "integer"}, "index": {"type": "integer", "minimum": 0}, "tokens": {"type": "integer", "minimum": 0},
-        "new_tokens": {"type": "integer", "minimum": 0}, "version": {"type": "integer", "minimum": 0}, "resumed": {"type": "boolean"},
+        "group_id": {"type": "integer"},
+        "index": {"type": "integer", "minimum": 0},
+        "tokens": {"type": "integer", "minimum": 0},
+        "new_tokens": {"type": "integer", "minimum": 0},
+        "version": {"type": "integer", "minimum": 0},
+        "resumed": {"type": "boolean"},
         "finish": {"enum": ["completed", "truncated", "partial", "failed"]},
     },
 }
@@ -167,7 +203,12 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
             LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, overlap_train=False, max_staleness=4),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
             source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
-            tokenize=lambda t: [1, 5, 7], decode=lambda ids: "", pool=pool, buffer=buffer, reward_fn=_reward, task_group=tg,
+            tokenize=lambda t: [1, 5, 7],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=buffer,
+            reward_fn=_reward,
+            task_group=tg,
             tracer=tr,
         )
         for _ in range(3):

@@ -39,11 +39,17 @@ def test_chat_template_renders_a_tool_conversation():
     )
     ids = TOK.encode(text)
     assert TOK.decode(ids) == text
-    assert len(ids) == len(text) - sum(text.count(t) * (len(t) - 1) for t in
-                                       ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"))
+    assert len(ids) == len(text) - sum(
+        text.count(t) * (len(t) - 1)
+        for t in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+    )
     # a system message and OpenAI-style tool_calls render too; no tools and no system: no system turn
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": EXPR}}}
-    msgs = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": EXPR}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    msgs = [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": EXPR},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
     assert TOK.apply_chat_template(msgs, tools=SCHEMAS, tokenize=False) == (
         "<|im_start|>system\nBe exact.\ntools: calculator<|im_end|>\n"
         f"<|im_start|>user\n{EXPR}<|im_end|>\n<|im_start|>assistant\n{calc.tool_call_text(EXPR)}<|im_end|>\n"
@@ -65,8 +71,9 @@ async def test_calculator_generate_round_trips_the_conversation_with_the_loss_on
     n_tool = len(sample.response_ids) - len(t1) - len(t2)
     assert sample.loss_mask == [1] * len(t1) + [0] * n_tool + [1] * len(t2)
     assert sample.response_ids[len(t1) - 1] == EOT and sample.response_ids[-1] == EOT  # both turn ends train
-    assert TOK.decode(sample.response_ids[len(t1): len(t1) + n_tool]) == (
-        f"\n<|im_start|>tool\n<tool_response>{VALUE}</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert TOK.decode(sample.response_ids[len(t1) : len(t1) + n_tool]) == (
+        f"\n<|im_start|>tool\n<tool_response>{VALUE}</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert sample.rollout_logprobs == [-0.5] * len(t1) + [0.0] * n_tool + [-0.5] * len(t2)
     sample.check_aligned()
     assert [c["content"] for c in sample.evidence["tool_calls"]] == [VALUE]
@@ -79,7 +86,9 @@ async def test_calculator_generate_round_trips_the_conversation_with_the_loss_on
 
 async def test_direct_answers_and_aborted_turns_through_calculator_generate():
     direct = Sample(prompt_ids=[], prompt=EXPR, label=VALUE)
-    await calculator_generate(direct, {}, tokenizer=TOK, pool=ScriptedPool([(turn("#540625"), "stop")]), max_response_len=160, engine_version=0)
+    await calculator_generate(
+        direct, {}, tokenizer=TOK, pool=ScriptedPool([(turn("#540625"), "stop")]), max_response_len=160, engine_version=0
+    )
     assert direct.status is Status.COMPLETED and direct.loss_mask == [1] * len(turn("#540625"))
     assert await calc.reward(direct) == 0.0 and "tool_calls" not in direct.evidence
 
@@ -114,6 +123,15 @@ async def test_evaluate_uses_the_runs_generate_function():
 
     rows = [PromptRow(index=0, prompt=EXPR, label=VALUE), PromptRow(index=1, prompt=EXPR, label="1")]
     gen = lambda sample, params, **kw: calculator_generate(sample, params, tokenizer=TOK, **kw)  # noqa: E731
-    out = await evaluate(rows, pool=Pool(), tokenize=TOK.encode, decode=TOK.decode, reward_fn=calc.reward, max_response_len=160,
-                         engine_version=0, reward_timeout_s=5.0, generate_fn=gen)
+    out = await evaluate(
+        rows,
+        pool=Pool(),
+        tokenize=TOK.encode,
+        decode=TOK.decode,
+        reward_fn=calc.reward,
+        max_response_len=160,
+        engine_version=0,
+        reward_timeout_s=5.0,
+        generate_fn=gen,
+    )
     assert out["accuracy"] == 0.5 and out["failed"] == 0.0

@@ -31,8 +31,14 @@ CONFIG = RolloutConfig(request_timeout_s=60, max_retries=1, retry_backoff_s=0.01
 
 
 def _result(n: int, *, weight_version: str = "5", spans: list[str] | None = None, cached: int | None = 0) -> GenerateResult:
-    return GenerateResult(output_ids=list(range(n)), output_logprobs=[-0.1] * n, finish_reason=FinishReason(type="length", length=n),
-                          weight_version=weight_version, token_weight_versions=spans, cached_tokens=cached)
+    return GenerateResult(
+        output_ids=list(range(n)),
+        output_logprobs=[-0.1] * n,
+        finish_reason=FinishReason(type="length", length=n),
+        weight_version=weight_version,
+        token_weight_versions=spans,
+        cached_tokens=cached,
+    )
 
 
 def test_without_spans_every_token_carries_the_older_of_reported_and_sent_version():
@@ -53,11 +59,14 @@ def test_a_request_that_reused_cached_kv_is_tagged_no_newer_than_the_cache(cache
     assert token_versions(r, engine_version=4, kv_cache_version=None) == [3, 3, 4]
 
 
-@pytest.mark.parametrize("kv, hits, expected", [
-    ("3", 1, "abort"),      # a request reused cached KV: in-place updates would tag later hits ever older
-    ("3", 0, "in_place"),   # no request reused the cache (no prefix cache, or --disable-radix-cache)
-    (None, 1, "in_place"),  # unknown cache state (never flushed by us): tags are not lowered either
-])
+@pytest.mark.parametrize(
+    "kv, hits, expected",
+    [
+        ("3", 1, "abort"),  # a request reused cached KV: in-place updates would tag later hits ever older
+        ("3", 0, "in_place"),  # no request reused the cache (no prefix cache, or --disable-radix-cache)
+        (None, 1, "in_place"),  # unknown cache state (never flushed by us): tags are not lowered either
+    ],
+)
 def test_async_mode_aborts_and_flushes_once_requests_reuse_cached_kv(kv, hits, expected):
     pool = types.SimpleNamespace(kv_cache_version=kv, num_prefix_cache_hits=hits)
     config = types.SimpleNamespace(mode="async", max_staleness=4)
@@ -91,8 +100,9 @@ async def test_in_place_disk_update_with_a_request_in_flight_keeps_the_engine_al
     v0, v1 = models
     async with EngineServer(v0, port=0, seed=0, weight_version="0") as server:
         async with HttpEnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
-            sync = DiskWeightSync(SyncConfig(weights_dir=str(tmp_path / "w")), pool=pool,
-                                  save_fn=lambda out: __import__("shutil").copytree(v1, out))
+            sync = DiskWeightSync(
+                SyncConfig(weights_dir=str(tmp_path / "w")), pool=pool, save_fn=lambda out: __import__("shutil").copytree(v1, out)
+            )
             staged = await sync.save(1)
             s = Sample(prompt_ids=[0, 5, 9, 17, 3])
             task = asyncio.create_task(generate(s, {"ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0))

@@ -22,8 +22,10 @@ TOK = build_chat_tokenizer()
 IM_END = TOK.convert_tokens_to_ids("<|im_end|>")
 SYSTEM = "Be brief."
 QUESTION = "What are 6*7 and 2+2?"
-CALLS = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>\n'
-         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>')
+CALLS = (
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'
+)
 ANSWER = "6*7 is 42 and 2+2 is 4."
 
 
@@ -73,11 +75,11 @@ async def test_loss_mask_covers_exactly_the_model_tokens_with_each_end_of_turn_t
     sample = await run(fresh(), ScriptedPool([(turn(CALLS), "stop"), (turn(ANSWER), "stop")]))
     t1, t2 = turn(CALLS), turn(ANSWER)
     n_tool = len(sample.response_ids) - len(t1) - len(t2)
-    assert sample.response_ids[: len(t1)] == t1 and sample.response_ids[-len(t2):] == t2
+    assert sample.response_ids[: len(t1)] == t1 and sample.response_ids[-len(t2) :] == t2
     assert sample.loss_mask == [1] * len(t1) + [0] * n_tool + [1] * len(t2)
     assert sample.rollout_logprobs == [-0.5] * len(t1) + [0.0] * n_tool + [-0.5] * len(t2)
     assert sample.versions == [3] * len(sample.response_ids)
-    assert TOK.decode(sample.response_ids[len(t1): len(t1) + n_tool]).startswith("\n<|im_start|>user\n<tool_response>\n42\n")
+    assert TOK.decode(sample.response_ids[len(t1) : len(t1) + n_tool]).startswith("\n<|im_start|>user\n<tool_response>\n42\n")
     sample.check_aligned()
 
 
@@ -158,7 +160,7 @@ async def test_template_that_rewrites_older_turns_falls_back_to_a_minimal_histor
     pool = ScriptedPool([(turn(t1, tok=tok), "stop"), (turn(t2, tok=tok), "stop"), (turn(ANSWER, tok=tok), "stop")])
     sample = await run(fresh(), pool, tok=tok)
     assert sample.status is Status.COMPLETED and sample.metadata[STATE_KEY]["template"] == "minimal"
-    insert2 = pool.calls[2][len(pool.calls[1]) + len(turn(t2, tok=tok)):]  # what went in after turn 2
+    insert2 = pool.calls[2][len(pool.calls[1]) + len(turn(t2, tok=tok)) :]  # what went in after turn 2
     assert tok.decode(insert2) == "\n<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -195,7 +197,9 @@ class FirstTurnScripted:
 def chat_model_dir(tmp_path_factory):
     from slime.servers.embedded.tiny import write_tiny_llama
 
-    return write_tiny_llama(tmp_path_factory.mktemp("mt") / "tiny-chat", vocab_size=len(TOK), max_position_embeddings=2048, eos_token_id=IM_END)
+    return write_tiny_llama(
+        tmp_path_factory.mktemp("mt") / "tiny-chat", vocab_size=len(TOK), max_position_embeddings=2048, eos_token_id=IM_END
+    )
 
 
 async def test_real_engine_abort_in_turn_two_then_resume_equals_the_uninterrupted_run(chat_model_dir):
@@ -258,8 +262,13 @@ async def test_generate_returning_one_sample_per_turn_works_with_scheduler_rewar
         ids, mask, pieces, start = sample.response_ids, sample.loss_mask, [], 0
         while start < len(ids):
             end = next((i for i in range(start, len(ids)) if not mask[i]), len(ids))
-            piece = Sample(prompt_ids=sample.prompt_ids + ids[:start], index=2 * sample.index + len(pieces),
-                           label=sample.label, status=sample.status, response=TOK.decode(ids[start:end]))
+            piece = Sample(
+                prompt_ids=sample.prompt_ids + ids[:start],
+                index=2 * sample.index + len(pieces),
+                label=sample.label,
+                status=sample.status,
+                response=TOK.decode(ids[start:end]),
+            )
             piece.append(ids[start:end], sample.rollout_logprobs[start:end], sample.versions[start:end])
             pieces.append(piece)
             start = next((i for i in range(end, len(ids)) if mask[i]), len(ids))
@@ -279,8 +288,15 @@ async def test_generate_returning_one_sample_per_turn_works_with_scheduler_rewar
         sched = Scheduler(
             LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=2000),
-            source=PromptSource(rows, shuffle=False), tokenize=lambda text: [0], decode=TOK.decode, pool=RulePool(),
-            buffer=DataBuffer(), reward_fn=reward, task_group=tg, generate_fn=per_turn, group_filter=keep_mixed,
+            source=PromptSource(rows, shuffle=False),
+            tokenize=lambda text: [0],
+            decode=TOK.decode,
+            pool=RulePool(),
+            buffer=DataBuffer(),
+            reward_fn=reward,
+            task_group=tg,
+            generate_fn=per_turn,
+            group_filter=keep_mixed,
             version=PolicyVersion(3),  # the scripted engine serves weight version 3
         )
         batch = await sched.next_batch(2)

@@ -26,15 +26,23 @@ class FakeTeacherPool:
         self.error, self.tamper = error, tamper
 
     async def generate(self, input_ids, sampling_params, *, rid=None, return_logprob=True, logprob_start_len=None, sticky_key=None):
-        self.calls.append(dict(input_ids=list(input_ids), sampling_params=dict(sampling_params), rid=rid, logprob_start_len=logprob_start_len))
+        self.calls.append(
+            dict(input_ids=list(input_ids), sampling_params=dict(sampling_params), rid=rid, logprob_start_len=logprob_start_len)
+        )
         if self.error is not None:
             raise self.error
         ids = list(input_ids[logprob_start_len:])
         lps = [math.nan] + [teacher_lp(input_ids[: logprob_start_len + j], ids[j]) for j in range(1, len(ids))]
         if self.tamper is not None:
             ids, lps = self.tamper(ids, lps)
-        return GenerateResult(output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="length", length=0),
-                              input_token_ids=ids, input_logprobs=lps, rid=rid or "")
+        return GenerateResult(
+            output_ids=[],
+            output_logprobs=[],
+            finish_reason=FinishReason(type="length", length=0),
+            input_token_ids=ids,
+            input_logprobs=lps,
+            rid=rid or "",
+        )
 
 
 def resumed_sample() -> Sample:
@@ -98,7 +106,6 @@ async def test_an_empty_response_gets_empty_teacher_logprobs_without_a_call():
     assert s.teacher_logprobs == [] and pool.calls == []
 
 
-
 def test_a_teacher_with_another_vocabulary_is_refused_naming_the_difference():
     from pathlib import Path
 
@@ -117,10 +124,13 @@ def test_a_teacher_with_another_vocabulary_is_refused_naming_the_difference():
         check_same_vocab(arith, calc, student_name="arith", teacher_name="calc")
 
 
-@pytest.mark.parametrize("extra, words", [
-    ([], "--use-opd needs a teacher"),
-    (["--opd-teacher-addrs", "127.0.0.1:9", "--opd-only", "--opd-kl-coef", "0"], "nothing would train"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ([], "--use-opd needs a teacher"),
+        (["--opd-teacher-addrs", "127.0.0.1:9", "--opd-only", "--opd-kl-coef", "0"], "nothing would train"),
+    ],
+)
 def test_opd_flag_combinations_that_cannot_work_are_refused_before_anything_starts(extra, words):
     from slime.cli_args import build_parser, config_from_args
     from slime.errors import ConfigError

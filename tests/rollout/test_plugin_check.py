@@ -145,8 +145,10 @@ def test_unloadable_path_fails_with_the_reason(plugins, capsys):
 
 async def test_none_over_length_and_future_versions_are_named(plugins, pool):
     report = await run_generate(load_plugin(f"{plugins / 'broken.py'}:returns_none"), pool)
-    assert failures(report) == ["FAIL generate: fresh sample: status is still pending after the call (returned None or the "
-                                "sample without setting a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED"]
+    assert failures(report) == [
+        "FAIL generate: fresh sample: status is still pending after the call (returned None or the "
+        "sample without setting a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED"
+    ]
     report = await run_generate(load_plugin(f"{plugins / 'broken.py'}:too_long_and_from_the_future"), pool)
     assert failures(report) == [
         "FAIL generate: fresh sample: 34 response tokens, more than max_response_len=24",

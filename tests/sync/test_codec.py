@@ -17,7 +17,10 @@ def _roundtrip(name, old, new):
 
 
 def _bits_equal(a, b):
-    return torch.equal(a.contiguous().view(torch.int32 if a.element_size() == 4 else torch.int16), b.contiguous().view(torch.int32 if b.element_size() == 4 else torch.int16))
+    return torch.equal(
+        a.contiguous().view(torch.int32 if a.element_size() == 4 else torch.int16),
+        b.contiguous().view(torch.int32 if b.element_size() == 4 else torch.int16),
+    )
 
 
 def test_small_dense_steps_use_diff_and_edge_values_travel_as_exceptions():

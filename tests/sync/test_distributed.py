@@ -15,8 +15,9 @@ from tests.sync.conftest import assert_holds, greedy_outputs
 async def test_broadcast_weights_arrive_bit_exact_and_generate_like_a_disk_synced_engine(
     engine, pool, v1_path, v2_path, v2_state, load_format, buffer_size
 ):
-    sync = DistributedWeightSync(SyncConfig(update_weight_buffer_size=buffer_size), pool=pool,
-                                 state_fn=lambda: dict(v2_state), load_format=load_format)
+    sync = DistributedWeightSync(
+        SyncConfig(update_weight_buffer_size=buffer_size), pool=pool, state_fn=lambda: dict(v2_state), load_format=load_format
+    )
     before = await greedy_outputs(pool.clients[0])
     await sync.load(await sync.save(1), 1)
     assert_holds(engine, v2_state)

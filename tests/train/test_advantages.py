@@ -139,6 +139,8 @@ def test_grpo_token_advantages_are_the_broadcast_score_unless_normalized():
     adv, _ = token_advantages("grpo", scores=torch.tensor([1.0, -2.0]), loss_mask=RESPONSE, response_mask=RESPONSE)
     torch.testing.assert_close(adv, torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, -2.0, -2.0, 0.0]]))
     # --normalize-advantages: [1, 1, 1, -2, -2] -> mean -0.2, squared deviations 10.8, unbiased var 2.7
-    adv, _ = token_advantages("grpo", scores=torch.tensor([1.0, -2.0]), loss_mask=RESPONSE, response_mask=RESPONSE, normalize_advantages=True)
+    adv, _ = token_advantages(
+        "grpo", scores=torch.tensor([1.0, -2.0]), loss_mask=RESPONSE, response_mask=RESPONSE, normalize_advantages=True
+    )
     a = _whiten_by_hand([1.0, -2.0], -0.2, 2.7)
     torch.testing.assert_close(adv, torch.tensor([[0.0, a[0], a[0], a[0]], [0.0, a[1], a[1], 0.0]]), atol=1e-5, rtol=0)

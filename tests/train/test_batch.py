@@ -121,8 +121,10 @@ def test_masked_off_policy_tokens_do_not_trip_the_staleness_check():
 def test_estimator_picks_the_sample_score():
     # rewards 1 and 0 in one group: GRPO +-0.7071, baseline +-0.5 (centred only), PPO the raw reward
     group = Group(group_id=7, samples=[_sample([1, 2], [3, 4], 1.0), _sample([1, 2], [5], 0.0, index=1)])
-    scores = {est: build_train_batch([group], pad_token_id=PAD, current_version=3, advantage_estimator=est).sample_advantages.tolist()
-              for est in ("grpo", "reinforce_plus_plus_baseline", "ppo")}
+    scores = {
+        est: build_train_batch([group], pad_token_id=PAD, current_version=3, advantage_estimator=est).sample_advantages.tolist()
+        for est in ("grpo", "reinforce_plus_plus_baseline", "ppo")
+    }
     assert scores["grpo"] == pytest.approx([0.7071, -0.7071], abs=1e-4)
     assert scores["reinforce_plus_plus_baseline"] == [0.5, -0.5] and scores["ppo"] == [1.0, 0.0]
 

@@ -31,7 +31,8 @@ def test_the_flag_makes_the_trainer_deterministic_and_says_what_it_does_not_cove
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and os.environ["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "1"
     assert [r.getMessage() for r in caplog.records if r.name == "slime.train.determinism"] == [
         "--deterministic-mode: deterministic torch kernels, seed 7; not covered: the engines "
-        "(--sglang-enable-deterministic-inference) and NCCL's reduction order"]
+        "(--sglang-enable-deterministic-inference) and NCCL's reduction order"
+    ]
 
 
 def test_without_the_flag_nothing_changes(tiny_model_dir):

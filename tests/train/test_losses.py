@@ -81,8 +81,16 @@ def test_loss_denominator_lets_micro_batches_sum_to_the_full_batch_loss():
     full, _, _ = _loss(use_tis=True)
     weights, _ = tis_weights(OLD, ROLLOUT, MASK, tis_clip=2.0)
     parts = [
-        policy_loss(NEW[i : i + 1], OLD[i : i + 1], ADV[i : i + 1] * MASK[i : i + 1], MASK[i : i + 1],
-                    is_weights=weights[i : i + 1], loss_denominator=2.0, eps_clip=0.2, eps_clip_high=0.28)[0]
+        policy_loss(
+            NEW[i : i + 1],
+            OLD[i : i + 1],
+            ADV[i : i + 1] * MASK[i : i + 1],
+            MASK[i : i + 1],
+            is_weights=weights[i : i + 1],
+            loss_denominator=2.0,
+            eps_clip=0.2,
+            eps_clip_high=0.28,
+        )[0]
         for i in range(2)
     ]
     assert sum(p.item() for p in parts) == pytest.approx(full.item(), abs=1e-6)
@@ -127,7 +135,9 @@ def test_gspo_clips_one_length_normalised_ratio_per_sample():
     # seq_mean = (-1.0004 + 1) / 2 = -0.0002
     logprobs = torch.tensor([[0.1, 0.3], [0.0002, -0.0002]], requires_grad=True)
     adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
-    loss, metrics = policy_loss(logprobs, torch.zeros(2, 2), adv, torch.ones(2, 2), eps_clip=3e-4, eps_clip_high=4e-4, ratio_level="sequence")
+    loss, metrics = policy_loss(
+        logprobs, torch.zeros(2, 2), adv, torch.ones(2, 2), eps_clip=3e-4, eps_clip_high=4e-4, ratio_level="sequence"
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.0002, abs=1e-6)
     assert metrics["pg_clipfrac"] == 0.5 and metrics["ratio_mean"] == pytest.approx((2 * math.exp(0.2) + 2) / 4, abs=1e-6)
@@ -138,8 +148,9 @@ def test_entropy_bonus_subtracts_coef_times_aggregated_entropy():
     # ratio 1 and A = 0, so the clipped term is 0; entropies [0.5, 1.5] in one sample, coef 0.1:
     # loss = -0.1 * (0.5 + 1.5) / 2 = -0.1; d loss / d entropy = -0.1 / 2 per token
     entropy = torch.tensor([[0.5, 1.5]], requires_grad=True)
-    loss, metrics = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2),
-                                eps_clip=0.2, entropy=entropy, entropy_coef=0.1)
+    loss, metrics = policy_loss(
+        torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), eps_clip=0.2, entropy=entropy, entropy_coef=0.1
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.1) and metrics["entropy"] == pytest.approx(1.0)
     torch.testing.assert_close(entropy.grad, torch.tensor([[-0.05, -0.05]]))

@@ -20,7 +20,12 @@ def test_the_fraction_of_the_runs_steps_becomes_the_warmup_and_a_cosine_decays_o
 
 
 def test_the_fraction_is_of_lr_decay_iters_when_given_and_of_the_run_for_a_constant_lr():
-    assert resolve_lr_schedule(_train("--lr-decay-style", "linear", "--lr-decay-iters", "200", "--lr-warmup-fraction", "0.25"), 1000).megatron.lr_warmup_iters == 50
+    assert (
+        resolve_lr_schedule(
+            _train("--lr-decay-style", "linear", "--lr-decay-iters", "200", "--lr-warmup-fraction", "0.25"), 1000
+        ).megatron.lr_warmup_iters
+        == 50
+    )
     cfg = resolve_lr_schedule(_train("--lr-warmup-fraction", "0.5"), 8)
     assert (cfg.megatron.lr_warmup_iters, cfg.megatron.lr_decay_iters) == (4, None)
     assert resolve_lr_schedule(_train(), 8) == _train()  # nothing to derive

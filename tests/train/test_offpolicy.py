@@ -35,10 +35,13 @@ G = 0.75 ** (1 / 3)
 S3 = math.sqrt(3.0)
 
 
-@pytest.mark.parametrize("level, want", [
-    ("sequence", [[0.75, 0.75, 0.75], [2.0, 2.0, 0.0]]),
-    ("geometric", [[G, G, G], [S3, S3, 0.0]]),
-])
+@pytest.mark.parametrize(
+    "level, want",
+    [
+        ("sequence", [[0.75, 0.75, 0.75], [2.0, 2.0, 0.0]]),
+        ("geometric", [[G, G, G], [S3, S3, 0.0]]),
+    ],
+)
 def test_tis_at_sequence_and_geometric_level_truncates_one_ratio_per_sample(level, want):
     w, m = tis_weights(OLD, ROLLOUT, MASK, tis_clip=2.0, tis_clip_low=0.0, level=level)
     torch.testing.assert_close(w, torch.tensor(want))

@@ -25,7 +25,9 @@ ROWS = [
 
 
 def _groups(rows=ROWS):
-    return [to_group(SFTExample(index=i, input_ids=ids, loss_mask=mask), group_id=i, policy_version=0) for i, (ids, mask) in enumerate(rows)]
+    return [
+        to_group(SFTExample(index=i, input_ids=ids, loss_mask=mask), group_id=i, policy_version=0) for i, (ids, mask) in enumerate(rows)
+    ]
 
 
 def _config(**kw):
@@ -95,12 +97,16 @@ def test_eval_loss_is_the_token_mean_nll_and_does_not_train(tiny_model_dir):
 
 def test_token_budget_micro_batches_give_the_same_loss_and_update(tiny_model_dir):
     fixed = TorchTrainer(_config(micro_batch_size=3), model_dir=tiny_model_dir, seed=0)
-    packed = TorchTrainer(_config(megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=9)), model_dir=tiny_model_dir, seed=0)
+    packed = TorchTrainer(
+        _config(megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=9)), model_dir=tiny_model_dir, seed=0
+    )
     assert [len(mb) for mb in packed._plan([7, 8, 3])[0]] == [1, 1, 1]  # 2 x 8 > 9: every row alone
     grads = []
     for trainer in (fixed, packed):  # record the accumulated gradient right before the optimizer step
         step = trainer._clip_and_step
-        trainer._clip_and_step = lambda module, opt, step=step: grads.append({n: p.grad.clone() for n, p in module.named_parameters()}) or step(module, opt)
+        trainer._clip_and_step = lambda module, opt, step=step: (
+            grads.append({n: p.grad.clone() for n, p in module.named_parameters()}) or step(module, opt)
+        )
     a, b = fixed.train_step(_groups()), packed.train_step(_groups())
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     for name, g in grads[0].items():

@@ -110,7 +110,9 @@ def _plain_grpo_reference_step(model_dir, config, groups):
     optional TIS, seq_mean over each optimizer step, AdamW with grad clipping. Returns the model and
     the step losses."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+    )
     batch = build_train_batch(groups, pad_token_id=0, current_version=0)
     mbs = [batch.slice(i, i + 1) for i in range(batch.num_samples)]  # micro_batch_size 1
     with torch.no_grad():

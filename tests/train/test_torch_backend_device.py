@@ -85,7 +85,10 @@ def test_default_on_a_cpu_machine_is_fp32_on_the_cpu_with_sdpa(tiny_model_dir, m
 
 def test_bf16_autocast_trains_on_the_cpu_with_fp32_weights_and_an_on_policy_first_step(tiny_model_dir):
     groups = _groups()
-    fp32, bf16 = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS), TorchTrainer(_config("cpu", bf16=True), model_dir=tiny_model_dir, **FACTS)
+    fp32, bf16 = (
+        TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS),
+        TorchTrainer(_config("cpu", bf16=True), model_dir=tiny_model_dir, **FACTS),
+    )
     ref, mask = _old_logprobs(fp32, groups)
     got, _ = _old_logprobs(bf16, groups)
     diff = ((got - ref).abs() * mask).sum() / mask.sum()
@@ -110,7 +113,10 @@ gpu = pytest.mark.gpu
 @gpu
 def test_gpu_fp32_matches_the_cpu_and_keeps_everything_on_the_device(tiny_model_dir):
     groups = _groups()
-    cpu, cuda = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS), TorchTrainer(_config("cuda"), model_dir=tiny_model_dir, **FACTS)
+    cpu, cuda = (
+        TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS),
+        TorchTrainer(_config("cuda"), model_dir=tiny_model_dir, **FACTS),
+    )
     assert {p.device.type for p in cuda.model.parameters()} == {"cuda"}
     ref, mask = _old_logprobs(cpu, groups)
     got, _ = _old_logprobs(cuda, groups)
@@ -124,7 +130,10 @@ def test_gpu_fp32_matches_the_cpu_and_keeps_everything_on_the_device(tiny_model_
 @gpu
 def test_gpu_bf16_logprobs_match_the_cpu_fp32_reference_before_and_after_a_step(tiny_model_dir):
     groups = _groups()
-    cpu, cuda = TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS), TorchTrainer(_config("cuda", bf16=True), model_dir=tiny_model_dir, **FACTS)
+    cpu, cuda = (
+        TorchTrainer(_config("cpu"), model_dir=tiny_model_dir, **FACTS),
+        TorchTrainer(_config("cuda", bf16=True), model_dir=tiny_model_dir, **FACTS),
+    )
     for _ in range(2):
         ref, mask = _old_logprobs(cpu, groups)
         got, _ = _old_logprobs(cuda, groups)

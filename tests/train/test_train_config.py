@@ -29,5 +29,12 @@ def test_slime_style_algorithm_flags_build_a_config():
     argv = "--advantage-estimator ppo --gamma 0.99 --lambd 0.95 --critic-lr 1e-6 --use-kl-loss --kl-loss-type low_var_kl "
     argv += "--kl-loss-coef 0.01 --mis-level geometric --mis-lower-bound 0.9 --mis-upper-bound 1.1 --eps-clip-c 3"
     t = config_from_args(build_parser().parse_args(argv.split() + ["--global-batch-size", "128"])).train
-    assert (t.advantage_estimator, t.gamma, t.lambd, t.critic_lr, t.use_kl_loss, t.kl_loss_type) == ("ppo", 0.99, 0.95, 1e-6, True, "low_var_kl")
+    assert (t.advantage_estimator, t.gamma, t.lambd, t.critic_lr, t.use_kl_loss, t.kl_loss_type) == (
+        "ppo",
+        0.99,
+        0.95,
+        1e-6,
+        True,
+        "low_var_kl",
+    )
     assert (t.mis_level, t.mis_lower_bound, t.mis_upper_bound, t.eps_clip_c) == ("geometric", 0.9, 1.1, 3.0)

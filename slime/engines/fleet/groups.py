@@ -34,8 +34,17 @@ from slime.config import EngineConfig
 from slime.errors import ConfigError
 from slime.yaml_file import read_yaml
 
-__all__ = ["ServerGroup", "SglangDeployment", "ACTOR", "TEACHER", "load_sglang_config", "default_deployment", "group_args",
-           "RESERVED_SERVER_FLAGS", "RESERVED_ROUTER_FLAGS"]
+__all__ = [
+    "ServerGroup",
+    "SglangDeployment",
+    "ACTOR",
+    "TEACHER",
+    "load_sglang_config",
+    "default_deployment",
+    "group_args",
+    "RESERVED_SERVER_FLAGS",
+    "RESERVED_ROUTER_FLAGS",
+]
 
 ACTOR = "actor"
 TEACHER = "teacher"
@@ -143,7 +152,9 @@ def _resolve(d: SglangDeployment, engine: EngineConfig, where: str) -> SglangDep
         model_path = g.model_path or (engine.hf_checkpoint if g.model in (ACTOR, "reference") else None)
         if not model_path:
             raise ConfigError(f"{at}.model_path: required for model {g.model!r} (only actor and reference default to --hf-checkpoint)")
-        groups.append(msgspec.structs.replace(g, model_path=model_path, gpus_per_engine=g.gpus_per_engine or engine.rollout_num_gpus_per_engine))
+        groups.append(
+            msgspec.structs.replace(g, model_path=model_path, gpus_per_engine=g.gpus_per_engine or engine.rollout_num_gpus_per_engine)
+        )
     out = SglangDeployment(groups=groups)
     if ACTOR not in out.models():
         raise ConfigError(f"{where}: no group serves model {ACTOR!r} (the policy being trained); models: {out.models()}")
@@ -153,7 +164,9 @@ def _resolve(d: SglangDeployment, engine: EngineConfig, where: str) -> SglangDep
         if len(paths) > 1:
             raise ConfigError(f"{where}: model {model!r} has groups with different model_path values {sorted(paths)}")
         if roles - {"regular"} and roles != {"prefill", "decode"}:
-            raise ConfigError(f"{where}: model {model!r} has roles {sorted(roles)}; PD disaggregation needs prefill and decode groups and no regular one")
+            raise ConfigError(
+                f"{where}: model {model!r} has roles {sorted(roles)}; PD disaggregation needs prefill and decode groups and no regular one"
+            )
     return out
 
 

@@ -34,8 +34,7 @@ from collections.abc import Mapping
 from slime.config import EngineConfig, TrainConfig
 from slime.errors import ConfigError
 
-__all__ = ["NodePlan", "Placement", "placement_given", "build_placement", "check_torchrun_env",
-           "DEFAULT_GPUS_PER_NODE"]
+__all__ = ["NodePlan", "Placement", "placement_given", "build_placement", "check_torchrun_env", "DEFAULT_GPUS_PER_NODE"]
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +69,25 @@ class Placement:
         """Per node: the torchrun command of its trainer ranks and the GPUs of trainer and servers."""
         a, g = self.actor_num_nodes, self.actor_num_gpus_per_node
         trainer = f"trainer {a} node(s) x {g} GPU(s)" if self.megatron else "trainer in one process on node 0 (torch backend)"
-        lines = [f"# slime placement: {len(self.nodes)} node(s) of {self.gpus_per_node} GPU(s); {trainer}, "
-                 f"SGLang servers on {self.rollout_num_gpus} GPU(s), {'colocated with' if self.colocate else 'apart from'} the trainer"]
+        lines = [
+            f"# slime placement: {len(self.nodes)} node(s) of {self.gpus_per_node} GPU(s); {trainer}, "
+            f"SGLang servers on {self.rollout_num_gpus} GPU(s), {'colocated with' if self.colocate else 'apart from'} the trainer"
+        ]
         for n in self.nodes:
-            lines.append(f"[node {n.node_rank}] trainer GPUs {_ids(n.trainer_gpus)}; SGLang servers "
-                         f"{' '.join(f'[{_ids(s)}]' for s in n.servers) or 'none'}")
+            lines.append(
+                f"[node {n.node_rank}] trainer GPUs {_ids(n.trainer_gpus)}; SGLang servers "
+                f"{' '.join(f'[{_ids(s)}]' for s in n.servers) or 'none'}"
+            )
             if n.trainer_gpus and self.megatron:
-                lines.append(f"  torchrun --nnodes {a} --nproc-per-node {g} --node-rank {n.node_rank} --master-addr $MASTER_ADDR "
-                             f"--master-port $MASTER_PORT -m slime.cli train --train-backend megatron ...")
+                lines.append(
+                    f"  torchrun --nnodes {a} --nproc-per-node {g} --node-rank {n.node_rank} --master-addr $MASTER_ADDR "
+                    f"--master-port $MASTER_PORT -m slime.cli train --train-backend megatron ..."
+                )
         if self.servers_off_node0:
-            lines.append("# rank 0 launches node 0's servers only: start the others on their nodes (python -m sglang.launch_server, "
-                         "as a one-node --dry-run prints it) and pass them with --rollout-external-engine-addrs")
+            lines.append(
+                "# rank 0 launches node 0's servers only: start the others on their nodes (python -m sglang.launch_server, "
+                "as a one-node --dry-run prints it) and pass them with --rollout-external-engine-addrs"
+            )
         return "\n".join(lines)
 
 
@@ -94,8 +101,9 @@ def placement_given(train: TrainConfig, engine: EngineConfig) -> bool:
     return train.actor_num_nodes is not None or train.actor_num_gpus_per_node is not None or engine.rollout_num_gpus_per_node is not None
 
 
-def build_placement(train: TrainConfig, engine: EngineConfig, *, colocate: bool = False, rollout_only: bool = False,
-                    gpus_per_node: int | None = None) -> Placement:
+def build_placement(
+    train: TrainConfig, engine: EngineConfig, *, colocate: bool = False, rollout_only: bool = False, gpus_per_node: int | None = None
+) -> Placement:
     """The per-node layout of trainer ranks and SGLang servers (module docstring).
 
     Args:
@@ -116,20 +124,29 @@ def build_placement(train: TrainConfig, engine: EngineConfig, *, colocate: bool 
     if nodes < 1 or per_node < 1:
         raise ConfigError(f"--actor-num-nodes={nodes} and --actor-num-gpus-per-node={per_node} must be >= 1")
     if not megatron and nodes > 1:
-        raise ConfigError(f"--actor-num-nodes={nodes}: several trainer nodes need --train-backend megatron (the torch backend "
-                          "trains in one process)")
+        raise ConfigError(
+            f"--actor-num-nodes={nodes}: several trainer nodes need --train-backend megatron (the torch backend trains in one process)"
+        )
     if not megatron and per_node > 1:
-        log.info("--actor-num-gpus-per-node=%d: the torch backend trains in one process; it places the SGLang servers only "
-                 "(--train-backend megatron starts %d ranks per node)", per_node, per_node)
+        log.info(
+            "--actor-num-gpus-per-node=%d: the torch backend trains in one process; it places the SGLang servers only "
+            "(--train-backend megatron starts %d ranks per node)",
+            per_node,
+            per_node,
+        )
     if gpus_per_node is None:
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         if e.rollout_num_gpus_per_node is not None and visible and e.rollout_num_gpus_per_node > len(visible):
-            raise ConfigError(f"--rollout-num-gpus-per-node={e.rollout_num_gpus_per_node} but this node sees {len(visible)} GPU(s) "
-                              f"(CUDA_VISIBLE_DEVICES={','.join(visible)})")
+            raise ConfigError(
+                f"--rollout-num-gpus-per-node={e.rollout_num_gpus_per_node} but this node sees {len(visible)} GPU(s) "
+                f"(CUDA_VISIBLE_DEVICES={','.join(visible)})"
+            )
         gpus_per_node = e.rollout_num_gpus_per_node or len(visible) or max(DEFAULT_GPUS_PER_NODE, per_node)
     if per_node > gpus_per_node:
-        raise ConfigError(f"--actor-num-gpus-per-node={per_node} but a node has {gpus_per_node} GPU(s) "
-                          f"({'--rollout-num-gpus-per-node' if e.rollout_num_gpus_per_node else 'CUDA_VISIBLE_DEVICES'})")
+        raise ConfigError(
+            f"--actor-num-gpus-per-node={per_node} but a node has {gpus_per_node} GPU(s) "
+            f"({'--rollout-num-gpus-per-node' if e.rollout_num_gpus_per_node else 'CUDA_VISIBLE_DEVICES'})"
+        )
     world = nodes * per_node
     if megatron:
         model = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
@@ -137,11 +154,14 @@ def build_placement(train: TrainConfig, engine: EngineConfig, *, colocate: bool 
             raise ConfigError(
                 f"--tensor-model-parallel-size={m.tensor_model_parallel_size} x --pipeline-model-parallel-size="
                 f"{m.pipeline_model_parallel_size} x --context-parallel-size={m.context_parallel_size} = {model} must divide "
-                f"--actor-num-nodes={nodes} x --actor-num-gpus-per-node={per_node} = {world} GPUs (data-parallel size = GPUs / {model})")
+                f"--actor-num-nodes={nodes} x --actor-num-gpus-per-node={per_node} = {world} GPUs (data-parallel size = GPUs / {model})"
+            )
         experts = m.expert_model_parallel_size * m.resolved_expert_tensor_parallel_size
         if world % experts:
-            raise ConfigError(f"--expert-model-parallel-size={m.expert_model_parallel_size} x --expert-tensor-parallel-size="
-                              f"{m.resolved_expert_tensor_parallel_size} = {experts} must divide the trainer's {world} GPUs")
+            raise ConfigError(
+                f"--expert-model-parallel-size={m.expert_model_parallel_size} x --expert-tensor-parallel-size="
+                f"{m.resolved_expert_tensor_parallel_size} = {experts} must divide the trainer's {world} GPUs"
+            )
     if e.sglang_config:  # its groups' servers, in order (they may differ in size)
         from slime.engines.fleet.groups import load_sglang_config
 
@@ -167,11 +187,15 @@ def build_placement(train: TrainConfig, engine: EngineConfig, *, colocate: bool 
     servers: list[list[tuple[int, int]]] = [slots[a : a + size] for a, size in zip(starts, sizes)]
     for i, s in enumerate(servers):
         if len({n for n, _ in s}) > 1 or [g for _, g in s] != list(range(s[0][1], s[0][1] + len(s))):
-            raise ConfigError(f"--rollout-num-gpus-per-engine={len(s)}: server {i} would take GPUs {[f'node{n}:{g}' for n, g in s]}, "
-                              f"not {len(s)} consecutive GPUs of one node (nodes of {gpus_per_node} GPUs, trainer {nodes} x {per_node})")
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine={len(s)}: server {i} would take GPUs {[f'node{n}:{g}' for n, g in s]}, "
+                f"not {len(s)} consecutive GPUs of one node (nodes of {gpus_per_node} GPUs, trainer {nodes} x {per_node})"
+            )
     num_nodes = max([nodes, *(s[0][0] + 1 for s in servers)])
-    plans = tuple(NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n),
-                           tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n)) for n in range(num_nodes))
+    plans = tuple(
+        NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n), tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n))
+        for n in range(num_nodes)
+    )
     return Placement(nodes, per_node, gpus_per_node, rollout, colocate, megatron, plans)
 
 
@@ -188,9 +212,13 @@ def check_torchrun_env(train: TrainConfig, engine: EngineConfig, env: Mapping[st
         return
     nodes, per_node = t.actor_num_nodes or 1, t.actor_num_gpus_per_node
     if per_node is not None and int(env.get("LOCAL_WORLD_SIZE", per_node)) != per_node:
-        raise ConfigError(f"--actor-num-gpus-per-node={per_node} but torchrun started {env['LOCAL_WORLD_SIZE']} rank(s) on this node "
-                          f"(--nproc-per-node); make them equal")
+        raise ConfigError(
+            f"--actor-num-gpus-per-node={per_node} but torchrun started {env['LOCAL_WORLD_SIZE']} rank(s) on this node "
+            f"(--nproc-per-node); make them equal"
+        )
     want = nodes * (per_node or int(env.get("LOCAL_WORLD_SIZE", 1)))
     if int(env["WORLD_SIZE"]) != want:
-        raise ConfigError(f"--actor-num-nodes={nodes} x --actor-num-gpus-per-node={per_node} = {want} ranks but torchrun's "
-                          f"WORLD_SIZE is {env['WORLD_SIZE']}; make them equal")
+        raise ConfigError(
+            f"--actor-num-nodes={nodes} x --actor-num-gpus-per-node={per_node} = {want} ranks but torchrun's "
+            f"WORLD_SIZE is {env['WORLD_SIZE']}; make them equal"
+        )

@@ -52,8 +52,19 @@ from slime.engines.fleet.groups import ACTOR, TEACHER, ServerGroup, SglangDeploy
 from slime.engines.fleet.processes import EmbeddedEngineProcess
 from slime.errors import ConfigError
 
-__all__ = ["ServerSpec", "RouterSpec", "LaunchPlan", "build_launch_plan", "backend_of", "port_is_free", "embedded_processes",
-           "teacher_processes", "check_launchable", "trainer_gpus", "SHARED_MEM_FRACTION_STATIC"]
+__all__ = [
+    "ServerSpec",
+    "RouterSpec",
+    "LaunchPlan",
+    "build_launch_plan",
+    "backend_of",
+    "port_is_free",
+    "embedded_processes",
+    "teacher_processes",
+    "check_launchable",
+    "trainer_gpus",
+    "SHARED_MEM_FRACTION_STATIC",
+]
 
 SHARED_MEM_FRACTION_STATIC = 0.5
 """``--mem-fraction-static`` of a server that shares its GPU with the trainer, unless the user sets one."""
@@ -99,16 +110,21 @@ class LaunchPlan:
     """What the plan decided for the user (GPU sharing, defaults added, routers left out); logged at start."""
 
     def models(self) -> list[str]:
-        return list(dict.fromkeys([ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers),
-                                   *([TEACHER] if self.teacher_urls else [])]))
+        return list(
+            dict.fromkeys(
+                [ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers), *([TEACHER] if self.teacher_urls else [])]
+            )
+        )
 
     def router_of(self, model: str) -> RouterSpec | None:
         return next((r for r in self.routers if r.model == model), None)
 
     def format(self) -> str:
         """Every command with its environment, one per line, shell-quoted."""
-        lines = [f"# slime launch plan: backend {self.backend}, {len(self.servers)} server(s), "
-                 f"{sum(r.argv is not None for r in self.routers)} router(s) to start"]
+        lines = [
+            f"# slime launch plan: backend {self.backend}, {len(self.servers)} server(s), "
+            f"{sum(r.argv is not None for r in self.routers)} router(s) to start"
+        ]
         lines += [f"# {note}" for note in self.notes]
         for s in self.servers:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
@@ -146,10 +162,19 @@ def backend_of(engine: EngineConfig) -> Literal["embedded", "sglang", "external"
     return "external" if engine.sglang_router_ip else "embedded"
 
 
-def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, weight_version: str = "0", seed: int = 0,
-                      python: str = sys.executable, is_free: Callable[[str, int], bool] = port_is_free,
-                      trainer_gpus: int = 0, colocate: bool = False, in_place_updates: bool = False,
-                      gpus_per_node: int | None = None) -> LaunchPlan:
+def build_launch_plan(
+    engine: EngineConfig,
+    *,
+    model_dir: str | None = None,
+    weight_version: str = "0",
+    seed: int = 0,
+    python: str = sys.executable,
+    is_free: Callable[[str, int], bool] = port_is_free,
+    trainer_gpus: int = 0,
+    colocate: bool = False,
+    in_place_updates: bool = False,
+    gpus_per_node: int | None = None,
+) -> LaunchPlan:
     """What to start for ``engine``; nothing is started.
 
     Args:
@@ -171,55 +196,106 @@ def build_launch_plan(engine: EngineConfig, *, model_dir: str | None = None, wei
     backend = backend_of(engine)
     if (engine.sglang_args or engine.router_args) and backend != "sglang":
         flags = [t for t in (*engine.sglang_args, *engine.router_args) if t.startswith("--")]
-        raise ConfigError(f"--sglang-*/--router-* flags {flags} go to SGLang servers and routers that slime launches, "
-                          f"but this run launches none ({backend} engines): add --rollout-num-gpus N or --sglang-config, or drop them")
+        raise ConfigError(
+            f"--sglang-*/--router-* flags {flags} go to SGLang servers and routers that slime launches, "
+            f"but this run launches none ({backend} engines): add --rollout-num-gpus N or --sglang-config, or drop them"
+        )
     if engine.sglang_router_ip and engine.sglang_router_port is None:
         raise ConfigError(f"--sglang-router-ip={engine.sglang_router_ip} needs --sglang-router-port")
     if engine.rollout_external_engine_addrs and (engine.rollout_num_gpus is not None or engine.sglang_config):
-        raise ConfigError("--rollout-external-engine-addrs attaches to running engines; it cannot be combined with "
-                          "--rollout-num-gpus or --sglang-config, which launch them")
+        raise ConfigError(
+            "--rollout-external-engine-addrs attaches to running engines; it cannot be combined with "
+            "--rollout-num-gpus or --sglang-config, which launch them"
+        )
     router = f"http://{engine.sglang_router_ip}:{engine.sglang_router_port}" if engine.sglang_router_ip else None
     teacher_urls = tuple(u if u.startswith("http") else f"http://{u}" for u in engine.opd_teacher_addrs)
-    teachers = tuple(ServerSpec("embedded-teacher", TEACHER, "regular", tuple(p.args), p.env, "")
-                     for p in teacher_processes(engine, seed=seed))
+    teachers = tuple(
+        ServerSpec("embedded-teacher", TEACHER, "regular", tuple(p.args), p.env, "") for p in teacher_processes(engine, seed=seed)
+    )
     if backend == "external":
         urls = tuple(u if u.startswith("http") else f"http://{u}" for u in engine.rollout_external_engine_addrs)
-        return LaunchPlan("external", servers=teachers, external_urls=urls, teacher_urls=teacher_urls,
-                          routers=(RouterSpec(ACTOR, router, None, False),) if router else ())
+        return LaunchPlan(
+            "external",
+            servers=teachers,
+            external_urls=urls,
+            teacher_urls=teacher_urls,
+            routers=(RouterSpec(ACTOR, router, None, False),) if router else (),
+        )
     if backend == "embedded":
         procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
-        return LaunchPlan("embedded", servers=tuple(ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "")
-                                                    for i, p in enumerate(procs)) + teachers, teacher_urls=teacher_urls)
+        return LaunchPlan(
+            "embedded",
+            servers=tuple(ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "") for i, p in enumerate(procs)) + teachers,
+            teacher_urls=teacher_urls,
+        )
     if engine.opd_teacher_load:
-        raise ConfigError(f"--opd-teacher-load={engine.opd_teacher_load!r} launches an embedded CPU engine; with SGLang servers "
-                          "declare the teacher as a group of --sglang-config ({name: teacher, model: teacher, model_path: ...}) "
-                          "or give running ones with --opd-teacher-addrs")
+        raise ConfigError(
+            f"--opd-teacher-load={engine.opd_teacher_load!r} launches an embedded CPU engine; with SGLang servers "
+            "declare the teacher as a group of --sglang-config ({name: teacher, model: teacher, model_path: ...}) "
+            "or give running ones with --opd-teacher-addrs"
+        )
     deployment = load_sglang_config(engine.sglang_config, engine) if engine.sglang_config else default_deployment(engine)
     if teacher_urls and TEACHER in deployment.models():
         raise ConfigError(f"--opd-teacher-addrs with a {TEACHER!r} group in --sglang-config: pick one teacher")
-    plan = _sglang_plan(engine, deployment, model_dir=model_dir, weight_version=weight_version, python=python, is_free=is_free, router=router,
-                        trainer_gpus=trainer_gpus, colocate=colocate, in_place_updates=in_place_updates, gpus_per_node=gpus_per_node)
+    plan = _sglang_plan(
+        engine,
+        deployment,
+        model_dir=model_dir,
+        weight_version=weight_version,
+        python=python,
+        is_free=is_free,
+        router=router,
+        trainer_gpus=trainer_gpus,
+        colocate=colocate,
+        in_place_updates=in_place_updates,
+        gpus_per_node=gpus_per_node,
+    )
     return dataclasses.replace(plan, teacher_urls=teacher_urls)
 
 
 def embedded_processes(engine: EngineConfig, *, model_dir: str | None, weight_version: str, seed: int) -> list[EmbeddedEngineProcess]:
     """The embedded engines of the plan (``--rollout-num-engines`` of them, seeds ``seed + i``), not started."""
-    return [EmbeddedEngineProcess(model_dir or engine.hf_checkpoint, threads=engine.engine_threads, seed=seed + i,
-                                  max_running_requests=engine.max_running_requests, weight_version=weight_version)
-            for i in range(engine.num_engines)]
+    return [
+        EmbeddedEngineProcess(
+            model_dir or engine.hf_checkpoint,
+            threads=engine.engine_threads,
+            seed=seed + i,
+            max_running_requests=engine.max_running_requests,
+            weight_version=weight_version,
+        )
+        for i in range(engine.num_engines)
+    ]
 
 
 def teacher_processes(engine: EngineConfig, *, seed: int) -> list[EmbeddedEngineProcess]:
     """The embedded teacher engine of ``--opd-teacher-load`` (one; seed ``seed + 1000``), or none. Not started."""
     if not engine.opd_teacher_load:
         return []
-    return [EmbeddedEngineProcess(engine.opd_teacher_load, threads=engine.engine_threads, seed=seed + 1000,
-                                  max_running_requests=engine.max_running_requests, weight_version="0")]
+    return [
+        EmbeddedEngineProcess(
+            engine.opd_teacher_load,
+            threads=engine.engine_threads,
+            seed=seed + 1000,
+            max_running_requests=engine.max_running_requests,
+            weight_version="0",
+        )
+    ]
 
 
-def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_dir: str | None, weight_version: str, python: str,
-                 is_free: Callable[[str, int], bool], router: str | None, trainer_gpus: int, colocate: bool,
-                 in_place_updates: bool = False, gpus_per_node: int | None = None) -> LaunchPlan:
+def _sglang_plan(
+    engine: EngineConfig,
+    deployment: SglangDeployment,
+    *,
+    model_dir: str | None,
+    weight_version: str,
+    python: str,
+    is_free: Callable[[str, int], bool],
+    router: str | None,
+    trainer_gpus: int,
+    colocate: bool,
+    in_place_updates: bool = False,
+    gpus_per_node: int | None = None,
+) -> LaunchPlan:
     host, global_args = _take_host(engine.sglang_args)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     gpus = _visible_gpus(probe=trainer_gpus > 0)
@@ -227,7 +303,9 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
         gpus = [str(n) for n in range(gpus_per_node)]
     need = sum(g.num_engines * (g.gpus_per_engine or 1) for g in deployment.groups)
     if engine.rollout_num_gpus is not None and need != engine.rollout_num_gpus:
-        raise ConfigError(f"--sglang-config needs {need} GPUs (sum of num_engines x gpus_per_engine) but --rollout-num-gpus={engine.rollout_num_gpus}")
+        raise ConfigError(
+            f"--sglang-config needs {need} GPUs (sum of num_engines x gpus_per_engine) but --rollout-num-gpus={engine.rollout_num_gpus}"
+        )
     if gpus is not None and need > len(gpus):
         raise ConfigError(f"the SGLang servers need {need} GPUs but CUDA_VISIBLE_DEVICES lists {len(gpus)}: {','.join(gpus)}")
     notes: list[str] = []
@@ -237,8 +315,10 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
         first_gpu = trainer_gpus  # THUDM/slime's placement: the rollout GPUs follow the actor's
     else:
         first_gpu = 0
-        notes.append(f"{len(gpus) if gpus is not None else 'an unknown number of'} GPU(s) visible for a trainer on {trainer_gpus} "
-                     f"and SGLang servers on {need}: the servers share the trainer's GPUs from GPU 0")
+        notes.append(
+            f"{len(gpus) if gpus is not None else 'an unknown number of'} GPU(s) visible for a trainer on {trainer_gpus} "
+            f"and SGLang servers on {need}: the servers share the trainer's GPUs from GPU 0"
+        )
     shared_ids = set(range(trainer_gpus))
     taken: set[int] = set()
 
@@ -260,8 +340,21 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
             ids = list(range(first_gpu, first_gpu + tp))
             first_gpu += tp
             port = next_port()
-            argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host or "127.0.0.1",
-                    "--port", str(port), "--tp-size", str(tp), "--weight-version", version]
+            argv = [
+                python,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                str(model_path),
+                "--host",
+                host or "127.0.0.1",
+                "--port",
+                str(port),
+                "--tp-size",
+                str(tp),
+                "--weight-version",
+                version,
+            ]
             bootstrap = None
             if group.role != "regular":
                 argv += ["--disaggregation-mode", group.role]
@@ -272,19 +365,34 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
             shares = colocate or bool(shared_ids & set(ids))
             defaults = _sharing_defaults(global_args, group, colocate=colocate) if shares else []
             if defaults:
-                notes.append(f"{name} shares GPU(s) with the trainer{' (--colocate)' if colocate else ''}: added {' '.join(defaults)} "
-                             "(set --sglang-mem-fraction-static / --sglang-enable-memory-saver to choose)")
+                notes.append(
+                    f"{name} shares GPU(s) with the trainer{' (--colocate)' if colocate else ''}: added {' '.join(defaults)} "
+                    "(set --sglang-mem-fraction-static / --sglang-enable-memory-saver to choose)"
+                )
             if in_place_updates and group.model == ACTOR:
                 if "disable-radix-cache" not in _given_flags(global_args, group):
                     defaults = [*defaults, "--disable-radix-cache"]
-                    notes.append(f"{name}: added --disable-radix-cache (async mode updates weights in place; a prefix cache would "
-                                 "keep KV of older weights, so every update would have to abort and flush instead)")
+                    notes.append(
+                        f"{name}: added --disable-radix-cache (async mode updates weights in place; a prefix cache would "
+                        "keep KV of older weights, so every update would have to abort and flush instead)"
+                    )
                 elif group.args.get("disable-radix-cache", group.args.get("--disable-radix-cache")) is False:
-                    notes.append(f"{name}: keeps its radix cache (disable-radix-cache: false in --sglang-config): once a request "
-                                 "reuses cached KV, every async weight update aborts and flushes instead of pausing in place")
+                    notes.append(
+                        f"{name}: keeps its radix cache (disable-radix-cache: false in --sglang-config): once a request "
+                        "reuses cached KV, every async weight update aborts and flushes instead of pausing in place"
+                    )
             env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[n] for n in ids) if gpus is not None else ",".join(map(str, ids))}
-            servers.append(ServerSpec(name, group.model, group.role, tuple(argv + group_args((*defaults, *global_args), group)),
-                                      env, f"http://{url_host}:{port}", bootstrap))
+            servers.append(
+                ServerSpec(
+                    name,
+                    group.model,
+                    group.role,
+                    tuple(argv + group_args((*defaults, *global_args), group)),
+                    env,
+                    f"http://{url_host}:{port}",
+                    bootstrap,
+                )
+            )
     routers = []
     for model in deployment.models():
         mine = [s for s in servers if s.model == model]
@@ -305,8 +413,10 @@ def _sglang_plan(engine: EngineConfig, deployment: SglangDeployment, *, model_di
         argv += ["--host", host or "127.0.0.1", "--port", str(port), *engine.router_args]
         routers.append(RouterSpec(model, f"http://{url_host}:{port}", tuple(argv), False))
     if engine.router_args and all(r.argv is None for r in routers):
-        raise ConfigError(f"--router-* flags {[t for t in engine.router_args if t.startswith('--')]} go to routers that slime "
-                          f"launches, but the only router is the running one at {router}")
+        raise ConfigError(
+            f"--router-* flags {[t for t in engine.router_args if t.startswith('--')]} go to routers that slime "
+            f"launches, but the only router is the running one at {router}"
+        )
     return LaunchPlan("sglang", servers=tuple(servers), routers=tuple(routers), notes=tuple(notes))
 
 
@@ -341,16 +451,26 @@ def check_launchable(plan: LaunchPlan) -> None:
     saver = any("--enable-memory-saver" in s.argv for s in plan.servers)
     for module, needed, fix in (
         ("sglang", bool(plan.servers), 'pip install "sglang==0.5.17", or put its site-packages on PYTHONPATH'),
-        ("sglang_router", bool(launched_routers), "pip install sglang-router (it needs no GPU), or give a running router with "
-                                                  "--sglang-router-ip/--sglang-router-port"),
-        ("torch_memory_saver", saver, "pip install torch_memory_saver (SGLang's --enable-memory-saver, which --colocate needs), "
-                                      "or drop --colocate"),
+        (
+            "sglang_router",
+            bool(launched_routers),
+            "pip install sglang-router (it needs no GPU), or give a running router with --sglang-router-ip/--sglang-router-port",
+        ),
+        (
+            "torch_memory_saver",
+            saver,
+            "pip install torch_memory_saver (SGLang's --enable-memory-saver, which --colocate needs), or drop --colocate",
+        ),
     ):
         if needed and importlib.util.find_spec(module) is None:
-            what = {"sglang": "SGLang servers", "sglang_router": f"routers for {[r.model for r in launched_routers]}",
-                    "torch_memory_saver": "servers with --enable-memory-saver"}[module]
-            raise ConfigError(f"this run launches {what}, but {sys.executable} cannot import {module}: {fix} "
-                              "(slime train --dry-run shows the commands)")
+            what = {
+                "sglang": "SGLang servers",
+                "sglang_router": f"routers for {[r.model for r in launched_routers]}",
+                "torch_memory_saver": "servers with --enable-memory-saver",
+            }[module]
+            raise ConfigError(
+                f"this run launches {what}, but {sys.executable} cannot import {module}: {fix} (slime train --dry-run shows the commands)"
+            )
 
 
 def trainer_gpus(train: TrainConfig, *, rollout_only: bool = False) -> int:

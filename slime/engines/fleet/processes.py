@@ -40,9 +40,23 @@ __all__ = ["CommandProcess", "EmbeddedEngineProcess", "TORCHRUN_VARS", "child_en
 
 log = logging.getLogger(__name__)
 
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-                 "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -53,8 +67,17 @@ def child_env(env: Mapping[str, str]) -> dict[str, str]:
 class CommandProcess:
     """One command of the launch plan, with the process interface of ``EmbeddedEngineProcess``."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, env: Mapping[str, str], url: str,
-                 ready: Callable[[float], Awaitable[None]], log_path: str | Path | None = None, grace_s: float = 15.0):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        url: str,
+        ready: Callable[[float], Awaitable[None]],
+        log_path: str | Path | None = None,
+        grace_s: float = 15.0,
+    ):
         self.name, self.argv, self.env, self.url = name, list(argv), dict(env), url
         self.ready = ready
         self.log_path = Path(log_path) if log_path else None
@@ -85,8 +108,8 @@ class CommandProcess:
             out = self.log_path.open("ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, env=child_env(self.env), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
-                start_new_session=True)
+                *self.argv, env=child_env(self.env), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None, start_new_session=True
+            )
         finally:
             if out is not None:
                 out.close()  # the child holds its own descriptor
@@ -105,8 +128,9 @@ class CommandProcess:
         if error is not None:
             raise error
         where = f"; see {self.log_path}" if self.log_path else ""
-        raise EngineUnavailable(f"{self.name} exited with code {self.proc.returncode} before it was ready{where}",
-                                url=self.url, endpoint="(launch)")
+        raise EngineUnavailable(
+            f"{self.name} exited with code {self.proc.returncode} before it was ready{where}", url=self.url, endpoint="(launch)"
+        )
 
     async def restart(self, startup_timeout_s: float) -> str:
         """Stop (if still running) and start the same command again. Returns the url."""
@@ -128,6 +152,7 @@ class CommandProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the tree, even when the leader exited
         await self.proc.wait()
 
+
 READY_PREFIX = "SLIME_ENGINE_READY url="
 
 
@@ -136,14 +161,23 @@ class EmbeddedEngineProcess:
 
     def __init__(self, model_dir: str, *, threads: int = 1, max_running_requests: int = 256, weight_version: str = "0", seed: int = 0):
         self.args = [
-            sys.executable, "-m", "slime.servers.embedded.server",
-            "--model", model_dir,
-            "--host", "127.0.0.1",
-            "--port", "0",
-            "--threads", str(threads),
-            "--max-running-requests", str(max_running_requests),
-            "--weight-version", weight_version,
-            "--seed", str(seed),
+            sys.executable,
+            "-m",
+            "slime.servers.embedded.server",
+            "--model",
+            model_dir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--threads",
+            str(threads),
+            "--max-running-requests",
+            str(max_running_requests),
+            "--weight-version",
+            weight_version,
+            "--seed",
+            str(seed),
         ]
         self.env = {"OMP_NUM_THREADS": str(threads)}
         """Variables set on top of ours (shown by ``slime train --dry-run``)."""
@@ -187,7 +221,7 @@ class EmbeddedEngineProcess:
                     line = raw.decode(errors="replace")
                     tail.append(line)
                     if line.startswith(READY_PREFIX):
-                        self.url = line[len(READY_PREFIX):].strip()
+                        self.url = line[len(READY_PREFIX) :].strip()
                         break
         except TimeoutError:
             await self.stop()
@@ -218,11 +252,21 @@ class EmbeddedEngineProcess:
 
 
 @contextlib.asynccontextmanager
-async def launch_embedded_engines(model_dir: str, *, num_engines: int, threads: int, max_running_requests: int, startup_timeout_s: float,
-                                  seed: int = 0, weight_version: str = "0") -> AsyncIterator[list[str]]:
+async def launch_embedded_engines(
+    model_dir: str,
+    *,
+    num_engines: int,
+    threads: int,
+    max_running_requests: int,
+    startup_timeout_s: float,
+    seed: int = 0,
+    weight_version: str = "0",
+) -> AsyncIterator[list[str]]:
     """Start ``num_engines`` embedded engines at ``weight_version``; yield their URLs; stop them on exit."""
     procs = [
-        EmbeddedEngineProcess(model_dir, threads=threads, max_running_requests=max_running_requests, seed=seed + i, weight_version=weight_version)
+        EmbeddedEngineProcess(
+            model_dir, threads=threads, max_running_requests=max_running_requests, seed=seed + i, weight_version=weight_version
+        )
         for i in range(num_engines)
     ]
     try:

@@ -81,9 +81,18 @@ class RolloutEngines:
 
 
 @contextlib.asynccontextmanager
-async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_dir: str | None = None, weight_version: str = "0",
-                        seed: int = 0, log_dir: str | Path | None = None, trainer_gpus: int = 0,
-                        colocate: bool = False, in_place_updates: bool = False) -> AsyncIterator[RolloutEngines]:
+async def start_rollout(
+    engine: EngineConfig,
+    rollout: RolloutConfig,
+    *,
+    model_dir: str | None = None,
+    weight_version: str = "0",
+    seed: int = 0,
+    log_dir: str | Path | None = None,
+    trainer_gpus: int = 0,
+    colocate: bool = False,
+    in_place_updates: bool = False,
+) -> AsyncIterator[RolloutEngines]:
     """Start (or attach to) the engines of ``build_launch_plan(engine, ...)``; yield them running.
 
     ``trainer_gpus`` / ``colocate`` / ``in_place_updates``: as ``build_launch_plan``.
@@ -93,15 +102,23 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             (``check_launchable``). EngineError: a server or router that did not come up in
             ``startup_timeout_s``, or a running router that could not be listed or registered with.
     """
-    plan = build_launch_plan(engine, model_dir=model_dir, weight_version=weight_version, seed=seed, trainer_gpus=trainer_gpus,
-                             colocate=colocate, in_place_updates=in_place_updates)
+    plan = build_launch_plan(
+        engine,
+        model_dir=model_dir,
+        weight_version=weight_version,
+        seed=seed,
+        trainer_gpus=trainer_gpus,
+        colocate=colocate,
+        in_place_updates=in_place_updates,
+    )
     check_launchable(plan)
     for note in plan.notes:
         log.info("launch plan: %s", note)
     timeout_s = engine.startup_timeout_s
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+    )
     processes: dict[str, Any] = {}
     routers: dict[str, CommandProcess] = {}
     pools: dict[str, HttpEnginePool] = {}
@@ -115,8 +132,17 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             model_of.update((u, ACTOR) for u in urls[: len(procs)])
             model_of.update((u, TEACHER) for u in urls[len(procs) :])
         elif plan.backend == "sglang":
-            procs = [CommandProcess(s.name, s.argv, env=s.env, url=s.url, log_path=_log(log_dir, s.name),
-                                    ready=EngineClient(s.url, session=session, config=rollout).wait_ready) for s in plan.servers]
+            procs = [
+                CommandProcess(
+                    s.name,
+                    s.argv,
+                    env=s.env,
+                    url=s.url,
+                    log_path=_log(log_dir, s.name),
+                    ready=EngineClient(s.url, session=session, config=rollout).wait_ready,
+                )
+                for s in plan.servers
+            ]
             await _start_all(procs, timeout_s)
             processes.update((p.url, p) for p in procs)
             model_of.update((s.url, s.model) for s in plan.servers)
@@ -134,8 +160,14 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
         for spec in plan.routers:
             client = RouterClient(spec.url, session=session, config=rollout)
             if spec.argv is not None:
-                proc = CommandProcess(f"router-{spec.model}", spec.argv, env={}, url=spec.url, ready=client.wait_ready,
-                                      log_path=_log(log_dir, f"router-{spec.model}"))
+                proc = CommandProcess(
+                    f"router-{spec.model}",
+                    spec.argv,
+                    env={},
+                    url=spec.url,
+                    ready=client.wait_ready,
+                    log_path=_log(log_dir, f"router-{spec.model}"),
+                )
                 routers[spec.model] = proc
                 await proc.start(timeout_s)
             else:
@@ -154,15 +186,29 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
             urls = [u for u, m in model_of.items() if m == model]
             router = plan.router_of(model)
             weights = (model_dir or engine.hf_checkpoint, weight_version) if model == ACTOR else None
-            pools[model] = HttpEnginePool(urls, config=rollout, session=session, router_url=router.url if router else None,
-                                      failure_threshold=engine.circuit_breaker_threshold, rejoin_timeout_s=rejoin_timeout_s,
-                                      breaker_cooldown_s=engine.circuit_breaker_cooldown_s, weights=weights)
+            pools[model] = HttpEnginePool(
+                urls,
+                config=rollout,
+                session=session,
+                router_url=router.url if router else None,
+                failure_threshold=engine.circuit_breaker_threshold,
+                rejoin_timeout_s=rejoin_timeout_s,
+                breaker_cooldown_s=engine.circuit_breaker_cooldown_s,
+                weights=weights,
+            )
             if plan.backend == "external" or (model == TEACHER and plan.teacher_urls):
                 log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
                 await pools[model].wait_ready(timeout_s)
-        supervisors = {model: EngineSupervisor(pool, config=engine, processes={u: processes[u] for u in pool.urls if u in processes},
-                                               router=router_clients.get(model), registration=registration)
-                       for model, pool in pools.items()}
+        supervisors = {
+            model: EngineSupervisor(
+                pool,
+                config=engine,
+                processes={u: processes[u] for u in pool.urls if u in processes},
+                router=router_clients.get(model),
+                registration=registration,
+            )
+            for model, pool in pools.items()
+        }
         log.info("rollout engines up: %s", {m: {"workers": p.urls, "router": p.router_url} for m, p in pools.items()})
         async with asyncio.TaskGroup() as tg:
             for model, supervisor in supervisors.items():
@@ -180,8 +226,16 @@ async def start_rollout(engine: EngineConfig, rollout: RolloutConfig, *, model_d
         await session.close()
 
 
-SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim")
+SHAPE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 """``config.json`` fields two checkpoints must share for one's weights to load into the other's model."""
 
 
@@ -204,13 +258,24 @@ async def load_initial_weights(pool: HttpEnginePool, model_dir: str, weight_vers
         info = await client.model_info()
         served = info.get("model_path")
         theirs = {k: info.get(k) for k in ("architectures", "model_type")} | (_hf_config(served) if served else {})
-        problems = [f"{key} {theirs[key]!r} (engine) vs {ours[key]!r} (run)" for key in ("architectures", *SHAPE_KEYS)
-                    if ours.get(key) is not None and theirs.get(key) is not None and ours[key] != theirs[key]]
+        problems = [
+            f"{key} {theirs[key]!r} (engine) vs {ours[key]!r} (run)"
+            for key in ("architectures", *SHAPE_KEYS)
+            if ours.get(key) is not None and theirs.get(key) is not None and ours[key] != theirs[key]
+        ]
         if problems:
-            raise ConfigError(f"the external engine {client.url} serves {served!r}, which is not the model of this run "
-                              f"({model_dir}): {'; '.join(problems)}; start it with --model-path {model_dir}")
-        log.info("external engine %s serves %s (weight_version %s): loading this run's %s as version %s",
-                 client.url, served, info.get("weight_version"), model_dir, weight_version)
+            raise ConfigError(
+                f"the external engine {client.url} serves {served!r}, which is not the model of this run "
+                f"({model_dir}): {'; '.join(problems)}; start it with --model-path {model_dir}"
+            )
+        log.info(
+            "external engine %s serves %s (weight_version %s): loading this run's %s as version %s",
+            client.url,
+            served,
+            info.get("weight_version"),
+            model_dir,
+            weight_version,
+        )
     await pool.update_weights_from_disk(model_dir, weight_version, flush_cache=True)
 
 

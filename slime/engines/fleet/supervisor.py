@@ -63,9 +63,16 @@ class EngineSupervisor:
         registration: ``{url: {"worker_type", "bootstrap_port"}}`` for ``router.add_worker`` (PD workers).
     """
 
-    def __init__(self, pool: HttpEnginePool, *, config: EngineConfig, processes: Mapping[str, EngineProcess] | None = None,
-                 router: RouterClient | None = None, registration: Mapping[str, dict[str, Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        pool: HttpEnginePool,
+        *,
+        config: EngineConfig,
+        processes: Mapping[str, EngineProcess] | None = None,
+        router: RouterClient | None = None,
+        registration: Mapping[str, dict[str, Any]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.pool, self.config = pool, config
         self.processes = dict(processes or {})
         self.router = router
@@ -122,7 +129,11 @@ class EngineSupervisor:
             proc = self.processes.get(url)
             if proc is not None and proc.returncode is not None:
                 self.pool.trip(url, f"process {proc.name} (pid {proc.pid}) exited with code {proc.returncode}")
-            elif not quiet and self.config.health_check_interval_s and now - self._last_check.get(url, -1e18) >= self.config.health_check_interval_s:
+            elif (
+                not quiet
+                and self.config.health_check_interval_s
+                and now - self._last_check.get(url, -1e18) >= self.config.health_check_interval_s
+            ):
                 # a probe may take health_check_timeout_s: it must not hold up this loop
                 self._probing[url] = tg.create_task(self._probe(url), name=f"probe-{url}")
         for row in self.pool.engine_states():

@@ -16,6 +16,14 @@ from slime.rollout.tools.registry import Tool, ToolRegistry, ToolResult
 from slime.rollout.tools.sandbox import Sandbox, SandboxResult, SandboxUnavailable, python_tool
 
 __all__ = [
-    "Tool", "ToolRegistry", "ToolResult", "ToolCall", "parse_tool_calls", "calculator_tool", "Sandbox",
-    "SandboxResult", "SandboxUnavailable", "python_tool",
+    "Tool",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolCall",
+    "parse_tool_calls",
+    "calculator_tool",
+    "Sandbox",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "python_tool",
 ]

@@ -70,16 +70,41 @@ class BwrapLauncher:
             python_args: the interpreter's arguments.
             tmpfs_bytes: size of the writable tmpfs (where bwrap supports ``--size``).
         """
-        args = [self.bwrap, "--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
-                "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        args = [
+            self.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            str(NOBODY),
+            "--gid",
+            str(NOBODY),
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+        ]
         if "--disable-userns" in self.known_flags:
             args.append("--disable-userns")
         args += _read_only_binds(self.python)
         args += ["--proc", "/proc", "--dev", "/dev"]
         if "--size" in self.known_flags:
             args += ["--size", str(tmpfs_bytes)]
-        args += ["--tmpfs", SANDBOX_DIR, "--ro-bind", main_py, f"{SANDBOX_DIR}/main.py",
-                 "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DIR, "--clearenv"]
+        args += [
+            "--tmpfs",
+            SANDBOX_DIR,
+            "--ro-bind",
+            main_py,
+            f"{SANDBOX_DIR}/main.py",
+            "--remount-ro",
+            "/dev",
+            "--remount-ro",
+            "/",
+            "--chdir",
+            SANDBOX_DIR,
+            "--clearenv",
+        ]
         for key, value in (("PATH", "/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", SANDBOX_DIR), ("TMPDIR", SANDBOX_DIR)):
             args += ["--setenv", key, value]
         return [*args, "--", self.python, *python_args]
@@ -122,7 +147,7 @@ def _probe(bwrap: str, python: str, euid: int) -> BwrapLauncher | str:
         return f"{bwrap} does not run: {exc}"
     known = frozenset(f for f in ("--size", "--disable-userns") if f in help_text)
     reason = ""
-    for as_nobody in ([True, False] if euid == 0 else [False]):
+    for as_nobody in [True, False] if euid == 0 else [False]:
         launcher = BwrapLauncher(bwrap=bwrap, python=python, run_as_nobody=as_nobody, known_flags=known)
         ok, reason = _try(launcher)
         if ok:
@@ -139,9 +164,15 @@ def _try(launcher: BwrapLauncher) -> tuple[bool, str]:
             f.write("print('ok')\n")
         os.chmod(workdir, 0o755)
         os.chmod(main_py, 0o644)
-        proc = subprocess.run(launcher.argv(main_py, ["-I", "-S", "main.py"], tmpfs_bytes=1 << 20), cwd="/",
-                              env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
-                              **launcher.spawn_kwargs())
+        proc = subprocess.run(
+            launcher.argv(main_py, ["-I", "-S", "main.py"], tmpfs_bytes=1 << 20),
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            **launcher.spawn_kwargs(),
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return False, str(exc)
     finally:

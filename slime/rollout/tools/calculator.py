@@ -31,13 +31,21 @@ MAX_DEPTH = 64
 MAX_INT_BITS = 4096
 
 _BINOPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _REJECTED = {
-    ast.Name: "names are not allowed", ast.Call: "calls are not allowed", ast.Attribute: "attributes are not allowed",
-    ast.Subscript: "subscripts are not allowed", ast.Compare: "comparisons are not allowed",
+    ast.Name: "names are not allowed",
+    ast.Call: "calls are not allowed",
+    ast.Attribute: "attributes are not allowed",
+    ast.Subscript: "subscripts are not allowed",
+    ast.Compare: "comparisons are not allowed",
     ast.Lambda: "lambdas are not allowed",
 }
 

@@ -44,8 +44,15 @@ from slime.errors import ConfigError
 from slime.rollout.tools import bwrap
 from slime.rollout.tools.registry import Tool
 
-__all__ = ["Sandbox", "SandboxResult", "SandboxUnavailable", "python_tool", "format_result", "sandbox_unavailable_reason",
-           "process_limit_enforced"]
+__all__ = [
+    "Sandbox",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "python_tool",
+    "format_result",
+    "sandbox_unavailable_reason",
+    "process_limit_enforced",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,16 +73,16 @@ def process_limit_enforced() -> bool:
     return not isinstance(found, str) and found.process_limit_enforced
 
 
-_LIMITS = r'''
+_LIMITS = r"""
 import os, resource, sys
 cpu_s, as_bytes, fsize_bytes, nofile, nproc, netns = (int(x) for x in sys.argv[1:7])
 work = os.path.realpath(os.getcwd())
 for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, as_bytes), (resource.RLIMIT_FSIZE, fsize_bytes),
                  (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(lim, (val, val))
-'''
+"""
 # Unsafe mode only (no bwrap): a network namespace if the kernel gives one, then an audit hook.
-_HOOK = r'''
+_HOOK = r"""
 network = "audit-hook"
 try:
     if not netns:
@@ -125,14 +132,14 @@ def _hook(event, args):
 
 sys.addaudithook(_hook)
 del _hook
-'''
-_RUN = r'''
+"""
+_RUN = r"""
 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 with open("main.py", "rb") as f:
     _src = f.read()
 _g = {"__name__": "__main__", "__file__": os.path.join(work, "main.py"), "__builtins__": __builtins__}
 exec(compile(_src, "main.py", "exec"), _g)
-'''
+"""
 _NETWORK_MARK = b"\x00sandbox-network="
 _REAP_TIMEOUT_S = 2.0
 """After a kill, how long to wait for the pipes to close (something outside the group may hold them)."""
@@ -194,13 +201,26 @@ class Sandbox:
         ValueError: a non-positive limit.
     """
 
-    def __init__(self, *, timeout_s: float = 5.0, cpu_time_s: int | None = None, memory_bytes: int = 1 << 30,
-                 max_file_bytes: int = 16 << 20, max_disk_bytes: int = 64 << 20, max_open_files: int = 64,
-                 max_processes: int = 8, max_output_bytes: int = 64 << 10, max_concurrency: int | None = None,
-                 network_namespace: bool = True, allow_unsafe: bool = False):
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 5.0,
+        cpu_time_s: int | None = None,
+        memory_bytes: int = 1 << 30,
+        max_file_bytes: int = 16 << 20,
+        max_disk_bytes: int = 64 << 20,
+        max_open_files: int = 64,
+        max_processes: int = 8,
+        max_output_bytes: int = 64 << 10,
+        max_concurrency: int | None = None,
+        network_namespace: bool = True,
+        allow_unsafe: bool = False,
+    ):
         if min(timeout_s, memory_bytes, max_output_bytes, max_disk_bytes, max_processes) <= 0:
-            raise ValueError(f"Sandbox: timeout_s={timeout_s}, memory_bytes={memory_bytes}, max_output_bytes={max_output_bytes}, "
-                             f"max_disk_bytes={max_disk_bytes}, max_processes={max_processes} must be > 0")
+            raise ValueError(
+                f"Sandbox: timeout_s={timeout_s}, memory_bytes={memory_bytes}, max_output_bytes={max_output_bytes}, "
+                f"max_disk_bytes={max_disk_bytes}, max_processes={max_processes} must be > 0"
+            )
         self.timeout_s = timeout_s
         self.cpu_time_s = cpu_time_s if cpu_time_s is not None else max(1, int(-(-timeout_s // 1)))
         self.memory_bytes, self.max_file_bytes, self.max_disk_bytes = memory_bytes, max_file_bytes, max_disk_bytes
@@ -212,7 +232,8 @@ class Sandbox:
         if self._launcher is None and not allow_unsafe:
             raise SandboxUnavailable(
                 f"code execution refused: model-written code runs only in an OS sandbox and {found}; install bubblewrap "
-                "(as root: apt-get install bubblewrap) or pass --allow-unsafe-code-execution to run it unsandboxed")
+                "(as root: apt-get install bubblewrap) or pass --allow-unsafe-code-execution to run it unsandboxed"
+            )
         if self._launcher is None:
             logger.warning("running model-written code WITHOUT an OS sandbox (--allow-unsafe-code-execution): %s", found)
         self.isolation = "bwrap" if self._launcher is not None else "unsafe"
@@ -241,8 +262,16 @@ class Sandbox:
             args = ["-I", "-S", "-c", _LIMITS + _RUN, *limits, str(self.max_processes + 1), "0"]
             argv = self._launcher.argv(os.path.join(workdir, "main.py"), args, tmpfs_bytes=self.max_disk_bytes)
             return argv, {"cwd": "/", **self._launcher.spawn_kwargs()}
-        argv = [sys.executable, "-I", "-S", "-c", _LIMITS + _HOOK + _RUN, *limits, str(self.max_processes),
-                str(int(self.network_namespace))]
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _LIMITS + _HOOK + _RUN,
+            *limits,
+            str(self.max_processes),
+            str(int(self.network_namespace)),
+        ]
         return argv, {"cwd": workdir}
 
     async def _spawn(self, workdir: str, stdin: bytes, limit_s: float) -> SandboxResult:
@@ -250,8 +279,13 @@ class Sandbox:
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            *argv, env=env, start_new_session=True,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **kwargs,
+            *argv,
+            env=env,
+            start_new_session=True,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            **kwargs,
         )
         out, err = _Capped(self.max_output_bytes), _Capped(self.max_output_bytes)
         timed_out = False
@@ -269,9 +303,13 @@ class Sandbox:
                 raise
         stderr_bytes, network = _split_network_mark(bytes(err.data))
         return SandboxResult(
-            stdout=bytes(out.data).decode("utf-8", "replace"), stderr=stderr_bytes.decode("utf-8", "replace"),
-            returncode=proc.returncode, timed_out=timed_out, elapsed_s=time.monotonic() - t0,
-            truncated=out.dropped > 0 or err.dropped > 0, network="netns" if self._launcher is not None else network,
+            stdout=bytes(out.data).decode("utf-8", "replace"),
+            stderr=stderr_bytes.decode("utf-8", "replace"),
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            elapsed_s=time.monotonic() - t0,
+            truncated=out.dropped > 0 or err.dropped > 0,
+            network="netns" if self._launcher is not None else network,
         )
 
 
@@ -313,12 +351,13 @@ def _split_network_mark(stderr: bytes) -> tuple[bytes, str]:
         return stderr, "unknown"
     end = stderr.find(b"\n", start)
     end = len(stderr) if end < 0 else end
-    network = stderr[start + len(_NETWORK_MARK):end].decode("ascii", "replace")
-    return stderr[:start] + stderr[end + 1:], network
+    network = stderr[start + len(_NETWORK_MARK) : end].decode("ascii", "replace")
+    return stderr[:start] + stderr[end + 1 :], network
 
 
 def python_tool(sandbox: Sandbox) -> Tool:
     """The ``python`` tool: run the model's code in ``sandbox``; the model sees stdout (and errors)."""
+
     async def run_python(arguments: dict) -> str:
         code = arguments.get("code")
         if not isinstance(code, str):
@@ -329,8 +368,11 @@ def python_tool(sandbox: Sandbox) -> Tool:
     return Tool(
         name="python",
         description="Run Python 3 code (standard library only, no network) and return what it prints.",
-        parameters={"type": "object", "properties": {"code": {"type": "string", "description": "Python source; print() the results"}},
-                    "required": ["code"]},
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "Python source; print() the results"}},
+            "required": ["code"],
+        },
         fn=run_python,
     )
 

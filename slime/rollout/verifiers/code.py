@@ -78,6 +78,7 @@ def load_tests(sample: Sample) -> list[CodeCase]:
 
 def outputs_match(expected: str, got: str) -> bool:
     """Equal up to trailing whitespace on each line and trailing blank lines."""
+
     def norm(text: str) -> list[str]:
         lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
         while lines and not lines[-1]:
@@ -102,8 +103,11 @@ class CodeVerifier:
 
     async def __call__(self, sample: Sample) -> float:
         code = extract_code(sample.response)
-        evidence: dict[str, Any] = {"checked": {"kind": "code", "num_tests": 0, "code": (code or "")[:_MAX_EVIDENCE_CHARS]},
-                                    "verdict": "error", "logs": ""}
+        evidence: dict[str, Any] = {
+            "checked": {"kind": "code", "num_tests": 0, "code": (code or "")[:_MAX_EVIDENCE_CHARS]},
+            "verdict": "error",
+            "logs": "",
+        }
         sample.evidence["verifier"] = evidence
         try:
             tests = load_tests(sample)

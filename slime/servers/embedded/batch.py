@@ -111,8 +111,10 @@ class BatchKV:
             (torch.cat([pad(k1, a), pad(k2, b)]), torch.cat([pad(v1, a), pad(v2, b)]))
             for (k1, v1), (k2, v2) in zip(self._layers(), other._layers())
         ]
-        mask = torch.cat([
-            torch.nn.functional.pad(self.mask, (a, 0), value=False),
-            torch.nn.functional.pad(other.mask, (b, 0), value=False),
-        ])
+        mask = torch.cat(
+            [
+                torch.nn.functional.pad(self.mask, (a, 0), value=False),
+                torch.nn.functional.pad(other.mask, (b, 0), value=False),
+            ]
+        )
         self._rebuild(layers, mask)

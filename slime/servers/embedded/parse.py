@@ -28,26 +28,71 @@ from slime.servers.embedded.sampling import SamplingParams, seeded_generator
 __all__ = ["ContractError", "ParsedGenerate", "parse_generate", "SAMPLING_FIELDS"]
 
 SAMPLING_FIELDS: dict[str, str] = {
-    "max_new_tokens": "i64", "stop": "strs", "stop_token_ids": "i64s", "stop_regex": "strs",
-    "temperature": "f64", "top_p": "f64", "top_k": "i64", "min_p": "f64", "frequency_penalty": "f64",
-    "presence_penalty": "f64", "repetition_penalty": "f64", "min_new_tokens": "i64", "n": "i64",
-    "json_schema": "str", "regex": "str", "ebnf": "str", "structural_tag": "str", "ignore_eos": "bool",
-    "skip_special_tokens": "bool", "spaces_between_special_tokens": "bool", "no_stop_trim": "bool",
-    "custom_params": "map", "stream_interval": "i64", "logit_bias": "map", "sampling_seed": "i64",
+    "max_new_tokens": "i64",
+    "stop": "strs",
+    "stop_token_ids": "i64s",
+    "stop_regex": "strs",
+    "temperature": "f64",
+    "top_p": "f64",
+    "top_k": "i64",
+    "min_p": "f64",
+    "frequency_penalty": "f64",
+    "presence_penalty": "f64",
+    "repetition_penalty": "f64",
+    "min_new_tokens": "i64",
+    "n": "i64",
+    "json_schema": "str",
+    "regex": "str",
+    "ebnf": "str",
+    "structural_tag": "str",
+    "ignore_eos": "bool",
+    "skip_special_tokens": "bool",
+    "spaces_between_special_tokens": "bool",
+    "no_stop_trim": "bool",
+    "custom_params": "map",
+    "stream_interval": "i64",
+    "logit_bias": "map",
+    "sampling_seed": "i64",
     "beam_width": "i64",
 }
 """SGLang 0.5.23's closed ``sampling_params`` key set and each key's JSON type."""
 
 # Keys accepted only at their default value (None = absent/null is the default).
 _UNSUPPORTED_DEFAULTS = {
-    "stop_regex": None, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-    "custom_params": None, "logit_bias": None, "beam_width": None,
+    "stop_regex": None,
+    "min_new_tokens": 0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "custom_params": None,
+    "logit_bias": None,
+    "beam_width": None,
 }
-_TOP_LEVEL = {"text": "strs", "input_ids": "ids", "rid": "strs", "return_logprob": "bools", "logprob_start_len": "i64s",
-              "top_logprobs_num": "i64s", "return_text_in_logprobs": "bool", "stream": "bool"}
-_UNSUPPORTED_TOP = ("input_embeds", "token_ids_logprob", "return_hidden_states", "lora_path", "custom_logit_processor",
-                    "image_data", "audio_data", "video_data", "session_params")
+_TOP_LEVEL = {
+    "text": "strs",
+    "input_ids": "ids",
+    "rid": "strs",
+    "return_logprob": "bools",
+    "logprob_start_len": "i64s",
+    "top_logprobs_num": "i64s",
+    "return_text_in_logprobs": "bool",
+    "stream": "bool",
+}
+_UNSUPPORTED_TOP = (
+    "input_embeds",
+    "token_ids_logprob",
+    "return_hidden_states",
+    "lora_path",
+    "custom_logit_processor",
+    "image_data",
+    "audio_data",
+    "video_data",
+    "session_params",
+)
 
 
 class ContractError(ValueError):
@@ -79,8 +124,11 @@ def _check_type(v: Any, kind: str) -> None:
     """Raise ContractError unless ``v`` (not None) matches ``kind``; lists are checked element-wise."""
     is_int = isinstance(v, int) and not isinstance(v, bool)
     ok = {
-        "i64": is_int, "f64": is_int or (isinstance(v, float) and not isinstance(v, bool)),
-        "bool": isinstance(v, bool), "str": isinstance(v, str), "map": isinstance(v, dict),
+        "i64": is_int,
+        "f64": is_int or (isinstance(v, float) and not isinstance(v, bool)),
+        "bool": isinstance(v, bool),
+        "str": isinstance(v, str),
+        "map": isinstance(v, dict),
     }
     if kind in ok:
         if not ok[kind]:
@@ -123,10 +171,16 @@ def _sampling_params(sp: dict[str, Any], *, has_tokenizer: bool) -> tuple[Sampli
     if stop and not has_tokenizer:
         raise ValueError("Stop strings need a tokenizer, but the model directory has none; use stop_token_ids.")
     params = SamplingParams(
-        max_new_tokens=sp.get("max_new_tokens", 128), temperature=float(sp.get("temperature", 1.0)),
-        top_p=float(sp.get("top_p", 1.0)), top_k=int(sp.get("top_k", -1)), min_p=float(sp.get("min_p", 0.0)),
-        stop_token_ids=frozenset(sp.get("stop_token_ids", ())), stop=stop, ignore_eos=bool(sp.get("ignore_eos", False)),
-        no_stop_trim=bool(sp.get("no_stop_trim", False)), skip_special_tokens=bool(sp.get("skip_special_tokens", True)),
+        max_new_tokens=sp.get("max_new_tokens", 128),
+        temperature=float(sp.get("temperature", 1.0)),
+        top_p=float(sp.get("top_p", 1.0)),
+        top_k=int(sp.get("top_k", -1)),
+        min_p=float(sp.get("min_p", 0.0)),
+        stop_token_ids=frozenset(sp.get("stop_token_ids", ())),
+        stop=stop,
+        ignore_eos=bool(sp.get("ignore_eos", False)),
+        no_stop_trim=bool(sp.get("no_stop_trim", False)),
+        skip_special_tokens=bool(sp.get("skip_special_tokens", True)),
     )
     n = sp.get("n", 1)
     checks = [
@@ -134,8 +188,7 @@ def _sampling_params(sp: dict[str, Any], *, has_tokenizer: bool) -> tuple[Sampli
         (0 < params.top_p <= 1, f"top_p must be in (0, 1], got {params.top_p}."),
         (0 <= params.min_p <= 1, f"min_p must be in [0, 1], got {params.min_p}."),
         (params.top_k >= 1 or params.top_k == -1, f"top_k must be -1 (disable), or at least 1, got {params.top_k}."),
-        (params.max_new_tokens is None or params.max_new_tokens >= 0,
-         f"max_new_tokens must be at least 0, got {params.max_new_tokens}."),
+        (params.max_new_tokens is None or params.max_new_tokens >= 0, f"max_new_tokens must be at least 0, got {params.max_new_tokens}."),
         (n >= 1, f"n must be at least 1, got {n}."),
     ]
     for ok, message in checks:
@@ -168,9 +221,7 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
     sp_list = [_check_sampling(s) for s in raw_sp] if isinstance(raw_sp, list) else [_check_sampling(raw_sp)]
 
     if body.get("stream"):
-        raise ValueError(
-            "The slime embedded engine does not stream; send \"stream\": false (the response carries the same fields)."
-        )
+        raise ValueError('The slime embedded engine does not stream; send "stream": false (the response carries the same fields).')
     for key in _UNSUPPORTED_TOP:
         if body.get(key) not in (None, False, [], {}):
             raise ValueError(f"The slime embedded engine does not support `{key}`.")
@@ -224,9 +275,7 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
         if bad:
             raise ValueError(f"Token id {bad[0]} is out of range for vocab size {vocab_size}.")
         if len(prompt) >= context_length:
-            raise ValueError(
-                f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens)."
-            )
+            raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens).")
         if params.max_new_tokens is not None and len(prompt) + params.max_new_tokens > context_length:
             raise ValueError(
                 f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
@@ -241,6 +290,14 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
                 generator = seeded_generator(sampling_seed, f"sample/{j}")
             else:
                 generator = seeded_generator(seed, sample_rid if n == 1 else f"{rids[i] or sample_rid}/{j}")
-            requests.append(EngineRequest(rid=sample_rid, prompt_ids=list(prompt), params=params, generator=generator,
-                                          return_logprob=bool(return_logprob[i]), logprob_start_len=int(start_len[i])))
+            requests.append(
+                EngineRequest(
+                    rid=sample_rid,
+                    prompt_ids=list(prompt),
+                    params=params,
+                    generator=generator,
+                    return_logprob=bool(return_logprob[i]),
+                    logprob_start_len=int(start_len[i]),
+                )
+            )
     return ParsedGenerate(requests, is_batch or n > 1, bool(body.get("return_text_in_logprobs", False)))

@@ -26,7 +26,12 @@ import torch
 from slime.servers.embedded.sampling import SamplingParams
 
 __all__ = [
-    "EngineRequest", "resolve", "finish_length", "finish_stop", "finish_reason_after", "weight_version_spans",
+    "EngineRequest",
+    "resolve",
+    "finish_length",
+    "finish_stop",
+    "finish_reason_after",
+    "weight_version_spans",
     "build_response",
 ]
 
@@ -120,8 +125,7 @@ def finish_length(length: int) -> dict[str, Any]:
     return {"type": "length", "length": length}
 
 
-def finish_reason_after(req: EngineRequest, *, eos_token_ids: frozenset[int], tokenizer: Any,
-                        context_length: int) -> dict[str, Any] | None:
+def finish_reason_after(req: EngineRequest, *, eos_token_ids: frozenset[int], tokenizer: Any, context_length: int) -> dict[str, Any] | None:
     """The finish reason once ``req``'s newest token is appended, or None to keep going.
 
     0.5.23 order: stop string > stop token / EOS > length, so an EOS sampled exactly at
@@ -190,9 +194,7 @@ def build_response(
         start = max(req.logprob_start_len, 0)
         inputs = req.input_logprobs or []
         meta["input_token_logprobs"] = [[_finite(lp), tid, text_of(tid)] for lp, tid in zip(inputs, req.prompt_ids[start:])]
-        meta["output_token_logprobs"] = [
-            [_finite(lp), tid, text_of(tid)] for lp, tid in zip(req.output_logprobs, req.output_ids)
-        ]
+        meta["output_token_logprobs"] = [[_finite(lp), tid, text_of(tid)] for lp, tid in zip(req.output_logprobs, req.output_ids)]
         meta["output_token_logprobs_length"] = len(req.output_ids)
     if not queued_abort:
         meta["response_sent_to_client_ts"] = time.time()

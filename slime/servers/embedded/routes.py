@@ -48,8 +48,10 @@ __all__ = ["add_routes", "ENGINE_VERSION"]
 ENGINE_VERSION = "0.5.23"
 """The SGLang version whose behaviour the engine copies (reported as ``version`` in /server_info)."""
 
-_FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. "
-             "(When there are running or waiting requests, the operation will not be performed.)\n")
+_FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 
 
 def add_routes(app: web.Application, server: EngineServer) -> None:
@@ -65,8 +67,7 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         if (refusal := not_ready()) is not None:
             return refusal
         loaded, runner = server.loaded, server.runner
-        kwargs = dict(tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size, context_length=loaded.context_length,
-                      seed=server.seed)
+        kwargs = dict(tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size, context_length=loaded.context_length, seed=server.seed)
         try:
             if body.get("input_ids") is None and body.get("text") is not None:  # tokenizing: off the event loop
                 parsed = await asyncio.to_thread(parse_generate, body, **kwargs)
@@ -94,8 +95,12 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         finally:
             for rid in rids:
                 server.inflight.pop(rid, None)
-        out = [build_response(r, weight_version=runner.weight_version, tokenizer=loaded.tokenizer,
-                              return_text_in_logprobs=parsed.return_text_in_logprobs) for r in reqs]
+        out = [
+            build_response(
+                r, weight_version=runner.weight_version, tokenizer=loaded.tokenizer, return_text_in_logprobs=parsed.return_text_in_logprobs
+            )
+            for r in reqs
+        ]
         return _json(out if parsed.is_batch else out[0])
 
     async def abort_request(request: web.Request) -> web.Response:
@@ -133,8 +138,14 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         if (refusal := not_ready()) is not None:
             return refusal
         if load_format not in (None, "auto", "safetensors"):
-            return _json({"success": False, "message": f"load_format {load_format!r} is not supported by the "
-                          "slime embedded engine (use auto / safetensors).", "num_paused_requests": 0}, 400)
+            return _json(
+                {
+                    "success": False,
+                    "message": f"load_format {load_format!r} is not supported by the slime embedded engine (use auto / safetensors).",
+                    "num_paused_requests": 0,
+                },
+                400,
+            )
         try:
             tensors = await asyncio.to_thread(read_hf_weights, model_path, server.loaded.model)
         except (ValueError, OSError) as exc:
@@ -184,41 +195,75 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
     async def model_info(request: web.Request) -> web.Response:
         loaded = server.loaded
         has_tok = loaded is not None and loaded.tokenizer is not None
-        return _json({
-            "model_path": server.model_path, "served_model_name": server.model_path,
-            "tokenizer_path": server.model_path if has_tok else None, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": server.weight_version, "load_format": "auto",
-            "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": loaded.model_type if loaded else None, "architectures": loaded.architectures if loaded else None,
-        })
+        return _json(
+            {
+                "model_path": server.model_path,
+                "served_model_name": server.model_path,
+                "tokenizer_path": server.model_path if has_tok else None,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": server.weight_version,
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": loaded.model_type if loaded else None,
+                "architectures": loaded.architectures if loaded else None,
+            }
+        )
 
     async def server_info(request: web.Request) -> web.Response:
         loaded, runner = server.loaded, server.runner
         context_length = loaded.context_length if loaded else None
-        return _json({
-            "model_path": server.model_path, "tokenizer_path": server.model_path, "host": server.host, "port": server.port,
-            "tp_size": 1, "dp_size": 1, "pp_size": 1, "version": ENGINE_VERSION, "engine": "slime-embedded",
-            "context_length": context_length, "max_req_input_len": (context_length - 1) if context_length else None,
-            "max_total_num_tokens": server.max_running_requests * context_length if context_length else None,
-            "max_running_requests": server.max_running_requests, "random_seed": server.seed,
-            "skip_tokenizer_init": loaded is None or loaded.tokenizer is None, "weight_version": server.weight_version,
-            "status": "Up" if server.ready else "Starting", "startup_time": server.started_s,
-            "internal_states": [{"num_running_reqs": runner.num_running if runner else 0,
-                                 "num_waiting_reqs": runner.num_waiting if runner else 0}],
-        })
+        return _json(
+            {
+                "model_path": server.model_path,
+                "tokenizer_path": server.model_path,
+                "host": server.host,
+                "port": server.port,
+                "tp_size": 1,
+                "dp_size": 1,
+                "pp_size": 1,
+                "version": ENGINE_VERSION,
+                "engine": "slime-embedded",
+                "context_length": context_length,
+                "max_req_input_len": (context_length - 1) if context_length else None,
+                "max_total_num_tokens": server.max_running_requests * context_length if context_length else None,
+                "max_running_requests": server.max_running_requests,
+                "random_seed": server.seed,
+                "skip_tokenizer_init": loaded is None or loaded.tokenizer is None,
+                "weight_version": server.weight_version,
+                "status": "Up" if server.ready else "Starting",
+                "startup_time": server.started_s,
+                "internal_states": [
+                    {"num_running_reqs": runner.num_running if runner else 0, "num_waiting_reqs": runner.num_waiting if runner else 0}
+                ],
+            }
+        )
 
     app.middlewares.append(error_middleware({EngineDied: lambda exc: _error_response(str(exc), 500, "Internal Server Error")}))
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)
-    for path, handler in [("/abort_request", abort_request), ("/pause_generation", pause_generation),
-                          ("/continue_generation", continue_generation), ("/update_weight_version", update_weight_version),
-                          ("/update_weights_from_disk", update_weights_from_disk)]:
+    for path, handler in [
+        ("/abort_request", abort_request),
+        ("/pause_generation", pause_generation),
+        ("/continue_generation", continue_generation),
+        ("/update_weight_version", update_weight_version),
+        ("/update_weights_from_disk", update_weights_from_disk),
+    ]:
         app.router.add_post(path, handler)
     app.router.add_get("/flush_cache", flush_cache, allow_head=False)
     app.router.add_post("/flush_cache", flush_cache)
-    for path, handler in [("/health", health), ("/health_generate", health_generate), ("/ready", ready),
-                          ("/model_info", model_info), ("/get_model_info", model_info),
-                          ("/server_info", server_info), ("/get_server_info", server_info)]:
+    for path, handler in [
+        ("/health", health),
+        ("/health_generate", health_generate),
+        ("/ready", ready),
+        ("/model_info", model_info),
+        ("/get_model_info", model_info),
+        ("/server_info", server_info),
+        ("/get_server_info", server_info),
+    ]:
         app.router.add_get(path, handler)
     add_weight_routes(app, server)

@@ -66,8 +66,9 @@ class ModelRunner:
             one request is always admitted.
     """
 
-    def __init__(self, loaded: LoadedModel, *, max_running_requests: int = 256, weight_version: str = "default",
-                 max_prefill_tokens: int = 16384):
+    def __init__(
+        self, loaded: LoadedModel, *, max_running_requests: int = 256, weight_version: str = "default", max_prefill_tokens: int = 16384
+    ):
         self.loaded = loaded
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
@@ -134,8 +135,7 @@ class ModelRunner:
             self._inbox.extend(reqs)
             self._cond.notify()
 
-    def abort(self, *, rid_prefix: str | None = None, rids: set[str] | None = None,
-              message: str = "Aborted") -> concurrent.futures.Future:
+    def abort(self, *, rid_prefix: str | None = None, rids: set[str] | None = None, message: str = "Aborted") -> concurrent.futures.Future:
         """Abort requests whose rid starts with ``rid_prefix``, or is in ``rids``, or every request
         when neither is given (SGLang's ``abort_all``). Result: how many were aborted."""
         if rids is not None:
@@ -150,8 +150,9 @@ class ModelRunner:
     def resume(self) -> concurrent.futures.Future:
         return self._post(lambda: setattr(self, "_paused", False))
 
-    def update_weights(self, tensors: dict[str, torch.Tensor] | None, *, weight_version: str | None = None,
-                       abort_all: bool = False) -> concurrent.futures.Future:
+    def update_weights(
+        self, tensors: dict[str, torch.Tensor] | None, *, weight_version: str | None = None, abort_all: bool = False
+    ) -> concurrent.futures.Future:
         """Load checked ``tensors`` (see ``model.read_hf_weights``) between steps and set the version.
 
         Result: the number of requests that were paused around the update (0 unless paused).
@@ -345,8 +346,9 @@ class ModelRunner:
                 req.finish(finish_length(0))
                 continue
             req.append(tok, lp, self.weight_version)
-            reason = finish_reason_after(req, eos_token_ids=self.loaded.eos_token_ids, tokenizer=self.loaded.tokenizer,
-                                         context_length=self.loaded.context_length)
+            reason = finish_reason_after(
+                req, eos_token_ids=self.loaded.eos_token_ids, tokenizer=self.loaded.tokenizer, context_length=self.loaded.context_length
+            )
             if reason is None:
                 keep.append(i)
             else:

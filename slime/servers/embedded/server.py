@@ -45,7 +45,6 @@ __all__ = ["EngineServer", "main", "READY_PREFIX"]
 logger = logging.getLogger(__name__)
 
 
-
 class EngineServer:
     """The embedded engine, served on ``host:port`` (port 0 picks a free port; see ``url``).
 
@@ -64,8 +63,18 @@ class EngineServer:
     inflight: dict[str, EngineRequest]
     """rid -> request, for every ``/generate`` sample between arrival and response."""
 
-    def __init__(self, model_path: str | Path, *, host: str = "127.0.0.1", port: int = 0, max_running_requests: int = 256,
-                 weight_version: str = "default", seed: int = 0, num_threads: int | None = None, warmup: bool = True):
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_running_requests: int = 256,
+        weight_version: str = "default",
+        seed: int = 0,
+        num_threads: int | None = None,
+        warmup: bool = True,
+    ):
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.model_path = str(model_path)
@@ -108,8 +117,9 @@ class EngineServer:
             if self.num_threads is not None:
                 torch.set_num_threads(self.num_threads)
             self.loaded = await asyncio.to_thread(load_model, self.model_path)
-            self.runner = ModelRunner(self.loaded, max_running_requests=self.max_running_requests,
-                                      weight_version=self.initial_weight_version)
+            self.runner = ModelRunner(
+                self.loaded, max_running_requests=self.max_running_requests, weight_version=self.initial_weight_version
+            )
             self.runner.start()
             if self.warmup and not await self.probe(timeout_s=120.0):
                 raise RuntimeError(f"warm-up generation failed: {self.runner.error!r}")
@@ -120,9 +130,16 @@ class EngineServer:
         logger.info(
             "embedded engine ready at %s: model=%s params=%d context_length=%d vocab=%d eos=%s tokenizer=%s "
             "max_running_requests=%d threads=%d weight_version=%s",
-            self.url, self.model_path, sum(p.numel() for p in model.parameters()), self.loaded.context_length,
-            self.loaded.vocab_size, sorted(self.loaded.eos_token_ids), self.loaded.tokenizer is not None,
-            self.max_running_requests, torch.get_num_threads(), self.weight_version,
+            self.url,
+            self.model_path,
+            sum(p.numel() for p in model.parameters()),
+            self.loaded.context_length,
+            self.loaded.vocab_size,
+            sorted(self.loaded.eos_token_ids),
+            self.loaded.tokenizer is not None,
+            self.max_running_requests,
+            torch.get_num_threads(),
+            self.weight_version,
         )
         self.ready = True
         return self
@@ -131,8 +148,12 @@ class EngineServer:
         """Generate one greedy token from ``input_ids=[0]`` (SGLang's health probe); True on success."""
         if self.runner is None or not self.runner.alive:
             return False
-        req = EngineRequest(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt_ids=[0],
-                            params=SamplingParams(max_new_tokens=1, temperature=0.0), generator=seeded_generator(0, "probe"))
+        req = EngineRequest(
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            prompt_ids=[0],
+            params=SamplingParams(max_new_tokens=1, temperature=0.0),
+            generator=seeded_generator(0, "probe"),
+        )
         try:
             self.runner.submit([req])
             await asyncio.wait_for(asyncio.wrap_future(req.done), timeout_s)
@@ -173,15 +194,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    await serve_until_signal(lambda: EngineServer(args.model, host=args.host, port=args.port, max_running_requests=args.max_running_requests,
-                                                  weight_version=args.weight_version, seed=args.seed, num_threads=args.threads))
+    await serve_until_signal(
+        lambda: EngineServer(
+            args.model,
+            host=args.host,
+            port=args.port,
+            max_running_requests=args.max_running_requests,
+            weight_version=args.weight_version,
+            seed=args.seed,
+            num_threads=args.threads,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the engine until SIGINT/SIGTERM. Returns the process exit code (1 if startup failed)."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # keep the child's output line-oriented for the launcher

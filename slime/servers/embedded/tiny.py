@@ -18,8 +18,16 @@ from pathlib import Path
 __all__ = ["write_tiny_llama"]
 
 
-def write_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, hidden_size: int = 32,
-                     num_hidden_layers: int = 2, max_position_embeddings: int = 256, eos_token_id: int = 1) -> Path:
+def write_tiny_llama(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    max_position_embeddings: int = 256,
+    eos_token_id: int = 1,
+) -> Path:
     """Write a random tiny Llama (same ``seed``, same weights) into ``path`` (created). Returns ``Path(path)``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -27,10 +35,18 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, h
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_position_embeddings, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=eos_token_id, pad_token_id=2, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=eos_token_id,
+        pad_token_id=2,
+        tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

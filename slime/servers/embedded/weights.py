@@ -81,8 +81,10 @@ async def die_if_flush_fails(server: EngineServer, flush_cache: bool, num_paused
         return
     logger.error("%s (%d requests paused in place); the engine stops, as SGLang 0.5.17 does", FLUSH_FAILED, num_paused)
     await asyncio.to_thread(server.runner.stop)
-    raise EngineDied(f"{FLUSH_FAILED}: {num_paused} requests were paused in place (send flush_cache=false "
-                     "with an in-place update); the engine died, as SGLang 0.5.17 does")
+    raise EngineDied(
+        f"{FLUSH_FAILED}: {num_paused} requests were paused in place (send flush_cache=false "
+        "with an in-place update); the engine died, as SGLang 0.5.17 does"
+    )
 
 
 @dataclass
@@ -117,8 +119,9 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
     def not_ready() -> web.Response | None:
         if server.ready and server.runner is not None and server.runner.alive:
             return None
-        return _json({"object": "error", "message": "The server is not ready.", "type": "Service Unavailable",
-                      "param": None, "code": 503}, 503)
+        return _json(
+            {"object": "error", "message": "The server is not ready.", "type": "Service Unavailable", "param": None, "code": 503}, 503
+        )
 
     def refusal(what: str, *, needs_session: bool = True) -> web.Response | None:
         if (refused := not_ready()) is not None:
@@ -162,8 +165,15 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
             return _result(False, f"Process group {name!r} already exists; destroy it first.")
         try:
             state.groups[name] = await asyncio.to_thread(
-                WeightsUpdateGroup.join, group_name=name, rank=rank, world_size=world_size, backend=backend,
-                timeout_s=GROUP_TIMEOUT_S, master_address=address, master_port=port)
+                WeightsUpdateGroup.join,
+                group_name=name,
+                rank=rank,
+                world_size=world_size,
+                backend=backend,
+                timeout_s=GROUP_TIMEOUT_S,
+                master_address=address,
+                master_port=port,
+            )
         except (ValueError, RuntimeError) as exc:  # bad rank / backend, or the rendezvous failed
             return _result(False, f"Failed to initialize custom process group: {exc}")
         return _result(True, "Succeeded to initialize custom process group.")
@@ -185,7 +195,9 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
         if (refused := refusal("update_weights_from_distributed")) is not None:
             return refused
         if name not in state.groups or load_format not in (None, "flattened_bucket"):
-            return _result(False, f"no process group {name!r}" if name not in state.groups else f"load_format {load_format!r} is not supported")
+            return _result(
+                False, f"no process group {name!r}" if name not in state.groups else f"load_format {load_format!r} is not supported"
+            )
         try:
             buffers = [torch.empty([int(d) for d in s], dtype=dtype_from_name(str(t))) for t, s in zip(dtypes, shapes)]
         except (ValueError, TypeError) as exc:
@@ -204,15 +216,21 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
         if (refused := refusal("update_weights_from_tensor")) is not None:
             return refused
         if load_format not in (None, "direct") or not payloads or not isinstance(payloads[0], str):
-            return _result(False, f"the slime embedded engine takes one base64 safetensors payload per TP rank with "
-                                  f"load_format null or 'direct' (got load_format={load_format!r}, {len(payloads)} payloads)")
+            return _result(
+                False,
+                f"the slime embedded engine takes one base64 safetensors payload per TP rank with "
+                f"load_format null or 'direct' (got load_format={load_format!r}, {len(payloads)} payloads)",
+            )
         try:
             blob = await asyncio.to_thread(base64.b64decode, payloads[0], validate=True)
         except (binascii.Error, ValueError) as exc:
             return _result(False, f"serialized_named_tensors[0] is not base64: {exc}")
         if is_pickle(blob):
-            return _result(False, "the slime embedded engine does not unpickle tensors (pickles run code; CUDA IPC "
-                                  "handles need a GPU engine): send base64 safetensors (slime.sync.wire.serialize_safetensors)")
+            return _result(
+                False,
+                "the slime embedded engine does not unpickle tensors (pickles run code; CUDA IPC "
+                "handles need a GPU engine): send base64 safetensors (slime.sync.wire.serialize_safetensors)",
+            )
         try:
             tensors = await asyncio.to_thread(deserialize_safetensors, blob)
         except ValueError as exc:
@@ -258,7 +276,10 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
         if (refused := not_ready()) is not None:
             return refused
         if server.inflight:
-            return _json({"error": {"message": f"release_memory_occupation needs an idle engine; {len(server.inflight)} requests are in flight"}}, 400)
+            return _json(
+                {"error": {"message": f"release_memory_occupation needs an idle engine; {len(server.inflight)} requests are in flight"}},
+                400,
+            )
         async with state.lock:
             if not server.runner.paused:  # hold generation while memory is gone
                 await asyncio.wrap_future(server.runner.pause("in_place"))
@@ -290,15 +311,26 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
     async def guard_released(request: web.Request, handler: Any) -> web.StreamResponse:
         """While memory is released, a continue would run forwards and a disk load would write into freed storage."""
         if state.released and request.path in ("/continue_generation", "/update_weights_from_disk"):
-            return _json({"error": {"message": f"{request.path[1:]}: memory is released ({sorted(state.released)}); "
-                                               "call resume_memory_occupation first"}}, 400)
+            return _json(
+                {
+                    "error": {
+                        "message": f"{request.path[1:]}: memory is released ({sorted(state.released)}); call resume_memory_occupation first"
+                    }
+                },
+                400,
+            )
         return await handler(request)
 
     app.middlewares.append(guard_released)
-    for path, handler in [("/begin_weight_update", begin), ("/end_weight_update", end),
-                          ("/init_weights_update_group", init_group), ("/destroy_weights_update_group", destroy_group),
-                          ("/update_weights_from_distributed", from_distributed), ("/update_weights_from_tensor", from_tensor),
-                          ("/update_weights_from_delta", from_delta)]:
+    for path, handler in [
+        ("/begin_weight_update", begin),
+        ("/end_weight_update", end),
+        ("/init_weights_update_group", init_group),
+        ("/destroy_weights_update_group", destroy_group),
+        ("/update_weights_from_distributed", from_distributed),
+        ("/update_weights_from_tensor", from_tensor),
+        ("/update_weights_from_delta", from_delta),
+    ]:
         app.router.add_post(path, handler)
     for path, handler in [("/release_memory_occupation", release), ("/resume_memory_occupation", resume)]:
         app.router.add_get(path, handler, allow_head=False)

@@ -66,17 +66,24 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
             (self.decode_step_ms >= 0, "--decode-step-ms", self.decode_step_ms, ">= 0"),
             (self.decode_step_per_req_ms >= 0, "--decode-step-per-req-ms", self.decode_step_per_req_ms, ">= 0"),
             (self.prefill_ms_per_token >= 0, "--prefill-ms-per-token", self.prefill_ms_per_token, ">= 0"),
-            (self.decode_step_ms + self.decode_step_per_req_ms > 0 or self.instant, "--decode-step-ms",
-             self.decode_step_ms, "> 0 together with --decode-step-per-req-ms (or --instant)"),
+            (
+                self.decode_step_ms + self.decode_step_per_req_ms > 0 or self.instant,
+                "--decode-step-ms",
+                self.decode_step_ms,
+                "> 0 together with --decode-step-per-req-ms (or --instant)",
+            ),
             (self.time_scale > 0, "--time-scale", self.time_scale, "> 0"),
             (self.weight_sync_ms >= 0, "--weight-sync-ms", self.weight_sync_ms, ">= 0"),
             (self.response_len_median >= 1, "--response-len-median", self.response_len_median, ">= 1"),
-            (self.response_len_p99 >= self.response_len_median, "--response-len-p99", self.response_len_p99,
-             f">= --response-len-median ({self.response_len_median})"),
+            (
+                self.response_len_p99 >= self.response_len_median,
+                "--response-len-p99",
+                self.response_len_p99,
+                f">= --response-len-median ({self.response_len_median})",
+            ),
             (self.max_response_len >= 1, "--max-response-len", self.max_response_len, ">= 1"),
             (self.vocab_size > 4, "--vocab-size", self.vocab_size, "> 4"),
-            (0 <= self.eos_token_id < self.vocab_size, "--eos-token-id", self.eos_token_id,
-             f"in [0, --vocab-size={self.vocab_size})"),
+            (0 <= self.eos_token_id < self.vocab_size, "--eos-token-id", self.eos_token_id, f"in [0, --vocab-size={self.vocab_size})"),
             (self.max_tracked_trajectories >= 1, "max_tracked_trajectories", self.max_tracked_trajectories, ">= 1"),
         ]
         for ok, flag, value, expected in checks:
@@ -88,8 +95,7 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
 
         Example: defaults, 256 running, one admitted request of 500 tokens -> 8 + 12.8 + 10 = 30.8 ms.
         """
-        return (self.decode_step_ms + self.decode_step_per_req_ms * num_running
-                + self.prefill_ms_per_token * num_prefill_tokens)
+        return self.decode_step_ms + self.decode_step_per_req_ms * num_running + self.prefill_ms_per_token * num_prefill_tokens
 
 
 FLAGS: dict[str, str] = {

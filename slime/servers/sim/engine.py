@@ -101,8 +101,14 @@ class SimEngine:
         return len(self._sched.waiting)
 
     # ---- generation ------------------------------------------------------------------------------
-    def submit(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None,
-               rid: str | None = None, *, return_logprob: bool = True) -> asyncio.Future:
+    def submit(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None,
+        *,
+        return_logprob: bool = True,
+    ) -> asyncio.Future:
         """Queue one request; the returned future resolves to its ``SimOutput``.
 
         Honoured ``sampling_params``: ``max_new_tokens`` (default 128; null = ``max_response_len``),
@@ -136,14 +142,19 @@ class SimEngine:
         else:  # reaching the drawn total ends on EOS (also with 0 new tokens: a resume of a finished trajectory)
             num_new, reason = remaining, {"type": "stop", "matched": self.config.eos_token_id}
         future = asyncio.get_running_loop().create_future()
-        req = SimRequest(rid, self._next_seq, traj, len(ids), len(ids) - traj.prompt_len, num_new, reason,
-                         return_logprob, future)
+        req = SimRequest(rid, self._next_seq, traj, len(ids), len(ids) - traj.prompt_len, num_new, reason, return_logprob, future)
         self._next_seq += 1
         self._sched.add(req)
         return future
 
-    async def generate_output(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None,
-                              rid: str | None = None, *, return_logprob: bool = True) -> SimOutput:
+    async def generate_output(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None,
+        *,
+        return_logprob: bool = True,
+    ) -> SimOutput:
         """``submit`` and await; a cancelled caller aborts its request."""
         future = self.submit(input_ids, sampling_params, rid, return_logprob=return_logprob)
         try:
@@ -152,8 +163,14 @@ class SimEngine:
             self.drop([future])
             raise
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None,
-                       rid: str | None = None, *, return_logprob: bool = True) -> GenerateResult:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        rid: str | None = None,
+        *,
+        return_logprob: bool = True,
+    ) -> GenerateResult:
         """One request, answered as ``EngineClient.generate`` would answer it (an abort is a result)."""
         return (await self.generate_output(input_ids, sampling_params, rid, return_logprob=return_logprob)).to_result()
 
@@ -202,8 +219,9 @@ class SimEngine:
         self._sched.set_version(new_version)
         return {"success": True, "message": f"Weight version updated to {new_version}.", "new_version": new_version}
 
-    async def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None,
-                                       abort_all_requests: bool = False) -> dict[str, Any]:
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, abort_all_requests: bool = False
+    ) -> dict[str, Any]:
         """A simulated load of ``weight_sync_ms`` (0 in instant mode); nothing is read from ``model_path``.
 
         Unless paused, first waits for every request in flight when it was called (aborting them
@@ -242,8 +260,9 @@ class SimEngine:
         return not self._sched.inflight
 
     def stats(self) -> SimStats:
-        return self._sched.counters.snapshot(self.config, num_running=self.num_running, num_waiting=self.num_waiting,
-                                             paused=self.paused, weight_version=self.weight_version)
+        return self._sched.counters.snapshot(
+            self.config, num_running=self.num_running, num_waiting=self.num_waiting, paused=self.paused, weight_version=self.weight_version
+        )
 
     def reset_stats(self) -> None:
         """Zero every counter and restart the elapsed-time clock."""

@@ -31,8 +31,16 @@ import numpy as np
 from slime.errors import ConfigError
 from slime.servers.sim.config import SimConfig
 
-__all__ = ["LengthDistribution", "LogNormalLengths", "EmpiricalLengths", "make_length_distribution",
-           "mix64", "mix64_array", "unit_uniform", "Z_99"]
+__all__ = [
+    "LengthDistribution",
+    "LogNormalLengths",
+    "EmpiricalLengths",
+    "make_length_distribution",
+    "mix64",
+    "mix64_array",
+    "unit_uniform",
+    "Z_99",
+]
 
 Z_99 = 2.326
 """Standard normal 99th percentile, as the brief specifies (exactly 2.3263...)."""
@@ -113,6 +121,7 @@ class EmpiricalLengths:
         Raises:
             ConfigError: unreadable file, wrong shape, negative or all-zero counts (names the path).
         """
+
         def bad(what: str) -> ConfigError:
             return ConfigError(f"--response-len-file {path}: {what}")
 
@@ -128,8 +137,7 @@ class EmpiricalLengths:
             if not isinstance(values, list) or not isinstance(counts, list):
                 raise bad("'bins' and 'counts' must be lists")
             if len(values) not in (len(counts), len(counts) + 1):
-                raise bad(f"{len(values)} bins for {len(counts)} counts: expected {len(counts)} values "
-                          f"or {len(counts) + 1} edges")
+                raise bad(f"{len(values)} bins for {len(counts)} counts: expected {len(counts)} values or {len(counts) + 1} edges")
             edges = len(values) == len(counts) + 1
         else:
             raise bad(f"expected a list of lengths or {{'bins', 'counts'}}, got {type(data).__name__}")

@@ -78,12 +78,17 @@ def _per_item(value: Any, size: int, name: str, default: Any) -> list[Any]:
 def _check_generate(body: dict[str, Any]) -> tuple[bool, list[list[int]], list[dict[str, Any]]]:
     """(is_batch, prompts, per-prompt sampling params); raises ``_Refused`` with SGLang's words."""
     if body.get("stream"):
-        raise _Refused({"message": "The slime sim engine does not stream; send \"stream\": false."})
+        raise _Refused({"message": 'The slime sim engine does not stream; send "stream": false.'})
     input_ids = body.get("input_ids")
     if input_ids is None:
         has_text = body.get("text") is not None
-        raise _Refused({"message": "The slime sim engine has no tokenizer; send input_ids." if has_text
-                        else "Either text, input_ids or input_embeds should be provided."})
+        raise _Refused(
+            {
+                "message": "The slime sim engine has no tokenizer; send input_ids."
+                if has_text
+                else "Either text, input_ids or input_embeds should be provided."
+            }
+        )
     is_batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
     prompts = input_ids if is_batch else [input_ids]
     for prompt in prompts:
@@ -96,11 +101,9 @@ def _check_generate(body: dict[str, Any]) -> tuple[bool, list[list[int]], list[d
             raise _Refused("invalid type: expected struct SamplingParams")
         unknown = sorted(set(sp) - SAMPLING_PARAM_KEYS)
         if unknown:
-            raise _Refused(f"unknown field `{unknown[0]}`, expected one of "
-                           + ", ".join(f"`{k}`" for k in sorted(SAMPLING_PARAM_KEYS)))
+            raise _Refused(f"unknown field `{unknown[0]}`, expected one of " + ", ".join(f"`{k}`" for k in sorted(SAMPLING_PARAM_KEYS)))
     if len(sp_list) != len(prompts):
-        raise _Refused({"message": f"The length of sampling_params ({len(sp_list)}) does not match the batch size "
-                                   f"({len(prompts)})."})
+        raise _Refused({"message": f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({len(prompts)})."})
     return is_batch, prompts, sp_list
 
 
@@ -111,8 +114,13 @@ async def _generate(request: web.Request) -> web.Response:
     futures: list[asyncio.Future] = []
     try:
         rid = body.get("rid")
-        rids = (_per_item(rid, len(prompts), "rid", None) if isinstance(rid, list) or rid is None
-                else [f"{rid}_{i}" for i in range(len(prompts))] if is_batch else [rid])
+        rids = (
+            _per_item(rid, len(prompts), "rid", None)
+            if isinstance(rid, list) or rid is None
+            else [f"{rid}_{i}" for i in range(len(prompts))]
+            if is_batch
+            else [rid]
+        )
         logprob = _per_item(body.get("return_logprob"), len(prompts), "return_logprob", False)
         for prompt, sp, item_rid, want_lp in zip(prompts, sp_list, rids, logprob):
             futures.append(engine.submit(prompt, sp, item_rid, return_logprob=bool(want_lp)))
@@ -157,21 +165,30 @@ def _required_str(body: dict[str, Any], key: str) -> str:
 
 async def _update_weights_from_disk(request: web.Request) -> web.Response:
     body = await _body(request)
-    return _json(await request.app[_ENGINE_KEY].update_weights_from_disk(
-        _required_str(body, "model_path"), weight_version=body.get("weight_version"),
-        abort_all_requests=bool(body.get("abort_all_requests", False))))
+    return _json(
+        await request.app[_ENGINE_KEY].update_weights_from_disk(
+            _required_str(body, "model_path"),
+            weight_version=body.get("weight_version"),
+            abort_all_requests=bool(body.get("abort_all_requests", False)),
+        )
+    )
 
 
 async def _update_weight_version(request: web.Request) -> web.Response:
     body = await _body(request)  # SGLang's default for abort_all_requests is true here (docs/sglang.md#weight-version)
-    return _json(request.app[_ENGINE_KEY].update_weight_version(
-        _required_str(body, "new_version"), abort_all_requests=bool(body.get("abort_all_requests", True))))
+    return _json(
+        request.app[_ENGINE_KEY].update_weight_version(
+            _required_str(body, "new_version"), abort_all_requests=bool(body.get("abort_all_requests", True))
+        )
+    )
 
 
 async def _flush_cache(request: web.Request) -> web.Response:
     if request.app[_ENGINE_KEY].flush_cache():
-        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running "
-                                 "or waiting requests, the operation will not be performed.)\n")
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are running "
+            "or waiting requests, the operation will not be performed.)\n"
+        )
     return web.Response(status=400, text="Flush cache failed.")
 
 
@@ -185,17 +202,30 @@ async def _health_generate(request: web.Request) -> web.Response:
 
 async def _model_info(request: web.Request) -> web.Response:
     engine = request.app[_ENGINE_KEY]
-    return _json({"model_path": engine.model_path, "served_model_name": engine.model_path, "tokenizer_path": None,
-                  "is_generation": True, "preferred_sampling_params": None, "weight_version": engine.weight_version,
-                  "model_type": "slime-sim", "architectures": ["SlimeSim"]})
+    return _json(
+        {
+            "model_path": engine.model_path,
+            "served_model_name": engine.model_path,
+            "tokenizer_path": None,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.weight_version,
+            "model_type": "slime-sim",
+            "architectures": ["SlimeSim"],
+        }
+    )
 
 
 async def _server_info(request: web.Request) -> web.Response:
     engine = request.app[_ENGINE_KEY]
     info = msgspec.structs.asdict(engine.config)
-    info.update(model_path=engine.model_path, weight_version=engine.weight_version, version="slime-sim",
-                status="paused" if engine.paused else "ok",
-                internal_states=[{"num_running": engine.num_running, "num_waiting": engine.num_waiting}])
+    info.update(
+        model_path=engine.model_path,
+        weight_version=engine.weight_version,
+        version="slime-sim",
+        status="paused" if engine.paused else "ok",
+        internal_states=[{"num_running": engine.num_running, "num_waiting": engine.num_waiting}],
+    )
     return _json(info)
 
 
@@ -210,18 +240,31 @@ async def _sim_stats_reset(request: web.Request) -> web.Response:
 
 def build_app(engine: SimEngine) -> web.Application:
     """An aiohttp app serving ``engine`` (whose lifecycle the caller owns)."""
-    app = web.Application(client_max_size=1 << 30, middlewares=[error_middleware({_Refused: lambda exc: _json({"error": exc.args[0]}, 400)})])
+    app = web.Application(
+        client_max_size=1 << 30, middlewares=[error_middleware({_Refused: lambda exc: _json({"error": exc.args[0]}, 400)})]
+    )
     app[_ENGINE_KEY] = engine
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", _generate)
-    for path, handler in (("/abort_request", _abort_request), ("/pause_generation", _pause),
-                          ("/continue_generation", _continue), ("/update_weights_from_disk", _update_weights_from_disk),
-                          ("/update_weight_version", _update_weight_version), ("/sim_stats/reset", _sim_stats_reset)):
+    for path, handler in (
+        ("/abort_request", _abort_request),
+        ("/pause_generation", _pause),
+        ("/continue_generation", _continue),
+        ("/update_weights_from_disk", _update_weights_from_disk),
+        ("/update_weight_version", _update_weight_version),
+        ("/sim_stats/reset", _sim_stats_reset),
+    ):
         app.router.add_post(path, handler)
-    for path, handler in (("/health", _health), ("/health_generate", _health_generate), ("/model_info", _model_info),
-                          ("/get_model_info", _model_info), ("/server_info", _server_info),
-                          ("/get_server_info", _server_info), ("/sim_stats", _sim_stats),
-                          ("/flush_cache", _flush_cache)):
+    for path, handler in (
+        ("/health", _health),
+        ("/health_generate", _health_generate),
+        ("/model_info", _model_info),
+        ("/get_model_info", _model_info),
+        ("/server_info", _server_info),
+        ("/get_server_info", _server_info),
+        ("/sim_stats", _sim_stats),
+        ("/flush_cache", _flush_cache),
+    ):
         app.router.add_get(path, handler)
     app.router.add_post("/flush_cache", _flush_cache)
     return app

@@ -95,10 +95,16 @@ class SimOutput:
         """The ``GenerateResult`` that parsing this request's HTTP response would give."""
         ids, lps = self.tokens()
         return GenerateResult(
-            output_ids=ids, output_logprobs=lps, finish_reason=FinishReason(**self.finish_reason),
-            weight_version=self.spans[-1][0], token_weight_versions=[v for v, s, e in self.spans for _ in range(e - s)],
-            prompt_tokens=self.prompt_tokens, completion_tokens=self.num_tokens,
-            cached_tokens=None if self.queued_abort else 0, e2e_latency=self.e2e_latency, rid=self.rid,
+            output_ids=ids,
+            output_logprobs=lps,
+            finish_reason=FinishReason(**self.finish_reason),
+            weight_version=self.spans[-1][0],
+            token_weight_versions=[v for v, s, e in self.spans for _ in range(e - s)],
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.num_tokens,
+            cached_tokens=None if self.queued_abort else 0,
+            e2e_latency=self.e2e_latency,
+            rid=self.rid,
         )
 
 
@@ -146,8 +152,12 @@ class StepScheduler:
     def _can_step(self) -> bool:
         if self.paused or self.syncing:
             return False
-        return bool(self.running) or bool(self.waiting) and self.admissible(self.waiting[0]) and (
-            self.config.instant or len(self.running) < self.config.max_running_requests)
+        return (
+            bool(self.running)
+            or bool(self.waiting)
+            and self.admissible(self.waiting[0])
+            and (self.config.instant or len(self.running) < self.config.max_running_requests)
+        )
 
     def _admit(self) -> int:
         """Move waiting requests to running (FIFO, up to the cap); returns the tokens to prefill."""
@@ -236,8 +246,7 @@ class StepScheduler:
         queued = False
         for req in reqs:
             if req.state == RUNNING:
-                self.finish(req, {"type": "abort", "message": message, "status_code": None, "err_type": None},
-                            self._step - req.admit_step)
+                self.finish(req, {"type": "abort", "message": message, "status_code": None, "err_type": None}, self._step - req.admit_step)
             elif req.state == WAITING:
                 queued = True
                 msg = "Abort in waiting queue" if message == "Aborted" else message
@@ -270,10 +279,19 @@ class StepScheduler:
             c.requests_finished += 1
             if self.config.instant:
                 c.tokens_generated += num_now
-        out = SimOutput(rid=req.rid, traj=req.traj, tracker=self.tracker, start=req.already, num_tokens=pos,
-                        finish_reason=reason, spans=merged or [(self.weight_version, 0, 0)],
-                        prompt_tokens=None if queued else req.input_len, return_logprob=req.return_logprob,
-                        e2e_latency=round(time.perf_counter() - req.created_s, 6), num_retractions=req.num_retractions)
+        out = SimOutput(
+            rid=req.rid,
+            traj=req.traj,
+            tracker=self.tracker,
+            start=req.already,
+            num_tokens=pos,
+            finish_reason=reason,
+            spans=merged or [(self.weight_version, 0, 0)],
+            prompt_tokens=None if queued else req.input_len,
+            return_logprob=req.return_logprob,
+            e2e_latency=round(time.perf_counter() - req.created_s, 6),
+            num_retractions=req.num_retractions,
+        )
         if not req.future.done():
             req.future.set_result(out)
         self.changed.set()

@@ -115,7 +115,9 @@ class ModelArch:
         if self.num_experts % ep:
             raise ValueError(f"--expert-model-parallel-size={ep} must divide num_experts={self.num_experts} of this {self.family} model")
         if self.moe_ffn_hidden_size % etp:
-            raise ValueError(f"--expert-tensor-parallel-size={etp} must divide moe_intermediate_size={self.moe_ffn_hidden_size} of this {self.family} model")
+            raise ValueError(
+                f"--expert-tensor-parallel-size={etp} must divide moe_intermediate_size={self.moe_ffn_hidden_size} of this {self.family} model"
+            )
 
     @property
     def heads_per_group(self) -> int:

@@ -313,7 +313,10 @@ def hf_to_mcore(
 
 
 def iter_mcore_to_hf(
-    shard_states: Sequence[Mapping[str, Tensor]], arch: ModelArch, *, expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None
+    shard_states: Sequence[Mapping[str, Tensor]],
+    arch: ModelArch,
+    *,
+    expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None,
 ) -> Iterator[tuple[str, Tensor]]:
     """HF tensors one megatron parameter at a time; arguments as ``mcore_to_hf``."""
     experts = expert_shard_states if expert_shard_states is not None else [shard_states]
@@ -327,7 +330,10 @@ def iter_mcore_to_hf(
 
 
 def mcore_to_hf(
-    shard_states: Sequence[Mapping[str, Tensor]], arch: ModelArch, *, expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None
+    shard_states: Sequence[Mapping[str, Tensor]],
+    arch: ModelArch,
+    *,
+    expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None,
 ) -> dict[str, Tensor]:
     """Gather the state dicts of all TP ranks (rank order) into one HF state dict.
 

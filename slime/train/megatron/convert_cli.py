@@ -62,7 +62,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def _model(arch: ModelArch, dtype: torch.dtype):
     # one process: no token dispatch between ranks; "allgather" is the dispatcher that builds without CUDA streams
-    config = transformer_config(arch, MegatronConfig(moe_token_dispatcher_type="allgather"), use_cpu_initialization=True, params_dtype=dtype)
+    config = transformer_config(
+        arch, MegatronConfig(moe_token_dispatcher_type="allgather"), use_cpu_initialization=True, params_dtype=dtype
+    )
     return build_gpt_model(arch, config, tp_size=1)
 
 
@@ -105,7 +107,9 @@ def hf_to_megatron(hf_dir: str, out_dir: str) -> str:
             path = os.path.join(out_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         if _needs_cuda(exc):
-            raise ConvertError("megatron-core's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine") from exc
+            raise ConvertError(
+                "megatron-core's dist_checkpointing needs a CUDA device to write; run slime convert on a GPU machine"
+            ) from exc
         raise
     meta_dir = os.path.join(out_dir, HF_CONFIG_DIR)
     os.makedirs(meta_dir, exist_ok=True)
@@ -113,7 +117,15 @@ def hf_to_megatron(hf_dir: str, out_dir: str) -> str:
         if os.path.isfile(os.path.join(hf_dir, name)):
             shutil.copy2(os.path.join(hf_dir, name), os.path.join(meta_dir, name))
     with open(os.path.join(out_dir, META_FILE), "w") as f:
-        json.dump({"params_dtype": str(dtype).removeprefix("torch."), "format": "megatron-core dist_checkpointing", "source": os.path.abspath(hf_dir)}, f, indent=2)
+        json.dump(
+            {
+                "params_dtype": str(dtype).removeprefix("torch."),
+                "format": "megatron-core dist_checkpointing",
+                "source": os.path.abspath(hf_dir),
+            },
+            f,
+            indent=2,
+        )
     return out_dir
 
 
@@ -136,7 +148,9 @@ def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
             state = dist_ckpt.load(model.sharded_state_dict(), mcore_dir)
     except (AssertionError, RuntimeError) as exc:
         if _needs_cuda(exc):
-            raise ConvertError("megatron-core's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine") from exc
+            raise ConvertError(
+                "megatron-core's dist_checkpointing needs a CUDA device to read; run slime convert on a GPU machine"
+            ) from exc
         raise
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]

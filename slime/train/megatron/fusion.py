@@ -81,7 +81,14 @@ def _raise_recompile_limit(at_least: int = 32) -> None:
 
 def status() -> dict[str, str]:
     """Per wrapped function: "compiled" (ran through torch.compile), "failed" (fell back to eager) or "eager"."""
-    return {f"{f.fn.__module__.rsplit('.', 1)[-1]}.{f.fn.__name__}": "failed" if f._failed else "compiled" if f._compiled is not None else "eager" for f in _REGISTRY}
+    return {
+        f"{f.fn.__module__.rsplit('.', 1)[-1]}.{f.fn.__name__}": "failed"
+        if f._failed
+        else "compiled"
+        if f._compiled is not None
+        else "eager"
+        for f in _REGISTRY
+    }
 
 
 def fused(*, dynamic_args: tuple[int, ...] = (0,)) -> Callable[[Callable[..., Any]], _Fused]:

@@ -187,11 +187,30 @@ class SDPACoreAttention(_MegatronModule):
 
     use_varlen: bool = True
 
-    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None, cp_comm_type: str | None = None, pg_collection: Any = None):
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+    ):
         super().__init__(config=config)
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Tensor:
         """query [t, n, d], key/value [t, g, d] (megatron squeezes "thd" input) -> [t, n * d]."""
         if not isinstance(packed_seq_params, PackedRoPEParams) or packed_seq_params.rope_cos is None:
             raise ValueError("SDPACoreAttention needs packed input with PackedRoPEParams (see slime.train.megatron.packing)")

@@ -74,7 +74,16 @@ def _row_stats(x: Tensor, local_target: Tensor, scale: float, num_real: int) -> 
 
 
 @fused(dynamic_args=(0, 1, 2, 3, 4, 5))
-def _logits_grad(x: Tensor, local_target: Tensor, lse: Tensor, coef_lp: Tensor, coef_ent: Tensor | None, mean_z: Tensor | None, scale: float, num_real: int) -> Tensor:
+def _logits_grad(
+    x: Tensor,
+    local_target: Tensor,
+    lse: Tensor,
+    coef_lp: Tensor,
+    coef_ent: Tensor | None,
+    mean_z: Tensor | None,
+    scale: float,
+    num_real: int,
+) -> Tensor:
     """Gradient of sum_i coef_lp_i logprob_i (+ sum_i coef_ent_i entropy_i) with respect to x [t, v],
     in x's dtype. local_target is -1 where the target is on another rank (no one-hot term here);
     mean_z [t] = sum_k p_k z_k (global), needed with coef_ent only."""
@@ -101,7 +110,9 @@ def _chunks(x: Tensor) -> list[tuple[int, int]]:
 
 class _LogprobEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, scale: float, vocab_start: int, vocab_size: int, group: Any, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, logits: Tensor, target: Tensor, scale: float, vocab_start: int, vocab_size: int, group: Any, entropy_grad: bool
+    ) -> tuple[Tensor, Tensor]:
         t, local = logits.shape
         num_real = min(max(vocab_size - vocab_start, 0), local)  # this rank's columns inside the HF vocab
         in_range = (target >= vocab_start) & (target < vocab_start + num_real)  # [t]
@@ -154,7 +165,14 @@ class _LogprobEntropy(torch.autograd.Function):
             for a, b in chunks:
                 sl = slice(a, b)
                 grad[sl] = _logits_grad(
-                    logits[sl], local_target[sl], lse[sl], coef_lp[sl], None if coef_ent is None else coef_ent[sl], None if mean_z is None else mean_z[sl], ctx.scale, ctx.num_real
+                    logits[sl],
+                    local_target[sl],
+                    lse[sl],
+                    coef_lp[sl],
+                    None if coef_ent is None else coef_ent[sl],
+                    None if mean_z is None else mean_z[sl],
+                    ctx.scale,
+                    ctx.num_real,
                 )
         return (grad,) + none
 

@@ -56,7 +56,9 @@ __all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weigh
 log = logging.getLogger(__name__)
 
 
-def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, params_dtype: torch.dtype | None = None) -> Any:
+def transformer_config(
+    arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, params_dtype: torch.dtype | None = None
+) -> Any:
     """megatron-core ``TransformerConfig`` for ``arch`` under ``mcfg``'s parallelism and precision.
 
     Args:
@@ -75,7 +77,9 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
     TransformerConfig = mcore("megatron.core.transformer.transformer_config").TransformerConfig
     cp, pp = mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
     if arch.is_moe and (cp > 1 or pp > 1):
-        raise ValueError(f"--context-parallel-size={cp} / --pipeline-model-parallel-size={pp}: slime's megatron backend runs MoE models with TP, DP and EP only so far")
+        raise ValueError(
+            f"--context-parallel-size={cp} / --pipeline-model-parallel-size={pp}: slime's megatron backend runs MoE models with TP, DP and EP only so far"
+        )
     if arch.num_layers % pp:
         raise ValueError(f"--pipeline-model-parallel-size={pp} does not divide the model's {arch.num_layers} layers")
     arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
@@ -111,7 +115,9 @@ def transformer_config(arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initial
         variable_seq_lengths=pp > 1,  # packed micro-batches differ in length: stages exchange shapes first
         expert_model_parallel_size=mcfg.expert_model_parallel_size,
         expert_tensor_parallel_size=etp,
-        **(_moe_config(arch, mcfg) if arch.is_moe else dict(moe_token_dispatcher_type="alltoall")),  # dense: no dispatcher runs; "allgather" refuses variable_seq_lengths
+        **(
+            _moe_config(arch, mcfg) if arch.is_moe else dict(moe_token_dispatcher_type="alltoall")
+        ),  # dense: no dispatcher runs; "allgather" refuses variable_seq_lengths
         sequence_parallel=mcfg.sequence_parallel and mcfg.tensor_model_parallel_size > 1,
         bf16=bf16,
         params_dtype=dtype,
@@ -164,7 +170,9 @@ def layer_spec(*, num_experts: int | None = None) -> Any:
     exact class); ``build_gpt_model`` turns the built ones into ``SwiGLUMLP``. With
     ``num_experts`` the MLP is megatron's ``MoELayer`` (router, ``SequentialMLP`` experts, shared
     expert when the config has one)."""
-    spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=True)
+    spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(
+        num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=True
+    )
     sub = spec.submodules
     sub.input_layernorm = RMSNorm
     sub.pre_mlp_layernorm = RMSNorm

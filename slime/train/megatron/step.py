@@ -112,7 +112,9 @@ class MegatronTrainStep:
                 lens[start:end],
                 dp_size=self.ctx.dp_size,
                 micro_batch_size=cfg.micro_batch_size,
-                max_tokens_per_gpu=mcfg.max_tokens_per_gpu * self.ctx.cp_size if mcfg.use_dynamic_batch_size else None,  # CP ranks share a micro-batch
+                max_tokens_per_gpu=mcfg.max_tokens_per_gpu * self.ctx.cp_size
+                if mcfg.use_dynamic_batch_size
+                else None,  # CP ranks share a micro-batch
             )
             mbs = [self._pack(batch, [start + i for i in mb]) for mb in plan[self.ctx.dp_rank]]
             if self.ctx.ep_size > 1:
@@ -191,7 +193,12 @@ class MegatronTrainStep:
         # memory synchronises the stream, and one per micro-batch would stall the GPU until the
         # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
         keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
-        todo = [(mb, torch.as_tensor(mb.samples, device=self.ctx.device)) for _, _, mbs in steps for mb in mbs if mb.samples or keep_placeholders]
+        todo = [
+            (mb, torch.as_tensor(mb.samples, device=self.ctx.device))
+            for _, _, mbs in steps
+            for mb in mbs
+            if mb.samples or keep_placeholders
+        ]
         for model, out in ((self.model, old), (self.ref_model, ref)):
             if model is None:
                 continue
@@ -245,7 +252,14 @@ class MegatronTrainStep:
                 mbs = [self._placeholder(batch)]
                 step_subs = [None]
 
-            def loss_of(mb: PackedMicroBatch, sub: TrainBatch | None, logprob: Tensor, entropy: Tensor, denom: float = denom, step_loss: Tensor = step_loss) -> Tensor:
+            def loss_of(
+                mb: PackedMicroBatch,
+                sub: TrainBatch | None,
+                logprob: Tensor,
+                entropy: Tensor,
+                denom: float = denom,
+                step_loss: Tensor = step_loss,
+            ) -> Tensor:
                 if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
                     return logprob.sum() * 0.0
                 loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
@@ -258,7 +272,8 @@ class MegatronTrainStep:
 
             entropy_grad = cfg.entropy_coef != 0.0
             if self.ctx.pp_size > 1:
-                self._pipeline(self.ddp, mbs, lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent), forward_only=False, entropy_grad=entropy_grad)  # noqa: B023  # called within this iteration
+                loss_at = lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent)  # noqa: B023, E731  # called within this iteration
+                self._pipeline(self.ddp, mbs, loss_at, forward_only=False, entropy_grad=entropy_grad)
             else:
                 for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
                     sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
@@ -324,7 +339,12 @@ class MegatronTrainStep:
             for o in getattr(opt, "chained_optimizers", [opt]):
                 params = o.get_parameters()
                 if params:
-                    clip(params, max_norm=self.config.clip_grad, total_norm=grad_norm, use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+                    clip(
+                        params,
+                        max_norm=self.config.clip_grad,
+                        total_norm=grad_norm,
+                        use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8,
+                    )
         opt.step_with_ready_grads()
         self.scheduler.step(increment=1)
         return grad_norm
@@ -335,7 +355,9 @@ def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
 
 
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None})
+    return dataclasses.replace(
+        batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None}
+    )
 
 
 def _batch_metrics(batch: TrainBatch) -> dict[str, float]:

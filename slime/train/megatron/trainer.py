@@ -56,12 +56,24 @@ class MegatronTrainer(MegatronTrainStep):
             architecture (``UnsupportedArchitecture``, a ValueError).
     """
 
-    def __init__(self, config: TrainConfig, *, model_dir: str, policy_version: int = 0, rollout_temperature: float = 1.0,
-                 max_staleness: int | None = None, seed: int = 1234):
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model_dir: str,
+        policy_version: int = 0,
+        rollout_temperature: float = 1.0,
+        max_staleness: int | None = None,
+        seed: int = 1234,
+    ):
         if not torch.cuda.is_available():
-            raise RuntimeError("--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU")
+            raise RuntimeError(
+                "--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU"
+            )
         if objective.needs_critic(config):
-            raise ValueError(f"--advantage-estimator {config.advantage_estimator} needs a critic, which the megatron backend does not have yet; use --train-backend torch")
+            raise ValueError(
+                f"--advantage-estimator {config.advantage_estimator} needs a critic, which the megatron backend does not have yet; use --train-backend torch"
+            )
         self.config = config
         self.rollout_temperature, self.max_staleness = rollout_temperature, max_staleness
         self.model_dir = model_dir
@@ -85,12 +97,24 @@ class MegatronTrainer(MegatronTrainStep):
         self.router_stats = None
         if self.arch.is_moe:
             sp_group = self.ctx.tp_group if self.tconfig.sequence_parallel else None
-            self.router_stats = attach_megatron_routers(self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group)
+            self.router_stats = attach_megatron_routers(
+                self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group
+            )
         log.info(
             "megatron backend: %s, %d layers%s, TP=%d CP=%d PP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
-            self.arch.family, self.arch.num_layers,
-            f" ({sum(self.arch.moe_layers)} MoE: {self.arch.num_experts} experts, top-{self.arch.moe_router_topk})" if self.arch.is_moe else "",
-            self.ctx.tp_size, self.ctx.cp_size, self.ctx.pp_size, self.ctx.dp_size, self.ctx.ep_size, self.ctx.etp_size, mcfg.bf16, self.tconfig.sequence_parallel,
+            self.arch.family,
+            self.arch.num_layers,
+            f" ({sum(self.arch.moe_layers)} MoE: {self.arch.num_experts} experts, top-{self.arch.moe_router_topk})"
+            if self.arch.is_moe
+            else "",
+            self.ctx.tp_size,
+            self.ctx.cp_size,
+            self.ctx.pp_size,
+            self.ctx.dp_size,
+            self.ctx.ep_size,
+            self.ctx.etp_size,
+            mcfg.bf16,
+            self.tconfig.sequence_parallel,
             f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{config.micro_batch_size} samples",
         )
 

@@ -64,7 +64,11 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
     params = dict(unwrap(model).named_parameters())
     ep_size = getattr(ctx, "ep_size", 1)
     pp_size, pp_rank = getattr(ctx, "pp_size", 1), getattr(ctx, "pp_rank", 0)
-    local_name = {g: n for n, g in stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size).items() if pipeline_stage(g, arch, pp_size) == pp_rank}
+    local_name = {
+        g: n
+        for n, g in stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size).items()
+        if pipeline_stage(g, arch, pp_size) == pp_rank
+    }
     dtype0 = next(iter(params.values())).dtype
     for name in mcore_names(arch, ep_size=ep_size):
         if is_expert(name):
@@ -120,7 +124,9 @@ def _gather_expert(name: str, local: Tensor, arch: ModelArch, ctx: Any, dtype: t
     if not ctx.is_driver:
         return
     for ep_rank in range(ep):
-        for hf_name, tensor in mcore_param_to_hf(name, shards[ep_rank * etp : (ep_rank + 1) * etp], arch, ep_size=ep, ep_rank=ep_rank).items():
+        for hf_name, tensor in mcore_param_to_hf(
+            name, shards[ep_rank * etp : (ep_rank + 1) * etp], arch, ep_size=ep, ep_rank=ep_rank
+        ).items():
             yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
 
 

@@ -28,10 +28,24 @@ MEGATRON = ("--train-backend", "megatron")
 
 
 def test_two_trainer_nodes_with_servers_after_their_gpus():
-    p = placement_of(config_of(*MEGATRON, "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "8",
-                                  "--rollout-num-gpus-per-engine", "2"), gpus_per_node=8)
+    p = placement_of(
+        config_of(
+            *MEGATRON,
+            "--actor-num-nodes",
+            "2",
+            "--actor-num-gpus-per-node",
+            "4",
+            "--rollout-num-gpus",
+            "8",
+            "--rollout-num-gpus-per-engine",
+            "2",
+        ),
+        gpus_per_node=8,
+    )
     assert [(n.node_rank, n.trainer_gpus, n.servers) for n in p.nodes] == [
-        (0, (0, 1, 2, 3), ((4, 5), (6, 7))), (1, (0, 1, 2, 3), ((4, 5), (6, 7)))]
+        (0, (0, 1, 2, 3), ((4, 5), (6, 7))),
+        (1, (0, 1, 2, 3), ((4, 5), (6, 7))),
+    ]
     assert p.servers_off_node0
     torchruns = [line.split() for line in p.format().splitlines() if "torchrun" in line]
     assert [t[t.index("--node-rank") + 1] for t in torchruns] == ["0", "1"]
@@ -40,14 +54,16 @@ def test_two_trainer_nodes_with_servers_after_their_gpus():
 
 
 def test_full_trainer_nodes_put_the_servers_on_the_next_node():
-    p = placement_of(config_of(*MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8"),
-                        gpus_per_node=8)
+    p = placement_of(
+        config_of(*MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8"), gpus_per_node=8
+    )
     assert [(n.trainer_gpus, len(n.servers)) for n in p.nodes] == [((0, 1, 2, 3, 4, 5, 6, 7), 0), ((), 8)]
 
 
 def test_colocate_defaults_the_rollout_gpus_to_the_actors_as_slime_does():
-    config = config_of(*MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "4", "--colocate",
-                       "--rollout-num-gpus-per-engine", "2")
+    config = config_of(
+        *MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "4", "--colocate", "--rollout-num-gpus-per-engine", "2"
+    )
     assert config.engine.rollout_num_gpus == 4 and trainer_gpus(config.train) == 4
     (node,) = placement_of(config, gpus_per_node=8).nodes
     assert node.trainer_gpus == (0, 1, 2, 3) and node.servers == ((0, 1), (2, 3))
@@ -58,15 +74,26 @@ def test_without_placement_flags_nothing_is_derived():
     assert config.with_placement_defaults() is config and config.engine.rollout_num_gpus is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    ((*MEGATRON, "--actor-num-gpus-per-node", "6", "--tensor-model-parallel-size", "4"), "= 4 must divide --actor-num-nodes=1 x --actor-num-gpus-per-node=6 = 6"),
-    (("--actor-num-nodes", "2"), "--actor-num-nodes=2: several trainer nodes need --train-backend megatron"),
-    ((*MEGATRON, "--actor-num-gpus-per-node", "16"), "--actor-num-gpus-per-node=16 but a node has 8 GPU(s)"),
-    ((*MEGATRON, "--actor-num-gpus-per-node", "6", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "4"),
-     "server 0 would take GPUs"),
-    ((*MEGATRON, "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"),
-     "--rollout-num-gpus=3 must be a multiple of --rollout-num-gpus-per-engine=2"),
-], ids=["tp-pp-cp", "torch-nodes", "node-size", "span", "multiple"])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            (*MEGATRON, "--actor-num-gpus-per-node", "6", "--tensor-model-parallel-size", "4"),
+            "= 4 must divide --actor-num-nodes=1 x --actor-num-gpus-per-node=6 = 6",
+        ),
+        (("--actor-num-nodes", "2"), "--actor-num-nodes=2: several trainer nodes need --train-backend megatron"),
+        ((*MEGATRON, "--actor-num-gpus-per-node", "16"), "--actor-num-gpus-per-node=16 but a node has 8 GPU(s)"),
+        (
+            (*MEGATRON, "--actor-num-gpus-per-node", "6", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "4"),
+            "server 0 would take GPUs",
+        ),
+        (
+            (*MEGATRON, "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"),
+            "--rollout-num-gpus=3 must be a multiple of --rollout-num-gpus-per-engine=2",
+        ),
+    ],
+    ids=["tp-pp-cp", "torch-nodes", "node-size", "span", "multiple"],
+)
 def test_a_placement_that_does_not_fit_is_one_line_naming_the_flags(argv, message):
     with pytest.raises(ConfigError, match=None) as exc:
         placement_of(config_of(*argv), gpus_per_node=8)
@@ -85,8 +112,28 @@ def test_torchrun_ranks_must_match_the_placement_flags():
 
 def test_dry_run_prints_each_nodes_torchrun_and_gpus(capsys, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
-    assert main(["train", "--dry-run", "--hf-checkpoint", "/m", *MEGATRON, "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "8",
-                 "--tensor-model-parallel-size", "2", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dry-run",
+                "--hf-checkpoint",
+                "/m",
+                *MEGATRON,
+                "--actor-num-nodes",
+                "2",
+                "--actor-num-gpus-per-node",
+                "8",
+                "--tensor-model-parallel-size",
+                "2",
+                "--rollout-num-gpus",
+                "8",
+                "--rollout-num-gpus-per-engine",
+                "4",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "[node 0] trainer GPUs 0,1,2,3,4,5,6,7; SGLang servers none" in out
     assert "[node 1] trainer GPUs 0,1,2,3,4,5,6,7; SGLang servers none" in out
@@ -97,8 +144,26 @@ def test_dry_run_prints_each_nodes_torchrun_and_gpus(capsys, monkeypatch):
 
 def test_dry_run_on_one_node_launches_servers_after_the_trainer(capsys, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert main(["train", "--dry-run", "--hf-checkpoint", "/m", *MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "4",
-                 "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dry-run",
+                "--hf-checkpoint",
+                "/m",
+                *MEGATRON,
+                "--actor-num-nodes",
+                "1",
+                "--actor-num-gpus-per-node",
+                "4",
+                "--rollout-num-gpus",
+                "4",
+                "--rollout-num-gpus-per-engine",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "[node 0] trainer GPUs 0,1,2,3; SGLang servers [4,5] [6,7]" in out
     servers = [shlex.split(line)[0] for line in out.splitlines() if "sglang.launch_server" in line]

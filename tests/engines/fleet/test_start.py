@@ -66,8 +66,15 @@ async def test_a_killed_command_process_is_restarted_on_its_port_and_one_that_di
     async with aiohttp.ClientSession() as session:
         url = f"http://127.0.0.1:{port}"
         ready = EngineClient(url, session=session, config=FAST).wait_ready
-        proc = CommandProcess("fake-0", [sys.executable, str(script), str(port)], env={}, url=url, ready=ready,
-                              log_path=tmp_path / "logs" / "fake-0.log", grace_s=5)
+        proc = CommandProcess(
+            "fake-0",
+            [sys.executable, str(script), str(port)],
+            env={},
+            url=url,
+            ready=ready,
+            log_path=tmp_path / "logs" / "fake-0.log",
+            grace_s=5,
+        )
         assert await proc.start(30) == url
         first = proc.pid
         os.kill(first, signal.SIGKILL)
@@ -77,8 +84,14 @@ async def test_a_killed_command_process_is_restarted_on_its_port_and_one_that_di
         assert proc.pid != first and proc.returncode is None
         await proc.stop()
         assert proc.returncode is not None
-        dead = CommandProcess("dies", [sys.executable, "-c", "import sys; print('no GPU'); sys.exit(3)"], env={}, url=url,
-                              ready=ready, log_path=tmp_path / "logs" / "dies.log")
+        dead = CommandProcess(
+            "dies",
+            [sys.executable, "-c", "import sys; print('no GPU'); sys.exit(3)"],
+            env={},
+            url=url,
+            ready=ready,
+            log_path=tmp_path / "logs" / "dies.log",
+        )
         with pytest.raises(EngineUnavailable, match=r"dies exited with code 3 before it was ready; see .*dies.log"):
             await dead.start(30)
     assert "no GPU" in (tmp_path / "logs" / "dies.log").read_text()
@@ -90,11 +103,15 @@ async def test_external_actor_engines_with_a_launched_teacher_and_with_running_t
     actor, teacher = await start_engines(2)
     for e in (actor, teacher):
         e.on("/health_generate", text="")
-    engine = EngineConfig(rollout_external_engine_addrs=(actor.url,), opd_teacher_addrs=(teacher.url,), health_check_interval_s=0, startup_timeout_s=5)
+    engine = EngineConfig(
+        rollout_external_engine_addrs=(actor.url,), opd_teacher_addrs=(teacher.url,), health_check_interval_s=0, startup_timeout_s=5
+    )
     async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
         assert engines.pools.default.urls == [actor.url] and engines.pools["teacher"].urls == [teacher.url]
     model = write_tiny_llama(tmp_path / "teacher", seed=0)
-    engine = EngineConfig(rollout_external_engine_addrs=(actor.url,), opd_teacher_load=str(model), health_check_interval_s=0, startup_timeout_s=60)
+    engine = EngineConfig(
+        rollout_external_engine_addrs=(actor.url,), opd_teacher_load=str(model), health_check_interval_s=0, startup_timeout_s=60
+    )
     async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
         (url,) = engines.pools["teacher"].urls
         assert url not in (actor.url, teacher.url) and url in engines.processes  # launched, supervised
@@ -122,7 +139,10 @@ async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run
         assert body["model_path"] == str(run_model) and body["weight_version"] == "0" and body["flush_cache"] is True
     b.on("/model_info", body={"model_path": "/elsewhere/qwen", "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"})
     async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
-        with pytest.raises(ConfigError, match=r"serves '/elsewhere/qwen'.*architectures \['Qwen2ForCausalLM'\] \(engine\) vs "
-                                              r"\['LlamaForCausalLM'\] \(run\); model_type 'qwen2' \(engine\) vs 'llama' \(run\)"):
+        with pytest.raises(
+            ConfigError,
+            match=r"serves '/elsewhere/qwen'.*architectures \['Qwen2ForCausalLM'\] \(engine\) vs "
+            r"\['LlamaForCausalLM'\] \(run\); model_type 'qwen2' \(engine\) vs 'llama' \(run\)",
+        ):
             await load_initial_weights(pool, str(run_model), "0")
     assert a.hits("/update_weights_from_disk") == b.hits("/update_weights_from_disk") == 1  # refused before any update

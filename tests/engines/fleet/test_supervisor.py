@@ -19,8 +19,14 @@ from slime.types import Sample, Status
 from tests.engines.test_client import FakeEngine, dead_url, generate_body
 
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)
-SUPERVISE = EngineConfig(health_check_interval_s=0.02, health_check_timeout_s=1.0, circuit_breaker_threshold=2,
-                         circuit_breaker_cooldown_s=0.02, max_engine_restarts=2, startup_timeout_s=5.0)
+SUPERVISE = EngineConfig(
+    health_check_interval_s=0.02,
+    health_check_timeout_s=1.0,
+    circuit_breaker_threshold=2,
+    circuit_breaker_cooldown_s=0.02,
+    max_engine_restarts=2,
+    startup_timeout_s=5.0,
+)
 
 
 class FakeProcess:
@@ -87,8 +93,7 @@ async def test_an_exited_process_is_restarted_resynced_and_put_back(start_engine
     serving(b, "0")  # what a freshly started server reports
     async with HttpEnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v2", "2")) as pool:
         proc = FakeProcess("b")
-        supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0, startup_timeout_s=5.0),
-                                      processes={b.url: proc})
+        supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0, startup_timeout_s=5.0), processes={b.url: proc})
         proc.returncode = -9
         async with asyncio.TaskGroup() as tg:
             await supervisor.check_once(tg)

@@ -16,5 +16,12 @@ class ScriptedPool:
         tokens, finish = self.replies.pop(0)
         if len(tokens) > sampling_params["max_new_tokens"]:
             tokens, finish = tokens[: sampling_params["max_new_tokens"]], "length"
-        return GenerateResult(output_ids=tokens, output_logprobs=[-0.5] * len(tokens), finish_reason=FinishReason(type=finish),
-                              weight_version="3", token_weight_versions=["3"] * len(tokens), completion_tokens=len(tokens), rid=rid)
+        return GenerateResult(
+            output_ids=tokens,
+            output_logprobs=[-0.5] * len(tokens),
+            finish_reason=FinishReason(type=finish),
+            weight_version="3",
+            token_weight_versions=["3"] * len(tokens),
+            completion_tokens=len(tokens),
+            rid=rid,
+        )

@@ -6,11 +6,15 @@ from slime.rollout.tools.parse import parse_tool_calls
 
 
 def test_two_blocks_parse_in_order_with_arguments():
-    text = ('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>\n'
-            '<tool_call>{"name": "retrieval", "arguments": {"query": "paris"}}</tool_call>')
+    text = (
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>\n'
+        '<tool_call>{"name": "retrieval", "arguments": {"query": "paris"}}</tool_call>'
+    )
     calls = parse_tool_calls(text)
     assert [(c.name, c.arguments, c.error) for c in calls] == [
-        ("calculator", {"expression": "6*7"}, None), ("retrieval", {"query": "paris"}, None)]
+        ("calculator", {"expression": "6*7"}, None),
+        ("retrieval", {"query": "paris"}, None),
+    ]
 
 
 def test_text_without_tool_calls_gives_none():

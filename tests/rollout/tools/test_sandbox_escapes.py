@@ -55,11 +55,14 @@ def _processes_with(marker: str) -> list[int]:
 async def test_fork_exec_shell_cannot_write_outside_or_leave_processes(box, tmp_path):
     target = tmp_path / "escaped.txt"
     marker = f"31.{os.getpid()}{time.monotonic_ns() % 100000}"
-    code = FORK_EXEC + f"""
+    code = (
+        FORK_EXEC
+        + f"""
 spawn(["/bin/sh", "-c", "echo escaped > {target}; sleep {marker} & sleep {marker} &"])
 import time; time.sleep(0.3)
 print("spawned")
 """
+    )
     try:
         result = await box.run(code)
         time.sleep(0.2)  # the sandbox's PID namespace is torn down when its init exits
@@ -92,7 +95,9 @@ async def test_writes_go_nowhere_but_the_working_directory(box, tmp_path):
 async def test_no_network_even_from_a_child_process(box):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    code = FORK_EXEC + f"""
+    code = (
+        FORK_EXEC
+        + f"""
 import socket
 for host in ("127.0.0.1", "1.1.1.1"):
     try:
@@ -103,6 +108,7 @@ for host in ("127.0.0.1", "1.1.1.1"):
 spawn(["{sys.executable}", "-c", "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=0.5)"])
 import time; time.sleep(0.5)
 """
+    )
     try:
         result = await box.run(code)
         server.setblocking(False)

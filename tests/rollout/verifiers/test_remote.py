@@ -56,8 +56,9 @@ async def test_good_reply_gives_the_reward_and_sends_prompt_response_label(rm_se
     assert s.evidence["verifier"]["verdict"] == "scored"
 
 
-@pytest.mark.parametrize("path, words", [("/error", "HTTP 500: 'model crashed'"), ("/badjson", "reply is not JSON"),
-                                         ("/noreward", "no 'reward' key")])
+@pytest.mark.parametrize(
+    "path, words", [("/error", "HTTP 500: 'model crashed'"), ("/badjson", "reply is not JSON"), ("/noreward", "no 'reward' key")]
+)
 async def test_bad_replies_raise_errors_naming_url_and_problem(rm_server, path, words):
     url, _ = rm_server
     async with RemoteRewardModel(f"{url}{path}", timeout_s=5) as rm:

@@ -25,8 +25,13 @@ def max_abs_diff(a: list[float], b: list[float]) -> float:
 
 def make_request(rid: str, prompt: list[int], *, seed: int = 0, return_logprob: bool = True, **params) -> EngineRequest:
     params.setdefault("ignore_eos", True)
-    return EngineRequest(rid=rid, prompt_ids=list(prompt), params=SamplingParams(**params),
-                         generator=seeded_generator(seed, rid), return_logprob=return_logprob)
+    return EngineRequest(
+        rid=rid,
+        prompt_ids=list(prompt),
+        params=SamplingParams(**params),
+        generator=seeded_generator(seed, rid),
+        return_logprob=return_logprob,
+    )
 
 
 class StepGate:

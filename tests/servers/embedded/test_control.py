@@ -11,8 +11,17 @@ from slime.servers.embedded import EngineServer
 from tests.servers.embedded.helpers import StepGate, max_abs_diff, reference_logprobs
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-QUEUED_META = {"id", "finish_reason", "weight_version", "weight_versions", "e2e_latency", "completion_tokens",
-               "input_token_logprobs", "output_token_logprobs", "output_token_logprobs_length"}
+QUEUED_META = {
+    "id",
+    "finish_reason",
+    "weight_version",
+    "weight_versions",
+    "e2e_latency",
+    "completion_tokens",
+    "input_token_logprobs",
+    "output_token_logprobs",
+    "output_token_logprobs_length",
+}
 
 
 async def _post(session, engine, path, body):
@@ -91,7 +100,9 @@ async def test_abort_all_aborts_running_and_queued_requests_with_their_two_shape
 async def test_pause_holds_new_requests_until_continue(engine, session):
     reference = (await _post(session, engine, "/generate", {"input_ids": [7, 7], "rid": "ref", "sampling_params": GREEDY}))[1]
     assert await _post(session, engine, "/pause_generation", {"mode": "abort"}) == (
-        200, {"message": "Generation paused successfully.", "status": "ok"})
+        200,
+        {"message": "Generation paused successfully.", "status": "ok"},
+    )
     task = _generate(session, engine, "held", input_ids=[7, 7])
     await _until_inflight(engine, "held")
     await asyncio.sleep(0.05)  # give a wrong implementation the chance to run it
@@ -101,7 +112,9 @@ async def test_pause_holds_new_requests_until_continue(engine, session):
     async with session.post(f"{engine.url}/flush_cache") as resp:
         assert resp.status == 400 and await resp.text() == "Flush cache failed."
     assert await _post(session, engine, "/continue_generation", {}) == (
-        200, {"message": "Generation continued successfully.", "status": "ok"})
+        200,
+        {"message": "Generation continued successfully.", "status": "ok"},
+    )
     status, out = await task
     assert status == 200 and out["output_ids"] == reference["output_ids"]
     async with session.post(f"{engine.url}/flush_cache") as resp:
@@ -113,10 +126,11 @@ async def test_weight_reload_changes_greedy_outputs_and_the_weight_version(engin
 
     body = {"input_ids": [3, 1, 4, 1, 5], "return_logprob": True, "sampling_params": GREEDY}
     before = (await _post(session, engine, "/generate", body))[1]
-    status, out = await _post(session, engine, "/update_weights_from_disk",
-                              {"model_path": str(tiny_model_v2_path), "weight_version": "v2"})
-    assert (status, out) == (200, {"success": True, "num_paused_requests": 0,
-                                   "message": "Succeeded to update model weights. Weight version updated to v2."})
+    status, out = await _post(session, engine, "/update_weights_from_disk", {"model_path": str(tiny_model_v2_path), "weight_version": "v2"})
+    assert (status, out) == (
+        200,
+        {"success": True, "num_paused_requests": 0, "message": "Succeeded to update model weights. Weight version updated to v2."},
+    )
     after = (await _post(session, engine, "/generate", body))[1]
     assert after["output_ids"] != before["output_ids"] and after["meta_info"]["weight_version"] == "v2"
     v2 = AutoModelForCausalLM.from_pretrained(tiny_model_v2_path, dtype=torch.float32).eval()
@@ -128,8 +142,9 @@ async def test_weight_reload_changes_greedy_outputs_and_the_weight_version(engin
 
 
 async def test_weight_reload_from_a_bad_path_fails_and_keeps_the_served_weights(engine, session, tmp_path):
-    status, out = await _post(session, engine, "/update_weights_from_disk",
-                              {"model_path": str(tmp_path / "missing"), "weight_version": "x"})
+    status, out = await _post(
+        session, engine, "/update_weights_from_disk", {"model_path": str(tmp_path / "missing"), "weight_version": "x"}
+    )
     assert status == 400 and out["success"] is False and "missing" in out["message"] and out["num_paused_requests"] == 0
     async with session.get(f"{engine.url}/model_info") as resp:
         assert (await resp.json())["weight_version"] == "default"
@@ -140,8 +155,12 @@ async def test_weight_update_waits_for_inflight_requests_unless_told_to_abort(en
     gate = _gate(engine, "w1")
     task = _generate(session, engine, "w1")
     assert await asyncio.to_thread(gate.reached.wait, 10)
-    status, out = await _post(session, engine, "/update_weights_from_disk", {
-        "model_path": str(tiny_model_v2_path), "weight_version": "v2", "abort_all_requests": abort_all})
+    status, out = await _post(
+        session,
+        engine,
+        "/update_weights_from_disk",
+        {"model_path": str(tiny_model_v2_path), "weight_version": "v2", "abort_all_requests": abort_all},
+    )
     assert status == 200 and out["success"]
     meta = (await task)[1]["meta_info"]
     assert meta["finish_reason"]["type"] == ("abort" if abort_all else "length")

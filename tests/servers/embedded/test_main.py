@@ -52,8 +52,9 @@ def test_main_prints_the_ready_line_serves_and_exits_cleanly_on_sigterm(tiny_mod
     driver = threading.Thread(target=drive)
     driver.start()
     try:
-        code = main_entry(["--model", str(tiny_model_path), "--port", "0", "--weight-version", "v0", "--threads", "1",
-                           "--log-level", "WARNING"])
+        code = main_entry(
+            ["--model", str(tiny_model_path), "--port", "0", "--weight-version", "v0", "--threads", "1", "--log-level", "WARNING"]
+        )
     finally:
         main_returned.set()
         out.ready.set()

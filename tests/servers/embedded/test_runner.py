@@ -37,8 +37,11 @@ def _run_alone(runner, **params):
     return out
 
 
-@pytest.mark.parametrize("params", [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_p=0.95, top_k=40)],
-                         ids=["greedy", "sampled", "sampled-truncated"])
+@pytest.mark.parametrize(
+    "params",
+    [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_p=0.95, top_k=40)],
+    ids=["greedy", "sampled", "sampled-truncated"],
+)
 def test_batched_decode_with_midway_joins_matches_each_alone_and_a_full_forward(make_runner, hf_model, params):
     alone = _run_alone(make_runner(), **params)
     runner = make_runner()

@@ -31,12 +31,15 @@ def test_per_row_temperatures_match_scalar_temperatures():
         assert rows[i].item() == pytest.approx(token_logprobs(logits[i], ids[i], t).item(), abs=1e-7)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.0),
-    SamplingParams(temperature=1.0, top_k=1),
-    SamplingParams(temperature=1.0, top_p=1e-4),
-    SamplingParams(temperature=1.0, min_p=1.0),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=1.0, top_p=1e-4),
+        SamplingParams(temperature=1.0, min_p=1.0),
+    ],
+)
 def test_degenerate_truncation_picks_the_argmax(params):
     logits = torch.randn(4, 32, generator=torch.Generator().manual_seed(2))
     gens = [seeded_generator(0, str(i)) for i in range(4)]

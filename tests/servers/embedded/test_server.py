@@ -8,8 +8,19 @@ from slime.servers.embedded import EngineServer
 from tests.fixtures.tiny_model import TINY_VOCAB_SIZE
 from tests.servers.embedded.helpers import max_abs_diff, reference_logprobs
 
-META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
-             "num_retractions", "weight_version", "weight_versions", "e2e_latency", "response_sent_to_client_ts"}
+META_KEYS = {
+    "id",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "num_retractions",
+    "weight_version",
+    "weight_versions",
+    "e2e_latency",
+    "response_sent_to_client_ts",
+}
 
 
 async def _post(session, engine, path, body):
@@ -19,9 +30,17 @@ async def _post(session, engine, path, body):
 
 async def test_generate_returns_the_sglang_object_with_logprobs_from_a_full_forward(engine, session, hf_model):
     prompt = [5, 9, 14, 3]
-    status, out = await _post(session, engine, "/generate", {
-        "input_ids": prompt, "rid": "g1", "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 9, "temperature": 0.7, "ignore_eos": True}})
+    status, out = await _post(
+        session,
+        engine,
+        "/generate",
+        {
+            "input_ids": prompt,
+            "rid": "g1",
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 9, "temperature": 0.7, "ignore_eos": True},
+        },
+    )
     assert status == 200 and "text" not in out  # no tokenizer in the model dir
     meta = out["meta_info"]
     assert set(meta) == META_KEYS | {"input_token_logprobs", "output_token_logprobs", "output_token_logprobs_length"}
@@ -58,41 +77,51 @@ async def test_same_rid_and_seed_reproduce_the_same_sample(engine, session):
 
 async def test_batch_and_n_return_arrays_in_prompt_major_order(engine, session):
     prompts = [[4, 5], [6, 7, 8], [9]]
-    status, out = await _post(session, engine, "/generate", {
-        "input_ids": prompts, "rid": "b", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    status, out = await _post(
+        session, engine, "/generate", {"input_ids": prompts, "rid": "b", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+    )
     assert status == 200 and [o["meta_info"]["id"] for o in out] == ["b_0", "b_1", "b_2"]
     assert [o["meta_info"]["prompt_tokens"] for o in out] == [2, 3, 1]
 
-    status, out = await _post(session, engine, "/generate", {
-        "input_ids": prompts[:2], "rid": "n", "sampling_params": {"max_new_tokens": 3, "n": 2, "ignore_eos": True}})
+    status, out = await _post(
+        session,
+        engine,
+        "/generate",
+        {"input_ids": prompts[:2], "rid": "n", "sampling_params": {"max_new_tokens": 3, "n": 2, "ignore_eos": True}},
+    )
     assert status == 200 and [o["meta_info"]["prompt_tokens"] for o in out] == [2, 2, 3, 3]
     assert len({o["meta_info"]["id"] for o in out}) == 4  # fresh rids per sample, as SGLang
-    status, single = await _post(session, engine, "/generate",
-                                 {"input_ids": [4, 5], "sampling_params": {"n": 2, "max_new_tokens": 2}})
+    status, single = await _post(session, engine, "/generate", {"input_ids": [4, 5], "sampling_params": {"n": 2, "max_new_tokens": 2}})
     assert status == 200 and isinstance(single, list) and len(single) == 2
 
 
-@pytest.mark.parametrize("sampling_params, needle", [
-    ({"foo": 1}, "unknown field `foo`, expected one of `max_new_tokens`"),
-    ({"max_new_tokens": 8.0}, "invalid type: floating point `8.0`, expected i64"),
-    ({"temperature": "hot"}, 'invalid type: string "hot", expected f64'),
-])
+@pytest.mark.parametrize(
+    "sampling_params, needle",
+    [
+        ({"foo": 1}, "unknown field `foo`, expected one of `max_new_tokens`"),
+        ({"max_new_tokens": 8.0}, "invalid type: floating point `8.0`, expected i64"),
+        ({"temperature": "hot"}, 'invalid type: string "hot", expected f64'),
+    ],
+)
 async def test_contract_violations_answer_400_with_a_string_error(engine, session, sampling_params, needle):
     status, out = await _post(session, engine, "/generate", {"input_ids": [1, 2], "sampling_params": sampling_params})
     assert status == 400 and isinstance(out["error"], str) and out["error"].startswith(needle)
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature must be non-negative"),
-    ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]"),
-    ({"input_ids": [TINY_VOCAB_SIZE]}, "out of range"),
-    ({"input_ids": []}, "cannot be empty"),
-    ({"sampling_params": {}}, "Either text, input_ids or input_embeds should be provided."),
-    ({"text": "hello"}, "needs a tokenizer"),
-    ({"input_ids": [1], "stream": True}, "does not stream"),
-    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}, "does not support sampling_params.repetition_penalty"),
-    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 1000}}, "maximum context length"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature must be non-negative"),
+        ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]"),
+        ({"input_ids": [TINY_VOCAB_SIZE]}, "out of range"),
+        ({"input_ids": []}, "cannot be empty"),
+        ({"sampling_params": {}}, "Either text, input_ids or input_embeds should be provided."),
+        ({"text": "hello"}, "needs a tokenizer"),
+        ({"input_ids": [1], "stream": True}, "does not stream"),
+        ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}, "does not support sampling_params.repetition_penalty"),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 1000}}, "maximum context length"),
+    ],
+)
 async def test_bad_values_answer_400_with_an_error_message_object(engine, session, body, needle):
     status, out = await _post(session, engine, "/generate", body)
     assert status == 400 and needle in out["error"]["message"]
@@ -131,13 +160,21 @@ async def test_info_and_health_routes(engine, session):
 
 async def test_text_prompts_and_stop_strings_need_and_use_a_tokenizer(tiny_tokenizer_model_path, session):
     async with EngineServer(tiny_tokenizer_model_path, port=0) as engine:
-        status, free = await _post(session, engine, "/generate", {
-            "text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+        status, free = await _post(
+            session,
+            engine,
+            "/generate",
+            {"text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}},
+        )
         assert status == 200 and free["text"] == " ".join(f"w{t}" if t > 2 else "" for t in free["output_ids"]).strip()
         assert free["meta_info"]["prompt_tokens"] == 3
         stop = f"w{free['output_ids'][2]}"
-        status, out = await _post(session, engine, "/generate", {
-            "text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": stop, "ignore_eos": True}})
+        status, out = await _post(
+            session,
+            engine,
+            "/generate",
+            {"text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": stop, "ignore_eos": True}},
+        )
         assert status == 200 and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert out["output_ids"] == free["output_ids"][: len(out["output_ids"])] and stop not in out["text"]
 
@@ -154,10 +191,22 @@ async def test_input_logprobs_match_a_full_forward_with_the_first_entry_null(eng
 
     contexts = [[0, 5, 9, 14, 3, 22, 7], [0, 40, 41], [0, 8, 6, 4, 2, 33, 31, 30, 29, 12], [0, 17]]
     starts = [3, 0, 8, 1]
-    replies = await asyncio.gather(*(
-        _post(session, engine, "/generate", {"input_ids": ctx, "return_logprob": True, "logprob_start_len": start,
-                                              "sampling_params": {"max_new_tokens": 0, "temperature": 1.0}})
-        for ctx, start in zip(contexts, starts)))
+    replies = await asyncio.gather(
+        *(
+            _post(
+                session,
+                engine,
+                "/generate",
+                {
+                    "input_ids": ctx,
+                    "return_logprob": True,
+                    "logprob_start_len": start,
+                    "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+                },
+            )
+            for ctx, start in zip(contexts, starts)
+        )
+    )
     for ctx, start, (status, out) in zip(contexts, starts, replies):
         assert status == 200 and out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
         entries = out["meta_info"]["input_token_logprobs"]

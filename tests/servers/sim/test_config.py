@@ -15,8 +15,12 @@ from slime.servers.sim.server import build_parser, main
 
 @pytest.mark.parametrize(
     "field, value, flag",
-    [("time_scale", 0.0, "--time-scale"), ("response_len_p99", 10.0, "--response-len-p99"),
-     ("max_running_requests", 0, "--max-running-requests"), ("eos_token_id", 40000, "--eos-token-id")],
+    [
+        ("time_scale", 0.0, "--time-scale"),
+        ("response_len_p99", 10.0, "--response-len-p99"),
+        ("max_running_requests", 0, "--max-running-requests"),
+        ("eos_token_id", 40000, "--eos-token-id"),
+    ],
 )
 def test_config_rejects_bad_values_naming_the_flag(field, value, flag):
     with pytest.raises(ConfigError, match=flag):
@@ -30,8 +34,20 @@ def test_every_config_field_but_the_memory_bound_has_exactly_one_flag():
 
 def test_flags_reach_their_fields_and_defaults_match_the_struct():
     assert config_from_args(add_sim_flags(argparse.ArgumentParser()).parse_args([])) == SimConfig()
-    argv = ["--sim", "--port", "0", "--time-scale", "3", "--instant", "--max-response-len", "64",
-            "--response-len-file", "h.json", "--weight-version", "4"]
+    argv = [
+        "--sim",
+        "--port",
+        "0",
+        "--time-scale",
+        "3",
+        "--instant",
+        "--max-response-len",
+        "64",
+        "--response-len-file",
+        "h.json",
+        "--weight-version",
+        "4",
+    ]
     ns = build_parser().parse_args(argv)
     config = config_from_args(ns)
     assert (ns.port, config.time_scale, config.instant, config.max_response_len) == (0, 3.0, True, 64)

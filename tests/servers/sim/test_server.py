@@ -72,9 +72,15 @@ async def test_running_and_queued_aborts_return_the_two_protocol_shapes(serve):
     server, pool = await serve(fixed_config(10_000, max_running_requests=1))
     url = server.url
     async with aiohttp.ClientSession() as session:
-        posts = [asyncio.create_task(session.post(f"{url}/generate", json={
-            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}, "rid": rid, "return_logprob": True}))
-            for rid in ("run-", "wait-")]
+        posts = [
+            asyncio.create_task(
+                session.post(
+                    f"{url}/generate",
+                    json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}, "rid": rid, "return_logprob": True},
+                )
+            )
+            for rid in ("run-", "wait-")
+        ]
         await until(lambda: server.engine.num_running == 1 and server.engine.num_waiting == 1)
         await until(lambda: server.engine.stats().tokens_generated >= 3)
         await pool.clients[0].abort(abort_all=True)
@@ -90,8 +96,9 @@ async def test_running_and_queued_aborts_return_the_two_protocol_shapes(serve):
 async def test_batch_input_ids_answer_an_array_with_expanded_rids(serve):
     server, _ = await serve(fixed_config(5))
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{server.url}/generate", json={"input_ids": [[1, 2], [3, 4]], "rid": "b",
-                                                                 "return_logprob": [True, False]}) as resp:
+        async with session.post(
+            f"{server.url}/generate", json={"input_ids": [[1, 2], [3, 4]], "rid": "b", "return_logprob": [True, False]}
+        ) as resp:
             body = await resp.read()
     first, second = parse_generate_response(body, url=server.url, return_logprob=False)
     assert (first.rid, second.rid) == ("b_0", "b_1")
@@ -133,8 +140,9 @@ async def test_sim_stats_endpoint_reports_and_resets_the_counters(serve):
 async def test_a_client_that_disconnects_aborts_its_request(serve):
     server, _ = await serve(fixed_config(10_000))
     async with aiohttp.ClientSession() as session:
-        post = asyncio.create_task(session.post(f"{server.url}/generate", json={
-            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}}))
+        post = asyncio.create_task(
+            session.post(f"{server.url}/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}})
+        )
         await until(lambda: server.engine.num_running == 1)
         post.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -143,12 +151,15 @@ async def test_a_client_that_disconnects_aborts_its_request(serve):
     assert server.engine.stats().requests_aborted == 1
 
 
-@pytest.mark.parametrize("payload, match", [
-    ({"input_ids": PROMPT, "sampling_params": {"max_tokens": 3}}, "unknown field `max_tokens`"),
-    ({"text": "hi"}, "no tokenizer"),
-    ({"input_ids": [1.5]}, "invalid type"),
-    ({"input_ids": PROMPT, "stream": True}, "does not stream"),
-])
+@pytest.mark.parametrize(
+    "payload, match",
+    [
+        ({"input_ids": PROMPT, "sampling_params": {"max_tokens": 3}}, "unknown field `max_tokens`"),
+        ({"text": "hi"}, "no tokenizer"),
+        ({"input_ids": [1.5]}, "invalid type"),
+        ({"input_ids": PROMPT, "stream": True}, "does not stream"),
+    ],
+)
 async def test_bad_generate_requests_are_refused_with_400(serve, payload, match):
     server, pool = await serve(fixed_config(5))
     async with aiohttp.ClientSession() as session:
@@ -160,8 +171,12 @@ async def test_bad_generate_requests_are_refused_with_400(serve, payload, match)
 
 async def test_the_cli_prints_the_ready_line_and_serves_until_terminated(tmp_path):
     code = "import sys; from slime.servers.sim.server import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "--port", "0", "--time-scale", "1000", "--instant"],
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--port", "0", "--time-scale", "1000", "--instant"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
         assert line.startswith("SLIME_ENGINE_READY url=http://127.0.0.1:")

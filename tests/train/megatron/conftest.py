@@ -25,7 +25,15 @@ import torch
 
 torch.set_num_threads(1)
 
-TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
+TINY = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    initializer_range=0.2,
+)
 ARCH_CONFIGS = {
     "llama": dict(TINY, rope_theta=5000.0, tie_word_embeddings=False),
     "qwen2": dict(TINY, rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
@@ -34,7 +42,16 @@ ARCH_CONFIGS = {
 MOE = dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
 ARCH_CONFIGS.update(
     qwen3_moe=dict(TINY, **MOE, rope_theta=1000000.0, tie_word_embeddings=False, head_dim=12, norm_topk_prob=True),
-    qwen2_moe=dict(TINY, **MOE, num_hidden_layers=3, mlp_only_layers=[1], shared_expert_intermediate_size=24, rope_theta=10000.0, tie_word_embeddings=True, norm_topk_prob=False),
+    qwen2_moe=dict(
+        TINY,
+        **MOE,
+        num_hidden_layers=3,
+        mlp_only_layers=[1],
+        shared_expert_intermediate_size=24,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        norm_topk_prob=False,
+    ),
 )
 """Tiny configs per family: untied Llama; tied Qwen2 (qkv bias); Qwen3 with head_dim != hidden / heads;
 Qwen3-MoE (4 experts, top-2, renormalised top-k); Qwen2-MoE (shared expert with its sigmoid gate,
@@ -144,10 +161,16 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: f
             self.model = build_gpt_model(self.arch, self.tconfig, tp_size=1)
             load_hf_weights(self.model, HFCheckpointReader(model_dir), self.arch, tp_size=1, tp_rank=0)
             self.ddp, self.ref_model = _PassThroughDDP(self.model), None
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+            )
             self.scheduler = _ConstantLR(config.lr)
             a = self.arch
-            self.router_stats = attach_megatron_routers(self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu")) if a.is_moe else None
+            self.router_stats = (
+                attach_megatron_routers(self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu"))
+                if a.is_moe
+                else None
+            )
 
         def _optimizer_step(self) -> float:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad))

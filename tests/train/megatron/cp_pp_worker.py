@@ -70,7 +70,13 @@ def _groups(vocab: int):
     for gi in range(2):
         samples = []
         for i in range(3):
-            s = Sample(prompt_ids=torch.randint(1, vocab, (3 + 2 * i + gi,), generator=g).tolist(), index=i, group_id=gi, reward=float((i + gi) % 2), status=Status.COMPLETED)
+            s = Sample(
+                prompt_ids=torch.randint(1, vocab, (3 + 2 * i + gi,), generator=g).tolist(),
+                index=i,
+                group_id=gi,
+                reward=float((i + gi) % 2),
+                status=Status.COMPLETED,
+            )
             r = 3 + (i * 5 + 3 * gi) % 7
             s.append(torch.randint(1, vocab, (r,), generator=g).tolist(), (-torch.rand(r, generator=g)).tolist(), policy_version=0)
             samples.append(s)
@@ -98,7 +104,15 @@ def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
             self.pad_token_id, self.pad_to = 0, 1
             self.model = build_gpt_model(self.arch, self.tconfig, tp_size=ctx.tp_size, pp_rank=ctx.pp_rank)
             c = ctx
-            load_hf_weights(self.model, HFCheckpointReader(model_dir), self.arch, tp_size=c.tp_size, tp_rank=c.tp_rank, pp_size=c.pp_size, pp_rank=c.pp_rank)
+            load_hf_weights(
+                self.model,
+                HFCheckpointReader(model_dir),
+                self.arch,
+                tp_size=c.tp_size,
+                tp_rank=c.tp_rank,
+                pp_size=c.pp_size,
+                pp_rank=c.pp_rank,
+            )
             self.ddp, self.ref_model, self.router_stats = _PassThroughDDP(self.model), None, None
             self.tconfig.no_sync_func = self.ddp.no_sync
             self.optimizer = types.SimpleNamespace(zero_grad=lambda: None)  # the step is replaced below

@@ -35,21 +35,50 @@ def main(hf_dir: str, out_path: str, tp: str, ep: str, etp: str) -> None:
     from slime.train.megatron.parallel import init_parallel
     from slime.train.megatron.weights import iter_hf_weights
 
-    mcfg = MegatronConfig(tensor_model_parallel_size=int(tp), expert_model_parallel_size=int(ep), expert_tensor_parallel_size=int(etp), moe_token_dispatcher_type="allgather", sequence_parallel=int(tp) > 1)
+    mcfg = MegatronConfig(
+        tensor_model_parallel_size=int(tp),
+        expert_model_parallel_size=int(ep),
+        expert_tensor_parallel_size=int(etp),
+        moe_token_dispatcher_type="allgather",
+        sequence_parallel=int(tp) > 1,
+    )
     ctx = init_parallel(mcfg, seed=0)
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()  # test-only: sequence parallel's embedding forks the CUDA RNG (dropout 0 here)
+    get_cuda_rng_tracker().fork = lambda *a, **k: (
+        contextlib.nullcontext()
+    )  # test-only: sequence parallel's embedding forks the CUDA RNG (dropout 0 here)
     arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
     model = build_gpt_model(arch, transformer_config(arch, mcfg, use_cpu_initialization=True), tp_size=ctx.tp_size)
-    load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=ctx.tp_size, tp_rank=ctx.tp_rank, ep_size=ctx.ep_size, ep_rank=ctx.ep_rank, etp_size=ctx.etp_size, etp_rank=ctx.etp_rank)
+    load_hf_weights(
+        model,
+        HFCheckpointReader(hf_dir),
+        arch,
+        tp_size=ctx.tp_size,
+        tp_rank=ctx.tp_rank,
+        ep_size=ctx.ep_size,
+        ep_rank=ctx.ep_rank,
+        etp_size=ctx.etp_size,
+        etp_rank=ctx.etp_rank,
+    )
     lens = [7, 5]
     ids = torch.zeros(2, 7, dtype=torch.long)
     torch.manual_seed(5)
     for i, n in enumerate(lens):
         ids[i, :n] = torch.randint(0, arch.vocab_size, (n,))
     z = torch.zeros(2, 6)
-    batch = TrainBatch(ids, (torch.arange(7) < torch.tensor(lens)[:, None]).long(), z, z, z, z.long(), torch.zeros(2), torch.zeros(2), torch.tensor(lens), z)
+    batch = TrainBatch(
+        ids,
+        (torch.arange(7) < torch.tensor(lens)[:, None]).long(),
+        z,
+        z,
+        z,
+        z.long(),
+        torch.zeros(2),
+        torch.zeros(2),
+        torch.tensor(lens),
+        z,
+    )
     mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=ctx.tp_size, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
     with torch.no_grad():
         local = model.eval()(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)[0]

@@ -34,14 +34,32 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
     from slime.bench.trainer import megatron_backend
 
     script = _load_script()
+
     def cpu_megatron(cfg, model_dir, device):
         trainer = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
         trainer.close = lambda: None  # the module's parallel state outlives this trainer (megatron_cpu)
         return megatron_backend(trainer)
 
     factories = {"megatron": cpu_megatron}
-    argv = ["--shapes", "tiny", "--num-samples", "4", "--seq-len", "64", "--max-tokens-per-gpu", "128", "--steps", "2", "--warmup", "1",
-            "--profile", "--model-root", str(tmp_path / "models"), "--out", str(tmp_path / "out")]
+    argv = [
+        "--shapes",
+        "tiny",
+        "--num-samples",
+        "4",
+        "--seq-len",
+        "64",
+        "--max-tokens-per-gpu",
+        "128",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--profile",
+        "--model-root",
+        str(tmp_path / "models"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert script.main(argv, factories=factories) == 0
 
     out = capsys.readouterr().out
@@ -54,7 +72,9 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
         assert len(r["rl_step_times_s"]) == len(r["old_logprob_pass_times_s"]) == 2
         assert r["rl_step_s"] > 0 and r["old_logprob_pass_s"] > 0 and r["train_opt_s"] > 0
         assert r["mfu_train_opt"] > 0 and r["mfu_rl_step"] > 0 and r["loss"] is not None
-    assert tiny["speedup_rl_step"] == pytest.approx(tiny["backends"]["transformers"]["rl_step_s"] / tiny["backends"]["megatron"]["rl_step_s"])
+    assert tiny["speedup_rl_step"] == pytest.approx(
+        tiny["backends"]["transformers"]["rl_step_s"] / tiny["backends"]["megatron"]["rl_step_s"]
+    )
     profile = json.loads((tmp_path / "out" / "bench_trainer_profile.json").read_text())["tiny"]
     for name in ("transformers", "megatron"):
         p = profile[name]
@@ -71,8 +91,9 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
 
     model_dir = megatron_common.make_hf_dir(str(tmp_path / "tiny"), SHAPES["tiny"], dtype=torch.float32, device="cpu")
     groups = megatron_common.make_groups(vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=24)
-    cfg = TrainConfig(global_batch_size=2, micro_batch_size=1, lr=1e-2,
-                      megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=64))
+    cfg = TrainConfig(
+        global_batch_size=2, micro_batch_size=1, lr=1e-2, megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=64)
+    )
     ref = TransformersReference(cfg, model_dir=model_dir, device=torch.device("cpu"), precision="fp32")
     megatron = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
     for _ in range(2):  # two optimizer steps per RL step: the second is off-policy (ratio != 1, loss != 0)

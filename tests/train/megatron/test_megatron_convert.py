@@ -120,7 +120,9 @@ def test_a_conversion_the_machine_cannot_do_is_a_one_line_error_that_leaves_noth
         raise RuntimeError("Found no NVIDIA driver on your system; CUDA is needed")
 
     real_mcore = convert_cli.mcore
-    monkeypatch.setattr(convert_cli, "mcore", lambda name: types.SimpleNamespace(save=save) if name.endswith("dist_checkpointing") else real_mcore(name))
+    monkeypatch.setattr(
+        convert_cli, "mcore", lambda name: types.SimpleNamespace(save=save) if name.endswith("dist_checkpointing") else real_mcore(name)
+    )
     for var, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())).items():
         monkeypatch.setenv(var, value)
     out = tmp_path / "mcore"

@@ -24,7 +24,18 @@ def _run(hf_dir: str, tmp_path: Path, nproc: int, layouts: list[str]) -> dict:
     worker = Path(__file__).with_name("cp_pp_worker.py")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(worker), hf_dir, str(out), *layouts]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(worker),
+        hf_dir,
+        str(out),
+        *layouts,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())

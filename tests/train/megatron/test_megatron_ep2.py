@@ -19,7 +19,20 @@ def test_expert_parallel_forward_and_weight_gather_match_hf(family, tp, ep, etp,
     worker = Path(__file__).with_name("ep2_worker.py")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker), hf_dirs[family], str(out), str(tp), str(ep), str(etp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(worker),
+        hf_dirs[family],
+        str(out),
+        str(tp),
+        str(ep),
+        str(etp),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())

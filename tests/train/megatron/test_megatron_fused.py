@@ -26,7 +26,16 @@ def _reference(logits: torch.Tensor, target: torch.Tensor, temperature: float, v
     return ref.gather(-1, target[:, None])[:, 0], -(ref.exp() * ref).sum(-1)
 
 
-def _check(logits: torch.Tensor, target: torch.Tensor, *, temperature: float, vocab_size: int, atol: float, grad_atol: float, grad_rtol: float = 0.0) -> None:
+def _check(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    temperature: float,
+    vocab_size: int,
+    atol: float,
+    grad_atol: float,
+    grad_rtol: float = 0.0,
+) -> None:
     x = logits.detach().clone().requires_grad_(True)
     lp, ent = vocab_parallel_logprobs(x, target, temperature=temperature, vocab_size=vocab_size, entropy_grad=True)
     x_ref = logits.detach().clone().double().requires_grad_(True)
@@ -54,7 +63,9 @@ def test_bf16_logits_are_computed_in_fp32_and_get_a_bf16_gradient():
     torch.manual_seed(1)
     logits = (3 * torch.randn(17, 64)).bfloat16()
     target = torch.randint(0, 60, (17,))
-    _check(logits, target, temperature=0.8, vocab_size=60, atol=2e-5, grad_atol=1e-5, grad_rtol=4e-3)  # grad rounded to bf16 (relative 2^-9)
+    _check(
+        logits, target, temperature=0.8, vocab_size=60, atol=2e-5, grad_atol=1e-5, grad_rtol=4e-3
+    )  # grad rounded to bf16 (relative 2^-9)
 
 
 def test_logprob_only_gradient_and_a_detached_entropy():
@@ -95,7 +106,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tp_worker(rank: int, port: int, logits: torch.Tensor, target: torch.Tensor, w_lp: torch.Tensor, w_ent: torch.Tensor, out: dict) -> None:
+def _tp_worker(
+    rank: int, port: int, logits: torch.Tensor, target: torch.Tensor, w_lp: torch.Tensor, w_ent: torch.Tensor, out: dict
+) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -103,7 +116,9 @@ def _tp_worker(rank: int, port: int, logits: torch.Tensor, target: torch.Tensor,
         torch.set_num_threads(1)
         half = logits.shape[1] // 2
         x = logits[:, rank * half : (rank + 1) * half].clone().requires_grad_(True)
-        lp, ent = vocab_parallel_logprobs(x, target, temperature=0.75, vocab_size=70, tp_rank=rank, group=dist.group.WORLD, entropy_grad=True)
+        lp, ent = vocab_parallel_logprobs(
+            x, target, temperature=0.75, vocab_size=70, tp_rank=rank, group=dist.group.WORLD, entropy_grad=True
+        )
         ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
         out[rank] = (lp.detach(), ent.detach(), x.grad)
     finally:
@@ -171,7 +186,12 @@ def test_rmsnorm_rope_swiglu_trace_as_one_graph_and_match_eager_with_gradients()
     for fn, args in cases:
         grads = []
         for run in (lambda *a: _traced(fn, *a), fn.fn):  # noqa: B023  # called within this iteration
-            leaves = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 and a is not cos and a is not sin else a for a in args]
+            leaves = [
+                a.clone().requires_grad_(True)
+                if isinstance(a, torch.Tensor) and a.dtype == torch.float32 and a is not cos and a is not sin
+                else a
+                for a in args
+            ]
             outs = run(*leaves)
             outs = outs if isinstance(outs, tuple) else (outs,)
             sum(o.square().sum() for o in outs).backward()

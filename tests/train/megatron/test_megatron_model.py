@@ -39,8 +39,16 @@ def test_megatron_logits_match_hf_on_packed_sequences(family, hf_dirs, megatron_
         ids[i, :n] = torch.randint(0, arch.vocab_size, (n,))
     z = torch.zeros(3, 6)
     batch = TrainBatch(
-        input_ids=ids, attention_mask=(torch.arange(7) < torch.tensor(lens)[:, None]).long(), loss_mask=z, rollout_logprobs=z,
-        advantages=z, staleness=z.long(), sample_advantages=torch.zeros(3), rewards=torch.zeros(3), seq_lens=torch.tensor(lens), response_mask=z,
+        input_ids=ids,
+        attention_mask=(torch.arange(7) < torch.tensor(lens)[:, None]).long(),
+        loss_mask=z,
+        rollout_logprobs=z,
+        advantages=z,
+        staleness=z.long(),
+        sample_advantages=torch.zeros(3),
+        rewards=torch.zeros(3),
+        seq_lens=torch.tensor(lens),
+        response_mask=z,
     )
     mb = pack_samples(batch, [2, 0, 1], pad_token_id=0, pad_to=4, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
     with torch.no_grad():

@@ -32,7 +32,10 @@ def test_moe_round_trip_is_bit_exact_for_every_tp_ep_etp_layout(family, tp, ep, 
     hf = _hf_state(hf_dirs[family])
     hf["model.layers.0.mlp.gate.weight"] = hf["model.layers.0.mlp.gate.weight"].to(torch.bfloat16)  # dtypes survive too
     dense = [hf_to_mcore(hf, arch, tp_size=tp, tp_rank=r) for r in range(tp)]
-    experts = [[hf_to_mcore(hf, arch, tp_size=tp, tp_rank=0, ep_size=ep, ep_rank=e, etp_size=etp, etp_rank=t) for t in range(etp)] for e in range(ep)]
+    experts = [
+        [hf_to_mcore(hf, arch, tp_size=tp, tp_rank=0, ep_size=ep, ep_rank=e, etp_size=etp, etp_rank=t) for t in range(etp)]
+        for e in range(ep)
+    ]
     assert all(list(s) == mcore_names(arch, ep_size=ep) for row in experts for s in row)
     got = mcore_to_hf(dense, arch, expert_shard_states=experts)
     want = {k: v for k, v in hf.items() if k != "lm_head.weight" or not arch.tie_word_embeddings}
@@ -91,8 +94,16 @@ def _packed(arch, lens, seed=1):
         ids[i, :n] = torch.randint(0, arch.vocab_size, (n,), generator=g)
     z = torch.zeros(len(lens), L - 1)
     batch = TrainBatch(
-        input_ids=ids, attention_mask=(torch.arange(L) < torch.tensor(lens)[:, None]).long(), loss_mask=z, rollout_logprobs=z,
-        advantages=z, staleness=z.long(), sample_advantages=torch.zeros(len(lens)), rewards=torch.zeros(len(lens)), seq_lens=torch.tensor(lens), response_mask=z,
+        input_ids=ids,
+        attention_mask=(torch.arange(L) < torch.tensor(lens)[:, None]).long(),
+        loss_mask=z,
+        rollout_logprobs=z,
+        advantages=z,
+        staleness=z.long(),
+        sample_advantages=torch.zeros(len(lens)),
+        rewards=torch.zeros(len(lens)),
+        seq_lens=torch.tensor(lens),
+        response_mask=z,
     )
     return ids, pack_samples(batch, list(range(len(lens))), pad_token_id=0, pad_to=1, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
 
@@ -168,14 +179,18 @@ def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(
 
     from slime.train.batch import build_train_batch
 
-    config = TrainConfig(global_batch_size=8, micro_batch_size=1, megatron=MegatronConfig(moe_token_dispatcher_type="allgather", use_dynamic_batch_size=True, max_tokens_per_gpu=13))  # DP plan: 3 and 4 micro-batches
+    config = TrainConfig(
+        global_batch_size=8,
+        micro_batch_size=1,
+        megatron=MegatronConfig(moe_token_dispatcher_type="allgather", use_dynamic_batch_size=True, max_tokens_per_gpu=13),
+    )  # DP plan: 3 and 4 micro-batches
     trainer = cpu_megatron_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
     batch = build_train_batch(_groups(96), pad_token_id=0, current_version=0)
     counts = {}
     for ep in (1, 2):
         for rank in (0, 1):
             trainer.ctx = dataclasses.replace(megatron_cpu, dp_size=2, dp_rank=rank, ep_size=ep)
-            (_, _, mbs), = trainer._plan(batch)
+            ((_, _, mbs),) = trainer._plan(batch)
             counts[ep, rank] = (len(mbs), sum(1 for mb in mbs if not mb.samples))
     trainer.ctx = megatron_cpu
     assert counts[1, 0][0] != counts[1, 1][0] and counts[1, 0][1] == counts[1, 1][1] == 0  # DP alone: uneven, no placeholders

@@ -18,8 +18,16 @@ def _batch(lens: list[int]) -> TrainBatch:
         ids[i, :n] = torch.arange(1, n + 1) + 100 * i
     z = torch.arange(b * (t - 1), dtype=torch.float32).reshape(b, t - 1)
     return TrainBatch(
-        input_ids=ids, attention_mask=(torch.arange(t) < torch.tensor(lens)[:, None]).long(), loss_mask=z, rollout_logprobs=z,
-        advantages=z, staleness=z.long(), sample_advantages=torch.zeros(b), rewards=torch.zeros(b), seq_lens=torch.tensor(lens), response_mask=z,
+        input_ids=ids,
+        attention_mask=(torch.arange(t) < torch.tensor(lens)[:, None]).long(),
+        loss_mask=z,
+        rollout_logprobs=z,
+        advantages=z,
+        staleness=z.long(),
+        sample_advantages=torch.zeros(b),
+        rewards=torch.zeros(b),
+        seq_lens=torch.tensor(lens),
+        response_mask=z,
     )
 
 

@@ -26,7 +26,13 @@ def _groups(vocab: int) -> list[Group]:
     for gi in range(2):
         samples = []
         for i in range(4):
-            s = Sample(prompt_ids=torch.randint(1, vocab, (3 + i,), generator=g).tolist(), index=i, group_id=gi, reward=float((i + gi) % 3 == 0), status=Status.COMPLETED)
+            s = Sample(
+                prompt_ids=torch.randint(1, vocab, (3 + i,), generator=g).tolist(),
+                index=i,
+                group_id=gi,
+                reward=float((i + gi) % 3 == 0),
+                status=Status.COMPLETED,
+            )
             r = 2 + (i * 3 + gi) % 5
             s.append(torch.randint(1, vocab, (r,), generator=g).tolist(), (-torch.rand(r, generator=g)).tolist(), policy_version=0)
             samples.append(s)
@@ -39,7 +45,10 @@ def test_train_step_metrics_match_the_torch_backend(dynamic, hf_dirs, megatron_c
     from slime.train.torch_backend import TorchTrainer
 
     config = TrainConfig(
-        lr=1e-3, global_batch_size=4, micro_batch_size=2, loss_agg="token_mean" if dynamic else "seq_mean",
+        lr=1e-3,
+        global_batch_size=4,
+        micro_batch_size=2,
+        loss_agg="token_mean" if dynamic else "seq_mean",
         megatron=MegatronConfig(use_dynamic_batch_size=dynamic, max_tokens_per_gpu=20),
     )
     groups = _groups(96)
@@ -47,7 +56,17 @@ def test_train_step_metrics_match_the_torch_backend(dynamic, hf_dirs, megatron_c
     reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9)
     for _ in range(2):
         got, want = megatron.train_step(groups), reference.train_step(groups)
-        for key in ("loss", "grad_norm", "ratio_mean", "entropy", "pg_clipfrac", "approx_kl", "train_rollout_logprob_abs_diff", "num_train_tokens", "num_optimizer_steps"):
+        for key in (
+            "loss",
+            "grad_norm",
+            "ratio_mean",
+            "entropy",
+            "pg_clipfrac",
+            "approx_kl",
+            "train_rollout_logprob_abs_diff",
+            "num_train_tokens",
+            "num_optimizer_steps",
+        ):
             assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
     assert got["policy_version"] == 2.0
 
@@ -58,7 +77,11 @@ def test_sft_loss_step_matches_the_torch_backend(dynamic, hf_dirs, megatron_cpu,
     from slime.train.torch_backend import TorchTrainer
 
     config = TrainConfig(
-        lr=1e-3, global_batch_size=4, micro_batch_size=2, loss_type="sft_loss", loss_agg="token_mean",
+        lr=1e-3,
+        global_batch_size=4,
+        micro_batch_size=2,
+        loss_type="sft_loss",
+        loss_agg="token_mean",
         megatron=MegatronConfig(use_dynamic_batch_size=dynamic, max_tokens_per_gpu=20),
     )
     groups = _groups(96)
@@ -76,8 +99,7 @@ def test_opd_step_matches_the_torch_backend(estimator, hf_dirs, megatron_cpu, cp
     """``--use-opd``: the reverse-KL advantage term (objective.with_advantages) is the same in both backends."""
     from slime.train.torch_backend import TorchTrainer
 
-    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, advantage_estimator=estimator,
-                         use_opd=True, opd_kl_coef=0.5)
+    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, advantage_estimator=estimator, use_opd=True, opd_kl_coef=0.5)
     groups = _groups(96)
     g = torch.Generator().manual_seed(5)
     for s in (s for grp in groups for s in grp.samples):

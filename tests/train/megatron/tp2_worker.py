@@ -42,11 +42,24 @@ def main(hf_dir: str, family: str, out_path: str) -> None:
     for i, n in enumerate(lens):
         ids[i, :n] = torch.randint(0, arch.vocab_size, (n,))
     z = torch.zeros(2, 5)
-    batch = TrainBatch(ids, (torch.arange(6) < torch.tensor(lens)[:, None]).long(), z, z, z, z.long(), torch.zeros(2), torch.zeros(2), torch.tensor(lens), z)
+    batch = TrainBatch(
+        ids,
+        (torch.arange(6) < torch.tensor(lens)[:, None]).long(),
+        z,
+        z,
+        z,
+        z.long(),
+        torch.zeros(2),
+        torch.zeros(2),
+        torch.tensor(lens),
+        z,
+    )
     mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=2, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
     with torch.no_grad():
         local = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)[0]
-        lp, _ = vocab_parallel_logprobs(local, mb.labels[0], temperature=0.9, vocab_size=arch.vocab_size, tp_rank=ctx.tp_rank, group=ctx.tp_group)
+        lp, _ = vocab_parallel_logprobs(
+            local, mb.labels[0], temperature=0.9, vocab_size=arch.vocab_size, tp_rank=ctx.tp_rank, group=ctx.tp_group
+        )
         parts = [torch.empty_like(local) for _ in range(2)]
         dist.all_gather(parts, local.contiguous(), group=ctx.tp_group)
     result = {}
