@@ -26,7 +26,6 @@ keep file order, or the epoch's seeded shuffle order with ``--rollout-shuffle``.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +34,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from slime.data.prompt_fields import describe_list, messages_of, short, tools_of
 from slime.errors import ConfigError, DataError
 
 __all__ = [
@@ -220,14 +220,14 @@ def parse_prompt_row(
         raise ValueError(f"missing key {input_key!r} (--input-key); keys present: {sorted(obj)}")
     prompt, messages = obj[input_key], None
     if isinstance(prompt, list) and apply_chat_template:
-        messages = _messages(prompt, input_key)
+        messages = messages_of(prompt, input_key)
         prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user" and isinstance(m.get("content"), str)), "")
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
         raise ValueError(f"key {input_key!r} (--input-key) is a list of chat messages; render it with --apply-chat-template")
     elif isinstance(prompt, list):
-        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {_describe_list(prompt)}")
+        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {describe_list(prompt)}")
     elif not isinstance(prompt, str):
-        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {_short(prompt)}")
+        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {short(prompt)}")
     elif not prompt.strip():
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got the blank string {prompt!r}")
     label = None
@@ -243,87 +243,17 @@ def parse_prompt_row(
     if metadata_key is not None and obj.get(metadata_key) is not None:
         metadata = obj[metadata_key]
         if not isinstance(metadata, dict):
-            raise ValueError(f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {_short(metadata)}")
-    tools = _tools(obj.get(tool_key), tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
+            raise ValueError(f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {short(metadata)}")
+    tools = tools_of(obj.get(tool_key), tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
     difficulty = None
     if curriculum_key is not None:
         difficulty = obj.get(curriculum_key)
         if isinstance(difficulty, bool) or not isinstance(difficulty, (int, float)):
             raise ValueError(
-                f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {_short(difficulty)}"
+                f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {short(difficulty)}"
             )
         difficulty = float(difficulty)
     return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata, messages=messages, tools=tools, difficulty=difficulty)
-
-
-def _messages(value: list[Any], key: str) -> list[dict[str, Any]]:
-    if not value:
-        raise ValueError(f"key {key!r} (--input-key) is an empty list of messages")
-    if not any(isinstance(m, dict) for m in value):
-        raise ValueError(
-            f"key {key!r} (--input-key) must be a list of chat messages ({{'role': ..., 'content': ...}}), got {_describe_list(value)}"
-        )
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ValueError(f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {_short(m)}")
-        for j, call in enumerate(m.get("tool_calls") or []):
-            _check_tool_call(call, f"key {key!r} (--input-key): message {i} tool_calls[{j}]")
-    return [dict(m) for m in value]
-
-
-def _check_tool_call(call: Any, where: str) -> None:
-    """An OpenAI-style tool call: ``{"function": {"name": str, "arguments": object or JSON-object string}}``."""
-    fn = _function_of(call, where, "{'type': 'function', 'function': {'name': ..., 'arguments': ...}}")
-    args = _json_if_string(fn.get("arguments", {}), f"{where}: 'arguments'")
-    if not isinstance(args, dict):
-        raise ValueError(f"{where}: 'arguments' must be a JSON object, got {type(args).__name__} {_short(args)}")
-
-
-def _tools(value: Any, key: str) -> list[dict[str, Any]]:
-    value = _json_if_string(value, f"key {key!r} (--tool-key)")
-    if not isinstance(value, list):
-        raise ValueError(f"key {key!r} (--tool-key) must be a list of tools, got {type(value).__name__} {_short(value)}")
-    for i, tool in enumerate(value):
-        _function_of(
-            tool, f"key {key!r} (--tool-key): tool {i}", "{'type': 'function', 'function': {'name': ...}} (OpenAI function schema)"
-        )
-    return value
-
-
-def _function_of(obj: Any, where: str, shape: str) -> dict[str, Any]:
-    """``obj["function"]``, which must be an object with a string ``name``; else ValueError naming ``where``."""
-    fn = obj.get("function") if isinstance(obj, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise ValueError(f"{where} must be {shape}, got {_short(obj)}")
-    return fn
-
-
-def _json_if_string(value: Any, what: str) -> Any:
-    """``value``, or the JSON it holds when it is a string; ValueError naming ``what`` if that is not JSON."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{what} is a string but not JSON ({exc}): {_short(value)}") from None
-
-
-_JSON_KINDS = {str: "string", int: "number", float: "number", bool: "boolean", dict: "object", list: "list", type(None): "null"}
-
-
-def _describe_list(value: list[Any]) -> str:
-    """What a JSON list holds, in JSON's words. Example: ["a", "b"] -> "a list of 2 strings ['a', 'b']";
-    [1, "a"] -> "a list of 2 items (number, string) [1, 'a']"."""
-    kinds = sorted({_JSON_KINDS.get(type(v), type(v).__name__) for v in value})
-    if not kinds:
-        return "an empty list"
-    what = f"{kinds[0]}s" if len(kinds) == 1 else f"items ({', '.join(kinds)})"
-    return f"a list of {len(value)} {what} {_short(value)}"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def prompt_input(row: PromptRow) -> str | list[dict[str, Any]]:

@@ -41,7 +41,8 @@ from typing import Any, Literal
 import msgspec
 
 from slime.data.chat_mask import render_with_assistant_mask
-from slime.data.dataset import _messages, _tools, read_rows
+from slime.data.dataset import read_rows
+from slime.data.prompt_fields import messages_of, tools_of
 from slime.types import Group, Sample, Status
 
 __all__ = ["RESPONSE_KEY", "SFTExample", "model_context_len", "parse_sft_row", "tokenize_plain", "load_sft_file", "to_group"]
@@ -116,10 +117,10 @@ def parse_sft_row(
         raise ValueError(f"missing key {input_key!r} (--input-key); keys present: {sorted(obj)}")
     value = obj[input_key]
     if isinstance(value, list):
-        messages = _messages(value, input_key)
+        messages = messages_of(value, input_key)
         if not any(m["role"] == "assistant" for m in messages):
             raise ValueError(f"key {input_key!r}: no assistant message to train on (roles: {[m['role'] for m in messages]})")
-        tools = _tools(obj[tool_key], tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
+        tools = tools_of(obj[tool_key], tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
         ids, mask = render_with_assistant_mask(tokenizer, messages, tools)
     elif isinstance(value, str) and value:
         response = obj.get(RESPONSE_KEY)

@@ -52,7 +52,8 @@ from slime.config import RolloutConfig
 from slime.engines.breaker import BreakerState, CircuitBreaker
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.engines.pool_control import PoolControl
-from slime.engines.protocol import FinishReason, GenerateResult
+from slime.engines.pool_timeouts import PoolTimeouts, aborted_result
+from slime.engines.protocol import GenerateResult
 from slime.errors import EngineTimeout, EngineUnavailable
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
@@ -75,7 +76,7 @@ class _Engine:
     num_picks: int = 0
 
 
-class HttpEnginePool(PoolControl):
+class HttpEnginePool(PoolTimeouts, PoolControl):
     """Workers at ``urls`` (and optionally the router at ``router_url``); an async context manager.
 
     Construct inside a running event loop (aiohttp's rule). A ``session`` passed in is used and left
@@ -300,7 +301,7 @@ class HttpEnginePool(PoolControl):
             if attempt:
                 await self._wait(asyncio.Event(), self.config.retry_backoff_s * 2 ** (attempt - 1), abort_event)
                 if self._abort_epoch != epoch:
-                    return _aborted(rid, f"aborted while retrying after: {last}")
+                    return aborted_result(rid, f"aborted while retrying after: {last}")
             engine, headers = None, None
             if self._router is not None:
                 client = self._router
@@ -308,7 +309,7 @@ class HttpEnginePool(PoolControl):
             else:
                 engine = await self._pick_or_wait(sticky_key, set(attempts), epoch, abort_event)
                 if engine is None:
-                    return _aborted(rid, "aborted while waiting for an engine to rejoin")
+                    return aborted_result(rid, "aborted while waiting for an engine to rejoin")
                 client = engine.client
                 engine.num_picks += 1
                 engine.breaker.begin()
@@ -329,11 +330,11 @@ class HttpEnginePool(PoolControl):
                 if engine is not None:
                     self.record_failure(client.url, f"/generate: {exc}")
                 if isinstance(exc, EngineTimeout):  # the request may still run there: not resent, the sample resumes later
-                    return _aborted(rid, str(exc))
+                    return aborted_result(rid, str(exc))
                 last = exc
                 self.num_failovers += 1
                 if self._abort_epoch != epoch:
-                    return _aborted(rid, f"aborted after: {exc}")
+                    return aborted_result(rid, f"aborted after: {exc}")
                 continue
             if engine is not None:
                 engine.breaker.record_success()
@@ -349,80 +350,6 @@ class HttpEnginePool(PoolControl):
             engine_message=last.engine_message,
         ) from last
 
-    async def _bounded(
-        self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, **kwargs: Any
-    ) -> GenerateResult:
-        """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
-
-        Raises:
-            EngineTimeout: no answer within ``control_timeout_s`` of the abort (or no ``rid`` to abort by).
-            The client's other errors.
-        """
-        cfg, loop = self.config, asyncio.get_running_loop()
-        give_up: asyncio.Future[str] = loop.create_future()
-        self._attempts[give_up] = (client.url, loop.time())
-        # the client's own deadline is only a backstop, past ours
-        call = asyncio.ensure_future(
-            client.generate(input_ids, sampling_params, rid=rid, **kwargs, timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s)
-        )
-        abort = None
-        racing: list[asyncio.Future[Any]] = [call, give_up]
-        try:
-            await asyncio.wait(racing, timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            if not call.done() and not give_up.done() and rid:
-                abort = asyncio.ensure_future(self._abort_rid(client, rid))
-                await asyncio.wait(racing, timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            if call.done():
-                result = call.result()
-                if abort is not None:
-                    log.warning(
-                        "generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
-                        rid,
-                        client.url,
-                        cfg.request_timeout_s,
-                        len(result.output_ids),
-                    )
-                return result
-            if give_up.done():
-                return _aborted(rid, f"given up on {client.url}: {give_up.result()}")
-            raise EngineTimeout(
-                f"ran past request_timeout_s={cfg.request_timeout_s}s and no answer came within "
-                f"control_timeout_s={cfg.control_timeout_s}s of /abort_request",
-                url=client.url,
-                endpoint="/generate",
-            )
-        finally:
-            del self._attempts[give_up]
-            for task in (call, abort):
-                if task is not None and not task.done():
-                    task.cancel()
-
-    async def _abort_rid(self, client: EngineClient, rid: str) -> None:
-        """Abort ``rid`` where it runs: on ``client``, or behind a router on every worker (the router does
-        not forward ``/abort_request``). Best effort: an engine that does not answer is found hung anyway."""
-        targets = self.clients if client is self._router else [client]
-        await asyncio.gather(*(c.abort(rid) for c in targets), return_exceptions=True)
-
-    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
-        """End every generate attempt that has been on an engine for ``running_for_s`` seconds or more
-        (the scheduler's drain: its ``abort_all`` went unheard, the engine is hung).
-
-        Each ends with an abort result with no tokens (its sample stays resumable); each worker that
-        held one is taken out of rotation (``on_engine_down``: the supervisor restarts or watches it).
-        Younger attempts (sent after the drain began) are left alone. Returns the urls of those
-        workers (and of the router, whose calls end the same way), in pool order.
-        """
-        now = asyncio.get_running_loop().time()
-        urls: list[str] = []
-        for give_up, (url, started) in list(self._attempts.items()):
-            if now - started >= running_for_s and not give_up.done():
-                give_up.set_result(reason)
-                urls += [] if url in urls else [url]
-        for url in urls:
-            if url in self._engines:
-                self.take_out(url, f"generate requests given up: {reason}")
-        return urls
-
     def _bind_sticky(self, key: str, url: str) -> None:
         self._sticky[key] = url
         self._sticky.move_to_end(key)
@@ -432,10 +359,3 @@ class HttpEnginePool(PoolControl):
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("HttpEnginePool is closed")
-
-
-def _aborted(rid: str | None, message: str) -> GenerateResult:
-    """What SGLang answers for a request aborted in its waiting queue (docs/sglang.md#abort, case B): no tokens, abort."""
-    return GenerateResult(
-        output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message), completion_tokens=0, rid=rid or ""
-    )

@@ -39,16 +39,14 @@ launches on its node. Not covered: DP attention.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
-import shlex
-import socket
 import sys
 from collections.abc import Callable
 from typing import Literal
 
-from slime.config import EngineConfig, TrainConfig
+from slime.config import EngineConfig
 from slime.engines.fleet.groups import ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args, load_sglang_config
+from slime.engines.fleet.host import check_launchable, port_is_free, trainer_gpus, visible_gpus
+from slime.engines.fleet.plan_specs import LaunchPlan, RouterSpec, ServerSpec
 from slime.engines.fleet.processes import EmbeddedEngineProcess
 from slime.errors import ConfigError
 
@@ -68,90 +66,6 @@ __all__ = [
 
 SHARED_MEM_FRACTION_STATIC = 0.5
 """``--mem-fraction-static`` of a server that shares its GPU with the trainer, unless the user sets one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerSpec:
-    """One inference server to start: a real SGLang server or an embedded engine."""
-
-    name: str
-    model: str
-    role: Literal["regular", "prefill", "decode"]
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    """Set on top of our environment (``CUDA_VISIBLE_DEVICES``)."""
-    url: str
-    """``http://host:port``; empty for an embedded engine (it picks a free port and prints it)."""
-    bootstrap_port: int | None = None
-    """Prefill servers: the KV-transfer bootstrap port the router needs (``--prefill URL PORT``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RouterSpec:
-    """The router of one model: launched (``argv``) or already running (``argv`` None)."""
-
-    model: str
-    url: str
-    argv: tuple[str, ...] | None
-    register: bool
-    """Register the model's servers with ``POST /workers`` (an already running router)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchPlan:
-    backend: Literal["embedded", "sglang", "external"]
-    servers: tuple[ServerSpec, ...] = ()
-    routers: tuple[RouterSpec, ...] = ()
-    external_urls: tuple[str, ...] = ()
-    """Workers that already run (``--rollout-external-engine-addrs``), all serving the actor."""
-    teacher_urls: tuple[str, ...] = ()
-    """On-policy-distillation teacher engines that already run (``--opd-teacher-addrs``)."""
-    notes: tuple[str, ...] = ()
-    """What the plan decided for the user (GPU sharing, defaults added, routers left out); logged at start."""
-
-    def models(self) -> list[str]:
-        return list(
-            dict.fromkeys(
-                [ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers), *([TEACHER] if self.teacher_urls else [])]
-            )
-        )
-
-    def router_of(self, model: str) -> RouterSpec | None:
-        return next((r for r in self.routers if r.model == model), None)
-
-    def format(self) -> str:
-        """Every command with its environment, one per line, shell-quoted."""
-        lines = [
-            f"# slime launch plan: backend {self.backend}, {len(self.servers)} server(s), "
-            f"{sum(r.argv is not None for r in self.routers)} router(s) to start"
-        ]
-        lines += [f"# {note}" for note in self.notes]
-        for s in self.servers:
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
-            lines.append(f"[server {s.name}] model={s.model} role={s.role} url={s.url or '(printed at start)'}")
-            lines.append(f"  {env} {shlex.join(s.argv)}".rstrip() if env else f"  {shlex.join(s.argv)}")
-        for r in self.routers:
-            if r.argv is None:
-                what = "register the servers with" if r.register else "attach to (list its workers)"
-                lines.append(f"[router {r.model}] {what} the running router {r.url}")
-            else:
-                lines.append(f"[router {r.model}] url={r.url}")
-                lines.append(f"  {shlex.join(r.argv)}")
-        for url in self.external_urls:
-            lines.append(f"[external actor] {url}")
-        for url in self.teacher_urls:
-            lines.append(f"[external teacher] {url}")
-        lines.append("ready: GET /health_generate == 200 on every server; GET /readiness (or /health) on every router")
-        return "\n".join(lines)
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def backend_of(engine: EngineConfig) -> Literal["embedded", "sglang", "external"]:
@@ -298,7 +212,7 @@ def _sglang_plan(
 ) -> LaunchPlan:
     host, global_args = _take_host(engine.sglang_args)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    gpus = _visible_gpus(probe=trainer_gpus > 0)
+    gpus = visible_gpus(probe=trainer_gpus > 0)
     if gpus is None and gpus_per_node:
         gpus = [str(n) for n in range(gpus_per_node)]
     need = sum(g.num_engines * (g.gpus_per_engine or 1) for g in deployment.groups)
@@ -438,53 +352,6 @@ def _flag_name(token: str) -> str:
     return token.removeprefix("--").split("=", 1)[0].replace("_", "-")
 
 
-def check_launchable(plan: LaunchPlan) -> None:
-    """The packages the plan's commands import are importable by this interpreter (the servers run
-    ``sys.executable`` with our environment, ``PYTHONPATH`` included), checked before anything starts.
-
-    Raises:
-        ConfigError: one line naming the missing package and the fix.
-    """
-    if plan.backend != "sglang":
-        return
-    launched_routers = [r for r in plan.routers if r.argv is not None]
-    saver = any("--enable-memory-saver" in s.argv for s in plan.servers)
-    for module, needed, fix in (
-        ("sglang", bool(plan.servers), 'pip install "sglang==0.5.17", or put its site-packages on PYTHONPATH'),
-        (
-            "sglang_router",
-            bool(launched_routers),
-            "pip install sglang-router (it needs no GPU), or give a running router with --sglang-router-ip/--sglang-router-port",
-        ),
-        (
-            "torch_memory_saver",
-            saver,
-            "pip install torch_memory_saver (SGLang's --enable-memory-saver, which --colocate needs), or drop --colocate",
-        ),
-    ):
-        if needed and importlib.util.find_spec(module) is None:
-            what = {
-                "sglang": "SGLang servers",
-                "sglang_router": f"routers for {[r.model for r in launched_routers]}",
-                "torch_memory_saver": "servers with --enable-memory-saver",
-            }[module]
-            raise ConfigError(
-                f"this run launches {what}, but {sys.executable} cannot import {module}: {fix} (slime train --dry-run shows the commands)"
-            )
-
-
-def trainer_gpus(train: TrainConfig, *, rollout_only: bool = False) -> int:
-    """GPUs the run's trainer uses on this machine, from the first visible one: the torchrun ranks
-    here (``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``, else 1) for ``--train-backend megatron``; 0 for
-    the torch backend (CPU) and for runs without a trainer (``rollout_only``: ``--debug-rollout-only``);
-    ``--actor-num-gpus-per-node`` when given."""
-    if train.train_backend != "megatron" or rollout_only:
-        return 0
-    if train.actor_num_gpus_per_node is not None:  # --actor-num-gpus-per-node (checked against torchrun's at start)
-        return train.actor_num_gpus_per_node
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
-
-
 def _take_host(tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     """``--host X`` (the last one) out of the pass-through flags: every server and router binds it."""
     host, out, skip = "", [], False
@@ -498,17 +365,3 @@ def _take_host(tokens: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         else:
             out.append(token)
     return host, tuple(out)
-
-
-def _visible_gpus(*, probe: bool = False) -> list[str] | None:
-    """``CUDA_VISIBLE_DEVICES`` as a list; when unset and ``probe`` (a GPU trainer: CUDA is in use
-    anyway), ``0..n-1`` for torch's device count; None = unknown (numbered from 0, unchecked)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [g.strip() for g in visible.split(",") if g.strip()]
-    if probe:
-        import torch
-
-        if (count := torch.cuda.device_count()) > 0:
-            return [str(n) for n in range(count)]
-    return None
