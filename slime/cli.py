@@ -10,21 +10,20 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # types only: the CLI imports its parts lazily, so `slime --help` stays fast
-    from slime.config import Config
-    from slime.engines.fleet.placement import Placement
+# The start-of-run checks (slime/cli_preflight.py), re-exported; it imports slime's parts lazily, so `slime --help` stays fast.
+from slime.cli_preflight import (
+    DEFAULT_CHECKPOINT,
+    DEFAULT_CHECKPOINTS,
+    _check_run_dir,
+    _placement,
+    _trainer_gpus,
+    _warn_if_resuming_another_setup,  # noqa: F401  # re-exported: tests import it from slime.cli
+    preflight,
+)
 
 __all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
-
-DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
-DEFAULT_CHECKPOINTS = {
-    "arith": DEFAULT_CHECKPOINT,
-    "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart"),
-    "chain": str(Path(__file__).parent / "data" / "assets" / "chain-warmstart"),
-}
-"""The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
 def _train(argv: list[str], prog: str = "slime train") -> int:
@@ -120,164 +119,6 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         f"max versions in a trained sample {summary['max_versions_in_a_trained_sample']}; run dir {config.run_dir}"
     )
     return 0
-
-
-def _warn_if_resuming_another_setup(config: Config) -> None:
-    """``--load`` of a run made with other data, model or loss: allowed (e.g. a new data mix), but said."""
-    import msgspec
-
-    saved_path = Path(config.load) / "config.json"
-    try:
-        saved = json.loads(saved_path.read_text())
-    except (OSError, ValueError):
-        return
-    now = msgspec.to_builtins(config)
-    fields = [
-        ("data", "prompt_data", "--prompt-data"),
-        ("engine", "hf_checkpoint", "--hf-checkpoint"),
-        ("train", "loss_type", "--loss-type"),
-    ]
-    changed = [
-        f"{flag} {saved.get(sec, {}).get(key)!r} -> {now[sec][key]!r}"
-        for sec, key, flag in fields
-        if sec in saved and key in saved[sec] and saved[sec][key] != now[sec][key]
-    ]
-    if changed:
-        logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
-
-
-def _check_run_dir(config: Config) -> None:
-    """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
-    from slime.errors import ConfigError
-
-    if int(os.environ.get("RANK", "0")) != 0:
-        return  # torchrun: rank 0 owns the run directory
-    from slime.loop.checkpoint import latest_checkpoint
-
-    run_dir = Path(config.run_dir)
-    used = (run_dir / "metrics.jsonl").exists() or (run_dir / "summary.json").exists()
-    resumable = latest_checkpoint(run_dir / "checkpoints") is not None
-    if used and not config.load:
-        hint = f"resume it with --load {config.run_dir}" if resumable else "it has no checkpoint to resume (it ran without --save-interval)"
-        raise ConfigError(f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save")
-    if config.load:
-        _warn_if_resuming_another_setup(config)
-    if config.load and latest_checkpoint(Path(config.load) / "checkpoints") is None:
-        loaded = Path(config.load)
-        if (loaded / "metrics.jsonl").exists() or (loaded / "summary.json").exists():
-            raise ConfigError(
-                f"--load={config.load!r}: that run has no checkpoint (it ran without --save-interval), so there "
-                "is nothing to resume; start a new run with another --save"
-            )
-
-
-def preflight(config: Config) -> None:
-    """Check at start what would otherwise fail minutes into a run, naming the flag.
-
-    Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
-    load (``slime.hf_checkpoint.check_hf_dir``: config, weights, tokenizer); prompt
-    files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
-    ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
-    ``--use-wandb`` / ``--use-tensorboard`` have their package; the launch plan builds, and what it
-    launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``. The placement flags make
-    a plan rank 0 can launch, matching torchrun's ranks (``slime.engines.fleet.placement``).
-    The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
-    the first record of ``--load-debug-rollout-data``.
-
-    Raises:
-        ConfigError: the first problem found.
-        CheckpointError: a model directory's file is missing, corrupt or truncated.
-    """
-    import importlib.util
-
-    from slime.errors import CheckpointError, ConfigError
-    from slime.hf_checkpoint import check_hf_dir
-    from slime.loop.record import record_path
-
-    config.check_run_modes()
-    if config.train.train_backend == "megatron":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "--train-backend megatron needs a CUDA GPU (megatron-core's optimizer and DDP allocate on it); "
-                "use --train-backend torch on a CPU"
-            )
-    from slime.engines.fleet.placement import check_torchrun_env
-
-    placement = _placement(config)
-    if placement is not None:
-        check_torchrun_env(config.train, config.engine)
-        if placement.servers_off_node0:
-            raise ConfigError(
-                "the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
-                "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)"
-            )
-    if config.data.offline_data and not Path(config.data.offline_data).is_file():
-        raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
-    if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
-        raise ConfigError(
-            f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
-            f"({record_path(config.debug.load_debug_rollout_data, 1)})"
-        )
-    from slime.rollout.rewards import load_function
-
-    # running engines and no trainer: only the tokenizer of --hf-checkpoint is read here
-    tokenizer_only = config.debug.debug_rollout_only and bool(config.engine.rollout_external_engine_addrs)
-    for flag, value in (
-        ("--hf-checkpoint", config.engine.hf_checkpoint),
-        ("--ref-load", config.train.ref_load),
-        ("--opd-teacher-load", config.engine.opd_teacher_load),
-    ):
-        if not value:
-            continue
-        try:
-            check_hf_dir(value, weights=not (tokenizer_only and flag == "--hf-checkpoint"), tokenizer=flag != "--ref-load", flag=flag)
-        except CheckpointError as exc:
-            if value == DEFAULT_CHECKPOINT:
-                raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
-            raise
-    eval_paths = [("--eval-prompt-data", path) for _, path in config.data.eval_datasets]
-    for flag, value in (("--prompt-data", config.data.prompt_data), *eval_paths):
-        if value and not Path(value).is_file():
-            raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
-    for flag, value in (
-        ("--custom-rm-path", config.rollout.custom_rm_path),
-        ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
-        ("--buffer-filter-path", config.loop.buffer_filter_path),
-        ("--rollout-function-path", config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None),
-    ):
-        if value:
-            load_function(value, flag=flag)
-    for flag, on, package in (
-        ("--use-wandb", config.obs.use_wandb, "wandb"),
-        ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard"),
-    ):
-        if on and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.engines.fleet.plan import build_launch_plan, check_launchable
-
-    # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
-    check_launchable(
-        build_launch_plan(
-            config.engine, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
-        )
-    )
-
-
-def _placement(config: Config) -> Placement | None:
-    """The run's per-node plan when it names one (``slime.engines.fleet.placement``), else None."""
-    from slime.engines.fleet.placement import build_placement, placement_given
-
-    if not placement_given(config.train, config.engine):
-        return None
-    return build_placement(config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only)
-
-
-def _trainer_gpus(config: Config) -> int:
-    from slime.engines.fleet.plan import trainer_gpus
-
-    return trainer_gpus(config.train, rollout_only=config.debug.debug_rollout_only)
 
 
 def _run(coro):

@@ -34,9 +34,10 @@ PARTS = {
     "slime.engines.fleet": "fleet",
     "slime.rollout": "rollout",
     "slime.rollout.plugin_check": "plugin_check",
+    "slime.rollout.plugin_contracts": "plugin_check",  # the checks `slime check-plugin` runs
     "slime.loop": "loop",
     "slime.bench": "bench",
-    **{f"slime.{m}": "cli" for m in ("cli", "cli_args", "cli_compat")},
+    **{f"slime.{m}": "cli" for m in ("cli", "cli_args", "cli_compat", "cli_flags", "cli_preflight")},
 }
 MAY_IMPORT = {
     "root": set(),

@@ -1,0 +1,301 @@
+"""The plugin contracts that ``slime check-plugin`` (``slime.rollout.plugin_check``) checks: one coroutine
+or function per kind (``check_generate``, ``check_reward``, ``check_filter``, ``check_rollout``), each
+calling the plugin the way a run calls it on probe inputs and writing one PASS/FAIL/WARN line per check to
+a ``Report``. The contracts themselves are described in ``slime.rollout.plugin_check``'s docstring; that
+module loads the plugin, starts the engine these checks need and re-exports every public name here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import math
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from slime.engines.interface import EnginePool, WorkerPool
+from slime.rollout import plugin_threads
+from slime.types import Group, Sample, Status
+
+__all__ = ["check_generate", "check_reward", "check_filter", "check_rollout", "Report", "PROBE_PROMPT"]
+
+PROBE_PROMPT = [0, 5, 9, 17, 3]
+_LISTS = ("rollout_logprobs", "versions", "loss_mask")
+
+
+class Report:
+    """Collects check lines; ``failed`` is True once any check failed."""
+
+    def __init__(self, kind: str, out: Any = None):
+        self.kind, self.out, self.failed = kind, out or sys.stdout, False
+        self.lines: list[str] = []
+
+    def _emit(self, tag: str, text: str) -> None:
+        line = f"{tag} {self.kind}: {text}"
+        self.lines.append(line)
+        print(line, file=self.out, flush=True)
+
+    def ok(self, text: str) -> None:
+        self._emit("PASS", text)
+
+    def fail(self, text: str) -> None:
+        self.failed = True
+        self._emit("FAIL", text)
+
+    def warn(self, text: str) -> None:
+        self._emit("WARN", text)
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  # an async __call__, not a callable test
+
+
+async def _call_plugin(
+    report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *, is_async: bool | None = None
+) -> tuple[bool, Any]:
+    """``fn(*args)`` within ``timeout_s`` (async: awaited; sync: on a daemon thread, abandoned at the timeout,
+    ``plugin_threads``); returns ``(True, value)``, or ``(False, None)`` after reporting the timeout or exception."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            value = await fn(*args) if (_is_async(fn) if is_async is None else is_async) else await plugin_threads.run_sync(fn, *args)
+            if inspect.isawaitable(value):
+                value = await value
+    except TimeoutError:
+        report.fail(f"did not return within {timeout_s}s")
+        return False, None
+    except Exception as exc:  # the plugin's bug, reported as data
+        report.fail(f"raised {type(exc).__name__}: {exc}")
+        return False, None
+    return True, value
+
+
+def _problems(s: Sample, where: str) -> list[str]:
+    """Alignment, mask and logprob problems of one sample, each a full sentence."""
+    n = len(s.response_ids)
+    out = [f"{where}: response_ids has {n} tokens but {name} has {len(getattr(s, name))}" for name in _LISTS if len(getattr(s, name)) != n]
+    if out:
+        return out
+    bad_mask = [i for i, m in enumerate(s.loss_mask) if m not in (0, 1)]
+    if bad_mask:
+        out.append(f"{where}: loss_mask[{bad_mask[0]}] = {s.loss_mask[bad_mask[0]]!r}, expected 0 or 1")
+    bad_lp = [i for i, lp in enumerate(s.rollout_logprobs) if not math.isfinite(lp) or lp > 1e-6]
+    if bad_lp:
+        out.append(f"{where}: rollout_logprobs[{bad_lp[0]}] = {s.rollout_logprobs[bad_lp[0]]!r}, expected a finite log-probability <= 0")
+    return out
+
+
+def _snapshot(s: Sample) -> dict[str, list]:
+    return {"prompt_ids": list(s.prompt_ids), "response_ids": list(s.response_ids), **{n: list(getattr(s, n)) for n in _LISTS}}
+
+
+def _rewrites(before: dict[str, list], s: Sample, where: str) -> list[str]:
+    """Lists whose first ``len(before)`` entries changed: generate functions may only append."""
+    out = []
+    if before["response_ids"] and before["prompt_ids"] != s.prompt_ids:
+        out.append(f"{where}: prompt_ids changed while resuming a sample with response tokens")
+    for name in ("response_ids", *_LISTS):
+        old, new = before[name], getattr(s, name)
+        if new[: len(old)] != old:
+            i = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+            out.append(
+                f"{where}: {name} was rewritten at position {i} (had {len(old)} entries before the call, "
+                f"{len(new)} after); earlier tokens must stay as they were, only append"
+            )
+    return out
+
+
+async def _call_generate(
+    fn: Callable[..., Any], sample: Sample, params: dict[str, Any], ctx: dict[str, Any], max_len: int, report: Report, what: str
+) -> list[Sample] | None:
+    """Call once and check the return value; None (after a FAIL) when nothing more can be checked."""
+    before = _snapshot(sample)
+    try:
+        async with asyncio.timeout(ctx["timeout_s"]):
+            out = await fn(sample, dict(params), pool=ctx["pool"], max_response_len=max_len, engine_version=0, decode=ctx["decode"])
+    except TimeoutError:
+        report.fail(f"{what}: did not return within {ctx['timeout_s']}s")
+        return None
+    except Exception as exc:  # the plugin's bug, reported as data
+        tail = "".join(traceback.format_exception(exc, limit=-2)).strip().splitlines()[-1]
+        report.fail(f"{what}: raised {type(exc).__name__}: {exc} ({tail})")
+        return None
+    if out is None or out is sample:
+        samples = [sample]
+    elif isinstance(out, Sample):
+        report.fail(f"{what}: returned a different Sample object; grow the sample it was given and return it")
+        return None
+    elif isinstance(out, list) and out and all(isinstance(s, Sample) for s in out):
+        samples = out
+        unfinished = [s.status.value for s in out if not s.status.is_finished]
+        if unfinished:
+            report.fail(f"{what}: returned a list with unfinished samples (status {unfinished[0]}); each must be finished")
+    else:
+        kind = "an empty list" if out == [] else (f"list[{type(out[0]).__name__}]" if isinstance(out, list) else type(out).__name__)
+        report.fail(f"{what}: returned {kind}, expected Sample or list[Sample]")
+        return None
+    single = len(samples) == 1 and samples[0] is sample
+    problems = [p for i, s in enumerate(samples) for p in _problems(s, what if single else f"{what}, returned sample {i}")]
+    if any(s is sample for s in samples):
+        problems += _rewrites(before, sample, what)
+    for i, s in enumerate(samples):
+        label = what if single else f"{what}, returned sample {i}"
+        problems += [f"{label}: {p.split(': ', 1)[1]}" for p in s.generate_contract_problems(max_response_len=max_len, engine_version=0)]
+    for p in problems:
+        report.fail(p)
+    return None if problems else samples
+
+
+async def check_generate(
+    fn: Callable[..., Any],
+    *,
+    pool: EnginePool,
+    report: Report,
+    decode: Callable[[list[int]], str],
+    timeout_s: float = 60.0,
+    max_response_len: int = 24,
+) -> None:
+    """Run the generate contract (module docstring) against ``pool``."""
+    if not _is_async(fn):
+        report.fail("is not async: write `async def generate(sample, sampling_params, **kwargs)`")
+        return
+    try:
+        inspect.signature(fn).bind(Sample(prompt_ids=[0]), {}, pool=pool, max_response_len=1, engine_version=0, decode=decode)
+    except TypeError as exc:
+        report.fail(f"does not accept (sample, sampling_params, pool=, max_response_len=, engine_version=, decode=): {exc}")
+        return
+    except ValueError:
+        pass  # no signature to inspect (a C callable): let the call decide
+    report.ok("is async and accepts (sample, sampling_params, **kwargs)")
+    ctx = {"pool": pool, "decode": decode, "timeout_s": timeout_s}
+    params = {"temperature": 1.0}
+    fresh = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7")
+    if await _call_generate(fn, fresh, params, ctx, max_response_len, report, "fresh sample") is None:
+        return
+    report.ok(f"fresh sample: aligned lists, only appended, status {fresh.status.value}, {len(fresh.response_ids)} tokens")
+    long_len = 200
+    sample = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7", group_id=1)
+    task = asyncio.ensure_future(_call_generate(fn, sample, {**params, "ignore_eos": True}, ctx, long_len, report, "aborted call"))
+    while not task.done():
+        await asyncio.sleep(0.005)
+        with contextlib.suppress(Exception):
+            await pool.abort_all()
+    if await task is None:
+        return
+    if sample.status is not Status.PARTIAL:
+        if sample.status.is_finished and len(sample.response_ids) >= long_len:
+            report.warn("finished before the abort landed; abort and resume were not exercised")
+        else:
+            report.fail(
+                f"aborted call: status is {sample.status.value} with {len(sample.response_ids)} tokens after "
+                "/abort_request; an aborted request must come back as Status.PARTIAL with its tokens kept"
+            )
+        return
+    report.ok(f"abort mid-generation: status partial with {len(sample.response_ids)} tokens kept")
+    if await _call_generate(fn, sample, params, ctx, long_len, report, "resumed call") is None:
+        return
+    if not sample.status.is_finished:
+        report.fail(f"resumed call: status is {sample.status.value}; a resume without an abort must finish the sample")
+        return
+    report.ok(f"resume: earlier tokens kept, status {sample.status.value}, {len(sample.response_ids)} tokens")
+
+
+async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: float = 30.0) -> None:
+    """Call a per-sample reward function on a finished probe sample; it must return a finite float."""
+    sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED)
+    sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
+    if not _is_async(fn):
+        report.warn("is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped")
+    ok, value = await _call_plugin(report, fn, (sample,), timeout_s)
+    if not ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        report.fail(f"returned {type(value).__name__} {value!r}, expected a finite float")
+    elif not math.isfinite(value):
+        report.fail(f"returned {value}, expected a finite float")
+    else:
+        report.ok(f"returned {float(value)!r} for a finished sample")
+
+
+def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
+    """Call a dynamic-sampling filter ``(group) -> bool`` on a mixed-reward and a same-reward group."""
+    if _is_async(fn):
+        report.fail("is async; the dynamic-sampling filter is called synchronously: `def keep(group) -> bool`")
+        return
+    for name, rewards in (("mixed rewards", [1.0, 0.0, 1.0, 0.0]), ("equal rewards", [1.0] * 4)):
+        samples = [Sample(prompt_ids=[0, 5], group_id=7, index=i, reward=r, status=Status.COMPLETED) for i, r in enumerate(rewards)]
+        try:
+            keep = fn(Group(group_id=7, samples=samples))
+        except Exception as exc:  # the plugin's bug, reported as data
+            report.fail(f"group with {name}: raised {type(exc).__name__}: {exc}")
+            continue
+        if isinstance(keep, bool):
+            report.ok(f"group with {name}: returned {keep}")
+        else:
+            report.fail(f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool")
+
+
+async def check_rollout(
+    fn: Callable[..., Any], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0, max_response_len: int = 24
+) -> None:
+    """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
+    calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
+    it returns (``slime.rollout.slime_compat.to_groups``)."""
+    from slime.config import DataConfig, LoopConfig, RolloutConfig
+    from slime.data.dataset import PromptRow, PromptSource
+    from slime.errors import PluginError
+    from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
+
+    rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
+    source = PromptSource(rows, shuffle=False)
+    data_buffer = RolloutDataBuffer(
+        next_row=source.next,
+        tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
+        n_samples_per_prompt=2,
+        num_prompts=len(rows),
+    )
+    loop = LoopConfig(rollout_batch_size=2)
+    args = RolloutArgs(
+        RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
+        loop,
+        DataConfig(),
+        hf_checkpoint=model_dir,
+        pool=pool,
+        engine_version=0,
+    )
+    try:
+        inspect.signature(fn).bind(args, 0, data_buffer, evaluation=False)
+    except TypeError as exc:
+        report.fail(f"does not accept (args, rollout_id, data_buffer, evaluation=False): {exc}")
+        return
+    except ValueError:
+        pass  # no signature to inspect: let the call decide
+    report.ok(
+        f"accepts (args, rollout_id, data_buffer, evaluation=False); {'async: awaited' if _is_async(fn) else 'sync: run on a thread'}"
+    )
+    ok, out = await _call_plugin(report, functools.partial(fn, evaluation=False), (args, 0, data_buffer), timeout_s, is_async=_is_async(fn))
+    if not ok:
+        return
+    try:
+        groups, _ = to_groups(out, n_samples_per_prompt=2, engine_version=0, next_group_id=0, data_index=data_buffer.data_index)
+    except PluginError as exc:
+        report.fail(str(exc))
+        return
+    samples = [s for g in groups for s in g.samples]
+    report.ok(
+        f"returned {len(groups)} groups ({', '.join(str(len(g.samples)) for g in groups)} samples): aligned lists, finished, "
+        f"{sum(s.num_response_tokens for s in samples)} response tokens"
+    )
+    if len(groups) != loop.rollout_batch_size:
+        report.warn(
+            f"returned {len(groups)} groups for args.rollout_batch_size={loop.rollout_batch_size}; a run trains on what is returned"
+        )
+    if (longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)) > max_response_len:
+        report.warn(f"a response of {longest} tokens, more than args.rollout_max_response_len={max_response_len}")
+    if num := sum(s.reward is None for s in samples):
+        report.warn(f"{num} of {len(samples)} samples have no reward: a run scores them with its reward function")
+    if num := sum(bool(s.metadata.get("offline")) for s in samples):
+        report.warn(f"{num} of {len(samples)} samples have no rollout_log_probs: the trainer computes them (torch backend only)")
