@@ -1,7 +1,8 @@
 """The run driver: wires data, engines, scheduler, trainer and weight sync into one RL run.
 
 One rollout step is ``slime.loop.step.run_step`` (``--num-rollout`` of them); evaluation runs
-before the first and after the last, with generation paused.
+before the first and after the last, with generation paused. The run's evals, its per-step part of the
+skeleton and its summary are ``slime.loop.rl_mode``.
 
 Two one-sided modes (THUDM/slime's debug flags, ``slime.loop.record``):
 
@@ -18,7 +19,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from typing import Any
 
 import msgspec
@@ -32,8 +32,7 @@ from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
-from slime.loop.checkpoint import LoopState, load_checkpoint
-from slime.loop.evaluate import evaluate_datasets
+from slime.loop.checkpoint import load_checkpoint
 from slime.loop.inputs import (
     generate_function,
     load_prompts,
@@ -43,29 +42,21 @@ from slime.loop.inputs import (
     teacher_scorer,
     with_offline_logprobs,
 )
-from slime.loop.record import NoWeightSync, ReplayScheduler, save_rollout_record
-from slime.loop.report import check_something_trained, format_step_line
+from slime.loop.record import NoWeightSync, ReplayScheduler
+from slime.loop.report import check_something_trained
+from slime.loop.rl_mode import RLEval, RLMode, rl_summary
 from slime.loop.rollout_function import RolloutFunctionScheduler
-from slime.loop.run import RunFiles, finish_run, open_run, run_steps
+from slime.loop.run import finish_run, open_run, run_steps
 from slime.loop.scheduler import Scheduler
-from slime.loop.step import run_step
-from slime.loop.step_record import StepRecord
 from slime.loop.version import PolicyVersion
 from slime.obs.observers import Observers
 from slime.rollout.rewards import load_function
 from slime.sync import build_weight_sync
 from slime.types import RewardFn
 
-__all__ = ["run_training", "load_prompts", "prompt_tokenizer"]
+__all__ = ["run_training", "load_prompts", "prompt_tokenizer", "RLEval", "RLMode"]
 
 log = logging.getLogger(__name__)
-
-
-def _clock(t_start: float, t_eval: float) -> dict[str, float]:
-    """An eval record's ``time_s`` (seconds since the run started, at its end) and ``eval_time_s`` (its own
-    duration, pauses included), so accuracy can be read against wall time with and without evals."""
-    now = time.monotonic()
-    return {"time_s": round(now - t_start, 4), "eval_time_s": round(now - t_eval, 4)}
 
 
 async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> dict[str, Any]:
@@ -314,7 +305,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     if megatron and trainer is not None:
         await asyncio.to_thread(trainer.close)  # releases the other torchrun ranks
     files.metrics.close()
-    summary = _summary(
+    summary = rl_summary(
         files.metrics.records,
         num_eval_prompts=config.data.num_eval_prompts,
         num_rollout=config.loop.num_rollout,
@@ -329,165 +320,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     return summary
 
 
-class RLEval:
-    """The RL run's evals: ``k`` samples per held-out prompt at the engines' version (``slime.loop.evaluate``),
-    one ``kind: eval`` record each, with ``time_s`` / ``eval_time_s`` (``_clock``)."""
-
-    def __init__(self, files: RunFiles, obs: Any, eval_sets: dict[str | None, list[Any]], version: PolicyVersion, eval_kw: dict[str, Any]):
-        self.files, self.obs, self.eval_sets, self.version, self.eval_kw = files, obs, eval_sets, version, eval_kw
-        self.num_prompts = sum(map(len, eval_sets.values()))
-        self.before: dict[str, Any] | None = None
-
-    async def run(self, step: int, *, reuse: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Evaluate, write the record; returns the eval's numbers."""
-        t_eval = time.monotonic()
-        with self.obs.tracer.span("eval", "eval", step=step, num_prompts=self.num_prompts):
-            result = (
-                reuse if reuse is not None else await evaluate_datasets(self.eval_sets, engine_version=self.version.engines, **self.eval_kw)
-            )
-        policy_version = 0 if step == 0 else self.version.engines
-        self.files.metrics.write(
-            rec := {"kind": "eval", "step": step, "policy_version": policy_version, **result, **_clock(self.files.t_start, t_eval)}
-        )
-        return result | {"_record": rec}
-
-    async def final(self, step: int, *, reuse_before: bool) -> None:
-        """The eval after the last step (a rollout-only run's weights never changed: the eval before stands)."""
-        out = await self.run(step, reuse=self.before if reuse_before and self.before is not None else None)
-        self.obs.record(out["_record"])
-
-
-class RLMode:
-    """The RL run's part of the skeleton (``slime.loop.run.RunMode``): one ``run_step`` per step."""
-
-    def __init__(
-        self,
-        sched: Any,
-        evaluator: RLEval,
-        *,
-        trainer: Any,
-        train_step: Any,
-        sync: Any,
-        tracer: Any,
-        source: PromptSource,
-        offline: Any,
-        colocate: bool,
-        record_template: str | None,
-        rollout_only: bool,
-    ):
-        self.sched, self.evaluator, self.trainer, self.train_step, self.sync = sched, evaluator, trainer, train_step, sync
-        self.tracer, self.source, self.offline, self.colocate = tracer, source, offline, colocate
-        self.record_template, self.rollout_only = record_template, rollout_only
-
-    async def _on_batch(self, groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
-        await asyncio.to_thread(
-            save_rollout_record, self.record_template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer
-        )
-
-    async def step(self, step: int) -> tuple[StepRecord, list[dict[str, Any]]]:
-        groups, record = await run_step(
-            self.sched,
-            train_step=self.train_step,
-            sync=self.sync,
-            tracer=self.tracer,
-            colocate=self.colocate,
-            on_batch=self._on_batch if self.record_template else None,
-        )
-        return record, [{"step": step, "group_id": g.group_id, "data_index": g.data_index} for g in groups]
-
-    def step_line(self, record: StepRecord) -> str:
-        return format_step_line(record)
-
-    async def evaluate(self, step: int) -> None:
-        ev = self.evaluator
-        if step == 0:
-            out = await ev.run(0)
-            ev.before = {k: v for k, v in out.items() if k != "_record"}
-            ev.obs.record(out["_record"])
-            log.info("eval before RL: accuracy %.3f%s", out["accuracy"], _per_dataset(out["_record"]))
-            return
-        if not ev.eval_sets or self.rollout_only:
-            return
-        async with self.sched.paused():
-            out = await ev.run(step)
-        ev.obs.record(out["_record"], f"eval @ step {step}: accuracy {out['accuracy']:.3f}{_per_dataset(out['_record'])}")
-
-    def quiesced(self) -> Any:
-        return self.sched.quiesced()
-
-    def loop_state(self, step: int) -> LoopState:
-        buffer = self.sched.buffer
-        return LoopState(
-            step=step,
-            policy_version=self.sched.version.engines,
-            source=self.source.state_dict(),
-            taken=sorted(buffer.taken),
-            ready=list(buffer.ready),
-            partial=buffer.partial_groups(),
-            num_evicted=buffer.num_evicted,
-            num_expired=buffer.num_expired,
-            offline_source=self.offline.state_dict() if self.offline else None,
-            **self.sched.counters(),
-        )
-
-
-def _per_dataset(record: dict[str, Any]) -> str:
-    """`` (aime 0.200, math 0.800)``: each named eval dataset's accuracy, for the log line; empty without names."""
-    named = [(key.split("/")[1], value) for key, value in record.items() if key.startswith("eval/") and key.endswith("/accuracy")]
-    return f" ({', '.join(f'{name} {value:.3f}' for name, value in named)})" if named else ""
-
-
 @contextlib.asynccontextmanager
 async def _no_engines():
     """The engines of a train-only run: none."""
     yield None
-
-
-def _summary(
-    records: list[dict[str, Any]],
-    *,
-    num_eval_prompts: int,
-    num_rollout: int,
-    mode: str,
-    version: int,
-    buffer: DataBuffer,
-    wall_time_s: float,
-) -> dict[str, Any]:
-    """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
-    steps = [r for r in records if r.get("kind") == "step"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    first = evals[0] if evals and evals[0].get("step") == 0 else None  # None under --skip-eval-before-train
-    opd = [r["opd/reverse_kl"] for r in steps if "opd/reverse_kl" in r]
-    return {
-        **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
-        "eval_accuracy_before": first["accuracy"] if first else None,  # None: no eval set (strict JSON has no NaN)
-        "eval_accuracy_after": evals[-1]["accuracy"] if evals else None,
-        **(
-            {
-                f"{key}_{when}": r[key]
-                for when, r in (("before", first), ("after", evals[-1]))
-                if r
-                for key in r
-                if key.startswith("eval/") and key.endswith("/accuracy")
-            }
-            if evals
-            else {}
-        ),  # eval/<name>/accuracy_before, ..._after
-        "num_eval_prompts": num_eval_prompts,
-        "num_rollout": num_rollout,
-        "final_policy_version": version,
-        "wall_time_s": round(wall_time_s, 1),
-        "mode": mode,
-        "partial_groups_left": buffer.num_partial,
-        "ready_groups_left": buffer.num_ready,
-        "groups_trained": len(buffer.taken),  # groups handed to the trainer, FAILED samples and all
-        "trained_tokens": sum(r.get("trained_tokens", 0) for r in steps),  # loss-bearing tokens: 0 when nothing trained
-        "aborted_samples": sum(r["aborted_samples"] for r in steps),
-        "resumed_samples": sum(r["resumed_samples"] for r in steps),
-        "multi_version_samples": sum(r["multi_version_samples"] for r in steps),
-        "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1),
-        "failed_samples": sum(r["failed_samples"] for r in steps),
-        "offline_groups_trained": sum(r.get("offline_groups", 0) for r in steps),
-        "buffer_evicted_groups": buffer.num_evicted,
-        "buffer_expired_groups": buffer.num_expired,
-    }

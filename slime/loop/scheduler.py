@@ -35,11 +35,8 @@ The loops, what they consume and produce, what they wait for and what wakes them
   given up on (``EnginePool.give_up_inflight``: the hung engine leaves rotation, the requests end as
   aborts); generate calls that still do not return then are a generate plugin ignoring aborts. ``"in_place"`` (``async``) pauses the engines with requests
   kept; they continue on the new weights and SGLang's ``weight_versions`` spans tag their new tokens.
-- Offline data (``--offline-data``, ``--offline-ratio R``): ``next_batch(n)`` puts the batch's share
-  of pre-generated groups (``OFFLINE_VERSION`` tokens, rewarded here if the file had no reward) at the
-  front of ``ready`` and takes them with ``n`` minus that many online groups. The share is exact over
-  batches: after k batches, floor(k * n * R) offline groups. Example: n=4, R=0.3 -> 1, 1, 1, 1, 2.
-  Offline groups skip the dynamic-sampling filter and the staleness drop.
+- Offline data (``--offline-data``, ``--offline-ratio R``): each batch takes its exact share of
+  pre-generated groups first (``slime.loop.offline_mix``).
 - Buffer bounds: a partial group evicted by ``--buffer-capacity`` or expired by ``max_staleness``
   (``DataBuffer``) frees its admission slot, like a dropped stale group, and is counted per step.
 
@@ -57,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -69,6 +65,7 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.counters import SchedulerCounters, StepStats
 from slime.loop.drain import drain
 from slime.loop.generate_contract import check_generate_output
+from slime.loop.offline_mix import OfflineMixing
 from slime.loop.scoring import Scorer
 from slime.loop.version import PolicyVersion
 from slime.obs.trace import NULL_TRACER
@@ -81,7 +78,7 @@ __all__ = ["Scheduler", "StepStats"]
 log = logging.getLogger(__name__)
 
 
-class Scheduler(SchedulerCounters):
+class Scheduler(SchedulerCounters, OfflineMixing):
     """Owns the groups in flight; fills ``buffer.ready`` with rewarded groups.
 
     Args:
@@ -335,26 +332,6 @@ class Scheduler(SchedulerCounters):
         (which hold the trainer's version whenever a batch is taken). Offline tokens are exempt."""
         bound = self.engine_version - self.config.max_staleness
         return any(v < bound and m and v != OFFLINE_VERSION for s in group.valid_samples for v, m in zip(s.versions, s.loss_mask))
-
-    def _offline_quota(self, n: int) -> int:
-        """Offline groups in batch number ``rollout_id`` of ``n``: floor(k*n*R) - floor((k-1)*n*R)."""
-        ratio = self.config.offline_ratio
-        if self.offline is None or ratio <= 0:
-            return 0
-        k = self.rollout_id
-        return math.floor(k * n * ratio + 1e-9) - math.floor((k - 1) * n * ratio + 1e-9)
-
-    async def _offline_groups(self, num: int) -> list[Group]:
-        """``num`` groups from the offline source, with fresh group ids, rewarded where the file had no reward."""
-        groups = []
-        for _ in range(num):
-            group = self.offline.next_group(group_id=self.next_group_id, rollout_id=self.rollout_id)
-            self.next_group_id += 1
-            await self.score.offline(group)
-            self.stats.offline_groups += 1
-            self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
-            groups.append(group)
-        return groups
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: Literal["abort", "in_place"] = "abort"):

@@ -30,7 +30,8 @@ Example: rollout_batch_size 4 groups x n 8 = 32 samples, global_batch_size 16, m
 update, which is what the PPO clip is for. If the sample count is not a multiple of
 ``global_batch_size`` the last optimizer step takes the remainder.
 
-Device and precision (``--train-device``, ``--bf16``): ``slime.train.torch_device``.
+Device and precision (``--train-device``, ``--bf16``): ``slime.train.torch_device``. The forward passes
+(before the update, and each micro-batch's losses): ``slime.train.torch_forward``.
 
 Deviations from slime: dropout is off (``model.eval()``) so that the first optimizer step sees ratio
 1 exactly; an optimizer step whose gradient norm is not finite is skipped and counted
@@ -39,8 +40,6 @@ Deviations from slime: dropout is off (``model.eval()``) so that the first optim
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import math
 import threading
@@ -56,15 +55,16 @@ from slime.hf_checkpoint import check_hf_dir
 from slime.sync.hf_layout import checkpoint_views
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
-from slime.train.batch import MicroBatch, Step, TrainBatch, build_train_batch, plan_steps, rl_batch_metrics
+from slime.train.batch import Step, TrainBatch, build_train_batch, plan_steps, rl_batch_metrics
 from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
-from slime.train.critic import ValueModel, explained_variance, value_loss
+from slime.train.critic import ValueModel, explained_variance
 from slime.train.determinism import enable_deterministic_mode
-from slime.train.logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
+from slime.train.logprobs import compute_token_logprobs
 from slime.train.losses import LossAgg
 from slime.train.lr_schedule import lr_at
 from slime.train.router_metrics import RouterStats, attach_hf_routers
-from slime.train.torch_device import adamw, autocast, load_causal_lm, resolve_device
+from slime.train.torch_device import adamw, load_causal_lm, resolve_device
+from slime.train.torch_forward import TorchForward
 from slime.types import Group
 
 __all__ = ["TorchTrainer", "TOKENIZER_FILES", "resolve_device"]
@@ -79,7 +79,7 @@ _TOKEN_METRICS = (
 """Token-mean metrics averaged over the step's trained tokens; the first four are always reported."""
 
 
-class TorchTrainer:
+class TorchTrainer(TorchForward):
     """Holds the policy model and its AdamW state (plus a frozen reference and a critic when the
     config asks for them); trains on rewarded groups.
 
@@ -164,9 +164,6 @@ class TorchTrainer:
         if config.behav_imp_weight_cap is not None and not config.use_decoupled_ppo:
             logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
         logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        return autocast(self.device, self.bf16)
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on ``groups`` (one rollout step) and bump ``policy_version`` by one.
@@ -326,56 +323,6 @@ class TorchTrainer:
             loss_sum = float(total)
             num_tokens = batch.num_train_tokens
             return {"eval_loss": loss_sum / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
-
-    @torch.no_grad()
-    def _before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
-        """Fill ``old_logprobs`` (and ``ref_logprobs`` / ``old_values``), computed per micro-batch.
-
-        Each span is run exactly as training will slice it (T trimmed to the span's longest
-        sequence), so the first optimizer step sees ratio 1 exactly. Results are stitched into
-        [B, L] tensors, zero beyond each span's own length.
-        """
-        temperature = self.rollout_temperature
-        old = torch.zeros_like(batch.loss_mask)  # [B, L]
-        ref = torch.zeros_like(old) if self.ref_model is not None else None
-        values = torch.zeros_like(old) if self.critic is not None else None
-        for indices in micro_batches:
-            mb = batch.select(indices)
-            rows = torch.as_tensor(indices, dtype=torch.long, device=old.device)[:, None]
-            cols = torch.arange(mb.loss_mask.shape[1], device=old.device)[None, :]
-            with self._autocast():
-                old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
-                if ref is not None:
-                    ref[rows, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
-                if values is not None:
-                    values[rows, cols] = self.critic(mb.input_ids, mb.attention_mask).float()
-        return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
-
-    def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
-        routers = self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext()
-        with routers, self._autocast():
-            logprobs, entropy = compute_token_logprobs_and_entropy(
-                self.model,
-                mb.input_ids,
-                mb.attention_mask,
-                temperature=self.rollout_temperature,
-                entropy_grad=self.config.entropy_coef != 0.0,
-            )  # [b, l], [b, l]
-        return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)
-
-    def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
-        assert self.critic is not None and mb.old_values is not None and mb.returns is not None
-        with self._autocast():
-            values = self.critic(mb.input_ids, mb.attention_mask).float()  # [b, l]
-        return value_loss(
-            values,
-            mb.old_values,
-            mb.returns,
-            mb.loss_mask,
-            value_clip=self.config.value_clip,
-            loss_agg=self.loss_agg,
-            loss_denominator=denom,
-        )
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
