@@ -12,8 +12,9 @@
 # started once per machine (a later call reuses it: it answers on $PORT). Each mode is bounded by
 # MODE_LIMIT_S (default 150) and the script by DEADLINE_S (default 560, counted from the start): a mode that
 # would start past the deadline is left for the next call. Finished modes stay in $RUNS (default
-# /tmp/slime_gpu/learning, kept between calls on a warm machine) and are not run again; every call merges
-# all of them (`slime bench learning --merge`) into $OUT/learning/{learning.json,learning.txt,learning.png}.
+# /tmp/slime_gpu/learning, kept between calls on a warm machine) with their settings, and are not run again
+# with the same settings; every call merges the modes it was asked for (`slime bench learning --merge`)
+# into $OUT/learning/{learning.json,learning.txt,learning.png}.
 #
 # Other knobs: NUM_ROLLOUT (30), EVAL_INTERVAL (3), TARGET (0.9), TRAIN_FLAGS (default: the megatron
 # trainer on the GPU; the CPU smoke test sets the torch trainer and the embedded engine), SERVER=none
@@ -52,10 +53,12 @@ fi
 read -r -a train_flags <<< "${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 64}"
 
 status=0
+# a finished mode is reused only when it ran with these settings (steps, evals, target, flags, engine)
+settings="${NUM_ROLLOUT:-30} ${EVAL_INTERVAL:-3} ${TARGET:-0.9} ${train_flags[*]} ${extra[*]}"
 IFS=, read -r -a mode_list <<< "$MODES"
 for mode in "${mode_list[@]}"; do
-    if [ -f "$RUNS/$mode/learning.json" ]; then
-        echo "=== $mode: already run ($RUNS/$mode)" | tee -a "$LOG"; continue
+    if [ -f "$RUNS/$mode/learning.json" ] && [ "$(cat "$RUNS/$mode/settings" 2>/dev/null)" = "$settings" ]; then
+        echo "=== $mode: already run with these settings ($RUNS/$mode)" | tee -a "$LOG"; continue
     fi
     elapsed=$(( $(date +%s) - START ))
     if [ $(( elapsed + 60 )) -gt "$DEADLINE_S" ]; then
@@ -73,10 +76,19 @@ for mode in "${mode_list[@]}"; do
     echo "=== $mode: rc=$rc after $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
     if [ "$rc" -ne 0 ]; then
         status=1; tail -n 30 "$RUNS/$mode.log" >> "$LOG"; rm -f "$RUNS/$mode/learning.json"
+    else
+        echo "$settings" > "$RUNS/$mode/settings"
     fi
 done
 
-done_files=$(ls "$RUNS"/*/learning.json 2>/dev/null)
+done_files=""  # the modes asked for, each finished with these settings
+for mode in "${mode_list[@]}"; do
+    if [ -f "$RUNS/$mode/learning.json" ] && [ "$(cat "$RUNS/$mode/settings" 2>/dev/null)" = "$settings" ]; then
+        done_files="$done_files $RUNS/$mode/learning.json"
+    else
+        status=1
+    fi
+done
 if [ -n "$done_files" ]; then
     "$PY" -m slime.cli bench learning --merge $done_files --out "$OUT/learning" 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

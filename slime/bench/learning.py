@@ -256,7 +256,7 @@ def merge_results(paths: list[str | Path]) -> dict[str, Any]:
             raise ValueError(f"{path}: not a readable learning.json ({exc})") from None
     if not parts:
         raise ValueError("nothing to merge")
-    keys = ("task", "target_accuracy", "num_rollout", "eval_interval")
+    keys = ("task", "target_accuracy", "num_rollout", "eval_interval", "extra_flags")  # extra: the runs' slime train flags
     first_path, first = parts[0]
     curves: dict[str, list[dict[str, Any]]] = {}
     argvs: dict[str, list[list[str]]] = {}
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
         parser.error("--num-rollout and --eval-interval must be >= 1")
     own = sorted({a.split("=")[0] for a in extra} & set(OWN_FLAGS))
     if own:
-        parser.error(f"after --: {', '.join(own)} are set by the bench (per mode / seed, or by its own flags)")
+        parser.error(f"after --: {', '.join(own)}: set by the bench (per mode / seed, or by its own flags)")
     try:
         results = run_bench(
             modes,

@@ -89,7 +89,7 @@ def test_plot_writes_png(tmp_path):
         (["--modes", "sync,bogus"], "--modes="),
         (["--seeds", "0,x"], "--seeds="),
         (["--target-accuracy", "1.5"], "--target-accuracy="),
-        (["--", "--rollout-mode", "sync"], "--rollout-mode are set by the bench"),
+        (["--", "--rollout-mode", "sync"], "--rollout-mode: set by the bench"),
     ],
 )
 def test_bad_flags_are_one_line(args, message, capsys):
@@ -199,6 +199,9 @@ def test_merge_joins_per_mode_benches_and_refuses_ones_that_do_not_compare(tmp_p
     other = _bench_file(tmp_path, "o", {"april": [run]}, target_accuracy=0.9)
     assert cli_main(["bench", "learning", "--merge", str(s), str(other), "--out", str(tmp_path / "m2")]) == 2
     assert "differ in target_accuracy" in capsys.readouterr().err
+    lr = _bench_file(tmp_path, "lr", {"april": [run]}, extra_flags=["--lr", "0.5"])
+    with pytest.raises(ValueError, match="differ in extra_flags"):
+        learning.merge_results([s, lr])
     with pytest.raises(ValueError, match="seed 0 is in another file"):
         learning.merge_results([s, s])
     with pytest.raises(ValueError, match="not a readable learning.json"):
