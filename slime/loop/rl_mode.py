@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from slime.data.dataset import PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState
+from slime.loop.counters import RolloutScheduler
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import save_rollout_record
 from slime.loop.report import format_step_line
@@ -23,6 +25,9 @@ from slime.loop.run import RunFiles
 from slime.loop.step import run_step
 from slime.loop.step_record import StepRecord
 from slime.loop.version import PolicyVersion
+from slime.sync.base import WeightSync
+from slime.train.interface import Trainer
+from slime.types import Group
 
 __all__ = ["RLEval", "RLMode", "rl_summary"]
 
@@ -69,12 +74,12 @@ class RLMode:
 
     def __init__(
         self,
-        sched: Any,
+        sched: RolloutScheduler,
         evaluator: RLEval,
         *,
-        trainer: Any,
-        train_step: Any,
-        sync: Any,
+        trainer: Trainer | None,
+        train_step: Callable[[list[Group]], dict[str, Any]] | None,
+        sync: WeightSync,
         tracer: Any,
         source: PromptSource,
         offline: Any,
