@@ -317,6 +317,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         version=version.engines,
         buffer=buffer,
         wall_time_s=files.seconds(),
+        trained=not rollout_only,
     )
     summary.update(data_counts)
     await asyncio.to_thread(finish_run, files, summary)
