@@ -117,6 +117,9 @@ class BenchWeightSync:
         )
         self.load_s.append(time.monotonic() - t0)
 
+    async def close(self) -> None:
+        """Nothing to release."""
+
 
 async def _reward_one(sample: Sample) -> float:
     return 1.0

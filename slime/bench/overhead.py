@@ -106,6 +106,9 @@ class _NoSync:
     async def load(self, path: str, version: int, *, abort_all_requests: bool = True) -> None:
         await self.pool.update_weights_from_disk(path, str(version), abort_all_requests=abort_all_requests)
 
+    async def close(self) -> None:
+        """Nothing to release."""
+
 
 async def _one(sample) -> float:
     return 1.0

@@ -23,8 +23,9 @@ from typing import Any
 
 import msgspec
 
-from slime.config import Config
+from slime.config import Config, TrainConfig
 from slime.config.rollout import builtin_rollout_note
+from slime.config.root import TrainerKwargs
 from slime.data.dataset import PromptSource, prompt_length_check
 from slime.data.sft import model_context_len
 from slime.engines.fleet.plan import trainer_gpus
@@ -33,6 +34,7 @@ from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import load_checkpoint
+from slime.loop.counters import RolloutScheduler
 from slime.loop.inputs import (
     generate_function,
     load_prompts,
@@ -51,7 +53,8 @@ from slime.loop.scheduler import Scheduler
 from slime.loop.version import PolicyVersion
 from slime.obs.observers import Observers
 from slime.rollout.rewards import load_function
-from slime.sync import build_weight_sync
+from slime.sync import WeightSync, build_weight_sync
+from slime.train.interface import Trainer
 from slime.types import RewardFn
 
 __all__ = ["run_training", "load_prompts", "prompt_tokenizer", "RLEval", "RLMode"]
@@ -65,7 +68,6 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     from transformers import AutoConfig
 
     from slime.train.lr_schedule import resolve_lr_schedule
-    from slime.train.torch_backend import TorchTrainer
 
     config.validate()
     config.check_run_modes()
@@ -138,15 +140,16 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         else None
     )
     train_cfg = msgspec.structs.replace(config.train, ref_load=config.train.ref_load or base_model)
-    trainer = (
+    trainer: Trainer | None = (
         None
         if rollout_only
         else await asyncio.to_thread(
-            MegatronTrainer if megatron else TorchTrainer,
+            _build_trainer,
             train_cfg,
+            megatron=megatron,
             model_dir=model_dir,
             policy_version=version.trainer,
-            **config.trainer_kwargs(),
+            kwargs=config.trainer_kwargs(),
         )
     )
     lp = config.loop
@@ -193,7 +196,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
             await load_initial_weights(pool, model_dir, str(version.engines))
         tracer = obs.tracer
         teacher = teacher_scorer(engines, use_opd=config.train.use_opd, opd_kl_coef=config.train.opd_kl_coef)
-        sync = (
+        sync: WeightSync = (
             NoWeightSync()
             if train_only or rollout_only
             else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
@@ -222,6 +225,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         if resume is None and config.loop.skip_eval_before_train:
             log.info("--skip-eval-before-train: no eval before the first step")
         async with asyncio.TaskGroup() as tg:
+            sched: RolloutScheduler
             if train_only:  # recorded groups, no engine
                 sched = ReplayScheduler(config.loop, config.debug.load_debug_rollout_data, buffer=buffer, version=version)
             elif config.rollout.uses_rollout_function:  # --rollout-function-path: one call makes each step's groups
@@ -302,7 +306,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         await evaluator.final(config.loop.num_rollout, reuse_before=rollout_only)
     if hasattr(reward_fn, "close"):
         await reward_fn.close()
-    if megatron and trainer is not None:
+    if megatron and isinstance(trainer, MegatronTrainer):
         await asyncio.to_thread(trainer.close)  # releases the other torchrun ranks
     files.metrics.close()
     summary = rl_summary(
@@ -313,11 +317,23 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         version=version.engines,
         buffer=buffer,
         wall_time_s=files.seconds(),
+        trained=not rollout_only,
     )
     summary.update(data_counts)
     await asyncio.to_thread(finish_run, files, summary)
     check_something_trained(files.metrics.records, trains=not rollout_only, run_dir=files.run_dir)  # RunError, after every file is written
     return summary
+
+
+def _build_trainer(config: TrainConfig, *, megatron: bool, model_dir: str, policy_version: int, kwargs: TrainerKwargs) -> Trainer:
+    """The run's trainer (blocking: loads ``model_dir``): ``MegatronTrainer`` with ``megatron``, else ``TorchTrainer``."""
+    if megatron:
+        from slime.train.megatron.trainer import MegatronTrainer
+
+        return MegatronTrainer(config, model_dir=model_dir, policy_version=policy_version, **kwargs)
+    from slime.train.torch_backend import TorchTrainer
+
+    return TorchTrainer(config, model_dir=model_dir, policy_version=policy_version, **kwargs)
 
 
 @contextlib.asynccontextmanager

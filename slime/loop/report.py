@@ -25,7 +25,15 @@ from slime.loop.step_record import StepRecord
 from slime.obs import strict_json
 from slime.obs.plots import plot_reward_curve
 
-__all__ = ["JsonlLog", "MetricsWriter", "format_step_line", "write_json_atomic", "plot_reward_curve", "check_something_trained"]
+__all__ = [
+    "JsonlLog",
+    "MetricsWriter",
+    "format_step_line",
+    "format_done_line",
+    "write_json_atomic",
+    "plot_reward_curve",
+    "check_something_trained",
+]
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -81,13 +89,38 @@ class MetricsWriter:
 
 def format_step_line(r: StepRecord) -> str:
     """One summary line per step: reward, accuracy, length, tokens/s, aborts, resumes, lag (and the
-    teacher's reverse KL with ``--use-opd``)."""
+    teacher's reverse KL with ``--use-opd``), then the train loss and the step's seconds.
+
+    ``failed F/N`` follows the accuracy when F of the batch's N samples FAILED (a reward that raised,
+    an engine refusal): reward, accuracy and length are over the others, so an all-failed batch would
+    otherwise read as a plain zero reward. A rollout-only step (no ``train_time_s``) has no loss:
+    ``| rollout only, step 1.2s``.
+    """
     opd = f"rkl {r.opd_reverse_kl:.4f} " if r.opd_reverse_kl is not None else ""
+    failed = f"failed {r.failed_samples_in_batch}/{r.num_samples} " if r.failed_samples_in_batch else ""
+    train = "rollout only," if r.train_time_s is None else f"loss {r.train.get('loss', float('nan')):+.4f}"
     return (
-        f"step {r.step:>3} v{r.policy_version:<3} reward {r.reward_mean:.3f} acc {r.accuracy:.3f} {opd}"
+        f"step {r.step:>3} v{r.policy_version:<3} reward {r.reward_mean:.3f} acc {r.accuracy:.3f} {failed}{opd}"
         f"len {r.response_len_mean:5.1f} tok/s {r.tokens_per_s:7.0f} aborted {r.aborted_samples:>3} "
         f"resumed {r.resumed_samples:>3} lag max {r.max_version_lag} multi-ver {r.multi_version_samples:>3} "
-        f"| loss {r.train.get('loss', float('nan')):+.4f} step {r.step_time_s:.1f}s"
+        f"| {train} step {r.step_time_s:.1f}s"
+    )
+
+
+def format_done_line(summary: dict[str, Any], run_dir: str | Path) -> str:
+    """The line ``slime train`` / ``slime rollout`` print at the end of an RL run, from its ``rl_summary``.
+
+    Eval accuracy before -> after ("n/a (no eval set)" for a None), aborted and resumed samples, FAILED
+    samples when there were any, and the most policy versions in one trained sample; a rollout-only
+    run (that value None: nothing trained) says "nothing trained (rollout only)" instead.
+    """
+    fmt = lambda x: "n/a (no eval set)" if x is None else f"{x:.3f}"  # noqa: E731
+    failed = f", failed {summary['failed_samples']}" if summary.get("failed_samples") else ""
+    versions = summary.get("max_versions_in_a_trained_sample")
+    trained = "nothing trained (rollout only)" if versions is None else f"max versions in a trained sample {versions}"
+    return (
+        f"done: eval accuracy {fmt(summary['eval_accuracy_before'])} -> {fmt(summary['eval_accuracy_after'])}; "
+        f"aborted {summary['aborted_samples']}, resumed {summary['resumed_samples']}{failed}, {trained}; run dir {run_dir}"
     )
 
 

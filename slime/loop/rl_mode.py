@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from slime.data.dataset import PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState
+from slime.loop.counters import RolloutScheduler
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.record import save_rollout_record
 from slime.loop.report import format_step_line
@@ -23,6 +25,9 @@ from slime.loop.run import RunFiles
 from slime.loop.step import run_step
 from slime.loop.step_record import StepRecord
 from slime.loop.version import PolicyVersion
+from slime.sync.base import WeightSync
+from slime.train.interface import Trainer
+from slime.types import Group
 
 __all__ = ["RLEval", "RLMode", "rl_summary"]
 
@@ -69,12 +74,12 @@ class RLMode:
 
     def __init__(
         self,
-        sched: Any,
+        sched: RolloutScheduler,
         evaluator: RLEval,
         *,
-        trainer: Any,
-        train_step: Any,
-        sync: Any,
+        trainer: Trainer | None,
+        train_step: Callable[[list[Group]], dict[str, Any]] | None,
+        sync: WeightSync,
         tracer: Any,
         source: PromptSource,
         offline: Any,
@@ -111,7 +116,10 @@ class RLMode:
             out = await ev.run(0)
             ev.before = {k: v for k, v in out.items() if k != "_record"}
             ev.obs.record(out["_record"])
-            log.info("eval before RL: accuracy %.3f%s", out["accuracy"], _per_dataset(out["_record"]))
+            if ev.eval_sets:
+                log.info("eval before RL: accuracy %.3f%s", out["accuracy"], _per_dataset(out["_record"]))
+            else:  # the record is still written (accuracy null): the summary's "before" reads it
+                log.info("eval before RL: n/a (no eval set)")
             return
         if not ev.eval_sets or self.rollout_only:
             return
@@ -153,8 +161,10 @@ def rl_summary(
     version: int,
     buffer: DataBuffer,
     wall_time_s: float,
+    trained: bool = True,
 ) -> dict[str, Any]:
-    """The run's summary, derived from every metrics record (so a resumed run counts its whole history)."""
+    """The run's summary, derived from every metrics record (so a resumed run counts its whole history).
+    ``trained``: False for a rollout-only run, whose ``max_versions_in_a_trained_sample`` is then None."""
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
     first = evals[0] if evals and evals[0].get("step") == 0 else None  # None under --skip-eval-before-train
@@ -186,7 +196,7 @@ def rl_summary(
         "aborted_samples": sum(r["aborted_samples"] for r in steps),
         "resumed_samples": sum(r["resumed_samples"] for r in steps),
         "multi_version_samples": sum(r["multi_version_samples"] for r in steps),
-        "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1),
+        "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1) if trained else None,
         "failed_samples": sum(r["failed_samples"] for r in steps),
         "offline_groups_trained": sum(r.get("offline_groups", 0) for r in steps),
         "buffer_evicted_groups": buffer.num_evicted,

@@ -51,8 +51,8 @@ from typing import Any, Literal
 
 from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
+from slime.loop.counters import RolloutScheduler
 from slime.loop.offpolicy import apply_staleness
-from slime.loop.scheduler import Scheduler
 from slime.loop.step_record import StepRecord
 from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
@@ -106,7 +106,7 @@ def _opd_stats(samples: list[Sample]) -> dict[str, float]:
 
 
 async def run_step(
-    sched: Scheduler,
+    sched: RolloutScheduler,
     *,
     train_step: Callable[[list[Group]], dict[str, Any]] | None,
     sync: WeightSync | None,

@@ -7,8 +7,9 @@ One update to version N, as ``slime.loop.step.run_step`` drives it::
         await sync.load(staged, N, abort_all_requests=mode == "abort")   # 3. engines at version N
 
 ``save`` must not touch the engines (generation goes on); ``load`` runs while nothing generates, so
-that no token is sampled from a half-updated model between two buckets. Strategies that hold
-resources (a process group) also have an idempotent ``close()``.
+that no token is sampled from a half-updated model between two buckets. Every strategy has an
+idempotent ``close()``, called once at the end of the run: it releases what the strategy holds (a
+process group) and does nothing for the others.
 
 Sessions (docs/sglang.md#update-weights-from-distributed): SGLang 0.5.23 refuses ``/update_weights_from_tensor`` and
 ``/update_weights_from_distributed`` outside ``/begin_weight_update`` ... ``/end_weight_update``
@@ -64,6 +65,10 @@ class WeightSync(Protocol):
 
     async def load(self, staged: Any, version: int, *, abort_all_requests: bool = True) -> None:
         """Step 3, while paused: make every engine hold ``staged`` as ``weight_version=str(version)``."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the strategy holds (a process group); idempotent, a no-op for most strategies."""
         ...
 
 
