@@ -27,13 +27,15 @@ QWEN3_4B = [
     "/root/Qwen3-4B_slime/",
     "--save-interval",
     "20",
-    # ROLLOUT_ARGS (--rm-type, --balance-data, --optimizer and the MISC_ARGS: tests/test_slime_scripts.py)
+    # ROLLOUT_ARGS (--balance-data, --optimizer and the MISC_ARGS: tests/test_slime_scripts.py)
     "--prompt-data",
     "/root/dapo-math-17k/dapo-math-17k.jsonl",
     "--input-key",
     "prompt",
     "--label-key",
     "label",
+    "--rm-type",
+    "deepscaler",
     "--apply-chat-template",
     "--rollout-shuffle",
     "--num-rollout",
