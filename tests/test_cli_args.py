@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import msgspec
 import re
 
+import msgspec
 import pytest
 
 from slime.cli_args import FLAGS, build_parser, config_from_args

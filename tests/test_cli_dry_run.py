@@ -24,6 +24,7 @@ def plan_only(monkeypatch):
 
     monkeypatch.setattr(slime.cli, "check_inputs", lambda config, **kwargs: None)
 
+
 QWEN3_4B = [
     # CKPT_ARGS
     "--hf-checkpoint",
@@ -261,7 +262,9 @@ def test_a_run_on_the_shipped_warm_start_says_so(tmp_path, caplog, monkeypatch):
     model = _model(tmp_path)
     monkeypatch.setitem(DEFAULT_CHECKPOINTS, "arith", model)  # the shipped one may not be built in this checkout
     check_inputs(config_from_args(build_parser().parse_args(["--hf-checkpoint", model])))
-    assert [r.getMessage() for r in caplog.records] == [f"no --hf-checkpoint: using the shipped warm start of the built-in task arith ({model})"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no --hf-checkpoint: using the shipped warm start of the built-in task arith ({model})"
+    ]
     caplog.clear()
     check_inputs(config_from_args(build_parser().parse_args(["--hf-checkpoint", str(write_other(tmp_path))])))
     assert caplog.records == []

@@ -32,6 +32,7 @@ def _paths_of_another_machine(monkeypatch):
 
     monkeypatch.setattr(slime.cli, "check_inputs", lambda config, **kwargs: None)
 
+
 DATA = Path(__file__).parent / "data" / "slime_scripts"
 
 # Flags of these scripts that other items of issue 16 add (items 2-4). Until they are merged a flag
