@@ -20,6 +20,7 @@ from slime.cli_preflight import (
     _placement,
     _trainer_gpus,
     _warn_if_resuming_another_setup,  # noqa: F401  # re-exported: tests import it from slime.cli
+    check_inputs,
     preflight,
 )
 
@@ -61,6 +62,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
         config = config.with_placement_defaults()
         if ns.dry_run:
+            check_inputs(config, parse_data=True)  # what needs no engine: model dirs, prompt rows, plugin imports
             from slime.engines.fleet.plan import build_launch_plan
 
             placement = _placement(config)

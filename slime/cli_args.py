@@ -127,18 +127,35 @@ def config_from_args(
     ns: argparse.Namespace, base: Config | None = None, *, sglang_args: tuple[str, ...] = (), router_args: tuple[str, ...] = ()
 ) -> Config:
     """Build a validated ``Config`` from parsed flags (and ``split_passthrough``'s pass-through
-    flags, when given); unset flags keep ``base``'s values."""
+    flags, when given); unset flags keep ``base``'s values.
+
+    Raises:
+        ConfigError: two flags that set one field to different values (``--partial-rollout`` with
+            ``--rollout-mode sync``: "pick one"), ``--builtin-task`` with ``--prompt-data``, or what
+            ``Config.validate`` / ``Config.check_reward_given`` refuse.
+    """
     tree = msgspec.to_builtins(base or Config())
     if sglang_args or router_args:
         tree["engine"]["sglang_args"], tree["engine"]["router_args"] = list(sglang_args), list(router_args)
+    given: dict[str, tuple[str, Any]] = {}  # config path -> (flag, value) of the flag that set it
     for flag, (path, _) in FLAGS.items():
         value = getattr(ns, flag[2:].replace("-", "_"))
         if value is None or value is False and "=" in path:
             continue
+        shown = flag if "=" in path else f"{flag} {value}"
         if "=" in path:
             path, const = path.split("=", 1)
             value = const
+        if path in given and given[path][1] != value:  # two flags of one field (--partial-rollout is --rollout-mode april)
+            other, other_value = given[path]
+            raise ConfigError(f"{other} and {shown}: pick one (both set {path}, to {other_value!r} and {value!r})")
+        given[path] = (shown, value)
         _set(tree, path, value)
+    if getattr(ns, "builtin_task", None) is not None and tree["data"]["prompt_data"] is not None:
+        raise ConfigError(
+            f"--builtin-task {ns.builtin_task} and --prompt-data {tree['data']['prompt_data']}: pick one (--builtin-task is the "
+            f"data and reward used without --prompt-data; to score your rows with its reward pass --rm-type {ns.builtin_task})"
+        )
     if getattr(ns, "eval_config", None) is not None:  # after the flags: its defaults win over them, as in slime
         from slime.eval_config import apply_eval_config
 
@@ -150,7 +167,8 @@ def config_from_args(
         config = msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
-    return config.validate()
+    config.validate().check_reward_given()
+    return config
 
 
 def apply_slime_opd(tree: dict[str, Any]) -> None:

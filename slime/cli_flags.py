@@ -47,7 +47,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "data.builtin_task",
         dict(
             choices=["arith", "calc", "chain"],
-            help="built-in task and reward without --prompt-data: "
+            help="built-in task (data and reward) used without --prompt-data: "
             "arith (default), calc (tool calling; with slime.rollout.multiturn.calculator_generate) or chain (long-tailed lengths)",
         ),
     ),
@@ -128,8 +128,9 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--rm-type": (
         "rollout.rm_type",
         dict(
-            choices=["math", "deepscaler", "dapo", "code", "remote", "remote_rm"],
-            help="built-in verifier (slime/rollout/verifiers/; deepscaler and dapo: the math verifier)",
+            choices=["math", "deepscaler", "dapo", "code", "remote", "remote_rm", "arith", "calc", "chain"],
+            help="built-in verifier (slime/rollout/verifiers/; deepscaler and dapo: the math verifier), "
+            "or a built-in task's reward (arith, calc, chain) for --prompt-data in its format",
         ),
     ),
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),

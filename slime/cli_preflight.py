@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from slime.config import Config
     from slime.engines.fleet.placement import Placement
 
-__all__ = ["preflight", "DEFAULT_CHECKPOINT", "DEFAULT_CHECKPOINTS"]
+__all__ = ["preflight", "check_inputs", "DEFAULT_CHECKPOINT", "DEFAULT_CHECKPOINTS"]
 
 DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
 DEFAULT_CHECKPOINTS = {
@@ -77,18 +77,101 @@ def _check_run_dir(config: Config) -> None:
             )
 
 
+def check_inputs(config: Config, *, parse_data: bool = False) -> None:
+    """The start-of-run checks that need no engine, GPU or SGLang (``slime train --dry-run`` runs these alone).
+
+    The data and debug modes' flags agree (``check_run_modes``); model directories (``--hf-checkpoint``,
+    ``--ref-load``, ``--opd-teacher-load``) hold files a library can load (``slime.hf_checkpoint.check_hf_dir``:
+    config, weights, tokenizer); prompt files exist, and with ``parse_data`` every row of ``--prompt-data`` /
+    ``--eval-prompt-data`` parses (``slime.data.dataset.load_prompt_file``, under ``--on-bad-data``); plugin
+    paths (``--custom-rm-path``, ``--custom-generate-function-path``, ``--dynamic-sampling-filter-path``,
+    ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
+    ``--offline-data`` exists, and so does the first record of ``--load-debug-rollout-data``. A run on the
+    shipped warm start (no ``--hf-checkpoint``) logs one line saying so.
+
+    Raises:
+        ConfigError: the first problem found, naming the flag.
+        CheckpointError: a model directory's file is missing, corrupt or truncated.
+        DataError: with ``parse_data`` and ``--on-bad-data fail``, the first bad row (``path:line``).
+    """
+    from slime.errors import CheckpointError, ConfigError
+    from slime.hf_checkpoint import check_hf_dir
+    from slime.loop.record import record_path
+    from slime.rollout.rewards import load_function
+
+    config.check_run_modes()
+    d = config.data
+    if config.engine.hf_checkpoint == DEFAULT_CHECKPOINTS.get(d.builtin_task):
+        logging.getLogger("slime.cli").info(
+            "no --hf-checkpoint: using the shipped warm start of the built-in task %s (%s)", d.builtin_task, config.engine.hf_checkpoint
+        )
+    if d.offline_data and not Path(d.offline_data).is_file():
+        raise ConfigError(f"--offline-data={d.offline_data!r}: no such JSONL or Parquet file")
+    if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
+        raise ConfigError(
+            f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
+            f"({record_path(config.debug.load_debug_rollout_data, 1)})"
+        )
+    # running engines and no trainer: only the tokenizer of --hf-checkpoint is read here
+    tokenizer_only = config.debug.debug_rollout_only and bool(config.engine.rollout_external_engine_addrs)
+    for flag, value in (
+        ("--hf-checkpoint", config.engine.hf_checkpoint),
+        ("--ref-load", config.train.ref_load),
+        ("--opd-teacher-load", config.engine.opd_teacher_load),
+    ):
+        if not value:
+            continue
+        try:
+            check_hf_dir(value, weights=not (tokenizer_only and flag == "--hf-checkpoint"), tokenizer=flag != "--ref-load", flag=flag)
+        except CheckpointError as exc:
+            if value == DEFAULT_CHECKPOINT:
+                raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
+            raise
+    files = [("--prompt-data", d.prompt_data), *(("--eval-prompt-data", path) for _, path in d.eval_datasets)]
+    for flag, value in files:
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
+    if parse_data:
+        _parse_prompt_files(config, [(flag, value) for flag, value in files if value])
+    for flag, value in (
+        ("--custom-rm-path", config.rollout.custom_rm_path),
+        ("--custom-generate-function-path", config.rollout.custom_generate_function_path),
+        ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
+        ("--buffer-filter-path", config.loop.buffer_filter_path),
+        ("--rollout-function-path", config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None),
+    ):
+        if value:
+            load_function(value, flag=flag)
+
+
+def _parse_prompt_files(config: Config, files: list[tuple[str, str]]) -> None:
+    """Parse every row of the prompt files (no tokenizer: lengths are checked when the run loads them)."""
+    from slime.data.dataset import load_prompt_file
+
+    d = config.data
+    for flag, path in files:
+        _, bad = load_prompt_file(
+            path,
+            flag=flag,
+            input_key=d.input_key,
+            label_key=d.label_key,
+            metadata_key=d.metadata_key,
+            tool_key=d.tool_key,
+            curriculum_key=d.curriculum_key if flag == "--prompt-data" else None,
+            apply_chat_template=d.apply_chat_template,
+            on_bad_data=d.on_bad_data,
+        )
+        if bad:
+            logging.getLogger("slime.cli").warning("%s=%r: %d bad rows would be skipped (--on-bad-data skip)", flag, path, bad)
+
+
 def preflight(config: Config) -> None:
     """Check at start what would otherwise fail minutes into a run, naming the flag.
 
-    Model directories (``--hf-checkpoint``, ``--ref-load``, ``--opd-teacher-load``) hold files a library can
-    load (``slime.hf_checkpoint.check_hf_dir``: config, weights, tokenizer); prompt
-    files exist; plugin paths (``--custom-rm-path``, ``--dynamic-sampling-filter-path``,
-    ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
-    ``--use-wandb`` / ``--use-tensorboard`` have their package; the launch plan builds, and what it
-    launches can import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``. The placement flags make
-    a plan rank 0 can launch, matching torchrun's ranks (``slime.engines.fleet.placement``).
-    The data and debug modes' flags agree (``check_run_modes``), ``--offline-data`` exists, and so does
-    the first record of ``--load-debug-rollout-data``.
+    ``check_inputs`` (the checks that need no engine), then: ``--use-wandb`` / ``--use-tensorboard`` have
+    their package; ``--train-backend megatron`` has a GPU; the launch plan builds, and what it launches can
+    import ``sglang`` / ``sglang_router`` / ``torch_memory_saver``. The placement flags make a plan rank 0
+    can launch, matching torchrun's ranks (``slime.engines.fleet.placement``).
 
     Raises:
         ConfigError: the first problem found.
@@ -96,9 +179,7 @@ def preflight(config: Config) -> None:
     """
     import importlib.util
 
-    from slime.errors import CheckpointError, ConfigError
-    from slime.hf_checkpoint import check_hf_dir
-    from slime.loop.record import record_path
+    from slime.errors import ConfigError
 
     config.check_run_modes()
     if config.train.train_backend == "megatron":
@@ -119,42 +200,7 @@ def preflight(config: Config) -> None:
                 "the placement puts SGLang servers on nodes other than rank 0's, which this slime does not launch: "
                 "start them there and pass --rollout-external-engine-addrs (slime train --dry-run shows the plan)"
             )
-    if config.data.offline_data and not Path(config.data.offline_data).is_file():
-        raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
-    if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
-        raise ConfigError(
-            f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
-            f"({record_path(config.debug.load_debug_rollout_data, 1)})"
-        )
-    from slime.rollout.rewards import load_function
-
-    # running engines and no trainer: only the tokenizer of --hf-checkpoint is read here
-    tokenizer_only = config.debug.debug_rollout_only and bool(config.engine.rollout_external_engine_addrs)
-    for flag, value in (
-        ("--hf-checkpoint", config.engine.hf_checkpoint),
-        ("--ref-load", config.train.ref_load),
-        ("--opd-teacher-load", config.engine.opd_teacher_load),
-    ):
-        if not value:
-            continue
-        try:
-            check_hf_dir(value, weights=not (tokenizer_only and flag == "--hf-checkpoint"), tokenizer=flag != "--ref-load", flag=flag)
-        except CheckpointError as exc:
-            if value == DEFAULT_CHECKPOINT:
-                raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
-            raise
-    eval_paths = [("--eval-prompt-data", path) for _, path in config.data.eval_datasets]
-    for flag, value in (("--prompt-data", config.data.prompt_data), *eval_paths):
-        if value and not Path(value).is_file():
-            raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
-    for flag, value in (
-        ("--custom-rm-path", config.rollout.custom_rm_path),
-        ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
-        ("--buffer-filter-path", config.loop.buffer_filter_path),
-        ("--rollout-function-path", config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None),
-    ):
-        if value:
-            load_function(value, flag=flag)
+    check_inputs(config)
     for flag, on, package in (
         ("--use-wandb", config.obs.use_wandb, "wandb"),
         ("--use-tensorboard", config.obs.use_tensorboard, "tensorboard"),

@@ -146,7 +146,7 @@ PREFLIGHT = [
     ("ref-load no config.json", lambda t, m, mp: ["--hf-checkpoint", m, "--ref-load", str(t)], r"--ref-load=.*: no config.json"),
     (
         "prompt data missing",
-        lambda t, m, mp: ["--hf-checkpoint", m, "--prompt-data", str(t / "p.jsonl")],
+        lambda t, m, mp: ["--hf-checkpoint", m, "--prompt-data", str(t / "p.jsonl"), "--rm-type", "arith"],
         r"--prompt-data=.*p.jsonl': no such JSONL file",
     ),
     (
@@ -434,11 +434,11 @@ def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
     from slime.cli import _warn_if_resuming_another_setup
 
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
-    old = parse("--prompt-data", "a.jsonl", "--save", str(tmp_path))
+    old = parse("--rm-type", "arith", "--prompt-data", "a.jsonl", "--save", str(tmp_path))
     (tmp_path / "config.json").write_text(msgspec.json.encode(old).decode())
-    _warn_if_resuming_another_setup(parse("--prompt-data", "a.jsonl", "--load", str(tmp_path)))
+    _warn_if_resuming_another_setup(parse("--rm-type", "arith", "--prompt-data", "a.jsonl", "--load", str(tmp_path)))
     assert "other settings" not in caplog.text
-    _warn_if_resuming_another_setup(parse("--prompt-data", "b.jsonl", "--load", str(tmp_path)))
+    _warn_if_resuming_another_setup(parse("--rm-type", "arith", "--prompt-data", "b.jsonl", "--load", str(tmp_path)))
     assert "resuming a run made with other settings: --prompt-data 'a.jsonl' -> 'b.jsonl'" in caplog.text
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -207,6 +209,8 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base = [a for i, a in enumerate(base) if a != flag and (i == 0 or base[i - 1] != flag)]
     if flag == "--num-epoch":  # an SFT flag: RL runs refuse it
         base += ["--loss-type", "sft_loss"]
+    if flag == "--prompt-data":  # the user's data: an RL run names its reward
+        base += ["--rm-type", "math"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]
     if flag in ("--custom-reward-post-process-path", "--opd-only"):  # THUDM/slime's OPD hook, pure distillation: only with --use-opd
@@ -279,3 +283,59 @@ def test_every_flag_has_help_text_taken_from_its_config_docstring_when_the_table
     lr = next(a for a in parser._actions if "--num-rollout" in a.option_strings)
     assert "Rollout steps" in lr.help and "(default: 50)" in lr.help
     parser.format_help()  # every help string survives argparse's %-formatting
+
+
+# Conflicting flags are one error naming both ("pick one"); own data names its reward
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--partial-rollout", "--rollout-mode", "sync"], "--partial-rollout and --rollout-mode sync: pick one"),
+        (["--rollout-mode", "async", "--partial-rollout"], "--partial-rollout and --rollout-mode async: pick one"),
+        (["--custom-rm-path", "myrm.ok", "--rm-type", "math"], "--custom-rm-path myrm.ok and --rm-type math: pick one"),
+        (
+            ["--prompt-data", "f.jsonl", "--builtin-task", "chain", "--rm-type", "math"],
+            "--builtin-task chain and --prompt-data f.jsonl: pick one (--builtin-task is the data and reward used without "
+            "--prompt-data; to score your rows with its reward pass --rm-type chain)",
+        ),
+    ],
+)
+def test_conflicting_flags_are_one_error_naming_both(argv, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_args(build_parser().parse_args(argv))
+
+
+def test_partial_rollout_alone_or_with_rollout_mode_april_is_april():
+    for argv in (["--partial-rollout"], ["--partial-rollout", "--rollout-mode", "april"]):
+        assert config_from_args(build_parser().parse_args(argv)).loop.mode == "april"
+
+
+def test_own_prompt_data_without_a_reward_is_an_error_listing_the_ways_to_give_one():
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "--prompt-data qa.jsonl needs a reward: pass --rm-type math|code|remote (a built-in verifier; --rm-type arith|calc|chain "
+            "for rows in a built-in task's format) or --custom-rm-path pkg.module.fn (your function); runs that need none: "
+            "--loss-type sft_loss, --opd-only"
+        ),
+    ):
+        config_from_args(build_parser().parse_args(["--prompt-data", "qa.jsonl", "--input-key", "question"]))
+    for ok in (
+        ["--rm-type", "arith"],
+        ["--custom-rm-path", "slime.data.arith.reward"],
+        ["--loss-type", "sft_loss", "--global-batch-size", "16"],
+        ["--use-opd", "--opd-only", "--opd-teacher-addrs", "h:1"],
+        ["--debug-train-only", "--load-debug-rollout-data", "r_{rollout_id}.msgpack"],
+    ):
+        config_from_args(build_parser().parse_args(["--prompt-data", "qa.jsonl", *ok]))
+    config_from_args(build_parser().parse_args(["--builtin-task", "chain"]))  # the built-in task: its own reward
+
+
+def test_rm_type_of_a_builtin_task_is_its_reward():
+    from slime.config import RolloutConfig
+    from slime.data import arith, calc, chain
+    from slime.rollout.verifiers import reward_fn_from_config
+
+    for name, task in (("arith", arith), ("calc", calc), ("chain", chain)):
+        assert reward_fn_from_config(RolloutConfig(rm_type=name)) is task.reward

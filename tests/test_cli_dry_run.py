@@ -15,6 +15,16 @@ import pytest
 
 from slime.cli import main
 
+
+@pytest.fixture()
+def plan_only(monkeypatch):
+    """These dry runs plan for another machine's paths (/root/Qwen3-4B, ...): skip the input checks that
+    read them (``check_inputs``; tests/test_cli_dry_run.py tests those)."""
+    import slime.cli
+
+    monkeypatch.setattr(slime.cli, "check_inputs", lambda config, **kwargs: None)
+
+
 QWEN3_4B = [
     # CKPT_ARGS
     "--hf-checkpoint",
@@ -27,13 +37,15 @@ QWEN3_4B = [
     "/root/Qwen3-4B_slime/",
     "--save-interval",
     "20",
-    # ROLLOUT_ARGS (--rm-type, --balance-data, --optimizer and the MISC_ARGS: tests/test_slime_scripts.py)
+    # ROLLOUT_ARGS (--balance-data, --optimizer and the MISC_ARGS: tests/test_slime_scripts.py)
     "--prompt-data",
     "/root/dapo-math-17k/dapo-math-17k.jsonl",
     "--input-key",
     "prompt",
     "--label-key",
     "label",
+    "--rm-type",
+    "deepscaler",
     "--apply-chat-template",
     "--rollout-shuffle",
     "--num-rollout",
@@ -145,6 +157,7 @@ UNSUPPORTED = [  # flags this slime does not have (--balance-data, --optimizer, 
 ]
 
 
+@pytest.mark.usefixtures("plan_only")
 def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(capsys, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert main(["train", "--dry-run", *QWEN3_4B, *MORE_SGLANG]) == 0
@@ -161,6 +174,7 @@ def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(cap
     assert urls == [f"http://127.0.0.1:{argv[argv.index('--port') + 1]}" for argv in servers]
 
 
+@pytest.mark.usefixtures("plan_only")
 def test_router_flags_pass_through_to_the_router_command(capsys):
     assert main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "manual", "--router-health-check-interval-secs", "5"]) == 0
     (router,) = [line for line in capsys.readouterr().out.splitlines() if "sglang_router.launch_router" in line]
@@ -192,6 +206,7 @@ def test_sglang_flags_without_sglang_servers_are_an_error_not_ignored(capsys):
     assert "--mem-fraction-static" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("plan_only")
 def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
     path = tmp_path / "groups.yaml"
     path.write_text(
@@ -205,3 +220,57 @@ def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
     assert out.count("--mem-fraction-static 0.6") == 3
     (router,) = [line for line in out.splitlines() if "sglang_router.launch_router" in line]  # the teacher's one server needs none
     assert router.count("--worker-urls") == 1 and "# model 'teacher': one server, no router" in out
+
+
+# --dry-run's input checks (slime.cli_preflight.check_inputs): what needs no engine fails before the plan is printed
+
+
+def _model(tmp_path):
+    from tests.fixtures.tiny_model import write_tiny_llama
+
+    return str(write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True))
+
+
+def test_dry_run_refuses_a_missing_hf_checkpoint(tmp_path, capsys):
+    assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "nope")]) == 2
+    captured = capsys.readouterr()
+    assert f"--hf-checkpoint={str(tmp_path / 'nope')!r}: no such directory" in captured.err and "sglang" not in captured.out
+
+
+def test_dry_run_names_the_first_bad_line_of_the_prompt_data(tmp_path, capsys):
+    prompts = tmp_path / "qa.jsonl"
+    prompts.write_text('{"prompt": "1+1", "label": "2"}\n{"prompt": "2+2", "label": \n')
+    argv = ["train", "--dry-run", "--hf-checkpoint", _model(tmp_path), "--prompt-data", str(prompts), "--rm-type", "arith"]
+    assert main(argv) == 2
+    assert f"{prompts}:2" in capsys.readouterr().err
+    prompts.write_text('{"prompt": "1+1", "label": "2"}\n')
+    assert main(argv) == 0
+
+
+def test_dry_run_refuses_a_reward_module_that_does_not_import(tmp_path, capsys):
+    assert main(["train", "--dry-run", "--hf-checkpoint", _model(tmp_path), "--custom-rm-path", "no_such_mod.reward"]) == 2
+    assert "--custom-rm-path='no_such_mod.reward': cannot import module 'no_such_mod'" in capsys.readouterr().err
+
+
+def test_a_run_on_the_shipped_warm_start_says_so(tmp_path, caplog, monkeypatch):
+    import logging
+
+    from slime.cli_args import build_parser, config_from_args
+    from slime.cli_preflight import DEFAULT_CHECKPOINTS, check_inputs
+
+    caplog.set_level(logging.INFO, logger="slime.cli")
+    model = _model(tmp_path)
+    monkeypatch.setitem(DEFAULT_CHECKPOINTS, "arith", model)  # the shipped one may not be built in this checkout
+    check_inputs(config_from_args(build_parser().parse_args(["--hf-checkpoint", model])))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no --hf-checkpoint: using the shipped warm start of the built-in task arith ({model})"
+    ]
+    caplog.clear()
+    check_inputs(config_from_args(build_parser().parse_args(["--hf-checkpoint", str(write_other(tmp_path))])))
+    assert caplog.records == []
+
+
+def write_other(tmp_path):
+    from tests.fixtures.tiny_model import write_tiny_llama
+
+    return write_tiny_llama(tmp_path / "other", seed=1, with_tokenizer=True)

@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from slime.config._base import STRUCT, require
+from slime.errors import ConfigError
 
 __all__ = ["RolloutConfig", "SFT_ROLLOUT", "BUILTIN_ROLLOUTS", "builtin_rollout_note"]
 
@@ -87,11 +88,12 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     contract ``(args, rollout_id, data_buffer, evaluation=False)`` (``--rollout-function-path``);
     it replaces the built-in scheduler for the step (``slime.loop.rollout_function``)."""
     custom_rm_path: str | None = None
-    """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``)."""
-    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm"] | None = None
-    """Built-in verifier used when ``custom_rm_path`` is unset (``--rm-type``): ``math`` (math-verify
-    against the label; ``deepscaler`` and ``dapo``, slime's math rewards, are this verifier), ``code`` (test cases in the sandbox), ``remote`` / ``remote_rm`` (POST to
-    ``rm_url``). See ``slime/rollout/verifiers/``."""
+    """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``; one of it and ``--rm-type``)."""
+    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm", "arith", "calc", "chain"] | None = None
+    """Built-in verifier (``--rm-type``; one of ``--rm-type`` / ``--custom-rm-path``): ``math`` (math-verify
+    against the label; ``deepscaler`` and ``dapo``, slime's math rewards, are this verifier), ``code`` (test cases in
+    the sandbox), ``remote`` / ``remote_rm`` (POST to ``rm_url``), or a built-in task's reward for prompt files in
+    its format: ``arith``, ``calc``, ``chain`` (``slime.data.<task>.reward``). See ``slime/rollout/verifiers/``."""
     rm_url: str | None = None
     """URL of a remote reward model for ``rm_type="remote"`` (``--rm-url``); it answers
     ``{"reward": float}`` to ``{"prompt", "response", "label"}``."""
@@ -126,7 +128,7 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
         """Check this section's values.
 
         Raises:
-            ConfigError: naming the flag.
+            ConfigError: naming the flag; both ``--custom-rm-path`` and ``--rm-type`` ("pick one").
         """
         require(
             [
@@ -160,5 +162,10 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
                 (self.max_retries >= 0, "--max-retries", self.max_retries, ">= 0"),
             ]
         )
+        if self.custom_rm_path is not None and self.rm_type is not None:
+            raise ConfigError(
+                f"--custom-rm-path {self.custom_rm_path} and --rm-type {self.rm_type}: pick one (both name the reward; "
+                "a custom reward function would silently replace the verifier)"
+            )
         # n_samples_per_eval_prompt > 1 with greedy eval is refused at run start (Config.check_run_modes), not
         # here: THUDM/slime's eval YAMLs set 16 samples with no temperature and must still parse (--dry-run)

@@ -98,6 +98,27 @@ class Config(msgspec.Struct, **STRUCT):
             )
         return self
 
+    def check_reward_given(self) -> None:
+        """An RL run of the CLI on the user's ``--prompt-data`` names its reward: the built-in task's reward
+        (arithmetic unless ``--builtin-task``) scores only that task's format, and on other rows quietly gives 0.
+        Called where flags become a config (``slime.cli_args.config_from_args``); a program that passes its own
+        ``reward_fn`` to ``run_training`` is not checked.
+
+        Raises:
+            ConfigError: ``--prompt-data`` with neither ``--custom-rm-path`` nor ``--rm-type``, listing both, unless
+                the run needs no reward (``--loss-type sft_loss``, ``--opd-only``, a train-only replay).
+        """
+        r = self.rollout
+        if self.data.prompt_data is None or r.custom_rm_path is not None or r.rm_type is not None:
+            return
+        if self.train.loss_type == "sft_loss" or self.train.opd_only or self.debug.train_only:
+            return
+        raise ConfigError(
+            f"--prompt-data {self.data.prompt_data} needs a reward: pass --rm-type math|code|remote (a built-in verifier; "
+            "--rm-type arith|calc|chain for rows in a built-in task's format) or --custom-rm-path pkg.module.fn (your "
+            "function); runs that need none: --loss-type sft_loss, --opd-only"
+        )
+
     def updates_in_place(self) -> bool:
         """Whether the run updates weights while requests are paused in place: ``--rollout-mode async``
         without ``--colocate`` and with a trainer (``slime.loop.step.pause_mode``)."""

@@ -18,14 +18,16 @@ from slime.types import RewardFn
 
 __all__ = ["RM_TYPES", "reward_fn_from_config"]
 
-RM_TYPES = ("math", "deepscaler", "dapo", "code", "remote", "remote_rm")
-"""``--rm-type`` values; ``remote_rm`` is slime's spelling of ``remote``. slime's math rewards
+RM_TYPES = ("math", "deepscaler", "dapo", "code", "remote", "remote_rm", "arith", "calc", "chain")
+"""``--rm-type`` values; ``remote_rm`` is slime's spelling of ``remote``; ``arith`` / ``calc`` / ``chain`` are the
+built-in tasks' rewards (``slime.data.<task>.reward``), for files in their format. slime's math rewards
 ``deepscaler`` and ``dapo`` are ``math`` here: math-verify's answer extraction instead of their string
 matchers, and reward 0/1 (dapo's -1/1 gives the same GRPO advantages once divided by the group std)."""
 
 
 def reward_fn_from_config(rollout: RolloutConfig) -> RewardFn | None:
-    """The verifier that ``rollout.rm_type`` names, or None when it is unset.
+    """The verifier that ``rollout.rm_type`` names (a built-in task's reward for ``arith`` / ``calc`` /
+    ``chain``), or None when it is unset.
 
     The per-verifier timeout is ``reward_timeout_s`` (the reward boundary applies it as well). A
     ``RemoteRewardModel`` owns an HTTP session: ``await fn.close()`` when the run ends.
@@ -47,6 +49,10 @@ def reward_fn_from_config(rollout: RolloutConfig) -> RewardFn | None:
         from slime.rollout.verifiers.code import CodeVerifier
 
         return CodeVerifier(Sandbox(allow_unsafe=rollout.allow_unsafe_code_execution))
+    if kind in ("arith", "calc", "chain"):
+        import importlib
+
+        return importlib.import_module(f"slime.data.{kind}").reward
     if kind in ("remote", "remote_rm"):
         if not rollout.rm_url:
             raise ConfigError(f"--rm-type={kind} needs --rm-url (the reward server's URL)")
