@@ -1,5 +1,5 @@
-"""The ``slime`` command: ``slime train`` (an RL run, or SFT with ``--loss-type sft_loss``), ``slime rollout`` (generate and record only) and
-``slime engine`` (the embedded engine)."""
+"""The ``slime`` command: ``slime train`` (an RL run, or SFT with ``--loss-type sft_loss``), ``slime rollout`` (generate and record only),
+``slime engine`` (the embedded engine, or ``--sim`` the simulated one) and the tools in ``COMMANDS``."""
 
 from __future__ import annotations
 
@@ -114,12 +114,9 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         return 130
     if not summary:  # a non-zero rank of a torchrun job
         return 0
-    fmt = lambda x: "n/a (no eval set)" if x is None else f"{x:.3f}"  # noqa: E731
-    print(
-        f"done: eval accuracy {fmt(summary['eval_accuracy_before'])} -> {fmt(summary['eval_accuracy_after'])}; "
-        f"aborted {summary['aborted_samples']}, resumed {summary['resumed_samples']}, "
-        f"max versions in a trained sample {summary['max_versions_in_a_trained_sample']}; run dir {config.run_dir}"
-    )
+    from slime.loop.report import format_done_line
+
+    print(format_done_line(summary, config.run_dir))
     return 0
 
 
@@ -188,10 +185,17 @@ def _check_plugin(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     if not argv or argv[0] not in ("rollout", "learning"):
-        print(
-            "usage: slime bench {rollout,learning} [options]   (see slime bench rollout --help, slime bench learning --help)",
-            file=sys.stderr,
+        usage = (
+            "usage: slime bench {rollout,learning} [options]\n\n"
+            "  rollout   delivered tokens/s of sync vs APRIL vs fully async on a long-tail workload (simulated engine by default)\n"
+            "  learning  held-out accuracy against wall time of slime train runs, one per mode\n\n"
+            "Each one's flags: slime bench rollout --help, slime bench learning --help."
         )
+        if argv and argv[0] in ("-h", "--help"):
+            print(usage)
+            return 0
+        problem = f"slime bench: error: unknown benchmark {argv[0]!r}" if argv else "slime bench: error: no benchmark given"
+        print(f"{problem}\n{usage}", file=sys.stderr)
         return 2
     if argv[0] == "learning":
         from slime.bench.learning import main as learning_main
@@ -256,12 +260,52 @@ COMMANDS = {
     "bench": _bench,
 }
 
+SUMMARIES = {
+    "train": "run RL (GRPO with partial rollouts), or SFT with --loss-type sft_loss",
+    "rollout": "generate, reward and record rollouts only; nothing trains (slime train --debug-rollout-only)",
+    "engine": "serve the embedded CPU engine (SGLang HTTP subset), or with --sim a simulated engine",
+    "report": "summarize a run directory (finished or crashed)",
+    "check-plugin": "check a generate / reward / filter / rollout function against slime's contract",
+    "convert": "convert a Hugging Face model to a megatron-core distributed checkpoint and back",
+    "bench": "benchmarks: bench rollout (tokens/s: sync vs APRIL vs async), bench learning (accuracy vs wall time)",
+}
+"""One line per subcommand, for ``slime --help``."""
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {SUMMARIES[name]}" for name in COMMANDS]
+    return (
+        "usage: slime {"
+        + ",".join(COMMANDS)
+        + "} [options]\n       slime --version\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\nEach command's flags: slime COMMAND --help (e.g. slime train --help, slime bench rollout --help)."
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("slime")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
 
 def main(argv: list[str] | None = None) -> int:
+    """``slime COMMAND ...``; returns the process exit status (2: no or an unknown command)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: slime {" + ",".join(COMMANDS) + "} [options]\n  slime train --help\n  slime engine --help", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"slime {_version()}")
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        problem = f"slime: error: unknown command {argv[0]!r}" if argv else "slime: error: no command given"
+        print(f"{problem} (choose from {', '.join(COMMANDS)})\n\n{_usage()}", file=sys.stderr)
+        return 2
     try:
         return COMMANDS[argv[0]](argv[1:])
     except BrokenPipeError:  # e.g. `slime report RUN | head`

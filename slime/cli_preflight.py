@@ -65,6 +65,11 @@ def _check_run_dir(config: Config) -> None:
     resumable = latest_checkpoint(run_dir / "checkpoints") is not None
     if used and not config.load:
         hint = f"resume it with --load {config.run_dir}" if resumable else "it has no checkpoint to resume (it ran without --save-interval)"
+        if config.run_dir == _default_run_dir(config):  # the user most likely never passed --save
+            raise ConfigError(
+                f"{config.run_dir!r}, the run directory used when --save is not given, already holds a run (metrics.jsonl / "
+                f"summary.json); {hint}, or pass --save DIR to start a new run in another directory (e.g. --save runs/run2)"
+            )
         raise ConfigError(f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save")
     if config.load:
         _warn_if_resuming_another_setup(config)
@@ -75,6 +80,13 @@ def _check_run_dir(config: Config) -> None:
                 f"--load={config.load!r}: that run has no checkpoint (it ran without --save-interval), so there "
                 "is nothing to resume; start a new run with another --save"
             )
+
+
+def _default_run_dir(config: Config) -> str:
+    """``Config.run_dir``'s default (``runs/latest``): where a run without ``--save`` writes."""
+    import msgspec
+
+    return next(f.default for f in msgspec.structs.fields(config) if f.name == "run_dir")
 
 
 def check_inputs(config: Config, *, parse_data: bool = False) -> None:

@@ -68,17 +68,36 @@ from slime.obs import strict_json
 __all__ = ["main", "build_parser", "run_bench"]
 
 
+def _cost_note(d: Workload) -> str:
+    """What a default run costs in wall time (``--help``'s epilog)."""
+    return (
+        f"Time: every mode sleeps one simulated train step per step, --train-s {d.train_s:g} engine seconds = "
+        f"{d.train_s / d.time_scale:g} wall seconds at --time-scale {d.time_scale:g}, and rolls out "
+        f"{d.rollout_batch_size} x {d.n_samples_per_prompt} samples with a long tail (p99 {d.p99:g} tokens) per step. "
+        f"A default run ({d.steps} steps x {len(MODES)} modes, then the overhead measurements) takes about 20 minutes; "
+        "--steps 2 still takes about 5. Shorter: fewer --modes, a smaller --train-s (e.g. 5) and --steps."
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = Workload()
     p = argparse.ArgumentParser(
-        prog="slime bench rollout", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="slime bench rollout",
+        description=__doc__.split("\n\n")[0],
+        epilog=_cost_note(d),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,april,async")
     p.add_argument("--steps", type=int, default=d.steps, help="rollout steps per mode")
     p.add_argument(
         "--time-scale", type=float, default=d.time_scale, help="simulated time / wall time of the simulated engine (real engines: always 1)"
     )
-    p.add_argument("--train-s", type=float, default=d.train_s, help="engine seconds of one train step (slept / time scale)")
+    p.add_argument(
+        "--train-s",
+        type=float,
+        default=d.train_s,
+        help="engine seconds of the simulated train step, slept as --train-s / --time-scale wall seconds every step of every mode",
+    )
     p.add_argument("--rollout-batch-size", type=int, default=d.rollout_batch_size, help="groups per step")
     p.add_argument("--n-samples-per-prompt", type=int, default=d.n_samples_per_prompt, help="samples per group")
     p.add_argument(

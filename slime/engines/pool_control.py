@@ -23,16 +23,87 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import socket
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from slime.engines.client import EngineClient
 from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
 
-__all__ = ["PoolControl"]
+__all__ = ["PoolControl", "refuses_connections", "wait_unless_refused"]
 
 log = logging.getLogger(__name__)
 OnUnreachable = Literal["skip", "take_out", "take_out_and_raise", "raise"]
+REFUSED_PROBE_INTERVAL_S = 0.5
+"""Seconds between the TCP probes of ``refused_throughout``."""
+_PROBE_TIMEOUT_S = 2.0
+
+
+async def refuses_connections(url: str) -> bool:
+    """True when a TCP connect to ``url``'s host and port is refused (ECONNREFUSED) at every address the
+    host resolves to: nothing listens there. False when one connects, or fails otherwise (a timeout, an
+    unreachable network, a name that does not resolve)."""
+    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(_PROBE_TIMEOUT_S):
+            infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError):
+        return False
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setblocking(False)
+            try:
+                async with asyncio.timeout(_PROBE_TIMEOUT_S):
+                    await loop.sock_connect(sock, address)
+            except ConnectionRefusedError:
+                continue
+            except (OSError, TimeoutError):
+                return False
+            return False
+    return bool(infos)
+
+
+async def refused_throughout(urls: Sequence[str], grace_s: float) -> bool:
+    """Probe every url each ``REFUSED_PROBE_INTERVAL_S`` for ``grace_s`` seconds: True when every probe of
+    every url was refused (``refuses_connections``), False as soon as one was not."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        if not all(await asyncio.gather(*(refuses_connections(u) for u in urls))):
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        await asyncio.sleep(min(REFUSED_PROBE_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+
+
+async def wait_unless_refused(
+    ready: Coroutine[Any, Any, Any], urls: Sequence[str], grace_s: float, *, endpoint: str, hint: str = ""
+) -> Any:
+    """Await ``ready`` (a readiness wait on ``urls``), but when every url refuses TCP connections for
+    ``grace_s`` seconds (``refused_throughout``) cancel it and raise; otherwise its result or error.
+
+    Raises:
+        EngineUnavailable: nothing listens at any of ``urls`` (naming them; ``hint`` ends the message).
+    """
+    waiter = asyncio.ensure_future(ready)
+    watcher = asyncio.ensure_future(refused_throughout(urls, grace_s))
+    try:
+        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done() and watcher.result():
+            raise EngineUnavailable(
+                f"connection refused (nothing listens there) at every probe for {grace_s:g}s: {', '.join(urls)}; "
+                f"stopped waiting for {'it' if len(urls) == 1 else 'them'}{hint}",
+                url=urls[0],
+                endpoint=endpoint,
+            )
+        return await waiter
+    finally:
+        for task in (waiter, watcher):
+            task.cancel()
+        await asyncio.gather(waiter, watcher, return_exceptions=True)
 
 
 class PoolControl:
@@ -257,10 +328,24 @@ class PoolControl:
         event, self._rotation_event = self._rotation_event, asyncio.Event()
         event.set()  # wakes generate calls waiting for a worker
 
-    async def wait_ready(self, timeout_s: float) -> None:
+    async def wait_ready(self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = "") -> None:
         """Wait until every worker answers ``/health_generate`` 200 and close their breakers.
-        Raises as ``EngineClient.wait_ready``."""
+
+        ``refused_grace_s``: for workers nobody here launched (external addresses): when every one of
+        them refuses TCP connections (ECONNREFUSED: nothing listens there) at every probe for this
+        long, stop waiting and raise then, not at ``timeout_s``; ``refused_hint`` ends that error's
+        message. A worker that accepts a connection, or fails otherwise (a connect timeout: a host
+        that is down or filtered), is waited for the whole ``timeout_s``.
+
+        Raises:
+            EngineUnavailable: every worker refused connections for ``refused_grace_s``; and as
+                ``EngineClient.wait_ready``.
+        """
         clients = [self.client(u) for u in self.urls]
-        await self._fan_out("wait_ready", lambda c: c.wait_ready(timeout_s), clients=clients)
+        ready = self._fan_out("wait_ready", lambda c: c.wait_ready(timeout_s), clients=clients)
+        if refused_grace_s is None or refused_grace_s >= timeout_s:
+            await ready
+        else:
+            await wait_unless_refused(ready, [c.url for c in clients], refused_grace_s, endpoint="/health_generate", hint=refused_hint)
         for c in clients:
             self.record_success(c.url)

@@ -10,9 +10,12 @@ the function is called the way the scheduler calls it::
 Checked for ``generate``: it is async and takes those arguments; it returns the same Sample or a
 non-empty list of finished Samples; every per-token list is as long as ``response_ids``; the mask
 is 0/1 and logprobs are finite and <= 0; a status is set; tokens are only appended; an abort in the
-middle of generation comes back PARTIAL with its tokens kept, and a second call finishes it. For
-``reward``: a finite float (not a bool) for a finished sample (a sync function is a warning: slime
-runs it in a thread, where a hang cannot be cancelled). For ``filter`` (dynamic sampling): a ``bool``.
+middle of generation comes back PARTIAL with its tokens kept, and a second call finishes it. A
+function whose required arguments are a reward function's (``(sample)``, or THUDM/slime's ``(args,
+sample)``) fails the signature check with a hint to pass ``--kind reward``. For ``reward``: it takes
+``(sample)`` and returns a finite float (not a bool) for a finished sample, or with ``--reward-key
+KEY`` (as slime train's) a dict whose KEY entry is one (a sync function is a warning: slime runs it
+in a thread, where a hang cannot be cancelled). For ``filter`` (dynamic sampling): a ``bool``.
 For ``rollout`` (``--rollout-function-path``, THUDM/slime's whole-step contract): it takes ``(args,
 rollout_id, data_buffer, evaluation=False)``; one call on two probe prompts (2 samples each, the
 engine at ``args.sglang_router_ip:port`` and ``args.pool``) returns groups that convert
@@ -37,10 +40,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slime.rollout.plugin_contracts import Report, check_filter, check_generate, check_reward, check_rollout  # re-exported
+from slime.rollout.plugin_contracts import (  # re-exported
+    Report,
+    check_filter,
+    check_generate,
+    check_reward,
+    check_rollout,
+    generate_signature_problem,
+)
 from slime.rollout.rewards import load_function
 
-__all__ = ["main", "load_plugin", "check_generate", "check_reward", "check_filter", "check_rollout", "Report"]
+__all__ = ["main", "load_plugin", "check_generate", "check_reward", "check_filter", "check_rollout", "generate_signature_problem", "Report"]
 
 
 def load_plugin(spec: str) -> Callable[..., Any]:
@@ -57,9 +67,13 @@ def _takes_tokenizer(fn: Any) -> bool:
 
 async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report) -> None:
     if args.kind == "reward":
-        return await check_reward(fn, report=report, timeout_s=args.timeout_s)
+        return await check_reward(fn, report=report, timeout_s=args.timeout_s, reward_key=args.reward_key)
     if args.kind == "filter":
         return check_filter(fn, report=report)
+    if args.kind == "generate":  # the signature before starting an engine for it (tokenizer= is bound below)
+        if (problem := generate_signature_problem(functools.partial(fn, tokenizer=None) if _takes_tokenizer(fn) else fn)) is not None:
+            report.fail(problem)
+            return
     from transformers.utils import logging as hf_logging
 
     from slime.config import RolloutConfig
@@ -115,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", choices=["generate", "reward", "filter", "rollout"], default="generate")
     p.add_argument("--model", default=None, help="HF model dir for the embedded engine (default: a tiny random Llama)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="per call of the plugin")
+    p.add_argument(
+        "--reward-key", default=None, help="--kind reward: the entry of a dict the function returns that is the reward (as slime train's)"
+    )
     args = p.parse_args(argv)
     report = Report(args.kind)
     try:

@@ -21,7 +21,7 @@ from slime.engines.interface import EnginePool, WorkerPool
 from slime.rollout import plugin_threads
 from slime.types import Group, Sample, Status
 
-__all__ = ["check_generate", "check_reward", "check_filter", "check_rollout", "Report", "PROBE_PROMPT"]
+__all__ = ["check_generate", "check_reward", "check_filter", "check_rollout", "generate_signature_problem", "Report", "PROBE_PROMPT"]
 
 PROBE_PROMPT = [0, 5, 9, 17, 3]
 _LISTS = ("rollout_logprobs", "versions", "loss_mask")
@@ -149,6 +149,46 @@ async def _call_generate(
     return None if problems else samples
 
 
+def _reward_like(fn: Any) -> str | None:
+    """The hint for a function whose required positional parameters are a reward function's: ``(sample)``
+    or THUDM/slime's ``(args, sample)``; None otherwise (or when it has no signature to inspect)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p.name for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    if len(required) == 1:
+        return (
+            f"; it takes one argument ({required[0]}), like a reward function `reward(sample)`: check it with --kind reward "
+            "(a dynamic-sampling filter `keep(group)`: --kind filter)"
+        )
+    if len(required) == 2 and required[0] == "args":
+        return (
+            f"; it takes (args, {required[1]}), like THUDM/slime's reward functions: check it with --kind reward "
+            "(slime calls a reward function with the sample alone: `reward(sample)`)"
+        )
+    return None
+
+
+def generate_signature_problem(fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot be a generate function by its signature alone (not async, or it cannot take
+    ``(sample, sampling_params, pool=, max_response_len=, engine_version=, decode=)``), with a hint to
+    ``--kind reward`` when it looks like a reward function; None when it fits (or has no signature)."""
+    hint = _reward_like(fn) or ""
+    if not _is_async(fn):
+        return f"is not async: write `async def generate(sample, sampling_params, **kwargs)`{hint}"
+    if hint.startswith("; it takes (args,"):  # binds to (sample, sampling_params, **kwargs) by position, but is not one
+        return f"takes args first; a generate function is `async def generate(sample, sampling_params, **kwargs)`{hint}"
+    try:
+        inspect.signature(fn).bind(Sample(prompt_ids=[0]), {}, pool=None, max_response_len=1, engine_version=0, decode=str)
+    except TypeError as exc:
+        return f"does not accept (sample, sampling_params, pool=, max_response_len=, engine_version=, decode=): {exc}{hint}"
+    except ValueError:
+        pass  # no signature to inspect (a C callable): let the call decide
+    return None
+
+
 async def check_generate(
     fn: Callable[..., Any],
     *,
@@ -159,16 +199,9 @@ async def check_generate(
     max_response_len: int = 24,
 ) -> None:
     """Run the generate contract (module docstring) against ``pool``."""
-    if not _is_async(fn):
-        report.fail("is not async: write `async def generate(sample, sampling_params, **kwargs)`")
+    if (problem := generate_signature_problem(fn)) is not None:
+        report.fail(problem)
         return
-    try:
-        inspect.signature(fn).bind(Sample(prompt_ids=[0]), {}, pool=pool, max_response_len=1, engine_version=0, decode=decode)
-    except TypeError as exc:
-        report.fail(f"does not accept (sample, sampling_params, pool=, max_response_len=, engine_version=, decode=): {exc}")
-        return
-    except ValueError:
-        pass  # no signature to inspect (a C callable): let the call decide
     report.ok("is async and accepts (sample, sampling_params, **kwargs)")
     ctx = {"pool": pool, "decode": decode, "timeout_s": timeout_s}
     params = {"temperature": 1.0}
@@ -203,15 +236,37 @@ async def check_generate(
     report.ok(f"resume: earlier tokens kept, status {sample.status.value}, {len(sample.response_ids)} tokens")
 
 
-async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: float = 30.0) -> None:
-    """Call a per-sample reward function on a finished probe sample; it must return a finite float."""
+async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: float = 30.0, reward_key: str | None = None) -> None:
+    """Call a per-sample reward function on a finished probe sample; it must return a finite float, or
+    a dict whose ``reward_key`` entry (slime train's ``--reward-key``) is one."""
     sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED)
     sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
+    try:
+        inspect.signature(fn).bind(sample)
+    except TypeError as exc:
+        report.fail(
+            f"does not accept (sample): {exc}; slime calls a reward function with the finished sample alone "
+            "(THUDM/slime's (args, sample, **kwargs) form: drop args)"
+        )
+        return
+    except ValueError:
+        pass  # no signature to inspect: let the call decide
     if not _is_async(fn):
         report.warn("is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped")
     ok, value = await _call_plugin(report, fn, (sample,), timeout_s)
     if not ok:
         return
+    if isinstance(value, dict):
+        if reward_key is None:
+            report.fail(
+                f"returned a dict {value!r:.80}; pass --reward-key KEY naming the entry that is the reward (slime train needs it too)"
+            )
+            return
+        if reward_key not in value:
+            report.fail(f"returned a dict without --reward-key {reward_key!r} (keys: {', '.join(map(repr, value))})")
+            return
+        report.ok(f"returned a dict with --reward-key {reward_key!r}")
+        value = value[reward_key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         report.fail(f"returned {type(value).__name__} {value!r}, expected a finite float")
     elif not math.isfinite(value):

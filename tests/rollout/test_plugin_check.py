@@ -60,6 +60,15 @@ async def too_long_and_from_the_future(sample, sampling_params, *, max_response_
 def reward_as_text(sample):
     return "1.0"
 
+async def reward_dict(sample):
+    return {"score": 0.5, "acc": True}
+
+def sync_reward(sample):
+    return 1.0
+
+async def thudm_reward(args, sample, **kwargs):
+    return 1.0
+
 def numpy_keep(group):
     import numpy
     return numpy.bool_(True)
@@ -175,3 +184,57 @@ def test_train_flags_take_the_file_path_form_too(plugins):
     assert load_function(f"{plugins / 'good.py'}:generate", flag="--custom-generate-function-path").__name__ == "generate"
     with pytest.raises(Exception, match=r"--custom-generate-function-path=.*has no callable 'nope'"):
         load_function(f"{plugins / 'good.py'}:nope", flag="--custom-generate-function-path")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "reward_dict",
+            "FAIL generate: does not accept (sample, sampling_params, pool=, max_response_len=, engine_version=, decode=): "
+            "too many positional arguments; it takes one argument (sample), like a reward function `reward(sample)`: check it with "
+            "--kind reward (a dynamic-sampling filter `keep(group)`: --kind filter)",
+        ),
+        (
+            "sync_reward",
+            "FAIL generate: is not async: write `async def generate(sample, sampling_params, **kwargs)`; it takes one "
+            "argument (sample), like a reward function `reward(sample)`: check it with --kind reward",
+        ),
+        (
+            "thudm_reward",
+            "FAIL generate: takes args first; a generate function is `async def generate(sample, sampling_params, "
+            "**kwargs)`; it takes (args, sample), like THUDM/slime's reward functions: check it with --kind reward",
+        ),
+    ],
+)
+def test_a_reward_function_checked_as_generate_gets_a_hint_to_pass_kind_reward_without_starting_an_engine(plugins, capsys, name, expected):
+    assert main([f"{plugins / 'broken.py'}:{name}"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(expected) and out[1:] == ["RESULT: FAIL"]
+
+
+def test_a_generate_function_gets_no_reward_hint(plugins):
+    from slime.rollout.plugin_check import generate_signature_problem
+
+    for name in ("returns_dict", "returns_none", "too_long_and_from_the_future"):
+        assert generate_signature_problem(load_plugin(f"{plugins / 'broken.py'}:{name}")) is None
+    assert "--kind reward" not in generate_signature_problem(load_plugin(f"{plugins / 'broken.py'}:not_async"))
+
+
+def test_a_reward_returning_a_dict_needs_reward_key_as_slime_train_does(plugins, capsys):
+    path = f"{plugins / 'broken.py'}:reward_dict"
+    assert main([path, "--kind", "reward"]) == 1
+    assert "FAIL reward: returned a dict {'score': 0.5, 'acc': True}; pass --reward-key KEY" in capsys.readouterr().out
+    assert main([path, "--kind", "reward", "--reward-key", "score"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS reward: returned 0.5 for a finished sample" in out and out.rstrip().endswith("RESULT: PASS")
+    assert main([path, "--kind", "reward", "--reward-key", "nope"]) == 1
+    assert "FAIL reward: returned a dict without --reward-key 'nope' (keys: 'score', 'acc')" in capsys.readouterr().out
+    assert main([path, "--kind", "reward", "--reward-key", "acc"]) == 1  # a bool is not a reward, as in slime train
+    assert "FAIL reward: returned bool True, expected a finite float" in capsys.readouterr().out
+
+
+def test_thudm_slime_s_args_sample_reward_is_named_as_such_under_kind_reward(plugins, capsys):
+    assert main([f"{plugins / 'broken.py'}:thudm_reward", "--kind", "reward"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL reward: does not accept (sample): missing a required argument: 'sample'; slime calls a reward function" in out

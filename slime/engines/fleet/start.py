@@ -11,7 +11,10 @@
 
 If any server or router fails to start, everything started so far is stopped and the error
 (naming the server and its log file) is raised. External engines are only waited for here; the
-driver then gives them the run's initial weights (``load_initial_weights``).
+driver then gives them the run's initial weights (``load_initial_weights``). An external address
+(engines, a running router) that refuses every connection for ``EXTERNAL_REFUSED_GRACE_S`` fails the
+start then, not at ``--engine-startup-timeout-s``: nothing listens there (a launched server still
+loading is waited for the whole timeout).
 Logs of launched SGLang processes go to ``log_dir/<name>.log``. Not covered: relaunching a router
 that dies (its pool's calls fail after their retries), servers on other nodes.
 """
@@ -36,12 +39,16 @@ from slime.engines.fleet.plan import LaunchPlan, build_launch_plan, check_launch
 from slime.engines.fleet.processes import CommandProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
+from slime.engines.pool_control import wait_unless_refused
 from slime.engines.router import RouterClient
 from slime.errors import ConfigError
 
 __all__ = ["start_rollout", "load_initial_weights", "PoolRegistry", "RolloutEngines"]
 
 log = logging.getLogger(__name__)
+EXTERNAL_REFUSED_GRACE_S = 5.0
+"""Seconds an external address (an engine or router nobody here launched) may refuse every connection
+before the start fails, instead of at ``--engine-startup-timeout-s``: nothing listens there."""
 
 
 class PoolRegistry(Mapping[str, HttpEnginePool]):
@@ -170,8 +177,15 @@ async def start_rollout(
                 )
                 routers[spec.model] = proc
                 await proc.start(timeout_s)
-            else:
-                await client.wait_ready(timeout_s)
+            else:  # a running router: fail fast when nothing listens at its address
+                await wait_unless_refused(
+                    client.wait_ready(timeout_s),
+                    [spec.url],
+                    min(EXTERNAL_REFUSED_GRACE_S, timeout_s),
+                    endpoint="/readiness",
+                    hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the router first, or fix "
+                    "--sglang-router-ip / --sglang-router-port",
+                )
             if spec.register:
                 for s in plan.servers:
                     if s.model == spec.model:
@@ -198,7 +212,14 @@ async def start_rollout(
             )
             if plan.backend == "external" or (model == TEACHER and plan.teacher_urls):
                 log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
-                await pools[model].wait_ready(timeout_s)
+                launched = any(u in processes for u in urls)  # a launched engine still loading may refuse connections: wait
+                flag = "--opd-teacher-addrs" if model == TEACHER and plan.teacher_urls else "--rollout-external-engine-addrs"
+                await pools[model].wait_ready(
+                    timeout_s,
+                    refused_grace_s=None if launched else EXTERNAL_REFUSED_GRACE_S,
+                    refused_hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the engines first "
+                    f"and wait until they answer /health_generate, or fix the address ({flag})",
+                )
         supervisors = {
             model: EngineSupervisor(
                 pool,

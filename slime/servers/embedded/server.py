@@ -181,7 +181,12 @@ class EngineServer:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slime engine", description="The slime embedded engine (SGLang HTTP subset on CPU).")
+    p = argparse.ArgumentParser(
+        prog="slime engine",
+        description="The slime embedded engine (SGLang HTTP subset on CPU).",
+        epilog="slime engine --sim serves a simulated engine instead: no model, response lengths drawn from a "
+        "distribution, for benchmarks (its flags: slime engine --sim --help).",
+    )
     p.add_argument("--model", "--model-path", dest="model", required=True, help="HF model directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = pick a free port (printed on the ready line)")

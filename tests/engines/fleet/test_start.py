@@ -146,3 +146,63 @@ async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run
         ):
             await load_initial_weights(pool, str(run_model), "0")
     assert a.hits("/update_weights_from_disk") == b.hits("/update_weights_from_disk") == 1  # refused before any update
+
+
+async def test_external_engines_where_nothing_listens_fail_after_a_short_grace_not_the_startup_timeout(monkeypatch, start_engines):
+    import time
+
+    from slime.engines.fleet import start
+
+    monkeypatch.setattr(start, "EXTERNAL_REFUSED_GRACE_S", 0.5)
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    engine = EngineConfig(rollout_external_engine_addrs=tuple(dead), health_check_interval_s=0, startup_timeout_s=60)
+    t0 = time.monotonic()
+    with pytest.raises(
+        EngineUnavailable,
+        match=rf"connection refused \(nothing listens there\) at every probe for 0.5s: http://{dead[0]}, http://{dead[1]}; stopped "
+        r"waiting for them \(not the whole --engine-startup-timeout-s=60\); start the engines first and wait until they answer "
+        r"/health_generate, or fix the address \(--rollout-external-engine-addrs\)",
+    ):
+        async with start_rollout(engine, FAST, model_dir="/ckpt"):
+            pass
+    assert time.monotonic() - t0 < 10  # before the fix: the whole 60 s
+    router_port = free_port()  # a running router nobody listens for, likewise
+    engine = EngineConfig(sglang_router_ip="127.0.0.1", sglang_router_port=router_port, health_check_interval_s=0, startup_timeout_s=60)
+    with pytest.raises(EngineUnavailable, match=r"/readiness: connection refused .* start the router first"):
+        async with start_rollout(engine, FAST, model_dir="/ckpt"):
+            pass
+    assert time.monotonic() - t0 < 20
+    (live,) = await start_engines(1)  # one engine up, one refusing: waited for the whole timeout (here 1.5 s)
+    live.on("/health_generate", text="")
+    engine = EngineConfig(rollout_external_engine_addrs=(live.url, dead[0]), health_check_interval_s=0, startup_timeout_s=1.5)
+    with pytest.raises(EngineUnavailable, match=r"not ready after 1.5s"):
+        async with start_rollout(engine, FAST, model_dir="/ckpt"):
+            pass
+
+
+async def test_an_external_engine_that_accepts_connections_is_waited_for_past_the_grace(monkeypatch, start_engines):
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from slime.engines.fleet import start
+    from slime.engines.pool_control import refuses_connections
+
+    monkeypatch.setattr(start, "EXTERNAL_REFUSED_GRACE_S", 0.3)
+    (loading,) = await start_engines(1)
+    loading.on("/health_generate", status=503, text="loading")  # accepts connections, not ready yet
+    asyncio.get_running_loop().call_later(1.0, loading.on, "/health_generate", 200, None, "")
+    port = free_port()  # refuses at first, listens within the grace
+    late = web.Application()
+    late.router.add_get("/health_generate", lambda request: web.Response(status=200))
+    server = TestServer(late, host="127.0.0.1", port=port)
+    assert await refuses_connections(f"http://127.0.0.1:{port}")
+    asyncio.get_running_loop().call_later(0.1, lambda: asyncio.ensure_future(server.start_server()))
+    engine = EngineConfig(rollout_external_engine_addrs=(loading.url, f"127.0.0.1:{port}"), health_check_interval_s=0, startup_timeout_s=30)
+    try:
+        async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
+            assert engines.pools.default.urls == [loading.url, f"http://127.0.0.1:{port}"]
+        assert loading.hits("/health_generate") >= 2 and not await refuses_connections(loading.url)
+    finally:
+        await server.close()
