@@ -76,3 +76,13 @@ def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_pa
     with pytest.raises(ConfigError, match=r"^--save='other' already holds a run"):
         _check_run_dir(parse("--save", "other"))
     _check_run_dir(parse("--save", "runs/run2"))
+
+
+def test_slime_rollout_ends_saying_nothing_trained(tmp_path, capsys):
+    """The end line of a rollout-only run comes from format_done_line: no claim about trained samples."""
+    from slime.cli import main
+
+    argv = ["rollout", "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4"]
+    assert main([*argv, "--num-eval-prompts", "4", "--save", str(tmp_path / "run"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| rollout only, step" in out and "nothing trained (rollout only)" in out and "loss" not in out
