@@ -80,8 +80,6 @@ def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_pa
 
 def test_slime_rollout_ends_saying_nothing_trained(tmp_path, capsys):
     """The end line of a rollout-only run comes from format_done_line: no claim about trained samples."""
-    from slime.cli import main
-
     argv = ["rollout", "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4"]
     assert main([*argv, "--num-eval-prompts", "4", "--save", str(tmp_path / "run"), "--no-progress"]) == 0
     out = capsys.readouterr().out
