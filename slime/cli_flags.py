@@ -267,6 +267,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--recompute-method": ("train.megatron.recompute_method", dict(choices=["uniform", "block"])),
     "--recompute-num-layers": ("train.megatron.recompute_num_layers", dict(type=int)),
     "--distributed-timeout-minutes": ("train.megatron.distributed_timeout_minutes", dict(type=int)),
+    "--logprob-impl": (
+        "train.megatron.logprob_impl",
+        dict(choices=["slime", "liger"], help="megatron backend: logprobs from the logits (slime) or liger-kernel's fused linear CE"),
+    ),
     # Observability (slime/obs/): slime's spelling for --use-wandb / --wandb-project / --wandb-group / --use-tensorboard.
     "--enable-trace": ("obs.enable_trace", dict(action="store_true", help="write a Chrome/Perfetto trace to RUN_DIR/trace.json")),
     "--metrics-port": ("obs.metrics_port", dict(type=int, help="serve Prometheus /metrics on this port (0 = any free port, logged)")),

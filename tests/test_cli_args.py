@@ -117,6 +117,7 @@ PINNED = {
     "--recompute-method",
     "--recompute-num-layers",
     "--distributed-timeout-minutes",
+    "--logprob-impl",
     "--weight-sync",
     "--update-weight-buffer-size",
     "--colocate",

@@ -10,7 +10,8 @@ prompt, GRPO, one optimizer step per RL step) go through each backend of ``--bac
                   micro-batches padded to --max-tokens-per-gpu, fused AdamW, bf16 autocast over fp32
                   master weights (--reference-precision bf16: bf16 weights, no master copy)
     megatron      MegatronTrainer, --bf16 (fp32 master weights), --use-dynamic-batch-size
-                  --max-tokens-per-gpu (packed micro-batches), its fused AdamW
+                  --max-tokens-per-gpu (packed micro-batches), its fused AdamW, --logprob-impl
+                  (slime: logits + slime's logprob function; liger: liger-kernel's fused linear CE)
     torch         slime's torch backend on the GPU with --bf16 (optional)
 
 Each backend: ``--warmup`` RL steps (excluded: allocator, torch.compile), then ``--steps`` RL steps
@@ -89,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reference-precision", choices=["autocast", "bf16"], default="autocast")
+    p.add_argument("--logprob-impl", choices=["slime", "liger"], default="slime", help="the megatron backend's --logprob-impl")
     p.add_argument("--profile", action="store_true", help="one more RL step per backend under torch.profiler")
     p.add_argument("--model-root", default="/tmp/slime_gpu/bench_trainer")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/slime_gpu_out"))
@@ -124,7 +126,9 @@ def run_shape(
         global_batch_size=num_samples,
         micro_batch_size=1,
         lr=1e-6,
-        megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu),
+        megatron=MegatronConfig(
+            bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu, logprob_impl=args.logprob_impl
+        ),
     )
     result: dict[str, Any] = {
         "shape": shape,

@@ -15,7 +15,17 @@
 #   .whl/project/             with --project: this project as a wheel, built here (20 MB, mostly the demo
 #                             checkpoints), used there instead of building one
 #
+#   .whl/ also gets liger-kernel 0.8.5 (pure Python; --logprob-impl liger; the image has triton).
+#   .cutedsl/                 with SLIME_FETCH_CUTEDSL=1: the CuTe DSL that liger's SM90 (H100/H200) kernel imports:
+#                             nvidia-cutlass-dsl, nvidia-cutlass-dsl-libs-base, nvidia-cutlass-dsl-libs-cu13 (92 MB
+#                             alone) and apache-tvm-ffi, as one tar cut into 40 MB cutedsl.tar.partNN (+ .sha256).
+#                             A device call carries 64 MiB at most: carry .cutedsl/ part by part, one or two per
+#                             call, each call running `bash scripts/gpu/install_cutedsl.sh .cutedsl`, which stages
+#                             the parts in /tmp/cutedsl-parts and installs into /tmp/site once their join matches
+#                             the sha256 (exit 3 until then), as setup_env.sh does with SGLang's parts.
+#
 #   MEGATRON_VERSIONS="0.16.1 0.17.1 0.18.2" bash scripts/gpu/fetch_wheels.sh [--project]
+#   SLIME_FETCH_CUTEDSL=1 bash scripts/gpu/fetch_wheels.sh
 #
 # Carry ".whl" in the device call. Earlier contents of .whl/ are replaced. Prints each file and the total size.
 set -euo pipefail
@@ -31,6 +41,13 @@ WHEELS=(
     rank-bm25==0.2.2
     pytest-asyncio==1.5.0              # needs pytest>=8.4 (the image's)
     msgspec==0.23.0                    # = SGLang 0.5.17's site
+    liger-kernel==0.8.5                # --logprob-impl liger (py3-none-any)
+)
+CUTEDSL_WHEELS=(                       # liger-kernel[cutedsl] 0.8.5 on CUDA 13 (the image's torch 2.11)
+    nvidia-cutlass-dsl==${CUTLASS_DSL_VERSION:-4.6.0}
+    nvidia-cutlass-dsl-libs-base==${CUTLASS_DSL_VERSION:-4.6.0}
+    nvidia-cutlass-dsl-libs-cu13==${CUTLASS_DSL_VERSION:-4.6.0}
+    apache-tvm-ffi==${TVM_FFI_VERSION:-0.1.9}
 )
 
 download() {  # download DEST SPEC...: cp312 manylinux x86-64 wheels, no dependencies
@@ -60,6 +77,14 @@ if [[ " $* " == *" --project "* ]]; then
     "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl/project "$tmp" 2>&1 | grep -v "is ignored: it is neither" || true
     rm -rf "$tmp"
     ls .whl/project/slime-*.whl >/dev/null || { echo "fetch_wheels: project wheel not built" >&2; exit 1; }
+fi
+if [ "${SLIME_FETCH_CUTEDSL:-0}" = 1 ]; then
+    rm -rf .cutedsl && mkdir -p .cutedsl/wheels
+    download .cutedsl/wheels "${CUTEDSL_WHEELS[@]}"
+    tar -cf - -C .cutedsl wheels | split -b 40M -d - .cutedsl/cutedsl.tar.part
+    cat .cutedsl/cutedsl.tar.part* | sha256sum | cut -d' ' -f1 > .cutedsl/cutedsl.tar.sha256
+    rm -rf .cutedsl/wheels
+    ls -l .cutedsl
 fi
 find .whl -type f -name '*.whl' -printf '%8k KB  %p\n' | sort -k3
 echo "total: $(du -sh .whl | cut -f1)"

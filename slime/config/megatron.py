@@ -92,6 +92,14 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     recompute_num_layers: int | None = None
     """With ``full`` recompute: layers per group (uniform) or recomputed layers per stage (block)
     (``--recompute-num-layers``)."""
+    logprob_impl: Literal["slime", "liger"] = "slime"
+    """How the trainer gets token logprobs and entropies from the last hidden states
+    (``--logprob-impl``, after Megatron's ``--cross-entropy-fusion-impl``): "slime" = the output
+    layer's logits, then slime's two-pass autograd function (``slime.train.megatron.logprobs``);
+    "liger" = liger-kernel's fused linear + scaled cross entropy from the hidden states and the
+    output weight, chunked, never materialising the [tokens, vocabulary] logits (needs
+    ``slime[liger]``; TP = 1 only; on H100/H200 its CuTe DSL kernel needs ``--bf16`` and
+    nvidia-cutlass-dsl)."""
     distributed_timeout_minutes: int = 30
     """Timeout of collective operations between train ranks (``--distributed-timeout-minutes``)."""
 

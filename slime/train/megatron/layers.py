@@ -1,4 +1,5 @@
-"""The modules slime plugs into megatron-core's local layer spec: RMSNorm, SDPA core attention, SwiGLU MLP, MoE router gate.
+"""The modules slime plugs into megatron-core's local layer spec: RMSNorm, SDPA core attention, SwiGLU MLP, MoE router gate
+(and the output layer as a pass-through).
 
 ``RMSNorm`` computes what HF's Llama/Qwen RMSNorm computes (normalise in fp32, cast back, then
 scale), so bf16 logprobs match the torch backend's; it also marks its weight for megatron's
@@ -35,6 +36,9 @@ router dtype. megatron-core 0.16.1's own gate (``RouterGatingLinearFunction``) n
 ``te_general_gemm``, which only exists when Transformer Engine imports, so without TE every MoE
 forward raised NameError. Same math (``x @ W.T`` in fp32), autograd saves the fp32 copies.
 
+``HiddenStatesOutput`` is the output layer as a pass-through, for ``--logprob-impl liger``
+(``slime.train.megatron.model.output_hidden_states``).
+
 Shapes: t = packed tokens of the micro-batch, n = query heads on this TP rank, g = key/value heads
 on this rank, d = head_dim.
 """
@@ -60,6 +64,7 @@ _PackedSeqParams: Any = mcore("megatron.core.packed_seq_params").PackedSeqParams
 _MegatronModule: Any = mcore("megatron.core.transformer.module").MegatronModule
 _MLP: Any = mcore("megatron.core.transformer.mlp").MLP
 _TopKRouter: Any = mcore("megatron.core.transformer.moe.router").TopKRouter
+_ColumnParallelLinear: Any = mcore("megatron.core.tensor_parallel").ColumnParallelLinear
 
 
 @dataclasses.dataclass
@@ -284,3 +289,12 @@ class TorchGatingRouter(_TopKRouter):
         dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, input.dtype)
         bias = self.bias.to(dtype) if self.bias is not None else None
         return F.linear(input.to(dtype), self.weight.to(dtype), bias)
+
+
+class HiddenStatesOutput(_ColumnParallelLinear):
+    """The output layer turned into a pass-through (``slime.train.megatron.model.output_hidden_states``):
+    ``forward`` returns its input [s, b, h] unchanged, in the layer's ``(output, bias)`` form, so
+    GPTModel returns the final hidden states; the weight stays a parameter of the layer."""
+
+    def forward(self, input_: Tensor, weight: Tensor | None = None, runtime_gather_output: bool | None = None) -> tuple[Tensor, None]:
+        return input_, None

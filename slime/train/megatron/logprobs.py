@@ -25,11 +25,18 @@ eagerly over chunks of tokens, so the fp32 temporaries stay at ``_CHUNK_ELEMENTS
 entropy is differentiable only with ``entropy_grad`` (an entropy bonus); either way its gradient
 costs no extra pass.
 
-Shapes: t = packed tokens, v = vocabulary rows on this rank.
+``fused_linear_logprobs`` (``--logprob-impl liger``) computes the same two quantities from the
+last hidden states and the output weight with liger-kernel's fused linear + scaled cross entropy,
+which never materialises the logits: chunks of tokens in PyTorch on the CPU and most GPUs, one CuTe
+DSL kernel per pass on Hopper (SM90, bf16, needs nvidia-cutlass-dsl).
+
+Shapes: t = packed tokens, v = vocabulary rows on this rank, h = hidden size.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any
 
 import torch
@@ -39,7 +46,7 @@ from torch import Tensor
 from slime.train.logprobs import GREEDY_TEMPERATURE
 from slime.train.megatron.fusion import fused
 
-__all__ = ["vocab_parallel_logprobs"]
+__all__ = ["vocab_parallel_logprobs", "fused_linear_logprobs", "check_logprob_impl"]
 
 _CHUNK_ELEMENTS = 1 << 26
 """Tokens x vocabulary per eager chunk (256 MiB per fp32 temporary)."""
@@ -204,3 +211,75 @@ def vocab_parallel_logprobs(
     scale = 1.0 / temperature if temperature > GREEDY_TEMPERATURE else 1.0
     vocab_start = tp_rank * logits.shape[-1]
     return _LogprobEntropy.apply(logits, target, scale, vocab_start, vocab_size, group, bool(entropy_grad))
+
+
+_LIGER_INSTALL = "pip install 'slime[liger]' (liger-kernel==0.8.5, which imports triton)"
+
+
+def _liger_function() -> Any:
+    """liger-kernel's ``LigerFusedLinearScaledCrossEntropyFunction``; ImportError naming the install if absent."""
+    try:
+        from liger_kernel.ops.fused_linear_scaled_cross_entropy import LigerFusedLinearScaledCrossEntropyFunction
+    except ImportError as e:
+        raise ImportError(f"--logprob-impl liger needs liger-kernel: {_LIGER_INSTALL} ({e})") from e
+    return LigerFusedLinearScaledCrossEntropyFunction
+
+
+def check_logprob_impl(impl: str, *, tensor_model_parallel_size: int, bf16: bool, device: torch.device | None = None) -> None:
+    """Refuse a ``--logprob-impl`` this set-up cannot run, before any model is built.
+
+    Raises:
+        ImportError: "liger" without liger-kernel (or, on a Hopper GPU, without nvidia-cutlass-dsl,
+            which liger's SM90 kernel imports). ValueError: "liger" with TP > 1 (the vocabulary-sharded
+            variant is not wired), or on a Hopper GPU without ``--bf16`` (its kernel takes bf16 only).
+    """
+    if impl != "liger":
+        return
+    if tensor_model_parallel_size > 1:
+        raise ValueError(
+            f"--logprob-impl liger runs at --tensor-model-parallel-size 1 only (got {tensor_model_parallel_size}); "
+            "use --logprob-impl slime under tensor parallelism"
+        )
+    _liger_function()
+    if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+        # liger dispatches every CUDA call on SM90 to its CuTe DSL kernel: bf16 only, and its import needs cutlass.
+        if importlib.util.find_spec("cutlass") is None:
+            raise ImportError(
+                "--logprob-impl liger on an SM90 GPU (H100/H200) runs liger's CuTe DSL kernel, which needs nvidia-cutlass-dsl "
+                "(pip install 'liger-kernel[cutedsl]==0.8.5'; scripts/gpu/fetch_wheels.sh with SLIME_FETCH_CUTEDSL=1)"
+            )
+        if not bf16:
+            raise ValueError("--logprob-impl liger on an SM90 GPU (H100/H200) needs --bf16 (liger's CuTe DSL kernel takes bf16 only)")
+
+
+def fused_linear_logprobs(
+    hidden: Tensor, weight: Tensor, target: Tensor, *, temperature: float, vocab_size: int, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor]:
+    """``vocab_parallel_logprobs(hidden @ weight.T, target, ...)`` at TP = 1, without the logits (liger-kernel).
+
+    Args:
+        hidden: [t, h] the final norm's output (any float dtype; cast to ``weight``'s, exact for a
+            bf16 model whose hidden states came back as fp32 from ``Float16Module``).
+        weight: [v, h] the output layer's weight (the embedding when tied); rows at or beyond
+            ``vocab_size`` are padding and left out of the softmax (their gradient is zero).
+        target: [t] int64 token ids in [0, vocab_size).
+        temperature: rollout temperature; <= ``GREEDY_TEMPERATURE`` means unscaled logits.
+        entropy_grad: keep the entropy differentiable (entropy bonus).
+
+    Returns:
+        logprob [t] float32 and entropy [t] float32, nats; gradients reach ``hidden`` and ``weight``.
+
+    Raises:
+        ImportError: liger-kernel is not installed.
+    """
+    fn = _liger_function()
+    # Targets are packed token ids, always in range: skip the SM90 kernel's host-synchronising check.
+    os.environ.setdefault("LIGER_SCALED_CE_SM90_VALIDATE_TARGETS", "0")
+    w = weight[:vocab_size] if weight.shape[0] > vocab_size else weight
+    if hidden.shape[0] == 0:  # liger refuses empty inputs; keep the graph connected for a loss of 0
+        empty = hidden.sum(-1).float() * 0.0
+        return empty, empty.detach()
+    t = temperature if temperature > GREEDY_TEMPERATURE else 1.0
+    nll, entropy = fn.apply(hidden.to(w.dtype), w, target, temperature=t, return_entropy=True)
+    entropy = entropy.float()
+    return -nll, entropy if entropy_grad else entropy.detach()

@@ -49,9 +49,11 @@ from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import hf_to_mcore_param, stage_names
-from slime.train.megatron.layers import RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
+from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 
-__all__ = ["transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader"]
+__all__ = [
+    "transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader", "output_hidden_states", "output_weight",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +239,37 @@ def use_fused_swiglu(model: Any) -> None:
             module.__class__ = SwiGLUMLP
         elif type(module) is TopKRouter:
             module.__class__ = TorchGatingRouter
+
+
+def output_hidden_states(model: Any) -> None:
+    """Make ``model``'s output layer (last pipeline stage) a ``HiddenStatesOutput``, which returns its
+    input: the model's forward then returns the final norm's output [b, s, h] in place of the logits
+    [b, s, v] (``--logprob-impl liger`` computes logprobs from it and ``output_weight``).
+
+    Same class swap as ``use_fused_swiglu``: the layer keeps its weight (trained, saved and synced
+    as before, used by the logprob function instead of by the layer). TP = 1 only: under TP the
+    layer would also copy or gather its input across the TP group. No-op on an earlier stage.
+    """
+    ColumnParallelLinear = mcore("megatron.core.tensor_parallel").ColumnParallelLinear
+    layer = getattr(_gpt_model(model), "output_layer", None)
+    if type(layer) is ColumnParallelLinear:
+        layer.__class__ = HiddenStatesOutput
+
+
+def output_weight(model: Any) -> torch.Tensor:
+    """The output-layer weight [v, h] of ``model`` (a GPTModel, its last pipeline stage, maybe
+    wrapped in DDP / ``Float16Module``): the word embedding when tied and this stage embeds,
+    else the output layer's (megatron's ``shared_embedding_or_output_weight``)."""
+    gpt = _gpt_model(model)
+    return gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
+
+
+def _gpt_model(model: Any) -> Any:
+    """``model`` without its wrappers (DDP, ``Float16Module``: each holds the next as ``.module``)."""
+    GPTModel = mcore("megatron.core.models.gpt").GPTModel
+    while not isinstance(model, GPTModel):
+        model = model.module
+    return model
 
 
 def mark_tensor_parallel_weights(model: Any, config: Any) -> None:

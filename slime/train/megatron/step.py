@@ -10,7 +10,8 @@ One ``train_step``:
         old_logprobs (and ref_logprobs with a KL term) for its samples, summed over DP so every
         rank holds the whole [B, L] tensors ─► objective.with_advantages (same on every rank)
     every rank, per optimizer step:
-        per micro-batch: GPTModel forward on the packed tokens ─► vocab_parallel_logprobs ─►
+        per micro-batch: GPTModel forward on the packed tokens ─► vocab_parallel_logprobs (or, with
+            --logprob-impl liger, the final hidden states ─► fused_linear_logprobs) ─►
             unpack to [b, L] ─► objective.micro_batch_loss (the torch backend's loss code) ─► backward
             (DDP no_sync except on the last micro-batch)
         finalize_model_grads (DP gradient sum, sequence-parallel norm grads) ─► grad norm ─►
@@ -60,7 +61,8 @@ from slime.train import objective
 from slime.train.batch import TrainBatch, rl_batch_metrics
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.logprobs import vocab_parallel_logprobs
+from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_logprobs
+from slime.train.megatron.model import output_weight
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
 from slime.train.megatron.parallel import ParallelContext
 
@@ -137,20 +139,35 @@ class MegatronTrainStep:
 
     def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         """Logprobs and entropies [T] of ``mb`` under ``model`` (one pipeline stage), full packed order."""
-        logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)  # [1, t, v]
-        return self._logprobs(logits, mb, entropy_grad=entropy_grad)
+        out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+        return self._logprobs(out, mb, model, entropy_grad=entropy_grad)
 
-    def _logprobs(self, logits: Tensor, mb: PackedMicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
-        """[1, t, v] this rank's logits -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``)."""
-        logprob, entropy = vocab_parallel_logprobs(
-            logits[0],
-            mb.labels[0],
-            temperature=self.rollout_temperature,
-            vocab_size=self.arch.vocab_size,
-            tp_rank=self.ctx.tp_rank,
-            group=self.ctx.tp_group if self.ctx.tp_size > 1 else None,
-            entropy_grad=entropy_grad,
-        )
+    def _logprobs(self, out: Tensor, mb: PackedMicroBatch, model: Any, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """The last stage's output -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``).
+
+        ``out`` is [1, t, v] this rank's logits, or with ``--logprob-impl liger`` [1, t, h] the final
+        hidden states (``model.output_hidden_states``), projected by ``model``'s output weight inside
+        liger's fused function.
+        """
+        if self.config.megatron.logprob_impl == "liger":
+            logprob, entropy = fused_linear_logprobs(
+                out[0],
+                output_weight(model),
+                mb.labels[0],
+                temperature=self.rollout_temperature,
+                vocab_size=self.arch.vocab_size,
+                entropy_grad=entropy_grad,
+            )
+        else:
+            logprob, entropy = vocab_parallel_logprobs(
+                out[0],
+                mb.labels[0],
+                temperature=self.rollout_temperature,
+                vocab_size=self.arch.vocab_size,
+                tp_rank=self.ctx.tp_rank,
+                group=self.ctx.tp_group if self.ctx.tp_size > 1 else None,
+                entropy_grad=entropy_grad,
+            )
         return mb.full(logprob), mb.full(entropy)
 
     def _pipeline(self, model: Any, mbs: list[PackedMicroBatch], loss_of: Any, *, forward_only: bool, entropy_grad: bool = False) -> None:
@@ -172,8 +189,8 @@ class MegatronTrainStep:
             mb = mbs[i]
             out = stage(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
 
-            def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, dict]:
-                logprob, entropy = self._logprobs(logits, mb, entropy_grad=entropy_grad)
+            def loss_func(out: Tensor) -> tuple[Tensor, Tensor, dict]:
+                logprob, entropy = self._logprobs(out, mb, stage, entropy_grad=entropy_grad)
                 return loss_of(i, logprob, entropy), zero, {}
 
             return out, loss_func

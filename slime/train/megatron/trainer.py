@@ -7,7 +7,7 @@ the loss scale under DP, CP, PP and the MoE load-balancing loss): ``slime.train.
 This module builds the model, DDP, optimizer and lr schedule, and is the driver's interface.
 
 Not covered (raise at construction): the PPO critic (``--advantage-estimator ppo|gae``), CP or PP
-for MoE models, and running without CUDA (megatron-core's optimizer and DDP
+for MoE models, ``--logprob-impl liger`` under TP or without liger-kernel, and running without CUDA (megatron-core's optimizer and DDP
 allocate on the GPU; use ``--train-backend torch`` on a CPU).
 """
 
@@ -28,7 +28,8 @@ from slime.train.batch import build_train_batch
 from slime.train.determinism import enable_deterministic_mode
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
-from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
+from slime.train.megatron.logprobs import check_logprob_impl
+from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
 from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
 from slime.train.megatron.router_metrics import attach_megatron_routers
 from slime.train.megatron.step import MegatronTrainStep
@@ -66,6 +67,8 @@ class MegatronTrainer(MegatronTrainStep):
         max_staleness: int | None = None,
         seed: int = 1234,
     ):
+        mcfg = config.megatron
+        check_logprob_impl(mcfg.logprob_impl, tensor_model_parallel_size=mcfg.tensor_model_parallel_size, bf16=mcfg.bf16)
         if not torch.cuda.is_available():
             raise RuntimeError(
                 "--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU"
@@ -81,10 +84,12 @@ class MegatronTrainer(MegatronTrainStep):
         self._lock = threading.Lock()
         if config.deterministic_mode:
             enable_deterministic_mode(seed)
-        mcfg = config.megatron
         self.arch = ModelArch.from_hf_config(load_hf_config(model_dir))
         self.tconfig = transformer_config(self.arch, mcfg)  # validates parallel sizes before any group exists
         self.ctx: ParallelContext = init_parallel(mcfg, seed=seed)
+        check_logprob_impl(
+            mcfg.logprob_impl, tensor_model_parallel_size=mcfg.tensor_model_parallel_size, bf16=mcfg.bf16, device=self.ctx.device
+        )
         self.channel = ControlChannel(self.ctx)
         self.pad_token_id = int(load_hf_config(model_dir).get("pad_token_id") or 0)
         self.pad_to = self.ctx.tp_size if self.tconfig.sequence_parallel else 1
@@ -132,6 +137,8 @@ class MegatronTrainer(MegatronTrainStep):
             model, HFCheckpointReader(hf_dir), arch, tp_size=c.tp_size, tp_rank=c.tp_rank, ep_size=c.ep_size, ep_rank=c.ep_rank,
             etp_size=c.etp_size, etp_rank=c.etp_rank, pp_size=c.pp_size, pp_rank=c.pp_rank,
         )  # fmt: skip
+        if self.config.megatron.logprob_impl == "liger":
+            output_hidden_states(model)  # the model returns hidden states; logprobs come from liger (step.py)
         if self.tconfig.bf16:
             model = mcore("megatron.core.transformer.module").Float16Module(self.tconfig, model)
         if not trainable:

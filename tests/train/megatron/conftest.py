@@ -144,7 +144,7 @@ class _ConstantLR:
 
 def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0, max_staleness: int | None = None):
     from slime.train.megatron.arch import ModelArch, load_hf_config
-    from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
+    from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
     from slime.train.megatron.parallel import ControlChannel
     from slime.train.megatron.router_metrics import attach_megatron_routers
     from slime.train.megatron.trainer import MegatronTrainer
@@ -160,6 +160,8 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: f
             self.pad_token_id, self.pad_to = 0, 1
             self.model = build_gpt_model(self.arch, self.tconfig, tp_size=1)
             load_hf_weights(self.model, HFCheckpointReader(model_dir), self.arch, tp_size=1, tp_rank=0)
+            if config.megatron.logprob_impl == "liger":
+                output_hidden_states(self.model)
             self.ddp, self.ref_model = _PassThroughDDP(self.model), None
             self.optimizer = torch.optim.AdamW(
                 self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
