@@ -44,10 +44,10 @@ WHEELS=(
     liger-kernel==0.8.5                # --logprob-impl liger (py3-none-any)
 )
 CUTEDSL_WHEELS=(                       # liger-kernel[cutedsl] 0.8.5 on CUDA 13 (the image's torch 2.11)
-    nvidia-cutlass-dsl==${CUTLASS_DSL_VERSION:-4.6.0}
-    nvidia-cutlass-dsl-libs-base==${CUTLASS_DSL_VERSION:-4.6.0}
-    nvidia-cutlass-dsl-libs-cu13==${CUTLASS_DSL_VERSION:-4.6.0}
-    apache-tvm-ffi==${TVM_FFI_VERSION:-0.1.9}
+    nvidia-cutlass-dsl==${CUTLASS_DSL_VERSION:-4.8.1}
+    nvidia-cutlass-dsl-libs-base==${CUTLASS_DSL_VERSION:-4.8.1}
+    nvidia-cutlass-dsl-libs-cu13==${CUTLASS_DSL_VERSION:-4.8.1}
+    apache-tvm-ffi==${TVM_FFI_VERSION:-0.1.15.post2}
 )
 
 download() {  # download DEST SPEC...: cp312 manylinux x86-64 wheels, no dependencies
