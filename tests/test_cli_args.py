@@ -328,6 +328,7 @@ def test_own_prompt_data_without_a_reward_is_an_error_listing_the_ways_to_give_o
         ["--loss-type", "sft_loss", "--global-batch-size", "16"],
         ["--use-opd", "--opd-only", "--opd-teacher-addrs", "h:1"],
         ["--debug-train-only", "--load-debug-rollout-data", "r_{rollout_id}.msgpack"],
+        ["--rollout-function-path", "my_pkg.rollout.generate_rollout"],  # a user rollout function may reward itself
     ):
         config_from_args(build_parser().parse_args(["--prompt-data", "qa.jsonl", *ok]))
     config_from_args(build_parser().parse_args(["--builtin-task", "chain"]))  # the built-in task: its own reward

@@ -106,10 +106,12 @@ class Config(msgspec.Struct, **STRUCT):
 
         Raises:
             ConfigError: ``--prompt-data`` with neither ``--custom-rm-path`` nor ``--rm-type``, listing both, unless
-                the run needs no reward (``--loss-type sft_loss``, ``--opd-only``, a train-only replay).
+                the run needs no reward (``--loss-type sft_loss``, ``--opd-only``, a train-only replay) or a user
+                ``--rollout-function-path`` makes the groups (THUDM/slime's contract: it may set the rewards itself;
+                samples it leaves unrewarded are scored by the default reward, as before).
         """
         r = self.rollout
-        if self.data.prompt_data is None or r.custom_rm_path is not None or r.rm_type is not None:
+        if self.data.prompt_data is None or r.custom_rm_path is not None or r.rm_type is not None or r.uses_rollout_function:
             return
         if self.train.loss_type == "sft_loss" or self.train.opd_only or self.debug.train_only:
             return
