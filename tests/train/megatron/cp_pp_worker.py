@@ -22,7 +22,6 @@ token counter, allocated with ``device="cuda"``, is allocated on the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import sys
@@ -31,6 +30,7 @@ import types
 
 import torch
 import torch.distributed as dist
+from conftest import _PassThroughDDP  # the CPU stand-in for megatron's DDP, shared with the in-process tests
 
 torch.cuda.current_device = lambda: "cpu"
 torch.cuda.synchronize = lambda *a, **k: None
@@ -45,21 +45,6 @@ def _cpu_schedules() -> None:
     proxy.__dict__.update(torch.__dict__)
     proxy.zeros = lambda *a, device=None, **k: torch.zeros(*a, device="cpu" if device == "cuda" else device, **k)
     schedules.torch = proxy
-
-
-class _PassThroughDDP(torch.nn.Module):
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def no_sync(self):
-        return contextlib.nullcontext()
-
-    def zero_grad_buffer(self):
-        self.module.zero_grad(set_to_none=True)
 
 
 def _groups(vocab: int):
