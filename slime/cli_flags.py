@@ -118,6 +118,11 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--request-timeout-s": ("rollout.request_timeout_s", dict(type=float)),
     "--reward-timeout-s": ("rollout.reward_timeout_s", dict(type=float)),
     "--max-retries": ("rollout.max_retries", dict(type=int)),
+    "--control-timeout-s": (
+        "rollout.control_timeout_s",
+        dict(type=float, help="seconds per engine control call (abort, weight update, health)"),
+    ),
+    "--retry-backoff-s": ("rollout.retry_backoff_s", dict(type=float, help="first retry backoff in seconds; doubles per retry")),
     "--custom-rm-path": ("rollout.custom_rm_path", dict()),
     "--reward-key": ("rollout.reward_key", dict(help="entry of a dict returned by the reward function that is the reward")),
     "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),

@@ -46,6 +46,8 @@ PINNED = {
     "--request-timeout-s",
     "--reward-timeout-s",
     "--max-retries",
+    "--control-timeout-s",
+    "--retry-backoff-s",
     "--custom-rm-path",
     "--reward-key",
     "--custom-generate-function-path",
@@ -169,7 +171,11 @@ PINNED = {
     "--eval-config",
     "--custom-reward-post-process-path",
 }
-FLOAT_VALUES = {"--eps-clip-c": 3.0, "--behav-imp-weight-cap": 5.0}  # valid ranges exclude the usual 0.5 (both must be > 1)
+FLOAT_VALUES = {
+    "--eps-clip-c": 3.0,
+    "--behav-imp-weight-cap": 5.0,
+    "--retry-backoff-s": 0.25,
+}  # > 1 for the first two; 0.5 is the backoff default
 
 
 def test_flag_list_is_pinned():
