@@ -26,7 +26,7 @@ class SyncConfig(msgspec.Struct, **STRUCT):
     colocate: bool = False
     """Engines share the trainer's devices (``--colocate``): each step pauses generation, releases
     engine memory, trains, resumes it and syncs (``/release_memory_occupation``, docs/sglang.md#memory). Launched
-    SGLang servers then get the trainer's GPUs and ``--enable-memory-saver`` (``sglang_launch.py``)."""
+    SGLang servers then get the trainer's GPUs and ``--enable-memory-saver`` (``slime/engines/fleet/plan.py``)."""
     weights_dir: str = ""
     """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
     keep_last: int = 2
