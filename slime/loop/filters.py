@@ -6,15 +6,16 @@
   group), never by a whole new wave. Signature of any such filter: ``(group: Group) -> bool``.
 - Partial-rollout order (``--buffer-filter-path``, slime's flag): ``(rollout_id, groups, num) ->
   list[Group]`` picks up to ``num`` of the queued partial groups to resume now; ``rollout_id`` is
-  the real id of the rollout step being filled. Default ``oldest_first``: the group whose oldest
-  token is oldest goes first (ties: lowest group id), so stale tokens are trained or expire early.
+  the real id of the rollout step being filled. Without one the order is ``DataBuffer``'s own
+  (``slime.loop.buffer``): the group whose oldest token is oldest goes first (ties: lowest group
+  id), so stale tokens are trained or expire early.
 """
 
 from __future__ import annotations
 
 from slime.types import Group
 
-__all__ = ["nonzero_reward_std", "oldest_first"]
+__all__ = ["nonzero_reward_std"]
 
 
 def nonzero_reward_std(group: Group) -> bool:
@@ -23,9 +24,3 @@ def nonzero_reward_std(group: Group) -> bool:
     Example: [1, 1, 1, 1] -> False; [1, 1, 1, FAILED] -> False; [1, 0, FAILED, FAILED] -> True."""
     rewards = [s.reward for s in group.valid_samples]
     return len(set(rewards)) > 1
-
-
-def oldest_first(rollout_id: int, groups: list[Group], num: int) -> list[Group]:
-    del rollout_id
-    key = lambda g: (g.oldest_version if g.oldest_version is not None else 1 << 62, g.group_id)  # noqa: E731
-    return sorted(groups, key=key)[:num]
