@@ -9,21 +9,3 @@
     bwrap.py       BwrapLauncher: the bubblewrap command line, probed once per process
     retrieval.py   BM25Index over a JSONL corpus and retrieval_tool
 """
-
-from slime.rollout.tools.calculator import calculator_tool
-from slime.rollout.tools.parse import ToolCall, parse_tool_calls
-from slime.rollout.tools.registry import Tool, ToolRegistry, ToolResult
-from slime.rollout.tools.sandbox import Sandbox, SandboxResult, SandboxUnavailable, python_tool
-
-__all__ = [
-    "Tool",
-    "ToolRegistry",
-    "ToolResult",
-    "ToolCall",
-    "parse_tool_calls",
-    "calculator_tool",
-    "Sandbox",
-    "SandboxResult",
-    "SandboxUnavailable",
-    "python_tool",
-]
