@@ -12,19 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The start-of-run checks (slime/cli_preflight.py), re-exported; it imports slime's parts lazily, so `slime --help` stays fast.
+# The start-of-run checks (slime/cli_preflight.py; `preflight` re-exported); it imports slime's parts lazily, so `slime --help` stays fast.
 from slime.cli_preflight import (
-    DEFAULT_CHECKPOINT,
     DEFAULT_CHECKPOINTS,
     _check_run_dir,
     _placement,
     _trainer_gpus,
-    _warn_if_resuming_another_setup,  # noqa: F401  # re-exported: tests import it from slime.cli
     check_inputs,
     preflight,
 )
 
-__all__ = ["main", "preflight", "DEFAULT_CHECKPOINT"]
+__all__ = ["main", "preflight"]
 
 
 def _train(argv: list[str], prog: str = "slime train") -> int:

@@ -219,7 +219,8 @@ def preflight(config: Config) -> None:
     ):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{flag}: the {package} package is not installed (pip install {package})")
-    from slime.engines.fleet.plan import build_launch_plan, check_launchable
+    from slime.engines.fleet.host import check_launchable
+    from slime.engines.fleet.plan import build_launch_plan
 
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
     check_launchable(
@@ -239,6 +240,6 @@ def _placement(config: Config) -> Placement | None:
 
 
 def _trainer_gpus(config: Config) -> int:
-    from slime.engines.fleet.plan import trainer_gpus
+    from slime.engines.fleet.host import trainer_gpus
 
     return trainer_gpus(config.train, rollout_only=config.debug.debug_rollout_only)

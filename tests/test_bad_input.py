@@ -181,7 +181,7 @@ PREFLIGHT = [
     ),
     (
         "buffer filter not callable",
-        lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli.DEFAULT_CHECKPOINT"],
+        lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli_preflight.DEFAULT_CHECKPOINT"],
         r"--buffer-filter-path=.*has no callable 'DEFAULT_CHECKPOINT'",
     ),
 ]
@@ -431,7 +431,7 @@ def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
 def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
     import msgspec
 
-    from slime.cli import _warn_if_resuming_another_setup
+    from slime.cli_preflight import _warn_if_resuming_another_setup
 
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
     old = parse("--rm-type", "arith", "--prompt-data", "a.jsonl", "--save", str(tmp_path))

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from slime.servers.sim.server import READY_PREFIX
+from slime.servers.http import READY_PREFIX
 
 __all__ = ["EngineProcess", "sim_engine_process", "reset_sim_stats", "read_sim_stats", "process_cpu_s"]
 

@@ -28,7 +28,7 @@ from slime.config.rollout import builtin_rollout_note
 from slime.config.root import TrainerKwargs
 from slime.data.dataset import PromptSource, prompt_length_check
 from slime.data.sft import model_context_len
-from slime.engines.fleet.plan import trainer_gpus
+from slime.engines.fleet.host import trainer_gpus
 from slime.engines.fleet.start import load_initial_weights, start_rollout
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
@@ -57,7 +57,7 @@ from slime.sync import WeightSync, build_weight_sync
 from slime.train.interface import Trainer
 from slime.types import RewardFn
 
-__all__ = ["run_training", "load_prompts", "prompt_tokenizer", "RLEval", "RLMode"]
+__all__ = ["run_training"]
 
 log = logging.getLogger(__name__)
 

@@ -114,7 +114,8 @@ def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
     """
     if not use_opd or engines is None:
         return None
-    from slime.rollout.opd import TEACHER, TeacherScorer
+    from slime.engines.fleet.groups import TEACHER
+    from slime.rollout.opd import TeacherScorer
 
     if TEACHER not in engines.pools:
         raise ConfigError(

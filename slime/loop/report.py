@@ -23,7 +23,6 @@ from typing import Any, TextIO
 from slime.errors import RunError
 from slime.loop.step_record import StepRecord
 from slime.obs import strict_json
-from slime.obs.plots import plot_reward_curve
 
 __all__ = [
     "JsonlLog",
@@ -31,7 +30,6 @@ __all__ = [
     "format_step_line",
     "format_done_line",
     "write_json_atomic",
-    "plot_reward_curve",
     "check_something_trained",
 ]
 

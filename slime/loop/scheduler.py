@@ -73,7 +73,7 @@ from slime.rollout.generate import generate as default_generate
 from slime.rollout.opd import TeacherScorer
 from slime.types import OFFLINE_VERSION, GenerateFn, Group, GroupRewardFn, RewardFn, Sample, Status
 
-__all__ = ["Scheduler", "StepStats"]
+__all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 

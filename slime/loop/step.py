@@ -58,7 +58,7 @@ from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
 from slime.types import Group, Sample, Status, valid_samples
 
-__all__ = ["WeightSync", "run_step", "batch_stats", "pause_mode"]
+__all__ = ["run_step", "batch_stats", "pause_mode"]
 
 log = logging.getLogger(__name__)
 

@@ -38,13 +38,12 @@ import math
 import time
 from typing import Any
 
-from slime.engines.fleet.groups import TEACHER  # the teacher pool's model name (PoolRegistry, --sglang-config)
 from slime.engines.interface import GeneratePool
 from slime.errors import ConfigError, EngineError
 from slime.rollout.generate import request_id
 from slime.types import Sample, Status
 
-__all__ = ["TeacherScorer", "TeacherError", "TEACHER", "TEACHER_SAMPLING_PARAMS", "check_same_vocab"]
+__all__ = ["TeacherScorer", "TeacherError", "TEACHER_SAMPLING_PARAMS", "check_same_vocab"]
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ from slime.sync.hf_layout import checkpoint_views
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
 from slime.train.batch import Step, TrainBatch, build_train_batch, plan_steps, rl_batch_metrics
-from slime.train.checkpoint import TOKENIZER_FILES, save_hf_dir
+from slime.train.checkpoint import save_hf_dir
 from slime.train.critic import ValueModel, explained_variance
 from slime.train.determinism import enable_deterministic_mode
 from slime.train.logprobs import compute_token_logprobs
@@ -67,7 +67,7 @@ from slime.train.torch_device import adamw, load_causal_lm, resolve_device
 from slime.train.torch_forward import TorchForward
 from slime.types import Group
 
-__all__ = ["TorchTrainer", "TOKENIZER_FILES", "resolve_device"]
+__all__ = ["TorchTrainer"]
 
 logger = logging.getLogger(__name__)
 

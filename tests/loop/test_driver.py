@@ -7,7 +7,7 @@ import pytest
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.data.dataset import PromptRow, tokenize_row
 from slime.errors import ConfigError
-from slime.loop.driver import prompt_tokenizer
+from slime.loop.inputs import prompt_tokenizer
 from tests.fixtures.tiny_model import TINY_VOCAB_SIZE, _write_word_tokenizer
 
 TEMPLATE = (

@@ -17,7 +17,8 @@ from slime.cli_args import build_parser, config_from_args
 from slime.config import MegatronConfig, TrainConfig
 from slime.errors import ConfigError
 from slime.train.batch import build_train_batch
-from slime.train.torch_backend import TorchTrainer, resolve_device
+from slime.train.torch_backend import TorchTrainer
+from slime.train.torch_device import resolve_device
 from slime.types import Group, Sample, Status
 
 BF16_MEAN_TOL = 1e-2

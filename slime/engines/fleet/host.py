@@ -4,8 +4,7 @@ packages the plan's commands import.
 ``port_is_free`` is ``build_launch_plan``'s default port probe; ``visible_gpus`` reads
 ``CUDA_VISIBLE_DEVICES`` (or probes torch for a GPU trainer); ``trainer_gpus`` counts the GPUs the
 run's trainer takes from the first visible one; ``check_launchable`` fails early, with the fix, when
-this interpreter cannot import what the plan's SGLang servers and routers need. The public names are
-importable from ``slime.engines.fleet.plan`` too.
+this interpreter cannot import what the plan's SGLang servers and routers need.
 """
 
 from __future__ import annotations

@@ -45,22 +45,16 @@ from typing import Literal
 
 from slime.config import EngineConfig
 from slime.engines.fleet.groups import ACTOR, TEACHER, ServerGroup, SglangDeployment, default_deployment, group_args, load_sglang_config
-from slime.engines.fleet.host import check_launchable, port_is_free, trainer_gpus, visible_gpus
+from slime.engines.fleet.host import port_is_free, visible_gpus
 from slime.engines.fleet.plan_specs import LaunchPlan, RouterSpec, ServerSpec
 from slime.engines.fleet.processes import EmbeddedEngineProcess
 from slime.errors import ConfigError
 
 __all__ = [
-    "ServerSpec",
-    "RouterSpec",
-    "LaunchPlan",
     "build_launch_plan",
     "backend_of",
-    "port_is_free",
     "embedded_processes",
     "teacher_processes",
-    "check_launchable",
-    "trainer_gpus",
     "SHARED_MEM_FRACTION_STATIC",
 ]
 

@@ -3,8 +3,7 @@ router, launched or already running) and ``LaunchPlan`` (all of them, plus the e
 
 These are plain frozen records: ``slime.engines.fleet.plan.build_launch_plan`` fills them from the run's
 ``EngineConfig`` without starting anything, ``LaunchPlan.format`` renders every command for ``slime train
---dry-run``, and ``slime.engines.fleet.start`` starts what they name. They are importable from
-``slime.engines.fleet.plan`` too.
+--dry-run``, and ``slime.engines.fleet.start`` starts what they name.
 """
 
 from __future__ import annotations

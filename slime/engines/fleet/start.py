@@ -35,7 +35,9 @@ import aiohttp
 from slime.config import EngineConfig, RolloutConfig
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.engines.fleet.groups import ACTOR, TEACHER
-from slime.engines.fleet.plan import LaunchPlan, build_launch_plan, check_launchable, embedded_processes, teacher_processes
+from slime.engines.fleet.host import check_launchable
+from slime.engines.fleet.plan import build_launch_plan, embedded_processes, teacher_processes
+from slime.engines.fleet.plan_specs import LaunchPlan
 from slime.engines.fleet.processes import CommandProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool

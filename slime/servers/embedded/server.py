@@ -38,9 +38,9 @@ from slime.servers.embedded.request import EngineRequest
 from slime.servers.embedded.routes import add_routes
 from slime.servers.embedded.runner import ModelRunner
 from slime.servers.embedded.sampling import SamplingParams, seeded_generator
-from slime.servers.http import READY_PREFIX, run_event_loop, serve_until_signal
+from slime.servers.http import run_event_loop, serve_until_signal
 
-__all__ = ["EngineServer", "main", "READY_PREFIX"]
+__all__ = ["EngineServer", "main"]
 
 logger = logging.getLogger(__name__)
 

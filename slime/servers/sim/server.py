@@ -20,13 +20,13 @@ import sys
 from aiohttp import web
 
 from slime.errors import ConfigError
-from slime.servers.http import READY_PREFIX, run_event_loop, serve_until_signal
+from slime.servers.http import run_event_loop, serve_until_signal
 from slime.servers.sim.config import SimConfig, add_sim_flags, config_from_args
 from slime.servers.sim.engine import SimEngine
 from slime.servers.sim.lengths import make_length_distribution
 from slime.servers.sim.routes import build_app
 
-__all__ = ["SimEngineServer", "build_parser", "main", "READY_PREFIX"]
+__all__ = ["SimEngineServer", "build_parser", "main"]
 
 BACKLOG = 4096
 """Listen backlog (capped by the kernel's somaxconn): the benchmark opens hundreds of connections at

@@ -9,8 +9,8 @@ import pytest
 
 from slime.cli import main, preflight
 from slime.cli_args import build_parser, config_from_args
+from slime.engines.fleet.host import trainer_gpus
 from slime.engines.fleet.placement import build_placement, check_torchrun_env
-from slime.engines.fleet.plan import trainer_gpus
 from slime.errors import ConfigError
 
 

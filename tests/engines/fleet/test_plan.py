@@ -327,7 +327,7 @@ def test_the_trainers_gpu_count_comes_from_torch_when_cuda_visible_devices_is_un
 
 def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(monkeypatch):
     from slime.config import TrainConfig
-    from slime.engines.fleet.plan import trainer_gpus
+    from slime.engines.fleet.host import trainer_gpus
 
     for var in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
@@ -350,7 +350,7 @@ def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(mo
 def test_check_launchable_names_the_package_the_commands_cannot_import(monkeypatch, argv_extra, colocate, missing, message):
     import importlib.util
 
-    from slime.engines.fleet.plan import check_launchable
+    from slime.engines.fleet.host import check_launchable
 
     engine = EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, router_args=argv_extra)
     plan = build_launch_plan(engine, python=PY, is_free=lambda h, p: True, colocate=colocate)
