@@ -15,7 +15,7 @@ from slime.loop.driver import run_training
 from slime.loop.rollout_function import RolloutFunctionScheduler
 from slime.loop.version import PolicyVersion
 from slime.rollout.plugin_check import main as check_plugin
-from slime.rollout.slime_compat import RolloutArgs, SlimeSample, to_groups
+from slime.rollout.slime_compat import RolloutArgs, RolloutFnTrainOutput, SlimeSample, to_groups
 from slime.types import OFFLINE_VERSION, Sample, Status
 from tests.fixtures.tiny_model import write_tiny_llama
 from tests.loop import rollout_fns
@@ -120,6 +120,22 @@ def test_our_samples_pass_through_and_bad_shapes_are_named():
         to_groups([ok, ok, ok], n_samples_per_prompt=2, engine_version=3, next_group_id=0)
     with pytest.raises(PluginError, match="^returned NoneType; expected a non-empty list of groups"):
         to_groups(None, n_samples_per_prompt=1, engine_version=3, next_group_id=0)
+
+
+def test_a_rollout_fn_train_output_becomes_groups_with_its_metrics():
+    def sample(group_index, reward):
+        return SlimeSample(group_index=group_index, tokens=[1, 5, 6], response_length=2, reward=reward, status=SlimeSample.Status.COMPLETED)
+
+    out = RolloutFnTrainOutput(samples=[[sample(10, 1.0), sample(10, 0.0)], [sample(11, 0.5), sample(11, 0.5)]], metrics={"m": 2.5})
+    groups, metrics = to_groups(out, n_samples_per_prompt=2, engine_version=0, next_group_id=4, rollout_id=3, data_index={11: 7})
+    assert metrics == {"m": 2.5}
+    assert [g.group_id for g in groups] == [4, 5] and [g.rollout_id for g in groups] == [3, 3]
+    assert [g.data_index for g in groups] == [-1, 7]
+    assert [[s.reward for s in g.samples] for g in groups] == [[1.0, 0.0], [0.5, 0.5]]
+    assert [[(s.group_id, s.index) for s in g.samples] for g in groups] == [[(4, 0), (4, 1)], [(5, 0), (5, 1)]]
+    assert groups[0].samples[0].response_ids == [5, 6]
+    with pytest.raises(PluginError, match="^returned an empty list"):
+        to_groups(RolloutFnTrainOutput(samples=[]), n_samples_per_prompt=2, engine_version=0, next_group_id=0)
 
 
 def test_flags_the_function_replaces_are_refused_in_one_line():

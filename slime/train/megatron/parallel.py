@@ -84,11 +84,6 @@ class ParallelContext:
         return self.rank == 0
 
     @property
-    def is_last_stage(self) -> bool:
-        """This rank holds the last pipeline stage (output layer, logprobs, loss)."""
-        return self.pp_rank == self.pp_size - 1
-
-    @property
     def last_stage_rank(self) -> int:
         """Global rank of the last pipeline stage in this rank's pipeline group (this rank without PP)."""
         return dist.get_global_rank(self.pp_group, self.pp_size - 1) if self.pp_size > 1 else self.rank
