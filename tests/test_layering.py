@@ -1,4 +1,4 @@
-"""The import layering of ``slime`` (docs/ARCHITECTURE.md#4): which part may import which, and no cycles.
+"""The import layering of ``slime`` (docs/ARCHITECTURE.md, "Where things live"): which part may import which, and no cycles.
 
 Every ``import``/``from ... import`` of ``slime`` in the package is read with ``ast``, those inside
 functions included (a lazy import still runs). Imports under ``if TYPE_CHECKING:`` are left out: they

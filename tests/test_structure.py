@@ -1,4 +1,4 @@
-"""Two shape rules of the package (issue 17, docs/ARCHITECTURE.md#4): no module over 400 lines, and no
+"""Two shape rules of the package (issue 17, docs/ARCHITECTURE.md, "Where things live"): no module over 400 lines, and no
 function outside the CLI entry and the run skeletons takes the whole ``Config``: each component gets its
 own section(s) or values, and checks that read several sections are methods of ``Config`` itself.
 """

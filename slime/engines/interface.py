@@ -11,7 +11,7 @@ Three levels, each a superset of the one before; a caller names the smallest one
 
 ``HttpEnginePool`` (``pool.py``) is the one implementation of all three over SGLang's HTTP API; the
 benchmark's in-process pools (``slime/bench/overhead.py``) implement ``EnginePool``. The type
-checker (docs/ARCHITECTURE.md, "Tooling") checks both against these Protocols.
+checker (docs/ARCHITECTURE.md, "Typed seams") checks both against these Protocols.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class RolloutFunctionScheduler(SchedulerCounters):
         config / rollout: the loop and rollout sections.
         fn: the rollout function ``(args, rollout_id, data_buffer, evaluation=False)``, sync or async.
         source: the prompt rows (``PromptSource``); ``data_buffer.get_samples`` draws from it.
-        tokenize: the run's prompt tokenizer (``slime.loop.driver.prompt_tokenizer``).
+        tokenize: the run's prompt tokenizer (``slime.loop.inputs.prompt_tokenizer``).
         reward_fn: per-sample reward for samples returned without one.
         args: the function's ``args`` (``slime.rollout.slime_compat.RolloutArgs``: slime's flag values,
             ``args.pool``, ``args.sglang_router_ip`` / ``port``); its ``engine_version`` is set before each call.

@@ -98,7 +98,7 @@ async def generate(
     Args:
         sample: a PENDING or PARTIAL sample; mutated in place through ``Sample.append``.
         sampling_params: SGLang ``sampling_params`` without ``max_new_tokens`` (set here).
-        pool: an ``HttpEnginePool`` (``generate(input_ids, sampling_params, rid=, sticky_key=)``).
+        pool: a ``GeneratePool`` (``slime.engines.interface``; ``generate(input_ids, sampling_params, rid=, sticky_key=)``).
         max_response_len: cap on response tokens, counting tokens the sample already has.
         engine_version: the policy version the engines hold, used when the engine's
             ``weight_version`` is not one of ours.

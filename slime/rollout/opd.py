@@ -59,7 +59,7 @@ class TeacherScorer:
     """Scores finished samples with a teacher pool; see the module docstring.
 
     Args:
-        pool: an ``HttpEnginePool`` of teacher engines (or anything with its ``generate``); its
+        pool: a ``GeneratePool`` of teacher engines (``slime.engines.interface``); an ``HttpEnginePool``'s
             retries, breakers and ``request_timeout_s`` bound every call.
 
     Attributes:

@@ -33,7 +33,7 @@ class DiskWeightSync:
 
     Args:
         config: the sync section (``weights_dir``, ``keep_last``).
-        pool: the ``HttpEnginePool`` (``update_weights_from_disk(path, weight_version=)``).
+        pool: an ``EnginePool`` (``slime.engines.interface``; ``update_weights_from_disk(path, weight_version=)``).
         save_fn: blocking ``save_fn(out_dir)`` writing an HF checkpoint (run in a thread).
     """
 

@@ -36,7 +36,7 @@ class TensorWeightSync:
 
     Args:
         config: ``update_weight_buffer_size`` (bytes per request), ``update_weights_timeout_s``.
-        pool: the ``HttpEnginePool`` (its ``clients`` and ``update_weights_from_tensor``).
+        pool: a ``WorkerPool`` (``slime.engines.interface``; its ``clients`` and ``update_weights_from_tensor``).
         state_fn: blocking, returns a copy of the trainer's weights (CPU or CUDA).
     """
 

@@ -1,7 +1,7 @@
 """The trainer seam: what the loop, checkpoints and weight sync need from a training backend.
 
 ``TorchTrainer`` (``torch_backend.py``) and ``MegatronTrainer`` (``megatron/trainer.py``) both satisfy
-``Trainer``; the type checker holds them to it (docs/ARCHITECTURE.md, "Tooling").
+``Trainer``; the type checker holds them to it (docs/ARCHITECTURE.md, "Typed seams").
 """
 
 from __future__ import annotations
