@@ -14,4 +14,8 @@ machine and date recorded in ``docs/benchmarks.md``.
 - ``report.py``: the table and the PNG.
 - ``learning.py``: ``slime bench learning``, held-out accuracy against wall time and trained tokens
   for sync, APRIL and async (and their off-policy corrections) over seeds, through the real driver.
+- ``learning_curves.py``: its arithmetic: accuracy curves from ``metrics.jsonl``, the summary over
+  seeds, the table and the plot (pure functions, no run).
+- ``trainer.py``: RL train steps of one backend against another on the same groups, in one process
+  (``scripts/gpu/bench_trainer.py``, ``scripts/bench_megatron_mfu.py``).
 """

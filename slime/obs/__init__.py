@@ -1,5 +1,7 @@
 """Observability: what a run shows while it runs and leaves behind when it stops.
 
+- ``observers.py``: ``Observers``, everything that watches one run, opened and closed together by
+  the driver.
 - ``trace.py``: a Chrome/Perfetto trace of requests, rewards, train steps, weight syncs and evals
   (``--enable-trace`` -> ``RUN_DIR/trace.json``).
 - ``metrics.py``: Prometheus ``/metrics`` on the driver (``--metrics-port``) and the TensorBoard

@@ -19,6 +19,7 @@ Layout::
     wire.py           buckets, flat buckets, checksums, tensor payloads (safetensors / CUDA IPC)
     group.py          the weights-update process group, apart from any default group
     codec.py          delta encodings and the delta payload
+    hf_layout.py      HF checkpoint names vs transformers' in-memory names (fused MoE experts)
     disk.py, distributed.py, tensor.py, delta.py    the strategies
     sglang_loader.py  the delta loader a real SGLang server would run (--custom-weight-loader)
 """

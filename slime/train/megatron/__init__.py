@@ -8,10 +8,13 @@
     packing.py     optimizer step -> data-parallel shares -> packed micro-batches (token budget)
     logprobs.py    vocab-parallel logprobs / entropy with the rollout temperature (fused row passes)
     fusion.py      torch.compile of those passes and of RMSNorm / RoPE / SwiGLU on CUDA, eager elsewhere
-    parallel.py    process groups (torchrun: TP, DP, EP, ETP), the rank-0 command channel
+    parallel.py    process groups (torchrun: TP, DP, CP, PP, EP, ETP), the rank-0 command channel
+    context_parallel.py  CP without Transformer Engine: the sequence split, K/V all-gather attention
     weights.py     gathered HF tensors for weight sync and save_hf, one parameter at a time
     trainer.py     MegatronTrainer: TorchTrainer's interface over megatron's DDP and optimizer
+    step.py        MegatronTrainStep: one train step on every rank, once the batch is there
     convert_cli.py slime convert: HF <-> megatron-core distributed checkpoint
+    _mcore.py      importing megatron-core: the version range, its import warnings quieted
 
 Needs the ``megatron`` extra (megatron-core >= 0.16; 0.16.1 is the newest for Python 3.11).
 Modules that do not touch megatron-core (arch, convert, fusion, logprobs) import without it.
