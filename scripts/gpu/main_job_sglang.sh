@@ -115,6 +115,7 @@ for line in open("/tmp/slime_gpu/main_rcs.txt"):
                logprob_abs_diff=gap, logprob_abs_diff_max=gap_max if any(g is not None for g in gap_max) else None,
                step_time_s_median=med("step_time_s"), train_time_s_median=med("train_time_s"), weight_sync_s_median=med("weight_sync_s"),
                rollout_wait_s_median=med("rollout_wait_s"), aborted_samples=summary["aborted_samples"],
+               engine_memory_released_gib_median=med("weight_sync/engine_memory_released_gib"),  # --colocate only
                resumed_samples=summary["resumed_samples"], max_versions_in_a_trained_sample=summary["max_versions_in_a_trained_sample"],
                steps=len(steps), run_wall_time_s=summary["wall_time_s"])
     learned = res["rc"] == 0 and None not in (res["accuracy_before"], res["accuracy_after"]) and res["accuracy_after"] > res["accuracy_before"]
@@ -123,6 +124,8 @@ for line in open("/tmp/slime_gpu/main_rcs.txt"):
     print(f"{name}: accuracy {res['accuracy_before']} -> {res['accuracy_after']} ({'learned' if learned else 'DID NOT LEARN'}), "
           f"{len(steps)} steps, step {res['step_time_s_median']:.2f}s (train {res['train_time_s_median']:.2f}s, "
           f"sync {res['weight_sync_s_median']:.3f}s), aborted/resumed {res['aborted_samples']}/{res['resumed_samples']}, wall {wall}s")
+    if res["engine_memory_released_gib_median"] == res["engine_memory_released_gib_median"]:  # not NaN: a --colocate run
+        print(f"  device memory freed by the engine's release: {res['engine_memory_released_gib_median']:.1f} GiB (median)")
     print(f"  logprob |trainer - engine| mean per step: {fmt(gap)}")
     if res["logprob_abs_diff_max"]:
         print(f"  logprob |trainer - engine| max per step:  {fmt(gap_max)}")

@@ -145,11 +145,14 @@ async def run_step(
         record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout)
         tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
         return groups, record
+    released: dict[str, float] = {}
     async with contextlib.AsyncExitStack() as held:
         if colocate:  # the engines give their memory to the trainer: nothing generates until the sync is done
             await held.enter_async_context(sched.paused("abort"))
+            free_before = device_free_bytes()
             with tr.span("release_memory", "weight_sync"):
                 await sched.pool.release_memory_occupation()
+            released = _released_gib(free_before, device_free_bytes())
         t1 = time.monotonic()
         with tr.span("train_step", "train", version=version.trainer, num_samples=batch["num_samples"]):
             train_metrics = await asyncio.to_thread(train_step, groups)
@@ -185,10 +188,25 @@ async def run_step(
         weight_sync_s=t_sync,
         weight_sync_in_place=int(mode == "in_place"),
         train=train_metrics,
-        weight_sync=dict(getattr(sync, "stats", {})),
+        weight_sync=dict(getattr(sync, "stats", {})) | released,
     )
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=new)
     return groups, record
+
+
+def device_free_bytes() -> int | None:
+    """Free memory of this process's current CUDA device in bytes (``torch.cuda.mem_get_info``: the whole
+    device, other processes' memory included); None without CUDA. Read around ``--colocate``'s release."""
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+
+
+def _released_gib(before: int | None, after: int | None) -> dict[str, float]:
+    """``engine_memory_released_gib``: device memory freed by the engines' release (GiB; the trainer is idle
+    then), or {} without CUDA. On the trainer's current device only: a colocated engine spanning several
+    GPUs frees memory on the others too."""
+    return {} if before is None or after is None else {"engine_memory_released_gib": (after - before) / 2**30}
 
 
 def pause_mode(config: LoopConfig, pool: EnginePool, version: int, *, colocate: bool = False) -> Literal["abort", "in_place"]:

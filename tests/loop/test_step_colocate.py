@@ -74,6 +74,33 @@ async def test_colocated_step_releases_memory_around_training_and_syncs_after_re
     assert version == 2 and record.policy_version == 2
 
 
+async def test_colocated_step_records_the_device_memory_the_engines_released(monkeypatch):
+    """weight_sync/engine_memory_released_gib: free device memory after the release minus before it."""
+    import slime.loop.step as step_module
+
+    free = iter([10 * 2**30, 13.5 * 2**30])  # before and after the release
+    monkeypatch.setattr(step_module, "device_free_bytes", lambda: int(next(free)))
+    pool = _ColocatedPool()
+    async with asyncio.TaskGroup() as tg:
+        sched = Scheduler(
+            LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2, max_staleness=4),
+            RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
+            source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
+            tokenize=lambda t: [1, 5, 7],
+            decode=lambda ids: "",
+            pool=pool,
+            buffer=DataBuffer(),
+            reward_fn=_reward,
+            task_group=tg,
+        )
+        _, record = await run_step(sched, train_step=lambda groups: {}, sync=_Sync(pool), colocate=True)
+        _, plain = await run_step(sched, train_step=lambda groups: {}, sync=_Sync(pool), colocate=False)
+        await sched.shutdown()
+    assert record.weight_sync == {"engine_memory_released_gib": 3.5}
+    assert plain.weight_sync == {}  # no release, no reading
+    assert step_module._released_gib(None, None) == {}  # no CUDA: nothing recorded
+
+
 def test_colocate_rejects_delta_sync_and_async_mode():
     with pytest.raises(ConfigError, match="--colocate with --weight-sync"):
         Config(sync=SyncConfig(colocate=True, method="delta")).validate()
