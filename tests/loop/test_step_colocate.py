@@ -41,21 +41,25 @@ async def _reward(sample):
     return 1.0
 
 
+def _scheduler(pool, tg, *, mode, over_sampling_batch_size):
+    return Scheduler(
+        LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=over_sampling_batch_size, max_staleness=4),
+        RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
+        source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
+        tokenize=lambda t: [1, 5, 7],
+        decode=lambda ids: "",
+        pool=pool,
+        buffer=DataBuffer(),
+        reward_fn=_reward,
+        task_group=tg,
+    )
+
+
 @pytest.mark.parametrize("mode", ["sync", "april"])
 async def test_colocated_step_releases_memory_around_training_and_syncs_after_resuming(mode):
     pool = _ColocatedPool()
     async with asyncio.TaskGroup() as tg:
-        sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, max_staleness=4),
-            RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
-            source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
-            tokenize=lambda t: [1, 5, 7],
-            decode=lambda ids: "",
-            pool=pool,
-            buffer=DataBuffer(),
-            reward_fn=_reward,
-            task_group=tg,
-        )
+        sched = _scheduler(pool, tg, mode=mode, over_sampling_batch_size=4)
 
         def train_step(groups):
             pool.events.append(f"train@{pool.num_generate_calls}")
@@ -82,17 +86,7 @@ async def test_colocated_step_records_the_device_memory_the_engines_released(mon
     monkeypatch.setattr(step_module, "device_free_bytes", lambda: int(next(free)))
     pool = _ColocatedPool()
     async with asyncio.TaskGroup() as tg:
-        sched = Scheduler(
-            LoopConfig(mode="sync", rollout_batch_size=2, over_sampling_batch_size=2, max_staleness=4),
-            RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
-            source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
-            tokenize=lambda t: [1, 5, 7],
-            decode=lambda ids: "",
-            pool=pool,
-            buffer=DataBuffer(),
-            reward_fn=_reward,
-            task_group=tg,
-        )
+        sched = _scheduler(pool, tg, mode="sync", over_sampling_batch_size=2)
         _, record = await run_step(sched, train_step=lambda groups: {}, sync=_Sync(pool), colocate=True)
         _, plain = await run_step(sched, train_step=lambda groups: {}, sync=_Sync(pool), colocate=False)
         await sched.shutdown()
