@@ -58,25 +58,9 @@ def test_entropy_is_differentiable_only_with_entropy_grad():
 
 
 def _groups(vocab: int):
-    from slime.types import Group, Sample, Status
+    from test_megatron_trainer import _groups as trainer_groups
 
-    g = torch.Generator().manual_seed(7)
-    groups = []
-    for gi in range(2):
-        samples = []
-        for i in range(4):
-            s = Sample(
-                prompt_ids=torch.randint(1, vocab, (3 + i,), generator=g).tolist(),
-                index=i,
-                group_id=gi,
-                reward=float((i + gi) % 3 == 0),
-                status=Status.COMPLETED,
-            )
-            r = 2 + (i * 3 + gi) % 5
-            s.append(torch.randint(1, vocab, (r,), generator=g).tolist(), (-torch.rand(r, generator=g)).tolist(), policy_version=0)
-            samples.append(s)
-        groups.append(Group(group_id=gi, samples=samples))
-    return groups
+    return trainer_groups(vocab, seed=7)
 
 
 @needs_liger

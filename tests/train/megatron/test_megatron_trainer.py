@@ -20,8 +20,8 @@ from slime.types import Group, Sample, Status
 pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
 
 
-def _groups(vocab: int) -> list[Group]:
-    g = torch.Generator().manual_seed(11)
+def _groups(vocab: int, seed: int = 11) -> list[Group]:
+    g = torch.Generator().manual_seed(seed)
     groups = []
     for gi in range(2):
         samples = []
