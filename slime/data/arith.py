@@ -35,6 +35,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slime.data.split_stream import split_stream
+
 if TYPE_CHECKING:
     import torch
 
@@ -109,13 +111,7 @@ def split_of(prompt: str) -> str:
 
 def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, str, str]]:
     """Endless stream of ``make_problem`` results that belong to ``split``, seeded by ``(split, seed)``."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    rng = random.Random(f"arith:{split}:{seed}")
-    while True:
-        problem = make_problem(rng, **kwargs)
-        if split_of(problem[0]) == split:
-            yield problem
+    return split_stream("arith", make_problem, split_of, seed, split, **kwargs)
 
 
 def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:

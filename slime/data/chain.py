@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from slime.data.arith import extract_answer, read_jsonl, reward, score, split_of, write_jsonl
+from slime.data.split_stream import split_stream
 
 __all__ = [
     "MIN_TERMS",
@@ -110,13 +111,7 @@ def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, s
     Raises:
         ValueError: for an unknown split.
     """
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    rng = random.Random(f"chain:{split}:{seed}")
-    while True:
-        problem = make_problem(rng, **kwargs)
-        if split_of(problem[0]) == split:
-            yield problem
+    return split_stream("chain", make_problem, split_of, seed, split, **kwargs)
 
 
 def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:
