@@ -22,7 +22,7 @@ from slime.config import RolloutConfig
 from slime.engines.client import EngineClient
 from slime.engines.pool import HttpEnginePool
 from slime.engines.protocol import SAMPLING_PARAM_KEYS
-from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
+from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RolloutConfig(request_timeout_s=5.0, control_timeout_s=5.0, max_retries=2, retry_backoff_s=0.01)
@@ -253,91 +253,6 @@ async def test_connection_refused_gives_up_after_bounded_retries_with_backoff() 
     assert 0.02 * (1 + 2 + 4) <= elapsed < 2.0
 
 
-async def test_unavailable_engine_is_retried_on_the_other_one(start_engines) -> None:
-    bad, good = await start_engines(2)
-    bad.on("/generate", status=503, body={"object": "error", "message": "overloaded", "code": 503})
-    good.on("/generate", body=generate_body("ok"))
-    config = RolloutConfig(max_retries=3, retry_backoff_s=0.1)  # a failed engine cools down for 0.8 s
-    async with HttpEnginePool([bad.url, good.url], config=config) as pool:
-        result = await pool.generate([1], {}, rid="ok")
-        assert result.rid == "ok" and (bad.hits("/generate"), good.hits("/generate")) == (1, 1)
-        assert good.calls[0][2]["rid"] == "ok"
-        await pool.generate([1], {})  # the failed engine is skipped while it cools down
-        assert (bad.hits("/generate"), good.hits("/generate")) == (1, 2)
-
-
-async def test_timeout_is_not_retried_on_another_engine(start_engines) -> None:
-    slow, fast = await start_engines(2)
-    release = asyncio.Event()
-
-    async def stall(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.json_response(generate_body())
-
-    slow.routes["/generate"] = stall
-    fast.on("/generate", body=generate_body())
-    config = RolloutConfig(request_timeout_s=0.2, control_timeout_s=0.2)
-    async with HttpEnginePool([slow.url, fast.url], config=config) as pool:
-        result = await pool.generate([1], {})  # ends as an abort (the sample resumes later), never raises
-    release.set()
-    assert result.aborted and "request_timeout_s=0.2" in result.finish_reason.message
-    assert fast.hits("/generate") == 0
-
-
-async def test_sticky_key_returns_to_its_engine_and_others_go_to_the_least_loaded(start_engines) -> None:
-    a, b = await start_engines(2)
-    a.on("/generate", body=generate_body())
-    b.on("/generate", body=generate_body())
-    async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
-        await pool.generate([1], {}, sticky_key="group-7")
-        await pool.generate([1], {}, sticky_key="group-7")
-        await pool.generate([1], {}, sticky_key="group-7")
-        assert (a.hits("/generate"), b.hits("/generate")) == (3, 0)
-        await pool.generate([1], {})
-        assert b.hits("/generate") == 1
-
-
-async def test_concurrent_samples_with_one_sticky_key_share_an_engine(start_engines) -> None:
-    a, b = await start_engines(2)
-    release = asyncio.Event()
-
-    async def stall(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.json_response(generate_body())
-
-    a.routes["/generate"] = b.routes["/generate"] = stall
-    async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
-        tasks = [asyncio.create_task(pool.generate([1], {}, sticky_key="group-1")) for _ in range(3)]
-        while pool.num_inflight < 3:
-            await asyncio.sleep(0)
-        release.set()
-        await asyncio.gather(*tasks)
-    assert sorted([a.hits("/generate"), b.hits("/generate")]) == [0, 3]
-
-
-async def test_abort_all_reaches_every_engine_with_a_json_body(start_engines) -> None:
-    engines = await start_engines(3)
-    for engine in engines:
-        engine.on("/abort_request", text="")
-    async with HttpEnginePool([e.url for e in engines], config=FAST) as pool:
-        assert set(await pool.abort_all()) == {e.url for e in engines}
-    for engine in engines:
-        assert engine.calls == [("POST", "/abort_request", {"rid": "", "abort_all": True}, "application/json")]
-
-
-async def test_update_weights_failure_names_the_failing_engine(start_engines) -> None:
-    ok, bad = await start_engines(2)
-    ok.on("/update_weights_from_disk", body={"success": True, "message": "Succeeded.", "num_paused_requests": 0})
-    bad.on("/update_weights_from_disk", status=400, body={"success": False, "message": "no such file /ckpt/v3"})
-    async with HttpEnginePool([ok.url, bad.url], config=FAST) as pool:
-        with pytest.raises(EngineRequestError) as info:
-            await pool.update_weights_from_disk("/ckpt/v3", "3")
-    text = str(info.value)
-    assert "1 of 2 engines" in text and f"{bad.url}/update_weights_from_disk" in text and "no such file" in text
-    assert info.value.url == bad.url
-    assert ok.calls[0][2] == {"model_path": "/ckpt/v3", "weight_version": "3", "abort_all_requests": False, "flush_cache": True}
-
-
 async def test_success_false_in_a_200_is_a_request_error(start_engines, session) -> None:
     (engine,) = await start_engines()
     engine.on("/update_weight_version", body={"success": False, "message": "busy"})
@@ -415,40 +330,3 @@ async def test_health_generate_is_a_bool_except_for_4xx(start_engines, session) 
     engine.on("/health_generate", status=401, body={"error": "Unauthorized"})
     with pytest.raises(EngineRequestError, match="Unauthorized"):
         await EngineClient(engine.url, session=session, config=FAST).health_generate()
-
-
-async def test_pool_close_is_idempotent_and_add_remove_engine_route(start_engines) -> None:
-    a, b = await start_engines(2)
-    b.on("/generate", body=generate_body())
-    pool = HttpEnginePool([a.url], config=FAST)
-    pool.add_engine(b.url + "/")
-    pool.remove_engine(a.url)
-    with pytest.raises(ValueError):
-        pool.add_engine(b.url)
-    await pool.generate([1], {})
-    assert (a.hits("/generate"), b.hits("/generate")) == (0, 1)
-    await pool.close()
-    await pool.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        await pool.generate([1], {})
-
-
-async def test_bulk_failure_of_mixed_kinds_is_an_engine_error_naming_both(start_engines) -> None:
-    (engine,) = await start_engines()
-    engine.on("/health_generate", status=400, body={"error": {"message": "nope"}})
-    down = dead_url()
-    async with HttpEnginePool([engine.url, down], config=FAST) as pool:
-        with pytest.raises(EngineError) as info:
-            await pool.wait_ready(0.3)
-    assert type(info.value) is EngineError and engine.url in str(info.value) and down in str(info.value)
-
-
-async def test_control_call_skips_an_unreachable_engine_but_raises_a_refusal(start_engines) -> None:
-    (engine,) = await start_engines()
-    engine.on("/continue_generation", status=400, body={"error": {"message": "nope"}})
-    down = dead_url()
-    async with HttpEnginePool([engine.url, down], config=FAST) as pool:
-        with pytest.raises(EngineRequestError) as info:
-            await pool.continue_generation()
-        assert engine.url in str(info.value) and down not in str(info.value)
-        assert [s["consecutive_failures"] for s in pool.engine_states()] == [0, 1]
