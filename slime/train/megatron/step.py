@@ -139,8 +139,15 @@ class MegatronTrainStep:
 
     def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         """Logprobs and entropies [T] of ``mb`` under ``model`` (one pipeline stage), full packed order."""
-        out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
-        return self._logprobs(out, mb, model, entropy_grad=entropy_grad)
+        return self._logprobs(self._run(model, mb), mb, model, entropy_grad=entropy_grad)
+
+    def _run(self, model: Any, mb: PackedMicroBatch) -> Tensor:
+        """One stage's forward on ``mb``. A bf16 model's last stage returns its bf16 logits (hidden
+        states with liger) as they are: ``Float16Module``'s default fp32 copy of [t, vocabulary] would
+        be one more 4-byte write and read per token and column, and its backward one more cast, for
+        values the logprob passes upcast exactly anyway."""
+        kwargs = {"fp32_output": False} if _float16_wrapped(model) else {}
+        return model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params, **kwargs)
 
     def _logprobs(self, out: Tensor, mb: PackedMicroBatch, model: Any, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
         """The last stage's output -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``).
@@ -187,7 +194,7 @@ class MegatronTrainStep:
         def forward_step(data_iterator: Any, stage: Any) -> tuple[Tensor, Any]:
             i = next(data_iterator)
             mb = mbs[i]
-            out = stage(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+            out = self._run(stage, mb)
 
             def loss_func(out: Tensor) -> tuple[Tensor, Tensor, dict]:
                 logprob, entropy = self._logprobs(out, mb, stage, entropy_grad=entropy_grad)
@@ -365,6 +372,15 @@ class MegatronTrainStep:
         opt.step_with_ready_grads()
         self.scheduler.step(increment=1)
         return grad_norm
+
+
+def _float16_wrapped(model: Any) -> bool:
+    """Whether ``model`` is, or wraps (DDP's ``.module`` chain), megatron's ``Float16Module``."""
+    while model is not None:
+        if type(model).__name__ == "Float16Module":
+            return True
+        model = getattr(model, "module", None)
+    return False
 
 
 def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:

@@ -199,3 +199,27 @@ def test_rmsnorm_rope_swiglu_trace_as_one_graph_and_match_eager_with_gradients()
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_only_the_token_dimension_is_dynamic_across_hidden_sizes(monkeypatch):
+    """A second row width recompiles with that width static: dynamo's automatic dynamic shapes would
+    make it symbolic, and Inductor's kernels for a symbolic width are 2-4x slower (fusion docstring)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from slime.train.megatron import fusion
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(fusion, "_BACKEND", counter)
+    fn = fusion._Fused(lambda x: x * 2.0, dynamic_args=(0,))
+    monkeypatch.setattr(fusion, "_REGISTRY", [fn])
+    monkeypatch.setattr(fusion._Fused, "compiles_for", lambda self, x: True)
+    fn(torch.randn(8, 4))
+    fn(torch.randn(5, 4))  # token count: dynamic, no recompile
+    assert counter.frame_count == 1
+    fn(torch.randn(8, 6))
+    fn(torch.randn(3, 6))
+    assert counter.frame_count == 2
+    fn(torch.randn(8, 10))  # with automatic dynamic shapes the width-6 graph would have a symbolic width and serve this
+    assert counter.frame_count == 3
+    torch._dynamo.reset()

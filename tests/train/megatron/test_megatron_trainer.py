@@ -111,3 +111,52 @@ def test_opd_step_matches_the_torch_backend(estimator, hf_dirs, megatron_cpu, cp
         for key in ("loss", "grad_norm", "opd_reverse_kl", "ratio_mean", "num_train_tokens"):
             assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
     assert got["opd_reverse_kl"] != 0.0
+
+
+def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, megatron_cpu, cpu_megatron_trainer, monkeypatch):
+    """A ``Float16Module`` stage returns bf16 logits (no fp32 copy of [tokens, vocabulary]); the step's
+    loss, metrics and updated weights equal those of the fp32-copy path (the upcast is exact)."""
+    from megatron.core.transformer.module import Float16Module
+
+    from slime.train.megatron import step as step_mod
+
+    config = TrainConfig(
+        lr=1e-3, global_batch_size=4, micro_batch_size=2, megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=20)
+    )
+    seen: list[torch.dtype] = []
+    real = step_mod.vocab_parallel_logprobs
+    monkeypatch.setattr(step_mod, "vocab_parallel_logprobs", lambda logits, *a, **k: (seen.append(logits.dtype), real(logits, *a, **k))[1])
+    results = []
+    for keep_bf16 in (True, False):
+        monkeypatch.setattr(step_mod, "_float16_wrapped", lambda model, keep=keep_bf16: keep)
+        trainer = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu, rollout_temperature=0.9)
+        trainer.model = Float16Module(trainer.tconfig, trainer.model)
+        trainer.ddp = type(trainer.ddp)(trainer.model)
+        seen.clear()
+        metrics = trainer.train_step(_groups(96))
+        assert seen and set(seen) == {torch.bfloat16 if keep_bf16 else torch.float32}
+        results.append((metrics, [p.detach().clone() for p in trainer.model.parameters()]))
+    (m_bf16, w_bf16), (m_fp32, w_fp32) = results
+    for key in ("loss", "grad_norm", "entropy", "ratio_mean", "approx_kl"):
+        assert m_bf16[key] == pytest.approx(m_fp32[key], rel=1e-6, abs=1e-7), key
+    for a, b in zip(w_bf16, w_fp32):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_float16_wrapped_finds_the_wrapper_through_ddp():
+    from slime.train.megatron.step import _float16_wrapped
+
+    class Float16Module(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    inner = torch.nn.Linear(2, 2)
+    assert _float16_wrapped(Wrapper(Float16Module(inner)))
+    assert _float16_wrapped(Float16Module(inner))
+    assert not _float16_wrapped(Wrapper(inner)) and not _float16_wrapped(inner)

@@ -1,0 +1,255 @@
+"""Micro-benchmark of the megatron backend's fused elementwise kernels on one GPU (issue 18 profiling).
+
+    python scripts/gpu/bench_kernels.py [--tokens 16384] [--ffn 4864,8960] [--hidden 896,1536]
+
+Times forward + backward of each variant of SwiGLU ([t, 1, 2f] -> [t, 1, f]) and RMSNorm ([t, 1, h]),
+median of 20 after 5 warm-up calls, CUDA events; prints ms and the effective bandwidth
+(bytes a perfect kernel moves / time). Writes $OUT/bench_kernels.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def _time(fn, warmup: int = 5, iters: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def swiglu_variants():
+    from slime.train.megatron import layers
+
+    def eager(x):
+        g, u = torch.chunk(x, 2, dim=-1)
+        return F.silu(g) * u
+
+    out = {"slime_fused": layers._swiglu, "eager": eager}
+    out["compile_static"] = torch.compile(eager, dynamic=False)
+    out["compile_dynamic"] = torch.compile(eager, dynamic=True)
+
+    def view2(x):
+        xv = x.view(*x.shape[:-1], 2, x.shape[-1] // 2)
+        return F.silu(xv[..., 0, :]) * xv[..., 1, :]
+
+    out["view2_dynamic"] = torch.compile(view2, dynamic=True)
+
+    def marked(compiled, **kw):
+        def run(x):
+            torch._dynamo.mark_dynamic(x, 0, **kw)
+            return compiled(x)
+
+        return run
+
+    out["marked_bounded"] = marked(torch.compile(lambda x: eager(x)), min=2, max=1 << 20)
+    import torch._inductor.config as ic
+
+    with ic.patch({"triton.prefer_nd_tiling": True}):
+        nd = torch.compile(lambda x: eager(x), dynamic=True)
+        nd(torch.randn(64, 1, 2 * 8, device="cuda", dtype=torch.bfloat16, requires_grad=True)).sum().backward()
+    out["nd_tiling_dynamic"] = nd
+
+    def flat2d(x):
+        x2 = x.reshape(-1, x.shape[-1])
+        g, u = torch.chunk(x2, 2, dim=-1)
+        return (F.silu(g) * u).view(*x.shape[:-1], -1)
+
+    out["flat2d_dynamic"] = torch.compile(flat2d, dynamic=True)
+    try:
+        from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+
+        out["megatron_bias_swiglu"] = lambda x: bias_swiglu_impl(x, None)
+    except Exception as exc:  # noqa: BLE001
+        print("megatron bias_swiglu_impl unavailable:", exc)
+    for name in ("swiglu_split", "swiglu_autograd"):
+        fn = getattr(layers, "_" + name, None)
+        if fn is not None:
+            out[name] = fn
+    return out
+
+
+def _blocked_row_stats(x, local_target, scale: float, block: int):
+    """_row_stats over [t, v] as per-block stats ([t, v / block], one read of x) combined per row."""
+    t, v = x.shape
+    z = x.float().view(t, v // block, block) * scale
+    mb = z.amax(-1)
+    zs = z - mb.unsqueeze(-1)
+    e = torch.exp(zs)
+    sb, qb = e.sum(-1), (e * zs).sum(-1)
+    m = mb.amax(-1)
+    f = torch.exp(mb - m.unsqueeze(-1))
+    s = (sb * f).sum(-1)
+    q = ((qb + (mb - m.unsqueeze(-1)) * sb) * f).sum(-1)
+    at = x.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).float() * scale
+    return m, s, q, at
+
+
+def attention_variants(tokens: int) -> dict:
+    """Causal attention over packed sequences, fwd+bwd: varlen (torch's flash) vs SDPA per sequence."""
+    from slime.train.megatron import layers
+
+    res = {}
+    for heads, kv, d in ((14, 2, 64), (12, 2, 128)):
+        for seq in (4096, 1024):
+            n = tokens // seq
+            cu = torch.arange(0, tokens + 1, seq, device="cuda", dtype=torch.int32)
+            q0 = torch.randn(tokens, heads, d, device="cuda", dtype=torch.bfloat16)
+            k0 = torch.randn(tokens, kv, d, device="cuda", dtype=torch.bfloat16)
+            v0 = torch.randn_like(k0)
+            g = torch.randn_like(q0)
+            scale = d**-0.5
+
+            def varlen(q, k, v):
+                return layers._VARLEN(q, k, v, cu, seq, scale)
+
+            def per_seq(q, k, v):
+                out = torch.empty_like(q)
+                for a in range(0, tokens, seq):
+                    qs, ks, vs = (x[a : a + seq].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+                    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+                    out[a : a + seq] = o.squeeze(0).transpose(0, 1)
+                return out
+
+            def dense(q, k, v):  # all sequences one length: a [n, h, s, d] batch
+                qs, ks, vs = (x.view(n, seq, x.shape[1], d).transpose(1, 2) for x in (q, k, v))
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+                return o.transpose(1, 2).reshape(tokens, heads, d)
+
+            for name, fn in (("varlen", varlen), ("per_seq_sdpa", per_seq), ("dense_sdpa", dense)):
+                q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
+
+                def step(fn=fn, q=q, k=k, v=v):
+                    fn(q, k, v).backward(g)
+                    q.grad = k.grad = v.grad = None
+
+                try:
+                    ms = _time(step)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"attention {name}: failed {type(exc).__name__}: {exc}")
+                    continue
+                key = f"h{heads}kv{kv}d{d}/seq{seq}/{name}"
+                res[key] = {"fwd_bwd_ms": ms}
+                print(f"attention {key:40s} fwd+bwd {ms:7.3f} ms")
+    return res
+
+
+def logprob_variants(tokens: int, vocab: int) -> dict:
+    from slime.train.megatron import logprobs
+
+    dev = torch.device("cuda")
+    x = (3 * torch.randn(tokens, vocab, device=dev)).bfloat16()
+    tgt = torch.randint(0, vocab, (tokens,), device=dev)
+    lse, c = torch.randn(tokens, device=dev) + 12, torch.randn(tokens, device=dev)
+    res = {}
+    gb = x.numel() * 2 / 1e9
+
+    def run(name, fn, moved_gb):
+        torch._dynamo.reset()
+        try:
+            ms = _time(fn)
+        except Exception as exc:  # noqa: BLE001
+            print(f"logprobs {name}: failed {type(exc).__name__}: {exc}")
+            return
+        res[name] = {"ms": ms, "tb_s": moved_gb / ms}
+        print(f"logprobs t={tokens} v={vocab} {name:28s} {ms:7.3f} ms  {moved_gb / ms:6.2f} TB/s")
+
+    def chunked(fn, n):
+        def go():
+            step = -(-tokens // n)
+            for a in range(0, tokens, step):
+                fn(a, min(a + step, tokens))
+
+        return go
+
+    rs = lambda a, b: logprobs._row_stats(x[a:b], tgt[a:b], 1.0, vocab)  # noqa: E731
+    lg = lambda a, b: logprobs._logits_grad(x[a:b], tgt[a:b], lse[a:b], c[a:b], None, None, 1.0, vocab)  # noqa: E731
+    for n in (2, 1, 4):
+        run(f"row_stats/{n}chunks", chunked(rs, n), gb)
+        run(f"logits_grad/{n}chunks", chunked(lg, n), 2 * gb)
+    for block in (128, 256, 1024):
+        if vocab % block == 0:
+            f = torch.compile(_blocked_row_stats, fullgraph=True)
+            for n in (1, 2):
+
+                def go(a, b, f=f, block=block):
+                    torch._dynamo.maybe_mark_dynamic(x[a:b], 0)
+                    return f(x[a:b], tgt[a:b], 1.0, block)
+
+                run(f"blocked{block}/{n}chunks", chunked(go, n), gb)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--ffn", default="4864,8960")
+    p.add_argument("--hidden", default="896,1536")
+    p.add_argument("--vocab", type=int, default=151936)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    res: dict = {"swiglu": {}, "rmsnorm": {}}
+    for f in [int(v) for v in args.ffn.split(",")]:
+        x0 = torch.randn(args.tokens, 1, 2 * f, device=dev, dtype=torch.bfloat16)
+        g = torch.randn(args.tokens, 1, f, device=dev, dtype=torch.bfloat16)
+        moved = (3 * f + 2 * f + f + 2 * f) * args.tokens * 2  # fwd read 2f write f; bwd read 2f + f, write 2f
+        for name, fn in swiglu_variants().items():
+            x = x0.clone().requires_grad_(True)
+
+            def step():
+                y = fn(x)
+                y.backward(g)
+                x.grad = None
+
+            def fwd():
+                with torch.no_grad():
+                    fn(x)
+
+            try:
+                ms, ms_f = _time(step), _time(fwd)
+            except Exception as exc:  # noqa: BLE001
+                print(f"swiglu f={f} {name}: failed {type(exc).__name__}: {exc}")
+                continue
+            res["swiglu"][f"{f}/{name}"] = {"fwd_bwd_ms": ms, "fwd_ms": ms_f, "tb_s": moved / ms / 1e9}
+            print(f"swiglu f={f:5d} {name:22s} fwd+bwd {ms:7.3f} ms  fwd {ms_f:7.3f} ms  {moved / ms / 1e9:6.2f} TB/s")
+    from slime.train.megatron import layers
+
+    for h in [int(v) for v in args.hidden.split(",")]:
+        x0 = torch.randn(args.tokens, 1, h, device=dev, dtype=torch.bfloat16)
+        w = torch.ones(h, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn_like(x0)
+        x = x0.clone().requires_grad_(True)
+
+        def step():
+            layers._rms_norm(x, w, 1e-6).backward(g)
+            x.grad = None
+
+        ms = _time(step)
+        res["rmsnorm"][str(h)] = {"fwd_bwd_ms": ms}
+        print(f"rmsnorm h={h:5d} slime_fused fwd+bwd {ms:7.3f} ms")
+    res["attention"] = attention_variants(args.tokens)
+    if args.vocab:
+        res["logprobs"] = logprob_variants(args.tokens, args.vocab)
+    out = os.environ.get("OUT", "/tmp/slime_gpu_out")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "bench_kernels.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
