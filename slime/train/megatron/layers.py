@@ -124,41 +124,10 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 @fused(dynamic_args=(0,))
-def _swiglu_forward(x: Tensor) -> Tensor:
+def _swiglu(x: Tensor) -> Tensor:
     """[..., 2 f] -> [..., f]: ``silu(gate) * up`` on the halves megatron's gated ``linear_fc1`` writes."""
     gate, up = torch.chunk(x, 2, dim=-1)
     return F.silu(gate) * up
-
-
-@fused(dynamic_args=(0, 1))
-def _swiglu_backward(grad: Tensor, x: Tensor) -> Tensor:
-    """d/dx of ``sum(grad * _swiglu_forward(x))``, [..., 2 f] in x's dtype: with s = sigmoid(gate),
-    d/dgate = grad * up * s * (1 + gate (1 - s)) and d/dup = grad * silu(gate)."""
-    dt = torch.promote_types(x.dtype, torch.float32)  # bf16 math in fp32
-    gate, up = torch.chunk(x.to(dt), 2, dim=-1)
-    g = grad.to(dt)
-    s = torch.sigmoid(gate)
-    return torch.cat([g * up * s * (1 + gate * (1 - s)), g * gate * s], dim=-1).to(x.dtype)
-
-
-class _SwiGLU(torch.autograd.Function):
-    """Saves only the input: the backward is one kernel reading x and grad and writing d/dx (autograd
-    through the compiled forward keeps more, and the H200 kernel bench measured it ~20 % slower)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return _swiglu_forward(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        return _swiglu_backward(grad, x)
-
-
-def _swiglu(x: Tensor) -> Tensor:
-    """[..., 2 f] -> [..., f]: ``silu(gate) * up`` (``_swiglu_forward``), with the one-kernel backward."""
-    return _SwiGLU.apply(x)
 
 
 class RMSNorm(nn.Module):
