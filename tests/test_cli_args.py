@@ -216,7 +216,7 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base = [a for i, a in enumerate(base) if a != flag and (i == 0 or base[i - 1] != flag)]
     if flag == "--num-epoch":  # an SFT flag: RL runs refuse it
         base += ["--loss-type", "sft_loss"]
-    if flag == "--prompt-data":  # the user's data: an RL run names its reward
+    if flag in ("--prompt-data", "--eval-prompt-data", "--eval-config"):  # the user's data: a run names its reward
         base += ["--rm-type", "math"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]

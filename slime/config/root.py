@@ -99,8 +99,9 @@ class Config(msgspec.Struct, **STRUCT):
         return self
 
     def check_reward_given(self) -> None:
-        """An RL run of the CLI on the user's ``--prompt-data`` names its reward: the built-in task's reward
-        (arithmetic unless ``--builtin-task``) scores only that task's format, and on other rows quietly gives 0.
+        """An RL run of the CLI on the user's ``--prompt-data`` or ``--eval-prompt-data`` names its reward: the
+        built-in task's reward (arithmetic unless ``--builtin-task``) scores only that task's format, and on other
+        rows quietly gives 0.
         Called where flags become a config (``slime.cli_args.config_from_args``); a program that passes its own
         ``reward_fn`` to ``run_training`` is not checked.
 
@@ -108,18 +109,27 @@ class Config(msgspec.Struct, **STRUCT):
             ConfigError: ``--prompt-data`` with neither ``--custom-rm-path`` nor ``--rm-type``, listing both, unless
                 the run needs no reward (``--loss-type sft_loss``, ``--opd-only``, a train-only replay) or a user
                 ``--rollout-function-path`` makes the groups (THUDM/slime's contract: it may set the rewards itself;
-                samples it leaves unrewarded are scored by the default reward, as before).
+                samples it leaves unrewarded are scored by the default reward, as before); ``--eval-prompt-data``
+                without ``--prompt-data`` (training on the built-in task) and with neither flag.
         """
-        r = self.rollout
-        if self.data.prompt_data is None or r.custom_rm_path is not None or r.rm_type is not None or r.uses_rollout_function:
+        r, d = self.rollout, self.data
+        if r.custom_rm_path is not None or r.rm_type is not None or r.uses_rollout_function:
             return
-        if self.train.loss_type == "sft_loss" or self.train.opd_only or self.debug.train_only:
-            return
-        raise ConfigError(
-            f"--prompt-data {self.data.prompt_data} needs a reward: pass --rm-type math|code|remote (a built-in verifier; "
-            "--rm-type arith|calc|chain for rows in a built-in task's format) or --custom-rm-path pkg.module.fn (your "
-            "function); runs that need none: --loss-type sft_loss, --opd-only"
-        )
+        if d.prompt_data is not None:
+            if self.train.loss_type == "sft_loss" or self.train.opd_only or self.debug.train_only:
+                return
+            raise ConfigError(
+                f"--prompt-data {d.prompt_data} needs a reward: pass --rm-type math|code|remote (a built-in verifier; "
+                "--rm-type arith|calc|chain for rows in a built-in task's format) or --custom-rm-path pkg.module.fn (your "
+                "function); runs that need none: --loss-type sft_loss, --opd-only"
+            )
+        if d.eval_prompt_data is not None:
+            # trained on the built-in task: its reward would score the user's eval rows, 0 for any other format
+            raise ConfigError(
+                f"--eval-prompt-data {_shown(d.eval_prompt_data)} needs a reward: the built-in task {d.builtin_task!r} "
+                f"scores only its own format (rows in it: --rm-type {d.builtin_task}); else --rm-type math|code|remote "
+                "or --custom-rm-path pkg.module.fn"
+            )
 
     def updates_in_place(self) -> bool:
         """Whether the run updates weights while requests are paused in place: ``--rollout-mode async``
@@ -292,3 +302,8 @@ class Config(msgspec.Struct, **STRUCT):
         if self.loop.num_epoch is not None:
             pairs.append(("--num-rollout (with --num-epoch, the epochs set the steps)", self.loop.num_rollout, d.loop.num_rollout))
         return pairs
+
+
+def _shown(paths: str | tuple[str, ...]) -> str:
+    """``--eval-prompt-data``'s value as given on the command line."""
+    return paths if isinstance(paths, str) else " ".join(paths)

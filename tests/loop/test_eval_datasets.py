@@ -22,8 +22,8 @@ def parse(*argv: str) -> Config:
 
 
 def test_eval_prompt_data_takes_one_path_or_name_path_pairs():
-    assert parse("--eval-prompt-data", "e.jsonl").data.eval_datasets == ((None, "e.jsonl"),)
-    assert parse("--eval-prompt-data", "aime", "a.jsonl", "math", "m.jsonl").data.eval_datasets == (
+    assert parse("--eval-prompt-data", "e.jsonl", "--rm-type", "math").data.eval_datasets == ((None, "e.jsonl"),)
+    assert parse("--eval-prompt-data", "aime", "a.jsonl", "math", "m.jsonl", "--rm-type", "math").data.eval_datasets == (
         ("aime", "a.jsonl"),
         ("math", "m.jsonl"),
     )
@@ -32,6 +32,18 @@ def test_eval_prompt_data_takes_one_path_or_name_path_pairs():
         parse("--eval-prompt-data", "aime", "a.jsonl", "math")
     with pytest.raises(ConfigError, match=r"names must be unique, got \['a', 'a'\]"):
         parse("--eval-prompt-data", "a", "x.jsonl", "a", "y.jsonl")
+
+
+def test_user_eval_data_on_the_built_in_task_names_its_reward():
+    """Trained on the built-in task, the run's reward is that task's: it scores rows of its own format only
+    (others get 0 in silence), so a user's eval file needs the reward named, the built-in one included."""
+    with pytest.raises(ConfigError, match=r"^--eval-prompt-data e.jsonl needs a reward: the built-in task 'arith' scores only its own format \(rows in it: --rm-type arith\)"):
+        parse("--eval-prompt-data", "e.jsonl")
+    with pytest.raises(ConfigError, match=r"^--eval-prompt-data a a.jsonl needs a reward: the built-in task 'chain'"):
+        parse("--builtin-task", "chain", "--eval-prompt-data", "a", "a.jsonl")
+    for reward in (["--rm-type", "arith"], ["--rm-type", "math"], ["--custom-rm-path", "my.mod.fn"]):
+        assert parse("--eval-prompt-data", "e.jsonl", *reward).data.eval_datasets == ((None, "e.jsonl"),)
+    assert parse().data.eval_prompt_data is None  # the built-in task's own held-out split needs nothing
 
 
 def test_eval_sampling_defaults_to_the_rollouts_as_in_slime():
