@@ -13,6 +13,8 @@ prompt, GRPO, one optimizer step per RL step) go through each backend of ``--bac
                   --max-tokens-per-gpu (packed micro-batches), its fused AdamW, --logprob-impl
                   (slime: logits + slime's logprob function; liger: liger-kernel's fused linear CE)
     torch         slime's torch backend on the GPU with --bf16 (optional)
+    megatron+NAME megatron with the candidate kernel NAME of ``slime.bench.candidates`` swapped in; its
+                  result has ``rl_step_vs_megatron`` (the default's RL step time / its own, same process)
 
 Each backend: ``--warmup`` RL steps (excluded: allocator, torch.compile), then ``--steps`` RL steps
 each followed by one old-logprob pass alone; medians. Reported per backend: the train+optimizer step
@@ -30,6 +32,7 @@ On a machine without CUDA it runs on the CPU (``tiny`` shape: tests/train/megatr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -44,6 +47,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpu"))
 from megatron_common import make_groups, make_hf_dir  # noqa: E402
 
+from slime.bench.candidates import CANDIDATES  # noqa: E402
 from slime.bench.trainer import (  # noqa: E402
     SHAPES,
     TransformersReference,
@@ -82,7 +86,11 @@ def _torch(cfg: TrainConfig, model_dir: str, device: torch.device):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="qwen2-0.5b,qwen2-1.5b", help=f"comma-separated, of {sorted(SHAPES)}")
-    p.add_argument("--backends", default="transformers,megatron", help="comma-separated, of transformers, megatron, torch")
+    p.add_argument(
+        "--backends",
+        default="transformers,megatron",
+        help="comma-separated, of transformers, megatron, torch, and megatron+CANDIDATE (slime.bench.candidates) for a candidate kernel",
+    )
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--large-num-samples", type=int, default=4, help="samples per step at the qwen2-7b shape")
     p.add_argument("--seq-len", type=int, default=4096)
@@ -143,26 +151,35 @@ def run_shape(
     for backend_name in args.backends.split(","):
         _free(device)
         backend = None
+        base, _, candidate = backend_name.partition("+")
         t0 = time.perf_counter()
-        try:
-            backend = factories[backend_name](cfg, model_dir, device)
-            r = measure(backend, groups, warmup=args.warmup, steps=args.steps, fwd_flops=fwd, train_flops=train, ceiling_tflops=ceiling)
-            r["build_and_measure_s"] = time.perf_counter() - t0
-            if args.profile:
-                profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)  # noqa: B023  # called within this iteration
-                print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
-        except torch.OutOfMemoryError as exc:
-            r = {"skipped": f"out of memory: {str(exc).splitlines()[0][:200]}"}
-        finally:
-            if backend is not None:
-                backend.close()
-            backend = None
+        with CANDIDATES[candidate]() if candidate else contextlib.nullcontext():
+            try:
+                backend = factories[base](cfg, model_dir, device)
+                r = measure(backend, groups, warmup=args.warmup, steps=args.steps, fwd_flops=fwd, train_flops=train, ceiling_tflops=ceiling)
+                r["build_and_measure_s"] = time.perf_counter() - t0
+                if args.profile:
+                    profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)  # noqa: B023  # called within this iteration
+                    print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
+            except torch.OutOfMemoryError as exc:
+                r = {"skipped": f"out of memory: {str(exc).splitlines()[0][:200]}"}
+            finally:
+                if backend is not None:
+                    backend.close()
+                backend = None
         result["backends"][backend_name] = r
         print(f"{name} {backend_name}: " + json.dumps({k: v for k, v in r.items() if not isinstance(v, list)}), flush=True)
     ref, meg = result["backends"].get("transformers", {}), result["backends"].get("megatron", {})
     if "rl_step_s" in ref and "rl_step_s" in meg:
         result["speedup_rl_step"] = ref["rl_step_s"] / meg["rl_step_s"]
         result["speedup_train_opt"] = ref["train_opt_s"] / meg["train_opt_s"]
+    for backend_name, r in result["backends"].items():  # each candidate against the default, same process
+        if "+" in backend_name and "rl_step_s" in r and "rl_step_s" in meg:
+            r["rl_step_vs_megatron"] = meg["rl_step_s"] / r["rl_step_s"]
+            r["train_opt_vs_megatron"] = meg["train_opt_s"] / r["train_opt_s"]
+            print(
+                f"{name}: {backend_name} RL step {r['rl_step_vs_megatron']:.3f}x megatron's (train+opt {r['train_opt_vs_megatron']:.3f}x)"
+            )
     return result, profiles
 
 
@@ -175,7 +192,12 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
         "torch": _torch,
         **(factories or {}),
     }
-    unknown = set(args.shapes.split(",")) - SHAPES.keys() | set(args.backends.split(",")) - factories.keys()
+    names = args.backends.split(",")
+    unknown = (
+        set(args.shapes.split(",")) - SHAPES.keys()
+        | {n.partition("+")[0] for n in names} - factories.keys()
+        | {n.partition("+")[2] for n in names if "+" in n} - CANDIDATES.keys()
+    )
     if unknown:
         raise SystemExit(f"unknown shapes/backends: {sorted(unknown)}")
     os.makedirs(args.out, exist_ok=True)

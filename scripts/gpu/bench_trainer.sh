@@ -7,6 +7,8 @@
 #   bash scripts/gpu/bench_trainer.sh --profile                         + one profiled RL step per backend
 #   bash scripts/gpu/bench_trainer.sh --shapes qwen2.5-3b,qwen2-7b      larger shapes (7B: 4 samples; skipped if OOM)
 #   bash scripts/gpu/bench_trainer.sh --backends transformers,megatron,torch   + slime's torch backend (--bf16)
+#   bash scripts/gpu/bench_trainer.sh --backends transformers,megatron,megatron+swiglu_function   + a kernel candidate
+#                                                                       (slime/bench/candidates.py) in the same process
 #
 # Workload: 16 samples x 4,096 tokens per optimizer step, 16k-token micro-batches, bf16, random
 # weights, warm-up steps excluded, median of 5. Needs .whl/ carried (scripts/gpu/fetch_wheels.sh:

@@ -18,4 +18,6 @@ machine and date recorded in ``docs/benchmarks.md``.
   seeds, the table and the plot (pure functions, no run).
 - ``trainer.py``: RL train steps of one backend against another on the same groups, in one process
   (``scripts/gpu/bench_trainer.py``, ``scripts/bench_megatron_mfu.py``).
+- ``candidates.py``: kernel candidates for the megatron backend, swapped in for one backend of that bench
+  (``--backends megatron,megatron+NAME``) so the default and the candidate are measured in one process.
 """

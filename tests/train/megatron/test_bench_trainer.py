@@ -30,10 +30,14 @@ def _load_script():
     return module
 
 
-def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer, capsys):
+def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer, capsys, monkeypatch):
+    from slime.bench import candidates
     from slime.bench.trainer import megatron_backend
 
     script = _load_script()
+    candidate_calls = []
+    real_swiglu = candidates.swiglu
+    monkeypatch.setattr(candidates, "swiglu", lambda x: (candidate_calls.append(x.shape), real_swiglu(x))[1])
 
     def cpu_megatron(cfg, model_dir, device):
         trainer = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
@@ -42,6 +46,8 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
 
     factories = {"megatron": cpu_megatron}
     argv = [
+        "--backends",
+        "transformers,megatron,megatron+swiglu_function",
         "--shapes",
         "tiny",
         "--num-samples",
@@ -75,6 +81,11 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
     assert tiny["speedup_rl_step"] == pytest.approx(
         tiny["backends"]["transformers"]["rl_step_s"] / tiny["backends"]["megatron"]["rl_step_s"]
     )
+    candidate = tiny["backends"]["megatron+swiglu_function"]  # same weights, data and math as the default
+    assert candidate["rl_step_vs_megatron"] == pytest.approx(tiny["backends"]["megatron"]["rl_step_s"] / candidate["rl_step_s"])
+    assert candidate["loss"] == pytest.approx(tiny["backends"]["megatron"]["loss"], rel=1e-5, abs=1e-7)
+    assert candidate["grad_norm"] == pytest.approx(tiny["backends"]["megatron"]["grad_norm"], rel=1e-5)
+    assert "megatron+swiglu_function RL step" in out and candidate_calls  # the candidate ran in that backend's MLPs
     profile = json.loads((tmp_path / "out" / "bench_trainer_profile.json").read_text())["tiny"]
     for name in ("transformers", "megatron"):
         p = profile[name]
