@@ -1,11 +1,17 @@
-"""Micro-benchmark of the megatron backend's fused elementwise kernels on one GPU (issue 18 profiling).
+"""Micro-benchmark of the megatron backend's kernels on one GPU (issue 18 profiling).
 
-    python scripts/gpu/bench_kernels.py [--tokens 16384] [--ffn 4864,8960] [--hidden 896,1536]
+    python scripts/gpu/bench_kernels.py [--tokens 16384] [--ffn 4864,8960] [--hidden 896,1536] [--vocab 151936]
 
-Times forward + backward of each variant of SwiGLU ([t, 1, 2f] -> [t, 1, f]) and RMSNorm ([t, 1, h]),
-median of 20 after 5 warm-up calls, CUDA events; prints ms and the effective bandwidth
-(bytes a perfect kernel moves / time). Writes $OUT/bench_kernels.json.
+Times forward + backward of each variant of SwiGLU ([t, 1, 2f] -> [t, 1, f]: ours, eager, compiled with
+static / dynamic sizes, megatron-core's ``bias_swiglu_impl``), RMSNorm ([t, 1, h]), causal attention over
+packed sequences (torch's varlen flash kernel, SDPA per sequence, SDPA on a dense batch) and the token
+logprob passes over [t, vocab] bf16 logits (whole, in token chunks, per-block statistics; ``--vocab 0``
+skips them); CUDA-event medians of 20 after 5 warm-up calls; prints ms and, where it applies, the effective
+bandwidth (bytes a perfect kernel moves / time). Writes $OUT/bench_kernels.json. Results:
+docs/bench_kernels_h200.json, docs/benchmarks.md (issue 18).
 """
+
+# ruff: noqa: B023  # every closure is timed within the loop iteration that defines it
 
 from __future__ import annotations
 
@@ -50,19 +56,11 @@ def swiglu_variants():
 
     out["view2_dynamic"] = torch.compile(view2, dynamic=True)
 
-    def marked(compiled, **kw):
-        def run(x):
-            torch._dynamo.mark_dynamic(x, 0, **kw)
-            return compiled(x)
-
-        return run
-
-    out["marked_bounded"] = marked(torch.compile(lambda x: eager(x)), min=2, max=1 << 20)
     import torch._inductor.config as ic
 
-    with ic.patch({"triton.prefer_nd_tiling": True}):
+    with ic.patch({"triton.prefer_nd_tiling": True}):  # Inductor's config is read when the graph compiles
         nd = torch.compile(lambda x: eager(x), dynamic=True)
-        nd(torch.randn(64, 1, 2 * 8, device="cuda", dtype=torch.bfloat16, requires_grad=True)).sum().backward()
+        nd(torch.randn(64, 1, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True)).sum().backward()
     out["nd_tiling_dynamic"] = nd
 
     def flat2d(x):

@@ -37,7 +37,10 @@ def test_eval_prompt_data_takes_one_path_or_name_path_pairs():
 def test_user_eval_data_on_the_built_in_task_names_its_reward():
     """Trained on the built-in task, the run's reward is that task's: it scores rows of its own format only
     (others get 0 in silence), so a user's eval file needs the reward named, the built-in one included."""
-    with pytest.raises(ConfigError, match=r"^--eval-prompt-data e.jsonl needs a reward: the built-in task 'arith' scores only its own format \(rows in it: --rm-type arith\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--eval-prompt-data e.jsonl needs a reward: the built-in task 'arith' scores only its own format \(rows in it: --rm-type arith\)",
+    ):
         parse("--eval-prompt-data", "e.jsonl")
     with pytest.raises(ConfigError, match=r"^--eval-prompt-data a a.jsonl needs a reward: the built-in task 'chain'"):
         parse("--builtin-task", "chain", "--eval-prompt-data", "a", "a.jsonl")
