@@ -18,9 +18,10 @@
 #   .whl/ also gets liger-kernel 0.8.5 (pure Python; --logprob-impl liger; the image has triton).
 #   .cutedsl/                 with SLIME_FETCH_CUTEDSL=1: the CuTe DSL that liger's SM90 (H100/H200) kernel imports:
 #                             nvidia-cutlass-dsl, nvidia-cutlass-dsl-libs-base, nvidia-cutlass-dsl-libs-cu13 (92 MB
-#                             alone) and apache-tvm-ffi, as one tar cut into 40 MB cutedsl.tar.partNN (+ .sha256).
-#                             A device call carries 64 MiB at most: carry .cutedsl/ part by part, one or two per
-#                             call, each call running `bash scripts/gpu/install_cutedsl.sh .cutedsl`, which stages
+#                             alone) and apache-tvm-ffi, as one tar cut into 28 MiB cutedsl.tar.partNN (+ .sha256;
+#                             CUTEDSL_PART_MB: the tracked tree is ~33 MB and a call carries 64 MiB in all).
+#                             Carry .cutedsl/ one part per call (put each part in its own carried folder), each
+#                             call running `bash scripts/gpu/install_cutedsl.sh .cutedsl`, which stages
 #                             the parts in /tmp/cutedsl-parts and installs into /tmp/site once their join matches
 #                             the sha256 (exit 3 until then), as setup_env.sh does with SGLang's parts.
 #
@@ -81,7 +82,7 @@ fi
 if [ "${SLIME_FETCH_CUTEDSL:-0}" = 1 ]; then
     rm -rf .cutedsl && mkdir -p .cutedsl/wheels
     download .cutedsl/wheels "${CUTEDSL_WHEELS[@]}"
-    tar -cf - -C .cutedsl wheels | split -b 40M -d - .cutedsl/cutedsl.tar.part
+    tar -cf - -C .cutedsl wheels | split -b "${CUTEDSL_PART_MB:-28}M" -d - .cutedsl/cutedsl.tar.part
     cat .cutedsl/cutedsl.tar.part* | sha256sum | cut -d' ' -f1 > .cutedsl/cutedsl.tar.sha256
     rm -rf .cutedsl/wheels
     ls -l .cutedsl
