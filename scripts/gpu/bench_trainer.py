@@ -153,20 +153,27 @@ def run_shape(
         backend = None
         base, _, candidate = backend_name.partition("+")
         t0 = time.perf_counter()
-        with CANDIDATES[candidate]() if candidate else contextlib.nullcontext():
-            try:
-                backend = factories[base](cfg, model_dir, device)
-                r = measure(backend, groups, warmup=args.warmup, steps=args.steps, fwd_flops=fwd, train_flops=train, ceiling_tflops=ceiling)
-                r["build_and_measure_s"] = time.perf_counter() - t0
-                if args.profile:
-                    profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)  # noqa: B023  # called within this iteration
-                    print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
-            except torch.OutOfMemoryError as exc:
-                r = {"skipped": f"out of memory: {str(exc).splitlines()[0][:200]}"}
-            finally:
-                if backend is not None:
-                    backend.close()
-                backend = None
+        try:
+            with CANDIDATES[candidate]() if candidate else contextlib.nullcontext():
+                try:
+                    backend = factories[base](cfg, model_dir, device)
+                    r = measure(
+                        backend, groups, warmup=args.warmup, steps=args.steps, fwd_flops=fwd, train_flops=train, ceiling_tflops=ceiling
+                    )
+                    r["build_and_measure_s"] = time.perf_counter() - t0
+                    if args.profile:
+                        profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)  # noqa: B023  # called within this iteration
+                        print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
+                finally:
+                    if backend is not None:
+                        backend.close()
+                    backend = None
+        except torch.OutOfMemoryError as exc:
+            r = {"skipped": f"out of memory: {str(exc).splitlines()[0][:200]}"}
+        except Exception as exc:  # a candidate that fails is a result, not the end of the run
+            if not candidate:
+                raise
+            r = {"skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
         result["backends"][backend_name] = r
         print(f"{name} {backend_name}: " + json.dumps({k: v for k, v in r.items() if not isinstance(v, list)}), flush=True)
     ref, meg = result["backends"].get("transformers", {}), result["backends"].get("megatron", {})

@@ -46,3 +46,10 @@ def test_each_candidate_swaps_in_only_inside_its_block():
     with pytest.raises(RuntimeError), candidates.swiglu_function():
         raise RuntimeError("a failing benchmark")
     assert layers._swiglu is default
+
+    from torch.nn.attention import varlen
+
+    default_fn, default_choice = layers._VARLEN, varlen._should_use_cudnn
+    with candidates.CANDIDATES["cudnn_varlen"]():
+        assert layers._VARLEN is candidates.cudnn_varlen_attention and varlen._should_use_cudnn(0) is True
+    assert layers._VARLEN is default_fn and varlen._should_use_cudnn is default_choice

@@ -112,3 +112,22 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-3) and got["grad_norm"] > 0
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-3, abs=1e-7)
     assert abs(got["loss"]) > 1e-5
+
+
+def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys, monkeypatch):
+    import contextlib
+
+    script = _load_script()
+
+    @contextlib.contextmanager
+    def broken():
+        raise RuntimeError("cuDNN: no kernel for this shape")
+        yield
+
+    monkeypatch.setitem(script.CANDIDATES, "broken", broken)
+    argv = ["--backends", "transformers,transformers+broken", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
+    argv += ["--max-tokens-per-gpu", "128", "--steps", "1", "--warmup", "0", "--model-root", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+    assert script.main(argv) == 0
+    tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
+    assert tiny["transformers+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
+    assert tiny["transformers"]["rl_step_s"] > 0 and "bench_trainer: PASSED" in capsys.readouterr().out
