@@ -11,11 +11,11 @@ tests check the math the GPU kernels are generated from.
 
 Shapes that change between micro-batches (the packed token count) are marked dynamic on the
 first call (``dynamic_args``), so a ragged run compiles once per function and mode instead of
-once per micro-batch size. Every other size stays static: dynamo's automatic dynamic shapes are off
-for these calls, because a second hidden or FFN size in one process (a second model, a norm over
-heads after one over the hidden size) would otherwise recompile the function with that size
-symbolic too, and Inductor's kernels for a symbolic row width run 2-4x slower (SwiGLU at the
-Qwen2-1.5B shape on an H200: 2.5 ms instead of 1.1 ms forward + backward; docs/benchmarks.md).
+once per micro-batch size. Every other size of a tensor argument is marked static at each call: with
+dynamo's automatic dynamic shapes, a second hidden or FFN size in one process (a second model, a norm
+over key heads after one over query heads) would recompile the function with that size symbolic, and
+Inductor's kernels for a symbolic row width run 2-4x slower (SwiGLU at the Qwen2-1.5B shape on an
+H200: 2.5 ms instead of 1.1 ms forward + backward; docs/benchmarks.md). Marking costs ~2 us a call.
 """
 
 from __future__ import annotations
@@ -61,12 +61,15 @@ class _Fused:
             if self._compiled is None:
                 _raise_recompile_limit()
                 self._compiled = torch.compile(self.fn, fullgraph=True, backend=_BACKEND)
-            for i in self.dynamic_args:
-                if isinstance(args[i], Tensor) and args[i].dim() > 0:
-                    torch._dynamo.maybe_mark_dynamic(args[i], 0)
+            for i, a in enumerate(args):
+                if isinstance(a, Tensor):
+                    dynamic = i in self.dynamic_args and a.dim() > 0
+                    if dynamic:
+                        torch._dynamo.maybe_mark_dynamic(a, 0)
+                    for d in range(int(dynamic), a.dim()):  # every other size static (module docstring)
+                        torch._dynamo.mark_static(a, d)
             try:
-                with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-                    return self._compiled(*args)
+                return self._compiled(*args)
             except Exception as exc:  # compile errors surface on the call; run eagerly from now on
                 self._failed = True
                 log.warning("torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(exc).__name__, exc)
