@@ -84,7 +84,13 @@ class BatchKV:
         }
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]  # type: ignore[union-attr]  # full-attention layers only (Llama/Qwen)
+        """Each layer's (keys, values), [B, heads, L, head_dim]: full-attention layers only (Llama/Qwen)."""
+        out = []
+        for i, layer in enumerate(self.cache.layers):
+            if layer.keys is None or layer.values is None:  # a layer the prefill did not fill
+                raise RuntimeError(f"BatchKV: cache layer {i} holds no keys/values (only full-attention models are supported)")
+            out.append((layer.keys, layer.values))
+        return out
 
     def _rebuild(self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
         self.cache = DynamicCache(ddp_cache_data=layers)
