@@ -87,9 +87,10 @@ class BatchKV:
         """Each layer's (keys, values), [B, heads, L, head_dim]: full-attention layers only (Llama/Qwen)."""
         out = []
         for i, layer in enumerate(self.cache.layers):
-            if layer.keys is None or layer.values is None:  # a layer the prefill did not fill
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)  # linear-attention layers have neither
+            if keys is None or values is None:
                 raise RuntimeError(f"BatchKV: cache layer {i} holds no keys/values (only full-attention models are supported)")
-            out.append((layer.keys, layer.values))
+            out.append((keys, values))
         return out
 
     def _rebuild(self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
