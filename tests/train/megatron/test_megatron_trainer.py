@@ -121,7 +121,10 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
     from slime.train.megatron import step as step_mod
 
     config = TrainConfig(
-        lr=1e-3, global_batch_size=4, micro_batch_size=2, megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=20)
+        lr=1e-3,
+        global_batch_size=4,
+        micro_batch_size=2,
+        megatron=MegatronConfig(bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=20),
     )
     seen: list[torch.dtype] = []
     real = step_mod.vocab_parallel_logprobs
