@@ -130,6 +130,11 @@ async def run_step(
         ValueError: ``train_step`` without ``sync`` (pass ``NoWeightSync`` for none); ``colocate``
             with a scheduler that has no engine pool.
     """
+    if train_step is not None and sync is None:
+        raise ValueError("run_step: a train step needs a weight sync (slime.loop.record.NoWeightSync for none)")
+    memory_pool = sched.pool if colocate else None  # the engines that give their memory to the trainer
+    if colocate and memory_pool is None:
+        raise ValueError("run_step(colocate=True): the scheduler has no engine pool to release memory from")
     config, version = sched.config, sched.version
     tr = tracer or NULL_TRACER
     step_start = tr.now()
@@ -147,11 +152,7 @@ async def run_step(
         record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout)
         tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
         return groups, record
-    if sync is None:
-        raise ValueError("run_step: a train step needs a weight sync (slime.loop.record.NoWeightSync for none)")
-    memory_pool = sched.pool if colocate else None  # the engines that give their memory to the trainer
-    if colocate and memory_pool is None:
-        raise ValueError("run_step(colocate=True): the scheduler has no engine pool to release memory from")
+    assert sync is not None  # checked on entry, with train_step set
     released: dict[str, float] = {}
     async with contextlib.AsyncExitStack() as held:
         if memory_pool is not None:  # colocate: nothing generates until the sync is done

@@ -218,3 +218,11 @@ async def test_sft_skips_the_eval_before_training_and_warms_up_over_a_fraction_o
     assert summary["eval_loss_before"] is None and summary["eval_loss_after"] is not None
     # 4 optimizer steps, warm-up 0.5 x 4 = 2: lr 1e-2 x 1/2, 1e-2, then constant
     assert [r["train/lr"] for r in records if r["kind"] == "step"] == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2])
+
+
+def test_loading_sft_data_without_prompt_data_names_the_flag():
+    from slime.config import DataConfig
+    from slime.loop.sft import load_sft_data
+
+    with pytest.raises(ConfigError, match="needs --prompt-data"):
+        load_sft_data(DataConfig(), tokenizer=None)
