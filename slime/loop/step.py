@@ -222,7 +222,8 @@ def pause_mode(config: LoopConfig, pool: EnginePool | None, version: int, *, col
     request has reused cached KV since the engines' caches were last emptied (see the module doc),
     else ``"abort"`` (then the update also flushes the caches).
 
-    Example: async, ``pool.num_prefix_cache_hits == 0`` -> "in_place"; 3 hits -> "abort".
+    ``pool`` None (no engines, train-only): no cache hits. Example: async,
+    ``pool.num_prefix_cache_hits == 0`` -> "in_place"; 3 hits -> "abort".
     """
     if config.mode != "async" or colocate:
         return "abort"
