@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from slime.config import LoopConfig, RolloutConfig
+from slime.config import DataConfig, LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource
 from slime.data.offline import OfflineGroup, OfflineSample, OfflineSource
 from slime.loop.buffer import DataBuffer
+from slime.loop.inputs import offline_source
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
 from slime.train.batch import build_train_batch
@@ -102,8 +103,5 @@ async def test_offline_groups_pass_the_staleness_drop_mask_and_trainer_check():
 
 
 def test_an_offline_source_without_offline_data_is_refused():
-    from slime.config import DataConfig, LoopConfig
-    from slime.loop.inputs import offline_source
-
     with pytest.raises(ValueError, match="needs --offline-data"):
         offline_source(DataConfig(), LoopConfig(), None, None, n_samples_per_prompt=2, megatron=False, seed=0)
