@@ -32,6 +32,8 @@ def _warn_if_resuming_another_setup(config: Config) -> None:
     """``--load`` of a run made with other data, model or loss: allowed (e.g. a new data mix), but said."""
     import msgspec
 
+    if config.load is None:  # no --load: nothing to compare with
+        return
     saved_path = Path(config.load) / "config.json"
     try:
         saved = json.loads(saved_path.read_text())

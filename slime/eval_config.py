@@ -74,7 +74,7 @@ def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
     raw = read_yaml(path, where)
     ev = raw.get("eval") if isinstance(raw, dict) else None
     datasets = ev.get("datasets") if isinstance(ev, dict) else None
-    if not isinstance(datasets, list) or not datasets:
+    if not isinstance(ev, dict) or not isinstance(datasets, list) or not datasets:
         raise ConfigError(f"{where}: expected 'eval: datasets:' with a list of {{name, path, ...}} entries")
     if unknown := set(ev) - {"defaults", "datasets"}:
         raise ConfigError(f"{where}: eval.{sorted(unknown)[0]}: unknown key (known: defaults, datasets)")

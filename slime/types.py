@@ -268,7 +268,7 @@ class Group(msgspec.Struct, kw_only=True):
 
     @property
     def oldest_version(self) -> int | None:
-        vs = [s.oldest_version for s in self.samples if s.versions]
+        vs = [v for s in self.samples if (v := s.oldest_version) is not None]
         return min(vs) if vs else None
 
     @property

@@ -50,3 +50,12 @@ def test_no_module_of_the_package_is_exempt_from_mypy():
 
     overrides = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"].get("overrides", [])
     assert [o["module"] for o in overrides if o.get("ignore_errors")] == []
+
+
+def test_mypy_checks_optional_strictly():
+    """Optional is strict: ``strict_optional`` is not turned off, for the package or for any module."""
+    import tomllib
+
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy.get("strict_optional", True) is True
+    assert [o["module"] for o in mypy.get("overrides", []) if o.get("strict_optional") is False] == []

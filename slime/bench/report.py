@@ -72,8 +72,8 @@ def sim_vs_real(real: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]])
     return out
 
 
+# (header, format, metric key); each table's first column is the mode
 _COLUMNS = [
-    ("mode", "{}", None),
     ("tokens/s", "{:,.0f}", "delivered_tokens_per_s"),
     ("x sync", "{:.2f}", "speedup_vs_sync"),
     ("trained tok/s", "{:,.0f}", "trained_tokens_per_s"),
@@ -93,7 +93,6 @@ _COLUMNS = [
     ("len mismatch", "{:,}", "length_mismatch_samples"),
 ]
 _SIM_COLUMNS = [
-    ("mode", "{}", None),
     ("real tok/s", "{:,.0f}", "real_tokens_per_s"),
     ("sim tok/s", "{:,.0f}", "sim_tokens_per_s"),
     ("sim error", "{:+.1%}", "rel_error"),
@@ -108,10 +107,10 @@ _SIM_COLUMNS = [
 ]
 
 
-def _table(columns: list[tuple[str, str, str | None]], rows_by_mode: dict[str, dict[str, Any]]) -> list[str]:
-    rows = [[h for h, _, _ in columns]]
+def _table(columns: list[tuple[str, str, str]], rows_by_mode: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [["mode"] + [h for h, _, _ in columns]]
     for mode, m in rows_by_mode.items():
-        rows.append([mode] + [("-" if m.get(k) is None else fmt.format(m[k])) for _, fmt, k in columns[1:]])
+        rows.append([mode] + [("-" if m.get(k) is None else fmt.format(m[k])) for _, fmt, k in columns])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

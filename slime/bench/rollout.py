@@ -261,7 +261,7 @@ async def run_bench(
         )
     run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
     cost = None
-    if probe is not None:
+    if probe is not None and engine_urls is not None:  # a probe without engine_urls raised above
         async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
             await pool.wait_ready(60.0)
             t0 = time.monotonic()

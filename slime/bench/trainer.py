@@ -199,7 +199,7 @@ class TransformersReference:
         return {"loss": float(torch.stack(losses).mean()), "grad_norm": float(torch.stack(norms).mean())}
 
     def close(self) -> None:
-        self.model = self.optimizer = None
+        del self.model, self.optimizer  # their GPU memory; the backend is not used again
 
 
 class _TrainerAdapter:
@@ -328,7 +328,7 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
         elif _LAUNCH_CALLS.match(evt.key):
             launches += evt.count
         if cuda:
-            us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
+            us = getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "self_cuda_time_total", 0.0)
         else:  # no kernels: aten ops' own CPU time stands in for them
             us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
         if us > 0:

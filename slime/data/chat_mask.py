@@ -65,7 +65,7 @@ class TemplateError(ConfigError):
 
 def has_generation_blocks(template: str | None) -> bool:
     """True when ``template`` has a ``{% generation %}`` block (transformers' assistant-mask marker)."""
-    return bool(template) and _GENERATION_RE.search(template) is not None
+    return template is not None and _GENERATION_RE.search(template) is not None
 
 
 def assistant_char_spans(

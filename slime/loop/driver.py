@@ -163,7 +163,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     group_filter = (
         load_function(lp.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path") if lp.dynamic_sampling_filter_path else None
     )
-    if resume is not None:
+    if ckpt is not None and resume is not None:  # both or neither (open_run_dir)
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
         buffer.restore(
@@ -192,15 +192,15 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         ) as engines,
     ):
         pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
-        if engines and engines.plan.backend == "external":  # they serve whatever they last loaded: give them this run's policy
+        # external engines serve whatever they last loaded: give them this run's policy
+        if engines and pool is not None and engines.plan.backend == "external":
             await load_initial_weights(pool, model_dir, str(version.engines))
         tracer = obs.tracer
         teacher = teacher_scorer(engines, use_opd=config.train.use_opd, opd_kl_coef=config.train.opd_kl_coef)
-        sync: WeightSync = (
-            NoWeightSync()
-            if train_only or rollout_only
-            else build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
-        )
+        sync: WeightSync = NoWeightSync()
+        if not (train_only or rollout_only):
+            assert pool is not None and trainer is not None  # engines run unless train-only, a trainer is built unless rollout-only
+            sync = build_weight_sync(config.sync, pool=pool, trainer=trainer, weights_dir=weights_dir)
         r = config.rollout
         evaluator = RLEval(
             files,
@@ -227,14 +227,19 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         async with asyncio.TaskGroup() as tg:
             sched: RolloutScheduler
             if train_only:  # recorded groups, no engine
-                sched = ReplayScheduler(config.loop, config.debug.load_debug_rollout_data, buffer=buffer, version=version)
-            elif config.rollout.uses_rollout_function:  # --rollout-function-path: one call makes each step's groups
+                if (template := config.debug.load_debug_rollout_data) is None:  # Config.check_run_modes refuses this
+                    raise ConfigError("--debug-train-only needs --load-debug-rollout-data (the recorded groups to train on)")
+                sched = ReplayScheduler(config.loop, template, buffer=buffer, version=version)
+            elif config.rollout.uses_rollout_function and (fn_path := config.rollout.rollout_function_path) is not None:
+                # --rollout-function-path: one call makes each step's groups
                 from slime.rollout.slime_compat import RolloutArgs
+
+                assert pool is not None  # engines run unless train-only
 
                 sched = RolloutFunctionScheduler(
                     config.loop,
                     config.rollout,
-                    load_function(config.rollout.rollout_function_path, flag="--rollout-function-path"),
+                    load_function(fn_path, flag="--rollout-function-path"),
                     args=RolloutArgs(
                         config.rollout,
                         config.loop,
@@ -255,6 +260,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
             else:
                 if note := builtin_rollout_note(config.rollout.rollout_function_path, config.loop.mode):
                     log.info(note)
+                assert pool is not None  # engines run unless train-only
                 sched = Scheduler(
                     config.loop,
                     config.rollout,
@@ -274,7 +280,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
                     teacher=teacher,
                 )
             fill = offline is not None or train_only or config.rollout.uses_rollout_function  # samples that may lack rollout logprobs
-            train_step = None if rollout_only else with_offline_logprobs(trainer) if fill else trainer.train_step
+            train_step = None if trainer is None else with_offline_logprobs(trainer) if fill else trainer.train_step  # None: rollout-only
             if resume is not None:
                 sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
             obs.watch(pool=pool, buffer=buffer)

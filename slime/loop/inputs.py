@@ -129,7 +129,11 @@ def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
 def offline_source(
     d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool, seed: int
 ) -> OfflineSource:
-    """``--offline-data``, tokenised (prompts as online ones; responses without special tokens), shuffled from ``seed`` + 1."""
+    """``--offline-data``, tokenised (prompts as online ones; responses without special tokens), shuffled from ``seed`` + 1.
+
+    Raises ValueError when ``d.offline_data`` is not set (the caller builds a source only for a run that has one)."""
+    if d.offline_data is None:
+        raise ValueError("offline_source needs --offline-data")
     groups = load_offline_data(
         d.offline_data,
         tokenize=tokenize,

@@ -9,6 +9,7 @@ metrics record. ``slime.loop.driver.run_training`` wires the run and hands these
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -91,10 +92,8 @@ class RLMode:
         self.tracer, self.source, self.offline, self.colocate = tracer, source, offline, colocate
         self.record_template, self.rollout_only = record_template, rollout_only
 
-    async def _on_batch(self, groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
-        await asyncio.to_thread(
-            save_rollout_record, self.record_template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer
-        )
+    async def _save_batch(self, template: str, groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
+        await asyncio.to_thread(save_rollout_record, template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer)
 
     async def step(self, step: int) -> tuple[StepRecord, list[dict[str, Any]]]:
         groups, record = await run_step(
@@ -103,7 +102,7 @@ class RLMode:
             sync=self.sync,
             tracer=self.tracer,
             colocate=self.colocate,
-            on_batch=self._on_batch if self.record_template else None,
+            on_batch=functools.partial(self._save_batch, self.record_template) if self.record_template else None,
         )
         return record, [{"step": step, "group_id": g.group_id, "data_index": g.data_index} for g in groups]
 

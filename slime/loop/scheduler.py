@@ -205,7 +205,7 @@ class Scheduler(SchedulerCounters, OfflineMixing):
                 await self.score.group(group)
             if not (group.is_finished and group.is_rewarded):
                 self._lost(self.buffer.push_partial(group), "evicted_groups")
-            elif self.group_filter is not None and not self._keep(group):
+            elif self.group_filter is not None and not self._keep(self.group_filter, group):
                 self.stats.filtered_groups += 1
                 self.stats.filtered_tokens += group.num_response_tokens
                 self._free_slot()
@@ -216,7 +216,9 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         finally:
             del self.inflight[group.group_id]
             await self._notify()
-            if not asyncio.current_task().cancelling():  # the task group is shutting down: start nothing
+            task = asyncio.current_task()
+            assert task is not None  # this coroutine runs as a task of self.task_group
+            if not task.cancelling():  # the task group is shutting down: start nothing
                 self._fill()
 
     def _free_slot(self) -> None:
@@ -232,8 +234,8 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         self.num_admitted -= len(groups)
         setattr(self.stats, counter, getattr(self.stats, counter) + len(groups))
 
-    def _keep(self, group: Group) -> bool:
-        keep = self.group_filter(group)
+    def _keep(self, group_filter: Callable[[Group], bool], group: Group) -> bool:
+        keep = group_filter(group)
         if not isinstance(keep, bool):
             raise PluginError(
                 f"--dynamic-sampling-filter-path returned {type(keep).__name__} {keep!r} for group {group.group_id}, expected bool"

@@ -34,18 +34,22 @@ class Scorer:
         teacher: TeacherScorer | None,
         tracer: Any,
     ):
+        if reward_fn is None and group_reward_fn is None:
+            raise ValueError("Scorer needs reward_fn or group_reward_fn")
         self.rollout, self.reward_fn, self.group_reward_fn = rollout, reward_fn, group_reward_fn
+        # the per-sample reward, None when a group reward function rewards every sample instead
+        self.sample_reward_fn = reward_fn if group_reward_fn is None else None
         self.teacher, self.tracer = teacher, tracer
 
     async def sample(self, s: Sample) -> None:
         """A finished sample: the teacher (if any), then its own reward unless a group reward function rewards it."""
         if self.teacher is not None and s.status is not Status.FAILED and s.teacher_logprobs is None:
-            await self._teacher(s)
+            await self._teacher(self.teacher, s)
         if s.status is Status.FAILED:
             s.reward = 0.0
-        elif self.group_reward_fn is None and s.reward is None:
+        elif self.sample_reward_fn is not None and s.reward is None:
             span = self.tracer.begin("reward", "reward", lanes="reward")
-            await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
+            await score_sample(s, self.sample_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
             if span is not None:
                 self.tracer.end(span, group_id=s.group_id, index=s.index, reward=s.reward, status=s.status.value)
 
@@ -63,18 +67,20 @@ class Scorer:
         if self.teacher is not None:
             for s in group.samples:
                 if s.status is not Status.FAILED and s.teacher_logprobs is None:
-                    await self._teacher(s)
+                    await self._teacher(self.teacher, s)
         if self.group_reward_fn is not None and not group.is_rewarded:
             await score_group(
                 group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key
             )
-        elif self.group_reward_fn is None:
+        elif self.sample_reward_fn is not None:
             for s in group.samples:
                 if s.reward is None:
-                    await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
+                    await score_sample(
+                        s, self.sample_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key
+                    )
 
-    async def _teacher(self, sample: Sample) -> None:
+    async def _teacher(self, teacher: TeacherScorer, sample: Sample) -> None:
         span = self.tracer.begin("teacher", "reward", lanes="teacher")
-        await self.teacher.score(sample)
+        await teacher.score(sample)
         if span is not None:
             self.tracer.end(span, group_id=sample.group_id, index=sample.index, status=sample.status.value)

@@ -74,6 +74,8 @@ def load_sft_data(d: DataConfig, tokenizer: Any, *, max_len: int | None = None) 
     """Train and eval examples (``slime.data.sft``) and how many bad rows were skipped.
 
     ``d``: the data section. ``max_len``: the model's context (``slime.data.sft.model_context_len``); longer rows are bad rows."""
+    if d.prompt_data is None:
+        raise ConfigError("--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)")
     kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data, max_len=max_len)
     train, num_bad = load_sft_file(d.prompt_data, flag="--prompt-data", **kw)
     evals: list[SFTExample] = []
@@ -133,7 +135,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     trainer = await asyncio.to_thread(
         TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0, **config.trainer_kwargs()
     )
-    if resume is not None:
+    if ckpt is not None and resume is not None:  # both or neither (open_run_dir)
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
         log.info("resuming from %s (step %d, epoch %d, row %d of the epoch)", ckpt, resume.step, source.epoch, source.position)

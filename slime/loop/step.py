@@ -90,13 +90,13 @@ def batch_stats(groups: list[Group]) -> dict[str, float]:
 
 
 def _opd_stats(samples: list[Sample]) -> dict[str, float]:
-    scored = [s for s in samples if s.teacher_logprobs is not None]
+    scored = [(s, t) for s in samples if (t := s.teacher_logprobs) is not None]
     if not scored:
         return {}
     kl = teacher = 0.0
     num_tokens = 0
-    for s in scored:
-        for student_lp, teacher_lp, m in zip(s.rollout_logprobs, s.teacher_logprobs, s.loss_mask):
+    for s, teacher_lps in scored:
+        for student_lp, teacher_lp, m in zip(s.rollout_logprobs, teacher_lps, s.loss_mask):
             if m:
                 kl += student_lp - teacher_lp
                 teacher += teacher_lp
@@ -127,7 +127,14 @@ async def run_step(
 
     Raises:
         RuntimeError: the trainer reports another policy version than the loop counts.
+        ValueError: ``train_step`` without ``sync`` (pass ``NoWeightSync`` for none); ``colocate``
+            with a scheduler that has no engine pool.
     """
+    if train_step is not None and sync is None:
+        raise ValueError("run_step: a train step needs a weight sync (slime.loop.record.NoWeightSync for none)")
+    memory_pool = sched.pool if colocate else None  # the engines that give their memory to the trainer
+    if colocate and memory_pool is None:
+        raise ValueError("run_step(colocate=True): the scheduler has no engine pool to release memory from")
     config, version = sched.config, sched.version
     tr = tracer or NULL_TRACER
     step_start = tr.now()
@@ -145,13 +152,14 @@ async def run_step(
         record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout)
         tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
         return groups, record
+    assert sync is not None  # checked on entry, with train_step set
     released: dict[str, float] = {}
     async with contextlib.AsyncExitStack() as held:
-        if colocate:  # the engines give their memory to the trainer: nothing generates until the sync is done
+        if memory_pool is not None:  # colocate: nothing generates until the sync is done
             await held.enter_async_context(sched.paused("abort"))
             free_before = device_free_bytes()
             with tr.span("release_memory", "weight_sync"):
-                await sched.pool.release_memory_occupation()
+                await memory_pool.release_memory_occupation()
             released = _released_gib(free_before, device_free_bytes())
         t1 = time.monotonic()
         with tr.span("train_step", "train", version=version.trainer, num_samples=batch["num_samples"]):
@@ -162,9 +170,9 @@ async def run_step(
         with tr.span("save", "weight_sync", version=new):
             path = await sync.save(new)
         t2 = time.monotonic()
-        if colocate:
+        if memory_pool is not None:
             with tr.span("resume_memory", "weight_sync"):
-                await sched.pool.resume_memory_occupation()
+                await memory_pool.resume_memory_occupation()
         pause_start = tr.now()
         async with contextlib.nullcontext() if colocate else sched.paused(mode):
             tr.complete("pause", "weight_sync", pause_start, mode=mode)
@@ -209,12 +217,13 @@ def _released_gib(before: int | None, after: int | None) -> dict[str, float]:
     return {} if before is None or after is None else {"engine_memory_released_gib": (after - before) / 2**30}
 
 
-def pause_mode(config: LoopConfig, pool: EnginePool, version: int, *, colocate: bool = False) -> Literal["abort", "in_place"]:
+def pause_mode(config: LoopConfig, pool: EnginePool | None, version: int, *, colocate: bool = False) -> Literal["abort", "in_place"]:
     """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode unless a
     request has reused cached KV since the engines' caches were last emptied (see the module doc),
     else ``"abort"`` (then the update also flushes the caches).
 
-    Example: async, ``pool.num_prefix_cache_hits == 0`` -> "in_place"; 3 hits -> "abort".
+    ``pool`` None (no engines, train-only): no cache hits. Example: async,
+    ``pool.num_prefix_cache_hits == 0`` -> "in_place"; 3 hits -> "abort".
     """
     if config.mode != "async" or colocate:
         return "abort"

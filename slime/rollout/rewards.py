@@ -60,6 +60,8 @@ def _load_from_file(file: Path, attr: str, *, flag: str, spec: str) -> Callable[
     if not file.is_file():
         raise ConfigError(f"{flag}={spec!r}: no file {file}")
     module_spec = importlib.util.spec_from_file_location(f"slime_plugin_{file.stem}", file)
+    if module_spec is None or module_spec.loader is None:  # importlib has no loader for this file name
+        raise ConfigError(f"{flag}={spec!r}: {file} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)

@@ -268,7 +268,8 @@ def to_groups(
             for i, s in enumerate(members)
         ]
         first = getattr(members[0], "group_index", None)
-        groups.append(Group(group_id=gid, samples=samples, rollout_id=rollout_id, data_index=(data_index or {}).get(first, -1)))
+        row = (data_index or {}).get(first, -1) if first is not None else -1
+        groups.append(Group(group_id=gid, samples=samples, rollout_id=rollout_id, data_index=row))
     return groups, metrics
 
 

@@ -120,5 +120,6 @@ def run_event_loop(coro: Coroutine[Any, Any, None]) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        uvloop = None
-    (uvloop.run if uvloop is not None else asyncio.run)(coro)
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)

@@ -121,7 +121,7 @@ class DeltaWeightSync:
 
     def _encode(self, new: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None) -> list[EncodedTensor]:
         full = base is None
-        out = [encode_tensor(n, None if full else base.get(n), t, level=self.level, full=full) for n, t in new.items()]
+        out = [encode_tensor(n, None if base is None else base.get(n), t, level=self.level, full=full) for n, t in new.items()]
         return [e for e in out if e is not None]
 
     async def _push(

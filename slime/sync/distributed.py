@@ -94,8 +94,8 @@ class DistributedWeightSync:
             raise ValueError("nothing to sync: the trainer's state dict is empty")
         t0 = time.monotonic()
         device = staged[0][1].device
-        await self._ensure_group(backend_for(device))
-        group, timeout_s = self._group, self.config.update_weights_timeout_s
+        group = await self._ensure_group(backend_for(device))
+        timeout_s = self.config.update_weights_timeout_s
         num_bytes = 0
         parts = buckets(staged, self.config.update_weight_buffer_size)
         try:
@@ -128,11 +128,12 @@ class DistributedWeightSync:
         dt = time.monotonic() - t0
         self.stats = {"bytes": num_bytes, "seconds": dt, "num_buckets": len(parts), "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9}
 
-    async def _ensure_group(self, backend: str) -> None:
+    async def _ensure_group(self, backend: str) -> WeightsUpdateGroup:
+        """The group with the pool's current engines (a new one when they changed)."""
         clients = engines(self.pool)
         urls = [c.url for c in clients]
         if self._group is not None and urls == self._group_urls:
-            return
+            return self._group
         await self._drop_group()
         timeout_s = self.config.update_weights_timeout_s
         infos = await asyncio.gather(*(c.server_info() for c in clients))
@@ -167,7 +168,8 @@ class DistributedWeightSync:
         except BaseException:
             join.add_done_callback(_log_outcome(f"trainer side of group {name}"))
             raise
-        self._group, self._group_urls = await join, urls
+        group = await join
+        self._group, self._group_urls = group, urls
         log.info(
             "weights-update group %s: %s backend, world size %d (trainer rank 0 at %s:%d, engines %s at ranks %s), %s",
             name,
@@ -179,6 +181,7 @@ class DistributedWeightSync:
             offsets,
             "flattened buckets" if self._flattened else "one broadcast per tensor",
         )
+        return group
 
     async def _drop_group(self) -> None:
         group, self._group, urls = self._group, None, self._group_urls

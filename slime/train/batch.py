@@ -123,7 +123,8 @@ class TrainBatch:
         """Every tensor on ``device`` (self when they already are); dtypes unchanged."""
         if self.input_ids.device == torch.device(device):
             return self
-        return TrainBatch(**{f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)})
+        fields: dict[str, Any] = {f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)}
+        return TrainBatch(**fields)
 
     def slice(self, start: int, end: int) -> TrainBatch:
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""

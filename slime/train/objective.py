@@ -130,7 +130,7 @@ def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None,
 
 
 def micro_batch_loss(
-    cfg: TrainConfig, mb: TrainBatch, logprobs: Tensor, entropy: Tensor, loss_denominator: float
+    cfg: TrainConfig, mb: TrainBatch, logprobs: Tensor, entropy: Tensor | None, loss_denominator: float
 ) -> tuple[Tensor, dict[str, float]]:
     """Policy loss (+ KL loss) of one micro-batch; with ``--loss-type sft_loss``, ``losses.sft_loss``.
 
@@ -138,7 +138,8 @@ def micro_batch_loss(
         cfg: the train config.
         mb: a micro-batch slice with ``old_logprobs`` (and ``ref_logprobs`` with the KL loss).
         logprobs: [b, l] float32, current policy, carries gradient.
-        entropy: [b, l] float32, nats; carries gradient when ``cfg.entropy_coef`` != 0.
+        entropy: [b, l] float32, nats; carries gradient when ``cfg.entropy_coef`` != 0; None: not
+            computed (then ``cfg.entropy_coef`` must be 0, else ``losses.policy_loss`` raises ValueError).
         loss_denominator: the optimizer step's samples (``seq_mean``) or trained tokens (``token_mean``).
 
     Returns:

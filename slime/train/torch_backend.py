@@ -246,6 +246,7 @@ class TorchTrainer(TorchForward):
                 num_skipped += 1
                 logger.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
             if self.critic is not None:
+                assert self.critic_optimizer is not None  # __init__ builds it with the critic
                 critic_norms.append(self._clip_and_step(self.critic, self.critic_optimizer))
                 value_losses.append(step_value_loss)
             self._zero_grad()

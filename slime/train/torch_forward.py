@@ -55,18 +55,19 @@ class TorchForward:
         """
         temperature = self.rollout_temperature
         old = torch.zeros_like(batch.loss_mask)  # [B, L]
-        ref = torch.zeros_like(old) if self.ref_model is not None else None
-        values = torch.zeros_like(old) if self.critic is not None else None
+        ref_model, critic = self.ref_model, self.critic
+        ref = torch.zeros_like(old) if ref_model is not None else None
+        values = torch.zeros_like(old) if critic is not None else None
         for indices in micro_batches:
             mb = batch.select(indices)
             rows = torch.as_tensor(indices, dtype=torch.long, device=old.device)[:, None]
             cols = torch.arange(mb.loss_mask.shape[1], device=old.device)[None, :]
             with self._autocast():
                 old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
-                if ref is not None:
-                    ref[rows, cols] = compute_token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
-                if values is not None:
-                    values[rows, cols] = self.critic(mb.input_ids, mb.attention_mask).float()
+                if ref_model is not None and ref is not None:
+                    ref[rows, cols] = compute_token_logprobs(ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                if critic is not None and values is not None:
+                    values[rows, cols] = critic(mb.input_ids, mb.attention_mask).float()
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
 
     def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:

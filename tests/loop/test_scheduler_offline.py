@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from slime.config import LoopConfig, RolloutConfig
+from slime.config import DataConfig, LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource
 from slime.data.offline import OfflineGroup, OfflineSample, OfflineSource
 from slime.loop.buffer import DataBuffer
+from slime.loop.inputs import offline_source
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.scheduler import Scheduler
 from slime.train.batch import build_train_batch
@@ -99,3 +100,8 @@ async def test_offline_groups_pass_the_staleness_drop_mask_and_trainer_check():
     assert stats["masked_stale_tokens"] == 0 and stats["offline_tokens"] == 3 * 2 * 4 and stats["lag_histogram"] == {}
     batch = build_train_batch(groups, pad_token_id=0, current_version=7, max_staleness=0)
     assert batch.loss_mask.sum() == 3 * 2 * 4 and int(batch.staleness.max()) == 0
+
+
+def test_an_offline_source_without_offline_data_is_refused():
+    with pytest.raises(ValueError, match="needs --offline-data"):
+        offline_source(DataConfig(), LoopConfig(), None, None, n_samples_per_prompt=2, megatron=False, seed=0)

@@ -9,8 +9,9 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from slime.cli_args import build_parser, config_from_args
+from slime.config import DataConfig
 from slime.errors import ConfigError
-from slime.loop.sft import run_sft
+from slime.loop.sft import load_sft_data, run_sft
 from tests.fixtures.tiny_model import write_tiny_llama
 
 ROWS = [{"prompt": f"w{3 + i} w{10 + i}", "response": f"w{20 + i} w{30 + i} w{40 + i}"} for i in range(7)]
@@ -218,3 +219,8 @@ async def test_sft_skips_the_eval_before_training_and_warms_up_over_a_fraction_o
     assert summary["eval_loss_before"] is None and summary["eval_loss_after"] is not None
     # 4 optimizer steps, warm-up 0.5 x 4 = 2: lr 1e-2 x 1/2, 1e-2, then constant
     assert [r["train/lr"] for r in records if r["kind"] == "step"] == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2])
+
+
+def test_loading_sft_data_without_prompt_data_names_the_flag():
+    with pytest.raises(ConfigError, match="needs --prompt-data"):
+        load_sft_data(DataConfig(), tokenizer=None)

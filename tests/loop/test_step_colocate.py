@@ -100,3 +100,18 @@ def test_colocate_rejects_delta_sync_and_async_mode():
         Config(sync=SyncConfig(colocate=True, method="delta")).validate()
     with pytest.raises(ConfigError, match="--colocate with --rollout-mode"):
         Config(sync=SyncConfig(colocate=True), loop=LoopConfig(mode="async")).validate()
+
+
+async def test_a_step_refuses_a_train_step_without_sync_and_colocate_without_engines_before_taking_groups():
+    """Both misuses are caught on entry, so no rollout group is taken (and lost) first."""
+
+    class _NoEngines:  # a scheduler without a pool (as ReplayScheduler); must not be asked for a batch
+        pool = None
+
+        async def next_batch(self, n):
+            raise AssertionError("took a batch")
+
+    with pytest.raises(ValueError, match="needs a weight sync"):
+        await run_step(_NoEngines(), train_step=lambda groups: {}, sync=None)
+    with pytest.raises(ValueError, match="no engine pool"):
+        await run_step(_NoEngines(), train_step=None, sync=None, colocate=True)

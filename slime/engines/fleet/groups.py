@@ -160,7 +160,7 @@ def _resolve(d: SglangDeployment, engine: EngineConfig, where: str) -> SglangDep
         raise ConfigError(f"{where}: no group serves model {ACTOR!r} (the policy being trained); models: {out.models()}")
     for model in out.models():
         mine = [g for g in out.groups if g.model == model]
-        roles, paths = {g.role for g in mine}, {g.model_path for g in mine}
+        roles, paths = {g.role for g in mine}, {g.model_path for g in mine if g.model_path}  # all filled in above
         if len(paths) > 1:
             raise ConfigError(f"{where}: model {model!r} has groups with different model_path values {sorted(paths)}")
         if roles - {"regular"} and roles != {"prefill", "decode"}:

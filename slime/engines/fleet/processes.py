@@ -204,16 +204,17 @@ class EmbeddedEngineProcess:
 
     async def start(self, startup_timeout_s: float) -> str:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        self.proc = await asyncio.create_subprocess_exec(
+        self.proc = proc = await asyncio.create_subprocess_exec(
             *self.args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )
+        assert proc.stdout is not None  # stdout=PIPE
         tail: list[str] = []
         try:
             async with asyncio.timeout(startup_timeout_s):
                 while True:
-                    raw = await self.proc.stdout.readline()
+                    raw = await proc.stdout.readline()
                     if not raw:
-                        rc = await self.proc.wait()
+                        rc = await proc.wait()
                         raise EngineUnavailable(
                             f"embedded engine exited with code {rc} before it was ready; last output:\n" + "".join(tail[-20:]),
                             endpoint="(launch)",

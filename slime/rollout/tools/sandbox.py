@@ -287,6 +287,7 @@ class Sandbox:
             stderr=asyncio.subprocess.PIPE,
             **kwargs,
         )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPE
         out, err = _Capped(self.max_output_bytes), _Capped(self.max_output_bytes)
         timed_out = False
         try:

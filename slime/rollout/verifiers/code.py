@@ -141,8 +141,9 @@ class CodeVerifier:
         result = await self.sandbox.run(code, stdin=case.stdin)
         if not result.ok:
             return False, f"stdin {case.stdin[:200]!r}: {_describe(result)}"
-        ok = outputs_match(case.expected_stdout or "", result.stdout)
-        return ok, f"stdin {case.stdin[:200]!r}: expected {case.expected_stdout[:200]!r}, got {result.stdout[:200]!r}"
+        expected = case.expected_stdout or ""
+        ok = outputs_match(expected, result.stdout)
+        return ok, f"stdin {case.stdin[:200]!r}: expected {expected[:200]!r}, got {result.stdout[:200]!r}"
 
 
 def _describe(result: SandboxResult) -> str:

@@ -84,7 +84,14 @@ class BatchKV:
         }
 
     def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]  # type: ignore[union-attr]  # full-attention layers only (Llama/Qwen)
+        """Each layer's (keys, values), [B, heads, L, head_dim]: full-attention layers only (Llama/Qwen)."""
+        out = []
+        for i, layer in enumerate(self.cache.layers):
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)  # linear-attention layers have neither
+            if keys is None or values is None:
+                raise RuntimeError(f"BatchKV: cache layer {i} holds no keys/values (only full-attention models are supported)")
+            out.append((keys, values))
+        return out
 
     def _rebuild(self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
         self.cache = DynamicCache(ddp_cache_data=layers)

@@ -284,12 +284,13 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
             )
         if return_logprob[i] and start_len[i] > len(prompt):
             raise ValueError(f"logprob_start_len ({start_len[i]}) is larger than the prompt ({len(prompt)} tokens).")
+        sent_rid = rids[i]
         for j in range(n):
-            sample_rid = rids[i] if (n == 1 and rids[i] is not None) else uuid.uuid4().hex
+            sample_rid = sent_rid if (n == 1 and sent_rid is not None) else uuid.uuid4().hex
             if sampling_seed is not None:
                 generator = seeded_generator(sampling_seed, f"sample/{j}")
             else:
-                generator = seeded_generator(seed, sample_rid if n == 1 else f"{rids[i] or sample_rid}/{j}")
+                generator = seeded_generator(seed, sample_rid if n == 1 else f"{sent_rid or sample_rid}/{j}")
             requests.append(
                 EngineRequest(
                     rid=sample_rid,

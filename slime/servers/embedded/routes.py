@@ -66,7 +66,7 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         body = await _body(request)
         if (refusal := not_ready()) is not None:
             return refusal
-        loaded, runner = server.loaded, server.runner
+        loaded, runner = server.require_loaded(), server.require_runner()  # set: not_ready() passed
         kwargs = dict(tokenizer=loaded.tokenizer, vocab_size=loaded.vocab_size, context_length=loaded.context_length, seed=server.seed)
         try:
             if body.get("input_ids") is None and body.get("text") is not None:  # tokenizing: off the event loop
@@ -119,14 +119,14 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
             raise BadRequest(f"Input should be 'abort', 'retract' or 'in_place': body.mode = {mode!r}")
         if (refusal := not_ready()) is not None:
             return refusal
-        await asyncio.wrap_future(server.runner.pause(mode))
+        await asyncio.wrap_future(server.require_runner().pause(mode))
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(request: web.Request) -> web.Response:
         await _body(request)
         if (refusal := not_ready()) is not None:
             return refusal
-        await asyncio.wrap_future(server.runner.resume())
+        await asyncio.wrap_future(server.require_runner().resume())
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_weights_from_disk(request: web.Request) -> web.Response:
@@ -147,10 +147,10 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
                 400,
             )
         try:
-            tensors = await asyncio.to_thread(read_hf_weights, model_path, server.loaded.model)
+            tensors = await asyncio.to_thread(read_hf_weights, model_path, server.require_loaded().model)
         except (ValueError, OSError) as exc:
             return _json({"success": False, "message": str(exc), "num_paused_requests": 0}, 400)
-        update = server.runner.update_weights(tensors, weight_version=version, abort_all=abort_all)
+        update = server.require_runner().update_weights(tensors, weight_version=version, abort_all=abort_all)
         num_paused = await asyncio.wrap_future(update)
         await die_if_flush_fails(server, _field(body, "flush_cache", bool, True), num_paused)
         server.model_path = model_path
@@ -163,7 +163,7 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         abort_all = _field(body, "abort_all_requests", bool, True)
         if (refusal := not_ready()) is not None:
             return refusal
-        await asyncio.wrap_future(server.runner.update_weights(None, weight_version=version, abort_all=abort_all))
+        await asyncio.wrap_future(server.require_runner().update_weights(None, weight_version=version, abort_all=abort_all))
         return _json({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
 
     def busy() -> bool:  # any /generate between arrival and response (running, queued or held)
@@ -185,12 +185,12 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         return web.Response(status=503 if not_ready() else 200)
 
     async def health_generate(request: web.Request) -> web.Response:
-        if not_ready() or server.runner.paused:
+        if not_ready() or server.require_runner().paused:
             return web.Response(status=503)
         return web.Response(status=200 if await server.probe() else 503)
 
     async def ready(request: web.Request) -> web.Response:
-        return web.Response(status=503 if not_ready() or server.runner.paused else 200)
+        return web.Response(status=503 if not_ready() or server.require_runner().paused else 200)
 
     async def model_info(request: web.Request) -> web.Response:
         loaded = server.loaded
@@ -215,7 +215,7 @@ def add_routes(app: web.Application, server: EngineServer) -> None:
         )
 
     async def server_info(request: web.Request) -> web.Response:
-        loaded, runner = server.loaded, server.runner
+        loaded, runner = server.require_loaded(), server.require_runner()  # set: not_ready() passed
         context_length = loaded.context_length if loaded else None
         return _json(
             {

@@ -280,6 +280,7 @@ class ModelRunner:
             return
         self._running = [self._running[i] for i in rows]
         if rows:
+            assert self._batch is not None  # held whenever requests run (rows of it were running)
             self._batch.select(rows)
         else:
             self._batch = None
@@ -333,6 +334,7 @@ class ModelRunner:
         self._running.extend(reqs[i] for i in keep)
 
     def _decode_step(self) -> None:
+        assert self._batch is not None  # called only while requests run, and then their cache is held
         inputs = self._batch.decode_inputs([r.output_ids[-1] for r in self._running])
         logits = self.loaded.model(**inputs, use_cache=True).logits[:, -1, :]
         self._keep_rows(self._sample(self._running, logits))

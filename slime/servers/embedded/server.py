@@ -99,6 +99,18 @@ class EngineServer:
             raise RuntimeError("EngineServer.url is only known after start()")
         return f"http://{self.host}:{self.port}"
 
+    def require_loaded(self) -> LoadedModel:
+        """The loaded model. Raises RuntimeError before ``start()`` has loaded it."""
+        if self.loaded is None:
+            raise RuntimeError("EngineServer: no model is loaded yet (start() has not finished)")
+        return self.loaded
+
+    def require_runner(self) -> ModelRunner:
+        """The model runner. Raises RuntimeError before ``start()`` has started it."""
+        if self.runner is None:
+            raise RuntimeError("EngineServer: the model runner is not started yet (start() has not finished)")
+        return self.runner
+
     @property
     def weight_version(self) -> str:
         return self.runner.weight_version if self.runner is not None else self.initial_weight_version

@@ -80,7 +80,7 @@ async def die_if_flush_fails(server: EngineServer, flush_cache: bool, num_paused
     if not flush_cache or not num_paused:
         return
     logger.error("%s (%d requests paused in place); the engine stops, as SGLang 0.5.17 does", FLUSH_FAILED, num_paused)
-    await asyncio.to_thread(server.runner.stop)
+    await asyncio.to_thread(server.require_runner().stop)
     raise EngineDied(
         f"{FLUSH_FAILED}: {num_paused} requests were paused in place (send flush_cache=false "
         "with an in-place update); the engine died, as SGLang 0.5.17 does"
@@ -136,7 +136,7 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
         """Load checked tensors between decode steps; returns (num_paused_requests, version note)."""
         version = body_or_control.get("weight_version")
         abort_all = bool(body_or_control.get("abort_all_requests", False))
-        num_paused = await asyncio.wrap_future(server.runner.update_weights(tensors, weight_version=version, abort_all=abort_all))
+        num_paused = await asyncio.wrap_future(server.require_runner().update_weights(tensors, weight_version=version, abort_all=abort_all))
         await die_if_flush_fails(server, bool(body_or_control.get("flush_cache", True)), num_paused)
         return num_paused, f" Weight version updated to {version}." if version else ""
 
@@ -205,7 +205,7 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
         async with state.lock:
             received = await asyncio.to_thread(state.groups[name].broadcast, buffers, flattened=load_format == "flattened_bucket")
             tensors = dict(zip(map(str, names), received))
-            if (problem := _check_against_model(server.loaded.model, tensors)) is not None:
+            if (problem := _check_against_model(server.require_loaded().model, tensors)) is not None:
                 return _result(False, f"Failed to update weights: {problem}")
             _, note = await apply(tensors, body)
         return _result(True, "Succeeded to update parameter online from distributed." + note)
@@ -235,7 +235,7 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
             tensors = await asyncio.to_thread(deserialize_safetensors, blob)
         except ValueError as exc:
             return _result(False, str(exc))
-        if (problem := _check_against_model(server.loaded.model, tensors)) is not None:
+        if (problem := _check_against_model(server.require_loaded().model, tensors)) is not None:
             return _result(False, f"Failed to update weights: {problem}")
         async with state.lock:
             _, note = await apply(tensors, body)
@@ -250,10 +250,10 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
         if (refused := refusal("update_weights_from_delta")) is not None:
             return refused
         async with state.lock:
-            base, current = control.get("base_weight_version"), server.runner.weight_version
+            base, current = control.get("base_weight_version"), server.require_runner().weight_version
             if base is not None and base != current:
                 return _result(False, f"delta against weight_version {base!r}, but the engine holds {current!r}")
-            live = weight_targets(server.loaded.model)
+            live = weight_targets(server.require_loaded().model)
             if unknown := sorted(set(metas) - set(live)):
                 return _result(False, f"Failed to update weights: {len(unknown)} unknown tensor names (e.g. {unknown[:3]})")
             try:
@@ -261,7 +261,7 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
             except ValueError as exc:
                 return _result(False, f"Failed to decode the delta: {exc}")
             _, note = await apply(tensors, control)
-            live = weight_targets(server.loaded.model)
+            live = weight_targets(server.require_loaded().model)
             checksums = await asyncio.to_thread(lambda: {n: tensor_checksum(live[n]) for n in tensors})
         return _result(True, "Succeeded to update model weights from delta." + note, checksums=checksums)
 
@@ -281,11 +281,11 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
                 400,
             )
         async with state.lock:
-            if not server.runner.paused:  # hold generation while memory is gone
-                await asyncio.wrap_future(server.runner.pause("in_place"))
+            if not server.require_runner().paused:  # hold generation while memory is gone
+                await asyncio.wrap_future(server.require_runner().pause("in_place"))
                 state.paused_by_release = True
             if "weights" in tags and "weights" not in state.released:
-                state.freed = [(p, p.shape) for p in server.loaded.model.parameters()]  # tied weights: one Parameter
+                state.freed = [(p, p.shape) for p in server.require_loaded().model.parameters()]  # tied weights: one Parameter
                 for p, _ in state.freed:
                     p.data = torch.empty(0, dtype=p.dtype)  # drops the storage (it may be a read-only mmap of the checkpoint)
             state.released |= tags
@@ -303,7 +303,7 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
                 logger.warning("weights re-allocated as zeros after release: sync weights before generating (docs/sglang.md#memory)")
             state.released -= tags
             if not state.released and state.paused_by_release:
-                await asyncio.wrap_future(server.runner.resume())
+                await asyncio.wrap_future(server.require_runner().resume())
                 state.paused_by_release = False
         return _json(None)
 

@@ -51,6 +51,7 @@ drops the padding again.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TypedDict
 
 import torch
 from torch import Tensor
@@ -59,7 +60,7 @@ from slime.train.megatron.arch import ModelArch
 
 __all__ = [
     "hf_to_mcore", "mcore_to_hf", "iter_mcore_to_hf", "mcore_names", "hf_names_for", "is_tensor_parallel", "is_expert",
-    "mcore_param_to_hf", "hf_to_mcore_param", "pipeline_stage", "stage_names",
+    "mcore_param_to_hf", "hf_to_mcore_param", "pipeline_stage", "stage_names", "Ranks",
 ]  # fmt: skip
 
 HfGetter = Callable[[str], Tensor]
@@ -218,6 +219,17 @@ def is_tensor_parallel(name: str) -> bool:
     return _kind(_split_name(name)[1]) != "replicated"
 
 
+class Ranks(TypedDict):
+    """The parallel ranks keyword arguments of ``hf_to_mcore_param``."""
+
+    tp_size: int
+    tp_rank: int
+    ep_size: int
+    ep_rank: int
+    etp_size: int | None
+    etp_rank: int | None
+
+
 def hf_to_mcore_param(
     name: str, get: HfGetter, arch: ModelArch, *, tp_size: int = 1, tp_rank: int = 0,
     ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
@@ -308,7 +320,7 @@ def hf_to_mcore(
     ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The full megatron-core state dict of one rank (``mcore_names`` order); arguments as ``hf_to_mcore_param``."""
-    ranks = dict(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
+    ranks = Ranks(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
     return {name: hf_to_mcore_param(name, hf_state.__getitem__, arch, **ranks) for name in mcore_names(arch, ep_size=ep_size)}
 
 

@@ -48,7 +48,7 @@ from slime.config import MegatronConfig
 from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.convert import hf_to_mcore_param, stage_names
+from slime.train.megatron.convert import Ranks, hf_to_mcore_param, stage_names
 from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 
 __all__ = [
@@ -362,7 +362,7 @@ def load_hf_weights(
     missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or extra:
         raise RuntimeError(f"megatron model and converter disagree: missing in model {missing}, not converted {extra}")
-    ranks = dict(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
+    ranks = Ranks(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
     with torch.no_grad():
         for name in expected:
             value = hf_to_mcore_param(names[name], reader.__getitem__, arch, **ranks)

@@ -137,6 +137,10 @@ class PackedMicroBatch:
         p = self.params
         if p.cp_size == 1:
             return local
+        if p.cp_full_index is None:
+            raise RuntimeError(
+                f"PackedMicroBatch.full: cp_size={p.cp_size} but params.cp_full_index is unset (packs with CP come from cp_split)"
+            )
         return gather_full(local, p.cp_full_index, p.cp_group, sum_grads=False)
 
     def unpack(self, packed: Tensor) -> Tensor:
@@ -150,8 +154,8 @@ class PackedMicroBatch:
             p,
             cu_seqlens_q=p.cu_seqlens_q.to(device),
             cu_seqlens_kv=p.cu_seqlens_kv.to(device),
-            rope_cos=p.rope_cos.to(device),
-            rope_sin=p.rope_sin.to(device),
+            rope_cos=p.rope_cos.to(device) if p.rope_cos is not None else None,
+            rope_sin=p.rope_sin.to(device) if p.rope_sin is not None else None,
             cp_full_index=p.cp_full_index.to(device) if p.cp_full_index is not None else None,
         )
         moved = {f: getattr(self, f).to(device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")}

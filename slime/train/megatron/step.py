@@ -223,9 +223,7 @@ class MegatronTrainStep:
             for mb in mbs
             if mb.samples or keep_placeholders
         ]
-        for model, out in ((self.model, old), (self.ref_model, ref)):
-            if model is None:
-                continue
+        for model, out in [(m, o) for m, o in ((self.model, old), (self.ref_model, ref)) if m is not None and o is not None]:
             if self.ctx.pp_size > 1:
                 if todo:
 

@@ -105,6 +105,8 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
                 dist.recv(buf, src=src, group=ctx.pp_group)
                 shards.append(buf)
         if ctx.is_driver:
+            if shards is None:  # rank 0 is TP rank 0 of stage 0, or received the shards above
+                raise RuntimeError(f"export of {name}: rank 0 holds no shards (expected it to be TP rank 0 of pipeline stage 0)")
             for hf_name, tensor in mcore_param_to_hf(name, shards, arch).items():
                 yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
 
@@ -123,6 +125,7 @@ def _gather_expert(name: str, local: Tensor, arch: ModelArch, ctx: Any, dtype: t
         shards = [local]
     if not ctx.is_driver:
         return
+    assert shards is not None  # the driver allocated the gather's buffers above
     for ep_rank in range(ep):
         for hf_name, tensor in mcore_param_to_hf(
             name, shards[ep_rank * etp : (ep_rank + 1) * etp], arch, ep_size=ep, ep_rank=ep_rank

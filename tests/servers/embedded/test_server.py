@@ -215,3 +215,12 @@ async def test_input_logprobs_match_a_full_forward_with_the_first_entry_null(eng
             logits = hf_model(torch.tensor([ctx])).logits[0]  # [P, V]
         full = token_logprobs(logits[:-1], torch.tensor(ctx[1:]), 1.0).tolist()  # full[k - 1] scores ctx[k]
         assert max_abs_diff([e[0] for e in entries[1:]], full[start:]) <= 1e-5
+
+
+def test_the_model_and_runner_are_refused_by_name_before_start():
+    """``require_loaded`` / ``require_runner`` before ``start()``: a RuntimeError saying so, not an AttributeError on None."""
+    server = EngineServer("/nonexistent", warmup=False)
+    with pytest.raises(RuntimeError, match="no model is loaded"):
+        server.require_loaded()
+    with pytest.raises(RuntimeError, match="runner is not started"):
+        server.require_runner()
