@@ -126,7 +126,18 @@ def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys,
 
     monkeypatch.setitem(script.CANDIDATES, "broken", broken)
     argv = ["--backends", "transformers,transformers+broken", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
-    argv += ["--max-tokens-per-gpu", "128", "--steps", "1", "--warmup", "0", "--model-root", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+    argv += [
+        "--max-tokens-per-gpu",
+        "128",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--model-root",
+        str(tmp_path / "m"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert script.main(argv) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
     assert tiny["transformers+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
