@@ -378,7 +378,10 @@ def markdown_table(results: dict[str, dict[str, Any]], *, reference: str = "tran
                 f"{r['rl_step_s']:.3f} | {100 * r['mfu_rl_step']:.1f} % | {peak} |"
             )
         if res.get("speedup_rl_step") is not None:
-            ratios.append(
-                f"{shape}: {other} RL step {res['speedup_rl_step']:.2f}x the {reference} one (train+opt {res['speedup_train_opt']:.2f}x)"
-            )
+            line = f"{shape}: {other} RL step {res['speedup_rl_step']:.2f}x the {reference} one (train+opt {res['speedup_train_opt']:.2f}x)"
+            ref, oth = res["backends"][reference], res["backends"][other]
+            if ref.get("rl_step_times_s") and oth.get("rl_step_times_s"):  # the median hides a noisy shape's spread
+                lo, hi = ref["rl_step_s"] / max(oth["rl_step_times_s"]), ref["rl_step_s"] / min(oth["rl_step_times_s"])
+                line += f"; {other}'s steps give {lo:.2f}x to {hi:.2f}x"
+            ratios.append(line)
     return "\n".join(rows + ([""] + ratios if ratios else []))
