@@ -109,26 +109,26 @@ class Config(msgspec.Struct, **STRUCT):
             ConfigError: ``--prompt-data`` with neither ``--custom-rm-path`` nor ``--rm-type``, listing both, unless
                 the run needs no reward (``--loss-type sft_loss``, ``--opd-only``, a train-only replay) or a user
                 ``--rollout-function-path`` makes the groups (THUDM/slime's contract: it may set the rewards itself;
-                samples it leaves unrewarded are scored by the default reward, as before); ``--eval-prompt-data``
-                without ``--prompt-data`` (training on the built-in task) and with neither flag.
+                samples it leaves unrewarded are scored by the default reward, as before); ``--eval-prompt-data`` (or
+                ``--eval-config``) with neither flag, unless the run computes no eval reward (``--loss-type sft_loss``:
+                NLL; a train-only replay: no eval), ``--opd-only`` included (its task reward is evaluated).
         """
-        r, d = self.rollout, self.data
+        r, d, t = self.rollout, self.data, self.train
         if r.custom_rm_path is not None or r.rm_type is not None or r.uses_rollout_function:
             return
-        if d.prompt_data is not None:
-            if self.train.loss_type == "sft_loss" or self.train.opd_only or self.debug.train_only:
-                return
+        no_eval_reward = t.loss_type == "sft_loss" or self.debug.train_only  # SFT evaluates NLL; a replay trains only
+        if d.prompt_data is not None and not (no_eval_reward or t.opd_only):
             raise ConfigError(
                 f"--prompt-data {d.prompt_data} needs a reward: pass --rm-type math|code|remote (a built-in verifier; "
                 "--rm-type arith|calc|chain for rows in a built-in task's format) or --custom-rm-path pkg.module.fn (your "
                 "function); runs that need none: --loss-type sft_loss, --opd-only"
             )
-        if d.eval_prompt_data is not None:
-            # trained on the built-in task: its reward would score the user's eval rows, 0 for any other format
+        if d.eval_prompt_data is not None and not no_eval_reward:
+            # the default reward is the built-in task's: it would score the user's eval rows, 0 for any other format
+            given = f"--eval-config {d.eval_config}" if d.eval_config is not None else f"--eval-prompt-data {_shown(d.eval_prompt_data)}"
             raise ConfigError(
-                f"--eval-prompt-data {_shown(d.eval_prompt_data)} needs a reward: the built-in task {d.builtin_task!r} "
-                f"scores only its own format (rows in it: --rm-type {d.builtin_task}); else --rm-type math|code|remote "
-                "or --custom-rm-path pkg.module.fn"
+                f"{given} needs a reward: the default one, the built-in task's ({d.builtin_task}), scores only that task's "
+                f"format (rows in it: --rm-type {d.builtin_task}); else --rm-type math|code|remote or --custom-rm-path pkg.module.fn"
             )
 
     def updates_in_place(self) -> bool:
@@ -305,5 +305,5 @@ class Config(msgspec.Struct, **STRUCT):
 
 
 def _shown(paths: str | tuple[str, ...]) -> str:
-    """``--eval-prompt-data``'s value as given on the command line."""
+    """``--eval-prompt-data``'s value as its flag takes it (one path, or name path pairs)."""
     return paths if isinstance(paths, str) else " ".join(paths)

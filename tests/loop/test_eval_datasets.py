@@ -39,14 +39,26 @@ def test_user_eval_data_on_the_built_in_task_names_its_reward():
     (others get 0 in silence), so a user's eval file needs the reward named, the built-in one included."""
     with pytest.raises(
         ConfigError,
-        match=r"^--eval-prompt-data e.jsonl needs a reward: the built-in task 'arith' scores only its own format \(rows in it: --rm-type arith\)",
+        match=r"^--eval-prompt-data e.jsonl needs a reward: the default one, the built-in task's \(arith\), scores only that task's format \(rows in it: --rm-type arith\)",
     ):
         parse("--eval-prompt-data", "e.jsonl")
-    with pytest.raises(ConfigError, match=r"^--eval-prompt-data a a.jsonl needs a reward: the built-in task 'chain'"):
+    with pytest.raises(ConfigError, match=r"^--eval-prompt-data a a.jsonl needs a reward: the default one, the built-in task's \(chain\)"):
         parse("--builtin-task", "chain", "--eval-prompt-data", "a", "a.jsonl")
     for reward in (["--rm-type", "arith"], ["--rm-type", "math"], ["--custom-rm-path", "my.mod.fn"]):
         assert parse("--eval-prompt-data", "e.jsonl", *reward).data.eval_datasets == ((None, "e.jsonl"),)
     assert parse().data.eval_prompt_data is None  # the built-in task's own held-out split needs nothing
+
+
+def test_the_eval_reward_rule_exempts_only_runs_that_compute_no_eval_reward(tmp_path):
+    base = ("--eval-prompt-data", "e.jsonl")
+    parse(*base, "--loss-type", "sft_loss", "--prompt-data", "p.jsonl", "--rollout-batch-size", "8")  # SFT evaluates NLL
+    parse(*base, "--load-debug-rollout-data", "r{rollout_id}.pt")  # a train-only replay drops the eval sets
+    with pytest.raises(ConfigError, match=r"^--eval-prompt-data e.jsonl needs a reward"):  # OPD-only evaluates its task reward
+        parse(*base, "--use-opd", "--opd-only", "--prompt-data", "p.jsonl")
+    parse("--use-opd", "--opd-only", "--prompt-data", "p.jsonl")  # no eval set: nothing to score
+    (tmp_path / "eval.yaml").write_text("eval:\n  datasets: [{name: a, path: a.jsonl}]\n")
+    with pytest.raises(ConfigError, match=rf"^--eval-config {tmp_path / 'eval.yaml'} needs a reward"):
+        parse("--eval-config", str(tmp_path / "eval.yaml"))
 
 
 def test_eval_sampling_defaults_to_the_rollouts_as_in_slime():
