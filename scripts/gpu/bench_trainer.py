@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
         set(args.shapes.split(",")) - SHAPES.keys()
         | {n.partition("+")[0] for n in names} - factories.keys()
         | {n.partition("+")[2] for n in names if "+" in n} - CANDIDATES.keys()
+        | {n for n in names if "+" in n and not n.startswith("megatron+")}  # candidates patch the megatron backend only
     )
     if unknown:
         raise SystemExit(f"unknown shapes/backends: {sorted(unknown)}")

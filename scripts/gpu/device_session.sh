@@ -5,7 +5,8 @@
 #   bash scripts/gpu/device_session.sh STAGE...       (from the repository root, on the device machine)
 #
 # Stages, in the order given (estimated seconds on a warm H200 in brackets; a stage runs only if its estimate
-# fits before DEADLINE_S, default 560, counted from the start of this script):
+# fits before DEADLINE_S, default 560, counted from the start of this script, and is killed at the deadline, so
+# the archive always comes back inside one 600 s call):
 #   setup            scripts/gpu/setup_env.sh over the SGLang parts in $SGL_PARTS (default /tmp/parts)  [40]
 #   contract         scripts/gpu/sglang_contract.sh 30100, then the server on 30100 is stopped            [90]
 #   main-async       scripts/gpu/main_job_sglang.sh async (megatron eager, $STEPS steps, default 15)      [240]
@@ -14,10 +15,11 @@
 #   bench-kernels    scripts/gpu/bench_kernels.py $KERNEL_ARGS                                             [70]
 #
 # Each stage writes under $OUT/STAGE/; at the end $OUT holds session.log (one line per stage: ran, rc, seconds,
-# or skipped and why) and session.tgz (every stage's folder). Exit 0 when every stage that ran passed.
+# or skipped and why) and session.tgz (every stage's folder). Exit 0 when at least one stage ran and every stage
+# that ran passed. Typical calls: `setup contract main-async` (~370 s), then `bench-trainer bench-kernels`.
 #   START_SGLANG (default /tmp/sglb/start_sglang.sh), BENCH_ARGS (default "--steps 5 --warmup 2"), KERNEL_ARGS.
 set -uo pipefail
-OUT_ROOT=${OUT:-/tmp/slime_gpu_out}
+export OUT_ROOT=${OUT:-/tmp/slime_gpu_out}
 DEADLINE_S=${DEADLINE_S:-560}
 SUMMARY="$OUT_ROOT/session.log"
 mkdir -p "$OUT_ROOT"
@@ -40,30 +42,41 @@ stage() {  # stage NAME: run one stage with OUT=$OUT_ROOT/NAME, bounded by the t
     if [ "$left" -lt "$need" ]; then echo "$name: skipped (${left}s left, needs ~${need}s)" | tee -a "$SUMMARY"; return; fi
     mkdir -p "$OUT_ROOT/$name"
     t0=$SECONDS
+    ran=$((ran + 1))
+    timeout -k 10 "$((left - 5))" bash -c "$(declare -f run_stage); run_stage $name $left" > "$OUT_ROOT/$name/stage.log" 2>&1
+    rc=$?
+    tail -n 15 "$OUT_ROOT/$name/stage.log"
+    [ "$rc" -eq 0 ] || failed=1
+    echo "$name: rc=$rc in $((SECONDS - t0))s$([ "$rc" -eq 124 ] && echo ' (killed at the deadline)')" | tee -a "$SUMMARY"
+}
+
+run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller's timeout)
+    local name=$1 left=$2
     (
         export OUT="$OUT_ROOT/$name"
         [ -f /tmp/slime-env.sh ] && source /tmp/slime-env.sh
         case $name in
             setup) bash scripts/gpu/setup_env.sh "${SGL_PARTS:-/tmp/parts}" ;;
             contract) bash scripts/gpu/sglang_contract.sh 30100; rc=$?; python3 scripts/gpu/stop_port.py 30100; exit $rc ;;
-            main-async) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} ASYNC_LIMIT=$((left - 40)) FIRST_MODE_EXTRA=0 \
+            # the train process's limit leaves room for the script's start-up, its 40 s kill grace and summary
+            main-async) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} ASYNC_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
                 bash scripts/gpu/main_job_sglang.sh async ;;
-            main-colocate) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$((left - 40)) FIRST_MODE_EXTRA=0 \
+            main-colocate) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
                 bash scripts/gpu/main_job_sglang.sh colocate ;;
             bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 5 --warmup 2} ;;
             bench-kernels) install_ok=1; python3 -c "import megatron.core" 2>/dev/null || \
                 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || install_ok=0
                 [ "$install_ok" = 1 ] && PYTHONPATH=/tmp/site:$PWD timeout $((left - 10)) python3 scripts/gpu/bench_kernels.py ${KERNEL_ARGS:-} ;;
         esac
-    ) > "$OUT_ROOT/$name/stage.log" 2>&1
-    rc=$?
-    tail -n 15 "$OUT_ROOT/$name/stage.log"
-    [ "$rc" -eq 0 ] || failed=1
-    echo "$name: rc=$rc in $((SECONDS - t0))s" | tee -a "$SUMMARY"
+    )
 }
 
+ran=0
 for s in "$@"; do stage "$s"; done
-(cd "$OUT_ROOT" && tar czf /tmp/session.tgz --exclude=session.tgz --exclude=session.log -- */ 2>/dev/null) \
-    && mv /tmp/session.tgz "$OUT_ROOT/" && find "$OUT_ROOT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
+if compgen -G "$OUT_ROOT/*/" >/dev/null; then
+    (cd "$OUT_ROOT" && tar czf /tmp/session.tgz -- */) && mv /tmp/session.tgz "$OUT_ROOT/" \
+        && find "$OUT_ROOT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
+fi
+[ "$ran" -gt 0 ] || { failed=1; echo "device_session: no stage ran" | tee -a "$SUMMARY"; }
 echo "device_session: $([ "$failed" = 0 ] && echo PASSED || echo FAILED)" | tee -a "$SUMMARY"
 exit "$failed"

@@ -21,9 +21,10 @@
 # without transformers/tokenizers: the SGLang server imports the same PYTHONPATH and needs the
 # site's transformers 5.12.1); PYTHONPATH=/tmp/site:/tmp/sgl-site:$PWD. The first SGLang start on a
 # fresh machine costs ~70 s of kernel JIT, later ones less. Limits (s): SYNC_LIMIT 220, APRIL_LIMIT
-# 120, ASYNC_LIMIT 120, COLOCATE_LIMIT 150, and FIRST_MODE_EXTRA (120) more for the first mode run (it
-# pays the engine's and the trainer's start-up and JIT: async alone, first, reached its eval at 96 s and
-# was cut after step 3 of 15 at 120 s on 2026-12-01); STEPS (20) steps per mode.
+# 120, ASYNC_LIMIT 120, COLOCATE_LIMIT 150, and FIRST_MODE_EXTRA more for the first mode run (default 120
+# when one mode is asked for, 0 for several: a mode run alone pays the engine's and the trainer's start-up
+# and JIT; async alone reached its eval at 96 s and was cut after step 3 of 15 at 120 s on 2026-12-01);
+# STEPS (20) steps per mode.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
@@ -68,7 +69,9 @@ stop_leftovers() {  # a server whose slime process was SIGKILLed (timeout -k): i
     done
 }
 
-FIRST_EXTRA=${FIRST_MODE_EXTRA:-120}
+# One mode alone gets 120 s more (start-up and JIT are all its own); the default three modes fit 600 s without.
+FIRST_EXTRA=${FIRST_MODE_EXTRA:-$([[ "$MODES" == *,* ]] && echo 0 || echo 120)}
+[[ "$FIRST_EXTRA" =~ ^[0-9]+$ ]] || { echo "main_job_sglang.sh: FIRST_MODE_EXTRA must be seconds, got '$FIRST_EXTRA'"; exit 2; }
 run_mode() {  # run_mode NAME LIMIT_S FLAGS...
     local name=$1 limit=$(( $2 + FIRST_EXTRA )); shift 2
     FIRST_EXTRA=0

@@ -1,13 +1,15 @@
 """Kernel candidates for the megatron backend, measured in the model side by side with the default before
 one replaces it: ``scripts/gpu/bench_trainer.py --backends transformers,megatron,megatron+NAME`` builds the
 megatron backend a second time inside ``CANDIDATES[NAME]()``, which swaps the candidate in for that backend's
-build and steps only.
+build and steps only (after the default's, in the order of ``--backends``: put the candidate first in a second
+run to see order effects). Only the megatron backend takes candidates.
 
     swiglu_function   SwiGLU as an autograd Function that saves only its input, with one fused backward
                       kernel (megatron-core's ``bias_swiglu_impl`` structure, compiled under slime's
                       ``fusion.fused`` rules). The default differentiates the compiled forward. Kernel
                       micro-bench on an H200 (docs/bench_kernels_h200.json, megatron's own function as the
-                      stand-in): 0.55 against 0.73 ms at f = 4,864, 0.79-1.11 against 0.97-1.18 ms at 8,960.
+                      stand-in, one width per process): 0.55 against 0.73 ms at f = 4,864, 0.79-1.11 against
+                      0.97-1.18 ms at 8,960.
     cudnn_varlen      packed causal attention through cuDNN's ragged SDPA instead of torch's FA2 varlen
                       kernel: torch's own ``varlen_attn`` cuDNN branch, which torch 2.11-2.13 keep switched off
                       (``_should_use_cudnn`` returns False; later torch turns it on for SM90/SM100 with cuDNN >=

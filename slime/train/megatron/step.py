@@ -374,8 +374,9 @@ class MegatronTrainStep:
 
 def _float16_wrapped(model: Any) -> bool:
     """Whether ``model`` is, or wraps (DDP's ``.module`` chain), megatron's ``Float16Module``."""
+    wrapper = mcore("megatron.core.transformer.module").Float16Module
     while model is not None:
-        if type(model).__name__ == "Float16Module":
+        if isinstance(model, wrapper):
             return True
         model = getattr(model, "module", None)
     return False

@@ -128,7 +128,9 @@ def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys,
         yield
 
     monkeypatch.setitem(script.CANDIDATES, "broken", broken)
-    argv = ["--backends", "transformers,transformers+broken", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
+    with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['transformers\+broken'\]"):  # megatron only
+        script.main(["--backends", "transformers,transformers+broken", "--shapes", "tiny"])
+    argv = ["--backends", "transformers,megatron+broken", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
     argv += [
         "--max-tokens-per-gpu",
         "128",
@@ -143,5 +145,5 @@ def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys,
     ]
     assert script.main(argv) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
-    assert tiny["transformers+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
+    assert tiny["megatron+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
     assert tiny["transformers"]["rl_step_s"] > 0 and "bench_trainer: PASSED" in capsys.readouterr().out

@@ -146,20 +146,23 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_float16_wrapped_finds_the_wrapper_through_ddp():
+def test_float16_wrapped_finds_megatrons_wrapper_through_ddp(megatron_cpu, hf_dirs, cpu_megatron_trainer):
+    from megatron.core.transformer.module import Float16Module
+
     from slime.train.megatron.step import _float16_wrapped
 
-    class Float16Module(torch.nn.Module):
+    trainer = cpu_megatron_trainer(TrainConfig(megatron=MegatronConfig(bf16=True)), hf_dirs["qwen2"], megatron_cpu)
+    gpt = trainer.model
+    wrapped = Float16Module(trainer.tconfig, gpt)
+
+    class Wrapper(torch.nn.Module):  # DDP's shape: the wrapped model as .module
         def __init__(self, module):
             super().__init__()
             self.module = module
 
-    class Wrapper(torch.nn.Module):
-        def __init__(self, module):
-            super().__init__()
-            self.module = module
+    class Float16Lookalike(torch.nn.Module):  # a same-named class is not megatron's
+        pass
 
-    inner = torch.nn.Linear(2, 2)
-    assert _float16_wrapped(Wrapper(Float16Module(inner)))
-    assert _float16_wrapped(Float16Module(inner))
-    assert not _float16_wrapped(Wrapper(inner)) and not _float16_wrapped(inner)
+    Float16Lookalike.__name__ = "Float16Module"
+    assert _float16_wrapped(wrapped) and _float16_wrapped(Wrapper(wrapped))
+    assert not _float16_wrapped(gpt) and not _float16_wrapped(Wrapper(gpt)) and not _float16_wrapped(Float16Lookalike())
