@@ -94,12 +94,20 @@ def swiglu_function() -> Iterator[None]:
 def cudnn_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
     """Causal attention per packed sequence by cuDNN: q [t, n, d], k/v [t, g, d], cu_seqlens [s + 1] int32 -> [t, n, d]
     (``layers._VARLEN``'s contract); torch's custom op keeps its autograd."""
+    import inspect
+    import math
+
     from torch.nn.attention import varlen
 
     n = q.shape[1]
     if k.shape[1] != n:
         k, v = k.repeat_interleave(n // k.shape[1], dim=1), v.repeat_interleave(n // v.shape[1], dim=1)
-    return varlen._varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, is_causal=True, scale=scale)[0]
+    kwargs: dict[str, Any] = {"is_causal": True}
+    if "scale" in inspect.signature(varlen.varlen_attn).parameters:
+        kwargs["scale"] = scale
+    elif not math.isclose(scale, q.shape[-1] ** -0.5):  # older torch: the op's own 1/sqrt(d) only
+        raise NotImplementedError(f"this torch's varlen op takes no softmax scale (the model's: {scale})")
+    return varlen._varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, **kwargs)[0]
 
 
 @contextmanager
