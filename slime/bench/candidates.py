@@ -21,6 +21,8 @@ run to see order effects). Only the megatron backend takes candidates.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -94,9 +96,6 @@ def swiglu_function() -> Iterator[None]:
 def cudnn_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
     """Causal attention per packed sequence by cuDNN: q [t, n, d], k/v [t, g, d], cu_seqlens [s + 1] int32 -> [t, n, d]
     (``layers._VARLEN``'s contract); torch's custom op keeps its autograd."""
-    import inspect
-    import math
-
     from torch.nn.attention import varlen
 
     n = q.shape[1]
