@@ -162,6 +162,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(action="store_true", help="one mean over all tokens (DAPO) instead of per-sample means"),
     ),
     "--use-tis": ("train.use_tis", dict(action="store_true")),
+    "--use-rollout-logprobs": ("train.use_rollout_logprobs", dict(action="store_true")),
     "--tis-clip": ("train.tis_clip", dict(type=float)),
     "--tis-clip-low": ("train.tis_clip_low", dict(type=float)),
     "--tis-level": (

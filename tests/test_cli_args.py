@@ -66,6 +66,7 @@ PINNED = {
     "--eps-clip",
     "--eps-clip-high",
     "--use-tis",
+    "--use-rollout-logprobs",
     "--tis-clip",
     "--tis-clip-low",
     "--train-threads",

@@ -91,6 +91,12 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     each token by exp(old_logp - rollout_logp) (``--use-decoupled-ppo``)."""
     behav_imp_weight_cap: float | None = None
     """Decoupled PPO: drop tokens whose behaviour weight exceeds this cap, > 1 (``--behav-imp-weight-cap``)."""
+    use_rollout_logprobs: bool = False
+    """THUDM/slime's ``--use-rollout-logprobs``: the engine's logprobs of the sampled tokens are the old policy
+    of the PPO ratio and the trainer's old-logprob forward pass is skipped (one forward pass less per step; the
+    ratio then also carries the train/inference mismatch and the lag of stale or partial tokens). The
+    off-policy corrections, whose weight old / rollout would be 1, are refused with it, and the
+    ``train_rollout_logprob_abs_diff`` metrics are not reported (nothing measures them)."""
     mask_offpolicy_in_partial_rollout: bool = False
     """Train only the tokens of each sample's newest policy version (``--mask-offpolicy-in-partial-rollout``)."""
     use_opd: bool = False
@@ -199,6 +205,11 @@ class TrainConfig(msgspec.Struct, **STRUCT):
                 ),
             ]
         )
+        if t.use_rollout_logprobs and (t.use_tis or t.mis_level != "none" or t.use_decoupled_ppo or t.loss_type == "sft_loss"):
+            raise ConfigError(
+                "--use-rollout-logprobs makes the engine's logprobs the old policy, so the rollout/old weight of "
+                "--use-tis / --mis-level / --use-decoupled-ppo would be 1: pick one (and it has no use with --loss-type sft_loss)"
+            )
         if t.opd_only and not t.use_opd:
             raise ConfigError("--opd-only needs --use-opd (and a teacher)")
         if t.opd_only and t.opd_kl_coef == 0:

@@ -317,7 +317,7 @@ def plan_steps(
     return steps
 
 
-def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:
+def rl_batch_metrics(batch: TrainBatch, *, measured_mismatch: bool = True) -> dict[str, float]:
     """The train step's batch metrics, the same in both backends (``old_logprobs`` must be set).
 
     ``train_rollout_logprob_abs_diff`` / ``..._max``: mean and max over trained tokens of
@@ -325,6 +325,8 @@ def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:
     weights that sampled it, against the engine's. On the same weights this is the train/inference
     mismatch (numerics, dtype, kernels: ~1e-6 with the embedded engine in fp32; 1.7e-3 mean / 6e-3
     max for fp32 trainer vs SGLang 0.5.17 serving bf16, docs/benchmarks.md); stale tokens add policy lag.
+    Left out when ``measured_mismatch`` is False (``--use-rollout-logprobs``: the old logprobs are the
+    engine's, so the difference would read 0 without measuring anything).
     ``reward_mean`` and ``advantage_abs_mean`` are over the samples that count (FAILED left out).
     """
     assert batch.old_logprobs is not None
@@ -333,9 +335,11 @@ def rl_batch_metrics(batch: TrainBatch) -> dict[str, float]:
     gap = (batch.old_logprobs - batch.rollout_logprobs).abs()[trained]  # [num_train_tokens]
     staleness = batch.staleness[trained].float()
     has_reward = ~batch.rewards.isnan()  # [B] (FAILED samples have no row; NaN = a sample without a reward)
-    return {
+    mismatch = {
         "train_rollout_logprob_abs_diff": float(gap.sum()) / max(n, 1),
         "train_rollout_logprob_abs_diff_max": float(gap.max()) if n else 0.0,
+    }
+    return (mismatch if measured_mismatch else {}) | {
         "reward_mean": float(batch.rewards[has_reward].mean()) if bool(has_reward.any()) else 0.0,
         "advantage_abs_mean": float(batch.sample_advantages.abs().mean()) if batch.num_samples else 0.0,
         "staleness_mean": float(staleness.mean()) if n else 0.0,

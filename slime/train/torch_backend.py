@@ -346,7 +346,7 @@ class TorchTrainer(TorchForward):
                 "num_train_tokens": float(num_train_tokens),
                 "num_tokens": float(batch.seq_lens.sum()),
             }
-        return rl_batch_metrics(batch)
+        return rl_batch_metrics(batch, measured_mismatch=not self.config.use_rollout_logprobs)
 
     def save_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF model directory, atomically; return its path.

@@ -54,7 +54,8 @@ class TorchForward:
         [B, L] tensors, zero beyond each span's own length.
         """
         temperature = self.rollout_temperature
-        old = torch.zeros_like(batch.loss_mask)  # [B, L]
+        bypass = self.config.use_rollout_logprobs  # the engine's logprobs are the old policy: no forward for them
+        old = batch.rollout_logprobs.clone() if bypass else torch.zeros_like(batch.loss_mask)  # [B, L]
         ref_model, critic = self.ref_model, self.critic
         ref = torch.zeros_like(old) if ref_model is not None else None
         values = torch.zeros_like(old) if critic is not None else None
@@ -63,7 +64,8 @@ class TorchForward:
             rows = torch.as_tensor(indices, dtype=torch.long, device=old.device)[:, None]
             cols = torch.arange(mb.loss_mask.shape[1], device=old.device)[None, :]
             with self._autocast():
-                old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                if not bypass:
+                    old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
                 if ref_model is not None and ref is not None:
                     ref[rows, cols] = compute_token_logprobs(ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
                 if critic is not None and values is not None:

@@ -53,6 +53,7 @@ from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAtt
 
 __all__ = [
     "transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader", "output_hidden_states", "output_weight",
+    "float16_wrapped",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,16 @@ def output_weight(model: Any) -> torch.Tensor:
     else the output layer's (megatron's ``shared_embedding_or_output_weight``)."""
     gpt = _gpt_model(model)
     return gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
+
+
+def float16_wrapped(model: Any) -> bool:
+    """Whether ``model`` is, or wraps (DDP's ``.module`` chain), megatron's ``Float16Module``."""
+    wrapper = mcore("megatron.core.transformer.module").Float16Module
+    while model is not None:
+        if isinstance(model, wrapper):
+            return True
+        model = getattr(model, "module", None)
+    return False
 
 
 def _gpt_model(model: Any) -> Any:

@@ -62,7 +62,7 @@ from slime.train.batch import TrainBatch, rl_batch_metrics
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_logprobs
-from slime.train.megatron.model import output_weight
+from slime.train.megatron.model import float16_wrapped, output_weight
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
 from slime.train.megatron.parallel import ParallelContext
 
@@ -146,7 +146,7 @@ class MegatronTrainStep:
         states with liger) as they are: ``Float16Module``'s default fp32 copy of [t, vocabulary] would
         be one more 4-byte write and read per token and column, and its backward one more cast, for
         values the logprob passes upcast exactly anyway."""
-        kwargs = {"fp32_output": False} if _float16_wrapped(model) else {}
+        kwargs = {"fp32_output": False} if float16_wrapped(model) else {}
         return model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params, **kwargs)
 
     def _logprobs(self, out: Tensor, mb: PackedMicroBatch, model: Any, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
@@ -210,7 +210,8 @@ class MegatronTrainStep:
     @torch.no_grad()
     def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
         """``old_logprobs`` (and ``ref_logprobs``) for every sample, computed on the micro-batches of training."""
-        old = torch.zeros_like(batch.loss_mask, device=self.ctx.device)  # [B, L]
+        bypass = self.config.use_rollout_logprobs  # the engine's logprobs are the old policy: no forward for them
+        old = batch.rollout_logprobs.to(self.ctx.device) if bypass else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
         ref = torch.zeros_like(old) if self.ref_model is not None else None
         self.model.eval()
         # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
@@ -223,7 +224,9 @@ class MegatronTrainStep:
             for mb in mbs
             if mb.samples or keep_placeholders
         ]
-        for model, out in [(m, o) for m, o in ((self.model, old), (self.ref_model, ref)) if m is not None and o is not None]:
+        for model, out in [
+            (m, o) for m, o in ((None if bypass else self.model, old), (self.ref_model, ref)) if m is not None and o is not None
+        ]:
             if self.ctx.pp_size > 1:
                 if todo:
 
@@ -237,7 +240,7 @@ class MegatronTrainStep:
                 lp = self._forward(model, mb)[0]
                 if mb.samples:
                     out[rows, : mb.num_cols] = mb.unpack(lp)
-        for t in (old, ref):
+        for t in (None if bypass else old, ref):  # the rollout's logprobs are already whole on every rank
             if t is not None and self.ctx.dp_size > 1:
                 dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
             if t is not None and self.ctx.pp_size > 1:
@@ -321,7 +324,7 @@ class MegatronTrainStep:
         num_tokens = max(float(sums[-1]), 1.0)
         always = 0 if objective.is_sft(cfg) else 4
         out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < always}
-        out.update(_batch_metrics(batch))
+        out.update(_batch_metrics(batch, measured_mismatch=not self.config.use_rollout_logprobs))
         out.update(objective.opd_metrics(batch))
         out.update(router)
         out.update(
@@ -372,16 +375,6 @@ class MegatronTrainStep:
         return grad_norm
 
 
-def _float16_wrapped(model: Any) -> bool:
-    """Whether ``model`` is, or wraps (DDP's ``.module`` chain), megatron's ``Float16Module``."""
-    wrapper = mcore("megatron.core.transformer.module").Float16Module
-    while model is not None:
-        if isinstance(model, wrapper):
-            return True
-        model = getattr(model, "module", None)
-    return False
-
-
 def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
     return dataclasses.replace(batch, **fields)
 
@@ -392,8 +385,8 @@ def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     )
 
 
-def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
+def _batch_metrics(batch: TrainBatch, *, measured_mismatch: bool) -> dict[str, float]:
     n = batch.num_train_tokens
     if batch.old_logprobs is None:  # --loss-type sft_loss
         return {"num_samples": float(batch.num_samples), "num_train_tokens": float(n)}
-    return rl_batch_metrics(batch)
+    return rl_batch_metrics(batch, measured_mismatch=measured_mismatch)

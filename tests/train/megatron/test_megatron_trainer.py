@@ -131,7 +131,7 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
     monkeypatch.setattr(step_mod, "vocab_parallel_logprobs", lambda logits, *a, **k: (seen.append(logits.dtype), real(logits, *a, **k))[1])
     results = []
     for keep_bf16 in (True, False):
-        monkeypatch.setattr(step_mod, "_float16_wrapped", lambda model, keep=keep_bf16: keep)
+        monkeypatch.setattr(step_mod, "float16_wrapped", lambda model, keep=keep_bf16: keep)
         trainer = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu, rollout_temperature=0.9)
         trainer.model = Float16Module(trainer.tconfig, trainer.model)
         trainer.ddp = type(trainer.ddp)(trainer.model)
@@ -149,7 +149,7 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
 def test_float16_wrapped_finds_megatrons_wrapper_through_ddp(megatron_cpu, hf_dirs, cpu_megatron_trainer):
     from megatron.core.transformer.module import Float16Module
 
-    from slime.train.megatron.step import _float16_wrapped
+    from slime.train.megatron.model import float16_wrapped
 
     trainer = cpu_megatron_trainer(TrainConfig(megatron=MegatronConfig(bf16=True)), hf_dirs["qwen2"], megatron_cpu)
     gpt = trainer.model
@@ -164,5 +164,5 @@ def test_float16_wrapped_finds_megatrons_wrapper_through_ddp(megatron_cpu, hf_di
         pass
 
     Float16Lookalike.__name__ = "Float16Module"
-    assert _float16_wrapped(wrapped) and _float16_wrapped(Wrapper(wrapped))
-    assert not _float16_wrapped(gpt) and not _float16_wrapped(Wrapper(gpt)) and not _float16_wrapped(Float16Lookalike())
+    assert float16_wrapped(wrapped) and float16_wrapped(Wrapper(wrapped))
+    assert not float16_wrapped(gpt) and not float16_wrapped(Wrapper(gpt)) and not float16_wrapped(Float16Lookalike())
