@@ -18,12 +18,15 @@ tied embedding of a pipeline's last stage with ``.cuda()``), and the pipeline sc
 token counter, allocated with ``device="cuda"``, is allocated on the CPU.
 
     torchrun --nproc-per-node N cp_pp_worker.py HF_DIR OUT_JSON LAYOUT [LAYOUT ...]
+
+``SLIME_TEST_USE_ROLLOUT_LOGPROBS=1`` runs every phase with ``--use-rollout-logprobs``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import threading
 import types
@@ -148,7 +151,11 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
             if ctx.rank != 0:
                 return None
             ctx = dataclasses.replace(ctx, world_size=1, dp_size=1, dp_rank=0, dp_group=None)
-        config = TrainConfig(lr=1e-3, global_batch_size=6, micro_batch_size=2, loss_agg="token_mean", entropy_coef=0.01, megatron=mcfg)
+        bypass = os.environ.get("SLIME_TEST_USE_ROLLOUT_LOGPROBS") == "1"  # --use-rollout-logprobs in every phase
+        config = TrainConfig(
+            lr=1e-3, global_batch_size=6, micro_batch_size=2, loss_agg="token_mean", entropy_coef=0.01, megatron=mcfg,
+            use_rollout_logprobs=bypass,
+        )  # fmt: skip
         trainer = _trainer(config, hf_dir, ctx, rollout_temperature=0.9)
         batch = build_train_batch(_groups(trainer.arch.vocab_size), pad_token_id=0, current_version=0)
         metrics = trainer._train_batch(batch)

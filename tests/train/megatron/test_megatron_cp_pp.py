@@ -19,10 +19,11 @@ import pytest
 pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
 
 
-def _run(hf_dir: str, tmp_path: Path, nproc: int, layouts: list[str]) -> dict:
+def _run(hf_dir: str, tmp_path: Path, nproc: int, layouts: list[str], **extra_env: str) -> dict:
     out = tmp_path / "result.json"
     worker = Path(__file__).with_name("cp_pp_worker.py")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(extra_env)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
     cmd = [
         sys.executable,
@@ -66,3 +67,13 @@ def test_cp2_tp2_and_pp2_dp2_match_one_rank(hf_dirs, tmp_path):
     assert sorted(results) == ["1,1,2", "1,2,2", "2,2,1"]
     for layout in results.values():
         _check(layout)
+
+
+def test_rollout_logprobs_as_old_policy_under_dp2_and_pp2_match_one_rank(hf_dirs, tmp_path):
+    """``--use-rollout-logprobs``: every rank already holds the engine's logprobs, so they must not be summed over
+    data-parallel ranks (DP=2) or broadcast from the last stage (PP=2); loss, ratio and gradients as on one rank."""
+    results = _run(hf_dirs["qwen2"], tmp_path, 2, ["1,1,1", "1,1,2"], SLIME_TEST_USE_ROLLOUT_LOGPROBS="1")
+    assert sorted(results) == ["1,1,1", "1,1,2"]
+    for layout in results.values():
+        _check(layout)
+        assert layout["logprob_max_abs_diff"] == 0.0  # the rollout's own numbers, untouched
