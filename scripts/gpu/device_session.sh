@@ -51,24 +51,24 @@ stage() {  # stage NAME: run one stage with OUT=$OUT_ROOT/NAME, bounded by the t
 }
 
 run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller's timeout)
-    local name=$1 left=$2
-    (
-        export OUT="$OUT_ROOT/$name"
-        [ -f /tmp/slime-env.sh ] && source /tmp/slime-env.sh
-        case $name in
-            setup) bash scripts/gpu/setup_env.sh "${SGL_PARTS:-/tmp/parts}" ;;
-            contract) bash scripts/gpu/sglang_contract.sh 30100; rc=$?; python3 scripts/gpu/stop_port.py 30100; exit $rc ;;
-            # the train process's limit leaves room for the script's start-up, its 40 s kill grace and summary
-            main-async) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} ASYNC_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
-                bash scripts/gpu/main_job_sglang.sh async ;;
-            main-colocate) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
-                bash scripts/gpu/main_job_sglang.sh colocate ;;
-            bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 5 --warmup 2} ;;
-            bench-kernels) install_ok=1; python3 -c "import megatron.core" 2>/dev/null || \
-                python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || install_ok=0
-                [ "$install_ok" = 1 ] && PYTHONPATH=/tmp/site:$PWD timeout $((left - 10)) python3 scripts/gpu/bench_kernels.py ${KERNEL_ARGS:-} ;;
-        esac
-    )
+    local name=$1 left=$2 rc
+    export OUT="$OUT_ROOT/$name"
+    [ -f /tmp/slime-env.sh ] && source /tmp/slime-env.sh
+    case $name in
+        setup) bash scripts/gpu/setup_env.sh "${SGL_PARTS:-/tmp/parts}" ;;
+        contract) bash scripts/gpu/sglang_contract.sh 30100; rc=$?; python3 scripts/gpu/stop_port.py 30100; return $rc ;;
+        # the train process's limit leaves room for the script's start-up, its 40 s kill grace and summary
+        main-async) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} ASYNC_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
+            bash scripts/gpu/main_job_sglang.sh async ;;
+        main-colocate) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
+            bash scripts/gpu/main_job_sglang.sh colocate ;;
+        bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 5 --warmup 2} ;;
+        bench-kernels)
+            python3 -c "import megatron.core" 2>/dev/null \
+                || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+                || return 1
+            PYTHONPATH=/tmp/site:$PWD timeout $((left - 10)) python3 scripts/gpu/bench_kernels.py ${KERNEL_ARGS:-} ;;
+    esac
 }
 
 ran=0

@@ -105,7 +105,7 @@ def cudnn_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
     if "scale" in inspect.signature(varlen.varlen_attn).parameters:
         kwargs["scale"] = scale
     elif not math.isclose(scale, q.shape[-1] ** -0.5):  # older torch: the op's own 1/sqrt(d) only
-        raise NotImplementedError(f"this torch's varlen op takes no softmax scale (the model's: {scale})")
+        raise RuntimeError(f"cudnn_varlen: this torch's varlen op takes no softmax scale, and the model's is {scale}")
     return varlen._varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, **kwargs)[0]
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from slime.engines.interface import GeneratePool
 from slime.rollout.generate import generate as default_generate
+from slime.rollout.generate import request_stem
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.lengths import LogNormalLengths
 from slime.servers.sim.trajectory import TrajectoryTracker
@@ -52,8 +53,7 @@ class DrawnLengths:
         key = (sample.group_id, sample.index)
         if key not in self._totals:
             # The stem of every rid ``request_id`` gives this sample: what the sim engine keys it on.
-            stem = f"slime-g{sample.group_id}-s{sample.index}"
-            self._totals[key] = self._tracker.resolve(list(sample.prompt_ids), sampling_seed=None, rid=stem).total
+            self._totals[key] = self._tracker.resolve(list(sample.prompt_ids), sampling_seed=None, rid=request_stem(sample)).total
         return self._totals[key]
 
     async def generate(

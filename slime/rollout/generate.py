@@ -24,7 +24,15 @@ from slime.engines.protocol import GenerateResult
 from slime.errors import EngineRequestError
 from slime.types import Sample, Status
 
-__all__ = ["generate", "status_from_finish_reason", "policy_version_of", "request_id", "kv_cache_version_of", "token_versions"]
+__all__ = [
+    "generate",
+    "status_from_finish_reason",
+    "policy_version_of",
+    "request_id",
+    "request_stem",
+    "kv_cache_version_of",
+    "token_versions",
+]
 
 
 def status_from_finish_reason(finish_type: str) -> Status:
@@ -79,9 +87,14 @@ def token_versions(result: GenerateResult, engine_version: int, kv_cache_version
     return versions
 
 
+def request_stem(sample: Sample) -> str:
+    """The part of every ``request_id`` of ``sample`` that stays across its aborts and resumes."""
+    return f"slime-g{sample.group_id}-s{sample.index}"
+
+
 def request_id(sample: Sample) -> str:
     """A rid that is never a prefix of another (SGLang aborts by rid prefix, docs/sglang.md#abort)."""
-    return f"slime-g{sample.group_id}-s{sample.index}-a{sample.num_aborts}-r{sample.num_resumes}-"
+    return f"{request_stem(sample)}-a{sample.num_aborts}-r{sample.num_resumes}-"
 
 
 async def generate(

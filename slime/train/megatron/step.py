@@ -213,6 +213,8 @@ class MegatronTrainStep:
         bypass = self.config.use_rollout_logprobs  # the engine's logprobs are the old policy: no forward for them
         old = batch.rollout_logprobs.to(self.ctx.device) if bypass else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
         ref = torch.zeros_like(old) if self.ref_model is not None else None
+        # (model, [B, L] output) per forward pass; the rollout's logprobs are already whole on every rank
+        passes = ([] if bypass else [(self.model, old)]) + ([] if self.ref_model is None or ref is None else [(self.ref_model, ref)])
         self.model.eval()
         # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
         # memory synchronises the stream, and one per micro-batch would stall the GPU until the
@@ -224,9 +226,7 @@ class MegatronTrainStep:
             for mb in mbs
             if mb.samples or keep_placeholders
         ]
-        for model, out in [
-            (m, o) for m, o in ((None if bypass else self.model, old), (self.ref_model, ref)) if m is not None and o is not None
-        ]:
+        for model, out in passes:
             if self.ctx.pp_size > 1:
                 if todo:
 
@@ -240,10 +240,10 @@ class MegatronTrainStep:
                 lp = self._forward(model, mb)[0]
                 if mb.samples:
                     out[rows, : mb.num_cols] = mb.unpack(lp)
-        for t in (None if bypass else old, ref):  # the rollout's logprobs are already whole on every rank
-            if t is not None and self.ctx.dp_size > 1:
+        for _, t in passes:
+            if self.ctx.dp_size > 1:
                 dist.all_reduce(t, group=self.ctx.dp_group)  # each row was written by exactly one DP rank
-            if t is not None and self.ctx.pp_size > 1:
+            if self.ctx.pp_size > 1:
                 dist.broadcast(t, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)  # computed on the last stage
         self.model.train()
         return _replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime.rollout.generate import request_id
+from slime.rollout.generate import request_id, request_stem
 from slime.servers.sim import SimConfig
 from slime.servers.sim.lengths import make_length_distribution
 from slime.servers.sim.trajectory import TrajectoryTracker, rid_stem
@@ -29,7 +29,7 @@ def test_rid_stem_matches_slimes_request_id_before_and_after_a_resume():
     sample = Sample(prompt_ids=[1], group_id=4, index=2)
     first = request_id(sample)
     sample.num_aborts, sample.num_resumes = 1, 1
-    assert rid_stem(first) == rid_stem(request_id(sample)) == "slime-g4-s2"
+    assert rid_stem(first) == rid_stem(request_id(sample)) == request_stem(sample) == "slime-g4-s2"
 
 
 def test_same_seed_and_prompt_give_the_same_total_on_a_fresh_tracker():
