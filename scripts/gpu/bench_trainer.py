@@ -14,7 +14,8 @@ prompt, GRPO, one optimizer step per RL step) go through each backend of ``--bac
                   (slime: logits + slime's logprob function; liger: liger-kernel's fused linear CE)
     torch         slime's torch backend on the GPU with --bf16 (optional)
     megatron+NAME megatron with the candidate kernel NAME of ``slime.bench.candidates`` swapped in; its
-                  result has ``rl_step_vs_megatron`` (the default's RL step time / its own, same process)
+                  result has ``rl_step_vs_megatron`` (the default's RL step time / its own, same process);
+                  ``megatron+A+B`` swaps in several candidates together
 
 Each backend: ``--warmup`` RL steps (excluded: allocator, torch.compile), then ``--steps`` RL steps
 each followed by one old-logprob pass alone; medians. Reported per backend: the train+optimizer step
@@ -154,7 +155,9 @@ def run_shape(
         base, _, candidate = backend_name.partition("+")
         t0 = time.perf_counter()
         try:
-            with CANDIDATES[candidate]() if candidate else contextlib.nullcontext():
+            with contextlib.ExitStack() as swapped:
+                for c in filter(None, candidate.split("+")):
+                    swapped.enter_context(CANDIDATES[c]())
                 try:
                     backend = factories[base](cfg, model_dir, device)
                     r = measure(
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
     unknown = (
         set(args.shapes.split(",")) - SHAPES.keys()
         | {n.partition("+")[0] for n in names} - factories.keys()
-        | {n.partition("+")[2] for n in names if "+" in n} - CANDIDATES.keys()
+        | {c for n in names for c in n.split("+")[1:]} - CANDIDATES.keys()
         | {n for n in names if "+" in n and not n.startswith("megatron+")}  # candidates patch the megatron backend only
     )
     if unknown:
@@ -211,9 +214,8 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     ceiling = matmul_ceiling_tflops(device)
-    results, profiles = {}, {}
-    for name in args.shapes.split(","):
-        results[name], profiles[name] = run_shape(name, args, factories, device, ceiling)
+    results: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
     mcore = None
     try:
         mcore = __import__("megatron.core", fromlist=["__version__"]).__version__
@@ -228,11 +230,14 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
         "args": vars(args),
         "shapes": results,
     }
-    with open(os.path.join(args.out, "bench_trainer.json"), "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-    if args.profile:
-        with open(os.path.join(args.out, "bench_trainer_profile.json"), "w") as f:
-            json.dump(profiles, f, indent=2, sort_keys=True)
+    for name in args.shapes.split(","):
+        results[name], profiles[name] = run_shape(name, args, factories, device, ceiling)
+        # written after every shape: a later shape that ends the process (a kernel fault, the call's limit) keeps these
+        with open(os.path.join(args.out, "bench_trainer.json"), "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+        if args.profile:
+            with open(os.path.join(args.out, "bench_trainer_profile.json"), "w") as f:
+                json.dump(profiles, f, indent=2, sort_keys=True)
     print(
         f"\nceiling {ceiling:.1f} TFLOP/s ({payload['device']}), {args.num_samples} x {args.seq_len} tokens per step, "
         f"{args.max_tokens_per_gpu}-token micro-batches, median of {args.steps} after {args.warmup} warm-up\n",

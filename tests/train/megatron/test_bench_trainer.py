@@ -147,3 +147,56 @@ def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys,
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
     assert tiny["megatron+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
     assert tiny["transformers"]["rl_step_s"] > 0 and "bench_trainer: PASSED" in capsys.readouterr().out
+
+
+def test_candidates_combine_and_an_unknown_one_in_a_combination_is_refused(tmp_path, capsys, monkeypatch):
+    import contextlib
+
+    script = _load_script()
+    entered: list[str] = []
+
+    def recording(name):
+        @contextlib.contextmanager
+        def swap():
+            entered.append(name)
+            raise RuntimeError(f"{name} refused")
+            yield
+
+        return swap
+
+    monkeypatch.setitem(script.CANDIDATES, "a", recording("a"))
+    with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['nope'\]"):
+        script.main(["--backends", "transformers,megatron+a+nope", "--shapes", "tiny"])
+    argv = ["--backends", "transformers,megatron+a+swiglu_function", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
+    argv += [
+        "--max-tokens-per-gpu",
+        "128",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--model-root",
+        str(tmp_path / "m"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert script.main(argv) == 0
+    tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
+    assert entered == ["a"] and tiny["megatron+a+swiglu_function"] == {"skipped": "RuntimeError: a refused"}
+
+
+def test_each_finished_shape_is_on_disk_before_the_next_one_runs(tmp_path, monkeypatch):
+    script = _load_script()
+    calls: list[str] = []
+
+    def run_shape(name, args, factories, device, ceiling):
+        calls.append(name)
+        if len(calls) == 2:
+            raise RuntimeError("a kernel fault ends the process")
+        return {"backends": {"transformers": {"rl_step_s": 1.0}}}, {}
+
+    monkeypatch.setattr(script, "run_shape", run_shape)
+    with pytest.raises(RuntimeError, match="kernel fault"):
+        script.main(["--shapes", "tiny,qwen2-0.5b", "--out", str(tmp_path / "o")])
+    saved = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]
+    assert calls == ["tiny", "qwen2-0.5b"] and saved == {"tiny": {"backends": {"transformers": {"rl_step_s": 1.0}}}}
