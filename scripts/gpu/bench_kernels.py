@@ -129,21 +129,15 @@ def attention_variants(tokens: int) -> dict:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
                 return o.transpose(1, 2).reshape(tokens, heads, d)
 
-            def cudnn(q, k, v):
-                from slime.bench.candidates import cudnn_varlen
+            def dense_path(q, k, v):  # SDPACoreAttention's dense path (no padding: one length)
+                return layers.dense_attention(q, k, v, (n, seq), scale, None)
 
-                with cudnn_varlen():
-                    return layers._VARLEN(q, k, v, cu, seq, scale)
+            with torch.no_grad():  # the dense path's output against the varlen kernel's
+                diff = (dense_path(q0, k0, v0).float() - varlen(q0, k0, v0).float()).abs().max().item()
+                res[f"h{heads}kv{kv}d{d}/seq{seq}/dense_path_max_abs_diff"] = diff
+                print(f"attention h{heads}kv{kv}d{d}/seq{seq} dense path vs varlen: max |diff| {diff:.2e}")
 
-            with torch.no_grad():  # the candidate's output against the default kernel's
-                try:
-                    diff = (cudnn(q0, k0, v0).float() - varlen(q0, k0, v0).float()).abs().max().item()
-                    res[f"h{heads}kv{kv}d{d}/seq{seq}/cudnn_varlen_max_abs_diff"] = diff
-                    print(f"attention h{heads}kv{kv}d{d}/seq{seq} cudnn_varlen vs varlen: max |diff| {diff:.2e}")
-                except Exception as exc:  # noqa: BLE001
-                    print(f"attention cudnn_varlen: failed {type(exc).__name__}: {exc}")
-
-            for name, fn in (("varlen", varlen), ("per_seq_sdpa", per_seq), ("dense_sdpa", dense), ("cudnn_varlen", cudnn)):
+            for name, fn in (("varlen", varlen), ("per_seq_sdpa", per_seq), ("dense_sdpa", dense), ("dense_path", dense_path)):
                 q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
 
                 def step(fn=fn, q=q, k=k, v=v):

@@ -95,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--large-num-samples", type=int, default=4, help="samples per step at the qwen2-7b shape")
     p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument(
+        "--ragged", action="store_true", help="responses of 1/2 to all of their --seq-len share (default: every sample --seq-len tokens)"
+    )
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
@@ -127,10 +130,11 @@ def run_shape(
         group_size=min(num_samples, 8),
         prompt_len=prompt,
         response_len=args.seq_len - prompt,
-        ragged=False,
+        ragged=args.ragged,
     )
-    tokens = num_samples * args.seq_len
-    fwd, train = (x * tokens for x in flops_per_token(shape, args.seq_len))
+    lens = [len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples]  # --seq-len each unless --ragged
+    tokens = sum(lens)
+    fwd, train = (sum(n * f for n, f in zip(lens, col)) for col in zip(*(flops_per_token(shape, n) for n in lens)))
     cfg = TrainConfig(
         global_batch_size=num_samples,
         micro_batch_size=1,

@@ -19,10 +19,15 @@ micro-batches only and does two things there:
    packed sequence). The model is built with ``position_embedding_type="none"``, so megatron's own
    RoPE (whose "thd" path splits by ``cu_seqlens`` with host syncs in every layer) never runs. The
    order is megatron's and HF's: q/k projection -> q/k RMSNorm (Qwen3) -> RoPE -> attention.
-2. Causal attention within each packed sequence: ``torch.nn.attention.varlen.varlen_attn`` (flash
-   attention over all sequences at once) on CUDA in bf16/fp16 when this torch has it, otherwise
-   ``F.scaled_dot_product_attention(is_causal=True)`` once per sequence (flash / memory-efficient
-   kernels on CUDA; math on CPU).
+2. Causal attention within each packed sequence. On CUDA in bf16/fp16 one of two kernels per
+   micro-batch (``attention_layout``): when the sequences are close in length (b * L^2 <=
+   ``dense_padding_ratio`` * sum(l^2), b sequences, L the longest), ``F.scaled_dot_product_attention``
+   on the sequences right-padded to a dense [b, heads, L, d] batch (cuDNN's / flash's dense kernels:
+   1.55-2.0x the varlen kernel's speed on an H200, docs/bench_kernels_h200.json; causal masking keeps
+   every real query off the padding, so the result is exact); otherwise
+   ``torch.nn.attention.varlen.varlen_attn`` (flash attention over all packed sequences at once,
+   no padding) when this torch has it. Elsewhere (CPU, fp32) ``F.scaled_dot_product_attention(is_causal=True)``
+   once per sequence (math on CPU).
 
 Under context parallelism (``PackedRoPEParams.cp_size`` > 1) step 2 is
 ``slime.train.megatron.context_parallel.cp_attention``: K/V all-gathered over the CP group, each
@@ -57,8 +62,19 @@ from torch import Tensor, nn
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.context_parallel import cp_attention
 from slime.train.megatron.fusion import fused
+from slime.train.megatron.swiglu import swiglu
 
-__all__ = ["RMSNorm", "SDPACoreAttention", "SwiGLUMLP", "TorchGatingRouter", "PackedRoPEParams", "rope_cos_sin"]
+__all__ = [
+    "RMSNorm",
+    "SDPACoreAttention",
+    "attention_layout",
+    "dense_attention",
+    "dense_index",
+    "SwiGLUMLP",
+    "TorchGatingRouter",
+    "PackedRoPEParams",
+    "rope_cos_sin",
+]
 
 _PackedSeqParams: Any = mcore("megatron.core.packed_seq_params").PackedSeqParams
 _MegatronModule: Any = mcore("megatron.core.transformer.module").MegatronModule
@@ -89,6 +105,7 @@ class PackedRoPEParams(_PackedSeqParams):
     cp_group: Any = None
     cp_full_index: Tensor | None = None
     cp_full_bounds: tuple[int, ...] = ()
+    dense_plan: Any = None  # SDPACoreAttention's cache: ((ratio, device), (layout, index) or None)
 
 
 def rope_cos_sin(position_ids: Tensor, *, head_dim: int, rope_theta: float) -> tuple[Tensor, Tensor]:
@@ -123,11 +140,7 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * y.to(x.dtype)
 
 
-@fused(dynamic_args=(0,))
-def _swiglu(x: Tensor) -> Tensor:
-    """[..., 2 f] -> [..., f]: ``silu(gate) * up`` on the halves megatron's gated ``linear_fc1`` writes."""
-    gate, up = torch.chunk(x, 2, dim=-1)
-    return F.silu(gate) * up
+_swiglu = swiglu  # looked up at each call: slime.bench.candidates swaps it
 
 
 class RMSNorm(nn.Module):
@@ -180,6 +193,46 @@ def _varlen_fn():
 _VARLEN, _VARLEN_GQA = _varlen_fn()
 
 
+def attention_layout(bounds: tuple[int, ...], ratio: float) -> tuple[int, int] | None:
+    """(b, L) when the packed sequences between ``bounds`` (S+1 offsets) should run as one dense batch of b
+    right-padded sequences of L tokens, else None (varlen): dense when b * L^2 <= ``ratio`` * sum(l^2), the
+    attention work padded over the work unpadded (empty segments dropped); ``ratio`` <= 0 never pads."""
+    lens = [b - a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if ratio <= 0 or not lens:
+        return None
+    longest = max(lens)
+    return (len(lens), longest) if len(lens) * longest * longest <= ratio * sum(n * n for n in lens) else None
+
+
+def dense_attention(query: Tensor, key: Tensor, value: Tensor, layout: tuple[int, int], scale: float, index: Tensor | None) -> Tensor:
+    """Causal attention of the packed sequences as one padded batch: q [t, n, d], k/v [t, g, d] -> [t, n, d].
+
+    ``layout`` is ``attention_layout``'s (b, L); ``index`` [t] int64 (``dense_index``) the padded row of
+    every packed token, None when the t tokens are b sequences of exactly L (a view, no copy). Padded
+    rows are zeros; a real query attends only to keys at or before it in its own sequence, all real, and
+    padded rows' outputs are dropped (their gradient is zero)."""
+    b, length = layout
+    t, n, d = query.shape
+
+    def pad(x: Tensor) -> Tensor:  # [t, h, d] -> [b, h, L, d]
+        full = x if index is None else x.new_zeros(b * length, x.shape[1], d).index_copy(0, index, x)
+        return full.reshape(b, length, x.shape[1], d).transpose(1, 2)
+
+    q, k, v = pad(query), pad(key), pad(value)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != n)
+    out = out.transpose(1, 2).reshape(b * length, n, d)
+    return out if index is None else out.index_select(0, index)
+
+
+def dense_index(bounds: tuple[int, ...], length: int) -> Tensor | None:
+    """[t] int64: sequence i's j-th token -> row i * ``length`` + j of the padded batch (empty segments take no
+    row); None when every segment is ``length`` long (the packed tokens are the batch already)."""
+    spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if all(b - a == length for a, b in spans):
+        return None
+    return torch.cat([torch.arange(i * length, i * length + (b - a)) for i, (a, b) in enumerate(spans)])
+
+
 class SDPACoreAttention(_MegatronModule):
     """Core attention for megatron-core's ``SelfAttention``: RoPE + causal attention per packed sequence.
 
@@ -187,10 +240,13 @@ class SDPACoreAttention(_MegatronModule):
     (config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
     cp_comm_type, pg_collection); context parallelism always runs as "all_gather" and takes its
     group from the packed parameters. ``use_varlen`` (class attribute) can be set False to force
-    the per-sequence SDPA path (the GPU checks compare the two).
+    the per-sequence SDPA path (the GPU checks compare the two); ``dense_padding_ratio`` (class
+    attribute) is ``attention_layout``'s ratio, 0 for varlen always.
     """
 
     use_varlen: bool = True
+    # dense kernels ran 1.55-2.0x varlen's speed at 1k-4k tokens (bench_kernels_h200.json): pad up to 1.5x the work
+    dense_padding_ratio: float = 1.5
 
     def __init__(
         self,
@@ -226,7 +282,10 @@ class SDPACoreAttention(_MegatronModule):
         t, n, d = query.shape
         if p.cp_size > 1:
             return cp_attention(query, key, value, p, self.softmax_scale).reshape(t, n * d)
-        if self.use_varlen and _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+        fast = self.use_varlen and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
+        if fast and (plan := self._dense_plan(p, query.device)) is not None:
+            return dense_attention(query, key, value, plan[0], self.softmax_scale, plan[1]).reshape(t, n * d)
+        if fast and _VARLEN is not None:
             if not _VARLEN_GQA and key.shape[1] != n:
                 key = key.repeat_interleave(n // key.shape[1], dim=1)
                 value = value.repeat_interleave(n // value.shape[1], dim=1)
@@ -241,6 +300,15 @@ class SDPACoreAttention(_MegatronModule):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[1] != n)
             out[start:end] = o.squeeze(0).transpose(0, 1)
         return out.reshape(t, n * d)
+
+    def _dense_plan(self, p: PackedRoPEParams, device: torch.device) -> tuple[tuple[int, int], Tensor | None] | None:
+        """``attention_layout`` and ``dense_index`` (on ``device``) of the micro-batch, once for all layers."""
+        key = (self.dense_padding_ratio, device)
+        if p.dense_plan is None or p.dense_plan[0] != key:
+            layout = attention_layout(p.seq_bounds, self.dense_padding_ratio)
+            index = None if layout is None else dense_index(p.seq_bounds, layout[1])
+            p.dense_plan = (key, None if layout is None else (layout, None if index is None else index.to(device)))
+        return p.dense_plan[1]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         return {}  # no parameters

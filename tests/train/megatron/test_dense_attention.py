@@ -1,0 +1,93 @@
+"""The dense (right-padded) attention path of ``SDPACoreAttention``, on the CPU in float64.
+
+On CUDA a micro-batch whose packed sequences are close in length runs as one padded [b, heads, L, d]
+SDPA batch instead of the varlen kernel. It must equal causal attention within each sequence exactly:
+outputs and the gradients of query, key and value, with ragged lengths, a padding segment, empty
+segments and grouped key/value heads. The per-sequence reference is the path the CPU runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from slime.train.megatron.layers import PackedRoPEParams, SDPACoreAttention, attention_layout, dense_attention, dense_index
+
+
+def _per_sequence(q, k, v, bounds, scale):
+    out = torch.zeros_like(q)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b > a:
+            qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=ks.shape[1] != qs.shape[1])
+            out[a:b] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def test_the_layout_pads_only_when_the_padded_work_stays_within_the_ratio():
+    assert attention_layout((0, 4096, 8192, 12288, 16384), 1.5) == (4, 4096)  # the bench's micro-batch: no padding
+    assert attention_layout((0, 100, 190, 190, 290), 1.5) == (3, 100)  # an empty segment takes no row
+    assert attention_layout((0, 4096, 4196, 4296, 4396), 1.5) is None  # one long, three short: 4 x 4096^2 >> sum
+    assert attention_layout((0, 4096, 8192), 0) is None  # ratio 0: varlen always
+    assert attention_layout((0,), 1.5) is None
+    # lengths 2 and 1: padded 2 x 2^2 = 8, unpadded 5; dense from ratio 8 / 5 on
+    assert attention_layout((0, 2, 3), 1.59) is None and attention_layout((0, 2, 3), 1.6) == (2, 2)
+
+
+def test_the_index_maps_each_packed_token_to_its_padded_row():
+    assert dense_index((0, 3, 3, 5), 3).tolist() == [0, 1, 2, 3, 4]  # empty segment skipped, second sequence at row 3
+    assert dense_index((0, 2, 5, 6), 3).tolist() == [0, 1, 3, 4, 5, 6]
+    assert dense_index((0, 4, 8), 4) is None
+
+
+@pytest.mark.parametrize(
+    "bounds,heads,kv_heads",
+    [((0, 7, 12, 12, 20, 23), 4, 2), ((0, 6, 12, 18), 4, 4), ((0, 6, 12, 18), 6, 2), ((0, 9), 2, 1)],
+    ids=["ragged-empty-gqa", "uniform-mha", "uniform-gqa", "one-sequence"],
+)
+def test_dense_attention_equals_causal_attention_per_sequence_with_gradients(bounds, heads, kv_heads):
+    torch.manual_seed(0)
+    t, d, scale = bounds[-1], 8, 0.3
+    lens = [b - a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    layout = (len(lens), max(lens))
+    index = dense_index(bounds, layout[1])
+    q0 = torch.randn(t, heads, d, dtype=torch.float64)
+    k0, v0 = torch.randn(t, kv_heads, d, dtype=torch.float64), torch.randn(t, kv_heads, d, dtype=torch.float64)
+    grad = torch.randn(t, heads, d, dtype=torch.float64)
+    results = []
+    for fn in (lambda q, k, v: dense_attention(q, k, v, layout, scale, index), lambda q, k, v: _per_sequence(q, k, v, bounds, scale)):
+        q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
+        out = fn(q, k, v)
+        out.backward(grad)
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert results[0][2].abs().sum() > 0  # the comparison is not of zeros
+
+
+def test_a_key_value_view_that_is_not_contiguous_is_accepted():
+    t, d = 8, 4
+    qkv = torch.randn(t, 3, 2, d, dtype=torch.float64)  # megatron splits one projection: strided views
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    assert not k.is_contiguous()
+    got = dense_attention(q, k, v, (2, 4), 0.5, None)
+    torch.testing.assert_close(got, _per_sequence(q, k, v, (0, 4, 8), 0.5))
+
+
+def test_the_plan_is_made_once_per_micro_batch_and_again_when_the_ratio_changes(monkeypatch):
+    calls = []
+    real = attention_layout
+
+    def counting(bounds, ratio):
+        calls.append(ratio)
+        return real(bounds, ratio)
+
+    monkeypatch.setattr("slime.train.megatron.layers.attention_layout", counting)
+    attn = SDPACoreAttention.__new__(SDPACoreAttention)  # the plan needs no module state
+    p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 3, 5))
+    cpu = torch.device("cpu")
+    plans = [attn._dense_plan(p, cpu) for _ in range(3)]
+    assert calls == [1.5] and plans[0] == ((2, 3), plans[0][1]) and plans[0][1].tolist() == [0, 1, 2, 3, 4]
+    monkeypatch.setattr(SDPACoreAttention, "dense_padding_ratio", 0.0)
+    assert attn._dense_plan(p, cpu) is None and calls == [1.5, 0.0]
