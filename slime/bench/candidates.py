@@ -5,12 +5,12 @@ one replaces it (or, once it has, the old default beside the new one): ``scripts
 default's, in the order of ``--backends``: put the candidate first in a second run to see order effects).
 Only the megatron backend takes candidates; ``megatron+A+B`` swaps in several.
 
-    swiglu_autodiff   SwiGLU by differentiating the compiled forward (the default before
-                      ``slime.train.megatron.swiglu``'s autograd Function replaced it).
     varlen_attention  packed attention always through torch's varlen flash kernel (the default before the
                       dense path: ``SDPACoreAttention.dense_padding_ratio`` = 0).
 
-Tried and removed: ``cudnn_varlen``, cuDNN's ragged SDPA through the cuDNN branch of torch's own varlen op
+Tried and removed (docs/benchmarks.md): ``swiglu_function``, SwiGLU as an autograd Function with a hand-written
+backward (megatron-core's ``bias_swiglu_impl`` structure): faster alone in the kernel micro-bench, in the model
++1 %, -1.7 % and 0 % of the RL step in three side-by-side runs at the Qwen2-1.5B shape. ``cudnn_varlen``, cuDNN's ragged SDPA through the cuDNN branch of torch's own varlen op
 (kept off in torch 2.11-2.13). On an H200 with torch 2.11 its backward raised (``_cudnn_attention_backward``
 got an int for ``attn_bias``) and fwd+bwd took 50-66 ms against varlen's 1.1-2.9 ms (docs/benchmarks.md).
 """
@@ -20,20 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-__all__ = ["CANDIDATES", "swiglu_autodiff", "varlen_attention"]
-
-
-@contextmanager
-def swiglu_autodiff() -> Iterator[None]:
-    """``layers._swiglu`` is the compiled forward alone inside the block (``SwiGLUMLP`` looks it up at each call)."""
-    from slime.train.megatron import layers, swiglu
-
-    default = layers._swiglu
-    layers._swiglu = swiglu.swiglu_forward  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        layers._swiglu = default
+__all__ = ["CANDIDATES", "varlen_attention"]
 
 
 @contextmanager
@@ -50,6 +37,5 @@ def varlen_attention() -> Iterator[None]:
 
 
 CANDIDATES: dict[str, Callable[[], AbstractContextManager[None]]] = {
-    "swiglu_autodiff": swiglu_autodiff,
     "varlen_attention": varlen_attention,
 }

@@ -32,14 +32,13 @@ def _load_script():
 
 def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer, capsys, monkeypatch):
     from slime.bench.trainer import megatron_backend
-    from slime.train.megatron import swiglu
+    from slime.train.megatron.layers import SDPACoreAttention
 
     script = _load_script()
-    candidate_calls = []
-    real_forward = swiglu.swiglu_forward
-    monkeypatch.setattr(swiglu, "swiglu_forward", lambda x: (candidate_calls.append(x.shape), real_forward(x))[1])
+    ratios_at_build = []
 
     def cpu_megatron(cfg, model_dir, device):
+        ratios_at_build.append(SDPACoreAttention.dense_padding_ratio)
         trainer = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
         trainer.close = lambda: None  # the module's parallel state outlives this trainer (megatron_cpu)
         return megatron_backend(trainer)
@@ -47,7 +46,7 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
     factories = {"megatron": cpu_megatron}
     argv = [
         "--backends",
-        "transformers,megatron,megatron+swiglu_autodiff",
+        "transformers,megatron,megatron+varlen_attention",
         "--shapes",
         "tiny",
         "--num-samples",
@@ -84,11 +83,13 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
     assert tiny["speedup_rl_step"] == pytest.approx(
         tiny["backends"]["transformers"]["rl_step_s"] / tiny["backends"]["megatron"]["rl_step_s"]
     )
-    candidate = tiny["backends"]["megatron+swiglu_autodiff"]  # same weights, data and math as the default
+    candidate = tiny["backends"]["megatron+varlen_attention"]  # same weights, data and math as the default
     assert candidate["rl_step_vs_megatron"] == pytest.approx(tiny["backends"]["megatron"]["rl_step_s"] / candidate["rl_step_s"])
     assert candidate["loss"] == pytest.approx(tiny["backends"]["megatron"]["loss"], rel=1e-5, abs=1e-7)
     assert candidate["grad_norm"] == pytest.approx(tiny["backends"]["megatron"]["grad_norm"], rel=1e-5)
-    assert "megatron+swiglu_autodiff RL step" in out and candidate_calls  # the candidate ran in that backend's MLPs
+    assert "megatron+varlen_attention RL step" in out
+    assert ratios_at_build == [SDPACoreAttention.dense_padding_ratio, 0.0]  # the candidate was in place for its build and steps only
+    assert all(r["gc_full_collections"] >= 0 and len(r["gc_pause_ms_per_step"]) == 2 for r in tiny["backends"].values())
     profile = json.loads((tmp_path / "out" / "bench_trainer_profile.json").read_text())["tiny"]
     for name in ("transformers", "megatron"):
         p = profile[name]
@@ -167,7 +168,7 @@ def test_candidates_combine_and_an_unknown_one_in_a_combination_is_refused(tmp_p
     monkeypatch.setitem(script.CANDIDATES, "a", recording("a"))
     with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['nope'\]"):
         script.main(["--backends", "transformers,megatron+a+nope", "--shapes", "tiny"])
-    argv = ["--backends", "transformers,megatron+a+swiglu_autodiff", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
+    argv = ["--backends", "transformers,megatron+a+varlen_attention", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
     argv += [
         "--max-tokens-per-gpu",
         "128",
@@ -182,7 +183,7 @@ def test_candidates_combine_and_an_unknown_one_in_a_combination_is_refused(tmp_p
     ]
     assert script.main(argv) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
-    assert entered == ["a"] and tiny["megatron+a+swiglu_autodiff"] == {"skipped": "RuntimeError: a refused"}
+    assert entered == ["a"] and tiny["megatron+a+varlen_attention"] == {"skipped": "RuntimeError: a refused"}
 
 
 def test_each_finished_shape_is_on_disk_before_the_next_one_runs(tmp_path, monkeypatch):
@@ -200,3 +201,17 @@ def test_each_finished_shape_is_on_disk_before_the_next_one_runs(tmp_path, monke
         script.main(["--shapes", "tiny,qwen2-0.5b", "--out", str(tmp_path / "o")])
     saved = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]
     assert calls == ["tiny", "qwen2-0.5b"] and saved == {"tiny": {"backends": {"transformers": {"rl_step_s": 1.0}}}}
+
+
+def test_gc_pauses_count_the_collections_inside_the_block_only():
+    import gc
+
+    from slime.bench.trainer import GCPauses
+
+    before = list(gc.callbacks)
+    with GCPauses() as pauses:
+        gc.collect()
+        gc.collect(0)
+    assert pauses.full == 1 and pauses.ms > 0 and gc.callbacks == before
+    gc.collect()
+    assert pauses.full == 1
