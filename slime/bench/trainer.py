@@ -255,15 +255,18 @@ def measure(
     Returns (seconds, fractions): ``rl_step_s`` (old-logprob pass + train step), ``old_logprob_pass_s``,
     ``train_opt_s`` (= their difference: forward + backward + optimizer), ``mfu_train_opt``
     (``train_flops`` / ``train_opt_s`` / ceiling), ``mfu_rl_step`` ((train + fwd) FLOPs / ``rl_step_s`` /
-    ceiling), ``warmup_s`` (first step, compilation included), every sample, the last metrics, and
-    ``peak_memory_gib`` on CUDA.
+    ceiling), ``warmup_s`` (first step, compilation included), every sample, the last metrics,
+    ``peak_memory_gib`` on CUDA, and ``per_step`` (warm-up included): each step's times with the garbage
+    collector's pauses and the compiles, new allocator segments and allocator retries it saw.
     """
     dev = backend.device
     rl, old, first = [], [], None
     gc_ms: list[float] = []
     gc_full = 0
+    per_step: list[dict[str, float]] = []  # every step, warm-up included: what a slow step coincided with
     metrics: dict[str, float] = {}
     for i in range(warmup + steps):
+        before = _host_events(dev)
         with GCPauses() as pauses:
             _sync(dev)
             t0 = time.perf_counter()
@@ -273,6 +276,11 @@ def measure(
             backend.old_logprob_pass(groups)
             _sync(dev)
             t2 = time.perf_counter()
+        after = _host_events(dev)
+        per_step.append(
+            {"rl_step_s": t1 - t0, "old_logprob_pass_s": t2 - t1, "gc_ms": pauses.ms, "gc_full": pauses.full}
+            | {k: after[k] - before[k] for k in after}
+        )
         if i == 0:
             first = t1 - t0
         if i >= warmup:
@@ -289,10 +297,23 @@ def measure(
         "tflops_train_opt": train_flops / train_s / 1e12,
         "warmup_s": first, "rl_step_times_s": rl, "old_logprob_pass_times_s": old,
         "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
-        "gc_pause_ms_per_step": gc_ms, "gc_full_collections": gc_full,
+        "gc_pause_ms_per_step": gc_ms, "gc_full_collections": gc_full, "per_step": per_step,
     }  # fmt: skip
     if dev.type == "cuda":
         out["peak_memory_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
+    return out
+
+
+def _host_events(dev: torch.device) -> dict[str, float]:
+    """Cumulative counters a step's time can hide: graphs torch.compile has compiled, and on CUDA the caching
+    allocator's new segments (cudaMalloc) and its retries (free everything cached, then cudaMalloc again)."""
+    from torch._dynamo.utils import counters
+
+    out = {"graphs_compiled": float(counters["stats"].get("unique_graphs", 0))}
+    if dev.type == "cuda":
+        stats = torch.cuda.memory_stats(dev)
+        out["new_segments"] = float(stats.get("segment.all.allocated", 0))
+        out["alloc_retries"] = float(stats.get("num_alloc_retries", 0))
     return out
 
 

@@ -89,7 +89,10 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
     assert candidate["grad_norm"] == pytest.approx(tiny["backends"]["megatron"]["grad_norm"], rel=1e-5)
     assert "megatron+varlen_attention RL step" in out
     assert ratios_at_build == [SDPACoreAttention.dense_padding_ratio, 0.0]  # the candidate was in place for its build and steps only
-    assert all(r["gc_full_collections"] >= 0 and len(r["gc_pause_ms_per_step"]) == 2 for r in tiny["backends"].values())
+    for r in tiny["backends"].values():
+        assert r["gc_full_collections"] >= 0 and len(r["gc_pause_ms_per_step"]) == 2
+        assert len(r["per_step"]) == 3 and [s["rl_step_s"] for s in r["per_step"][1:]] == r["rl_step_times_s"]
+        assert all(s["graphs_compiled"] >= 0 and s["gc_ms"] >= 0 for s in r["per_step"])
     profile = json.loads((tmp_path / "out" / "bench_trainer_profile.json").read_text())["tiny"]
     for name in ("transformers", "megatron"):
         p = profile[name]
