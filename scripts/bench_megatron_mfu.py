@@ -16,7 +16,7 @@ layer, s = sequence length: forward 2 N + 2 s * heads * head_dim * layers; train
 Writes $OUT/megatron_mfu.json (target: mfu_fwd_bwd_opt >= 0.35). ``warmup_step_s`` is the first
 step, torch.compile of the fused kernels included; ``fused`` says which of them ran compiled
 (``SLIME_MEGATRON_COMPILE=0`` runs everything eagerly). ``--profile`` adds one more train step under
-``torch.profiler`` and writes $OUT/megatron_mfu_profile.json (``slime.bench.trainer.profile_summary``:
+``torch.profiler`` and writes $OUT/megatron_mfu_profile.json (``slime.bench.step_profile.profile_summary``:
 CUDA time per kernel class, the top kernels, GPU busy vs wall, host syncs, kernel launches). The
 side-by-side benchmark against plain transformers is ``scripts/gpu/bench_trainer.py``.
 """
@@ -33,7 +33,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
 from megatron_common import QWEN2_05B, make_groups, make_hf_dir, write_json  # noqa: E402
 
-from slime.bench.trainer import flops_per_token, format_profile, matmul_ceiling_tflops, profile_summary  # noqa: E402
+from slime.bench.step_profile import format_profile, profile_summary  # noqa: E402
+from slime.bench.trainer import flops_per_token, matmul_ceiling_tflops  # noqa: E402
 
 
 def main() -> int:

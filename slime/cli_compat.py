@@ -227,7 +227,7 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
         "gradients are fp32 already (torch backend: fp32 params; megatron backend: grad_reduce_in_fp32 is always on)", _FLAG
     ),
     "--attention-backend": NoOp(
-        "both backends run their own attention: SDPA (torch), SDPA / varlen flash attention (megatron, slime/train/megatron/layers.py)",
+        "both backends run their own attention: SDPA (torch); packed micro-batches as a dense padded SDPA batch or varlen flash attention, by length spread (megatron, slime/train/megatron/layers.py)",
         dict(choices=["flash", "fused", "unfused", "local", "auto"]),
     ),
     "--init-method-std": NoOp("weights are loaded from --hf-checkpoint, never initialised", _FLOAT),

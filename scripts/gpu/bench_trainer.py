@@ -49,16 +49,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron_common import make_groups, make_hf_dir  # noqa: E402
 
 from slime.bench.candidates import CANDIDATES  # noqa: E402
+from slime.bench.step_profile import format_profile, profile_summary  # noqa: E402
 from slime.bench.trainer import (  # noqa: E402
     SHAPES,
     TransformersReference,
     flops_per_token,
-    format_profile,
     markdown_table,
     matmul_ceiling_tflops,
     measure,
     megatron_backend,
-    profile_summary,
     torch_backend,
 )  # fmt: skip
 from slime.config import MegatronConfig, TrainConfig  # noqa: E402

@@ -11,8 +11,7 @@ and ``scripts/bench_megatron_mfu.py`` (the megatron backend alone). Parts:
 - ``BackendUnderTest`` adapters (``megatron_backend``, ``torch_backend``, the reference) and ``measure``:
   each backend's whole RL step (old-logprob pass + train step) and its old-logprob pass alone,
   warm-up steps excluded, median of N.
-- ``profile_summary``: one call under ``torch.profiler``: kernel time by class, top kernels, GPU busy
-  vs wall time, CUDA runtime calls (host syncs, kernel launches).
+- ``slime.bench.step_profile``: what a step's time hides (``profile_summary``, ``GCPauses``, ``host_events``).
 
 FLOPs per token (N = matmul parameters incl. the output layer, s = sequence length, causal attention
 counted in full as the usual convention): forward ``2 N + 2 s * heads * head_dim * layers``; training
@@ -22,8 +21,6 @@ counted in full as the usual convention): forward ``2 N + 2 s * heads * head_dim
 from __future__ import annotations
 
 import dataclasses
-import gc
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +29,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from slime.bench.step_profile import GCPauses, host_events, sync
 from slime.config import TrainConfig
 from slime.train import objective
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget
@@ -39,7 +37,7 @@ from slime.types import Group
 
 __all__ = [
     "SHAPES", "flops_per_token", "matmul_ceiling_tflops", "TransformersReference", "BackendUnderTest", "megatron_backend",
-    "torch_backend", "measure", "profile_summary", "markdown_table",
+    "torch_backend", "measure", "markdown_table",
 ]  # fmt: skip
 
 _QWEN2 = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
@@ -74,17 +72,12 @@ def matmul_ceiling_tflops(device: torch.device | str = "cuda", n: int | None = N
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(10):
         a @ b
-    _sync(device)
+    sync(device)
     return 2 * n**3 * 10 / (time.perf_counter() - t0) / 1e12
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class BackendUnderTest(Protocol):
@@ -266,17 +259,17 @@ def measure(
     per_step: list[dict[str, float]] = []  # every step, warm-up included: what a slow step coincided with
     metrics: dict[str, float] = {}
     for i in range(warmup + steps):
-        before = _host_events(dev)
+        before = host_events(dev)
         with GCPauses() as pauses:
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             metrics = backend.rl_step(groups)
-            _sync(dev)
+            sync(dev)
             t1 = time.perf_counter()
             backend.old_logprob_pass(groups)
-            _sync(dev)
+            sync(dev)
             t2 = time.perf_counter()
-        after = _host_events(dev)
+        after = host_events(dev)
         per_step.append(
             {"rl_step_s": t1 - t0, "old_logprob_pass_s": t2 - t1, "gc_ms": pauses.ms, "gc_full": pauses.full}
             | {k: after[k] - before[k] for k in after}
@@ -302,114 +295,6 @@ def measure(
     if dev.type == "cuda":
         out["peak_memory_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
     return out
-
-
-def _host_events(dev: torch.device) -> dict[str, float]:
-    """Cumulative counters a step's time can hide: graphs torch.compile has compiled, and on CUDA the caching
-    allocator's new segments (cudaMalloc) and its retries (free everything cached, then cudaMalloc again)."""
-    from torch._dynamo.utils import counters
-
-    out = {"graphs_compiled": float(counters["stats"].get("unique_graphs", 0))}
-    if dev.type == "cuda":
-        stats = torch.cuda.memory_stats(dev)
-        out["new_segments"] = float(stats.get("segment.all.allocated", 0))
-        out["alloc_retries"] = float(stats.get("num_alloc_retries", 0))
-    return out
-
-
-class GCPauses:
-    """Python's garbage-collector pauses inside a ``with`` block: ``ms`` (all collections, wall) and ``full``
-    (generation-2 collections). A full collection walks every tracked object (~0.3 s for the ~470k objects of
-    torch + transformers + megatron-core on a slow CPU), a host stall a GPU-bound step hides and a
-    launch-bound one does not."""
-
-    def __init__(self) -> None:
-        self.ms, self.full, self._t0 = 0.0, 0, 0.0
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.ms += (time.perf_counter() - self._t0) * 1e3
-            self.full += info["generation"] == 2
-
-    def __enter__(self) -> GCPauses:
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._callback)
-
-
-_KERNEL_CLASSES = (  # first match wins: flash kernels' names contain "cutlass", so attention goes first
-    ("attention", re.compile(r"flash|fmha|attn|attention", re.I)),
-    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|addmm|^aten::mm$|^aten::bmm$", re.I)),
-    ("triton (torch.compile fusions)", re.compile(r"^triton_", re.I)),
-    ("optimizer (fused adam / foreach / l2norm)", re.compile(r"adam|foreach|multi_tensor|l2norm", re.I)),
-    ("memcpy / memset", re.compile(r"memcpy|memset", re.I)),
-)
-_SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cuStreamSynchronize|cuCtxSynchronize)$")
-_LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchCooperativeKernel)$")
-
-
-def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: int = 30) -> dict[str, Any]:
-    """Run ``fn()`` once under ``torch.profiler`` and summarise where the time went.
-
-    Returns: ``wall_ms`` (under the profiler), ``gpu_busy_ms`` (sum of kernel times; on the CPU, of
-    top-level op times), ``gpu_idle_ms`` (wall - busy: host syncs, launch gaps), ``classes_ms`` /
-    ``classes_pct`` (matmul, attention, compiled fusions, optimizer, memcpy, other), ``top_kernels``
-    (name, ms, calls), ``host_syncs`` (CUDA stream/device/event synchronize calls, which block the
-    host until the GPU drains) and ``kernel_launches``.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    _sync(device)
-    t0 = time.perf_counter()
-    with profile(activities=activities) as prof:
-        fn()
-        _sync(device)
-    wall_ms = (time.perf_counter() - t0) * 1e3
-    kernels: dict[str, tuple[float, int]] = {}
-    syncs = launches = 0
-    for evt in prof.key_averages():
-        if _SYNC_CALLS.match(evt.key):
-            syncs += evt.count
-        elif _LAUNCH_CALLS.match(evt.key):
-            launches += evt.count
-        if cuda:
-            us = getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "self_cuda_time_total", 0.0)
-        else:  # no kernels: aten ops' own CPU time stands in for them
-            us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
-        if us > 0:
-            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
-    busy_ms = sum(us for us, _ in kernels.values()) / 1e3
-    classes: dict[str, float] = {}
-    for name, (us, _) in kernels.items():
-        cls = next((c for c, pattern in _KERNEL_CLASSES if pattern.search(name)), "other (eager elementwise, reductions, casts)")
-        classes[cls] = classes.get(cls, 0.0) + us / 1e3
-    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
-    order = sorted(classes.items(), key=lambda kv: -kv[1])
-    return {
-        "wall_ms": round(wall_ms, 2), "gpu_busy_ms": round(busy_ms, 2), "gpu_idle_ms": round(max(wall_ms - busy_ms, 0.0), 2),
-        "classes_ms": {k: round(v, 2) for k, v in order}, "classes_pct": {k: round(100 * v / max(busy_ms, 1e-9), 1) for k, v in order},
-        "top_kernels": [{"name": n[:160], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in ranked],
-        "host_syncs": syncs, "kernel_launches": launches,
-    }  # fmt: skip
-
-
-def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str:
-    """A few lines of ``profile_summary`` for a log."""
-    s = summary
-    lines = [
-        f"{name}: {s['gpu_busy_ms']:.1f} ms busy in {s['wall_ms']:.1f} ms wall (idle {s['gpu_idle_ms']:.1f} ms), "
-        f"{s['host_syncs']} host syncs, {s['kernel_launches']} kernel launches"
-    ]
-    lines += [f"  {k:45s} {v:9.1f} ms {s['classes_pct'][k]:5.1f} %" for k, v in s["classes_ms"].items()]
-    lines += [f"  {r['ms']:9.2f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in s["top_kernels"][:rows]]
-    return "\n".join(lines)
 
 
 def markdown_table(results: dict[str, dict[str, Any]], *, reference: str = "transformers", other: str = "megatron") -> str:

@@ -209,7 +209,7 @@ def test_each_finished_shape_is_on_disk_before_the_next_one_runs(tmp_path, monke
 def test_gc_pauses_count_the_collections_inside_the_block_only():
     import gc
 
-    from slime.bench.trainer import GCPauses
+    from slime.bench.step_profile import GCPauses
 
     before = list(gc.callbacks)
     with GCPauses() as pauses:
