@@ -94,6 +94,8 @@ class PackedRoPEParams(_PackedSeqParams):
             with cp_size > 1, t, ``seq_bounds`` and the RoPE tables are this rank's share, the
             ``cu_seqlens`` too, ``cp_full_bounds`` the segments of the full stream and
             ``cp_full_index`` [T] int64 the gather order (``context_parallel.cp_split``).
+        pad_tokens: length of the last segment when it is the padding that rounds t up (no CP);
+            its tokens' attention outputs are never used, and the dense path leaves them zero.
     """
 
     seq_bounds: tuple[int, ...] = ()
@@ -104,6 +106,7 @@ class PackedRoPEParams(_PackedSeqParams):
     cp_group: Any = None
     cp_full_index: Tensor | None = None
     cp_full_bounds: tuple[int, ...] = ()
+    pad_tokens: int = 0
     dense_plan: Any = None  # SDPACoreAttention's cache: ((ratio, device), (layout, index) or None)
 
 
@@ -210,21 +213,25 @@ def attention_layout(bounds: tuple[int, ...], ratio: float) -> tuple[int, int] |
 def dense_attention(query: Tensor, key: Tensor, value: Tensor, layout: tuple[int, int], scale: float, index: Tensor | None) -> Tensor:
     """Causal attention of the packed sequences as one padded batch: q [t, n, d], k/v [t, g, d] -> [t, n, d].
 
-    ``layout`` is ``attention_layout``'s (b, L); ``index`` [t] int64 (``dense_index``) the padded row of
-    every packed token, None when the t tokens are b sequences of exactly L (a view, no copy). Padded
-    rows are zeros; a real query attends only to keys at or before it in its own sequence, all real, and
-    padded rows' outputs are dropped (their gradient is zero)."""
+    ``layout`` is ``attention_layout``'s (b, L); ``index`` [r] int64 (``dense_index``) the padded row of each of
+    the first r packed tokens, None when the first r = b * L tokens are b sequences of exactly L (a view, no
+    copy). Tokens after those r (the padding that rounds t up) get zeros. Padded rows are zeros; a real query
+    attends only to keys at or before it in its own sequence, all real, and padded rows' outputs are dropped
+    (their gradient is zero)."""
     b, length = layout
     t, n, d = query.shape
+    real = b * length if index is None else index.numel()
 
     def pad(x: Tensor) -> Tensor:  # [t, h, d] -> [b, h, L, d]
+        x = x[:real]
         full = x if index is None else x.new_zeros(b * length, x.shape[1], d).index_copy(0, index, x)
         return full.reshape(b, length, x.shape[1], d).transpose(1, 2)
 
     q, k, v = pad(query), pad(key), pad(value)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != n)
     out = out.transpose(1, 2).reshape(b * length, n, d)
-    return out if index is None else out.index_select(0, index)
+    out = out if index is None else out.index_select(0, index)
+    return out if real == t else torch.cat([out, out.new_zeros(t - real, n, d)])
 
 
 def dense_index(bounds: tuple[int, ...], length: int) -> Tensor | None:
@@ -308,8 +315,9 @@ class SDPACoreAttention(_MegatronModule):
         """``attention_layout`` and ``dense_index`` (on ``device``) of the micro-batch, once for all layers."""
         key = (self.dense_padding_ratio, device)
         if p.dense_plan is None or p.dense_plan[0] != key:
-            layout = attention_layout(p.seq_bounds, self.dense_padding_ratio)
-            index = None if layout is None else dense_index(p.seq_bounds, layout[1])
+            bounds = p.seq_bounds[:-1] if p.pad_tokens else p.seq_bounds  # the padding segment is no sequence
+            layout = attention_layout(bounds, self.dense_padding_ratio)
+            index = None if layout is None else dense_index(bounds, layout[1])
             p.dense_plan = (key, None if layout is None else (layout, None if index is None else index.to(device)))
         return p.dense_plan[1]
 

@@ -213,11 +213,12 @@ def pack_samples(
     input_ids = torch.cat(pieces).unsqueeze(0)  # [1, t]
     position_ids = torch.cat(positions).unsqueeze(0)  # [1, t]
     labels = torch.roll(input_ids, shifts=-1, dims=1)  # [1, t]
-    cp: dict = {}
+    extra: dict = {"pad_tokens": padded - t}  # the padding segment (0: none)
     if cp_size > 1:
         local, full_index, local_bounds = cp_split(bounds, cp_size, cp_rank)
         input_ids, position_ids, labels = (x[:, local] for x in (input_ids, position_ids, labels))
-        cp = dict(cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group, cp_full_index=full_index, cp_full_bounds=tuple(bounds))
+        # under CP the local segments mix padding into every sample's share: no padding segment
+        extra = dict(cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group, cp_full_index=full_index, cp_full_bounds=tuple(bounds))
         bounds = list(local_bounds)
     cu = torch.tensor(bounds, dtype=torch.int32)  # [S+1]
     max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
@@ -231,7 +232,7 @@ def pack_samples(
         seq_bounds=tuple(bounds),
         rope_cos=cos,
         rope_sin=sin,
-        **cp,
+        **extra,
     )
     empty = torch.zeros(0, dtype=torch.long)
     num_cols = max((int(batch.seq_lens[s]) for s in samples), default=2) - 1

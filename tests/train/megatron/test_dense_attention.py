@@ -91,3 +91,31 @@ def test_the_plan_is_made_once_per_micro_batch_and_again_when_the_ratio_changes(
     assert calls == [1.5] and plans[0] == ((2, 3), plans[0][1]) and plans[0][1].tolist() == [0, 1, 2, 3, 4]
     monkeypatch.setattr(SDPACoreAttention, "dense_padding_ratio", 0.0)
     assert attn._dense_plan(p, cpu) is None and calls == [1.5, 0.0]
+
+
+def test_the_padding_segment_gets_zeros_and_no_gradient_and_the_sequences_are_unchanged():
+    torch.manual_seed(1)
+    bounds, pad = (0, 5, 9, 14, 16), 2  # three sequences, then 2 tokens of padding that round t up
+    real = bounds[:-1]
+    layout = attention_layout(real, 1.5)
+    assert layout == (3, 5)
+    index = dense_index(real, layout[1])
+    q0 = torch.randn(16, 4, 8, dtype=torch.float64)
+    k0, v0 = torch.randn(16, 2, 8, dtype=torch.float64), torch.randn(16, 2, 8, dtype=torch.float64)
+    grad = torch.randn(16, 4, 8, dtype=torch.float64)
+    for idx, lay in ((index, layout), (None, (2, 5))):  # ragged (index) and uniform (a view) with padding after
+        stop = 14 if idx is not None else 10
+        q, k, v = (x[: stop + pad].clone().requires_grad_(True) for x in (q0, k0, v0))
+        out = dense_attention(q, k, v, lay, 0.3, idx)
+        out.backward(grad[: stop + pad])
+        want = _per_sequence(q0[:stop], k0[:stop], v0[:stop], bounds[:-1] if idx is not None else (0, 5, 10), 0.3)
+        torch.testing.assert_close(out[:stop].detach(), want, rtol=1e-10, atol=1e-12)
+        assert out.shape == q.shape and torch.equal(out[stop:].detach(), torch.zeros(pad, 4, 8, dtype=torch.float64))
+        assert not q.grad[stop:].any() and not k.grad[stop:].any() and not v.grad[stop:].any()
+
+
+def test_the_plan_leaves_the_padding_segment_out_of_the_batch():
+    attn = SDPACoreAttention.__new__(SDPACoreAttention)
+    # 4 x 8 tokens and 1 of padding: with the padding as a fifth "sequence" the batch would be 5 x 8
+    p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 8, 16, 24, 32, 33), pad_tokens=1)
+    assert attn._dense_plan(p, torch.device("cpu")) == ((4, 8), None)

@@ -54,6 +54,8 @@ def test_pack_restarts_positions_per_sample_and_pads_to_a_multiple():
     assert mb.input_ids.tolist() == [[201, 202, 203, 1, 2, 3, 4, 0]]
     assert mb.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 0]]
     assert mb.params.seq_bounds == (0, 3, 7, 8) and mb.params.cu_seqlens_q.tolist() == [0, 3, 7, 8]
+    assert mb.params.pad_tokens == 1  # the last segment is the padding (the dense attention path skips it)
+    assert pack_samples(batch, [2, 1], pad_token_id=0, pad_to=5, head_dim=4, rope_theta=10000.0).params.pad_tokens == 0
     assert mb.labels[0, :6].tolist() == [202, 203, 1, 2, 3, 4]
     cos, sin = mb.params.rope_cos, mb.params.rope_sin
     assert cos.shape == (8, 1, 4) and torch.equal(cos[3], cos[0]) and torch.equal(sin[0], torch.zeros(1, 4))
@@ -71,7 +73,7 @@ def test_unpack_puts_each_prediction_at_its_train_batch_position():
 
 def test_empty_placeholder_has_no_predictions():
     mb = pack_samples(_batch([3]), [], pad_token_id=7, pad_to=4, head_dim=4, rope_theta=10000.0)
-    assert mb.input_ids.tolist() == [[7, 7, 7, 7]] and mb.flat.numel() == 0
+    assert mb.input_ids.tolist() == [[7, 7, 7, 7]] and mb.flat.numel() == 0 and mb.params.pad_tokens == 4
 
 
 def test_cp_split_gives_each_rank_an_early_and_a_late_chunk_of_every_sequence():
