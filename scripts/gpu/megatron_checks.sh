@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu/megatron_checks.sh [ab|c|m|all]    (default: all; "c" and "m" need 2 GPUs)
 #
-#   a  tests/gpu/megatron_logprob_parity.py   megatron vs torch-backend logprobs (bf16 mean |diff| <= 1e-2),
+#   a  tests/gpu/megatron_logprob_parity.py   megatron vs torch-backend logprobs (bf16 mean |diff| <= 1e-2; dense vs varlen attention too),
 #                                            varlen vs per-sequence SDPA, one train step, save_hf round trip
 #   b  scripts/bench_megatron_mfu.py          Qwen2-0.5B shape, seq len 4096: MFU vs a measured bf16 matmul
 #                                            (--profile: one more step under torch.profiler, kernel classes)

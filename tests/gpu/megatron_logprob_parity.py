@@ -76,12 +76,16 @@ def main() -> int:
 
     t0 = time.perf_counter()
     trainer = _trainer(bf16_dir, bf16=True)
-    mg_bf16 = trainer._before_update(batch, trainer._plan(batch)).old_logprobs
+    mg_bf16 = trainer._before_update(batch, trainer._plan(batch)).old_logprobs  # dense padded batches where chosen
+    ratio = SDPACoreAttention.dense_padding_ratio
+    SDPACoreAttention.dense_padding_ratio = 0.0
+    mg_varlen = trainer._before_update(batch, trainer._plan(batch)).old_logprobs
     SDPACoreAttention.use_varlen = False
     mg_loop = trainer._before_update(batch, trainer._plan(batch)).old_logprobs
-    SDPACoreAttention.use_varlen = True
+    SDPACoreAttention.use_varlen, SDPACoreAttention.dense_padding_ratio = True, ratio
     result["bf16"] = _diff(mg_bf16, _hf_logprobs(bf16_dir, batch, torch.bfloat16), mask)
-    result["varlen_vs_sdpa_loop"] = _diff(mg_bf16, mg_loop, mask)
+    result["default_vs_varlen"] = _diff(mg_bf16, mg_varlen, mask)
+    result["varlen_vs_sdpa_loop"] = _diff(mg_varlen, mg_loop, mask)
 
     metrics = trainer.train_step(groups)
     result["train_step"] = {k: metrics[k] for k in ("loss", "grad_norm", "ratio_mean", "entropy", "num_optimizer_steps", "train_time_s")}
@@ -103,6 +107,7 @@ def main() -> int:
     step = result["train_step"]
     checks = {
         "bf16_mean_abs_diff<=1e-2": result["bf16"]["mean_abs_diff"] <= 1e-2,
+        "dense_path_vs_varlen_mean_abs_diff<=1e-2": result["default_vs_varlen"]["mean_abs_diff"] <= 1e-2,
         "fp32_mean_abs_diff<=1e-3": result["fp32"]["mean_abs_diff"] <= 1e-3,
         "train_step_finite": math.isfinite(step["loss"]) and math.isfinite(step["grad_norm"]),
         "first_step_ratio_is_1": abs(step["ratio_mean"] - 1.0) <= 1e-3,
