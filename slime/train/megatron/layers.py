@@ -20,14 +20,16 @@ micro-batches only and does two things there:
    RoPE (whose "thd" path splits by ``cu_seqlens`` with host syncs in every layer) never runs. The
    order is megatron's and HF's: q/k projection -> q/k RMSNorm (Qwen3) -> RoPE -> attention.
 2. Causal attention within each packed sequence. On CUDA in bf16/fp16 one of two kernels per
-   micro-batch (``attention_layout``): when the sequences are close in length (b * L^2 <=
-   ``dense_padding_ratio`` * sum(l^2), b sequences, L the longest), ``F.scaled_dot_product_attention``
-   on the sequences right-padded to a dense [b, heads, L, d] batch (cuDNN's / flash's dense kernels:
-   1.55-2.0x the varlen kernel's speed on an H200, docs/bench_kernels_h200.json; causal masking keeps
-   every real query off the padding, so the result is exact); otherwise
-   ``torch.nn.attention.varlen.varlen_attn`` (flash attention over all packed sequences at once,
-   no padding) when this torch has it. Elsewhere (CPU, fp32) ``F.scaled_dot_product_attention(is_causal=True)``
-   once per sequence (math on CPU).
+   micro-batch (``SDPACoreAttention._dense_plan``): when the sequences are close in length (b * L^2 <=
+   ``dense_padding_ratio`` * sum(l^2), b sequences, L the longest rounded up to
+   ``dense_length_multiple``) and the shape (b, L) is one of the first ``dense_shapes_max`` the process
+   ran, ``F.scaled_dot_product_attention`` on the sequences right-padded to a dense [b, heads, L, d]
+   batch (cuDNN's Hopper kernels: 1.5-2.0x the varlen kernel's speed on an H200 at equal lengths,
+   docs/bench_kernels_h200.json; causal masking keeps every real query off the padding, so the result
+   is exact); otherwise ``torch.nn.attention.varlen.varlen_attn`` (flash attention over all packed
+   sequences at once, no padding) when this torch has it. The shape budget bounds cuDNN's plan builds
+   (one per new shape, reported at 55-400 ms). Elsewhere (CPU, fp32)
+   ``F.scaled_dot_product_attention(is_causal=True)`` once per sequence (math on CPU).
 
 Under context parallelism (``PackedRoPEParams.cp_size`` > 1) step 2 is
 ``slime.train.megatron.context_parallel.cp_attention``: K/V all-gathered over the CP group, each
@@ -53,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -199,14 +201,15 @@ def _varlen_fn():
 _VARLEN, _VARLEN_GQA = _varlen_fn()
 
 
-def attention_layout(bounds: tuple[int, ...], ratio: float) -> tuple[int, int] | None:
+def attention_layout(bounds: tuple[int, ...], ratio: float, multiple: int = 1) -> tuple[int, int] | None:
     """(b, L) when the packed sequences between ``bounds`` (S+1 offsets) should run as one dense batch of b
-    right-padded sequences of L tokens, else None (varlen): dense when b * L^2 <= ``ratio`` * sum(l^2), the
-    attention work padded over the work unpadded (empty segments dropped); ``ratio`` <= 0 never pads."""
+    right-padded sequences of L tokens (the longest rounded up to ``multiple``), else None (varlen): dense
+    when b * L^2 <= ``ratio`` * sum(l^2), the attention work padded over the work unpadded (empty segments
+    dropped); ``ratio`` <= 0 never pads."""
     lens = [b - a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     if ratio <= 0 or not lens:
         return None
-    longest = max(lens)
+    longest = -(-max(lens) // multiple) * multiple
     return (len(lens), longest) if len(lens) * longest * longest <= ratio * sum(n * n for n in lens) else None
 
 
@@ -250,13 +253,18 @@ class SDPACoreAttention(_MegatronModule):
     (config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
     cp_comm_type, pg_collection); context parallelism always runs as "all_gather" and takes its
     group from the packed parameters. ``use_varlen`` (class attribute) can be set False to force
-    the per-sequence SDPA path (the GPU checks compare the two); ``dense_padding_ratio`` (class
-    attribute) is ``attention_layout``'s ratio, 0 for varlen always.
+    the per-sequence SDPA path (the GPU checks compare the two); ``dense_padding_ratio``,
+    ``dense_length_multiple`` and ``dense_shapes_max`` (class attributes) choose the dense path
+    (module docstring; ratio 0: varlen always).
     """
 
     use_varlen: bool = True
-    # dense kernels ran 1.55-2.0x varlen's speed at 1k-4k tokens (bench_kernels_h200.json): pad up to 1.5x the work
-    dense_padding_ratio: float = 1.5
+    # dense cuDNN ran 1.5-2.0x varlen's speed at equal lengths (bench_kernels_h200.json); the padded copies are
+    # unmeasured: pad up to 1.25x the work only
+    dense_padding_ratio: float = 1.25
+    dense_length_multiple: int = 128  # fewer distinct shapes, so fewer cuDNN plan builds
+    dense_shapes_max: int = 64  # distinct (b, L, heads, dtype) per process; new ones past it run varlen
+    _dense_shapes: ClassVar[set[tuple]] = set()
 
     def __init__(
         self,
@@ -293,7 +301,7 @@ class SDPACoreAttention(_MegatronModule):
         if p.cp_size > 1:
             return cp_attention(query, key, value, p, self.softmax_scale).reshape(t, n * d)
         fast = self.use_varlen and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
-        if fast and (plan := self._dense_plan(p, query.device)) is not None:
+        if fast and (plan := self._dense_plan(p, query, key)) is not None:
             return dense_attention(query, key, value, plan[0], self.softmax_scale, plan[1]).reshape(t, n * d)
         if fast and _VARLEN is not None:
             if not _VARLEN_GQA and key.shape[1] != n:
@@ -311,14 +319,21 @@ class SDPACoreAttention(_MegatronModule):
             out[start:end] = o.squeeze(0).transpose(0, 1)
         return out.reshape(t, n * d)
 
-    def _dense_plan(self, p: PackedRoPEParams, device: torch.device) -> tuple[tuple[int, int], Tensor | None] | None:
-        """``attention_layout`` and ``dense_index`` (on ``device``) of the micro-batch, once for all layers."""
-        key = (self.dense_padding_ratio, device)
-        if p.dense_plan is None or p.dense_plan[0] != key:
+    def _dense_plan(self, p: PackedRoPEParams, query: Tensor, key: Tensor) -> tuple[tuple[int, int], Tensor | None] | None:
+        """``attention_layout`` and ``dense_index`` (on the query's device) of the micro-batch, or None for varlen;
+        made once for all layers. A (b, L) shape outside the process's first ``dense_shapes_max`` runs varlen."""
+        rules = (self.dense_padding_ratio, self.dense_length_multiple, self.dense_shapes_max, query.device)
+        if p.dense_plan is None or p.dense_plan[0] != rules:
             bounds = p.seq_bounds[:-1] if p.pad_tokens else p.seq_bounds  # the padding segment is no sequence
-            layout = attention_layout(bounds, self.dense_padding_ratio)
+            layout = attention_layout(bounds, self.dense_padding_ratio, self.dense_length_multiple)
+            shape = None if layout is None else (*layout, query.shape[1], key.shape[1], query.shape[2], query.dtype)
+            if shape is not None and shape not in self._dense_shapes:
+                if len(self._dense_shapes) >= self.dense_shapes_max:
+                    layout = None
+                else:
+                    self._dense_shapes.add(shape)
             index = None if layout is None else dense_index(bounds, layout[1])
-            p.dense_plan = (key, None if layout is None else (layout, None if index is None else index.to(device)))
+            p.dense_plan = (rules, None if layout is None else (layout, None if index is None else index.to(query.device)))
         return p.dense_plan[1]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:

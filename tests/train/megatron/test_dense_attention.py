@@ -25,7 +25,7 @@ def _per_sequence(q, k, v, bounds, scale):
     return out
 
 
-def test_the_layout_pads_only_when_the_padded_work_stays_within_the_ratio():
+def test_the_layout_pads_only_when_the_padded_work_stays_within_the_ratio():  # multiple 1: exact lengths
     assert attention_layout((0, 4096, 8192, 12288, 16384), 1.5) == (4, 4096)  # the bench's micro-batch: no padding
     assert attention_layout((0, 100, 190, 190, 290), 1.5) == (3, 100)  # an empty segment takes no row
     assert attention_layout((0, 4096, 4196, 4296, 4396), 1.5) is None  # one long, three short: 4 x 4096^2 >> sum
@@ -75,22 +75,51 @@ def test_a_key_value_view_that_is_not_contiguous_is_accepted():
     torch.testing.assert_close(got, _per_sequence(q, k, v, (0, 4, 8), 0.5))
 
 
-def test_the_plan_is_made_once_per_micro_batch_and_again_when_the_ratio_changes(monkeypatch):
+def _qk(heads=4, kv_heads=2, d=8, dtype=torch.float32):
+    return torch.zeros(1, heads, d, dtype=dtype), torch.zeros(1, kv_heads, d, dtype=dtype)
+
+
+def test_the_plan_is_made_once_per_micro_batch_and_again_when_a_rule_changes(monkeypatch):
     calls = []
     real = attention_layout
 
-    def counting(bounds, ratio):
-        calls.append(ratio)
-        return real(bounds, ratio)
+    def counting(bounds, ratio, multiple):
+        calls.append((ratio, multiple))
+        return real(bounds, ratio, multiple)
 
     monkeypatch.setattr("slime.train.megatron.layers.attention_layout", counting)
+    monkeypatch.setattr(SDPACoreAttention, "_dense_shapes", set())
+    monkeypatch.setattr(SDPACoreAttention, "dense_length_multiple", 1)
     attn = SDPACoreAttention.__new__(SDPACoreAttention)  # the plan needs no module state
-    p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 3, 5))
-    cpu = torch.device("cpu")
-    plans = [attn._dense_plan(p, cpu) for _ in range(3)]
-    assert calls == [1.5] and plans[0] == ((2, 3), plans[0][1]) and plans[0][1].tolist() == [0, 1, 2, 3, 4]
+    p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 5, 9))  # 2 x 5^2 <= 1.25 x (25 + 16)
+    plans = [attn._dense_plan(p, *_qk()) for _ in range(3)]
+    assert calls == [(1.25, 1)] and plans[0][0] == (2, 5) and plans[0][1].tolist() == list(range(9))
     monkeypatch.setattr(SDPACoreAttention, "dense_padding_ratio", 0.0)
-    assert attn._dense_plan(p, cpu) is None and calls == [1.5, 0.0]
+    assert attn._dense_plan(p, *_qk()) is None and calls == [(1.25, 1), (0.0, 1)]
+
+
+def test_the_longest_sequence_is_rounded_up_before_the_cost_is_weighed():
+    assert attention_layout((0, 100, 200), 1.25, 128) is None  # 2 x 128^2 > 1.25 x 2 x 100^2
+    assert attention_layout((0, 120, 240), 1.25, 128) == (2, 128)  # 2 x 128^2 <= 1.25 x 2 x 120^2
+    assert attention_layout((0, 4096, 8192), 1.25, 128) == (2, 4096)
+    assert dense_index((0, 120, 240), 128).tolist() == [*range(120), *range(128, 248)]
+
+
+def test_shapes_past_the_budget_run_varlen_and_known_shapes_stay_dense(monkeypatch):
+    """cuDNN builds a plan per new shape: only the first dense_shapes_max shapes of the process run dense."""
+    monkeypatch.setattr(SDPACoreAttention, "_dense_shapes", set())
+    monkeypatch.setattr(SDPACoreAttention, "dense_shapes_max", 2)
+    monkeypatch.setattr(SDPACoreAttention, "dense_length_multiple", 1)
+    attn = SDPACoreAttention.__new__(SDPACoreAttention)
+
+    def plan(bounds, **qk):
+        return attn._dense_plan(PackedRoPEParams(qkv_format="thd", seq_bounds=bounds), *_qk(**qk))
+
+    assert plan((0, 4, 8))[0] == (2, 4) and plan((0, 5, 10))[0] == (3 - 1, 5)
+    assert plan((0, 6, 12)) is None  # a third shape: varlen
+    assert plan((0, 6, 12, 18)) is None and plan((0, 4, 8), d=16) is None  # another head size is another shape
+    assert plan((0, 5, 10))[0] == (2, 5) and plan((0, 4, 8))[0] == (2, 4)  # known shapes stay dense
+    assert len(SDPACoreAttention._dense_shapes) == 2
 
 
 def test_the_padding_segment_gets_zeros_and_no_gradient_and_the_sequences_are_unchanged():
@@ -116,6 +145,6 @@ def test_the_padding_segment_gets_zeros_and_no_gradient_and_the_sequences_are_un
 
 def test_the_plan_leaves_the_padding_segment_out_of_the_batch():
     attn = SDPACoreAttention.__new__(SDPACoreAttention)
-    # 4 x 8 tokens and 1 of padding: with the padding as a fifth "sequence" the batch would be 5 x 8
-    p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 8, 16, 24, 32, 33), pad_tokens=1)
-    assert attn._dense_plan(p, torch.device("cpu")) == ((4, 8), None)
+    # 4 x 128 tokens and 1 of padding: with the padding as a fifth "sequence" the batch would be 5 x 128
+    p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 128, 256, 384, 512, 513), pad_tokens=1)
+    assert attn._dense_plan(p, *_qk()) == ((4, 128), None)
