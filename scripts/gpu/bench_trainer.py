@@ -97,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ragged", action="store_true", help="responses of 1/2 to all of their --seq-len share (default: every sample --seq-len tokens)"
     )
+    p.add_argument("--fresh-data", action="store_true", help="new --ragged groups every step (new micro-batch shapes, as in RL)")
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
@@ -123,17 +124,28 @@ def run_shape(
     num_samples = args.large_num_samples if name == "qwen2-7b" else args.num_samples
     model_dir = make_hf_dir(os.path.join(args.model_root, name), shape, dtype=torch.bfloat16, device=device.type)
     prompt = args.seq_len // 8
-    groups = make_groups(
-        vocab_size=shape["vocab_size"],
-        num_groups=max(num_samples // 8, 1),
-        group_size=min(num_samples, 8),
-        prompt_len=prompt,
-        response_len=args.seq_len - prompt,
-        ragged=args.ragged,
-    )
-    lens = [len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples]  # --seq-len each unless --ragged
-    tokens = sum(lens)
-    fwd, train = (sum(n * f for n, f in zip(lens, col)) for col in zip(*(flops_per_token(shape, n) for n in lens)))
+
+    def data(seed: int) -> list:
+        return make_groups(
+            vocab_size=shape["vocab_size"],
+            num_groups=max(num_samples // 8, 1),
+            group_size=min(num_samples, 8),
+            prompt_len=prompt,
+            response_len=args.seq_len - prompt,
+            ragged=args.ragged or args.fresh_data,
+            seed=seed,
+        )
+
+    # --fresh-data: new ragged groups every step (seeds 1, 2, ...), as RL brings; else one set for every step
+    per_step = [data(i + 1) for i in range(args.warmup + args.steps)] if args.fresh_data else [data(0)]
+    groups = per_step[0]
+    timed = per_step[args.warmup :] if args.fresh_data else per_step
+    lens = [[len(s.prompt_ids) + len(s.response_ids) for g in gs for s in g.samples] for gs in timed]  # --seq-len each by default
+    tokens = sum(map(sum, lens)) / len(lens)  # per step (a mean over the timed steps with --fresh-data)
+    flat = [n for ls in lens for n in ls]
+    per_token = [flops_per_token(shape, n) for n in flat]  # (forward, training) FLOPs per token of each sample
+    fwd = sum(n * f for n, (f, _) in zip(flat, per_token)) / len(lens)
+    train = sum(n * t for n, (_, t) in zip(flat, per_token)) / len(lens)
     cfg = TrainConfig(
         global_batch_size=num_samples,
         micro_batch_size=1,
@@ -164,7 +176,13 @@ def run_shape(
                 try:
                     backend = factories[base](cfg, model_dir, device)
                     r = measure(
-                        backend, groups, warmup=args.warmup, steps=args.steps, fwd_flops=fwd, train_flops=train, ceiling_tflops=ceiling
+                        backend,
+                        (lambda i: per_step[i]) if args.fresh_data else groups,
+                        warmup=args.warmup,
+                        steps=args.steps,
+                        fwd_flops=fwd,
+                        train_flops=train,
+                        ceiling_tflops=ceiling,
                     )
                     r["build_and_measure_s"] = time.perf_counter() - t0
                     if args.profile:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import gc
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["GCPauses", "format_profile", "host_events", "profile_summary", "sync"]
+__all__ = ["GCPauses", "format_profile", "host_events", "profile_summary", "sync", "tally_events"]
 
 
 def sync(device: torch.device) -> None:
@@ -72,11 +72,36 @@ _SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEve
 _LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchCooperativeKernel)$")
 
 
+def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[float, int]], int, int]:
+    """``key_averages()`` rows -> ({name: (us, calls)}, host syncs, kernel launches).
+
+    On CUDA only device-side rows count (kernels, memcpy, memset): an ATen op's row carries the device time
+    of the kernels it launched, so adding both counted every kernel twice. On the CPU there are no kernels,
+    and ATen ops' own CPU time stands in for them."""
+    from torch.autograd import DeviceType
+
+    kernels: dict[str, tuple[float, int]] = {}
+    syncs = launches = 0
+    for evt in events:
+        if _SYNC_CALLS.match(evt.key):
+            syncs += evt.count
+        elif _LAUNCH_CALLS.match(evt.key):
+            launches += evt.count
+        if cuda:
+            on_device = getattr(evt, "device_type", None) == DeviceType.CUDA
+            us = (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0)) if on_device else 0.0
+        else:
+            us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
+        if us > 0:
+            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+    return kernels, syncs, launches
+
+
 def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: int = 30) -> dict[str, Any]:
     """Run ``fn()`` once under ``torch.profiler`` and summarise where the time went.
 
-    Returns: ``wall_ms`` (under the profiler), ``gpu_busy_ms`` (sum of kernel times; on the CPU, of
-    top-level op times), ``gpu_idle_ms`` (wall - busy: host syncs, launch gaps), ``classes_ms`` /
+    Returns: ``wall_ms`` (under the profiler), ``gpu_busy_ms`` (sum of kernel times, each kernel once:
+    ``tally_events``; on the CPU, of ATen ops' own times), ``gpu_idle_ms`` (wall - busy: host syncs, launch gaps), ``classes_ms`` /
     ``classes_pct`` (matmul, attention, compiled fusions, optimizer, memcpy, other), ``top_kernels``
     (name, ms, calls), ``host_syncs`` (CUDA stream/device/event synchronize calls, which block the
     host until the GPU drains) and ``kernel_launches``.
@@ -92,19 +117,7 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
         fn()
         sync(device)
     wall_ms = (time.perf_counter() - t0) * 1e3
-    kernels: dict[str, tuple[float, int]] = {}
-    syncs = launches = 0
-    for evt in prof.key_averages():
-        if _SYNC_CALLS.match(evt.key):
-            syncs += evt.count
-        elif _LAUNCH_CALLS.match(evt.key):
-            launches += evt.count
-        if cuda:
-            us = getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "self_cuda_time_total", 0.0)
-        else:  # no kernels: aten ops' own CPU time stands in for them
-            us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
-        if us > 0:
-            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+    kernels, syncs, launches = tally_events(prof.key_averages(), cuda=cuda)
     busy_ms = sum(us for us, _ in kernels.values()) / 1e3
     classes: dict[str, float] = {}
     for name, (us, _) in kernels.items():

@@ -235,7 +235,7 @@ def torch_backend(trainer: Any) -> _TrainerAdapter:
 
 def measure(
     backend: BackendUnderTest,
-    groups: Sequence[Group],
+    groups: Sequence[Group] | Callable[[int], Sequence[Group]],
     *,
     warmup: int,
     steps: int,
@@ -244,6 +244,7 @@ def measure(
     ceiling_tflops: float,
 ) -> dict[str, Any]:
     """Time ``warmup`` + ``steps`` RL steps, each followed by one old-logprob pass alone; medians of the last ``steps``.
+    ``groups`` is the step's data, or ``groups(i)`` step i's (new data every step: new micro-batch shapes).
 
     Returns (seconds, fractions): ``rl_step_s`` (old-logprob pass + train step), ``old_logprob_pass_s``,
     ``train_opt_s`` (= their difference: forward + backward + optimizer), ``mfu_train_opt``
@@ -263,10 +264,11 @@ def measure(
         with GCPauses() as pauses:
             sync(dev)
             t0 = time.perf_counter()
-            metrics = backend.rl_step(groups)
+            step_groups = groups(i) if callable(groups) else groups
+            metrics = backend.rl_step(step_groups)
             sync(dev)
             t1 = time.perf_counter()
-            backend.old_logprob_pass(groups)
+            backend.old_logprob_pass(step_groups)
             sync(dev)
             t2 = time.perf_counter()
         after = host_events(dev)

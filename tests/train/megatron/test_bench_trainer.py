@@ -218,3 +218,61 @@ def test_gc_pauses_count_the_collections_inside_the_block_only():
     assert pauses.full == 1 and pauses.ms > 0 and gc.callbacks == before
     gc.collect()
     assert pauses.full == 1
+
+
+def test_the_profile_counts_each_kernel_once_not_again_through_the_op_that_launched_it():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from slime.bench.step_profile import tally_events
+
+    def row(key, device, us, count=1, cpu_us=0.0):
+        return SimpleNamespace(key=key, device_type=device, self_device_time_total=us, self_cpu_time_total=cpu_us, count=count)
+
+    rows = [
+        row("aten::mm", DeviceType.CPU, 5000.0, 10, cpu_us=300.0),  # the op: its kernels' time again
+        row("nvjet_sm90_tst_256x128", DeviceType.CUDA, 5000.0, 10),
+        row("cudaLaunchKernel", DeviceType.CPU, 0.0, 12),
+        row("cudaStreamSynchronize", DeviceType.CPU, 0.0, 2),
+    ]
+    kernels, syncs, launches = tally_events(rows, cuda=True)
+    assert kernels == {"nvjet_sm90_tst_256x128": (5000.0, 10)} and (syncs, launches) == (2, 12)
+    kernels, _, _ = tally_events(rows, cuda=False)  # no kernels on the CPU: ATen ops' own time
+    assert kernels == {"aten::mm": (300.0, 10)}
+
+
+def test_fresh_data_gives_every_step_new_groups_and_counts_the_timed_steps_flops(tmp_path):
+    import megatron_common
+    import torch
+
+    from slime.bench.trainer import SHAPES, flops_per_token
+
+    script = _load_script()
+    seen: list[tuple[list[int], list[int]]] = []
+
+    class Recording:
+        device = torch.device("cpu")
+
+        def rl_step(self, groups):
+            seen.append(([len(s.response_ids) for g in groups for s in g.samples], []))
+            return {"loss": 0.0, "grad_norm": 0.0}
+
+        def old_logprob_pass(self, groups):
+            seen[-1][1].extend(len(s.response_ids) for g in groups for s in g.samples)
+
+        def close(self):
+            pass
+
+    argv = ["--backends", "transformers", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64", "--fresh-data"]
+    argv += ["--steps", "2", "--warmup", "1", "--model-root", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+    assert script.main(argv, factories={"transformers": lambda cfg, d, dev: Recording()}) == 0
+    assert len(seen) == 3 and all(rl == old for rl, old in seen)  # the step and its old-logprob pass see one step's data
+    assert len({tuple(rl) for rl, _ in seen}) == 3  # new groups every step
+    kw = dict(vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=56, ragged=True)
+    timed = [[8 + len(s.response_ids) for g in megatron_common.make_groups(seed=i, **kw) for s in g.samples] for i in (2, 3)]
+    assert [[n - 8 for n in ls] for ls in timed] == [seen[1][0], seen[2][0]]
+    tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]
+    assert tiny["tokens_per_step"] == pytest.approx(sum(map(sum, timed)) / 2)
+    want = sum(n * flops_per_token(SHAPES["tiny"], n)[0] for ls in timed for n in ls) / 2
+    assert tiny["fwd_flops_per_step"] == pytest.approx(want) and tiny["train_flops_per_step"] == pytest.approx(3 * want)
