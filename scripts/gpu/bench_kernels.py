@@ -1,10 +1,12 @@
 """Micro-benchmark of the megatron backend's kernels on one GPU (issue 18 profiling).
 
     python scripts/gpu/bench_kernels.py [--tokens 16384] [--ffn 4864,8960] [--hidden 896,1536] [--vocab 151936]
+                                        [--sections swiglu,rmsnorm,attention,padded,logprobs]
 
 Times forward + backward of each variant of SwiGLU ([t, 1, 2f] -> [t, 1, f]: ours, eager, compiled with
 static / dynamic sizes, megatron-core's ``bias_swiglu_impl``), RMSNorm ([t, 1, h]), causal attention over
-packed sequences (torch's varlen flash kernel, SDPA per sequence, SDPA on a dense batch) and the token
+packed sequences (torch's varlen flash kernel, SDPA per sequence, SDPA on a dense batch, slime's dense path),
+the dense path on ragged micro-batches with its padding copies against varlen (``padded``), and the token
 logprob passes over [t, vocab] bf16 logits (whole, in token chunks, per-block statistics; ``--vocab 0``
 skips them); CUDA-event medians of 20 after 5 warm-up calls; prints ms and, where it applies, the effective
 bandwidth (bytes a perfect kernel moves / time). Writes $OUT/bench_kernels.json. Results:
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 
@@ -155,6 +158,49 @@ def attention_variants(tokens: int) -> dict:
     return res
 
 
+def padded_attention(tokens: int) -> dict:
+    """The dense path on ragged micro-batches (index copies included) against varlen, fwd+bwd, at padded/unpadded
+    work ratios 1.0-1.33: four sequences of ``tokens`` / 4, the last one shortened to reach each ratio."""
+    from slime.train.megatron import layers
+
+    res = {}
+    longest = tokens // 4
+    for heads, kv, d in ((14, 2, 64), (12, 2, 128)):
+        for ratio in (1.0, 1.12, 1.25, 1.33):
+            last = round(longest * math.sqrt(max(4 / ratio - 3, 0.0)))
+            bounds = (0, longest, 2 * longest, 3 * longest, 3 * longest + last)
+            t = bounds[-1]
+            layout = layers.attention_layout(bounds, ratio + 1e-9, 1)
+            index = None if layout is None else layers.dense_index(bounds, layout[1])
+            index = None if index is None else index.cuda()
+            cu = torch.tensor(bounds, device="cuda", dtype=torch.int32)
+            q0 = torch.randn(t, heads, d, device="cuda", dtype=torch.bfloat16)
+            k0, v0 = (torch.randn(t, kv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            g = torch.randn_like(q0)
+            fns = {"varlen": lambda q, k, v: layers._VARLEN(q, k, v, cu, longest, d**-0.5)}
+            if layout is not None:
+                fns["dense_path"] = lambda q, k, v: layers.dense_attention(q, k, v, layout, d**-0.5, index)
+            times = {}
+            for name, fn in fns.items():
+                q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
+
+                def step(fn=fn, q=q, k=k, v=v):
+                    fn(q, k, v).backward(g)
+                    q.grad = k.grad = v.grad = None
+
+                times[name] = _time(step)
+            key = f"h{heads}kv{kv}d{d}/ratio{ratio}"
+            res[key] = {f"{n}_fwd_bwd_ms": ms for n, ms in times.items()}
+            if "dense_path" in times:
+                with torch.no_grad():
+                    res[key]["max_abs_diff"] = (
+                        (fns["dense_path"](q0, k0, v0).float() - fns["varlen"](q0, k0, v0).float()).abs().max().item()
+                    )
+                res[key]["speedup"] = times["varlen"] / times["dense_path"]
+            print(f"attention padded {key:28s} " + "  ".join(f"{k} {v:.3f}" for k, v in res[key].items()))
+    return res
+
+
 def logprob_variants(tokens: int, vocab: int) -> dict:
     from slime.train.megatron import logprobs
 
@@ -207,10 +253,12 @@ def main() -> None:
     p.add_argument("--ffn", default="4864,8960")
     p.add_argument("--hidden", default="896,1536")
     p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--sections", default="swiglu,rmsnorm,attention,padded,logprobs", help="comma-separated subset to run")
     args = p.parse_args()
+    sections = set(args.sections.split(","))
     dev = torch.device("cuda")
     res: dict = {"swiglu": {}, "rmsnorm": {}}
-    for f in [int(v) for v in args.ffn.split(",")]:
+    for f in [int(v) for v in args.ffn.split(",")] if "swiglu" in sections else []:
         x0 = torch.randn(args.tokens, 1, 2 * f, device=dev, dtype=torch.bfloat16)
         g = torch.randn(args.tokens, 1, f, device=dev, dtype=torch.bfloat16)
         moved = (3 * f + 2 * f + f + 2 * f) * args.tokens * 2  # fwd read 2f write f; bwd read 2f + f, write 2f
@@ -235,7 +283,7 @@ def main() -> None:
             print(f"swiglu f={f:5d} {name:22s} fwd+bwd {ms:7.3f} ms  fwd {ms_f:7.3f} ms  {moved / ms / 1e9:6.2f} TB/s")
     from slime.train.megatron import layers
 
-    for h in [int(v) for v in args.hidden.split(",")]:
+    for h in [int(v) for v in args.hidden.split(",")] if "rmsnorm" in sections else []:
         x0 = torch.randn(args.tokens, 1, h, device=dev, dtype=torch.bfloat16)
         w = torch.ones(h, device=dev, dtype=torch.bfloat16, requires_grad=True)
         g = torch.randn_like(x0)
@@ -248,8 +296,11 @@ def main() -> None:
         ms = _time(step)
         res["rmsnorm"][str(h)] = {"fwd_bwd_ms": ms}
         print(f"rmsnorm h={h:5d} slime_fused fwd+bwd {ms:7.3f} ms")
-    res["attention"] = attention_variants(args.tokens)
-    if args.vocab:
+    if "attention" in sections:
+        res["attention"] = attention_variants(args.tokens)
+    if "padded" in sections:
+        res["attention_padded"] = padded_attention(args.tokens)
+    if args.vocab and "logprobs" in sections:
         res["logprobs"] = logprob_variants(args.tokens, args.vocab)
     out = os.environ.get("OUT", "/tmp/slime_gpu_out")
     os.makedirs(out, exist_ok=True)

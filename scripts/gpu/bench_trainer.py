@@ -109,6 +109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _write_json(path: str, payload: Any) -> None:
+    """Whole or not at all: a kill during the write leaves the previous file."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
 def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -254,11 +261,9 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
     for name in args.shapes.split(","):
         results[name], profiles[name] = run_shape(name, args, factories, device, ceiling)
         # written after every shape: a later shape that ends the process (a kernel fault, the call's limit) keeps these
-        with open(os.path.join(args.out, "bench_trainer.json"), "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
+        _write_json(os.path.join(args.out, "bench_trainer.json"), payload)
         if args.profile:
-            with open(os.path.join(args.out, "bench_trainer_profile.json"), "w") as f:
-                json.dump(profiles, f, indent=2, sort_keys=True)
+            _write_json(os.path.join(args.out, "bench_trainer_profile.json"), profiles)
     print(
         f"\nceiling {ceiling:.1f} TFLOP/s ({payload['device']}), {args.num_samples} x {args.seq_len} tokens per step, "
         f"{args.max_tokens_per_gpu}-token micro-batches, median of {args.steps} after {args.warmup} warm-up\n",
