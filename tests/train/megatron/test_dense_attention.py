@@ -67,6 +67,7 @@ def test_dense_attention_equals_causal_attention_per_sequence_with_gradients(bou
 
 
 def test_a_key_value_view_that_is_not_contiguous_is_accepted():
+    """megatron splits q/k/v out of one projection: a ``view`` of such a key would raise (on any device)."""
     t, d = 8, 4
     qkv = torch.randn(t, 3, 2, d, dtype=torch.float64)  # megatron splits one projection: strided views
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
@@ -148,3 +149,22 @@ def test_the_plan_leaves_the_padding_segment_out_of_the_batch():
     # 4 x 128 tokens and 1 of padding: with the padding as a fifth "sequence" the batch would be 5 x 128
     p = PackedRoPEParams(qkv_format="thd", seq_bounds=(0, 128, 256, 384, 512, 513), pad_tokens=1)
     assert attn._dense_plan(p, *_qk()) == ((4, 128), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_never_plans_a_dense_batch_and_runs_each_sequence(monkeypatch, dtype):
+    """The dense path is for CUDA half precision only: the CPU keeps the per-sequence path CI compares against."""
+    from slime.train.megatron.layers import rope_cos_sin
+
+    def refuse(*_):
+        raise AssertionError("the dense path was planned on the CPU")
+
+    monkeypatch.setattr(SDPACoreAttention, "_dense_plan", refuse)
+    attn = SDPACoreAttention.__new__(SDPACoreAttention)
+    object.__setattr__(attn, "softmax_scale", 0.3)  # nn.Module.__init__ is not needed for forward
+    bounds = (0, 4, 8)
+    cos, sin = rope_cos_sin(torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), head_dim=8, rope_theta=1e4)
+    p = PackedRoPEParams(qkv_format="thd", seq_bounds=bounds, rope_cos=cos, rope_sin=sin, max_seqlen_q=4)
+    q, k, v = torch.randn(8, 4, 8, dtype=dtype), torch.randn(8, 2, 8, dtype=dtype), torch.randn(8, 2, 8, dtype=dtype)
+    out = attn.forward(q, k, v, None, packed_seq_params=p)
+    assert out.shape == (8, 32) and out.dtype == dtype
