@@ -121,6 +121,12 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
     assert abs(got["loss"]) > 1e-5
 
 
+def _one_step_argv(backends, tmp_path):
+    """One timed step, no warm-up, 4 samples of 64 tokens at the tiny shape."""
+    argv = ["--backends", backends, "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64", "--max-tokens-per-gpu", "128"]
+    return argv + ["--steps", "1", "--warmup", "0", "--model-root", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+
+
 def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys, monkeypatch):
     import contextlib
 
@@ -134,19 +140,7 @@ def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys,
     monkeypatch.setitem(script.CANDIDATES, "broken", broken)
     with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['transformers\+broken'\]"):  # megatron only
         script.main(["--backends", "transformers,transformers+broken", "--shapes", "tiny"])
-    argv = ["--backends", "transformers,megatron+broken", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
-    argv += [
-        "--max-tokens-per-gpu",
-        "128",
-        "--steps",
-        "1",
-        "--warmup",
-        "0",
-        "--model-root",
-        str(tmp_path / "m"),
-        "--out",
-        str(tmp_path / "o"),
-    ]
+    argv = _one_step_argv("transformers,megatron+broken", tmp_path)
     assert script.main(argv) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
     assert tiny["megatron+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
@@ -186,19 +180,7 @@ def test_candidates_combine_and_an_unknown_one_in_a_combination_is_refused(tmp_p
     monkeypatch.setitem(script.CANDIDATES, "y", working("y"))
     with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['nope'\]"):
         script.main(["--backends", "transformers,megatron+a+nope", "--shapes", "tiny"])
-    argv = ["--backends", "transformers,megatron+a+varlen_attention", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64"]
-    argv += [
-        "--max-tokens-per-gpu",
-        "128",
-        "--steps",
-        "1",
-        "--warmup",
-        "0",
-        "--model-root",
-        str(tmp_path / "m"),
-        "--out",
-        str(tmp_path / "o"),
-    ]
+    argv = _one_step_argv("transformers,megatron+a+varlen_attention", tmp_path)
     assert script.main(argv) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
     assert entered == ["a"] and tiny["megatron+a+varlen_attention"] == {"skipped": "RuntimeError: a refused"}
