@@ -11,10 +11,10 @@
 #                                                                       (slime/bench/candidates.py) in the same process
 #
 # Workload: 16 samples x 4,096 tokens per optimizer step, 16k-token micro-batches, bf16, random
-# weights, warm-up steps excluded, median of 5. Needs .whl/ carried (scripts/gpu/fetch_wheels.sh:
+# weights, 4 warm-up steps excluded, median of 7. Needs .whl/ carried (scripts/gpu/fetch_wheels.sh:
 # megatron-core, msgspec). Writes $OUT/bench_trainer.log, bench_trainer.json (and
 # bench_trainer_profile.json with --profile); prints a markdown table and PASSED/FAILED.
-# Bounded by BENCH_LIMIT seconds (default 450: the default run takes about 4-5 minutes on one H200).
+# Bounded by BENCH_LIMIT seconds (default 450: the default run of two backends at two shapes takes about 4 minutes on one H200).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/slime_gpu_out}
