@@ -170,16 +170,19 @@ def padded_attention(tokens: int) -> dict:
             last = round(longest * math.sqrt(max(4 / ratio - 3, 0.0)))
             bounds = (0, longest, 2 * longest, 3 * longest, 3 * longest + last)
             t = bounds[-1]
-            layout = layers.attention_layout(bounds, ratio + 1e-9, 1)
-            index = None if layout is None else layers.dense_index(bounds, layout[1])
+            work = 4 * longest**2 / sum((b - a) ** 2 for a, b in zip(bounds[:-1], bounds[1:]))  # ~ratio (last is rounded)
+            layout = layers.attention_layout(bounds, math.inf, 1)  # always dense here: the timing decides
+            assert layout is not None
+            index = layers.dense_index(bounds, layout[1])
             index = None if index is None else index.cuda()
             cu = torch.tensor(bounds, device="cuda", dtype=torch.int32)
             q0 = torch.randn(t, heads, d, device="cuda", dtype=torch.bfloat16)
             k0, v0 = (torch.randn(t, kv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             g = torch.randn_like(q0)
-            fns = {"varlen": lambda q, k, v: layers._VARLEN(q, k, v, cu, longest, d**-0.5)}
-            if layout is not None:
-                fns["dense_path"] = lambda q, k, v: layers.dense_attention(q, k, v, layout, d**-0.5, index)
+            fns = {
+                "varlen": lambda q, k, v: layers._VARLEN(q, k, v, cu, longest, d**-0.5),
+                "dense_path": lambda q, k, v: layers.dense_attention(q, k, v, layout, d**-0.5, index),
+            }
             times = {}
             for name, fn in fns.items():
                 q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
@@ -188,10 +191,13 @@ def padded_attention(tokens: int) -> dict:
                     fn(q, k, v).backward(g)
                     q.grad = k.grad = v.grad = None
 
-                times[name] = _time(step)
+                try:
+                    times[name] = _time(step)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"attention padded {name}: failed {type(exc).__name__}: {exc}")
             key = f"h{heads}kv{kv}d{d}/ratio{ratio}"
-            res[key] = {f"{n}_fwd_bwd_ms": ms for n, ms in times.items()}
-            if "dense_path" in times:
+            res[key] = {"work_ratio": work} | {f"{n}_fwd_bwd_ms": ms for n, ms in times.items()}
+            if len(times) == 2:
                 with torch.no_grad():
                     res[key]["max_abs_diff"] = (
                         (fns["dense_path"](q0, k0, v0).float() - fns["varlen"](q0, k0, v0).float()).abs().max().item()
@@ -256,6 +262,16 @@ def main() -> None:
     p.add_argument("--sections", default="swiglu,rmsnorm,attention,padded,logprobs", help="comma-separated subset to run")
     args = p.parse_args()
     sections = set(args.sections.split(","))
+    known = {"swiglu", "rmsnorm", "attention", "padded", "logprobs"}
+    if sections - known:
+        raise SystemExit(f"--sections: unknown {sorted(sections - known)} (known: {sorted(known)})")
+    out = os.environ.get("OUT", "/tmp/slime_gpu_out")
+    os.makedirs(out, exist_ok=True)
+
+    def save() -> None:  # after every section: a later failure or the call's limit keeps the finished ones
+        with open(os.path.join(out, "bench_kernels.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+
     dev = torch.device("cuda")
     res: dict = {"swiglu": {}, "rmsnorm": {}}
     for f in [int(v) for v in args.ffn.split(",")] if "swiglu" in sections else []:
@@ -296,16 +312,16 @@ def main() -> None:
         ms = _time(step)
         res["rmsnorm"][str(h)] = {"fwd_bwd_ms": ms}
         print(f"rmsnorm h={h:5d} slime_fused fwd+bwd {ms:7.3f} ms")
+    save()
     if "attention" in sections:
         res["attention"] = attention_variants(args.tokens)
+        save()
     if "padded" in sections:
         res["attention_padded"] = padded_attention(args.tokens)
+        save()
     if args.vocab and "logprobs" in sections:
         res["logprobs"] = logprob_variants(args.tokens, args.vocab)
-    out = os.environ.get("OUT", "/tmp/slime_gpu_out")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "bench_kernels.json"), "w") as fh:
-        json.dump(res, fh, indent=1)
+        save()
 
 
 if __name__ == "__main__":

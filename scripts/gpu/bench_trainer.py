@@ -1,6 +1,6 @@
 """The megatron backend against a plain-transformers reference, side by side in one process (issue 18 item 1).
 
-    python scripts/gpu/bench_trainer.py [--shapes qwen2-0.5b,qwen2-1.5b] [--steps 5] [--warmup 2] [--profile]
+    python scripts/gpu/bench_trainer.py [--shapes qwen2-0.5b,qwen2-1.5b] [--steps 7] [--warmup 4] [--profile] [--ragged | --fresh-data]
 
 For each shape (``slime.bench.trainer.SHAPES``, random bf16 weights written once under
 ``--model-root``): the same rewarded groups (``--num-samples`` samples of ``--seq-len`` tokens, 1/8
@@ -97,7 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ragged", action="store_true", help="responses of 1/2 to all of their --seq-len share (default: every sample --seq-len tokens)"
     )
-    p.add_argument("--fresh-data", action="store_true", help="new --ragged groups every step (new micro-batch shapes, as in RL)")
+    p.add_argument(
+        "--fresh-data", action="store_true", help="new --ragged groups every step (new shapes, as in RL); MFU: mean FLOPs over median time"
+    )
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--steps", type=int, default=7)
     p.add_argument(

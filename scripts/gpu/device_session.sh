@@ -11,7 +11,7 @@
 #   contract         scripts/gpu/sglang_contract.sh 30100, then the server on 30100 is stopped            [90]
 #   main-async       scripts/gpu/main_job_sglang.sh async (megatron eager, $STEPS steps, default 15)      [240]
 #   main-colocate    scripts/gpu/main_job_sglang.sh colocate (prints engine_memory_released_gib)          [260]
-#   bench-trainer    scripts/gpu/bench_trainer.sh $BENCH_ARGS                                              [260]
+#   bench-trainer    scripts/gpu/bench_trainer.sh $BENCH_ARGS                                              [330]
 #   bench-kernels    scripts/gpu/bench_kernels.py $KERNEL_ARGS                                             [70]
 #
 # Each stage writes under $OUT/STAGE/; at the end $OUT holds session.log (one line per stage: ran, rc, seconds,
@@ -30,7 +30,7 @@ failed=0
 estimate() {
     case $1 in
         setup) echo 40 ;; contract) echo 90 ;; main-async) echo 240 ;; main-colocate) echo 260 ;;
-        bench-trainer) echo 260 ;; bench-kernels) echo 70 ;; *) echo -1 ;;
+        bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; *) echo -1 ;;
     esac
 }
 

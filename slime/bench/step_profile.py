@@ -76,7 +76,8 @@ def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[
     """``key_averages()`` rows -> ({name: (us, calls)}, host syncs, kernel launches).
 
     On CUDA only device-side rows count (kernels, memcpy, memset): an ATen op's row carries the device time
-    of the kernels it launched, so adding both counted every kernel twice. On the CPU there are no kernels,
+    of the kernels it launched, and a ``record_function`` range on the GPU timeline ("CompiledFunction",
+    "Optimizer.step#...") spans them, so adding those counted kernels twice. On the CPU there are no kernels,
     and ATen ops' own CPU time stands in for them."""
     from torch.autograd import DeviceType
 
@@ -88,7 +89,8 @@ def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[
         elif _LAUNCH_CALLS.match(evt.key):
             launches += evt.count
         if cuda:
-            on_device = getattr(evt, "device_type", None) == DeviceType.CUDA
+            # a record_function range drawn on the GPU timeline spans kernels that have rows of their own
+            on_device = getattr(evt, "device_type", None) == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
             us = (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0)) if on_device else 0.0
         else:
             us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0

@@ -229,12 +229,15 @@ def test_the_profile_counts_each_kernel_once_not_again_through_the_op_that_launc
 
     from slime.bench.step_profile import tally_events
 
-    def row(key, device, us, count=1, cpu_us=0.0):
-        return SimpleNamespace(key=key, device_type=device, self_device_time_total=us, self_cpu_time_total=cpu_us, count=count)
+    def row(key, device, us, count=1, cpu_us=0.0, annotation=False):
+        return SimpleNamespace(
+            key=key, device_type=device, self_device_time_total=us, self_cpu_time_total=cpu_us, count=count, is_user_annotation=annotation
+        )
 
     rows = [
         row("aten::mm", DeviceType.CPU, 5000.0, 10, cpu_us=300.0),  # the op: its kernels' time again
         row("nvjet_sm90_tst_256x128", DeviceType.CUDA, 5000.0, 10),
+        row("CompiledFunction", DeviceType.CUDA, 5000.0, 10, annotation=True),  # a range over kernels counted above
         row("cudaLaunchKernel", DeviceType.CPU, 0.0, 12),
         row("cudaStreamSynchronize", DeviceType.CPU, 0.0, 2),
     ]
