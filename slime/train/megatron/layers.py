@@ -225,10 +225,10 @@ def dense_attention(query: Tensor, key: Tensor, value: Tensor, layout: tuple[int
     t, n, d = query.shape
     real = b * length if index is None else index.numel()
 
-    def pad(x: Tensor) -> Tensor:  # [t, h, d] -> [b, h, L, d]
+    def pad(x: Tensor) -> Tensor:  # [t, h, d] -> [b, h, L, d], a transposed contiguous [b, L, h, d] (BSHD)
         x = x[:real]
-        full = x if index is None else x.new_zeros(b * length, x.shape[1], d).index_copy(0, index, x)
-        return full.reshape(b, length, x.shape[1], d).transpose(1, 2)
+        full = x.contiguous() if index is None else x.new_zeros(b * length, x.shape[1], d).index_copy(0, index, x)
+        return full.view(b, length, x.shape[1], d).transpose(1, 2)
 
     q, k, v = pad(query), pad(key), pad(value)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != n)

@@ -66,14 +66,24 @@ def test_dense_attention_equals_causal_attention_per_sequence_with_gradients(bou
     assert results[0][2].abs().sum() > 0  # the comparison is not of zeros
 
 
-def test_a_key_value_view_that_is_not_contiguous_is_accepted():
+def test_a_key_value_view_that_is_not_contiguous_is_accepted(monkeypatch):
     """megatron splits q/k/v out of one projection: a ``view`` of such a key would raise (on any device)."""
     t, d = 8, 4
     qkv = torch.randn(t, 3, 2, d, dtype=torch.float64)  # megatron splits one projection: strided views
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
     assert not k.is_contiguous()
+    seen = []
+
+    def spy(q, k, v, **kw):  # cuDNN's shape-stable path (TORCH_CUDNN_SDPA_AVOID_RECOMPILE) needs BSHD-contiguous inputs
+        seen.extend(x.transpose(1, 2).is_contiguous() for x in (q, k, v))
+        return real_sdpa(q, k, v, **kw)
+
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     got = dense_attention(q, k, v, (2, 4), 0.5, None)
+    monkeypatch.undo()
     torch.testing.assert_close(got, _per_sequence(q, k, v, (0, 4, 8), 0.5))
+    assert seen == [True, True, True]
 
 
 def _qk(heads=4, kv_heads=2, d=8, dtype=torch.float32):
