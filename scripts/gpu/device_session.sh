@@ -13,11 +13,13 @@
 #   main-colocate    scripts/gpu/main_job_sglang.sh colocate (prints engine_memory_released_gib)          [260]
 #   bench-trainer    scripts/gpu/bench_trainer.sh $BENCH_ARGS                                              [330]
 #   bench-kernels    scripts/gpu/bench_kernels.py $KERNEL_ARGS                                             [70]
+#   bench-fresh      bench_trainer.sh --fresh-data $FRESH_ARGS (new ragged data every step: the dense      [200]
+#                    attention path's cuDNN plan builds show; default 1.5B, transformers/megatron/varlen)
 #
 # Each stage writes under $OUT/STAGE/; at the end $OUT holds session.log (one line per stage: ran, rc, seconds,
 # or skipped and why) and session.tgz (every stage's folder). Exit 0 when at least one stage ran and every stage
 # that ran passed. Typical calls: `setup contract main-async` (~370 s), then `bench-trainer bench-kernels`.
-#   START_SGLANG (default /tmp/sglb/start_sglang.sh), BENCH_ARGS (default "--steps 7 --warmup 4"), KERNEL_ARGS.
+#   START_SGLANG (default /tmp/sglb/start_sglang.sh), BENCH_ARGS (default "--steps 7 --warmup 4"), FRESH_ARGS, KERNEL_ARGS.
 set -uo pipefail
 export OUT_ROOT=${OUT:-/tmp/slime_gpu_out}
 DEADLINE_S=${DEADLINE_S:-560}
@@ -30,7 +32,7 @@ failed=0
 estimate() {
     case $1 in
         setup) echo 40 ;; contract) echo 90 ;; main-async) echo 240 ;; main-colocate) echo 260 ;;
-        bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; *) echo -1 ;;
+        bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; bench-fresh) echo 200 ;; *) echo -1 ;;
     esac
 }
 
@@ -63,6 +65,8 @@ run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller'
         main-colocate) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
             bash scripts/gpu/main_job_sglang.sh colocate ;;
         bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 7 --warmup 4} ;;
+        bench-fresh) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh --fresh-data \
+            ${FRESH_ARGS:---shapes qwen2-1.5b --backends transformers,megatron,megatron+varlen_attention} ;;
         bench-kernels)
             python3 -c "import megatron.core" 2>/dev/null \
                 || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
