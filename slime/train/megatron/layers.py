@@ -63,10 +63,12 @@ from torch import Tensor, nn
 
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.context_parallel import cp_attention
+from slime.train.megatron.dense_attention import attention_layout, dense_attention, dense_index
 from slime.train.megatron.fusion import fused
 
 __all__ = [
     "RMSNorm",
+    "attention_path_metrics",
     "SDPACoreAttention",
     "attention_layout",
     "dense_attention",
@@ -201,51 +203,6 @@ def _varlen_fn():
 _VARLEN, _VARLEN_GQA = _varlen_fn()
 
 
-def attention_layout(bounds: tuple[int, ...], ratio: float, multiple: int = 1) -> tuple[int, int] | None:
-    """(b, L) when the packed sequences between ``bounds`` (S+1 offsets) should run as one dense batch of b
-    right-padded sequences of L tokens (the longest rounded up to ``multiple``), else None (varlen): dense
-    when b * L^2 <= ``ratio`` * sum(l^2), the attention work padded over the work unpadded (empty segments
-    dropped); ``ratio`` <= 0 never pads."""
-    lens = [b - a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    if ratio <= 0 or not lens:
-        return None
-    longest = -(-max(lens) // multiple) * multiple
-    return (len(lens), longest) if len(lens) * longest * longest <= ratio * sum(n * n for n in lens) else None
-
-
-def dense_attention(query: Tensor, key: Tensor, value: Tensor, layout: tuple[int, int], scale: float, index: Tensor | None) -> Tensor:
-    """Causal attention of the packed sequences as one padded batch: q [t, n, d], k/v [t, g, d] -> [t, n, d].
-
-    ``layout`` is ``attention_layout``'s (b, L); ``index`` [r] int64 (``dense_index``) the padded row of each of
-    the first r packed tokens, None when the first r = b * L tokens are b sequences of exactly L (a view, no
-    copy). Tokens after those r (the padding that rounds t up) get zeros. Padded rows are zeros; a real query
-    attends only to keys at or before it in its own sequence, all real, and padded rows' outputs are dropped
-    (their gradient is zero)."""
-    b, length = layout
-    t, n, d = query.shape
-    real = b * length if index is None else index.numel()
-
-    def pad(x: Tensor) -> Tensor:  # [t, h, d] -> [b, h, L, d], a transposed contiguous [b, L, h, d] (BSHD)
-        x = x[:real]
-        full = x.contiguous() if index is None else x.new_zeros(b * length, x.shape[1], d).index_copy(0, index, x)
-        return full.view(b, length, x.shape[1], d).transpose(1, 2)
-
-    q, k, v = pad(query), pad(key), pad(value)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != n)
-    out = out.transpose(1, 2).reshape(b * length, n, d)
-    out = out if index is None else out.index_select(0, index)
-    return out if real == t else torch.cat([out, out.new_zeros(t - real, n, d)])
-
-
-def dense_index(bounds: tuple[int, ...], length: int) -> Tensor | None:
-    """[t] int64: sequence i's j-th token -> row i * ``length`` + j of the padded batch (empty segments take no
-    row); None when every segment is ``length`` long (the packed tokens are the batch already)."""
-    spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    if all(b - a == length for a, b in spans):
-        return None
-    return torch.cat([torch.arange(i * length, i * length + (b - a)) for i, (a, b) in enumerate(spans)])
-
-
 class SDPACoreAttention(_MegatronModule):
     """Core attention for megatron-core's ``SelfAttention``: RoPE + causal attention per packed sequence.
 
@@ -265,6 +222,7 @@ class SDPACoreAttention(_MegatronModule):
     dense_length_multiple: int = 128  # fewer distinct shapes, so fewer cuDNN plan builds
     dense_shapes_max: int = 64  # distinct (b, L, heads, dtype) per process; new ones past it run varlen
     _dense_shapes: ClassVar[set[tuple]] = set()
+    _plans: ClassVar[dict[str, int]] = {"dense": 0, "varlen": 0}  # plans made since ``attention_path_metrics``
 
     def __init__(
         self,
@@ -334,10 +292,21 @@ class SDPACoreAttention(_MegatronModule):
                     self._dense_shapes.add(shape)
             index = None if layout is None else dense_index(bounds, layout[1])
             p.dense_plan = (rules, None if layout is None else (layout, None if index is None else index.to(query.device)))
+            self._plans["varlen" if layout is None else "dense"] += 1
         return p.dense_plan[1]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
         return {}  # no parameters
+
+
+def attention_path_metrics() -> dict[str, float]:
+    """``attention_dense_fraction``: of the packed micro-batches planned since the last call (each forward pass of
+    each, on CUDA in half precision), the share that ran the dense padded batch; {} when none was planned (CPU)."""
+    plans = SDPACoreAttention._plans
+    total = plans["dense"] + plans["varlen"]
+    out = {"attention_dense_fraction": plans["dense"] / total} if total else {}
+    plans["dense"] = plans["varlen"] = 0
+    return out
 
 
 class SwiGLUMLP(_MLP):

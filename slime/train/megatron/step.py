@@ -61,6 +61,7 @@ from slime.train import objective
 from slime.train.batch import TrainBatch, rl_batch_metrics
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
+from slime.train.megatron.layers import attention_path_metrics
 from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_logprobs
 from slime.train.megatron.model import float16_wrapped, output_weight
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
@@ -327,6 +328,7 @@ class MegatronTrainStep:
         out.update(_batch_metrics(batch, measured_mismatch=not self.config.use_rollout_logprobs))
         out.update(objective.opd_metrics(batch))
         out.update(router)
+        out.update(attention_path_metrics())  # GPU half precision only: which attention kernel the passes ran
         out.update(
             loss=float(losses_t.mean()) if len(losses_t) else 0.0,
             grad_norm=sum(grad_norms) / max(len(grad_norms), 1),

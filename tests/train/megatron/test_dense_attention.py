@@ -12,7 +12,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slime.train.megatron.layers import PackedRoPEParams, SDPACoreAttention, attention_layout, dense_attention, dense_index
+from slime.train.megatron.layers import (
+    PackedRoPEParams,
+    SDPACoreAttention,
+    attention_layout,
+    attention_path_metrics,
+    dense_attention,
+    dense_index,
+)
+
+
+@pytest.fixture(autouse=True)
+def _own_plan_state(monkeypatch):
+    """Plans made here count in the process-wide tallies: keep them out of other tests' train steps."""
+    monkeypatch.setattr(SDPACoreAttention, "_plans", {"dense": 0, "varlen": 0})
+    monkeypatch.setattr(SDPACoreAttention, "_dense_shapes", set())
 
 
 def _per_sequence(q, k, v, bounds, scale):
@@ -178,3 +192,12 @@ def test_the_cpu_never_plans_a_dense_batch_and_runs_each_sequence(monkeypatch, d
     q, k, v = torch.randn(8, 4, 8, dtype=dtype), torch.randn(8, 2, 8, dtype=dtype), torch.randn(8, 2, 8, dtype=dtype)
     out = attn.forward(q, k, v, None, packed_seq_params=p)
     assert out.shape == (8, 32) and out.dtype == dtype
+
+
+def test_the_step_metrics_give_the_share_of_dense_plans_and_start_over():
+    attn = SDPACoreAttention.__new__(SDPACoreAttention)
+    assert attention_path_metrics() == {}  # nothing planned (the CPU never plans)
+    for bounds in ((0, 128, 256), (0, 128, 256, 384), (0, 4096, 4100)):  # dense, dense, varlen (one long, one short)
+        attn._dense_plan(PackedRoPEParams(qkv_format="thd", seq_bounds=bounds), *_qk())
+    assert attention_path_metrics() == {"attention_dense_fraction": pytest.approx(2 / 3)}
+    assert attention_path_metrics() == {}
