@@ -89,6 +89,7 @@ def main() -> int:
 
     metrics = trainer.train_step(groups)
     result["train_step"] = {k: metrics[k] for k in ("loss", "grad_norm", "ratio_mean", "entropy", "num_optimizer_steps", "train_time_s")}
+    result["train_step"]["attention_dense_fraction"] = metrics.get("attention_dense_fraction")  # None: no half-precision CUDA pass
     saved = trainer.save_hf(f"{root}/after_step")
     mg_after = trainer._before_update(batch, trainer._plan(batch)).old_logprobs
     result["saved_after_step"] = _diff(mg_after, _hf_logprobs(saved, batch, torch.bfloat16), mask)
