@@ -292,6 +292,7 @@ def measure(
         "tflops_train_opt": train_flops / train_s / 1e12,
         "warmup_s": first, "rl_step_times_s": rl, "old_logprob_pass_times_s": old,
         "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
+        "attention_dense_fraction": metrics.get("attention_dense_fraction"),  # megatron on a GPU: which attention ran
         "gc_pause_ms_per_step": gc_ms, "gc_full_collections": gc_full, "per_step": per_step,
     }  # fmt: skip
     if dev.type == "cuda":
