@@ -19,7 +19,9 @@ token counter, allocated with ``device="cuda"``, is allocated on the CPU.
 
     torchrun --nproc-per-node N cp_pp_worker.py HF_DIR OUT_JSON LAYOUT [LAYOUT ...]
 
-``SLIME_TEST_USE_ROLLOUT_LOGPROBS=1`` runs every phase with ``--use-rollout-logprobs``.
+``SLIME_TEST_USE_ROLLOUT_LOGPROBS=1`` runs every phase with ``--use-rollout-logprobs``; ``SLIME_TEST_BF16=1`` with
+``--bf16`` (bf16 weights in megatron's ``Float16Module``, as the trainer builds it) and records the dtype of the
+logits the last stage hands to the logprob function.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
     from slime.train.megatron.parallel import ControlChannel
     from slime.train.megatron.trainer import MegatronTrainer
-    from slime.train.megatron.weights import iter_hf_weights
+    from slime.train.megatron.weights import iter_hf_weights, unwrap
 
     class CpuTrainer(MegatronTrainer):
         def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron's DDP and optimizer
@@ -101,6 +103,10 @@ def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
                 pp_size=c.pp_size,
                 pp_rank=c.pp_rank,
             )
+            if self.tconfig.bf16:
+                from megatron.core.transformer.module import Float16Module
+
+                self.model = Float16Module(self.tconfig, self.model)
             self.ddp, self.ref_model, self.router_stats = _PassThroughDDP(self.model), None, None
             self.tconfig.no_sync_func = self.ddp.no_sync
             self.optimizer = types.SimpleNamespace(zero_grad=lambda: None)  # the step is replaced below
@@ -125,7 +131,8 @@ def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
                     if "q_layernorm" in name or "k_layernorm" in name:
                         dist.all_reduce(p.grad, group=self.ctx.tp_group)
             if self.ctx.pp_size > 1 and self.arch.tie_word_embeddings and ps.is_rank_in_embedding_group():
-                dist.all_reduce(self.model.shared_embedding_or_output_weight().grad, group=ps.get_embedding_group())  # finalize_model_grads
+                tied = unwrap(self.model).shared_embedding_or_output_weight()
+                dist.all_reduce(tied.grad, group=ps.get_embedding_group())  # finalize_model_grads
             saved = [p.data for p in params]
             for p in params:
                 p.data = p.grad
@@ -144,7 +151,8 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
     from slime.train.batch import build_train_batch
     from slime.train.megatron.parallel import init_parallel
 
-    mcfg = MegatronConfig(tensor_model_parallel_size=tp, context_parallel_size=cp, pipeline_model_parallel_size=pp)
+    bf16 = os.environ.get("SLIME_TEST_BF16") == "1"
+    mcfg = MegatronConfig(tensor_model_parallel_size=tp, context_parallel_size=cp, pipeline_model_parallel_size=pp, bf16=bf16)
     ctx = init_parallel(mcfg, seed=0)
     try:
         if alone:  # the reference: rank 0 as a job of one rank
@@ -158,8 +166,20 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
         )  # fmt: skip
         trainer = _trainer(config, hf_dir, ctx, rollout_temperature=0.9)
         batch = build_train_batch(_groups(trainer.arch.vocab_size), pad_token_id=0, current_version=0)
-        metrics = trainer._train_batch(batch)
-        return dict(trainer.result, metrics=metrics, mask=batch.loss_mask)
+        from slime.train.megatron import step as step_mod
+
+        dtypes: set[str] = set()
+        real = step_mod.vocab_parallel_logprobs
+        step_mod.vocab_parallel_logprobs = lambda logits, *a, **k: (dtypes.add(str(logits.dtype)), real(logits, *a, **k))[1]
+        try:
+            metrics = trainer._train_batch(batch)
+        finally:
+            step_mod.vocab_parallel_logprobs = real
+        if not alone:  # the last stage computes the logprobs: every rank's dtypes, onto rank 0
+            every: list = [None] * dist.get_world_size()
+            dist.all_gather_object(every, sorted(dtypes))
+            dtypes = {d for seen in every for d in seen}
+        return dict(trainer.result, metrics=metrics, mask=batch.loss_mask, logit_dtypes=sorted(dtypes))
     finally:
         if alone:
             dist.barrier()
@@ -188,6 +208,7 @@ def main(hf_dir: str, out_path: str, *layouts: str) -> None:
             "grad_max_rel_diff": max(grads.values()),
             "grad_worst": max(grads, key=grads.get),
             "grad_norm_ref": float(sum(v.double().pow(2).sum() for v in ref["grads"].values()) ** 0.5),
+            "logit_dtypes": [got["logit_dtypes"], ref["logit_dtypes"]],  # only the last stage computes logprobs
         }
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:

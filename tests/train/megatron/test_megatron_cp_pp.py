@@ -77,3 +77,17 @@ def test_rollout_logprobs_as_old_policy_under_dp2_and_pp2_match_one_rank(hf_dirs
     for layout in results.values():
         _check(layout)
         assert layout["logprob_max_abs_diff"] == 0.0  # the rollout's own numbers, untouched
+
+
+def test_bf16_pipeline_hands_bf16_logits_to_the_logprobs_and_matches_one_rank(hf_dirs, tmp_path):
+    """``--bf16`` (``Float16Module``) under PP=2: the last stage hands its logits over in bf16 (no fp32 copy of
+    [tokens, vocabulary]), as one rank does, and the step matches one rank's in bf16."""
+    results = _run(hf_dirs["qwen2"], tmp_path, 2, ["1,1,2"], SLIME_TEST_BF16="1")
+    got = results["1,1,2"]
+    assert got["logit_dtypes"] == [["torch.bfloat16"], ["torch.bfloat16"]]
+    assert got["logprobs_nonzero"] and got["grad_names_match"] and got["logprob_max_abs_diff"] < 1e-6
+    for key in ("loss", "entropy", "ratio_mean"):
+        assert got[key][0] == pytest.approx(got[key][1], rel=1e-6, abs=1e-7), key
+    # the tied embedding's two bf16 gradient halves are summed across stages in another order than on one rank:
+    # a bf16 rounding step (2^-8) apart at most
+    assert got["grad_max_rel_diff"] < 1e-2, got["grad_worst"]
