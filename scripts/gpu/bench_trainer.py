@@ -27,7 +27,9 @@ FLOPs formula and ceiling: ``slime.bench.trainer.flops_per_token`` / ``matmul_ce
 Writes $OUT/bench_trainer.json (and, with ``--profile``, one more RL step per backend under
 torch.profiler: $OUT/bench_trainer_profile.json: kernel classes, top kernels, GPU busy vs wall, host
 syncs, kernel launches), prints a markdown table and ``bench_trainer: PASSED`` when every shape ran.
-On a machine without CUDA it runs on the CPU (``tiny`` shape: tests/train/megatron/test_bench_trainer.py).
+On a machine without CUDA the megatron backend cannot run (megatron-core's optimizer and DDP allocate on the
+GPU): ``--shapes tiny --backends transformers,torch`` runs there, and the CPU smoke test
+(tests/train/megatron/test_bench_trainer.py) substitutes a CPU megatron trainer.
 """
 
 from __future__ import annotations
@@ -246,6 +248,8 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
     )
     if unknown:
         raise SystemExit(f"unknown shapes/backends: {sorted(unknown)}")
+    if "megatron" in {n.partition("+")[0] for n in names} and factories["megatron"] is _megatron and not torch.cuda.is_available():
+        raise SystemExit("the megatron backend needs CUDA; on a CPU: --shapes tiny --backends transformers,torch")
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     ceiling = matmul_ceiling_tflops(device)

@@ -282,3 +282,14 @@ def test_fresh_data_gives_every_step_new_groups_and_counts_the_timed_steps_flops
     assert tiny["tokens_per_step"] == pytest.approx(sum(map(sum, timed)) / 2)
     want = sum(n * flops_per_token(SHAPES["tiny"], n)[0] for ls in timed for n in ls) / 2
     assert tiny["fwd_flops_per_step"] == pytest.approx(want) and tiny["train_flops_per_step"] == pytest.approx(3 * want)
+
+
+def test_the_megatron_backend_without_cuda_is_refused_before_anything_is_built(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the megatron backend")
+    script = _load_script()
+    with pytest.raises(SystemExit, match="the megatron backend needs CUDA; on a CPU: --shapes tiny --backends transformers,torch"):
+        script.main(["--shapes", "tiny", "--backends", "transformers,megatron+varlen_attention", "--model-root", str(tmp_path / "m")])
+    assert not (tmp_path / "m").exists()
