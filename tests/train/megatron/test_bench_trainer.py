@@ -142,7 +142,7 @@ def test_a_failing_candidate_is_recorded_and_the_bench_goes_on(tmp_path, capsys,
     with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['transformers\+broken'\]"):  # megatron only
         script.main(["--backends", "transformers,transformers+broken", "--shapes", "tiny"])
     argv = _one_step_argv("transformers,megatron+broken", tmp_path)
-    assert script.main(argv) == 0
+    assert script.main(argv, factories={"megatron": lambda *a: pytest.fail("built despite its candidate failing")}) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
     assert tiny["megatron+broken"] == {"skipped": "RuntimeError: cuDNN: no kernel for this shape"}
     assert tiny["transformers"]["rl_step_s"] > 0 and "bench_trainer: PASSED" in capsys.readouterr().out
@@ -182,7 +182,7 @@ def test_candidates_combine_and_an_unknown_one_in_a_combination_is_refused(tmp_p
     with pytest.raises(SystemExit, match=r"unknown shapes/backends: \['nope'\]"):
         script.main(["--backends", "transformers,megatron+a+nope", "--shapes", "tiny"])
     argv = _one_step_argv("transformers,megatron+a+varlen_attention", tmp_path)
-    assert script.main(argv) == 0
+    assert script.main(argv, factories={"megatron": lambda *a: pytest.fail("built despite its candidate failing")}) == 0
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]["backends"]
     assert entered == ["a"] and tiny["megatron+a+varlen_attention"] == {"skipped": "RuntimeError: a refused"}
     argv[1] = "transformers,megatron+x+y"  # a build that fails inside both swaps: recorded, and both undone
@@ -204,7 +204,7 @@ def test_each_finished_shape_is_on_disk_before_the_next_one_runs(tmp_path, monke
 
     monkeypatch.setattr(script, "run_shape", run_shape)
     with pytest.raises(RuntimeError, match="kernel fault"):
-        script.main(["--shapes", "tiny,qwen2-0.5b", "--out", str(tmp_path / "o")])
+        script.main(["--shapes", "tiny,qwen2-0.5b", "--backends", "transformers", "--out", str(tmp_path / "o")])
     saved = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]
     assert calls == ["tiny", "qwen2-0.5b"] and saved == {"tiny": {"backends": {"transformers": {"rl_step_s": 1.0}}}}
 
