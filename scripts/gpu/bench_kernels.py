@@ -104,6 +104,7 @@ def _blocked_row_stats(x, local_target, scale: float, block: int):
 def attention_variants(tokens: int) -> dict:
     """Causal attention over packed sequences, fwd+bwd: varlen (torch's flash) vs SDPA per sequence."""
     from slime.train.megatron import layers
+    from slime.train.megatron.dense_attention import dense_attention
 
     res = {}
     for heads, kv, d in ((14, 2, 64), (12, 2, 128)):
@@ -133,7 +134,7 @@ def attention_variants(tokens: int) -> dict:
                 return o.transpose(1, 2).reshape(tokens, heads, d)
 
             def dense_path(q, k, v):  # SDPACoreAttention's dense path (no padding: one length)
-                return layers.dense_attention(q, k, v, (n, seq), scale, None)
+                return dense_attention(q, k, v, (n, seq), scale, None)
 
             with torch.no_grad():  # the dense path's output against the varlen kernel's
                 diff = (dense_path(q0, k0, v0).float() - varlen(q0, k0, v0).float()).abs().max().item()
@@ -162,6 +163,7 @@ def padded_attention(tokens: int) -> dict:
     """The dense path on ragged micro-batches (index copies included) against varlen, fwd+bwd, at padded/unpadded
     work ratios 1.0-1.33: four sequences of ``tokens`` / 4, the last one shortened to reach each ratio."""
     from slime.train.megatron import layers
+    from slime.train.megatron.dense_attention import attention_layout, dense_attention, dense_index
 
     res = {}
     longest = tokens // 4
@@ -171,9 +173,9 @@ def padded_attention(tokens: int) -> dict:
             bounds = (0, longest, 2 * longest, 3 * longest, 3 * longest + last)
             t = bounds[-1]
             work = 4 * longest**2 / sum((b - a) ** 2 for a, b in zip(bounds[:-1], bounds[1:]))  # ~ratio (last is rounded)
-            layout = layers.attention_layout(bounds, math.inf, 1)  # always dense here: the timing decides
+            layout = attention_layout(bounds, math.inf, 1)  # always dense here: the timing decides
             assert layout is not None
-            index = layers.dense_index(bounds, layout[1])
+            index = dense_index(bounds, layout[1])
             index = None if index is None else index.cuda()
             cu = torch.tensor(bounds, device="cuda", dtype=torch.int32)
             q0 = torch.randn(t, heads, d, device="cuda", dtype=torch.bfloat16)
@@ -181,7 +183,7 @@ def padded_attention(tokens: int) -> dict:
             g = torch.randn_like(q0)
             fns = {
                 "varlen": lambda q, k, v: layers._VARLEN(q, k, v, cu, longest, d**-0.5),
-                "dense_path": lambda q, k, v: layers.dense_attention(q, k, v, layout, d**-0.5, index),
+                "dense_path": lambda q, k, v: dense_attention(q, k, v, layout, d**-0.5, index),
             }
             times = {}
             for name, fn in fns.items():

@@ -154,7 +154,7 @@ def run_shape(
 
     # --fresh-data: new ragged groups every step (seeds 1, 2, ...), as RL brings; else one set for every step
     per_step = [data(i + 1) for i in range(args.warmup + args.steps)] if args.fresh_data else [data(0)]
-    groups = per_step[0]
+    groups_at = (lambda i: per_step[i]) if args.fresh_data else (lambda i: per_step[0])
     timed = per_step[args.warmup :] if args.fresh_data else per_step
     lens = [[len(s.prompt_ids) + len(s.response_ids) for g in gs for s in g.samples] for gs in timed]  # --seq-len each by default
     tokens = sum(map(sum, lens)) / len(lens)  # per step (a mean over the timed steps with --fresh-data)
@@ -193,7 +193,7 @@ def run_shape(
                     backend = factories[base](cfg, model_dir, device)
                     r = measure(
                         backend,
-                        (lambda i: per_step[i]) if args.fresh_data else groups,
+                        groups_at,
                         warmup=args.warmup,
                         steps=args.steps,
                         fwd_flops=fwd,
@@ -202,7 +202,7 @@ def run_shape(
                     )
                     r["build_and_measure_s"] = time.perf_counter() - t0
                     if args.profile:
-                        profiles[backend_name] = profile_summary(lambda: backend.rl_step(groups), device)  # noqa: B023  # called within this iteration
+                        profiles[backend_name] = profile_summary(lambda: backend.rl_step(per_step[0]), device)  # noqa: B023  # called within this iteration
                         print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
                 finally:
                     if backend is not None:

@@ -254,9 +254,6 @@ def measure(
     collector's pauses and the compiles, new allocator segments and allocator retries it saw.
     """
     dev = backend.device
-    rl, old, first = [], [], None
-    gc_ms: list[float] = []
-    gc_full = 0
     per_step: list[dict[str, float]] = []  # every step, warm-up included: what a slow step coincided with
     metrics: dict[str, float] = {}
     for i in range(warmup + steps):
@@ -276,13 +273,8 @@ def measure(
             {"rl_step_s": t1 - t0, "old_logprob_pass_s": t2 - t1, "gc_ms": pauses.ms, "gc_full": pauses.full}
             | {k: after[k] - before[k] for k in after}
         )
-        if i == 0:
-            first = t1 - t0
-        if i >= warmup:
-            rl.append(t1 - t0)
-            old.append(t2 - t1)
-            gc_ms.append(pauses.ms)
-            gc_full += pauses.full
+    timed = per_step[warmup:]
+    rl, old = [s["rl_step_s"] for s in timed], [s["old_logprob_pass_s"] for s in timed]
     rl_s, old_s = statistics.median(rl), statistics.median(old)
     train_s = max(rl_s - old_s, 1e-9)
     out = {
@@ -290,10 +282,11 @@ def measure(
         "mfu_train_opt": train_flops / train_s / 1e12 / ceiling_tflops,
         "mfu_rl_step": (train_flops + fwd_flops) / rl_s / 1e12 / ceiling_tflops,
         "tflops_train_opt": train_flops / train_s / 1e12,
-        "warmup_s": first, "rl_step_times_s": rl, "old_logprob_pass_times_s": old,
+        "warmup_s": per_step[0]["rl_step_s"], "rl_step_times_s": rl, "old_logprob_pass_times_s": old,
         "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
         "attention_dense_fraction": metrics.get("attention_dense_fraction"),  # megatron on a GPU: which attention ran
-        "gc_pause_ms_per_step": gc_ms, "gc_full_collections": gc_full, "per_step": per_step,
+        "gc_pause_ms_per_step": [s["gc_ms"] for s in timed], "gc_full_collections": sum(s["gc_full"] for s in timed),
+        "per_step": per_step,
     }  # fmt: skip
     if dev.type == "cuda":
         out["peak_memory_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30

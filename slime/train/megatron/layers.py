@@ -70,9 +70,6 @@ __all__ = [
     "RMSNorm",
     "attention_path_metrics",
     "SDPACoreAttention",
-    "attention_layout",
-    "dense_attention",
-    "dense_index",
     "SwiGLUMLP",
     "TorchGatingRouter",
     "PackedRoPEParams",
@@ -111,7 +108,7 @@ class PackedRoPEParams(_PackedSeqParams):
     cp_full_index: Tensor | None = None
     cp_full_bounds: tuple[int, ...] = ()
     pad_tokens: int = 0
-    dense_plan: Any = None  # SDPACoreAttention's cache: ((ratio, device), (layout, index) or None)
+    dense_plan: Any = None  # SDPACoreAttention._dense_plan's cache: (its rules, (layout, index) or None)
 
 
 def rope_cos_sin(position_ids: Tensor, *, head_dim: int, rope_theta: float) -> tuple[Tensor, Tensor]:
@@ -284,12 +281,12 @@ class SDPACoreAttention(_MegatronModule):
         if p.dense_plan is None or p.dense_plan[0] != rules:
             bounds = p.seq_bounds[:-1] if p.pad_tokens else p.seq_bounds  # the padding segment is no sequence
             layout = attention_layout(bounds, self.dense_padding_ratio, self.dense_length_multiple)
-            shape = None if layout is None else (*layout, query.shape[1], key.shape[1], query.shape[2], query.dtype)
-            if shape is not None and shape not in self._dense_shapes:
-                if len(self._dense_shapes) >= self.dense_shapes_max:
-                    layout = None
-                else:
+            if layout is not None:  # a shape the process has run, or room for one more (cuDNN builds a plan per shape)
+                shape = (*layout, query.shape[1], key.shape[1], query.shape[2], query.dtype)
+                if shape in self._dense_shapes or len(self._dense_shapes) < self.dense_shapes_max:
                     self._dense_shapes.add(shape)
+                else:
+                    layout = None
             index = None if layout is None else dense_index(bounds, layout[1])
             p.dense_plan = (rules, None if layout is None else (layout, None if index is None else index.to(query.device)))
             self._plans["varlen" if layout is None else "dense"] += 1

@@ -12,14 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slime.train.megatron.layers import (
-    PackedRoPEParams,
-    SDPACoreAttention,
-    attention_layout,
-    attention_path_metrics,
-    dense_attention,
-    dense_index,
-)
+from slime.train.megatron.dense_attention import attention_layout, dense_attention, dense_index
+from slime.train.megatron.layers import PackedRoPEParams, SDPACoreAttention, attention_path_metrics
 
 
 @pytest.fixture(autouse=True)
