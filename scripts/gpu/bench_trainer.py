@@ -24,9 +24,9 @@ MFU, peak memory; per shape the megatron / transformers speed-ups. A shape whose
 memory is recorded as skipped and the run goes on (``qwen2-7b`` uses ``--large-num-samples``).
 FLOPs formula and ceiling: ``slime.bench.trainer.flops_per_token`` / ``matmul_ceiling_tflops``.
 
-Writes $OUT/bench_trainer.json (and, with ``--profile``, one more RL step per backend under
-torch.profiler: $OUT/bench_trainer_profile.json: kernel classes, top kernels, GPU busy vs wall, host
-syncs, kernel launches), prints a markdown table and ``bench_trainer: PASSED`` when every shape ran.
+Writes $OUT/bench_trainer.json (and, with ``--profile``, two more RL steps per backend, one under
+torch.profiler and one under CUDA's sync debug mode: $OUT/bench_trainer_profile.json: kernel classes, top
+kernels, GPU busy vs wall, idle gaps, host syncs and the lines that made them, kernel launches), prints a markdown table and ``bench_trainer: PASSED`` when every shape ran.
 On a machine without CUDA the megatron backend cannot run (megatron-core's optimizer and DDP allocate on the
 GPU): ``--shapes tiny --backends transformers,torch`` runs there, and the CPU smoke test
 (tests/train/megatron/test_bench_trainer.py) substitutes a CPU megatron trainer.
@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from megatron_common import make_groups, make_hf_dir  # noqa: E402
 
 from slime.bench.candidates import CANDIDATES  # noqa: E402
-from slime.bench.step_profile import format_profile, profile_summary  # noqa: E402
+from slime.bench.step_profile import format_profile, profile_summary, sync_sites  # noqa: E402
 from slime.bench.trainer import (  # noqa: E402
     SHAPES,
     TransformersReference,
@@ -202,7 +202,8 @@ def run_shape(
                     )
                     r["build_and_measure_s"] = time.perf_counter() - t0
                     if args.profile:
-                        profiles[backend_name] = profile_summary(lambda: backend.rl_step(per_step[0]), device)  # noqa: B023  # called within this iteration
+                        step = lambda: backend.rl_step(per_step[0])  # noqa: B023, E731  # called within this iteration
+                        profiles[backend_name] = profile_summary(step, device) | {"sync_sites": sync_sites(step)}
                         print(format_profile(f"{name} {backend_name}", profiles[backend_name]), flush=True)
                 finally:
                     if backend is not None:

@@ -4,6 +4,8 @@
   kernels, GPU busy vs wall time, CUDA runtime calls (host syncs, kernel launches).
 - ``GCPauses``: Python's garbage-collector pauses inside a block.
 - ``host_events``: cumulative counters a step can hide (compiled graphs; allocator segments and retries).
+- ``idle_gaps``: where the GPU waited between kernels (the kernel after each gap, summed).
+- ``sync_sites``: the Python lines that made the host wait for the GPU (``torch.cuda.set_sync_debug_mode``).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import gc
 import re
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["GCPauses", "format_profile", "host_events", "profile_summary", "sync", "tally_events"]
+__all__ = ["GCPauses", "format_profile", "host_events", "idle_gaps", "profile_summary", "sync", "sync_sites", "tally_events"]
 
 
 def sync(device: torch.device) -> None:
@@ -99,6 +103,82 @@ def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[
     return kernels, syncs, launches
 
 
+def idle_gaps(intervals: Iterable[tuple[float, float, str]], *, min_us: float = 20.0, top: int = 12) -> dict[str, Any]:
+    """Gaps on the GPU timeline of one profiled call. ``intervals``: (start us, end us, kernel name) of every
+    device-side event (overlaps allowed: several streams). Returns ``idle_ms`` (the time between the first
+    start and the last end that no event covers), ``gaps`` (how many gaps of at least ``min_us``) and
+    ``before`` (the ``top`` kernels whose launch ended the most idle time: name, ms, gaps). A gap before a
+    step's first GEMM after a host sync means the host ran ahead of nothing; many small gaps before short
+    kernels mean the host launches slower than the GPU runs them."""
+    idle_us, gaps, before, end = 0.0, 0, {}, None  # type: ignore[var-annotated]
+    for start, stop, name in sorted(intervals):
+        if end is not None and start > end:
+            gap = start - end
+            idle_us += gap
+            if gap >= min_us:
+                gaps += 1
+                us, n = before.get(name, (0.0, 0))
+                before[name] = (us + gap, n + 1)
+        end = stop if end is None else max(end, stop)
+    ranked = sorted(before.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "idle_ms": round(idle_us / 1e3, 2), "gaps": gaps,
+        "before": [{"name": n[:160], "ms": round(us / 1e3, 3), "gaps": c} for n, (us, c) in ranked],
+    }  # fmt: skip
+
+
+def _device_intervals(events: Iterable[Any]) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of the kernels, copies and sets among ``prof.events()``."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for evt in events:
+        if getattr(evt, "device_type", None) == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False):
+            out.append((float(evt.time_range.start), float(evt.time_range.end), evt.name))
+    return out
+
+
+_SYNC_WARNING = re.compile(r"synchroniz", re.I)
+
+
+def sync_sites(fn: Callable[[], Any], *, depth: int = 3, top: int = 15) -> list[dict[str, Any]]:
+    """Run ``fn()`` once with ``torch.cuda.set_sync_debug_mode("warn")`` and count where the host waited:
+    each warning's innermost ``depth`` Python frames (outside torch), most frequent first, as
+    [{"site": "file:line fn <- ...", "calls": n}]. A sync inside autograd's backward shows as the
+    ``backward()`` call. On the CPU there are no syncs and the list is empty."""
+    sites: dict[str, int] = {}
+
+    def hook(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not _SYNC_WARNING.search(str(message)):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename and f.filename != __file__]
+        site = " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames[-depth:])) or f"{filename}:{lineno}"
+        sites[site] = sites.get(site, 0) + 1
+
+    cuda = torch.cuda.is_available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        previous = torch.cuda.get_sync_debug_mode() if cuda else 0
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(previous)
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1])[:top]
+    return [{"site": s, "calls": n} for s, n in ranked]
+
+
+def _short(path: str) -> str:
+    """The path from its package root on (``slime/...``, ``megatron/...``), else the file name."""
+    for root in ("/slime/", "/megatron/", "/scripts/", "/transformers/"):
+        if root in path:
+            return root[1:] + path.split(root, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
 def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: int = 30) -> dict[str, Any]:
     """Run ``fn()`` once under ``torch.profiler`` and summarise where the time went.
 
@@ -106,7 +186,8 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
     ``tally_events``; on the CPU, of ATen ops' own times), ``gpu_idle_ms`` (wall - busy: host syncs, launch gaps), ``classes_ms`` /
     ``classes_pct`` (matmul, attention, compiled fusions, optimizer, memcpy, other), ``top_kernels``
     (name, ms, calls), ``host_syncs`` (CUDA stream/device/event synchronize calls, which block the
-    host until the GPU drains) and ``kernel_launches``.
+    host until the GPU drains), ``kernel_launches`` and on CUDA ``idle_gaps`` (``idle_gaps``: the GPU's idle
+    time between its first and last kernel, and which kernels' launches ended it).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -120,6 +201,7 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
         sync(device)
     wall_ms = (time.perf_counter() - t0) * 1e3
     kernels, syncs, launches = tally_events(prof.key_averages(), cuda=cuda)
+    gaps = idle_gaps(_device_intervals(prof.events())) if cuda else None
     busy_ms = sum(us for us, _ in kernels.values()) / 1e3
     classes: dict[str, float] = {}
     for name, (us, _) in kernels.items():
@@ -132,7 +214,7 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
         "classes_ms": {k: round(v, 2) for k, v in order}, "classes_pct": {k: round(100 * v / max(busy_ms, 1e-9), 1) for k, v in order},
         "top_kernels": [{"name": n[:160], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in ranked],
         "host_syncs": syncs, "kernel_launches": launches,
-    }  # fmt: skip
+    } | ({"idle_gaps": gaps} if gaps is not None else {})  # fmt: skip
 
 
 def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str:
@@ -144,4 +226,9 @@ def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str
     ]
     lines += [f"  {k:45s} {v:9.1f} ms {s['classes_pct'][k]:5.1f} %" for k, v in s["classes_ms"].items()]
     lines += [f"  {r['ms']:9.2f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in s["top_kernels"][:rows]]
+    if "idle_gaps" in s:
+        g = s["idle_gaps"]
+        lines.append(f"  GPU idle between kernels {g['idle_ms']:.1f} ms, {g['gaps']} gaps; idle ended by:")
+        lines += [f"  {r['ms']:9.2f} ms {r['gaps']:5d}x  {r['name'][:100]}" for r in g["before"][:rows]]
+    lines += [f"  sync {r['calls']:5d}x  {r['site'][:140]}" for r in s.get("sync_sites", [])[:rows]]
     return "\n".join(lines)

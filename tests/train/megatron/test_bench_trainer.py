@@ -293,3 +293,37 @@ def test_the_megatron_backend_without_cuda_is_refused_before_anything_is_built(t
     with pytest.raises(SystemExit, match="the megatron backend needs CUDA; on a CPU: --shapes tiny --backends transformers,torch"):
         script.main(["--shapes", "tiny", "--backends", "transformers,megatron+varlen_attention", "--model-root", str(tmp_path / "m")])
     assert not (tmp_path / "m").exists()
+
+
+def test_idle_gaps_sum_uncovered_time_and_name_the_kernel_that_ended_each_gap():
+    from slime.bench.step_profile import idle_gaps
+
+    # two streams overlap (b inside a); a 100 us gap before c, a 10 us one before d (below min_us), 50 us before c again
+    events = [(0, 100, "a"), (20, 60, "b"), (200, 250, "c"), (260, 300, "d"), (350, 400, "c")]
+    g = idle_gaps(events, min_us=20)
+    assert g["idle_ms"] == pytest.approx(0.16)  # 100 + 10 + 50 us
+    assert g["gaps"] == 2
+    assert g["before"] == [{"name": "c", "ms": 0.15, "gaps": 2}]
+    assert idle_gaps([])["idle_ms"] == 0 and idle_gaps([])["before"] == []
+
+
+def test_sync_sites_count_the_python_lines_that_warned_of_a_sync():
+    import warnings
+
+    from slime.bench.step_profile import sync_sites
+
+    def waits_here():
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+    def step():
+        for _ in range(3):
+            waits_here()
+        warnings.warn("something else", UserWarning, stacklevel=1)  # not a sync: not counted
+
+    sites = sync_sites(step)
+    assert len(sites) == 1 and sites[0]["calls"] == 3
+    assert "waits_here" in sites[0]["site"] and "step" in sites[0]["site"]
+    with warnings.catch_warnings(record=True) as seen:  # the hook is gone afterwards
+        warnings.simplefilter("always")
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+    assert len(seen) == 1
