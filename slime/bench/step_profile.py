@@ -186,7 +186,8 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
     ``tally_events``; on the CPU, of ATen ops' own times), ``gpu_idle_ms`` (wall - busy: host syncs, launch gaps), ``classes_ms`` /
     ``classes_pct`` (matmul, attention, compiled fusions, optimizer, memcpy, other), ``top_kernels``
     (name, ms, calls), ``host_syncs`` (CUDA stream/device/event synchronize calls, which block the
-    host until the GPU drains), ``kernel_launches`` and on CUDA ``idle_gaps`` (``idle_gaps``: the GPU's idle
+    host until the GPU drains), ``kernel_launches``, ``host_ops`` (the ops and CUDA runtime calls with the most
+    host time of their own, profiler overhead included) and on CUDA ``idle_gaps`` (``idle_gaps``: the GPU's idle
     time between its first and last kernel, and which kernels' launches ended it).
     """
     from torch.profiler import ProfilerActivity, profile
@@ -200,8 +201,10 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
         fn()
         sync(device)
     wall_ms = (time.perf_counter() - t0) * 1e3
-    kernels, syncs, launches = tally_events(prof.key_averages(), cuda=cuda)
+    rows = prof.key_averages()
+    kernels, syncs, launches = tally_events(rows, cuda=cuda)
     gaps = idle_gaps(_device_intervals(prof.events())) if cuda else None
+    host = sorted(((r.key, r.self_cpu_time_total, r.count) for r in rows if r.self_cpu_time_total > 0), key=lambda r: -r[1])[:top]
     busy_ms = sum(us for us, _ in kernels.values()) / 1e3
     classes: dict[str, float] = {}
     for name, (us, _) in kernels.items():
@@ -214,6 +217,7 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
         "classes_ms": {k: round(v, 2) for k, v in order}, "classes_pct": {k: round(100 * v / max(busy_ms, 1e-9), 1) for k, v in order},
         "top_kernels": [{"name": n[:160], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in ranked],
         "host_syncs": syncs, "kernel_launches": launches,
+        "host_ops": [{"name": n[:160], "self_ms": round(us / 1e3, 3), "calls": c} for n, us, c in host],
     } | ({"idle_gaps": gaps} if gaps is not None else {})  # fmt: skip
 
 
@@ -230,5 +234,6 @@ def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str
         g = s["idle_gaps"]
         lines.append(f"  GPU idle between kernels {g['idle_ms']:.1f} ms, {g['gaps']} gaps; idle ended by:")
         lines += [f"  {r['ms']:9.2f} ms {r['gaps']:5d}x  {r['name'][:100]}" for r in g["before"][:rows]]
+    lines += [f"  host {r['self_ms']:9.2f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in s.get("host_ops", [])[:rows]]
     lines += [f"  sync {r['calls']:5d}x  {r['site'][:140]}" for r in s.get("sync_sites", [])[:rows]]
     return "\n".join(lines)

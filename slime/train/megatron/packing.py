@@ -44,7 +44,18 @@ from slime.train.batch import TrainBatch
 from slime.train.megatron.context_parallel import cp_split, gather_full
 from slime.train.megatron.layers import PackedRoPEParams, rope_cos_sin
 
-__all__ = ["plan_step", "PackedMicroBatch", "pack_samples", "select_samples"]
+__all__ = ["plan_step", "PackedMicroBatch", "pack_samples", "select_samples", "to_device"]
+
+
+def to_device(x: Tensor, device: torch.device | str) -> Tensor:
+    """``x.to(device)`` without a host sync for a CPU tensor bound for a GPU: staged through pinned memory
+    and copied asynchronously (a copy from pageable memory makes the host wait for the GPU to drain:
+    one sync per tensor, ~90 per RL step at 16k-token micro-batches). The pinned block is held by
+    torch's host allocator until the copy has run, so ``x`` may be freed or changed at once."""
+    device = torch.device(device)
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def plan_step(
@@ -149,16 +160,17 @@ class PackedMicroBatch:
         return dense.index_put((self.rows, self.cols), packed[self.flat])
 
     def to(self, device: torch.device | str) -> PackedMicroBatch:
+        """This micro-batch on ``device`` (``to_device``: no host sync)."""
         p = self.params
+
+        def move(x: Tensor | None) -> Tensor | None:
+            return None if x is None else to_device(x, device)
+
         params = dataclasses.replace(  # type: ignore[call-arg]  # the fields of megatron-core's PackedSeqParams (an Any base here)
-            p,
-            cu_seqlens_q=p.cu_seqlens_q.to(device),
-            cu_seqlens_kv=p.cu_seqlens_kv.to(device),
-            rope_cos=p.rope_cos.to(device) if p.rope_cos is not None else None,
-            rope_sin=p.rope_sin.to(device) if p.rope_sin is not None else None,
-            cp_full_index=p.cp_full_index.to(device) if p.cp_full_index is not None else None,
-        )
-        moved = {f: getattr(self, f).to(device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")}
+            p, cu_seqlens_q=move(p.cu_seqlens_q), cu_seqlens_kv=move(p.cu_seqlens_kv), rope_cos=move(p.rope_cos),
+            rope_sin=move(p.rope_sin), cp_full_index=move(p.cp_full_index),
+        )  # fmt: skip
+        moved = {f: to_device(getattr(self, f), device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")}
         return dataclasses.replace(self, params=params, **moved)
 
 
@@ -173,8 +185,9 @@ def pack_samples(
     cp_size: int = 1,
     cp_rank: int = 0,
     cp_group: object = None,
+    device: torch.device | str = "cpu",
 ) -> PackedMicroBatch:
-    """Pack rows ``samples`` of ``batch`` into one micro-batch (on the CPU).
+    """Pack rows ``samples`` of ``batch`` into one micro-batch on ``device``.
 
     Args:
         batch: the step's padded batch.
@@ -186,6 +199,9 @@ def pack_samples(
         head_dim / rope_theta: for the RoPE tables.
         cp_size / cp_rank / cp_group: context parallelism: this rank keeps its share of every
             sample (module docstring).
+        device: where the micro-batch goes: the index tensors are built on the CPU and copied
+            (``to_device``), the RoPE tables computed there from the copied positions (on a GPU a few
+            kernels; on the CPU they took ~12 ms per 16k-token micro-batch plus a 16 MB copy).
     """
     pieces, positions, bounds = [], [], [0]
     seg = 2 * cp_size if cp_size > 1 else 1  # every segment a multiple of this
@@ -222,7 +238,10 @@ def pack_samples(
         bounds = list(local_bounds)
     cu = torch.tensor(bounds, dtype=torch.int32)  # [S+1]
     max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    cos, sin = rope_cos_sin(position_ids[0], head_dim=head_dim, rope_theta=rope_theta)  # [t, 1, d] each
+    extra = {k: to_device(v, device) if isinstance(v, Tensor) else v for k, v in extra.items()}
+    cu = to_device(cu, device)
+    input_ids, position_ids, labels = (to_device(x, device) for x in (input_ids, position_ids, labels))
+    cos, sin = rope_cos_sin(position_ids[0], head_dim=head_dim, rope_theta=rope_theta)  # [t, 1, d] each, on device
     params = PackedRoPEParams(
         qkv_format="thd",
         cu_seqlens_q=cu,
@@ -242,9 +261,9 @@ def pack_samples(
         position_ids=position_ids,
         labels=labels,
         params=params,
-        rows=torch.cat(rows) if rows else empty,
-        cols=torch.cat(cols) if cols else empty,
-        flat=torch.cat(flat) if flat else empty,
+        rows=to_device(torch.cat(rows) if rows else empty, device),
+        cols=to_device(torch.cat(cols) if cols else empty, device),
+        flat=to_device(torch.cat(flat) if flat else empty, device),
         num_rows=len(samples),
         num_cols=max(num_cols, 1),
     )

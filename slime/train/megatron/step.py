@@ -64,7 +64,7 @@ from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.layers import attention_path_metrics
 from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_logprobs
 from slime.train.megatron.model import float16_wrapped, output_weight
-from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples
+from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
 
 __all__ = ["MegatronTrainStep"]
@@ -131,8 +131,8 @@ class MegatronTrainStep:
         c = self.ctx
         return pack_samples(
             batch, samples, pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta,
-            cp_size=c.cp_size, cp_rank=c.cp_rank, cp_group=c.cp_group,
-        ).to(c.device)  # fmt: skip
+            cp_size=c.cp_size, cp_rank=c.cp_rank, cp_group=c.cp_group, device=c.device,
+        )  # fmt: skip
 
     def _placeholder(self, batch: TrainBatch) -> PackedMicroBatch:
         """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
@@ -383,7 +383,8 @@ def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
 
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return dataclasses.replace(
-        batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None}
+        batch,
+        **{f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None},
     )
 
 

@@ -30,6 +30,7 @@ from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
 from slime.train.megatron.logprobs import check_logprob_impl
 from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
+from slime.train.megatron.multi_tensor import use_foreach_multi_tensor_ops
 from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
 from slime.train.megatron.router_metrics import attach_megatron_routers
 from slime.train.megatron.step import MegatronTrainStep
@@ -171,6 +172,7 @@ class MegatronTrainer(MegatronTrainStep):
             params_dtype=self.tconfig.params_dtype,
             use_distributed_optimizer=mcfg.use_distributed_optimizer,
         )
+        use_foreach_multi_tensor_ops()  # megatron's local grad-norm fallback syncs the host once per parameter
         optimizer = opt.get_megatron_optimizer(opt_config, [self.ddp])
         _fuse_torch_adam(optimizer)
         return optimizer

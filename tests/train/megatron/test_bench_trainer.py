@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
 
@@ -327,3 +328,13 @@ def test_sync_sites_count_the_python_lines_that_warned_of_a_sync():
         warnings.simplefilter("always")
         warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
     assert len(seen) == 1
+
+
+def test_profile_summary_on_the_cpu_names_the_ops_with_the_most_host_time():
+    from slime.bench.step_profile import format_profile, profile_summary
+
+    a = torch.randn(64, 64)
+    s = profile_summary(lambda: [a @ a for _ in range(5)], "cpu", top=5)
+    assert s["host_ops"] and any("mm" in r["name"] for r in s["host_ops"]) and all(r["self_ms"] > 0 for r in s["host_ops"])
+    assert "idle_gaps" not in s  # no GPU timeline on the CPU
+    assert "host" in format_profile("cpu", s)
