@@ -49,7 +49,9 @@ def swiglu_variants():
         g, u = torch.chunk(x, 2, dim=-1)
         return F.silu(g) * u
 
-    out = {"slime_fused": layers._swiglu, "eager": eager}
+    from slime.train.megatron import swiglu_kernel
+
+    out = {"slime_fused": layers._swiglu, "slime_triton": swiglu_kernel.swiglu, "eager": eager}
     out["compile_static"] = torch.compile(eager, dynamic=False)
     out["compile_dynamic"] = torch.compile(eager, dynamic=True)
 
@@ -297,8 +299,17 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001
                 print(f"swiglu f={f} {name}: failed {type(exc).__name__}: {exc}")
                 continue
-            res["swiglu"][f"{f}/{name}"] = {"fwd_bwd_ms": ms, "fwd_ms": ms_f, "tb_s": moved / ms / 1e9}
-            print(f"swiglu f={f:5d} {name:22s} fwd+bwd {ms:7.3f} ms  fwd {ms_f:7.3f} ms  {moved / ms / 1e9:6.2f} TB/s")
+            # against fp32 math: output and gradient, largest absolute difference
+            xr = x0.float().requires_grad_(True)
+            gate, up = xr.chunk(2, dim=-1)
+            yr = F.silu(gate) * up
+            yr.backward(g.float())
+            y = fn(x)
+            y.backward(g)
+            diff = max((y.float() - yr).abs().max().item(), (x.grad.float() - xr.grad).abs().max().item())
+            x.grad = None
+            res["swiglu"][f"{f}/{name}"] = {"fwd_bwd_ms": ms, "fwd_ms": ms_f, "tb_s": moved / ms / 1e9, "max_abs_diff_fp32": diff}
+            print(f"swiglu f={f:5d} {name:22s} fwd+bwd {ms:7.3f} ms  fwd {ms_f:7.3f} ms  {moved / ms / 1e9:6.2f} TB/s  |diff| {diff:.3g}")
     from slime.train.megatron import layers
 
     for h in [int(v) for v in args.hidden.split(",")] if "rmsnorm" in sections else []:

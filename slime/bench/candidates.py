@@ -7,6 +7,8 @@ Only the megatron backend takes candidates; ``megatron+A+B`` swaps in several.
 
     varlen_attention  packed attention always through torch's varlen flash kernel (the default before the
                       dense path: ``SDPACoreAttention.dense_padding_ratio`` = 0).
+    compiled_swiglu   SwiGLU through Inductor's kernels (``layers._swiglu``; the default before the Triton
+                      kernels of ``slime/train/megatron/swiglu_kernel.py``: ``SwiGLUMLP.use_triton`` = False).
 
 Tried and removed (docs/benchmarks.md): ``swiglu_function``, SwiGLU as an autograd Function with a hand-written
 backward (megatron-core's ``bias_swiglu_impl`` structure): faster alone in the kernel micro-bench, in the model
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-__all__ = ["CANDIDATES", "varlen_attention"]
+__all__ = ["CANDIDATES", "compiled_swiglu", "varlen_attention"]
 
 
 @contextmanager
@@ -36,6 +38,19 @@ def varlen_attention() -> Iterator[None]:
         SDPACoreAttention.dense_padding_ratio = default
 
 
+@contextmanager
+def compiled_swiglu() -> Iterator[None]:
+    """SwiGLU runs Inductor's compiled kernels inside the block (not the Triton ones)."""
+    from slime.train.megatron.layers import SwiGLUMLP
+
+    SwiGLUMLP.use_triton = False
+    try:
+        yield
+    finally:
+        SwiGLUMLP.use_triton = True
+
+
 CANDIDATES: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "varlen_attention": varlen_attention,
+    "compiled_swiglu": compiled_swiglu,
 }

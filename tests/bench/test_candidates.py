@@ -19,3 +19,12 @@ def test_each_candidate_swaps_in_only_inside_its_block():
     with pytest.raises(RuntimeError), candidates.varlen_attention():
         raise RuntimeError("a failing benchmark")
     assert SDPACoreAttention.dense_padding_ratio == ratio
+    from slime.train.megatron.layers import SwiGLUMLP
+
+    assert SwiGLUMLP.use_triton
+    with candidates.CANDIDATES["compiled_swiglu"]():
+        assert not SwiGLUMLP.use_triton
+    assert SwiGLUMLP.use_triton
+    with pytest.raises(RuntimeError), candidates.compiled_swiglu():
+        raise RuntimeError("a failing benchmark")
+    assert SwiGLUMLP.use_triton

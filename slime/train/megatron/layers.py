@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from slime.train.megatron import swiglu_kernel
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.context_parallel import cp_attention
 from slime.train.megatron.dense_attention import attention_layout, dense_attention, dense_index
@@ -313,8 +314,12 @@ class SwiGLUMLP(_MLP):
     ``linear_fc1`` output, runs ``silu``, adds ``glu_linear_offset`` (0.0: a full pass for nothing)
     and multiplies, each a pass over [t, 2 f] or [t, f], with more passes in the backward. Same
     weights, names and math; anything but plain SwiGLU (per-token scales, clamping, an offset,
-    Transformer Engine activations, megatron's own fusion) goes to megatron's forward.
+    Transformer Engine activations, megatron's own fusion) goes to megatron's forward. On CUDA the
+    function is ``swiglu_kernel.swiglu`` (Triton; its backward reads each input once), elsewhere or with
+    ``use_triton`` (class attribute) False the compiled ``_swiglu``.
     """
+
+    use_triton: bool = True
 
     def _plain_swiglu(self, per_token_scale: Any) -> bool:
         c = self.config
@@ -334,7 +339,8 @@ class SwiGLUMLP(_MLP):
         intermediate, bias = self.linear_fc1(hidden_states)
         if bias is not None:
             intermediate = intermediate + bias
-        return self.linear_fc2(_swiglu(intermediate))
+        act = swiglu_kernel.swiglu if self.use_triton and swiglu_kernel.available(intermediate) and intermediate.is_cuda else _swiglu
+        return self.linear_fc2(act(intermediate))
 
 
 class TorchGatingRouter(_TopKRouter):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -170,7 +171,9 @@ class PackedMicroBatch:
             p, cu_seqlens_q=move(p.cu_seqlens_q), cu_seqlens_kv=move(p.cu_seqlens_kv), rope_cos=move(p.rope_cos),
             rope_sin=move(p.rope_sin), cp_full_index=move(p.cp_full_index),
         )  # fmt: skip
-        moved = {f: to_device(getattr(self, f), device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")}
+        moved: dict[str, Any] = {
+            f: to_device(getattr(self, f), device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")
+        }
         return dataclasses.replace(self, params=params, **moved)
 
 
