@@ -7,6 +7,9 @@ Only the megatron backend takes candidates; ``megatron+A+B`` swaps in several.
 
     varlen_attention  packed attention always through torch's varlen flash kernel (the default before the
                       dense path: ``SDPACoreAttention.dense_padding_ratio`` = 0).
+    megatron_linear   the transformer layers' linear layers through megatron-core's own function (bias added after
+                      the GEMM, weight gradient added to ``main_grad`` by DDP: the default before
+                      ``slime/train/megatron/linear.py``).
     compiled_swiglu   SwiGLU through Inductor's kernels (``layers._swiglu``; the default before the Triton
                       kernels of ``slime/train/megatron/swiglu_kernel.py``: ``SwiGLUMLP.use_triton`` = False).
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-__all__ = ["CANDIDATES", "compiled_swiglu", "varlen_attention"]
+__all__ = ["CANDIDATES", "compiled_swiglu", "megatron_linear", "varlen_attention"]
 
 
 @contextmanager
@@ -50,7 +53,20 @@ def compiled_swiglu() -> Iterator[None]:
         SwiGLUMLP.use_triton = True
 
 
+@contextmanager
+def megatron_linear() -> Iterator[None]:
+    """The transformer layers' linear layers run megatron-core's function inside the block."""
+    from slime.train.megatron import linear
+
+    linear.enabled = False
+    try:
+        yield
+    finally:
+        linear.enabled = True
+
+
 CANDIDATES: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "varlen_attention": varlen_attention,
     "compiled_swiglu": compiled_swiglu,
+    "megatron_linear": megatron_linear,
 }

@@ -50,6 +50,7 @@ from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import Ranks, hf_to_mcore_param, stage_names
 from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
+from slime.train.megatron.linear import use_local_linears
 
 __all__ = [
     "transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader", "output_hidden_states", "output_weight",
@@ -226,6 +227,7 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int, pp_rank: int 
         model.cuda(torch.cuda.current_device())  # moves those only; same Parameter objects, attributes kept
     mark_tensor_parallel_weights(model, config)
     use_fused_swiglu(model)
+    use_local_linears(model)
     return model
 
 
