@@ -150,13 +150,16 @@ def sync_sites(fn: Callable[[], Any], *, depth: int = 3, top: int = 15) -> list[
 
     def hook(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
         if not _SYNC_WARNING.search(str(message)):
+            shown(message, category, filename, lineno, file, line)  # any other warning is shown as before
             return
-        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename and f.filename != __file__]
+        skip = {__file__, warnings.__file__}
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename and f.filename not in skip]
         site = " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames[-depth:])) or f"{filename}:{lineno}"
         sites[site] = sites.get(site, 0) + 1
 
     cuda = torch.cuda.is_available()
     with warnings.catch_warnings():
+        shown = warnings.showwarning
         warnings.simplefilter("always")
         warnings.showwarning = hook
         previous = torch.cuda.get_sync_debug_mode() if cuda else 0

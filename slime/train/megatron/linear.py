@@ -56,12 +56,14 @@ def accumulate_wgrad(main_grad: Tensor, grad_output: Tensor, input: Tensor) -> b
 
 class _LocalLinear(torch.autograd.Function):
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(input)
         ctx.weight, ctx.has_bias = weight, bias is not None  # the Parameter itself: its main_grad
         return F.linear(input, weight, bias)
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         (input,) = ctx.saved_tensors
         weight = ctx.weight
@@ -69,11 +71,18 @@ class _LocalLinear(torch.autograd.Function):
         g2 = grad_output.reshape(-1, grad_output.shape[-1])
         x2 = input.reshape(-1, input.shape[-1])
         main_grad = getattr(weight, "main_grad", None)
-        grad_weight: Tensor | None
-        if main_grad is not None and hasattr(weight, "grad_added_to_main_grad") and accumulate_wgrad(main_grad, g2, x2):
-            # megatron's convention: an unread placeholder keeps the DDP hook on this thread; it skips its add
-            grad_weight = torch.empty(weight.shape, dtype=input.dtype, device=input.device)
+        grad_weight: Tensor | None = None
+        if not ctx.needs_input_grad[1]:
+            pass
+        elif main_grad is not None and hasattr(weight, "grad_added_to_main_grad"):
+            # Once this step has set the flag the DDP hook skips every add for this weight, so every call
+            # accumulates here (a plain GEMM + add where this device cannot fuse the dtypes)
+            if not accumulate_wgrad(main_grad, g2, x2):
+                main_grad.add_(g2.t().matmul(x2))
             weight.grad_added_to_main_grad = True
+            # megatron's convention: a placeholder keeps the DDP hook on this thread; zeros where the hook adds it anyway
+            zeros = getattr(weight, "zero_out_wgrad", False)
+            grad_weight = (torch.zeros if zeros else torch.empty)(weight.shape, dtype=input.dtype, device=input.device)
         else:
             grad_weight = g2.t().matmul(x2)
         grad_bias = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
@@ -87,7 +96,9 @@ def local_linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> T
 
 
 enabled = True
-"""False: every call goes to megatron's function (the bench's ``megatron_linear`` candidate)."""
+"""False: every call goes to megatron's function (the bench's ``megatron_linear`` candidate). Change it between
+optimizer steps only: a weight whose gradient went to ``main_grad`` here has DDP skip its add until the next
+``zero_grad_buffer``, so a later call through megatron's function in the same step would lose its gradient."""
 
 
 def _local_call(weight: Tensor, kwargs: dict[str, Any]) -> bool:

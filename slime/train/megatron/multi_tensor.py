@@ -34,8 +34,9 @@ def foreach_l2_norm(
     tensors = tensor_lists[0]
     if not tensors:
         raise ValueError("foreach_l2_norm: no tensors")
-    norms = torch._foreach_norm(tensors, 2.0, dtype=torch.float32)
-    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
+    wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    norms = torch._foreach_norm(tensors, 2.0, dtype=wide)
+    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1).float(), None
 
 
 def foreach_scale(chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], scale: float) -> None:

@@ -37,8 +37,8 @@ _BLOCK = 1024  # f-columns per program: 2-3 KiB of each input row per tile, 4 wa
 def available(x: Tensor) -> bool:
     """Whether ``swiglu`` can run on ``x``: Triton importable, ``x`` on CUDA (or the Triton interpreter,
     ``TRITON_INTERPRET=1``, for CPU tests), a floating dtype, an even last dimension."""
-    if triton is None or not x.is_floating_point() or x.shape[-1] % 2:
-        return False
+    if triton is None or x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.shape[-1] % 2:
+        return False  # fp64 too: the kernels compute in fp32
     import os
 
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
@@ -89,6 +89,7 @@ class _SwiGLU(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
         dy = dy.contiguous()

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
 
@@ -321,9 +320,15 @@ def test_sync_sites_count_the_python_lines_that_warned_of_a_sync():
             waits_here()
         warnings.warn("something else", UserWarning, stacklevel=1)  # not a sync: not counted
 
-    sites = sync_sites(step)
+    shown = []
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *a, **k: shown.append(str(message))
+        sites = sync_sites(step)
+        innermost = sync_sites(step, depth=1)
     assert len(sites) == 1 and sites[0]["calls"] == 3
-    assert "waits_here" in sites[0]["site"] and "step" in sites[0]["site"]
+    assert "waits_here" in sites[0]["site"] and "step" in sites[0]["site"] and "warnings.py" not in sites[0]["site"]
+    assert shown == ["something else"] * 2  # other warnings are shown as before
+    assert innermost[0]["site"].split(" ")[1] == "waits_here"
     with warnings.catch_warnings(record=True) as seen:  # the hook is gone afterwards
         warnings.simplefilter("always")
         warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
@@ -331,6 +336,8 @@ def test_sync_sites_count_the_python_lines_that_warned_of_a_sync():
 
 
 def test_profile_summary_on_the_cpu_names_the_ops_with_the_most_host_time():
+    import torch
+
     from slime.bench.step_profile import format_profile, profile_summary
 
     a = torch.randn(64, 64)

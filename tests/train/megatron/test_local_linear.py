@@ -63,6 +63,40 @@ def test_half_precision_weights_accumulate_into_fp32_or_hand_the_gradient_to_ddp
     assert torch.allclose(got, reference, atol=0.1, rtol=0.02)
 
 
+def _ddp_hook(p):
+    """megatron-core 0.19's DDP post-accumulate hook, as it treats param.grad."""
+    if p.grad is not None and (not p.grad_added_to_main_grad or getattr(p, "zero_out_wgrad", False)):
+        p.main_grad.add_(p.grad)
+    p.grad = None
+
+
+@pytest.mark.parametrize("fusable", [True, False])
+@pytest.mark.parametrize("zero_out_wgrad", [False, True])
+def test_under_ddps_hook_main_grad_is_exact_whether_or_not_the_gemm_can_fuse(monkeypatch, fusable, zero_out_wgrad):
+    if not fusable:  # this device cannot accumulate these dtypes in the GEMM: a GEMM and an add, same contract
+        monkeypatch.setattr(linear, "accumulate_wgrad", lambda *a: False)
+    ws = _data()[1].clone().requires_grad_()
+    ws.main_grad = torch.zeros(ws.shape)
+    ws.grad_added_to_main_grad = False
+    if zero_out_wgrad:  # megatron sets it on the tied embedding: its hook adds param.grad even when fused
+        ws.zero_out_wgrad = True
+    expected = torch.zeros(ws.shape)
+    for seed in (1, 2, 3):
+        x, _, b, dy = _data(seed=seed)
+        linear.local_linear(x, ws, b).backward(dy)
+        _ddp_hook(ws)
+        expected += dy.reshape(-1, 4).t() @ x.reshape(-1, 6)
+    assert ws.grad_added_to_main_grad
+    assert torch.allclose(ws.main_grad, expected, atol=1e-5)
+
+
+def test_a_frozen_weight_gets_no_gradient_computed():
+    x, w, b, dy = _data()
+    xs = x.clone().requires_grad_()
+    linear.local_linear(xs, w, b).backward(dy)  # w does not require grad
+    assert w.grad is None and xs.grad is not None
+
+
 def test_accumulate_wgrad_refuses_what_it_cannot_do_and_changes_nothing(monkeypatch):
     monkeypatch.setattr(linear, "_mixed_addmm_works", lambda device, dtype: False)
     main = torch.ones(4, 6)

@@ -64,3 +64,5 @@ def test_available_refuses_cpu_tensors_without_the_interpreter_and_odd_widths(mo
     assert swiglu_kernel.available(torch.randn(2, 8))
     assert not swiglu_kernel.available(torch.randn(2, 7))
     assert not swiglu_kernel.available(torch.ones(2, 8, dtype=torch.long))
+    assert not swiglu_kernel.available(torch.ones(2, 8, dtype=torch.float64))  # the kernels compute in fp32
+    assert not swiglu_kernel.available(torch.tensor(1.0))
