@@ -24,45 +24,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 __all__ = ["CANDIDATES", "compiled_swiglu", "megatron_linear", "varlen_attention"]
 
 
 @contextmanager
-def varlen_attention() -> Iterator[None]:
+def _set(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name = value`` inside the block, the old value restored after it (also on an error)."""
+    default = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, default)
+
+
+def varlen_attention() -> AbstractContextManager[None]:
     """Every packed micro-batch takes the varlen kernel inside the block (no dense, padded batch)."""
     from slime.train.megatron.layers import SDPACoreAttention
 
-    default = SDPACoreAttention.dense_padding_ratio
-    SDPACoreAttention.dense_padding_ratio = 0.0
-    try:
-        yield
-    finally:
-        SDPACoreAttention.dense_padding_ratio = default
+    return _set(SDPACoreAttention, "dense_padding_ratio", 0.0)
 
 
-@contextmanager
-def compiled_swiglu() -> Iterator[None]:
+def compiled_swiglu() -> AbstractContextManager[None]:
     """SwiGLU runs Inductor's compiled kernels inside the block (not the Triton ones)."""
     from slime.train.megatron.layers import SwiGLUMLP
 
-    SwiGLUMLP.use_triton = False
-    try:
-        yield
-    finally:
-        SwiGLUMLP.use_triton = True
+    return _set(SwiGLUMLP, "use_triton", False)
 
 
-@contextmanager
-def megatron_linear() -> Iterator[None]:
+def megatron_linear() -> AbstractContextManager[None]:
     """The transformer layers' linear layers run megatron-core's function inside the block."""
     from slime.train.megatron import linear
 
-    linear.enabled = False
-    try:
-        yield
-    finally:
-        linear.enabled = True
+    return _set(linear, "enabled", False)
 
 
 CANDIDATES: dict[str, Callable[[], AbstractContextManager[None]]] = {

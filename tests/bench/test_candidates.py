@@ -28,3 +28,9 @@ def test_each_candidate_swaps_in_only_inside_its_block():
     with pytest.raises(RuntimeError), candidates.compiled_swiglu():
         raise RuntimeError("a failing benchmark")
     assert SwiGLUMLP.use_triton
+    from slime.train.megatron import linear
+
+    assert linear.enabled
+    with candidates.CANDIDATES["megatron_linear"]():
+        assert not linear.enabled
+    assert linear.enabled
