@@ -83,7 +83,6 @@ def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[
     of the kernels it launched, and a ``record_function`` range on the GPU timeline ("CompiledFunction",
     "Optimizer.step#...") spans them, so adding those counted kernels twice. On the CPU there are no kernels,
     and ATen ops' own CPU time stands in for them."""
-    from torch.autograd import DeviceType
 
     kernels: dict[str, tuple[float, int]] = {}
     syncs = launches = 0
@@ -93,9 +92,7 @@ def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[
         elif _LAUNCH_CALLS.match(evt.key):
             launches += evt.count
         if cuda:
-            # a record_function range drawn on the GPU timeline spans kernels that have rows of their own
-            on_device = getattr(evt, "device_type", None) == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
-            us = (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0)) if on_device else 0.0
+            us = (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0)) if _on_device(evt) else 0.0
         else:
             us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
         if us > 0:
@@ -110,7 +107,8 @@ def idle_gaps(intervals: Iterable[tuple[float, float, str]], *, min_us: float = 
     ``before`` (the ``top`` kernels whose launch ended the most idle time: name, ms, gaps). A gap before a
     step's first GEMM after a host sync means the host ran ahead of nothing; many small gaps before short
     kernels mean the host launches slower than the GPU runs them."""
-    idle_us, gaps, before, end = 0.0, 0, {}, None  # type: ignore[var-annotated]
+    idle_us, gaps, end = 0.0, 0, None
+    before: dict[str, tuple[float, int]] = {}
     for start, stop, name in sorted(intervals):
         if end is not None and start > end:
             gap = start - end
@@ -127,15 +125,17 @@ def idle_gaps(intervals: Iterable[tuple[float, float, str]], *, min_us: float = 
     }  # fmt: skip
 
 
-def _device_intervals(events: Iterable[Any]) -> list[tuple[float, float, str]]:
-    """(start us, end us, name) of the kernels, copies and sets among ``prof.events()``."""
+def _on_device(evt: Any) -> bool:
+    """A kernel, copy or set on the GPU; not a ``record_function`` range drawn on the GPU timeline (it spans
+    kernels that have rows of their own)."""
     from torch.autograd import DeviceType
 
-    out = []
-    for evt in events:
-        if getattr(evt, "device_type", None) == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False):
-            out.append((float(evt.time_range.start), float(evt.time_range.end), evt.name))
-    return out
+    return getattr(evt, "device_type", None) == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
+
+
+def _device_intervals(events: Iterable[Any]) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of the kernels, copies and sets among ``prof.events()``."""
+    return [(float(e.time_range.start), float(e.time_range.end), e.name) for e in events if _on_device(e)]
 
 
 _SYNC_WARNING = re.compile(r"synchroniz", re.I)

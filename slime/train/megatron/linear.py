@@ -120,26 +120,22 @@ class _LocalImpl:
         return local_linear(input, weight, kwargs.get("bias"))
 
 
-def _classes() -> tuple[type, type]:
-    tp = mcore("megatron.core.tensor_parallel")
-    column = type("LocalColumnParallelLinear", (_LocalImpl, tp.ColumnParallelLinear), {"__module__": __name__})
-    row = type("LocalRowParallelLinear", (_LocalImpl, tp.RowParallelLinear), {"__module__": __name__})
-    return column, row
+_tp: Any = mcore("megatron.core.tensor_parallel")
 
 
-LocalColumnParallelLinear: type | None = None
-LocalRowParallelLinear: type | None = None
+class LocalColumnParallelLinear(_LocalImpl, _tp.ColumnParallelLinear):
+    """megatron's ``ColumnParallelLinear`` taking ``local_linear`` for calls without communication."""
+
+
+class LocalRowParallelLinear(_LocalImpl, _tp.RowParallelLinear):
+    """megatron's ``RowParallelLinear`` taking ``local_linear`` (its communication is outside the linear)."""
 
 
 def use_local_linears(model: Any) -> int:
     """Make the linear layers inside ``model``'s transformer layers (QKV, output projection, FFN) the
     ``Local*`` classes (same state; the embedding and the output layer stay); returns how many."""
-    global LocalColumnParallelLinear, LocalRowParallelLinear
-    if LocalColumnParallelLinear is None:
-        LocalColumnParallelLinear, LocalRowParallelLinear = _classes()
-    tp = mcore("megatron.core.tensor_parallel")
     layer_cls = mcore("megatron.core.transformer.transformer_layer").TransformerLayer
-    swaps = {tp.ColumnParallelLinear: LocalColumnParallelLinear, tp.RowParallelLinear: LocalRowParallelLinear}
+    swaps = {_tp.ColumnParallelLinear: LocalColumnParallelLinear, _tp.RowParallelLinear: LocalRowParallelLinear}
     n = 0
     for layer in model.modules():
         if isinstance(layer, layer_cls):

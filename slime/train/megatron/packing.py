@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -161,22 +160,6 @@ class PackedMicroBatch:
         """[t] per-position values (e.g. logprobs, differentiable) -> [b, L] in ``TrainBatch`` layout, 0 elsewhere."""
         dense = packed.new_zeros((self.num_rows, self.num_cols))
         return dense.index_put((self.rows, self.cols), packed[self.flat])
-
-    def to(self, device: torch.device | str) -> PackedMicroBatch:
-        """This micro-batch on ``device`` (``to_device``: no host sync)."""
-        p = self.params
-
-        def move(x: Tensor | None) -> Tensor | None:
-            return None if x is None else to_device(x, device)
-
-        params = dataclasses.replace(  # type: ignore[call-arg]  # the fields of megatron-core's PackedSeqParams (an Any base here)
-            p, cu_seqlens_q=move(p.cu_seqlens_q), cu_seqlens_kv=move(p.cu_seqlens_kv), rope_cos=move(p.rope_cos),
-            rope_sin=move(p.rope_sin), cp_full_index=move(p.cp_full_index),
-        )  # fmt: skip
-        moved: dict[str, Any] = {
-            f: to_device(getattr(self, f), device) for f in ("input_ids", "position_ids", "labels", "rows", "cols", "flat")
-        }
-        return dataclasses.replace(self, params=params, **moved)
 
 
 def pack_samples(

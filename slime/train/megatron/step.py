@@ -212,17 +212,16 @@ class MegatronTrainStep:
     def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
         """``old_logprobs`` (and ``ref_logprobs``) for every sample, computed on the micro-batches of training."""
         bypass = self.config.use_rollout_logprobs  # the engine's logprobs are the old policy: no forward for them
-        old = batch.rollout_logprobs.to(self.ctx.device) if bypass else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
+        old = to_device(batch.rollout_logprobs, self.ctx.device) if bypass else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
         ref = torch.zeros_like(old) if self.ref_model is not None else None
         # (model, [B, L] output) per forward pass; the rollout's logprobs are already whole on every rank
         passes = ([] if bypass else [(self.model, old)]) + ([] if self.ref_model is None or ref is None else [(self.ref_model, ref)])
         self.model.eval()
-        # Row indices go to the GPU before the first forward: a host-to-device copy from pageable
-        # memory synchronises the stream, and one per micro-batch would stall the GPU until the
-        # next forward's kernels are launched (no other host sync until ``old.cpu()`` below).
+        # Row indices go to the GPU before the first forward, without a host sync (``to_device``): no other
+        # host sync until ``old.cpu()`` below.
         keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
         todo = [
-            (mb, torch.as_tensor(mb.samples, device=self.ctx.device))
+            (mb, to_device(torch.as_tensor(mb.samples, dtype=torch.long), self.ctx.device))
             for _, _, mbs in steps
             for mb in mbs
             if mb.samples or keep_placeholders
@@ -314,7 +313,7 @@ class MegatronTrainStep:
         self.policy_version += 1
         losses_t = torch.stack(losses) if losses else torch.zeros(0, dtype=torch.float64, device=self.ctx.device)
         if self.ctx.dp_size > 1 or self.ctx.pp_size > 1:
-            both = torch.cat([sums.to(self.ctx.device), losses_t])
+            both = torch.cat([to_device(sums, self.ctx.device), losses_t])
             if self.ctx.dp_size > 1:
                 dist.all_reduce(both, group=self.ctx.dp_group)
             if self.ctx.pp_size > 1:  # losses and metrics live on the last stage; rank 0 (stage 0) reports them

@@ -18,6 +18,7 @@ Math (fp32 inside, one rounding to the input dtype at the end, as Inductor's fus
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -39,8 +40,6 @@ def available(x: Tensor) -> bool:
     ``TRITON_INTERPRET=1``, for CPU tests), a floating dtype, an even last dimension."""
     if triton is None or x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.shape[-1] % 2:
         return False  # fp64 too: the kernels compute in fp32
-    import os
-
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
