@@ -44,7 +44,8 @@ async def test_asserts_with_partial_credit_give_the_fraction_passed():
     tests = {"asserts": ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]}
     s = Sample(prompt_ids=[0], metadata={"tests": tests}, response=fenced("def add(a, b):\n    return a + b"))
     assert await CodeVerifier(Sandbox(timeout_s=1.0), partial_credit=True)(s) == 0.5
-    assert s.evidence["verifier"]["verdict"] == "passed 1/2" and "AssertionError" in s.evidence["verifier"]["logs"]
+    assert s.evidence["verifier"]["verdict"] == "passed 1/2"
+    assert "add(2, 2) returned 4): assertion failed" in s.evidence["verifier"]["logs"]
 
 
 @requires_bwrap
