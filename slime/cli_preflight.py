@@ -55,18 +55,35 @@ def _warn_if_resuming_another_setup(config: Config) -> None:
 
 
 def _check_run_dir(config: Config) -> None:
-    """Refuse to overwrite a finished or running run's records unless resuming it with ``--load``."""
+    """Refuse a run folder another live run holds (``slime.loop.run_lock``), and to overwrite a finished
+    run's records unless resuming it with ``--load``.
+
+    Raises:
+        RunFolderInUse: a live run holds ``--save`` / ``--load``; names its pid, host and start.
+        ConfigError: ``--save`` holds a run and there is no ``--load``, or ``--load`` has nothing to resume.
+        CheckpointError: ``--load``'s checkpoints exist but none is complete; names each one's file and step.
+    """
     from slime.errors import ConfigError
 
     if int(os.environ.get("RANK", "0")) != 0:
         return  # torchrun: rank 0 owns the run directory
-    from slime.loop.checkpoint import latest_checkpoint
+    from slime.loop.checkpoint import resume_checkpoint, scan_checkpoints
+    from slime.loop.run import run_folders
+    from slime.loop.run_lock import check_run_folder_free
 
+    for flag, folder in run_folders(config):
+        check_run_folder_free(folder, flag=flag)
     run_dir = Path(config.run_dir)
     used = (run_dir / "metrics.jsonl").exists() or (run_dir / "summary.json").exists()
-    resumable = latest_checkpoint(run_dir / "checkpoints") is not None
+    scan = scan_checkpoints(run_dir / "checkpoints")
     if used and not config.load:
-        hint = f"resume it with --load {config.run_dir}" if resumable else "it has no checkpoint to resume (it ran without --save-interval)"
+        hint = (
+            f"resume it with --load {config.run_dir}"
+            if scan.path is not None
+            else f"none of its checkpoints is complete ({scan.skipped[0]})"
+            if scan.skipped
+            else "it has no checkpoint to resume (it ran without --save-interval)"
+        )
         if config.run_dir == _default_run_dir(config):  # the user most likely never passed --save
             raise ConfigError(
                 f"{config.run_dir!r}, the run directory used when --save is not given, already holds a run (metrics.jsonl / "
@@ -75,7 +92,7 @@ def _check_run_dir(config: Config) -> None:
         raise ConfigError(f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save")
     if config.load:
         _warn_if_resuming_another_setup(config)
-    if config.load and latest_checkpoint(Path(config.load) / "checkpoints") is None:
+    if config.load and resume_checkpoint(config.load, warn=False) is None:  # none at all (damaged ones: CheckpointError)
         loaded = Path(config.load)
         if (loaded / "metrics.jsonl").exists() or (loaded / "summary.json").exists():
             raise ConfigError(

@@ -271,7 +271,11 @@ async def test_a_dynamic_sampling_filter_returning_a_non_bool_names_the_flag_and
     assert str(info.value.exceptions[0]) == "--dynamic-sampling-filter-path returned str 'yes' for group 0, expected bool"
 
 
-def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it(tmp_path):
+def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it(tmp_path, model_dir):
+    import shutil
+
+    import torch
+
     from slime.cli import _check_run_dir
 
     run = tmp_path / "run"
@@ -282,8 +286,10 @@ def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it
         _check_run_dir(parse("--save", str(run)))
     with pytest.raises(ConfigError, match=r"--load=.*that run has no checkpoint .* nothing to resume"):
         _check_run_dir(parse("--save", str(run), "--load", str(run)))
-    (run / "checkpoints" / "step_000001").mkdir(parents=True)
-    (run / "checkpoints" / "step_000001" / "loop.json").write_text("{}")
+    ckpt = run / "checkpoints" / "step_000001"  # a complete checkpoint (slime.loop.resume.checkpoint_problem)
+    shutil.copytree(model_dir, ckpt / "model")
+    (ckpt / "loop.json").write_text('{"step": 1, "policy_version": 1, "source": {}}')
+    torch.save({}, ckpt / "trainer.pt")
     (run / "checkpoints" / "latest").write_text("step_000001")
     with pytest.raises(ConfigError, match=r"resume it with --load"):
         _check_run_dir(parse("--save", str(run)))

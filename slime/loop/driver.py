@@ -48,7 +48,7 @@ from slime.loop.record import NoWeightSync, ReplayScheduler
 from slime.loop.report import check_something_trained
 from slime.loop.rl_mode import RLEval, RLMode, rl_summary
 from slime.loop.rollout_function import RolloutFunctionScheduler
-from slime.loop.run import finish_run, open_run, run_steps
+from slime.loop.run import finish_run, holds_run_folders, open_run, run_steps
 from slime.loop.scheduler import Scheduler
 from slime.loop.version import PolicyVersion
 from slime.obs.observers import Observers
@@ -62,6 +62,7 @@ __all__ = ["run_training"]
 log = logging.getLogger(__name__)
 
 
+@holds_run_folders  # one run per run folder (slime.loop.run_lock)
 async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> dict[str, Any]:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""

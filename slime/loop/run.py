@@ -9,6 +9,10 @@
         ... the mode's final eval ...
     finish_run(files, summary)                              # summary.json, report.txt (and the plots)
 
+One run per run folder: ``run_training`` and ``run_sft`` are wrapped in ``holds_run_folders``, which
+holds the lock of every folder the run writes into or resumes from (``run_folders``) for the whole
+run, so a second run on one of them is refused before it writes anything (``slime.loop.run_lock``).
+
 A mode is a ``RunMode``: what one step does, how it evaluates, what its checkpoint holds. The
 skeleton owns the order: an eval before the first step of a fresh run (unless
 ``--skip-eval-before-train``), every step's record written, then an eval every ``eval_interval``
@@ -20,17 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
 from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
 from slime.loop.report import JsonlLog, MetricsWriter, write_json_atomic
+from slime.loop.run_lock import hold_run_folders
 from slime.loop.step_record import SFTStepRecord, StepRecord
 
-__all__ = ["RunFiles", "RunMode", "open_run", "run_steps", "finish_run"]
+if TYPE_CHECKING:
+    from slime.config import Config
+
+__all__ = ["RunFiles", "RunMode", "open_run", "run_steps", "finish_run", "run_folders", "holds_run_folders"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -74,6 +88,32 @@ class RunMode(Protocol):
 
     def quiesced(self) -> Any:
         """An async context with nothing in flight, for a checkpoint."""
+
+
+def run_folders(config: Config) -> list[tuple[str, str]]:
+    """``(flag, folder)`` of each folder a run writes into or resumes from: ``--save`` (the run directory),
+    ``--load``, and a disk weight sync's ``weights_dir`` (the sync section) outside the run directory."""
+    folders = [("--save", config.run_dir)]
+    if config.load:
+        folders.append(("--load", config.load))
+    weights = config.sync.weights_dir
+    if config.sync.method == "disk" and weights and not Path(os.path.realpath(weights)).is_relative_to(os.path.realpath(config.run_dir)):
+        folders.append(("weights_dir", weights))
+    return folders
+
+
+def holds_run_folders(run: Callable[Concatenate[Config, P], Awaitable[T]]) -> Callable[Concatenate[Config, P], Awaitable[T]]:
+    """Wrap a run (``run_training``, ``run_sft``) so it holds its ``run_folders`` for its whole life.
+
+    The wrapped run raises ``slime.loop.run_lock.RunFolderInUse`` (one line naming the live holder's
+    pid, host and start) before it writes anything when another run holds one of them."""
+
+    @functools.wraps(run)
+    async def locked(config: Config, *args: P.args, **kwargs: P.kwargs) -> T:
+        with hold_run_folders(run_folders(config)):
+            return await run(config, *args, **kwargs)
+
+    return locked
 
 
 def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: Any) -> RunFiles:

@@ -45,7 +45,7 @@ from slime.data.sft import SFTExample, load_sft_file, model_context_len, to_grou
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint
-from slime.loop.run import RunFiles, finish_run, open_run, run_steps
+from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, run_steps
 from slime.loop.step_record import SFTStepRecord
 from slime.obs.observers import Observers
 from slime.train.lr_schedule import resolve_lr_schedule
@@ -97,6 +97,7 @@ def num_sft_steps(loop: LoopConfig, num_rows: int) -> int:
     return max(1, loop.num_epoch * num_rows // loop.rollout_batch_size)
 
 
+@holds_run_folders  # one run per run folder (slime.loop.run_lock)
 async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume, with ``config.load``) an SFT job; returns the summary also written to ``RUN_DIR/summary.json``.
 

@@ -9,7 +9,8 @@ Ordering for one update to version N (a test pins it):
    prefix cache is flushed only then: never while requests are paused in place);
 4. the version held by the engines becomes N, and generation resumes, partial rollouts first.
 
-Only the last ``keep_last`` versions stay on disk.
+Only the last ``keep_last`` versions stay on disk. A full disk is one line naming ``ENOSPC``'s path and
+the disk (``slime.errors.DiskFullError``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slime.config import SyncConfig
+from slime.errors import DiskFullError, disk_full_error
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
     from slime.engines.interface import EnginePool
@@ -48,11 +50,28 @@ class DiskWeightSync:
         self._written: list[Path] = []
 
     async def save(self, version: int) -> Path:
-        """Write the trainer's weights for ``version`` (step 1; generation may go on)."""
+        """Write the trainer's weights for ``version`` (step 1; generation may go on).
+
+        Raises:
+            DiskFullError: the disk of ``weights_dir`` is full (``ENOSPC``): one line naming the path, the
+                disk, its free space and the size of the last version (``save_fn``'s partial folder is its to remove).
+        """
         path = self.dir / f"v{version}"
-        await asyncio.to_thread(self.save_fn, str(path))
+        try:
+            await asyncio.to_thread(self.save_fn, str(path))
+        except Exception as exc:
+            full = disk_full_error(exc, what=f"weight sync (--weight-sync disk) of version {version}", path=path, needed_bytes=self._size())
+            if full is None:
+                raise
+            raise DiskFullError(f"{full}; free space there, or set weights_dir (the sync section) to a larger disk") from exc
         self._written.append(path)
         return path
+
+    def _size(self) -> int | None:
+        """Bytes of the last version written (what the next one needs), or None before the first."""
+        if not self._written or not self._written[-1].is_dir():
+            return None
+        return sum(p.stat().st_size for p in self._written[-1].rglob("*") if p.is_file())
 
     async def load(self, path: Path, version: int, *, abort_all_requests: bool = True) -> None:
         """Make every engine load ``path`` as ``version`` (step 3; call while paused).
