@@ -1,30 +1,35 @@
-"""Run untrusted Python (model-written code) in an OS-level sandbox, with resource limits.
+"""Run untrusted Python (model-written code) in an OS-level sandbox, with limits for the whole sandbox.
 
 What a run does (``Sandbox.run(code, stdin=...)``):
 
-1. The code is written to ``main.py`` in a fresh host temporary directory (deleted afterwards).
+1. The code is written to ``main.py`` in a fresh host temporary directory (deleted afterwards), and a
+   fresh cgroup is made for the run (``cgroup.py``): ``pids.max`` (``max_processes`` tasks, threads
+   included, for all its processes together) and a memory limit (``memory_bytes`` for all of them).
 2. bubblewrap (``bwrap.py``) starts ``python -I -S`` (isolated mode, no ``site``: the standard library
-   only) in its own user, PID, mount, network, IPC and UTS namespaces, with no capabilities, a
-   cleared environment, a read-only view of only what the interpreter needs, a fresh ``/proc``
-   (no host process is visible) and a size-bounded tmpfs ``/sandbox`` as its working directory and
-   only writable place. ``main.py`` is bound read-only into it.
-3. A bootstrap (``_LIMITS``) sets ``resource`` limits (soft = hard): CPU seconds, address space,
-   file size, open files, core size 0 and processes (``RLIMIT_NPROC``, per sandbox: each has its
-   own user namespace), then runs the code as ``__main__``.
+   only) inside that cgroup, as an unprivileged host user (``nobody`` when we are root, else ourselves;
+   never the host's root), in its own PID, mount, network, IPC, UTS and cgroup namespaces, with no
+   capabilities, under a seccomp filter (``seccomp.py``: no ``ptrace``, keyrings, mounts, namespaces,
+   modules, clock setting, ...), a cleared environment, a read-only view of only what the interpreter
+   needs, a fresh ``/proc`` (no host process visible; ``/proc/sys`` read-only) and a size-bounded tmpfs
+   ``/sandbox`` as its working directory and only writable place. ``main.py`` is bound read-only into it.
+3. A bootstrap (``_LIMITS``) sets ``resource`` limits per process (soft = hard): CPU seconds, address
+   space (so one hog gets ``MemoryError`` before the cgroup's OOM killer acts), file size, open files,
+   core size 0, then runs the code as ``__main__``.
 4. The parent keeps at most ``max_output_bytes`` of stdout and of stderr (the rest is drained and
-   counted) and, at the wall-clock limit, kills bwrap, whose death ends every process of the
-   sandbox's PID namespace. Processes the code leaves behind die when it exits, the same way.
+   counted). When bwrap exits, or at the wall-clock limit (bwrap killed), every process left in the
+   run's cgroup is killed and the cgroup removed before ``run`` returns: nothing outlives a run, and
+   concurrent runs share no limit.
 
-Where bwrap is missing or cannot create namespaces (``bwrap.probe()``, cached), constructing a
-``Sandbox`` raises ``SandboxUnavailable`` unless ``allow_unsafe=True``
-(``--allow-unsafe-code-execution``); the code then runs in a plain child process guarded only by
-an in-process audit hook (``_HOOK``), which model-written code can get past: PEP 578 hooks are not
-a security boundary (``_posixsubprocess.fork_exec`` is not audited, for one).
+``isolation.probe()`` (cached parts) says what this machine gives; where any part is missing
+(``sandbox_unavailable_reason()``, one line naming it and the fix), constructing a ``Sandbox`` raises
+``SandboxUnavailable`` unless ``allow_unsafe=True`` (``--allow-unsafe-code-execution``). Then it uses
+what there is: bwrap without the missing part (``RLIMIT_NPROC`` bounds processes when there is no cgroup,
+per host user, so concurrent runs share it), or with no bwrap a plain child process guarded only by an
+in-process audit hook (``audit_hook.py``), which model-written code can get past.
 
-What the OS sandbox does not do: no seccomp filter (the kernel's whole syscall surface is reachable
-from inside the namespaces), no cgroup (``RLIMIT_AS`` bounds each process, not the sandbox; CPU
-seconds likewise), and, when the sandbox has to run as the host's root, no process-count limit
-(``bwrap.py``). Only the standard library is importable (``-S``).
+What the sandbox does not do: CPU time is bounded per process (``RLIMIT_CPU``) and by the wall clock, not
+per sandbox; the kernel's whole remaining syscall surface is reachable. Only the standard library is
+importable (``-S``).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ import tempfile
 import time
 
 from slime.errors import ConfigError
-from slime.rollout.tools import bwrap
+from slime.rollout.tools import isolation, seccomp
+from slime.rollout.tools.audit_hook import HOOK, NETWORK_MARK
+from slime.rollout.tools.cgroup import RunCgroup
 from slime.rollout.tools.registry import Tool
 
 __all__ = [
@@ -56,21 +63,27 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+BWRAP_TASKS = 2
+"""Tasks of bwrap's own in a run's cgroup (bwrap and the sandbox's init), on top of ``max_processes``."""
+
 
 class SandboxUnavailable(ConfigError):
-    """No OS-level sandbox here and unsafe execution was not allowed; the message names the fix."""
+    """No complete OS-level sandbox here and unsafe execution was not allowed; the message names the fix."""
 
 
 def sandbox_unavailable_reason() -> str | None:
-    """Why bwrap cannot sandbox code on this machine (one line), or None when it can."""
-    found = bwrap.probe()
-    return found if isinstance(found, str) else None
+    """What the OS sandbox lacks on this machine (one line: the first missing part and its fix), or None."""
+    missing = isolation.probe().missing
+    return missing[0] if missing else None
 
 
 def process_limit_enforced() -> bool:
-    """Whether the sandbox's ``RLIMIT_NPROC`` binds here (not when it runs as the host's root)."""
-    found = bwrap.probe()
-    return not isinstance(found, str) and found.process_limit_enforced
+    """Whether a process limit binds for a sandbox here: its cgroup's ``pids.max``, or else
+    ``RLIMIT_NPROC`` (not for the host's root, which the kernel exempts)."""
+    found = isolation.probe()
+    if found.launcher is None:
+        return False
+    return found.cgroups is not None or found.launcher.host_uid != 0
 
 
 _LIMITS = r"""
@@ -81,66 +94,15 @@ for lim, val in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, as_bytes), (
                  (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(lim, (val, val))
 """
-# Unsafe mode only (no bwrap): a network namespace if the kernel gives one, then an audit hook.
-_HOOK = r"""
-network = "audit-hook"
-try:
-    if not netns:
-        raise OSError("network namespace not requested")
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x40000000) == 0 or libc.unshare(0x10000000 | 0x40000000) == 0:
-        network = "netns"
-    del libc, ctypes
-    sys.modules.pop("ctypes", None)
-except Exception:
-    pass
-sys.stderr.write("\x00sandbox-network=" + network + "\n")
-_DENY = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.kill", "os.killpg",
-         "subprocess.Popen", "pty.spawn", "signal.pthread_kill", "ctypes.", "socket.", "sys.addaudithook",
-         "os.add_dll_directory", "_posixsubprocess", "webbrowser.open", "os.startfile")
-_PATH_EVENTS = {"os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                "os.link", "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.lchmod", "os.lchown",
-                "shutil.rmtree", "shutil.move", "shutil.copyfile", "shutil.copytree", "os.mkfifo", "os.mknod"}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_realpath, _fspath, _sep = os.path.realpath, os.fspath, os.sep
-
-def _inside(p):
-    if isinstance(p, int):
-        return True
-    try:
-        p = _realpath(_fspath(p))
-    except Exception:
-        return False
-    if isinstance(p, bytes):
-        p = p.decode("utf-8", "replace")
-    return p == work or p.startswith(work + _sep)
-
-def _hook(event, args):
-    for d in _DENY:
-        if event == d or (d.endswith(".") and event.startswith(d)) or event.startswith(d + "."):
-            raise PermissionError("sandbox: " + event + " is not allowed")
-    if event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
-        if writing and not _inside(path):
-            raise PermissionError("sandbox: writing outside the working directory is not allowed: " + repr(path))
-    elif event in _PATH_EVENTS:
-        for a in args:
-            if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
-                raise PermissionError("sandbox: " + event + " outside the working directory is not allowed: " + repr(a))
-
-sys.addaudithook(_hook)
-del _hook
-"""
+# nproc 0: the run's cgroup bounds processes (RLIMIT_NPROC would count every sandbox of the host user).
 _RUN = r"""
-resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+if nproc:
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 with open("main.py", "rb") as f:
     _src = f.read()
 _g = {"__name__": "__main__", "__file__": os.path.join(work, "main.py"), "__builtins__": __builtins__}
 exec(compile(_src, "main.py", "exec"), _g)
 """
-_NETWORK_MARK = b"\x00sandbox-network="
 _REAP_TIMEOUT_S = 2.0
 """After a kill, how long to wait for the pipes to close (something outside the group may hold them)."""
 
@@ -156,6 +118,7 @@ class SandboxResult:
         elapsed_s: wall seconds from spawn to exit.
         truncated: some output was dropped past ``max_output_bytes``.
         network: ``"netns"`` (own network namespace: always with bwrap) or ``"audit-hook"`` (unsafe mode, hook only).
+        oom_killed: the memory limit of the whole sandbox was reached and the kernel killed processes of it.
     """
 
     stdout: str
@@ -165,14 +128,17 @@ class SandboxResult:
     elapsed_s: float
     truncated: bool = False
     network: str = "unknown"
+    oom_killed: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        """Exit status 0, within the time limit, nothing killed for memory."""
+        return self.returncode == 0 and not self.timed_out and not self.oom_killed
 
     @property
     def memory_exceeded(self) -> bool:
-        return "MemoryError" in self.stderr
+        """A process hit its address-space limit (``MemoryError``) or the sandbox its memory limit."""
+        return self.oom_killed or "MemoryError" in self.stderr
 
 
 class Sandbox:
@@ -180,24 +146,26 @@ class Sandbox:
 
     Args:
         timeout_s: wall-clock seconds per run; the whole sandbox is killed past it.
-        cpu_time_s: ``RLIMIT_CPU`` seconds (default: ``ceil(timeout_s)``).
-        memory_bytes: ``RLIMIT_AS`` (virtual memory, per process), default 1 GiB.
+        cpu_time_s: ``RLIMIT_CPU`` seconds per process (default: ``ceil(timeout_s)``).
+        memory_bytes: memory of the whole sandbox (its cgroup: resident memory, tmpfs files included)
+            and ``RLIMIT_AS`` of each process (virtual memory), default 1 GiB.
         max_file_bytes: ``RLIMIT_FSIZE``, default 16 MiB.
         max_disk_bytes: size of the writable tmpfs ``/sandbox`` (all files together), default 64 MiB.
         max_open_files: ``RLIMIT_NOFILE``.
-        max_processes: processes and threads the code may have at once, itself included.
+        max_processes: processes and threads the code may have at once, all together, itself included.
         max_output_bytes: kept per stream.
         max_concurrency: sandboxes at once (default: the CPU count).
         network_namespace: unsafe mode only: try ``unshare(CLONE_NEWNET)``; False leaves network
             denial to the audit hook.
-        allow_unsafe: where bwrap cannot sandbox (``sandbox_unavailable_reason()``), run the code in
-            a plain child process with an audit hook instead of refusing (``--allow-unsafe-code-execution``).
+        allow_unsafe: where the OS sandbox is incomplete (``sandbox_unavailable_reason()``), run the
+            code with what there is (module docstring) instead of refusing (``--allow-unsafe-code-execution``).
 
     Attributes:
         isolation: ``"bwrap"`` (OS sandbox) or ``"unsafe"`` (audit hook only).
+        missing: what this sandbox lacks (one line each; empty for a complete sandbox).
 
     Raises:
-        SandboxUnavailable: no working bwrap and ``allow_unsafe`` is False.
+        SandboxUnavailable: the OS sandbox is incomplete here and ``allow_unsafe`` is False.
         ValueError: a non-positive limit.
     """
 
@@ -227,20 +195,25 @@ class Sandbox:
         self.max_open_files, self.max_processes = max_open_files, max_processes
         self.max_output_bytes = max_output_bytes
         self.network_namespace = network_namespace
-        found = bwrap.probe()
-        self._launcher = None if isinstance(found, str) else found
-        if self._launcher is None and not allow_unsafe:
+        self._iso = isolation.probe()
+        self.missing = self._iso.missing
+        if self.missing and not allow_unsafe:
             raise SandboxUnavailable(
-                f"code execution refused: model-written code runs only in an OS sandbox and {found}; install bubblewrap "
-                "(as root: apt-get install bubblewrap) or pass --allow-unsafe-code-execution to run it unsandboxed"
+                f"code execution refused: model-written code runs only in a complete OS sandbox and {self.missing[0]}; "
+                "or pass --allow-unsafe-code-execution to run it with less isolation"
             )
-        if self._launcher is None:
-            logger.warning("running model-written code WITHOUT an OS sandbox (--allow-unsafe-code-execution): %s", found)
+        for what in self.missing:
+            logger.warning("running model-written code with less isolation (--allow-unsafe-code-execution): %s", what)
+        self._launcher = self._iso.launcher
         self.isolation = "bwrap" if self._launcher is not None else "unsafe"
         self._slots = asyncio.Semaphore(max_concurrency or os.cpu_count() or 1)
 
     async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
-        """Run ``code`` (Python source) with ``stdin``; never raises for what the code does."""
+        """Run ``code`` (Python source) with ``stdin``; never raises for what the code does.
+
+        Raises:
+            OSError: the run's cgroup or temporary directory could not be made (the host, not the code).
+        """
         limit_s = timeout_s if timeout_s is not None else self.timeout_s
         async with self._slots:
             workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
@@ -248,45 +221,63 @@ class Sandbox:
                 main_py = os.path.join(workdir, "main.py")
                 with open(main_py, "w", encoding="utf-8") as f:
                     f.write(code)
-                os.chmod(workdir, 0o755)  # bwrap may run as nobody; the code never writes here
+                os.chmod(workdir, 0o755)  # the sandbox runs as nobody; the code never writes here
                 os.chmod(main_py, 0o644)
-                return await self._spawn(workdir, stdin.encode("utf-8"), limit_s)
+                return await self._contained(workdir, stdin.encode("utf-8"), limit_s)
             finally:
                 await asyncio.to_thread(shutil.rmtree, workdir, True)
 
-    def _command(self, workdir: str) -> tuple[list[str], dict]:
+    async def _contained(self, workdir: str, stdin: bytes, limit_s: float) -> SandboxResult:
+        """One run inside its own cgroup (where there are cgroups), which is emptied and removed after it."""
+        cgroups = self._iso.cgroups if self._launcher is not None else None
+        if cgroups is None:
+            return await self._spawn(workdir, stdin, limit_s, None)
+        run_cgroup = cgroups.create(max_tasks=self.max_processes + BWRAP_TASKS, memory_bytes=self.memory_bytes)
+        try:
+            result = await self._spawn(workdir, stdin, limit_s, run_cgroup)
+            return dataclasses.replace(result, oom_killed=run_cgroup.oom_kills() > 0)
+        finally:
+            run_cgroup.kill()
+            run_cgroup.remove()
+
+    def _command(self, workdir: str, run_cgroup: RunCgroup | None, seccomp_fd: int | None) -> tuple[list[str], dict]:
         """argv and extra spawn arguments of one run."""
         limits = [str(self.cpu_time_s), str(self.memory_bytes), str(self.max_file_bytes), str(self.max_open_files)]
         if self._launcher is not None:
-            # bwrap's init (PID 1 of the sandbox) counts against RLIMIT_NPROC too.
-            args = ["-I", "-S", "-c", _LIMITS + _RUN, *limits, str(self.max_processes + 1), "0"]
-            argv = self._launcher.argv(os.path.join(workdir, "main.py"), args, tmpfs_bytes=self.max_disk_bytes)
-            return argv, {"cwd": "/", **self._launcher.spawn_kwargs()}
-        argv = [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            _LIMITS + _HOOK + _RUN,
-            *limits,
-            str(self.max_processes),
-            str(int(self.network_namespace)),
-        ]
+            # Without a cgroup, RLIMIT_NPROC (bwrap's init counts against it too) is the only process bound.
+            nproc = 0 if run_cgroup is not None else self.max_processes + 1
+            args = ["-I", "-S", "-c", _LIMITS + _RUN, *limits, str(nproc), "0"]
+            argv = self._launcher.argv(
+                os.path.join(workdir, "main.py"),
+                args,
+                tmpfs_bytes=self.max_disk_bytes,
+                seccomp_fd=seccomp_fd,
+                cgroup_procs=run_cgroup.procs_files if run_cgroup is not None else (),
+            )
+            return argv, {"cwd": "/", "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
+        netns = str(int(self.network_namespace))
+        argv = [sys.executable, "-I", "-S", "-c", _LIMITS + HOOK + _RUN, *limits, str(self.max_processes), netns]
         return argv, {"cwd": workdir}
 
-    async def _spawn(self, workdir: str, stdin: bytes, limit_s: float) -> SandboxResult:
-        argv, kwargs = self._command(workdir)
+    async def _spawn(self, workdir: str, stdin: bytes, limit_s: float, run_cgroup: RunCgroup | None) -> SandboxResult:
+        bpf = self._iso.seccomp_bpf if self._launcher is not None else None
+        seccomp_fd = seccomp.program_fd(bpf) if bpf is not None else None
+        argv, kwargs = self._command(workdir, run_cgroup, seccomp_fd)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t0 = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            env=env,
-            start_new_session=True,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            **kwargs,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                start_new_session=True,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                **kwargs,
+            )
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)  # bwrap has its own copy
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPE
         out, err = _Capped(self.max_output_bytes), _Capped(self.max_output_bytes)
         timed_out = False
@@ -296,6 +287,8 @@ class Sandbox:
         except BaseException as exc:  # timeout, or our caller cancelled: never leave the sandbox running
             timed_out = isinstance(exc, TimeoutError)
             _kill_group(proc.pid)
+            if run_cgroup is not None:
+                run_cgroup.kill()
             # On 3.11 ``wait()`` also waits for the pipes to reach EOF, so drain them (discarding) first.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_REAP_TIMEOUT_S):
@@ -347,12 +340,12 @@ def _kill_group(pid: int) -> None:
 
 
 def _split_network_mark(stderr: bytes) -> tuple[bytes, str]:
-    start = stderr.find(_NETWORK_MARK)
+    start = stderr.find(NETWORK_MARK)
     if start < 0:
         return stderr, "unknown"
     end = stderr.find(b"\n", start)
     end = len(stderr) if end < 0 else end
-    network = stderr[start + len(_NETWORK_MARK) : end].decode("ascii", "replace")
+    network = stderr[start + len(NETWORK_MARK) : end].decode("ascii", "replace")
     return stderr[:start] + stderr[end + 1 :], network
 
 
@@ -383,6 +376,8 @@ def format_result(result: SandboxResult) -> str:
     parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
     if result.timed_out:
         parts.append(f"[killed: wall-clock limit of {result.elapsed_s:.1f}s reached]")
+    elif result.oom_killed:
+        parts.append(f"[killed: the sandbox's memory limit was reached (exit status {result.returncode})]")
     elif result.returncode != 0:
         tail = "\n".join(result.stderr.rstrip().splitlines()[-8:])
         parts.append(f"[exit status {result.returncode}]" + (f"\n{tail}" if tail else ""))
