@@ -215,24 +215,46 @@ def _dir(mount_root: str, point: str, path: str) -> str | None:
     return None if rel.startswith("..") else os.path.normpath(os.path.join(point, rel))
 
 
+class _CannotDelegate(Exception):
+    """cgroup v2 offers the controllers to this process's cgroup, which cannot hand them to children."""
+
+
 def _find_root(own: dict[str, str], mounts: list[tuple[str, str, str, set[str]]]) -> CgroupRoot | str:
     """v2 if it offers both controllers to our cgroup, else v1's hierarchies, else why neither."""
-    v2_note = "no cgroup v2 mount"
-    for fstype, root, point, _ in mounts:
-        if fstype == "cgroup2" and "" in own and (d := _dir(root, point, own[""])) is not None:
-            with open(os.path.join(d, "cgroup.controllers")) as f:
-                offered = f.read().split()
-            if all(c in offered for c in CONTROLLERS):
-                problem = _delegate_v2(d)
-                return CgroupRoot(2, (d,)) if problem is None else problem
-            v2_note = f"cgroup v2 {d} offers {offered or 'no controllers'}"
+    try:
+        v2 = _find_v2(own, mounts)
+    except _CannotDelegate as exc:  # v2 has the controllers: v1 has none of them
+        return str(exc)
+    if isinstance(v2, CgroupRoot):
+        return v2
     v1 = []
     for c in CONTROLLERS:
         dirs = [_dir(r, p, own[c]) for t, r, p, opts in mounts if t == "cgroup" and c in opts and c in own]
         if not any(dirs):
-            return f"{v2_note} and no cgroup v1 {c} hierarchy (needs {' and '.join(CONTROLLERS)})"
+            return f"{v2} and no cgroup v1 {c} hierarchy (needs {' and '.join(CONTROLLERS)})"
         v1.append(next(d for d in dirs if d))
     return CgroupRoot(1, tuple(v1))
+
+
+def _find_v2(own: dict[str, str], mounts: list[tuple[str, str, str, set[str]]]) -> CgroupRoot | str:
+    """The v2 root, or why v2 has none. Raises _CannotDelegate: it has both controllers but cannot give them to children."""
+    note = "no cgroup v2 mount"
+    for fstype, root, point, _ in mounts:
+        if fstype != "cgroup2" or "" not in own:
+            continue
+        d = _dir(root, point, own[""])
+        if d is None:
+            note = f"the cgroup v2 mount {point} does not show this process's cgroup {own['']}"
+            continue
+        with open(os.path.join(d, "cgroup.controllers")) as f:
+            offered = f.read().split()
+        if all(c in offered for c in CONTROLLERS):
+            problem = _delegate_v2(d)
+            if problem is not None:
+                raise _CannotDelegate(problem)
+            return CgroupRoot(2, (d,))
+        note = f"cgroup v2 {d} offers {' '.join(offered) or 'no controllers'}"
+    return note
 
 
 def _delegate_v2(d: str) -> str | None:
