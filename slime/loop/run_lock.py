@@ -1,8 +1,8 @@
 """One run per run folder: an OS lock on ``FOLDER/run.lock``, held for the run's whole life.
 
 A run takes the lock of every folder it writes into or resumes from (``--save``, ``--load`` when it
-differs, ``--weights-dir`` of a disk weight sync outside ``--save``) before it touches a file there,
-and holds it to the end. A second run on a held folder, fresh or ``--load``, is refused with one
+differs, ``weights_dir`` of a disk weight sync outside ``--save``) before it touches a file there,
+and holds it to the end; a ``--load`` folder it cannot write (read-only) is only checked. A second run on a held folder, fresh or ``--load``, is refused with one
 line naming the holder (pid, host, when it started), read from ``run.lock`` itself::
 
     FOLDER/run.lock     {"pid": 4242, "host": "node1", "started": "2025-06-01T12:00:00+00:00"}
@@ -40,9 +40,11 @@ from typing import Any
 
 from slime.errors import ConfigError
 
-__all__ = ["LOCK_NAME", "RunFolderInUse", "RunLock", "acquire_run_lock", "check_run_folder_free", "hold_run_folders"]
+__all__ = ["LOCK_NAME", "READ_ONLY_FLAGS", "RunFolderInUse", "RunLock", "acquire_run_lock", "check_run_folder_free", "hold_run_folders"]
 
 LOCK_NAME = "run.lock"
+READ_ONLY_FLAGS = frozenset({"--load"})
+"""Flags of folders a run reads but does not need to write (``hold_run_folders``)."""
 
 _log = logging.getLogger(__name__)
 _HELD: dict[str, RunLock] = {}
@@ -106,7 +108,9 @@ def acquire_run_lock(folder: str | Path, *, flag: str = "--save") -> RunLock:
 
 
 def check_run_folder_free(folder: str | Path, *, flag: str = "--save") -> None:
-    """Refuse early (``slime train``'s start-of-run checks) when a live run holds ``folder``; takes nothing.
+    """Refuse when a live run holds ``folder``; takes nothing (a shared lock for a moment: read-only folders too).
+
+    For ``slime train``'s start-of-run checks, and for a folder a run only reads and cannot write (``--load``).
 
     Raises:
         RunFolderInUse: as ``acquire_run_lock``.
@@ -117,9 +121,9 @@ def check_run_folder_free(folder: str | Path, *, flag: str = "--save") -> None:
     with _GUARD:
         if (mine := _HELD.get(_key(folder))) is not None:
             raise RunFolderInUse(_in_use(folder, flag, mine.holder))
-        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _lock_or_refuse(fd, folder, flag)
+            _lock_or_refuse(fd, folder, flag, mode=fcntl.LOCK_SH)
         finally:
             os.close(fd)  # drops the probe's lock, if it took one
 
@@ -128,7 +132,9 @@ def check_run_folder_free(folder: str | Path, *, flag: str = "--save") -> None:
 def hold_run_folders(folders: Sequence[tuple[str, str | Path]]) -> Iterator[list[RunLock]]:
     """Hold the lock of every ``(flag, folder)`` for the ``with`` block (each real folder once).
 
-    A rank of a ``torchrun`` job other than 0 (``RANK``) takes none.
+    A folder the run only reads (flag ``--load``) is held when it exists and is writable; one that does
+    not exist is skipped (the run starts fresh), and a read-only one is only checked
+    (``check_run_folder_free``). A rank of a ``torchrun`` job other than 0 (``RANK``) takes none.
 
     Raises:
         RunFolderInUse: one of them is held; the ones taken before it are released.
@@ -143,19 +149,22 @@ def hold_run_folders(folders: Sequence[tuple[str, str | Path]]) -> Iterator[list
             if _key(Path(folder)) in seen:
                 continue
             seen.add(_key(Path(folder)))
+            if flag in READ_ONLY_FLAGS and not os.access(folder, os.W_OK):  # missing, or read-only: nothing to hold
+                check_run_folder_free(folder, flag=flag)
+                continue
             locks.append(lock := acquire_run_lock(folder, flag=flag))
             stack.callback(lock.release)
         yield locks
 
 
-def _lock_or_refuse(fd: int, folder: Path, flag: str) -> dict[str, Any] | None:
-    """Lock ``fd`` (without waiting); return the holder ``run.lock`` still names (a dead one), or None.
+def _lock_or_refuse(fd: int, folder: Path, flag: str, *, mode: int = fcntl.LOCK_EX) -> dict[str, Any] | None:
+    """Lock ``fd`` (``mode``, without waiting); return the holder ``run.lock`` still names (a dead one), or None.
 
     Raises:
         RunFolderInUse: the lock is held by a live process.
     """
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, mode | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EAGAIN):
             raise RunFolderInUse(_in_use(folder, flag, _read_holder(fd))) from None

@@ -105,6 +105,7 @@ def test_one_process_cannot_take_a_folder_twice_and_a_clean_release_leaves_nothi
 
 def test_hold_run_folders_holds_each_folder_once_releases_on_error_and_skips_other_torchrun_ranks(tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
+    b.mkdir()  # a run to resume from
     with pytest.raises(RuntimeError, match="the run failed"):
         with hold_run_folders([("--save", a), ("--load", a), ("--load", b)]) as locks:
             assert [lock.folder for lock in locks] == [a, b]
@@ -116,6 +117,33 @@ def test_hold_run_folders_holds_each_folder_once_releases_on_error_and_skips_oth
     monkeypatch.setenv("RANK", "1")
     with hold_run_folders([("--save", tmp_path / "c")]) as locks:
         assert locks == [] and not (tmp_path / "c").exists()
+
+
+def test_a_load_folder_is_never_created_and_a_read_only_one_is_checked_not_held(tmp_path):
+    with hold_run_folders([("--save", tmp_path / "run"), ("--load", tmp_path / "missing")]) as locks:
+        assert [lock.folder for lock in locks] == [tmp_path / "run"] and not (tmp_path / "missing").exists()
+    if os.geteuid() != 0:
+        pytest.skip("a read-only view of a folder is a read-only bind mount, which needs root")
+    source, view = tmp_path / "source", tmp_path / "view"
+    view.mkdir()
+    holder = _holder(source)
+    try:
+        mounted = subprocess.run(["mount", "--bind", str(source), str(view)], capture_output=True, text=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        assert not os.access(view, os.W_OK)
+        with pytest.raises(RunFolderInUse, match=rf"--load='{view}' is in use by another live run \(pid {holder.pid} "):
+            with hold_run_folders([("--load", view)]):
+                pass
+        holder.kill()
+        holder.wait()
+        with hold_run_folders([("--load", view)]) as locks:
+            assert locks == []
+    finally:
+        holder.kill()
+        holder.wait()
+        subprocess.run(["umount", "-l", str(view)], check=False)
 
 
 def test_without_os_locks_the_holder_file_decides(tmp_path, monkeypatch, caplog):
