@@ -188,3 +188,19 @@ def test_a_holder_just_starting_is_named_as_such(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_run_holds_its_save_load_and_an_outside_disk_weights_dir(tmp_path):
+    from slime.config import Config, SyncConfig
+    from slime.loop.run import run_folders
+
+    run, other, weights = str(tmp_path / "run"), str(tmp_path / "old"), str(tmp_path / "w")
+    assert run_folders(Config(run_dir=run)) == [("--save", run)]
+    assert run_folders(Config(run_dir=run, load=other, sync=SyncConfig(weights_dir=weights))) == [
+        ("--save", run),
+        ("--load", other),
+        ("weights_dir", weights),
+    ]
+    inside = SyncConfig(weights_dir=str(tmp_path / "run" / "weights"))
+    assert run_folders(Config(run_dir=run, sync=inside)) == [("--save", run)]  # the run folder's lock covers it
+    assert run_folders(Config(run_dir=run, sync=SyncConfig(method="distributed", weights_dir=weights))) == [("--save", run)]
