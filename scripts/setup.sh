@@ -3,13 +3,19 @@
 # torch is pinned to the CPU build first, so pip never pulls a multi-GB CUDA build on a CPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# bubblewrap sandboxes model-written code (slime/rollout/tools/bwrap.py); without it, code execution
-# refuses to run and its tests are skipped. Installed only as root with apt; skipped quietly otherwise.
-if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# The code sandbox (slime/rollout/tools/isolation.py) needs bubblewrap, libseccomp (its seccomp filter) and
+# util-linux's setpriv (as root: the code runs as nobody); without them, code execution refuses to run and
+# its tests are skipped. Installed only as root with apt; skipped quietly otherwise.
+sandbox_pkgs=""
+command -v bwrap >/dev/null || sandbox_pkgs=" bubblewrap"
+ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || sandbox_pkgs="$sandbox_pkgs libseccomp2"
+command -v setpriv >/dev/null || sandbox_pkgs="$sandbox_pkgs util-linux"
+if [ -n "$sandbox_pkgs" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; } \
-    || echo "setup.sh: could not install bubblewrap; the code sandbox's tests will be skipped" >&2
+  # shellcheck disable=SC2086  # a list of package names
+  apt-get install -y -qq $sandbox_pkgs >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $sandbox_pkgs >/dev/null 2>&1; } \
+    || echo "setup.sh: could not install$sandbox_pkgs; the code sandbox's tests will be skipped" >&2
 fi
 PY=${PYTHON:-python3}
 TORCH_SPEC=${SLIME_TORCH_SPEC:-torch==2.13.0}

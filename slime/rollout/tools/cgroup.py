@@ -274,7 +274,7 @@ def _delegate_v2(d: str) -> str | None:
         inside = {int(line) for line in f if line.strip()}
     strangers = inside - _own_tree()
     if strangers:
-        return f"{d} also holds processes that are not this one's ({len(strangers)}), so it cannot have per-run children"
+        return f"{d} also holds {len(strangers)} processes that are not this one's, so it cannot have per-run children"
     leaf = os.path.join(d, _LEAF)
     with contextlib.suppress(FileExistsError):
         os.mkdir(leaf)

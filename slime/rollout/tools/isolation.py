@@ -25,6 +25,7 @@ from slime.rollout.tools.cgroup import CgroupRoot
 __all__ = ["Isolation", "probe"]
 
 _NO_BWRAP_FIX = "install bubblewrap (as root: apt-get install bubblewrap)"
+_CGROUP_FIX = "start slime as the only process of a cgroup of its own: systemd-run --scope -p Delegate=yes slime ..."
 _NON_ROOT_CGROUP_FIX = "start slime inside a cgroup delegated to you: systemd-run --user --scope -p Delegate=yes slime ..."
 
 
@@ -47,25 +48,20 @@ class Isolation:
 
 def probe() -> Isolation:
     """What the sandbox can have here; never raises. Each part is probed once per process (bwrap per path)."""
-    missing = []
-    bpf = seccomp.filter_bpf()
-    if isinstance(bpf, str):
-        missing.append(bpf)
-    found = bwrap.probe(bpf if isinstance(bpf, bytes) else None)
+    missing: list[str] = []
+    found_bpf = seccomp.filter_bpf()
+    bpf = found_bpf if isinstance(found_bpf, bytes) else None
+    found = bwrap.probe(bpf)
     if isinstance(found, str):
-        missing.insert(0, f"{found}; {_NO_BWRAP_FIX}")
-        return Isolation(None, None, None, tuple(missing))
+        return Isolation(None, None, None, (f"{found}; {_NO_BWRAP_FIX}",))
     if found.problem:
-        missing.insert(0, f"the sandbox would run as the host's root: bwrap cannot start it as nobody ({found.problem})")
-    if isinstance(bpf, bytes) and "--seccomp" not in found.known_flags:
+        missing.append(f"the sandbox would run as the host's root: bwrap cannot start it as nobody ({found.problem})")
+    if isinstance(found_bpf, str):
+        missing.append(found_bpf)
+    elif "--seccomp" not in found.known_flags:
         missing.append(f"{found.bwrap} has no --seccomp option (bubblewrap 0.1.5 or later is needed)")
-        bpf = "no --seccomp"
+        bpf = None
     roots = cgroup.probe()
     if isinstance(roots, str):
-        missing.append(f"{roots}; {_NON_ROOT_CGROUP_FIX}" if os.geteuid() != 0 else roots)
-    return Isolation(
-        launcher=found,
-        seccomp_bpf=bpf if isinstance(bpf, bytes) else None,
-        cgroups=roots if isinstance(roots, CgroupRoot) else None,
-        missing=tuple(missing),
-    )
+        missing.append(f"{roots}; {_NON_ROOT_CGROUP_FIX if os.geteuid() != 0 else _CGROUP_FIX}")
+    return Isolation(found, bpf, roots if isinstance(roots, CgroupRoot) else None, tuple(missing))

@@ -248,19 +248,9 @@ async def test_concurrent_sandboxes_do_not_share_limits():
 
 
 async def test_the_sandbox_is_never_the_host_root(box):
+    # Seen from the host (/proc/<pid>/status): a uid map read inside shows only the namespace one level up.
     name = f"slimeuid{os.getpid() % 10000}"
-    code = (
-        LIBC
-        + f"""
-libc.prctl(15, {name.encode()!r})  # PR_SET_NAME, so the host can find this process
-inside = os.getuid()
-for line in open("/proc/self/uid_map"):
-    first, outside, count = (int(x) for x in line.split())
-    if first <= inside < first + count:
-        print("host uid", outside + inside - first, flush=True)
-import time; time.sleep(1)
-"""
-    )
+    code = LIBC + f"libc.prctl(15, {name.encode()!r})  # PR_SET_NAME, so the host can find this process\nimport time; time.sleep(1)\n"
     task = asyncio.ensure_future(box.run(code))
     seen: list[str] = []
     deadline = time.monotonic() + 1.5
@@ -275,7 +265,6 @@ import time; time.sleep(1)
             except OSError:
                 pass
     result = await task
-    assert seen, "the sandboxed process was not found from the host"
+    assert seen, f"the sandboxed process was not found from the host: {result}"
     ids = [int(x) for line in seen for x in line.split()[1:]]
     assert 0 not in ids, f"host ids of the sandboxed process: {seen}"
-    assert result.stdout.startswith("host uid ") and result.stdout.split()[2] != "0", result.stdout
