@@ -141,7 +141,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),
     "--allow-unsafe-code-execution": (
         "rollout.allow_unsafe_code_execution",
-        dict(action="store_true", help="run model-written code without an OS sandbox where bubblewrap cannot run (--rm-type code)"),
+        dict(action="store_true", help="run model-written code with less isolation where the OS sandbox is incomplete (--rm-type code)"),
     ),
     "--global-batch-size": ("train.global_batch_size", dict(type=int)),
     "--micro-batch-size": ("train.micro_batch_size", dict(type=int)),
