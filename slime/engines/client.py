@@ -282,13 +282,26 @@ class EngineClient(WeightSyncCalls):
         Raises:
             EngineRequestError: a 4xx (wrong key, not an SGLang server): waiting will not fix it.
         """
+        return await self.health_problem(timeout_s=timeout_s) is None
+
+    async def health_problem(self, *, timeout_s: float | None = None) -> str | None:
+        """``GET /health_generate``: None on 200, else what went wrong, one line without the url:
+        ``no answer to /health_generate within 30s``, ``/health_generate unreachable: <why>`` or
+        ``/health_generate answered HTTP 503``.
+
+        Raises:
+            EngineRequestError: a 4xx, as ``health_generate``.
+        """
+        timeout_s = timeout_s or self.config.control_timeout_s
         try:
-            reply = await self._send("GET", "/health_generate", timeout_s=timeout_s or self.config.control_timeout_s)
-        except (EngineUnavailable, EngineTimeout):
-            return False
+            reply = await self._send("GET", "/health_generate", timeout_s=timeout_s)
+        except EngineTimeout:
+            return f"no answer to /health_generate within {timeout_s:g}s"
+        except EngineUnavailable as exc:
+            return f"/health_generate unreachable: {' '.join((exc.engine_message or str(exc)).split())}"
         if 400 <= reply.status < 500:
             self._raise_for_status(reply, "/health_generate")
-        return reply.status == 200
+        return None if reply.status == 200 else f"/health_generate answered HTTP {reply.status}"
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Poll ``GET /health_generate`` until 200 (docs/sglang.md#health; ``/model_info`` answers before the engine is ready).

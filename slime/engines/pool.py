@@ -9,30 +9,39 @@ rotation with a closed breaker; otherwise the engine with the fewest in-flight g
 the wheel, tests/e2e/test_real_router.py; later ones also ``consistent_hashing``); others ignore it.
 
 Engine failures: each worker has a ``CircuitBreaker`` (``breaker.py``); ``EngineUnavailable`` and
-``EngineTimeout`` count against it. ``take_out`` removes a worker from rotation (being restarted, or
-it missed a weight update); ``rejoin`` (``pool_control.py``) re-syncs it and puts it back.
-``on_engine_down(url, reason)`` (set by ``EngineSupervisor``) hears of every breaker that opens.
+``EngineTimeout`` count against it, and the supervisor's health checks do. ``take_out`` removes a
+worker from rotation (being restarted, it missed a weight update, its breaker opened); ``rejoin``
+(``pool_control.py``) re-syncs it and puts it back. ``on_engine_down(url, reason)`` (set by
+``EngineSupervisor``) hears of every breaker that opens. When a worker's breaker opens or it leaves
+rotation, the generate attempts still on it end at once and are retried elsewhere (``pool_health.py``).
 
-Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``): only ``EngineUnavailable`` is retried,
-on a worker not yet tried in this call when there is one, after ``retry_backoff_s * 2**attempt``
-seconds. Example, ``max_retries=2, retry_backoff_s=0.5``: try A, fail, sleep 0.5, try B, fail,
-sleep 1.0, try A, fail -> ``EngineUnavailable("... 3 attempts ... [A, B, A]")``. A resent request
-keeps its ``rid`` and its ``input_ids`` (prompt + partial response: the caller's sample only changes
-on success). With no worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart),
-using no attempt. ``abort_all`` ends calls that are between attempts or waiting: they return a
-queued-abort result (no tokens, ``finish_reason`` abort, docs/sglang.md#abort, case B), so the scheduler's drain never
-waits on a retry.
+Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``): an attempt that got no answer is
+retried: a connection error or 5xx (``EngineUnavailable``), an engine that answered nothing within
+``control_timeout_s`` of the abort at ``request_timeout_s``, or answered it with no token, or left
+rotation meanwhile. The retry goes to a worker not yet tried in this call when there is one, after
+``retry_backoff_s * 2**attempt`` seconds. Example, ``max_retries=2, retry_backoff_s=0.5``: try A,
+fail, sleep 0.5, try B, fail, sleep 1.0, try A, fail -> ``EngineUnavailable("no answer after 3
+attempts ... [A, B, A]")`` (``slime.rollout.generate`` marks the sample FAILED: it is not resumed for
+ever). A resent request keeps its ``input_ids`` (prompt + partial response: the caller's sample only
+changes on success) and its ``rid``, except after an attempt that may still be held by its engine (a
+timeout): then ``<rid>t<n>-`` (SGLang refuses a duplicate rid; an abort of the rid still covers it).
+With no worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart), using no
+attempt, then raises ``EnginesGone`` (one line naming each worker and why; at once when every worker
+was given up on, ``retire``). ``abort_all`` ends calls that are between attempts or waiting: they
+return a queued-abort result (no tokens, ``finish_reason`` abort, docs/sglang.md#abort, case B), so
+the scheduler's drain never waits on a retry. An abort is never a failed attempt: a weight update's
+abort resumes the sample token-exactly and costs it nothing.
 
-Timeouts: a generate never raises ``EngineTimeout``. At ``request_timeout_s`` the pool aborts the
-request by its ``rid`` (every worker, behind a router) and SGLang answers it with its tokens so far
-(``finish_reason`` abort): the sample is PARTIAL and resumes, nothing lost, the engine counted
-healthy. An engine that does not answer within ``control_timeout_s`` more is hung: the call ends
-with a queued-abort result and a failure on the engine's breaker, which opens after
+Timeouts: at ``request_timeout_s`` the pool aborts the request by its ``rid`` (every worker, behind a
+router) and SGLang answers it with its tokens so far (``finish_reason`` abort): the sample is PARTIAL
+and resumes, nothing lost, the engine counted healthy. With no token in that answer it is a failed
+attempt (nothing to resume from), not counted on the breaker. An engine that does not answer within
+``control_timeout_s`` more is hung: a failed attempt, and a failure on its breaker, which opens after
 ``failure_threshold`` of them (``on_engine_down``: the supervisor restarts it). Example, defaults
-(300 s, 60 s, K=3): a 400 s generation comes back PARTIAL at 300 s and resumes; a wedged engine
-ends each of its requests at 360 s and is out after three. ``give_up_inflight`` (the scheduler's
-drain, when ``abort_all`` went unheard) ends every call still on an engine the same way at once and
-takes that engine out of rotation.
+(300 s, 60 s, K=3): a 400 s generation comes back PARTIAL at 300 s and resumes; a request on a wedged
+engine is retried elsewhere at 360 s, and the engine is out after three (sooner by its health checks).
+``give_up_inflight`` (the scheduler's drain, when ``abort_all`` went unheard) ends every call still on
+an engine at once as an abort (the sample resumes) and takes that engine out of rotation.
 Control calls: ``pool_control.py``. Not covered: the router's own retries (docs/sglang.md#router) add to ours;
 health of the router itself (a dead router fails each call after its retries).
 """
@@ -41,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
@@ -52,9 +60,10 @@ from slime.config import RolloutConfig
 from slime.engines.breaker import BreakerState, CircuitBreaker
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.engines.pool_control import PoolControl
-from slime.engines.pool_timeouts import PoolTimeouts, aborted_result
+from slime.engines.pool_health import PoolEngine, PoolHealth, failure_text
+from slime.engines.pool_timeouts import PoolTimeouts, aborted_result, counts_against_engine, may_still_run
 from slime.engines.protocol import GenerateResult
-from slime.errors import EngineTimeout, EngineUnavailable
+from slime.errors import EngineError, EngineTimeout, EngineUnavailable
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
 
@@ -67,16 +76,7 @@ KEEPALIVE_S = 4.0
 _MAX_STICKY_KEYS = 65536  # least recently used keys are forgotten past this
 
 
-@dataclasses.dataclass(eq=False)
-class _Engine:
-    client: EngineClient
-    breaker: CircuitBreaker
-    in_rotation: bool = True
-    out_reason: str = ""
-    num_picks: int = 0
-
-
-class HttpEnginePool(PoolTimeouts, PoolControl):
+class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
     """Workers at ``urls`` (and optionally the router at ``router_url``); an async context manager.
 
     Construct inside a running event loop (aiohttp's rule). A ``session`` passed in is used and left
@@ -134,12 +134,13 @@ class HttpEnginePool(PoolTimeouts, PoolControl):
             connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
         )
-        self._engines: dict[str, _Engine] = {}
+        self._engines: dict[str, PoolEngine] = {}
         self._router = EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
         self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._abort_epoch = 0
         self._abort_event = asyncio.Event()
         self._rotation_event = asyncio.Event()
+        self._outage_logged = False
         self._attempts: dict[asyncio.Future[str], tuple[str, float]] = {}
         """Each generate attempt in flight: its give-up future (``give_up_inflight`` resolves it with the
         reason) -> (client url, loop time it started)."""
@@ -186,7 +187,7 @@ class HttpEnginePool(PoolTimeouts, PoolControl):
         if client.url in self._engines:
             raise ValueError(f"engine {client.url} is already in the pool")
         breaker = CircuitBreaker(failure_threshold=self.failure_threshold, cooldown_s=self.breaker_cooldown_s)
-        self._engines[client.url] = _Engine(client, breaker)
+        self._engines[client.url] = PoolEngine(client, breaker)
         return client
 
     def remove_engine(self, url: str) -> EngineClient:
@@ -196,50 +197,15 @@ class HttpEnginePool(PoolTimeouts, PoolControl):
     def client(self, url: str) -> EngineClient:
         return self._engine(url).client
 
-    def engine_states(self) -> list[dict[str, Any]]:
-        """One row per worker: url, in_rotation, out_reason, breaker state, consecutive failures, in flight, picks."""
-        return [
-            {
-                "url": u,
-                "in_rotation": e.in_rotation,
-                "out_reason": e.out_reason,
-                "breaker": e.breaker.state.value,
-                "consecutive_failures": e.breaker.num_consecutive_failures,
-                "num_inflight": e.client.num_inflight,
-                "num_picks": e.num_picks,
-            }
-            for u, e in self._engines.items()
-        ]
-
-    def _engine(self, url: str, *, pop: bool = False) -> _Engine:
+    def _engine(self, url: str, *, pop: bool = False) -> PoolEngine:
         key = url.rstrip("/")
         if key not in self._engines:
             raise KeyError(f"engine {key} is not in the pool (have {self.urls})")
         return self._engines.pop(key) if pop else self._engines[key]
 
-    # -- health bookkeeping ----------------------------------------------------------------------
-
-    def record_success(self, url: str) -> None:
-        self._engine(url).breaker.record_success()
-
-    def record_failure(self, url: str, reason: str) -> None:
-        """Count a failure of ``url``; if its breaker opens, tell ``on_engine_down``."""
-        if url.rstrip("/") in self._engines and self._engine(url).breaker.record_failure():
-            log.warning("engine %s: circuit breaker open after %s", url, reason)
-            self._notify_down(url, reason)
-
-    def trip(self, url: str, reason: str) -> None:
-        """Open ``url``'s breaker now (its process exited)."""
-        if self._engine(url).breaker.trip():
-            self._notify_down(url, reason)
-
-    def _notify_down(self, url: str, reason: str) -> None:
-        if self.on_engine_down is not None:
-            self.on_engine_down(url.rstrip("/"), reason)
-
     # -- generate --------------------------------------------------------------------------------
 
-    def _pick(self, sticky_key: str | None, tried: set[str]) -> _Engine | None:
+    def _pick(self, sticky_key: str | None, tried: set[str]) -> PoolEngine | None:
         rotation = [e for e in self._engines.values() if e.in_rotation]
         if not rotation:
             return None
@@ -259,19 +225,28 @@ class HttpEnginePool(PoolTimeouts, PoolControl):
             for w in waits:
                 w.cancel()
 
-    async def _pick_or_wait(self, sticky_key: str | None, tried: set[str], epoch: int, abort_event: asyncio.Event) -> _Engine | None:
-        """A worker to try; None if ``abort_all`` came while waiting for one to rejoin."""
-        deadline = asyncio.get_running_loop().time() + self.rejoin_timeout_s
+    async def _pick_or_wait(self, sticky_key: str | None, tried: set[str], epoch: int, abort_event: asyncio.Event) -> PoolEngine | None:
+        """A worker to try; None if ``abort_all`` came while waiting for one to rejoin.
+
+        Raises:
+            EnginesGone: no worker came back within ``rejoin_timeout_s``, or every one was given up on.
+        """
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         while (engine := self._pick(sticky_key, tried)) is None:
-            left = deadline - asyncio.get_running_loop().time()
-            if not self._engines or left <= 0:
-                raise EngineUnavailable(
-                    f"no engine in rotation (waited {self.rejoin_timeout_s}s): {self.engine_states()}", endpoint="/generate"
-                )
+            left = start + self.rejoin_timeout_s - loop.time()
+            if not self._engines or left <= 0 or self.all_retired():
+                raise await self.engines_gone(self.rejoin_timeout_s)
+            if not self._outage_logged:  # once per outage: a wait is never silent, nor one line per request
+                self._outage_logged = True
+                log.warning("no engine in rotation: waiting up to %.0fs for one to come back (%s)", left, self._out_summary())
             await self._wait(self._rotation_event, left, abort_event)
             if self._abort_epoch != epoch:
                 return None
         return engine
+
+    def _out_summary(self) -> str:
+        return "; ".join(f"{e.client.url}: {e.out_reason or e.last_failure or 'breaker open'}" for e in self._engines.values())
 
     async def generate(
         self,
@@ -283,20 +258,22 @@ class HttpEnginePool(PoolTimeouts, PoolControl):
         sticky_key: str | None = None,
         logprob_start_len: int | None = None,
     ) -> GenerateResult:
-        """``EngineClient.generate`` on a chosen worker (or the router), retrying ``EngineUnavailable``.
+        """``EngineClient.generate`` on a chosen worker (or the router), retrying attempts that got no answer.
 
         Returns the engine's result; an abort result (``finish_reason`` abort, maybe no tokens) when
-        the request was aborted, ran past ``request_timeout_s`` or was given up on (module docstring).
+        the request was aborted (``abort_all``, a weight update: not counted, the sample resumes), or ran
+        past ``request_timeout_s`` and the engine answered the abort with tokens (module docstring).
 
         Raises:
-            EngineUnavailable: all ``max_retries + 1`` attempts failed (the message lists the urls tried),
-                or no worker came back into rotation within ``rejoin_timeout_s``.
+            EngineUnavailable: all ``max_retries + 1`` attempts got no answer (the message lists the urls tried).
+            EnginesGone: no worker came back into rotation within ``rejoin_timeout_s`` (one line naming each).
             EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
         """
         self._check_open()
         epoch, abort_event = self._abort_epoch, self._abort_event
         attempts: list[str] = []
-        last: EngineUnavailable | None = None
+        last: EngineError | None = None
+        resend_as = rid  # a retry after an attempt that may still run on its engine gets a new rid (SGLang refuses a duplicate)
         for attempt in range(self.config.max_retries + 1):
             if attempt:
                 await self._wait(asyncio.Event(), self.config.retry_backoff_s * 2 ** (attempt - 1), abort_event)
@@ -321,29 +298,29 @@ class HttpEnginePool(PoolTimeouts, PoolControl):
                     client,
                     input_ids,
                     sampling_params,
-                    rid=rid,
+                    rid=resend_as,
                     return_logprob=return_logprob,
                     headers=headers,
                     logprob_start_len=logprob_start_len,
                 )
-            except (EngineUnavailable, EngineTimeout) as exc:
-                if engine is not None:
-                    self.record_failure(client.url, f"/generate: {exc}")
-                if isinstance(exc, EngineTimeout):  # the request may still run there: not resent, the sample resumes later
-                    return aborted_result(rid, str(exc))
+            except (EngineUnavailable, EngineTimeout) as exc:  # no answer: counts against --max-retries
+                if engine is not None and counts_against_engine(exc):
+                    self.record_failure(client.url, f"/generate: {failure_text(exc)}")
                 last = exc
                 self.num_failovers += 1
+                if rid and may_still_run(exc):
+                    resend_as = f"{rid}t{attempt + 1}-"
                 if self._abort_epoch != epoch:
                     return aborted_result(rid, f"aborted after: {exc}")
                 continue
             if engine is not None:
-                engine.breaker.record_success()
+                self.record_success(client.url)
             if result.cached_tokens:
                 self.num_prefix_cache_hits += 1
             return result
         assert last is not None
         raise EngineUnavailable(
-            f"gave up after {len(attempts)} attempts against {attempts}; last error: {last}",
+            f"no answer after {len(attempts)} attempts (--max-retries {self.config.max_retries}) against {attempts}; last error: {last}",
             url=last.url,
             endpoint="/generate",
             status=last.status,

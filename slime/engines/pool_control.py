@@ -129,6 +129,10 @@ class PoolControl:
 
         def _notify_down(self, url: str, reason: str) -> None: ...
 
+        def end_attempts(self, url: str, reason: str) -> None: ...
+
+        def _wake_waiters(self) -> None: ...
+
     paused_mode: str | None
     memory_released: bool = False
     """Between ``release_memory_occupation`` and ``resume_memory_occupation`` (no health probes then)."""
@@ -281,12 +285,14 @@ class PoolControl:
             return out
 
     def take_out(self, url: str, reason: str) -> bool:
-        """Stop routing to and controlling ``url`` until ``rejoin``. Returns False if it was already out."""
+        """Stop routing to and controlling ``url`` until ``rejoin``; its generate attempts end now and are
+        retried elsewhere (``end_attempts``). Returns False if it was already out."""
         engine = self._engine(url)
         if not engine.in_rotation:
             return False
         engine.in_rotation, engine.out_reason = False, reason
         log.warning("engine %s taken out of rotation: %s", engine.client.url, reason)
+        self.end_attempts(engine.client.url, f"taken out of rotation: {reason}")  # not waited for until their timeout
         self._notify_down(engine.client.url, reason)
         return True
 
@@ -322,11 +328,10 @@ class PoolControl:
                     await engine.client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
             if self.paused_mode is not None:
                 await engine.client.pause_generation(self.paused_mode)
-            engine.breaker.record_success()
-            engine.in_rotation, engine.out_reason = True, ""
+            self.record_success(engine.client.url)
+            engine.in_rotation, engine.out_reason, engine.retired, engine.cause = True, "", False, ""
         log.info("engine %s back in rotation at weight_version %s", engine.client.url, self.latest_version)
-        event, self._rotation_event = self._rotation_event, asyncio.Event()
-        event.set()  # wakes generate calls waiting for a worker
+        self._wake_waiters()
 
     async def wait_ready(self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = "") -> None:
         """Wait until every worker answers ``/health_generate`` 200 and close their breakers.

@@ -11,7 +11,9 @@ version and 12 with the new one.
 
 Statuses: ``finish_reason`` stop -> COMPLETED, length -> TRUNCATED, abort -> PARTIAL (resumable).
 An engine that refuses the request (HTTP 4xx) marks the sample FAILED with the engine's message as
-evidence; an unreachable engine (after the pool's bounded retries) propagates.
+evidence, and so does a request that got no answer in ``--max-retries`` + 1 attempts (``transport``:
+true in the evidence; an abort from a weight update is not such a failure: the sample is PARTIAL and
+resumes). ``EnginesGone`` (no engine left at all) propagates: the run cannot go on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from slime.engines.interface import GeneratePool
 from slime.engines.protocol import GenerateResult
-from slime.errors import EngineRequestError
+from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
 from slime.types import Sample, Status
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "request_stem",
     "kv_cache_version_of",
     "token_versions",
+    "fail_unanswered",
 ]
 
 
@@ -97,6 +100,13 @@ def request_id(sample: Sample) -> str:
     return f"{request_stem(sample)}-a{sample.num_aborts}-r{sample.num_resumes}-"
 
 
+def fail_unanswered(sample: Sample, exc: EngineUnavailable | EngineTimeout, **where: Any) -> None:
+    """Mark ``sample`` FAILED: its request got no answer in every attempt the pool made (a transport
+    failure, not a wrong answer: it is never scored). ``where`` is added to the evidence (e.g. ``turn``)."""
+    sample.status = Status.FAILED
+    sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc), "transport": True, **where}
+
+
 async def generate(
     sample: Sample,
     sampling_params: dict[str, Any],
@@ -138,6 +148,11 @@ async def generate(
     except EngineRequestError as exc:
         sample.status = Status.FAILED
         sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc)}
+        return sample
+    except EnginesGone:
+        raise
+    except (EngineUnavailable, EngineTimeout) as exc:
+        fail_unanswered(sample, exc)
         return sample
     sample.append(result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True)
     sample.status = status_from_finish_reason(result.finish_reason.type)

@@ -56,8 +56,8 @@ from collections.abc import Callable
 from typing import Any
 
 from slime.engines.interface import GeneratePool
-from slime.errors import EngineRequestError
-from slime.rollout.generate import kv_cache_version_of, status_from_finish_reason, token_versions
+from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
+from slime.rollout.generate import fail_unanswered, kv_cache_version_of, status_from_finish_reason, token_versions
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
 from slime.rollout.tools.registry import ToolRegistry, ToolResult
@@ -242,6 +242,11 @@ async def _model_step(
     except EngineRequestError as exc:
         sample.status = Status.FAILED
         sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc), "turn": state["turn"]}
+        return False
+    except EnginesGone:
+        raise
+    except (EngineUnavailable, EngineTimeout) as exc:  # no answer in any attempt: a transport failure, never scored
+        fail_unanswered(sample, exc, turn=state["turn"])
         return False
     sample.append(result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True)
     sample.status = status_from_finish_reason(result.finish_reason.type)

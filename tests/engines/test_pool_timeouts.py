@@ -1,16 +1,18 @@
-"""A /generate past ``request_timeout_s`` never ends the run: the pool aborts it by rid (tokens kept,
-the sample resumes) or, on an engine that answers nothing, ends it as an abort and counts a failure
-on the engine's breaker; ``give_up_inflight`` ends the calls of hung engines and takes them out."""
+"""A /generate past ``request_timeout_s``: the pool aborts it by rid (tokens kept, the sample resumes)
+or, on an engine that answers nothing, it is a failed attempt (``--max-retries``) and a failure on the
+engine's breaker; ``give_up_inflight`` ends the calls of hung engines as aborts and takes them out."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
 from aiohttp import web
 
 from slime.config import RolloutConfig
 from slime.engines.pool import HttpEnginePool
+from slime.errors import EngineUnavailable
 from slime.rollout.generate import generate
 from slime.types import Sample, Status
 from tests.engines.test_client import generate_body
@@ -72,7 +74,7 @@ async def test_the_sample_of_a_timed_out_request_stays_resumable(start_engines) 
         assert sample.status is Status.COMPLETED and sample.response_ids == [7, 8, 9, 4, 2]
 
 
-async def test_a_hung_engine_ends_the_request_as_an_abort_and_its_breaker_opens(start_engines) -> None:
+async def test_a_hung_engine_fails_the_request_as_unanswered_and_its_breaker_opens(start_engines) -> None:
     (engine,) = await start_engines()
     _hung(engine)
     downs = []
@@ -80,8 +82,9 @@ async def test_a_hung_engine_ends_the_request_as_an_abort_and_its_breaker_opens(
         pool.on_engine_down = lambda url, reason: downs.append((url, reason))
         for attempt in range(2):
             t0 = time.monotonic()
-            result = await pool.generate([1], {}, rid=f"r{attempt}-")
-            assert result.aborted and result.output_ids == [] and "request_timeout_s=0.2" in result.finish_reason.message
+            with pytest.raises(EngineUnavailable, match=r"no answer after 1 attempts \(--max-retries 0\)") as info:
+                await pool.generate([1], {}, rid=f"r{attempt}-")
+            assert "request_timeout_s=0.2" in str(info.value)
             assert time.monotonic() - t0 < 0.2 + 0.3 + 0.3
         assert pool.engine_states()[0]["breaker"] == "open"
         assert downs and downs[0][0] == engine.url and "/generate" in downs[0][1]

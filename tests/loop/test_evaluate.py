@@ -92,5 +92,12 @@ async def test_named_eval_datasets_are_reported_per_name_beside_the_pooled_accur
     assert out["eval/easy/pass@2"] == 1.0 and out["eval/hard/failed"] == 0.0
     assert out["accuracy"] == 6 / 8 and out["failed"] == 0.0  # over every sample of both
     unnamed = await evaluate_datasets({None: hard}, **kw)
-    assert set(unnamed) == {"accuracy", "pass@1", "pass@2", "mean_response_len", "failed"}  # the keys of one unnamed path, as before
+    assert set(unnamed) == {
+        "accuracy",
+        "pass@1",
+        "pass@2",
+        "mean_response_len",
+        "failed",
+        "engine_failures",
+    }  # the keys of one unnamed path
     assert math.isnan((await evaluate_datasets({}, **kw))["accuracy"])

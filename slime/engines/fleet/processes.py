@@ -15,8 +15,10 @@ minus the torchrun variables of the trainer's process group (``TORCHRUN_VARS``: 
 ``MASTER_PORT``, ...; the megatron trainer sets them even without torchrun), which are not the
 server's: SGLang sets up its own TP group.
 
-Not covered: a tree whose members left the process group, or that outlives a SIGKILL of *this*
-process (SGLang's children watch their parent on Linux; our group kill covers normal exits).
+Every process (``CommandProcess`` and ``EmbeddedEngineProcess``) is started through
+``slime.engines.fleet.lifeline``: the kernel kills it when this process dies, ``kill -9`` included
+(a parent-death signal; SGLang's own children watch their parent the same way); our group kill covers
+normal exits. Not covered: a tree whose members left the process group and do not watch their parent.
 
 ``EmbeddedEngineProcess``: ``python -m slime.servers.embedded.server --model DIR --port 0 ...``; it
 prints ``SLIME_ENGINE_READY url=http://127.0.0.1:PORT`` once it serves. We read that line (bounded by
@@ -34,6 +36,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+from slime.engines.fleet.lifeline import with_lifeline
 from slime.errors import EngineUnavailable
 
 __all__ = ["CommandProcess", "EmbeddedEngineProcess", "TORCHRUN_VARS", "child_env", "launch_embedded_engines"]
@@ -108,7 +111,11 @@ class CommandProcess:
             out = self.log_path.open("ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, env=child_env(self.env), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None, start_new_session=True
+                *with_lifeline(self.argv),
+                env=child_env(self.env),
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT if out else None,
+                start_new_session=True,
             )
         finally:
             if out is not None:
@@ -205,7 +212,7 @@ class EmbeddedEngineProcess:
     async def start(self, startup_timeout_s: float) -> str:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = proc = await asyncio.create_subprocess_exec(
-            *self.args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
+            *with_lifeline(self.args), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )
         assert proc.stdout is not None  # stdout=PIPE
         tail: list[str] = []

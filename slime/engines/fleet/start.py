@@ -14,7 +14,8 @@ If any server or router fails to start, everything started so far is stopped and
 driver then gives them the run's initial weights (``load_initial_weights``). An external address
 (engines, a running router) that refuses every connection for ``EXTERNAL_REFUSED_GRACE_S`` fails the
 start then, not at ``--engine-startup-timeout-s``: nothing listens there (a launched server still
-loading is waited for the whole timeout).
+loading is waited for the whole timeout). With no engine of a pool left in rotation the run ends
+after ``rejoin_bound`` (``EnginesGone``, one line naming each engine and why).
 Logs of launched SGLang processes go to ``log_dir/<name>.log``. Not covered: relaunching a router
 that dies (its pool's calls fail after their retries), servers on other nodes.
 """
@@ -45,9 +46,12 @@ from slime.engines.pool_control import wait_unless_refused
 from slime.engines.router import RouterClient
 from slime.errors import ConfigError
 
-__all__ = ["start_rollout", "load_initial_weights", "PoolRegistry", "RolloutEngines"]
+__all__ = ["start_rollout", "load_initial_weights", "rejoin_bound", "PoolRegistry", "RolloutEngines"]
 
 log = logging.getLogger(__name__)
+EXTERNAL_REJOIN_CHECKS = 3
+"""Health-check intervals a pool of external engines waits, with none in rotation, for one to answer
+again before the run ends (``EnginesGone``): nothing here can restart them."""
 EXTERNAL_REFUSED_GRACE_S = 5.0
 """Seconds an external address (an engine or router nobody here launched) may refuse every connection
 before the start fails, instead of at ``--engine-startup-timeout-s``: nothing listens there."""
@@ -197,9 +201,9 @@ async def start_rollout(
                 log.info("router %s lists workers %s", spec.url, [u for u, m in model_of.items() if m == spec.model])
             if spec.argv is not None or spec.register:
                 router_clients[spec.model] = client  # registration follows our restarts
-        rejoin_timeout_s = timeout_s + rollout.control_timeout_s
         for model in plan.models():
             urls = [u for u, m in model_of.items() if m == model]
+            rejoin_timeout_s = rejoin_bound(engine, rollout, launched=any(u in processes for u in urls))
             router = plan.router_of(model)
             weights = (model_dir or engine.hf_checkpoint, weight_version) if model == ACTOR else None
             pools[model] = HttpEnginePool(
@@ -247,6 +251,17 @@ async def start_rollout(
         for pool in pools.values():
             await pool.close()
         await session.close()
+
+
+def rejoin_bound(engine: EngineConfig, rollout: RolloutConfig, *, launched: bool) -> float:
+    """Seconds a pool's generate waits for a worker to come back when none is in rotation (then
+    ``EnginesGone`` ends the run): a restart's bound (``--engine-startup-timeout-s`` plus
+    ``--control-timeout-s``) when the pool has engines we launched, else ``EXTERNAL_REJOIN_CHECKS``
+    health-check intervals (the breaker cooldown when health checks are off). Example, defaults: 180 s
+    launched, 30 s external."""
+    if launched:
+        return engine.startup_timeout_s + rollout.control_timeout_s
+    return EXTERNAL_REJOIN_CHECKS * (engine.health_check_interval_s or engine.circuit_breaker_cooldown_s)
 
 
 SHAPE_KEYS = (

@@ -148,18 +148,20 @@ class EngineSupervisor:
     async def _probe(self, url: str) -> None:
         self._last_check[url] = self.clock()
         try:
-            ok = await self.pool.client(url).health_generate(timeout_s=self.config.health_check_timeout_s)
+            problem = await self.pool.client(url).health_problem(timeout_s=self.config.health_check_timeout_s)
         except EngineRequestError as exc:  # a 4xx: misconfigured, not going to heal by itself
-            ok = False
+            problem = f"/health_generate refused: {exc}"
             log.warning("health check of %s: %s", url, exc)
         finally:
             self._probing.pop(url, None)
         if url not in self.pool.urls:
             return
-        if ok:
+        if problem is None:
             self.pool.record_success(url)
+        elif url in self._recovering:  # it left rotation while this probe ran: the recovery owns its breaker now
+            self.pool.note_failure(url, problem)
         else:
-            self.pool.record_failure(url, f"/health_generate failed (timeout {self.config.health_check_timeout_s}s)")
+            self.pool.record_failure(url, problem)
 
     async def _recover(self, url: str, how: Callable[[str], Any]) -> None:
         try:
@@ -178,6 +180,10 @@ class EngineSupervisor:
                 self.given_up.add(url)
                 self.events.append(("gave_up", url, f"{self.config.max_engine_restarts} restarts"))
                 log.error("engine %s stays out of rotation: %d restarts did not keep it up", url, self.config.max_engine_restarts)
+                down = next((r["out_reason"] or r["last_failure"] for r in self.pool.engine_states() if r["url"] == url), "")
+                self.pool.retire(
+                    url, f"{down}; not restarted again after {self.config.max_engine_restarts} restarts (--max-engine-restarts)"
+                )
                 return
             while getattr(self.pool, "memory_released", False) and not self._closed:
                 await asyncio.sleep(self.config.circuit_breaker_cooldown_s)  # colocated: the trainer holds the GPUs
@@ -202,13 +208,17 @@ class EngineSupervisor:
         while not self._closed:
             await asyncio.sleep(delay_s)
             try:
-                if await client.health_generate(timeout_s=self.config.health_check_timeout_s):
+                problem = await client.health_problem(timeout_s=self.config.health_check_timeout_s)
+                if problem is None:
                     await self.pool.rejoin(url)
                     self.events.append(("rejoined", url, ""))
                     return
             except EngineError as exc:
+                problem = f"answers but cannot rejoin: {exc}"
                 log.warning("engine %s answers but cannot rejoin yet: %s", url, exc)
+            self.pool.note_failure(url, problem)
             delay_s = min(2 * delay_s, 8 * self.config.circuit_breaker_cooldown_s)
+            log.info("engine %s is still out of rotation (%s); next probe in %.0fs", url, problem, delay_s)
 
     async def _deregister(self, url: str) -> None:
         if self.router is not None and url in self.processes:

@@ -121,6 +121,25 @@ async def test_an_engine_whose_restarts_keep_failing_is_given_up_and_the_rest_ke
     assert in_rotation(pool) == [a.url] and (a.hits("/generate"), b.hits("/generate")) == (3, 0)
 
 
+async def test_when_the_last_engine_is_given_up_a_waiting_generate_ends_at_once_naming_its_exit(start_engines):
+    (engine,) = await start_engines()
+    serving(engine, "0")
+    async with HttpEnginePool([engine.url], config=FAST, weights=("/ckpt/v0", "0"), rejoin_timeout_s=60) as pool:
+        proc = FakeProcess("embedded-seed0", failing_restarts=99)
+        supervisor = EngineSupervisor(pool, config=SUPERVISE, processes={engine.url: proc})
+        proc.returncode = -9
+        async with asyncio.TaskGroup() as tg:
+            await supervisor.check_once(tg)
+            call = asyncio.create_task(pool.generate([1], {}))
+            with pytest.raises(EngineUnavailable) as info:  # before: waited rejoin_timeout_s (60 s) after the last restart
+                await asyncio.wait_for(call, 5)
+            await supervisor.wait_idle()
+    message = str(info.value)
+    assert type(info.value).__name__ == "EnginesGone" and proc.num_restarts == 2 and "\n" not in message
+    assert f"engine {engine.url}: process embedded-seed0 (pid 100) exited with code -9" in message
+    assert "not restarted again after 2 restarts (--max-engine-restarts)" in message
+
+
 async def test_a_retry_resends_prompt_and_partial_tokens_and_the_sample_only_changes_on_success(start_engines):
     bad, good = await start_engines(2)
     bad.on("/generate", status=503, body={"object": "error", "message": "engine died", "code": 503})
