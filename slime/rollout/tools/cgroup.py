@@ -63,12 +63,12 @@ class CgroupRoot:
         """A fresh cgroup for one run, its limits set. Raises OSError where the cgroup file system refuses."""
         name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         run = RunCgroup(self.version, tuple(os.path.join(p, name) for p in self.parents))
-        for d in run.dirs:
-            os.mkdir(d)
         try:
+            for d in run.dirs:
+                os.mkdir(d)
             run.set_limits(max_tasks, memory_bytes)
         except OSError:
-            run.remove(timeout_s=0.5)
+            run.remove(timeout_s=0.5)  # the directories made so far
             raise
         return run
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from slime.rollout.tools.sandbox import Sandbox, sandbox_unavailable_reason
+from slime.rollout.tools.sandbox import Sandbox, format_result, sandbox_unavailable_reason
 
 requires_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
 pytestmark = requires_sandbox
@@ -219,6 +219,7 @@ print("children held", held)
     result = await Sandbox(timeout_s=5.0, memory_bytes=160 << 20).run(code)
     assert "children held 4" not in result.stdout, "4 x 60 MiB held at once against a limit of 160 MiB"
     assert not result.ok and result.memory_exceeded, result
+    assert "memory limit" in format_result(result)  # what the model is told
 
 
 FORK_TO_THE_LIMIT = """
