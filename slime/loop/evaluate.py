@@ -106,8 +106,11 @@ async def evaluate(
             await score_sample(sample, reward_fn, timeout_s=reward_timeout_s, reward_key=reward_key)
         return sample
 
-    async with asyncio.TaskGroup() as tg:  # the first EnginesGone cancels the rest (gather would leave them running)
-        tasks = [tg.create_task(one(i, r, j)) for i, r in enumerate(rows) for j in range(k)]
+    try:
+        async with asyncio.TaskGroup() as tg:  # the first error (EnginesGone) cancels the rest; gather would leave them running
+            tasks = [tg.create_task(one(i, r, j)) for i, r in enumerate(rows) for j in range(k)]
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None  # the first error as is, as gather raised it
     samples = [t.result() for t in tasks]
     per_prompt = [[s for s in samples[i * k : (i + 1) * k] if s.is_valid] for i in range(len(rows))]  # the samples that count
     counted = [s for p in per_prompt for s in p]
