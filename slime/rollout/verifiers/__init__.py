@@ -48,7 +48,8 @@ def reward_fn_from_config(rollout: RolloutConfig) -> RewardFn | None:
         from slime.rollout.tools.sandbox import Sandbox
         from slime.rollout.verifiers.code import CodeVerifier
 
-        return CodeVerifier(Sandbox(allow_unsafe=rollout.allow_unsafe_code_execution))
+        # 1 MiB of output: long expected outputs and the harness's channel of large returned values fit
+        return CodeVerifier(Sandbox(allow_unsafe=rollout.allow_unsafe_code_execution, max_output_bytes=1 << 20))
     if kind in ("arith", "calc", "chain"):
         import importlib
 

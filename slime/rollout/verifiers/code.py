@@ -4,18 +4,21 @@ Code: the last fenced block of ``sample.response`` (```` ```python ```` preferre
 Test cases, from ``sample.metadata["tests"]`` or else ``sample.label`` (a JSON string), in one of:
 
 * ``{"inputs": [stdin, ...], "outputs": [stdout, ...]}`` (APPS / CodeContests): the program reads
-  stdin; its stdout must equal the expected text up to trailing whitespace on each line and
-  blank lines at the end;
-* ``{"asserts": ["assert f(2) == 4", ...]}`` (MBPP-style; ``test_list`` is read too; optional ``"setup"``
-  or ``test_imports``: import lines the asserts need): judged outside the program (below);
+  stdin; its stdout must hold the expected whitespace-separated tokens in order, numbers within
+  ``FLOAT_TOLERANCE`` (``outputs_match``: as contest checkers compare);
+* ``{"asserts": ["assert f(2) == 4", ...]}`` (MBPP-style; ``test_list`` is read too; optional ``setup`` /
+  ``test_imports`` lists and ``test_setup_code``: import lines the asserts need, nothing else);
 * a list of ``{"input": ..., "output": ...}`` objects.
+Call-based specs (``fn_name``) are refused with a ``PluginError``.
 
 Each stdin case is one sandbox run (``slime/rollout/tools/sandbox.py``: bubblewrap namespaces and limits;
 it states what it does not protect against); its stdout is compared here, so an exit status alone never
 passes. The asserts of a sample run in one sandbox run under the harness of ``code_harness.py``: the
-program sees only the calls of each assert (``add(1, 2)``), never the expected values nor the assert
-text; it sends back what they returned as plain built-in values, and ``code_asserts.judge`` compares them
-here, by type and value (no ``__eq__`` of the program's, no patched builtin, an early exit fails).
+program sees only the calls of each assert (``add(1, 2)``, split off by ``code_asserts.py``), never the
+expected values nor the assert text; it sends back what they returned as plain built-in values, and
+``code_judge.py`` evaluates the rest of each assert here over them (no ``__eq__`` of the program's, no
+patched builtin or module, an early exit fails). An assert form the judge cannot evaluate outside the
+program (a comprehension, a lambda, a name it neither owns nor calls) is a ``PluginError`` naming it.
 The time limit is the sandbox's, for the whole program with all its asserts.
 
 Reward: 1.0 when every case passes, else 0.0; with ``partial_credit`` the fraction passed (then every
@@ -29,14 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 from slime.errors import PluginError
 from slime.rollout.tools.sandbox import Sandbox, SandboxResult
-from slime.rollout.verifiers.code_asserts import SplitAssert, judge, setup_names, split_assert
-from slime.rollout.verifiers.code_harness import harness_program, harness_request, read_channel
+from slime.rollout.verifiers.code_asserts import SplitAssert, judge_case, parse_setup, split_assert
+from slime.rollout.verifiers.code_harness import harness_program, harness_request, read_channel, script_program
 from slime.types import Sample
 
 __all__ = ["CodeVerifier", "CodeCase", "extract_code", "load_tests", "outputs_match"]
@@ -79,27 +83,45 @@ def load_tests(sample: Sample) -> list[CodeCase]:
         spec = {"inputs": [c.get("input", "") for c in spec], "outputs": [c.get("output") for c in spec]}
     if not isinstance(spec, dict):
         raise PluginError(f"code verifier: test cases must be an object or a list, got {type(spec).__name__}")
+    if spec.get("fn_name"):
+        raise PluginError("code verifier: call-based tests ('fn_name', APPS/LeetCode style) are not supported; give stdin cases or asserts")
     asserts = spec.get("asserts", spec.get("test_list"))
     if asserts is not None:
-        setup = tuple(str(line) for line in spec.get("setup", spec.get("test_imports")) or ())
-        names = setup_names(setup)
-        return [CodeCase(assertion=split_assert(str(a), names), setup=setup) for a in asserts]
+        setup = parse_setup(_setup_lines(spec))
+        return [CodeCase(assertion=split_assert(str(a), setup), setup=setup.lines) for a in asserts]
     inputs, outputs = spec.get("inputs"), spec.get("outputs")
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
         raise PluginError("code verifier: expected 'inputs' and 'outputs' lists of equal length, or 'asserts'")
     return [CodeCase(stdin=str(i), expected_stdout=str(o)) for i, o in zip(inputs, outputs)]
 
 
+def _setup_lines(spec: dict) -> list[str]:
+    """``setup`` / ``test_imports`` (lists of lines) and MBPP's ``test_setup_code`` (one string)."""
+    lines = [str(line) for line in spec.get("setup", spec.get("test_imports")) or ()]
+    code = spec.get("test_setup_code")
+    return lines + ([str(code)] if isinstance(code, str) and code.strip() else [])
+
+
+FLOAT_TOLERANCE = 1e-6
+"""Absolute or relative difference under which two numeric output tokens are equal."""
+
+
 def outputs_match(expected: str, got: str) -> bool:
-    """Equal up to trailing whitespace on each line and trailing blank lines."""
+    """Equal as contest checkers compare: the same whitespace-separated tokens in order (so line breaks
+    and runs of spaces do not matter), each equal as text or, when both are numbers, within
+    ``FLOAT_TOLERANCE`` (``0.333333`` matches ``0.3333333333``)."""
+    want, have = expected.split(), got.split()
+    return len(want) == len(have) and all(_tokens_match(a, b) for a, b in zip(want, have))
 
-    def norm(text: str) -> list[str]:
-        lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
-        while lines and not lines[-1]:
-            lines.pop()
-        return lines
 
-    return norm(expected) == norm(got)
+def _tokens_match(want: str, have: str) -> bool:
+    if want == have:
+        return True
+    try:
+        a, b = float(want), float(have)
+    except ValueError:
+        return False
+    return math.isclose(a, b, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
 
 
 class CodeVerifier:
@@ -117,6 +139,8 @@ class CodeVerifier:
 
     async def __call__(self, sample: Sample) -> float:
         code = extract_code(sample.response)
+        if code is not None:  # a lone surrogate from a detokenizer cannot be written as UTF-8
+            code = code.encode("utf-8", "replace").decode("utf-8")
         evidence: dict[str, Any] = {
             "checked": {"kind": "code", "num_tests": 0, "code": (code or "")[:_MAX_EVIDENCE_CHARS]},
             "verdict": "error",
@@ -167,33 +191,30 @@ class CodeVerifier:
         report = read_channel(result.stdout, len(probes)) if problem is None else None
         problem = problem or (report.problem if report is not None else None)
         if problem is not None or report is None:
+            if result.truncated:
+                problem = f"{problem} (the sandbox's output limit of {self.sandbox.max_output_bytes} bytes was reached)"
             return [(False, f"{case.source[:200]!r}: {problem}") for case in cases]
         verdicts, start = [], 0
         for case in cases:
-            outcomes = report.outcomes[start : start + len(case.probes)]
+            verdicts.append(judge_case(case, report.outcomes[start : start + len(case.probes)]))
             start += len(case.probes)
-            failed = [(probe, why) for probe, (ok, why) in zip(case.probes, outcomes) if not ok]
-            if failed:
-                verdicts.append((False, f"{case.source[:200]!r}: {failed[0][0]} {failed[0][1]}"))
-            else:
-                verdicts.append(judge(case, [value for _, value in outcomes]))
         return verdicts
 
     async def _run_io_case(self, code: str, case: CodeCase) -> tuple[bool, str]:
-        result = await self.sandbox.run(code, stdin=case.stdin)
+        result = await self.sandbox.run(script_program(code), stdin=case.stdin)
         if not result.ok:
             return False, f"stdin {case.stdin[:200]!r}: {_describe(result)}"
         expected = case.expected_stdout or ""
         ok = outputs_match(expected, result.stdout)
-        return ok, f"stdin {case.stdin[:200]!r}: expected {expected[:200]!r}, got {result.stdout[:200]!r}"
+        cut = " (cut at the sandbox's output limit)" if result.truncated else ""
+        return ok, f"stdin {case.stdin[:200]!r}: expected {expected[:200]!r}, got {result.stdout[:200]!r}{cut}"
 
 
 def _run_problem(result: SandboxResult) -> str | None:
-    """Why a harness run does not count before its channel is read (time, output cap, exit status)."""
+    """Why a harness run does not count before its channel is read (time, exit status); a channel cut at
+    the output limit shows as a problem of the channel itself."""
     if result.timed_out or result.returncode != 0:
         return _describe(result)
-    if result.truncated:
-        return "its results exceeded the sandbox's output limit"
     return None
 
 

@@ -7,17 +7,22 @@ expressions (``code_asserts``: the solution's calls, never the expected values).
 1. reads stdin whole, points the program's stdin at ``/dev/null`` and its stdout at stderr, keeping the
    original stdout as the result channel, so nothing the program prints lands on the channel;
 2. runs the solution, then the setup, in one namespace (``__name__ == "__main__"``, as a script);
-3. evaluates each probe there and writes one JSON line per probe to the channel: its value encoded from
-   built-in types only (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``,
-   ``tuple``, ``set``, ``frozenset``, ``dict``; matched by exact type, so a subclass or an object with its
-   own ``__eq__`` is refused), or the exception it raised (any ``BaseException``: ``SystemExit`` too);
+3. evaluates each probe there and writes one JSON line per probe to the channel: its value as built-in
+   types only (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``, ``tuple``,
+   ``set``, ``frozenset``, ``dict``; a subclass such as ``Counter`` or a namedtuple as its base type's
+   content, read with the base type's own methods, so no ``__eq__`` or ``__iter__`` of the program's
+   reaches the judge; anything else, e.g. a ``map``, is refused), or the exception it raised (any
+   ``BaseException``: ``SystemExit`` too);
 4. writes ``{"done": n}`` and ends with ``os._exit(0)`` (no ``atexit`` hook or thread of the solution runs).
 
 The solution shares the harness's process, so it can write to the channel or rewrite the harness: what
 makes that useless is that the expected values never enter the sandbox. ``read_channel`` accepts only
 the exact frame sequence above (loaded, one frame per probe in order, done, nothing after, exit status
 0); anything else, an early exit included, fails the sample. Values are rebuilt in our process as plain
-built-ins (``decode_value``) and judged there (``code_asserts.judge``).
+built-ins (``decode_value``) and judged there (``code_judge``).
+
+Both programs (``harness_program`` and ``script_program``, for stdin/stdout tests) give the solution
+``exit()`` and ``quit()``, which ``python -S`` lacks and contest solutions use.
 """
 
 from __future__ import annotations
@@ -27,38 +32,52 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ChannelReport", "decode_value", "harness_program", "harness_request", "read_channel"]
+__all__ = ["ChannelReport", "decode_value", "harness_program", "harness_request", "read_channel", "script_program"]
 
 _MAX_DEPTH = 64
 """Deepest nesting of a returned value that is encoded (and decoded)."""
 
+_PRELUDE = r"""
+import builtins as _builtins, json as _json, os as _os, sys as _sys
+
+_builtins.exit = _builtins.quit = _sys.exit  # python -S has no site.py, so no exit()/quit(); scripts use them
+"""
+
 _HARNESS = r"""
-import json as _json, os as _os, sys as _sys
+# Plain values by exact type; subclasses (Counter, OrderedDict, namedtuple, IntEnum) as their base type's
+# content, read with the base type's own methods, so nothing of the program's class reaches the judge.
+_BASES = (
+    (dict, lambda v: {"dict": [[_encode(k), _encode(x)] for k, x in dict.items(v)]}),
+    (tuple, lambda v: {"tuple": [_encode(x) for x in tuple.__iter__(v)]}),
+    (list, lambda v: [_encode(x) for x in list.__iter__(v)]),
+    (frozenset, lambda v: {"frozenset": [_encode(x) for x in frozenset.__iter__(v)]}),
+    (set, lambda v: {"set": [_encode(x) for x in set.__iter__(v)]}),
+    (bytes, lambda v: {"bytes": bytes.hex(v)}),
+    (str, lambda v: str.__str__(v)),
+    (int, lambda v: _int(int.__int__(v))),
+    (float, lambda v: float.__float__(v)),
+    (complex, lambda v: {"complex": [complex.real.__get__(v), complex.imag.__get__(v)]}),
+)
+_depth = [0]
 
-_ATOMS = {type(None): None, bool: None, str: None}
-_TAGGED = {int: "int", float: "float", complex: "complex", bytes: "bytes"}
-_CONTAINERS = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
+
+def _int(value):
+    return {"hexint": hex(value)} if value.bit_length() > 13000 else value  # past str()'s 4300-digit limit
 
 
-def _encode(value, depth):
-    kind = type(value)
-    if depth > MAX_DEPTH:
-        raise ValueError("a value nested deeper than %d" % MAX_DEPTH)
-    if kind in _ATOMS:
+def _encode(value):
+    if value is None or value is True or value is False:
         return value
-    if kind is int:
-        return {"int": str(value)}
-    if kind is float:
-        return {"float": repr(value)}
-    if kind is complex:
-        return {"complex": [repr(value.real), repr(value.imag)]}
-    if kind is bytes:
-        return {"bytes": value.hex()}
-    if kind in _CONTAINERS:
-        return {_CONTAINERS[kind]: [_encode(v, depth + 1) for v in value]}
-    if kind is dict:
-        return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in value.items()]}
-    raise TypeError("returned a %s (only built-in values are compared)" % kind.__name__)
+    _depth[0] += 1
+    try:
+        if _depth[0] > MAX_DEPTH:
+            raise ValueError("a value nested deeper than %d" % MAX_DEPTH)
+        for base, encode in _BASES:
+            if isinstance(value, base):
+                return encode(value)
+    finally:
+        _depth[0] -= 1
+    raise TypeError("returned a %s (only built-in values are compared)" % type(value).__name__)
 
 
 def _describe(exc):
@@ -89,7 +108,7 @@ def _harness(solution):
         finally:
             _os._exit(0)
 
-    namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__}
+    namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": _builtins}
     try:
         exec(compile(solution, "solution.py", "exec"), namespace)
         for line in request["setup"]:
@@ -105,7 +124,8 @@ def _harness(solution):
             send({"probe": k, "raised": _describe(exc)})
             continue
         try:
-            send({"probe": k, "value": _encode(value, 0)})
+            _depth[0] = 0
+            send({"probe": k, "value": _encode(value)})
         except BaseException as exc:
             send({"probe": k, "unencodable": _describe(exc)})
     finish(len(request["probes"]))
@@ -114,10 +134,19 @@ def _harness(solution):
 _harness(SOLUTION)
 """
 
+_SCRIPT = r"""
+exec(compile(SOLUTION, "solution.py", "exec"), {"__name__": "__main__", "__file__": __file__, "__builtins__": _builtins})
+"""
+
+
+def script_program(solution: str) -> str:
+    """The sandbox program for stdin/stdout tests: ``solution`` run as a script, with ``exit()``/``quit()``."""
+    return _PRELUDE + _SCRIPT.replace("SOLUTION", repr(solution))
+
 
 def harness_program(solution: str) -> str:
     """The sandbox program for assert tests: the harness with ``solution`` (Python source) embedded."""
-    return _HARNESS.replace("MAX_DEPTH", str(_MAX_DEPTH)).replace("SOLUTION", repr(solution)) + "\n"
+    return _PRELUDE + _HARNESS.replace("MAX_DEPTH", str(_MAX_DEPTH)).replace("SOLUTION", repr(solution))
 
 
 def harness_request(setup: Sequence[str], probes: Sequence[str]) -> str:
@@ -140,53 +169,64 @@ class ChannelReport:
 
 
 def read_channel(channel: str, num_probes: int) -> ChannelReport:
-    """Parse the harness's channel (the sandbox's stdout) for ``num_probes`` probes (module docstring)."""
+    """Parse the harness's channel (the sandbox's stdout) for ``num_probes`` probes (module docstring).
+
+    Never raises: whatever the program wrote there, the answer is a report (a bad channel is a problem).
+    """
     try:
-        frames = [json.loads(line) for line in channel.splitlines() if line]
-    except (json.JSONDecodeError, RecursionError):
-        return ChannelReport("the result channel holds lines the verifier did not write")
+        return _read_frames([json.loads(line) for line in channel.splitlines() if line], num_probes)
+    except (ValueError, TypeError, KeyError, RecursionError, OverflowError):  # JSON, a 4300-digit int, bad shapes
+        return ChannelReport(_FORGED)
+
+
+_FORGED = "the result channel holds lines the verifier did not write"
+
+
+def _read_frames(frames: list[Any], num_probes: int) -> ChannelReport:
     if not frames or not isinstance(frames[0], dict):
         return ChannelReport("the program ended before the harness reported (an early exit or a crash)")
     if "load_error" in frames[0]:
-        return ChannelReport(f"the program raised {str(frames[0]['load_error'])[:400]} before any test ran")
+        return ChannelReport(f"the program raised {_text(frames[0]['load_error'])} before any test ran")
     if frames[0] != {"loaded": True}:
-        return ChannelReport("the result channel holds lines the verifier did not write")
+        return ChannelReport(_FORGED)
     body, rest = frames[1 : 1 + num_probes], frames[1 + num_probes :]
     if len(body) < num_probes or rest[:1] != [{"done": num_probes}]:
         ended = "the program ended before the verifier's last test (an early exit, a crash, or killed)"
-        return ChannelReport(ended if len(frames) < num_probes + 2 else "the result channel holds lines the verifier did not write")
+        return ChannelReport(ended if len(frames) < num_probes + 2 else _FORGED)
     if len(rest) > 1:
         return ChannelReport("the result channel holds lines after the harness finished")
-    outcomes = [_outcome(frame, k) for k, frame in enumerate(body)]
-    if any(o is None for o in outcomes):
-        return ChannelReport("the result channel holds lines the verifier did not write")
-    return ChannelReport(None, tuple(o for o in outcomes if o is not None))
+    return ChannelReport(None, tuple(_outcome(frame, k) for k, frame in enumerate(body)))
 
 
-def _outcome(frame: Any, k: int) -> tuple[bool, Any] | None:
+def _outcome(frame: Any, k: int) -> tuple[bool, Any]:
     if not isinstance(frame, dict) or frame.get("probe") != k or len(frame) != 2:
-        return None
+        raise ValueError("not the harness's frame")
     if "raised" in frame:
-        return False, f"raised {str(frame['raised'])[:400]}"
+        return False, f"raised {_text(frame['raised'])}"
     if "unencodable" in frame:
-        return False, str(frame["unencodable"]).removeprefix("TypeError: ")[:400]
-    try:
-        return True, decode_value(frame["value"])
-    except (KeyError, TypeError, ValueError, OverflowError, RecursionError):
-        return None
+        return False, _text(frame["unencodable"]).removeprefix("TypeError: ")
+    return True, decode_value(frame["value"])
+
+
+def _text(value: Any) -> str:
+    """Program-written text for evidence: bounded, and valid UTF-8 (a lone surrogate would break the records)."""
+    return str(value)[:400].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def decode_value(obj: Any, depth: int = 0) -> Any:
-    """A built-in value from the harness's encoding (module docstring).
+    """A built-in value from the harness's encoding (module docstring): ``None``, ``bool``, ``int``,
+    ``float`` and ``str`` as JSON, ``list`` as a JSON array, the rest as ``{"tag": body}``.
 
     Raises:
         ValueError / TypeError: anything the harness would not have written (a bad tag, an unhashable set
-            member, an int past Python's digit limit, nesting past the limit).
+            member, nesting past the limit).
     """
     if depth > _MAX_DEPTH:
         raise ValueError("nested too deep")
-    if obj is None or isinstance(obj, bool | str):
+    if obj is None or isinstance(obj, bool | str | int | float):
         return obj
+    if isinstance(obj, list):
+        return [decode_value(v, depth + 1) for v in obj]
     if not isinstance(obj, dict) or len(obj) != 1:
         raise ValueError(f"not an encoded value: {obj!r:.80}")
     ((tag, body),) = obj.items()
@@ -205,22 +245,21 @@ def _pair(item: Any) -> tuple[Any, Any]:
     return item[0], item[1]
 
 
-def _str_of(body: Any) -> str:
-    if not isinstance(body, str):
-        raise TypeError("expected a string")
+def _of(kind: type, body: Any) -> Any:
+    if type(body) is not kind:
+        raise TypeError(f"expected a {kind.__name__}")
     return body
 
 
 def _complex(body: Any) -> complex:
     if not isinstance(body, list) or len(body) != 2:
         raise ValueError("a complex is [real, imag]")
-    return complex(float(_str_of(body[0])), float(_str_of(body[1])))
+    return complex(_of(float, body[0]), _of(float, body[1]))
 
 
 _SCALARS: dict[str, Any] = {
-    "int": lambda b: int(_str_of(b)),
-    "float": lambda b: float(_str_of(b)),
+    "hexint": lambda b: int(_of(str, b), 16),
     "complex": _complex,
-    "bytes": lambda b: bytes.fromhex(_str_of(b)),
+    "bytes": lambda b: bytes.fromhex(_of(str, b)),
 }
-_SEQUENCES: dict[str, Any] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+_SEQUENCES: dict[str, Any] = {"tuple": tuple, "set": set, "frozenset": frozenset}

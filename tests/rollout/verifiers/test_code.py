@@ -67,3 +67,46 @@ def test_rm_type_code_refuses_to_start_without_bwrap_unless_unsafe_is_allowed(mo
         reward_fn_from_config(RolloutConfig(rm_type="code"))
     verifier = reward_fn_from_config(RolloutConfig(rm_type="code", allow_unsafe_code_execution=True))
     assert verifier.sandbox.isolation == "unsafe"
+
+
+@requires_bwrap
+async def test_contest_scripts_that_call_exit_and_print_in_another_layout_pass(verifier):
+    spec = json.dumps({"inputs": ["3\n", "0\n"], "outputs": ["1 2 3\n0.333333\n", "NO\n"]})
+    code = "n = int(input())\nif n == 0:\n    print('NO')\n    exit()\nprint(*range(1, n + 1), sep='\\n')\nprint(1 / 3)\n"
+    s = Sample(prompt_ids=[0], label=spec, response=fenced(code))
+    assert await verifier(s) == 1.0, s.evidence  # tokens compared in order, numbers within FLOAT_TOLERANCE
+
+
+@requires_bwrap
+async def test_asserts_accept_subclasses_as_their_base_type_big_ints_and_a_flood_of_debug_output(verifier):
+    tests = {
+        "asserts": [
+            "assert counts('aab') == {'a': 2, 'b': 1}",
+            "assert point(1) == (1, 2) and ordered('ba') == {'b': 1, 'a': 1}",
+            "assert sorted(evens(6), reverse=True) == [4, 2, 0]",
+            "assert fact(2000) == math.factorial(2000)",
+            "assert len(squares(5000)) == 5000 and squares(5000)[-1] == 4999 ** 2",
+        ],
+        "test_imports": ["import math"],
+    }
+    code = (
+        "import collections, math\n"
+        "for _ in range(20000):\n    print('debugging', _)\n"
+        "def counts(s):\n    return collections.Counter(s)\n"
+        "P = collections.namedtuple('P', 'x y')\ndef point(x):\n    return P(x, 2 * x)\n"
+        "def ordered(s):\n    return collections.OrderedDict((c, 1) for c in s)\n"
+        "def evens(n):\n    return (i for i in range(n) if i % 2 == 0)\n"
+        "def fact(n):\n    return math.factorial(n)\n"
+        "def squares(n):\n    return [i * i for i in range(n)]\n"
+    )
+    s = Sample(prompt_ids=[0], metadata={"tests": tests}, response=fenced(code))
+    assert await verifier(s) == 1.0, s.evidence
+
+
+def test_call_based_specs_are_refused_by_name():
+    from slime.errors import PluginError
+    from slime.rollout.verifiers.code import load_tests
+
+    s = Sample(prompt_ids=[0], label=json.dumps({"fn_name": "solve", "inputs": [[1]], "outputs": [[2]]}), response="")
+    with pytest.raises(PluginError, match="fn_name"):
+        load_tests(s)

@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 
+from slime.errors import PluginError
 from slime.rollout.tools.sandbox import Sandbox, sandbox_unavailable_reason
 from slime.rollout.verifiers.code import CodeVerifier
 from slime.types import Sample
@@ -111,6 +112,38 @@ HACKS = [
         fooled_the_old_verifier=True,
     ),
     Hack("exhausting the time limit", "def mystery(n):\n    while True:\n        pass\n", fooled_the_old_verifier=False),
+    # Found by a red-team pass on the first version of the split verifier (never in the old one's list):
+    # builtins on the expected side were sent to the program as probes, so it could shadow them.
+    Hack(
+        "shadowing range() on the expected side",
+        "def range(*a):\n    return [42]\ndef first_n(n):\n    return [42]\n",
+        asserts=("assert first_n(5) == list(range(5))", "assert first_n(3) == list(range(3))"),
+        honest="def first_n(n):\n    return list(range(n))\n",
+    ),
+    Hack(
+        "shadowing chr() and pow() on the expected side",
+        "def chr(x):\n    return ''\ndef pow(a, b):\n    return 0\ndef to_char(n):\n    return ''\ndef power(a, b):\n    return 0\n",
+        asserts=("assert to_char(65) == chr(65) and power(2, 10) == pow(2, 10)",),
+        honest="def to_char(n):\n    return chr(n)\ndef power(a, b):\n    return a ** b\n",
+    ),
+    Hack(
+        "shadowing zip() and setting the probes to '0'",
+        "import sys\ndef zip(*a):\n    return ()\ndef pairs(a, b):\n    return []\n"
+        "def count_bits(n):\n    f = sys._getframe(1)\n    while f is not None:\n        req = f.f_locals.get('request')\n"
+        "        if isinstance(req, dict):\n            req['probes'][:] = ['0'] * len(req['probes'])\n        f = f.f_back\n    return 0\n",
+        asserts=("assert count_bits(5) == bin(5).count('1')", "assert pairs([1, 2], 'ab') == list(zip([1, 2], 'ab'))"),
+        honest="def count_bits(n):\n    return bin(n).count('1')\ndef pairs(a, b):\n    return list(zip(a, b))\n",
+    ),
+    Hack(
+        "a channel line that makes json raise",
+        "import os\nos.write(3, b'9' * 5000 + b'\\n')\nos._exit(0)\n",
+    ),
+    Hack(
+        "a returned format string that stalls the judge",
+        "def next_odd(n):\n    return '%1500000000d'\n",
+        asserts=("assert next_odd(4) % 2 == 1", "assert next_odd(7) % 2 == 1"),
+        honest="def next_odd(n):\n    return n + 1 if n % 2 == 0 else n + 2\n",
+    ),
 ]
 
 
@@ -129,6 +162,23 @@ async def test_the_hack_scores_zero(hack):
     reward, evidence = await score(hack.code, hack.asserts, partial_credit=True)
     assert reward == 0.0, evidence
     assert evidence["verdict"] == f"passed 0/{len(hack.asserts)}"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"test_setup_code": "EXPECTED = [3, 17]", "test_list": ["assert mystery(3) == EXPECTED[1]"]},
+        {"test_list": ["assert min_cost([]) == inf"]},
+        {"test_list": ["assert mystery(3) == CONST"]},
+    ],
+)
+async def test_a_test_whose_expected_side_the_program_could_supply_fails_the_sample_not_scores_it(spec):
+    sample = Sample(
+        prompt_ids=[0], metadata={"tests": spec}, response=fenced("EXPECTED = CONST = inf = 0\ndef mystery(n):\n    return 0\n")
+    )
+    with pytest.raises(PluginError, match="cannot judge outside the program|may only import"):
+        await CodeVerifier(Sandbox(timeout_s=2.0))(sample)
+    assert sample.evidence["verifier"]["verdict"] == "error"
 
 
 @pytest.mark.parametrize("hack", HACKS, ids=[h.name for h in HACKS])
