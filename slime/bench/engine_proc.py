@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from slime.engines.fleet.lifeline import with_lifeline
 from slime.servers.http import READY_PREFIX
 
 __all__ = ["EngineProcess", "sim_engine_process", "reset_sim_stats", "read_sim_stats", "process_cpu_s"]
@@ -51,7 +52,8 @@ async def sim_engine_process(flags: Sequence[str]) -> AsyncIterator[EngineProces
         "0",
         *flags,
     ]
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    # with a parent-death signal: a killed benchmark leaves no engine behind
+    proc = await asyncio.create_subprocess_exec(*with_lifeline(cmd), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     try:
         url = await _ready_url(proc, cmd)
         yield EngineProcess(url=url, pid=proc.pid)
