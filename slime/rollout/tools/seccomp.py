@@ -24,8 +24,8 @@ Denied, and why (``DENIED``):
   ``syslog``, ``vhangup``, ``iopl``, ``ioperm``;
 * large kernel surfaces a test has no use for: ``bpf``, ``perf_event_open``, ``userfaultfd``,
   ``io_uring_setup``/``enter``/``register``, ``fanotify_init``, ``lookup_dcookie``;
-* ``personality`` (it turns off address-space randomisation, or makes data executable; the query
-  ``personality(0xffffffff)`` fails too: the filter sees 64 bits and callers leave the upper half unset).
+* ``personality``, queries included (it turns off address-space randomisation or makes data
+  executable; tests have no use for execution domains).
 
 Most of these already need a capability the sandbox does not have; the filter is the second wall,
 and the only one for ``ptrace`` of a process of the same user and for the keyrings.
