@@ -141,6 +141,7 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
         self._abort_event = asyncio.Event()
         self._rotation_event = asyncio.Event()
         self._outage_logged = False
+        self._diagnosis: asyncio.Future[tuple[str, dict[str, str]]] | None = None  # why every engine is out (``engines_gone``)
         self._attempts: dict[asyncio.Future[str], tuple[str, float]] = {}
         """Each generate attempt in flight: its give-up future (``give_up_inflight`` resolves it with the
         reason) -> (client url, loop time it started)."""

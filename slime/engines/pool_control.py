@@ -106,6 +106,18 @@ async def wait_unless_refused(
         await asyncio.gather(waiter, watcher, return_exceptions=True)
 
 
+async def _failure_line(url: str, exc: EngineError) -> str:
+    """``url: <error>`` for a failed control call; ``url: dead (...)`` when it could not connect and nothing
+    listens at ``url`` now."""
+    if isinstance(exc, EngineUnavailable) and await refuses_connections(url):
+        return f"{url}: dead (connection refused: nothing listens there)"
+    return await _as_is(url, exc)
+
+
+async def _as_is(url: str, exc: EngineError) -> str:
+    return f"{url}: {exc}"
+
+
 class PoolControl:
     """Mixin of ``HttpEnginePool`` (which provides ``clients``, ``record_failure``, ``take_out``, ...)."""
 
@@ -181,7 +193,9 @@ class PoolControl:
             first = failed[0][1]
             classes = {type(exc) for _, exc in failed}
             cls = classes.pop() if len(classes) == 1 else EngineError
-            lines = "; ".join(f"{c.url}: {exc}" for c, exc in failed)
+            # during the run (not at start) a killed engine is named dead, not by whatever call noticed it first
+            named = [_failure_line(c.url, exc) if on_unreachable != "raise" else _as_is(c.url, exc) for c, exc in failed]
+            lines = "; ".join(await asyncio.gather(*named))
             raise cls(
                 f"{what} failed on {len(failed)} of {len(clients)} engines: {lines}",
                 url=first.url,

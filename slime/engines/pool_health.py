@@ -80,6 +80,7 @@ class PoolHealth:
     on_engine_down: Any
     rejoin_timeout_s: float
     _outage_logged: bool
+    _diagnosis: asyncio.Future[tuple[str, dict[str, str]]] | None
 
     def engine_states(self) -> list[dict[str, Any]]:
         """One row per worker: url, in_rotation, out_reason, breaker state, consecutive failures, in flight,
@@ -141,7 +142,7 @@ class PoolHealth:
         """Wake the generate calls waiting for a worker (one came back, or one was given up on)."""
         event, self._rotation_event = self._rotation_event, asyncio.Event()
         event.set()
-        self._outage_logged = False
+        self._outage_logged, self._diagnosis = False, None  # a new outage gets a new diagnosis
 
     def _notify_down(self, url: str, reason: str) -> None:
         if self.on_engine_down is not None:
@@ -152,13 +153,20 @@ class PoolHealth:
         return all(e.retired for e in self._engines.values())
 
     async def engines_gone(self, waited_s: float, endpoint: str = "/generate") -> EnginesGone:
-        """The ``EnginesGone`` for now: one line naming each worker and why it is out (module docstring)."""
+        """The ``EnginesGone`` for now: one line naming each worker and why it is out (module docstring).
+        The calls that give up together share one diagnosis (one probe per worker, one message)."""
+        if self._diagnosis is None:
+            self._diagnosis = asyncio.ensure_future(self._diagnose(waited_s, endpoint))
+        message, reasons = await asyncio.shield(self._diagnosis)  # a cancelled caller leaves it to the others
+        return EnginesGone(message, reasons=reasons, endpoint=endpoint)
+
+    async def _diagnose(self, waited_s: float, endpoint: str) -> tuple[str, dict[str, str]]:
         engines = list(self._engines.values())
         whys = await asyncio.gather(*(self._why_out(e) for e in engines))
         reasons = {e.client.url: why for e, why in zip(engines, whys)}
         waited = "every one was given up on" if self.all_retired() else f"none came back within {waited_s:g}s"
         line = "; ".join(f"engine {url}: {why}" for url, why in reasons.items()) or "the pool has no engine"
-        return EnginesGone(f"no engine left to serve {endpoint} ({waited}): {line}", reasons=reasons, endpoint=endpoint)
+        return f"no engine left to serve {endpoint} ({waited}): {line}", reasons
 
     async def _why_out(self, engine: PoolEngine) -> str:
         if await refuses_connections(engine.client.url):

@@ -150,7 +150,9 @@ async def test_with_no_engine_left_a_generate_ends_with_one_line_naming_each_eng
         pool.take_out(dead, "update_weights_from_disk('/w/v1', weight_version='1') failed: connection failed")
         with pytest.raises(EngineUnavailable) as info:
             await pool.generate([1], {})
+        together = await asyncio.gather(*(pool.generate([1], {}) for _ in range(8)), return_exceptions=True)
     message = str(info.value)
+    assert {str(e) for e in together} == {message}  # the calls that gave up together: one diagnosis, one message
     assert type(info.value).__name__ == "EnginesGone" and "\n" not in message
     assert message.startswith("no engine left to serve /generate (none came back within 0.3s): ")
     assert f"engine {dead}: dead (connection refused: nothing listens there)" in message and "update_weights" not in message
@@ -171,3 +173,15 @@ async def test_an_engine_given_up_on_for_good_ends_a_waiting_generate_at_once(st
     assert type(info.value).__name__ == "EnginesGone" and "(every one was given up on)" in message
     assert f"engine {engine.url}: dead (connection refused: nothing listens there)" not in message  # it still listens
     assert "exited with code -9; not restarted again after 3 restarts" in message
+
+
+async def test_a_weight_update_that_must_reach_every_engine_names_a_killed_one_dead(start_engines) -> None:
+    (alive,) = await start_engines()
+    alive.on("/update_weights_from_tensor", body={"success": True, "message": "ok"})
+    dead = dead_url()
+    async with HttpEnginePool([alive.url, dead], config=NO_ANSWER) as pool:
+        with pytest.raises(EngineUnavailable) as info:
+            await pool.update_weights_from_tensor(["payload"], weight_version="1")
+        assert [c.url for c in pool.clients] == [alive.url]  # it missed the update: out of rotation
+    message = str(info.value)
+    assert "failed on 1 of 2 engines" in message and f"{dead}: dead (connection refused: nothing listens there)" in message
