@@ -21,6 +21,10 @@ descendants, ``probe()`` moves them into a leaf ``slime-main`` and enables ``pid
 the children (the usual way to manage a delegated cgroup). Without write access to the caller's cgroup
 (a non-root user outside a delegated one, a read-only ``/sys/fs/cgroup``) there is no per-run cgroup, and
 ``probe()`` says why.
+
+Cost: entering the cgroups makes the kernel wait out an RCU grace period (the cgroup attach lock), about
+5-8 ms of wall time per run on a v1 host and well under 1 ms of CPU; a ``print(1)`` run took about 15 ms
+of bwrap and Python before and about 21-23 ms with its cgroup (measured with runs spaced apart).
 """
 
 from __future__ import annotations
