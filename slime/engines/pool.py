@@ -127,7 +127,7 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
         self.weights_lock = asyncio.Lock()  # held by weight updates and ``rejoin``: a rejoiner never misses one
         self.paused_mode: str | None = None
         self.on_engine_down: Callable[[str, str], None] | None = None
-        self.num_failovers = 0  # generate attempts that failed with EngineUnavailable and were retried
+        self.num_failovers = 0  # generate attempts that got no answer (a retry followed, unless it was the last)
         self._api_key = api_key
         self._owns_session = session is None
         self._session = session or aiohttp.ClientSession(
@@ -306,7 +306,7 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
                 )
             except (EngineUnavailable, EngineTimeout) as exc:  # no answer: counts against --max-retries
                 if engine is not None and counts_against_engine(exc):
-                    self.record_failure(client.url, f"/generate: {failure_text(exc)}")
+                    self.record_failure(client.url, failure_text(exc))  # "/generate: <why>"
                 last = exc
                 self.num_failovers += 1
                 if rid and may_still_run(exc):
