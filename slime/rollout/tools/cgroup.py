@@ -22,9 +22,9 @@ the children (the usual way to manage a delegated cgroup). Without write access 
 (a non-root user outside a delegated one, a read-only ``/sys/fs/cgroup``) there is no per-run cgroup, and
 ``probe()`` says why.
 
-Cost: entering the cgroups makes the kernel wait out an RCU grace period (the cgroup attach lock), about
-5-8 ms of wall time per run on a v1 host and well under 1 ms of CPU; a ``print(1)`` run took about 15 ms
-of bwrap and Python before and about 21-23 ms with its cgroup (measured with runs spaced apart).
+Cost: entering the cgroups makes the kernel wait out an RCU grace period (the cgroup attach lock): on a
+v1 host with 2 cores, 5-8 ms of wall time per run when idle and up to about 12 ms under load, and under
+1 ms of CPU (a ``print(1)`` run went from about 15 to 21-23 ms when idle, from 22 to 34 ms mean under load).
 """
 
 from __future__ import annotations
