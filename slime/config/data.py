@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges, require
 from slime.errors import ConfigError
 
 __all__ = ["DataConfig"]
@@ -48,11 +48,11 @@ class DataConfig(msgspec.Struct, **STRUCT):
     eval_config: str | None = None
     """THUDM/slime's YAML of eval datasets (``--eval-config``); read into ``eval_prompt_data`` and the
     eval sampling fields when the flags are parsed (``slime.eval_config``)."""
-    num_eval_prompts: int = 200
-    """How many eval prompts to score (``--num-eval-prompts``)."""
+    num_eval_prompts: Annotated[int, Range(ge=0)] = 200
+    """How many eval prompts to score (``--num-eval-prompts``): at most this many of each eval dataset."""
     on_bad_data: Literal["skip", "fail"] = "fail"
     """A malformed line: skip it with a warning and a count, or stop (``--on-bad-data``)."""
-    rollout_max_prompt_len: int | None = None
+    rollout_max_prompt_len: Annotated[int, Range(ge=1, note=", or unset")] | None = None
     """Prompts over this many tokens (as rendered for the engine) are bad rows at load, named by
     ``path:line`` and skipped or refused by ``on_bad_data`` (``--rollout-max-prompt-len``, THUDM/slime's,
     whose dataset drops them). None = only the model's context bounds a prompt."""
@@ -63,6 +63,7 @@ class DataConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
+        check_ranges(self)
         require(
             [
                 (
@@ -70,12 +71,6 @@ class DataConfig(msgspec.Struct, **STRUCT):
                     "--eval-prompt-data",
                     self.eval_prompt_data,
                     "one path or 'name path' pairs",
-                ),
-                (
-                    self.rollout_max_prompt_len is None or self.rollout_max_prompt_len >= 1,
-                    "--rollout-max-prompt-len",
-                    self.rollout_max_prompt_len,
-                    ">= 1, or unset",
                 ),
             ]
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges, require
 
 __all__ = ["EngineConfig"]
 
@@ -14,20 +16,21 @@ class EngineConfig(msgspec.Struct, **STRUCT):
     """HF model directory the engines and the trainer start from (``--hf-checkpoint``)."""
     rollout_external_engine_addrs: tuple[str, ...] = ()
     """Engines that already run (``--rollout-external-engine-addrs``); empty = launch embedded ones."""
-    num_engines: int = 1
+    num_engines: Annotated[int, Range(ge=1, flag="--rollout-num-engines")] = 1
     """Embedded engines to launch (``--rollout-num-engines``)."""
-    max_running_requests: int = 256
-    engine_threads: int = 1
+    max_running_requests: Annotated[int, Range(ge=1)] = 256
+    """Requests an embedded engine runs at once (``--max-running-requests``)."""
+    engine_threads: Annotated[int, Range(ge=1)] = 1
     """torch threads per embedded engine."""
-    startup_timeout_s: float = 120.0
+    startup_timeout_s: Annotated[float, Range(gt=0, flag="--engine-startup-timeout-s")] = 120.0
     """Bound on one engine's (or router's) start, and on a restarted engine's return."""
     # Real SGLang (slime/engines/fleet/plan.py): launched from these, or attached to.
-    rollout_num_gpus: int | None = None
+    rollout_num_gpus: Annotated[int, Range(ge=1)] | None = None
     """GPUs for SGLang servers (``--rollout-num-gpus``); set (or ``sglang_config``) = launch SGLang instead
     of embedded engines; engines = rollout_num_gpus / rollout_num_gpus_per_engine."""
-    rollout_num_gpus_per_engine: int = 1
+    rollout_num_gpus_per_engine: Annotated[int, Range(ge=1)] = 1
     """GPUs (= ``--tp-size``) per SGLang server (``--rollout-num-gpus-per-engine``)."""
-    rollout_num_gpus_per_node: int | None = None
+    rollout_num_gpus_per_node: Annotated[int, Range(ge=1, note=", or unset")] | None = None
     """GPUs of each node the placement lays servers (and trainer ranks) on (``--rollout-num-gpus-per-node``,
     THUDM/slime's); None = ``len(CUDA_VISIBLE_DEVICES)``, else 8 (``slime.engines.fleet.placement``)."""
     sglang_args: tuple[str, ...] = ()
@@ -37,21 +40,21 @@ class EngineConfig(msgspec.Struct, **STRUCT):
     """Every ``--router-X ...`` flag, prefix stripped, for ``sglang_router.launch_router``."""
     sglang_router_ip: str | None = None
     """A router that already runs (``--sglang-router-ip``), or the address ours binds."""
-    sglang_router_port: int | None = None
+    sglang_router_port: Annotated[int, Range(ge=1, le=65535)] | None = None
     """Its port (``--sglang-router-port``); None = a free port from ``base_port``."""
     sglang_config: str | None = None
     """YAML of server groups: models, roles (prefill/decode), per-group args (``--sglang-config``)."""
-    base_port: int = 15000
+    base_port: Annotated[int, Range(ge=1, le=65535, flag="base_port")] = 15000
     """First port tried for launched servers and routers (taken ports are skipped)."""
-    health_check_interval_s: float = 10.0
+    health_check_interval_s: Annotated[float, Range(ge=0, note="(0 = off)")] = 10.0
     """Seconds between ``/health_generate`` probes of each engine (``--health-check-interval-s``); 0 = off."""
-    health_check_timeout_s: float = 30.0
+    health_check_timeout_s: Annotated[float, Range(gt=0, flag="health_check_timeout_s")] = 30.0
     """Bound on one probe (SGLang answers 503 after its own 20 s, docs/sglang.md#health)."""
-    circuit_breaker_threshold: int = 3
+    circuit_breaker_threshold: Annotated[int, Range(ge=1, flag="circuit_breaker_threshold")] = 3
     """Consecutive failures (requests or probes) that open an engine's circuit breaker."""
-    circuit_breaker_cooldown_s: float = 10.0
+    circuit_breaker_cooldown_s: Annotated[float, Range(ge=0, flag="circuit_breaker_cooldown_s")] = 10.0
     """First wait before a probe of an open breaker; doubles per failed probe, up to 8x."""
-    max_engine_restarts: int = 3
+    max_engine_restarts: Annotated[int, Range(ge=0, flag="max_engine_restarts")] = 3
     """Restarts of one launched engine before it stays out of rotation for the rest of the run."""
     opd_teacher_load: str | None = None
     """HF directory of the on-policy-distillation teacher (``--opd-teacher-load``): one embedded engine
@@ -66,6 +69,7 @@ class EngineConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
+        check_ranges(self)
         require(
             [
                 (
@@ -74,15 +78,5 @@ class EngineConfig(msgspec.Struct, **STRUCT):
                     f"{self.opd_teacher_load!r} and {list(self.opd_teacher_addrs)}",
                     "one teacher: launch one or attach to running ones",
                 ),
-                (self.num_engines >= 1, "--rollout-num-engines", self.num_engines, ">= 1"),
-                (self.rollout_num_gpus is None or self.rollout_num_gpus >= 1, "--rollout-num-gpus", self.rollout_num_gpus, ">= 1"),
-                (
-                    self.rollout_num_gpus_per_node is None or self.rollout_num_gpus_per_node >= 1,
-                    "--rollout-num-gpus-per-node",
-                    self.rollout_num_gpus_per_node,
-                    ">= 1, or unset",
-                ),
-                (self.rollout_num_gpus_per_engine >= 1, "--rollout-num-gpus-per-engine", self.rollout_num_gpus_per_engine, ">= 1"),
-                (self.health_check_interval_s >= 0, "--health-check-interval-s", self.health_check_interval_s, ">= 0 (0 = off)"),
             ]
         )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges
 
 __all__ = ["LoopConfig"]
 
@@ -17,13 +17,13 @@ class LoopConfig(msgspec.Struct, **STRUCT):
     """``sync``: wait for every sample (baseline). ``april``: over-provision, abort at target,
     recycle partials (``--partial-rollout`` selects it). ``async``: generation never stops; weights
     are updated in flight (pause in place, update, continue)."""
-    rollout_batch_size: int = 16
+    rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Groups per training batch (``--rollout-batch-size``)."""
-    over_sampling_batch_size: int = 32
+    over_sampling_batch_size: Annotated[int, Range(ge=1)] = 32
     """Groups in flight in ``april`` mode (``--over-sampling-batch-size``); >= rollout_batch_size."""
-    num_rollout: int = 50
+    num_rollout: Annotated[int, Range(ge=0)] = 50
     """Rollout steps (= policy updates of the version counter) (``--num-rollout``)."""
-    max_staleness: int = 4
+    max_staleness: Annotated[int, Range(ge=0)] = 4
     """Bound on version lag (AReaL's eta, ``--max-staleness``): admission control starts no group
     that could only be trained more than this many versions after its first token, and tokens
     older than this at consumption are handled by ``staleness_policy``."""
@@ -36,25 +36,25 @@ class LoopConfig(msgspec.Struct, **STRUCT):
     buffer_filter_path: str | None = None
     """``pkg.module.func(rollout_id, partial_groups, num) -> list[Group]`` choosing which partial
     groups resume next; default: oldest version first (``--buffer-filter-path``)."""
-    abort_timeout_s: float = 30.0
+    abort_timeout_s: Annotated[float, Range(gt=0, flag="abort_timeout_s")] = 30.0
     """How long stopping a step may wait for aborted requests to come back."""
     overlap_train: bool = False
     """April mode: after aborting the stragglers at the target, keep generating (partials first)
     while the trainer works (``--overlap-train``). Off by default: classic APRIL, where the
     engines idle during the train step and every token trained is at most one update old at its
     first token's abort."""
-    eval_interval: int = 0
+    eval_interval: Annotated[int, Range(ge=0, note="(0 = only before and after)")] = 0
     """Evaluate every N rollout steps; 0 = only before and after (``--eval-interval``)."""
     skip_eval_before_train: bool = False
     """No eval before the first step (``--skip-eval-before-train``, THUDM/slime's); the later ones stay."""
-    num_epoch: int | None = None
+    num_epoch: Annotated[int, Range(ge=1, note=", or unset")] | None = None
     """SFT: train this many passes over ``--prompt-data`` (``--num-epoch``, THUDM/slime's flag):
     ``num_rollout = num_epoch * rows // rollout_batch_size``, replacing ``--num-rollout``. None = use
     ``--num-rollout``. RL runs refuse it."""
-    buffer_capacity: int | None = None
+    buffer_capacity: Annotated[int, Range(ge=1, note=", or unset")] | None = None
     """Ready + partial groups the data buffer holds (``--buffer-capacity``); beyond it the oldest
     partial groups are evicted, counted and lost on purpose. None = no bound."""
-    offline_ratio: float = 0.0
+    offline_ratio: Annotated[float, Range(ge=0, lt=1)] = 0.0
     """Fraction of each batch's groups taken from ``--offline-data`` (``--offline-ratio``), in [0, 1);
     exact over batches (after k batches, floor(k * rollout_batch_size * ratio) offline groups)."""
 
@@ -70,13 +70,4 @@ class LoopConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require(
-            [
-                (self.rollout_batch_size >= 1, "--rollout-batch-size", self.rollout_batch_size, ">= 1"),
-                (self.num_rollout >= 0, "--num-rollout", self.num_rollout, ">= 0"),
-                (self.max_staleness >= 0, "--max-staleness", self.max_staleness, ">= 0"),
-                (self.buffer_capacity is None or self.buffer_capacity >= 1, "--buffer-capacity", self.buffer_capacity, ">= 1, or unset"),
-                (0.0 <= self.offline_ratio < 1.0, "--offline-ratio", self.offline_ratio, "in [0, 1)"),
-                (self.num_epoch is None or self.num_epoch >= 1, "--num-epoch", self.num_epoch, ">= 1, or unset"),
-            ]
-        )
+        check_ranges(self)

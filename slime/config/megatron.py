@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges, require
 
 __all__ = ["MegatronConfig"]
 
@@ -21,19 +21,19 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     parallel sizes are checked there, not here.
     """
 
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: Annotated[int, Range(ge=1)] = 1
     """Tensor-parallel ranks per model replica (``--tensor-model-parallel-size``)."""
-    pipeline_model_parallel_size: int = 1
+    pipeline_model_parallel_size: Annotated[int, Range(ge=1)] = 1
     """Pipeline stages (``--pipeline-model-parallel-size``): megatron-core's 1F1B schedule over
     consecutive layers (must divide the layer count; dense models only)."""
-    context_parallel_size: int = 1
+    context_parallel_size: Annotated[int, Range(ge=1)] = 1
     """Context-parallel ranks (``--context-parallel-size``): each sequence split over them in
     2 x CP load-balanced chunks, K/V all-gathered in attention (``slime.train.megatron.context_parallel``;
     dense models only)."""
-    expert_model_parallel_size: int = 1
+    expert_model_parallel_size: Annotated[int, Range(ge=1)] = 1
     """Expert-parallel ranks (``--expert-model-parallel-size``): an MoE layer's routed experts are
     split evenly over them (must divide ``num_experts``); > 1 only for MoE models."""
-    expert_tensor_parallel_size: int | None = None
+    expert_tensor_parallel_size: Annotated[int, Range(ge=1, note=", or unset (= --tensor-model-parallel-size)")] | None = None
     """Tensor-parallel ranks inside one expert (``--expert-tensor-parallel-size``): each expert's
     SwiGLU width is split over them. None = ``tensor_model_parallel_size`` (Megatron-LM's default)."""
     moe_token_dispatcher_type: Literal["alltoall", "allgather"] = "alltoall"
@@ -45,10 +45,10 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     Switch Transformer's (arXiv 2101.03961) over each micro-batch, or "none". Takes effect only
     with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way. (megatron's
     "seq_aux_loss" is left out: on slime's packed micro-batches it would see one sequence.)"""
-    moe_aux_loss_coeff: float = 0.0
+    moe_aux_loss_coeff: Annotated[float, Range(ge=0)] = 0.0
     """Weight of the load-balancing loss (``--moe-aux-loss-coeff``); 0 = not trained, only logged.
     Averaged over the optimizer step's tokens, as the RL loss is."""
-    moe_expert_capacity_factor: float | None = None
+    moe_expert_capacity_factor: Annotated[float, Range(gt=0, note=", or unset (dropless)")] | None = None
     """Expert capacity, in multiples of the even share ``tokens * topk / num_experts``
     (``--moe-expert-capacity-factor``); tokens over capacity are dropped (lowest routing
     probability first) and counted in ``moe_dropped_token_frac``. None = dropless."""
@@ -58,24 +58,24 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     """Pack micro-batches by ``max_tokens_per_gpu`` instead of ``micro_batch_size`` samples
     (``--use-dynamic-batch-size``). Also read by the torch backend, whose micro-batches are padded:
     there the budget bounds samples x longest sample of each micro-batch (``slime.train.batch.pack_by_token_budget``)."""
-    max_tokens_per_gpu: int = 16384
+    max_tokens_per_gpu: Annotated[int, Range(ge=1)] = 16384
     """Token budget of one packed micro-batch on one GPU (``--max-tokens-per-gpu``); a longer
     sample gets a micro-batch of its own."""
-    min_lr: float = 0.0
+    min_lr: Annotated[float, Range(ge=0)] = 0.0
     """Floor of the decayed learning rate (``--min-lr``)."""
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root"] = "constant"
     """Learning-rate schedule over optimizer steps (``--lr-decay-style``), megatron-core's
     ``OptimizerParamScheduler``; the torch backend follows it too (``slime.train.lr_schedule``), as it
     does ``--min-lr``, ``--lr-warmup-iters`` and ``--lr-decay-iters``."""
-    lr_warmup_iters: int = 0
+    lr_warmup_iters: Annotated[int, Range(ge=0)] = 0
     """Linear warm-up, in optimizer steps (``--lr-warmup-iters``)."""
-    lr_warmup_fraction: float | None = None
+    lr_warmup_fraction: Annotated[float, Range(ge=0, lt=1)] | None = None
     """Warm-up as a fraction of the decay steps (``--lr-warmup-fraction``, Megatron's): when the run's
     optimizer steps are known, ``lr_warmup_iters = round(fraction x (lr_decay_iters or the run's
     optimizer steps))`` (``slime.train.lr_schedule.resolve_lr_schedule``)."""
-    lr_decay_iters: int | None = None
+    lr_decay_iters: Annotated[int, Range(ge=1, note=", or unset")] | None = None
     """Optimizer steps over which lr decays to ``min_lr`` (``--lr-decay-iters``); None = no decay."""
-    adam_eps: float = 1e-8
+    adam_eps: Annotated[float, Range(gt=0)] = 1e-8
     """Adam epsilon (``--adam-eps``)."""
     bf16: bool = False
     """bf16 training (``--bf16``); off = fp32. megatron: bf16 parameters and activations, fp32 master
@@ -89,7 +89,7 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     """Activation recomputation (``--recompute-granularity``); None = keep all activations."""
     recompute_method: Literal["uniform", "block"] | None = None
     """With ``full`` recompute: how layers are grouped (``--recompute-method``)."""
-    recompute_num_layers: int | None = None
+    recompute_num_layers: Annotated[int, Range(ge=1, note=", or unset")] | None = None
     """With ``full`` recompute: layers per group (uniform) or recomputed layers per stage (block)
     (``--recompute-num-layers``)."""
     logprob_impl: Literal["slime", "liger"] = "slime"
@@ -100,7 +100,7 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     output weight, chunked, never materialising the [tokens, vocabulary] logits (needs
     ``slime[liger]``; TP = 1 only; on H100/H200 its CuTe DSL kernel needs ``--bf16`` and
     nvidia-cutlass-dsl)."""
-    distributed_timeout_minutes: int = 30
+    distributed_timeout_minutes: Annotated[int, Range(ge=1)] = 30
     """Timeout of collective operations between train ranks (``--distributed-timeout-minutes``)."""
 
     @property
@@ -116,43 +116,14 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
             ConfigError: naming the flag.
         """
         m = self
+        check_ranges(m)
         require(
             [
-                (m.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size", m.tensor_model_parallel_size, ">= 1"),
-                (m.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size", m.pipeline_model_parallel_size, ">= 1"),
-                (m.context_parallel_size >= 1, "--context-parallel-size", m.context_parallel_size, ">= 1"),
-                (m.expert_model_parallel_size >= 1, "--expert-model-parallel-size", m.expert_model_parallel_size, ">= 1"),
-                (
-                    m.expert_tensor_parallel_size is None or m.expert_tensor_parallel_size >= 1,
-                    "--expert-tensor-parallel-size",
-                    m.expert_tensor_parallel_size,
-                    ">= 1, or unset (= --tensor-model-parallel-size)",
-                ),
-                (m.moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff", m.moe_aux_loss_coeff, ">= 0"),
-                (
-                    m.moe_expert_capacity_factor is None or m.moe_expert_capacity_factor > 0,
-                    "--moe-expert-capacity-factor",
-                    m.moe_expert_capacity_factor,
-                    "> 0, or unset (dropless)",
-                ),
-                (m.max_tokens_per_gpu >= 1, "--max-tokens-per-gpu", m.max_tokens_per_gpu, ">= 1"),
-                (m.min_lr >= 0, "--min-lr", m.min_lr, ">= 0"),
-                (m.lr_warmup_iters >= 0, "--lr-warmup-iters", m.lr_warmup_iters, ">= 0"),
-                (m.lr_warmup_fraction is None or 0 <= m.lr_warmup_fraction < 1, "--lr-warmup-fraction", m.lr_warmup_fraction, "in [0, 1)"),
                 (
                     m.lr_warmup_fraction is None or m.lr_warmup_iters == 0,
                     "--lr-warmup-fraction with --lr-warmup-iters",
                     f"{m.lr_warmup_fraction} and {m.lr_warmup_iters}",
                     "one of them (as in Megatron)",
                 ),
-                (m.lr_decay_iters is None or m.lr_decay_iters >= 1, "--lr-decay-iters", m.lr_decay_iters, ">= 1, or unset"),
-                (m.adam_eps > 0, "--adam-eps", m.adam_eps, "> 0"),
-                (
-                    m.recompute_num_layers is None or m.recompute_num_layers >= 1,
-                    "--recompute-num-layers",
-                    m.recompute_num_layers,
-                    ">= 1, or unset",
-                ),
-                (m.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes", m.distributed_timeout_minutes, ">= 1"),
             ]
         )

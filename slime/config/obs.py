@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges
 
 __all__ = ["ObsConfig"]
 
@@ -15,9 +17,9 @@ class ObsConfig(msgspec.Struct, **STRUCT):
     enable_trace: bool = False
     """Write a Chrome/Perfetto trace of requests, rewards, train steps, weight syncs and evals to
     ``RUN_DIR/trace.json`` (``--enable-trace``)."""
-    trace_flush_interval_s: float = 5.0
+    trace_flush_interval_s: Annotated[float, Range(ge=0, flag="trace_flush_interval_s")] = 5.0
     """How often new trace events are appended to the file (a crash keeps all but the last interval)."""
-    metrics_port: int | None = None
+    metrics_port: Annotated[int, Range(ge=0, le=65535, note="(0 = any free port)")] | None = None
     """Serve Prometheus ``/metrics`` from the driver on this port (``--metrics-port``); None = off,
     0 = any free port (logged at start)."""
     metrics_host: str = "0.0.0.0"
@@ -39,14 +41,4 @@ class ObsConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
-        require(
-            [
-                (
-                    self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-                    "--metrics-port",
-                    self.metrics_port,
-                    "in [0, 65535] (0 = any free port)",
-                ),
-                (self.trace_flush_interval_s >= 0, "trace_flush_interval_s", self.trace_flush_interval_s, ">= 0"),
-            ]
-        )
+        check_ranges(self)

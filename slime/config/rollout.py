@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges
 from slime.errors import ConfigError
 
-__all__ = ["RolloutConfig", "SFT_ROLLOUT", "BUILTIN_ROLLOUTS", "builtin_rollout_note"]
+__all__ = ["RolloutConfig", "SFT_ROLLOUT", "BUILTIN_ROLLOUTS", "builtin_rollout_note", "MAX_SAMPLES_PER_PROMPT"]
+
+MAX_SAMPLES_PER_PROMPT = 1024
+"""Most samples per prompt (``--n-samples-per-prompt``, ``--n-samples-per-eval-prompt``): each is a task and a
+request in flight, and 100000 of them per group left a run making no progress (issue 26)."""
 
 SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
 BUILTIN_ROLLOUTS = {
@@ -38,17 +42,19 @@ def builtin_rollout_note(path: str | None, mode: str | None = None) -> str | Non
 
 
 class RolloutConfig(msgspec.Struct, **STRUCT):
-    n_samples_per_prompt: int = 8
+    n_samples_per_prompt: Annotated[int, Range(ge=1, le=MAX_SAMPLES_PER_PROMPT)] = 8
     """Samples per prompt (the GRPO group size) (``--n-samples-per-prompt``)."""
-    rollout_temperature: float = 1.0
+    rollout_temperature: Annotated[float, Range(gt=0, note="for RL")] = 1.0
     """Sampling temperature of the engines (``--rollout-temperature``). The one copy of the fact: the trainer
     divides its logits by it before log_softmax, as SGLang does for returned logprobs, and gets it from the
     run's wiring (``TorchTrainer(..., rollout_temperature=config.rollout.rollout_temperature)``)."""
-    rollout_top_p: float = 1.0
-    rollout_top_k: int = -1
-    rollout_max_response_len: int = 64
+    rollout_top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
+    """Top-p of the engines' sampling (``--rollout-top-p``)."""
+    rollout_top_k: Annotated[int, Range(ge=1, also=(-1,), note="(the whole vocabulary)")] = -1
+    """Top-k of the engines' sampling (``--rollout-top-k``); -1 = the whole vocabulary."""
+    rollout_max_response_len: Annotated[int, Range(ge=1)] = 64
     """Cap on response tokens per sample, partial tokens included (``--rollout-max-response-len``)."""
-    rollout_max_context_len: int | None = None
+    rollout_max_context_len: Annotated[int, Range(ge=2, note="(a prompt token and a response token), or unset")] | None = None
     """Cap on prompt + response tokens of a rollout sample (``--rollout-max-context-len``, THUDM/slime's): a
     sample's response cap is ``min(rollout_max_response_len, rollout_max_context_len - prompt tokens)``, and a
     prompt that leaves no room is a bad row at load. None = only the model's context bounds it."""
@@ -65,16 +71,17 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
             return self.rollout_max_response_len
         return max(0, min(self.rollout_max_response_len, self.rollout_max_context_len - prompt_len))
 
-    rollout_stop_token_ids: tuple[int, ...] = ()
-    request_timeout_s: float = 300.0
+    rollout_stop_token_ids: tuple[Annotated[int, Range(ge=0, flag="rollout_stop_token_ids")], ...] = ()
+    """Token ids that end a response besides the tokenizer's EOS."""
+    request_timeout_s: Annotated[float, Range(gt=0)] = 300.0
     """Per /generate call (``--request-timeout-s``)."""
-    control_timeout_s: float = 60.0
+    control_timeout_s: Annotated[float, Range(gt=0)] = 60.0
     """Per control call (abort, weight update, health) (``--control-timeout-s``)."""
-    max_retries: int = 3
+    max_retries: Annotated[int, Range(ge=0)] = 3
     """Retries of an unreachable engine call before giving up (``--max-retries``)."""
-    retry_backoff_s: float = 0.5
+    retry_backoff_s: Annotated[float, Range(ge=0)] = 0.5
     """First backoff; doubles per retry (``--retry-backoff-s``)."""
-    reward_timeout_s: float = 30.0
+    reward_timeout_s: Annotated[float, Range(gt=0)] = 30.0
     """Per reward call; a timeout marks the sample FAILED (``--reward-timeout-s``)."""
     reward_key: str | None = None
     """Which entry of a dict returned by the reward function is the reward (``--reward-key``, slime's);
@@ -101,15 +108,15 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     """Let ``rm_type="code"`` run model-written code without an OS sandbox where bubblewrap is
     missing or cannot create namespaces (``--allow-unsafe-code-execution``); otherwise the run
     refuses to start. See ``slime/rollout/tools/sandbox.py``."""
-    n_samples_per_eval_prompt: int = 1
+    n_samples_per_eval_prompt: Annotated[int, Range(ge=1, le=MAX_SAMPLES_PER_PROMPT)] = 1
     """Samples per eval prompt (``--n-samples-per-eval-prompt``); eval reports mean accuracy and pass@k."""
-    eval_temperature: float = 0.0
+    eval_temperature: Annotated[float, Range(ge=0, note="(0 = greedy)")] = 0.0
     """Sampling temperature of evaluation (``--eval-temperature``); 0 = greedy (then one sample per prompt)."""
-    eval_top_p: float | None = None
+    eval_top_p: Annotated[float, Range(gt=0, le=1)] | None = None
     """Top-p of evaluation (``--eval-top-p``); None = ``rollout_top_p``, as in THUDM/slime."""
-    eval_max_response_len: int | None = None
+    eval_max_response_len: Annotated[int, Range(ge=1)] | None = None
     """Cap on response tokens of an eval sample (``--eval-max-response-len``); None = ``rollout_max_response_len``."""
-    eval_top_k: int | None = None
+    eval_top_k: Annotated[int, Range(ge=1, also=(-1,), note="(the whole vocabulary)")] | None = None
     """Top-k of evaluation (``--eval-top-k``); None = ``rollout_top_k``, as ``eval_top_p``. -1 = the whole vocabulary."""
 
     @property
@@ -130,38 +137,7 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag; both ``--custom-rm-path`` and ``--rm-type`` ("pick one").
         """
-        require(
-            [
-                (self.n_samples_per_prompt >= 1, "--n-samples-per-prompt", self.n_samples_per_prompt, ">= 1"),
-                (self.rollout_max_response_len >= 1, "--rollout-max-response-len", self.rollout_max_response_len, ">= 1"),
-                (self.rollout_temperature > 0, "--rollout-temperature", self.rollout_temperature, "> 0 for RL"),
-                (0 < self.rollout_top_p <= 1, "--rollout-top-p", self.rollout_top_p, "in (0, 1]"),
-                (self.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt", self.n_samples_per_eval_prompt, ">= 1"),
-                (self.eval_temperature >= 0, "--eval-temperature", self.eval_temperature, ">= 0 (0 = greedy)"),
-                (
-                    self.rollout_max_context_len is None or self.rollout_max_context_len >= 2,
-                    "--rollout-max-context-len",
-                    self.rollout_max_context_len,
-                    ">= 2 (a prompt token and a response token), or unset",
-                ),
-                (
-                    self.eval_top_k is None or self.eval_top_k == -1 or self.eval_top_k >= 1,
-                    "--eval-top-k",
-                    self.eval_top_k,
-                    ">= 1, or -1 (the whole vocabulary)",
-                ),
-                (self.eval_top_p is None or 0 < self.eval_top_p <= 1, "--eval-top-p", self.eval_top_p, "in (0, 1]"),
-                (
-                    self.eval_max_response_len is None or self.eval_max_response_len >= 1,
-                    "--eval-max-response-len",
-                    self.eval_max_response_len,
-                    ">= 1",
-                ),
-                (self.request_timeout_s > 0, "--request-timeout-s", self.request_timeout_s, "> 0"),
-                (self.reward_timeout_s > 0, "--reward-timeout-s", self.reward_timeout_s, "> 0"),
-                (self.max_retries >= 0, "--max-retries", self.max_retries, ">= 0"),
-            ]
-        )
+        check_ranges(self)
         if self.custom_rm_path is not None and self.rm_type is not None:
             raise ConfigError(
                 f"--custom-rm-path {self.custom_rm_path} and --rm-type {self.rm_type}: pick one (both name the reward; "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges, require
 from slime.config.data import DataConfig
 from slime.config.debug import DebugConfig
 from slime.config.engine import EngineConfig
@@ -42,11 +42,11 @@ class Config(msgspec.Struct, **STRUCT):
     debug: DebugConfig = DebugConfig()
     run_dir: str = "runs/latest"
     """Run directory: metrics, summary, plots, weights, checkpoints (``--save``)."""
-    save_interval: int = 0
+    save_interval: Annotated[int, Range(ge=0, note="(0 = never)")] = 0
     """Checkpoint every N rollout steps into RUN_DIR/checkpoints (``--save-interval``); 0 = never."""
     load: str | None = None
     """Resume from this run directory's latest checkpoint (``--load``); usually the same as ``--save``."""
-    seed: int = 1234
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 1234
     """The run's seed (``--seed``), its one copy: the prompt order (``--rollout-shuffle``; offline samples use
     seed + 1), the trainer's torch seed and the engines' sampling seed are all passed this value."""
 
@@ -62,6 +62,7 @@ class Config(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the CLI flag(s).
         """
+        check_ranges(self)
         for section in (self.loop, self.rollout, self.train, self.data, self.sync, self.engine, self.obs, self.debug):
             section.validate()
         require(
@@ -78,7 +79,6 @@ class Config(msgspec.Struct, **STRUCT):
                     self.loop.mode,
                     "sync or april: colocated engines cannot generate while the trainer trains",
                 ),
-                (self.save_interval >= 0, "--save-interval", self.save_interval, ">= 0"),
             ]
         )
         if self.train.loss_type == "sft_loss":  # one sample per data row: --n-samples-per-prompt does not apply

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges, require
 
 __all__ = ["SyncConfig"]
 
@@ -18,10 +18,10 @@ class SyncConfig(msgspec.Struct, **STRUCT):
     """``--weight-sync``: ``disk`` (safetensors + ``/update_weights_from_disk``), ``distributed``
     (broadcast over a gloo/NCCL group, ``/update_weights_from_distributed``), ``tensor`` (colocated:
     ``/update_weights_from_tensor``), ``delta`` (only what changed, checksummed; embedded engine)."""
-    update_weight_buffer_size: int = 512 * 1024**2
+    update_weight_buffer_size: Annotated[int, Range(ge=1, note="byte")] = 512 * 1024**2
     """Bytes per bucket of ``distributed`` / ``tensor`` / ``delta`` updates (``--update-weight-buffer-size``,
     slime's default 512 MiB): one HTTP call (and one flat broadcast) per bucket."""
-    update_weights_timeout_s: float = 600.0
+    update_weights_timeout_s: Annotated[float, Range(gt=0, flag="update_weights_timeout_s")] = 600.0
     """Bound on each weight-update HTTP call, the process-group rendezvous and each collective."""
     colocate: bool = False
     """Engines share the trainer's devices (``--colocate``): each step pauses generation, releases
@@ -29,7 +29,7 @@ class SyncConfig(msgspec.Struct, **STRUCT):
     SGLang servers then get the trainer's GPUs and ``--enable-memory-saver`` (``slime/engines/fleet/plan.py``)."""
     weights_dir: str = ""
     """Where new safetensors are written for ``/update_weights_from_disk`` (default: RUN_DIR/weights)."""
-    keep_last: int = 2
+    keep_last: Annotated[int, Range(ge=1, flag="keep_last")] = 2
     """How many weight versions to keep on disk."""
 
     def validate(self) -> None:
@@ -38,10 +38,9 @@ class SyncConfig(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
+        check_ranges(self)
         require(
             [
-                (self.update_weight_buffer_size >= 1, "--update-weight-buffer-size", self.update_weight_buffer_size, ">= 1 byte"),
-                (self.update_weights_timeout_s > 0, "update_weights_timeout_s", self.update_weights_timeout_s, "> 0"),
                 (
                     not (self.colocate and self.method == "delta"),
                     "--colocate with --weight-sync",

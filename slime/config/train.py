@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from slime.config._base import STRUCT, require
+from slime.config._base import STRUCT, Range, check_ranges, require
 from slime.config.megatron import MegatronConfig
 from slime.errors import ConfigError
 
@@ -14,21 +14,28 @@ __all__ = ["TrainConfig"]
 
 
 class TrainConfig(msgspec.Struct, **STRUCT):
-    lr: float = 1e-5
-    global_batch_size: int = 128
+    lr: Annotated[float, Range(gt=0)] = 1e-5
+    """Learning rate of the policy's AdamW (``--lr``)."""
+    global_batch_size: Annotated[int, Range(ge=1)] = 128
     """Samples per optimizer step (``--global-batch-size``)."""
-    micro_batch_size: int = 32
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    clip_grad: float = 1.0
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
+    micro_batch_size: Annotated[int, Range(ge=1)] = 32
+    """Samples per forward/backward pass (``--micro-batch-size``)."""
+    weight_decay: Annotated[float, Range(ge=0)] = 0.0
+    """AdamW's decoupled weight decay (``--weight-decay``)."""
+    adam_beta1: Annotated[float, Range(ge=0, lt=1)] = 0.9
+    adam_beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
+    clip_grad: Annotated[float, Range(ge=0, note="(0 = no clipping)")] = 1.0
+    """Clip the gradient's global norm to this (``--clip-grad``)."""
+    eps_clip: Annotated[float, Range(gt=0)] = 0.2
+    """PPO clip range: the ratio stays in [1 - eps_clip, 1 + eps_clip_high] (``--eps-clip``)."""
+    eps_clip_high: Annotated[float, Range(ge=0)] | None = None
     """Upper clip (clip-higher, DAPO); None = eps_clip."""
     use_tis: bool = False
     """Token-level truncated importance sampling between trainer and rollout logprobs (``--use-tis``)."""
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
+    tis_clip: Annotated[float, Range(gt=0)] = 2.0
+    """Upper truncation of the TIS weight (``--tis-clip``)."""
+    tis_clip_low: Annotated[float, Range(ge=0)] = 0.0
+    """Lower truncation of the TIS weight (``--tis-clip-low``), <= ``tis_clip``."""
     deterministic_mode: bool = False
     """Deterministic trainer kernels and seed (``--deterministic-mode``, Megatron's;
     ``slime.train.determinism``). The engines are not covered: ``--sglang-enable-deterministic-inference``."""
@@ -39,7 +46,8 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     loss_agg: Literal["seq_mean", "token_mean"] = "seq_mean"
     """Loss aggregation: mean over each sample's tokens then over samples (slime's default), or
     one mean over every token of the step (``--calculate-per-token-loss``, DAPO)."""
-    num_threads: int = 1
+    num_threads: Annotated[int, Range(ge=1, flag="--train-threads")] = 1
+    """torch threads of the trainer (``--train-threads``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the torch backend trains (``--train-device``): ``auto`` = the current CUDA device when
     torch sees one, else the CPU; ``cuda`` fails without one. The megatron backend always trains on
@@ -55,41 +63,41 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     normalize_advantages: bool = False
     """Whiten GRPO/GSPO/PPO advantages over the step's trained tokens (``--normalize-advantages``);
     REINFORCE++ and its baseline variant are always whitened."""
-    gamma: float = 1.0
+    gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Per-token discount of REINFORCE++ returns and GAE (``--gamma``), in [0, 1]."""
-    lambd: float = 1.0
+    lambd: Annotated[float, Range(ge=0, le=1)] = 1.0
     """GAE lambda (``--lambd``), in [0, 1]."""
-    kl_coef: float = 0.0
+    kl_coef: Annotated[float, Range(ge=0)] = 0.0
     """KL-to-reference penalty folded into the per-token rewards of REINFORCE++(-baseline) and PPO
     (``--kl-coef``), estimator ``kl_loss_type``; ignored by GRPO/GSPO, as in slime. >= 0."""
     use_kl_loss: bool = False
     """Add ``kl_loss_coef * KL(policy || reference)`` to the loss (``--use-kl-loss``)."""
-    kl_loss_coef: float = 0.0
+    kl_loss_coef: Annotated[float, Range(ge=0)] = 0.0
     """Weight of the KL loss (``--kl-loss-coef``), >= 0; 0 with ``use_kl_loss`` reports it only."""
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "k1"
     """Per-token KL estimator (``--kl-loss-type``); ``low_var_kl`` is k3 clamped to [-10, 10]."""
     ref_load: str | None = None
     """HF directory of the frozen reference model (``--ref-load``); None = the initial checkpoint."""
-    entropy_coef: float = 0.0
+    entropy_coef: Annotated[float, Range(ge=0)] = 0.0
     """Entropy bonus: loss -= entropy_coef * mean entropy (``--entropy-coef``), >= 0."""
-    eps_clip_c: float | None = None
+    eps_clip_c: Annotated[float, Range(gt=1, note="(dual clip), or unset")] | None = None
     """Dual-clip PPO constant c > 1: for A < 0 the loss is capped at -c * A (``--eps-clip-c``); None = off."""
-    value_clip: float = 0.2
+    value_clip: Annotated[float, Range(gt=0)] = 0.2
     """PPO critic: new values stay within old +- value_clip in the clipped value loss (``--value-clip``), > 0."""
-    critic_lr: float | None = None
+    critic_lr: Annotated[float, Range(gt=0, note=", or unset (= --lr)")] | None = None
     """PPO critic learning rate (``--critic-lr``); None = ``lr``."""
     mis_level: Literal["none", "token", "sequence", "geometric"] = "none"
     """Masked importance sampling of exp(old_logp - rollout_logp) (``--mis-level``): mask tokens
     (token) or whole samples (sequence: product of ratios; geometric: geometric mean) whose ratio
     is outside [mis_lower_bound, mis_upper_bound]; weight the rest by the ratio."""
-    mis_lower_bound: float = 0.5
+    mis_lower_bound: Annotated[float, Range(ge=0)] = 0.5
     """MIS lower bound (``--mis-lower-bound``), in [0, mis_upper_bound]."""
-    mis_upper_bound: float = 2.0
+    mis_upper_bound: Annotated[float, Range(gt=0)] = 2.0
     """MIS upper bound (``--mis-upper-bound``)."""
     use_decoupled_ppo: bool = False
     """Decoupled PPO (Hilton et al. 2021; AReaL): clip around the trainer's pre-step policy and weight
     each token by exp(old_logp - rollout_logp) (``--use-decoupled-ppo``)."""
-    behav_imp_weight_cap: float | None = None
+    behav_imp_weight_cap: Annotated[float, Range(gt=1, note=", or unset")] | None = None
     """Decoupled PPO: drop tokens whose behaviour weight exceeds this cap, > 1 (``--behav-imp-weight-cap``)."""
     use_rollout_logprobs: bool = False
     """THUDM/slime's ``--use-rollout-logprobs``: the engine's logprobs of the sampled tokens are the old policy
@@ -104,7 +112,7 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     sample (``slime.rollout.opd``; the teacher comes from ``--opd-teacher-load``, ``--opd-teacher-addrs``
     or a ``model: teacher`` group of ``--sglang-config``) and each trained token's advantage gets
     ``-opd_kl_coef * (old_logp - teacher_logp)`` on top of the estimator's (``slime.train.objective``)."""
-    opd_kl_coef: float = 1.0
+    opd_kl_coef: Annotated[float, Range(ge=0)] = 1.0
     """Weight of the per-token reverse KL in the advantage (``--opd-kl-coef``, slime's default 1.0), >= 0;
     next to the task advantage it sets the mix."""
     opd_only: bool = False
@@ -126,10 +134,10 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     with TP/DP under torchrun, rank 0 hosting the loop (``--train-backend``; slime/train/megatron/)."""
     megatron: MegatronConfig = MegatronConfig()
     """The megatron-core backend's parallelism, precision, schedule and packing knobs."""
-    actor_num_nodes: int | None = None
+    actor_num_nodes: Annotated[int, Range(ge=1)] | None = None
     """Nodes of the trainer's torchrun job (``--actor-num-nodes``, THUDM/slime's flag; ``--nnodes``); None = 1.
     More than one needs ``--train-backend megatron``. See ``slime.engines.fleet.placement``."""
-    actor_num_gpus_per_node: int | None = None
+    actor_num_gpus_per_node: Annotated[int, Range(ge=1)] | None = None
     """Trainer ranks (GPUs) per node (``--actor-num-gpus-per-node``; torchrun's ``--nproc-per-node``, checked
     against ``LOCAL_WORLD_SIZE``); None = torchrun's own count. With ``--colocate`` it also sets the default
     ``--rollout-num-gpus`` (nodes x GPUs per node), as in THUDM/slime."""
@@ -141,22 +149,16 @@ class TrainConfig(msgspec.Struct, **STRUCT):
             ConfigError: naming the flag.
         """
         t = self
+        check_ranges(t)
         require(
             [
-                (t.lr > 0, "--lr", t.lr, "> 0"),
-                (t.global_batch_size >= 1, "--global-batch-size", t.global_batch_size, ">= 1"),
-                (t.micro_batch_size >= 1, "--micro-batch-size", t.micro_batch_size, ">= 1"),
-                (t.eps_clip > 0, "--eps-clip", t.eps_clip, "> 0"),
-                (t.eps_clip_high is None or t.eps_clip_high >= 0, "--eps-clip-high", t.eps_clip_high, ">= 0"),
-                (0 <= t.tis_clip_low <= t.tis_clip, "--tis-clip-low", t.tis_clip_low, f"in [0, --tis-clip={t.tis_clip}]"),
+                (t.tis_clip_low <= t.tis_clip, "--tis-clip-low", t.tis_clip_low, f"in [0, --tis-clip={t.tis_clip}]"),
                 (
                     t.tis_level == "token" or t.use_tis,
                     "--tis-level",
                     t.tis_level,
                     "used with --use-tis (without it there is no TIS weight)",
                 ),
-                (t.clip_grad >= 0, "--clip-grad", t.clip_grad, ">= 0 (0 = no clipping)"),
-                (t.num_threads >= 1, "--train-threads", t.num_threads, ">= 1"),
                 (
                     not (t.train_backend == "megatron" and t.device == "cpu"),
                     "--train-device",
@@ -169,39 +171,17 @@ class TrainConfig(msgspec.Struct, **STRUCT):
                     t.micro_batch_size,
                     f"<= --global-batch-size ({t.global_batch_size})",
                 ),
-                (t.eps_clip_c is None or t.eps_clip_c > 1.0, "--eps-clip-c", t.eps_clip_c, "> 1 (dual clip), or unset"),
-                (0.0 <= t.gamma <= 1.0, "--gamma", t.gamma, "in [0, 1]"),
-                (0.0 <= t.lambd <= 1.0, "--lambd", t.lambd, "in [0, 1]"),
-                (t.kl_coef >= 0, "--kl-coef", t.kl_coef, ">= 0"),
-                (t.kl_loss_coef >= 0, "--kl-loss-coef", t.kl_loss_coef, ">= 0"),
-                (t.opd_kl_coef >= 0, "--opd-kl-coef", t.opd_kl_coef, ">= 0"),
-                (t.entropy_coef >= 0, "--entropy-coef", t.entropy_coef, ">= 0"),
-                (t.value_clip > 0, "--value-clip", t.value_clip, "> 0"),
-                (t.critic_lr is None or t.critic_lr > 0, "--critic-lr", t.critic_lr, "> 0, or unset (= --lr)"),
                 (
-                    0 <= t.mis_lower_bound <= t.mis_upper_bound,
+                    t.mis_lower_bound <= t.mis_upper_bound,
                     "--mis-lower-bound",
                     t.mis_lower_bound,
                     f"in [0, --mis-upper-bound={t.mis_upper_bound}]",
-                ),
-                (
-                    t.behav_imp_weight_cap is None or t.behav_imp_weight_cap > 1.0,
-                    "--behav-imp-weight-cap",
-                    t.behav_imp_weight_cap,
-                    "> 1, or unset",
                 ),
                 (
                     t.use_tis + (t.mis_level != "none") + t.use_decoupled_ppo <= 1,
                     "--use-tis / --mis-level / --use-decoupled-ppo",
                     f"use_tis={t.use_tis}, mis_level={t.mis_level}, use_decoupled_ppo={t.use_decoupled_ppo}",
                     "at most one off-policy correction",
-                ),
-                (t.actor_num_nodes is None or t.actor_num_nodes >= 1, "--actor-num-nodes", t.actor_num_nodes, ">= 1"),
-                (
-                    t.actor_num_gpus_per_node is None or t.actor_num_gpus_per_node >= 1,
-                    "--actor-num-gpus-per-node",
-                    t.actor_num_gpus_per_node,
-                    ">= 1",
                 ),
             ]
         )
