@@ -39,7 +39,7 @@ from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
 from slime.loop.counters import SchedulerCounters, StepStats
 from slime.loop.version import PolicyVersion
-from slime.rollout.rewards import score_sample
+from slime.rollout.rewards import check_reward, score_sample
 from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
 from slime.types import Group, RewardFn, Status
 
@@ -135,6 +135,8 @@ class RolloutFunctionScheduler(SchedulerCounters):
             for s in g.samples:
                 if s.reward is None:
                     await score_sample(s, self.reward_fn, timeout_s=self.rollout.reward_timeout_s)
+                else:  # the function's own reward: held to the reward function's range (FAILED if outside)
+                    check_reward(s)
         self.next_group_id += len(groups)
         self.num_admitted += len(groups)
         st = self.stats

@@ -2,7 +2,9 @@
 then the reward (per sample, or per group with a group reward function), each call traced.
 
 A FAILED sample gets reward 0.0 and no reward call; a teacher failure marks the sample FAILED
-(``slime.rollout.opd``). Online and offline groups go through the same calls.
+(``slime.rollout.opd``). Online and offline groups go through the same calls. A reward that was already
+set (by a custom generate function, or in the offline file) meets the reward function's checks
+(``slime.rollout.rewards.check_reward``): a non-finite or out-of-range one marks the sample FAILED.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from slime.config import RolloutConfig
 from slime.rollout.opd import TeacherScorer
-from slime.rollout.rewards import score_group, score_sample
+from slime.rollout.rewards import check_reward, score_group, score_sample
 from slime.types import Group, GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["Scorer"]
@@ -47,7 +49,9 @@ class Scorer:
             await self._teacher(self.teacher, s)
         if s.status is Status.FAILED:
             s.reward = 0.0
-        elif self.sample_reward_fn is not None and s.reward is None:
+        elif s.reward is not None:  # set by the generate function
+            check_reward(s)
+        elif self.sample_reward_fn is not None:
             span = self.tracer.begin("reward", "reward", lanes="reward")
             await score_sample(s, self.sample_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
             if span is not None:
@@ -68,6 +72,8 @@ class Scorer:
             for s in group.samples:
                 if s.status is not Status.FAILED and s.teacher_logprobs is None:
                     await self._teacher(self.teacher, s)
+        for s in group.samples:  # the file's own rewards
+            check_reward(s)
         if self.group_reward_fn is not None and not group.is_rewarded:
             await score_group(
                 group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key

@@ -4,10 +4,13 @@ A reward function is ``async def reward(sample) -> float`` (per sample) or, with
 ``async def reward(samples) -> list[float]`` (per group). A plain (sync) function is run on a
 daemon thread of its own (``slime.rollout.plugin_threads``): one that hangs is abandoned at the
 timeout and blocks neither other rewards, nor the train step, nor exit. Whatever it does wrong
-(raises, hangs past ``reward_timeout_s``, returns a non-number or NaN, returns the wrong number of
-rewards) the sample is marked ``Status.FAILED`` with ``reward = 0.0`` and
-``sample.evidence["reward_error"]`` holding the exception type, message and elapsed seconds.
-Failed samples do not train (see ``slime/train/batch.py``).
+(raises, any ``BaseException`` included: ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, its own
+``CancelledError``; hangs past ``reward_timeout_s``; returns a non-number, NaN, an infinity or a value
+beyond ``MAX_ABS_REWARD``; returns the wrong number of rewards) the sample is marked ``Status.FAILED``
+with ``reward = 0.0`` and ``sample.evidence["reward_error"]`` holding the exception type, message and
+elapsed seconds, and the run goes on. Failed samples do not train (see ``slime/train/batch.py``).
+Only a cancellation of the scoring task itself (the run stopping) goes through. A reward set by
+someone else (a generate or rollout function) is held to the same range by ``check_reward``.
 
 Not covered: a hung sync reward function goes on running on its thread (Python threads cannot be
 killed); the run goes on without it.
@@ -31,9 +34,14 @@ from slime.errors import ConfigError, PluginError
 from slime.rollout import plugin_threads
 from slime.types import GroupRewardFn, RewardFn, Sample, Status
 
-__all__ = ["load_function", "score_sample", "score_group"]
+__all__ = ["load_function", "score_sample", "score_group", "check_reward", "MAX_ABS_REWARD"]
 
 log = logging.getLogger(__name__)
+
+MAX_ABS_REWARD = 1e15
+"""Largest reward magnitude taken. The trainer's group statistics are float32: 1e300 is no float32 at all (it
+was a traceback in the batch builder) and rewards of 1e30 overflow their group's variance, which zeroes every
+advantage of the group without a word; below 1e15 a group of ``MAX_SAMPLES_PER_PROMPT`` stays finite."""
 
 
 def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[..., Any]:
@@ -103,18 +111,49 @@ def _as_reward(value: Any, reward_key: str | None = None, sample: Sample | None 
     value = float(value)
     if not math.isfinite(value):
         raise PluginError(f"reward function returned non-finite {value}")
+    if abs(value) > MAX_ABS_REWARD:
+        raise PluginError(
+            f"reward function returned {value!r}, outside [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}] "
+            "(the trainer's float32 group statistics overflow beyond it)"
+        )
     return value
+
+
+def check_reward(sample: Sample) -> None:
+    """A reward someone else set (a generate function, a ``--rollout-function-path`` function): a non-number or
+    a value ``_as_reward`` refuses marks the sample FAILED with the evidence, as from a reward function."""
+    if sample.reward is None or sample.status is Status.FAILED:
+        return
+    try:
+        sample.reward = _as_reward(sample.reward)
+    except PluginError as exc:
+        _mark_failed(sample, PluginError(f"a reward set outside the reward function: {exc}"), 0.0)
+
+
+def _described(exc: BaseException) -> BaseException:
+    """A ``BaseException`` that is not an ``Exception`` (``SystemExit(3)``, ...) as an error saying it did not end
+    the run; others as they are."""
+    if isinstance(exc, Exception):
+        return exc
+    return PluginError(f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) raised by the reward function; it does not end the run")
+
+
+def _stopping() -> bool:
+    """Whether the scoring task itself is being cancelled (the run stops): then nothing is caught."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     sample.status = Status.FAILED
     sample.reward = 0.0
     where = f"group {sample.group_id} sample {sample.index}"
-    log.warning("reward failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, exc)
+    shown = _described(exc)
+    log.warning("reward failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, shown)
     sample.evidence["reward_error"] = {
         "where": where,
         "type": type(exc).__name__,
-        "message": str(exc) or repr(exc),
+        "message": str(shown) or repr(exc),
         "elapsed_s": round(elapsed_s, 4),
         "traceback": "".join(traceback.format_exception(exc, limit=-3))[-2000:],
     }
@@ -129,11 +168,11 @@ async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float,
         async with deadline:
             raw = await _call(reward_fn, sample)
         sample.reward = _as_reward(raw, reward_key, sample)
-    except TimeoutError:
-        if deadline.expired():  # our deadline, not a TimeoutError raised inside the reward function
+    except BaseException as exc:  # plugin boundary: a user function's failure becomes data, SystemExit included
+        if _stopping():
+            raise
+        if isinstance(exc, TimeoutError) and deadline.expired():  # our deadline, not a TimeoutError of the function
             exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
-        _mark_failed(sample, exc, time.monotonic() - t0)
-    except Exception as exc:  # plugin boundary: a user function's failure becomes data
         _mark_failed(sample, exc, time.monotonic() - t0)
 
 
@@ -149,7 +188,9 @@ async def score_group(samples: list[Sample], group_reward_fn: GroupRewardFn, *, 
         if len(raw) != len(samples):
             raise PluginError(f"group reward function returned {len(raw)} rewards for {len(samples)} samples")
         values = [_as_reward(v, reward_key, s) for v, s in zip(raw, samples)]
-    except Exception as exc:  # plugin boundary (TimeoutError included)
+    except BaseException as exc:  # plugin boundary (TimeoutError and SystemExit included)
+        if _stopping():
+            raise
         if isinstance(exc, TimeoutError) and deadline.expired():
             exc = TimeoutError(f"group reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
         for s in samples:
