@@ -176,12 +176,13 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
 
 
 def _parse_prompt_files(config: Config, files: list[tuple[str, str]]) -> None:
-    """Parse every row of the prompt files (no tokenizer: lengths are checked when the run loads them)."""
-    from slime.data.dataset import load_prompt_file
+    """Parse every row of the prompt files (no tokenizer: lengths are checked when the run loads them), one row at a
+    time (``slime.data.prompt_index``: a large file is not held)."""
+    from slime.data.prompt_index import index_prompt_file
 
     d = config.data
     for flag, path in files:
-        _, bad = load_prompt_file(
+        _, bad = index_prompt_file(
             path,
             flag=flag,
             input_key=d.input_key,

@@ -23,7 +23,7 @@ PARTS = {
     "slime": "root",  # the package's empty __init__ (matched exactly, not as a prefix)
     "slime.types": "types",
     "slime.errors": "errors",
-    **{f"slime.{m}": "core" for m in ("config", "yaml_file", "hf_checkpoint", "hf_compat", "eval_config")},
+    **{f"slime.{m}": "core" for m in ("config", "yaml_file", "hf_checkpoint", "hf_compat", "eval_config", "stop")},
     "slime.obs": "obs",
     "slime.sync": "sync",
     "slime.data": "data",

@@ -30,12 +30,14 @@ import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
+from slime.data.jsonl import decode_line, jsonl_lines
 from slime.data.prompt_fields import describe_list, messages_of, short, tools_of
 from slime.errors import ConfigError, DataError
+from slime.stop import raise_if_stopped
 
 __all__ = [
     "PromptRow",
@@ -142,50 +144,65 @@ def read_rows(
     Raises:
         DataError: as ``load_prompt_file``.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a JSONL or Parquet file ({flag})")
-    if not path.is_file():
-        raise DataError(f"{path}: prompt file not found ({flag})")
-    parquet = path.suffix.lower() == ".parquet"
-    items: list[T] = []
-    num_bad = 0
-    for where, obj in _parquet_records(path, flag) if parquet else _jsonl_records(path):
-        try:
-            if isinstance(obj, ValueError):
-                raise obj
-            items.append(parse(obj, len(items)))
-        except ConfigError:  # the run's setup (e.g. its chat template) is at fault, not this row
-            raise
-        except ValueError as exc:
-            msg = f"{where}: {exc}"
-            if on_bad_data == "fail":
-                raise DataError(msg + f" (use --on-bad-data skip to skip bad {'rows' if parquet else 'lines'})") from None
-            log.warning("skipping bad row %s", msg)
-            num_bad += 1
-    if not items:
-        what = f"all {num_bad} {'rows' if parquet else 'non-blank lines'} are bad" if num_bad else "the file is empty or blank"
-        raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
-    return items, num_bad
+    scan = RowScan(path, parse, on_bad_data=on_bad_data, flag=flag)
+    return [item for item, _ in scan], scan.num_bad
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
-    """(``path:line``, decoded object or the ValueError saying why it is not JSON) per non-blank line."""
-    decoder = msgspec.json.Decoder()
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw.strip():
-                continue
+class RowScan(Generic[T]):
+    """One pass over a JSONL or Parquet file: iterating it yields ``(parse(obj, index), offset)`` per good row, where
+    ``offset`` is the byte offset of its JSONL line (None for Parquet), one row at a time; bad rows are raised or
+    skipped and counted in ``num_bad`` as ``read_rows`` says. A stop request (SIGTERM, ``slime.stop``) ends it.
+
+    Raises (while iterating):
+        DataError: as ``load_prompt_file``, the empty file included once the pass ends.
+        Stopped: the run was asked to stop.
+    """
+
+    def __init__(self, path: str | Path, parse: Callable[[Any, int], T], *, on_bad_data: Literal["skip", "fail"], flag: str):
+        self.path, self.parse, self.on_bad_data, self.flag = Path(path), parse, on_bad_data, flag
+        self.num_bad = 0
+
+    def __iter__(self) -> Iterator[tuple[T, int | None]]:
+        path, flag = self.path, self.flag
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory, expected a JSONL or Parquet file ({flag})")
+        if not path.is_file():
+            raise DataError(f"{path}: prompt file not found ({flag})")
+        parquet = path.suffix.lower() == ".parquet"
+        num_good = 0
+        for where, obj, offset in _parquet_records(path, flag) if parquet else _jsonl_records(path):
+            if num_good % 1024 == 0:
+                raise_if_stopped(f"reading {path}")
             try:
-                yield f"{path}:{lineno}", decoder.decode(raw)
-            except msgspec.DecodeError as exc:
-                yield f"{path}:{lineno}", ValueError(f"invalid JSON ({exc})")
+                if isinstance(obj, ValueError):
+                    raise obj
+                item = self.parse(obj, num_good)
+            except ConfigError:  # the run's setup (e.g. its chat template) is at fault, not this row
+                raise
+            except ValueError as exc:
+                msg = f"{where}: {exc}"
+                if self.on_bad_data == "fail":
+                    raise DataError(msg + f" (use --on-bad-data skip to skip bad {'rows' if parquet else 'lines'})") from None
+                log.warning("skipping bad row %s", msg)
+                self.num_bad += 1
+                continue
+            num_good += 1
+            yield item, offset
+        if not num_good:
+            bad = self.num_bad
+            what = f"all {bad} {'rows' if parquet else 'non-blank lines'} are bad" if bad else "the file is empty or blank"
+            raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
 
 
-def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any]]:
-    """(``path row i``, the row as a dict) per row, 0-based, read one record batch at a time."""
+def _jsonl_records(path: Path) -> Iterator[tuple[str, Any, int]]:
+    """(``path:line``, decoded object or the ValueError saying why it is not a row, byte offset) per non-blank line."""
+    decoder = msgspec.json.Decoder()
+    for lineno, offset, raw in jsonl_lines(path):
+        yield f"{path}:{lineno}", decode_line(decoder, raw), offset
+
+
+def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any, None]]:
+    """(``path row i``, the row as a dict, None) per row, 0-based, read one record batch at a time."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -197,7 +214,7 @@ def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any]]:
     i = 0
     for batch in file.iter_batches(batch_size=4096):
         for obj in batch.to_pylist():
-            yield f"{path} row {i}", obj
+            yield f"{path} row {i}", obj, None
             i += 1
 
 
@@ -325,15 +342,19 @@ class PromptSource:
     sorted by ``row.difficulty`` (ascending, stable over the epoch's file or shuffled order).
 
     ``rows`` may hold anything indexable (the offline data source reuses it for its groups); only
-    curriculum order reads ``difficulty``.
+    curriculum order reads ``difficulty``, from ``rows.difficulties`` when the rows have it (a streamed file,
+    ``slime.data.prompt_index``: no row is read for the order).
     """
 
     def __init__(self, rows: Sequence[Any], *, shuffle: bool = True, seed: int = 0, curriculum: bool = False):
         if not rows:
             raise DataError("PromptSource needs at least one row")
-        if curriculum and any(getattr(r, "difficulty", None) is None for r in rows):
-            raise DataError("curriculum order needs a difficulty on every row (--curriculum-key)")
-        self.rows = rows
+        difficulties: Sequence[float | None] = ()
+        if curriculum:
+            difficulties = getattr(rows, "difficulties", None) or [getattr(r, "difficulty", None) for r in rows]
+            if any(d is None for d in difficulties):
+                raise DataError("curriculum order needs a difficulty on every row (--curriculum-key)")
+        self.rows, self.difficulties = rows, difficulties
         self.shuffle = shuffle
         self.curriculum = curriculum
         self.seed = seed
@@ -346,7 +367,7 @@ class PromptSource:
         if self.shuffle:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         if self.curriculum:
-            order.sort(key=lambda i: self.rows[i].difficulty)
+            order.sort(key=lambda i: self.difficulties[i])  # type: ignore[arg-type, return-value]  # None is refused above
         return order
 
     def next(self) -> Any:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from slime.config import DataConfig, LoopConfig, RolloutConfig
-from slime.data.dataset import PromptRow, load_prompt_file
+from slime.data.dataset import PromptRow
 from slime.data.offline import OfflineSource, load_offline_data
+from slime.data.prompt_index import index_prompt_file
 from slime.errors import ConfigError
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import load_function
@@ -38,12 +40,13 @@ def builtin_task(name: str) -> Any:
 
 def load_prompts(
     d: DataConfig, counts: dict[str, int] | None = None, *, seed: int, require_label: bool = False, check: Any = None, by_name: bool = False
-) -> tuple[list[PromptRow], Any]:
+) -> tuple[Sequence[PromptRow], Any]:
     """Train and eval prompt rows of the data section ``d``: the user's JSONL files, or the built-in task (``--builtin-task``).
 
     The eval rows are one list (every dataset's, in order), or with ``by_name`` a dict ``{name: rows}``
     of ``--eval-prompt-data``'s datasets (name None: one unnamed path, or the built-in eval split; empty:
-    no eval), each cut to ``--num-eval-prompts``.
+    no eval), each cut to ``--num-eval-prompts``. JSONL files are streamed (``slime.data.prompt_index``):
+    the train rows are read back by offset as the run hands them out, and only the eval rows kept are held.
 
     ``counts``, when given, receives ``bad_data_lines_skipped`` (``--on-bad-data skip``).
     ``seed``: the run's ``--seed`` (the built-in task's train split is drawn from it).
@@ -61,7 +64,7 @@ def load_prompts(
         check=check,
     )
     if d.prompt_data:
-        train, num_bad[0] = load_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
+        train, num_bad[0] = index_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
     else:
         task = builtin_task(d.builtin_task)
         train = [
@@ -70,9 +73,9 @@ def load_prompts(
         ]
     sets: dict[str | None, list[PromptRow]] = {}
     for name, path in d.eval_datasets:
-        rows, bad = load_prompt_file(path, flag="--eval-prompt-data", **kw)
+        rows, bad = index_prompt_file(path, flag="--eval-prompt-data", **kw)
         num_bad[1] += bad
-        sets[name] = rows[: d.num_eval_prompts]
+        sets[name] = list(rows[: d.num_eval_prompts])
     if not d.eval_datasets and not d.prompt_data:
         task = builtin_task(d.builtin_task)
         # a fixed held-out set (seed 0), the same for every run seed, so runs compare
