@@ -26,6 +26,29 @@ __all__ = ["main", "preflight"]
 
 
 def _train(argv: list[str], prog: str = "slime train") -> int:
+    """``slime train ARGV``. SIGTERM (or Ctrl-C) in any phase ends it with one line and exit status 130 (``slime.stop``)."""
+    from slime import stop
+
+    stop.clear()
+    run: dict[str, Any] = {}  # "config": the run's config, once built (named in the interrupted line)
+    with stop.sigterm_raises():  # startup; the run itself: _run
+        try:
+            return _train_run(argv, prog, run)
+        except KeyboardInterrupt as exc:  # stop.Stopped included
+            stop.final_line(_interrupted_line(prog, run.get("config"), str(exc)))
+            return 130
+
+
+def _interrupted_line(prog: str, config: Any, why: str) -> str:
+    """The last line of an interrupted run: why (``SIGTERM during startup``, ``SIGTERM``, Ctrl-C), its run directory."""
+    why = why or "Ctrl-C"
+    if config is None or not Path(config.run_dir).exists():
+        return f"{prog}: interrupted ({why}) before the run started"
+    hint = f"; resume with --load {config.run_dir}" if config.save_interval else ""
+    return f"{prog}: interrupted ({why}); run directory {config.run_dir}{hint}"
+
+
+def _train_run(argv: list[str], prog: str, run: dict[str, Any]) -> int:
     import msgspec
 
     from slime.cli_args import build_parser, config_from_args, split_passthrough
@@ -59,6 +82,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
 
         check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
         config = config.with_placement_defaults()
+        run["config"] = config
         if ns.dry_run:
             check_inputs(config, parse_data=True)  # what needs no engine: model dirs, prompt rows, plugin imports
             from slime.engines.fleet.plan import build_launch_plan
@@ -89,14 +113,14 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
         if config.train.loss_type == "sft_loss":
             from slime.loop.sft import run_sft
 
-            summary = _run(run_sft(config, progress=not ns.no_progress))
+            summary = _run(run_sft(config, progress=not ns.no_progress), last_words=lambda: _interrupted_line(prog, config, "SIGTERM"))
             fmt = lambda x: "n/a (no --eval-prompt-data)" if x is None else f"{x:.4f}"  # noqa: E731
             print(
                 f"done: SFT {summary['num_steps']} steps; eval loss {fmt(summary['eval_loss_before'])} -> "
                 f"{fmt(summary['eval_loss_after'])}; model {summary['model_dir']}; run dir {config.run_dir}"
             )
             return 0
-        summary = _run(run_training(config, progress=not ns.no_progress))
+        summary = _run(run_training(config, progress=not ns.no_progress), last_words=lambda: _interrupted_line(prog, config, "SIGTERM"))
     except SlimeError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -106,10 +130,6 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
             raise
         print(f"{prog}: error: {leaf}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        hint = f"; resume with --load {config.run_dir}" if config.save_interval else ""
-        print(f"{prog}: interrupted; run directory {config.run_dir}{hint}", file=sys.stderr)
-        return 130
     if not summary:  # a non-zero rank of a torchrun job
         return 0
     from slime.loop.report import format_done_line
@@ -118,32 +138,21 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
     return 0
 
 
-def _run(coro):
+def _run(coro, *, last_words=lambda: "slime: interrupted (SIGTERM)"):
     """Run ``coro`` on uvloop. SIGTERM (``timeout``, ``kill``, a job scheduler) ends it like Ctrl-C:
     the main task is cancelled, so every ``finally`` runs and launched SGLang servers are stopped
-    (they run in their own sessions: a signal to our process group does not reach them).
+    (they run in their own sessions: a signal to our process group does not reach them); loops that
+    run long on worker threads stop at the request, and a run still alive ``SLIME_SIGTERM_GRACE_S``
+    later is ended with the line ``last_words()`` (``slime.stop.sigterm_cancels``).
 
     Raises:
         KeyboardInterrupt: on SIGINT or SIGTERM.
     """
-    import signal
-
-    terminated = False
+    from slime.stop import sigterm_cancels, stop_requested
 
     async def main():
-        task = asyncio.current_task()
-
-        def on_sigterm() -> None:
-            nonlocal terminated
-            terminated = True
-            task.cancel()
-
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-        try:
+        with sigterm_cancels(asyncio.current_task(), last_words=last_words):
             return await coro
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
 
     try:
         import uvloop
@@ -154,7 +163,7 @@ def _run(coro):
     try:
         return run(main())
     except asyncio.CancelledError:
-        if terminated:
+        if stop_requested():
             raise KeyboardInterrupt("SIGTERM") from None
         raise
 

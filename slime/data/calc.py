@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from slime.data.split_stream import split_stream
 from slime.rollout.tools.parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from slime.stop import raise_if_stopped
 
 if TYPE_CHECKING:
     from slime.types import Sample
@@ -111,6 +112,8 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
         if len(rows) == n:
             break
         rows.append({"prompt": prompt, "label": label})
+        if len(rows) % 1024 == 0:
+            raise_if_stopped(f"building {len(rows)} of {n} rows of the built-in task")
     return rows
 
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from slime.data.arith import extract_answer, read_jsonl, reward, score, split_of, write_jsonl
 from slime.data.split_stream import split_stream
+from slime.stop import raise_if_stopped
 
 __all__ = [
     "MIN_TERMS",
@@ -125,6 +126,8 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
         if len(rows) == n:
             break
         rows.append({"prompt": prompt, "label": label})
+        if len(rows) % 1024 == 0:
+            raise_if_stopped(f"building {len(rows)} of {n} rows of the built-in task")
     return rows
 
 

@@ -106,3 +106,24 @@ def test_eval_sets_hold_only_the_rows_they_score(tmp_path):
     config = DataConfig(prompt_data=str(path), eval_prompt_data=str(path), num_eval_prompts=7)
     _, evals = load_prompts(config, seed=1)
     assert isinstance(evals, list) and [r.index for r in evals] == list(range(7))
+
+
+def test_a_stop_request_ends_a_load_within_1024_rows(tmp_path):
+    """SIGTERM during data loading (slime.stop): the reading thread raises instead of reading on."""
+    from slime import stop
+
+    path = tmp_path / "p.jsonl"
+    _write(path, 5000, prompt_bytes=3)
+    seen = []
+
+    def check(row):
+        seen.append(row.index)
+        if row.index == 100:
+            stop.request_stop()
+
+    try:
+        with pytest.raises(stop.Stopped, match=re.escape(f"SIGTERM while reading {path}")):
+            load_prompt_file(path, check=check)
+    finally:
+        stop.clear()
+    assert len(seen) <= 1024 + 1
