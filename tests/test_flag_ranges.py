@@ -165,3 +165,29 @@ def test_a_range_says_itself_in_words():
     assert Range(ge=1, also=(-1,), note="(off)").describe() == ">= 1, or -1 (off)"
     assert Range(gt=0, note=", or unset").describe() == "> 0, or unset"
     assert Range(ge=0, le=65535, flag="--port").flag_of("metrics_port") == "--port"
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "reinforce_plus_plus_baseline"])
+def test_a_group_baseline_with_one_sample_per_prompt_is_refused_at_the_door(tmp_path, capsys, estimator):
+    """Its advantages are all zero: GRPO on --n-samples-per-prompt 1 trained nothing without a word."""
+    from slime.cli import main
+
+    argv = ["train", "--dry-run", "--save", str(tmp_path / "run"), "--n-samples-per-prompt", "1", "--global-batch-size", "16"]
+    assert main([*argv, "--advantage-estimator", estimator]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"slime train: error: --n-samples-per-prompt 1 with --advantage-estimator {estimator}: ")
+    assert "every advantage is 0 and nothing trains" in line and "--n-samples-per-prompt >= 2" in line
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--advantage-estimator", "reinforce_plus_plus"],
+        ["--advantage-estimator", "ppo"],
+        ["--advantage-estimator", "reinforce_plus_plus_baseline", "--kl-coef", "0.1"],
+        ["--debug-rollout-only"],
+    ],
+)
+def test_one_sample_per_prompt_is_taken_where_something_still_trains(extra):
+    parse = ["--n-samples-per-prompt", "1", "--global-batch-size", "16", *extra]
+    assert config_from_args(build_parser().parse_args(parse)).rollout.n_samples_per_prompt == 1

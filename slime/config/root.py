@@ -18,7 +18,10 @@ from slime.config.sync import SyncConfig
 from slime.config.train import TrainConfig
 from slime.errors import ConfigError
 
-__all__ = ["Config"]
+__all__ = ["Config", "GROUP_BASELINE_ESTIMATORS"]
+
+GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+"""Advantage estimators whose baseline is the mean reward of the sample's group (``slime.train.advantages``)."""
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,7 @@ class Config(msgspec.Struct, **STRUCT):
             return self
         if self.loop.num_epoch is not None:
             raise ConfigError("--num-epoch: only with --loss-type sft_loss (RL runs count steps with --num-rollout)")
+        self._check_group_size()
         samples = self.loop.rollout_batch_size * self.rollout.n_samples_per_prompt
         if samples % self.train.global_batch_size != 0 and not self.debug.debug_rollout_only:  # nothing trains in a rollout-only run
             raise ConfigError(
@@ -97,6 +101,28 @@ class Config(msgspec.Struct, **STRUCT):
                 f"--n-samples-per-prompt = {self.loop.rollout_batch_size} x {self.rollout.n_samples_per_prompt} = {samples}"
             )
         return self
+
+    def _check_group_size(self) -> None:
+        """A group-baseline estimator needs two samples a prompt: alone in its group, a sample's reward is its own
+        baseline, so every advantage is 0 and nothing trains (the KL and entropy terms aside).
+
+        Raises:
+            ConfigError: ``--n-samples-per-prompt 1`` with ``GROUP_BASELINE_ESTIMATORS``, unless nothing trains on
+                the advantages alone (``--use-opd`` adds the teacher's term, REINFORCE++-baseline's ``--kl-coef`` a
+                per-token penalty; ``--debug-rollout-only`` trains nothing).
+        """
+        t = self.train
+        if self.rollout.n_samples_per_prompt > 1 or t.advantage_estimator not in GROUP_BASELINE_ESTIMATORS:
+            return
+        if t.use_opd or self.debug.debug_rollout_only:
+            return
+        if t.advantage_estimator == "reinforce_plus_plus_baseline" and t.kl_coef > 0:  # the per-token KL penalty trains
+            return
+        raise ConfigError(
+            f"--n-samples-per-prompt 1 with --advantage-estimator {t.advantage_estimator}: each sample is its group's own "
+            "baseline, so every advantage is 0 and nothing trains; use --n-samples-per-prompt >= 2, or an estimator "
+            "without a group baseline (--advantage-estimator reinforce_plus_plus or ppo)"
+        )
 
     def check_reward_given(self) -> None:
         """An RL run of the CLI on the user's ``--prompt-data`` or ``--eval-prompt-data`` names its reward: the
