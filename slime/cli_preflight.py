@@ -158,6 +158,7 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
             if value == DEFAULT_CHECKPOINT:
                 raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
             raise
+    _check_response_lengths(config)
     files = [("--prompt-data", d.prompt_data), *(("--eval-prompt-data", path) for _, path in d.eval_datasets)]
     for flag, value in files:
         if value and not Path(value).is_file():
@@ -173,6 +174,62 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
     ):
         if value:
             load_function(value, flag=flag)
+
+
+def _engine_context(config: Config) -> tuple[int | None, str]:
+    """The longest sequence the engines take, and where that number comes from: ``--sglang-context-length``, else the
+    ``config.json`` of ``--hf-checkpoint`` (``max_position_embeddings``, as ``slime.data.sft.model_context_len``)."""
+    args = list(config.engine.sglang_args)
+    if "--context-length" in args[:-1]:
+        value = args[args.index("--context-length") + 1]
+        return (int(value), "--sglang-context-length") if value.isdigit() else (None, "")
+    try:
+        hf = json.loads((Path(config.engine.hf_checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None, ""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = hf.get(key) if isinstance(hf, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, f"{key} of --hf-checkpoint"
+    return None, ""
+
+
+def _check_response_lengths(config: Config) -> None:
+    """Response caps that leave no room in the engines' context for a prompt token: every sample would be refused.
+
+    Raises:
+        ConfigError: ``--rollout-max-response-len`` or ``--eval-max-response-len`` >= the context, or
+            ``--rollout-max-context-len`` over it; naming the flag, the allowed range and where the context comes from.
+    """
+    from slime.config._base import require
+
+    context, source = _engine_context(config)
+    if context is None:
+        return
+    r = config.rollout
+    within = f"the engines' context of {context} tokens ({source}) less a prompt token"
+    require(
+        [
+            (
+                r.rollout_max_response_len < context,
+                "--rollout-max-response-len",
+                r.rollout_max_response_len,
+                f"in [1, {context - 1}]: {within}",
+            ),
+            (
+                r.eval_max_response_len is None or r.eval_max_response_len < context,
+                "--eval-max-response-len",
+                r.eval_max_response_len,
+                f"in [1, {context - 1}]: {within}",
+            ),
+            (
+                r.rollout_max_context_len is None or r.rollout_max_context_len <= context,
+                "--rollout-max-context-len",
+                r.rollout_max_context_len,
+                f"in [2, {context}]: the engines' context of {context} tokens ({source})",
+            ),
+        ]
+    )
 
 
 def _parse_prompt_files(config: Config, files: list[tuple[str, str]]) -> None:

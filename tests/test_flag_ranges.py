@@ -191,3 +191,35 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused_at_the_door(tmp_
 def test_one_sample_per_prompt_is_taken_where_something_still_trains(extra):
     parse = ["--n-samples-per-prompt", "1", "--global-batch-size", "16", *extra]
     assert config_from_args(build_parser().parse_args(parse)).rollout.n_samples_per_prompt == 1
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["--rollout-max-response-len", "1000000000"],
+            "--rollout-max-response-len=1000000000 is invalid: expected in [1, 127]: the engines' context of 128 tokens "
+            "(max_position_embeddings of --hf-checkpoint) less a prompt token",
+        ),
+        (["--eval-max-response-len", "128"], "--eval-max-response-len=128 is invalid: expected in [1, 127]"),
+        (["--rollout-max-context-len", "129"], "--rollout-max-context-len=129 is invalid: expected in [2, 128]"),
+    ],
+)
+def test_a_response_cap_the_models_context_cannot_hold_is_refused_at_the_door(tmp_path, capsys, argv, line):
+    """The shipped arith warm start takes 128 tokens: every sample of a longer cap was refused by the engine."""
+    from slime.cli import main
+
+    assert main(["train", "--dry-run", "--save", str(tmp_path / "run"), *argv]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"slime train: error: {line}"), err
+
+
+def test_the_engines_context_is_sglangs_when_given():
+    import msgspec
+
+    from slime.cli_preflight import DEFAULT_CHECKPOINT, _engine_context
+
+    config = Config(engine=msgspec.structs.replace(Config().engine, hf_checkpoint=DEFAULT_CHECKPOINT))
+    assert _engine_context(config) == (128, "max_position_embeddings of --hf-checkpoint")
+    longer = msgspec.structs.replace(config.engine, sglang_args=("--context-length", "4096", "--mem-fraction-static", "0.7"))
+    assert _engine_context(msgspec.structs.replace(config, engine=longer)) == (4096, "--sglang-context-length")
