@@ -181,8 +181,8 @@ def _engine_context(config: Config) -> tuple[int | None, str]:
     ``config.json`` of ``--hf-checkpoint`` (``max_position_embeddings``, as ``slime.data.sft.model_context_len``)."""
     args = list(config.engine.sglang_args)
     if "--context-length" in args[:-1]:
-        value = args[args.index("--context-length") + 1]
-        return (int(value), "--sglang-context-length") if value.isdigit() else (None, "")
+        given = args[args.index("--context-length") + 1]
+        return (int(given), "--sglang-context-length") if given.isdigit() else (None, "")
     try:
         hf = json.loads((Path(config.engine.hf_checkpoint) / "config.json").read_text())
     except (OSError, ValueError):
