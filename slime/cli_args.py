@@ -28,12 +28,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         if "help" not in kwargs:
             docs = docs if docs is not None else _config_docs()
             kwargs = {**kwargs, "help": _help_from_config(path, docs)}
+        if kwargs.get("type") in (int, float):  # the allowed values, as Config.validate checks them
+            kwargs = {**kwargs, "help": f"{kwargs['help']}; allowed {_range_of(path)}".lstrip("; ")}
         parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, **kwargs)
     # THUDM/slime flags with no field here: checked against --hf-checkpoint, or logged no-ops (slime/cli_compat.py)
     from slime.cli_compat import add_compat_flags
 
     add_compat_flags(parser)
     return parser
+
+
+def _range_of(path: str) -> str:
+    """The declared range of the numeric field at ``path`` in words (``slime.config._base.Range``), e.g. ``in [1, 1024]``."""
+    from slime.config._base import field_ranges
+
+    *sections, key = path.split(".")
+    owner: Any = Config()
+    for name in sections:
+        owner = getattr(owner, name)
+    rng = field_ranges(type(owner))[key][0]
+    return rng.describe().replace("%", "%%") if rng is not None else "any number"
 
 
 def _config_docs() -> dict[tuple[str, str], str]:

@@ -223,3 +223,14 @@ def test_the_engines_context_is_sglangs_when_given():
     assert _engine_context(config) == (128, "max_position_embeddings of --hf-checkpoint")
     longer = msgspec.structs.replace(config.engine, sglang_args=("--context-length", "4096", "--mem-fraction-static", "0.7"))
     assert _engine_context(msgspec.structs.replace(config, engine=longer)) == (4096, "--sglang-context-length")
+
+
+def test_the_help_of_each_numeric_flag_says_its_range():
+    from slime.config._base import field_ranges
+
+    by_path = {path: (cls, name) for path, cls, name in _numeric_fields()}
+    helps = {a.option_strings[0]: a.help for a in build_parser()._actions if a.option_strings}
+    for flag, (path, kw) in FLAGS.items():
+        if kw.get("type") in (int, float):
+            cls, name = by_path[path]
+            assert helps[flag].endswith(f"; allowed {field_ranges(cls)[name][0].describe()}"), (flag, helps[flag])
