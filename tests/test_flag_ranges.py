@@ -215,8 +215,6 @@ def test_a_response_cap_the_models_context_cannot_hold_is_refused_at_the_door(tm
 
 
 def test_the_engines_context_is_sglangs_when_given():
-    import msgspec
-
     from slime.cli_preflight import DEFAULT_CHECKPOINT, _engine_context
 
     config = Config(engine=msgspec.structs.replace(Config().engine, hf_checkpoint=DEFAULT_CHECKPOINT))
