@@ -132,7 +132,7 @@ def _train_run(argv: list[str], prog: str, run: dict[str, Any]) -> int:
         return 2
     if not summary:  # a non-zero rank of a torchrun job
         return 0
-    from slime.loop.report import format_done_line
+    from slime.loop.outputs import format_done_line
 
     print(format_done_line(summary, config.run_dir))
     return 0

@@ -60,7 +60,7 @@ import msgspec
 from slime.bench.calibrate import calibrated_workload, probe_decode_cost
 from slime.bench.modes import Mode, run_mode
 from slime.bench.overhead import http_overhead, scheduler_overhead
-from slime.bench.report import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
+from slime.bench.rollout_table import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
 from slime.bench.workload import MODES, Workload
 from slime.engines.pool import HttpEnginePool
 from slime.obs import strict_json

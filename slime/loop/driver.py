@@ -44,8 +44,8 @@ from slime.loop.inputs import (
     teacher_scorer,
     with_offline_logprobs,
 )
+from slime.loop.outputs import check_something_trained
 from slime.loop.record import NoWeightSync, ReplayScheduler
-from slime.loop.report import check_something_trained
 from slime.loop.rl_mode import RLEval, RLMode, rl_summary
 from slime.loop.rollout_function import RolloutFunctionScheduler
 from slime.loop.run import finish_run, holds_run_folders, open_run, run_steps

@@ -20,8 +20,8 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState
 from slime.loop.counters import RolloutScheduler
 from slime.loop.evaluate import evaluate_datasets
+from slime.loop.outputs import format_step_line
 from slime.loop.record import save_rollout_record
-from slime.loop.report import format_step_line
 from slime.loop.run import RunFiles
 from slime.loop.step import run_step
 from slime.loop.step_record import StepRecord

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 import msgspec
 
 from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
-from slime.loop.report import JsonlLog, MetricsWriter, write_json_atomic
+from slime.loop.outputs import JsonlLog, MetricsWriter, write_json_atomic
 from slime.loop.run_lock import hold_run_folders
 from slime.loop.step_record import SFTStepRecord, StepRecord
 

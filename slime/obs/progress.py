@@ -1,6 +1,6 @@
 """Per-step progress: a rich progress bar on a terminal, plain lines otherwise.
 
-Either way every step prints its one summary line (``slime.loop.report.format_step_line``). On a
+Either way every step prints its one summary line (``slime.loop.outputs.format_step_line``). On a
 TTY the line is printed above a live bar showing steps done, the latest reward, accuracy and
 tokens/s, elapsed and remaining time. Redirected to a file or a pipe (CI, ``nohup``), or with
 ``slime train --no-progress``, only the lines are printed, one per step, flushed at once.

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from slime.loop.report import MetricsWriter, write_json_atomic
+from slime.loop.outputs import MetricsWriter, write_json_atomic
 
 
 def _strict_load(text: str):
