@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
-from slime.loop.counters import RolloutScheduler
+from slime.loop.interface import RolloutScheduler
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.step_record import StepRecord
 from slime.obs.trace import NULL_TRACER
