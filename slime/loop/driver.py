@@ -34,7 +34,6 @@ from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import load_checkpoint
-from slime.loop.counters import RolloutScheduler
 from slime.loop.inputs import (
     generate_function,
     load_prompts,
@@ -44,6 +43,7 @@ from slime.loop.inputs import (
     teacher_scorer,
     with_offline_logprobs,
 )
+from slime.loop.interface import RolloutScheduler
 from slime.loop.outputs import check_something_trained
 from slime.loop.record import NoWeightSync, ReplayScheduler
 from slime.loop.rl_mode import RLEval, RLMode, rl_summary

@@ -18,8 +18,8 @@ from typing import Any
 from slime.data.dataset import PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState
-from slime.loop.counters import RolloutScheduler
 from slime.loop.evaluate import evaluate_datasets
+from slime.loop.interface import RolloutScheduler
 from slime.loop.outputs import format_step_line
 from slime.loop.record import save_rollout_record
 from slime.loop.run import RunFiles
@@ -71,7 +71,7 @@ class RLEval:
 
 
 class RLMode:
-    """The RL run's part of the skeleton (``slime.loop.run.RunMode``): one ``run_step`` per step."""
+    """The RL run's part of the skeleton (``slime.loop.interface.RunMode``): one ``run_step`` per step."""
 
     def __init__(
         self,

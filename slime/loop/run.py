@@ -13,7 +13,7 @@ One run per run folder: ``run_training`` and ``run_sft`` are wrapped in ``holds_
 holds the lock of every folder the run writes into or resumes from (``run_folders``) for the whole
 run, so a second run on one of them is refused before it writes anything (``slime.loop.run_lock``).
 
-A mode is a ``RunMode``: what one step does, how it evaluates, what its checkpoint holds. The
+A mode is a ``RunMode`` (``slime.loop.interface``): what one step does, how it evaluates, what its checkpoint holds. The
 skeleton owns the order: an eval before the first step of a fresh run (unless
 ``--skip-eval-before-train``), every step's record written, then an eval every ``eval_interval``
 steps (not after the last: the mode's final eval follows the loop), then a checkpoint every
@@ -29,14 +29,15 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
 
 from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
+from slime.loop.interface import RunMode
 from slime.loop.outputs import JsonlLog, MetricsWriter, write_json_atomic
 from slime.loop.run_lock import hold_run_folders
-from slime.loop.step_record import SFTStepRecord, StepRecord
+from slime.loop.step_record import StepRecord
 
 if TYPE_CHECKING:
     from slime.config import Config
@@ -66,28 +67,6 @@ class RunFiles:
     def seconds(self) -> float:
         """Seconds since the run started."""
         return time.monotonic() - self.t_start
-
-
-class RunMode(Protocol):
-    """What a kind of run adds to the skeleton."""
-
-    trainer: Any
-    """Saved in checkpoints (``slime.loop.checkpoint``); None: no checkpoints (rollout-only)."""
-
-    async def step(self, step: int) -> tuple[StepRecord | SFTStepRecord, list[dict[str, Any]]]:
-        """Run step ``step`` (1-based); returns its record and the trained-log lines."""
-
-    async def evaluate(self, step: int) -> None:
-        """A mid-run or first eval: writes its own record (``step`` 0: before the first step)."""
-
-    def step_line(self, record: Any) -> str:
-        """The progress line of a step record."""
-
-    def loop_state(self, step: int) -> LoopState:
-        """What a checkpoint after ``step`` holds besides the trainer."""
-
-    def quiesced(self) -> Any:
-        """An async context with nothing in flight, for a checkpoint."""
 
 
 def run_folders(config: Config) -> list[tuple[str, str]]:

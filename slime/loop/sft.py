@@ -163,7 +163,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
 
 
 class SFTMode:
-    """The SFT run's part of the skeleton (``slime.loop.run.RunMode``): ``rows_per_step`` rows a step, the
+    """The SFT run's part of the skeleton (``slime.loop.interface.RunMode``): ``rows_per_step`` rows a step, the
     eval loss of the eval rows, checkpoints of the trainer and the data position only."""
 
     def __init__(self, trainer: Any, source: PromptSource, files: RunFiles, obs: Any, eval_rows: list[SFTExample], *, rows_per_step: int):
