@@ -14,18 +14,21 @@ import asyncio
 import signal
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Protocol, TypeVar, overload
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 __all__ = [
     "READY_PREFIX",
     "BadRequest",
+    "JsonObject",
     "error_middleware",
     "error_response",
     "field",
     "json_response",
+    "per_item",
     "read_json_object",
     "run_event_loop",
     "serve_until_signal",
@@ -34,12 +37,19 @@ __all__ = [
 READY_PREFIX = "SLIME_ENGINE_READY url="
 """The line a server prints on stdout (flushed) once it serves, followed by its URL."""
 
+JsonObject = dict[str, Any]
+"""A decoded JSON object (a request body, a reply): ``Any`` because JSON values are untyped until checked."""
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+
 
 class BadRequest(Exception):
     """Answered with SGLang's FastAPI ErrorResponse shape (status 400)."""
 
 
-def json_response(obj: Any, status: int = 200) -> web.Response:
+def json_response(obj: object, status: int = 200) -> web.Response:
+    """``obj`` encoded as JSON (msgspec: dicts, lists, scalars, Structs) with ``status``."""
     return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json")
 
 
@@ -48,13 +58,13 @@ def error_response(message: str, status: int = 400, kind: str = "Bad Request") -
     return json_response({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
 
 
-def error_middleware(extra: Mapping[type[Exception], Callable[[Any], web.Response]] | None = None) -> Any:
+def error_middleware(extra: Mapping[type[Exception], Callable[[Exception], web.Response]] | None = None) -> Middleware:
     """An aiohttp middleware answering ``BadRequest``, unknown routes and wrong methods in SGLang's shapes,
     and each exception type of ``extra`` with the reply its function builds."""
     handlers = dict(extra or {})
 
     @web.middleware
-    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except BadRequest as exc:
@@ -69,7 +79,7 @@ def error_middleware(extra: Mapping[type[Exception], Callable[[Any], web.Respons
     return errors
 
 
-async def read_json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+async def read_json_object(request: web.Request, *, optional: bool = False) -> JsonObject:
     """The request's JSON object body (an empty body is ``{}`` when ``optional``).
 
     Raises:
@@ -87,7 +97,11 @@ async def read_json_object(request: web.Request, *, optional: bool = False) -> d
     return body
 
 
-def field(body: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
+@overload
+def field(body: JsonObject, name: str, kind: type[_T]) -> _T: ...
+@overload
+def field(body: JsonObject, name: str, kind: type[_T], default: _D) -> _T | _D: ...
+def field(body: JsonObject, name: str, kind: type[_T], default: object = ...) -> object:
     """``body[name]`` checked against ``kind``; missing/null -> ``default`` (``...`` = required).
 
     Raises:
@@ -103,7 +117,28 @@ def field(body: dict[str, Any], name: str, kind: type, default: Any = ...) -> An
     return value
 
 
-async def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManager[Any]]) -> None:
+def per_item(value: _T | list[_T] | None, size: int, name: str, default: _T) -> list[_T]:
+    """A body field given once or per batch item, as a list of ``size``: None -> ``default`` each, a
+    scalar repeated, a list as is.
+
+    Raises:
+        ValueError: a list whose length is not ``size`` (SGLang's words, naming ``name``).
+    """
+    if value is None:
+        return [default] * size
+    if not isinstance(value, list):
+        return [value] * size
+    if len(value) != size:
+        raise ValueError(f"The length of {name} ({len(value)}) does not match the batch size ({size}).")
+    return value
+
+
+class _Served(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+async def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManager[_Served]]) -> None:
     """Serve ``make_server()`` (an async context manager with a ``url``), print the ready line, and
     return on SIGINT or SIGTERM (leaving the context stops the server)."""
     stop = asyncio.Event()
@@ -115,7 +150,7 @@ async def serve_until_signal(make_server: Callable[[], AbstractAsyncContextManag
         await stop.wait()
 
 
-def run_event_loop(coro: Coroutine[Any, Any, None]) -> None:
+def run_event_loop(coro: Coroutine[object, object, None]) -> None:
     """Run ``coro`` on uvloop (asyncio's loop if uvloop is missing)."""
     try:
         import uvloop

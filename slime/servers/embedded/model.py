@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from slime.hf_checkpoint import check_hf_dir, check_safetensors_file
 from slime.sync.hf_layout import checkpoint_views
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["LoadedModel", "load_model", "read_hf_weights", "copy_weights_"]
 
@@ -39,8 +43,8 @@ class LoadedModel:
         model_type / architectures: from the config, echoed by ``/model_info``.
     """
 
-    model: Any
-    tokenizer: Any
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
     eos_token_ids: frozenset[int]
     context_length: int
     vocab_size: int
@@ -48,7 +52,7 @@ class LoadedModel:
     architectures: list[str]
 
 
-def _as_ids(value: Any) -> set[int]:
+def _as_ids(value: int | Iterable[int] | None) -> set[int]:
     if value is None:
         return set()
     if isinstance(value, int):
@@ -100,7 +104,7 @@ def _safetensors_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.safetensors"))
 
 
-def weight_targets(model: Any) -> dict[str, torch.Tensor]:
+def weight_targets(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every name a weight update may use -> the live tensor (or view) it writes.
 
     The HF checkpoint names (``slime.sync.hf_layout.checkpoint_views``: one tensor per expert
@@ -110,7 +114,7 @@ def weight_targets(model: Any) -> dict[str, torch.Tensor]:
     return {**checkpoint_views(state), **state}
 
 
-def read_hf_weights(model_path: str | Path, model: Any) -> dict[str, torch.Tensor]:
+def read_hf_weights(model_path: str | Path, model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """Read the safetensors of ``model_path`` and check them against ``model``'s weights.
 
     Names are an HF checkpoint's (``weight_targets``: per-expert tensors of an MoE model are
@@ -156,7 +160,7 @@ def read_hf_weights(model_path: str | Path, model: Any) -> dict[str, torch.Tenso
 
 
 @torch.no_grad()
-def copy_weights_(model: Any, tensors: dict[str, torch.Tensor]) -> None:
+def copy_weights_(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Copy checked tensors into the live model in place (dtype converted to the model's).
 
     Names as ``weight_targets``: a per-expert checkpoint tensor writes its slice of the fused parameter.

@@ -20,10 +20,16 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+import torch
 
 from slime.servers.embedded.request import EngineRequest
 from slime.servers.embedded.sampling import SamplingParams, seeded_generator
+from slime.servers.http import JsonObject, per_item
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ContractError", "ParsedGenerate", "parse_generate", "SAMPLING_FIELDS"]
 
@@ -108,7 +114,7 @@ class ParsedGenerate:
     return_text_in_logprobs: bool
 
 
-def _describe(v: Any) -> str:
+def _describe(v: object) -> str:
     if isinstance(v, bool):
         return f"boolean `{str(v).lower()}`"
     if isinstance(v, int):
@@ -120,7 +126,7 @@ def _describe(v: Any) -> str:
     return {list: "sequence", dict: "map", type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _check_type(v: Any, kind: str) -> None:
+def _check_type(v: object, kind: str) -> None:
     """Raise ContractError unless ``v`` (not None) matches ``kind``; lists are checked element-wise."""
     is_int = isinstance(v, int) and not isinstance(v, bool)
     ok = {
@@ -146,7 +152,8 @@ def _check_type(v: Any, kind: str) -> None:
             _check_type(item, scalar)
 
 
-def _check_sampling(sp: Any) -> dict[str, Any]:
+def _check_sampling(sp: object) -> JsonObject:
+    """One ``sampling_params`` object checked against the closed key set, its null values dropped."""
     if not isinstance(sp, dict):
         raise ContractError(f"invalid type: {_describe(sp)}, expected struct SamplingParams")
     for key, value in sp.items():
@@ -161,7 +168,7 @@ def _check_sampling(sp: Any) -> dict[str, Any]:
     return {k: v for k, v in sp.items() if v is not None}
 
 
-def _sampling_params(sp: dict[str, Any], *, has_tokenizer: bool) -> tuple[SamplingParams, int, int | None]:
+def _sampling_params(sp: JsonObject, *, has_tokenizer: bool) -> tuple[SamplingParams, int, int | None]:
     """Build SamplingParams; returns (params, n, sampling_seed). Raises ValueError on bad values."""
     for key, default in _UNSUPPORTED_DEFAULTS.items():
         if key in sp and sp[key] != default and sp[key] not in ({}, []):
@@ -197,29 +204,63 @@ def _sampling_params(sp: dict[str, Any], *, has_tokenizer: bool) -> tuple[Sampli
     return params, n, sp.get("sampling_seed")
 
 
-def _per_item(value: Any, size: int, name: str, default: Any) -> list[Any]:
-    if value is None:
-        return [default] * size
-    if not isinstance(value, list):
-        return [value] * size
-    if len(value) != size:
-        raise ValueError(f"The length of {name} ({len(value)}) does not match the batch size ({size}).")
-    return value
-
-
-def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, context_length: int, seed: int) -> ParsedGenerate:
+def parse_generate(
+    body: JsonObject, *, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int, context_length: int, seed: int
+) -> ParsedGenerate:
     """Check and expand a ``/generate`` body (see the module docstring).
+
+    The checks run in SGLang's order (the first failing one is the error answered): JSON types,
+    unsupported features, the prompts, the sampling values, rids and per-item lists, then each
+    prompt against the vocabulary and the context length.
 
     Raises:
         ContractError: type or closed-key violations (``{"error": str}``).
         ValueError: bad values or unsupported features (``{"error": {"message": str}}``).
     """
+    raw_sp, sp_list = _check_contract(body)
+    _refuse_unsupported(body)
+    prompts, is_batch = _prompts(body, tokenizer)
+    batch_size = len(prompts)
+    if is_batch and len(sp_list) == 1 and not isinstance(raw_sp, list):  # one object for the whole batch
+        sp_list = sp_list * batch_size
+    if len(sp_list) != batch_size:
+        raise ValueError(f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({batch_size}).")
+    parsed, n = _sampling_per_prompt(body, sp_list, has_tokenizer=tokenizer is not None)
+    rids = _rids(body.get("rid"), batch_size, is_batch)
+    return_logprob = per_item(body.get("return_logprob"), batch_size, "return_logprob", False)
+    start_len = per_item(body.get("logprob_start_len"), batch_size, "logprob_start_len", -1)
+    requests: list[EngineRequest] = []
+    for i, prompt in enumerate(prompts):
+        params, _, sampling_seed = parsed[i]
+        _check_prompt(prompt, params, vocab_size=vocab_size, context_length=context_length)
+        if return_logprob[i] and start_len[i] > len(prompt):
+            raise ValueError(f"logprob_start_len ({start_len[i]}) is larger than the prompt ({len(prompt)} tokens).")
+        for j in range(n):
+            rid, generator = _sample_identity(rids[i], j, n, seed=seed, sampling_seed=sampling_seed)
+            requests.append(
+                EngineRequest(
+                    rid=rid,
+                    prompt_ids=list(prompt),
+                    params=params,
+                    generator=generator,
+                    return_logprob=bool(return_logprob[i]),
+                    logprob_start_len=int(start_len[i]),
+                )
+            )
+    return ParsedGenerate(requests, is_batch or n > 1, bool(body.get("return_text_in_logprobs", False)))
+
+
+def _check_contract(body: JsonObject) -> tuple[object, list[JsonObject]]:
+    """The JSON types of the known top-level fields and of ``sampling_params``; returns (raw, checked list)."""
     for key, kind in _TOP_LEVEL.items():
         if body.get(key) is not None:
             _check_type(body[key], kind)
     raw_sp = body.get("sampling_params") or {}
-    sp_list = [_check_sampling(s) for s in raw_sp] if isinstance(raw_sp, list) else [_check_sampling(raw_sp)]
+    return raw_sp, [_check_sampling(s) for s in raw_sp] if isinstance(raw_sp, list) else [_check_sampling(raw_sp)]
 
+
+def _refuse_unsupported(body: JsonObject) -> None:
+    """ValueError for streaming, the top-level features this engine lacks, and top logprobs."""
     if body.get("stream"):
         raise ValueError('The slime embedded engine does not stream; send "stream": false (the response carries the same fields).')
     for key in _UNSUPPORTED_TOP:
@@ -229,76 +270,68 @@ def parse_generate(body: dict[str, Any], *, tokenizer: Any, vocab_size: int, con
     if any(top_logprobs_num if isinstance(top_logprobs_num, list) else [top_logprobs_num]):
         raise ValueError("The slime embedded engine does not support top_logprobs_num > 0.")
 
+
+def _prompts(body: JsonObject, tokenizer: PreTrainedTokenizerBase | None) -> tuple[list[list[int]], bool]:
+    """(prompt token ids, is_batch) from ``input_ids``, else from ``text`` through the tokenizer."""
     input_ids, text = body.get("input_ids"), body.get("text")
     if input_ids is not None:
         is_batch = bool(input_ids) and isinstance(input_ids[0], list)
         prompts = input_ids if is_batch else [input_ids]
         if any(not isinstance(p, list) for p in prompts) or (not is_batch and any(isinstance(x, list) for x in input_ids)):
             raise ContractError("invalid type: sequence, expected i64")
-    elif text is not None:
-        if tokenizer is None:
-            raise ValueError("`text` needs a tokenizer, but the model directory has none; send input_ids instead.")
-        is_batch = isinstance(text, list)
-        prompts = [tokenizer(t)["input_ids"] for t in (text if is_batch else [text])]
-    else:
+        return prompts, is_batch
+    if text is None:
         raise ValueError("Either text, input_ids or input_embeds should be provided.")
-    batch_size = len(prompts)
-    if is_batch and len(sp_list) == 1 and not isinstance(raw_sp, list):
-        sp_list = sp_list * batch_size
-    if len(sp_list) != batch_size:
-        raise ValueError(f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({batch_size}).")
-    parsed = [_sampling_params(s, has_tokenizer=tokenizer is not None) for s in sp_list]
+    if tokenizer is None:
+        raise ValueError("`text` needs a tokenizer, but the model directory has none; send input_ids instead.")
+    is_batch = isinstance(text, list)
+    return [tokenizer(t)["input_ids"] for t in (text if is_batch else [text])], is_batch
+
+
+def _sampling_per_prompt(
+    body: JsonObject, sp_list: list[JsonObject], *, has_tokenizer: bool
+) -> tuple[list[tuple[SamplingParams, int, int | None]], int]:
+    """Each prompt's (params, n, sampling_seed), and the batch's one ``n``."""
+    parsed = [_sampling_params(s, has_tokenizer=has_tokenizer) for s in sp_list]
     n = parsed[0][1]
     if any(p[1] != n for p in parsed):
         raise ValueError("The n parameter must be the same for all items of a batch.")
     if n > 1 and any(isinstance(body.get(k), list) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")):
         raise ValueError("Per-item lists of return_logprob / logprob_start_len cannot be combined with n > 1.")
+    return parsed, n
 
-    rid = body.get("rid")
+
+def _rids(rid: str | list[str] | None, batch_size: int, is_batch: bool) -> list[str | None]:
+    """The rid sent for each prompt: a list as is, one string suffixed ``_i`` in a batch, else None."""
     if isinstance(rid, list):
         if len(rid) != batch_size:
             raise ValueError(f"The rid list has {len(rid)} items but the batch has {batch_size}.")
-        rids: list[str | None] = list(rid)
-    elif rid is not None and is_batch:
-        rids = [f"{rid}_{i}" for i in range(batch_size)]
-    else:
-        rids = [rid] * batch_size
-    return_logprob = _per_item(body.get("return_logprob"), batch_size, "return_logprob", False)
-    start_len = _per_item(body.get("logprob_start_len"), batch_size, "logprob_start_len", -1)
+        return list(rid)
+    if rid is not None and is_batch:
+        return [f"{rid}_{i}" for i in range(batch_size)]
+    return [rid] * batch_size
 
-    requests: list[EngineRequest] = []
-    for i, prompt in enumerate(prompts):
-        params, _, sampling_seed = parsed[i]
-        if not prompt:
-            raise ValueError("input_ids cannot be empty.")
-        bad = [t for t in prompt if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"Token id {bad[0]} is out of range for vocab size {vocab_size}.")
-        if len(prompt) >= context_length:
-            raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens).")
-        if params.max_new_tokens is not None and len(prompt) + params.max_new_tokens > context_length:
-            raise ValueError(
-                f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
-                f"You requested a total of {len(prompt) + params.max_new_tokens} tokens: {len(prompt)} tokens from "
-                f"the input and {params.max_new_tokens} tokens for the completion."
-            )
-        if return_logprob[i] and start_len[i] > len(prompt):
-            raise ValueError(f"logprob_start_len ({start_len[i]}) is larger than the prompt ({len(prompt)} tokens).")
-        sent_rid = rids[i]
-        for j in range(n):
-            sample_rid = sent_rid if (n == 1 and sent_rid is not None) else uuid.uuid4().hex
-            if sampling_seed is not None:
-                generator = seeded_generator(sampling_seed, f"sample/{j}")
-            else:
-                generator = seeded_generator(seed, sample_rid if n == 1 else f"{sent_rid or sample_rid}/{j}")
-            requests.append(
-                EngineRequest(
-                    rid=sample_rid,
-                    prompt_ids=list(prompt),
-                    params=params,
-                    generator=generator,
-                    return_logprob=bool(return_logprob[i]),
-                    logprob_start_len=int(start_len[i]),
-                )
-            )
-    return ParsedGenerate(requests, is_batch or n > 1, bool(body.get("return_text_in_logprobs", False)))
+
+def _check_prompt(prompt: list[int], params: SamplingParams, *, vocab_size: int, context_length: int) -> None:
+    """ValueError for an empty prompt, an id outside the vocabulary, or a prompt (+ max_new_tokens) past the context."""
+    if not prompt:
+        raise ValueError("input_ids cannot be empty.")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"Token id {bad[0]} is out of range for vocab size {vocab_size}.")
+    if len(prompt) >= context_length:
+        raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens).")
+    if params.max_new_tokens is not None and len(prompt) + params.max_new_tokens > context_length:
+        raise ValueError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
+            f"You requested a total of {len(prompt) + params.max_new_tokens} tokens: {len(prompt)} tokens from "
+            f"the input and {params.max_new_tokens} tokens for the completion."
+        )
+
+
+def _sample_identity(sent_rid: str | None, j: int, n: int, *, seed: int, sampling_seed: int | None) -> tuple[str, torch.Generator]:
+    """Sample ``j``'s rid (the sent one when n == 1, else a fresh uuid4) and its seeded generator."""
+    rid = sent_rid if (n == 1 and sent_rid is not None) else uuid.uuid4().hex
+    if sampling_seed is not None:
+        return rid, seeded_generator(sampling_seed, f"sample/{j}")
+    return rid, seeded_generator(seed, rid if n == 1 else f"{sent_rid or rid}/{j}")

@@ -19,11 +19,14 @@ import concurrent.futures
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from slime.servers.embedded.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "EngineRequest",
@@ -72,7 +75,7 @@ class EngineRequest:
     output_logprobs: list[float] = field(default_factory=list)
     output_versions: list[str] = field(default_factory=list)
     input_logprobs: list[float | None] | None = None
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: dict[str, object] | None = None
     queued: bool = True
     num_retractions: int = 0
     seq: int = 0
@@ -90,7 +93,7 @@ class EngineRequest:
         self.output_logprobs.append(logprob)
         self.output_versions.append(version)
 
-    def finish(self, reason: dict[str, Any]) -> None:
+    def finish(self, reason: dict[str, object]) -> None:
         """Record the finish reason and resolve ``done`` (first call wins; safe from the runner thread)."""
         if self.finish_reason is not None:
             return
@@ -106,7 +109,7 @@ class EngineRequest:
             self.finish({"type": "abort", "message": message, "status_code": None, "err_type": None})
 
 
-def resolve(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
+def resolve(future: concurrent.futures.Future, result: object = None, exc: BaseException | None = None) -> None:
     """Set a future from the runner thread unless the waiter already gave up (cancelled it)."""
     try:
         if exc is not None:
@@ -117,15 +120,17 @@ def resolve(future: concurrent.futures.Future, result: Any = None, exc: BaseExce
         pass
 
 
-def finish_stop(matched: int | str) -> dict[str, Any]:
+def finish_stop(matched: int | str) -> dict[str, object]:
     return {"type": "stop", "matched": matched}
 
 
-def finish_length(length: int) -> dict[str, Any]:
+def finish_length(length: int) -> dict[str, object]:
     return {"type": "length", "length": length}
 
 
-def finish_reason_after(req: EngineRequest, *, eos_token_ids: frozenset[int], tokenizer: Any, context_length: int) -> dict[str, Any] | None:
+def finish_reason_after(
+    req: EngineRequest, *, eos_token_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase | None, context_length: int
+) -> dict[str, object] | None:
     """The finish reason once ``req``'s newest token is appended, or None to keep going.
 
     0.5.23 order: stop string > stop token / EOS > length, so an EOS sampled exactly at
@@ -148,7 +153,7 @@ def finish_reason_after(req: EngineRequest, *, eos_token_ids: frozenset[int], to
     return None
 
 
-def weight_version_spans(versions: list[str], current: str) -> list[dict[str, Any]]:
+def weight_version_spans(versions: list[str], current: str) -> list[dict[str, object]]:
     """Compress per-token versions into SGLang's ``weight_versions`` spans ``[start, end)``.
 
     Example: ["v1", "v1", "v2"] -> [{"version": "v1", "start": 0, "end": 2}, {"version": "v2", "start": 2, "end": 3}];
@@ -156,7 +161,7 @@ def weight_version_spans(versions: list[str], current: str) -> list[dict[str, An
     """
     if not versions:
         return [{"version": current, "start": 0, "end": 0}]
-    spans: list[dict[str, Any]] = []
+    spans: list[dict[str, object]] = []
     for i, v in enumerate(versions):
         if spans and spans[-1]["version"] == v:
             spans[-1]["end"] = i + 1
@@ -166,8 +171,8 @@ def weight_version_spans(versions: list[str], current: str) -> list[dict[str, An
 
 
 def build_response(
-    req: EngineRequest, *, weight_version: str, tokenizer: Any = None, return_text_in_logprobs: bool = False
-) -> dict[str, Any]:
+    req: EngineRequest, *, weight_version: str, tokenizer: PreTrainedTokenizerBase | None = None, return_text_in_logprobs: bool = False
+) -> dict[str, object]:
     """The docs/sglang.md#generate-response response object for a finished request (docs/sglang.md#abort, case B layout for a queued abort).
 
     Args:
@@ -180,7 +185,7 @@ def build_response(
     assert req.finish_reason is not None, f"request {req.rid} is not finished"
     spans = weight_version_spans(req.output_versions, weight_version)
     queued_abort = req.finish_reason.get("type") == "abort" and "status_code" not in req.finish_reason
-    meta: dict[str, Any] = {"id": req.rid, "finish_reason": req.finish_reason}
+    meta: dict[str, object] = {"id": req.rid, "finish_reason": req.finish_reason}
     if not queued_abort:
         meta["prompt_tokens"] = len(req.prompt_ids)
     meta["completion_tokens"] = len(req.output_ids)
@@ -198,7 +203,7 @@ def build_response(
         meta["output_token_logprobs_length"] = len(req.output_ids)
     if not queued_abort:
         meta["response_sent_to_client_ts"] = time.time()
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if tokenizer is not None:
         out["text"] = _decode_text(req, tokenizer)
     out["output_ids"] = list(req.output_ids)
@@ -211,12 +216,13 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _decode_text(req: EngineRequest, tokenizer: Any) -> str:
+def _decode_text(req: EngineRequest, tokenizer: PreTrainedTokenizerBase) -> str:
     ids = req.output_ids
     matched = req.finish_reason.get("matched") if req.finish_reason else None
     if isinstance(matched, int) and not req.params.no_stop_trim and ids and ids[-1] == matched:
         ids = ids[:-1]
     text = tokenizer.decode(ids, skip_special_tokens=req.params.skip_special_tokens)
+    assert isinstance(text, str), "one sequence of ids decodes to one string"
     if isinstance(matched, str) and not req.params.no_stop_trim:
         cut = text.find(matched)
         if cut >= 0:

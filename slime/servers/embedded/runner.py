@@ -29,7 +29,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from transformers import DynamicCache
@@ -169,12 +169,12 @@ class ModelRunner:
         return future
 
     # ---- runner thread ---------------------------------------------------------------------------
-    def _post(self, fn: Callable[..., Any], *, with_barrier: bool = False) -> concurrent.futures.Future:
+    def _post(self, fn: Callable[..., object], *, with_barrier: bool = False) -> concurrent.futures.Future:
         """Run ``fn`` on the runner thread before its next step; ``with_barrier`` passes it the
         sequence number of the next request to be submitted (everything before it is "in flight")."""
         future: concurrent.futures.Future = concurrent.futures.Future()
 
-        def op(*args: Any) -> None:
+        def op(*args: int) -> None:  # the barrier, when with_barrier
             try:
                 result = fn(*args)
             except Exception as exc:  # a bad control request, reported to its caller

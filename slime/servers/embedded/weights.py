@@ -35,13 +35,14 @@ import base64
 import binascii
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import torch
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from slime.servers.embedded.model import weight_targets
-from slime.servers.http import BadRequest
+from slime.servers.embedded.state import ServerState, not_ready
+from slime.servers.http import BadRequest, JsonObject
 from slime.servers.http import field as _field
 from slime.servers.http import json_response as _json
 from slime.servers.http import read_json_object as _body
@@ -50,10 +51,16 @@ from slime.sync.codec import decode_payload, decode_tensor
 from slime.sync.group import WeightsUpdateGroup
 from slime.sync.wire import deserialize_safetensors, dtype_from_name, is_pickle, tensor_checksum
 
-if TYPE_CHECKING:
-    from slime.servers.embedded.server import EngineServer
-
-__all__ = ["add_weight_routes", "die_if_flush_fails", "EngineDied", "FLUSH_FAILED", "GROUP_TIMEOUT_S"]
+__all__ = [
+    "add_weight_routes",
+    "die_if_flush_fails",
+    "EngineDied",
+    "FLUSH_FAILED",
+    "GROUP_TIMEOUT_S",
+    "MemoryRoutes",
+    "UpdateState",
+    "WeightRoutes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +77,7 @@ class EngineDied(RuntimeError):
     """The engine stopped serving, as SGLang does on ``FLUSH_FAILED`` (the route answers 500)."""
 
 
-async def die_if_flush_fails(server: EngineServer, flush_cache: bool, num_paused: int) -> None:
+async def die_if_flush_fails(server: ServerState, flush_cache: bool, num_paused: int) -> None:
     """Behave like SGLang 0.5.17: an update with ``flush_cache`` while requests are paused in place
     cannot flush the cache, and the server dies (every request fails, health is 503 from then on).
 
@@ -88,7 +95,9 @@ async def die_if_flush_fails(server: EngineServer, flush_cache: bool, num_paused
 
 
 @dataclass
-class _State:
+class UpdateState:
+    """What the weight and memory routes share: the open session, the groups, what memory is released."""
+
     session_open: bool = False
     groups: dict[str, WeightsUpdateGroup] = field(default_factory=dict)
     released: set[str] = field(default_factory=set)
@@ -97,11 +106,12 @@ class _State:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight or memory change at a time
 
 
-def _result(ok: bool, message: str, **extra: Any) -> web.Response:
+def _result(ok: bool, message: str, **extra: object) -> web.Response:
     return _json({"success": ok, "message": message, **extra}, 200 if ok else 400)
 
 
-def _check_against_model(model: Any, tensors: dict[str, torch.Tensor]) -> str | None:
+def _check_against_model(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> str | None:
+    """None when every name is a weight of ``model`` with its shape; else what is wrong, in words."""
     expected = {name: t.shape for name, t in weight_targets(model).items()}
     unknown = sorted(set(tensors) - set(expected))
     wrong = sorted(n for n in set(tensors) & set(expected) if tensors[n].shape != expected[n])
@@ -112,59 +122,57 @@ def _check_against_model(model: Any, tensors: dict[str, torch.Tensor]) -> str | 
     return None
 
 
-def add_weight_routes(app: web.Application, server: EngineServer) -> None:
-    """Register the routes above on ``app`` (called by ``routes.add_routes``)."""
-    state = _State()
+class WeightRoutes:
+    """Weight-update sessions, process groups, and the distributed / tensor / delta updates."""
 
-    def not_ready() -> web.Response | None:
-        if server.ready and server.runner is not None and server.runner.alive:
-            return None
-        return _json(
-            {"object": "error", "message": "The server is not ready.", "type": "Service Unavailable", "param": None, "code": 503}, 503
-        )
+    def __init__(self, server: ServerState, state: UpdateState):
+        self.server, self.state = server, state
 
-    def refusal(what: str, *, needs_session: bool = True) -> web.Response | None:
-        if (refused := not_ready()) is not None:
+    def _refusal(self, what: str, *, needs_session: bool = True) -> web.Response | None:
+        """The reply refusing update ``what`` (not ready, no open session, memory released), or None to go on."""
+        if (refused := not_ready(self.server)) is not None:
             return refused
-        if needs_session and not state.session_open:
+        if needs_session and not self.state.session_open:
             return _result(False, f"{what} {SESSION_HINT}.")
-        if state.released:
-            return _result(False, f"{what}: memory is released ({sorted(state.released)}); call resume_memory_occupation first.")
+        if self.state.released:
+            return _result(False, f"{what}: memory is released ({sorted(self.state.released)}); call resume_memory_occupation first.")
         return None
 
-    async def apply(tensors: dict[str, torch.Tensor], body_or_control: dict[str, Any]) -> tuple[int, str]:
-        """Load checked tensors between decode steps; returns (num_paused_requests, version note)."""
+    async def _apply(self, tensors: dict[str, torch.Tensor], body_or_control: JsonObject) -> str:
+        """Load checked tensors between decode steps; returns the version note of the reply."""
         version = body_or_control.get("weight_version")
         abort_all = bool(body_or_control.get("abort_all_requests", False))
-        num_paused = await asyncio.wrap_future(server.require_runner().update_weights(tensors, weight_version=version, abort_all=abort_all))
-        await die_if_flush_fails(server, bool(body_or_control.get("flush_cache", True)), num_paused)
-        return num_paused, f" Weight version updated to {version}." if version else ""
+        update = self.server.require_runner().update_weights(tensors, weight_version=version, abort_all=abort_all)
+        num_paused = await asyncio.wrap_future(update)
+        await die_if_flush_fails(self.server, bool(body_or_control.get("flush_cache", True)), num_paused)
+        return f" Weight version updated to {version}." if version else ""
 
-    async def begin(request: web.Request) -> web.Response:
+    async def begin(self, request: web.Request) -> web.Response:
         _field(await _body(request, optional=True), "selector", str, "all")
-        if state.session_open:
+        if self.state.session_open:
             return _result(False, "begin_weight_update() called while a weight update session is open; call end_weight_update() first.")
-        state.session_open = True
+        self.state.session_open = True
         return _result(True, "Weight update session started.")
 
-    async def end(request: web.Request) -> web.Response:
+    async def end(self, request: web.Request) -> web.Response:
         await _body(request, optional=True)
-        if not state.session_open:
+        if not self.state.session_open:
             return _result(False, "end_weight_update() called without begin_weight_update().")
-        state.session_open = False
+        self.state.session_open = False
         return _result(True, "Weight update session ended.")
 
-    async def init_group(request: web.Request) -> web.Response:
+    async def init_group(self, request: web.Request) -> web.Response:
+        """Join the group as rank ``rank_offset``; blocks (off the event loop) until every rank joined."""
         body = await _body(request)
         address, port = _field(body, "master_address", str), _field(body, "master_port", int)
         rank, world_size = _field(body, "rank_offset", int), _field(body, "world_size", int)
         name, backend = _field(body, "group_name", str, "weight_update_group"), _field(body, "backend", str, "nccl")
-        if (refused := refusal("init_weights_update_group", needs_session=False)) is not None:
+        if (refused := self._refusal("init_weights_update_group", needs_session=False)) is not None:
             return refused
-        if name in state.groups:
+        if name in self.state.groups:
             return _result(False, f"Process group {name!r} already exists; destroy it first.")
         try:
-            state.groups[name] = await asyncio.to_thread(
+            self.state.groups[name] = await asyncio.to_thread(
                 WeightsUpdateGroup.join,
                 group_name=name,
                 rank=rank,
@@ -178,42 +186,45 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
             return _result(False, f"Failed to initialize custom process group: {exc}")
         return _result(True, "Succeeded to initialize custom process group.")
 
-    async def destroy_group(request: web.Request) -> web.Response:
+    async def destroy_group(self, request: web.Request) -> web.Response:
         name = _field(await _body(request), "group_name", str, "weight_update_group")
-        group = state.groups.pop(name, None)
+        group = self.state.groups.pop(name, None)
         if group is None:
             return _result(False, f"Process group {name!r} does not exist.")
         group.destroy()
         return _result(True, f"Succeeded to destroy process group {name!r}.")
 
-    async def from_distributed(request: web.Request) -> web.Response:
+    async def from_distributed(self, request: web.Request) -> web.Response:
+        """Receive one broadcast per tensor (or one flat bucket) from the group, check, then load."""
         body = await _body(request)
         names, dtypes, shapes = _field(body, "names", list), _field(body, "dtypes", list), _field(body, "shapes", list)
         name, load_format = _field(body, "group_name", str, "weight_update_group"), _field(body, "load_format", str, None)
         if not len(names) == len(dtypes) == len(shapes):
             raise BadRequest(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
-        if (refused := refusal("update_weights_from_distributed")) is not None:
+        if (refused := self._refusal("update_weights_from_distributed")) is not None:
             return refused
-        if name not in state.groups or load_format not in (None, "flattened_bucket"):
+        if name not in self.state.groups or load_format not in (None, "flattened_bucket"):
             return _result(
-                False, f"no process group {name!r}" if name not in state.groups else f"load_format {load_format!r} is not supported"
+                False, f"no process group {name!r}" if name not in self.state.groups else f"load_format {load_format!r} is not supported"
             )
         try:
             buffers = [torch.empty([int(d) for d in s], dtype=dtype_from_name(str(t))) for t, s in zip(dtypes, shapes)]
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:  # refused before receiving: the sender waits for its group timeout
             return _result(False, f"bad dtypes or shapes: {exc}")
-        async with state.lock:
-            received = await asyncio.to_thread(state.groups[name].broadcast, buffers, flattened=load_format == "flattened_bucket")
-            tensors = dict(zip(map(str, names), received))
-            if (problem := _check_against_model(server.require_loaded().model, tensors)) is not None:
+        async with self.state.lock:
+            group = self.state.groups[name]
+            received = await asyncio.to_thread(group.broadcast, buffers, flattened=load_format == "flattened_bucket")
+            tensors = dict(zip(map(str, names), received))  # received first: a bad name cannot leave broadcasts hanging
+            if (problem := _check_against_model(self.server.require_loaded().model, tensors)) is not None:
                 return _result(False, f"Failed to update weights: {problem}")
-            _, note = await apply(tensors, body)
+            note = await self._apply(tensors, body)
         return _result(True, "Succeeded to update parameter online from distributed." + note)
 
-    async def from_tensor(request: web.Request) -> web.Response:
+    async def from_tensor(self, request: web.Request) -> web.Response:
+        """Load one base64 safetensors payload (``serialized_named_tensors[0]``); pickles are refused."""
         body = await _body(request)
         payloads, load_format = _field(body, "serialized_named_tensors", list), _field(body, "load_format", str, None)
-        if (refused := refusal("update_weights_from_tensor")) is not None:
+        if (refused := self._refusal("update_weights_from_tensor")) is not None:
             return refused
         if load_format not in (None, "direct") or not payloads or not isinstance(payloads[0], str):
             return _result(
@@ -221,8 +232,19 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
                 f"the slime embedded engine takes one base64 safetensors payload per TP rank with "
                 f"load_format null or 'direct' (got load_format={load_format!r}, {len(payloads)} payloads)",
             )
+        tensors = await self._decode_safetensors(payloads[0])
+        if isinstance(tensors, web.Response):
+            return tensors
+        if (problem := _check_against_model(self.server.require_loaded().model, tensors)) is not None:
+            return _result(False, f"Failed to update weights: {problem}")
+        async with self.state.lock:
+            note = await self._apply(tensors, body)
+        return _result(True, "Succeeded to update model weights." + note)
+
+    async def _decode_safetensors(self, payload: str) -> dict[str, torch.Tensor] | web.Response:
+        """The tensors of a base64 safetensors payload, or the 400 reply saying why it is not one."""
         try:
-            blob = await asyncio.to_thread(base64.b64decode, payloads[0], validate=True)
+            blob = await asyncio.to_thread(base64.b64decode, payload, validate=True)
         except (binascii.Error, ValueError) as exc:
             return _result(False, f"serialized_named_tensors[0] is not base64: {exc}")
         if is_pickle(blob):
@@ -232,106 +254,112 @@ def add_weight_routes(app: web.Application, server: EngineServer) -> None:
                 "handles need a GPU engine): send base64 safetensors (slime.sync.wire.serialize_safetensors)",
             )
         try:
-            tensors = await asyncio.to_thread(deserialize_safetensors, blob)
+            return await asyncio.to_thread(deserialize_safetensors, blob)
         except ValueError as exc:
             return _result(False, str(exc))
-        if (problem := _check_against_model(server.require_loaded().model, tensors)) is not None:
-            return _result(False, f"Failed to update weights: {problem}")
-        async with state.lock:
-            _, note = await apply(tensors, body)
-        return _result(True, "Succeeded to update model weights." + note)
 
-    async def from_delta(request: web.Request) -> web.Response:
+    async def from_delta(self, request: web.Request) -> web.Response:
+        """Apply a ``slime.sync.codec`` delta against the weights held; answer the sha256 of each tensor written."""
         blob = await request.read()
         try:
             control, metas, parts = await asyncio.to_thread(decode_payload, blob)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        if (refused := refusal("update_weights_from_delta")) is not None:
+        if (refused := self._refusal("update_weights_from_delta")) is not None:
             return refused
-        async with state.lock:
-            base, current = control.get("base_weight_version"), server.require_runner().weight_version
+        async with self.state.lock:
+            base, current = control.get("base_weight_version"), self.server.require_runner().weight_version
             if base is not None and base != current:
                 return _result(False, f"delta against weight_version {base!r}, but the engine holds {current!r}")
-            live = weight_targets(server.require_loaded().model)
+            live = weight_targets(self.server.require_loaded().model)
             if unknown := sorted(set(metas) - set(live)):
                 return _result(False, f"Failed to update weights: {len(unknown)} unknown tensor names (e.g. {unknown[:3]})")
             try:
                 tensors = await asyncio.to_thread(lambda: {n: decode_tensor(n, m, parts, live[n]) for n, m in metas.items()})
             except ValueError as exc:
                 return _result(False, f"Failed to decode the delta: {exc}")
-            _, note = await apply(tensors, control)
-            live = weight_targets(server.require_loaded().model)
+            note = await self._apply(tensors, control)
+            live = weight_targets(self.server.require_loaded().model)
             checksums = await asyncio.to_thread(lambda: {n: tensor_checksum(live[n]) for n in tensors})
         return _result(True, "Succeeded to update model weights from delta." + note, checksums=checksums)
 
-    def tags_of(body: dict[str, Any]) -> set[str]:
+
+class MemoryRoutes:
+    """``/release_memory_occupation`` and ``/resume_memory_occupation``, and the guard while released."""
+
+    def __init__(self, server: ServerState, state: UpdateState):
+        self.server, self.state = server, state
+
+    @staticmethod
+    def _tags(body: JsonObject) -> set[str]:
         tags = body.get("tags") or list(MEMORY_TAGS)
         if not isinstance(tags, list) or not set(tags) <= set(MEMORY_TAGS):
             raise BadRequest(f"tags must be a list of {list(MEMORY_TAGS)} or null: body.tags = {tags!r}")
         return set(tags)
 
-    async def release(request: web.Request) -> web.Response:
-        tags = tags_of(await _body(request, optional=True))
-        if (refused := not_ready()) is not None:
+    async def release(self, request: web.Request) -> web.Response:
+        """Hold generation and drop the weights' storage (``weights`` tag); 400 unless idle."""
+        tags = self._tags(await _body(request, optional=True))
+        if (refused := not_ready(self.server)) is not None:
             return refused
-        if server.inflight:
-            return _json(
-                {"error": {"message": f"release_memory_occupation needs an idle engine; {len(server.inflight)} requests are in flight"}},
-                400,
-            )
-        async with state.lock:
-            if not server.require_runner().paused:  # hold generation while memory is gone
-                await asyncio.wrap_future(server.require_runner().pause("in_place"))
-                state.paused_by_release = True
-            if "weights" in tags and "weights" not in state.released:
-                state.freed = [(p, p.shape) for p in server.require_loaded().model.parameters()]  # tied weights: one Parameter
-                for p, _ in state.freed:
-                    p.data = torch.empty(0, dtype=p.dtype)  # drops the storage (it may be a read-only mmap of the checkpoint)
-            state.released |= tags
+        if inflight := len(self.server.inflight):
+            return _json({"error": {"message": f"release_memory_occupation needs an idle engine; {inflight} requests are in flight"}}, 400)
+        async with self.state.lock:
+            runner = self.server.require_runner()
+            if not runner.paused:  # hold generation while memory is gone
+                await asyncio.wrap_future(runner.pause("in_place"))
+                self.state.paused_by_release = True
+            if "weights" in tags and "weights" not in self.state.released:
+                self._free_weights()
+            self.state.released |= tags
         return _json(None)
 
-    async def resume(request: web.Request) -> web.Response:
-        tags = tags_of(await _body(request, optional=True))
-        if (refused := not_ready()) is not None:
+    def _free_weights(self) -> None:
+        self.state.freed = [(p, p.shape) for p in self.server.require_loaded().model.parameters()]  # tied weights: one Parameter
+        for p, _ in self.state.freed:
+            p.data = torch.empty(0, dtype=p.dtype)  # drops the storage (it may be a read-only mmap of the checkpoint)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        """Re-allocate released weights as zeros (sync weights again before generating); continue once nothing is released."""
+        tags = self._tags(await _body(request, optional=True))
+        if (refused := not_ready(self.server)) is not None:
             return refused
-        async with state.lock:
-            if "weights" in tags and state.freed:
-                for p, shape in state.freed:
+        async with self.state.lock:
+            if "weights" in tags and self.state.freed:
+                for p, shape in self.state.freed:
                     p.data = torch.zeros(shape, dtype=p.dtype)
-                state.freed = []
+                self.state.freed = []
                 logger.warning("weights re-allocated as zeros after release: sync weights before generating (docs/sglang.md#memory)")
-            state.released -= tags
-            if not state.released and state.paused_by_release:
-                await asyncio.wrap_future(server.require_runner().resume())
-                state.paused_by_release = False
+            self.state.released -= tags
+            if not self.state.released and self.state.paused_by_release:
+                await asyncio.wrap_future(self.server.require_runner().resume())
+                self.state.paused_by_release = False
         return _json(None)
 
     @web.middleware
-    async def guard_released(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def guard_released(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """While memory is released, a continue would run forwards and a disk load would write into freed storage."""
-        if state.released and request.path in ("/continue_generation", "/update_weights_from_disk"):
-            return _json(
-                {
-                    "error": {
-                        "message": f"{request.path[1:]}: memory is released ({sorted(state.released)}); call resume_memory_occupation first"
-                    }
-                },
-                400,
-            )
+        if self.state.released and request.path in ("/continue_generation", "/update_weights_from_disk"):
+            message = f"{request.path[1:]}: memory is released ({sorted(self.state.released)}); call resume_memory_occupation first"
+            return _json({"error": {"message": message}}, 400)
         return await handler(request)
 
-    app.middlewares.append(guard_released)
+
+def add_weight_routes(app: web.Application, server: ServerState) -> None:
+    """Register the routes above on ``app`` (called by ``routes.add_routes``), sharing one ``UpdateState``."""
+    state = UpdateState()
+    weights, memory = WeightRoutes(server, state), MemoryRoutes(server, state)
+    app.middlewares.append(memory.guard_released)
     for path, handler in [
-        ("/begin_weight_update", begin),
-        ("/end_weight_update", end),
-        ("/init_weights_update_group", init_group),
-        ("/destroy_weights_update_group", destroy_group),
-        ("/update_weights_from_distributed", from_distributed),
-        ("/update_weights_from_tensor", from_tensor),
-        ("/update_weights_from_delta", from_delta),
+        ("/begin_weight_update", weights.begin),
+        ("/end_weight_update", weights.end),
+        ("/init_weights_update_group", weights.init_group),
+        ("/destroy_weights_update_group", weights.destroy_group),
+        ("/update_weights_from_distributed", weights.from_distributed),
+        ("/update_weights_from_tensor", weights.from_tensor),
+        ("/update_weights_from_delta", weights.from_delta),
     ]:
         app.router.add_post(path, handler)
-    for path, handler in [("/release_memory_occupation", release), ("/resume_memory_occupation", resume)]:
+    for path, handler in [("/release_memory_occupation", memory.release), ("/resume_memory_occupation", memory.resume)]:
         app.router.add_get(path, handler, allow_head=False)
         app.router.add_post(path, handler)

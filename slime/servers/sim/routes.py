@@ -24,14 +24,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from slime.engines.protocol import SAMPLING_PARAM_KEYS
 from slime.servers.http import BadRequest as _BadRequest
-from slime.servers.http import error_middleware
+from slime.servers.http import JsonObject, error_middleware, per_item
 from slime.servers.http import json_response as _json
 from slime.servers.http import read_json_object as _body
 from slime.servers.sim.engine import SimEngine, SimOutput
@@ -45,10 +44,10 @@ class _Refused(Exception):
     """Answered with ``{"error": <payload>}``, 400: a string for contract violations, else ``{"message"}``."""
 
 
-def to_wire(out: SimOutput) -> dict[str, Any]:
+def to_wire(out: SimOutput) -> JsonObject:
     """The docs/sglang.md#generate-response response object (the smaller docs/sglang.md#abort, case B layout for a queued abort)."""
     ids, lps = out.tokens()
-    meta: dict[str, Any] = {"id": out.rid, "finish_reason": out.finish_reason}
+    meta: JsonObject = {"id": out.rid, "finish_reason": out.finish_reason}
     if not out.queued_abort:
         meta["prompt_tokens"] = out.prompt_tokens
     meta["completion_tokens"] = out.num_tokens
@@ -65,17 +64,7 @@ def to_wire(out: SimOutput) -> dict[str, Any]:
     return {"output_ids": ids, "meta_info": meta}
 
 
-def _per_item(value: Any, size: int, name: str, default: Any) -> list[Any]:
-    if value is None:
-        return [default] * size
-    if not isinstance(value, list):
-        return [value] * size
-    if len(value) != size:
-        raise ValueError(f"The length of {name} ({len(value)}) does not match the batch size ({size}).")
-    return value
-
-
-def _check_generate(body: dict[str, Any]) -> tuple[bool, list[list[int]], list[dict[str, Any]]]:
+def _check_generate(body: JsonObject) -> tuple[bool, list[list[int]], list[JsonObject]]:
     """(is_batch, prompts, per-prompt sampling params); raises ``_Refused`` with SGLang's words."""
     if body.get("stream"):
         raise _Refused({"message": 'The slime sim engine does not stream; send "stream": false.'})
@@ -115,13 +104,13 @@ async def _generate(request: web.Request) -> web.Response:
     try:
         rid = body.get("rid")
         rids = (
-            _per_item(rid, len(prompts), "rid", None)
+            per_item(rid, len(prompts), "rid", None)
             if isinstance(rid, list) or rid is None
             else [f"{rid}_{i}" for i in range(len(prompts))]
             if is_batch
             else [rid]
         )
-        logprob = _per_item(body.get("return_logprob"), len(prompts), "return_logprob", False)
+        logprob = per_item(body.get("return_logprob"), len(prompts), "return_logprob", False)
         for prompt, sp, item_rid, want_lp in zip(prompts, sp_list, rids, logprob):
             futures.append(engine.submit(prompt, sp, item_rid, return_logprob=bool(want_lp)))
     except (ValueError, TypeError) as exc:
@@ -157,7 +146,7 @@ async def _continue(request: web.Request) -> web.Response:
     return _json({"message": "Generation continued successfully.", "status": "ok"})
 
 
-def _required_str(body: dict[str, Any], key: str) -> str:
+def _required_str(body: JsonObject, key: str) -> str:
     if not isinstance(body.get(key), str):
         raise _BadRequest(f"{key}: Field required (a string)")
     return body[key]
