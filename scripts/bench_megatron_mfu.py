@@ -85,7 +85,7 @@ def main() -> int:
     step_times, fwd_times = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        metrics = trainer.train_step(groups)
+        metrics = trainer.train_step(groups).to_dict()
         torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
         batch = build_train_batch(groups, pad_token_id=0, current_version=trainer.policy_version)

@@ -24,6 +24,7 @@ PARTS = {
     "slime.types": "types",
     "slime.errors": "errors",
     **{f"slime.{m}": "core" for m in ("config", "yaml_file", "hf_checkpoint", "hf_compat", "eval_config", "stop")},
+    "slime.train_metrics": "core",  # the trainer's metrics struct: written by train, recorded by loop, read by obs
     "slime.obs": "obs",
     "slime.sync": "sync",
     "slime.data": "data",

@@ -54,6 +54,7 @@ from slime.engines.pool import HttpEnginePool
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
+from slime.train_metrics import TrainMetrics
 from slime.types import Group, Sample
 
 __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
@@ -164,9 +165,9 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
     train_wall_s = wl.train_s / wl.time_scale
     mismatches: list[int] = []
 
-    def train_step(groups: list[Group]) -> dict[str, float]:
+    def train_step(groups: list[Group]) -> TrainMetrics:
         time.sleep(train_wall_s)  # runs in a worker thread (run_step uses asyncio.to_thread)
-        return {}
+        return TrainMetrics()
 
     async def on_batch(groups: list[Group]) -> None:
         mismatches.append(lengths.mismatches(groups))

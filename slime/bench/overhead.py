@@ -31,6 +31,7 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.servers.sim import SimConfig, SimEngine
+from slime.train_metrics import TrainMetrics
 
 __all__ = ["InstantPool", "SimEnginePool", "scheduler_overhead", "http_overhead"]
 
@@ -148,11 +149,11 @@ async def scheduler_overhead(
                 task_group=tg,
             )
             sync = _NoSync(pool)
-            await run_step(sched, train_step=lambda g: {}, sync=sync)  # warm-up
+            await run_step(sched, train_step=lambda g: TrainMetrics(), sync=sync)  # warm-up
             done = 0
             cpu0, t0 = time.process_time(), time.perf_counter()
             for _ in range(steps):
-                groups, _ = await run_step(sched, train_step=lambda g: {}, sync=sync)
+                groups, _ = await run_step(sched, train_step=lambda g: TrainMetrics(), sync=sync)
                 done += sum(len(g.samples) for g in groups)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             await sched.shutdown()

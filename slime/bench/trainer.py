@@ -33,6 +33,7 @@ from slime.bench.step_profile import GCPauses, host_events, sync
 from slime.config import TrainConfig
 from slime.train import objective
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget
+from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
 __all__ = [
@@ -86,7 +87,7 @@ class BackendUnderTest(Protocol):
     name: str
     device: torch.device
 
-    def rl_step(self, groups: Sequence[Group]) -> dict[str, float]: ...
+    def rl_step(self, groups: Sequence[Group]) -> TrainMetrics: ...
 
     def old_logprob_pass(self, groups: Sequence[Group]) -> None: ...
 
@@ -171,7 +172,7 @@ class TransformersReference:
         batch, steps = self._batch(groups)
         self._old_logprobs(batch, steps)
 
-    def rl_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def rl_step(self, groups: Sequence[Group]) -> TrainMetrics:
         cfg = self.config
         batch, steps = self._batch(groups)
         batch = objective.with_advantages(cfg, dataclasses.replace(batch, old_logprobs=self._old_logprobs(batch, steps)))
@@ -190,7 +191,7 @@ class TransformersReference:
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(total)
         self.policy_version += 1
-        return {"loss": float(torch.stack(losses).mean()), "grad_norm": float(torch.stack(norms).mean())}
+        return TrainMetrics(loss=float(torch.stack(losses).mean()), grad_norm=float(torch.stack(norms).mean()))
 
     def close(self) -> None:
         del self.model, self.optimizer  # their GPU memory; the backend is not used again
@@ -202,7 +203,7 @@ class _TrainerAdapter:
     def __init__(self, name: str, trainer: Any, device: torch.device, batch_to: Callable[[TrainBatch], Any]):
         self.name, self.trainer, self.device, self._prepare = name, trainer, device, batch_to
 
-    def rl_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def rl_step(self, groups: Sequence[Group]) -> TrainMetrics:
         return self.trainer.train_step(groups)
 
     def old_logprob_pass(self, groups: Sequence[Group]) -> None:
@@ -255,7 +256,7 @@ def measure(
     """
     dev = backend.device
     per_step: list[dict[str, float]] = []  # every step, warm-up included: what a slow step coincided with
-    metrics: dict[str, float] = {}
+    metrics = TrainMetrics()
     for i in range(warmup + steps):
         before = host_events(dev)
         with GCPauses() as pauses:
@@ -283,8 +284,8 @@ def measure(
         "mfu_rl_step": (train_flops + fwd_flops) / rl_s / 1e12 / ceiling_tflops,
         "tflops_train_opt": train_flops / train_s / 1e12,
         "warmup_s": per_step[0]["rl_step_s"], "rl_step_times_s": rl, "old_logprob_pass_times_s": old,
-        "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
-        "attention_dense_fraction": metrics.get("attention_dense_fraction"),  # megatron on a GPU: which attention ran
+        "loss": metrics.loss, "grad_norm": metrics.grad_norm,
+        "attention_dense_fraction": metrics.attention_dense_fraction,  # megatron on a GPU: which attention ran
         "gc_pause_ms_per_step": [s["gc_ms"] for s in timed], "gc_full_collections": sum(s["gc_full"] for s in timed),
         "per_step": per_step,
     }  # fmt: skip

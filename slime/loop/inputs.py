@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from slime.config import DataConfig, LoopConfig, RolloutConfig
@@ -16,6 +16,8 @@ from slime.data.prompt_index import index_prompt_file
 from slime.errors import ConfigError
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import load_function
+from slime.train_metrics import TrainMetrics
+from slime.types import Group
 
 __all__ = [
     "builtin_task",
@@ -161,12 +163,12 @@ def offline_source(
     return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=seed + 1)
 
 
-def with_offline_logprobs(trainer: Any) -> Any:
+def with_offline_logprobs(trainer: Any) -> Callable[[list[Group]], TrainMetrics]:
     """``trainer.train_step`` that first fills the rollout logprobs of offline samples whose file had
     none (``metadata["offline_logprobs"] is False``) with the trainer's own, at the rollout
     temperature: the behaviour policy is unknown, so it is taken to be the current one (slime.data.offline)."""
 
-    def train_step(groups: list[Any]) -> dict[str, Any]:
+    def train_step(groups: list[Group]) -> TrainMetrics:
         todo = [s for g in groups for s in g.samples if s.metadata.get("offline") and not s.metadata.get("offline_logprobs")]
         if todo:
             import torch

@@ -28,6 +28,7 @@ from slime.loop.step_record import StepRecord
 from slime.loop.version import PolicyVersion
 from slime.sync.base import WeightSync
 from slime.train.interface import Trainer
+from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
 __all__ = ["RLEval", "RLMode", "rl_summary"]
@@ -79,7 +80,7 @@ class RLMode:
         evaluator: RLEval,
         *,
         trainer: Trainer | None,
-        train_step: Callable[[list[Group]], dict[str, Any]] | None,
+        train_step: Callable[[list[Group]], TrainMetrics] | None,
         sync: WeightSync,
         tracer: Any,
         source: PromptSource,

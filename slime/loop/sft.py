@@ -49,6 +49,7 @@ from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, ru
 from slime.loop.step_record import SFTStepRecord
 from slime.obs.observers import Observers
 from slime.train.lr_schedule import resolve_lr_schedule
+from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
 __all__ = ["run_sft", "load_sft_data", "num_sft_steps"]
@@ -212,7 +213,7 @@ async def _nothing_in_flight():
 
 
 def _step_record(
-    step: int, version: int, source: PromptSource, groups: list[Group], train: dict[str, float], step_time_s: float
+    step: int, version: int, source: PromptSource, groups: list[Group], train: TrainMetrics, step_time_s: float
 ) -> SFTStepRecord:
     num_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
     return SFTStepRecord(
@@ -221,10 +222,10 @@ def _step_record(
         epoch=source.epoch,
         num_rows=len(groups),
         num_tokens=num_tokens,
-        trained_tokens=int(train.get("num_train_tokens", 0)),
+        trained_tokens=int(train.num_train_tokens or 0),
         tokens_per_s=num_tokens / max(step_time_s, 1e-9),
         step_time_s=step_time_s,
-        train=train,
+        train=train.to_dict(),
     )
 
 

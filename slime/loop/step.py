@@ -56,6 +56,7 @@ from slime.loop.offpolicy import apply_staleness
 from slime.loop.step_record import StepRecord
 from slime.obs.trace import NULL_TRACER
 from slime.sync.base import WeightSync
+from slime.train_metrics import TrainMetrics
 from slime.types import Group, Sample, Status, valid_samples
 
 __all__ = ["run_step", "batch_stats", "pause_mode"]
@@ -108,7 +109,7 @@ def _opd_stats(samples: list[Sample]) -> dict[str, float]:
 async def run_step(
     sched: RolloutScheduler,
     *,
-    train_step: Callable[[list[Group]], dict[str, Any]] | None,
+    train_step: Callable[[list[Group]], TrainMetrics] | None,
     sync: WeightSync | None,
     tracer: Any = None,
     colocate: bool = False,
@@ -164,7 +165,7 @@ async def run_step(
         t1 = time.monotonic()
         with tr.span("train_step", "train", version=version.trainer, num_samples=batch["num_samples"]):
             train_metrics = await asyncio.to_thread(train_step, groups)
-        new = version.bump(train_metrics.get("policy_version"))
+        new = version.bump(train_metrics.policy_version)
         t_train = time.monotonic() - t1
         sync_start = tr.now()
         with tr.span("save", "weight_sync", version=new):
@@ -195,7 +196,7 @@ async def run_step(
         train_time_s=t_train,
         weight_sync_s=t_sync,
         weight_sync_in_place=int(mode == "in_place"),
-        train=train_metrics,
+        train=train_metrics.to_dict(),
         weight_sync=dict(getattr(sync, "stats", {})) | released,
     )
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=new)

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from slime.sync.base import WeightSource
+from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "TrainMetrics"]
 
 
 class Trainer(WeightSource, Protocol):
@@ -22,10 +23,10 @@ class Trainer(WeightSource, Protocol):
     policy_version: int
     """The version of the weights the trainer holds: +1 per ``train_step``."""
 
-    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def train_step(self, groups: Sequence[Group]) -> TrainMetrics:
         """Train on ``groups`` (one rollout step; blocking) and bump ``policy_version`` by one.
 
         Returns the step's metrics (``loss``, ``grad_norm``, ``lr``, ``policy_version``, ...); every
-        backend returns the same keys for the same loss.
+        backend sets the same fields for the same loss (``slime.train_metrics``).
         """
         ...

@@ -65,6 +65,7 @@ from slime.train.lr_schedule import lr_at
 from slime.train.router_metrics import RouterStats, attach_hf_routers
 from slime.train.torch_device import adamw, load_causal_lm, resolve_device
 from slime.train.torch_forward import TorchForward
+from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
 __all__ = ["TorchTrainer"]
@@ -165,14 +166,14 @@ class TorchTrainer(TorchForward):
             logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
         logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
 
-    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def train_step(self, groups: Sequence[Group]) -> TrainMetrics:
         """Train on ``groups`` (one rollout step) and bump ``policy_version`` by one.
 
         Args:
             groups: rewarded groups; samples FAILED or fully masked add no loss.
 
         Returns:
-            Metrics (floats): ``loss`` (mean over optimizer steps), ``grad_norm`` (mean, before
+            ``TrainMetrics`` (floats; the fields a step does not have are None): ``loss`` (mean over optimizer steps), ``grad_norm`` (mean, before
             clipping), ``pg_clipfrac``, ``approx_kl``, ``ratio_mean``, ``entropy`` (token means),
             the active correction's token means (``tis_mean``/``tis_clipfrac``, ``mis_*``,
             ``behav_*``), ``dual_clipfrac`` (dual clip), ``kl_loss`` (KL loss, token mean),
@@ -194,7 +195,7 @@ class TorchTrainer(TorchForward):
         with self._lock:
             return self._train_step(groups)
 
-    def _train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def _train_step(self, groups: Sequence[Group]) -> TrainMetrics:
         t0 = time.perf_counter()
         cfg = self.config
         batch = build_train_batch(
@@ -274,7 +275,7 @@ class TorchTrainer(TorchForward):
             policy_version=float(self.policy_version),
             train_time_s=time.perf_counter() - t0,
         )
-        return out
+        return TrainMetrics.from_dict(out)
 
     def _plan(self, seq_lens: list[int]) -> list[Step]:
         """Optimizer steps of ``global_batch_size`` samples (in batch order), each a list of micro-batches.

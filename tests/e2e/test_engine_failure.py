@@ -24,6 +24,7 @@ from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.rollout.generate import generate
 from slime.sync.disk import DiskWeightSync
+from slime.train_metrics import TrainMetrics
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
 ROLLOUT = RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60, max_retries=3, retry_backoff_s=0.05)
@@ -62,7 +63,7 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
 
     def train_step(groups):
         trained.extend(g.group_id for g in groups)
-        return {}
+        return TrainMetrics()
 
     async def checked_generate(sample, params, **kw):
         before = list(sample.response_ids)

@@ -111,7 +111,7 @@ async def test_engine_and_trainer_logprobs_agree_before_and_after_a_train_step_a
             sync = build_weight_sync(
                 SyncConfig(method=method, update_weight_buffer_size=4096), pool=pool, trainer=trainer, weights_dir=str(tmp_path / "w")
             )
-            metrics = trainer.train_step(_groups(TINY_VOCAB_SIZE))
+            metrics = trainer.train_step(_groups(TINY_VOCAB_SIZE)).to_dict()
             assert metrics["grad_norm"] > 0
             await sync.load(await sync.save(1), 1)
             replay = await pool.generate(PROMPT, {**params, "max_new_tokens": 1}, rid="r-")
@@ -173,7 +173,7 @@ def test_torch_backend_router_metrics_count_real_tokens_and_match_hf_routing(moe
                 h.remove()
             for layer, idx in enumerate(picked):  # routers fire in layer order
                 counts[layer] += torch.bincount(idx.reshape(-1), minlength=E).float()
-    metrics = trainer.train_step(groups)
+    metrics = trainer.train_step(groups).to_dict()
     assert metrics["moe_routed_tokens"] == float(sum(len(s) for s in seqs))  # per layer, padding left out
     load = counts / counts.sum(1, keepdim=True)  # [L, E]
     got = torch.tensor([metrics[f"moe_expert_load_{e}"] for e in range(E)])

@@ -87,7 +87,7 @@ def main() -> int:
     result["default_vs_varlen"] = _diff(mg_bf16, mg_varlen, mask)
     result["varlen_vs_sdpa_loop"] = _diff(mg_varlen, mg_loop, mask)
 
-    metrics = trainer.train_step(groups)
+    metrics = trainer.train_step(groups).to_dict()
     result["train_step"] = {k: metrics[k] for k in ("loss", "grad_norm", "ratio_mean", "entropy", "num_optimizer_steps", "train_time_s")}
     result["train_step"]["attention_dense_fraction"] = metrics.get("attention_dense_fraction")  # None: no half-precision CUDA pass
     saved = trainer.save_hf(f"{root}/after_step")

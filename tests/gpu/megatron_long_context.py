@@ -61,7 +61,7 @@ def main() -> int:
     for _ in range(2):  # the first includes torch.compile of the fused kernels
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        metrics = trainer.train_step(groups)
+        metrics = trainer.train_step(groups).to_dict()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     ok = all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")) and metrics["num_skipped_steps"] == 0 and metrics["grad_norm"] > 0

@@ -86,7 +86,7 @@ def main() -> int:
         extra = {"num_gathered_tensors": len(synced), "weights_gathered_bit_exact": same}
     steps = []
     for _ in range(2):
-        m = trainer.train_step(groups)
+        m = trainer.train_step(groups).to_dict()
         steps.append({k: m[k] for k in (*KEYS, *sorted(k for k in m if k.startswith("moe_")))})
     ctx = trainer.ctx
     trainer.close()

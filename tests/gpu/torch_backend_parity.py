@@ -68,7 +68,7 @@ def main() -> int:
         t = trainer(device, bf16)
         before, mask = old_logprobs(t)
         t0 = time.perf_counter()
-        metrics = t.train_step(groups)
+        metrics = t.train_step(groups).to_dict()
         if t.device.type == "cuda":
             torch.cuda.synchronize()
         step_s = time.perf_counter() - t0

@@ -14,6 +14,7 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.loop.version import PolicyVersion
+from slime.train_metrics import TrainMetrics
 from tests.fixtures.fake_pool import FakePool
 
 
@@ -38,7 +39,7 @@ class _Trainer:
     def train_step(self, groups):
         self.seen.append((self.policy_version, {v for g in groups for s in g.samples for v in s.versions}))
         self.policy_version += 1
-        return {"policy_version": float(self.policy_version)}
+        return TrainMetrics(policy_version=float(self.policy_version))
 
 
 async def _reward(sample):

@@ -25,6 +25,7 @@ from slime.data.dataset import PromptRow, PromptSource
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
+from slime.train_metrics import TrainMetrics
 from slime.types import Status
 from tests.fixtures.fake_pool import FakePool, expected_tokens
 
@@ -65,7 +66,7 @@ async def _run(mode, max_staleness, policy, steps, target, over, train_ticks, ch
             import time  # a tiny real pause lets the event loop run generation meanwhile
 
             time.sleep(0)
-        return {}
+        return TrainMetrics()
 
     async def reward(sample):
         if (sample.group_id * 7 + sample.index + fail_salt) % 11 == 0:

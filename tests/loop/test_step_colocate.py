@@ -12,6 +12,7 @@ from slime.errors import ConfigError
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
+from slime.train_metrics import TrainMetrics
 from tests.fixtures.fake_pool import FakePool
 
 
@@ -63,7 +64,7 @@ async def test_colocated_step_releases_memory_around_training_and_syncs_after_re
 
         def train_step(groups):
             pool.events.append(f"train@{pool.num_generate_calls}")
-            return {}
+            return TrainMetrics()
 
         version = 0
         for _ in range(2):
@@ -87,8 +88,8 @@ async def test_colocated_step_records_the_device_memory_the_engines_released(mon
     pool = _ColocatedPool()
     async with asyncio.TaskGroup() as tg:
         sched = _scheduler(pool, tg, mode="sync", over_sampling_batch_size=2)
-        _, record = await run_step(sched, train_step=lambda groups: {}, sync=_Sync(pool), colocate=True)
-        _, plain = await run_step(sched, train_step=lambda groups: {}, sync=_Sync(pool), colocate=False)
+        _, record = await run_step(sched, train_step=lambda groups: TrainMetrics(), sync=_Sync(pool), colocate=True)
+        _, plain = await run_step(sched, train_step=lambda groups: TrainMetrics(), sync=_Sync(pool), colocate=False)
         await sched.shutdown()
     assert record.weight_sync == {"engine_memory_released_gib": 3.5}
     assert plain.weight_sync == {}  # no release, no reading
@@ -112,6 +113,6 @@ async def test_a_step_refuses_a_train_step_without_sync_and_colocate_without_eng
             raise AssertionError("took a batch")
 
     with pytest.raises(ValueError, match="needs a weight sync"):
-        await run_step(_NoEngines(), train_step=lambda groups: {}, sync=None)
+        await run_step(_NoEngines(), train_step=lambda groups: TrainMetrics(), sync=None)
     with pytest.raises(ValueError, match="no engine pool"):
         await run_step(_NoEngines(), train_step=None, sync=None, colocate=True)

@@ -15,6 +15,7 @@ from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.obs.trace import NULL_TRACER, Tracer, open_tracer
+from slime.train_metrics import TrainMetrics
 from tests.fixtures.fake_pool import FakePool
 
 _BASE = {
@@ -212,7 +213,7 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
             tracer=tr,
         )
         for _ in range(3):
-            groups, record = await run_step(sched, train_step=lambda gs: {"loss": 0.0}, sync=_Sync(pool), tracer=tr)
+            groups, record = await run_step(sched, train_step=lambda gs: TrainMetrics(loss=0.0), sync=_Sync(pool), tracer=tr)
         assert sched.version.engines == 3
         await sched.shutdown()
     tr.close()

@@ -75,7 +75,7 @@ def test_trainer_step_loss_equals_hand_computed_masked_nll(tiny_model_dir, loss_
     total, per_row = _hand_nll(trainer.model)
     num_tokens = sum(sum(m[1:]) for _, m in ROWS)
     before = {k: v.clone() for k, v in trainer.state_dict_for_sync().items()}
-    m = trainer.train_step(_groups())
+    m = trainer.train_step(_groups()).to_dict()
     expected = total / num_tokens if loss_agg == "token_mean" else sum(per_row) / len(per_row)
     assert m["loss"] == pytest.approx(expected, rel=1e-5)
     assert m["nll"] == pytest.approx(total / num_tokens, rel=1e-5)
@@ -107,7 +107,7 @@ def test_token_budget_micro_batches_give_the_same_loss_and_update(tiny_model_dir
         trainer._clip_and_step = lambda module, opt, step=step: (
             grads.append({n: p.grad.clone() for n, p in module.named_parameters()}) or step(module, opt)
         )
-    a, b = fixed.train_step(_groups()), packed.train_step(_groups())
+    a, b = fixed.train_step(_groups()).to_dict(), packed.train_step(_groups()).to_dict()
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     for name, g in grads[0].items():
         torch.testing.assert_close(g, grads[1][name], rtol=1e-4, atol=1e-7, msg=name)
@@ -151,6 +151,6 @@ def test_lr_schedule_is_the_warm_start_loops_warmup_then_cosine():
 def test_trainer_follows_the_schedule_step_by_step(tiny_model_dir):
     cfg = _config(lr=1e-2, megatron=MegatronConfig(min_lr=0.0, lr_warmup_iters=2, lr_decay_iters=4, lr_decay_style="linear"))
     trainer = TorchTrainer(cfg, model_dir=tiny_model_dir, seed=0)
-    lrs = [trainer.train_step(_groups())["lr"] for _ in range(5)]
+    lrs = [trainer.train_step(_groups()).to_dict()["lr"] for _ in range(5)]
     assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 5e-3, 0.0])
     assert trainer.num_optimizer_steps == 5

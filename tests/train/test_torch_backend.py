@@ -48,7 +48,7 @@ def test_repeated_steps_raise_the_rewarded_sample_and_lower_the_surrogate_loss(t
     before = [_response_logprob(trainer, i) for i in range(4)]
     surrogate = []
     for step in range(4):
-        metrics = trainer.train_step(groups)
+        metrics = trainer.train_step(groups).to_dict()
         assert metrics["policy_version"] == step + 1 and metrics["num_optimizer_steps"] == 1
         with torch.no_grad():
             logp = compute_token_logprobs(trainer.model, batch.input_ids, batch.attention_mask, temperature=0.8)
@@ -62,7 +62,7 @@ def test_repeated_steps_raise_the_rewarded_sample_and_lower_the_surrogate_loss(t
 
 def test_first_optimizer_step_is_on_policy_and_metrics_are_reported(tiny_model_dir):
     trainer = TorchTrainer(_config(use_tis=True), model_dir=tiny_model_dir, **FACTS)
-    m = trainer.train_step(_groups())
+    m = trainer.train_step(_groups()).to_dict()
     assert m["pg_clipfrac"] == 0.0 and m["ratio_mean"] == pytest.approx(1.0, abs=1e-7)
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert m["num_samples"] == 4 and m["num_train_tokens"] == 13
@@ -72,13 +72,15 @@ def test_first_optimizer_step_is_on_policy_and_metrics_are_reported(tiny_model_d
 
 
 def test_micro_batch_size_does_not_change_loss_or_gradient(tiny_model_dir):
-    results = [TorchTrainer(_config(micro_batch_size=mbs), model_dir=tiny_model_dir, **FACTS).train_step(_groups()) for mbs in (1, 4)]
+    results = [
+        TorchTrainer(_config(micro_batch_size=mbs), model_dir=tiny_model_dir, **FACTS).train_step(_groups()).to_dict() for mbs in (1, 4)
+    ]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6)
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
 
 
 def test_global_batch_size_splits_the_rollout_into_optimizer_steps(tiny_model_dir):
-    m = TorchTrainer(_config(global_batch_size=2, micro_batch_size=1), model_dir=tiny_model_dir, **FACTS).train_step(_groups())
+    m = TorchTrainer(_config(global_batch_size=2, micro_batch_size=1), model_dir=tiny_model_dir, **FACTS).train_step(_groups()).to_dict()
     assert m["num_optimizer_steps"] == 2
 
 
@@ -86,7 +88,7 @@ def test_failed_samples_do_not_train(tiny_model_dir):
     trainer = TorchTrainer(_config(), model_dir=tiny_model_dir, **FACTS)
     before = {k: v.clone() for k, v in trainer.state_dict_for_sync().items()}
     groups = _groups(rewards=(None, None, None, None), statuses={i: Status.FAILED for i in range(4)})
-    m = trainer.train_step(groups)
+    m = trainer.train_step(groups).to_dict()
     assert m["num_train_tokens"] == 0 and m["num_optimizer_steps"] == 0
     assert all(torch.equal(before[k], v) for k, v in trainer.state_dict_for_sync().items())
 
@@ -142,7 +144,7 @@ def test_default_config_trains_exactly_like_the_plain_grpo_ppo_reference(tiny_mo
     config = _config(global_batch_size=2, micro_batch_size=1, use_tis=use_tis)
     reference, want_losses = _plain_grpo_reference_step(tiny_model_dir, config, _groups())
     trainer = TorchTrainer(config, model_dir=tiny_model_dir, **FACTS)
-    m = trainer.train_step(_groups())
+    m = trainer.train_step(_groups()).to_dict()
     assert m["loss"] == pytest.approx(sum(want_losses) / 2, abs=1e-6)
     got = trainer.state_dict_for_sync()
     for name, tensor in reference.state_dict().items():
@@ -162,11 +164,11 @@ def test_ppo_with_gae_trains_policy_and_critic_and_reports_value_metrics(tiny_mo
     assert trainer.critic is not None and trainer.ref_model is None
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     critic0 = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
-    m = trainer.train_step(_groups())
+    m = trainer.train_step(_groups()).to_dict()
     assert m["value_loss"] == pytest.approx(0.25, abs=1e-6) and m["loss"] == pytest.approx(-0.25, abs=1e-6)
     assert m["explained_variance"] == pytest.approx(0.0, abs=1e-6) and m["critic_grad_norm"] > 0
     assert _weights_changed(policy0, trainer.model) and _weights_changed(critic0, trainer.critic)
-    m2 = trainer.train_step(_groups())  # the critic now predicts something: values move off 0
+    m2 = trainer.train_step(_groups()).to_dict()  # the critic now predicts something: values move off 0
     assert m2["explained_variance"] != pytest.approx(0.0, abs=1e-6) and m2["value_loss"] != pytest.approx(0.25, abs=1e-6)
 
 
@@ -175,9 +177,9 @@ def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
     assert trainer.ref_model is not None and trainer.critic is None
     ref0 = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    m1 = trainer.train_step(_groups())
+    m1 = trainer.train_step(_groups()).to_dict()
     assert m1["kl_loss"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the first update
-    m2 = trainer.train_step(_groups())
+    m2 = trainer.train_step(_groups()).to_dict()
     assert m2["kl_loss"] > 1e-7
     assert _weights_changed(policy0, trainer.model) and not _weights_changed(ref0, trainer.ref_model)
 
@@ -197,6 +199,6 @@ def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
 def test_every_option_trains_through_train_step(tiny_model_dir, options):
     trainer = TorchTrainer(_config(global_batch_size=2, **options), model_dir=tiny_model_dir, **FACTS)
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    m = trainer.train_step(_groups())
+    m = trainer.train_step(_groups()).to_dict()
     assert m["num_optimizer_steps"] == 2 and all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")
     assert _weights_changed(policy0, trainer.model)

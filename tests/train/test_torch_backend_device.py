@@ -94,7 +94,7 @@ def test_bf16_autocast_trains_on_the_cpu_with_fp32_weights_and_an_on_policy_firs
     got, _ = _old_logprobs(bf16, groups)
     diff = ((got - ref).abs() * mask).sum() / mask.sum()
     assert 0 < diff < BF16_MEAN_TOL  # autocast ran (bf16 rounding shows) and stays close
-    metrics = bf16.train_step(groups)
+    metrics = bf16.train_step(groups).to_dict()
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
     assert all(s["exp_avg"].dtype == torch.float32 for s in bf16.optimizer.state.values())
@@ -122,7 +122,7 @@ def test_gpu_fp32_matches_the_cpu_and_keeps_everything_on_the_device(tiny_model_
     ref, mask = _old_logprobs(cpu, groups)
     got, _ = _old_logprobs(cuda, groups)
     assert ((got - ref).abs() * mask).max() < 1e-4
-    m_cpu, m_cuda = cpu.train_step(groups), cuda.train_step(groups)
+    m_cpu, m_cuda = cpu.train_step(groups).to_dict(), cuda.train_step(groups).to_dict()
     for key in ("loss", "grad_norm", "ratio_mean", "tis_mean", "num_train_tokens"):
         assert m_cuda[key] == pytest.approx(m_cpu[key], rel=1e-3, abs=1e-5), key
     assert all(s["exp_avg"].device.type == "cuda" for s in cuda.optimizer.state.values())
@@ -140,7 +140,7 @@ def test_gpu_bf16_logprobs_match_the_cpu_fp32_reference_before_and_after_a_step(
         got, _ = _old_logprobs(cuda, groups)
         diff = (got - ref).abs() * mask
         assert diff.sum() / mask.sum() < BF16_MEAN_TOL and diff.max() < BF16_MAX_TOL
-        m_cpu, m_cuda = cpu.train_step(groups), cuda.train_step(groups)
+        m_cpu, m_cuda = cpu.train_step(groups).to_dict(), cuda.train_step(groups).to_dict()
         assert m_cuda["loss"] == pytest.approx(m_cpu["loss"], abs=2e-2)
         assert m_cuda["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # old logprobs and step 1 agree exactly on the GPU too
 
@@ -165,6 +165,6 @@ def test_gpu_sync_save_hf_and_loop_checkpoint_round_trip(tiny_model_dir, tmp_pat
     load_checkpoint(ckpt, trainer=resumed)
     assert resumed.policy_version == trainer.policy_version and resumed.num_optimizer_steps == trainer.num_optimizer_steps
     assert all(s["exp_avg"].device.type == "cuda" for s in resumed.optimizer.state.values())
-    a, b = trainer.train_step(groups), resumed.train_step(groups)
+    a, b = trainer.train_step(groups).to_dict(), resumed.train_step(groups).to_dict()
     for key in ("loss", "grad_norm", "lr"):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key

@@ -66,6 +66,7 @@ from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_
 from slime.train.megatron.model import float16_wrapped, output_weight
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
+from slime.train_metrics import TrainMetrics
 
 __all__ = ["MegatronTrainStep"]
 
@@ -248,7 +249,7 @@ class MegatronTrainStep:
         self.model.train()
         return _replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
 
-    def _train_batch(self, batch: TrainBatch) -> dict[str, float]:
+    def _train_batch(self, batch: TrainBatch) -> TrainMetrics:
         t0 = time.perf_counter()
         cfg = self.config
         steps = self._plan(batch)
@@ -337,7 +338,7 @@ class MegatronTrainStep:
             lr=float(self.scheduler.get_lr({})),
             train_time_s=time.perf_counter() - t0,
         )
-        return out
+        return TrainMetrics.from_dict(out)
 
     def _router_metrics(self) -> dict[str, float]:
         """This step's router metrics (MoE models; every rank, collectively), {} for a dense model."""

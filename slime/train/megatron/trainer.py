@@ -35,6 +35,7 @@ from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_
 from slime.train.megatron.router_metrics import attach_megatron_routers
 from slime.train.megatron.step import MegatronTrainStep
 from slime.train.megatron.weights import iter_hf_weights, write_hf_dir
+from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
 __all__ = ["MegatronTrainer", "serve_if_worker"]
@@ -212,7 +213,7 @@ class MegatronTrainer(MegatronTrainStep):
     def is_driver(self) -> bool:
         return self.ctx.is_driver
 
-    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def train_step(self, groups: Sequence[Group]) -> TrainMetrics:
         """Train on ``groups`` (one rollout step) on every rank; bump ``policy_version``. Rank 0 only.
 
         Returns the torch backend's metrics (see ``TorchTrainer.train_step``) minus the critic's.

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from slime.train_metrics import TrainMetrics
+
 pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -116,7 +118,7 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
     ref = TransformersReference(cfg, model_dir=model_dir, device=torch.device("cpu"), precision="fp32")
     megatron = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
     for _ in range(2):  # two optimizer steps per RL step: the second is off-policy (ratio != 1, loss != 0)
-        got, want = ref.rl_step(groups), megatron.train_step(groups)
+        got, want = ref.rl_step(groups).to_dict(), megatron.train_step(groups).to_dict()
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-3) and got["grad_norm"] > 0
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-3, abs=1e-7)
     assert abs(got["loss"]) > 1e-5
@@ -262,7 +264,7 @@ def test_fresh_data_gives_every_step_new_groups_and_counts_the_timed_steps_flops
 
         def rl_step(self, groups):
             seen.append(([len(s.response_ids) for g in groups for s in g.samples], []))
-            return {"loss": 0.0, "grad_norm": 0.0}
+            return TrainMetrics(loss=0.0, grad_norm=0.0)
 
         def old_logprob_pass(self, groups):
             seen[-1][1].extend(len(s.response_ids) for g in groups for s in g.samples)

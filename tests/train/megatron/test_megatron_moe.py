@@ -164,7 +164,7 @@ def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dir
     reference = TorchTrainer(config, model_dir=hf_dirs["qwen3_moe"], rollout_temperature=0.9)
     groups = _groups(96)
     for _ in range(2):
-        got, want = megatron.train_step(groups), reference.train_step(groups)
+        got, want = megatron.train_step(groups).to_dict(), reference.train_step(groups).to_dict()
         for key in ("loss", "grad_norm", "ratio_mean", "entropy", "approx_kl", "train_rollout_logprob_abs_diff", "num_train_tokens"):
             assert got[key] == pytest.approx(want[key], rel=5e-4, abs=5e-6), key
     assert got["moe_routed_tokens"] == float(sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples))

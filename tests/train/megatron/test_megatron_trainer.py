@@ -55,7 +55,7 @@ def test_train_step_metrics_match_the_torch_backend(dynamic, hf_dirs, megatron_c
     megatron = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu, rollout_temperature=0.9)
     reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9)
     for _ in range(2):
-        got, want = megatron.train_step(groups), reference.train_step(groups)
+        got, want = megatron.train_step(groups).to_dict(), reference.train_step(groups).to_dict()
         for key in (
             "loss",
             "grad_norm",
@@ -88,7 +88,7 @@ def test_sft_loss_step_matches_the_torch_backend(dynamic, hf_dirs, megatron_cpu,
     megatron = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu)
     reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"])
     for _ in range(2):
-        got, want = megatron.train_step(groups), reference.train_step(groups)
+        got, want = megatron.train_step(groups).to_dict(), reference.train_step(groups).to_dict()
         for key in ("loss", "nll", "grad_norm", "num_train_tokens", "num_optimizer_steps"):
             assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
         assert "pg_clipfrac" not in got and "reward_mean" not in got
@@ -107,7 +107,7 @@ def test_opd_step_matches_the_torch_backend(estimator, hf_dirs, megatron_cpu, cp
     megatron = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu)
     reference = TorchTrainer(config, model_dir=hf_dirs["qwen2"])
     for _ in range(2):
-        got, want = megatron.train_step(groups), reference.train_step(groups)
+        got, want = megatron.train_step(groups).to_dict(), reference.train_step(groups).to_dict()
         for key in ("loss", "grad_norm", "opd_reverse_kl", "ratio_mean", "num_train_tokens"):
             assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
     assert got["opd_reverse_kl"] != 0.0
@@ -136,7 +136,7 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
         trainer.model = Float16Module(trainer.tconfig, trainer.model)
         trainer.ddp = type(trainer.ddp)(trainer.model)
         seen.clear()
-        metrics = trainer.train_step(_groups(96))
+        metrics = trainer.train_step(_groups(96)).to_dict()
         assert seen and set(seen) == {torch.bfloat16 if keep_bf16 else torch.float32}
         results.append((metrics, [p.detach().clone() for p in trainer.model.parameters()]))
     (m_bf16, w_bf16), (m_fp32, w_fp32) = results

@@ -46,7 +46,7 @@ def test_both_backends_take_the_engines_logprobs_as_old_and_skip_the_policy_forw
         lambda self, b, s: (lambda r: (seen_old.append((r.old_logprobs, r.rollout_logprobs)), r)[1])(real_before(self, b, s)),
     )
 
-    got, want = megatron.train_step(groups), torch_trainer.train_step(groups)
+    got, want = megatron.train_step(groups).to_dict(), torch_trainer.train_step(groups).to_dict()
 
     assert not [m for m in policy_calls if m is torch_trainer.model or m is megatron.model]  # no old-logprob forward
     old, rollout = seen_old[0]
@@ -62,9 +62,11 @@ def test_without_the_flag_the_old_policy_is_recomputed_and_the_mismatch_reported
     from slime.train.torch_backend import TorchTrainer
 
     config = TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=2)  # one optimizer step: ratio 1 exactly
-    metrics = TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96))
+    metrics = TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96)).to_dict()
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["train_rollout_logprob_abs_diff"] > 0
-    bypass = TorchTrainer(_config(global_batch_size=8), model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96))
+    bypass = (
+        TorchTrainer(_config(global_batch_size=8), model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96)).to_dict()
+    )
     assert abs(bypass["ratio_mean"] - 1.0) > 1e-3
 
 
