@@ -14,7 +14,7 @@ import re
 import pytest
 
 from slime.cli import main as slime_main
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource, load_jsonl_prompts
 from slime.errors import ConfigError, DataError, PluginError
@@ -174,7 +174,7 @@ PREFLIGHT = [
     ),
     (
         "buffer filter not callable",
-        lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli_preflight.DEFAULT_CHECKPOINT"],
+        lambda t, m, mp: ["--hf-checkpoint", m, "--buffer-filter-path", "slime.cli.preflight.DEFAULT_CHECKPOINT"],
         r"--buffer-filter-path=.*has no callable 'DEFAULT_CHECKPOINT'",
     ),
 ]
@@ -276,23 +276,23 @@ def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it
 
     import torch
 
-    from slime.cli import _check_run_dir
+    from slime.cli import check_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"kind": "step", "step": 1}\n')
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
     with pytest.raises(ConfigError, match=r"already holds a run .*; it has no checkpoint to resume \(it ran without --save-interval\)"):
-        _check_run_dir(parse("--save", str(run)))
+        check_run_dir(parse("--save", str(run)))
     with pytest.raises(ConfigError, match=r"--load=.*that run has no checkpoint .* nothing to resume"):
-        _check_run_dir(parse("--save", str(run), "--load", str(run)))
+        check_run_dir(parse("--save", str(run), "--load", str(run)))
     ckpt = run / "checkpoints" / "step_000001"  # a complete checkpoint (slime.loop.resume.checkpoint_problem)
     shutil.copytree(model_dir, ckpt / "model")
     (ckpt / "loop.json").write_text('{"step": 1, "policy_version": 1, "source": {}}')
     torch.save({}, ckpt / "trainer.pt")
     (run / "checkpoints" / "latest").write_text("step_000001")
     with pytest.raises(ConfigError, match=r"resume it with --load"):
-        _check_run_dir(parse("--save", str(run)))
+        check_run_dir(parse("--save", str(run)))
 
 
 def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
@@ -308,7 +308,7 @@ def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
 def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
     import msgspec
 
-    from slime.cli_preflight import _warn_if_resuming_another_setup
+    from slime.cli.preflight import _warn_if_resuming_another_setup
 
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
     old = parse("--rm-type", "arith", "--prompt-data", "a.jsonl", "--save", str(tmp_path))

@@ -7,7 +7,7 @@ import re
 import msgspec
 import pytest
 
-from slime.cli_args import FLAGS, build_parser, config_from_args
+from slime.cli.args import FLAGS, build_parser, config_from_args
 from slime.config import Config
 from slime.errors import ConfigError
 

@@ -222,7 +222,7 @@ def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
     assert router.count("--worker-urls") == 1 and "# model 'teacher': one server, no router" in out
 
 
-# --dry-run's input checks (slime.cli_preflight.check_inputs): what needs no engine fails before the plan is printed
+# --dry-run's input checks (slime.cli.preflight.check_inputs): what needs no engine fails before the plan is printed
 
 
 def _model(tmp_path):
@@ -255,8 +255,8 @@ def test_dry_run_refuses_a_reward_module_that_does_not_import(tmp_path, capsys):
 def test_a_run_on_the_shipped_warm_start_says_so(tmp_path, caplog, monkeypatch):
     import logging
 
-    from slime.cli_args import build_parser, config_from_args
-    from slime.cli_preflight import DEFAULT_CHECKPOINTS, check_inputs
+    from slime.cli.args import build_parser, config_from_args
+    from slime.cli.preflight import DEFAULT_CHECKPOINTS, check_inputs
 
     caplog.set_level(logging.INFO, logger="slime.cli")
     model = _model(tmp_path)

@@ -56,8 +56,8 @@ def test_bench_rollout_help_states_the_simulated_train_step_and_the_run_time(cap
 
 
 def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_path, monkeypatch):
-    from slime.cli import _check_run_dir
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli import check_run_dir
+    from slime.cli.args import build_parser, config_from_args
     from slime.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
@@ -65,7 +65,7 @@ def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_pa
     (tmp_path / "runs" / "latest" / "metrics.jsonl").write_text('{"kind": "step", "step": 1}\n')
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
     with pytest.raises(ConfigError) as info:
-        _check_run_dir(parse())
+        check_run_dir(parse())
     assert str(info.value) == (
         "'runs/latest', the run directory used when --save is not given, already holds a run (metrics.jsonl / summary.json); "
         "it has no checkpoint to resume (it ran without --save-interval), or pass --save DIR to start a new run in another "
@@ -74,8 +74,8 @@ def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_pa
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "summary.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"^--save='other' already holds a run"):
-        _check_run_dir(parse("--save", "other"))
-    _check_run_dir(parse("--save", "runs/run2"))
+        check_run_dir(parse("--save", "other"))
+    check_run_dir(parse("--save", "runs/run2"))
 
 
 def test_slime_rollout_ends_saying_nothing_trained(tmp_path, capsys):

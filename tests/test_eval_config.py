@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.errors import ConfigError
 
 MULTI_TASK = """\

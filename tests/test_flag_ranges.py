@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from slime.cli_args import FLAGS, build_parser, config_from_args
+from slime.cli.args import FLAGS, build_parser, config_from_args
 from slime.config import Config
 from slime.errors import ConfigError
 
@@ -215,7 +215,7 @@ def test_a_response_cap_the_models_context_cannot_hold_is_refused_at_the_door(tm
 
 
 def test_the_engines_context_is_sglangs_when_given():
-    from slime.cli_preflight import DEFAULT_CHECKPOINT, _engine_context
+    from slime.cli.preflight import DEFAULT_CHECKPOINT, _engine_context
 
     config = Config(engine=msgspec.structs.replace(Config().engine, hf_checkpoint=DEFAULT_CHECKPOINT))
     assert _engine_context(config) == (128, "max_position_embeddings of --hf-checkpoint")

@@ -19,8 +19,8 @@ import msgspec
 import pytest
 
 from slime.cli import main
-from slime.cli_args import FLAGS, build_parser, config_from_args, split_passthrough
-from slime.cli_compat import COMPAT_FLAGS, Checked, NoOp, check_compat_flags
+from slime.cli.args import FLAGS, build_parser, config_from_args, split_passthrough
+from slime.cli.compat import COMPAT_FLAGS, Checked, NoOp, check_compat_flags
 from slime.errors import ConfigError
 
 
@@ -86,7 +86,7 @@ def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, hf_dir,
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     flags = _flags(*SCRIPTS[script])
     runnable = _runnable(flags, hf_dir)
-    caplog.set_level(logging.INFO, logger="slime.cli_compat")
+    caplog.set_level(logging.INFO, logger="slime.cli.compat")
     rc = main(["train", "--dry-run", *[t for tokens in runnable for t in tokens]])
     assert rc == 0, capsys.readouterr().err
     assert "sglang.launch_server" in capsys.readouterr().out
@@ -97,7 +97,7 @@ def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, hf_dir,
             continue  # passed to SGLang unchanged (tests/test_cli_dry_run.py)
         assert flag in known, f"{flag} is not accepted"
         assert flag in FLAGS or flag in COMPAT_FLAGS, f"{flag} has no fate"
-    lines = [r.getMessage() for r in caplog.records if r.name == "slime.cli_compat"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "slime.cli.compat"]
     for tokens in runnable:
         flag = tokens[0]
         if flag in COMPAT_FLAGS:
@@ -156,9 +156,9 @@ def test_a_no_op_flag_with_a_value_that_would_change_training_is_an_error(argv, 
 
 
 def test_an_architecture_flag_without_a_config_json_is_logged_as_not_checked(tmp_path, caplog, capsys):
-    caplog.set_level(logging.INFO, logger="slime.cli_compat")
+    caplog.set_level(logging.INFO, logger="slime.cli.compat")
     assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "elsewhere"), "--num-layers", "36"]) == 0
-    assert [r.getMessage() for r in caplog.records if r.name == "slime.cli_compat"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "slime.cli.compat"] == [
         f"--num-layers 36: not checked: {tmp_path / 'elsewhere' / 'config.json'} not found"
     ]
 
@@ -252,11 +252,11 @@ QWEN3_30B_A3B_CONFIG = {
 )
 def test_the_model_flags_of_other_families_match_their_hf_config(model, hf_config, tmp_path, caplog):
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
-    caplog.set_level(logging.INFO, logger="slime.cli_compat")
+    caplog.set_level(logging.INFO, logger="slime.cli.compat")
     flags = _flags(model)
     ns = build_parser().parse_args([t for tokens in flags for t in tokens])
     check_compat_flags(ns, str(tmp_path))
-    lines = [r.getMessage() for r in caplog.records if r.name == "slime.cli_compat"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "slime.cli.compat"]
     said = {line.split(":")[0].split(" ")[0] for line in lines if "checked: matches" in line or "no-op here" in line}
     assert said == {tokens[0] for tokens in flags if tokens[0] in COMPAT_FLAGS} and len(lines) == len(said)
     assert all(tokens[0] in FLAGS or tokens[0] in COMPAT_FLAGS for tokens in flags)
@@ -301,7 +301,7 @@ def test_glm4_layer_flags_are_checked_against_the_hf_model_type(tmp_path, caplog
     ]
     assert len(glm) == 5
     (tmp_path / "config.json").write_text(json.dumps(GLM4_9B_0414_CONFIG))
-    caplog.set_level(logging.INFO, logger="slime.cli_compat")
+    caplog.set_level(logging.INFO, logger="slime.cli.compat")
     check_compat_flags(build_parser().parse_args([t for tokens in glm for t in tokens]), str(tmp_path))
     assert sum("checked: matches" in r.getMessage() for r in caplog.records) == 5
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
@@ -346,7 +346,7 @@ OPD_EXAMPLE = [
 
 
 def test_the_opd_example_maps_onto_use_opd_with_its_teacher_server(caplog):
-    caplog.set_level(logging.INFO, logger="slime.cli_args")
+    caplog.set_level(logging.INFO, logger="slime.cli.args")
     config = config_from_args(build_parser().parse_args(OPD_EXAMPLE))
     t = config.train
     assert (t.use_opd, t.opd_only, t.opd_kl_coef, t.advantage_estimator) == (True, True, 1.0, "grpo")

@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
 
 WHOLE_CONFIG_ALLOWED = {
-    "slime/cli.py": None,  # the CLI entry: every function (it builds the config and hands out its sections)
-    "slime/cli_preflight.py": None,  # the CLI entry's start-of-run checks (``preflight(config)``)
-    "slime/cli_args.py": None,  # the flags onto the config (``config_from_args(..., base=Config)``)
+    "slime/cli/__init__.py": None,  # the CLI entry: every function (it builds the config and hands out its sections)
+    "slime/cli/preflight.py": None,  # the CLI entry's start-of-run checks (``preflight(config)``)
+    "slime/cli/args.py": None,  # the flags onto the config (``config_from_args(..., base=Config)``)
     "slime/loop/run.py": None,  # the run skeleton shared by RL and SFT
     "slime/loop/driver.py": {"run_training"},  # the RL run on the skeleton
     "slime/loop/sft.py": {"run_sft"},  # the SFT run on the skeleton

@@ -12,7 +12,7 @@ Each fact is one field, in the section that owns it; code that needs another sec
 passed by the code that wires the run (e.g. the trainer's ``rollout_temperature``, ``max_staleness``
 and ``seed``, from ``rollout``, ``loop`` and the root), so a ``Config`` cannot disagree with itself.
 Each component receives its own section, never the root (``Scheduler(config.loop, ...)``).
-Slime-compatible CLI flags map onto these fields in ``slime/cli_args.py``; a test pins that map.
+Slime-compatible CLI flags map onto these fields in ``slime/cli/args.py``; a test pins that map.
 Values are checked at start: ``Config.validate`` raises ``ConfigError`` naming the CLI flag.
 """
 

@@ -18,7 +18,7 @@ class DataConfig(msgspec.Struct, **STRUCT):
     built-in task (``builtin_task``)."""
     builtin_task: Literal["arith", "calc", "chain"] = "arith"
     """The built-in task used without ``--prompt-data`` (and its reward, without ``--custom-rm-path`` /
-    ``--rm-type``; giving both ``--builtin-task`` and ``--prompt-data`` is refused, ``slime.cli_args``): ``arith`` (``slime.data.arith``, the first demo), ``calc`` (``slime.data.calc``,
+    ``--rm-type``; giving both ``--builtin-task`` and ``--prompt-data`` is refused, ``slime.cli.args``): ``arith`` (``slime.data.arith``, the first demo), ``calc`` (``slime.data.calc``,
     large-number arithmetic with a calculator tool) or ``chain`` (``slime.data.chain``, addition chains with a
     long-tailed response length) (``--builtin-task``)."""
     input_key: str = "prompt"

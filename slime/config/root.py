@@ -128,7 +128,7 @@ class Config(msgspec.Struct, **STRUCT):
         """An RL run of the CLI on the user's ``--prompt-data`` or ``--eval-prompt-data`` names its reward: the
         built-in task's reward (arithmetic unless ``--builtin-task``) scores only that task's format, and on other
         rows quietly gives 0.
-        Called where flags become a config (``slime.cli_args.config_from_args``); a program that passes its own
+        Called where flags become a config (``slime.cli.args.config_from_args``); a program that passes its own
         ``reward_fn`` to ``run_training`` is not checked.
 
         Raises:

@@ -52,7 +52,7 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     """Where the torch backend trains (``--train-device``): ``auto`` = the current CUDA device when
     torch sees one, else the CPU; ``cuda`` fails without one. The megatron backend always trains on
     CUDA (``cpu`` is refused with it)."""
-    # Algorithm set and off-policy corrections (slime/train/; flag mapping in slime/cli_args.py).
+    # Algorithm set and off-policy corrections (slime/train/; flag mapping in slime/cli/args.py).
     advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae"] = "grpo"
     """``--advantage-estimator``: GRPO, GSPO (sequence-level ratio and clip), REINFORCE++ (discounted
     return, batch-whitened), REINFORCE++-baseline (group mean baseline, batch-whitened), or PPO with a
@@ -123,7 +123,7 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     custom_reward_post_process_path: str | None = None
     """THUDM/slime's ``--custom-reward-post-process-path``, accepted only with ``use_opd``, where it is a
     no-op: slime's on-policy-distillation example uses it to move the teacher's logprobs from the reward
-    payload onto the samples, which ``slime.rollout.opd`` does here (``slime.cli_args.apply_slime_opd``)."""
+    payload onto the samples, which ``slime.rollout.opd`` does here (``slime.cli.args.apply_slime_opd``)."""
     loss_type: Literal["policy_loss", "sft_loss"] = "policy_loss"
     """``--loss-type`` (THUDM/slime's flag): ``policy_loss`` (RL, the objective above) or ``sft_loss``
     (supervised fine-tuning: masked negative log-likelihood of the loss-mask tokens, aggregated by

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from slime.data.split_stream import split_stream
-from slime.rollout.tools.parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from slime.data.tool_markers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from slime.stop import raise_if_stopped
 
 if TYPE_CHECKING:

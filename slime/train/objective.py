@@ -12,7 +12,7 @@ This is the glue between ``TrainConfig`` and the pure functions of ``advantages`
 Defaults (GRPO, PPO clip, no correction, seq_mean, no KL, no entropy bonus) reduce to exactly the
 loss slime's default recipe optimises and to what this trainer computed before these options.
 
-Flags (``slime/cli_args.py``) and where each lands:
+Flags (``slime/cli/args.py``) and where each lands:
 
     --advantage-estimator {grpo,gspo,reinforce_plus_plus,       advantages.sample_scores / token_advantages;
         reinforce_plus_plus_baseline,ppo,gae}                     gspo: losses ratio_level="sequence"

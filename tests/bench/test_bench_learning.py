@@ -150,7 +150,7 @@ def test_tiny_real_bench(tmp_path):
 def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
     import argparse
 
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli.args import build_parser, config_from_args
 
     argv = learning.train_argv("async-mis", 3, "/tmp/x", task="chain", num_rollout=5, eval_interval=2, extra=["--num-eval-prompts", "7"])
     config = config_from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))

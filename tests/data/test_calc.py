@@ -96,7 +96,7 @@ async def test_reward_falls_back_to_the_response_text_and_needs_a_label():
 
 
 def test_builtin_task_flag_selects_the_calc_rows_and_reward():
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli.args import build_parser, config_from_args
     from slime.loop.inputs import load_prompts, reward_function
 
     args = ["--builtin-task", "calc", "--num-eval-prompts", "20", "--rollout-batch-size", "4", "--global-batch-size", "32"]

@@ -62,7 +62,7 @@ def test_rollout_max_prompt_len_makes_longer_prompts_bad_rows_named_by_file_and_
 
 
 def test_rollout_max_prompt_len_is_slimes_flag():
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli.args import build_parser, config_from_args
     from slime.errors import ConfigError
 
     assert config_from_args(build_parser().parse_args(["--rollout-max-prompt-len", "256"])).data.rollout_max_prompt_len == 256

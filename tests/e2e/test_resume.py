@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from slime.cli import main
-from slime.cli_preflight import _check_run_dir
+from slime.cli.preflight import check_run_dir
 from slime.config import Config, DataConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
 from slime.loop.checkpoint import latest_checkpoint
@@ -90,7 +90,7 @@ async def test_two_runs_started_at_once_on_one_run_folder_one_is_refused_and_the
         trained
     ) == 12
     with pytest.raises(ConfigError, match="already holds a run"):  # once it ended, the folder is free (and used)
-        _check_run_dir(config)
+        check_run_dir(config)
 
 
 def test_a_full_disk_during_a_disk_weight_sync_ends_the_run_with_one_line(tmp_path, capsys):

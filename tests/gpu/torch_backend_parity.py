@@ -37,7 +37,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = p.parse_args()
 
-    from slime.cli_preflight import DEFAULT_CHECKPOINT
+    from slime.cli.preflight import DEFAULT_CHECKPOINT
     from slime.config import MegatronConfig, TrainConfig
     from slime.loop.record import load_rollout_record
     from slime.train.batch import build_train_batch

@@ -36,7 +36,7 @@ async def test_a_prompt_longer_than_the_model_context_is_refused_at_load_by_file
 
 
 async def test_an_unreachable_engine_leaves_nothing_that_blocks_running_again_with_the_same_save(tmp_path):
-    from slime.cli import _check_run_dir
+    from slime.cli import check_run_dir
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "w3 w9"}) + "\n")
@@ -48,4 +48,4 @@ async def test_an_unreachable_engine_leaves_nothing_that_blocks_running_again_wi
         await run_training(config, reward_fn=lambda s: 0.0, progress=False)
     run = tmp_path / "run"
     assert not (run / "metrics.jsonl").exists() and not (run / "trained_groups.jsonl").exists()
-    _check_run_dir(config)  # before the fix: "--save=... already holds a run"
+    check_run_dir(config)  # before the fix: "--save=... already holds a run"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
 from slime.loop import driver

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.config import DataConfig
 from slime.errors import ConfigError
 from slime.loop.sft import load_sft_data, run_sft

@@ -132,7 +132,7 @@ def test_a_teacher_with_another_vocabulary_is_refused_naming_the_difference():
     ],
 )
 def test_opd_flag_combinations_that_cannot_work_are_refused_before_anything_starts(extra, words):
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli.args import build_parser, config_from_args
     from slime.errors import ConfigError
 
     with pytest.raises(ConfigError, match=words):  # the section's own checks (config_from_args), or those across sections

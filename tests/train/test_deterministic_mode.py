@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.train.determinism import DETERMINISTIC_ENV
 from slime.train.torch_backend import TorchTrainer
 

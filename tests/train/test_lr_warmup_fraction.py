@@ -3,7 +3,7 @@ optimizer steps are known (``slime.train.lr_schedule.resolve_lr_schedule``)."""
 
 import pytest
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.errors import ConfigError
 from slime.train.lr_schedule import lr_at, resolve_lr_schedule
 

@@ -49,7 +49,7 @@ def test_tis_at_sequence_and_geometric_level_truncates_one_ratio_per_sample(leve
 
 
 def test_tis_level_reaches_the_loss_from_the_flag():
-    from slime.cli_args import build_parser, config_from_args
+    from slime.cli.args import build_parser, config_from_args
     from slime.errors import ConfigError
     from slime.train.objective import correction_weights
 

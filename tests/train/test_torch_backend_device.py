@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.config import MegatronConfig, TrainConfig
 from slime.errors import ConfigError
 from slime.train.batch import build_train_batch

@@ -2,7 +2,7 @@
 
 import pytest
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.errors import ConfigError
 
 

@@ -27,10 +27,10 @@ import json
 import re
 from typing import Any
 
+from slime.data.tool_markers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN  # re-exported: the markup's one spelling
+
 __all__ = ["ToolCall", "parse_tool_calls", "TOOL_CALL_OPEN", "TOOL_CALL_CLOSE"]
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 _MAX_RAW_CHARS = 2000

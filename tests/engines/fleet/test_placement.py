@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from slime.cli import main, preflight
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.engines.fleet.host import trainer_gpus
 from slime.engines.fleet.placement import build_placement, check_torchrun_env
 from slime.errors import ConfigError

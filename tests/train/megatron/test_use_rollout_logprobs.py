@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime.cli_args import build_parser, config_from_args
+from slime.cli.args import build_parser, config_from_args
 from slime.config import MegatronConfig, TrainConfig
 from slime.errors import ConfigError
 from tests.train.megatron.test_megatron_trainer import _groups

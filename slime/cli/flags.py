@@ -3,7 +3,7 @@
 This is the whole CLI surface of ``slime train`` as data (``tests/test_cli_args.py`` pins it, so a new
 flag is a deliberate change; flags that THUDM/slime has keep slime's spelling). How the table becomes a
 parser and a validated ``Config`` (help texts from the config docstrings, the ``--sglang-*`` /
-``--router-*`` pass-through, THUDM/slime's OPD flags) lives in ``slime/cli_args.py``, which re-exports
+``--router-*`` pass-through, THUDM/slime's OPD flags) lives in ``slime/cli/args.py``, which re-exports
 ``FLAGS``.
 """
 

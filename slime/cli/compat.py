@@ -13,7 +13,7 @@ never silence:
 - ``NoOp``: accepted, and one INFO line says why it changes nothing here. ``allowed`` lists the
   values for which that is true (``--hidden-dropout 0.0``); any other value is an error.
 
-Flags that are applied live in ``slime.cli_args.FLAGS``; ``docs/slime_flags.md`` tables all three.
+Flags that are applied live in ``slime.cli.args.FLAGS``; ``docs/slime_flags.md`` tables all three.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--wandb-key": NoOp("wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()),
     "--wandb-run-id": NoOp("W&B names the run itself; the run directory (--save) is in its config", dict()),
 }
-"""Every accepted THUDM/slime flag that is not in ``slime.cli_args.FLAGS``, with its fate."""
+"""Every accepted THUDM/slime flag that is not in ``slime.cli.args.FLAGS``, with its fate."""
 
 
 def add_compat_flags(parser: argparse.ArgumentParser) -> None:

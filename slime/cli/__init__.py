@@ -9,20 +9,26 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-# The start-of-run checks (slime/cli_preflight.py; `preflight` re-exported); it imports slime's parts lazily, so `slime --help` stays fast.
-from slime.cli_preflight import (
+# The start-of-run checks (slime/cli/preflight.py; `preflight` re-exported); it imports slime's parts lazily, so `slime --help` stays fast.
+from slime.cli.preflight import (
     DEFAULT_CHECKPOINTS,
-    _check_run_dir,
-    _placement,
-    _trainer_gpus,
     check_inputs,
+    check_run_dir,
     preflight,
+    run_placement,
+    trainer_gpus,
 )
 
+if TYPE_CHECKING:
+    from slime.config import Config
+
 __all__ = ["main", "preflight"]
+
+T = TypeVar("T")
 
 
 def _train(argv: list[str], prog: str = "slime train") -> int:
@@ -30,7 +36,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
     from slime import stop
 
     stop.clear()
-    run: dict[str, Any] = {}  # "config": the run's config, once built (named in the interrupted line)
+    run: dict[str, Config] = {}  # "config": the run's config, once built (named in the interrupted line)
     with stop.sigterm_raises():  # startup; the run itself: _run
         try:
             return _train_run(argv, prog, run)
@@ -39,7 +45,7 @@ def _train(argv: list[str], prog: str = "slime train") -> int:
             return 130
 
 
-def _interrupted_line(prog: str, config: Any, why: str) -> str:
+def _interrupted_line(prog: str, config: Config | None, why: str) -> str:
     """The last line of an interrupted run: why (``SIGTERM during startup``, ``SIGTERM``, Ctrl-C), its run directory."""
     why = why or "Ctrl-C"
     if config is None or not Path(config.run_dir).exists():
@@ -48,11 +54,44 @@ def _interrupted_line(prog: str, config: Any, why: str) -> str:
     return f"{prog}: interrupted ({why}); run directory {config.run_dir}{hint}"
 
 
-def _train_run(argv: list[str], prog: str, run: dict[str, Any]) -> int:
-    import msgspec
+def _train_run(argv: list[str], prog: str, run: dict[str, Config]) -> int:
+    """``slime train`` inside the SIGTERM guard: flags -> config -> checks -> the run -> its last line.
 
-    from slime.cli_args import build_parser, config_from_args, split_passthrough
+    Returns the exit status: 0 done (or ``--dry-run`` printed), 2 a bad flag or one of slime's own errors.
+    """
     from slime.errors import SlimeError, first_slime_error
+
+    parsed = _parse_train_flags(argv, prog)
+    if isinstance(parsed, int):  # the flags were refused, the error printed
+        return parsed
+    ns, sglang_args, router_args = parsed
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = _train_config(ns, sglang_args, router_args)
+        run["config"] = config
+        if ns.dry_run:
+            return _dry_run(config)
+        preflight(config)
+        check_run_dir(config)
+        done = _start_run(config, prog, progress=not ns.no_progress)
+    except SlimeError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseExceptionGroup as group:  # raised inside a task group: report slime's own error plainly
+        leaf = first_slime_error(group)
+        if leaf is None:
+            raise
+        print(f"{prog}: error: {leaf}", file=sys.stderr)
+        return 2
+    if done is not None:  # None: a non-zero rank of a torchrun job, which prints nothing
+        print(done)
+    return 0
+
+
+def _parse_train_flags(argv: list[str], prog: str) -> tuple[argparse.Namespace, tuple[str, ...], tuple[str, ...]] | int:
+    """``slime train``'s flags: (namespace, ``--sglang-*`` and ``--router-*`` pass-through), or 2 with the error printed."""
+    from slime.cli.args import build_parser, split_passthrough
+    from slime.errors import SlimeError
 
     parser = build_parser(argparse.ArgumentParser(prog=prog, description="Run GRPO with partial rollouts.", allow_abbrev=False))
     parser.add_argument("--log-level", default="INFO")
@@ -71,74 +110,80 @@ def _train_run(argv: list[str], prog: str, run: dict[str, Any]) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
-        if not config.engine.hf_checkpoint:
-            config = msgspec.structs.replace(
-                config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task])
-            )
-        from slime.cli_compat import check_compat_flags
+    return ns, sglang_args, router_args
 
-        check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
-        config = config.with_placement_defaults()
-        run["config"] = config
-        if ns.dry_run:
-            check_inputs(config, parse_data=True)  # what needs no engine: model dirs, prompt rows, plugin imports
-            from slime.engines.fleet.plan import build_launch_plan
 
-            placement = _placement(config)
-            if placement is not None:
-                print(placement.format())
-            if placement is None or not placement.servers_off_node0:
-                print(
-                    build_launch_plan(
-                        config.engine,
-                        seed=config.seed,
-                        trainer_gpus=_trainer_gpus(config),
-                        colocate=config.sync.colocate,
-                        in_place_updates=config.updates_in_place(),
-                        gpus_per_node=placement.gpus_per_node if placement else None,
-                    ).format()
-                )
-            return 0
-        preflight(config)
-        _check_run_dir(config)
-        from transformers.utils import logging as hf_logging
+def _train_config(ns: argparse.Namespace, sglang_args: tuple[str, ...], router_args: tuple[str, ...]) -> Config:
+    """The run's config from its flags, the THUDM/slime compat flags checked, the placement defaults filled.
 
-        from slime.loop.driver import run_training
+    Raises:
+        ConfigError: a bad flag value, or a compat flag the model's ``config.json`` contradicts.
+    """
+    from slime.cli.args import config_from_args
+    from slime.cli.compat import check_compat_flags
 
-        hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync
+    config = _with_default_checkpoint(config_from_args(ns, sglang_args=sglang_args, router_args=router_args))
+    check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
+    return config.with_placement_defaults()
 
-        if config.train.loss_type == "sft_loss":
-            from slime.loop.sft import run_sft
 
-            summary = _run(run_sft(config, progress=not ns.no_progress), last_words=lambda: _interrupted_line(prog, config, "SIGTERM"))
-            fmt = lambda x: "n/a (no --eval-prompt-data)" if x is None else f"{x:.4f}"  # noqa: E731
-            print(
-                f"done: SFT {summary['num_steps']} steps; eval loss {fmt(summary['eval_loss_before'])} -> "
-                f"{fmt(summary['eval_loss_after'])}; model {summary['model_dir']}; run dir {config.run_dir}"
-            )
-            return 0
-        summary = _run(run_training(config, progress=not ns.no_progress), last_words=lambda: _interrupted_line(prog, config, "SIGTERM"))
-    except SlimeError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except BaseExceptionGroup as group:  # raised inside a task group: report slime's own error plainly
-        leaf = first_slime_error(group)
-        if leaf is None:
-            raise
-        print(f"{prog}: error: {leaf}", file=sys.stderr)
-        return 2
-    if not summary:  # a non-zero rank of a torchrun job
-        return 0
-    from slime.loop.outputs import format_done_line
+def _with_default_checkpoint(config: Config) -> Config:
+    """``config`` with the built-in task's shipped warm start as ``--hf-checkpoint`` when none was given."""
+    import msgspec
 
-    print(format_done_line(summary, config.run_dir))
+    if config.engine.hf_checkpoint:
+        return config
+    engine = msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task])
+    return msgspec.structs.replace(config, engine=engine)
+
+
+def _dry_run(config: Config) -> int:
+    """``--dry-run``: the checks that need no engine, then the placement and every command the run would start."""
+    from slime.engines.fleet.plan import build_launch_plan
+
+    check_inputs(config, parse_data=True)  # what needs no engine: model dirs, prompt rows, plugin imports
+    placement = run_placement(config)
+    if placement is not None:
+        print(placement.format())
+    if placement is None or not placement.servers_off_node0:  # else rank 0 starts no server to show
+        plan = build_launch_plan(
+            config.engine,
+            seed=config.seed,
+            trainer_gpus=trainer_gpus(config),
+            colocate=config.sync.colocate,
+            in_place_updates=config.updates_in_place(),
+            gpus_per_node=placement.gpus_per_node if placement else None,
+        )
+        print(plan.format())
     return 0
 
 
-def _run(coro, *, last_words=lambda: "slime: interrupted (SIGTERM)"):
+def _start_run(config: Config, prog: str, *, progress: bool) -> str | None:
+    """Run the SFT or RL run of ``config`` to its end; its ``done:`` line (None on a non-zero torchrun rank)."""
+    from transformers.utils import logging as hf_logging
+
+    from slime.loop.driver import run_training
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar at every weight sync
+    last_words = lambda: _interrupted_line(prog, config, "SIGTERM")  # noqa: E731
+    if config.train.loss_type == "sft_loss":
+        from slime.loop.sft import run_sft
+
+        summary = _run(run_sft(config, progress=progress), last_words=last_words)
+        fmt = lambda x: "n/a (no --eval-prompt-data)" if x is None else f"{x:.4f}"  # noqa: E731
+        return (
+            f"done: SFT {summary['num_steps']} steps; eval loss {fmt(summary['eval_loss_before'])} -> "
+            f"{fmt(summary['eval_loss_after'])}; model {summary['model_dir']}; run dir {config.run_dir}"
+        )
+    summary = _run(run_training(config, progress=progress), last_words=last_words)
+    if not summary:  # a non-zero rank of a torchrun job
+        return None
+    from slime.loop.outputs import format_done_line
+
+    return format_done_line(summary, config.run_dir)
+
+
+def _run(coro: Awaitable[T], *, last_words: Callable[[], str] = lambda: "slime: interrupted (SIGTERM)") -> T:
     """Run ``coro`` on uvloop. SIGTERM (``timeout``, ``kill``, a job scheduler) ends it like Ctrl-C:
     the main task is cancelled, so every ``finally`` runs and launched SGLang servers are stopped
     (they run in their own sessions: a signal to our process group does not reach them); loops that
@@ -220,10 +265,9 @@ def _train_records(argv: list[str]) -> list[dict[str, Any]]:
     Raises:
         SlimeError: a bad flag or a failed run (the driver's own errors).
     """
-    import msgspec
     from transformers.utils import logging as hf_logging
 
-    from slime import cli_args
+    from slime.cli import args as cli_args
     from slime.errors import ConfigError
     from slime.loop.driver import run_training
 
@@ -233,13 +277,9 @@ def _train_records(argv: list[str]) -> list[dict[str, Any]]:
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         raise ConfigError(f"unrecognized slime train arguments: {' '.join(unknown)}")
-    config = cli_args.config_from_args(ns, sglang_args=sglang_args, router_args=router_args)
-    if not config.engine.hf_checkpoint:
-        config = msgspec.structs.replace(
-            config, engine=msgspec.structs.replace(config.engine, hf_checkpoint=DEFAULT_CHECKPOINTS[config.data.builtin_task])
-        )
+    config = _with_default_checkpoint(cli_args.config_from_args(ns, sglang_args=sglang_args, router_args=router_args))
     preflight(config)
-    _check_run_dir(config)
+    check_run_dir(config)
     _run(run_training(config, progress=False))
     path = Path(config.run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -318,7 +358,3 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `slime report RUN | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The slime-compatible flags of ``slime train``, and how each lands on a typed config field.
 
-``FLAGS`` (the table, in ``slime/cli_flags.py``, re-exported here) is the whole CLI surface of
+``FLAGS`` (the table, in ``slime/cli/flags.py``, re-exported here) is the whole CLI surface of
 ``slime train``; ``tests/test_cli_args.py`` pins it, so a new flag is a deliberate change. Flags that
 THUDM/slime has keep slime's spelling. This module turns the table into a parser and a validated config.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from slime.cli_flags import FLAGS  # the table itself (slime/cli_flags.py), re-exported
+from slime.cli.flags import FLAGS  # the table itself (slime/cli/flags.py), re-exported
 from slime.config import Config
 from slime.engines.fleet.groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 from slime.errors import ConfigError
@@ -31,8 +31,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         if kwargs.get("type") in (int, float):  # the allowed values, as Config.validate checks them
             kwargs = {**kwargs, "help": f"{kwargs['help']}; allowed {_range_of(path)}".lstrip("; ")}
         parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, **kwargs)
-    # THUDM/slime flags with no field here: checked against --hf-checkpoint, or logged no-ops (slime/cli_compat.py)
-    from slime.cli_compat import add_compat_flags
+    # THUDM/slime flags with no field here: checked against --hf-checkpoint, or logged no-ops (slime/cli/compat.py)
+    from slime.cli.compat import add_compat_flags
 
     add_compat_flags(parser)
     return parser

@@ -1,5 +1,5 @@
 """The start-of-run checks of ``slime train``: ``preflight`` (what would otherwise fail minutes into a
-run, naming the flag), the run directory's guard against overwriting a run (``_check_run_dir``), the
+run, naming the flag), the run directory's guard against overwriting a run (``check_run_dir``), the
 run's placement and trainer GPU count as the launch plan sees them, and the shipped warm starts used
 without ``--hf-checkpoint`` (``DEFAULT_CHECKPOINTS``). ``slime.cli`` runs these before a run starts and
 re-exports every name here; slime's own modules are imported lazily, so ``slime --help`` stays fast.
@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["preflight", "check_inputs", "DEFAULT_CHECKPOINT", "DEFAULT_CHECKPOINTS"]
 
-DEFAULT_CHECKPOINT = str(Path(__file__).parent / "data" / "assets" / "arith-warmstart")
+DEFAULT_CHECKPOINT = str(Path(__file__).parents[1] / "data" / "assets" / "arith-warmstart")
 DEFAULT_CHECKPOINTS = {
     "arith": DEFAULT_CHECKPOINT,
-    "calc": str(Path(__file__).parent / "data" / "assets" / "calc-warmstart"),
-    "chain": str(Path(__file__).parent / "data" / "assets" / "chain-warmstart"),
+    "calc": str(Path(__file__).parents[1] / "data" / "assets" / "calc-warmstart"),
+    "chain": str(Path(__file__).parents[1] / "data" / "assets" / "chain-warmstart"),
 }
 """The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
@@ -54,7 +54,7 @@ def _warn_if_resuming_another_setup(config: Config) -> None:
         logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
 
 
-def _check_run_dir(config: Config) -> None:
+def check_run_dir(config: Config) -> None:
     """Refuse a run folder another live run holds (``slime.loop.run_lock``), and to overwrite a finished
     run's records unless resuming it with ``--load``.
 
@@ -281,7 +281,7 @@ def preflight(config: Config) -> None:
             )
     from slime.engines.fleet.placement import check_torchrun_env
 
-    placement = _placement(config)
+    placement = run_placement(config)
     if placement is not None:
         check_torchrun_env(config.train, config.engine)
         if placement.servers_off_node0:
@@ -302,12 +302,12 @@ def preflight(config: Config) -> None:
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
     check_launchable(
         build_launch_plan(
-            config.engine, trainer_gpus=_trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
+            config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
         )
     )
 
 
-def _placement(config: Config) -> Placement | None:
+def run_placement(config: Config) -> Placement | None:
     """The run's per-node plan when it names one (``slime.engines.fleet.placement``), else None."""
     from slime.engines.fleet.placement import build_placement, placement_given
 
@@ -316,7 +316,8 @@ def _placement(config: Config) -> Placement | None:
     return build_placement(config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only)
 
 
-def _trainer_gpus(config: Config) -> int:
-    from slime.engines.fleet.host import trainer_gpus
+def trainer_gpus(config: Config) -> int:
+    """The GPUs the trainer takes on this node (none in a rollout-only run; ``slime.engines.fleet.host``)."""
+    from slime.engines.fleet import host
 
-    return trainer_gpus(config.train, rollout_only=config.debug.debug_rollout_only)
+    return host.trainer_gpus(config.train, rollout_only=config.debug.debug_rollout_only)
