@@ -4,11 +4,12 @@ Code: the last fenced block of ``sample.response`` (```` ```python ```` preferre
 Test cases, from ``sample.metadata["tests"]`` or else ``sample.label`` (a JSON string), in one of:
 
 * ``{"inputs": [stdin, ...], "outputs": [stdout, ...]}`` (APPS / CodeContests): the program reads
-  stdin; its stdout must hold the expected whitespace-separated tokens in order, numbers within
-  ``FLOAT_TOLERANCE`` (``outputs_match``: as contest checkers compare);
+  stdin (a string or a list of lines); its stdout must hold the expected whitespace-separated tokens
+  in order, integers exactly and real numbers within ``FLOAT_TOLERANCE`` (``outputs_match``: as contest
+  checkers compare);
 * ``{"asserts": ["assert f(2) == 4", ...]}`` (MBPP-style; ``test_list`` is read too; optional ``setup`` /
   ``test_imports`` lists and ``test_setup_code``: import lines the asserts need, nothing else);
-* a list of ``{"input": ..., "output": ...}`` objects.
+* a list of ``{"input": ..., "output": ...}`` objects; any of these as JSON text.
 Call-based specs (``fn_name``) are refused with a ``PluginError``.
 
 Each stdin case is one sandbox run (``slime/rollout/tools/sandbox.py``: bubblewrap namespaces and limits;
@@ -71,45 +72,77 @@ def extract_code(response: str) -> str | None:
 
 def load_tests(sample: Sample) -> list[CodeCase]:
     """Test cases of ``sample`` (module docstring). Raises PluginError naming the shape problem."""
-    spec: Any = sample.metadata.get("tests")
-    if spec is None and sample.label:
-        try:
-            spec = json.loads(sample.label)
-        except json.JSONDecodeError as exc:
-            raise PluginError(f"code verifier: label is not JSON test cases ({exc.msg})") from None
-    if spec is None:
-        raise PluginError("code verifier: no test cases (metadata['tests'] or a JSON label)")
-    if isinstance(spec, list):
-        spec = {"inputs": [c.get("input", "") for c in spec], "outputs": [c.get("output") for c in spec]}
-    if not isinstance(spec, dict):
-        raise PluginError(f"code verifier: test cases must be an object or a list, got {type(spec).__name__}")
+    spec = _spec_object(sample)
     if spec.get("fn_name"):
         raise PluginError("code verifier: call-based tests ('fn_name', APPS/LeetCode style) are not supported; give stdin cases or asserts")
     asserts = spec.get("asserts", spec.get("test_list"))
     if asserts is not None:
         setup = parse_setup(_setup_lines(spec))
-        return [CodeCase(assertion=split_assert(str(a), setup), setup=setup.lines) for a in asserts]
+        return [CodeCase(assertion=split_assert(a, setup), setup=setup.lines) for a in _strings(asserts, "asserts")]
     inputs, outputs = spec.get("inputs"), spec.get("outputs")
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs):
         raise PluginError("code verifier: expected 'inputs' and 'outputs' lists of equal length, or 'asserts'")
-    return [CodeCase(stdin=str(i), expected_stdout=str(o)) for i, o in zip(inputs, outputs)]
+    return [CodeCase(stdin=_text(i, "input"), expected_stdout=_text(o, "output")) for i, o in zip(inputs, outputs)]
 
 
-def _setup_lines(spec: dict) -> list[str]:
+def _spec_object(sample: Sample) -> dict[str, Any]:
+    """The test-case object of ``sample``: ``metadata["tests"]`` (an object, a list of cases, or their
+    JSON text), else the JSON label; a list of ``{"input", "output"}`` cases as ``inputs``/``outputs``."""
+    spec: Any = sample.metadata.get("tests")
+    if spec is None and sample.label:
+        spec = sample.label
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+            raise PluginError(f"code verifier: the test cases are not JSON ({why})") from None
+    if spec is None:
+        raise PluginError("code verifier: no test cases (metadata['tests'] or a JSON label)")
+    if isinstance(spec, list):
+        if not all(isinstance(c, dict) for c in spec):
+            raise PluginError("code verifier: a list of test cases must hold {'input': ..., 'output': ...} objects")
+        spec = {"inputs": [c.get("input", "") for c in spec], "outputs": [c.get("output") for c in spec]}
+    if not isinstance(spec, dict):
+        raise PluginError(f"code verifier: test cases must be an object or a list, got {type(spec).__name__}")
+    return spec
+
+
+def _strings(value: Any, field: str) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PluginError(f"code verifier: {field!r} must be a list of strings")
+    return value
+
+
+def _text(value: Any, field: str) -> str:
+    """A case's stdin or expected stdout: a string, or a list of lines (joined by newlines); a lone
+    surrogate (JSON ``"\\ud800"``) becomes U+FFFD, since the sandbox writes UTF-8."""
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        value = "\n".join(value) + "\n"
+    if not isinstance(value, str):
+        raise PluginError(f"code verifier: a test {field} must be a string or a list of lines, got {type(value).__name__}")
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _setup_lines(spec: dict[str, Any]) -> list[str]:
     """``setup`` / ``test_imports`` (lists of lines) and MBPP's ``test_setup_code`` (one string)."""
-    lines = [str(line) for line in spec.get("setup", spec.get("test_imports")) or ()]
+    lines = spec.get("setup", spec.get("test_imports")) or []
+    lines = _strings(lines, "setup")
     code = spec.get("test_setup_code")
-    return lines + ([str(code)] if isinstance(code, str) and code.strip() else [])
+    return lines + ([code] if isinstance(code, str) and code.strip() else [])
 
 
 FLOAT_TOLERANCE = 1e-6
-"""Absolute or relative difference under which two numeric output tokens are equal."""
+"""Absolute or relative difference under which two real-number output tokens are equal."""
+_INTEGER = re.compile(r"[+-]?\d+")
+_REAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
 
 def outputs_match(expected: str, got: str) -> bool:
     """Equal as contest checkers compare: the same whitespace-separated tokens in order (so line breaks
-    and runs of spaces do not matter), each equal as text or, when both are numbers, within
-    ``FLOAT_TOLERANCE`` (``0.333333`` matches ``0.3333333333``)."""
+    and runs of spaces do not matter), each equal as text or, where the expected token is a real number
+    (a ``.`` or an exponent), within ``FLOAT_TOLERANCE`` (``0.333333`` matches ``0.3333333333``).
+    Integers compare exactly (``1000001`` is not ``1000000``); ``nan``, ``inf`` and ``1_000`` are text."""
     want, have = expected.split(), got.split()
     return len(want) == len(have) and all(_tokens_match(a, b) for a, b in zip(want, have))
 
@@ -117,11 +150,10 @@ def outputs_match(expected: str, got: str) -> bool:
 def _tokens_match(want: str, have: str) -> bool:
     if want == have:
         return True
-    try:
-        a, b = float(want), float(have)
-    except ValueError:
+    if _INTEGER.fullmatch(want) or not (_REAL.fullmatch(want) and _REAL.fullmatch(have)):
         return False
-    return math.isclose(a, b, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
+    a, b = float(want), float(have)  # finite: the pattern has no nan/inf, and 1e999 overflows to inf below
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
 
 
 class CodeVerifier:

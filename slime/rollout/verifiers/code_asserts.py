@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime.errors import PluginError
-from slime.rollout.verifiers.code_judge import JUDGE_MODULES, judge, validate
+from slime.rollout.verifiers.code_judge import ALL_METHODS, JUDGE_MODULES, judge, validate
 
 __all__ = ["SplitAssert", "CaseSetup", "judge_case", "split_assert", "parse_setup"]
 
@@ -83,19 +83,38 @@ def parse_setup(lines: Sequence[str]) -> CaseSetup:
     names: set[str] = set()
     judge_names: dict[str, Any] = {}
     for line in lines:
-        try:
-            module = ast.parse(line)
-        except SyntaxError as exc:
-            raise PluginError(f"code verifier: test setup {line!r} does not parse ({exc.msg})") from None
-        for stmt in module.body:
+        for stmt in _parse(line, "test setup").body:
             if not isinstance(stmt, ast.Import | ast.ImportFrom):
-                raise PluginError(f"code verifier: test setup may only import, got {line!r}")
-            names.update((alias.asname or alias.name).split(".")[0] for alias in stmt.names)
-            judge_names.update(_judge_bindings(stmt))
+                raise PluginError(f"code verifier: test setup may only import, got {line[:200]!r}")
+            bound = _judge_bindings(stmt)
+            names.update(bound if _is_star(stmt) else ((alias.asname or alias.name).split(".")[0] for alias in stmt.names))
+            judge_names.update(bound)
     return CaseSetup(lines=tuple(lines), names=frozenset(names), judge_names=judge_names)
 
 
+def _parse(text: str, what: str) -> ast.Module:
+    """``ast.parse``, with what cannot be parsed (syntax, nesting past the parser's depth) as PluginError."""
+    try:
+        return ast.parse(text)
+    except SyntaxError as exc:
+        raise PluginError(f"code verifier: {what} {text[:200]!r} does not parse ({exc.msg})") from None
+    except (RecursionError, MemoryError, ValueError):  # ValueError: a NUL byte in the source
+        raise PluginError(f"code verifier: {what} {text[:200]!r} is nested too deep or holds a NUL byte") from None
+
+
+def _is_star(stmt: ast.Import | ast.ImportFrom) -> bool:
+    """``from m import *``: allowed from ``math``/``cmath`` only, whose names the verifier knows; from any
+    other module the names the asserts use could be anyone's (a ``Counter`` call became a probe)."""
+    if not (isinstance(stmt, ast.ImportFrom) and any(alias.name == "*" for alias in stmt.names)):
+        return False
+    if stmt.module not in _JUDGE_IMPORTABLE or stmt.level:
+        raise PluginError(f"code verifier: test setup 'from {stmt.module} import *': name what the asserts use")
+    return True
+
+
 def _judge_bindings(stmt: ast.Import | ast.ImportFrom) -> dict[str, Any]:
+    if isinstance(stmt, ast.ImportFrom) and _is_star(stmt):
+        return {k: v for k, v in vars(JUDGE_MODULES[str(stmt.module)]).items() if not k.startswith("_")}
     if isinstance(stmt, ast.Import):
         return {alias.asname or alias.name: JUDGE_MODULES[alias.name] for alias in stmt.names if alias.name in _JUDGE_IMPORTABLE}
     if stmt.module not in _JUDGE_IMPORTABLE or stmt.level:
@@ -115,17 +134,20 @@ def split_assert(source: str, setup: CaseSetup | None = None) -> SplitAssert:
         PluginError: not assert statements, or a form the verifier cannot judge outside the program (named).
     """
     setup = setup or CaseSetup()
-    try:
-        module = ast.parse(source)
-    except SyntaxError as exc:
-        raise PluginError(f"code verifier: test {source[:200]!r} does not parse ({exc.msg})") from None
+    module = _parse(source, "test")
     if not module.body or not all(isinstance(stmt, ast.Assert) for stmt in module.body):
         raise PluginError(f"code verifier: test {source[:200]!r} is not a sequence of assert statements")
     splitter = _Splitter(source, setup.names | _TEST_NAMES)
-    checks = tuple(splitter.split(stmt.test) for stmt in module.body if isinstance(stmt, ast.Assert))
-    for check in checks:
-        validate(check, source, setup.judge_names)
-    return SplitAssert(source=source, probes=tuple(splitter.probes), checks=checks, judge_names=setup.judge_names)
+    try:
+        checks = tuple(splitter.split(stmt.test) for stmt in module.body if isinstance(stmt, ast.Assert))
+        judge_names = {**splitter.math_wrappers, **setup.judge_names}
+        for check in checks:
+            validate(check, source, judge_names)
+    except RecursionError:
+        raise PluginError(f"code verifier: test {source[:200]!r} is nested too deep") from None
+    if not splitter.probes:  # a case that never calls the solution would pass every program
+        raise PluginError(f"code verifier: test {source[:200]!r} calls nothing of the solution")
+    return SplitAssert(source=source, probes=tuple(splitter.probes), checks=checks, judge_names=judge_names)
 
 
 def judge_case(case: SplitAssert, outcomes: Sequence[tuple[bool, Any]]) -> tuple[bool, str]:
@@ -142,6 +164,9 @@ class _Splitter:
     def __init__(self, source: str, test_names: frozenset[str]):
         self.source, self.test_names = source, test_names
         self.probes: list[str] = []
+        self.math_wrappers: dict[str, Any] = {}
+        """``math`` names called around a solution call without an import (``isclose(area(2), 12.566)``):
+        the test's, so the judge gives the real function (the program could define its own)."""
 
     def split(self, node: ast.expr) -> ast.expr:
         if self._is_probe(node):
@@ -163,6 +188,8 @@ class _Splitter:
         return ast.copy_location(ast.Name(id=f"_probe_{len(self.probes) - 1}", ctx=ast.Load()), node)
 
     def _is_probe(self, node: ast.expr) -> bool:
+        if _is_builtin_method(node):  # greet('Bob').startswith('Hello'): the argument is the expected value
+            return False
         root, above, calls = node, node, False
         while isinstance(root, ast.Call | ast.Attribute | ast.Subscript):
             calls = calls or isinstance(root, ast.Call)
@@ -170,12 +197,38 @@ class _Splitter:
         # re.match('a', f(1)): a standard module's attribute is the test's, or the program could fake the module
         stdlib = isinstance(above, ast.Attribute) and isinstance(root, ast.Name) and root.id in sys.stdlib_module_names
         if calls and isinstance(root, ast.Name) and root.id not in self.test_names and not stdlib:
-            return True
-        # set(f(x)), sorted(f(x), reverse=True): the builtin consumes the program's value, so it runs beside it
+            return not self._is_math_wrapper(node, root.id)
+        return self._is_materialized(node)
+
+    def _is_materialized(self, node: ast.expr) -> bool:
+        """set(f(x)), sorted(f(x), reverse=True): the builtin consumes the program's value, so it runs beside
+        it; ``max(f(x), default=7)`` keeps the builtin in the check (its default may be the expected value)."""
         return (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
             and node.func.id in MATERIALIZERS
             and bool(node.args)
+            and all(_is_plain_keyword(k) for k in node.keywords)
             and all(self._is_probe(arg) for arg in node.args)
         )
+
+    def _is_math_wrapper(self, node: ast.expr, name: str) -> bool:
+        """``isclose(area(2), 12.566)`` with no import: ``name`` is math's around the solution's call."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and hasattr(JUDGE_MODULES["math"], name)):
+            return False
+        inner = [sub for arg in [*node.args, *(k.value for k in node.keywords)] for sub in ast.walk(arg) if isinstance(sub, ast.Call)]
+        if not any(self._is_probe(sub) for sub in inner):
+            return False
+        self.math_wrappers[name] = getattr(JUDGE_MODULES["math"], name)
+        return True
+
+
+def _is_builtin_method(node: ast.expr) -> bool:
+    """A call of (or reference to) a method the judge applies to built-in values (``code_judge.METHODS``)."""
+    target = node.func if isinstance(node, ast.Call) else node
+    return isinstance(target, ast.Attribute) and target.attr in ALL_METHODS
+
+
+def _is_plain_keyword(keyword: ast.keyword) -> bool:
+    """Not ``default=``: the value a materializer returns for an empty input is often the expected one."""
+    return keyword.arg != "default"

@@ -32,6 +32,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from slime.rollout.verifiers.code_judge import refuse_hash_floods
+
 __all__ = ["ChannelReport", "decode_value", "harness_program", "harness_request", "read_channel", "script_program"]
 
 _MAX_DEPTH = 64
@@ -233,9 +235,14 @@ def decode_value(obj: Any, depth: int = 0) -> Any:
     if tag in _SCALARS:
         return _SCALARS[tag](body)
     if tag == "dict" and isinstance(body, list):
-        return {decode_value(k, depth + 1): decode_value(v, depth + 1) for k, v in (_pair(p) for p in body)}
+        pairs = [(decode_value(k, depth + 1), decode_value(v, depth + 1)) for k, v in (_pair(p) for p in body)]
+        refuse_hash_floods([k for k, _ in pairs])
+        return dict(pairs)
     if tag in _SEQUENCES and isinstance(body, list):
-        return _SEQUENCES[tag](decode_value(v, depth + 1) for v in body)
+        items = [decode_value(v, depth + 1) for v in body]
+        if tag != "tuple":
+            refuse_hash_floods(items)
+        return _SEQUENCES[tag](items)
     raise ValueError(f"unknown tag {tag!r:.40}")
 
 

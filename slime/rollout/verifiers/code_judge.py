@@ -28,13 +28,18 @@ from typing import Any
 
 from slime.errors import PluginError
 
-__all__ = ["JUDGE_FUNCTIONS", "JUDGE_MODULES", "METHODS", "judge", "validate"]
+__all__ = ["ALL_METHODS", "MAX_SAME_HASH", "refuse_hash_floods", "JUDGE_FUNCTIONS", "JUDGE_MODULES", "METHODS", "judge", "validate"]
 
 MAX_SIZE = 1 << 20
 """Largest sequence (items or characters) or ``range`` the evaluator builds from the program's values."""
 _MAX_POW_BITS = 1 << 20
+_MAX_INT_BITS = 1 << 17
+"""Largest int (in bits, ~39k digits) that multiplies, divides or enters a call: CPython's ``//``, ``%``
+and ``gcd`` are quadratic in the digits, and the channel can carry ints of millions of bits."""
 _MAX_COMBINATORIAL_ARG = 100_000
 _COMBINATORIAL = (math.factorial, math.comb, math.perm)
+_LINEAR_IN_INTS = frozenset({"isinstance", "type", "len", "bool", "abs", "max", "min", "sorted", "list", "tuple", "set"})
+"""Calls whose cost stays linear in the digits of their int arguments (no bound on those)."""
 
 
 def _bounded_range(*args: int) -> range:
@@ -58,7 +63,74 @@ def _check_pow(base: Any, exp: Any) -> None:
 def _bounded_pow(base: Any, exp: Any, mod: Any = None) -> Any:
     if mod is None:
         _check_pow(base, exp)
+    elif isinstance(exp, int) and isinstance(mod, int) and abs(mod).bit_length() * exp.bit_length() > _MAX_POW_BITS * 16:
+        raise ValueError("a modular power too costly to judge")  # one squaring mod ``mod`` per bit of ``exp``
     return pow(base, exp, mod)
+
+
+def _bounded_sum(items: Any, start: Any = 0) -> Any:
+    """``sum`` where a sequence ``start`` concatenates in linear time (``sum(lists, [])`` copies its whole
+    total once per item in CPython) and within ``MAX_SIZE``."""
+    if not isinstance(start, list | tuple | str | bytes):
+        return sum(items, start)
+    if isinstance(start, str | bytes):
+        raise TypeError("sum() can't sum strings [use ''.join(seq) instead]")
+    out = list(start)
+    for item in items:
+        if type(item) is not type(start):
+            raise TypeError(f"can only concatenate {type(start).__name__} to {type(start).__name__}")
+        out.extend(item)
+        if len(out) > MAX_SIZE:
+            raise ValueError(f"a sum longer than {MAX_SIZE}")
+    return type(start)(out)
+
+
+def _bounded_prod(items: Any, *, start: Any = 1) -> Any:
+    """``math.prod`` with every partial product within ``_MAX_INT_BITS``."""
+    out = start
+    for item in items:
+        _check_int(out)
+        _check_int(item)
+        out = out * item
+    _check_int(out)
+    return out
+
+
+def _unflooded(items: Any = ()) -> list[Any]:
+    """``items`` as a list, refused (ValueError) when a set of them would be a hash flood (``code_harness``)."""
+    members = list(items)
+    refuse_hash_floods(members)
+    return members
+
+
+def _unflooded_dict(items: Any = (), **kwargs: Any) -> dict[Any, Any]:
+    """``dict(items, **kwargs)``, refused when its keys would be a hash flood (checked before it is built)."""
+    pairs = list(items.items() if isinstance(items, dict) else items)
+    refuse_hash_floods([pair[0] for pair in pairs if isinstance(pair, tuple | list) and len(pair) == 2])
+    return dict(pairs, **kwargs)
+
+
+MAX_SAME_HASH = 64
+"""Most members of one decoded set or dict that may share a hash: each insert probes past all earlier
+members of its hash, so 100k crafted ints (``k * (2**61 - 1)``) would take the verifier minutes."""
+
+
+def refuse_hash_floods(members: list[Any]) -> None:
+    """Raise ValueError when more than ``MAX_SAME_HASH`` members share a hash (counted in linear time:
+    hash values are small distinct ints, so counting them is itself collision-free)."""
+    if len(members) <= MAX_SAME_HASH:
+        return
+    counts: dict[int, int] = {}
+    for member in members:
+        h = hash(member)  # TypeError for an unhashable member, as set() would raise
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SAME_HASH:
+            raise ValueError(f"more than {MAX_SAME_HASH} members of a set or dict share one hash")
+
+
+def _check_int(value: Any) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
+        raise ValueError(f"an int of more than {_MAX_INT_BITS} bits")
 
 
 JUDGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -73,10 +145,15 @@ JUDGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "range": _bounded_range,
     "bytes": _bounded_bytes,
     "pow": _bounded_pow,
+    "sum": _bounded_sum,
+    "set": lambda *a: set(_unflooded(*a)),
+    "frozenset": lambda *a: frozenset(_unflooded(*a)),
+    "dict": lambda *a, **k: _unflooded_dict(*a, **k),
 }  # fmt: skip
 """Builtins a check may call: pure functions of built-in values (and the types for ``isinstance``)."""
+_MATH = types.SimpleNamespace(**{**{k: v for k, v in vars(math).items() if not k.startswith("_")}, "prod": _bounded_prod})
 JUDGE_MODULES: dict[str, Any] = {
-    "math": math,
+    "math": _MATH,
     "cmath": cmath,
     "sys": types.SimpleNamespace(maxsize=sys.maxsize, float_info=sys.float_info),
     "string": types.SimpleNamespace(**{k: v for k, v in vars(string).items() if isinstance(v, str) and not k.startswith("_")}),
@@ -92,9 +169,11 @@ METHODS: dict[type, frozenset[str]] = {
     list: frozenset({"count", "index"}),
     tuple: frozenset({"count", "index"}),
     dict: frozenset({"keys", "values", "items", "get"}),
+    set: frozenset("issubset issuperset isdisjoint union intersection difference symmetric_difference".split()),
+    frozenset: frozenset("issubset issuperset isdisjoint union intersection difference symmetric_difference".split()),
 }
 """Methods a check may call, by the exact type of the value (checked when it runs)."""
-_ALL_METHODS = frozenset().union(*METHODS.values())
+ALL_METHODS = frozenset().union(*METHODS.values())
 
 _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
@@ -103,7 +182,8 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
 }  # fmt: skip
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift, ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.BitAnd: operator.and_,
 }  # fmt: skip
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
     ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert,
@@ -155,8 +235,14 @@ def _readable_attribute(node: ast.Attribute, names: Mapping[str, Any]) -> bool:
     if node.attr.startswith("_"):
         return False
     value = node.value
-    module_attribute = isinstance(value, ast.Name) and (value.id in JUDGE_MODULES or isinstance(names.get(value.id), types.ModuleType))
-    return module_attribute or node.attr in _ALL_METHODS
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "sys":
+        return value.attr == "float_info"  # sys.float_info.max: the one constant owner below a module
+    module_attribute = isinstance(value, ast.Name) and (value.id in JUDGE_MODULES or _is_judge_module(names.get(value.id)))
+    return module_attribute or node.attr in ALL_METHODS
+
+
+def _is_judge_module(value: Any) -> bool:
+    return isinstance(value, types.ModuleType) or any(value is m for m in JUDGE_MODULES.values())
 
 
 def judge(
@@ -219,7 +305,7 @@ class _Evaluator:
 
     def _eval_Attribute(self, node: ast.Attribute) -> Any:
         owner = self.eval(node.value)
-        is_module = any(owner is m for m in JUDGE_MODULES.values()) or owner is math or owner is cmath
+        is_module = _is_judge_module(owner) or owner is sys.float_info
         if is_module or node.attr in METHODS.get(type(owner), ()):
             return getattr(owner, node.attr)
         raise TypeError(f"a {type(owner).__name__} has no .{node.attr} the verifier calls")
@@ -241,7 +327,8 @@ class _Evaluator:
 
     def _eval_BinOp(self, node: ast.BinOp) -> Any:
         left, right = self.eval(node.left), self.eval(node.right)
-        _check_size(node.op, left, right)
+        if not (_is_literal(node.left) and _is_literal(node.right)):  # the test's own constants need no bound
+            _check_size(node.op, left, right)
         return _BINARY[type(node.op)](left, right)
 
     def _eval_BoolOp(self, node: ast.BoolOp) -> Any:
@@ -278,8 +365,18 @@ class _Evaluator:
         return fn(*args, **kwargs)
 
 
+def _is_literal(node: ast.expr) -> bool:
+    """A constant or a tuple of constants written in the test (``'%.2f' % 0.5``, ``'%d-%d' % (1, 2)``)."""
+    return isinstance(node, ast.Constant) or (isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts))
+
+
 def _check_size(op: ast.operator, left: Any, right: Any) -> None:
     """Raise ValueError where ``left op right`` would grow past the bounds (module docstring)."""
+    if not isinstance(op, ast.Add | ast.Sub | ast.BitOr | ast.BitAnd | ast.BitXor | ast.RShift):  # linear in the digits
+        _check_int(left)
+        _check_int(right)
+    if isinstance(op, ast.LShift) and isinstance(right, int) and right > _MAX_POW_BITS:
+        raise ValueError(f"a shift by more than {_MAX_POW_BITS} bits")
     if isinstance(op, ast.Mult):
         for seq, count in ((left, right), (right, left)):
             if isinstance(seq, str | bytes | list | tuple) and isinstance(count, int) and len(seq) * count > MAX_SIZE:
@@ -291,6 +388,9 @@ def _check_size(op: ast.operator, left: Any, right: Any) -> None:
 
 
 def _check_call(fn: Any, args: list[Any]) -> None:
+    if getattr(fn, "__name__", "") not in _LINEAR_IN_INTS:
+        for arg in args:
+            _check_int(arg)
     if fn in _COMBINATORIAL and any(isinstance(a, int) and a > _MAX_COMBINATORIAL_ARG for a in args):
         raise ValueError(f"{fn.__name__} of more than {_MAX_COMBINATORIAL_ARG}")  # would stall the event loop
     if getattr(fn, "__name__", "") == "replace" and isinstance(getattr(fn, "__self__", None), str | bytes) and len(args) >= 2:
