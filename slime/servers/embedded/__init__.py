@@ -9,14 +9,15 @@ SGLang's temperature-scaled convention (``sampling.token_logprobs``, shared with
 Layout::
 
     server.py    EngineServer (async context manager) and ``main(argv)`` for ``slime engine``
-    routes.py    the aiohttp handlers and SGLang's reply and error shapes
+    state.py     ServerState: what the route classes read from the server (a Protocol; EngineServer is one)
+    routes.py    route classes (generate, control, info) and SGLang's reply and error shapes
     parse.py     /generate body -> EngineRequests (0.5.23 contract: closed sampling_params keys)
     runner.py    ModelRunner: the model thread, waiting queue, running batch, control ops
     batch.py     BatchKV: left-padded KV cache, merge / select / decode inputs
     sampling.py  SamplingParams, sample_next, token_logprobs, seeded generators
     request.py   EngineRequest and the response object
     model.py     load the model / tokenizer, read and check safetensors for reloads
-    weights.py   weight-update sessions, process groups, tensor / distributed / delta updates, memory
+    weights.py   WeightRoutes (sessions, process groups, tensor / distributed / delta updates), MemoryRoutes
 
 Served: /generate (``input_ids`` or ``text``, single or batch, ``n``), /abort_request,
 /pause_generation (abort / retract / in_place), /continue_generation, /update_weights_from_disk,
