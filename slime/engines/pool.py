@@ -1,9 +1,14 @@
 """``HttpEnginePool``: several engines (or one router in front of them) behind one ``aiohttp.ClientSession``.
 
+The pool is assembled from parts, each with explicit constructor arguments: ``Workers``
+(``pool_workers.py``: the workers, their breakers, rotation and routing), ``Attempts``
+(``pool_timeouts.py``: each generate attempt's time bounds; ``AbortSignal``: ``abort_all`` as the
+waiting calls see it), ``Dispatch`` (``pool_dispatch.py``: one generate, attempt by attempt) and
+``PoolControl`` (``pool_control.py``: control calls, weight state, rejoin). This class assembles them
+and gives the rest of slime one object (``WorkerPool``).
+
 Routing for ``generate``, without a router: a ``sticky_key`` (one per trajectory, so the turns of a
-conversation share the prefix cache) goes back to the engine it went to last while that engine is in
-rotation with a closed breaker; otherwise the engine with the fewest in-flight generates wins
-(engines with a recent failure last; ties: the one picked least often). With a router
+conversation share the prefix cache) goes back to its engine (``Workers.pick``). With a router
 (``router_url``) every ``generate`` goes to the router with header ``X-SMG-Routing-Key:
 <sticky_key>``; sglang-router 0.3.2's ``--policy manual`` keeps a key on one worker (checked against
 the wheel, tests/e2e/test_real_router.py; later ones also ``consistent_hashing``); others ignore it.
@@ -13,35 +18,11 @@ Engine failures: each worker has a ``CircuitBreaker`` (``breaker.py``); ``Engine
 worker from rotation (being restarted, it missed a weight update, its breaker opened); ``rejoin``
 (``pool_control.py``) re-syncs it and puts it back. ``on_engine_down(url, reason)`` (set by
 ``EngineSupervisor``) hears of every breaker that opens. When a worker's breaker opens or it leaves
-rotation, the generate attempts still on it end at once and are retried elsewhere (``pool_health.py``).
+rotation, the generate attempts still on it end at once and are retried elsewhere (``pool_workers.py``).
 
-Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``): an attempt that got no answer is
-retried: a connection error or 5xx (``EngineUnavailable``), an engine that answered nothing within
-``control_timeout_s`` of the abort at ``request_timeout_s``, or answered it with no token, or left
-rotation meanwhile. The retry goes to a worker not yet tried in this call when there is one, after
-``retry_backoff_s * 2**attempt`` seconds. Example, ``max_retries=2, retry_backoff_s=0.5``: try A,
-fail, sleep 0.5, try B, fail, sleep 1.0, try A, fail -> ``EngineUnavailable("no answer after 3
-attempts ... [A, B, A]")`` (``slime.rollout.generate`` marks the sample FAILED: it is not resumed for
-ever). A resent request keeps its ``input_ids`` (prompt + partial response: the caller's sample only
-changes on success) and its ``rid``, except after an attempt that may still be held by its engine (a
-timeout): then ``<rid>t<n>-`` (SGLang refuses a duplicate rid; an abort of the rid still covers it).
-With no worker in rotation a call waits up to ``rejoin_timeout_s`` for one (a restart), using no
-attempt, then raises ``EnginesGone`` (one line naming each worker and why; at once when every worker
-was given up on, ``retire``). ``abort_all`` ends calls that are between attempts or waiting: they
-return a queued-abort result (no tokens, ``finish_reason`` abort, docs/sglang.md#abort, case B), so
-the scheduler's drain never waits on a retry. An abort is never a failed attempt: a weight update's
-abort resumes the sample token-exactly and costs it nothing.
-
-Timeouts: at ``request_timeout_s`` the pool aborts the request by its ``rid`` (every worker, behind a
-router) and SGLang answers it with its tokens so far (``finish_reason`` abort): the sample is PARTIAL
-and resumes, nothing lost, the engine counted healthy. With no token in that answer it is a failed
-attempt (nothing to resume from), not counted on the breaker. An engine that does not answer within
-``control_timeout_s`` more is hung: a failed attempt, and a failure on its breaker, which opens after
-``failure_threshold`` of them (``on_engine_down``: the supervisor restarts it). Example, defaults
-(300 s, 60 s, K=3): a 400 s generation comes back PARTIAL at 300 s and resumes; a request on a wedged
-engine is retried elsewhere at 360 s, and the engine is out after three (sooner by its health checks).
-``give_up_inflight`` (the scheduler's drain, when ``abort_all`` went unheard) ends every call still on
-an engine at once as an abort (the sample resumes) and takes that engine out of rotation.
+Retries (``RolloutConfig.max_retries``, ``retry_backoff_s``) of an attempt that got no answer, with
+an example: ``pool_dispatch.py``. Timeouts (``request_timeout_s``, ``control_timeout_s``) and
+``give_up_inflight``: ``pool_timeouts.py``.
 Control calls: ``pool_control.py``. Not covered: the router's own retries (docs/sglang.md#router) add to ours;
 health of the router itself (a dead router fails each call after its retries).
 """
@@ -49,34 +30,29 @@ health of the router itself (a dead router fails each call after its retries).
 from __future__ import annotations
 
 import asyncio
-import collections
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import aiohttp
 
 from slime.config import RolloutConfig
-from slime.engines.breaker import BreakerState, CircuitBreaker
 from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.engines.interface import PauseMode
 from slime.engines.pool_control import PoolControl
-from slime.engines.pool_health import PoolEngine, PoolHealth, failure_text
-from slime.engines.pool_timeouts import PoolTimeouts, aborted_result, counts_against_engine, may_still_run
-from slime.engines.protocol import GenerateResult
-from slime.errors import EngineError, EngineTimeout, EngineUnavailable
+from slime.engines.pool_dispatch import ROUTING_KEY_HEADER, Dispatch
+from slime.engines.pool_timeouts import AbortSignal, Attempts
+from slime.engines.pool_workers import Workers
+from slime.engines.protocol import GenerateResult, JsonObject
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
 
-log = logging.getLogger(__name__)
-ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 MAX_CONNECTIONS = 4096
 """Connector bound over all engines: room for thousands of concurrent generates (one socket each)."""
 KEEPALIVE_S = 4.0
 """Below uvicorn's 5 s keep-alive, so we do not reuse a socket the server is about to close."""
-_MAX_STICKY_KEYS = 65536  # least recently used keys are forgotten past this
 
 
-class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
+class HttpEnginePool:
     """Workers at ``urls`` (and optionally the router at ``router_url``); an async context manager.
 
     Construct inside a running event loop (aiohttp's rule). A ``session`` passed in is used and left
@@ -108,44 +84,27 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
         if not urls:
             raise ValueError("HttpEnginePool needs at least one engine url")
         self.config = config
-        self.failure_threshold = failure_threshold
-        self.breaker_cooldown_s = breaker_cooldown_s or max(config.retry_backoff_s * 2**config.max_retries, 1e-3)
-        self.rejoin_timeout_s = rejoin_timeout_s
-        self.weights = weights
-        """``(model_path, weight_version)`` last sent to every worker (``update_weights_from_disk``)."""
-        self.latest_version: str | None = weights[1] if weights else None
-        """The newest ``weight_version`` pushed by any weight update (disk, tensor, distributed)."""
-        self.kv_cache_version: str | None = weights[1] if weights else None
-        """The ``weight_version`` at which every worker's prefix (radix) cache was last emptied, or None if
-        unknown. KV computed by older weights survives an update without ``flush_cache`` (an in-place
-        update, which must not flush: SGLang 0.5.17 dies on it), so a request that reuses cached KV
-        (``cached_tokens > 0``) may depend on weights as old as this; ``generate`` tags its tokens no
-        newer than it (docs/ARCHITECTURE.md, "In-place updates and the prefix cache")."""
-        self.num_prefix_cache_hits = 0
-        """Results with ``cached_tokens > 0`` since ``kv_cache_version`` was last set (0 on engines
-        without a prefix cache, like the embedded one: no cache refresh is then needed)."""
-        self.weights_lock = asyncio.Lock()  # held by weight updates and ``rejoin``: a rejoiner never misses one
-        self.paused_mode: str | None = None
-        self.on_engine_down: Callable[[str, str], None] | None = None
-        self.num_failovers = 0  # generate attempts that got no answer (a retry followed, unless it was the last)
         self._api_key = api_key
         self._owns_session = session is None
         self._session = session or aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
         )
-        self._engines: dict[str, PoolEngine] = {}
-        self._router = EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
-        self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._abort_epoch = 0
-        self._abort_event = asyncio.Event()
-        self._rotation_event = asyncio.Event()
-        self._outage_logged = False
-        self._diagnosis: asyncio.Future[tuple[str, dict[str, str]]] | None = None  # why every engine is out (``engines_gone``)
-        self._attempts: dict[asyncio.Future[str], tuple[str, float]] = {}
-        """Each generate attempt in flight: its give-up future (``give_up_inflight`` resolves it with the
-        reason) -> (client url, loop time it started)."""
         self._closed = False
+        self._router = EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
+        self._abort = AbortSignal()
+        self._attempts = Attempts(config, abort_rid=self._abort_rid)
+        cooldown_s = breaker_cooldown_s or max(config.retry_backoff_s * 2**config.max_retries, 1e-3)
+        self._workers = Workers(
+            failure_threshold=failure_threshold,
+            breaker_cooldown_s=cooldown_s,
+            rejoin_timeout_s=rejoin_timeout_s,
+            end_attempts=self._attempts.end,
+        )
+        self._control = PoolControl(self._workers, abort=self._abort, check_open=self._check_open, weights=weights)
+        self._dispatch = Dispatch(
+            config, self._workers, self._attempts, abort=self._abort, router=self._router, note_cache_hit=self._control.note_cache_hit
+        )
         for url in urls:
             self.add_engine(url)
 
@@ -163,15 +122,21 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
         if self._owns_session:
             await self._session.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("HttpEnginePool is closed")
+
+    # -- workers ---------------------------------------------------------------------------------
+
     @property
     def urls(self) -> list[str]:
         """Every worker, in rotation or not."""
-        return list(self._engines)
+        return self._workers.urls
 
     @property
     def clients(self) -> list[EngineClient]:
         """Workers in rotation: the ones control calls and weight updates address."""
-        return [e.client for e in self._engines.values() if e.in_rotation]
+        return self._workers.clients
 
     @property
     def router_url(self) -> str | None:
@@ -180,74 +145,223 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
     @property
     def num_inflight(self) -> int:
         """Generate calls in flight over all engines (and the router)."""
-        return sum(e.client.num_inflight for e in self._engines.values()) + (self._router.num_inflight if self._router else 0)
+        return self._workers.num_inflight + (self._router.num_inflight if self._router else 0)
 
     def add_engine(self, url: str) -> EngineClient:
         """Start routing to ``url``. Raises ValueError if it is already in the pool."""
         client = EngineClient(url, session=self._session, config=self.config, api_key=self._api_key)
-        if client.url in self._engines:
-            raise ValueError(f"engine {client.url} is already in the pool")
-        breaker = CircuitBreaker(failure_threshold=self.failure_threshold, cooldown_s=self.breaker_cooldown_s)
-        self._engines[client.url] = PoolEngine(client, breaker)
+        self._workers.add(client)
         return client
 
     def remove_engine(self, url: str) -> EngineClient:
         """Forget ``url`` for good; its in-flight calls finish normally. Raises KeyError if unknown."""
-        return self._engine(url, pop=True).client
+        return self._workers.get(url, pop=True).client
 
     def client(self, url: str) -> EngineClient:
-        return self._engine(url).client
+        """The worker at ``url``, in rotation or not. Raises KeyError if unknown."""
+        return self._workers.get(url).client
 
-    def _engine(self, url: str, *, pop: bool = False) -> PoolEngine:
-        key = url.rstrip("/")
-        if key not in self._engines:
-            raise KeyError(f"engine {key} is not in the pool (have {self.urls})")
-        return self._engines.pop(key) if pop else self._engines[key]
+    # -- health (the supervisor's calls) -----------------------------------------------------------
 
-    # -- generate --------------------------------------------------------------------------------
+    @property
+    def on_engine_down(self) -> Callable[[str, str], None] | None:
+        """Hears ``(url, reason)`` of every breaker that opens and every worker taken out (set by the supervisor)."""
+        return self._workers.on_engine_down
 
-    def _pick(self, sticky_key: str | None, tried: set[str]) -> PoolEngine | None:
-        rotation = [e for e in self._engines.values() if e.in_rotation]
-        if not rotation:
-            return None
-        if sticky_key is not None and not tried:
-            engine = self._engines.get(self._sticky.get(sticky_key, ""))
-            if engine is not None and engine.in_rotation and engine.breaker.state is BreakerState.CLOSED:
-                return engine
-        candidates = [e for e in rotation if e.client.url not in tried] or rotation
-        candidates = [e for e in candidates if e.breaker.available()] or candidates
-        return min(candidates, key=lambda e: (e.breaker.num_consecutive_failures > 0, e.client.num_inflight, e.num_picks))
+    @on_engine_down.setter
+    def on_engine_down(self, callback: Callable[[str, str], None] | None) -> None:
+        self._workers.on_engine_down = callback
 
-    async def _wait(self, event: asyncio.Event, timeout_s: float, abort_event: asyncio.Event) -> None:
-        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(abort_event.wait())]
-        try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
+    def engine_states(self) -> list[dict[str, Any]]:
+        """One JSON-able row per worker (``Workers.states``)."""
+        return self._workers.states()
 
-    async def _pick_or_wait(self, sticky_key: str | None, tried: set[str], epoch: int, abort_event: asyncio.Event) -> PoolEngine | None:
-        """A worker to try; None if ``abort_all`` came while waiting for one to rejoin.
+    def record_success(self, url: str) -> None:
+        """``url`` answered: close its breaker, forget its last failure."""
+        self._workers.record_success(url)
 
-        Raises:
-            EnginesGone: no worker came back within ``rejoin_timeout_s``, or every one was given up on.
+    def record_failure(self, url: str, reason: str) -> None:
+        """Count a failure of ``url``; if its breaker opens, end its generate attempts and tell ``on_engine_down``."""
+        self._workers.record_failure(url, reason)
+
+    def note_failure(self, url: str, reason: str) -> None:
+        """Remember ``reason`` as ``url``'s latest failure without counting it (a probe of an engine already out)."""
+        self._workers.note_failure(url, reason)
+
+    def trip(self, url: str, reason: str) -> None:
+        """Open ``url``'s breaker now (its process exited); its generate attempts end at once."""
+        self._workers.trip(url, reason)
+
+    def retire(self, url: str, reason: str) -> None:
+        """Out of rotation for the rest of the run (the supervisor gave up on it): generates stop waiting for it."""
+        self._workers.retire(url, reason)
+
+    def take_out(self, url: str, reason: str) -> bool:
+        """Stop routing to ``url`` until ``rejoin`` (its attempts are retried elsewhere); False if already out."""
+        return self._workers.take_out(url, reason)
+
+    async def rejoin(self, url: str) -> None:
+        """Re-sync ``url``'s weights and put it back in rotation (``PoolControl.rejoin``, which says what raises)."""
+        await self._control.rejoin(url)
+
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
+        """End every generate attempt that has been on an engine for ``running_for_s`` seconds or more
+        (the scheduler's drain: its ``abort_all`` went unheard, the engine is hung).
+
+        Each ends with an abort result with no tokens (its sample stays resumable); each worker that
+        held one is taken out of rotation (``on_engine_down``: the supervisor restarts or watches it).
+        Younger attempts (sent after the drain began) are left alone. Returns the urls of those
+        workers (and of the router, whose calls end the same way), in pool order.
         """
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while (engine := self._pick(sticky_key, tried)) is None:
-            left = start + self.rejoin_timeout_s - loop.time()
-            if not self._engines or left <= 0 or self.all_retired():
-                raise await self.engines_gone(self.rejoin_timeout_s)
-            if not self._outage_logged:  # once per outage: a wait is never silent, nor one line per request
-                self._outage_logged = True
-                log.warning("no engine in rotation: waiting up to %.0fs for one to come back (%s)", left, self._out_summary())
-            await self._wait(self._rotation_event, left, abort_event)
-            if self._abort_epoch != epoch:
-                return None
-        return engine
+        urls = self._attempts.give_up(reason, running_for_s=running_for_s)
+        for url in urls:
+            if url in self._workers:
+                self._workers.take_out(url, f"generate requests given up: {reason}")
+        return urls
 
-    def _out_summary(self) -> str:
-        return "; ".join(f"{e.client.url}: {e.out_reason or e.last_failure or 'breaker open'}" for e in self._engines.values())
+    async def wait_ready(self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = "") -> None:
+        """Wait until every worker answers ``/health_generate`` 200 (``PoolControl.wait_ready``, which says
+        what ``refused_grace_s`` does and what raises)."""
+        await self._control.wait_ready(timeout_s, refused_grace_s=refused_grace_s, refused_hint=refused_hint)
+
+    # -- weight state (``PoolControl`` keeps it; tests and the supervisor read and set it here) ------
+
+    @property
+    def weights(self) -> tuple[str, str] | None:
+        """``(model_path, weight_version)`` last sent to every worker (``update_weights_from_disk``)."""
+        return self._control.weights
+
+    @weights.setter
+    def weights(self, value: tuple[str, str] | None) -> None:
+        self._control.weights = value
+
+    @property
+    def latest_version(self) -> str | None:
+        """The newest ``weight_version`` pushed by any weight update (disk, tensor, distributed)."""
+        return self._control.latest_version
+
+    @latest_version.setter
+    def latest_version(self, value: str | None) -> None:
+        self._control.latest_version = value
+
+    @property
+    def kv_cache_version(self) -> str | None:
+        """The version every worker's prefix cache was last emptied at, None if unknown (``PoolControl``)."""
+        return self._control.kv_cache_version
+
+    @property
+    def num_prefix_cache_hits(self) -> int:
+        """Results with ``cached_tokens > 0`` since ``kv_cache_version`` was last set."""
+        return self._control.num_prefix_cache_hits
+
+    @num_prefix_cache_hits.setter
+    def num_prefix_cache_hits(self, value: int) -> None:
+        self._control.num_prefix_cache_hits = value
+
+    @property
+    def paused_mode(self) -> PauseMode | None:
+        """The mode of the pause in force (``pause_generation``), None while generating."""
+        return self._control.paused_mode
+
+    @paused_mode.setter
+    def paused_mode(self, value: PauseMode | None) -> None:
+        self._control.paused_mode = value
+
+    @property
+    def memory_released(self) -> bool:
+        """Between ``release_memory_occupation`` and ``resume_memory_occupation`` (no health probes then)."""
+        return self._control.memory_released
+
+    @property
+    def weights_lock(self) -> asyncio.Lock:
+        """Held by weight updates and ``rejoin``: a rejoiner never misses one."""
+        return self._control.weights_lock
+
+    # -- control calls (every worker in rotation; ``pool_control.py``) ------------------------------
+
+    async def abort_all(self) -> dict[str, None]:
+        """Abort every request on every worker, and the pool's calls between retries (``PoolControl.abort_all``)."""
+        return await self._control.abort_all()
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, None]:
+        """Every worker pauses (docs/sglang.md#pause); a worker that rejoins before ``continue_generation`` is paused too."""
+        return await self._control.pause_generation(mode)
+
+    async def continue_generation(self) -> dict[str, None]:
+        return await self._control.continue_generation()
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
+    ) -> dict[str, JsonObject]:
+        """Every worker loads ``model_path``; ``{url: reply}`` (``PoolControl.update_weights_from_disk``)."""
+        return await self._control.update_weights_from_disk(
+            model_path, weight_version, abort_all_requests=abort_all_requests, flush_cache=flush_cache
+        )
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str,
+        weight_version: str,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, JsonObject]:
+        """Every worker receives one bucket over NCCL (``PoolControl.update_weights_from_distributed``)."""
+        return await self._control.update_weights_from_distributed(
+            names,
+            dtypes,
+            shapes,
+            group_name=group_name,
+            weight_version=weight_version,
+            abort_all_requests=abort_all_requests,
+            flush_cache=flush_cache,
+            load_format=load_format,
+            timeout_s=timeout_s,
+        )
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        weight_version: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, JsonObject]:
+        """Every worker loads the same payload (``PoolControl.update_weights_from_tensor``)."""
+        return await self._control.update_weights_from_tensor(
+            serialized_named_tensors,
+            weight_version=weight_version,
+            load_format=load_format,
+            abort_all_requests=abort_all_requests,
+            flush_cache=flush_cache,
+            timeout_s=timeout_s,
+        )
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
+        """Every worker frees ``tags`` (None = all) for a colocated trainer (docs/sglang.md#memory); workers must be idle."""
+        return await self._control.release_memory_occupation(tags)
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
+        """Every worker re-maps ``tags`` (docs/sglang.md#memory); released weights must be synced again afterwards."""
+        return await self._control.resume_memory_occupation(tags)
+
+    async def flush_cache(self) -> dict[str, bool]:
+        """``{url: flushed}``; False where the worker was busy (``PoolControl.flush_cache``)."""
+        return await self._control.flush_cache()
+
+    # -- generate (``pool_dispatch.py``) ------------------------------------------------------------
+
+    @property
+    def num_failovers(self) -> int:
+        """Generate attempts that got no answer (a retry followed, unless it was the last)."""
+        return self._dispatch.num_failovers
 
     async def generate(
         self,
@@ -264,6 +378,7 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
         Returns the engine's result; an abort result (``finish_reason`` abort, maybe no tokens) when
         the request was aborted (``abort_all``, a weight update: not counted, the sample resumes), or ran
         past ``request_timeout_s`` and the engine answered the abort with tokens (module docstring).
+        ``sampling_params``: SGLang's JSON sampling parameters (any values).
 
         Raises:
             EngineUnavailable: all ``max_retries + 1`` attempts got no answer (the message lists the urls tried).
@@ -271,69 +386,12 @@ class HttpEnginePool(PoolHealth, PoolTimeouts, PoolControl):
             EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
         """
         self._check_open()
-        epoch, abort_event = self._abort_epoch, self._abort_event
-        attempts: list[str] = []
-        last: EngineError | None = None
-        resend_as = rid  # a retry after an attempt that may still run on its engine gets a new rid (SGLang refuses a duplicate)
-        for attempt in range(self.config.max_retries + 1):
-            if attempt:
-                await self._wait(asyncio.Event(), self.config.retry_backoff_s * 2 ** (attempt - 1), abort_event)
-                if self._abort_epoch != epoch:
-                    return aborted_result(rid, f"aborted while retrying after: {last}")
-            engine, headers = None, None
-            if self._router is not None:
-                client = self._router
-                headers = {ROUTING_KEY_HEADER: sticky_key} if sticky_key is not None else None
-            else:
-                engine = await self._pick_or_wait(sticky_key, set(attempts), epoch, abort_event)
-                if engine is None:
-                    return aborted_result(rid, "aborted while waiting for an engine to rejoin")
-                client = engine.client
-                engine.num_picks += 1
-                engine.breaker.begin()
-                if sticky_key is not None:  # bound now, so concurrent turns of one trajectory share an engine
-                    self._bind_sticky(sticky_key, client.url)
-            attempts.append(client.url)
-            try:
-                result = await self._bounded(
-                    client,
-                    input_ids,
-                    sampling_params,
-                    rid=resend_as,
-                    return_logprob=return_logprob,
-                    headers=headers,
-                    logprob_start_len=logprob_start_len,
-                )
-            except (EngineUnavailable, EngineTimeout) as exc:  # no answer: counts against --max-retries
-                if engine is not None and counts_against_engine(exc):
-                    self.record_failure(client.url, failure_text(exc))  # "/generate: <why>"
-                last = exc
-                self.num_failovers += 1
-                if rid and may_still_run(exc):
-                    resend_as = f"{rid}t{attempt + 1}-"
-                if self._abort_epoch != epoch:
-                    return aborted_result(rid, f"aborted after: {exc}")
-                continue
-            if engine is not None:
-                self.record_success(client.url)
-            if result.cached_tokens:
-                self.num_prefix_cache_hits += 1
-            return result
-        assert last is not None
-        raise EngineUnavailable(
-            f"no answer after {len(attempts)} attempts (--max-retries {self.config.max_retries}) against {attempts}; last error: {last}",
-            url=last.url,
-            endpoint="/generate",
-            status=last.status,
-            engine_message=last.engine_message,
-        ) from last
+        return await self._dispatch.generate(
+            input_ids, sampling_params, rid=rid, return_logprob=return_logprob, sticky_key=sticky_key, logprob_start_len=logprob_start_len
+        )
 
-    def _bind_sticky(self, key: str, url: str) -> None:
-        self._sticky[key] = url
-        self._sticky.move_to_end(key)
-        if len(self._sticky) > _MAX_STICKY_KEYS:
-            self._sticky.popitem(last=False)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("HttpEnginePool is closed")
+    async def _abort_rid(self, client: EngineClient, rid: str) -> None:
+        """Abort ``rid`` where it runs: on ``client``, or behind a router on every worker (the router does
+        not forward ``/abort_request``). Best effort: an engine that does not answer is found hung anyway."""
+        targets = self.clients if client is self._router else [client]
+        await asyncio.gather(*(c.abort(rid) for c in targets), return_exceptions=True)

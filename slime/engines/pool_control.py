@@ -1,6 +1,8 @@
-"""The control calls of ``HttpEnginePool``, and taking workers out of rotation and back.
+"""``PoolControl``: the control calls of ``HttpEnginePool``, the weights its workers hold, and ``rejoin``.
 
-Each control call goes to every worker in rotation, concurrently.
+Each control call goes to every worker in rotation, concurrently. ``PoolControl`` keeps what the
+workers hold: the latest ``weight_version``, the checkpoint on disk for rejoins, the version their
+prefix caches were last emptied at and the cache hits since, the pause mode, whether memory is released.
 
 sglang-router forwards none of them (docs/sglang.md#router), so even behind a router the pool
 addresses workers directly. What an unreachable worker (``EngineUnavailable`` / ``EngineTimeout``)
@@ -23,148 +25,64 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-import time
-import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal, TypeVar
 
 from slime.engines.client import EngineClient
+from slime.engines.interface import PauseMode
+from slime.engines.pool_timeouts import AbortSignal
+from slime.engines.pool_workers import Workers
+from slime.engines.probe import as_is, failure_line, wait_unless_refused
+from slime.engines.protocol import JsonObject
 from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
 
-__all__ = ["PoolControl", "refuses_connections", "wait_unless_refused"]
+__all__ = ["PoolControl"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("slime.engines.pool")  # the pool's logger
 OnUnreachable = Literal["skip", "take_out", "take_out_and_raise", "raise"]
-REFUSED_PROBE_INTERVAL_S = 0.5
-"""Seconds between the TCP probes of ``refused_throughout``."""
-_PROBE_TIMEOUT_S = 2.0
-
-
-async def refuses_connections(url: str) -> bool:
-    """True when a TCP connect to ``url``'s host and port is refused (ECONNREFUSED) at every address the
-    host resolves to: nothing listens there. False when one connects, or fails otherwise (a timeout, an
-    unreachable network, a name that does not resolve)."""
-    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(_PROBE_TIMEOUT_S):
-            infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    except (OSError, TimeoutError):
-        return False
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setblocking(False)
-            try:
-                async with asyncio.timeout(_PROBE_TIMEOUT_S):
-                    await loop.sock_connect(sock, address)
-            except ConnectionRefusedError:
-                continue
-            except (OSError, TimeoutError):
-                return False
-            return False
-    return bool(infos)
-
-
-async def refused_throughout(urls: Sequence[str], grace_s: float) -> bool:
-    """Probe every url each ``REFUSED_PROBE_INTERVAL_S`` for ``grace_s`` seconds: True when every probe of
-    every url was refused (``refuses_connections``), False as soon as one was not."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        if not all(await asyncio.gather(*(refuses_connections(u) for u in urls))):
-            return False
-        if time.monotonic() >= deadline:
-            return True
-        await asyncio.sleep(min(REFUSED_PROBE_INTERVAL_S, max(0.0, deadline - time.monotonic())))
-
-
-async def wait_unless_refused(
-    ready: Coroutine[Any, Any, Any], urls: Sequence[str], grace_s: float, *, endpoint: str, hint: str = ""
-) -> Any:
-    """Await ``ready`` (a readiness wait on ``urls``), but when every url refuses TCP connections for
-    ``grace_s`` seconds (``refused_throughout``) cancel it and raise; otherwise its result or error.
-
-    Raises:
-        EngineUnavailable: nothing listens at any of ``urls`` (naming them; ``hint`` ends the message).
-    """
-    waiter = asyncio.ensure_future(ready)
-    watcher = asyncio.ensure_future(refused_throughout(urls, grace_s))
-    try:
-        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not waiter.done() and watcher.result():
-            raise EngineUnavailable(
-                f"connection refused (nothing listens there) at every probe for {grace_s:g}s: {', '.join(urls)}; "
-                f"stopped waiting for {'it' if len(urls) == 1 else 'them'}{hint}",
-                url=urls[0],
-                endpoint=endpoint,
-            )
-        return await waiter
-    finally:
-        for task in (waiter, watcher):
-            task.cancel()
-        await asyncio.gather(waiter, watcher, return_exceptions=True)
-
-
-async def _failure_line(url: str, exc: EngineError) -> str:
-    """``url: <error>`` for a failed control call; ``url: dead (...)`` when it could not connect and nothing
-    listens at ``url`` now."""
-    if isinstance(exc, EngineUnavailable) and await refuses_connections(url):
-        return f"{url}: dead (connection refused: nothing listens there)"
-    return await _as_is(url, exc)
-
-
-async def _as_is(url: str, exc: EngineError) -> str:
-    return f"{url}: {exc}"
+R = TypeVar("R")
 
 
 class PoolControl:
-    """Mixin of ``HttpEnginePool`` (which provides ``clients``, ``record_failure``, ``take_out``, ...)."""
+    """Control calls on ``workers`` and the weight state of the pool (module docstring).
 
-    if TYPE_CHECKING:  # provided by HttpEnginePool
+    Args:
+        workers: the pool's workers (the calls address those in rotation; failures go on their breakers).
+        abort: the pool's abort signal (``abort_all`` also ends the pool's own waiting generates).
+        check_open: raises when the pool is closed.
+        weights: ``(model_path, weight_version)`` the workers hold at start.
+    """
 
-        @property
-        def clients(self) -> list[EngineClient]: ...
+    def __init__(self, workers: Workers, *, abort: AbortSignal, check_open: Callable[[], None], weights: tuple[str, str] | None):
+        self._workers = workers
+        self._abort = abort
+        self._check_open = check_open
+        self.weights = weights
+        """``(model_path, weight_version)`` last sent to every worker (``update_weights_from_disk``)."""
+        self.latest_version: str | None = weights[1] if weights else None
+        """The newest ``weight_version`` pushed by any weight update (disk, tensor, distributed)."""
+        self.kv_cache_version: str | None = weights[1] if weights else None
+        """The ``weight_version`` at which every worker's prefix (radix) cache was last emptied, or None if
+        unknown. KV computed by older weights survives an update without ``flush_cache`` (an in-place
+        update, which must not flush: SGLang 0.5.17 dies on it), so a request that reuses cached KV
+        (``cached_tokens > 0``) may depend on weights as old as this; ``generate`` tags its tokens no
+        newer than it (docs/ARCHITECTURE.md, "In-place updates and the prefix cache")."""
+        self.num_prefix_cache_hits = 0
+        """Results with ``cached_tokens > 0`` since ``kv_cache_version`` was last set (0 on engines
+        without a prefix cache, like the embedded one: no cache refresh is then needed)."""
+        self.weights_lock = asyncio.Lock()  # held by weight updates and ``rejoin``: a rejoiner never misses one
+        self.paused_mode: PauseMode | None = None
+        self.memory_released = False
+        """Between ``release_memory_occupation`` and ``resume_memory_occupation`` (no health probes then)."""
 
-        def record_failure(self, url: str, reason: str) -> None: ...
-
-        def client(self, url: str) -> EngineClient: ...
-
-        def record_success(self, url: str) -> None: ...
-
-        @property
-        def urls(self) -> list[str]: ...
-
-        def _engine(self, url: str, *, pop: bool = False) -> Any: ...
-
-        def _check_open(self) -> None: ...
-
-        def _notify_down(self, url: str, reason: str) -> None: ...
-
-        def end_attempts(self, url: str, reason: str) -> None: ...
-
-        def _wake_waiters(self) -> None: ...
-
-    paused_mode: str | None
-    memory_released: bool = False
-    """Between ``release_memory_occupation`` and ``resume_memory_occupation`` (no health probes then)."""
-    weights: tuple[str, str] | None
-    weights_lock: asyncio.Lock
-    latest_version: str | None
-    kv_cache_version: str | None
-    num_prefix_cache_hits: int
-    _abort_epoch: int
-    _abort_event: asyncio.Event
-    _rotation_event: asyncio.Event
-
-    async def _fan_out(
+    async def fan_out(
         self,
         what: str,
-        call: Callable[[EngineClient], Awaitable[Any]],
+        call: Callable[[EngineClient], Awaitable[R]],
         *,
         on_unreachable: OnUnreachable = "raise",
         clients: Sequence[EngineClient] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, R]:
         """Run ``call`` on every worker in rotation (or ``clients``) concurrently; all are tried.
 
         Returns ``{url: result}`` of the workers that answered. Raises the failures' common
@@ -172,59 +90,51 @@ class PoolControl:
         exception (a bug) propagates as is.
         """
         self._check_open()
-        clients = list(self.clients if clients is None else clients)
+        clients = list(self._workers.clients if clients is None else clients)
         outcomes = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
         failed: list[tuple[EngineClient, EngineError]] = []
         for c, o in zip(clients, outcomes):
-            if not isinstance(o, BaseException):
-                continue
-            if not isinstance(o, EngineError):
-                raise o
-            if isinstance(o, (EngineUnavailable, EngineTimeout)) and on_unreachable != "raise":
-                if on_unreachable == "skip":
-                    log.warning("%s: engine %s unreachable, skipped: %s", what, c.url, o)
-                    self.record_failure(c.url, f"{what}: {o}")
-                    continue
-                self.take_out(c.url, f"{what} failed: {o}")
-                if on_unreachable == "take_out":
-                    continue
-            failed.append((c, o))
+            if isinstance(o, BaseException) and (error := self._failure_kept(what, c, o, on_unreachable)) is not None:
+                failed.append((c, error))
         if failed:
-            first = failed[0][1]
-            classes = {type(exc) for _, exc in failed}
-            cls = classes.pop() if len(classes) == 1 else EngineError
-            # during the run (not at start) a killed engine is named dead, not by whatever call noticed it first
-            named = [_failure_line(c.url, exc) if on_unreachable != "raise" else _as_is(c.url, exc) for c, exc in failed]
-            lines = "; ".join(await asyncio.gather(*named))
-            raise cls(
-                f"{what} failed on {len(failed)} of {len(clients)} engines: {lines}",
-                url=first.url,
-                endpoint=first.endpoint,
-                status=first.status,
-                engine_message=first.engine_message,
-            ) from first
+            raise await _failure(what, failed, len(clients), name_dead=on_unreachable != "raise")
         return {c.url: o for c, o in zip(clients, outcomes) if not isinstance(o, BaseException)}
+
+    def _failure_kept(self, what: str, client: EngineClient, exc: BaseException, on_unreachable: OnUnreachable) -> EngineError | None:
+        """``exc`` if ``client``'s failure is raised, None if it is skipped (after its breaker or rotation hears of it).
+
+        Raises:
+            ``exc`` itself when it is no ``EngineError`` (a bug).
+        """
+        if not isinstance(exc, EngineError):
+            raise exc
+        if not isinstance(exc, (EngineUnavailable, EngineTimeout)) or on_unreachable == "raise":
+            return exc
+        if on_unreachable == "skip":
+            log.warning("%s: engine %s unreachable, skipped: %s", what, client.url, exc)
+            self._workers.record_failure(client.url, f"{what}: {exc}")
+            return None
+        self._workers.take_out(client.url, f"{what} failed: {exc}")
+        return None if on_unreachable == "take_out" else exc
 
     async def abort_all(self) -> dict[str, None]:
         """``POST /abort_request {"abort_all": true}`` on every worker (docs/sglang.md#abort); also ends the pool's own
         generate calls that are between retries or waiting for a worker (they return an abort)."""
-        self._abort_epoch += 1
-        event, self._abort_event = self._abort_event, asyncio.Event()
-        event.set()
-        return await self._fan_out("abort_all", lambda c: c.abort(abort_all=True), on_unreachable="skip")
+        self._abort.fire()
+        return await self.fan_out("abort_all", lambda c: c.abort(abort_all=True), on_unreachable="skip")
 
-    async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> dict[str, None]:
+    async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, None]:
         """Every worker pauses (docs/sglang.md#pause); a worker that rejoins before ``continue_generation`` is paused too."""
         self.paused_mode = mode
-        return await self._fan_out(f"pause_generation({mode})", lambda c: c.pause_generation(mode), on_unreachable="skip")
+        return await self.fan_out(f"pause_generation({mode})", lambda c: c.pause_generation(mode), on_unreachable="skip")
 
     async def continue_generation(self) -> dict[str, None]:
         self.paused_mode = None
-        return await self._fan_out("continue_generation", lambda c: c.continue_generation(), on_unreachable="skip")
+        return await self.fan_out("continue_generation", lambda c: c.continue_generation(), on_unreachable="skip")
 
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, JsonObject]:
         """Every worker loads ``model_path`` (docs/sglang.md#update-weights-from-disk); it becomes ``weights`` for later rejoins.
         Returns ``{url: {"success", "message", ...}}`` of the workers that loaded it.
 
@@ -233,7 +143,7 @@ class PoolControl:
         """
         async with self.weights_lock:
             self.weights, self.latest_version = (model_path, weight_version), weight_version
-            out = await self._fan_out(
+            out = await self.fan_out(
                 f"update_weights_from_disk({model_path!r}, weight_version={weight_version!r})",
                 lambda c: c.update_weights_from_disk(
                     model_path, weight_version=weight_version, abort_all_requests=abort_all_requests, flush_cache=flush_cache
@@ -244,37 +154,78 @@ class PoolControl:
             return out
 
     async def update_weights_from_distributed(
-        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], **kwargs: Any
-    ) -> dict[str, dict[str, Any]]:
-        """Every worker receives one bucket over the weights-update group (docs/sglang.md#update-weights-from-distributed); ``kwargs`` as
-        ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str,
+        weight_version: str,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, JsonObject]:
+        """Every worker receives one bucket over the weights-update group (docs/sglang.md#update-weights-from-distributed);
+        arguments as ``EngineClient.update_weights_from_distributed``. The caller broadcasts concurrently."""
         async with self.weights_lock:
-            self._note_version(kwargs)
-            out = await self._fan_out(
+            self._note_version(weight_version)
+            out = await self.fan_out(
                 f"update_weights_from_distributed({len(names)} tensors)",
-                lambda c: c.update_weights_from_distributed(names, dtypes, shapes, **kwargs),
+                lambda c: c.update_weights_from_distributed(
+                    names,
+                    dtypes,
+                    shapes,
+                    group_name=group_name,
+                    weight_version=weight_version,
+                    abort_all_requests=abort_all_requests,
+                    flush_cache=flush_cache,
+                    load_format=load_format,
+                    timeout_s=timeout_s,
+                ),
                 on_unreachable="take_out_and_raise",
             )
-            self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
+            self._note_flush(flush_cache, weight_version)
             return out
 
-    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]:
-        """Every worker loads the same payload (docs/sglang.md#update-weights-from-tensor); ``kwargs`` as ``EngineClient.update_weights_from_tensor``."""
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        weight_version: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, JsonObject]:
+        """Every worker loads the same payload (docs/sglang.md#update-weights-from-tensor); arguments as
+        ``EngineClient.update_weights_from_tensor``."""
         async with self.weights_lock:
-            self._note_version(kwargs)
-            out = await self._fan_out(
+            self._note_version(weight_version)
+            out = await self.fan_out(
                 "update_weights_from_tensor",
-                lambda c: c.update_weights_from_tensor(serialized_named_tensors, **kwargs),
+                lambda c: c.update_weights_from_tensor(
+                    serialized_named_tensors,
+                    weight_version=weight_version,
+                    load_format=load_format,
+                    abort_all_requests=abort_all_requests,
+                    flush_cache=flush_cache,
+                    timeout_s=timeout_s,
+                ),
                 on_unreachable="take_out_and_raise",
             )
-            self._note_flush(kwargs.get("flush_cache", True), kwargs.get("weight_version"))
+            self._note_flush(flush_cache, weight_version)
             return out
 
-    def _note_version(self, kwargs: dict[str, Any]) -> None:
-        if kwargs.get("weight_version") is not None:
-            self.latest_version = str(kwargs["weight_version"])
+    def note_cache_hit(self) -> None:
+        """A result reused cached KV (``cached_tokens > 0``): count it in ``num_prefix_cache_hits``."""
+        self.num_prefix_cache_hits += 1
 
-    def _note_flush(self, flushed: bool, weight_version: Any) -> None:
+    def _note_version(self, weight_version: object) -> None:
+        if weight_version is not None:
+            self.latest_version = str(weight_version)
+
+    def _note_flush(self, flushed: bool, weight_version: object) -> None:
         """After an update: with ``flush_cache`` the prefix caches hold only KV of ``weight_version``."""
         if flushed and weight_version is not None:
             self.kv_cache_version, self.num_prefix_cache_hits = str(weight_version), 0
@@ -282,33 +233,21 @@ class PoolControl:
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
         """Every worker frees ``tags`` (None = all) for a colocated trainer (docs/sglang.md#memory); workers must be idle."""
         self.memory_released = True
-        return await self._fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags), on_unreachable="skip")
+        return await self.fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags), on_unreachable="skip")
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
         """Every worker re-maps ``tags`` (docs/sglang.md#memory); released weights must be synced again afterwards."""
         self.memory_released = False
-        return await self._fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip")
+        return await self.fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip")
 
     async def flush_cache(self) -> dict[str, bool]:
         """``{url: flushed}``; False where the worker was busy (docs/sglang.md#flush-cache). When every worker flushed, their
         caches hold nothing older than ``latest_version`` (``kv_cache_version``)."""
         async with self.weights_lock:
-            out = await self._fan_out("flush_cache", lambda c: c.flush_cache(), on_unreachable="skip")
-            if out and all(out.values()) and len(out) == len(self.clients):
+            out = await self.fan_out("flush_cache", lambda c: c.flush_cache(), on_unreachable="skip")
+            if out and all(out.values()) and len(out) == len(self._workers.clients):
                 self.kv_cache_version, self.num_prefix_cache_hits = self.latest_version, 0
             return out
-
-    def take_out(self, url: str, reason: str) -> bool:
-        """Stop routing to and controlling ``url`` until ``rejoin``; its generate attempts end now and are
-        retried elsewhere (``end_attempts``). Returns False if it was already out."""
-        engine = self._engine(url)
-        if not engine.in_rotation:
-            return False
-        engine.in_rotation, engine.out_reason = False, reason
-        log.warning("engine %s taken out of rotation: %s", engine.client.url, reason)
-        self.end_attempts(engine.client.url, f"taken out of rotation: {reason}")  # not waited for until their timeout
-        self._notify_down(engine.client.url, reason)
-        return True
 
     async def rejoin(self, url: str) -> None:
         """Sync ``url`` to the current weights if its ``weight_version`` differs, pause it if the pool is
@@ -321,34 +260,43 @@ class PoolControl:
             EngineRequestError: the current version is not on disk (a tensor/NCCL/delta update).
             EngineError: from the engine calls.
         """
-        engine = self._engine(url)
+        client = self._workers.get(url).client
         async with self.weights_lock:
-            target = self.latest_version
-            for peer in [c for c in self.clients if c.url != engine.client.url][:1]:
-                with contextlib.suppress(EngineError):
-                    if (version := (await peer.model_info()).get("weight_version")) is not None:
-                        target = str(version)
+            target = await self._current_version(client)
             if target is not None:
-                held = str((await engine.client.model_info()).get("weight_version"))
-                if held != target:
-                    if self.weights is None or self.weights[1] != target:
-                        raise EngineRequestError(
-                            f"holds weight_version {held!r}; the current one, {target!r}, was not written to disk, "
-                            "so it cannot be re-synced (only update_weights_from_disk is replayed on rejoin)",
-                            url=engine.client.url,
-                            endpoint="(rejoin)",
-                        )
-                    path, version = self.weights
-                    await engine.client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
+                await self._sync_to(client, target)
             if self.paused_mode is not None:
-                await engine.client.pause_generation(self.paused_mode)
-            self.record_success(engine.client.url)
-            engine.in_rotation, engine.out_reason, engine.retired, engine.cause = True, "", False, ""
-        log.info("engine %s back in rotation at weight_version %s", engine.client.url, self.latest_version)
-        self._wake_waiters()
+                await client.pause_generation(self.paused_mode)
+            self._workers.put_back(client.url)
+        log.info("engine %s back in rotation at weight_version %s", client.url, self.latest_version)
+        self._workers.wake_waiters()
+
+    async def _current_version(self, rejoiner: EngineClient) -> str | None:
+        """The version a peer in rotation reports (a sync that bypassed the pool counts), else ``latest_version``."""
+        target = self.latest_version
+        for peer in [c for c in self._workers.clients if c.url != rejoiner.url][:1]:
+            with contextlib.suppress(EngineError):
+                if (version := (await peer.model_info()).get("weight_version")) is not None:
+                    target = str(version)
+        return target
+
+    async def _sync_to(self, client: EngineClient, target: str) -> None:
+        """Replay the disk weights on ``client`` unless it holds ``target`` already (raises if not on disk)."""
+        held = str((await client.model_info()).get("weight_version"))
+        if held == target:
+            return
+        if self.weights is None or self.weights[1] != target:
+            raise EngineRequestError(
+                f"holds weight_version {held!r}; the current one, {target!r}, was not written to disk, "
+                "so it cannot be re-synced (only update_weights_from_disk is replayed on rejoin)",
+                url=client.url,
+                endpoint="(rejoin)",
+            )
+        path, version = self.weights
+        await client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
 
     async def wait_ready(self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = "") -> None:
-        """Wait until every worker answers ``/health_generate`` 200 and close their breakers.
+        """Wait until every worker (in rotation or not) answers ``/health_generate`` 200 and close their breakers.
 
         ``refused_grace_s``: for workers nobody here launched (external addresses): when every one of
         them refuses TCP connections (ECONNREFUSED: nothing listens there) at every probe for this
@@ -360,11 +308,30 @@ class PoolControl:
             EngineUnavailable: every worker refused connections for ``refused_grace_s``; and as
                 ``EngineClient.wait_ready``.
         """
-        clients = [self.client(u) for u in self.urls]
-        ready = self._fan_out("wait_ready", lambda c: c.wait_ready(timeout_s), clients=clients)
+        clients = [self._workers.get(u).client for u in self._workers.urls]
+        ready = self.fan_out("wait_ready", lambda c: c.wait_ready(timeout_s), clients=clients)
         if refused_grace_s is None or refused_grace_s >= timeout_s:
             await ready
         else:
             await wait_unless_refused(ready, [c.url for c in clients], refused_grace_s, endpoint="/health_generate", hint=refused_hint)
         for c in clients:
-            self.record_success(c.url)
+            self._workers.record_success(c.url)
+
+
+async def _failure(what: str, failed: list[tuple[EngineClient, EngineError]], num_clients: int, *, name_dead: bool) -> EngineError:
+    """One error naming every failed engine, of the failures' common class (else ``EngineError``).
+    ``name_dead``: during the run (not at start) a killed engine is named dead, not by whatever call noticed it first."""
+    first = failed[0][1]
+    classes = {type(exc) for _, exc in failed}
+    cls = classes.pop() if len(classes) == 1 else EngineError
+    named = [failure_line(c.url, exc) if name_dead else as_is(c.url, exc) for c, exc in failed]
+    lines = "; ".join(await asyncio.gather(*named))
+    error = cls(
+        f"{what} failed on {len(failed)} of {num_clients} engines: {lines}",
+        url=first.url,
+        endpoint=first.endpoint,
+        status=first.status,
+        engine_message=first.engine_message,
+    )
+    error.__cause__ = first
+    return error

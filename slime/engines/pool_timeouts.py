@@ -1,6 +1,6 @@
-"""The time bounds of ``HttpEnginePool``'s generate attempts, and giving up on hung engines.
+"""The time bounds of ``HttpEnginePool``'s generate attempts, giving up on hung engines, and aborts.
 
-``PoolTimeouts._bounded`` runs one generate attempt under ``request_timeout_s``: past it the request is
+``Attempts.run`` runs one generate attempt under ``request_timeout_s``: past it the request is
 aborted by its ``rid`` (on every worker, behind a router) and SGLang answers with its tokens so far; an
 engine that does not answer within ``control_timeout_s`` more is hung (``EngineTimeout``, counted on its
 breaker by the caller). An attempt that got no answer is a failed attempt, retried against
@@ -9,23 +9,43 @@ nothing to resume from, not counted on the breaker: the engine answered) and one
 when that engine left rotation (``end_attempts``: ``LeftRotation``; its breaker already knows).
 ``give_up_inflight`` ends the attempts still on engines at once (the scheduler's drain, whose
 ``abort_all`` went unheard) as aborts, so their samples resume, and takes those engines out of
-rotation. ``aborted_result`` is the queued-abort result such a call returns (docs/sglang.md#abort,
-case B). The rules and an example are in ``slime.engines.pool``'s docstring, "Timeouts".
+rotation. ``AbortSignal`` is the pool's ``abort_all`` as seen by the calls between attempts or
+waiting for a worker: they end at once with ``aborted_result``, the queued-abort result (docs/sglang.md#abort, case B).
+
+Timeouts: at ``request_timeout_s`` the pool aborts the request by its ``rid`` (every worker, behind a
+router) and SGLang answers it with its tokens so far (``finish_reason`` abort): the sample is PARTIAL
+and resumes, nothing lost, the engine counted healthy. With no token in that answer it is a failed
+attempt (nothing to resume from), not counted on the breaker. An engine that does not answer within
+``control_timeout_s`` more is hung: a failed attempt, and a failure on its breaker, which opens after
+``failure_threshold`` of them (``on_engine_down``: the supervisor restarts it). Example, defaults
+(300 s, 60 s, K=3): a 400 s generation comes back PARTIAL at 300 s and resumes; a request on a wedged
+engine is retried elsewhere at 360 s, and the engine is out after three (sooner by its health checks).
+``give_up_inflight`` (the scheduler's drain, when ``abort_all`` went unheard) ends every call still on
+an engine at once as an abort (the sample resumes) and takes that engine out of rotation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from slime.config import RolloutConfig
 from slime.engines.client import EngineClient
 from slime.engines.protocol import FinishReason, GenerateResult
 from slime.errors import EngineTimeout, EngineUnavailable
 
-__all__ = ["PoolTimeouts", "aborted_result", "LeftRotation", "NoTokenInTime", "counts_against_engine", "may_still_run"]
+__all__ = [
+    "Attempts",
+    "AbortSignal",
+    "AbortWatch",
+    "aborted_result",
+    "LeftRotation",
+    "NoTokenInTime",
+    "counts_against_engine",
+    "may_still_run",
+]
 
 log = logging.getLogger("slime.engines.pool")  # the pool's logger, as before the split
 
@@ -48,63 +68,92 @@ def may_still_run(exc: BaseException) -> bool:
     return isinstance(exc, (EngineTimeout, LeftRotation))
 
 
-class PoolTimeouts:
-    """Mixin of ``HttpEnginePool`` (which provides ``config``, ``clients``, ``take_out``, its engines and router)."""
+class AbortWatch:
+    """What one generate call sees of ``AbortSignal``: whether an ``abort_all`` came since it started."""
 
-    if TYPE_CHECKING:  # provided by HttpEnginePool
+    def __init__(self, signal: AbortSignal):
+        self._signal = signal
+        self._epoch = signal.epoch
+        self._event = signal.event
 
-        @property
-        def clients(self) -> list[EngineClient]: ...
+    @property
+    def fired(self) -> bool:
+        """An ``abort_all`` came since this call started (the call then ends as an abort)."""
+        return self._signal.epoch != self._epoch
 
-        def take_out(self, url: str, reason: str) -> bool: ...
+    async def sleep(self, timeout_s: float, wake: asyncio.Event | None = None) -> None:
+        """Sleep ``timeout_s`` seconds, less when ``wake`` is set or an ``abort_all`` comes."""
+        waits = [asyncio.ensure_future(self._event.wait())]
+        if wake is not None:
+            waits.append(asyncio.ensure_future(wake.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
-    config: RolloutConfig
-    _engines: dict[str, Any]
-    _router: EngineClient | None
-    _attempts: dict[asyncio.Future[str], tuple[str, float]]
 
-    async def _bounded(
+class AbortSignal:
+    """The pool's ``abort_all``, for the generate calls that are between attempts or waiting for a worker."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.event = asyncio.Event()
+
+    def watch(self) -> AbortWatch:
+        """A watch for one generate call, from now on."""
+        return AbortWatch(self)
+
+    def fire(self) -> None:
+        """Wake every watch taken before now; later ones start clean."""
+        self.epoch += 1
+        event, self.event = self.event, asyncio.Event()
+        event.set()
+
+
+class Attempts:
+    """The generate attempts in flight on the pool's engines, each bounded by ``request_timeout_s``.
+
+    Args:
+        config: ``request_timeout_s`` and ``control_timeout_s``.
+        abort_rid: aborts a rid where an attempt on a client runs (the pool knows the workers behind a router).
+    """
+
+    def __init__(self, config: RolloutConfig, *, abort_rid: Callable[[EngineClient, str], Awaitable[None]]):
+        self.config = config
+        self._abort_rid = abort_rid
+        self._inflight: dict[asyncio.Future[str], tuple[str, float]] = {}
+        """Each attempt in flight: its give-up future (``give_up`` resolves it with the reason, ``end``
+        fails it) -> (client url, loop time it started)."""
+
+    async def run(
         self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, **kwargs: Any
     ) -> GenerateResult:
         """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
 
+        ``sampling_params`` is SGLang's JSON (any values); ``kwargs`` go to ``EngineClient.generate``.
+
         Raises:
             EngineTimeout: no answer within ``control_timeout_s`` of the abort (or no ``rid`` to abort by).
             NoTokenInTime: the engine answered the abort with no token.
-            LeftRotation: the engine left rotation while the attempt ran (``end_attempts``).
+            LeftRotation: the engine left rotation while the attempt ran (``end``).
             The client's other errors.
         """
         cfg, loop = self.config, asyncio.get_running_loop()
         give_up: asyncio.Future[str] = loop.create_future()
-        self._attempts[give_up] = (client.url, loop.time())
+        self._inflight[give_up] = (client.url, loop.time())
         # the client's own deadline is only a backstop, past ours
-        call = asyncio.ensure_future(
-            client.generate(input_ids, sampling_params, rid=rid, **kwargs, timeout_s=cfg.request_timeout_s + 2 * cfg.control_timeout_s)
-        )
-        abort = None
-        racing: list[asyncio.Future[Any]] = [call, give_up]
+        backstop_s = cfg.request_timeout_s + 2 * cfg.control_timeout_s
+        call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs, timeout_s=backstop_s))
+        abort: asyncio.Future[None] | None = None
+        racing: list[asyncio.Future[GenerateResult] | asyncio.Future[str]] = [call, give_up]
         try:
             await asyncio.wait(racing, timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if not call.done() and not give_up.done() and rid:
                 abort = asyncio.ensure_future(self._abort_rid(client, rid))
                 await asyncio.wait(racing, timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if call.done():
-                result = call.result()
-                if abort is not None and not result.output_ids:
-                    raise NoTokenInTime(
-                        f"ran past request_timeout_s={cfg.request_timeout_s}s without a token (aborted by rid, nothing generated)",
-                        url=client.url,
-                        endpoint="/generate",
-                    )
-                if abort is not None:
-                    log.warning(
-                        "generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
-                        rid,
-                        client.url,
-                        cfg.request_timeout_s,
-                        len(result.output_ids),
-                    )
-                return result
+                return self._answered(client, rid, call.result(), aborted=abort is not None)
             if give_up.done():  # a drain gave up on it (an abort: the sample resumes), or LeftRotation is raised
                 return aborted_result(rid, f"given up on {client.url}: {give_up.result()}")
             raise EngineTimeout(
@@ -114,43 +163,48 @@ class PoolTimeouts:
                 endpoint="/generate",
             )
         finally:
-            del self._attempts[give_up]
+            del self._inflight[give_up]
             if give_up.done():
                 give_up.exception()  # retrieved: the attempt ended first, or it is raised above
             for task in (call, abort):
                 if task is not None and not task.done():
                     task.cancel()
 
-    async def _abort_rid(self, client: EngineClient, rid: str) -> None:
-        """Abort ``rid`` where it runs: on ``client``, or behind a router on every worker (the router does
-        not forward ``/abort_request``). Best effort: an engine that does not answer is found hung anyway."""
-        targets = self.clients if client is self._router else [client]
-        await asyncio.gather(*(c.abort(rid) for c in targets), return_exceptions=True)
+    def _answered(self, client: EngineClient, rid: str | None, result: GenerateResult, *, aborted: bool) -> GenerateResult:
+        """The engine's answer; one it gave to our abort at ``request_timeout_s`` must hold a token."""
+        if not aborted:
+            return result
+        if not result.output_ids:
+            raise NoTokenInTime(
+                f"ran past request_timeout_s={self.config.request_timeout_s}s without a token (aborted by rid, nothing generated)",
+                url=client.url,
+                endpoint="/generate",
+            )
+        log.warning(
+            "generate %s on %s ran past request_timeout_s=%ss: aborted with %d tokens kept (the sample resumes)",
+            rid,
+            client.url,
+            self.config.request_timeout_s,
+            len(result.output_ids),
+        )
+        return result
 
-    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
-        """End every generate attempt that has been on an engine for ``running_for_s`` seconds or more
-        (the scheduler's drain: its ``abort_all`` went unheard, the engine is hung).
-
-        Each ends with an abort result with no tokens (its sample stays resumable); each worker that
-        held one is taken out of rotation (``on_engine_down``: the supervisor restarts or watches it).
-        Younger attempts (sent after the drain began) are left alone. Returns the urls of those
-        workers (and of the router, whose calls end the same way), in pool order.
-        """
+    def give_up(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
+        """End every attempt that has been on an engine for ``running_for_s`` seconds or more with an
+        abort result with no tokens (its sample stays resumable); younger ones are left alone.
+        Returns the urls they were on, each once, in the order the attempts started."""
         now = asyncio.get_running_loop().time()
         urls: list[str] = []
-        for give_up, (url, started) in list(self._attempts.items()):
+        for give_up, (url, started) in list(self._inflight.items()):
             if now - started >= running_for_s and not give_up.done():
                 give_up.set_result(reason)
                 urls += [] if url in urls else [url]
-        for url in urls:
-            if url in self._engines:
-                self.take_out(url, f"generate requests given up: {reason}")
         return urls
 
-    def end_attempts(self, url: str, reason: str) -> None:
-        """End every generate attempt on ``url`` now with ``LeftRotation`` (the caller retries it elsewhere,
+    def end(self, url: str, reason: str) -> None:
+        """End every attempt on ``url`` now with ``LeftRotation`` (the caller retries it elsewhere,
         counting it against ``--max-retries``): its engine left rotation for ``reason``."""
-        for give_up, (where, _) in list(self._attempts.items()):
+        for give_up, (where, _) in list(self._inflight.items()):
             if where == url and not give_up.done():
                 give_up.set_exception(LeftRotation(f"left rotation while the request ran: {reason}", url=url, endpoint="/generate"))
 

@@ -22,6 +22,7 @@ import msgspec
 from slime.errors import ProtocolError
 
 __all__ = [
+    "JsonObject",
     "SAMPLING_PARAM_KEYS",
     "FinishReason",
     "GenerateResult",
@@ -29,6 +30,9 @@ __all__ = [
     "parse_generate_response",
     "error_message_from_body",
 ]
+
+JsonObject = dict[str, Any]
+"""An engine's JSON object reply (or request body): keys and values as SGLang sends them, untyped JSON."""
 
 SAMPLING_PARAM_KEYS = frozenset(
     {

@@ -42,7 +42,7 @@ from slime.engines.fleet.plan_specs import LaunchPlan
 from slime.engines.fleet.processes import CommandProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
-from slime.engines.pool_control import wait_unless_refused
+from slime.engines.probe import wait_unless_refused
 from slime.engines.router import RouterClient
 from slime.errors import ConfigError
 

@@ -187,7 +187,7 @@ async def test_an_external_engine_that_accepts_connections_is_waited_for_past_th
     from aiohttp.test_utils import TestServer
 
     from slime.engines.fleet import start
-    from slime.engines.pool_control import refuses_connections
+    from slime.engines.probe import refuses_connections
 
     monkeypatch.setattr(start, "EXTERNAL_REFUSED_GRACE_S", 0.3)
     (loading,) = await start_engines(1)
