@@ -108,13 +108,13 @@ def _spec_object(sample: Sample) -> dict[str, Any]:
     return spec
 
 
-def _strings(value: Any, field: str) -> list[str]:
+def _strings(value: object, field: str) -> list[str]:
     if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise PluginError(f"code verifier: {field!r} must be a list of strings")
     return value
 
 
-def _text(value: Any, field: str) -> str:
+def _text(value: object, field: str) -> str:
     """A case's stdin or expected stdout: a string, or a list of lines (joined by newlines); a lone
     surrogate (JSON ``"\\ud800"``) becomes U+FFFD, since the sandbox writes UTF-8."""
     if isinstance(value, list) and all(isinstance(line, str) for line in value):

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime.errors import PluginError
-from slime.rollout.verifiers.code_judge import ALL_METHODS, JUDGE_MODULES, judge, validate
+from slime.rollout.verifiers.code_judge import ALL_METHODS, JUDGE_MODULES, Value, judge, validate
 
 __all__ = ["SplitAssert", "CaseSetup", "judge_case", "split_assert", "parse_setup"]
 
@@ -112,7 +112,7 @@ def _is_star(stmt: ast.Import | ast.ImportFrom) -> bool:
     return True
 
 
-def _judge_bindings(stmt: ast.Import | ast.ImportFrom) -> dict[str, Any]:
+def _judge_bindings(stmt: ast.Import | ast.ImportFrom) -> dict[str, object]:
     if isinstance(stmt, ast.ImportFrom) and _is_star(stmt):
         return {k: v for k, v in vars(JUDGE_MODULES[str(stmt.module)]).items() if not k.startswith("_")}
     if isinstance(stmt, ast.Import):
@@ -150,7 +150,7 @@ def split_assert(source: str, setup: CaseSetup | None = None) -> SplitAssert:
     return SplitAssert(source=source, probes=tuple(splitter.probes), checks=checks, judge_names=judge_names)
 
 
-def judge_case(case: SplitAssert, outcomes: Sequence[tuple[bool, Any]]) -> tuple[bool, str]:
+def judge_case(case: SplitAssert, outcomes: Sequence[tuple[bool, Value]]) -> tuple[bool, str]:
     """Judge ``case`` over its probes' outcomes from the harness (``code_judge.judge``)."""
     return judge(case.checks, case.probes, outcomes, case.source, case.judge_names)
 
@@ -178,7 +178,7 @@ class _Splitter:
                 setattr(node, field, [self.split(v) if isinstance(v, ast.expr) else self._keyword(v) for v in value])
         return node
 
-    def _keyword(self, node: Any) -> Any:
+    def _keyword(self, node: ast.AST) -> ast.AST:
         if isinstance(node, ast.keyword):
             node.value = self.split(node.value)
         return node

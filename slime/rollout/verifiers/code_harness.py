@@ -32,7 +32,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from slime.rollout.verifiers.code_judge import refuse_hash_floods
+from slime.rollout.verifiers.code_judge import Value, refuse_hash_floods
 
 __all__ = ["ChannelReport", "decode_value", "harness_program", "harness_request", "read_channel", "script_program"]
 
@@ -184,7 +184,7 @@ def read_channel(channel: str, num_probes: int) -> ChannelReport:
 _FORGED = "the result channel holds lines the verifier did not write"
 
 
-def _read_frames(frames: list[Any], num_probes: int) -> ChannelReport:
+def _read_frames(frames: list[object], num_probes: int) -> ChannelReport:
     if not frames or not isinstance(frames[0], dict):
         return ChannelReport("the program ended before the harness reported (an early exit or a crash)")
     if "load_error" in frames[0]:
@@ -200,7 +200,7 @@ def _read_frames(frames: list[Any], num_probes: int) -> ChannelReport:
     return ChannelReport(None, tuple(_outcome(frame, k) for k, frame in enumerate(body)))
 
 
-def _outcome(frame: Any, k: int) -> tuple[bool, Any]:
+def _outcome(frame: object, k: int) -> tuple[bool, Value]:
     if not isinstance(frame, dict) or frame.get("probe") != k or len(frame) != 2:
         raise ValueError("not the harness's frame")
     if "raised" in frame:
@@ -210,12 +210,12 @@ def _outcome(frame: Any, k: int) -> tuple[bool, Any]:
     return True, decode_value(frame["value"])
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """Program-written text for evidence: bounded, and valid UTF-8 (a lone surrogate would break the records)."""
     return str(value)[:400].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def decode_value(obj: Any, depth: int = 0) -> Any:
+def decode_value(obj: object, depth: int = 0) -> Value:
     """A built-in value from the harness's encoding (module docstring): ``None``, ``bool``, ``int``,
     ``float`` and ``str`` as JSON, ``list`` as a JSON array, the rest as ``{"tag": body}``.
 
@@ -246,19 +246,19 @@ def decode_value(obj: Any, depth: int = 0) -> Any:
     raise ValueError(f"unknown tag {tag!r:.40}")
 
 
-def _pair(item: Any) -> tuple[Any, Any]:
+def _pair(item: object) -> tuple[object, object]:
     if not isinstance(item, list) or len(item) != 2:
         raise ValueError("a dict item is not a [key, value] pair")
     return item[0], item[1]
 
 
-def _of(kind: type, body: Any) -> Any:
+def _of(kind: type, body: object) -> Value:
     if type(body) is not kind:
         raise TypeError(f"expected a {kind.__name__}")
     return body
 
 
-def _complex(body: Any) -> complex:
+def _complex(body: object) -> complex:
     if not isinstance(body, list) or len(body) != 2:
         raise ValueError("a complex is [real, imag]")
     return complex(_of(float, body[0]), _of(float, body[1]))

@@ -24,11 +24,15 @@ import string
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from slime.errors import PluginError
 
 __all__ = ["ALL_METHODS", "MAX_SAME_HASH", "refuse_hash_floods", "JUDGE_FUNCTIONS", "JUDGE_MODULES", "METHODS", "judge", "validate"]
+
+Value: TypeAlias = Any
+"""A built-in value the program returned (``code_harness.decode_value``) or the check computes from one:
+dynamically typed by nature (the evaluator applies Python's own operators to it), hence ``Any``."""
 
 MAX_SIZE = 1 << 20
 """Largest sequence (items or characters) or ``range`` the evaluator builds from the program's values."""
@@ -49,18 +53,18 @@ def _bounded_range(*args: int) -> range:
     return r
 
 
-def _bounded_bytes(*args: Any) -> bytes:
+def _bounded_bytes(*args: Value) -> bytes:
     if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
         raise ValueError(f"bytes of more than {MAX_SIZE}")
     return bytes(*args)
 
 
-def _check_pow(base: Any, exp: Any) -> None:
+def _check_pow(base: Value, exp: Value) -> None:
     if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base).bit_length() * exp > _MAX_POW_BITS:
         raise ValueError(f"a power of more than {_MAX_POW_BITS} bits")
 
 
-def _bounded_pow(base: Any, exp: Any, mod: Any = None) -> Any:
+def _bounded_pow(base: Value, exp: Value, mod: Value = None) -> Value:
     if mod is None:
         _check_pow(base, exp)
     elif isinstance(exp, int) and isinstance(mod, int) and abs(mod).bit_length() * exp.bit_length() > _MAX_POW_BITS * 16:
@@ -68,7 +72,7 @@ def _bounded_pow(base: Any, exp: Any, mod: Any = None) -> Any:
     return pow(base, exp, mod)
 
 
-def _bounded_sum(items: Any, start: Any = 0) -> Any:
+def _bounded_sum(items: Value, start: Value = 0) -> Value:
     """``sum`` where a sequence ``start`` concatenates in linear time (``sum(lists, [])`` copies its whole
     total once per item in CPython) and within ``MAX_SIZE``."""
     if not isinstance(start, list | tuple | str | bytes):
@@ -85,7 +89,7 @@ def _bounded_sum(items: Any, start: Any = 0) -> Any:
     return type(start)(out)
 
 
-def _bounded_prod(items: Any, *, start: Any = 1) -> Any:
+def _bounded_prod(items: Value, *, start: Value = 1) -> Value:
     """``math.prod`` with every partial product within ``_MAX_INT_BITS``."""
     out = start
     for item in items:
@@ -96,14 +100,14 @@ def _bounded_prod(items: Any, *, start: Any = 1) -> Any:
     return out
 
 
-def _unflooded(items: Any = ()) -> list[Any]:
+def _unflooded(items: Value = ()) -> list[Value]:
     """``items`` as a list, refused (ValueError) when a set of them would be a hash flood (``code_harness``)."""
     members = list(items)
     refuse_hash_floods(members)
     return members
 
 
-def _unflooded_dict(items: Any = (), **kwargs: Any) -> dict[Any, Any]:
+def _unflooded_dict(items: Value = (), **kwargs: Value) -> dict[Value, Value]:
     """``dict(items, **kwargs)``, refused when its keys would be a hash flood (checked before it is built)."""
     pairs = list(items.items() if isinstance(items, dict) else items)
     refuse_hash_floods([pair[0] for pair in pairs if isinstance(pair, tuple | list) and len(pair) == 2])
@@ -115,7 +119,7 @@ MAX_SAME_HASH = 64
 members of its hash, so 100k crafted ints (``k * (2**61 - 1)``) would take the verifier minutes."""
 
 
-def refuse_hash_floods(members: list[Any]) -> None:
+def refuse_hash_floods(members: list[Value]) -> None:
     """Raise ValueError when more than ``MAX_SAME_HASH`` members share a hash (counted in linear time:
     hash values are small distinct ints, so counting them is itself collision-free)."""
     if len(members) <= MAX_SAME_HASH:
@@ -128,7 +132,7 @@ def refuse_hash_floods(members: list[Any]) -> None:
             raise ValueError(f"more than {MAX_SAME_HASH} members of a set or dict share one hash")
 
 
-def _check_int(value: Any) -> None:
+def _check_int(value: Value) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
         raise ValueError(f"an int of more than {_MAX_INT_BITS} bits")
 
@@ -199,7 +203,7 @@ class ProbeFailed(Exception):
     """A check reached a probe that raised (or returned something unencodable) in the program."""
 
 
-def validate(check: ast.expr, source: str, names: Mapping[str, Any]) -> None:
+def validate(check: ast.expr, source: str, names: Mapping[str, Value]) -> None:
     """Refuse a check the evaluator would not evaluate.
 
     Args:
@@ -231,7 +235,7 @@ def validate(check: ast.expr, source: str, names: Mapping[str, Any]) -> None:
             raise refuse(f"it names {sub.id!r} without calling it (only the solution's calls are asked of the program)")
 
 
-def _readable_attribute(node: ast.Attribute, names: Mapping[str, Any]) -> bool:
+def _readable_attribute(node: ast.Attribute, names: Mapping[str, Value]) -> bool:
     if node.attr.startswith("_"):
         return False
     value = node.value
@@ -241,12 +245,12 @@ def _readable_attribute(node: ast.Attribute, names: Mapping[str, Any]) -> bool:
     return module_attribute or node.attr in ALL_METHODS
 
 
-def _is_judge_module(value: Any) -> bool:
+def _is_judge_module(value: Value) -> bool:
     return isinstance(value, types.ModuleType) or any(value is m for m in JUDGE_MODULES.values())
 
 
 def judge(
-    checks: Sequence[ast.expr], probes: Sequence[str], outcomes: Sequence[tuple[bool, Any]], source: str, names: Mapping[str, Any]
+    checks: Sequence[ast.expr], probes: Sequence[str], outcomes: Sequence[tuple[bool, Value]], source: str, names: Mapping[str, Value]
 ) -> tuple[bool, str]:
     """Evaluate ``checks`` over the probes' outcomes (``(True, value)`` or ``(False, why)``, in ``probes`` order).
 
@@ -268,12 +272,12 @@ def judge(
     return True, "ok"
 
 
-def _shown(source: str, probes: Sequence[str], outcomes: Sequence[tuple[bool, Any]]) -> str:
+def _shown(source: str, probes: Sequence[str], outcomes: Sequence[tuple[bool, Value]]) -> str:
     got = ", ".join(f"{probe} returned {_safe_repr(value)}" for probe, (ok, value) in zip(probes, outcomes) if ok)
     return f"{source[:200]!r}" + (f" ({got})" if got else "")
 
 
-def _safe_repr(value: Any) -> str:
+def _safe_repr(value: Value) -> str:
     try:
         return repr(value)[:120]
     except ValueError:  # an int past Python's 4300-digit str limit
@@ -283,17 +287,17 @@ def _safe_repr(value: Any) -> str:
 class _Evaluator:
     """Evaluates validated checks; one method per expression form."""
 
-    def __init__(self, env: dict[str, tuple[bool, Any]], names: Mapping[str, Any]):
+    def __init__(self, env: dict[str, tuple[bool, Value]], names: Mapping[str, Value]):
         self.env, self.names = env, names
 
-    def eval(self, node: ast.expr) -> Any:
+    def eval(self, node: ast.expr) -> Value:
         method: Callable[[Any], Any] = getattr(self, f"_eval_{type(node).__name__}")
         return method(node)
 
-    def _eval_Constant(self, node: ast.Constant) -> Any:
+    def _eval_Constant(self, node: ast.Constant) -> Value:
         return node.value
 
-    def _eval_Name(self, node: ast.Name) -> Any:
+    def _eval_Name(self, node: ast.Name) -> Value:
         if node.id in self.env:
             ok, value = self.env[node.id]
             if not ok:
@@ -303,35 +307,35 @@ class _Evaluator:
             return self.names[node.id]
         return JUDGE_FUNCTIONS.get(node.id) or JUDGE_MODULES[node.id]
 
-    def _eval_Attribute(self, node: ast.Attribute) -> Any:
+    def _eval_Attribute(self, node: ast.Attribute) -> Value:
         owner = self.eval(node.value)
         is_module = _is_judge_module(owner) or owner is sys.float_info
         if is_module or node.attr in METHODS.get(type(owner), ()):
             return getattr(owner, node.attr)
         raise TypeError(f"a {type(owner).__name__} has no .{node.attr} the verifier calls")
 
-    def _eval_List(self, node: ast.List) -> Any:
+    def _eval_List(self, node: ast.List) -> Value:
         return [self.eval(e) for e in node.elts]
 
-    def _eval_Tuple(self, node: ast.Tuple) -> Any:
+    def _eval_Tuple(self, node: ast.Tuple) -> Value:
         return tuple(self.eval(e) for e in node.elts)
 
-    def _eval_Set(self, node: ast.Set) -> Any:
+    def _eval_Set(self, node: ast.Set) -> Value:
         return {self.eval(e) for e in node.elts}
 
-    def _eval_Dict(self, node: ast.Dict) -> Any:
+    def _eval_Dict(self, node: ast.Dict) -> Value:
         return {self.eval(k): self.eval(v) for k, v in zip(node.keys, node.values) if k is not None}
 
-    def _eval_UnaryOp(self, node: ast.UnaryOp) -> Any:
+    def _eval_UnaryOp(self, node: ast.UnaryOp) -> Value:
         return _UNARY[type(node.op)](self.eval(node.operand))
 
-    def _eval_BinOp(self, node: ast.BinOp) -> Any:
+    def _eval_BinOp(self, node: ast.BinOp) -> Value:
         left, right = self.eval(node.left), self.eval(node.right)
         if not (_is_literal(node.left) and _is_literal(node.right)):  # the test's own constants need no bound
             _check_size(node.op, left, right)
         return _BINARY[type(node.op)](left, right)
 
-    def _eval_BoolOp(self, node: ast.BoolOp) -> Any:
+    def _eval_BoolOp(self, node: ast.BoolOp) -> Value:
         value: Any = None
         for operand in node.values:
             value = self.eval(operand)
@@ -339,7 +343,7 @@ class _Evaluator:
                 return value
         return value
 
-    def _eval_Compare(self, node: ast.Compare) -> Any:
+    def _eval_Compare(self, node: ast.Compare) -> Value:
         left = self.eval(node.left)
         for op, comparator in zip(node.ops, node.comparators):
             right = self.eval(comparator)
@@ -348,16 +352,16 @@ class _Evaluator:
             left = right
         return True
 
-    def _eval_IfExp(self, node: ast.IfExp) -> Any:
+    def _eval_IfExp(self, node: ast.IfExp) -> Value:
         return self.eval(node.body) if self.eval(node.test) else self.eval(node.orelse)
 
-    def _eval_Subscript(self, node: ast.Subscript) -> Any:
+    def _eval_Subscript(self, node: ast.Subscript) -> Value:
         return self.eval(node.value)[self.eval(node.slice)]
 
-    def _eval_Slice(self, node: ast.Slice) -> Any:
+    def _eval_Slice(self, node: ast.Slice) -> Value:
         return slice(*(None if p is None else self.eval(p) for p in (node.lower, node.upper, node.step)))
 
-    def _eval_Call(self, node: ast.Call) -> Any:
+    def _eval_Call(self, node: ast.Call) -> Value:
         fn = self.eval(node.func)
         args = [self.eval(a) for a in node.args]
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
@@ -370,7 +374,7 @@ def _is_literal(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) or (isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts))
 
 
-def _check_size(op: ast.operator, left: Any, right: Any) -> None:
+def _check_size(op: ast.operator, left: Value, right: Value) -> None:
     """Raise ValueError where ``left op right`` would grow past the bounds (module docstring)."""
     if not isinstance(op, ast.Add | ast.Sub | ast.BitOr | ast.BitAnd | ast.BitXor | ast.RShift):  # linear in the digits
         _check_int(left)
@@ -387,7 +391,7 @@ def _check_size(op: ast.operator, left: Any, right: Any) -> None:
         _check_pow(left, right)
 
 
-def _check_call(fn: Any, args: list[Any]) -> None:
+def _check_call(fn: Value, args: list[Value]) -> None:
     if getattr(fn, "__name__", "") not in _LINEAR_IN_INTS:
         for arg in args:
             _check_int(arg)
