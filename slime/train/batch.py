@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from slime.train.advantages import AdvantageEstimator, sample_scores
-from slime.types import OFFLINE_VERSION, Group
+from slime.types import OFFLINE_VERSION, Group, Sample
 
 __all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget", "plan_steps", "MicroBatch", "Step", "rl_batch_metrics"]
 
@@ -181,73 +181,96 @@ def build_train_batch(
         RuntimeError: a trainable token is older than ``max_staleness`` versions, or newer than
             ``current_version``.
     """
-    samples = [s for g in groups for s in g.samples]
-    if not samples:
+    if not any(g.samples for g in groups):
         raise ValueError("build_train_batch: no samples in the given groups")
+    scores = _group_scores(
+        groups,
+        use_opd=use_opd,
+        use_task_reward=use_task_reward,
+        estimator=advantage_estimator,
+        normalize_by_std=normalize_advantages_by_std,
+    )  # [G, n]
+    rows = [(gi, si, s) for gi, g in enumerate(groups) for si, s in enumerate(g.samples) if s.is_valid]
+    batch = _empty_batch([s for _, _, s in rows], pad_token_id=pad_token_id, use_opd=use_opd)
+    for b, (gi, si, s) in enumerate(rows):
+        _fill_row(batch, b, s, scores[gi, si], current_version=current_version, newest_only=mask_offpolicy_in_partial_rollout)
+    _check_staleness(batch.staleness, batch.loss_mask, current_version, max_staleness)
+    return batch
+
+
+def _group_scores(
+    groups: Sequence[Group], *, use_opd: bool, use_task_reward: bool, estimator: AdvantageEstimator, normalize_by_std: bool
+) -> Tensor:
+    """Check every sample and score the valid ones within their group (``sample_scores``): [G, n], n the
+    largest group; FAILED samples and the padding of smaller groups are NaN rewards out of the statistics."""
     num_groups, n_max = len(groups), max(len(g.samples) for g in groups)
     rewards = torch.full((num_groups, n_max), float("nan"))  # [G, n]
     valid = torch.zeros((num_groups, n_max), dtype=torch.bool)  # [G, n]
     for gi, g in enumerate(groups):
         for si, s in enumerate(g.samples):
-            s.check_aligned()
-            if not s.prompt_ids:
-                raise ValueError(f"Sample(group={s.group_id}, index={s.index}) has no prompt_ids")
-            if not s.is_valid:  # FAILED: out of the group's statistics (the one definition, Sample.is_valid)
-                continue
-            if s.reward is None:
-                raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
-            if use_opd and s.teacher_logprobs is None:
-                raise ValueError(
-                    f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no teacher_logprobs "
-                    "(--use-opd: every finished sample is scored by the teacher before it is rewarded)"
-                )
-            rewards[gi, si], valid[gi, si] = float(s.reward), True
+            _check_sample(s, use_opd=use_opd)
+            # FAILED: out of the group's statistics (Sample.is_valid); a valid sample has a reward (checked)
+            if s.is_valid and s.reward is not None:
+                rewards[gi, si], valid[gi, si] = float(s.reward), True
     scored = rewards if use_task_reward else torch.where(valid, 0.0, rewards)  # --opd-only: reward 0 for the estimator
-    adv = sample_scores(scored, valid, estimator=advantage_estimator, normalize_by_std=normalize_advantages_by_std)  # [G, n]
+    return sample_scores(scored, valid, estimator=estimator, normalize_by_std=normalize_by_std)
 
-    rows = [(gi, si, s) for gi, g in enumerate(groups) for si, s in enumerate(g.samples) if s.is_valid]
-    seq_lens = [len(s.prompt_ids) + len(s.response_ids) for _, _, s in rows]
-    num_samples, t_max = len(rows), max([*seq_lens, 2])
-    input_ids = torch.full((num_samples, t_max), pad_token_id, dtype=torch.long)  # [B, T]
-    attention_mask = torch.zeros((num_samples, t_max), dtype=torch.long)  # [B, T]
-    loss_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
-    rollout_logprobs = torch.zeros((num_samples, t_max - 1))  # [B, L]
-    staleness = torch.zeros((num_samples, t_max - 1), dtype=torch.long)  # [B, L]
-    advantages = torch.zeros((num_samples, t_max - 1))  # [B, L]
-    response_mask = torch.zeros((num_samples, t_max - 1))  # [B, L]
-    teacher_logprobs = torch.zeros((num_samples, t_max - 1)) if use_opd else None  # [B, L], 0.0 off the response
-    sample_adv = torch.zeros(num_samples)  # [B]
-    for b, (gi, si, s) in enumerate(rows):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        attention_mask[b, : p + r] = 1
-        resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
-        versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
-        if teacher_logprobs is not None:
-            teacher_logprobs[b, resp] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
-        mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
-        if mask_offpolicy_in_partial_rollout and r:
-            mask = mask * (versions == versions.max()).float()
-        loss_mask[b, resp] = mask
-        response_mask[b, resp] = 1.0
-        rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-        # an offline token (OFFLINE_VERSION, --offline-data) has no lag in this run: 0, so the check exempts it
-        staleness[b, resp] = torch.where(versions == OFFLINE_VERSION, 0, current_version - versions)
-        advantages[b, resp] = sample_adv[b] = adv[gi, si]
-    _check_staleness(staleness, loss_mask, current_version, max_staleness)
+
+def _check_sample(s: Sample, *, use_opd: bool) -> None:
+    """Raise ValueError for a misaligned sample, one without a prompt, or a valid one without a reward
+    (or, with ``use_opd``, without teacher logprobs)."""
+    s.check_aligned()
+    if not s.prompt_ids:
+        raise ValueError(f"Sample(group={s.group_id}, index={s.index}) has no prompt_ids")
+    if not s.is_valid:
+        return
+    if s.reward is None:
+        raise ValueError(f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no reward")
+    if use_opd and s.teacher_logprobs is None:
+        raise ValueError(
+            f"Sample(group={s.group_id}, index={s.index}, status={s.status.value}) has no teacher_logprobs "
+            "(--use-opd: every finished sample is scored by the teacher before it is rewarded)"
+        )
+
+
+def _empty_batch(samples: list[Sample], *, pad_token_id: int, use_opd: bool) -> TrainBatch:
+    """The batch of ``samples`` with its per-sample fields set and its per-token tensors empty
+    (padding, zeros): ``_fill_row`` writes each row."""
+    seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    num_samples, t_max = len(samples), max([*seq_lens, 2])
     return TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        loss_mask=loss_mask,
-        rollout_logprobs=rollout_logprobs,
-        advantages=advantages,
-        staleness=staleness,
-        sample_advantages=sample_adv,
-        rewards=torch.tensor([float(s.reward) if s.reward is not None else float("nan") for _, _, s in rows]),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.long),
-        response_mask=response_mask,
-        teacher_logprobs=teacher_logprobs,
+        input_ids=torch.full((num_samples, t_max), pad_token_id, dtype=torch.long),  # [B, T]
+        attention_mask=torch.zeros((num_samples, t_max), dtype=torch.long),  # [B, T]
+        loss_mask=torch.zeros((num_samples, t_max - 1)),  # [B, L]
+        rollout_logprobs=torch.zeros((num_samples, t_max - 1)),  # [B, L]
+        advantages=torch.zeros((num_samples, t_max - 1)),  # [B, L]
+        staleness=torch.zeros((num_samples, t_max - 1), dtype=torch.long),  # [B, L]
+        sample_advantages=torch.zeros(num_samples),  # [B]
+        rewards=torch.tensor([float(s.reward) if s.reward is not None else float("nan") for s in samples]),  # [B]
+        seq_lens=torch.tensor(seq_lens, dtype=torch.long),  # [B]
+        response_mask=torch.zeros((num_samples, t_max - 1)),  # [B, L]
+        teacher_logprobs=torch.zeros((num_samples, t_max - 1)) if use_opd else None,  # [B, L], 0.0 off the response
     )
+
+
+def _fill_row(batch: TrainBatch, b: int, s: Sample, score: Tensor, *, current_version: int, newest_only: bool) -> None:
+    """Write sample ``s`` into row ``b`` of ``batch`` (in place); ``score``: its ``sample_scores`` entry."""
+    p, r = len(s.prompt_ids), len(s.response_ids)
+    batch.input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+    batch.attention_mask[b, : p + r] = 1
+    resp = slice(p - 1, p - 1 + r)  # next-token positions that predict the response
+    versions = torch.tensor(s.versions, dtype=torch.long)  # [r]
+    if batch.teacher_logprobs is not None:
+        batch.teacher_logprobs[b, resp] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+    mask = torch.tensor(s.loss_mask, dtype=torch.float32)  # [r]
+    if newest_only and r:  # --mask-offpolicy-in-partial-rollout (module docstring)
+        mask = mask * (versions == versions.max()).float()
+    batch.loss_mask[b, resp] = mask
+    batch.response_mask[b, resp] = 1.0
+    batch.rollout_logprobs[b, resp] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    # an offline token (OFFLINE_VERSION, --offline-data) has no lag in this run: 0, so the check exempts it
+    batch.staleness[b, resp] = torch.where(versions == OFFLINE_VERSION, 0, current_version - versions)
+    batch.advantages[b, resp] = batch.sample_advantages[b] = score
 
 
 def _check_staleness(staleness: Tensor, loss_mask: Tensor, current_version: int, max_staleness: int | None) -> None:

@@ -110,12 +110,10 @@ def policy_loss(
         eps_clip_high: upper clip (``1 + eps_clip_high``); None = ``eps_clip`` (symmetric PPO).
         eps_clip_c: dual-clip constant c > 1 for A < 0; None = off.
         ratio_level: ``"token"`` (PPO) or ``"sequence"`` (GSPO).
-        is_weights: [B, L] float32, detached per-token off-policy weights (``slime.train.offpolicy``);
-            None = 1.
+        is_weights: [B, L] float32, per-token off-policy weights (``slime.train.offpolicy``); None = 1.
         loss_agg: ``"seq_mean"`` or ``"token_mean"``.
         loss_denominator: see ``aggregate``; pass the optimizer step's total with accumulation.
-        entropy: [B, L] float32, nats; reported, and subtracted when ``entropy_coef`` != 0 (then
-            it must carry gradient).
+        entropy: [B, L] float32, nats; reported, and subtracted (with gradient) when ``entropy_coef`` != 0.
         entropy_coef: weight of the entropy bonus.
 
     Returns:
@@ -127,9 +125,79 @@ def policy_loss(
             aggregated clipped term) and ``num_tokens``.
 
     Raises:
-        ValueError: on shape mismatch, an unknown ``loss_agg`` / ``ratio_level``, or
-            ``entropy_coef`` != 0 without ``entropy``.
+        ValueError: shape mismatch, unknown ``loss_agg`` / ``ratio_level``, ``entropy_coef`` != 0 without ``entropy``.
     """
+    _check_policy_inputs(logprobs, old_logprobs, advantages, loss_mask, is_weights, loss_agg, entropy, entropy_coef)
+    mask = loss_mask.to(logprobs.dtype)  # [B, L]
+    log_ratio = (logprobs - old_logprobs.detach()) * mask  # [B, L]; 0 off mask so exp stays finite
+    ratio = _ratio(log_ratio, mask, ratio_level)  # [B, L]
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    loss_tok, clipped, dual_active = _clipped_token_loss(ratio, advantages, eps_clip, eps_high, eps_clip_c)  # [B, L] each
+    if is_weights is not None:
+        loss_tok = loss_tok * is_weights.detach()
+    pg_loss = aggregate(loss_tok, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
+    loss = pg_loss
+    if entropy_coef != 0.0:
+        assert entropy is not None
+        loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
+    return loss, _policy_metrics(log_ratio, ratio, mask, clipped, dual_active, entropy, pg_loss)
+
+
+def _clipped_token_loss(
+    ratio: Tensor, advantages: Tensor, eps_clip: float, eps_high: float, eps_clip_c: float | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The per-token clipped surrogate [B, L] (dual-clipped with ``eps_clip_c``), where the clipped
+    term is the active one [B, L] bool, and where the dual clip is ([B, L] bool; None without it)."""
+    pg_unclipped = -ratio * advantages  # [B, L]
+    pg_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_high) * advantages  # [B, L]
+    loss_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, L]; max of negatives = -min
+    clipped = pg_clipped > pg_unclipped  # a comparison: no gradient
+    dual_active = None
+    if eps_clip_c is not None:
+        pg_dual = -eps_clip_c * advantages  # [B, L]
+        dual_active = (advantages < 0) & (pg_dual < loss_tok)
+        loss_tok = torch.where(dual_active, pg_dual, loss_tok)
+    return loss_tok, clipped, dual_active
+
+
+@torch.no_grad()
+def _policy_metrics(
+    log_ratio: Tensor,
+    ratio: Tensor,
+    mask: Tensor,
+    clipped: Tensor,
+    dual_active: Tensor | None,
+    entropy: Tensor | None,
+    pg_loss: Tensor,
+) -> dict[str, float]:
+    """``policy_loss``'s metrics (its docstring), token means over ``mask``."""
+    num_tokens = mask.sum()
+    token_ratio = log_ratio.exp()
+    metrics = {
+        "pg_clipfrac": _masked_mean(clipped.float(), mask, num_tokens),
+        "approx_kl": _masked_mean(token_ratio - 1.0 - log_ratio, mask, num_tokens),
+        "ratio_mean": _masked_mean(ratio, mask, num_tokens),
+        "pg_loss": float(pg_loss.detach()),
+        "num_tokens": float(num_tokens),
+    }
+    if dual_active is not None:
+        metrics["dual_clipfrac"] = _masked_mean(dual_active.float(), mask, num_tokens)
+    if entropy is not None:
+        metrics["entropy"] = _masked_mean(entropy.detach(), mask, num_tokens)
+    return metrics
+
+
+def _check_policy_inputs(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    is_weights: Tensor | None,
+    loss_agg: LossAgg,
+    entropy: Tensor | None,
+    entropy_coef: float,
+) -> None:
+    """``policy_loss``'s ValueErrors: shapes, ``loss_agg``, the entropy the bonus needs."""
     shape = logprobs.shape
     for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("loss_mask", loss_mask), ("is_weights", is_weights)):
         if t is not None and t.shape != shape:
@@ -138,49 +206,17 @@ def policy_loss(
         raise ValueError(f"policy_loss: loss_agg={loss_agg!r}, expected 'seq_mean' or 'token_mean'")
     if entropy_coef != 0.0 and entropy is None:
         raise ValueError("policy_loss: entropy_coef != 0 needs the entropy tensor")
-    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
-    mask = loss_mask.to(logprobs.dtype)  # [B, L]
-    num_tokens = mask.sum()
-    log_ratio = (logprobs - old_logprobs.detach()) * mask  # [B, L]; 0 off mask so exp stays finite
+
+
+def _ratio(log_ratio: Tensor, mask: Tensor, ratio_level: RatioLevel) -> Tensor:
+    """The importance ratio [B, L] from the masked log-ratio [B, L]: per token (PPO), or one
+    length-normalised ratio per sample broadcast over its tokens (GSPO)."""
     if ratio_level == "token":
-        ratio = log_ratio.exp()  # [B, L]
-    elif ratio_level == "sequence":
+        return log_ratio.exp()  # [B, L]
+    if ratio_level == "sequence":
         seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)  # [B, 1]
-        ratio = seq_log_ratio.exp().expand_as(log_ratio)  # [B, L]
-    else:
-        raise ValueError(f"policy_loss: ratio_level={ratio_level!r}, expected 'token' or 'sequence'")
-
-    pg_unclipped = -ratio * advantages  # [B, L]
-    pg_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_high) * advantages  # [B, L]
-    loss_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, L]; max of negatives = -min
-    dual_active = None
-    if eps_clip_c is not None:
-        pg_dual = -eps_clip_c * advantages  # [B, L]
-        dual_active = (advantages < 0) & (pg_dual < loss_tok)
-        loss_tok = torch.where(dual_active, pg_dual, loss_tok)
-    if is_weights is not None:
-        loss_tok = loss_tok * is_weights.detach()
-
-    pg_loss = aggregate(loss_tok, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
-    loss = pg_loss
-    if entropy_coef != 0.0:
-        assert entropy is not None
-        loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
-
-    with torch.no_grad():
-        token_ratio = log_ratio.exp()
-        metrics = {
-            "pg_clipfrac": _masked_mean((pg_clipped > pg_unclipped).float(), mask, num_tokens),
-            "approx_kl": _masked_mean(token_ratio - 1.0 - log_ratio, mask, num_tokens),
-            "ratio_mean": _masked_mean(ratio, mask, num_tokens),
-            "pg_loss": float(pg_loss.detach()),
-            "num_tokens": float(num_tokens),
-        }
-        if dual_active is not None:
-            metrics["dual_clipfrac"] = _masked_mean(dual_active.float(), mask, num_tokens)
-        if entropy is not None:
-            metrics["entropy"] = _masked_mean(entropy.detach(), mask, num_tokens)
-    return loss, metrics
+        return seq_log_ratio.exp().expand_as(log_ratio)  # [B, L]
+    raise ValueError(f"policy_loss: ratio_level={ratio_level!r}, expected 'token' or 'sequence'")
 
 
 def sft_loss(
