@@ -14,11 +14,13 @@ import asyncio
 import signal
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeVar, overload
+from typing import Protocol, TypeVar, overload
 
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+
+from slime.engines.protocol import JsonObject  # one alias for a JSON object, shared with the client side
 
 __all__ = [
     "READY_PREFIX",
@@ -36,9 +38,6 @@ __all__ = [
 
 READY_PREFIX = "SLIME_ENGINE_READY url="
 """The line a server prints on stdout (flushed) once it serves, followed by its URL."""
-
-JsonObject = dict[str, Any]
-"""A decoded JSON object (a request body, a reply): ``Any`` because JSON values are untyped until checked."""
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")

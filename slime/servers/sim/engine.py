@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from slime.engines.protocol import GenerateResult
+from slime.engines.protocol import GenerateResult, JsonObject
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.lengths import make_length_distribution
 from slime.servers.sim.scheduler import SimOutput, SimRequest, StepScheduler
@@ -212,7 +212,7 @@ class SimEngine:
         self._sched.paused = False
         self._sched.wake.set()
 
-    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict[str, Any]:
+    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> JsonObject:
         """Set the version at once (tokens of steps not yet begun carry it); SGLang's body back."""
         if abort_all_requests:
             self.abort_all()
@@ -221,7 +221,7 @@ class SimEngine:
 
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str | None = None, abort_all_requests: bool = False
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """A simulated load of ``weight_sync_ms`` (0 in instant mode); nothing is read from ``model_path``.
 
         Unless paused, first waits for every request in flight when it was called (aborting them

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.engines.protocol import FinishReason, GenerateResult
+from slime.engines.protocol import FinishReason, GenerateResult, JsonObject
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.stats import SimCounters
 from slime.servers.sim.trajectory import Trajectory, TrajectoryTracker
@@ -255,7 +255,7 @@ class StepScheduler:
             self.waiting = collections.deque(r for r in self.waiting if r.state == WAITING)
         self.wake.set()
 
-    def finish(self, req: SimRequest, reason: dict[str, Any], num_now: int, *, queued: bool = False) -> None:
+    def finish(self, req: SimRequest, reason: JsonObject, num_now: int, *, queued: bool = False) -> None:
         """Close ``req`` with ``num_now`` tokens from its current stint (plus earlier stints)."""
         if req.state == RUNNING:
             del self.running[req.seq]
