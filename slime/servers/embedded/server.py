@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 class EngineServer:
     """The embedded engine, served on ``host:port`` (port 0 picks a free port; see ``url``).
 
+    It is the ``state.ServerState`` its routes read (``routes.add_routes(app, self)``).
+
     Args:
         model_path: HF directory of a causal LM (a tokenizer in it is optional).
         host / port: where to listen.
