@@ -3,6 +3,8 @@ data and teacher (``--use-opd``), each from the config section that defines it."
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -10,16 +12,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slime.config import DataConfig, LoopConfig, RolloutConfig
-from slime.data.dataset import PromptRow
+from slime.data.dataset import PromptRow, PromptSource, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.data.prompt_index import index_prompt_file
+from slime.data.sft import model_context_len
 from slime.errors import ConfigError
+from slime.hf_checkpoint import load_tokenizer
+from slime.loop.plan import RunPlan
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import load_function
 from slime.train_metrics import TrainMetrics
-from slime.types import Group
+from slime.types import GenerateFn, Group, RewardFn
 
 __all__ = [
+    "RunInputs",
+    "build_inputs",
     "builtin_task",
     "load_prompts",
     "prompt_tokenizer",
@@ -208,3 +215,93 @@ def generate_function(path: str | None, tokenizer: Any) -> Any:
     if "tokenizer" in inspect.signature(fn).parameters:
         fn = functools.partial(fn, tokenizer=tokenizer)
     return fn
+
+
+@dataclasses.dataclass
+class RunInputs:
+    """What the run's prompts become groups with: the tokenizer's two directions, the reward and
+    generate functions, the prompt source, the eval sets and the offline groups."""
+
+    tokenize: Callable[..., list[int]]
+    decode: Callable[[list[int]], str]
+    reward_fn: RewardFn
+    generate_fn: GenerateFn
+    source: PromptSource
+    eval_sets: dict[str | None, list[PromptRow]]
+    offline: OfflineSource | None
+    data_counts: dict[str, int]
+    """``bad_data_lines_skipped``, added to the summary."""
+
+
+async def build_inputs(
+    data: DataConfig,
+    rollout: RolloutConfig,
+    loop: LoopConfig,
+    plan: RunPlan,
+    *,
+    reward_fn: RewardFn | None,
+) -> RunInputs:
+    """The run's ``RunInputs`` (blocking loads in threads): the tokenizer of ``plan.base_model`` (checked
+    against ``plan.opd_teacher``'s), the prompts (a train-only run needs no label and has no eval set or
+    offline source), the reward function (``reward_fn`` overrides the configured one) and the generate function.
+
+    Raises:
+        ConfigError: ``--apply-chat-template`` with a tokenizer that has no chat template; bad prompt files.
+    """
+    tokenizer = await _tokenizer(plan.base_model, plan.opd_teacher, chat_template=data.apply_chat_template)
+    tokenize = prompt_tokenizer(tokenizer, apply_chat_template=data.apply_chat_template)
+    reward_fn = reward_fn or reward_function(rollout, builtin=data.builtin_task)
+    generate_fn = generate_function(rollout.custom_generate_function_path, tokenizer)
+    needs_label = getattr(reward_fn, "needs_label", False) and not plan.train_only  # a train-only run rewards nothing
+    counts: dict[str, int] = {}
+    check = await _prompt_check(data, rollout, plan.base_model, tokenize)
+    load = functools.partial(load_prompts, by_name=True)
+    train_rows, eval_sets = await asyncio.to_thread(load, data, counts, seed=plan.seed, require_label=needs_label, check=check)
+    source = PromptSource(train_rows, shuffle=data.rollout_shuffle, seed=plan.seed, curriculum=data.curriculum_key is not None)
+    offline = None
+    if data.offline_data and not plan.train_only:
+        n = rollout.n_samples_per_prompt
+        offline = await asyncio.to_thread(
+            offline_source, data, loop, tokenize, tokenizer, n_samples_per_prompt=n, megatron=plan.megatron, seed=plan.seed
+        )
+    return RunInputs(
+        tokenize=tokenize,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        reward_fn=reward_fn,
+        generate_fn=generate_fn,
+        source=source,
+        eval_sets={} if plan.train_only else eval_sets,
+        offline=offline,
+        data_counts=counts,
+    )
+
+
+async def _tokenizer(base_model: str, opd_teacher: str | None, *, chat_template: bool) -> Any:
+    """The HF tokenizer of ``base_model`` (``Any``: an untyped third-party object), checked against the teacher's and the chat template flag."""
+    tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")
+    if opd_teacher:
+        from slime.rollout.opd import check_same_vocab
+
+        teacher_tokenizer = await asyncio.to_thread(load_tokenizer, opd_teacher, flag="--opd-teacher-load")
+        check_same_vocab(tokenizer, teacher_tokenizer, student_name=base_model, teacher_name=opd_teacher)
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"--apply-chat-template: the tokenizer in {base_model} has no chat template (no chat_template in tokenizer_config.json, "
+            "no chat_template.jinja); use a model that has one (e.g. an -Instruct model), or drop --apply-chat-template to tokenize the raw prompt text"
+        )
+    return tokenizer
+
+
+async def _prompt_check(
+    data: DataConfig, rollout: RolloutConfig, base_model: str, tokenize: Callable[..., list[int]]
+) -> Callable[..., object] | None:
+    """The per-row prompt length check (``prompt_length_check``) of the prompt files, or None when nothing bounds a prompt."""
+    from transformers import AutoConfig
+
+    max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
+    bound: dict[str, object] = dict(max_len=max_len or None)  # the engine would refuse longer prompts
+    ctx = rollout.rollout_max_context_len
+    if ctx is not None and (not max_len or ctx < max_len):
+        bound = dict(max_len=ctx, context="the rollout context", source="--rollout-max-context-len")
+    max_prompt_len = data.rollout_max_prompt_len
+    return prompt_length_check(tokenize, max_prompt_len=max_prompt_len, **bound) if bound["max_len"] or max_prompt_len else None  # type: ignore[arg-type]

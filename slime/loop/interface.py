@@ -9,7 +9,9 @@ and ``RolloutFunctionScheduler`` (``slime.loop.rollout_function``) follow ``Roll
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+
+from slime.loop.step_record import SFTStepRecord, StepRecord
 
 if TYPE_CHECKING:
     from slime.config import LoopConfig
@@ -17,21 +19,23 @@ if TYPE_CHECKING:
     from slime.loop.buffer import DataBuffer
     from slime.loop.checkpoint import LoopState
     from slime.loop.counters import StepStats
-    from slime.loop.step_record import SFTStepRecord, StepRecord
     from slime.loop.version import PolicyVersion
     from slime.train.interface import Trainer
     from slime.types import Group
 
-__all__ = ["RunMode", "RolloutScheduler"]
+__all__ = ["RunMode", "RolloutScheduler", "Record"]
+
+Record = TypeVar("Record", StepRecord, SFTStepRecord)
+"""The step record of a kind of run: ``StepRecord`` (RL) or ``SFTStepRecord``."""
 
 
-class RunMode(Protocol):
+class RunMode(Protocol[Record]):
     """What a kind of run adds to the skeleton (``slime.loop.run.run_steps``)."""
 
     trainer: Trainer | None
     """Saved in checkpoints (``slime.loop.checkpoint``); None: no checkpoints (rollout-only)."""
 
-    async def step(self, step: int) -> tuple[StepRecord | SFTStepRecord, list[dict[str, object]]]:
+    async def step(self, step: int) -> tuple[Record, list[dict[str, object]]]:
         """Run step ``step`` (1-based); returns its record and the trained-log lines."""
         ...
 
@@ -39,7 +43,7 @@ class RunMode(Protocol):
         """A mid-run or first eval: writes its own record (``step`` 0: before the first step)."""
         ...
 
-    def step_line(self, record: StepRecord | SFTStepRecord) -> str:
+    def step_line(self, record: Record) -> str:
         """The progress line of a step record."""
         ...
 

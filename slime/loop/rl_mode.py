@@ -15,19 +15,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slime.data.dataset import PromptSource
+from slime.loop.assemble import RunParts
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState
 from slime.loop.evaluate import evaluate_datasets
 from slime.loop.interface import RolloutScheduler
 from slime.loop.outputs import format_step_line
+from slime.loop.plan import RunPlan
 from slime.loop.record import save_rollout_record
 from slime.loop.run import RunFiles
 from slime.loop.step import run_step
 from slime.loop.step_record import StepRecord
 from slime.loop.version import PolicyVersion
+from slime.obs.trace import NullTracer, Tracer
 from slime.sync.base import WeightSync
-from slime.train.interface import Trainer
 from slime.train_metrics import TrainMetrics
 from slime.types import Group
 
@@ -78,20 +79,16 @@ class RLMode:
         self,
         sched: RolloutScheduler,
         evaluator: RLEval,
+        parts: RunParts,
+        plan: RunPlan,
         *,
-        trainer: Trainer | None,
         train_step: Callable[[list[Group]], TrainMetrics] | None,
         sync: WeightSync,
-        tracer: Any,
-        source: PromptSource,
-        offline: Any,
-        colocate: bool,
-        record_template: str | None,
-        rollout_only: bool,
+        tracer: Tracer | NullTracer,
     ):
-        self.sched, self.evaluator, self.trainer, self.train_step, self.sync = sched, evaluator, trainer, train_step, sync
-        self.tracer, self.source, self.offline, self.colocate = tracer, source, offline, colocate
-        self.record_template, self.rollout_only = record_template, rollout_only
+        self.sched, self.evaluator, self.trainer, self.train_step, self.sync = sched, evaluator, parts.trainer, train_step, sync
+        self.tracer, self.source, self.offline, self.colocate = tracer, parts.inputs.source, parts.inputs.offline, plan.colocate
+        self.record_template, self.rollout_only = plan.record_template, plan.rollout_only
 
     async def _save_batch(self, template: str, groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
         await asyncio.to_thread(save_rollout_record, template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import msgspec
 
 from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
-from slime.loop.interface import RunMode
+from slime.loop.interface import Record, RunMode
 from slime.loop.outputs import JsonlLog, MetricsWriter, write_json_atomic
 from slime.loop.run_lock import hold_run_folders
 from slime.loop.step_record import StepRecord
@@ -104,7 +104,14 @@ def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: An
 
 
 async def run_steps(
-    mode: RunMode, files: RunFiles, obs: Any, *, num_steps: int, eval_interval: int | None, save_interval: int | None, eval_before: bool
+    mode: RunMode[Record],
+    files: RunFiles,
+    obs: Any,
+    *,
+    num_steps: int,
+    eval_interval: int | None,
+    save_interval: int | None,
+    eval_before: bool,
 ) -> None:
     """The step loop (see the module doc). ``eval_before``: evaluate before the first step of a fresh run."""
     if files.resume is None and eval_before:

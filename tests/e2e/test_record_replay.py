@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
-from slime.loop import driver
+from slime.loop import assemble
 from slime.loop.driver import run_training
 from slime.loop.record import load_rollout_record
 from slime.servers.embedded import EngineServer
@@ -83,7 +83,7 @@ async def test_a_train_only_run_on_recorded_groups_trains_the_same_groups_withou
     def no_engines(*args, **kwargs):
         raise AssertionError("a train-only run launched an engine")
 
-    monkeypatch.setattr(driver, "start_rollout", no_engines)
+    monkeypatch.setattr(assemble, "start_rollout", no_engines)
     summary = await run_training(
         _config(tmp_path, model, "replay", DebugConfig(load_debug_rollout_data=template)), reward_fn=parity, progress=False
     )

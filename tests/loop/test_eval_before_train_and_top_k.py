@@ -9,7 +9,7 @@ import pytest
 from slime.cli.args import build_parser, config_from_args
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
-from slime.loop import driver
+from slime.loop import assemble
 from slime.loop.driver import run_training
 from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
@@ -29,7 +29,7 @@ def test_the_flags_reach_their_fields_and_eval_top_k_defaults_to_the_rollouts():
 
 @pytest.mark.parametrize("skip", [True, False])
 async def test_a_run_skips_the_eval_before_training_and_samples_eval_at_eval_top_k(tmp_path, monkeypatch, skip):
-    seen = run_on_a_recording_fake_pool(monkeypatch, driver)
+    seen = run_on_a_recording_fake_pool(monkeypatch, assemble)
 
     async def reward(sample):
         return 1.0

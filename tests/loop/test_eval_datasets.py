@@ -10,7 +10,7 @@ import pytest
 from slime.cli.args import build_parser, config_from_args
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError
-from slime.loop import driver
+from slime.loop import assemble
 from slime.loop.driver import run_training
 from slime.loop.inputs import load_prompts
 from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
@@ -85,7 +85,7 @@ def test_load_prompts_by_name_keeps_each_dataset_apart(tmp_path):
 
 
 async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_path, monkeypatch):
-    seen = run_on_a_recording_fake_pool(monkeypatch, driver)
+    seen = run_on_a_recording_fake_pool(monkeypatch, assemble)
 
     async def reward(sample):  # "easy" prompts are always right
         return 1.0 if sample.prompt.startswith("w5") else 0.0

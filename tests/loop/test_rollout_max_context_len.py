@@ -9,7 +9,7 @@ import pytest
 from slime.cli.args import build_parser, config_from_args
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import ConfigError, DataError
-from slime.loop import driver
+from slime.loop import assemble
 from slime.loop.driver import run_training
 from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
@@ -24,7 +24,7 @@ def test_the_response_cap_is_what_the_context_leaves():
 
 
 def _run(tmp_path, monkeypatch, prompts, ctx):
-    seen = run_on_a_recording_fake_pool(monkeypatch, driver)
+    seen = run_on_a_recording_fake_pool(monkeypatch, assemble)
 
     async def reward(sample):
         return 1.0

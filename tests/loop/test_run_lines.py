@@ -10,7 +10,7 @@ import pytest
 
 from slime.config import Config, DataConfig, DebugConfig, EngineConfig, LoopConfig, RolloutConfig, TrainConfig
 from slime.errors import RunError
-from slime.loop import driver
+from slime.loop import assemble
 from slime.loop.driver import run_training
 from slime.loop.outputs import format_done_line, format_step_line
 from slime.loop.step_record import StepRecord
@@ -64,7 +64,7 @@ def test_the_done_line_of_a_rollout_only_run_claims_nothing_trained_and_counts_f
 async def test_a_rollout_only_run_without_an_eval_set_prints_no_loss_no_nan_accuracy_and_its_failed_samples(
     tmp_path, monkeypatch, capsys, caplog, reward_fails
 ):
-    run_on_a_recording_fake_pool(monkeypatch, driver)
+    run_on_a_recording_fake_pool(monkeypatch, assemble)
 
     async def reward(sample):
         if reward_fails:
