@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -195,16 +195,19 @@ def _run(coro: Awaitable[T], *, last_words: Callable[[], str] = lambda: "slime: 
     """
     from slime.stop import sigterm_cancels, stop_requested
 
-    async def main():
-        with sigterm_cancels(asyncio.current_task(), last_words=last_words):
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine run by asyncio.run / uvloop.run is a task
+        with sigterm_cancels(task, last_words=last_words):
             return await coro
 
+    run: Callable[[Coroutine[object, object, T]], T] = asyncio.run
     try:
         import uvloop
 
         run = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep the CLI usable without it
-        run = asyncio.run
+        pass
     try:
         return run(main())
     except asyncio.CancelledError:

@@ -8,6 +8,7 @@ THUDM/slime has keep slime's spelling. This module turns the table into a parser
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from typing import Any
 
@@ -17,6 +18,11 @@ from slime.cli.flags import FLAGS  # the table itself (slime/cli/flags.py), re-e
 from slime.config import Config
 from slime.engines.fleet.groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 from slime.errors import ConfigError
+
+_log = logging.getLogger(__name__)
+
+ConfigTree = dict[str, Any]
+"""The config as JSON builtins (``msgspec.to_builtins(Config)``): sections of JSON values, so ``Any``."""
 
 __all__ = ["FLAGS", "build_parser", "config_from_args", "split_passthrough", "RESERVED_PASSTHROUGH"]
 
@@ -185,7 +191,7 @@ def config_from_args(
     return config
 
 
-def apply_slime_opd(tree: dict[str, Any]) -> None:
+def apply_slime_opd(tree: ConfigTree) -> None:
     """Map THUDM/slime's on-policy-distillation flags (``examples/on_policy_distillation/run-qwen3-8B-opd.sh``)
     onto ``--use-opd`` in ``tree`` (``msgspec.to_builtins(Config)``), in place, one INFO line each.
 
@@ -204,36 +210,9 @@ def apply_slime_opd(tree: dict[str, Any]) -> None:
             ``--custom-reward-post-process-path`` without ``--use-opd`` (a general reward post-process
             hook does not exist here).
     """
-    import logging
-    from urllib.parse import urlsplit
-
-    log = logging.getLogger(__name__)
-    train, engine, rollout = tree["train"], tree["engine"], tree["rollout"]
+    train = tree["train"]
     if train["advantage_estimator"] == "on_policy_distillation":
-        train.update(advantage_estimator="grpo", use_opd=True, opd_only=True)
-        log.info(
-            "--advantage-estimator on_policy_distillation: here --use-opd --opd-only (advantage per token = "
-            "-opd_kl_coef * (logp - teacher_logp), --opd-kl-coef %s)",
-            train["opd_kl_coef"],
-        )
-        teacher_given = engine["opd_teacher_load"] or engine["opd_teacher_addrs"] or engine["sglang_config"]
-        rm = rollout["custom_rm_path"] or ""
-        if not teacher_given and rm.endswith("on_policy_distillation.reward_func") and rollout["rm_url"]:
-            url = urlsplit(rollout["rm_url"])
-            engine["opd_teacher_addrs"] = [f"{url.scheme}://{url.netloc}"]
-            rollout.update(custom_rm_path=None, rm_url=None)
-            log.info(
-                "--custom-rm-path %s --rm-url %s: the example's teacher query; here the teacher is "
-                "--opd-teacher-addrs %s, scored by slime.rollout.opd",
-                rm,
-                url.geturl(),
-                engine["opd_teacher_addrs"][0],
-            )
-        elif not teacher_given:
-            raise ConfigError(
-                "--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs HOST:PORT (a running "
-                "server), --opd-teacher-load HF_DIR, or a 'teacher' group in --sglang-config"
-            )
+        _opd_estimator_as_use_opd(train, tree["engine"], tree["rollout"])
     hook = train["custom_reward_post_process_path"]
     if hook is not None:
         if not train["use_opd"]:
@@ -242,14 +221,45 @@ def apply_slime_opd(tree: dict[str, Any]) -> None:
                 "accepted, with --use-opd or --advantage-estimator on_policy_distillation, where it is a no-op; "
                 "a general reward post-process hook does not exist here"
             )
-        log.info(
+        _log.info(
             "--custom-reward-post-process-path %s: no-op here: with --use-opd the teacher's logprobs are fetched and "
             "attached by slime.rollout.opd (slime's example hook only moves them out of the reward payload)",
             hook,
         )
 
 
-def _set(tree: dict[str, Any], path: str, value: Any) -> None:
+def _opd_estimator_as_use_opd(train: ConfigTree, engine: ConfigTree, rollout: ConfigTree) -> None:
+    """``--advantage-estimator on_policy_distillation`` as ``--use-opd --opd-only``, its teacher found (see
+    ``apply_slime_opd``); the three config sections (JSON builtins) are changed in place."""
+    from urllib.parse import urlsplit
+
+    train.update(advantage_estimator="grpo", use_opd=True, opd_only=True)
+    _log.info(
+        "--advantage-estimator on_policy_distillation: here --use-opd --opd-only (advantage per token = "
+        "-opd_kl_coef * (logp - teacher_logp), --opd-kl-coef %s)",
+        train["opd_kl_coef"],
+    )
+    teacher_given = engine["opd_teacher_load"] or engine["opd_teacher_addrs"] or engine["sglang_config"]
+    rm = rollout["custom_rm_path"] or ""
+    if not teacher_given and rm.endswith("on_policy_distillation.reward_func") and rollout["rm_url"]:
+        url = urlsplit(rollout["rm_url"])
+        engine["opd_teacher_addrs"] = [f"{url.scheme}://{url.netloc}"]
+        rollout.update(custom_rm_path=None, rm_url=None)
+        _log.info(
+            "--custom-rm-path %s --rm-url %s: the example's teacher query; here the teacher is "
+            "--opd-teacher-addrs %s, scored by slime.rollout.opd",
+            rm,
+            url.geturl(),
+            engine["opd_teacher_addrs"][0],
+        )
+    elif not teacher_given:
+        raise ConfigError(
+            "--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs HOST:PORT (a running "
+            "server), --opd-teacher-load HF_DIR, or a 'teacher' group in --sglang-config"
+        )
+
+
+def _set(tree: ConfigTree, path: str, value: object) -> None:
     *parents, leaf = path.split(".")
     node = tree
     for p in parents:

@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 
 _MISSING = object()
 
+HFConfig = dict[str, Any]
+"""A model's HF ``config.json`` (its ``text_config`` merged in): JSON, so its values are ``Any``."""
+Fact = tuple[str, Any, object]
+"""``(key, raw, value)`` of one fact of an ``HFConfig``: the key that holds it, its JSON value there, and that
+value in the flag's terms (``_MISSING`` when the config does not say)."""
+
 
 @dataclass(frozen=True)
 class Checked:
@@ -45,7 +51,7 @@ class Checked:
     logged, not an error).
     """
 
-    hf_value: Callable[[dict[str, Any]], tuple[str, Any, Any]]
+    hf_value: Callable[[HFConfig], Fact]
     kwargs: dict[str, Any]
 
 
@@ -58,10 +64,10 @@ class NoOp:
     allowed: tuple[Any, ...] | None = None
 
 
-def _key(*keys: str, default: Any = _MISSING, convert: Callable[[Any], Any] = lambda v: v):
+def _key(*keys: str, default: object = _MISSING, convert: Callable[[Any], object] = lambda v: v) -> Callable[[HFConfig], Fact]:
     """The first of ``keys`` present in the HF config, converted; else ``default`` under ``keys[0]``."""
 
-    def get(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+    def get(hf: HFConfig) -> Fact:
         for k in keys:
             if k in hf and hf[k] is not None:
                 return k, hf[k], convert(hf[k])
@@ -70,7 +76,7 @@ def _key(*keys: str, default: Any = _MISSING, convert: Callable[[Any], Any] = la
     return get
 
 
-def _rope_theta(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _rope_theta(hf: HFConfig) -> Fact:
     if "rope_theta" in hf:
         return "rope_theta", hf["rope_theta"], float(hf["rope_theta"])
     params = hf.get("rope_parameters") or {}
@@ -79,26 +85,26 @@ def _rope_theta(hf: dict[str, Any]) -> tuple[str, Any, Any]:
     return "rope_theta", "absent", _MISSING
 
 
-def _rope_scaling_factor(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _rope_scaling_factor(hf: HFConfig) -> Fact:
     scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     if "factor" in scaling:
         return "rope_scaling.factor", scaling["factor"], float(scaling["factor"])
     return "rope_scaling.factor", "absent", _MISSING
 
 
-def _uses_rope(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _uses_rope(hf: HFConfig) -> Fact:
     key, raw, theta = _rope_theta(hf)
     return key, raw, True if theta is not _MISSING else _MISSING
 
 
-def _normalization(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _normalization(hf: HFConfig) -> Fact:
     for k, norm in (("rms_norm_eps", "RMSNorm"), ("layer_norm_eps", "LayerNorm"), ("layer_norm_epsilon", "LayerNorm")):
         if k in hf:
             return k, hf[k], norm
     return "rms_norm_eps", "absent", _MISSING
 
 
-def _head_dim(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _head_dim(hf: HFConfig) -> Fact:
     if hf.get("head_dim"):
         return "head_dim", hf["head_dim"], int(hf["head_dim"])
     if "hidden_size" in hf and "num_attention_heads" in hf:
@@ -107,7 +113,7 @@ def _head_dim(hf: dict[str, Any]) -> tuple[str, Any, Any]:
     return "head_dim", "absent", _MISSING
 
 
-def _gqa(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _gqa(hf: HFConfig) -> Fact:
     if "num_key_value_heads" not in hf or "num_attention_heads" not in hf:
         return "num_key_value_heads", "absent", _MISSING
     kv, heads = hf["num_key_value_heads"], hf["num_attention_heads"]
@@ -141,10 +147,10 @@ _POST_NORM_TYPES = frozenset({"glm4"})
 _INTERLEAVED_ROPE_TYPES = frozenset({"glm", "glm4", "chatglm"})
 
 
-def _model_type_in(types: frozenset[str]) -> Callable[[dict[str, Any]], tuple[str, Any, Any]]:
+def _model_type_in(types: frozenset[str]) -> Callable[[HFConfig], Fact]:
     """A fact that only ``model_type`` says (HF configs have no key for it)."""
 
-    def get(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+    def get(hf: HFConfig) -> Fact:
         if "model_type" not in hf:
             return "model_type", "absent", _MISSING
         return "model_type", hf["model_type"], hf["model_type"] in types
@@ -152,7 +158,7 @@ def _model_type_in(types: frozenset[str]) -> Callable[[dict[str, Any]], tuple[st
     return get
 
 
-def _qk_norm(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _qk_norm(hf: HFConfig) -> Fact:
     for k in ("use_qk_norm", "qk_layernorm"):
         if k in hf:
             return k, hf[k], bool(hf[k])
@@ -160,7 +166,7 @@ def _qk_norm(hf: dict[str, Any]) -> tuple[str, Any, Any]:
     return "model_type", model_type, True if model_type in _QK_NORM_TYPES else _MISSING
 
 
-def _qkv_bias(hf: dict[str, Any]) -> tuple[str, Any, Any]:
+def _qkv_bias(hf: HFConfig) -> Fact:
     if hf.get("model_type") in _QKV_BIAS_TYPES:
         return "model_type", hf["model_type"], True
     return "attention_bias", hf.get("attention_bias", "absent"), bool(hf.get("attention_bias", False))
@@ -310,7 +316,7 @@ def check_compat_flags(ns: argparse.Namespace, hf_checkpoint: str | None) -> Non
                 log.info("%s%s: checked: matches %s of %s", flag, shown, key, path)
 
 
-def _hf_config(hf_checkpoint: str | None, flags: list[str]) -> dict[str, Any] | None:
+def _hf_config(hf_checkpoint: str | None, flags: list[str]) -> HFConfig | None:
     path = Path(hf_checkpoint or "") / "config.json"
     if not hf_checkpoint or not path.is_file():
         return None
@@ -330,14 +336,14 @@ def _same(value: Any, expected: Any) -> bool:
     return value == expected
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     """A value as a script writes it: ``10000``, not ``10000.0``."""
     if isinstance(value, list):
         return " ".join(map(_num, value))
     return f"{value:.15g}" if isinstance(value, float) else str(value)
 
 
-def _implies(flag: str, expected: Any) -> str:
+def _implies(flag: str, expected: object) -> str:
     """What the HF value means in the flag's terms, where it is not the same number."""
     if isinstance(expected, bool):
         return f" (so {flag} does not apply)" if not expected else ""

@@ -125,24 +125,38 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
         CheckpointError: a model directory's file is missing, corrupt or truncated.
         DataError: with ``parse_data`` and ``--on-bad-data fail``, the first bad row (``path:line``).
     """
-    from slime.errors import CheckpointError, ConfigError
-    from slime.hf_checkpoint import check_hf_dir
-    from slime.loop.record import record_path
-    from slime.rollout.rewards import load_function
-
     config.check_run_modes()
     d = config.data
     if config.engine.hf_checkpoint == DEFAULT_CHECKPOINTS.get(d.builtin_task):
         logging.getLogger("slime.cli").info(
             "no --hf-checkpoint: using the shipped warm start of the built-in task %s (%s)", d.builtin_task, config.engine.hf_checkpoint
         )
-    if d.offline_data and not Path(d.offline_data).is_file():
-        raise ConfigError(f"--offline-data={d.offline_data!r}: no such JSONL or Parquet file")
+    _check_recorded_inputs(config)
+    _check_model_dirs(config)
+    _check_response_lengths(config)
+    _check_prompt_files(config, parse_data=parse_data)
+    _check_plugin_paths(config)
+
+
+def _check_recorded_inputs(config: Config) -> None:
+    """``--offline-data`` is a file; ``--load-debug-rollout-data`` has its step-1 record (ConfigError if not)."""
+    from slime.errors import ConfigError
+    from slime.loop.record import record_path
+
+    if config.data.offline_data and not Path(config.data.offline_data).is_file():
+        raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
     if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
         raise ConfigError(
             f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
             f"({record_path(config.debug.load_debug_rollout_data, 1)})"
         )
+
+
+def _check_model_dirs(config: Config) -> None:
+    """Each model directory given holds what its use loads (``check_hf_dir``; CheckpointError naming the flag)."""
+    from slime.errors import CheckpointError
+    from slime.hf_checkpoint import check_hf_dir
+
     # running engines and no trainer: only the tokenizer of --hf-checkpoint is read here
     tokenizer_only = config.debug.debug_rollout_only and bool(config.engine.rollout_external_engine_addrs)
     for flag, value in (
@@ -158,13 +172,25 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
             if value == DEFAULT_CHECKPOINT:
                 raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
             raise
-    _check_response_lengths(config)
+
+
+def _check_prompt_files(config: Config, *, parse_data: bool) -> None:
+    """The prompt files exist (ConfigError); with ``parse_data`` their rows parse (``_parse_prompt_files``)."""
+    from slime.errors import ConfigError
+
+    d = config.data
     files = [("--prompt-data", d.prompt_data), *(("--eval-prompt-data", path) for _, path in d.eval_datasets)]
     for flag, value in files:
         if value and not Path(value).is_file():
             raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
     if parse_data:
         _parse_prompt_files(config, [(flag, value) for flag, value in files if value])
+
+
+def _check_plugin_paths(config: Config) -> None:
+    """Every plugin path given imports to a callable (``load_function``: ConfigError naming the flag)."""
+    from slime.rollout.rewards import load_function
+
     for flag, value in (
         ("--custom-rm-path", config.rollout.custom_rm_path),
         ("--custom-generate-function-path", config.rollout.custom_generate_function_path),
