@@ -4,17 +4,13 @@ Protocol facts: docs/sglang.md. Every call has a deadline from
 ``RolloutConfig`` (``request_timeout_s`` for ``/generate``, ``control_timeout_s`` for the rest),
 enforced by ``asyncio.timeout`` and mirrored in the per-request ``aiohttp.ClientTimeout``.
 
-Errors are mapped once, here (``slime/errors.py``):
-
-    connection refused / reset / ServerDisconnected / connect timeout / 5xx -> EngineUnavailable
-    the call ran past its deadline                                          -> EngineTimeout
-    4xx, or a 200 with ``"success": false``                                 -> EngineRequestError
-    (except a ``/generate`` 499: SGLang 0.5.17's answer for a request aborted before scheduling,
-    which is an abort result with no tokens, like a queued abort)
-    a body we cannot decode                                                 -> ProtocolError
-
-Each carries ``url``, ``endpoint``, ``status`` and the engine's own words (``engine_message``, via
-``error_message_from_body``). The client owns no session: the ``HttpEnginePool`` (or the caller) does.
+Errors are mapped once, in ``EngineHttp`` (``client_http.py``, the transport this class is built on):
+connection failures and 5xx are ``EngineUnavailable``, a call past its deadline ``EngineTimeout``, 4xx
+and ``"success": false`` ``EngineRequestError``, an undecodable body ``ProtocolError`` (except a
+``/generate`` 499: SGLang 0.5.17's answer for a request aborted before scheduling, which is an abort
+result with no tokens, like a queued abort). The client owns no session: the ``HttpEnginePool`` (or
+the caller) does. The weight-sync calls beyond ``/update_weights_from_disk`` are used by the
+strategies in ``slime/sync/``; the embedded engine serves them in ``slime/servers/embedded/weights.py``.
 """
 
 from __future__ import annotations
@@ -25,11 +21,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import aiohttp
-import msgspec
 
 from slime.config import RolloutConfig
-from slime.engines.client_weights import WeightSyncCalls
-from slime.engines.protocol import FinishReason, GenerateResult, build_generate_payload, error_message_from_body, parse_generate_response
+from slime.engines.client_http import CONNECT_TIMEOUT_S, EngineHttp
+from slime.engines.protocol import (
+    FinishReason,
+    GenerateResult,
+    JsonObject,
+    build_generate_payload,
+    error_message_from_body,
+    parse_generate_response,
+)
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 __all__ = ["EngineClient", "CONNECT_TIMEOUT_S"]
@@ -38,24 +40,10 @@ ABORTED_BEFORE_SCHEDULING = 499
 """HTTP status of a ``/generate`` whose request was aborted before it reached SGLang's scheduler (held
 by a pause, seen on 0.5.17 on the H200): mapped to an abort result with no tokens, so the sample stays
 PARTIAL (resumable) instead of FAILED."""
-CONNECT_TIMEOUT_S = 10.0
-"""TCP connect bound inside every call; a connect timeout means the request was never sent, so it is
-``EngineUnavailable`` (safe to retry elsewhere), unlike a read that runs past the call's deadline."""
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _READY_POLL_MAX_S = 2.0  # sglang's own HttpServerEngineAdapter polls /health_generate every 2 s (docs/sglang.md#health)
 
 
-class _Reply(msgspec.Struct):
-    status: int
-    content_type: str
-    body: bytes
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-
-class EngineClient(WeightSyncCalls):
+class EngineClient:
     """One engine at ``url`` (``http://host:port``), talking through a shared ``aiohttp.ClientSession``.
 
     ``num_inflight`` counts ``generate`` calls not yet returned (the pool's least-loaded signal).
@@ -66,87 +54,10 @@ class EngineClient(WeightSyncCalls):
         self.url = url.rstrip("/")
         self.config = config
         self.num_inflight = 0
-        self._session = session
-        self._headers = dict(_JSON_HEADERS)
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._http = EngineHttp(self.url, session=session, config=config, api_key=api_key)
 
     def __repr__(self) -> str:
         return f"EngineClient({self.url!r}, num_inflight={self.num_inflight})"
-
-    # -- transport -------------------------------------------------------------------------------
-
-    async def _send(
-        self,
-        method: str,
-        endpoint: str,
-        *,
-        body: Any = None,
-        timeout_s: float,
-        raw: bytes | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-    ) -> _Reply:
-        """One HTTP exchange; raises only EngineUnavailable / EngineTimeout (any status comes back).
-        ``raw``: send these bytes as ``application/octet-stream`` instead of ``body`` as JSON.
-        ``extra_headers``: added to this request only (e.g. the router's routing key)."""
-        data = raw if raw is not None else None if body is None else msgspec.json.encode(body)
-        headers = self._headers if raw is None else {**self._headers, "Content-Type": "application/octet-stream"}
-        if extra_headers:
-            headers = {**headers, **extra_headers}
-        client_timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, CONNECT_TIMEOUT_S))
-        err: dict[str, Any] = dict(url=self.url, endpoint=endpoint)
-        try:
-            async with asyncio.timeout(timeout_s):
-                async with self._session.request(method, self.url + endpoint, data=data, headers=headers, timeout=client_timeout) as resp:
-                    return _Reply(resp.status, resp.content_type, await resp.read())
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise EngineUnavailable(f"connect timed out after {CONNECT_TIMEOUT_S}s", engine_message=str(exc), **err) from exc
-        except TimeoutError as exc:
-            raise EngineTimeout(f"{method} timed out after {timeout_s}s", **err) from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise EngineUnavailable(f"connection failed: {type(exc).__name__}: {exc}", engine_message=str(exc), **err) from exc
-        except aiohttp.ClientResponseError as exc:  # malformed HTTP from the peer
-            raise ProtocolError(f"bad HTTP response: {exc}", engine_message=str(exc), **err) from exc
-
-    def _raise_for_status(self, reply: _Reply, endpoint: str) -> None:
-        if reply.status < 400:
-            return
-        message = error_message_from_body(reply.status, reply.content_type, reply.text)
-        cls = EngineUnavailable if reply.status >= 500 else EngineRequestError
-        raise cls(message, url=self.url, endpoint=endpoint, status=reply.status, engine_message=message)
-
-    def _decode_json(self, reply: _Reply, endpoint: str) -> Any:
-        """A 2xx body as JSON; an empty body is None (``/abort_request`` answers 200 with nothing, docs/sglang.md#abort)."""
-        if not reply.body.strip():
-            return None
-        try:
-            return msgspec.json.decode(reply.body)
-        except msgspec.DecodeError as exc:
-            raise ProtocolError(
-                f"undecodable JSON body ({exc}): {reply.text[:300]!r}", url=self.url, endpoint=endpoint, status=reply.status
-            ) from exc
-
-    async def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None, raw: bytes | None = None) -> Any:
-        """Control call: JSON (or ``raw`` bytes) in, JSON out; 4xx/5xx and ``"success": false`` raise (docs/sglang.md#errors)."""
-        reply = await self._send(method, endpoint, body=body, timeout_s=timeout_s or self.config.control_timeout_s, raw=raw)
-        self._raise_for_status(reply, endpoint)
-        result = self._decode_json(reply, endpoint)
-        if isinstance(result, dict) and result.get("success") is False:
-            message = error_message_from_body(reply.status, reply.content_type, reply.text)
-            raise EngineRequestError(message, url=self.url, endpoint=endpoint, status=reply.status, engine_message=message)
-        return result
-
-    async def _get_with_fallback(self, endpoint: str, legacy: str) -> dict[str, Any]:
-        try:
-            result = await self._call("GET", endpoint)
-        except EngineRequestError as exc:
-            if exc.status != 404:
-                raise
-            result = await self._call("GET", legacy)
-            endpoint = legacy
-        if not isinstance(result, dict):
-            raise ProtocolError(f"expected a JSON object, got {type(result).__name__}", url=self.url, endpoint=endpoint, status=200)
-        return result
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -186,7 +97,7 @@ class EngineClient(WeightSyncCalls):
         )
         self.num_inflight += 1
         try:
-            reply = await self._send(
+            reply = await self._http.send(
                 "POST", "/generate", body=payload, timeout_s=timeout_s or self.config.request_timeout_s, extra_headers=headers
             )
         finally:
@@ -202,7 +113,7 @@ class EngineClient(WeightSyncCalls):
                 rid=rid or "",
                 finish_reason=FinishReason(type="abort", message=message, status_code=reply.status),
             )
-        self._raise_for_status(reply, "/generate")
+        self._http.raise_for_status(reply, "/generate")
         results = parse_generate_response(reply.body, url=self.url, return_logprob=return_logprob)
         if len(results) != 1:
             raise ProtocolError(
@@ -218,23 +129,23 @@ class EngineClient(WeightSyncCalls):
         """
         if not rid and not abort_all:
             raise ValueError("abort() needs a rid or abort_all=True")
-        await self._call("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
+        await self._http.call("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
         """``POST /pause_generation {"mode"}`` (docs/sglang.md#pause); new generates are held, not refused, until continue."""
         if mode not in ("abort", "retract", "in_place"):
             raise ValueError(f"pause mode {mode!r}: expected 'abort', 'retract' or 'in_place'")
-        await self._call("POST", "/pause_generation", {"mode": mode})
+        await self._http.call("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
         """``POST /continue_generation {}`` (docs/sglang.md#pause)."""
-        await self._call("POST", "/continue_generation", {})
+        await self._http.call("POST", "/continue_generation", {})
 
     # -- weights and memory ----------------------------------------------------------------------
 
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str, abort_all_requests: bool = False, flush_cache: bool = True
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """``POST /update_weights_from_disk`` (docs/sglang.md#update-weights-from-disk) -> ``{"success": true, "message", "num_paused_requests"}``.
 
         Waits for in-flight generates unless paused or ``abort_all_requests``; bounded by ``control_timeout_s``.
@@ -248,30 +159,138 @@ class EngineClient(WeightSyncCalls):
             "abort_all_requests": abort_all_requests,
             "flush_cache": flush_cache,
         }
-        return await self._call("POST", "/update_weights_from_disk", body)
+        return await self._http.call("POST", "/update_weights_from_disk", body)
 
-    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> dict[str, Any]:
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> JsonObject:
         """``POST /update_weight_version`` (docs/sglang.md#weight-version) -> ``{"success", "message", "new_version"}``.
 
         SGLang's own default for ``abort_all_requests`` is True; we always send the value explicitly.
         """
-        return await self._call("POST", "/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests})
+        return await self._http.call(
+            "POST", "/update_weight_version", {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        )
+
+    # -- weight sync beyond disk (the strategies in slime/sync/ use these; ``timeout_s`` None: ``control_timeout_s``)
+
+    async def begin_weight_update(self, selector: str = "all") -> bool:
+        """``POST /begin_weight_update {"selector"}`` (docs/sglang.md#update-weights-from-distributed, 0.5.23). True: a session is open; False:
+        404, the engine has no sessions (SGLang before 0.5.23 needs none).
+
+        Raises:
+            EngineRequestError: 400, e.g. a session is already open (a second begin without end fails).
+        """
+        return await self._call_unless_404("/begin_weight_update", {"selector": selector})
+
+    async def end_weight_update(self) -> bool:
+        """``POST /end_weight_update {}`` (docs/sglang.md#update-weights-from-distributed, 0.5.23). True: the session is closed; False: 404 (no sessions)."""
+        return await self._call_unless_404("/end_weight_update", {})
+
+    async def _call_unless_404(self, endpoint: str, body: JsonObject) -> bool:
+        try:
+            await self._http.call("POST", endpoint, body)
+        except EngineRequestError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float | None = None,
+    ) -> JsonObject:
+        """``POST /init_weights_update_group`` (docs/sglang.md#update-weights-from-distributed): the engine's TP ranks join as ``rank_offset + tp_rank``.
+        Blocks until every rank (the trainer, rank 0, included) has joined: start the trainer's side first."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._http.call("POST", "/init_weights_update_group", body, timeout_s=timeout_s)
+
+    async def destroy_weights_update_group(self, group_name: str, *, timeout_s: float | None = None) -> JsonObject:
+        """``POST /destroy_weights_update_group {"group_name"}`` (docs/sglang.md#update-weights-from-distributed, 0.5.6+)."""
+        return await self._http.call("POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s=timeout_s)
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str,
+        weight_version: str,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+        timeout_s: float | None = None,
+    ) -> JsonObject:
+        """``POST /update_weights_from_distributed`` (docs/sglang.md#update-weights-from-distributed). The engine receives one ``broadcast(src=0)``
+        per tensor in list order (one flat uint8 buffer with ``load_format="flattened_bucket"``) while
+        this call is pending; the caller must broadcast the same tensors concurrently.
+        ``dtypes`` are torch attribute names (``"float32"``)."""
+        body = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "weight_version": weight_version,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+            "load_format": load_format,
+        }
+        return await self._http.call("POST", "/update_weights_from_distributed", body, timeout_s=timeout_s)
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        weight_version: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        timeout_s: float | None = None,
+    ) -> JsonObject:
+        """``POST /update_weights_from_tensor`` (docs/sglang.md#update-weights-from-tensor): one base64 payload per TP rank (see ``slime.sync.wire``)."""
+        body = {
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "load_format": load_format,
+            "weight_version": weight_version,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        return await self._http.call("POST", "/update_weights_from_tensor", body, timeout_s=timeout_s)
+
+    async def update_weights_from_delta(self, payload: bytes, *, timeout_s: float | None = None) -> JsonObject:
+        """``POST /update_weights_from_delta`` (slime's embedded engine only, not SGLang): ``payload`` is a
+        safetensors file from ``slime.sync.codec.encode_payload``. Returns ``{"success", "message",
+        "checksums": {name: sha256 hex}}`` of every tensor it wrote, read back from the live model."""
+        return await self._http.call("POST", "/update_weights_from_delta", raw=payload, timeout_s=timeout_s)
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         """``POST /release_memory_occupation {"tags"}`` (docs/sglang.md#memory); tags None = all. The worker must be idle."""
-        await self._call("POST", "/release_memory_occupation", {"tags": list(tags) if tags else None})
+        await self._http.call("POST", "/release_memory_occupation", {"tags": list(tags) if tags else None})
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         """``POST /resume_memory_occupation {"tags"}`` (docs/sglang.md#memory); re-sync weights afterwards."""
-        await self._call("POST", "/resume_memory_occupation", {"tags": list(tags) if tags else None})
+        await self._http.call("POST", "/resume_memory_occupation", {"tags": list(tags) if tags else None})
 
     async def flush_cache(self) -> bool:
         """``POST /flush_cache`` (docs/sglang.md#flush-cache): True on 200, False on 400 (busy; the plain-text body is not
         trusted: 0.5.2/0.5.6 send the success text on refusal too). Other statuses raise as usual."""
-        reply = await self._send("POST", "/flush_cache", timeout_s=self.config.control_timeout_s)
+        reply = await self._http.send("POST", "/flush_cache", timeout_s=self.config.control_timeout_s)
         if reply.status == 400:
             return False
-        self._raise_for_status(reply, "/flush_cache")
+        self._http.raise_for_status(reply, "/flush_cache")
         return True
 
     # -- health and info -------------------------------------------------------------------------
@@ -294,13 +313,13 @@ class EngineClient(WeightSyncCalls):
         """
         timeout_s = timeout_s or self.config.control_timeout_s
         try:
-            reply = await self._send("GET", "/health_generate", timeout_s=timeout_s)
+            reply = await self._http.send("GET", "/health_generate", timeout_s=timeout_s)
         except EngineTimeout:
             return f"no answer to /health_generate within {timeout_s:g}s"
         except EngineUnavailable as exc:
             return f"/health_generate unreachable: {' '.join((exc.engine_message or str(exc)).split())}"
         if 400 <= reply.status < 500:
-            self._raise_for_status(reply, "/health_generate")
+            self._http.raise_for_status(reply, "/health_generate")
         return None if reply.status == 200 else f"/health_generate answered HTTP {reply.status}"
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -320,7 +339,7 @@ class EngineClient(WeightSyncCalls):
         while (left := deadline - time.monotonic()) > 0:
             num_probes += 1
             try:
-                reply = await self._send("GET", "/health_generate", timeout_s=min(left, self.config.control_timeout_s))
+                reply = await self._http.send("GET", "/health_generate", timeout_s=min(left, self.config.control_timeout_s))
             except EngineUnavailable as exc:
                 last = f"unreachable ({exc.engine_message})"
             except EngineTimeout:
@@ -330,18 +349,18 @@ class EngineClient(WeightSyncCalls):
                 if reply.status == 200:
                     return
                 if 400 <= reply.status < 500:
-                    self._raise_for_status(reply, "/health_generate")
+                    self._http.raise_for_status(reply, "/health_generate")
                 last = f"HTTP {reply.status}"
             await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, _READY_POLL_MAX_S)
         cls = EngineTimeout if reached else EngineUnavailable
         raise cls(f"not ready after {timeout_s}s ({num_probes} probes; last: {last})", url=self.url, endpoint="/health_generate")
 
-    async def model_info(self) -> dict[str, Any]:
+    async def model_info(self) -> JsonObject:
         """``GET /model_info`` (0.5.6+), falling back to ``/get_model_info`` on 404 (docs/sglang.md#model-info).
         Keys include ``model_path``, ``weight_version`` (0.5.2+), ``is_generation``."""
-        return await self._get_with_fallback("/model_info", "/get_model_info")
+        return await self._http.get_with_fallback("/model_info", "/get_model_info")
 
-    async def server_info(self) -> dict[str, Any]:
+    async def server_info(self) -> JsonObject:
         """``GET /server_info`` (0.5.6+), falling back to ``/get_server_info`` on 404 (docs/sglang.md#model-info)."""
-        return await self._get_with_fallback("/server_info", "/get_server_info")
+        return await self._http.get_with_fallback("/server_info", "/get_server_info")

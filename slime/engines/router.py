@@ -40,12 +40,12 @@ class RouterClient(EngineClient):
             ProtocolError: a listing of an unknown shape. EngineError: as ``EngineClient``.
         """
         try:
-            body = await self._call("GET", "/workers")
+            body = await self._http.call("GET", "/workers")
             key = "workers"
         except EngineRequestError as exc:
             if exc.status not in _NOT_HERE:
                 raise
-            body, key = await self._call("GET", "/list_workers"), "urls"
+            body, key = await self._http.call("GET", "/list_workers"), "urls"
         rows = body.get(key) if isinstance(body, dict) else None
         if not isinstance(rows, list):
             raise ProtocolError(
@@ -67,7 +67,7 @@ class RouterClient(EngineClient):
         if bootstrap_port is not None:
             body["bootstrap_port"] = bootstrap_port
         try:
-            await self._call("POST", "/workers", body)
+            await self._http.call("POST", "/workers", body)
         except EngineRequestError as exc:
             if exc.status in _NOT_HERE:
                 await self._legacy("/add_worker", url)
@@ -85,7 +85,7 @@ class RouterClient(EngineClient):
             return
         key = str(entry.get("id") or url) if entry else url
         try:
-            await self._call("DELETE", "/workers/" + urllib.parse.quote(key, safe=""))
+            await self._http.call("DELETE", "/workers/" + urllib.parse.quote(key, safe=""))
         except EngineRequestError as exc:
             if exc.status not in _NOT_HERE:
                 raise
@@ -94,10 +94,10 @@ class RouterClient(EngineClient):
     async def _legacy(self, endpoint: str, url: str) -> None:
         """Legacy routes answer plain text (200 ok, 400 error); ``_call`` would try to decode JSON."""
         path = f"{endpoint}?url={urllib.parse.quote(url, safe='')}"
-        reply = await self._send("POST", path, timeout_s=self.config.control_timeout_s)
+        reply = await self._http.send("POST", path, timeout_s=self.config.control_timeout_s)
         if reply.status == 400 and "exist" in reply.text.lower():
             return
-        self._raise_for_status(reply, endpoint)
+        self._http.raise_for_status(reply, endpoint)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Poll ``GET /readiness`` (``/health`` on routers without it) until 200.
@@ -109,7 +109,7 @@ class RouterClient(EngineClient):
         endpoint, last, reached = "/readiness", "no probe sent", False
         while (left := deadline - time.monotonic()) > 0:
             try:
-                reply = await self._send("GET", endpoint, timeout_s=min(left, self.config.control_timeout_s))
+                reply = await self._http.send("GET", endpoint, timeout_s=min(left, self.config.control_timeout_s))
             except EngineUnavailable as exc:
                 last = f"unreachable ({exc.engine_message})"
             except EngineTimeout:
