@@ -63,6 +63,7 @@ from slime.train.logprobs import compute_token_logprobs
 from slime.train.losses import LossAgg
 from slime.train.lr_schedule import lr_at
 from slime.train.router_metrics import RouterStats, attach_hf_routers
+from slime.train.tally import TOKEN_METRICS, StepTally
 from slime.train.torch_device import adamw, load_causal_lm, resolve_device
 from slime.train.torch_forward import TorchForward
 from slime.train_metrics import TrainMetrics
@@ -71,13 +72,6 @@ from slime.types import Group
 __all__ = ["TorchTrainer"]
 
 logger = logging.getLogger(__name__)
-
-_TOKEN_METRICS = (
-    "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
-    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac",
-    "value_clipfrac",
-)  # fmt: skip
-"""Token-mean metrics averaged over the step's trained tokens; the first four are always reported."""
 
 
 class TorchTrainer(TorchForward):
@@ -210,68 +204,73 @@ class TorchTrainer(TorchForward):
             use_task_reward=not cfg.opd_only,
         ).to(self.device)
         steps = self._plan(batch.seq_lens.tolist())
-        sft = objective.is_sft(cfg)
-        if not sft:  # SFT needs no logprobs from before the update
+        if not objective.is_sft(cfg):  # SFT needs no logprobs from before the update
             batch = objective.with_advantages(cfg, self._before_update(batch, [mb for step in steps for mb in step]))
-
-        sums = dict.fromkeys(_TOKEN_METRICS, 0.0)
-        sums["nll"] = 0.0
-        seen: set[str] = set()
-        losses, grad_norms, value_losses, critic_norms, lrs, num_tokens, num_skipped = [], [], [], [], [], 0.0, 0
+        tally = StepTally()
         for step in steps:
-            rows = [i for mb in step for i in mb]
-            step_mask = batch.loss_mask[rows]  # [S, L]
-            if step_mask.sum() == 0:
-                continue
-            denom = float(len(rows)) if self.loss_agg == "seq_mean" else float(step_mask.sum())
-            self._zero_grad()
-            lrs.append(self._set_lr())
-            step_loss = step_value_loss = 0.0
-            for indices in step:
-                mb = batch.select(indices)
-                loss, metrics = self._micro_batch_loss(mb, denom)
-                loss.backward()
-                step_loss += float(loss.detach())
-                if self.critic is not None:
-                    v_loss, v_metrics = self._value_loss(mb, denom)
-                    v_loss.backward()
-                    step_value_loss += float(v_loss.detach())
-                    metrics.update(v_metrics)
-                num_tokens += metrics["num_tokens"]
-                seen.update(k for k in sums if k in metrics)
-                for key in sums:
-                    sums[key] += metrics.get(key, 0.0) * metrics["num_tokens"]
-            grad_norm = self._clip_and_step(self.model, self.optimizer)
-            self.num_optimizer_steps += 1
-            if not math.isfinite(grad_norm):
-                num_skipped += 1
-                logger.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
-            if self.critic is not None:
-                assert self.critic_optimizer is not None  # __init__ builds it with the critic
-                critic_norms.append(self._clip_and_step(self.critic, self.critic_optimizer))
-                value_losses.append(step_value_loss)
-            self._zero_grad()
-            losses.append(step_loss)
-            grad_norms.append(grad_norm)
+            self._optimizer_step(batch, step, tally)
         self.policy_version += 1
+        return self._step_metrics(batch, tally, t0)
 
-        always = () if sft else _TOKEN_METRICS[:4]
-        out = {key: sums[key] / max(num_tokens, 1.0) for key in sums if key in seen or key in always}
+    def _optimizer_step(self, batch: TrainBatch, step: Step, tally: StepTally) -> None:
+        """One optimizer step over the micro-batches ``step`` (skipped when none of its tokens trains)."""
+        rows = [i for mb in step for i in mb]
+        step_mask = batch.loss_mask[rows]  # [S, L]
+        if step_mask.sum() == 0:
+            return
+        denom = float(len(rows)) if self.loss_agg == "seq_mean" else float(step_mask.sum())
+        self._zero_grad()
+        tally.lrs.append(self._set_lr())
+        step_loss, step_value_loss = self._backward(batch, step, denom, tally)
+        grad_norm = self._clip_and_step(self.model, self.optimizer)
+        self.num_optimizer_steps += 1
+        if not math.isfinite(grad_norm):
+            tally.num_skipped += 1
+            logger.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
+        if self.critic is not None:
+            assert self.critic_optimizer is not None  # __init__ builds it with the critic
+            tally.critic_norms.append(self._clip_and_step(self.critic, self.critic_optimizer))
+            tally.value_losses.append(step_value_loss)
+        self._zero_grad()
+        tally.losses.append(step_loss)
+        tally.grad_norms.append(grad_norm)
+
+    def _backward(self, batch: TrainBatch, step: Step, denom: float, tally: StepTally) -> tuple[float, float]:
+        """Forward and backward of each micro-batch of ``step`` (policy, then critic); the summed
+        policy and value losses of the step. Token metrics go into ``tally``."""
+        step_loss = step_value_loss = 0.0
+        for indices in step:
+            mb = batch.select(indices)
+            loss, metrics = self._micro_batch_loss(mb, denom)
+            loss.backward()
+            step_loss += float(loss.detach())
+            if self.critic is not None:
+                v_loss, v_metrics = self._value_loss(mb, denom)
+                v_loss.backward()
+                step_value_loss += float(v_loss.detach())
+                metrics.update(v_metrics)
+            tally.add(metrics)
+        return step_loss, step_value_loss
+
+    def _step_metrics(self, batch: TrainBatch, tally: StepTally, t0: float) -> TrainMetrics:
+        """The step's ``TrainMetrics`` (``train_step``'s docstring); ``t0``: when the step started."""
+        always = () if objective.is_sft(self.config) else TOKEN_METRICS[:4]
+        out = tally.token_means(always)
         out.update(self._batch_metrics(batch))
         out.update(objective.opd_metrics(batch))
         if self.router_stats is not None:
             out.update(self.router_stats.collect(groups=[]))
         if self.critic is not None:
             assert batch.returns is not None and batch.old_values is not None
-            out["value_loss"] = _mean(value_losses)
-            out["critic_grad_norm"] = _mean(critic_norms)
+            out["value_loss"] = _mean(tally.value_losses)
+            out["critic_grad_norm"] = _mean(tally.critic_norms)
             out["explained_variance"] = explained_variance(batch.returns, batch.old_values, batch.loss_mask)
         out.update(
-            loss=_mean(losses),
-            grad_norm=_mean(grad_norms),
-            num_optimizer_steps=float(len(losses)),
-            lr=lrs[-1] if lrs else self._lr(),
-            num_skipped_steps=float(num_skipped),
+            loss=_mean(tally.losses),
+            grad_norm=_mean(tally.grad_norms),
+            num_optimizer_steps=float(len(tally.losses)),
+            lr=tally.lrs[-1] if tally.lrs else self._lr(),
+            num_skipped_steps=float(tally.num_skipped),
             policy_version=float(self.policy_version),
             train_time_s=time.perf_counter() - t0,
         )
