@@ -54,7 +54,7 @@ from slime.engines.interface import EnginePool
 from slime.loop.interface import RolloutScheduler
 from slime.loop.offpolicy import apply_staleness
 from slime.loop.step_record import StepRecord
-from slime.obs.trace import NULL_TRACER
+from slime.obs.trace import NULL_TRACER, RunTracer
 from slime.sync.base import WeightSync
 from slime.train_metrics import TrainMetrics
 from slime.types import Group, Sample, Status, valid_samples
@@ -62,6 +62,7 @@ from slime.types import Group, Sample, Status, valid_samples
 __all__ = ["run_step", "batch_stats", "pause_mode"]
 
 log = logging.getLogger(__name__)
+_WARNED_CACHE_REFRESH: set[int] = set()  # ids of the pools ``pause_mode`` warned about reused cached KV
 
 
 def batch_stats(groups: list[Group]) -> dict[str, float]:
@@ -111,9 +112,9 @@ async def run_step(
     *,
     train_step: Callable[[list[Group]], TrainMetrics] | None,
     sync: WeightSync | None,
-    tracer: Any = None,
+    tracer: RunTracer | None = None,
     colocate: bool = False,
-    on_batch: Callable[[list[Group]], Awaitable[Any]] | None = None,
+    on_batch: Callable[[list[Group]], Awaitable[object]] | None = None,
 ) -> tuple[list[Group], StepRecord]:
     """Run one rollout + train + weight-sync step. Returns (groups, step record).
 
@@ -131,76 +132,98 @@ async def run_step(
         ValueError: ``train_step`` without ``sync`` (pass ``NoWeightSync`` for none); ``colocate``
             with a scheduler that has no engine pool.
     """
-    if train_step is not None and sync is None:
-        raise ValueError("run_step: a train step needs a weight sync (slime.loop.record.NoWeightSync for none)")
-    memory_pool = sched.pool if colocate else None  # the engines that give their memory to the trainer
-    if colocate and memory_pool is None:
-        raise ValueError("run_step(colocate=True): the scheduler has no engine pool to release memory from")
-    config, version = sched.config, sched.version
-    tr = tracer or NULL_TRACER
-    step_start = tr.now()
-    t0 = time.monotonic()
+    _check_step(sched, train_step, sync, colocate=colocate)
+    config, version, tr = sched.config, sched.version, tracer or NULL_TRACER
+    step_start, t0 = tr.now(), time.monotonic()
     with tr.span("rollout_wait", "rollout", num_groups=config.rollout_batch_size):
         groups = await sched.next_batch(config.rollout_batch_size)
-    t_rollout = time.monotonic() - t0
+    times: dict[str, object] = {"rollout_wait_s": time.monotonic() - t0}
     if on_batch is not None:
         await on_batch(groups)
     stale = apply_staleness(groups, trainer_version=version.trainer, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
     mode = pause_mode(config, sched.pool, version.trainer, colocate=colocate)
-    if train_step is None:
-        st = sched.pop_stats()
-        record = _record(sched, batch, stale, st, time.monotonic() - t0, rollout_wait_s=t_rollout)
-        tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
-        return groups, record
-    assert sync is not None  # checked on entry, with train_step set
+    if train_step is not None and sync is not None:  # both or neither (_check_step); None: rollout-only
+        times |= await _train_and_sync(sched, train_step, sync, groups, tr, mode=mode, colocate=colocate, num_samples=batch["num_samples"])
+    record = _record(sched, batch, stale, sched.pop_stats(), time.monotonic() - t0, **times)
+    tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
+    return groups, record
+
+
+def _check_step(
+    sched: RolloutScheduler, train_step: Callable[[list[Group]], TrainMetrics] | None, sync: WeightSync | None, *, colocate: bool
+) -> None:
+    """``run_step``'s ValueErrors (its docstring)."""
+    if train_step is not None and sync is None:
+        raise ValueError("run_step: a train step needs a weight sync (slime.loop.record.NoWeightSync for none)")
+    if colocate and sched.pool is None:
+        raise ValueError("run_step(colocate=True): the scheduler has no engine pool to release memory from")
+
+
+async def _train_and_sync(
+    sched: RolloutScheduler,
+    train_step: Callable[[list[Group]], TrainMetrics],
+    sync: WeightSync,
+    groups: list[Group],
+    tr: RunTracer,
+    *,
+    mode: Literal["abort", "in_place"],
+    colocate: bool,
+    num_samples: float,
+) -> dict[str, object]:
+    """Train on ``groups`` (in a thread: the engines keep generating), then save the new weights and load
+    them into the engines; returns the record's train and weight-sync fields. With ``colocate``
+    generation stays paused throughout and the engines release their memory around the train step."""
+    memory_pool = sched.pool if colocate else None  # the engines that give their memory to the trainer
     released: dict[str, float] = {}
-    async with contextlib.AsyncExitStack() as held:
+    async with sched.paused("abort") if memory_pool is not None else contextlib.nullcontext():
         if memory_pool is not None:  # colocate: nothing generates until the sync is done
-            await held.enter_async_context(sched.paused("abort"))
-            free_before = device_free_bytes()
-            with tr.span("release_memory", "weight_sync"):
-                await memory_pool.release_memory_occupation()
-            released = _released_gib(free_before, device_free_bytes())
+            released = await _release_memory(memory_pool, tr)
         t1 = time.monotonic()
-        with tr.span("train_step", "train", version=version.trainer, num_samples=batch["num_samples"]):
-            train_metrics = await asyncio.to_thread(train_step, groups)
-        new = version.bump(train_metrics.policy_version)
+        with tr.span("train_step", "train", version=sched.version.trainer, num_samples=num_samples):
+            metrics = await asyncio.to_thread(train_step, groups)
+        new = sched.version.bump(metrics.policy_version)
         t_train = time.monotonic() - t1
         sync_start = tr.now()
         with tr.span("save", "weight_sync", version=new):
-            path = await sync.save(new)
-        t2 = time.monotonic()
+            staged = await sync.save(new)
+        t2 = time.monotonic()  # the save overlaps generation: weight_sync_s counts from here
         if memory_pool is not None:
             with tr.span("resume_memory", "weight_sync"):
                 await memory_pool.resume_memory_occupation()
-        pause_start = tr.now()
-        async with contextlib.nullcontext() if colocate else sched.paused(mode):
-            tr.complete("pause", "weight_sync", pause_start, mode=mode)
-            with tr.span("load", "weight_sync", version=new):
-                await sync.load(path, new, abort_all_requests=mode == "abort")
-            version.publish()
-            resume_start = tr.now()
+        resume_start = await _load(sched, sync, staged, new, tr, mode=mode, paused=colocate)
     tr.complete("resume", "weight_sync", resume_start, mode=mode)
     tr.complete("weight_sync", "weight_sync", sync_start, version=new, mode=mode)
     tr.instant("policy_version", "weight_sync", version=new)
-    t_sync = time.monotonic() - t2
-    st = sched.pop_stats()
-    record = _record(
-        sched,
-        batch,
-        stale,
-        st,
-        time.monotonic() - t0,
-        rollout_wait_s=t_rollout,
+    return dict(
         train_time_s=t_train,
-        weight_sync_s=t_sync,
+        weight_sync_s=time.monotonic() - t2,
         weight_sync_in_place=int(mode == "in_place"),
-        train=train_metrics.to_dict(),
+        train=metrics.to_dict(),
         weight_sync=dict(getattr(sync, "stats", {})) | released,
     )
-    tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=new)
-    return groups, record
+
+
+async def _release_memory(pool: EnginePool, tr: RunTracer) -> dict[str, float]:
+    """``--colocate``: the engines release their device memory for the train step; returns ``_released_gib``."""
+    free_before = device_free_bytes()
+    with tr.span("release_memory", "weight_sync"):
+        await pool.release_memory_occupation()
+    return _released_gib(free_before, device_free_bytes())
+
+
+async def _load(
+    sched: RolloutScheduler, sync: WeightSync, staged: object, new: int, tr: RunTracer, *, mode: Literal["abort", "in_place"], paused: bool
+) -> int:
+    """Pause generation by ``mode`` (unless already ``paused``: colocate), load the ``staged`` weights of
+    version ``new`` into the engines and publish it; returns the trace time the resume starts at."""
+    pause_start = tr.now()
+    async with contextlib.nullcontext() if paused else sched.paused(mode):
+        tr.complete("pause", "weight_sync", pause_start, mode=mode)
+        with tr.span("load", "weight_sync", version=new):
+            await sync.load(staged, new, abort_all_requests=mode == "abort")
+        sched.version.publish()
+        return tr.now()
 
 
 def device_free_bytes() -> int | None:
@@ -228,16 +251,18 @@ def pause_mode(config: LoopConfig, pool: EnginePool | None, version: int, *, col
     """
     if config.mode != "async" or colocate:
         return "abort"
-    hits = getattr(pool, "num_prefix_cache_hits", 0)  # HttpEnginePool's counters, not part of the EnginePool Protocol
-    if hits and getattr(pool, "kv_cache_version", None) is not None:
-        if not getattr(pool, "_warned_cache_refresh", False):
+    if pool is None:
+        return "in_place"
+    hits = pool.num_prefix_cache_hits
+    if hits and pool.kv_cache_version is not None:
+        if id(pool) not in _WARNED_CACHE_REFRESH:
             log.warning(
                 "the engines reuse cached KV (cached_tokens > 0 in %d replies): async updates abort and flush the "
                 "prefix cache instead of pausing in place; start SGLang with --disable-radix-cache to keep "
                 "in-place updates (slime does for the servers it launches)",
                 hits,
             )
-            setattr(pool, "_warned_cache_refresh", True)  # noqa: B010  # once per pool; not an attribute of the Protocol
+            _WARNED_CACHE_REFRESH.add(id(pool))  # once per pool (a run has one)
         return "abort"
     return "in_place"
 

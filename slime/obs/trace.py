@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Tracer", "NullTracer", "NULL_TRACER", "open_tracer"]
+__all__ = ["Tracer", "NullTracer", "NULL_TRACER", "RunTracer", "open_tracer"]
 
 _HEADER = b'{"displayTimeUnit": "ms", "traceEvents": [\n'
 _FOOTER = b"\n]}\n"
@@ -232,6 +232,10 @@ NULL_TRACER = NullTracer()
 """Stateless, so one shared instance is safe."""
 
 
-def open_tracer(enabled: bool, path: str | Path, *, flush_interval_s: float = 5.0) -> Tracer | NullTracer:
+RunTracer = Tracer | NullTracer
+"""The tracer a run holds: a ``Tracer`` (``--enable-trace``) or ``NULL_TRACER`` (``open_tracer``)."""
+
+
+def open_tracer(enabled: bool, path: str | Path, *, flush_interval_s: float = 5.0) -> RunTracer:
     """``Tracer(path)`` when ``enabled`` (``--enable-trace``), else ``NULL_TRACER``."""
     return Tracer(path, flush_interval_s=flush_interval_s) if enabled else NULL_TRACER
