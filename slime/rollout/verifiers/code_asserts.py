@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime.errors import PluginError
-from slime.rollout.verifiers.code_judge import ALL_METHODS, JUDGE_MODULES, Value, judge, validate
+from slime.rollout.verifiers.code_bounds import Value
+from slime.rollout.verifiers.code_judge import ALL_METHODS, JUDGE_MODULES, judge, validate
 
 __all__ = ["SplitAssert", "CaseSetup", "judge_case", "split_assert", "parse_setup"]
 

@@ -32,7 +32,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from slime.rollout.verifiers.code_judge import Value, refuse_hash_floods
+from slime.rollout.verifiers.code_bounds import Value, refuse_hash_floods
 
 __all__ = ["ChannelReport", "decode_value", "harness_program", "harness_request", "read_channel", "script_program"]
 

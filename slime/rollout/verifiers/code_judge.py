@@ -6,10 +6,9 @@ attributes (and what a test's setup imports from them), a few constants of ``sys
 pure methods of built-in values (``METHODS``). ``validate`` refuses anything else when the test is
 loaded (``PluginError`` naming the form), so the sample is FAILED rather than scored.
 
-The values come from the program, so everything that could grow with them is bounded: repetition,
-``%`` formatting, powers, ``range``, ``bytes(n)``, ``str.replace`` and the combinatorial ``math``
-functions raise ``ValueError`` past a size limit (the case fails), since the evaluator runs on the
-event loop and must neither stall it nor exhaust its memory. A probe that raised in the program is
+The values come from the program, so everything that could grow with them is bounded (``code_bounds``:
+``ValueError`` past a size limit, and the case fails), since the evaluator runs on the event loop and
+must neither stall it nor exhaust its memory. A probe that raised in the program is
 an error only when the check reaches it (``a() is None or b() == 0`` short-circuits as in Python).
 """
 
@@ -24,117 +23,23 @@ import string
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 from slime.errors import PluginError
+from slime.rollout.verifiers.code_bounds import (
+    Value,
+    bounded_bytes,
+    bounded_pow,
+    bounded_prod,
+    bounded_range,
+    bounded_sum,
+    check_call,
+    check_size,
+    unflooded,
+    unflooded_dict,
+)
 
-__all__ = ["ALL_METHODS", "MAX_SAME_HASH", "refuse_hash_floods", "JUDGE_FUNCTIONS", "JUDGE_MODULES", "METHODS", "judge", "validate"]
-
-Value: TypeAlias = Any
-"""A built-in value the program returned (``code_harness.decode_value``) or the check computes from one:
-dynamically typed by nature (the evaluator applies Python's own operators to it), hence ``Any``."""
-
-MAX_SIZE = 1 << 20
-"""Largest sequence (items or characters) or ``range`` the evaluator builds from the program's values."""
-_MAX_POW_BITS = 1 << 20
-_MAX_INT_BITS = 1 << 17
-"""Largest int (in bits, ~39k digits) that multiplies, divides or enters a call: CPython's ``//``, ``%``
-and ``gcd`` are quadratic in the digits, and the channel can carry ints of millions of bits."""
-_MAX_COMBINATORIAL_ARG = 100_000
-_COMBINATORIAL = (math.factorial, math.comb, math.perm)
-_LINEAR_IN_INTS = frozenset({"isinstance", "type", "len", "bool", "abs", "max", "min", "sorted", "list", "tuple", "set"})
-"""Calls whose cost stays linear in the digits of their int arguments (no bound on those)."""
-
-
-def _bounded_range(*args: int) -> range:
-    r = range(*args)
-    if len(r) > MAX_SIZE:
-        raise ValueError(f"a range of more than {MAX_SIZE} items")
-    return r
-
-
-def _bounded_bytes(*args: Value) -> bytes:
-    if args and isinstance(args[0], int) and args[0] > MAX_SIZE:
-        raise ValueError(f"bytes of more than {MAX_SIZE}")
-    return bytes(*args)
-
-
-def _check_pow(base: Value, exp: Value) -> None:
-    if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base).bit_length() * exp > _MAX_POW_BITS:
-        raise ValueError(f"a power of more than {_MAX_POW_BITS} bits")
-
-
-def _bounded_pow(base: Value, exp: Value, mod: Value = None) -> Value:
-    if mod is None:
-        _check_pow(base, exp)
-    elif isinstance(exp, int) and isinstance(mod, int) and abs(mod).bit_length() * exp.bit_length() > _MAX_POW_BITS * 16:
-        raise ValueError("a modular power too costly to judge")  # one squaring mod ``mod`` per bit of ``exp``
-    return pow(base, exp, mod)
-
-
-def _bounded_sum(items: Value, start: Value = 0) -> Value:
-    """``sum`` where a sequence ``start`` concatenates in linear time (``sum(lists, [])`` copies its whole
-    total once per item in CPython) and within ``MAX_SIZE``."""
-    if not isinstance(start, list | tuple | str | bytes):
-        return sum(items, start)
-    if isinstance(start, str | bytes):
-        raise TypeError("sum() can't sum strings [use ''.join(seq) instead]")
-    out = list(start)
-    for item in items:
-        if type(item) is not type(start):
-            raise TypeError(f"can only concatenate {type(start).__name__} to {type(start).__name__}")
-        out.extend(item)
-        if len(out) > MAX_SIZE:
-            raise ValueError(f"a sum longer than {MAX_SIZE}")
-    return type(start)(out)
-
-
-def _bounded_prod(items: Value, *, start: Value = 1) -> Value:
-    """``math.prod`` with every partial product within ``_MAX_INT_BITS``."""
-    out = start
-    for item in items:
-        _check_int(out)
-        _check_int(item)
-        out = out * item
-    _check_int(out)
-    return out
-
-
-def _unflooded(items: Value = ()) -> list[Value]:
-    """``items`` as a list, refused (ValueError) when a set of them would be a hash flood (``code_harness``)."""
-    members = list(items)
-    refuse_hash_floods(members)
-    return members
-
-
-def _unflooded_dict(items: Value = (), **kwargs: Value) -> dict[Value, Value]:
-    """``dict(items, **kwargs)``, refused when its keys would be a hash flood (checked before it is built)."""
-    pairs = list(items.items() if isinstance(items, dict) else items)
-    refuse_hash_floods([pair[0] for pair in pairs if isinstance(pair, tuple | list) and len(pair) == 2])
-    return dict(pairs, **kwargs)
-
-
-MAX_SAME_HASH = 64
-"""Most members of one decoded set or dict that may share a hash: each insert probes past all earlier
-members of its hash, so 100k crafted ints (``k * (2**61 - 1)``) would take the verifier minutes."""
-
-
-def refuse_hash_floods(members: list[Value]) -> None:
-    """Raise ValueError when more than ``MAX_SAME_HASH`` members share a hash (counted in linear time:
-    hash values are small distinct ints, so counting them is itself collision-free)."""
-    if len(members) <= MAX_SAME_HASH:
-        return
-    counts: dict[int, int] = {}
-    for member in members:
-        h = hash(member)  # TypeError for an unhashable member, as set() would raise
-        counts[h] = counts.get(h, 0) + 1
-        if counts[h] > MAX_SAME_HASH:
-            raise ValueError(f"more than {MAX_SAME_HASH} members of a set or dict share one hash")
-
-
-def _check_int(value: Value) -> None:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
-        raise ValueError(f"an int of more than {_MAX_INT_BITS} bits")
+__all__ = ["ALL_METHODS", "JUDGE_FUNCTIONS", "JUDGE_MODULES", "METHODS", "judge", "validate"]
 
 
 JUDGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -146,16 +51,16 @@ JUDGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
             "sorted", "str", "sum", "tuple", "type", "zip",
         )
     },
-    "range": _bounded_range,
-    "bytes": _bounded_bytes,
-    "pow": _bounded_pow,
-    "sum": _bounded_sum,
-    "set": lambda *a: set(_unflooded(*a)),
-    "frozenset": lambda *a: frozenset(_unflooded(*a)),
-    "dict": lambda *a, **k: _unflooded_dict(*a, **k),
+    "range": bounded_range,
+    "bytes": bounded_bytes,
+    "pow": bounded_pow,
+    "sum": bounded_sum,
+    "set": lambda *a: set(unflooded(*a)),
+    "frozenset": lambda *a: frozenset(unflooded(*a)),
+    "dict": lambda *a, **k: unflooded_dict(*a, **k),
 }  # fmt: skip
 """Builtins a check may call: pure functions of built-in values (and the types for ``isinstance``)."""
-_MATH = types.SimpleNamespace(**{**{k: v for k, v in vars(math).items() if not k.startswith("_")}, "prod": _bounded_prod})
+_MATH = types.SimpleNamespace(**{**{k: v for k, v in vars(math).items() if not k.startswith("_")}, "prod": bounded_prod})
 JUDGE_MODULES: dict[str, Any] = {
     "math": _MATH,
     "cmath": cmath,
@@ -332,7 +237,7 @@ class _Evaluator:
     def _eval_BinOp(self, node: ast.BinOp) -> Value:
         left, right = self.eval(node.left), self.eval(node.right)
         if not (_is_literal(node.left) and _is_literal(node.right)):  # the test's own constants need no bound
-            _check_size(node.op, left, right)
+            check_size(node.op, left, right)
         return _BINARY[type(node.op)](left, right)
 
     def _eval_BoolOp(self, node: ast.BoolOp) -> Value:
@@ -365,38 +270,10 @@ class _Evaluator:
         fn = self.eval(node.func)
         args = [self.eval(a) for a in node.args]
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
-        _check_call(fn, args)
+        check_call(fn, args)
         return fn(*args, **kwargs)
 
 
 def _is_literal(node: ast.expr) -> bool:
     """A constant or a tuple of constants written in the test (``'%.2f' % 0.5``, ``'%d-%d' % (1, 2)``)."""
     return isinstance(node, ast.Constant) or (isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts))
-
-
-def _check_size(op: ast.operator, left: Value, right: Value) -> None:
-    """Raise ValueError where ``left op right`` would grow past the bounds (module docstring)."""
-    if not isinstance(op, ast.Add | ast.Sub | ast.BitOr | ast.BitAnd | ast.BitXor | ast.RShift):  # linear in the digits
-        _check_int(left)
-        _check_int(right)
-    if isinstance(op, ast.LShift) and isinstance(right, int) and right > _MAX_POW_BITS:
-        raise ValueError(f"a shift by more than {_MAX_POW_BITS} bits")
-    if isinstance(op, ast.Mult):
-        for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, str | bytes | list | tuple) and isinstance(count, int) and len(seq) * count > MAX_SIZE:
-                raise ValueError(f"a repetition longer than {MAX_SIZE}")
-    if isinstance(op, ast.Mod) and isinstance(left, str | bytes):
-        raise ValueError("%-formatting (its widths could be anything the program returned)")
-    if isinstance(op, ast.Pow):
-        _check_pow(left, right)
-
-
-def _check_call(fn: Value, args: list[Value]) -> None:
-    if getattr(fn, "__name__", "") not in _LINEAR_IN_INTS:
-        for arg in args:
-            _check_int(arg)
-    if fn in _COMBINATORIAL and any(isinstance(a, int) and a > _MAX_COMBINATORIAL_ARG for a in args):
-        raise ValueError(f"{fn.__name__} of more than {_MAX_COMBINATORIAL_ARG}")  # would stall the event loop
-    if getattr(fn, "__name__", "") == "replace" and isinstance(getattr(fn, "__self__", None), str | bytes) and len(args) >= 2:
-        if len(fn.__self__) * (len(args[1]) + 1) > MAX_SIZE:
-            raise ValueError(f"a replace() that could grow past {MAX_SIZE}")
