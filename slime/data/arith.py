@@ -33,13 +33,15 @@ import random
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from slime.data.jsonl import JsonObject
 from slime.data.split_stream import split_stream
 from slime.stop import raise_if_stopped
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from slime.types import Sample
 
@@ -110,12 +112,12 @@ def split_of(prompt: str) -> str:
     return "eval" if bucket == 0 else "train"
 
 
-def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, str, str]]:
+def iter_problems(seed: int, split: str, **kwargs: int) -> Iterable[tuple[str, str, str]]:
     """Endless stream of ``make_problem`` results that belong to ``split``, seeded by ``(split, seed)``."""
     return split_stream("arith", make_problem, split_of, seed, split, **kwargs)
 
 
-def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:
+def generate_dataset(n: int, seed: int, split: str, **kwargs: int) -> list[dict[str, str]]:
     """``n`` rows ``{"prompt": str, "label": str}`` of ``split``; deterministic in ``(n, seed, split)``.
 
     Train and eval rows never share a prompt (see the module docstring). Duplicates within one
@@ -130,7 +132,7 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
     Raises:
         ValueError: for an unknown split.
     """
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, str]] = []
     for prompt, label, _ in iter_problems(seed, split, **kwargs):
         if len(rows) == n:
             break
@@ -140,7 +142,7 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
     return rows
 
 
-def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
+def write_jsonl(rows: Iterable[JsonObject], path: str | Path) -> None:
     """Write one JSON object per line (parent directories are created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,7 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path) -> list[JsonObject]:
     """Read rows written by ``write_jsonl`` (blank lines are skipped)."""
     with Path(path).open() as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -200,8 +202,8 @@ reward.needs_label = True  # type: ignore[attr-defined]  # a function attribute;
 
 
 def hf_generate(
-    model: Any,
-    tokenizer: Any,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     *,
     temperature: float = 0.0,
@@ -228,7 +230,7 @@ def hf_generate(
             for start in range(0, len(prompts), batch_size):
                 chunk = [tokenizer(p)["input_ids"] for p in prompts[start : start + batch_size]]
                 responses.extend(
-                    tokenizer.decode(ids, skip_special_tokens=True)
+                    cast(str, tokenizer.decode(ids, skip_special_tokens=True))  # one id list decodes to one str
                     for ids in _generate_batch(model, chunk, eos_id, pad_id, temperature, max_new_tokens, generator)
                 )
     finally:
@@ -237,7 +239,7 @@ def hf_generate(
 
 
 def _generate_batch(
-    model: Any,
+    model: torch.nn.Module,
     prompt_ids: list[list[int]],
     eos_id: int,
     pad_id: int,
@@ -290,9 +292,9 @@ def _generate_batch(
 
 
 def sample_hf_model(
-    model: Any,
-    tokenizer: Any,
-    rows: list[dict[str, Any]],
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[JsonObject],
     *,
     num_samples: int = 1,
     temperature: float = 0.0,
@@ -317,16 +319,16 @@ def sample_hf_model(
     return [flat[i * num_samples : (i + 1) * num_samples] for i in range(len(rows))]
 
 
-def score_hf_model(model: Any, tokenizer: Any, rows: list[dict[str, Any]], **kwargs: Any) -> list[list[float]]:
+def score_hf_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[JsonObject], **kwargs: Any) -> list[list[float]]:
     """Scores ``[len(rows)][num_samples]`` (1.0/0.0); keyword arguments as in ``sample_hf_model``."""
     responses = sample_hf_model(model, tokenizer, rows, **kwargs)
     return [[score(text, row["label"]) for text in texts] for texts, row in zip(responses, rows)]
 
 
 def evaluate_hf_model(
-    model: Any,
-    tokenizer: Any,
-    rows: list[dict[str, Any]],
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[JsonObject],
     temperature: float = 0.0,
     *,
     num_samples: int = 1,

@@ -35,7 +35,7 @@ import math
 import random
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slime.data.split_stream import split_stream
 from slime.data.tool_markers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
@@ -94,12 +94,12 @@ def split_of(prompt: str) -> str:
     return "eval" if bucket == 0 else "train"
 
 
-def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, str]]:
+def iter_problems(seed: int, split: str, **kwargs: int) -> Iterable[tuple[str, str]]:
     """Endless stream of ``make_problem`` results that belong to ``split``, seeded by ``(split, seed)``."""
     return split_stream("calc", make_problem, split_of, seed, split, **kwargs)
 
 
-def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:
+def generate_dataset(n: int, seed: int, split: str, **kwargs: int) -> list[dict[str, str]]:
     """``n`` rows ``{"prompt": expression, "label": value}`` of ``split``; deterministic in ``(n, seed, split)``.
 
     Duplicates within one split can occur (2-digit products), as they would in the task distribution.
@@ -107,7 +107,7 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[
     Raises:
         ValueError: for an unknown split.
     """
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, str]] = []
     for prompt, label in iter_problems(seed, split, **kwargs):
         if len(rows) == n:
             break

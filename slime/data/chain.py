@@ -44,7 +44,6 @@ import argparse
 import random
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 from slime.data.arith import extract_answer, read_jsonl, reward, score, split_of, write_jsonl
 from slime.data.split_stream import split_stream
@@ -106,7 +105,7 @@ def make_problem(
     return "+".join(map(str, terms)) + "=", label, "".join(steps) + f"#{label}"
 
 
-def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, str, str]]:
+def iter_problems(seed: int, split: str, **kwargs: float) -> Iterable[tuple[str, str, str]]:
     """Endless stream of ``make_problem`` results of ``split`` ("train" or "eval"), seeded by ``(split, seed)``.
 
     Raises:
@@ -115,13 +114,13 @@ def iter_problems(seed: int, split: str, **kwargs: Any) -> Iterable[tuple[str, s
     return split_stream("chain", make_problem, split_of, seed, split, **kwargs)
 
 
-def generate_dataset(n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:
+def generate_dataset(n: int, seed: int, split: str, **kwargs: float) -> list[dict[str, str]]:
     """``n`` rows ``{"prompt", "label"}`` of ``split``; deterministic in ``(n, seed, split, kwargs)``.
 
     Raises:
         ValueError: for an unknown split.
     """
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, str]] = []
     for prompt, label, _ in iter_problems(seed, split, **kwargs):
         if len(rows) == n:
             break

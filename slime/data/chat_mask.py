@@ -48,9 +48,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from slime.data.jsonl import JsonObject
 from slime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["TemplateError", "has_generation_blocks", "assistant_char_spans", "special_token_texts", "render_with_assistant_mask"]
 
@@ -69,7 +73,7 @@ def has_generation_blocks(template: str | None) -> bool:
 
 
 def assistant_char_spans(
-    render: Callable[[list[dict[str, Any]], bool], str], messages: list[dict[str, Any]], *, special_tokens: Collection[str] = ()
+    render: Callable[[list[JsonObject], bool], str], messages: list[JsonObject], *, special_tokens: Collection[str] = ()
 ) -> tuple[str, list[tuple[int, int]]]:
     """The full render of ``messages`` and the ``[start, end)`` character span of each assistant turn.
 
@@ -129,7 +133,7 @@ def _turn_end(text: str, end: int, special_tokens: Collection[str]) -> int:
     return after + max(map(len, following)) if following else end
 
 
-def special_token_texts(tokenizer: Any) -> set[str]:
+def special_token_texts(tokenizer: PreTrainedTokenizerBase) -> set[str]:
     """The text of every special token of ``tokenizer``: named ones (EOS, PAD, ...) and added tokens marked special."""
     named = set(getattr(tokenizer, "all_special_tokens", ()))
     added = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
@@ -137,7 +141,7 @@ def special_token_texts(tokenizer: Any) -> set[str]:
 
 
 def render_with_assistant_mask(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: PreTrainedTokenizerBase, messages: list[JsonObject], tools: list[JsonObject] | None = None
 ) -> tuple[list[int], list[int]]:
     """Token ids of the whole rendered conversation and its assistant mask (module docstring).
 
@@ -175,7 +179,7 @@ def render_with_assistant_mask(
             "has no {% generation %} blocks: cannot locate assistant tokens"
         )
 
-    def render(msgs: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def render(msgs: list[JsonObject], add_generation_prompt: bool) -> str:
         return _apply(tokenizer, msgs, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     text, spans = assistant_char_spans(render, messages, special_tokens=special_token_texts(tokenizer))
@@ -184,8 +188,8 @@ def render_with_assistant_mask(
     return list(enc["input_ids"]), mask
 
 
-def _apply(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-    """``apply_chat_template``; a Jinja error or ``raise_exception`` becomes ValueError with the template's words."""
+def _apply(tokenizer: PreTrainedTokenizerBase, messages: list[JsonObject], **kwargs: Any) -> Any:
+    """``apply_chat_template`` (its keyword arguments and its str / ids / BatchEncoding result are transformers'); a Jinja error or ``raise_exception`` becomes ValueError with the template's words."""
     try:
         return tokenizer.apply_chat_template(messages, **kwargs)
     except (ValueError, TemplateError):

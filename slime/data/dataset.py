@@ -35,7 +35,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from slime.data.jsonl import decode_line, jsonl_lines
+from slime.data.jsonl import JsonObject, decode_line, jsonl_lines
 from slime.data.prompt_fields import describe_list, messages_of, short, tools_of
 from slime.errors import ConfigError, DataError
 from slime.stop import raise_if_stopped
@@ -274,7 +274,7 @@ def parse_prompt_row(
     return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata, messages=messages, tools=tools, difficulty=difficulty)
 
 
-def prompt_input(row: PromptRow) -> str | list[dict[str, Any]]:
+def prompt_input(row: PromptRow) -> str | list[JsonObject]:
     """What the tokenizer renders for ``row``: its messages, else its prompt text."""
     return row.messages if row.messages is not None else row.prompt
 
@@ -324,7 +324,7 @@ def prompt_length_check(
     return check
 
 
-def row_metadata(row: PromptRow) -> dict[str, Any]:
+def row_metadata(row: PromptRow) -> JsonObject:
     """``Sample.metadata`` of a sample of ``row``: its metadata plus ``tools`` and ``messages`` when set
     (where the multi-turn generate function looks for them)."""
     out = dict(row.metadata)
@@ -335,7 +335,7 @@ def row_metadata(row: PromptRow) -> dict[str, Any]:
     return out
 
 
-class PromptSource:
+class PromptSource(Generic[T]):
     """Hands out rows in file, shuffled or curriculum order, epoch after epoch; its position is resumable.
 
     Example: 5 rows, shuffle on, seed 1 -> epoch 0 order e.g. [3, 0, 4, 1, 2], epoch 1 another
@@ -347,7 +347,7 @@ class PromptSource:
     ``slime.data.prompt_index``: no row is read for the order).
     """
 
-    def __init__(self, rows: Sequence[Any], *, shuffle: bool = True, seed: int = 0, curriculum: bool = False):
+    def __init__(self, rows: Sequence[T], *, shuffle: bool = True, seed: int = 0, curriculum: bool = False):
         if not rows:
             raise DataError("PromptSource needs at least one row")
         difficulties: Sequence[float | None] = ()
@@ -372,7 +372,7 @@ class PromptSource:
             order = array.array("q", sorted(order, key=lambda i: self.difficulties[i]))  # type: ignore[arg-type, return-value]  # no None
         return order
 
-    def next(self) -> Any:
+    def next(self) -> T:
         if self.position >= len(self._order):
             self.epoch += 1
             self.position = 0

@@ -15,7 +15,10 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MAX_JSON_DEPTH", "jsonl_lines", "decode_line", "read_line_at"]
+__all__ = ["MAX_JSON_DEPTH", "JsonObject", "jsonl_lines", "decode_line", "read_line_at"]
+
+JsonObject = dict[str, Any]
+"""A decoded JSON object (a row, a chat message, a tool schema): its values are any JSON, so ``Any``."""
 
 MAX_JSON_DEPTH = 100
 """Deepest nesting of arrays and objects a row may have (a chat row with tools is about 8 deep)."""
@@ -51,7 +54,7 @@ def decode_line(decoder: msgspec.json.Decoder, raw: bytes) -> Any:
     return obj
 
 
-def _deeper_than(obj: Any, limit: int) -> bool:
+def _deeper_than(obj: object, limit: int) -> bool:
     """Whether ``obj`` nests lists / dicts more than ``limit`` deep (iterative: no recursion of its own)."""
     stack = [(obj, 1)]
     while stack:

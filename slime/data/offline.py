@@ -35,6 +35,7 @@ from typing import Any, Literal
 import msgspec
 
 from slime.data.dataset import PromptRow, PromptSource, parse_prompt_row, read_rows, row_metadata, tokenize_row
+from slime.data.jsonl import JsonObject
 from slime.errors import DataError
 from slime.types import OFFLINE_VERSION, Group, Sample, Status
 
@@ -99,27 +100,46 @@ def load_offline_data(
             tool_key=tool_key,
             apply_chat_template=apply_chat_template,
         )
-        response = obj.get("response")
-        if not isinstance(response, str) or not response:
-            raise ValueError(f"key 'response' must be a non-empty string, got {type(response).__name__} {response!r:.60}")
-        ids = list(encode(response))
-        if not ids:
-            raise ValueError(f"'response' {response!r:.60} encodes to no tokens")
-        logprobs = obj.get("logprobs")
-        if logprobs is not None:
-            if not isinstance(logprobs, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in logprobs):
-                raise ValueError(f"key 'logprobs' must be a list of numbers, got {type(logprobs).__name__} {logprobs!r:.60}")
-            if len(logprobs) != len(ids):
-                raise ValueError(f"key 'logprobs' has {len(logprobs)} values for the {len(ids)} tokens of 'response'")
-            logprobs = [float(x) for x in logprobs]
-        reward = obj.get("reward")
-        if reward is not None:
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-                raise ValueError(f"key 'reward' must be a number or null, got {type(reward).__name__} {reward!r:.60}")
-            reward = float(reward)
-        return row, OfflineSample(response=response, response_ids=ids, logprobs=logprobs, reward=reward)
+        return row, _offline_sample(obj, encode)
 
     items, _ = read_rows(path, parse, on_bad_data=on_bad_data, flag="--offline-data")
+    return _groups_of(items, path=path, group_size=group_size, tokenize=tokenize, on_bad_data=on_bad_data)
+
+
+def _offline_sample(obj: JsonObject, encode: Callable[[str], list[int]]) -> OfflineSample:
+    """A row's ``response`` (encoded), ``logprobs`` (one per response token) and ``reward``; ValueError saying
+    which key is wrong."""
+    response = obj.get("response")
+    if not isinstance(response, str) or not response:
+        raise ValueError(f"key 'response' must be a non-empty string, got {type(response).__name__} {response!r:.60}")
+    ids = list(encode(response))
+    if not ids:
+        raise ValueError(f"'response' {response!r:.60} encodes to no tokens")
+    logprobs = obj.get("logprobs")
+    if logprobs is not None:
+        if not isinstance(logprobs, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in logprobs):
+            raise ValueError(f"key 'logprobs' must be a list of numbers, got {type(logprobs).__name__} {logprobs!r:.60}")
+        if len(logprobs) != len(ids):
+            raise ValueError(f"key 'logprobs' has {len(logprobs)} values for the {len(ids)} tokens of 'response'")
+        logprobs = [float(x) for x in logprobs]
+    reward = obj.get("reward")
+    if reward is not None:
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise ValueError(f"key 'reward' must be a number or null, got {type(reward).__name__} {reward!r:.60}")
+        reward = float(reward)
+    return OfflineSample(response=response, response_ids=ids, logprobs=logprobs, reward=reward)
+
+
+def _groups_of(
+    items: list[tuple[PromptRow, OfflineSample]],
+    *,
+    path: str | Path,
+    group_size: int,
+    tokenize: Callable[..., list[int]],
+    on_bad_data: Literal["skip", "fail"],
+) -> list[OfflineGroup]:
+    """The rows grouped by prompt (messages or text, and tools) in order of first appearance; a group of other
+    than ``group_size`` rows is a DataError (skipped and logged with ``on_bad_data="skip"``)."""
     by_prompt: dict[bytes, list[tuple[PromptRow, OfflineSample]]] = {}
     for row, sample in items:
         key = msgspec.json.encode([row.messages if row.messages is not None else row.prompt, row.tools])

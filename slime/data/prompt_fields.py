@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from slime.data.jsonl import JsonObject
+
 __all__ = ["messages_of", "tools_of", "describe_list", "short"]
 
 
-def messages_of(value: list[Any], key: str) -> list[dict[str, Any]]:
+def messages_of(value: list[Any], key: str) -> list[JsonObject]:
     if not value:
         raise ValueError(f"key {key!r} (--input-key) is an empty list of messages")
     if not any(isinstance(m, dict) for m in value):
@@ -31,7 +33,7 @@ def messages_of(value: list[Any], key: str) -> list[dict[str, Any]]:
     return [dict(m) for m in value]
 
 
-def _check_tool_call(call: Any, where: str) -> None:
+def _check_tool_call(call: object, where: str) -> None:
     """An OpenAI-style tool call: ``{"function": {"name": str, "arguments": object or JSON-object string}}``."""
     fn = _function_of(call, where, "{'type': 'function', 'function': {'name': ..., 'arguments': ...}}")
     args = _json_if_string(fn.get("arguments", {}), f"{where}: 'arguments'")
@@ -39,7 +41,7 @@ def _check_tool_call(call: Any, where: str) -> None:
         raise ValueError(f"{where}: 'arguments' must be a JSON object, got {type(args).__name__} {short(args)}")
 
 
-def tools_of(value: Any, key: str) -> list[dict[str, Any]]:
+def tools_of(value: object, key: str) -> list[JsonObject]:
     value = _json_if_string(value, f"key {key!r} (--tool-key)")
     if not isinstance(value, list):
         raise ValueError(f"key {key!r} (--tool-key) must be a list of tools, got {type(value).__name__} {short(value)}")
@@ -50,7 +52,7 @@ def tools_of(value: Any, key: str) -> list[dict[str, Any]]:
     return value
 
 
-def _function_of(obj: Any, where: str, shape: str) -> dict[str, Any]:
+def _function_of(obj: object, where: str, shape: str) -> JsonObject:
     """``obj["function"]``, which must be an object with a string ``name``; else ValueError naming ``where``."""
     fn = obj.get("function") if isinstance(obj, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -58,7 +60,7 @@ def _function_of(obj: Any, where: str, shape: str) -> dict[str, Any]:
     return fn
 
 
-def _json_if_string(value: Any, what: str) -> Any:
+def _json_if_string(value: object, what: str) -> Any:
     """``value``, or the JSON it holds when it is a string; ValueError naming ``what`` if that is not JSON."""
     if not isinstance(value, str):
         return value
@@ -71,7 +73,7 @@ def _json_if_string(value: Any, what: str) -> Any:
 _JSON_KINDS = {str: "string", int: "number", float: "number", bool: "boolean", dict: "object", list: "list", type(None): "null"}
 
 
-def describe_list(value: list[Any]) -> str:
+def describe_list(value: list[object]) -> str:
     """What a JSON list holds, in JSON's words. Example: ["a", "b"] -> "a list of 2 strings ['a', 'b']";
     [1, "a"] -> "a list of 2 items (number, string) [1, 'a']"."""
     kinds = sorted({_JSON_KINDS.get(type(v), type(v).__name__) for v in value})
@@ -81,6 +83,6 @@ def describe_list(value: list[Any]) -> str:
     return f"a list of {len(value)} {what} {short(value)}"
 
 
-def short(value: Any) -> str:
+def short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -36,7 +36,7 @@ Not covered: images and other non-text message parts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -44,6 +44,9 @@ from slime.data.chat_mask import render_with_assistant_mask
 from slime.data.dataset import read_rows
 from slime.data.prompt_fields import messages_of, tools_of
 from slime.types import Group, Sample, Status
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["RESPONSE_KEY", "SFTExample", "model_context_len", "parse_sft_row", "tokenize_plain", "load_sft_file", "to_group"]
 
@@ -70,7 +73,7 @@ class SFTExample(msgspec.Struct, frozen=True):
         return self.loss_mask.index(1)
 
 
-def tokenize_plain(tokenizer: Any, prompt: str, response: str) -> tuple[list[int], list[int]]:
+def tokenize_plain(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> tuple[list[int], list[int]]:
     """Ids and mask of a plain row (module docstring). Raises ValueError if the tokenizer has no EOS."""
     if tokenizer.eos_token_id is None:
         raise ValueError("plain prompt/response SFT rows need a tokenizer with an EOS token (appended to each response)")
@@ -81,7 +84,7 @@ def tokenize_plain(tokenizer: Any, prompt: str, response: str) -> tuple[list[int
     return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
 
 
-def model_context_len(config: Any) -> int | None:
+def model_context_len(config: object) -> int | None:
     """The longest sequence a model takes, from its HF config: ``max_position_embeddings`` (Llama,
     Qwen, ...), else ``n_positions`` (GPT-2) or ``max_sequence_length``; None when it names none."""
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -95,7 +98,7 @@ def parse_sft_row(
     obj: Any,
     index: int,
     *,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     input_key: str = "messages",
     tool_key: str | None = None,
     max_len: int | None = None,
@@ -149,7 +152,7 @@ def parse_sft_row(
 def load_sft_file(
     path: str | Path,
     *,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     input_key: str = "messages",
     tool_key: str | None = None,
     on_bad_data: Literal["skip", "fail"] = "fail",
