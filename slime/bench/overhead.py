@@ -41,6 +41,13 @@ _STOP = FinishReason(type="stop", matched=2)
 class InstantPool:
     """The ``HttpEnginePool`` interface, answering every generate at once with ``num_tokens`` tokens (EOS last)."""
 
+    kv_cache_version: str | None = None  # no prefix cache: tokens are never tagged older
+    num_prefix_cache_hits = 0
+
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> None:
+        """None: in process, no request sits on an engine to give up on."""
+        return None
+
     def __init__(self, num_tokens: int = 16):
         self.version = "0"
         self._ids = [3 + i for i in range(num_tokens - 1)] + [2]
@@ -74,6 +81,13 @@ class InstantPool:
 
 class SimEnginePool:
     """An in-process ``SimEngine`` behind the ``HttpEnginePool`` interface (no HTTP)."""
+
+    kv_cache_version: str | None = None  # no prefix cache: tokens are never tagged older
+    num_prefix_cache_hits = 0
+
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> None:
+        """None: in process, no request sits on an engine to give up on."""
+        return None
 
     def __init__(self, engine: SimEngine):
         self.engine = engine

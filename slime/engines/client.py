@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import aiohttp
 
@@ -64,7 +64,7 @@ class EngineClient:
     async def generate(
         self,
         input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
+        sampling_params: Mapping[str, object],
         *,
         rid: str | None = None,
         return_logprob: bool = True,

@@ -17,10 +17,10 @@ checker (docs/ARCHITECTURE.md, "Typed seams") checks both against these Protocol
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from slime.engines.client import EngineClient
-from slime.engines.protocol import GenerateResult
+from slime.engines.protocol import GenerateResult, JsonObject
 
 __all__ = ["GeneratePool", "EnginePool", "WorkerPool", "PauseMode"]
 
@@ -34,7 +34,7 @@ class GeneratePool(Protocol):
     async def generate(
         self,
         input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
+        sampling_params: Mapping[str, object],
         *,
         rid: str | None = None,
         return_logprob: bool = True,
@@ -50,6 +50,12 @@ class GeneratePool(Protocol):
             EngineRequestError: the engine refused the request (4xx); the sample fails, the run goes on.
             EngineUnavailable: no engine answered after the pool's retries.
         """
+        ...
+
+    @property
+    def kv_cache_version(self) -> str | None:
+        """The ``weight_version`` at which every engine's prefix cache was last emptied; None when unknown
+        or not tracked (a pool without a prefix cache: its tokens are then never tagged older)."""
         ...
 
 
@@ -69,7 +75,7 @@ class EnginePool(GeneratePool, Protocol):
 
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str, *, abort_all_requests: bool = False, flush_cache: bool = True
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, JsonObject]:
         """Every engine loads the HF checkpoint at ``model_path`` and reports ``weight_version`` from then on."""
         ...
 
@@ -78,6 +84,18 @@ class EnginePool(GeneratePool, Protocol):
         ...
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]: ...
+
+    @property
+    def num_prefix_cache_hits(self) -> int:
+        """Results that reused cached KV (``cached_tokens > 0``) since ``kv_cache_version`` was last set
+        (0 for a pool without a prefix cache); async updates abort and flush once it is above 0."""
+        ...
+
+    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str] | None:
+        """End every generate on an engine for ``running_for_s`` s or more (a hung engine) as an abort;
+        returns the urls of those engines, or None when the pool cannot tell its requests per engine
+        (an in-process pool: the scheduler's drain then says the engine ignores aborts)."""
+        ...
 
 
 class WorkerPool(EnginePool, Protocol):
@@ -99,28 +117,44 @@ class WorkerPool(EnginePool, Protocol):
         ...
 
     @property
-    def kv_cache_version(self) -> str | None:
-        """The ``weight_version`` at which every worker's prefix cache was last emptied (None: unknown)."""
-        ...
-
-    @property
-    def num_prefix_cache_hits(self) -> int: ...
-
-    @property
     def paused_mode(self) -> str | None: ...
 
     @property
     def memory_released(self) -> bool: ...
 
-    def give_up_inflight(self, reason: str, *, running_for_s: float = 0.0) -> list[str]:
-        """End every generate on an engine for ``running_for_s`` s or more (a hung engine); returns their urls."""
+    @property
+    def router_url(self) -> str | None:
+        """The router in front of the workers, None without one."""
         ...
 
-    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], **kwargs: Any) -> dict[str, dict[str, Any]]: ...
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        weight_version: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, JsonObject]:
+        """Every worker loads the same payload (one base64 string per TP rank); ``{url: reply}``."""
+        ...
 
     async def update_weights_from_distributed(
-        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], **kwargs: Any
-    ) -> dict[str, dict[str, Any]]: ...
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str,
+        weight_version: str,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, JsonObject]:
+        """Every worker receives one bucket over the weights-update group (the caller broadcasts it)."""
+        ...
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until every worker answers ``/health_generate``; raises ``EngineTimeout`` past ``timeout_s``."""

@@ -366,7 +366,7 @@ class HttpEnginePool:
     async def generate(
         self,
         input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
+        sampling_params: Mapping[str, object],
         *,
         rid: str | None = None,
         return_logprob: bool = True,

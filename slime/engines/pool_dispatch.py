@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from slime.config import RolloutConfig
 from slime.engines.client import EngineClient
@@ -82,7 +81,7 @@ class Dispatch:
     async def generate(
         self,
         input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
+        sampling_params: Mapping[str, object],
         *,
         rid: str | None = None,
         return_logprob: bool = True,

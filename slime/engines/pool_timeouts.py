@@ -127,7 +127,7 @@ class Attempts:
         fails it) -> (client url, loop time it started)."""
 
     async def run(
-        self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *, rid: str | None, **kwargs: Any
+        self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, object], *, rid: str | None, **kwargs: Any
     ) -> GenerateResult:
         """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
 

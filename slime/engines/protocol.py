@@ -175,7 +175,7 @@ _generate_decoder = msgspec.json.Decoder(_WireItem | list[_WireItem])
 
 def build_generate_payload(
     input_ids: Sequence[int],
-    sampling_params: Mapping[str, Any],
+    sampling_params: Mapping[str, object],
     *,
     rid: str | None,
     return_logprob: bool,

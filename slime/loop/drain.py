@@ -59,8 +59,7 @@ async def drain(
         except TimeoutError:
             if loop.time() < deadline:
                 continue
-            give_up = getattr(pool, "give_up_inflight", None)
-            hung = give_up(f"still running {limit}s after abort_all", running_for_s=limit) if give_up else []
+            hung = pool.give_up_inflight(f"still running {limit}s after abort_all", running_for_s=limit)  # None: cannot give up
             if hung:
                 log.warning(
                     "engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
@@ -70,7 +69,7 @@ async def drain(
                 )
                 deadline = loop.time() + limit
                 continue
-            _raise_stuck(num_requests(), limit, can_give_up=give_up is not None, generate_fn=generate_fn)
+            _raise_stuck(num_requests(), limit, can_give_up=hung is not None, generate_fn=generate_fn)
 
 
 def _raise_stuck(n: int, limit: float, *, can_give_up: bool, generate_fn: Any) -> None:

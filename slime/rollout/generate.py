@@ -64,7 +64,7 @@ def kv_cache_version_of(pool: GeneratePool, default: int) -> int | None:
     """The pool's ``kv_cache_version`` as our integer version (read it when the request is SENT), or
     None when the pool does not know it (a pool without prefix-cache tracking, or an engine we never
     flushed)."""
-    version = getattr(pool, "kv_cache_version", None)
+    version = pool.kv_cache_version
     return None if version is None else policy_version_of(version, default)
 
 

@@ -132,7 +132,7 @@ class RolloutArgs:
         engine_version: int = 0,
     ):
         r, lp, d = rollout, loop, data
-        url = (getattr(pool, "router_url", None) or (pool.urls[0] if pool is not None and pool.urls else "")).rstrip("/")
+        url = ("" if pool is None else pool.router_url or (pool.urls[0] if pool.urls else "")).rstrip("/")
         host, _, port = url.rpartition("//")[2].rpartition(":")
         self.__dict__.update(
             rollout_batch_size=lp.rollout_batch_size,

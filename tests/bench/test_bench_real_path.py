@@ -51,6 +51,8 @@ class _IgnoreEosPool:
     """An engine that generates exactly ``max_new_tokens`` when ``ignore_eos``, cut short by an abort
     after ``abort_after`` tokens (once)."""
 
+    kv_cache_version = None
+
     def __init__(self, abort_after: int):
         self.abort_after, self.calls = abort_after, []
 

@@ -29,6 +29,8 @@ class SlowPool:
     """Each request is cut at 2 new tokens (an abort after ``request_timeout_s``, tokens kept); prompt
     "silent" is never served (abort with no token); prompt "down" has no engine that answers."""
 
+    kv_cache_version = None
+
     def __init__(self) -> None:
         self.inputs: list[list[int]] = []
 
@@ -95,6 +97,8 @@ async def test_no_engine_left_fails_the_eval_and_cancels_its_other_requests():
     started, cancelled = [], []
 
     class GonePool:
+        kv_cache_version = None
+
         async def generate(self, input_ids, sampling_params, *, rid=None, sticky_key=None):
             if input_ids[0] == ord("x"):
                 await asyncio.sleep(0.05)

@@ -117,6 +117,8 @@ async def test_evaluate_uses_the_runs_generate_function():
     from slime.loop.evaluate import evaluate
 
     class Pool:
+        kv_cache_version = None
+
         async def generate(self, input_ids, sampling_params, **kw):
             text = f"#{VALUE}" if TOK.convert_tokens_to_ids("<tool_response>") in input_ids else calc.tool_call_text(EXPR)
             return await ScriptedPool([(turn(text), "stop")]).generate(input_ids, sampling_params, **kw)

@@ -180,6 +180,8 @@ async def test_turn_ending_with_a_foreign_token_stops_without_running_tools():
 class FirstTurnScripted:
     """Turn 1 (the tool call) is scripted; every later turn goes to the real engine behind ``pool``."""
 
+    kv_cache_version = None
+
     def __init__(self, pool):
         self.pool, self.num_calls = pool, 0
 
@@ -236,6 +238,8 @@ async def test_real_engine_abort_in_turn_two_then_resume_equals_the_uninterrupte
 
 class RulePool:
     """Any number of trajectories: a turn without tool results before it calls the tools, else answers."""
+
+    kv_cache_version = None
 
     TOOL_RESPONSE = TOK.convert_tokens_to_ids("<tool_response>")
 

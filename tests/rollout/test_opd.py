@@ -21,6 +21,8 @@ def teacher_lp(context: list[int], token: int) -> float:
 class FakeTeacherPool:
     """Answers like SGLang: entries for the input from ``logprob_start_len`` on, the first one null."""
 
+    kv_cache_version = None
+
     def __init__(self, *, error: Exception | None = None, tamper=None):
         self.calls: list[dict] = []
         self.error, self.tamper = error, tamper

@@ -122,7 +122,7 @@ class EngineSupervisor:
         now = self.clock()
         # A paused engine answers /health_generate 503 (and SGLang's probe gives up after 20 s, docs/sglang.md#health); one
         # whose memory is released must not run the probe's forward pass (docs/sglang.md#memory): no probes then.
-        quiet = self.pool.paused_mode is not None or getattr(self.pool, "memory_released", False)
+        quiet = self.pool.paused_mode is not None or self.pool.memory_released
         for url in self.pool.urls:
             if url in self._recovering or url in self.given_up or url in self._probing:
                 continue
@@ -185,7 +185,7 @@ class EngineSupervisor:
                     url, f"{down}; not restarted again after {self.config.max_engine_restarts} restarts (--max-engine-restarts)"
                 )
                 return
-            while getattr(self.pool, "memory_released", False) and not self._closed:
+            while self.pool.memory_released and not self._closed:
                 await asyncio.sleep(self.config.circuit_breaker_cooldown_s)  # colocated: the trainer holds the GPUs
             self.num_restarts[url] = self.num_restarts.get(url, 0) + 1
             old_pid = proc.pid

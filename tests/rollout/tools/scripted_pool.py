@@ -8,6 +8,8 @@ from slime.engines.protocol import FinishReason, GenerateResult
 class ScriptedPool:
     """Each /generate gets the next reply ``(tokens, "stop" | "abort")``; records every ``input_ids``."""
 
+    kv_cache_version = None
+
     def __init__(self, replies):
         self.replies, self.calls = list(replies), []
 
