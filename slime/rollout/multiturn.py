@@ -56,7 +56,9 @@ from collections.abc import Callable
 from typing import Any
 
 from slime.engines.interface import GeneratePool
+from slime.engines.protocol import JsonObject
 from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
+from slime.rollout.chat_tokenizer import ChatTokenizer
 from slime.rollout.generate import fail_unanswered, kv_cache_version_of, status_from_finish_reason, token_versions
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
@@ -94,7 +96,7 @@ class MultiTurnGenerate:
     def __init__(
         self,
         *,
-        tokenizer: Any,
+        tokenizer: ChatTokenizer,
         tools: ToolRegistry,
         max_turns: int = 8,
         max_tool_output_tokens: int = 512,
@@ -108,7 +110,7 @@ class MultiTurnGenerate:
     async def __call__(
         self,
         sample: Sample,
-        sampling_params: dict[str, Any],
+        sampling_params: JsonObject,
         *,
         pool: GeneratePool,
         max_response_len: int,
@@ -137,9 +139,9 @@ CALCULATOR_MAX_TURNS = 4
 
 async def calculator_generate(
     sample: Sample,
-    sampling_params: dict[str, Any],
+    sampling_params: JsonObject,
     *,
-    tokenizer: Any,
+    tokenizer: ChatTokenizer,
     pool: GeneratePool,
     max_response_len: int,
     engine_version: int,
@@ -160,7 +162,7 @@ async def calculator_generate(
     return await gen(sample, sampling_params, pool=pool, max_response_len=max_response_len, engine_version=engine_version, decode=decode)
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool) -> list[int]:
+def render(tokenizer: ChatTokenizer, messages: list[JsonObject], tools: list[JsonObject] | None, *, generation_prompt: bool) -> list[int]:
     """``apply_chat_template(..., tokenize=True)`` as a flat ``[num_tokens]`` id list."""
     out = tokenizer.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
@@ -170,13 +172,13 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str,
 
 async def generate(
     sample: Sample,
-    sampling_params: dict[str, Any],
+    sampling_params: JsonObject,
     *,
     pool: GeneratePool,
     max_response_len: int,
     engine_version: int,
     decode: Callable[[list[int]], str] | None = None,
-    tokenizer: Any,
+    tokenizer: ChatTokenizer,
     tools: ToolRegistry,
     max_turns: int = 8,
     max_tool_output_tokens: int = 512,
@@ -213,7 +215,7 @@ async def generate(
     return sample
 
 
-def _new_state(sample: Sample, system_prompt: str | None) -> dict[str, Any]:
+def _new_state(sample: Sample, system_prompt: str | None) -> JsonObject:
     given = sample.metadata.get("messages")
     messages = copy.deepcopy(given) if isinstance(given, list) and given else [{"role": "user", "content": sample.prompt}]
     if system_prompt is not None and messages[0].get("role") != "system":
@@ -223,12 +225,12 @@ def _new_state(sample: Sample, system_prompt: str | None) -> dict[str, Any]:
 
 async def _model_step(
     sample: Sample,
-    state: dict[str, Any],
-    sampling_params: dict[str, Any],
+    state: JsonObject,
+    sampling_params: JsonObject,
     pool: GeneratePool,
     max_response_len: int,
     engine_version: int,
-    tokenizer: Any,
+    tokenizer: ChatTokenizer,
     max_turns: int,
 ) -> bool:
     """One /generate for the current turn. Returns True when the loop goes on (tools to run)."""
@@ -278,7 +280,12 @@ async def _model_step(
 
 
 async def _tool_step(
-    sample: Sample, state: dict[str, Any], tokenizer: Any, tools: ToolRegistry, max_response_len: int, max_tool_output_tokens: int
+    sample: Sample,
+    state: JsonObject,
+    tokenizer: ChatTokenizer,
+    tools: ToolRegistry,
+    max_response_len: int,
+    max_tool_output_tokens: int,
 ) -> bool:
     """Run the pending tool calls and append the template delta. Returns True when the loop goes on."""
     calls = [ToolCall(c["name"], c["arguments"], c["error"], c.get("raw", "")) for c in state["pending"]]
@@ -335,7 +342,7 @@ async def _call(tools: ToolRegistry, call: ToolCall) -> ToolResult:
     return await tools.call(call.name or "", call.arguments)
 
 
-def _assistant_text(tokenizer: Any, turn_ids: list[int]) -> str:
+def _assistant_text(tokenizer: ChatTokenizer, turn_ids: list[int]) -> str:
     """The turn's text without its trailing special tokens (``<|im_end|>``); added tokens such as
     ``<tool_call>`` are kept even when a tokenizer marks them special."""
     special = set(tokenizer.all_special_ids)
@@ -345,7 +352,7 @@ def _assistant_text(tokenizer: Any, turn_ids: list[int]) -> str:
     return tokenizer.decode(turn_ids[:end], skip_special_tokens=False)
 
 
-def _clip(tokenizer: Any, text: str, max_tokens: int) -> str:
+def _clip(tokenizer: ChatTokenizer, text: str, max_tokens: int) -> str:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= max_tokens:
         return text
@@ -353,11 +360,11 @@ def _clip(tokenizer: Any, text: str, max_tokens: int) -> str:
 
 
 def _tool_delta(
-    tokenizer: Any,
-    schemas: list[dict[str, Any]],
-    history: list[dict[str, Any]],
-    assistant: dict[str, Any],
-    tool_msgs: list[dict[str, Any]],
+    tokenizer: ChatTokenizer,
+    schemas: list[JsonObject],
+    history: list[JsonObject],
+    assistant: JsonObject,
+    tool_msgs: list[JsonObject],
     turn_ids: list[int],
 ) -> tuple[list[int], str]:
     """Tokens to append after the model's turn (module docstring). Returns (ids, "full" | "minimal")."""
