@@ -15,22 +15,28 @@ import math
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
 
 from slime.engines.interface import EnginePool, WorkerPool
+from slime.engines.protocol import JsonObject
 from slime.rollout import plugin_threads
 from slime.types import Group, Sample, Status
+
+if TYPE_CHECKING:
+    from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer
 
 __all__ = ["check_generate", "check_reward", "check_filter", "check_rollout", "generate_signature_problem", "Report", "PROBE_PROMPT"]
 
 PROBE_PROMPT = [0, 5, 9, 17, 3]
 _LISTS = ("rollout_logprobs", "versions", "loss_mask")
+_PROBE_BATCH = 2  # prompts of check_rollout's probe step (args.rollout_batch_size)
 
 
 class Report:
     """Collects check lines; ``failed`` is True once any check failed."""
 
-    def __init__(self, kind: str, out: Any = None):
+    def __init__(self, kind: str, out: TextIO | None = None):
         self.kind, self.out, self.failed = kind, out or sys.stdout, False
         self.lines: list[str] = []
 
@@ -50,15 +56,16 @@ class Report:
         self._emit("WARN", text)
 
 
-def _is_async(fn: Any) -> bool:
+def _is_async(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  # an async __call__, not a callable test
 
 
 async def _call_plugin(
-    report: Any, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, *, is_async: bool | None = None
-) -> tuple[bool, Any]:
+    report: Report, fn: Callable[..., Any], args: tuple[object, ...], timeout_s: float, *, is_async: bool | None = None
+) -> tuple[bool, object]:
     """``fn(*args)`` within ``timeout_s`` (async: awaited; sync: on a daemon thread, abandoned at the timeout,
-    ``plugin_threads``); returns ``(True, value)``, or ``(False, None)`` after reporting the timeout or exception."""
+    ``plugin_threads``); returns ``(True, value)``, or ``(False, None)`` after reporting the timeout or exception.
+    (``fn`` is the user's plugin: untyped, its value is checked by the caller.)"""
     try:
         async with asyncio.timeout(timeout_s):
             value = await fn(*args) if (_is_async(fn) if is_async is None else is_async) else await plugin_threads.run_sync(fn, *args)
@@ -108,16 +115,25 @@ def _rewrites(before: dict[str, list], s: Sample, where: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class _Probe:
+    """What every call of a generate function under check is given besides its sample."""
+
+    pool: EnginePool
+    decode: Callable[[list[int]], str]
+    timeout_s: float
+
+
 async def _call_generate(
-    fn: Callable[..., Any], sample: Sample, params: dict[str, Any], ctx: dict[str, Any], max_len: int, report: Report, what: str
+    fn: Callable[..., Any], sample: Sample, params: JsonObject, ctx: _Probe, max_len: int, report: Report, what: str
 ) -> list[Sample] | None:
     """Call once and check the return value; None (after a FAIL) when nothing more can be checked."""
     before = _snapshot(sample)
     try:
-        async with asyncio.timeout(ctx["timeout_s"]):
-            out = await fn(sample, dict(params), pool=ctx["pool"], max_response_len=max_len, engine_version=0, decode=ctx["decode"])
+        async with asyncio.timeout(ctx.timeout_s):
+            out = await fn(sample, dict(params), pool=ctx.pool, max_response_len=max_len, engine_version=0, decode=ctx.decode)
     except TimeoutError:
-        report.fail(f"{what}: did not return within {ctx['timeout_s']}s")
+        report.fail(f"{what}: did not return within {ctx.timeout_s}s")
         return None
     except Exception as exc:  # the plugin's bug, reported as data
         tail = "".join(traceback.format_exception(exc, limit=-2)).strip().splitlines()[-1]
@@ -149,7 +165,7 @@ async def _call_generate(
     return None if problems else samples
 
 
-def _reward_like(fn: Any) -> str | None:
+def _reward_like(fn: Callable[..., object]) -> str | None:
     """The hint for a function whose required positional parameters are a reward function's: ``(sample)``
     or THUDM/slime's ``(args, sample)``; None otherwise (or when it has no signature to inspect)."""
     try:
@@ -171,7 +187,7 @@ def _reward_like(fn: Any) -> str | None:
     return None
 
 
-def generate_signature_problem(fn: Callable[..., Any]) -> str | None:
+def generate_signature_problem(fn: Callable[..., object]) -> str | None:
     """Why ``fn`` cannot be a generate function by its signature alone (not async, or it cannot take
     ``(sample, sampling_params, pool=, max_response_len=, engine_version=, decode=)``), with a hint to
     ``--kind reward`` when it looks like a reward function; None when it fits (or has no signature)."""
@@ -190,7 +206,7 @@ def generate_signature_problem(fn: Callable[..., Any]) -> str | None:
 
 
 async def check_generate(
-    fn: Callable[..., Any],
+    fn: Callable[..., object],
     *,
     pool: EnginePool,
     report: Report,
@@ -203,8 +219,8 @@ async def check_generate(
         report.fail(problem)
         return
     report.ok("is async and accepts (sample, sampling_params, **kwargs)")
-    ctx = {"pool": pool, "decode": decode, "timeout_s": timeout_s}
-    params = {"temperature": 1.0}
+    ctx = _Probe(pool=pool, decode=decode, timeout_s=timeout_s)
+    params: JsonObject = {"temperature": 1.0}
     fresh = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7")
     if await _call_generate(fn, fresh, params, ctx, max_response_len, report, "fresh sample") is None:
         return
@@ -236,7 +252,7 @@ async def check_generate(
     report.ok(f"resume: earlier tokens kept, status {sample.status.value}, {len(sample.response_ids)} tokens")
 
 
-async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: float = 30.0, reward_key: str | None = None) -> None:
+async def check_reward(fn: Callable[..., object], *, report: Report, timeout_s: float = 30.0, reward_key: str | None = None) -> None:
     """Call a per-sample reward function on a finished probe sample; it must return a finite float, or
     a dict whose ``reward_key`` entry (slime train's ``--reward-key``) is one."""
     sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED)
@@ -275,7 +291,7 @@ async def check_reward(fn: Callable[..., Any], *, report: Report, timeout_s: flo
         report.ok(f"returned {float(value)!r} for a finished sample")
 
 
-def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
+def check_filter(fn: Callable[..., object], *, report: Report) -> None:
     """Call a dynamic-sampling filter ``(group) -> bool`` on a mixed-reward and a same-reward group."""
     if _is_async(fn):
         report.fail("is async; the dynamic-sampling filter is called synchronously: `def keep(group) -> bool`")
@@ -294,33 +310,15 @@ def check_filter(fn: Callable[..., Any], *, report: Report) -> None:
 
 
 async def check_rollout(
-    fn: Callable[..., Any], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0, max_response_len: int = 24
+    fn: Callable[..., object], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0, max_response_len: int = 24
 ) -> None:
     """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
     calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
     it returns (``slime.rollout.slime_compat.to_groups``)."""
-    from slime.config import DataConfig, LoopConfig, RolloutConfig
-    from slime.data.dataset import PromptRow, PromptSource
     from slime.errors import PluginError
-    from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
+    from slime.rollout.slime_compat import to_groups
 
-    rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
-    source = PromptSource(rows, shuffle=False)
-    data_buffer = RolloutDataBuffer(
-        next_row=source.next,
-        tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
-        n_samples_per_prompt=2,
-        num_prompts=len(rows),
-    )
-    loop = LoopConfig(rollout_batch_size=2)
-    args = RolloutArgs(
-        RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
-        loop,
-        DataConfig(),
-        hf_checkpoint=model_dir,
-        pool=pool,
-        engine_version=0,
-    )
+    args, data_buffer = _probe_rollout_inputs(pool, model_dir=model_dir, max_response_len=max_response_len)
     try:
         inspect.signature(fn).bind(args, 0, data_buffer, evaluation=False)
     except TypeError as exc:
@@ -339,15 +337,43 @@ async def check_rollout(
     except PluginError as exc:
         report.fail(str(exc))
         return
+    _report_groups(groups, report, rollout_batch_size=_PROBE_BATCH, max_response_len=max_response_len)
+
+
+def _probe_rollout_inputs(pool: WorkerPool, *, model_dir: str, max_response_len: int) -> tuple[RolloutArgs, RolloutDataBuffer]:
+    """THUDM/slime's ``args`` and ``data_buffer`` for one probe step: two probe prompts, 2 samples each."""
+    from slime.config import DataConfig, LoopConfig, RolloutConfig
+    from slime.data.dataset import PromptRow, PromptSource
+    from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer
+
+    rows = [PromptRow(index=i, prompt=" ".join(f"w{t}" for t in PROBE_PROMPT[1 + i :]), label="w7") for i in range(2)]
+    source = PromptSource(rows, shuffle=False)
+    data_buffer = RolloutDataBuffer(
+        next_row=source.next,
+        tokenize=lambda row: [0, *(int(w[1:]) for w in row.prompt.split())],
+        n_samples_per_prompt=2,
+        num_prompts=len(rows),
+    )
+    args = RolloutArgs(
+        RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=max_response_len),
+        LoopConfig(rollout_batch_size=_PROBE_BATCH),
+        DataConfig(),
+        hf_checkpoint=model_dir,
+        pool=pool,
+        engine_version=0,
+    )
+    return args, data_buffer
+
+
+def _report_groups(groups: list[Group], report: Report, *, rollout_batch_size: int, max_response_len: int) -> None:
+    """PASS for the groups a rollout function returned; WARN for what a run would treat otherwise than asked."""
     samples = [s for g in groups for s in g.samples]
     report.ok(
         f"returned {len(groups)} groups ({', '.join(str(len(g.samples)) for g in groups)} samples): aligned lists, finished, "
         f"{sum(s.num_response_tokens for s in samples)} response tokens"
     )
-    if len(groups) != loop.rollout_batch_size:
-        report.warn(
-            f"returned {len(groups)} groups for args.rollout_batch_size={loop.rollout_batch_size}; a run trains on what is returned"
-        )
+    if len(groups) != rollout_batch_size:
+        report.warn(f"returned {len(groups)} groups for args.rollout_batch_size={rollout_batch_size}; a run trains on what is returned")
     if (longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)) > max_response_len:
         report.warn(f"a response of {longest} tokens, more than args.rollout_max_response_len={max_response_len}")
     if num := sum(s.reward is None for s in samples):
