@@ -227,7 +227,7 @@ class RolloutDataBuffer:
 
 
 def to_groups(
-    output: Any,
+    output: object,
     *,
     n_samples_per_prompt: int,
     engine_version: int,
@@ -273,40 +273,41 @@ def to_groups(
     return groups, metrics
 
 
-def _to_sample(s: Any, *, group_id: int, index: int, engine_version: int, where: str) -> Sample:
+def _to_sample(s: object, *, group_id: int, index: int, engine_version: int, where: str) -> Sample:
+    """One returned sample as ours: a ``slime.types.Sample`` checked as it is, a THUDM/slime-shaped one
+    converted; PluginError naming ``where`` and what is wrong."""
     if isinstance(s, Sample):
-        try:
-            s.check_aligned()
-        except ValueError as exc:
-            raise PluginError(f"{where}: {exc}") from None
-        problems = s.generate_contract_problems(engine_version=engine_version)
-        if s.status is Status.PARTIAL:
-            problems.insert(0, f"{where}: status is partial; a rollout function returns finished samples")
-        if problems:
-            raise PluginError(problems[0])
-        s.group_id, s.index = group_id, index
-        return s
+        return _checked_own_sample(s, group_id=group_id, index=index, engine_version=engine_version, where=where)
     if not hasattr(s, "tokens") or not hasattr(s, "response_length"):
         raise PluginError(
             f"{where}: is a {type(s).__module__}.{type(s).__qualname__}, expected slime.types.Sample or a slime-shaped "
             "sample (tokens, response_length, loss_mask, rollout_log_probs, status, reward)"
         )
+    return _from_slime_sample(s, group_id=group_id, index=index, engine_version=engine_version, where=where)
+
+
+def _checked_own_sample(s: Sample, *, group_id: int, index: int, engine_version: int, where: str) -> Sample:
+    """Our own ``Sample``, aligned, finished and within the generate contract, given its place in the group."""
+    try:
+        s.check_aligned()
+    except ValueError as exc:
+        raise PluginError(f"{where}: {exc}") from None
+    problems = s.generate_contract_problems(engine_version=engine_version)
+    if s.status is Status.PARTIAL:
+        problems.insert(0, f"{where}: status is partial; a rollout function returns finished samples")
+    if problems:
+        raise PluginError(problems[0])
+    s.group_id, s.index = group_id, index
+    return s
+
+
+def _from_slime_sample(s: Any, *, group_id: int, index: int, engine_version: int, where: str) -> Sample:
+    """A THUDM/slime-shaped sample (the user's object, read by attribute: ``Any``) as our ``Sample``."""
     tokens, n = list(s.tokens or []), s.response_length
     if not isinstance(n, int) or not 0 <= n <= len(tokens):
         raise PluginError(f"{where}: response_length={n!r} with {len(tokens)} tokens; expected 0 <= response_length <= len(tokens)")
     status = _status(getattr(s, "status", None), where)
-    mask = getattr(s, "loss_mask", None)
-    logprobs = getattr(s, "rollout_log_probs", None)
-    for name, values in (("loss_mask", mask), ("rollout_log_probs", logprobs)):
-        if values is not None and len(values) != n:
-            raise PluginError(f"{where}: {name} has {len(values)} entries for response_length={n}")
-    if mask is not None and any(m not in (0, 1) for m in mask):
-        raise PluginError(f"{where}: loss_mask holds {next(m for m in mask if m not in (0, 1))!r}, expected 0 or 1")
-    if logprobs is not None and any(not math.isfinite(x) or x > 1e-6 for x in logprobs):
-        raise PluginError(
-            f"{where}: rollout_log_probs holds {next(x for x in logprobs if not math.isfinite(x) or x > 1e-6)!r}, "
-            "expected finite log-probabilities <= 0"
-        )
+    mask, logprobs = _checked_token_lists(s, n, where)
     reward = getattr(s, "reward", None)
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)):
         raise PluginError(
@@ -341,7 +342,25 @@ def _to_sample(s: Any, *, group_id: int, index: int, engine_version: int, where:
     return out
 
 
-def _status(value: Any, where: str) -> Status:
+def _checked_token_lists(s: object, n: int, where: str) -> tuple[list[int] | None, list[float] | None]:
+    """``(loss_mask, rollout_log_probs)`` of a slime-shaped sample (None where unset), each of ``n`` entries, the mask
+    0/1 and the logprobs finite and <= 0; else PluginError."""
+    mask = getattr(s, "loss_mask", None)
+    logprobs = getattr(s, "rollout_log_probs", None)
+    for name, values in (("loss_mask", mask), ("rollout_log_probs", logprobs)):
+        if values is not None and len(values) != n:
+            raise PluginError(f"{where}: {name} has {len(values)} entries for response_length={n}")
+    if mask is not None and any(m not in (0, 1) for m in mask):
+        raise PluginError(f"{where}: loss_mask holds {next(m for m in mask if m not in (0, 1))!r}, expected 0 or 1")
+    if logprobs is not None and any(not math.isfinite(x) or x > 1e-6 for x in logprobs):
+        raise PluginError(
+            f"{where}: rollout_log_probs holds {next(x for x in logprobs if not math.isfinite(x) or x > 1e-6)!r}, "
+            "expected finite log-probabilities <= 0"
+        )
+    return mask, logprobs
+
+
+def _status(value: object, where: str) -> Status:
     name = getattr(value, "value", value)
     if name in ("completed", "truncated", "aborted", "failed"):
         return Status(name)
@@ -350,7 +369,7 @@ def _status(value: Any, where: str) -> Status:
     )
 
 
-def _last_content(messages: Any) -> str:
+def _last_content(messages: object) -> str:
     """The text view of a chat-message prompt: its last message's content."""
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         return str(messages[-1].get("content", ""))
