@@ -27,9 +27,10 @@ nodes and pass them with ``--rollout-external-engine-addrs``. Not covered: a ser
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from slime.config import EngineConfig, TrainConfig
 from slime.errors import ConfigError
@@ -118,9 +119,31 @@ def build_placement(
             has; rollout GPUs not a multiple of ``--rollout-num-gpus-per-engine``; a server that
             would span two nodes.
     """
-    t, e, m = train, engine, train.megatron
-    nodes, per_node = t.actor_num_nodes or 1, t.actor_num_gpus_per_node or 1
-    megatron = t.train_backend == "megatron" and not rollout_only
+    nodes, per_node = train.actor_num_nodes or 1, train.actor_num_gpus_per_node or 1
+    megatron = train.train_backend == "megatron" and not rollout_only
+    _check_trainer_nodes(nodes, per_node, megatron=megatron)
+    gpus_per_node = _gpus_per_node(engine, per_node) if gpus_per_node is None else gpus_per_node
+    if per_node > gpus_per_node:
+        raise ConfigError(
+            f"--actor-num-gpus-per-node={per_node} but a node has {gpus_per_node} GPU(s) "
+            f"({'--rollout-num-gpus-per-node' if engine.rollout_num_gpus_per_node else 'CUDA_VISIBLE_DEVICES'})"
+        )
+    if megatron:
+        _check_parallel_sizes(train, nodes * per_node)
+    sizes = _server_sizes(engine)
+    trainer_slots = [(n, g) for n in range(nodes) for g in range(per_node)] if megatron else []
+    servers = _server_slots(sizes, _rollout_slots(nodes, per_node, gpus_per_node, colocate=colocate, megatron=megatron))
+    _check_servers_fit(servers, gpus_per_node, nodes=nodes, per_node=per_node)
+    num_nodes = max([nodes, *(s[0][0] + 1 for s in servers)])
+    plans = tuple(
+        NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n), tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n))
+        for n in range(num_nodes)
+    )
+    return Placement(nodes, per_node, gpus_per_node, sum(sizes), colocate, megatron, plans)
+
+
+def _check_trainer_nodes(nodes: int, per_node: int, *, megatron: bool) -> None:
+    """Raises ConfigError for node or GPU counts below 1, or several nodes without Megatron."""
     if nodes < 1 or per_node < 1:
         raise ConfigError(f"--actor-num-nodes={nodes} and --actor-num-gpus-per-node={per_node} must be >= 1")
     if not megatron and nodes > 1:
@@ -134,69 +157,76 @@ def build_placement(
             per_node,
             per_node,
         )
-    if gpus_per_node is None:
-        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        if e.rollout_num_gpus_per_node is not None and visible and e.rollout_num_gpus_per_node > len(visible):
-            raise ConfigError(
-                f"--rollout-num-gpus-per-node={e.rollout_num_gpus_per_node} but this node sees {len(visible)} GPU(s) "
-                f"(CUDA_VISIBLE_DEVICES={','.join(visible)})"
-            )
-        gpus_per_node = e.rollout_num_gpus_per_node or len(visible) or max(DEFAULT_GPUS_PER_NODE, per_node)
-    if per_node > gpus_per_node:
+
+
+def _gpus_per_node(engine: EngineConfig, per_node: int) -> int:
+    """``--rollout-num-gpus-per-node`` (at most the visible GPUs), else the visible count, else 8 (or the trainer's)."""
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if engine.rollout_num_gpus_per_node is not None and visible and engine.rollout_num_gpus_per_node > len(visible):
         raise ConfigError(
-            f"--actor-num-gpus-per-node={per_node} but a node has {gpus_per_node} GPU(s) "
-            f"({'--rollout-num-gpus-per-node' if e.rollout_num_gpus_per_node else 'CUDA_VISIBLE_DEVICES'})"
+            f"--rollout-num-gpus-per-node={engine.rollout_num_gpus_per_node} but this node sees {len(visible)} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={','.join(visible)})"
         )
-    world = nodes * per_node
-    if megatron:
-        model = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
-        if world % model:
-            raise ConfigError(
-                f"--tensor-model-parallel-size={m.tensor_model_parallel_size} x --pipeline-model-parallel-size="
-                f"{m.pipeline_model_parallel_size} x --context-parallel-size={m.context_parallel_size} = {model} must divide "
-                f"--actor-num-nodes={nodes} x --actor-num-gpus-per-node={per_node} = {world} GPUs (data-parallel size = GPUs / {model})"
-            )
-        experts = m.expert_model_parallel_size * m.resolved_expert_tensor_parallel_size
-        if world % experts:
-            raise ConfigError(
-                f"--expert-model-parallel-size={m.expert_model_parallel_size} x --expert-tensor-parallel-size="
-                f"{m.resolved_expert_tensor_parallel_size} = {experts} must divide the trainer's {world} GPUs"
-            )
-    if e.sglang_config:  # its groups' servers, in order (they may differ in size)
+    return engine.rollout_num_gpus_per_node or len(visible) or max(DEFAULT_GPUS_PER_NODE, per_node)
+
+
+def _check_parallel_sizes(train: TrainConfig, world: int) -> None:
+    """Raises ConfigError when TP x PP x CP, or EP x ETP, does not divide the trainer's ``world`` GPUs."""
+    m = train.megatron
+    model = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world % model:
+        raise ConfigError(
+            f"--tensor-model-parallel-size={m.tensor_model_parallel_size} x --pipeline-model-parallel-size="
+            f"{m.pipeline_model_parallel_size} x --context-parallel-size={m.context_parallel_size} = {model} must divide "
+            f"--actor-num-nodes={train.actor_num_nodes or 1} x --actor-num-gpus-per-node={train.actor_num_gpus_per_node or 1} "
+            f"= {world} GPUs (data-parallel size = GPUs / {model})"
+        )
+    experts = m.expert_model_parallel_size * m.resolved_expert_tensor_parallel_size
+    if world % experts:
+        raise ConfigError(
+            f"--expert-model-parallel-size={m.expert_model_parallel_size} x --expert-tensor-parallel-size="
+            f"{m.resolved_expert_tensor_parallel_size} = {experts} must divide the trainer's {world} GPUs"
+        )
+
+
+def _server_sizes(engine: EngineConfig) -> list[int]:
+    """GPUs of each SGLang server, in order: ``--sglang-config``'s groups, else ``--rollout-num-gpus`` in
+    servers of ``--rollout-num-gpus-per-engine`` (raises ConfigError when it does not divide)."""
+    if engine.sglang_config:  # its groups' servers, in order (they may differ in size)
         from slime.engines.fleet.groups import load_sglang_config
 
-        sizes = [g.gpus_per_engine or 1 for g in load_sglang_config(e.sglang_config, e).groups for _ in range(g.num_engines)]
-    else:
-        total, tp = e.rollout_num_gpus or 0, e.rollout_num_gpus_per_engine
-        if total % tp:
-            raise ConfigError(f"--rollout-num-gpus={total} must be a multiple of --rollout-num-gpus-per-engine={tp}")
-        sizes = [tp] * (total // tp)
-    rollout = sum(sizes)
-    trainer_slots = [(n, g) for n in range(nodes) for g in range(per_node)] if megatron else []
+        return [g.gpus_per_engine or 1 for g in load_sglang_config(engine.sglang_config, engine).groups for _ in range(g.num_engines)]
+    total, tp = engine.rollout_num_gpus or 0, engine.rollout_num_gpus_per_engine
+    if total % tp:
+        raise ConfigError(f"--rollout-num-gpus={total} must be a multiple of --rollout-num-gpus-per-engine={tp}")
+    return [tp] * (total // tp)
+
+
+def _rollout_slots(nodes: int, per_node: int, gpus_per_node: int, *, colocate: bool, megatron: bool) -> Iterator[tuple[int, int]]:
+    """The ``(node, gpu)`` slots the servers take in order (module docstring), without end: further
+    nodes follow the trainer's."""
     if colocate:  # from the trainer's first GPU, then the GPUs after it
-        slots = [(n, g) for n in range(nodes) for g in range(per_node)]
-        slots += [(n, g) for n in range(nodes) for g in range(per_node, gpus_per_node)]
+        yield from ((n, g) for n in range(nodes) for g in range(per_node))
+        yield from ((n, g) for n in range(nodes) for g in range(per_node, gpus_per_node))
     else:  # after the trainer's GPUs: the rest of its nodes first
-        slots = [(n, g) for n in range(nodes) for g in range(per_node if megatron else 0, gpus_per_node)]
-    extra = nodes
-    while len(slots) < rollout:
-        slots += [(extra, g) for g in range(gpus_per_node)]
-        extra += 1
-    slots = slots[:rollout]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    servers: list[list[tuple[int, int]]] = [slots[a : a + size] for a, size in zip(starts, sizes)]
+        yield from ((n, g) for n in range(nodes) for g in range(per_node if megatron else 0, gpus_per_node))
+    for extra in itertools.count(nodes):
+        yield from ((extra, g) for g in range(gpus_per_node))
+
+
+def _server_slots(sizes: list[int], slots: Iterator[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Each server's ``(node, gpu)`` slots: the next ``size`` ones."""
+    return [list(itertools.islice(slots, size)) for size in sizes]
+
+
+def _check_servers_fit(servers: list[list[tuple[int, int]]], gpus_per_node: int, *, nodes: int, per_node: int) -> None:
+    """Raises ConfigError for a server whose GPUs are not consecutive GPUs of one node."""
     for i, s in enumerate(servers):
         if len({n for n, _ in s}) > 1 or [g for _, g in s] != list(range(s[0][1], s[0][1] + len(s))):
             raise ConfigError(
                 f"--rollout-num-gpus-per-engine={len(s)}: server {i} would take GPUs {[f'node{n}:{g}' for n, g in s]}, "
                 f"not {len(s)} consecutive GPUs of one node (nodes of {gpus_per_node} GPUs, trainer {nodes} x {per_node})"
             )
-    num_nodes = max([nodes, *(s[0][0] + 1 for s in servers)])
-    plans = tuple(
-        NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n), tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n))
-        for n in range(num_nodes)
-    )
-    return Placement(nodes, per_node, gpus_per_node, rollout, colocate, megatron, plans)
 
 
 def check_torchrun_env(train: TrainConfig, engine: EngineConfig, env: Mapping[str, str] | None = None) -> None:
