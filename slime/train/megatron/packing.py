@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -191,46 +192,114 @@ def pack_samples(
             (``to_device``), the RoPE tables computed there from the copied positions (on a GPU a few
             kernels; on the CPU they took ~12 ms per 16k-token micro-batch plus a 16 MB copy).
     """
-    pieces, positions, bounds = [], [], [0]
     seg = 2 * cp_size if cp_size > 1 else 1  # every segment a multiple of this
-    rows, cols, flat = [], [], []
+    layout = _Segments()
     for j, s in enumerate(samples):
-        n = int(batch.seq_lens[s])
-        m = -(-n // seg) * seg
-        pieces.append(batch.input_ids[s, :n])
-        if m > n:
-            pieces.append(torch.full((m - n,), pad_token_id, dtype=torch.long))
-        positions.append(torch.arange(m))
-        o = bounds[-1]
-        rows.append(torch.full((n - 1,), j, dtype=torch.long))
-        cols.append(torch.arange(n - 1))
-        flat.append(torch.arange(o, o + n - 1))
-        bounds.append(o + m)
-    t = bounds[-1]
-    need = t if samples else 2
-    multiple = 2 * cp_size * pad_to if cp_size > 1 else pad_to
-    padded = -(-need // multiple) * multiple
-    if padded > t:
-        pieces.append(torch.full((padded - t,), pad_token_id, dtype=torch.long))
-        positions.append(torch.arange(padded - t))
-        bounds.append(padded)
-    input_ids = torch.cat(pieces).unsqueeze(0)  # [1, t]
-    position_ids = torch.cat(positions).unsqueeze(0)  # [1, t]
-    labels = torch.roll(input_ids, shifts=-1, dims=1)  # [1, t]
-    extra: dict = {"pad_tokens": padded - t}  # the padding segment (0: none)
+        layout.add_sample(batch.input_ids[s, : int(batch.seq_lens[s])], j, seg=seg, pad_token_id=pad_token_id)
+    t = layout.bounds[-1]  # the samples' tokens
+    multiple = 2 * cp_size * pad_to if cp_size > 1 else pad_to  # a placeholder (no sample): 2 tokens, padded
+    padded = layout.pad_to_multiple(multiple, pad_token_id, min_tokens=0 if samples else 2)
+    bounds = layout.bounds
+    input_ids, position_ids, labels = layout.tensors()  # [1, t] each
+    pad_tokens, cp = padded - t, None  # the padding segment (0: none)
     if cp_size > 1:
         local, full_index, local_bounds = cp_split(bounds, cp_size, cp_rank)
         input_ids, position_ids, labels = (x[:, local] for x in (input_ids, position_ids, labels))
         # under CP the local segments mix padding into every sample's share: no padding segment
-        extra = dict(cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group, cp_full_index=full_index, cp_full_bounds=tuple(bounds))
+        pad_tokens, cp = 0, _CPShare(cp_size, cp_rank, cp_group, to_device(full_index, device), tuple(bounds))
         bounds = list(local_bounds)
-    cu = torch.tensor(bounds, dtype=torch.int32)  # [S+1]
-    max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    extra = {k: to_device(v, device) if isinstance(v, Tensor) else v for k, v in extra.items()}
-    cu = to_device(cu, device)
     input_ids, position_ids, labels = (to_device(x, device) for x in (input_ids, position_ids, labels))
+    rows, cols, flat = layout.unpack_index(device)
+    num_cols = max((int(batch.seq_lens[s]) for s in samples), default=2) - 1
+    return PackedMicroBatch(
+        samples=list(samples),
+        input_ids=input_ids,
+        position_ids=position_ids,
+        labels=labels,
+        params=_rope_params(bounds, position_ids, pad_tokens, cp, head_dim=head_dim, rope_theta=rope_theta, device=device),
+        rows=rows,
+        cols=cols,
+        flat=flat,
+        num_rows=len(samples),
+        num_cols=max(num_cols, 1),
+    )
+
+
+@dataclasses.dataclass
+class _Segments:
+    """A pack being laid out on the CPU: token and position pieces, segment bounds (cumulative, from
+    0), and where each sample's predictions go when unpacked (``PackedMicroBatch.rows/cols/flat``)."""
+
+    pieces: list[Tensor] = dataclasses.field(default_factory=list)
+    positions: list[Tensor] = dataclasses.field(default_factory=list)
+    bounds: list[int] = dataclasses.field(default_factory=lambda: [0])
+    rows: list[Tensor] = dataclasses.field(default_factory=list)
+    cols: list[Tensor] = dataclasses.field(default_factory=list)
+    flat: list[Tensor] = dataclasses.field(default_factory=list)
+
+    def add_sample(self, ids: Tensor, j: int, *, seg: int, pad_token_id: int) -> None:
+        """Sample ``j`` of the pack (``ids`` [n]), padded to a multiple of ``seg`` tokens."""
+        n = int(ids.shape[0])
+        m = -(-n // seg) * seg
+        self.pieces.append(ids)
+        if m > n:
+            self.pieces.append(torch.full((m - n,), pad_token_id, dtype=torch.long))
+        self.positions.append(torch.arange(m))
+        o = self.bounds[-1]
+        self.rows.append(torch.full((n - 1,), j, dtype=torch.long))
+        self.cols.append(torch.arange(n - 1))
+        self.flat.append(torch.arange(o, o + n - 1))
+        self.bounds.append(o + m)
+
+    def pad_to_multiple(self, multiple: int, pad_token_id: int, *, min_tokens: int) -> int:
+        """A padding segment up to a multiple of ``multiple`` tokens, at least ``min_tokens`` (none if the
+        samples fill it); returns the padded length."""
+        t = self.bounds[-1]
+        padded = -(-max(t, min_tokens) // multiple) * multiple
+        if padded > t:
+            self.pieces.append(torch.full((padded - t,), pad_token_id, dtype=torch.long))
+            self.positions.append(torch.arange(padded - t))
+            self.bounds.append(padded)
+        return padded
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``input_ids``, ``position_ids`` and ``labels`` (``input_ids`` shifted left by one), [1, t] each."""
+        input_ids = torch.cat(self.pieces).unsqueeze(0)
+        return input_ids, torch.cat(self.positions).unsqueeze(0), torch.roll(input_ids, shifts=-1, dims=1)
+
+    def unpack_index(self, device: torch.device | str) -> tuple[Tensor, Tensor, Tensor]:
+        """``rows``, ``cols``, ``flat`` [num_predictions] int64 on ``device``."""
+        empty = torch.zeros(0, dtype=torch.long)
+        rows, cols, flat = (torch.cat(x) if x else empty for x in (self.rows, self.cols, self.flat))
+        return to_device(rows, device), to_device(cols, device), to_device(flat, device)
+
+
+class _CPShare(NamedTuple):
+    """A pack's context-parallel fields of ``PackedRoPEParams`` (``cp_*``)."""
+
+    size: int
+    rank: int
+    group: object
+    full_index: Tensor
+    full_bounds: tuple[int, ...]
+
+
+def _rope_params(
+    bounds: list[int],
+    position_ids: Tensor,
+    pad_tokens: int,
+    cp: _CPShare | None,
+    *,
+    head_dim: int,
+    rope_theta: float,
+    device: torch.device | str,
+) -> PackedRoPEParams:
+    """The "thd" ``PackedRoPEParams`` of segments ``bounds`` (this rank's) with RoPE tables of
+    ``position_ids`` [1, t] (on ``device``), the padding segment's length and the CP fields (None: no CP)."""
+    cu = to_device(torch.tensor(bounds, dtype=torch.int32), device)  # [S+1]
+    max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
     cos, sin = rope_cos_sin(position_ids[0], head_dim=head_dim, rope_theta=rope_theta)  # [t, 1, d] each, on device
-    params = PackedRoPEParams(
+    return PackedRoPEParams(
         qkv_format="thd",
         cu_seqlens_q=cu,
         cu_seqlens_kv=cu,
@@ -239,19 +308,10 @@ def pack_samples(
         seq_bounds=tuple(bounds),
         rope_cos=cos,
         rope_sin=sin,
-        **extra,
-    )
-    empty = torch.zeros(0, dtype=torch.long)
-    num_cols = max((int(batch.seq_lens[s]) for s in samples), default=2) - 1
-    return PackedMicroBatch(
-        samples=list(samples),
-        input_ids=input_ids,
-        position_ids=position_ids,
-        labels=labels,
-        params=params,
-        rows=to_device(torch.cat(rows) if rows else empty, device),
-        cols=to_device(torch.cat(cols) if cols else empty, device),
-        flat=to_device(torch.cat(flat) if flat else empty, device),
-        num_rows=len(samples),
-        num_cols=max(num_cols, 1),
+        pad_tokens=pad_tokens,
+        cp_size=1 if cp is None else cp.size,
+        cp_rank=0 if cp is None else cp.rank,
+        cp_group=None if cp is None else cp.group,
+        cp_full_index=None if cp is None else cp.full_index,
+        cp_full_bounds=() if cp is None else cp.full_bounds,
     )

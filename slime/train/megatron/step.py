@@ -58,7 +58,7 @@ from torch import Tensor
 
 from slime.config import TrainConfig
 from slime.train import objective
-from slime.train.batch import TrainBatch, rl_batch_metrics
+from slime.train.batch import TrainBatch
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.layers import attention_path_metrics
@@ -66,17 +66,12 @@ from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_
 from slime.train.megatron.model import float16_wrapped, output_weight
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
+from slime.train.megatron.step_metrics import TokenSums, batch_metrics, reduce_over_ranks, token_means
 from slime.train_metrics import TrainMetrics
 
 __all__ = ["MegatronTrainStep"]
 
 log = logging.getLogger(__name__)
-
-_TOKEN_METRICS = (
-    "pg_clipfrac", "approx_kl", "ratio_mean", "entropy", "tis_mean", "tis_clipfrac", "dual_clipfrac", "kl_loss",
-    "mis_rho_mean", "mis_mask_frac_low", "mis_mask_frac_high", "mis_mean", "behav_imp_weight_mean", "behav_mask_frac", "nll",
-)  # fmt: skip
-"""Token-mean metrics (as the torch backend reports them); the first four always (RL), ``nll`` with ``sft_loss``."""
 
 
 class MegatronTrainStep:
@@ -259,52 +254,14 @@ class MegatronTrainStep:
         # index upload, no ``int(max)`` read back) and copied before the first forward, so the
         # loop below has no host sync between one micro-batch's backward and the next forward.
         subs = [[_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs] for _, _, mbs in steps]
-        sums = torch.zeros(len(_TOKEN_METRICS) + 1, dtype=torch.float64)  # token-weighted metric sums, then num_tokens
-        seen: set[str] = set()
+        tokens = TokenSums()
         losses, grad_norms, num_skipped = [], [], 0
         for (start, end, mbs), step_subs in zip(steps, subs):
             step_mask = batch.loss_mask[start:end]
             if step_mask.sum() == 0:
                 continue  # same decision on every rank: the batch is identical everywhere
             denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
-            if self.router_stats is not None:  # the aux loss is averaged over the step's tokens (module docstring)
-                aux_scale = mcore("megatron.core.transformer.moe.moe_utils").MoEAuxLossAutoScaler
-                sp = self.ctx.tp_size if self.tconfig.sequence_parallel else 1  # each TP rank scales by its T / tp tokens
-                aux_scale.set_loss_scale(torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
-            self.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # read back once, after the whole step
-            if not mbs:
-                mbs = [self._placeholder(batch)]
-                step_subs = [None]
-
-            def loss_of(
-                mb: PackedMicroBatch,
-                sub: TrainBatch | None,
-                logprob: Tensor,
-                entropy: Tensor,
-                denom: float = denom,
-                step_loss: Tensor = step_loss,
-            ) -> Tensor:
-                if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
-                    return logprob.sum() * 0.0
-                loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
-                step_loss.add_(loss.detach())
-                seen.update(k for k in _TOKEN_METRICS if k in metrics)
-                for k, key in enumerate(_TOKEN_METRICS):
-                    sums[k] += metrics.get(key, 0.0) * metrics["num_tokens"]
-                sums[-1] += metrics["num_tokens"]
-                return loss
-
-            entropy_grad = cfg.entropy_coef != 0.0
-            if self.ctx.pp_size > 1:
-                loss_at = lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent)  # noqa: B023, E731  # called within this iteration
-                self._pipeline(self.ddp, mbs, loss_at, forward_only=False, entropy_grad=entropy_grad)
-            else:
-                for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
-                    sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
-                    with sync:
-                        loss_of(mb, sub, *self._forward(self.ddp, mb, entropy_grad=entropy_grad)).backward()
+            step_loss = self._backward_step(batch, start, end, mbs, step_subs, denom, tokens)
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):
                 num_skipped += 1
@@ -312,20 +269,10 @@ class MegatronTrainStep:
             losses.append(step_loss)
             grad_norms.append(grad_norm)
         self.policy_version += 1
-        losses_t = torch.stack(losses) if losses else torch.zeros(0, dtype=torch.float64, device=self.ctx.device)
-        if self.ctx.dp_size > 1 or self.ctx.pp_size > 1:
-            both = torch.cat([to_device(sums, self.ctx.device), losses_t])
-            if self.ctx.dp_size > 1:
-                dist.all_reduce(both, group=self.ctx.dp_group)
-            if self.ctx.pp_size > 1:  # losses and metrics live on the last stage; rank 0 (stage 0) reports them
-                dist.broadcast(both, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)
-            sums, losses_t = both[: len(sums)], both[len(sums) :]
-        sums, losses_t = sums.cpu(), losses_t.cpu()
+        sums, losses_t = reduce_over_ranks(self.ctx, tokens.sums, losses)
         router = self._router_metrics()
-        num_tokens = max(float(sums[-1]), 1.0)
-        always = 0 if objective.is_sft(cfg) else 4
-        out = {key: float(sums[k]) / num_tokens for k, key in enumerate(_TOKEN_METRICS) if key in seen or k < always}
-        out.update(_batch_metrics(batch, measured_mismatch=not self.config.use_rollout_logprobs))
+        out = token_means(sums, tokens.seen, sft=objective.is_sft(cfg))
+        out.update(batch_metrics(batch, measured_mismatch=not self.config.use_rollout_logprobs))
         out.update(objective.opd_metrics(batch))
         out.update(router)
         out.update(attention_path_metrics())  # GPU half precision only: which attention kernel the passes ran
@@ -339,6 +286,49 @@ class MegatronTrainStep:
             train_time_s=time.perf_counter() - t0,
         )
         return TrainMetrics.from_dict(out)
+
+    def _backward_step(
+        self,
+        batch: TrainBatch,
+        start: int,
+        end: int,
+        mbs: list[PackedMicroBatch],
+        step_subs: list[TrainBatch | None],
+        denom: float,
+        tokens: TokenSums,
+    ) -> Tensor:
+        """Zero the gradients, then forward and backward this rank's micro-batches ``mbs`` of the optimizer
+        step of samples ``start:end`` (``step_subs``: their rows on the device, None for a placeholder);
+        returns the step's loss on this rank ([] float64, on the device: read back once, after the step)."""
+        cfg = self.config
+        if self.router_stats is not None:  # the aux loss is averaged over the step's tokens (module docstring)
+            aux_scale = mcore("megatron.core.transformer.moe.moe_utils").MoEAuxLossAutoScaler
+            sp = self.ctx.tp_size if self.tconfig.sequence_parallel else 1  # each TP rank scales by its T / tp tokens
+            aux_scale.set_loss_scale(torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        if not mbs:
+            mbs, step_subs = [self._placeholder(batch)], [None]
+
+        def loss_of(mb: PackedMicroBatch, sub: TrainBatch | None, logprob: Tensor, entropy: Tensor) -> Tensor:
+            if sub is None:  # a DP rank without samples in this step still joins the gradient reduce
+                return logprob.sum() * 0.0
+            loss, metrics = objective.micro_batch_loss(cfg, sub, mb.unpack(logprob), mb.unpack(entropy), denom)
+            step_loss.add_(loss.detach())
+            tokens.add(metrics)
+            return loss
+
+        entropy_grad = cfg.entropy_coef != 0.0
+        if self.ctx.pp_size > 1:
+            loss_at = lambda i, lp, ent: loss_of(mbs[i], step_subs[i], lp, ent)  # noqa: E731
+            self._pipeline(self.ddp, mbs, loss_at, forward_only=False, entropy_grad=entropy_grad)
+        else:
+            for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
+                sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
+                with sync:
+                    loss_of(mb, sub, *self._forward(self.ddp, mb, entropy_grad=entropy_grad)).backward()
+        return step_loss
 
     def _router_metrics(self) -> dict[str, float]:
         """This step's router metrics (MoE models; every rank, collectively), {} for a dense model."""
@@ -386,10 +376,3 @@ def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
         batch,
         **{f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None},
     )
-
-
-def _batch_metrics(batch: TrainBatch, *, measured_mismatch: bool) -> dict[str, float]:
-    n = batch.num_train_tokens
-    if batch.old_logprobs is None:  # --loss-type sft_loss
-        return {"num_samples": float(batch.num_samples), "num_train_tokens": float(n)}
-    return rl_batch_metrics(batch, measured_mismatch=measured_mismatch)

@@ -172,7 +172,7 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
         real = step_mod.vocab_parallel_logprobs
         step_mod.vocab_parallel_logprobs = lambda logits, *a, **k: (dtypes.add(str(logits.dtype)), real(logits, *a, **k))[1]
         try:
-            metrics = trainer._train_batch(batch)
+            metrics = trainer._train_batch(batch).to_dict()
         finally:
             step_mod.vocab_parallel_logprobs = real
         if not alone:  # the last stage computes the logprobs: every rank's dtypes, onto rank 0
