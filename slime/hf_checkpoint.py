@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from slime.errors import CheckpointError
@@ -86,6 +87,15 @@ def check_hf_dir(
         raise fail(f"{path}: no tokenizer vocabulary ({wanted})")
     if not weights:
         return
+    for name in _weight_files(path, fail) or ():
+        problem = _safetensors_problem(path / name)
+        if problem:
+            raise fail(f"{path / name}: {problem}")
+
+
+def _weight_files(path: Path, fail: Callable[[str], CheckpointError]) -> list[str] | None:
+    """The safetensors files of the weights (the index's shards, or ``model.safetensors``); None for
+    ``pytorch_model.bin`` weights (accepted unchecked); raises ``fail(...)`` for a bad index or no weights."""
     if (path / INDEX).is_file():
         index = path / INDEX
         problem = _json_problem(index)
@@ -98,16 +108,12 @@ def check_hf_dir(
         for name in files:
             if not (path / name).is_file():
                 raise fail(f"{index}: names {name}, which is missing")
-    elif (path / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    elif (path / "pytorch_model.bin").is_file() or (path / "pytorch_model.bin.index.json").is_file():
-        return
-    else:
-        raise fail(f"{path}: no weights (no model.safetensors, {INDEX} or pytorch_model.bin)")
-    for name in files:
-        problem = _safetensors_problem(path / name)
-        if problem:
-            raise fail(f"{path / name}: {problem}")
+        return files
+    if (path / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    if (path / "pytorch_model.bin").is_file() or (path / "pytorch_model.bin.index.json").is_file():
+        return None
+    raise fail(f"{path}: no weights (no model.safetensors, {INDEX} or pytorch_model.bin)")
 
 
 def check_safetensors_file(file: str | Path) -> None:
