@@ -12,6 +12,7 @@ machine and date recorded in ``docs/benchmarks.md``.
 - ``calibrate.py``: a real engine's decode cost (a + b x running) and the sim engine calibrated to it.
 - ``engine_proc.py``: a simulated engine in its own process (so client CPU is measured alone).
 - ``rollout_table.py``: the table, the target check and the PNG of ``slime bench rollout``.
+- ``run_meta.py``: what a bench run records about where and when it ran (date, machine, commit, load).
 - ``learning.py``: ``slime bench learning``, held-out accuracy against wall time and trained tokens
   for sync, APRIL and async (and their off-policy corrections) over seeds, through the real driver.
 - ``learning_curves.py``: its arithmetic: accuracy curves from ``metrics.jsonl``, the summary over

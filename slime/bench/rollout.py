@@ -45,24 +45,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
-from slime.bench.calibrate import calibrated_workload, probe_decode_cost
+from slime.bench.calibrate import DecodeCost, calibrated_workload, probe_decode_cost
 from slime.bench.modes import Mode, run_mode
 from slime.bench.overhead import http_overhead, scheduler_overhead
 from slime.bench.rollout_table import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
+from slime.bench.run_meta import loadavg, run_meta
 from slime.bench.workload import MODES, Workload
 from slime.engines.pool import HttpEnginePool
+from slime.engines.protocol import JsonObject
 from slime.obs import strict_json
 
 __all__ = ["main", "build_parser", "run_bench"]
@@ -216,32 +214,47 @@ async def run_bench(
     http_requests: int = 5_000,
     http_concurrency: int = 64,
     probe: ProbeConfig | None = None,
-    log=print,
-) -> dict[str, Any]:
+    log: Callable[[str], None] = print,
+) -> JsonObject:
     """Run the overhead measurements, then every mode; return the results dict (see module doc).
 
     With ``engine_urls`` the modes run at time scale 1 (``wl.time_scale`` is then the calibrated
     simulated engine's); ``probe`` (real engines only) adds the calibration and the simulated run.
     """
-    results: dict[str, Any] = {
+    results: JsonObject = {
         "modes": {},
         "scheduler_completions_per_s": None,
         "http_requests_per_s": None,
         "bare_aiohttp_requests_per_s": None,
     }
-    meta = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": _loadavg(),
-        "argv": sys.argv,
-        "git": _git_state(),
-        "engine_urls": engine_urls,
-    }
+    meta = run_meta(engine_urls)
     if probe is not None and engine_urls is None:
         raise ValueError("calibrating the simulated engine needs real engines (--engine-urls)")
+    await _overheads(
+        results, wl, overhead_samples=overhead_samples, http_requests=http_requests, http_concurrency=http_concurrency, log=log
+    )
+    run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
+    cost = None
+    if probe is not None and engine_urls is not None:  # a probe without engine_urls raised above
+        cost = await _calibrate(engine_urls, run_wl, probe, seed=wl.seed, log=log)
+    for mode in modes:
+        results["modes"][mode] = await run_mode(mode, run_wl, engine_urls=engine_urls, weights_path=weights_path, log=log)
+    _speedups(results["modes"])
+    if results["modes"].get("sync"):
+        results["speedup_vs_sync"] = {mode: m["speedup_vs_sync"] for mode, m in results["modes"].items()}
+    if cost is not None:
+        await _sim_modes(results, wl, cost, modes, log=log)
+    results["targets"] = check_targets(results, REAL_ENGINE_TARGETS if engine_urls else TARGETS)
+    results["workload"] = msgspec.to_builtins(run_wl)
+    meta["loadavg_end"] = loadavg()
+    results["meta"] = meta
+    return results
+
+
+async def _overheads(
+    results: JsonObject, wl: Workload, *, overhead_samples: int, http_requests: int, http_concurrency: int, log: Callable[[str], None]
+) -> None:
+    """The scheduler's completions per CPU-second and HttpEnginePool against bare aiohttp, into ``results`` (0: skipped)."""
     if overhead_samples > 0:
         results["scheduler"] = await scheduler_overhead(overhead_samples, engine="fake")
         results["scheduler_sim_engine"] = await scheduler_overhead(overhead_samples, engine="sim")
@@ -259,66 +272,43 @@ async def run_bench(
         log(
             f"http: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s"
         )
-    run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
-    cost = None
-    if probe is not None and engine_urls is not None:  # a probe without engine_urls raised above
-        async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
-            await pool.wait_ready(60.0)
-            t0 = time.monotonic()
-            cost = await probe_decode_cost(
-                pool, batch_sizes=probe.batch_sizes, prompt_len=probe.prompt_len, short=probe.short, long=probe.long, seed=wl.seed, log=log
-            )
-        log(
-            f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
-            f"(r2 {cost.r2:.3f}; probe {time.monotonic() - t0:.1f} s)"
+
+
+async def _calibrate(engine_urls: list[str], run_wl: Workload, probe: ProbeConfig, *, seed: int, log: Callable[[str], None]) -> DecodeCost:
+    """A real engine's decode cost (a + b x running), probed at ``probe``'s batch sizes."""
+    async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
+        await pool.wait_ready(60.0)
+        t0 = time.monotonic()
+        cost = await probe_decode_cost(
+            pool, batch_sizes=probe.batch_sizes, prompt_len=probe.prompt_len, short=probe.short, long=probe.long, seed=seed, log=log
         )
+    log(
+        f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
+        f"(r2 {cost.r2:.3f}; probe {time.monotonic() - t0:.1f} s)"
+    )
+    return cost
+
+
+async def _sim_modes(results: JsonObject, wl: Workload, cost: DecodeCost, modes: list[Mode], *, log: Callable[[str], None]) -> None:
+    """Every mode again on the simulated engine calibrated to ``cost``, and the simulator-vs-real comparison."""
+    loads = [s for m in results["modes"].values() for s in m["weight_load_s"]]
+    weight_sync_ms = 1000.0 * statistics.median(loads) if loads else wl.weight_sync_ms
+    sim_wl = calibrated_workload(wl, cost, weight_sync_ms=weight_sync_ms, time_scale=wl.time_scale)
+    results["calibration"] = {**msgspec.to_builtins(cost), "weight_sync_ms": weight_sync_ms}
+    results["sim_workload"] = msgspec.to_builtins(sim_wl)
+    results["sim_modes"] = {}
     for mode in modes:
-        results["modes"][mode] = await run_mode(mode, run_wl, engine_urls=engine_urls, weights_path=weights_path, log=log)
-    _speedups(results["modes"])
-    if results["modes"].get("sync"):
-        results["speedup_vs_sync"] = {mode: m["speedup_vs_sync"] for mode, m in results["modes"].items()}
-    if cost is not None:
-        loads = [s for m in results["modes"].values() for s in m["weight_load_s"]]
-        weight_sync_ms = 1000.0 * statistics.median(loads) if loads else wl.weight_sync_ms
-        sim_wl = calibrated_workload(wl, cost, weight_sync_ms=weight_sync_ms, time_scale=wl.time_scale)
-        results["calibration"] = {**msgspec.to_builtins(cost), "weight_sync_ms": weight_sync_ms}
-        results["sim_workload"] = msgspec.to_builtins(sim_wl)
-        results["sim_modes"] = {}
-        for mode in modes:
-            results["sim_modes"][mode] = await run_mode(mode, sim_wl, log=lambda line: log(f"[sim] {line}"))
-        _speedups(results["sim_modes"])
-        results["sim_vs_real"] = sim_vs_real(results["modes"], results["sim_modes"])
-    results["targets"] = check_targets(results, REAL_ENGINE_TARGETS if engine_urls else TARGETS)
-    results["workload"] = msgspec.to_builtins(run_wl)
-    meta["loadavg_end"] = _loadavg()
-    results["meta"] = meta
-    return results
+        results["sim_modes"][mode] = await run_mode(mode, sim_wl, log=lambda line: log(f"[sim] {line}"))
+    _speedups(results["sim_modes"])
+    results["sim_vs_real"] = sim_vs_real(results["modes"], results["sim_modes"])
 
 
-def _speedups(modes: dict[str, dict[str, Any]]) -> None:
+def _speedups(modes: dict[str, JsonObject]) -> None:
     """``speedup_vs_sync`` of each mode: delivered tokens/s over sync's (when sync ran)."""
     sync = modes.get("sync")
     if sync:
         for m in modes.values():
             m["speedup_vs_sync"] = m["delivered_tokens_per_s"] / sync["delivered_tokens_per_s"]
-
-
-def _git_state() -> str | None:
-    """``<HEAD sha>`` plus ``+N files modified`` when the working tree differs (None outside a checkout)."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{head} +{len(dirty)} files modified or untracked" if dirty else head or None
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
