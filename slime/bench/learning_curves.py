@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from slime.step_record import StepRecord, steps_of
+
 __all__ = ["run_curve", "summarize", "format_table", "plot", "fmt"]
 
 
@@ -39,16 +41,16 @@ def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
         ValueError: records without the eval before RL or without ``time_s`` (a run of an older slime).
     """
     evals = [r for r in records if r.get("kind") == "eval"]
-    steps = [r for r in records if r.get("kind") == "step"]
+    steps = steps_of(records, StepRecord)
     if not evals or evals[0].get("step") != 0 or "time_s" not in evals[0]:
         raise ValueError("metrics.jsonl has no timed eval before RL (step 0 with time_s); it was written by an older slime")
     t0 = evals[0]["time_s"]
     points, eval_so_far = [], 0.0
     tokens_by_step: dict[int, float] = {}
     total = 0.0
-    for r in steps:
-        total += float(r.get("trained_tokens") or 0)
-        tokens_by_step[int(r["step"])] = total
+    for st in steps:
+        total += float(st.trained_tokens)
+        tokens_by_step[st.step] = total
     for r in evals:
         started = r["time_s"] - r.get("eval_time_s", 0.0) - t0
         wall = max(0.0, started)
@@ -66,9 +68,9 @@ def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
             eval_so_far += float(r.get("eval_time_s", 0.0))
     reached = next((p for p in points if p["accuracy"] is not None and p["accuracy"] >= target), None)
     hist: dict[int, float] = {}
-    for r in steps:
-        for lag, n in (r.get("lag_histogram") or {}).items():
-            hist[int(lag)] = hist.get(int(lag), 0.0) + float(n)
+    for st in steps:
+        for lag, n in st.lag_histogram.items():
+            hist[lag] = hist.get(lag, 0.0) + float(n)
     hist_total = sum(hist.values())
     off = sum(n for lag, n in hist.items() if lag > 0)
     return {

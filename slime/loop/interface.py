@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
-from slime.loop.step_record import SFTStepRecord, StepRecord
+from slime.step_record import SFTStepRecord, StepRecord
 
 if TYPE_CHECKING:
     from slime.config import LoopConfig

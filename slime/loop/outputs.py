@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slime.errors import RunError
-from slime.loop.step_record import StepRecord
 from slime.obs import strict_json
+from slime.step_record import StepRecord, steps_of
 
 __all__ = [
     "JsonlLog",
@@ -134,18 +134,18 @@ def check_something_trained(records: list[dict[str, Any]], *, trains: bool = Tru
         RunError: there were steps and every sample of them FAILED (reward errors, engine refusals:
             the log's warnings say which), or (``trains``) no token of any step was trained.
     """
-    steps = [r for r in records if r.get("kind") == "step"]
+    steps = steps_of(records, StepRecord)
     if not steps:
         return
-    num = sum(r.get("num_samples", 0) for r in steps)
-    failed = sum(r.get("failed_samples_in_batch", 0) for r in steps)
+    num = sum(r.num_samples for r in steps)
+    failed = sum(r.failed_samples_in_batch for r in steps)
     where = f"; its records are in {run_dir}" if run_dir else ""
     if num and failed == num:
         raise RunError(
             f"the run trained nothing: every one of the {num} samples of its {len(steps)} steps FAILED (reward errors "
             f"or engine refusals; the warnings in the log say why){where}"
         )
-    if trains and sum(r.get("train/num_train_tokens", r.get("trained_tokens", 0)) for r in steps) == 0:
+    if trains and sum(r.train.get("num_train_tokens", r.trained_tokens) for r in steps) == 0:
         raise RunError(
             f"the run trained nothing: no token of its {len(steps)} steps was trained ({num - failed} samples "
             f"counted, every token masked, e.g. as over-stale){where}"

@@ -25,9 +25,9 @@ from slime.loop.plan import RunPlan
 from slime.loop.record import save_rollout_record
 from slime.loop.run import RunFiles
 from slime.loop.step import run_step
-from slime.loop.step_record import StepRecord
 from slime.loop.version import PolicyVersion
 from slime.obs.trace import NullTracer, Tracer
+from slime.step_record import StepRecord, steps_of
 from slime.sync.base import WeightSync
 from slime.train_metrics import TrainMetrics
 from slime.types import Group
@@ -162,10 +162,10 @@ def rl_summary(
 ) -> dict[str, Any]:
     """The run's summary, derived from every metrics record (so a resumed run counts its whole history).
     ``trained``: False for a rollout-only run, whose ``max_versions_in_a_trained_sample`` is then None."""
-    steps = [r for r in records if r.get("kind") == "step"]
+    steps = steps_of(records, StepRecord)
     evals = [r for r in records if r.get("kind") == "eval"]
     first = evals[0] if evals and evals[0].get("step") == 0 else None  # None under --skip-eval-before-train
-    opd = [r["opd/reverse_kl"] for r in steps if "opd/reverse_kl" in r]
+    opd = [r.opd_reverse_kl for r in steps if r.opd_reverse_kl is not None]
     return {
         **({"opd_reverse_kl_first_step": opd[0], "opd_reverse_kl_last_step": opd[-1]} if opd else {}),
         "eval_accuracy_before": first["accuracy"] if first else None,  # None: no eval set (strict JSON has no NaN)
@@ -189,13 +189,13 @@ def rl_summary(
         "partial_groups_left": buffer.num_partial,
         "ready_groups_left": buffer.num_ready,
         "groups_trained": len(buffer.taken),  # groups handed to the trainer, FAILED samples and all
-        "trained_tokens": sum(r.get("trained_tokens", 0) for r in steps),  # loss-bearing tokens: 0 when nothing trained
-        "aborted_samples": sum(r["aborted_samples"] for r in steps),
-        "resumed_samples": sum(r["resumed_samples"] for r in steps),
-        "multi_version_samples": sum(r["multi_version_samples"] for r in steps),
-        "max_versions_in_a_trained_sample": max((r["max_versions_in_a_sample"] for r in steps), default=1) if trained else None,
-        "failed_samples": sum(r["failed_samples"] for r in steps),
-        "offline_groups_trained": sum(r.get("offline_groups", 0) for r in steps),
+        "trained_tokens": sum(r.trained_tokens for r in steps),  # loss-bearing tokens: 0 when nothing trained
+        "aborted_samples": sum(r.aborted_samples for r in steps),
+        "resumed_samples": sum(r.resumed_samples for r in steps),
+        "multi_version_samples": sum(r.multi_version_samples for r in steps),
+        "max_versions_in_a_trained_sample": max((r.max_versions_in_a_sample for r in steps), default=1) if trained else None,
+        "failed_samples": sum(r.failed_samples for r in steps),
+        "offline_groups_trained": sum(r.offline_groups for r in steps),
         "buffer_evicted_groups": buffer.num_evicted,
         "buffer_expired_groups": buffer.num_expired,
     }

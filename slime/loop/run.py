@@ -37,7 +37,7 @@ from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
 from slime.loop.interface import Record, RunMode
 from slime.loop.outputs import JsonlLog, MetricsWriter, write_json_atomic
 from slime.loop.run_lock import hold_run_folders
-from slime.loop.step_record import StepRecord
+from slime.step_record import StepRecord
 
 if TYPE_CHECKING:
     from slime.config import Config

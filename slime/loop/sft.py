@@ -46,8 +46,8 @@ from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint
 from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, run_steps
-from slime.loop.step_record import SFTStepRecord
 from slime.obs.observers import Observers
+from slime.step_record import SFTStepRecord, steps_of
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.train_metrics import TrainMetrics
 from slime.types import Group
@@ -231,7 +231,7 @@ def _step_record(
 
 def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> dict[str, Any]:
     """Derived from every metrics record, so a resumed run counts its whole history."""
-    steps = [r for r in records if r.get("kind") == "step"]
+    steps = steps_of(records, SFTStepRecord)
     evals = [r for r in records if r.get("kind") == "eval"]
     return {
         "mode": "sft",
@@ -240,7 +240,7 @@ def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, nu
         "bad_data_lines_skipped": num_bad,
         "eval_loss_before": evals[0]["eval_loss"] if evals and evals[0].get("step") == 0 else None,  # --skip-eval-before-train
         "eval_loss_after": evals[-1]["eval_loss"] if evals else None,
-        "train_loss_last": steps[-1].get("train/loss") if steps else None,
-        "trained_tokens": sum(r["trained_tokens"] for r in steps),
+        "train_loss_last": steps[-1].train.get("loss") if steps else None,
+        "trained_tokens": sum(r.trained_tokens for r in steps),
         "wall_time_s": round(wall_time_s, 1),
     }

@@ -53,8 +53,8 @@ from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
 from slime.loop.interface import RolloutScheduler
 from slime.loop.offpolicy import apply_staleness
-from slime.loop.step_record import StepRecord
 from slime.obs.trace import NULL_TRACER, RunTracer
+from slime.step_record import StepRecord
 from slime.sync.base import WeightSync
 from slime.train_metrics import TrainMetrics
 from slime.types import Group, Sample, Status, valid_samples

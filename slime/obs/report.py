@@ -19,14 +19,19 @@ import json
 import math
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from slime.obs import strict_json
+from slime.step_record import SFTStepRecord, StepRecord
 
 __all__ = ["main", "load_run", "summarize"]
 
 TREND_STEPS = 5
+R = TypeVar("R", StepRecord, SFTStepRecord)
 
 
 def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
@@ -75,51 +80,66 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _total(steps: list[dict[str, Any]], key: str) -> int:
-    return int(sum(r.get(key) or 0 for r in steps if isinstance(r.get(key), (int, float))))
+def _finite(values: Iterable[object]) -> list[float]:
+    """The finite numbers of ``values`` (a NaN, a record's default for a value its row lacked, is left out)."""
+    return [v for v in map(_num, values) if v is not None]
+
+
+def _decoded_steps(records: list[dict[str, Any]], kind: type[R], problems: list[str]) -> list[R]:
+    """The step rows of ``records`` as ``kind``'s records (``slime.step_record``); a row that does not decode is skipped and reported."""
+    steps: list[R] = []
+    for n, row in enumerate((r for r in records if r.get("kind") == "step"), start=1):
+        try:
+            steps.append(kind.from_row(row))
+        except msgspec.ValidationError as exc:
+            problems.append(f"metrics.jsonl: step record {n}: {exc}, skipped")
+    return steps
 
 
 def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
     """The report as a dict (what ``--json`` prints)."""
-    steps = [r for r in records if r.get("kind") == "step"]
+    sft = (config or {}).get("train", {}).get("loss_type") == "sft_loss" or (summary or {}).get("mode") == "sft"
+    steps: list[StepRecord] | list[SFTStepRecord] = (
+        _decoded_steps(records, SFTStepRecord, problems) if sft else _decoded_steps(records, StepRecord, problems)
+    )
     evals = [r for r in records if r.get("kind") == "eval"]
     loop = (config or {}).get("loop", {})
     planned = loop.get("num_rollout")
-    finished = summary is not None
-    if not finished:
+    if summary is None:
         problems.append("no summary.json: the run crashed, was stopped, or is still running")
-    if planned is not None and finished and len(steps) != planned:
+    if planned is not None and summary is not None and len(steps) != planned:
         problems.append(f"{len(steps)} step records for --num-rollout={planned}")
-    rewards = [v for v in (_num(r.get("reward_mean")) for r in steps) if v is not None]
+    wall = _num((summary or {}).get("wall_time_s"))
+    head = {
+        "status": "finished" if summary is not None else "incomplete",
+        "steps": len(steps),
+        "num_rollout": planned,
+        "last_step": steps[-1].step if steps else None,
+        "wall_time_s": wall if wall is not None else round(sum(_finite(r.step_time_s for r in steps)), 1),
+        "wall_time_source": "summary.json" if wall is not None else "sum of step times",
+    }
+    if sft:
+        return head | _summarize_sft([r for r in steps if isinstance(r, SFTStepRecord)], evals, summary, problems)
+    rl_steps = [r for r in steps if isinstance(r, StepRecord)]
+    return {"mode": loop.get("mode") or (summary or {}).get("mode"), **head} | _summarize_rl(rl_steps, evals, summary, problems)
+
+
+def _summarize_rl(steps: list[StepRecord], evals: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
+    """The RL lines of the report: eval accuracy, the reward trend, tokens/s, partial rollouts, staleness, failures."""
+    rewards = _finite(r.reward_mean for r in steps)
     first, last = rewards[:TREND_STEPS], rewards[-TREND_STEPS:]
     eval_points = [(r.get("step"), _num(r.get("accuracy"))) for r in evals]
     before = eval_points[0][1] if eval_points and eval_points[0][0] == 0 else None
-    after = eval_points[-1][1] if finished and len(eval_points) > 1 else None
+    after = eval_points[-1][1] if summary is not None and len(eval_points) > 1 else None
     if summary is not None:
         before = _num(summary.get("eval_accuracy_before")) if before is None else before
         after = _num(summary.get("eval_accuracy_after")) if after is None else after
-    hist: Counter[int] = Counter()
-    for r in steps:
-        for k, v in (r.get("lag_histogram") or {}).items():
-            if str(k).lstrip("-").isdigit() and isinstance(v, (int, float)):
-                hist[int(k)] += int(v)
-    step_times = [v for v in (_num(r.get("step_time_s")) for r in steps) if v is not None]
-    wall = _num((summary or {}).get("wall_time_s"))
-    tps = [v for v in (_num(r.get("tokens_per_s")) for r in steps) if v is not None]
-    if (config or {}).get("train", {}).get("loss_type") == "sft_loss" or (summary or {}).get("mode") == "sft":
-        return _summarize_sft(steps, evals, summary, planned, problems, tps=tps, wall=wall, step_times=step_times)
-    failed = _total(steps, "failed_samples")
+    tps = _finite(r.tokens_per_s for r in steps)
+    failed = sum(r.failed_samples for r in steps)
     if failed:
         problems.append(f"{failed} samples FAILED (reward errors or engine refusals; see Sample.evidence)")
     return {
-        "status": "finished" if finished else "incomplete",
-        "mode": loop.get("mode") or (summary or {}).get("mode"),
-        "steps": len(steps),
-        "num_rollout": planned,
-        "last_step": steps[-1].get("step") if steps else None,
-        "final_policy_version": steps[-1].get("policy_version") if steps else None,
-        "wall_time_s": wall if wall is not None else round(sum(step_times), 1),
-        "wall_time_source": "summary.json" if wall is not None else "sum of step times",
+        "final_policy_version": steps[-1].policy_version if steps else None,
         "eval_accuracy_before": before,
         "eval_accuracy_after": after,
         "evals": [{"step": s, "accuracy": a} for s, a in eval_points],
@@ -129,66 +149,51 @@ def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict 
         "reward_last_mean": _mean(last),
         "tokens_per_s_mean": _mean(tps),
         "tokens_per_s_last": tps[-1] if tps else None,
-        "generated_tokens": _total(steps, "generated_tokens"),
-        "aborted_samples": _total(steps, "aborted_samples"),
-        "resumed_samples": _total(steps, "resumed_samples"),
-        "staleness": {
-            "max_version_lag": max(
-                (int(r["max_version_lag"]) for r in steps if isinstance(r.get("max_version_lag"), (int, float))), default=None
-            ),
-            "off_policy_token_fraction_mean": _mean(
-                [v for v in (_num(r.get("off_policy_token_fraction")) for r in steps) if v is not None]
-            ),
-            "lag_histogram": {str(k): v for k, v in sorted(hist.items())},
-            "masked_stale_tokens": _total(steps, "masked_stale_tokens"),
-            "multi_version_samples": _total(steps, "multi_version_samples"),
-            "max_versions_in_a_sample": max(
-                (int(r["max_versions_in_a_sample"]) for r in steps if isinstance(r.get("max_versions_in_a_sample"), (int, float))),
-                default=None,
-            ),
-        },
+        "generated_tokens": sum(r.generated_tokens for r in steps),
+        "aborted_samples": sum(r.aborted_samples for r in steps),
+        "resumed_samples": sum(r.resumed_samples for r in steps),
+        "staleness": _staleness(steps),
         "failures": {
             "failed_samples": failed,
-            "truncated_samples": _total(steps, "truncated_samples"),
-            "filtered_groups": _total(steps, "filtered_groups"),
-            "dropped_stale_groups": _total(steps, "dropped_stale_groups"),
+            "truncated_samples": sum(r.truncated_samples for r in steps),
+            "filtered_groups": sum(r.filtered_groups for r in steps),
+            "dropped_stale_groups": sum(r.dropped_stale_groups for r in steps),
         },
         "problems": problems,
     }
 
 
-def _summarize_sft(
-    steps: list[dict[str, Any]],
-    evals: list[dict[str, Any]],
-    summary: dict | None,
-    planned: Any,
-    problems: list[str],
-    *,
-    tps: list[float],
-    wall: float | None,
-    step_times: list[float],
-) -> dict[str, Any]:
+def _staleness(steps: list[StepRecord]) -> dict[str, Any]:
+    """The staleness line: the largest lag, the mean off-policy share, tokens by lag (summed), masked and multi-version counts."""
+    hist: Counter[int] = Counter()
+    for r in steps:
+        hist.update(r.lag_histogram)
+    return {
+        "max_version_lag": max((r.max_version_lag for r in steps), default=None),
+        "off_policy_token_fraction_mean": _mean(_finite(r.off_policy_token_fraction for r in steps)),
+        "lag_histogram": {str(k): v for k, v in sorted(hist.items())},
+        "masked_stale_tokens": sum(r.masked_stale_tokens for r in steps),
+        "multi_version_samples": sum(r.multi_version_samples for r in steps),
+        "max_versions_in_a_sample": max((r.max_versions_in_a_sample for r in steps), default=None),
+    }
+
+
+def _summarize_sft(steps: list[SFTStepRecord], evals: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
     """The report of an SFT run (``slime.loop.sft``): eval loss and train-loss trend instead of rewards."""
     eval_points = [(r.get("step"), _num(r.get("eval_loss"))) for r in evals]
-    losses = [v for v in (_num(r.get("train/loss")) for r in steps) if v is not None]
+    losses = _finite(r.train.get("loss") for r in steps)
     first, last = losses[:TREND_STEPS], losses[-TREND_STEPS:]
     return {
-        "status": "finished" if summary is not None else "incomplete",
         "mode": "sft",
-        "steps": len(steps),
-        "num_rollout": planned,
-        "last_step": steps[-1].get("step") if steps else None,
-        "last_epoch": steps[-1].get("epoch") if steps else None,
-        "wall_time_s": wall if wall is not None else round(sum(step_times), 1),
-        "wall_time_source": "summary.json" if wall is not None else "sum of step times",
+        "last_epoch": steps[-1].epoch if steps else None,
         "evals": [{"step": s, "eval_loss": v} for s, v in eval_points],
         "eval_loss_before": eval_points[0][1] if eval_points and eval_points[0][0] == 0 else None,
         "eval_loss_after": eval_points[-1][1] if summary is not None and len(eval_points) > 1 else None,
         "train_loss_first_mean": _mean(first),
         "train_loss_last_mean": _mean(last),
-        "tokens_per_s_mean": _mean(tps),
-        "trained_tokens": _total(steps, "trained_tokens"),
-        "num_tokens": _total(steps, "num_tokens"),
+        "tokens_per_s_mean": _mean(_finite(r.tokens_per_s for r in steps)),
+        "trained_tokens": sum(r.trained_tokens for r in steps),
+        "num_tokens": sum(r.num_tokens for r in steps),
         "problems": problems,
     }
 

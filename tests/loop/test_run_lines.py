@@ -13,7 +13,7 @@ from slime.errors import RunError
 from slime.loop import assemble
 from slime.loop.driver import run_training
 from slime.loop.outputs import format_done_line, format_step_line
-from slime.loop.step_record import StepRecord
+from slime.step_record import StepRecord
 from tests.fixtures.fake_pool import run_on_a_recording_fake_pool
 from tests.fixtures.tiny_model import write_tiny_llama
 
