@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,11 @@ from slime.train.megatron.convert import Ranks, hf_to_mcore_param, stage_names
 from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 from slime.train.megatron.linear import use_local_linears
 
+if TYPE_CHECKING:  # megatron-core ships no type information: these name its classes (mypy reads them as Any)
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
 __all__ = [
     "transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader", "output_hidden_states", "output_weight",
     "float16_wrapped",
@@ -62,7 +67,7 @@ log = logging.getLogger(__name__)
 
 def transformer_config(
     arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, params_dtype: torch.dtype | None = None
-) -> Any:
+) -> TransformerConfig:
     """megatron-core ``TransformerConfig`` for ``arch`` under ``mcfg``'s parallelism and precision.
 
     Args:
@@ -78,52 +83,13 @@ def transformer_config(
             model; expert > 1 on a dense one), PP that does not divide the layers, or TP / EP / ETP
             that do not divide heads, widths or the expert count.
     """
+    _check_parallel_sizes(arch, mcfg)
     TransformerConfig = mcore("megatron.core.transformer.transformer_config").TransformerConfig
-    cp, pp = mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
-    if arch.is_moe and (cp > 1 or pp > 1):
-        raise ValueError(
-            f"--context-parallel-size={cp} / --pipeline-model-parallel-size={pp}: slime's megatron backend runs MoE models with TP, DP and EP only so far"
-        )
-    if arch.num_layers % pp:
-        raise ValueError(f"--pipeline-model-parallel-size={pp} does not divide the model's {arch.num_layers} layers")
-    arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
-    if arch.is_moe and mcfg.tensor_model_parallel_size > 1 and not mcfg.sequence_parallel:
-        raise ValueError(
-            f"--tensor-model-parallel-size={mcfg.tensor_model_parallel_size} with an MoE model needs --sequence-parallel "
-            "(megatron-core's MoE layer refuses to train under TP without it)"
-        )
-    etp = mcfg.resolved_expert_tensor_parallel_size
-    arch.check_expert_parallel(mcfg.expert_model_parallel_size, etp)
     dtype = params_dtype or (torch.bfloat16 if mcfg.bf16 else torch.float32)
-    bf16 = dtype == torch.bfloat16
     return TransformerConfig(
-        num_layers=arch.num_layers,
-        hidden_size=arch.hidden_size,
-        ffn_hidden_size=arch.ffn_hidden_size,
-        num_attention_heads=arch.num_attention_heads,
-        num_query_groups=arch.num_query_groups,
-        kv_channels=arch.head_dim,
-        layernorm_epsilon=arch.rms_norm_eps,
-        normalization="RMSNorm",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=arch.qkv_bias,
-        qk_layernorm=arch.qk_norm,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
-        pipeline_model_parallel_size=pp,
-        context_parallel_size=cp,
-        cp_comm_type="all_gather" if cp > 1 else None,  # what SDPACoreAttention does (layers.py)
-        variable_seq_lengths=pp > 1,  # packed micro-batches differ in length: stages exchange shapes first
-        expert_model_parallel_size=mcfg.expert_model_parallel_size,
-        expert_tensor_parallel_size=etp,
-        **(
-            _moe_config(arch, mcfg) if arch.is_moe else dict(moe_token_dispatcher_type="alltoall")
-        ),  # dense: no dispatcher runs; "allgather" refuses variable_seq_lengths
-        sequence_parallel=mcfg.sequence_parallel and mcfg.tensor_model_parallel_size > 1,
-        bf16=bf16,
+        **_model_fields(arch),
+        **_parallel_fields(arch, mcfg),
+        bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         use_cpu_initialization=use_cpu_initialization,
@@ -144,7 +110,63 @@ def transformer_config(
     )
 
 
-def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, Any]:
+def _check_parallel_sizes(arch: ModelArch, mcfg: MegatronConfig) -> None:
+    """``transformer_config``'s ValueErrors (its docstring)."""
+    cp, pp = mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
+    if arch.is_moe and (cp > 1 or pp > 1):
+        raise ValueError(
+            f"--context-parallel-size={cp} / --pipeline-model-parallel-size={pp}: slime's megatron backend runs MoE models with TP, DP and EP only so far"
+        )
+    if arch.num_layers % pp:
+        raise ValueError(f"--pipeline-model-parallel-size={pp} does not divide the model's {arch.num_layers} layers")
+    arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
+    if arch.is_moe and mcfg.tensor_model_parallel_size > 1 and not mcfg.sequence_parallel:
+        raise ValueError(
+            f"--tensor-model-parallel-size={mcfg.tensor_model_parallel_size} with an MoE model needs --sequence-parallel "
+            "(megatron-core's MoE layer refuses to train under TP without it)"
+        )
+    arch.check_expert_parallel(mcfg.expert_model_parallel_size, mcfg.resolved_expert_tensor_parallel_size)
+
+
+def _model_fields(arch: ModelArch) -> dict[str, object]:
+    """The ``TransformerConfig`` fields of the architecture (no dropout, no biases but Qwen2's QKV)."""
+    return dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        layernorm_epsilon=arch.rms_norm_eps,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+
+
+def _parallel_fields(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, object]:
+    """The ``TransformerConfig`` fields of ``mcfg``'s parallelism (and an MoE model's routing)."""
+    cp, pp = mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
+    return dict(
+        tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        cp_comm_type="all_gather" if cp > 1 else None,  # what SDPACoreAttention does (layers.py)
+        variable_seq_lengths=pp > 1,  # packed micro-batches differ in length: stages exchange shapes first
+        expert_model_parallel_size=mcfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=mcfg.resolved_expert_tensor_parallel_size,
+        # dense: no dispatcher runs; "allgather" refuses variable_seq_lengths
+        **(_moe_config(arch, mcfg) if arch.is_moe else dict(moe_token_dispatcher_type="alltoall")),
+        sequence_parallel=mcfg.sequence_parallel and mcfg.tensor_model_parallel_size > 1,
+    )
+
+
+def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, object]:
     """The ``TransformerConfig`` fields of an MoE model (module docstring)."""
     return dict(
         num_moe_experts=arch.num_experts,
@@ -167,7 +189,7 @@ def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, Any]:
     )
 
 
-def layer_spec(*, num_experts: int | None = None) -> Any:
+def layer_spec(*, num_experts: int | None = None) -> ModuleSpec:
     """megatron-core's local GPT layer spec with slime's RMSNorm and SDPA core attention swapped in.
 
     The MLP stays megatron's ``MLP`` here (``TransformerLayer`` passes its TP group only to that
@@ -187,7 +209,7 @@ def layer_spec(*, num_experts: int | None = None) -> Any:
     return spec
 
 
-def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int, pp_rank: int = 0) -> Any:
+def build_gpt_model(arch: ModelArch, config: TransformerConfig, *, tp_size: int, pp_rank: int = 0) -> GPTModel:
     """A ``GPTModel`` (one pipeline stage: all layers without PP) with uninitialised weights.
 
     ``config`` comes from ``transformer_config``; megatron's parallel state must be initialised
@@ -231,7 +253,7 @@ def build_gpt_model(arch: ModelArch, config: Any, *, tp_size: int, pp_rank: int 
     return model
 
 
-def use_fused_swiglu(model: Any) -> None:
+def use_fused_swiglu(model: torch.nn.Module) -> None:
     """Make every megatron ``MLP`` in ``model`` a ``SwiGLUMLP`` (a subclass that only replaces
     ``forward``, same state): its gated SiLU runs as one fused function. Every ``TopKRouter``
     becomes a ``TorchGatingRouter`` the same way (its gate runs without Transformer Engine)."""
@@ -244,7 +266,7 @@ def use_fused_swiglu(model: Any) -> None:
             module.__class__ = TorchGatingRouter
 
 
-def output_hidden_states(model: Any) -> None:
+def output_hidden_states(model: torch.nn.Module) -> None:
     """Make ``model``'s output layer (last pipeline stage) a ``HiddenStatesOutput``, which returns its
     input: the model's forward then returns the final norm's output [b, s, h] in place of the logits
     [b, s, v] (``--logprob-impl liger`` computes logprobs from it and ``output_weight``).
@@ -259,7 +281,7 @@ def output_hidden_states(model: Any) -> None:
         layer.__class__ = HiddenStatesOutput
 
 
-def output_weight(model: Any) -> torch.Tensor:
+def output_weight(model: torch.nn.Module) -> torch.Tensor:
     """The output-layer weight [v, h] of ``model`` (a GPTModel, its last pipeline stage, maybe
     wrapped in DDP / ``Float16Module``): the word embedding when tied and this stage embeds,
     else the output layer's (megatron's ``shared_embedding_or_output_weight``)."""
@@ -267,25 +289,27 @@ def output_weight(model: Any) -> torch.Tensor:
     return gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
 
 
-def float16_wrapped(model: Any) -> bool:
+def float16_wrapped(model: torch.nn.Module) -> bool:
     """Whether ``model`` is, or wraps (DDP's ``.module`` chain), megatron's ``Float16Module``."""
     wrapper = mcore("megatron.core.transformer.module").Float16Module
-    while model is not None:
-        if isinstance(model, wrapper):
+    inner: object = model
+    while inner is not None:
+        if isinstance(inner, wrapper):
             return True
-        model = getattr(model, "module", None)
+        inner = getattr(inner, "module", None)
     return False
 
 
-def _gpt_model(model: Any) -> Any:
+def _gpt_model(model: torch.nn.Module) -> GPTModel:
     """``model`` without its wrappers (DDP, ``Float16Module``: each holds the next as ``.module``)."""
-    GPTModel = mcore("megatron.core.models.gpt").GPTModel
-    while not isinstance(model, GPTModel):
-        model = model.module
-    return model
+    gpt_class = mcore("megatron.core.models.gpt").GPTModel
+    inner: object = model
+    while not isinstance(inner, gpt_class):
+        inner = getattr(inner, "module")  # noqa: B009  # the wrappers' attribute (DDP, Float16Module)
+    return inner
 
 
-def mark_tensor_parallel_weights(model: Any, config: Any) -> None:
+def mark_tensor_parallel_weights(model: torch.nn.Module, config: TransformerConfig) -> None:
     """Tag the weights of megatron's TP layers as TP-sharded (``tensor_model_parallel``, ``partition_dim``,
     ``partition_stride``), as megatron's weight init would.
 
@@ -352,7 +376,7 @@ class HFCheckpointReader:
 
 
 def load_hf_weights(
-    model: Any, reader: Any, arch: ModelArch, *, tp_size: int, tp_rank: int,
+    model: torch.nn.Module, reader: HFCheckpointReader, arch: ModelArch, *, tp_size: int, tp_rank: int,
     ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
     pp_size: int = 1, pp_rank: int = 0,
 ) -> None:  # fmt: skip
