@@ -20,14 +20,21 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, TypedDict
 
 from slime.engines.client import EngineClient
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
-__all__ = ["RouterClient"]
+__all__ = ["RouterClient", "WorkerRegistration"]
 
 _NOT_HERE = (404, 405)
+
+
+class WorkerRegistration(TypedDict, total=False):
+    """What ``add_worker`` sends beside the url for a PD worker (a regular one sends neither)."""
+
+    worker_type: str
+    bootstrap_port: int
 
 
 class RouterClient(EngineClient):

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +38,19 @@ from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
 from slime.engines.fleet.groups import ACTOR, TEACHER
 from slime.engines.fleet.host import check_launchable
 from slime.engines.fleet.plan import build_launch_plan, embedded_processes, teacher_processes
-from slime.engines.fleet.plan_specs import LaunchPlan
-from slime.engines.fleet.processes import CommandProcess
+from slime.engines.fleet.plan_specs import LaunchPlan, RouterSpec, ServerSpec
+from slime.engines.fleet.processes import CommandProcess, EmbeddedEngineProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
 from slime.engines.probe import wait_unless_refused
-from slime.engines.router import RouterClient
+from slime.engines.router import RouterClient, WorkerRegistration
 from slime.errors import ConfigError
 
 __all__ = ["start_rollout", "load_initial_weights", "rejoin_bound", "PoolRegistry", "RolloutEngines"]
 
 log = logging.getLogger(__name__)
+Process = CommandProcess | EmbeddedEngineProcess
+"""A server ``start_rollout`` starts: a launched command (SGLang, a router) or an embedded engine."""
 EXTERNAL_REJOIN_CHECKS = 3
 """Health-check intervals a pool of external engines waits, with none in rotation, for one to answer
 again before the run ends (``EnginesGone``): nothing here can restart them."""
@@ -87,7 +89,7 @@ class RolloutEngines:
     pools: PoolRegistry
     supervisors: dict[str, EngineSupervisor]
     """model -> its pool's supervisor."""
-    processes: dict[str, Any]
+    processes: dict[str, Process]
     """worker url -> its process (launched servers and embedded engines)."""
     routers: dict[str, CommandProcess]
     """model -> its launched router process."""
@@ -127,130 +129,164 @@ async def start_rollout(
     check_launchable(plan)
     for note in plan.notes:
         log.info("launch plan: %s", note)
-    timeout_s = engine.startup_timeout_s
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-    )
-    processes: dict[str, Any] = {}
-    routers: dict[str, CommandProcess] = {}
-    pools: dict[str, HttpEnginePool] = {}
-    model_of: dict[str, str] = {}
+    fleet = _Startup(plan, engine, rollout, log_dir=log_dir)
     try:
-        teachers = teacher_processes(engine, seed=seed)  # --opd-teacher-load: one embedded engine (embedded / external backends)
-        if plan.backend == "embedded":
-            procs: list[Any] = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
-            urls = await _start_all(procs + teachers, timeout_s)
-            processes.update(zip(urls, procs + teachers))
-            model_of.update((u, ACTOR) for u in urls[: len(procs)])
-            model_of.update((u, TEACHER) for u in urls[len(procs) :])
-        elif plan.backend == "sglang":
-            procs = [
-                CommandProcess(
-                    s.name,
-                    s.argv,
-                    env=s.env,
-                    url=s.url,
-                    log_path=_log(log_dir, s.name),
-                    ready=EngineClient(s.url, session=session, config=rollout).wait_ready,
-                )
-                for s in plan.servers
-            ]
-            await _start_all(procs, timeout_s)
-            processes.update((p.url, p) for p in procs)
-            model_of.update((s.url, s.model) for s in plan.servers)
-        elif teachers:  # external actor engines, an embedded teacher (the plan refuses one beside SGLang servers)
-            urls = await _start_all(teachers, timeout_s)
-            processes.update(zip(urls, teachers))
-            model_of.update((u, TEACHER) for u in urls)
-        model_of.update((u, ACTOR) for u in plan.external_urls)
-        model_of.update((u, TEACHER) for u in plan.teacher_urls)
-        router_clients: dict[str, RouterClient] = {}
-        registration: dict[str, dict[str, Any]] = {}
-        for s in plan.servers:
-            if s.role != "regular":
-                registration[s.url] = {"worker_type": s.role, **({"bootstrap_port": s.bootstrap_port} if s.bootstrap_port else {})}
-        for spec in plan.routers:
-            client = RouterClient(spec.url, session=session, config=rollout)
-            if spec.argv is not None:
-                proc = CommandProcess(
-                    f"router-{spec.model}",
-                    spec.argv,
-                    env={},
-                    url=spec.url,
-                    ready=client.wait_ready,
-                    log_path=_log(log_dir, f"router-{spec.model}"),
-                )
-                routers[spec.model] = proc
-                await proc.start(timeout_s)
-            else:  # a running router: fail fast when nothing listens at its address
-                await wait_unless_refused(
-                    client.wait_ready(timeout_s),
-                    [spec.url],
-                    min(EXTERNAL_REFUSED_GRACE_S, timeout_s),
-                    endpoint="/readiness",
-                    hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the router first, or fix "
-                    "--sglang-router-ip / --sglang-router-port",
-                )
-            if spec.register:
-                for s in plan.servers:
-                    if s.model == spec.model:
-                        await client.add_worker(s.url, **registration.get(s.url, {}))
-            elif spec.argv is None and not plan.external_urls:
-                model_of.update((u, spec.model) for u in await client.worker_urls())
-                log.info("router %s lists workers %s", spec.url, [u for u, m in model_of.items() if m == spec.model])
-            if spec.argv is not None or spec.register:
-                router_clients[spec.model] = client  # registration follows our restarts
-        for model in plan.models():
-            urls = [u for u, m in model_of.items() if m == model]
-            rejoin_timeout_s = rejoin_bound(engine, rollout, launched=any(u in processes for u in urls))
-            router = plan.router_of(model)
-            weights = (model_dir or engine.hf_checkpoint, weight_version) if model == ACTOR else None
-            pools[model] = HttpEnginePool(
-                urls,
-                config=rollout,
-                session=session,
-                router_url=router.url if router else None,
-                failure_threshold=engine.circuit_breaker_threshold,
-                rejoin_timeout_s=rejoin_timeout_s,
-                breaker_cooldown_s=engine.circuit_breaker_cooldown_s,
-                weights=weights,
-            )
-            if plan.backend == "external" or (model == TEACHER and plan.teacher_urls):
-                log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
-                launched = any(u in processes for u in urls)  # a launched engine still loading may refuse connections: wait
-                flag = "--opd-teacher-addrs" if model == TEACHER and plan.teacher_urls else "--rollout-external-engine-addrs"
-                await pools[model].wait_ready(
-                    timeout_s,
-                    refused_grace_s=None if launched else EXTERNAL_REFUSED_GRACE_S,
-                    refused_hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the engines first "
-                    f"and wait until they answer /health_generate, or fix the address ({flag})",
-                )
-        supervisors = {
-            model: EngineSupervisor(
-                pool,
-                config=engine,
-                processes={u: processes[u] for u in pool.urls if u in processes},
-                router=router_clients.get(model),
-                registration=registration,
-            )
-            for model, pool in pools.items()
-        }
-        log.info("rollout engines up: %s", {m: {"workers": p.urls, "router": p.router_url} for m, p in pools.items()})
+        await fleet.start_servers(model_dir=model_dir, weight_version=weight_version, seed=seed)
+        await fleet.start_routers()
+        await fleet.open_pools(weights=((model_dir or engine.hf_checkpoint), weight_version))
+        supervisors = fleet.supervisors()
+        log.info("rollout engines up: %s", {m: {"workers": p.urls, "router": p.router_url} for m, p in fleet.pools.items()})
         async with asyncio.TaskGroup() as tg:
             for model, supervisor in supervisors.items():
                 tg.create_task(supervisor.run(), name=f"supervisor-{model}")
             try:
-                yield RolloutEngines(plan, PoolRegistry(pools), supervisors, processes, routers)
+                yield RolloutEngines(plan, PoolRegistry(fleet.pools), supervisors, fleet.processes, fleet.routers)
             finally:
                 for supervisor in supervisors.values():
                     supervisor.close()
     finally:
-        await asyncio.gather(*(r.stop() for r in routers.values()), return_exceptions=True)
-        await asyncio.gather(*(p.stop() for p in processes.values()), return_exceptions=True)
-        for pool in pools.values():
+        await fleet.stop()
+
+
+class _Startup:
+    """What ``start_rollout`` started so far, step by step (servers, routers, pools), and stopping it all."""
+
+    def __init__(self, plan: LaunchPlan, engine: EngineConfig, rollout: RolloutConfig, *, log_dir: str | Path | None):
+        self.plan, self.engine, self.rollout = plan, engine, rollout
+        self.timeout_s = engine.startup_timeout_s
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+        )
+        self.processes: dict[str, Process] = {}
+        """worker url -> its process (launched servers and embedded engines)."""
+        self.routers: dict[str, CommandProcess] = {}
+        self.router_clients: dict[str, RouterClient] = {}
+        """model -> the router whose registration follows our restarts."""
+        self.pools: dict[str, HttpEnginePool] = {}
+        self.model_of: dict[str, str] = {}
+        """worker url -> the model it serves."""
+        self.registration = {s.url: _registration(s) for s in plan.servers if s.role != "regular"}
+        """PD worker url -> what a router registers it with."""
+        self._log_dir = log_dir
+
+    async def start_servers(self, *, model_dir: str | None, weight_version: str, seed: int) -> None:
+        """Start the plan's servers (all at once; each waited for) and note which model each serves."""
+        plan = self.plan
+        teachers = teacher_processes(self.engine, seed=seed)  # --opd-teacher-load: one embedded engine (embedded / external backends)
+        if plan.backend == "embedded":
+            procs = embedded_processes(self.engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
+            urls = await self._start_all([*procs, *teachers])
+            self.model_of.update((u, ACTOR) for u in urls[: len(procs)])
+            self.model_of.update((u, TEACHER) for u in urls[len(procs) :])
+        elif plan.backend == "sglang":
+            await self._start_all([self._command(s.name, s.argv, s.env, s.url) for s in plan.servers])
+            self.model_of.update((s.url, s.model) for s in plan.servers)
+        elif teachers:  # external actor engines, an embedded teacher (the plan refuses one beside SGLang servers)
+            self.model_of.update((u, TEACHER) for u in await self._start_all(teachers))
+        self.model_of.update((u, ACTOR) for u in plan.external_urls)
+        self.model_of.update((u, TEACHER) for u in plan.teacher_urls)
+
+    async def _start_all(self, procs: Sequence[Process]) -> list[str]:
+        urls = await _start_all(procs, self.timeout_s)
+        self.processes.update(zip(urls, procs))
+        return urls
+
+    def _command(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], url: str, *, client: EngineClient | None = None
+    ) -> CommandProcess:
+        """A launched server or router, ready when ``client`` (default: an engine client of ``url``) is."""
+        ready = (client or EngineClient(url, session=self.session, config=self.rollout)).wait_ready
+        return CommandProcess(name, argv, env=env, url=url, log_path=_log(self._log_dir, name), ready=ready)
+
+    async def start_routers(self) -> None:
+        """Launch each planned router (or wait for a running one), then register or list its workers."""
+        for spec in self.plan.routers:
+            client = RouterClient(spec.url, session=self.session, config=self.rollout)
+            if spec.argv is not None:
+                proc = self._command(f"router-{spec.model}", spec.argv, {}, spec.url, client=client)
+                self.routers[spec.model] = proc
+                await proc.start(self.timeout_s)
+            else:
+                await self._wait_running_router(spec, client)
+            await self._enlist(spec, client)
+            if spec.argv is not None or spec.register:
+                self.router_clients[spec.model] = client  # registration follows our restarts
+
+    async def _wait_running_router(self, spec: RouterSpec, client: RouterClient) -> None:
+        """Wait for a running router to be ready; fail fast when nothing listens at its address."""
+        timeout_s = self.timeout_s
+        await wait_unless_refused(
+            client.wait_ready(timeout_s),
+            [spec.url],
+            min(EXTERNAL_REFUSED_GRACE_S, timeout_s),
+            endpoint="/readiness",
+            hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the router first, or fix "
+            "--sglang-router-ip / --sglang-router-port",
+        )
+
+    async def _enlist(self, spec: RouterSpec, client: RouterClient) -> None:
+        """Register our servers with a running router, or take the workers a running one lists."""
+        if spec.register:
+            for s in self.plan.servers:
+                if s.model == spec.model:
+                    await client.add_worker(s.url, **self.registration.get(s.url, {}))
+        elif spec.argv is None and not self.plan.external_urls:
+            self.model_of.update((u, spec.model) for u in await client.worker_urls())
+            log.info("router %s lists workers %s", spec.url, [u for u, m in self.model_of.items() if m == spec.model])
+
+    async def open_pools(self, *, weights: tuple[str, str]) -> None:
+        """One pool per model (the actor's holds ``weights``); engines nobody here launched are waited for."""
+        engine = self.engine
+        for model in self.plan.models():
+            urls = [u for u, m in self.model_of.items() if m == model]
+            launched = any(u in self.processes for u in urls)
+            router = self.plan.router_of(model)
+            self.pools[model] = HttpEnginePool(
+                urls,
+                config=self.rollout,
+                session=self.session,
+                router_url=router.url if router else None,
+                failure_threshold=engine.circuit_breaker_threshold,
+                rejoin_timeout_s=rejoin_bound(engine, self.rollout, launched=launched),
+                breaker_cooldown_s=engine.circuit_breaker_cooldown_s,
+                weights=weights if model == ACTOR else None,
+            )
+            if self.plan.backend == "external" or (model == TEACHER and self.plan.teacher_urls):
+                await self._wait_external(model, launched=launched)
+
+    async def _wait_external(self, model: str, *, launched: bool) -> None:
+        """Wait for ``model``'s running engines; where none was launched here, fail fast when nothing listens."""
+        timeout_s = self.timeout_s
+        log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
+        flag = "--opd-teacher-addrs" if model == TEACHER and self.plan.teacher_urls else "--rollout-external-engine-addrs"
+        await self.pools[model].wait_ready(
+            timeout_s,
+            refused_grace_s=None if launched else EXTERNAL_REFUSED_GRACE_S,  # a launched engine still loading may refuse: wait
+            refused_hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the engines first "
+            f"and wait until they answer /health_generate, or fix the address ({flag})",
+        )
+
+    def supervisors(self) -> dict[str, EngineSupervisor]:
+        """One supervisor per pool: restarts the workers launched here, follows the router's registration."""
+        return {
+            model: EngineSupervisor(
+                pool,
+                config=self.engine,
+                processes={u: self.processes[u] for u in pool.urls if u in self.processes},
+                router=self.router_clients.get(model),
+                registration=self.registration,
+            )
+            for model, pool in self.pools.items()
+        }
+
+    async def stop(self) -> None:
+        """Routers, then servers (SIGTERM, then SIGKILL), then pools and the session; errors are not raised."""
+        await asyncio.gather(*(r.stop() for r in self.routers.values()), return_exceptions=True)
+        await asyncio.gather(*(p.stop() for p in self.processes.values()), return_exceptions=True)
+        for pool in self.pools.values():
             await pool.close()
-        await session.close()
+        await self.session.close()
 
 
 def rejoin_bound(engine: EngineConfig, rollout: RolloutConfig, *, launched: bool) -> float:
@@ -325,7 +361,7 @@ def _hf_config(model_dir: str | Path) -> dict[str, Any]:
         return {}
 
 
-async def _start_all(procs: list[Any], timeout_s: float) -> list[str]:
+async def _start_all(procs: Sequence[Process], timeout_s: float) -> list[str]:
     """Start every process concurrently; if one fails, stop them all and raise its error."""
     results = await asyncio.gather(*(p.start(timeout_s) for p in procs), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -335,6 +371,14 @@ async def _start_all(procs: list[Any], timeout_s: float) -> list[str]:
     urls = [r for r in results if isinstance(r, str)]  # no errors: every result is a url
     log.info("engines ready: %s", ", ".join(urls))
     return urls
+
+
+def _registration(server: ServerSpec) -> WorkerRegistration:
+    """A PD server's ``add_worker`` fields: its role, and a prefill server's bootstrap port."""
+    fields = WorkerRegistration(worker_type=server.role)
+    if server.bootstrap_port:
+        fields["bootstrap_port"] = server.bootstrap_port
+    return fields
 
 
 def _log(log_dir: str | Path | None, name: str) -> Path | None:

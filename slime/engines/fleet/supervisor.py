@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from slime.config import EngineConfig
 from slime.engines.pool import HttpEnginePool
-from slime.engines.router import RouterClient
+from slime.engines.router import RouterClient, WorkerRegistration
 from slime.errors import EngineError, EngineRequestError
 
 __all__ = ["EngineSupervisor", "EngineProcess"]
@@ -45,11 +45,21 @@ log = logging.getLogger(__name__)
 
 
 class EngineProcess(Protocol):
-    name: str
-    pid: int | None
-    returncode: int | None
+    """A worker process the supervisor can restart (``CommandProcess``, ``EmbeddedEngineProcess``)."""
 
-    async def restart(self, startup_timeout_s: float) -> str: ...
+    name: str
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs."""
+        ...
+
+    async def restart(self, startup_timeout_s: float) -> str:
+        """Stop it, start it again and wait until ready; returns its url."""
+        ...
 
 
 class EngineSupervisor:
@@ -70,7 +80,7 @@ class EngineSupervisor:
         config: EngineConfig,
         processes: Mapping[str, EngineProcess] | None = None,
         router: RouterClient | None = None,
-        registration: Mapping[str, dict[str, Any]] | None = None,
+        registration: Mapping[str, WorkerRegistration] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.pool, self.config = pool, config
