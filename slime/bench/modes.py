@@ -40,7 +40,7 @@ import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -51,6 +51,7 @@ from slime.bench.occupancy import OccupancyMeter
 from slime.bench.workload import Mode, Workload
 from slime.data.dataset import PromptSource
 from slime.engines.pool import HttpEnginePool
+from slime.engines.protocol import JsonObject
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
@@ -140,8 +141,13 @@ def _tokens(groups: Sequence[Group]) -> int:
 
 
 async def run_mode(
-    mode: Mode, wl: Workload, *, engine_urls: Sequence[str] | None = None, weights_path: str | None = None, log=print
-) -> dict[str, Any]:
+    mode: Mode,
+    wl: Workload,
+    *,
+    engine_urls: Sequence[str] | None = None,
+    weights_path: str | None = None,
+    log: Callable[[str], None] = print,
+) -> JsonObject:
     """Run ``wl.steps`` steps of ``mode`` and return its metrics (see ``rollout.py`` for the keys).
 
     Without ``engine_urls`` a fresh simulated engine process is started and stopped for this mode.
@@ -158,33 +164,20 @@ async def run_mode(
         return await _run(mode, wl, urls, engine_pid=pid, weights_path=weights_path, log=log)
 
 
-async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, weights_path: str | None, log) -> dict[str, Any]:
+async def _run(
+    mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, weights_path: str | None, log: Callable[[str], None]
+) -> JsonObject:
+    """``wl.steps`` steps of ``mode`` on the engines at ``urls``, measured: ``_metrics``, occupancy and weight loads."""
     rollout = wl.rollout_config()
     rows, prompt_ids = wl.prompts()
     lengths = DrawnLengths(median=wl.median, p99=wl.p99, max_len=wl.max_len, seed=wl.seed)
-    train_wall_s = wl.train_s / wl.time_scale
-    mismatches: list[int] = []
-
-    def train_step(groups: list[Group]) -> TrainMetrics:
-        time.sleep(train_wall_s)  # runs in a worker thread (run_step uses asyncio.to_thread)
-        return TrainMetrics()
-
-    async def on_batch(groups: list[Group]) -> None:
-        mismatches.append(lengths.mismatches(groups))
-
     async with aiohttp.ClientSession() as stats_session, CountingPool(urls, config=rollout) as pool:
         await pool.wait_ready(READY_TIMEOUT_S)
-        # Engines given by URL may hold another version (an earlier mode) or other weights: load ours as "0".
-        if weights_path is not None:
-            await pool.update_weights_from_disk(weights_path, weight_version="0", abort_all_requests=True, flush_cache=True)
-        else:
-            for client in pool.clients:
-                await client.update_weight_version("0", abort_all_requests=True)
+        await _load_version_zero(pool, weights_path)
         has_stats = await reset_sim_stats(stats_session, urls)
         engine_cpu0 = process_cpu_s(engine_pid) if engine_pid else None
         sync = BenchWeightSync(pool, weights_path)
         buffer = DataBuffer()
-        records: list[dict[str, Any]] = []
         pool.meter = meter = OccupancyMeter(wl.max_running_requests)
         cpu0, t0 = time.process_time(), time.monotonic()
         async with asyncio.TaskGroup() as tg:
@@ -200,13 +193,7 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
                 task_group=tg,
                 generate_fn=lengths.generate,
             )
-            for step in range(1, wl.steps + 1):
-                _, step_record = await run_step(sched, train_step=train_step, sync=sync, on_batch=on_batch)
-                record = step_record.to_dict()
-                record["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-                record["length_mismatch_samples"] = mismatches[-1]
-                records.append(record)
-                log(_step_line(mode, step, wl.steps, record))
+            records, mismatches = await _steps(mode, wl, sched, sync, lengths, log=log)
             wall_s = time.monotonic() - t0
             cpu_s = time.process_time() - cpu0
             occupancy = {"engine_occupancy": meter.occupancy(), "engine_busy_fraction_client": meter.busy_fraction()}
@@ -236,7 +223,42 @@ async def _run(mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | N
     return out
 
 
-def _step_line(mode: str, step: int, steps: int, r: dict[str, Any]) -> str:
+async def _load_version_zero(pool: HttpEnginePool, weights_path: str | None) -> None:
+    """Engines given by URL may hold another version (an earlier mode) or other weights: load ours as "0"."""
+    if weights_path is not None:
+        await pool.update_weights_from_disk(weights_path, weight_version="0", abort_all_requests=True, flush_cache=True)
+    else:
+        for client in pool.clients:
+            await client.update_weight_version("0", abort_all_requests=True)
+
+
+async def _steps(
+    mode: Mode, wl: Workload, sched: Scheduler, sync: BenchWeightSync, lengths: DrawnLengths, *, log: Callable[[str], None]
+) -> tuple[list[JsonObject], list[int]]:
+    """``run_step`` x ``wl.steps`` with a train step that sleeps ``wl.train_s`` engine seconds; each step's
+    record (plus load average and length mismatches) and the mismatches per step."""
+    train_wall_s = wl.train_s / wl.time_scale
+    mismatches: list[int] = []
+
+    def train_step(groups: list[Group]) -> TrainMetrics:
+        time.sleep(train_wall_s)  # runs in a worker thread (run_step uses asyncio.to_thread)
+        return TrainMetrics()
+
+    async def on_batch(groups: list[Group]) -> None:
+        mismatches.append(lengths.mismatches(groups))
+
+    records: list[JsonObject] = []
+    for step in range(1, wl.steps + 1):
+        _, step_record = await run_step(sched, train_step=train_step, sync=sync, on_batch=on_batch)
+        record = step_record.to_dict()
+        record["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        record["length_mismatch_samples"] = mismatches[-1]
+        records.append(record)
+        log(_step_line(mode, step, wl.steps, record))
+    return records, mismatches
+
+
+def _step_line(mode: str, step: int, steps: int, r: JsonObject) -> str:
     return (
         f"[{mode:>5}] step {step:>2}/{steps} {r['step_time_s']:6.1f}s (rollout wait {r['rollout_wait_s']:5.1f}s) "
         f"tokens {r['response_tokens']:>7} aborted {r['aborted_samples']:>3} resumed {r['resumed_samples']:>3} "
@@ -244,18 +266,28 @@ def _step_line(mode: str, step: int, steps: int, r: dict[str, Any]) -> str:
     )
 
 
-def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_requests, window, final, engine_cpu_s) -> dict[str, Any]:
+def _metrics(
+    records: list[JsonObject],
+    buffer: DataBuffer,
+    wl: Workload,
+    *,
+    wall_s: float,
+    cpu_s: float,
+    num_requests: int,
+    window: list[JsonObject] | None,
+    final: list[JsonObject] | None,
+    engine_cpu_s: float | None,
+) -> JsonObject:
+    """One mode's metrics from its step records and the buffer left over (``rollout.py`` names the keys); with
+    the sim engines' stats of the measured window (``window``) and at the end (``final``), the engine's side too."""
     delivered = sum(r["response_tokens"] for r in records)
     trained = sum(r["trained_tokens"] for r in records)
     samples = sum(r["num_samples"] for r in records)
     step_times = [r["step_time_s"] for r in records]
-    lag: Counter[int] = Counter()
-    for r in records:
-        lag.update(r["lag_histogram"])
-    lag_total = sum(lag.values())
+    lag_histogram, off_policy_fraction, max_lag = _lag_stats(records)
     leftover_partial, leftover_ready = _tokens(buffer.partial_groups()), _tokens(buffer.ready)
     engine_s = wall_s * wl.time_scale  # engine (simulated) seconds; = wall for a real engine
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "delivered_tokens_per_s": delivered / wall_s,
         "delivered_tokens_per_engine_s": delivered / engine_s,
         "trained_tokens_per_engine_s": trained / engine_s,
@@ -278,9 +310,9 @@ def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_re
         "aborted_samples": sum(r["aborted_samples"] for r in records),
         "resumed_samples": sum(r["resumed_samples"] for r in records),
         "masked_stale_tokens": sum(r["masked_stale_tokens"] for r in records),
-        "lag_histogram": {str(k): v for k, v in sorted(lag.items())},
-        "off_policy_token_fraction": sum(n for k, n in lag.items() if k > 0) / lag_total if lag_total else 0.0,
-        "max_version_lag": max(lag) if lag else 0,
+        "lag_histogram": lag_histogram,
+        "off_policy_token_fraction": off_policy_fraction,
+        "max_version_lag": max_lag,
         "multi_version_samples": sum(r["multi_version_samples"] for r in records),
         "leftover_partial_tokens": leftover_partial,
         "leftover_ready_tokens": leftover_ready,
@@ -291,18 +323,34 @@ def _metrics(records, buffer: DataBuffer, wl: Workload, *, wall_s, cpu_s, num_re
         "loadavg_1m_per_step": [r["loadavg_1m"] for r in records],
     }
     if window is not None and final is not None:
-        cap = sum(s["max_running_requests"] for s in window)
-        generated = sum(s["tokens_generated"] for s in final)
-        out.update(
-            slot_utilization=sum(s["mean_running"] for s in window) / cap,
-            slot_utilization_busy=sum(s["running_integral_s"] for s in window)
-            / max(1e-9, sum(s["busy_sim_s"] * s["max_running_requests"] for s in window)),
-            generated_tokens=generated,
-            wasted_tokens=generated - trained - leftover_partial - leftover_ready,
-            engine_requests=sum(s["requests_finished"] + s["requests_aborted"] for s in final),
-            engine_prefill_tokens=sum(s["prefill_tokens"] for s in window),
-            engine_max_step_lag_ms=max(s["max_step_lag_ms"] for s in window),
-            engine_time_dilation=sum(s["busy_wall_s"] * s["time_scale"] for s in window) / max(1e-9, sum(s["busy_sim_s"] for s in window)),
-            engine_busy_fraction=sum(s["busy_sim_s"] for s in window) / max(1e-9, sum(s["elapsed_sim_s"] for s in window)),
-        )
+        out.update(_engine_metrics(window, final, accounted=trained + leftover_partial + leftover_ready))
     return out
+
+
+def _lag_stats(records: list[JsonObject]) -> tuple[dict[str, int], float, int]:
+    """Over all steps: trained tokens per version lag (``{"0": n, ...}``), the fraction with lag > 0, the largest lag."""
+    lag: Counter[int] = Counter()
+    for r in records:
+        lag.update(r["lag_histogram"])
+    lag_total = sum(lag.values())
+    off_policy = sum(n for k, n in lag.items() if k > 0) / lag_total if lag_total else 0.0
+    return {str(k): v for k, v in sorted(lag.items())}, off_policy, max(lag) if lag else 0
+
+
+def _engine_metrics(window: list[JsonObject], final: list[JsonObject], *, accounted: int) -> JsonObject:
+    """Slot utilisation, generated and wasted tokens (generated, less ``accounted``: trained or left in the buffer),
+    and the engine's own counters, from the sim engines' stats."""
+    cap = sum(s["max_running_requests"] for s in window)
+    generated = sum(s["tokens_generated"] for s in final)
+    return dict(
+        slot_utilization=sum(s["mean_running"] for s in window) / cap,
+        slot_utilization_busy=sum(s["running_integral_s"] for s in window)
+        / max(1e-9, sum(s["busy_sim_s"] * s["max_running_requests"] for s in window)),
+        generated_tokens=generated,
+        wasted_tokens=generated - accounted,
+        engine_requests=sum(s["requests_finished"] + s["requests_aborted"] for s in final),
+        engine_prefill_tokens=sum(s["prefill_tokens"] for s in window),
+        engine_max_step_lag_ms=max(s["max_step_lag_ms"] for s in window),
+        engine_time_dilation=sum(s["busy_wall_s"] * s["time_scale"] for s in window) / max(1e-9, sum(s["busy_sim_s"] for s in window)),
+        engine_busy_fraction=sum(s["busy_sim_s"] for s in window) / max(1e-9, sum(s["elapsed_sim_s"] for s in window)),
+    )
