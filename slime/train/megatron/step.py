@@ -50,7 +50,8 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -67,7 +68,17 @@ from slime.train.megatron.model import float16_wrapped, output_weight
 from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
 from slime.train.megatron.step_metrics import TokenSums, batch_metrics, reduce_over_ranks, token_means
+from slime.train.router_metrics import RouterStats
 from slime.train_metrics import TrainMetrics
+
+if TYPE_CHECKING:  # megatron-core ships no type information: these name its classes (mypy reads them as Any)
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+LossOf = Callable[[int, Tensor, Tensor], Tensor]
+"""``(micro-batch index, logprob [T], entropy [T]) -> its loss`` on the last pipeline stage (``_pipeline``)."""
 
 __all__ = ["MegatronTrainStep"]
 
@@ -81,13 +92,13 @@ class MegatronTrainStep:
     config: TrainConfig
     arch: ModelArch
     ctx: ParallelContext
-    tconfig: Any  # megatron-core's TransformerConfig
-    model: Any  # GPTModel (this pipeline stage), maybe bf16-wrapped
-    ddp: Any  # its DistributedDataParallel wrapper
-    ref_model: Any
-    optimizer: Any  # megatron's (chained) optimizer
-    scheduler: Any  # megatron's OptimizerParamScheduler
-    router_stats: Any
+    tconfig: TransformerConfig
+    model: torch.nn.Module  # GPTModel (this pipeline stage), maybe bf16-wrapped
+    ddp: DistributedDataParallel  # its DistributedDataParallel wrapper
+    ref_model: torch.nn.Module | None
+    optimizer: MegatronOptimizer  # megatron's (chained) optimizer
+    scheduler: OptimizerParamScheduler
+    router_stats: RouterStats | None
     pad_token_id: int
     pad_to: int
     policy_version: int
@@ -134,11 +145,11 @@ class MegatronTrainStep:
         """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
         return self._pack(batch, [])
 
-    def _forward(self, model: Any, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    def _forward(self, model: torch.nn.Module, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         """Logprobs and entropies [T] of ``mb`` under ``model`` (one pipeline stage), full packed order."""
         return self._logprobs(self._run(model, mb), mb, model, entropy_grad=entropy_grad)
 
-    def _run(self, model: Any, mb: PackedMicroBatch) -> Tensor:
+    def _run(self, model: torch.nn.Module, mb: PackedMicroBatch) -> Tensor:
         """One stage's forward on ``mb``. A bf16 model's last stage returns its bf16 logits (hidden
         states with liger) as they are: ``Float16Module``'s default fp32 copy of [t, vocabulary] would
         be one more 4-byte write and read per token and column, and its backward one more cast, for
@@ -146,7 +157,7 @@ class MegatronTrainStep:
         kwargs = {"fp32_output": False} if float16_wrapped(model) else {}
         return model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params, **kwargs)
 
-    def _logprobs(self, out: Tensor, mb: PackedMicroBatch, model: Any, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+    def _logprobs(self, out: Tensor, mb: PackedMicroBatch, model: torch.nn.Module, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
         """The last stage's output -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``).
 
         ``out`` is [1, t, v] this rank's logits, or with ``--logprob-impl liger`` [1, t, h] the final
@@ -174,7 +185,9 @@ class MegatronTrainStep:
             )
         return mb.full(logprob), mb.full(entropy)
 
-    def _pipeline(self, model: Any, mbs: list[PackedMicroBatch], loss_of: Any, *, forward_only: bool, entropy_grad: bool = False) -> None:
+    def _pipeline(
+        self, model: torch.nn.Module, mbs: list[PackedMicroBatch], loss_of: LossOf, *, forward_only: bool, entropy_grad: bool = False
+    ) -> None:
         """``mbs`` through megatron-core's pipeline schedule (1F1B; forward only for logprob passes).
 
         Stage 0 embeds, every stage runs its layers and exchanges activations (and their
@@ -188,7 +201,9 @@ class MegatronTrainStep:
         schedule = mcore("megatron.core.pipeline_parallel").get_forward_backward_func()
         zero = torch.zeros((), dtype=torch.int, device=self.ctx.device)
 
-        def forward_step(data_iterator: Any, stage: Any) -> tuple[Tensor, Any]:
+        def forward_step(
+            data_iterator: Iterator[int], stage: torch.nn.Module
+        ) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, Tensor, dict]]]:
             i = next(data_iterator)
             mb = mbs[i]
             out = self._run(stage, mb)
@@ -242,7 +257,7 @@ class MegatronTrainStep:
             if self.ctx.pp_size > 1:
                 dist.broadcast(t, src=self.ctx.last_stage_rank, group=self.ctx.pp_group)  # computed on the last stage
         self.model.train()
-        return _replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
+        return dataclasses.replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
 
     def _train_batch(self, batch: TrainBatch) -> TrainMetrics:
         t0 = time.perf_counter()
@@ -365,10 +380,6 @@ class MegatronTrainStep:
         opt.step_with_ready_grads()
         self.scheduler.step(increment=1)
         return grad_norm
-
-
-def _replace(batch: TrainBatch, **fields: Any) -> TrainBatch:
-    return dataclasses.replace(batch, **fields)
 
 
 def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:

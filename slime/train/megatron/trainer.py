@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -37,6 +37,11 @@ from slime.train.megatron.step import MegatronTrainStep
 from slime.train.megatron.weights import iter_hf_weights, write_hf_dir
 from slime.train_metrics import TrainMetrics
 from slime.types import Group
+
+if TYPE_CHECKING:  # megatron-core ships no type information: these name its classes (mypy reads them as Any)
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 __all__ = ["MegatronTrainer", "serve_if_worker"]
 
@@ -69,16 +74,8 @@ class MegatronTrainer(MegatronTrainStep):
         max_staleness: int | None = None,
         seed: int = 1234,
     ):
+        _check_supported(config)
         mcfg = config.megatron
-        check_logprob_impl(mcfg.logprob_impl, tensor_model_parallel_size=mcfg.tensor_model_parallel_size, bf16=mcfg.bf16)
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU"
-            )
-        if objective.needs_critic(config):
-            raise ValueError(
-                f"--advantage-estimator {config.advantage_estimator} needs a critic, which the megatron backend does not have yet; use --train-backend torch"
-            )
         self.config = config
         self.rollout_temperature, self.max_staleness = rollout_temperature, max_staleness
         self.model_dir = model_dir
@@ -107,27 +104,22 @@ class MegatronTrainer(MegatronTrainStep):
             self.router_stats = attach_megatron_routers(
                 self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group
             )
+        self._log_layout()
+
+    def _log_layout(self) -> None:
+        """One log line: the model, the parallel sizes, precision and packing."""
+        mcfg, arch, c = self.config.megatron, self.arch, self.ctx
+        moe = f" ({sum(arch.moe_layers)} MoE: {arch.num_experts} experts, top-{arch.moe_router_topk})" if arch.is_moe else ""
+        packing = f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{self.config.micro_batch_size} samples"
         log.info(
             "megatron backend: %s, %d layers%s, TP=%d CP=%d PP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
-            self.arch.family,
-            self.arch.num_layers,
-            f" ({sum(self.arch.moe_layers)} MoE: {self.arch.num_experts} experts, top-{self.arch.moe_router_topk})"
-            if self.arch.is_moe
-            else "",
-            self.ctx.tp_size,
-            self.ctx.cp_size,
-            self.ctx.pp_size,
-            self.ctx.dp_size,
-            self.ctx.ep_size,
-            self.ctx.etp_size,
-            mcfg.bf16,
-            self.tconfig.sequence_parallel,
-            f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{config.micro_batch_size} samples",
-        )
+            arch.family, arch.num_layers, moe, c.tp_size, c.cp_size, c.pp_size, c.dp_size, c.ep_size, c.etp_size,
+            mcfg.bf16, self.tconfig.sequence_parallel, packing,
+        )  # fmt: skip
 
     # --- construction -------------------------------------------------------------------------
 
-    def _build(self, hf_dir: str, *, trainable: bool) -> tuple[Any, Any]:
+    def _build(self, hf_dir: str, *, trainable: bool) -> tuple[torch.nn.Module, DistributedDataParallel | None]:
         """GPTModel on this GPU with ``hf_dir``'s weights, bf16-wrapped if asked; DDP-wrapped if trainable."""
         self._use_device()
         arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
@@ -157,7 +149,7 @@ class MegatronTrainer(MegatronTrainStep):
         self.tconfig.no_sync_func = ddp.no_sync
         return model, ddp
 
-    def _optimizer(self) -> Any:
+    def _optimizer(self) -> MegatronOptimizer:
         cfg, mcfg = self.config, self.config.megatron
         opt = mcore("megatron.core.optimizer")
         opt_config = opt.OptimizerConfig(
@@ -178,7 +170,7 @@ class MegatronTrainer(MegatronTrainStep):
         _fuse_torch_adam(optimizer)
         return optimizer
 
-    def _scheduler(self) -> Any:
+    def _scheduler(self) -> OptimizerParamScheduler:
         cfg, mcfg = self.config, self.config.megatron
         if mcfg.lr_decay_style != "constant" and mcfg.lr_decay_iters is None:
             raise ValueError(f"--lr-decay-style {mcfg.lr_decay_style} needs --lr-decay-iters (optimizer steps to decay over)")
@@ -281,7 +273,22 @@ class MegatronTrainer(MegatronTrainStep):
                 raise RuntimeError(f"rank {self.ctx.rank}: unknown command {command!r} from rank 0")
 
 
-def _fuse_torch_adam(optimizer: Any) -> None:
+def _check_supported(config: TrainConfig) -> None:
+    """Raise for what the megatron backend does not run: a ``--logprob-impl`` its settings exclude,
+    no CUDA device (RuntimeError), an estimator that needs a critic (ValueError)."""
+    mcfg = config.megatron
+    check_logprob_impl(mcfg.logprob_impl, tensor_model_parallel_size=mcfg.tensor_model_parallel_size, bf16=mcfg.bf16)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "--train-backend megatron needs CUDA (megatron-core's optimizer and DDP allocate on the GPU); use --train-backend torch on a CPU"
+        )
+    if objective.needs_critic(config):
+        raise ValueError(
+            f"--advantage-estimator {config.advantage_estimator} needs a critic, which the megatron backend does not have yet; use --train-backend torch"
+        )
+
+
+def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
     """Switch megatron's torch ``AdamW`` (its fallback without Transformer Engine or Apex, built with
     the multi-tensor "foreach" kernels, about ten passes over the fp32 state) to torch's fused
     single-kernel AdamW when every parameter is on CUDA. Same update; set before the first step,
