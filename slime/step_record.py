@@ -25,9 +25,17 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
-__all__ = ["StepRecord", "SFTStepRecord", "steps_of"]
+__all__ = ["StepRecord", "SFTStepRecord", "steps_of", "JsonObject", "MetricsRow", "RunSummary"]
 
 NAN = math.nan
+
+JsonObject = dict[str, Any]
+"""A JSON object as written or read back: ``Any`` because its values are whatever JSON holds."""
+MetricsRow = JsonObject
+"""One ``metrics.jsonl`` object: a step record's ``to_dict()``, an eval record, or either as read back
+(untyped JSON: ``Any`` because its values are whatever JSON holds)."""
+RunSummary = JsonObject
+"""A run's ``summary.json`` (or ``slime report``'s object): untyped JSON."""
 
 
 class StepRecord(msgspec.Struct, kw_only=True):

@@ -19,14 +19,31 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from slime.config import ObsConfig
 from slime.errors import ConfigError
+from slime.step_record import JsonObject, MetricsRow
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
     from slime.engines.interface import WorkerPool
 
-__all__ = ["PrometheusExporter", "TensorBoardWriter", "WandbWriter", "ScalarLoggers", "scalars_of"]
+__all__ = ["BufferGauges", "PrometheusExporter", "TensorBoardWriter", "WandbWriter", "ScalarLoggers", "scalars_of"]
 
 log = logging.getLogger(__name__)
+
+
+class BufferGauges(Protocol):
+    """What ``/metrics`` reads of the loop's group buffer (``slime.loop.buffer.DataBuffer``) at each scrape."""
+
+    @property
+    def num_partial(self) -> int:
+        """Aborted groups waiting to be resumed."""
+        ...
+
+    @property
+    def num_ready(self) -> int:
+        """Finished groups waiting for a train step."""
+        ...
+
 
 # metric name -> (step-record key, help). Gauges set from each step record.
 _STEP_GAUGES = {
@@ -75,15 +92,15 @@ class PrometheusExporter:
         self._partial = Gauge("slime_partial_groups_queued", "Aborted groups waiting to be resumed", registry=self.registry)
         self._ready = Gauge("slime_ready_groups", "Finished groups waiting for a train step", registry=self.registry)
         self._pool: WorkerPool | None = None
-        self._buffer: Any = None
+        self._buffer: BufferGauges | None = None
         self._runner: Any = None
 
-    def watch(self, *, pool: WorkerPool | None = None, buffer: Any = None) -> None:
+    def watch(self, *, pool: WorkerPool | None = None, buffer: BufferGauges | None = None) -> None:
         """Read live values at each scrape: ``pool.num_inflight``, ``pool.clients[i].url/num_inflight``,
         ``buffer.num_partial``, ``buffer.num_ready``."""
         self._pool, self._buffer = pool, buffer
 
-    def observe(self, record: dict[str, Any]) -> None:
+    def observe(self, record: MetricsRow) -> None:
         """Update gauges and counters from one ``metrics.jsonl`` record (step or eval)."""
         if record.get("kind") == "eval":
             self._eval_accuracy.set(float(record.get("accuracy", math.nan)))
@@ -112,7 +129,7 @@ class PrometheusExporter:
         self._refresh_live()
         return generate_latest(self.registry)
 
-    async def _handle(self, request: Any) -> Any:
+    async def _handle(self, request: object) -> Any:  # aiohttp's web.Response (untyped third-party, imported lazily)
         from aiohttp import web
         from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -150,7 +167,7 @@ class PrometheusExporter:
         await self.close()
 
 
-def scalars_of(record: dict[str, Any]) -> dict[str, float]:
+def scalars_of(record: MetricsRow) -> dict[str, float]:
     """Every number of a metrics record, flattened; eval records under ``eval/``.
 
     Example: ``{"kind": "step", "step": 3, "reward_mean": 0.5, "lag_histogram": {"0": 90, "1": 10}}``
@@ -159,7 +176,7 @@ def scalars_of(record: dict[str, Any]) -> dict[str, float]:
     prefix = "eval/" if record.get("kind") == "eval" else ""
     out: dict[str, float] = {}
 
-    def walk(key: str, value: Any) -> None:
+    def walk(key: str, value: object) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
                 walk(f"{key}/{k}", v)
@@ -205,7 +222,7 @@ class WandbWriter:
         ConfigError: naming ``--use-wandb`` when the package is not installed.
     """
 
-    def __init__(self, *, project: str | None, group: str | None, config: dict[str, Any], run_dir: str | Path):
+    def __init__(self, *, project: str | None, group: str | None, config: JsonObject, run_dir: str | Path):
         try:
             import wandb
         except ImportError as exc:
@@ -226,7 +243,7 @@ class ScalarLoggers:
         self.writers = writers
 
     @classmethod
-    def from_config(cls, obs: Any, *, run_dir: str | Path, config: dict[str, Any]) -> ScalarLoggers:
+    def from_config(cls, obs: ObsConfig, *, run_dir: str | Path, config: JsonObject) -> ScalarLoggers:
         """Writers from an ``ObsConfig``; ``config`` (the resolved run config) goes to W&B."""
         writers: list[ScalarWriter] = []
         if obs.use_wandb:
@@ -235,7 +252,7 @@ class ScalarLoggers:
             writers.append(TensorBoardWriter(obs.tb_dir or Path(run_dir) / "tb"))
         return cls(writers)
 
-    def log(self, record: dict[str, Any]) -> None:
+    def log(self, record: MetricsRow) -> None:
         if not self.writers:
             return
         scalars, step = scalars_of(record), int(record.get("step", 0))

@@ -14,12 +14,13 @@ Closing (also when the run fails) stops the bar, closes the TensorBoard / W&B wr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slime.config import ObsConfig
-from slime.obs.metrics import PrometheusExporter, ScalarLoggers
+from slime.obs.metrics import BufferGauges, PrometheusExporter, ScalarLoggers
 from slime.obs.progress import StepProgress
 from slime.obs.trace import NullTracer, Tracer, open_tracer
+from slime.step_record import JsonObject, MetricsRow
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
     from slime.engines.interface import WorkerPool
@@ -44,7 +45,7 @@ class Observers:
     tracer: Tracer | NullTracer
     exporter: PrometheusExporter | None
 
-    def __init__(self, obs: ObsConfig, run_dir: str | Path, *, num_steps: int, run_config: dict[str, Any], progress: bool = True):
+    def __init__(self, obs: ObsConfig, run_dir: str | Path, *, num_steps: int, run_config: JsonObject, progress: bool = True):
         o = obs
         run_dir = Path(run_dir)
         self.scalars = ScalarLoggers.from_config(o, run_dir=run_dir, config=run_config)
@@ -64,12 +65,12 @@ class Observers:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def watch(self, *, pool: WorkerPool | None = None, buffer: Any = None) -> None:
+    def watch(self, *, pool: WorkerPool | None = None, buffer: BufferGauges | None = None) -> None:
         """Live values for ``/metrics`` (see ``PrometheusExporter.watch``)."""
         if self.exporter is not None:
             self.exporter.watch(pool=pool, buffer=buffer)
 
-    def record(self, record: dict[str, Any], line: str | None = None) -> None:
+    def record(self, record: MetricsRow, line: str | None = None) -> None:
         """One ``metrics.jsonl`` record; ``line`` is printed (a step advances the bar)."""
         self.scalars.log(record)
         if self.exporter is not None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slime.step_record import MetricsRow
+
 __all__ = [
     "PLOTS",
     "plot_reward_curve",
@@ -28,7 +30,7 @@ __all__ = [
     "write_plots",
 ]
 
-Records = list[dict[str, Any]]
+Records = list[MetricsRow]
 
 
 def _figure(num_rows: int = 1, height: float = 4.0):
@@ -39,7 +41,7 @@ def _figure(num_rows: int = 1, height: float = 4.0):
     return fig, axes
 
 
-def _save(fig: Any, path: str | Path) -> None:
+def _save(fig: Any, path: str | Path) -> None:  # a matplotlib Figure (untyped third-party)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -58,7 +60,7 @@ def _series(records: Records, key: str) -> tuple[list[float], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _finish(ax: Any, ylabel: str, *, legend: bool = True) -> None:
+def _finish(ax: Any, ylabel: str, *, legend: bool = True) -> None:  # a matplotlib Axes (untyped third-party)
     ax.set_xlabel("rollout step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -122,7 +124,7 @@ def plot_response_length(records: Records, path: str | Path) -> None:
     _save(fig, path)
 
 
-def _lag_histogram(record: dict[str, Any]) -> dict[int, float]:
+def _lag_histogram(record: MetricsRow) -> dict[int, float]:
     """``lag_histogram`` with int keys (JSON turned them into strings)."""
     hist = record.get("lag_histogram")
     if not isinstance(hist, dict):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from slime.step_record import MetricsRow
+
 __all__ = ["StepProgress"]
 
 
@@ -55,7 +57,7 @@ class StepProgress:
         self._task = self._progress.add_task("steps", total=self.total, reward="-", accuracy="-", tokens_per_s="-")
         self._progress.start()
 
-    def step(self, line: str, record: dict[str, Any]) -> None:
+    def step(self, line: str, record: MetricsRow) -> None:
         """One finished step: print its summary line and advance the bar."""
         self.num_done += 1
         if self._progress is None:
@@ -91,5 +93,5 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def _fmt(value: Any, spec: str) -> str:
+def _fmt(value: object, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"

@@ -21,12 +21,12 @@ import sys
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
 from slime.obs import strict_json
-from slime.step_record import SFTStepRecord, StepRecord
+from slime.step_record import JsonObject, MetricsRow, RunSummary, SFTStepRecord, StepRecord
 
 __all__ = ["main", "load_run", "summarize"]
 
@@ -34,7 +34,7 @@ TREND_STEPS = 5
 R = TypeVar("R", StepRecord, SFTStepRecord)
 
 
-def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+def _read_json(path: Path, problems: list[str]) -> JsonObject | None:
     if not path.is_file():
         return None
     try:
@@ -45,13 +45,13 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def load_run(run_dir: str | Path) -> tuple[dict | None, list[dict[str, Any]], dict | None, list[str]]:
+def load_run(run_dir: str | Path) -> tuple[JsonObject | None, list[MetricsRow], RunSummary | None, list[str]]:
     """(config, metrics records, summary, problems) of a run directory; never raises on bad content."""
     run_dir = Path(run_dir)
     problems: list[str] = []
     config = _read_json(run_dir / "config.json", problems)
     summary = _read_json(run_dir / "summary.json", problems)
-    records: list[dict[str, Any]] = []
+    records: list[MetricsRow] = []
     path = run_dir / "metrics.jsonl"
     if path.is_file():
         lines = path.read_bytes().split(b"\n")
@@ -72,7 +72,7 @@ def load_run(run_dir: str | Path) -> tuple[dict | None, list[dict[str, Any]], di
     return config, records, summary, problems
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
@@ -85,7 +85,7 @@ def _finite(values: Iterable[object]) -> list[float]:
     return [v for v in map(_num, values) if v is not None]
 
 
-def _decoded_steps(records: list[dict[str, Any]], kind: type[R], problems: list[str]) -> list[R]:
+def _decoded_steps(records: list[MetricsRow], kind: type[R], problems: list[str]) -> list[R]:
     """The step rows of ``records`` as ``kind``'s records (``slime.step_record``); a row that does not decode is skipped and reported."""
     steps: list[R] = []
     for n, row in enumerate((r for r in records if r.get("kind") == "step"), start=1):
@@ -96,7 +96,7 @@ def _decoded_steps(records: list[dict[str, Any]], kind: type[R], problems: list[
     return steps
 
 
-def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
+def summarize(config: JsonObject | None, records: list[MetricsRow], summary: RunSummary | None, problems: list[str]) -> RunSummary:
     """The report as a dict (what ``--json`` prints)."""
     sft = (config or {}).get("train", {}).get("loss_type") == "sft_loss" or (summary or {}).get("mode") == "sft"
     steps: list[StepRecord] | list[SFTStepRecord] = (
@@ -124,7 +124,7 @@ def summarize(config: dict | None, records: list[dict[str, Any]], summary: dict 
     return {"mode": loop.get("mode") or (summary or {}).get("mode"), **head} | _summarize_rl(rl_steps, evals, summary, problems)
 
 
-def _summarize_rl(steps: list[StepRecord], evals: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
+def _summarize_rl(steps: list[StepRecord], evals: list[MetricsRow], summary: RunSummary | None, problems: list[str]) -> RunSummary:
     """The RL lines of the report: eval accuracy, the reward trend, tokens/s, partial rollouts, staleness, failures."""
     rewards = _finite(r.reward_mean for r in steps)
     first, last = rewards[:TREND_STEPS], rewards[-TREND_STEPS:]
@@ -163,7 +163,7 @@ def _summarize_rl(steps: list[StepRecord], evals: list[dict[str, Any]], summary:
     }
 
 
-def _staleness(steps: list[StepRecord]) -> dict[str, Any]:
+def _staleness(steps: list[StepRecord]) -> RunSummary:
     """The staleness line: the largest lag, the mean off-policy share, tokens by lag (summed), masked and multi-version counts."""
     hist: Counter[int] = Counter()
     for r in steps:
@@ -178,7 +178,7 @@ def _staleness(steps: list[StepRecord]) -> dict[str, Any]:
     }
 
 
-def _summarize_sft(steps: list[SFTStepRecord], evals: list[dict[str, Any]], summary: dict | None, problems: list[str]) -> dict[str, Any]:
+def _summarize_sft(steps: list[SFTStepRecord], evals: list[MetricsRow], summary: RunSummary | None, problems: list[str]) -> RunSummary:
     """The report of an SFT run (``slime.loop.sft``): eval loss and train-loss trend instead of rewards."""
     eval_points = [(r.get("step"), _num(r.get("eval_loss"))) for r in evals]
     losses = _finite(r.train.get("loss") for r in steps)
@@ -198,7 +198,7 @@ def _summarize_sft(steps: list[SFTStepRecord], evals: list[dict[str, Any]], summ
     }
 
 
-def _format_sft(run_dir: Path, rep: dict[str, Any]) -> list[str]:
+def _format_sft(run_dir: Path, rep: RunSummary) -> list[str]:
     planned = f" of {rep['num_rollout']}" if rep["num_rollout"] is not None else ""
     return [
         f"run {run_dir}: {rep['status']}, mode sft",
@@ -210,11 +210,11 @@ def _format_sft(run_dir: Path, rep: dict[str, Any]) -> list[str]:
     ]
 
 
-def _f(value: Any, spec: str = ".3f") -> str:
+def _f(value: object, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_report(run_dir: Path, rep: dict[str, Any]) -> str:
+def format_report(run_dir: Path, rep: RunSummary) -> str:
     if rep["mode"] == "sft":
         return "\n".join(_format_sft(run_dir, rep) + [f"  ! {p}" for p in rep["problems"]])
     st, fl = rep["staleness"], rep["failures"]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 __all__ = ["dumps", "finite_or_null"]
 
 
-def finite_or_null(obj: Any) -> Any:
+def finite_or_null(obj: object) -> object:
     """``obj`` with every non-finite float (NaN, +-inf) replaced by None, through dicts, lists and tuples
     (tuples come back as lists, as JSON has them)."""
     if isinstance(obj, float):
@@ -27,7 +26,7 @@ def finite_or_null(obj: Any) -> Any:
     return obj
 
 
-def dumps(obj: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
+def dumps(obj: object, *, indent: int | None = None, sort_keys: bool = False) -> str:
     """``json.dumps`` that writes only valid JSON: non-finite floats as null, unknown objects as ``str(obj)``.
 
     Raises:

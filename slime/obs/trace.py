@@ -30,7 +30,7 @@ import heapq
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 import msgspec
 
@@ -40,7 +40,7 @@ _HEADER = b'{"displayTimeUnit": "ms", "traceEvents": [\n'
 _FOOTER = b"\n]}\n"
 _encode = msgspec.json.Encoder(enc_hook=str).encode
 # An event before serialisation: (ph, name, cat, tid, start_ns, dur_ns, args).
-_Event = tuple[str, str, str, int, int, int, dict[str, Any]]
+_Event = tuple[str, str, str, int, int, int, dict[str, object]]
 
 
 class _Span:
@@ -48,11 +48,11 @@ class _Span:
 
     __slots__ = ("tracer", "name", "cat", "track", "args", "start")
 
-    def __init__(self, tracer: Tracer, name: str, cat: str, track: str, args: dict[str, Any]):
+    def __init__(self, tracer: Tracer, name: str, cat: str, track: str, args: dict[str, object]):
         self.tracer, self.name, self.cat, self.track, self.args = tracer, name, cat, track, args
         self.start = 0
 
-    def __enter__(self) -> dict[str, Any]:
+    def __enter__(self) -> dict[str, object]:
         self.start = time.perf_counter_ns()
         return self.args
 
@@ -83,7 +83,7 @@ class Tracer:
         self._tids: dict[str, int] = {}
         self._free_lanes: dict[str, list[int]] = {}
         self._num_lanes: dict[str, int] = {}
-        self._file: Any = None
+        self._file: BinaryIO | None = None
         self._num_written = 0
         self._closed = False
 
@@ -112,7 +112,7 @@ class Tracer:
             tid = self._tid(f"{lanes} {lane}")
         return (name, cat, lanes, tid, time.perf_counter_ns())
 
-    def end(self, token: tuple[str, str, str, int, int], **args: Any) -> None:
+    def end(self, token: tuple[str, str, str, int, int], **args: object) -> None:
         """Close the event opened by ``begin`` (its lane becomes free) with ``args``."""
         name, cat, lanes, tid, start = token
         now = time.perf_counter_ns()
@@ -121,30 +121,30 @@ class Tracer:
         if now - self._last_flush_ns >= self._interval_ns:
             self.flush()
 
-    def complete(self, name: str, cat: str, start_ns: int, *, track: str = "driver", **args: Any) -> None:
+    def complete(self, name: str, cat: str, start_ns: int, *, track: str = "driver", **args: object) -> None:
         """Record an event on ``track`` that started at ``start_ns`` (``now()``) and ends now."""
         now = time.perf_counter_ns()
         self._pending.append(("X", name, cat, self._tid(track), start_ns, now - start_ns, args))
         if now - self._last_flush_ns >= self._interval_ns:
             self.flush()
 
-    def span(self, name: str, cat: str, *, track: str = "driver", **args: Any) -> _Span:
+    def span(self, name: str, cat: str, *, track: str = "driver", **args: object) -> _Span:
         """Context manager for ``complete``; yields ``args`` so the body can add results."""
         return _Span(self, name, cat, track, args)
 
-    def instant(self, name: str, cat: str, *, track: str = "driver", **args: Any) -> None:
+    def instant(self, name: str, cat: str, *, track: str = "driver", **args: object) -> None:
         self._pending.append(("i", name, cat, self._tid(track), time.perf_counter_ns(), 0, args))
 
     def counter(self, name: str, **values: float) -> None:
         """One sample of a counter track; each keyword is a series (``requests=12``)."""
-        self._pending.append(("C", name, "counter", 0, time.perf_counter_ns(), 0, values))
+        self._pending.append(("C", name, "counter", 0, time.perf_counter_ns(), 0, dict[str, object](values)))
 
     # -- output ----------------------------------------------------------------------------------
 
-    def _to_dict(self, event: _Event) -> dict[str, Any]:
+    def _to_dict(self, event: _Event) -> dict[str, object]:
         ph, name, cat, tid, start, dur, args = event
         ts = (start - self._t0_ns) // 1000
-        out: dict[str, Any] = {"ph": ph, "name": name, "cat": cat, "pid": self._pid, "tid": tid, "ts": ts, "args": args}
+        out: dict[str, object] = {"ph": ph, "name": name, "cat": cat, "pid": self._pid, "tid": tid, "ts": ts, "args": args}
         if ph == "X":  # both ends floored to whole microseconds, so nested spans stay nested
             out["dur"] = (start + dur - self._t0_ns) // 1000 - ts
         elif ph == "i":
@@ -184,7 +184,7 @@ class Tracer:
 class _NullSpan:
     __slots__ = ()
 
-    def __enter__(self) -> dict[str, Any]:
+    def __enter__(self) -> dict[str, object]:
         return {}
 
     def __exit__(self, *exc: object) -> None:
@@ -206,16 +206,16 @@ class NullTracer:
     def begin(self, name: str, cat: str, *, lanes: str = "rollout") -> None:
         return None
 
-    def end(self, token: Any, **args: Any) -> None:
+    def end(self, token: object, **args: object) -> None:
         return None
 
-    def complete(self, name: str, cat: str, start_ns: int, *, track: str = "driver", **args: Any) -> None:
+    def complete(self, name: str, cat: str, start_ns: int, *, track: str = "driver", **args: object) -> None:
         return None
 
-    def span(self, name: str, cat: str, *, track: str = "driver", **args: Any) -> _NullSpan:
+    def span(self, name: str, cat: str, *, track: str = "driver", **args: object) -> _NullSpan:
         return _NULL_SPAN
 
-    def instant(self, name: str, cat: str, *, track: str = "driver", **args: Any) -> None:
+    def instant(self, name: str, cat: str, *, track: str = "driver", **args: object) -> None:
         return None
 
     def counter(self, name: str, **values: float) -> None:
