@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from slime.engines.protocol import JsonObject
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["TARGETS", "REAL_ENGINE_TARGETS", "check_targets", "sim_vs_real", "format_table", "plot"]
 
@@ -29,7 +34,7 @@ REAL_ENGINE_TARGETS: list[tuple[str, str, float]] = [
 ]
 
 
-def _lookup(results: dict[str, Any], name: str) -> float | None:
+def _lookup(results: JsonObject, name: str) -> float | None:
     mode, _, key = name.partition(".")
     if key:
         value = results["modes"].get(mode, {}).get(key)
@@ -38,7 +43,7 @@ def _lookup(results: dict[str, Any], name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def check_targets(results: dict[str, Any], targets: list[tuple[str, str, float]] = TARGETS) -> dict[str, dict[str, Any]]:
+def check_targets(results: JsonObject, targets: list[tuple[str, str, float]] = TARGETS) -> dict[str, JsonObject]:
     """``{name: {"target": ">= 1.8", "measured": x | None, "met": bool | None}}`` (None: not measured)."""
     out = {}
     for name, op, bound in targets:
@@ -48,7 +53,7 @@ def check_targets(results: dict[str, Any], targets: list[tuple[str, str, float]]
     return out
 
 
-def sim_vs_real(real: dict[str, dict[str, Any]], sim: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def sim_vs_real(real: dict[str, JsonObject], sim: dict[str, JsonObject]) -> dict[str, JsonObject]:
     """Per mode in both: real vs simulated numbers per second of engine time, and the simulator's
     relative error on delivered tokens/s (``sim / real - 1``)."""
     out = {}
@@ -107,7 +112,7 @@ _SIM_COLUMNS = [
 ]
 
 
-def _table(columns: list[tuple[str, str, str]], rows_by_mode: dict[str, dict[str, Any]]) -> list[str]:
+def _table(columns: list[tuple[str, str, str]], rows_by_mode: dict[str, JsonObject]) -> list[str]:
     rows = [["mode"] + [h for h, _, _ in columns]]
     for mode, m in rows_by_mode.items():
         rows.append([mode] + [("-" if m.get(k) is None else fmt.format(m[k])) for _, fmt, k in columns])
@@ -117,7 +122,7 @@ def _table(columns: list[tuple[str, str, str]], rows_by_mode: dict[str, dict[str
     return lines
 
 
-def format_table(results: dict[str, Any]) -> str:
+def format_table(results: JsonObject) -> str:
     """A plain-text table (one row per mode), then the overhead numbers, the simulator-vs-real table
     (with ``--calibrate-sim``) and the target check."""
     lines = _table(_COLUMNS, results["modes"])
@@ -157,7 +162,7 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, Any], path: str | Path) -> None:
+def plot(results: JsonObject, path: str | Path) -> None:
     """Three panels: delivered tokens/s, engine occupancy (client side), step time per step, in wall
     seconds. With a calibrated simulated run, its bars (hatched) and step times (dashed) sit beside
     the real ones, and every rate and time is per second of engine time."""
@@ -167,16 +172,27 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     real, sim = results["modes"], results.get("sim_modes") or {}
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 3.8))
+    _bar_panels(ax1, ax2, real, sim)
+    _step_time_panel(ax3, real, sim)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+_COLORS = {"sync": "#7f7f7f", "april": "#1f77b4", "async": "#d62728"}
+
+
+def _bar_panels(ax1: Axes, ax2: Axes, real: dict[str, JsonObject], sim: dict[str, JsonObject]) -> None:
+    """Delivered tokens/s (with each mode's speedup over sync) and engine occupancy per mode; the simulated
+    run's bars hatched beside the real ones."""
     modes = list(real)
-    colors = {"sync": "#7f7f7f", "april": "#1f77b4", "async": "#d62728"}
     width = 0.4 if sim else 0.8
     xs = list(range(len(modes)))
     rate = "delivered_tokens_per_engine_s" if sim else "delivered_tokens_per_s"
-
-    def scale(run: dict[str, Any]) -> float:
-        return run.get("time_scale", 1.0) if sim else 1.0
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key, title in ((ax1, rate, "delivered tokens/s (whole loop)"), (ax2, "engine_occupancy", "engine occupancy (client side)")):
         for offset, runs, hatch in ((0.0, real, None), (width, sim, "//")):
             if not runs:
@@ -186,7 +202,7 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
                 [x + offset for x in xs],
                 vals,
                 width,
-                color=[colors.get(m, "C0") for m in modes],
+                color=[_COLORS.get(m, "C0") for m in modes],
                 hatch=hatch,
                 edgecolor="k" if hatch else None,
                 label="simulated" if hatch else ("real" if sim else None),
@@ -203,19 +219,21 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     top = max(max(r.get(rate) or 0.0 for r in runs.values()) for runs in (real, sim) if runs)
     ax1.set_ylim(0, 1.15 * top)
     ax2.set_ylim(0, 1)
+
+
+def _step_time_panel(ax3: Axes, real: dict[str, JsonObject], sim: dict[str, JsonObject]) -> None:
+    """Each mode's step times, per step (the simulated run's dashed), in engine seconds when there is one."""
+
+    def scale(run: JsonObject) -> float:
+        return run.get("time_scale", 1.0) if sim else 1.0
+
     for runs, style in ((real, "o-"), (sim, "x--")):
         for m in runs:
             times = [t * scale(runs[m]) for t in runs[m]["step_times_s"]]
-            ax3.plot(range(1, len(times) + 1), times, style, label=f"{m}{' (sim)' if runs is sim else ''}", color=colors.get(m))
-    ax3.xaxis.get_major_locator().set_params(integer=True)
+            ax3.plot(range(1, len(times) + 1), times, style, label=f"{m}{' (sim)' if runs is sim else ''}", color=_COLORS.get(m))
+    ax3.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]  # the default AutoLocator (a MaxNLocator) takes it
     ax3.set_xlabel("step")
     ax3.set_ylabel("s")
     ax3.set_ylim(0, 1.3 * max(max(t * scale(r) for t in r["step_times_s"]) for runs in (real, sim) for r in runs.values()))
     ax3.set_title("step time (rollout + train + weight sync)")
-    ax3.legend(loc="upper center", ncol=len(modes), fontsize=8)
-    for ax in (ax1, ax2, ax3):
-        ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    ax3.legend(loc="upper center", ncol=len(real), fontsize=8)
