@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import Self
 
 import aiohttp
 
@@ -41,7 +41,7 @@ from slime.engines.interface import PauseMode
 from slime.engines.pool_control import PoolControl
 from slime.engines.pool_dispatch import ROUTING_KEY_HEADER, Dispatch
 from slime.engines.pool_timeouts import AbortSignal, Attempts
-from slime.engines.pool_workers import Workers
+from slime.engines.pool_workers import EngineState, Workers
 from slime.engines.protocol import GenerateResult, JsonObject
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
@@ -172,8 +172,9 @@ class HttpEnginePool:
     def on_engine_down(self, callback: Callable[[str, str], None] | None) -> None:
         self._workers.on_engine_down = callback
 
-    def engine_states(self) -> list[dict[str, Any]]:
-        """One JSON-able row per worker (``Workers.states``)."""
+    def engine_states(self) -> list[EngineState]:
+        """One JSON-able row per worker: url, in_rotation, out_reason, breaker state, consecutive failures,
+        in flight, picks, last_failure, retired (``EngineState``)."""
         return self._workers.states()
 
     def record_success(self, url: str) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 from slime.config import RolloutConfig
 from slime.engines.client import EngineClient
@@ -127,11 +126,17 @@ class Attempts:
         fails it) -> (client url, loop time it started)."""
 
     async def run(
-        self, client: EngineClient, input_ids: Sequence[int], sampling_params: Mapping[str, object], *, rid: str | None, **kwargs: Any
+        self,
+        client: EngineClient,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, object],
+        *,
+        rid: str | None,
+        return_logprob: bool,
+        headers: Mapping[str, str] | None,
+        logprob_start_len: int | None,
     ) -> GenerateResult:
-        """One attempt on ``client``, bounded by ``request_timeout_s`` (module docstring, "Timeouts").
-
-        ``sampling_params`` is SGLang's JSON (any values); ``kwargs`` go to ``EngineClient.generate``.
+        """One attempt on ``client`` (arguments as ``EngineClient.generate``), bounded by ``request_timeout_s``.
 
         Raises:
             EngineTimeout: no answer within ``control_timeout_s`` of the abort (or no ``rid`` to abort by).
@@ -144,7 +149,17 @@ class Attempts:
         self._inflight[give_up] = (client.url, loop.time())
         # the client's own deadline is only a backstop, past ours
         backstop_s = cfg.request_timeout_s + 2 * cfg.control_timeout_s
-        call = asyncio.ensure_future(client.generate(input_ids, sampling_params, rid=rid, **kwargs, timeout_s=backstop_s))
+        call = asyncio.ensure_future(
+            client.generate(
+                input_ids,
+                sampling_params,
+                rid=rid,
+                return_logprob=return_logprob,
+                headers=headers,
+                logprob_start_len=logprob_start_len,
+                timeout_s=backstop_s,
+            )
+        )
         abort: asyncio.Future[None] | None = None
         racing: list[asyncio.Future[GenerateResult] | asyncio.Future[str]] = [call, give_up]
         try:

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from slime.engines.breaker import BreakerState, CircuitBreaker
 from slime.engines.client import EngineClient
@@ -40,11 +40,26 @@ from slime.engines.pool_timeouts import AbortWatch
 from slime.engines.probe import refuses_connections
 from slime.errors import EngineError, EnginesGone
 
-__all__ = ["PoolEngine", "Workers", "failure_text"]
+__all__ = ["PoolEngine", "EngineState", "Workers", "failure_text"]
 
 log = logging.getLogger("slime.engines.pool")  # the pool's logger
 _MAX_REASON_CHARS = 240  # one engine's part of the EnginesGone line
 _MAX_STICKY_KEYS = 65536  # least recently used keys are forgotten past this
+
+
+class EngineState(TypedDict):
+    """One worker's health as a JSON-able row (``HttpEnginePool.engine_states``)."""
+
+    url: str
+    in_rotation: bool
+    out_reason: str
+    breaker: str
+    """``closed``, ``open`` or ``half_open`` (``BreakerState``)."""
+    consecutive_failures: int
+    num_inflight: int
+    num_picks: int
+    last_failure: str
+    retired: bool
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,9 +147,8 @@ class Workers:
             raise KeyError(f"engine {key} is not in the pool (have {self.urls})")
         return self._engines.pop(key) if pop else self._engines[key]
 
-    def states(self) -> list[dict[str, Any]]:
-        """One row per worker (a JSON-able dict): url, in_rotation, out_reason, breaker state, consecutive
-        failures, in flight, picks, last_failure, retired."""
+    def states(self) -> list[EngineState]:
+        """One row per worker, in pool order."""
         return [
             {
                 "url": u,

@@ -180,7 +180,7 @@ def build_generate_payload(
     rid: str | None,
     return_logprob: bool,
     logprob_start_len: int | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Build a single-prompt ``/generate`` body (docs/sglang.md#generate-request): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len]}``.
 
     ``sampling_params`` is copied, never mutated, and limited to ``SAMPLING_PARAM_KEYS``;
@@ -342,7 +342,7 @@ def error_message_from_body(status: int, content_type: str, text: str) -> str:
     return _message_from_json(body)[:_MAX_ERROR_TEXT]
 
 
-def _message_from_json(body: Any) -> str:
+def _message_from_json(body: object) -> str:
     if isinstance(body, str):
         return body
     if isinstance(body, dict):
@@ -361,7 +361,7 @@ def _message_from_json(body: Any) -> str:
     return msgspec.json.encode(body).decode()
 
 
-def _fastapi_detail(item: Any) -> str:
+def _fastapi_detail(item: object) -> str:
     """``{"loc": ["body", "input_ids"], "msg": "field required", ...}`` -> ``body.input_ids: field required``."""
     if isinstance(item, dict) and "msg" in item:
         loc = ".".join(str(p) for p in item.get("loc") or ())

@@ -23,6 +23,7 @@ import urllib.parse
 from typing import Any, TypedDict
 
 from slime.engines.client import EngineClient
+from slime.engines.protocol import JsonObject
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
 __all__ = ["RouterClient", "WorkerRegistration"]
@@ -40,7 +41,7 @@ class WorkerRegistration(TypedDict, total=False):
 class RouterClient(EngineClient):
     """A router at ``url``; the constructor is ``EngineClient``'s."""
 
-    async def list_workers(self) -> list[dict[str, Any]]:
+    async def list_workers(self) -> list[JsonObject]:
         """Registered workers as ``[{"url": ..., "id"?: ..., ...}]`` (legacy routers give only urls).
 
         Raises:

@@ -29,7 +29,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -43,6 +42,7 @@ from slime.engines.fleet.processes import CommandProcess, EmbeddedEngineProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
 from slime.engines.probe import wait_unless_refused
+from slime.engines.protocol import JsonObject
 from slime.engines.router import RouterClient, WorkerRegistration
 from slime.errors import ConfigError
 
@@ -353,7 +353,7 @@ async def load_initial_weights(pool: HttpEnginePool, model_dir: str, weight_vers
     await pool.update_weights_from_disk(model_dir, weight_version, flush_cache=True)
 
 
-def _hf_config(model_dir: str | Path) -> dict[str, Any]:
+def _hf_config(model_dir: str | Path) -> JsonObject:
     """``model_dir/config.json`` as a dict; {} when it is not a readable local file."""
     try:
         return json.loads((Path(model_dir) / "config.json").read_text())

@@ -31,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 from slime.config import EngineConfig
 from slime.engines.pool import HttpEnginePool
@@ -173,7 +173,7 @@ class EngineSupervisor:
         else:
             self.pool.record_failure(url, problem)
 
-    async def _recover(self, url: str, how: Callable[[str], Any]) -> None:
+    async def _recover(self, url: str, how: Callable[[str], Awaitable[None]]) -> None:
         try:
             await self._deregister(url)
             await how(url)
