@@ -25,7 +25,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,20 +33,23 @@ from torch import Tensor
 from slime.train.checkpoint import TOKENIZER_FILES, copy_source_files, swap_into_place
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import is_expert, is_tensor_parallel, mcore_names, mcore_param_to_hf, pipeline_stage, stage_names
+from slime.train.megatron.parallel import ParallelContext
 
 __all__ = ["iter_hf_weights", "write_hf_dir", "unwrap"]
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 
 
-def unwrap(model: Any) -> Any:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The ``GPTModel`` inside megatron's DDP / ``Float16Module`` wrappers."""
     while hasattr(model, "module"):
-        model = model.module
+        model = getattr(model, "module")  # noqa: B009  # the wrappers' attribute (DDP, Float16Module)
     return model
 
 
-def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+def iter_hf_weights(
+    model: torch.nn.Module, arch: ModelArch, ctx: ParallelContext, *, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, Tensor]]:
     """HF ``(name, tensor)`` pairs of ``model``'s current weights, yielded on rank 0 only.
 
     Every rank must iterate to the end (the gathers are collective: ranks of data-parallel
@@ -69,7 +71,6 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
         for n, g in stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size).items()
         if pipeline_stage(g, arch, pp_size) == pp_rank
     }
-    dtype0 = next(iter(params.values())).dtype
     for name in mcore_names(arch, ep_size=ep_size):
         if is_expert(name):
             if ctx.expert_dp_rank != 0:
@@ -81,29 +82,13 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
         stage = pipeline_stage(name, arch, pp_size)
         shards = None
         if stage == pp_rank:
-            local = params[local_name[name]].detach()
-            if ctx.tp_size > 1 and is_tensor_parallel(name):
-                leader = ctx.tp_rank == 0
-                shards = [torch.empty_like(local) for _ in range(ctx.tp_size)] if leader else None
-                dist.gather(local.contiguous(), shards, dst=dist.get_global_rank(ctx.tp_group, 0), group=ctx.tp_group)
-            else:
-                shards = [local] if ctx.tp_rank == 0 else None
+            shards = _gather_tensor_parallel(name, params[local_name[name]].detach(), ctx)
             if stage != 0 and shards is not None:  # this stage's leader -> rank 0
-                for shard in shards:
-                    shape = torch.tensor([shard.dim(), *shard.shape] + [0] * (3 - shard.dim()), dtype=torch.int64, device=shard.device)
-                    dist.send(shape, dst=0, group=ctx.pp_group)
-                    dist.send(shard.contiguous(), dst=0, group=ctx.pp_group)
+                _send_shards(shards, ctx)
         elif ctx.is_driver:
-            src = dist.get_global_rank(ctx.pp_group, stage)
             count = ctx.tp_size if ctx.tp_size > 1 and is_tensor_parallel(name) else 1
-            shards = []
-            device = next(iter(params.values())).device
-            for _ in range(count):
-                shape = torch.zeros(4, dtype=torch.int64, device=device)
-                dist.recv(shape, src=src, group=ctx.pp_group)
-                buf = torch.empty(shape[1 : 1 + int(shape[0])].tolist(), dtype=dtype0, device=device)
-                dist.recv(buf, src=src, group=ctx.pp_group)
-                shards.append(buf)
+            first = next(iter(params.values()))
+            shards = _recv_shards(count, dist.get_global_rank(ctx.pp_group, stage), ctx, dtype=first.dtype, device=first.device)
         if ctx.is_driver:
             if shards is None:  # rank 0 is TP rank 0 of stage 0, or received the shards above
                 raise RuntimeError(f"export of {name}: rank 0 holds no shards (expected it to be TP rank 0 of pipeline stage 0)")
@@ -111,7 +96,40 @@ def iter_hf_weights(model: Any, arch: ModelArch, ctx: Any, *, dtype: torch.dtype
                 yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
 
 
-def _gather_expert(name: str, local: Tensor, arch: ModelArch, ctx: Any, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
+def _gather_tensor_parallel(name: str, local: Tensor, ctx: ParallelContext) -> list[Tensor] | None:
+    """This stage's shards of parameter ``name`` on its TP rank 0 (the local tensor alone when it is not
+    TP-sharded); None on the other TP ranks. Collective over the TP group for a sharded parameter."""
+    if ctx.tp_size > 1 and is_tensor_parallel(name):
+        leader = ctx.tp_rank == 0
+        shards = [torch.empty_like(local) for _ in range(ctx.tp_size)] if leader else None
+        dist.gather(local.contiguous(), shards, dst=dist.get_global_rank(ctx.tp_group, 0), group=ctx.tp_group)
+        return shards
+    return [local] if ctx.tp_rank == 0 else None
+
+
+def _send_shards(shards: list[Tensor], ctx: ParallelContext) -> None:
+    """A later stage's shards to rank 0 over the pipeline group: each one's shape (rank, then up to 3 sizes), then its data."""
+    for shard in shards:
+        shape = torch.tensor([shard.dim(), *shard.shape] + [0] * (3 - shard.dim()), dtype=torch.int64, device=shard.device)
+        dist.send(shape, dst=0, group=ctx.pp_group)
+        dist.send(shard.contiguous(), dst=0, group=ctx.pp_group)
+
+
+def _recv_shards(count: int, src: int, ctx: ParallelContext, *, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+    """Rank 0: the ``count`` shards ``_send_shards`` sends from global rank ``src``."""
+    shards = []
+    for _ in range(count):
+        shape = torch.zeros(4, dtype=torch.int64, device=device)
+        dist.recv(shape, src=src, group=ctx.pp_group)
+        buf = torch.empty(shape[1 : 1 + int(shape[0])].tolist(), dtype=dtype, device=device)
+        dist.recv(buf, src=src, group=ctx.pp_group)
+        shards.append(buf)
+    return shards
+
+
+def _gather_expert(
+    name: str, local: Tensor, arch: ModelArch, ctx: ParallelContext, dtype: torch.dtype | None
+) -> Iterator[tuple[str, Tensor]]:
     """One routed-expert parameter from every ETP x EP rank of expert replica 0, as HF tensors on rank 0.
 
     The group's ranks are ordered etp fastest (megatron-core's "tp-ep-dp" expert grid), so
