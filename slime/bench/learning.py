@@ -50,12 +50,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from slime.bench.learning_curves import fmt, format_table, plot, run_curve, summarize
+from slime.engines.protocol import JsonObject
 from slime.obs import strict_json
 
-TrainFn = Callable[[list[str]], list[dict[str, Any]]]
+TrainFn = Callable[[list[str]], list[JsonObject]]
 """Runs ``slime train ARGV`` and returns its ``metrics.jsonl`` records (``slime.cli``'s in-process run)."""
 
 __all__ = [
@@ -140,7 +140,7 @@ def train_argv(
 
 
 def _results(
-    curves: dict[str, list[dict[str, Any]]],
+    curves: dict[str, list[JsonObject]],
     argvs: dict[str, list[list[str]]],
     *,
     task: str,
@@ -150,7 +150,7 @@ def _results(
     seeds: list[int],
     extra: list[str],
     bench_wall_s: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     summary = summarize(curves)
     return {
         "target_accuracy": target,
@@ -167,7 +167,7 @@ def _results(
     }
 
 
-def write_results(results: dict[str, Any], out: str | Path) -> None:
+def write_results(results: JsonObject, out: str | Path) -> None:
     """Write ``OUT/learning.json``, ``learning.txt`` (the table) and ``learning.png``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,7 +188,7 @@ def run_bench(
     train: TrainFn,
     extra: Sequence[str] = (),
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Run every (mode, seed) with ``train``, write ``OUT/learning.{json,txt,png}``; return the results dict
     (``curves``: mode -> per-seed ``run_curve``; ``summary``: ``summarize``; ``table``; ``argv`` per run; ``meta``).
 
@@ -199,10 +199,10 @@ def run_bench(
         SlimeError: a run failed (its run directory keeps what it wrote).
     """
     out = Path(out)
-    curves: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    curves: dict[str, list[JsonObject]] = {m: [] for m in modes}
     argvs: dict[str, list[list[str]]] = {m: [] for m in modes}
     t_bench = time.monotonic()
-    results: dict[str, Any] = {}
+    results: JsonObject = {}
     for seed in seeds:  # seeds outermost: a cut-short bench still has every mode of the first seeds
         for mode in modes:
             argv = train_argv(
@@ -214,16 +214,8 @@ def run_bench(
                 eval_interval=eval_interval,
                 extra=list(extra),
             )
-            log(f"[{mode} seed {seed}] slime train {' '.join(argv)}")
-            t = time.monotonic()
-            curve = run_curve(train(argv), target)
-            curves[mode].append({"seed": seed, **curve})
+            curves[mode].append({"seed": seed, **_run_one(f"[{mode} seed {seed}]", argv, train=train, target=target, log=log)})
             argvs[mode].append(argv)
-            log(
-                f"[{mode} seed {seed}] {time.monotonic() - t:.1f} s: accuracy {fmt(curve['initial_accuracy'], '.3f')} -> "
-                f"{fmt(curve['final_accuracy'], '.3f')}, to {target:.2f} in {fmt(curve['time_to_target_s'])} s "
-                f"({fmt(curve['time_to_target_ex_eval_s'])} s without evals), off-policy share {fmt(curve['off_policy_token_share'], '.3f')}"
-            )
             done = [m for m in modes if curves[m]]
             results = _results(
                 {m: curves[m] for m in done},
@@ -240,7 +232,20 @@ def run_bench(
     return results
 
 
-def merge_results(paths: list[str | Path]) -> dict[str, Any]:
+def _run_one(tag: str, argv: list[str], *, train: TrainFn, target: float, log: Callable[[str], None]) -> JsonObject:
+    """``slime train ARGV`` through ``train``, logged before and after (``tag`` starts each line); its ``run_curve``."""
+    log(f"{tag} slime train {' '.join(argv)}")
+    t = time.monotonic()
+    curve = run_curve(train(argv), target)
+    log(
+        f"{tag} {time.monotonic() - t:.1f} s: accuracy {fmt(curve['initial_accuracy'], '.3f')} -> "
+        f"{fmt(curve['final_accuracy'], '.3f')}, to {target:.2f} in {fmt(curve['time_to_target_s'])} s "
+        f"({fmt(curve['time_to_target_ex_eval_s'])} s without evals), off-policy share {fmt(curve['off_policy_token_share'], '.3f')}"
+    )
+    return curve
+
+
+def merge_results(paths: list[str | Path]) -> JsonObject:
     """Merge ``learning.json`` files of separate benches (e.g. one process per mode) into one results dict.
 
     The runs must share task, target, steps and eval interval; a (mode, seed) in two files is refused.
@@ -258,7 +263,7 @@ def merge_results(paths: list[str | Path]) -> dict[str, Any]:
         raise ValueError("nothing to merge")
     keys = ("task", "target_accuracy", "num_rollout", "eval_interval", "extra_flags")  # extra: the runs' slime train flags
     first_path, first = parts[0]
-    curves: dict[str, list[dict[str, Any]]] = {}
+    curves: dict[str, list[JsonObject]] = {}
     argvs: dict[str, list[list[str]]] = {}
     for path, part in parts:
         if "curves" not in part:
@@ -326,31 +331,8 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.merge:
-        try:
-            results = merge_results(ns.merge)
-        except ValueError as exc:
-            print(f"slime bench learning: error: {exc}", file=sys.stderr)
-            return 2
-        write_results(results, ns.out)
-        print(results["table"], flush=True)
-        print(f"wrote {Path(ns.out) / 'learning.json'}, learning.txt, learning.png", flush=True)
-        return 0
-    modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
-    if not modes or any(m not in VARIANTS for m in modes) or len(set(modes)) != len(modes):
-        parser.error(f"--modes={ns.modes!r}: expected distinct names from {','.join(VARIANTS)}")
-    try:
-        seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds or len(set(seeds)) != len(seeds):
-        parser.error(f"--seeds={ns.seeds!r}: expected distinct integers, e.g. 0,1,2")
-    if not 0.0 < ns.target_accuracy <= 1.0:
-        parser.error(f"--target-accuracy={ns.target_accuracy}: expected a value in (0, 1]")
-    if ns.num_rollout < 1 or not 1 <= ns.eval_interval:
-        parser.error("--num-rollout and --eval-interval must be >= 1")
-    own = sorted({a.split("=")[0] for a in extra} & set(OWN_FLAGS))
-    if own:
-        parser.error(f"after --: {', '.join(own)}: set by the bench (per mode / seed, or by its own flags)")
+        return _merge(ns.merge, ns.out)
+    modes, seeds = _checked_flags(parser, ns, extra)
     try:
         results = run_bench(
             modes,
@@ -376,3 +358,37 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
     print(results["table"], flush=True)
     print(f"wrote {Path(ns.out) / 'learning.json'}, learning.txt, learning.png", flush=True)
     return 0
+
+
+def _merge(paths: list[str], out: str) -> int:
+    """``--merge``: the benches' ``learning.json`` files as one bench's outputs in ``out``; 2 if they do not merge."""
+    try:
+        results = merge_results(list(paths))
+    except ValueError as exc:
+        print(f"slime bench learning: error: {exc}", file=sys.stderr)
+        return 2
+    write_results(results, out)
+    print(results["table"], flush=True)
+    print(f"wrote {Path(out) / 'learning.json'}, learning.txt, learning.png", flush=True)
+    return 0
+
+
+def _checked_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace, extra: list[str]) -> tuple[list[str], list[int]]:
+    """The modes and seeds to run; ``parser.error`` (exit 2) on a bad flag or a bench flag after ``--``."""
+    modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
+    if not modes or any(m not in VARIANTS for m in modes) or len(set(modes)) != len(modes):
+        parser.error(f"--modes={ns.modes!r}: expected distinct names from {','.join(VARIANTS)}")
+    try:
+        seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds={ns.seeds!r}: expected distinct integers, e.g. 0,1,2")
+    if not 0.0 < ns.target_accuracy <= 1.0:
+        parser.error(f"--target-accuracy={ns.target_accuracy}: expected a value in (0, 1]")
+    if ns.num_rollout < 1 or not 1 <= ns.eval_interval:
+        parser.error("--num-rollout and --eval-interval must be >= 1")
+    own = sorted({a.split("=")[0] for a in extra} & set(OWN_FLAGS))
+    if own:
+        parser.error(f"after --: {', '.join(own)}: set by the bench (per mode / seed, or by its own flags)")
+    return modes, seeds
