@@ -16,9 +16,14 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
 
 import torch
+
+from slime.engines.protocol import JsonObject
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEvent, FunctionEventAvg
 
 __all__ = ["GCPauses", "format_profile", "host_events", "idle_gaps", "profile_summary", "sync", "sync_sites", "tally_events"]
 
@@ -76,7 +81,7 @@ _SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEve
 _LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchCooperativeKernel)$")
 
 
-def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[float, int]], int, int]:
+def tally_events(events: Iterable[FunctionEventAvg], *, cuda: bool) -> tuple[dict[str, tuple[float, int]], int, int]:
     """``key_averages()`` rows -> ({name: (us, calls)}, host syncs, kernel launches).
 
     On CUDA only device-side rows count (kernels, memcpy, memset): an ATen op's row carries the device time
@@ -87,20 +92,22 @@ def tally_events(events: Iterable[Any], *, cuda: bool) -> tuple[dict[str, tuple[
     kernels: dict[str, tuple[float, int]] = {}
     syncs = launches = 0
     for evt in events:
-        if _SYNC_CALLS.match(evt.key):
+        key = evt.key
+        assert key is not None  # torch types it Optional; every row of key_averages() has its grouping key
+        if _SYNC_CALLS.match(key):
             syncs += evt.count
-        elif _LAUNCH_CALLS.match(evt.key):
+        elif _LAUNCH_CALLS.match(key):
             launches += evt.count
         if cuda:
             us = (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0)) if _on_device(evt) else 0.0
         else:
-            us = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
+            us = evt.self_cpu_time_total if key.startswith("aten::") else 0.0
         if us > 0:
-            kernels[evt.key] = (kernels.get(evt.key, (0.0, 0))[0] + us, evt.count)
+            kernels[key] = (kernels.get(key, (0.0, 0))[0] + us, evt.count)
     return kernels, syncs, launches
 
 
-def idle_gaps(intervals: Iterable[tuple[float, float, str]], *, min_us: float = 20.0, top: int = 12) -> dict[str, Any]:
+def idle_gaps(intervals: Iterable[tuple[float, float, str]], *, min_us: float = 20.0, top: int = 12) -> JsonObject:
     """Gaps on the GPU timeline of one profiled call. ``intervals``: (start us, end us, kernel name) of every
     device-side event (overlaps allowed: several streams). Returns ``idle_ms`` (the time between the first
     start and the last end that no event covers), ``gaps`` (how many gaps of at least ``min_us``) and
@@ -125,7 +132,7 @@ def idle_gaps(intervals: Iterable[tuple[float, float, str]], *, min_us: float = 
     }  # fmt: skip
 
 
-def _on_device(evt: Any) -> bool:
+def _on_device(evt: FunctionEvent | FunctionEventAvg) -> bool:
     """A kernel, copy or set on the GPU; not a ``record_function`` range drawn on the GPU timeline (it spans
     kernels that have rows of their own)."""
     from torch.autograd import DeviceType
@@ -133,7 +140,7 @@ def _on_device(evt: Any) -> bool:
     return getattr(evt, "device_type", None) == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
 
 
-def _device_intervals(events: Iterable[Any]) -> list[tuple[float, float, str]]:
+def _device_intervals(events: Iterable[FunctionEvent]) -> list[tuple[float, float, str]]:
     """(start us, end us, name) of the kernels, copies and sets among ``prof.events()``."""
     return [(float(e.time_range.start), float(e.time_range.end), e.name) for e in events if _on_device(e)]
 
@@ -141,14 +148,16 @@ def _device_intervals(events: Iterable[Any]) -> list[tuple[float, float, str]]:
 _SYNC_WARNING = re.compile(r"synchroniz", re.I)
 
 
-def sync_sites(fn: Callable[[], Any], *, depth: int = 3, top: int = 15) -> list[dict[str, Any]]:
+def sync_sites(fn: Callable[[], object], *, depth: int = 3, top: int = 15) -> list[JsonObject]:
     """Run ``fn()`` once with ``torch.cuda.set_sync_debug_mode("warn")`` and count where the host waited:
     each warning's innermost ``depth`` Python frames (outside torch), most frequent first, as
     [{"site": "file:line fn <- ...", "calls": n}]. A sync inside autograd's backward shows as the
     ``backward()`` call. On the CPU there are no syncs and the list is empty."""
     sites: dict[str, int] = {}
 
-    def hook(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    def hook(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None
+    ) -> None:
         if not _SYNC_WARNING.search(str(message)):
             shown(message, category, filename, lineno, file, line)  # any other warning is shown as before
             return
@@ -182,7 +191,7 @@ def _short(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: int = 30) -> dict[str, Any]:
+def profile_summary(fn: Callable[[], object], device: torch.device | str, *, top: int = 30) -> JsonObject:
     """Run ``fn()`` once under ``torch.profiler`` and summarise where the time went.
 
     Returns: ``wall_ms`` (under the profiler), ``gpu_busy_ms`` (sum of kernel times, each kernel once:
@@ -224,7 +233,7 @@ def profile_summary(fn: Callable[[], Any], device: torch.device | str, *, top: i
     } | ({"idle_gaps": gaps} if gaps is not None else {})  # fmt: skip
 
 
-def format_profile(name: str, summary: dict[str, Any], *, rows: int = 12) -> str:
+def format_profile(name: str, summary: JsonObject, *, rows: int = 12) -> str:
     """A few lines of ``profile_summary`` for a log."""
     s = summary
     lines = [
