@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import msgspec
 
@@ -50,6 +49,7 @@ from slime.loop.plan import RunPlan, run_plan
 from slime.loop.rl_mode import RLEval, RLMode, rl_summary
 from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, run_steps
 from slime.obs.observers import Observers
+from slime.step_record import RunSummary
 from slime.types import RewardFn
 
 __all__ = ["run_training"]
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 
 @holds_run_folders  # one run per run folder (slime.loop.run_lock)
-async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> dict[str, Any]:
+async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> RunSummary:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
     to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
     config.validate()
@@ -119,7 +119,7 @@ def _lr_scheduled(train: TrainConfig, loop: LoopConfig, rollout: RolloutConfig) 
     return resolve_lr_schedule(train, steps)
 
 
-async def _summarise(parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_eval_prompts: int) -> dict[str, Any]:
+async def _summarise(parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_eval_prompts: int) -> RunSummary:
     """The run's summary (``rl_summary`` + the data counts), written with the report (``finish_run``).
 
     Raises:

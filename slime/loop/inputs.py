@@ -9,13 +9,15 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from slime.config import DataConfig, LoopConfig, RolloutConfig
 from slime.data.dataset import PromptRow, PromptSource, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.data.prompt_index import index_prompt_file
 from slime.data.sft import model_context_len
+from slime.engines.protocol import JsonObject
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.plan import RunPlan
@@ -23,6 +25,10 @@ from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import load_function
 from slime.train_metrics import TrainMetrics
 from slime.types import GenerateFn, Group, RewardFn
+
+if TYPE_CHECKING:
+    from slime.engines.fleet.start import RolloutEngines
+    from slime.rollout.opd import TeacherScorer
 
 __all__ = [
     "RunInputs",
@@ -40,7 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def builtin_task(name: str) -> Any:
+def builtin_task(name: str) -> ModuleType:
     """The module of ``--builtin-task``: ``slime.data.arith``, ``slime.data.calc`` or ``slime.data.chain``."""
     import importlib
 
@@ -97,7 +103,7 @@ def load_prompts(
     return train, sets if by_name else [r for rows in sets.values() for r in rows]
 
 
-def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
+def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Callable[..., list[int]]:  # an HF tokenizer (untyped third-party)
     """The run's prompt tokenizer: ``tokenize(text_or_messages, tools=None) -> [num_prompt_tokens] ids``.
 
     Without ``apply_chat_template``: ``tokenizer.encode(text)`` with the tokenizer's defaults (BOS),
@@ -107,7 +113,7 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
     renders them (THUDM/slime renders its prompts the same way).
     """
 
-    def tokenize(prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def tokenize(prompt: str | list[JsonObject], tools: list[JsonObject] | None = None) -> list[int]:
         if not apply_chat_template:
             return tokenizer.encode(prompt)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -117,7 +123,7 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Any:
     return tokenize
 
 
-def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
+def teacher_scorer(engines: RolloutEngines | None, *, use_opd: bool, opd_kl_coef: float) -> TeacherScorer | None:
     """``--use-opd``: the scorer over the ``teacher`` pool (``slime.rollout.opd``); None without OPD or
     engines (train-only runs train on recorded teacher logprobs).
 
@@ -139,8 +145,15 @@ def teacher_scorer(engines: Any, *, use_opd: bool, opd_kl_coef: float) -> Any:
 
 
 def offline_source(
-    d: DataConfig, loop: LoopConfig, tokenize: Any, tokenizer: Any, *, n_samples_per_prompt: int, megatron: bool, seed: int
-) -> OfflineSource:
+    d: DataConfig,
+    loop: LoopConfig,
+    tokenize: Callable[..., list[int]],
+    tokenizer: Any,
+    *,
+    n_samples_per_prompt: int,
+    megatron: bool,
+    seed: int,
+) -> OfflineSource:  # tokenizer: an HF tokenizer (untyped third-party)
     """``--offline-data``, tokenised (prompts as online ones; responses without special tokens), shuffled from ``seed`` + 1.
 
     Raises ValueError when ``d.offline_data`` is not set (the caller builds a source only for a run that has one)."""
@@ -170,7 +183,9 @@ def offline_source(
     return OfflineSource(groups, shuffle=d.rollout_shuffle, seed=seed + 1)
 
 
-def with_offline_logprobs(trainer: Any) -> Callable[[list[Group]], TrainMetrics]:
+def with_offline_logprobs(
+    trainer: Any,  # the torch backend's trainer: its model and rollout temperature, beyond the Trainer Protocol
+) -> Callable[[list[Group]], TrainMetrics]:
     """``trainer.train_step`` that first fills the rollout logprobs of offline samples whose file had
     none (``metadata["offline_logprobs"] is False``) with the trainer's own, at the rollout
     temperature: the behaviour policy is unknown, so it is taken to be the current one (slime.data.offline)."""
@@ -195,7 +210,7 @@ def with_offline_logprobs(trainer: Any) -> Callable[[list[Group]], TrainMetrics]
     return train_step
 
 
-def reward_function(rollout: RolloutConfig, *, builtin: str) -> Any:
+def reward_function(rollout: RolloutConfig, *, builtin: str) -> RewardFn:
     """``--custom-rm-path``, else the verifier ``--rm-type`` names, else the reward of the built-in task ``builtin`` (``--builtin-task``)."""
     if rollout.custom_rm_path:
         return load_function(rollout.custom_rm_path)
@@ -207,7 +222,7 @@ def reward_function(rollout: RolloutConfig, *, builtin: str) -> Any:
     return builtin_task(builtin).reward
 
 
-def generate_function(path: str | None, tokenizer: Any) -> Any:
+def generate_function(path: str | None, tokenizer: Any) -> GenerateFn:  # tokenizer: an HF tokenizer (untyped third-party)
     """``--custom-generate-function-path`` (with the tokenizer bound when it asks for one), else the default."""
     if not path:
         return default_generate

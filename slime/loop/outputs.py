@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from slime.errors import RunError
 from slime.obs import strict_json
-from slime.step_record import StepRecord, steps_of
+from slime.step_record import JsonObject, MetricsRow, RunSummary, StepRecord, steps_of
 
 __all__ = [
     "JsonlLog",
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
+def write_json_atomic(path: str | Path, obj: object) -> None:
     """Write ``obj`` as strict JSON (NaN and infinities as null, ``slime.obs.strict_json``), atomically."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -51,7 +51,7 @@ class JsonlLog:
         self.path = Path(path)
         self._f: TextIO | None = None
 
-    def write(self, record: dict[str, Any]) -> str:
+    def write(self, record: JsonObject) -> str:
         """Append ``record`` as one strict JSON line (NaN/inf as null); returns the line."""
         if self._f is None:
             self._f = self.path.open("a", encoding="utf-8")
@@ -73,12 +73,12 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.records: list[dict[str, Any]] = []
+        self.records: list[MetricsRow] = []
         if self.path.exists():  # a resumed run continues the file (cut back to its checkpoint first)
             self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
         self._log = JsonlLog(self.path)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: MetricsRow) -> None:
         self.records.append(json.loads(self._log.write(record)))
 
     def close(self) -> None:
@@ -105,7 +105,7 @@ def format_step_line(r: StepRecord) -> str:
     )
 
 
-def format_done_line(summary: dict[str, Any], run_dir: str | Path) -> str:
+def format_done_line(summary: RunSummary, run_dir: str | Path) -> str:
     """The line ``slime train`` / ``slime rollout`` print at the end of an RL run, from its ``rl_summary``.
 
     Eval accuracy before -> after ("n/a (no eval set)" for a None), aborted and resumed samples, FAILED
@@ -122,7 +122,7 @@ def format_done_line(summary: dict[str, Any], run_dir: str | Path) -> str:
     )
 
 
-def check_something_trained(records: list[dict[str, Any]], *, trains: bool = True, run_dir: str | Path = "") -> None:
+def check_something_trained(records: list[MetricsRow], *, trains: bool = True, run_dir: str | Path = "") -> None:
     """Refuse to call a run a success when its steps produced nothing to learn from.
 
     Args:

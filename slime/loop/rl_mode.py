@@ -13,8 +13,9 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractAsyncContextManager
 
+from slime.data.dataset import PromptRow
 from slime.loop.assemble import RunParts
 from slime.loop.buffer import DataBuffer
 from slime.loop.checkpoint import LoopState
@@ -26,8 +27,9 @@ from slime.loop.record import save_rollout_record
 from slime.loop.run import RunFiles
 from slime.loop.step import run_step
 from slime.loop.version import PolicyVersion
-from slime.obs.trace import NullTracer, Tracer
-from slime.step_record import StepRecord, steps_of
+from slime.obs.observers import Observers
+from slime.obs.trace import RunTracer
+from slime.step_record import JsonObject, MetricsRow, RunSummary, StepRecord, steps_of
 from slime.sync.base import WeightSync
 from slime.train_metrics import TrainMetrics
 from slime.types import Group
@@ -48,12 +50,19 @@ class RLEval:
     """The RL run's evals: ``k`` samples per held-out prompt at the engines' version (``slime.loop.evaluate``),
     one ``kind: eval`` record each, with ``time_s`` / ``eval_time_s`` (``_clock``)."""
 
-    def __init__(self, files: RunFiles, obs: Any, eval_sets: dict[str | None, list[Any]], version: PolicyVersion, eval_kw: dict[str, Any]):
+    def __init__(
+        self,
+        files: RunFiles,
+        obs: Observers,
+        eval_sets: dict[str | None, list[PromptRow]],
+        version: PolicyVersion,
+        eval_kw: dict[str, object],
+    ):
         self.files, self.obs, self.eval_sets, self.version, self.eval_kw = files, obs, eval_sets, version, eval_kw
         self.num_prompts = sum(map(len, eval_sets.values()))
-        self.before: dict[str, Any] | None = None
+        self.before: MetricsRow | None = None
 
-    async def run(self, step: int, *, reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def run(self, step: int, *, reuse: MetricsRow | None = None) -> MetricsRow:
         """Evaluate, write the record; returns the eval's numbers."""
         t_eval = time.monotonic()
         with self.obs.tracer.span("eval", "eval", step=step, num_prompts=self.num_prompts):
@@ -84,16 +93,18 @@ class RLMode:
         *,
         train_step: Callable[[list[Group]], TrainMetrics] | None,
         sync: WeightSync,
-        tracer: Tracer | NullTracer,
+        tracer: RunTracer,
     ):
         self.sched, self.evaluator, self.trainer, self.train_step, self.sync = sched, evaluator, parts.trainer, train_step, sync
         self.tracer, self.source, self.offline, self.colocate = tracer, parts.inputs.source, parts.inputs.offline, plan.colocate
         self.record_template, self.rollout_only = plan.record_template, plan.rollout_only
 
-    async def _save_batch(self, template: str, groups: list[Any]) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
+    async def _save_batch(
+        self, template: str, groups: list[Group]
+    ) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
         await asyncio.to_thread(save_rollout_record, template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer)
 
-    async def step(self, step: int) -> tuple[StepRecord, list[dict[str, Any]]]:
+    async def step(self, step: int) -> tuple[StepRecord, list[JsonObject]]:
         groups, record = await run_step(
             self.sched,
             train_step=self.train_step,
@@ -124,7 +135,7 @@ class RLMode:
             out = await ev.run(step)
         ev.obs.record(out["_record"], f"eval @ step {step}: accuracy {out['accuracy']:.3f}{_per_dataset(out['_record'])}")
 
-    def quiesced(self) -> Any:
+    def quiesced(self) -> AbstractAsyncContextManager[None]:
         return self.sched.quiesced()
 
     def loop_state(self, step: int) -> LoopState:
@@ -143,14 +154,14 @@ class RLMode:
         )
 
 
-def _per_dataset(record: dict[str, Any]) -> str:
+def _per_dataset(record: MetricsRow) -> str:
     """`` (aime 0.200, math 0.800)``: each named eval dataset's accuracy, for the log line; empty without names."""
     named = [(key.split("/")[1], value) for key, value in record.items() if key.startswith("eval/") and key.endswith("/accuracy")]
     return f" ({', '.join(f'{name} {value:.3f}' for name, value in named)})" if named else ""
 
 
 def rl_summary(
-    records: list[dict[str, Any]],
+    records: list[MetricsRow],
     *,
     num_eval_prompts: int,
     num_rollout: int,
@@ -159,7 +170,7 @@ def rl_summary(
     buffer: DataBuffer,
     wall_time_s: float,
     trained: bool = True,
-) -> dict[str, Any]:
+) -> RunSummary:
     """The run's summary, derived from every metrics record (so a resumed run counts its whole history).
     ``trained``: False for a rollout-only run, whose ``max_versions_in_a_trained_sample`` is then None."""
     steps = steps_of(records, StepRecord)

@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 import msgspec
 
@@ -37,7 +37,8 @@ from slime.loop.checkpoint import LoopState, open_run_dir, save_checkpoint
 from slime.loop.interface import Record, RunMode
 from slime.loop.outputs import JsonlLog, MetricsWriter, write_json_atomic
 from slime.loop.run_lock import hold_run_folders
-from slime.step_record import StepRecord
+from slime.obs.observers import Observers
+from slime.step_record import RunSummary, StepRecord
 
 if TYPE_CHECKING:
     from slime.config import Config
@@ -95,7 +96,7 @@ def holds_run_folders(run: Callable[Concatenate[Config, P], Awaitable[T]]) -> Ca
     return locked
 
 
-def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: Any) -> RunFiles:
+def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: Config) -> RunFiles:
     """Create ``run_dir``, find the checkpoint to resume from, cut the logs back to it and write ``config.json``."""
     path, ckpt, resume = open_run_dir(run_dir, load, ("metrics.jsonl", trained_log))
     write_json_atomic(path / "config.json", msgspec.to_builtins(config))
@@ -106,7 +107,7 @@ def open_run(run_dir: str | Path, load: str | None, trained_log: str, config: An
 async def run_steps(
     mode: RunMode[Record],
     files: RunFiles,
-    obs: Any,
+    obs: Observers,
     *,
     num_steps: int,
     eval_interval: int | None,
@@ -135,7 +136,7 @@ async def run_steps(
                     await asyncio.to_thread(save_checkpoint, files.run_dir / "checkpoints", state, trainer=mode.trainer)
 
 
-def finish_run(files: RunFiles, summary: dict[str, Any], *, plots: bool = True) -> None:
+def finish_run(files: RunFiles, summary: RunSummary, *, plots: bool = True) -> None:
     """Close the logs; write ``summary.json``, the plots (``slime.obs.plots``) and ``report.txt``."""
     from slime.obs.plots import write_plots
     from slime.obs.report import format_report, load_run, summarize

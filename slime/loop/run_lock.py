@@ -36,9 +36,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slime.errors import ConfigError
+from slime.step_record import JsonObject
 
 __all__ = ["LOCK_NAME", "READ_ONLY_FLAGS", "RunFolderInUse", "RunLock", "acquire_run_lock", "check_run_folder_free", "hold_run_folders"]
 
@@ -64,7 +64,7 @@ class RunLock:
 
     folder: Path
     fd: int
-    holder: dict[str, Any]
+    holder: JsonObject
 
     def release(self) -> None:
         """Empty ``run.lock`` (a clean end: nothing to take over) and drop the lock. Idempotent."""
@@ -157,7 +157,7 @@ def hold_run_folders(folders: Sequence[tuple[str, str | Path]]) -> Iterator[list
         yield locks
 
 
-def _lock_or_refuse(fd: int, folder: Path, flag: str, *, mode: int = fcntl.LOCK_EX) -> dict[str, Any] | None:
+def _lock_or_refuse(fd: int, folder: Path, flag: str, *, mode: int = fcntl.LOCK_EX) -> JsonObject | None:
     """Lock ``fd`` (``mode``, without waiting); return the holder ``run.lock`` still names (a dead one), or None.
 
     Raises:
@@ -174,7 +174,7 @@ def _lock_or_refuse(fd: int, folder: Path, flag: str, *, mode: int = fcntl.LOCK_
     return _read_holder(fd)
 
 
-def _without_os_locks(fd: int, folder: Path, flag: str) -> dict[str, Any] | None:
+def _without_os_locks(fd: int, folder: Path, flag: str) -> JsonObject | None:
     """The holder file alone decides (a file system without record locks, e.g. some network mounts)."""
     holder = _read_holder(fd)
     if not holder:
@@ -186,19 +186,19 @@ def _without_os_locks(fd: int, folder: Path, flag: str) -> dict[str, Any] | None
     raise RunFolderInUse(_in_use(folder, flag, holder) + f" (this file system has no locks: {LOCK_NAME} decides{gone})")
 
 
-def _in_use(folder: Path, flag: str, holder: dict[str, Any] | None) -> str:
+def _in_use(folder: Path, flag: str, holder: JsonObject | None) -> str:
     other = f"choose another {flag}" if flag != "--load" else "--load a copy of it"
     return f"{flag}={str(folder)!r} is in use by another live run ({_describe(holder)}); wait for that run to end or stop it, or {other}"
 
 
-def _describe(holder: dict[str, Any] | None) -> str:
+def _describe(holder: JsonObject | None) -> str:
     if not holder:
         return "its pid is not written yet: it is just starting"
     me = ", this process" if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname() else ""
     return f"pid {holder.get('pid')} on host {holder.get('host')}{me}, started {holder.get('started')}"
 
 
-def _read_holder(fd: int) -> dict[str, Any] | None:
+def _read_holder(fd: int) -> JsonObject | None:
     """``run.lock``'s holder, or None (empty: nobody; unreadable: a torn write, treated as nobody's)."""
     raw = os.pread(fd, 4096, 0)
     try:
@@ -208,13 +208,13 @@ def _read_holder(fd: int) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else None
 
 
-def _write_holder(fd: int, holder: dict[str, Any]) -> None:
+def _write_holder(fd: int, holder: JsonObject) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder).encode() + b"\n", 0)
     os.fsync(fd)
 
 
-def _pid_alive(pid: Any) -> bool:
+def _pid_alive(pid: object) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:

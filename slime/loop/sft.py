@@ -47,7 +47,7 @@ from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint
 from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, run_steps
 from slime.obs.observers import Observers
-from slime.step_record import SFTStepRecord, steps_of
+from slime.step_record import JsonObject, MetricsRow, RunSummary, SFTStepRecord, steps_of
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.train_metrics import TrainMetrics
 from slime.types import Group
@@ -99,7 +99,7 @@ def num_sft_steps(loop: LoopConfig, num_rows: int) -> int:
 
 
 @holds_run_folders  # one run per run folder (slime.loop.run_lock)
-async def run_sft(config: Config, *, progress: bool = True) -> dict[str, Any]:
+async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
     """Run (or resume, with ``config.load``) an SFT job; returns the summary also written to ``RUN_DIR/summary.json``.
 
     Raises:
@@ -167,11 +167,13 @@ class SFTMode:
     """The SFT run's part of the skeleton (``slime.loop.interface.RunMode``): ``rows_per_step`` rows a step, the
     eval loss of the eval rows, checkpoints of the trainer and the data position only."""
 
-    def __init__(self, trainer: Any, source: PromptSource, files: RunFiles, obs: Any, eval_rows: list[SFTExample], *, rows_per_step: int):
+    def __init__(
+        self, trainer: Any, source: PromptSource, files: RunFiles, obs: Observers, eval_rows: list[SFTExample], *, rows_per_step: int
+    ):
         self.trainer, self.source, self.files, self.obs, self.rows_per_step = trainer, source, files, obs, rows_per_step
         self.eval_groups = [to_group(ex, group_id=-1 - i, policy_version=0) for i, ex in enumerate(eval_rows)]
 
-    async def step(self, step: int) -> tuple[SFTStepRecord, list[dict[str, Any]]]:
+    async def step(self, step: int) -> tuple[SFTStepRecord, list[JsonObject]]:
         t0 = time.monotonic()
         rows = [self.source.next() for _ in range(self.rows_per_step)]
         version = self.trainer.policy_version
@@ -199,7 +201,7 @@ class SFTMode:
         self.files.metrics.write(rec)
         self.obs.record(rec, f"eval @ step {step}: loss {rec['eval_loss']:.4f} over {int(rec['eval_tokens'])} tokens")
 
-    def quiesced(self) -> Any:
+    def quiesced(self) -> contextlib.AbstractAsyncContextManager[None]:
         return _nothing_in_flight()
 
     def loop_state(self, step: int) -> LoopState:
@@ -229,7 +231,7 @@ def _step_record(
     )
 
 
-def _summary(records: list[dict[str, Any]], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> dict[str, Any]:
+def _summary(records: list[MetricsRow], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> RunSummary:
     """Derived from every metrics record, so a resumed run counts its whole history."""
     steps = steps_of(records, SFTStepRecord)
     evals = [r for r in records if r.get("kind") == "eval"]
