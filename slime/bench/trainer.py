@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from slime.bench.step_profile import GCPauses, host_events, sync
 from slime.config import TrainConfig
+from slime.engines.protocol import JsonObject
 from slime.train import objective
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget
 from slime.train_metrics import TrainMetrics
@@ -243,7 +244,7 @@ def measure(
     fwd_flops: float,
     train_flops: float,
     ceiling_tflops: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Time ``warmup`` + ``steps`` RL steps, each followed by one old-logprob pass alone; medians of the last ``steps``.
     ``groups`` is the step's data, or ``groups(i)`` step i's (new data every step: new micro-batch shapes).
 
@@ -294,7 +295,7 @@ def measure(
     return out
 
 
-def markdown_table(results: dict[str, dict[str, Any]], *, reference: str = "transformers", other: str = "megatron") -> str:
+def markdown_table(results: dict[str, JsonObject], *, reference: str = "transformers", other: str = "megatron") -> str:
     """One row per shape: each backend's train+opt MFU and RL step, and ``reference`` / ``other`` speed-up."""
     head = (
         "| shape | backend | train+opt s | train+opt MFU | old-logprob pass s | RL step s | RL step MFU | peak GiB |\n"
