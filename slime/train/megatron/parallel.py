@@ -22,7 +22,7 @@ import dataclasses
 import datetime
 import os
 import socket
-from typing import Any
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -59,24 +59,24 @@ class ParallelContext:
     device: torch.device
     tp_size: int
     tp_rank: int
-    tp_group: Any
+    tp_group: dist.ProcessGroup
     dp_size: int
     dp_rank: int
-    dp_group: Any
-    control_group: Any
+    dp_group: dist.ProcessGroup
+    control_group: dist.ProcessGroup
     owns_process_group: bool
     cp_size: int = 1
     cp_rank: int = 0
-    cp_group: Any = None
+    cp_group: dist.ProcessGroup | None = None
     pp_size: int = 1
     pp_rank: int = 0
-    pp_group: Any = None
+    pp_group: dist.ProcessGroup | None = None
     ep_size: int = 1
     ep_rank: int = 0
     etp_size: int = 1
     etp_rank: int = 0
     expert_dp_rank: int = 0
-    expert_group: Any = None
+    expert_group: dist.ProcessGroup | None = None
 
     @property
     def is_driver(self) -> bool:
@@ -86,7 +86,10 @@ class ParallelContext:
     @property
     def last_stage_rank(self) -> int:
         """Global rank of the last pipeline stage in this rank's pipeline group (this rank without PP)."""
-        return dist.get_global_rank(self.pp_group, self.pp_size - 1) if self.pp_size > 1 else self.rank
+        if self.pp_size == 1:
+            return self.rank
+        assert self.pp_group is not None, "pp_size > 1 without a pipeline group"  # init_parallel sets both
+        return dist.get_global_rank(self.pp_group, self.pp_size - 1)
 
     def close(self) -> None:
         """Tear down megatron's parallel state, and the default group if this context created it."""
@@ -113,19 +116,7 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
     """
     ps = mcore("megatron.core.parallel_state")
     cuda = torch.cuda.is_available()
-    owns = False
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if cuda:
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            timeout=datetime.timedelta(minutes=mcfg.distributed_timeout_minutes),
-            device_id=torch.device("cuda", local_rank) if cuda else None,
-        )
-        owns = True
+    owns = _join_process_group(mcfg, cuda=cuda)
     world, rank = dist.get_world_size(), dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     tp, cp, pp = mcfg.tensor_model_parallel_size, mcfg.context_parallel_size, mcfg.pipeline_model_parallel_size
@@ -150,11 +141,37 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
         mcore("megatron.core.tensor_parallel").model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    return _context(ps, rank=rank, world=world, local_rank=local_rank, device=device, control=control, owns=owns)
+
+
+def _join_process_group(mcfg: MegatronConfig, *, cuda: bool) -> bool:
+    """Create the default process group unless one exists (one rank without torchrun: a world of 1);
+    True when this call created it."""
+    if dist.is_initialized():
+        return False
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        timeout=datetime.timedelta(minutes=mcfg.distributed_timeout_minutes),
+        device_id=torch.device("cuda", local_rank) if cuda else None,
+    )
+    return True
+
+
+def _context(
+    ps: ModuleType, *, rank: int, world: int, local_rank: int, device: torch.device, control: dist.ProcessGroup, owns: bool
+) -> ParallelContext:
+    """The ``ParallelContext`` of megatron's initialised parallel state ``ps`` (``megatron.core.parallel_state``)."""
     return ParallelContext(
         rank=rank,
         world_size=world,
         local_rank=local_rank,
-        device=torch.device("cuda", local_rank) if cuda else torch.device("cpu"),
+        device=device,
         tp_size=ps.get_tensor_model_parallel_world_size(),
         tp_rank=ps.get_tensor_model_parallel_rank(),
         tp_group=ps.get_tensor_model_parallel_group(),
@@ -184,12 +201,12 @@ class ControlChannel:
     def __init__(self, ctx: ParallelContext):
         self.ctx = ctx
 
-    def send(self, command: str, payload: Any = None) -> None:
+    def send(self, command: str, payload: object = None) -> None:
         assert self.ctx.is_driver, "only rank 0 sends commands"
         if self.ctx.world_size > 1:
             dist.broadcast_object_list([command, payload], src=0, group=self.ctx.control_group)
 
-    def recv(self) -> tuple[str, Any]:
-        box: list[Any] = [None, None]
+    def recv(self) -> tuple[str, object]:
+        box: list[object] = [None, None]
         dist.broadcast_object_list(box, src=0, group=self.ctx.control_group)
-        return box[0], box[1]
+        return str(box[0]), box[1]

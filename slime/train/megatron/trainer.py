@@ -24,7 +24,7 @@ from torch import Tensor
 
 from slime.config import TrainConfig
 from slime.train import objective
-from slime.train.batch import build_train_batch
+from slime.train.batch import TrainBatch, build_train_batch
 from slime.train.determinism import enable_deterministic_mode
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
@@ -259,6 +259,7 @@ class MegatronTrainer(MegatronTrainStep):
         while True:
             command, payload = self.channel.recv()
             if command == "train":
+                assert isinstance(payload, TrainBatch), type(payload)  # rank 0 sends the batch with "train"
                 self._train_batch(payload)
             elif command == "save_hf":
                 for _ in iter_hf_weights(self.ddp, self.arch, self.ctx):

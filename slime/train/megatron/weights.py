@@ -86,6 +86,7 @@ def iter_hf_weights(
             if stage != 0 and shards is not None:  # this stage's leader -> rank 0
                 _send_shards(shards, ctx)
         elif ctx.is_driver:
+            assert ctx.pp_group is not None, "a parameter of another stage without a pipeline group"  # pp_size > 1 here
             count = ctx.tp_size if ctx.tp_size > 1 and is_tensor_parallel(name) else 1
             first = next(iter(params.values()))
             shards = _recv_shards(count, dist.get_global_rank(ctx.pp_group, stage), ctx, dtype=first.dtype, device=first.device)
