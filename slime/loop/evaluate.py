@@ -111,8 +111,12 @@ async def evaluate(
             tasks = [tg.create_task(one(i, r, j)) for i, r in enumerate(rows) for j in range(k)]
     except BaseExceptionGroup as group:
         raise group.exceptions[0] from None  # the first error as is, as gather raised it
-    samples = [t.result() for t in tasks]
-    per_prompt = [[s for s in samples[i * k : (i + 1) * k] if s.is_valid] for i in range(len(rows))]  # the samples that count
+    return _scores([t.result() for t in tasks], num_prompts=len(rows), k=k)
+
+
+def _scores(samples: list[Sample], *, num_prompts: int, k: int) -> dict[str, float]:
+    """``evaluate``'s numbers from its ``k`` samples per prompt (in prompt order): over the samples that count."""
+    per_prompt = [[s for s in samples[i * k : (i + 1) * k] if s.is_valid] for i in range(num_prompts)]  # the samples that count
     counted = [s for p in per_prompt for s in p]
     n = len(counted)
     unanswered = _log_unanswered(samples)

@@ -123,15 +123,7 @@ async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
     files = open_run(config.run_dir, config.load, "trained_rows.jsonl", config)
     ckpt, resume = files.checkpoint, files.resume
     model_dir = str(ckpt / "model") if ckpt else base_model
-    log.info(
-        "SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
-        len(train_rows),
-        sum(len(r.input_ids) for r in train_rows),
-        sum(sum(r.loss_mask) for r in train_rows),
-        len(eval_rows),
-        num_steps,
-        config.loop.rollout_batch_size,
-    )
+    _log_data(train_rows, eval_rows, num_steps=num_steps, rows_per_step=config.loop.rollout_batch_size)
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed)
     train_cfg = resolve_lr_schedule(config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size)
     trainer = await asyncio.to_thread(
@@ -161,6 +153,19 @@ async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
     summary["model_dir"] = str(files.run_dir / "model")
     await asyncio.to_thread(finish_run, files, summary, plots=False)
     return summary
+
+
+def _log_data(train_rows: list[SFTExample], eval_rows: list[SFTExample], *, num_steps: int, rows_per_step: int) -> None:
+    """The run's data in one line: rows, their tokens and trained tokens, eval rows, steps."""
+    log.info(
+        "SFT: %d train rows (%d tokens, %d trained), %d eval rows; %d steps of %d rows",
+        len(train_rows),
+        sum(len(r.input_ids) for r in train_rows),
+        sum(sum(r.loss_mask) for r in train_rows),
+        len(eval_rows),
+        num_steps,
+        rows_per_step,
+    )
 
 
 class SFTMode:
