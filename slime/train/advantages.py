@@ -242,23 +242,35 @@ def token_advantages(
     mask = loss_mask.float()
     response = response_mask.float()
     penalty = kl_coef * kl.detach() * mask if (kl is not None and kl_coef != 0.0) else torch.zeros_like(mask)
-    returns = None
-    if estimator in GROUP_NORMALISED:
-        adv = scores[:, None].float() * response
-    elif estimator == "reinforce_plus_plus_baseline":
-        adv = (scores[:, None].float() - penalty) * response
-    elif estimator == "reinforce_plus_plus":
-        adv = discounted_returns(_terminal_rewards(scores, mask) - penalty, response, gamma=gamma)
-    elif estimator in CRITIC_ESTIMATORS:
-        if values is None:
-            raise ValueError(f"advantage estimator {estimator!r} needs critic values")
-        adv, returns = gae(
-            _terminal_rewards(scores, mask) - penalty, values.detach().float() * response, response, gamma=gamma, lambd=lambd
-        )
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    adv, returns = _estimate(estimator, scores, mask, response, penalty, values, gamma=gamma, lambd=lambd)
     if opd_penalty is not None:
         adv = adv - opd_penalty.detach().float() * mask
     if estimator in ALWAYS_WHITENED or normalize_advantages:
         adv = masked_whiten(adv, mask)
     return adv, returns
+
+
+def _estimate(
+    estimator: AdvantageEstimator,
+    scores: Tensor,
+    mask: Tensor,
+    response: Tensor,
+    penalty: Tensor,
+    values: Tensor | None,
+    *,
+    gamma: float,
+    lambd: float,
+) -> tuple[Tensor, Tensor | None]:
+    """``token_advantages``' estimator step, before the OPD term and whitening: advantages [B, L] and,
+    for ``ppo``/``gae``, the critic's returns; ``penalty`` [B, L] is the KL folded into the rewards."""
+    if estimator in GROUP_NORMALISED:
+        return scores[:, None].float() * response, None
+    if estimator == "reinforce_plus_plus_baseline":
+        return (scores[:, None].float() - penalty) * response, None
+    if estimator == "reinforce_plus_plus":
+        return discounted_returns(_terminal_rewards(scores, mask) - penalty, response, gamma=gamma), None
+    if estimator in CRITIC_ESTIMATORS:
+        if values is None:
+            raise ValueError(f"advantage estimator {estimator!r} needs critic values")
+        return gae(_terminal_rewards(scores, mask) - penalty, values.detach().float() * response, response, gamma=gamma, lambd=lambd)
+    raise ValueError(f"unknown advantage estimator {estimator!r}")
