@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from slime.engines.protocol import JsonObject
 from slime.step_record import StepRecord, steps_of
 
 __all__ = ["run_curve", "summarize", "format_table", "plot", "fmt"]
@@ -27,7 +28,7 @@ def _quantile(hist: dict[int, float], q: float) -> int | None:
     return max(hist)
 
 
-def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
+def run_curve(records: list[JsonObject], target: float) -> JsonObject:
     """One run's curve and figures from its ``metrics.jsonl`` records (see the module doc).
 
     Returns a dict: ``points`` (per eval: ``step``, ``accuracy``, ``wall_s``, ``wall_ex_eval_s``,
@@ -44,28 +45,12 @@ def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
     steps = steps_of(records, StepRecord)
     if not evals or evals[0].get("step") != 0 or "time_s" not in evals[0]:
         raise ValueError("metrics.jsonl has no timed eval before RL (step 0 with time_s); it was written by an older slime")
-    t0 = evals[0]["time_s"]
-    points, eval_so_far = [], 0.0
     tokens_by_step: dict[int, float] = {}
     total = 0.0
     for st in steps:
         total += float(st.trained_tokens)
         tokens_by_step[st.step] = total
-    for r in evals:
-        started = r["time_s"] - r.get("eval_time_s", 0.0) - t0
-        wall = max(0.0, started)
-        acc = r.get("accuracy")
-        points.append(
-            {
-                "step": int(r["step"]),
-                "accuracy": None if acc is None else float(acc),
-                "wall_s": wall,
-                "wall_ex_eval_s": max(0.0, wall - eval_so_far),
-                "trained_tokens": max((v for k, v in tokens_by_step.items() if k <= r["step"]), default=0.0),
-            }
-        )
-        if r is not evals[0] and r is not evals[-1]:
-            eval_so_far += float(r.get("eval_time_s", 0.0))
+    points, eval_so_far = _eval_points(evals, tokens_by_step)
     reached = next((p for p in points if p["accuracy"] is not None and p["accuracy"] >= target), None)
     hist: dict[int, float] = {}
     for st in steps:
@@ -94,7 +79,31 @@ def run_curve(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
     }
 
 
-def _stats(values: list[float]) -> dict[str, Any]:
+def _eval_points(evals: list[JsonObject], tokens_by_step: dict[int, float]) -> tuple[list[JsonObject], float]:
+    """One point per eval record (step, accuracy, wall seconds since the eval before RL with and without the
+    mid-run evals, trained tokens by then), and the seconds the mid-run evals took."""
+    t0 = evals[0]["time_s"]
+    points: list[JsonObject] = []
+    eval_so_far = 0.0
+    for r in evals:
+        started = r["time_s"] - r.get("eval_time_s", 0.0) - t0
+        wall = max(0.0, started)
+        acc = r.get("accuracy")
+        points.append(
+            {
+                "step": int(r["step"]),
+                "accuracy": None if acc is None else float(acc),
+                "wall_s": wall,
+                "wall_ex_eval_s": max(0.0, wall - eval_so_far),
+                "trained_tokens": max((v for k, v in tokens_by_step.items() if k <= r["step"]), default=0.0),
+            }
+        )
+        if r is not evals[0] and r is not evals[-1]:
+            eval_so_far += float(r.get("eval_time_s", 0.0))
+    return points, eval_so_far
+
+
+def _stats(values: list[float]) -> JsonObject:
     if not values:
         return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
     return {
@@ -106,13 +115,13 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
-def summarize(curves: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def summarize(curves: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
     """Per mode, over its seeds' ``run_curve`` results: ``seeds``, ``reached`` (seeds at target),
     ``time_to_target_s`` / ``time_to_target_ex_eval_s`` / ``tokens_to_target`` / ``final_accuracy`` /
     ``off_policy_token_share`` / ``train_wall_s`` / ``eval_time_s`` as ``{n, mean, std, min, max}``, and
     ``speedup_vs_sync`` (sync's mean time to target over this mode's, both clocks; None when either
     never reached it)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JsonObject] = {}
     for mode, runs in curves.items():
         m: dict[str, Any] = {"seeds": len(runs), "reached": sum(r["time_to_target_s"] is not None for r in runs)}
         for key in (
@@ -141,11 +150,12 @@ def summarize(curves: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, An
     return out
 
 
-def fmt(x: Any, spec: str = ".1f") -> str:
+def fmt(x: object, spec: str = ".1f") -> str:
+    """``x`` formatted with ``spec``; "-" for None or NaN (a figure a run did not reach)."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def format_table(summary: dict[str, dict[str, Any]], target: float) -> str:
+def format_table(summary: dict[str, JsonObject], target: float) -> str:
     """The per-mode table (one row a mode; time as mean [min-max] over the seeds that reached the target)."""
     head = (
         f"{'mode':<16} {'reached':>7} {'t->' + format(target, '.2f') + ' s':>20} {'ex-eval s':>9} {'x sync':>6} "
@@ -165,7 +175,7 @@ def format_table(summary: dict[str, dict[str, Any]], target: float) -> str:
     return "\n".join(lines)
 
 
-def _band(runs: list[dict[str, Any]], x_key: str):
+def _band(runs: list[JsonObject], x_key: str):
     """Mean, min and max accuracy of the runs on a common grid of ``x_key`` (linear interpolation, no extrapolation)."""
     import numpy as np
 
@@ -181,7 +191,7 @@ def _band(runs: list[dict[str, Any]], x_key: str):
     return grid, ys.mean(0), ys.min(0), ys.max(0)
 
 
-def plot(curves: dict[str, list[dict[str, Any]]], path: str | Path, target: float) -> None:
+def plot(curves: dict[str, list[JsonObject]], path: str | Path, target: float) -> None:
     """``path``: accuracy vs wall time (left) and vs trained tokens (right); per mode the mean over seeds, band = min-max."""
     import matplotlib
 
