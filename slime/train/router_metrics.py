@@ -36,8 +36,7 @@ placeholder micro-batches a rank runs under expert parallelism (``MegatronTraine
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,12 +54,12 @@ class RouterStats:
         tp_group: the TP group when sequence parallelism splits each micro-batch over it; else None.
     """
 
-    def __init__(self, *, num_experts: int, topk: int, device: torch.device, tp_group: Any = None):
+    def __init__(self, *, num_experts: int, topk: int, device: torch.device, tp_group: dist.ProcessGroup | None = None):
         self.num_experts = num_experts
         self.topk = topk
         self.device = device
         self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
-        self.routers: list[Any] = []
+        self.routers: list[torch.nn.Module] = []
         self._sums = torch.zeros(
             0, num_experts + 3, dtype=torch.float64, device=device
         )  # [L, E + 3]: slots per expert, tokens, dropped slots, aux x tokens
@@ -70,7 +69,7 @@ class RouterStats:
     def num_layers(self) -> int:
         return len(self.routers)
 
-    def add_router(self, module: Any) -> int:
+    def add_router(self, module: torch.nn.Module) -> int:
         """Register one router (one MoE layer); returns its row index for ``record``."""
         self.routers.append(module)
         self._sums = torch.cat([self._sums, self._sums.new_zeros(1, self.num_experts + 3)])
@@ -106,7 +105,7 @@ class RouterStats:
         row[E + 1] += (num_tokens * self.topk - counts.sum()).to(row.device)
         row[E + 2] += (aux * num_tokens).to(row.device)
 
-    def collect(self, *, groups: list[Any]) -> dict[str, float]:
+    def collect(self, *, groups: Sequence[dist.ProcessGroup | None]) -> dict[str, float]:
         """Sum this step's statistics over ``groups`` (each all-reduced in turn), reset, return metrics.
 
         Every rank must call it (the reductions are collective); every rank gets the same dict.
@@ -135,7 +134,7 @@ class RouterStats:
         return out
 
 
-def _is_hf_router(module: Any) -> bool:
+def _is_hf_router(module: torch.nn.Module) -> bool:
     """transformers 5's MoE router (``Qwen3MoeTopKRouter``, ``Qwen2MoeTopKRouter``, ...): a module with
     ``top_k``, ``num_experts`` and a [E, hidden] ``weight``, returning (logits, top-k weights, top-k indices)."""
     weight = getattr(module, "weight", None)
@@ -149,7 +148,7 @@ def _is_hf_router(module: Any) -> bool:
     )
 
 
-def attach_hf_routers(model: Any) -> RouterStats | None:
+def attach_hf_routers(model: torch.nn.Module) -> RouterStats | None:
     """Hook every transformers MoE router of ``model`` into a new ``RouterStats``; None if it has none.
 
     The hook reads the router's output (router logits [T, E], top-k weights, top-k indices [T, k]);
@@ -159,11 +158,13 @@ def attach_hf_routers(model: Any) -> RouterStats | None:
     if not routers:
         return None
     first = routers[0]
-    stats = RouterStats(num_experts=first.num_experts, topk=first.top_k, device=torch.device("cpu"))
+    # ints (_is_hf_router checked them); read with getattr since nn.Module's __getattr__ types them Tensor | Module
+    num_experts, topk = getattr(first, "num_experts"), getattr(first, "top_k")  # noqa: B009
+    stats = RouterStats(num_experts=num_experts, topk=topk, device=torch.device("cpu"))
     for module in routers:
         idx = stats.add_router(module)
 
-        def hook(mod: Any, args: tuple, output: tuple, idx: int = idx) -> None:
+        def hook(mod: torch.nn.Module, args: tuple, output: tuple, idx: int = idx) -> None:
             if not torch.is_grad_enabled():
                 return
             logits, _, indices = output

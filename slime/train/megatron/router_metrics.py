@@ -8,17 +8,23 @@ factor's drops already applied.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from slime.train.megatron._mcore import mcore
 from slime.train.router_metrics import RouterStats
 
+if TYPE_CHECKING:  # megatron-core ships no type information: this names its class (mypy reads it as Any)
+    from megatron.core.transformer.moe.router import TopKRouter
+
 __all__ = ["attach_megatron_routers"]
 
 
-def attach_megatron_routers(model: Any, *, num_experts: int, topk: int, device: torch.device, tp_group: Any = None) -> RouterStats:
+def attach_megatron_routers(
+    model: torch.nn.Module, *, num_experts: int, topk: int, device: torch.device, tp_group: dist.ProcessGroup | None = None
+) -> RouterStats:
     """Hook every ``TopKRouter`` (subclasses included) of ``model`` into a new ``RouterStats``.
 
     Args:
@@ -27,14 +33,14 @@ def attach_megatron_routers(model: Any, *, num_experts: int, topk: int, device: 
         device: the model's device (the running sums live there).
         tp_group: the TP group under sequence parallelism, else None (``RouterStats``).
     """
-    TopKRouter = mcore("megatron.core.transformer.moe.router").TopKRouter
+    router_class = mcore("megatron.core.transformer.moe.router").TopKRouter
     stats = RouterStats(num_experts=num_experts, topk=topk, device=device, tp_group=tp_group)
     for module in model.modules():
-        if not isinstance(module, TopKRouter):
+        if not isinstance(module, router_class):
             continue
         idx = stats.add_router(module)
 
-        def hook(router: Any, args: tuple, output: tuple, idx: int = idx) -> None:
+        def hook(router: TopKRouter, args: tuple, output: tuple, idx: int = idx) -> None:
             if not (router.training and torch.is_grad_enabled()):
                 return
             with torch.no_grad():
