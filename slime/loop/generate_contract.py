@@ -4,15 +4,13 @@ looping on a sample that never finishes or crashing the trainer later."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from slime.errors import PluginError
 from slime.types import Sample
 
 __all__ = ["check_generate_output", "function_name"]
 
 
-def check_generate_output(sample: Sample, out: Any, *, max_response_len: int, engine_version: int) -> list[Sample] | None:
+def check_generate_output(sample: Sample, out: object, *, max_response_len: int, engine_version: int) -> list[Sample] | None:
     """Validate a generate function's return value; a list replaces the sample in its group.
 
     Raises:
@@ -42,7 +40,7 @@ def check_generate_output(sample: Sample, out: Any, *, max_response_len: int, en
     return out
 
 
-def function_name(fn: Any) -> str:
+def function_name(fn: object) -> str:
     """``module.qualname`` of a function, a ``functools.partial`` of one, or a callable instance's class."""
     fn = getattr(fn, "func", fn)
     target = fn if hasattr(fn, "__qualname__") else type(fn)

@@ -130,7 +130,7 @@ class NoWeightSync:
     async def save(self, version: int) -> None:
         return None
 
-    async def load(self, path: Any, version: int, *, abort_all_requests: bool = False) -> None:
+    async def load(self, path: object, version: int, *, abort_all_requests: bool = False) -> None:
         return None
 
     async def close(self) -> None:

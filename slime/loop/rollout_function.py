@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slime.config import LoopConfig, RolloutConfig
-from slime.data.dataset import tokenize_row
+from slime.data.dataset import PromptSource, tokenize_row
 from slime.engines.interface import WorkerPool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
@@ -72,7 +72,7 @@ class RolloutFunctionScheduler(SchedulerCounters):
         fn: Callable[..., Any],
         *,
         args: RolloutArgs,
-        source: Any,
+        source: PromptSource,
         tokenize: Callable[..., list[int]],
         buffer: DataBuffer,
         reward_fn: RewardFn,
@@ -148,7 +148,7 @@ class RolloutFunctionScheduler(SchedulerCounters):
             self.buffer.push_ready(g)
         return self.buffer.take(len(groups))
 
-    def paused(self, mode: str = "abort") -> Any:
+    def paused(self, mode: str = "abort") -> contextlib.AbstractAsyncContextManager[None]:
         """Nothing generates between calls: pausing is a no-op."""
         return contextlib.nullcontext()
 

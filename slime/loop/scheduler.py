@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 from slime.config import LoopConfig, RolloutConfig
 from slime.data.dataset import PromptSource, row_metadata, tokenize_row
+from slime.data.offline import OfflineSource
 from slime.engines.interface import EnginePool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
@@ -68,7 +69,7 @@ from slime.loop.generate_contract import check_generate_output
 from slime.loop.offline_mix import OfflineMixing
 from slime.loop.scoring import Scorer
 from slime.loop.version import PolicyVersion
-from slime.obs.trace import NULL_TRACER
+from slime.obs.trace import NULL_TRACER, RunTracer
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.opd import TeacherScorer
 from slime.types import OFFLINE_VERSION, GenerateFn, Group, GroupRewardFn, RewardFn, Sample, Status
@@ -119,8 +120,8 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         group_filter: Callable[[Group], bool] | None = None,
         version: PolicyVersion | None = None,
         next_group_id: int = 0,
-        tracer: Any = None,
-        offline: Any = None,
+        tracer: RunTracer | None = None,
+        offline: OfflineSource | None = None,
         fixed_weights: bool = False,
         teacher: TeacherScorer | None = None,
     ):

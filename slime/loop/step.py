@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
+from slime.loop.counters import StepStats
 from slime.loop.interface import RolloutScheduler
 from slime.loop.offpolicy import apply_staleness
 from slime.obs.trace import NULL_TRACER, RunTracer
@@ -267,9 +268,10 @@ def pause_mode(config: LoopConfig, pool: EnginePool | None, version: int, *, col
     return "in_place"
 
 
-def _record(sched: Any, batch: dict[str, Any], stale: dict[str, Any], st: Any, dt: float, **step: Any) -> StepRecord:
+def _record(sched: RolloutScheduler, batch: dict[str, Any], stale: dict[str, Any], st: StepStats, dt: float, **step: Any) -> StepRecord:
     """The step record: the batch, the scheduler and buffer counters (``StepStats`` since the last step),
-    the off-policy statistics and the step's own times and metrics."""
+    the off-policy statistics and the step's own times and metrics. ``batch``, ``stale`` and ``step`` are
+    spread into the struct's keyword fields (``Any``: the struct types each one)."""
     return StepRecord(
         policy_version=sched.version.engines,
         opd_reverse_kl=batch.get("opd/reverse_kl"),
