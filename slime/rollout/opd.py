@@ -36,12 +36,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from slime.engines.interface import GeneratePool
+from slime.engines.protocol import GenerateResult
 from slime.errors import ConfigError, EngineError
 from slime.rollout.generate import request_id
 from slime.types import Sample, Status
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["TeacherScorer", "TeacherError", "TEACHER_SAMPLING_PARAMS", "check_same_vocab"]
 
@@ -120,7 +124,9 @@ class TeacherScorer:
         }
 
 
-def check_same_vocab(student: Any, teacher: Any, *, student_name: str = "student", teacher_name: str = "teacher") -> None:
+def check_same_vocab(
+    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, *, student_name: str = "student", teacher_name: str = "teacher"
+) -> None:
     """Refuse a teacher whose tokenizer maps tokens to other ids than the student's.
 
     The teacher scores the student's token ids as they are, so both must share one vocabulary (the
@@ -144,7 +150,7 @@ def check_same_vocab(student: Any, teacher: Any, *, student_name: str = "student
     )
 
 
-def _response_logprobs(result: Any, sample: Sample) -> list[float]:
+def _response_logprobs(result: GenerateResult, sample: Sample) -> list[float]:
     """The response tokens' logprobs out of a teacher reply asked from ``len(prompt_ids) - 1``.
 
     Raises:

@@ -22,9 +22,11 @@ import contextvars
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 __all__ = ["MAX_THREADS", "run_sync", "num_running"]
+
+T = TypeVar("T")
 
 MAX_THREADS = 64
 """Sync plugin calls running at once per event loop (above the default executor's 32: no slower)."""
@@ -45,7 +47,7 @@ def num_running() -> int:
     return slots.num_running if slots else 0
 
 
-async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
+async def run_sync(fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)`` on a daemon thread (module docstring), in a copy of the caller's context.
 
     Returns what ``fn`` returns; raises what it raises. Cancelling the caller (a timeout) abandons
@@ -56,10 +58,10 @@ async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
     if slots is None:
         slots = _SLOTS[loop] = _Slots()
     await slots.free.acquire()
-    future = loop.create_future()
+    future: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()
 
-    def settle(result: Any, error: BaseException | None) -> None:
+    def settle(result: T | None, error: BaseException | None) -> None:
         slots.num_running -= 1
         slots.free.release()
         if future.done():  # the caller stopped waiting
@@ -67,10 +69,11 @@ async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(result)
+            future.set_result(result)  # type: ignore[arg-type]  # None only with an error
 
     def work() -> None:
-        result, error = None, None
+        result: T | None = None
+        error: BaseException | None = None
         try:
             result = context.run(fn, *args)
         except BaseException as exc:  # handed to the caller as is

@@ -81,7 +81,8 @@ def _load_from_file(file: Path, attr: str, *, flag: str, spec: str) -> Callable[
     return fn
 
 
-async def _call(fn: Callable[..., Any], arg: Any) -> Any:
+async def _call(fn: Callable[..., Any], arg: object) -> Any:
+    """``fn(arg)``: awaited when async, else on a plugin thread (``plugin_threads``); the user's value, unchecked."""
     if inspect.iscoroutinefunction(fn):
         return await fn(arg)
     result = await plugin_threads.run_sync(fn, arg)
@@ -95,7 +96,7 @@ def _stuck() -> str:
     return f"; {n} sync plugin calls still running (a sync reward that hangs is abandoned)" if n else ""
 
 
-def _as_reward(value: Any, reward_key: str | None = None, sample: Sample | None = None) -> float:
+def _as_reward(value: object, reward_key: str | None = None, sample: Sample | None = None) -> float:
     """The float reward in ``value``; a dict (slime's reward functions may return one) gives its
     ``reward_key`` entry, and the whole dict is kept in ``sample.evidence["reward_fields"]``."""
     if isinstance(value, dict):
