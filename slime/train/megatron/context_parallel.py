@@ -31,12 +31,15 @@ one-rank gradient, whatever the loss (token means, sequence means, sequence-leve
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:  # layers.py imports this module at run time
+    from slime.train.megatron.layers import PackedRoPEParams
 
 __all__ = ["cp_split", "gather_full", "cp_attention"]
 
@@ -72,7 +75,7 @@ class _GatherFull(torch.autograd.Function):
     """[t, ...] local -> [T, ...] full order (all-gather over ``group``, then ``full_index``)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, full_index: Tensor, group: Any, sum_grads: bool) -> Tensor:
+    def forward(ctx, x: Tensor, full_index: Tensor, group: dist.ProcessGroup | None, sum_grads: bool) -> Tensor:
         size = dist.get_world_size(group)
         parts = [torch.empty_like(x) for _ in range(size)]
         dist.all_gather(parts, x.contiguous(), group=group)
@@ -96,7 +99,7 @@ class _GatherFull(torch.autograd.Function):
         return flat[rank * t : (rank + 1) * t].contiguous(), None, None, None
 
 
-def gather_full(x: Tensor, full_index: Tensor, group: Any, *, sum_grads: bool) -> Tensor:
+def gather_full(x: Tensor, full_index: Tensor, group: dist.ProcessGroup | None, *, sum_grads: bool) -> Tensor:
     """All-gather ``x`` [t, ...] (this CP rank's tokens) into the full packed order [T, ...].
 
     Differentiable. ``sum_grads``: each rank's gradient differs (K/V inside attention) and is
@@ -106,7 +109,7 @@ def gather_full(x: Tensor, full_index: Tensor, group: Any, *, sum_grads: bool) -
     return _GatherFull.apply(x, full_index, group, sum_grads)
 
 
-def cp_attention(query: Tensor, key: Tensor, value: Tensor, params: Any, scale: float) -> Tensor:
+def cp_attention(query: Tensor, key: Tensor, value: Tensor, params: PackedRoPEParams, scale: float) -> Tensor:
     """Causal attention of this rank's queries over the segments' gathered keys (module docstring).
 
     Args:
@@ -119,6 +122,7 @@ def cp_attention(query: Tensor, key: Tensor, value: Tensor, params: Any, scale: 
         [t, n, d] attention output of this rank's queries.
     """
     p = params
+    assert p.cp_full_index is not None, "cp_attention needs a pack from cp_split"  # cp_size > 1 (the caller checks)
     k_full = gather_full(key, p.cp_full_index, p.cp_group, sum_grads=True)  # [T, g, d]
     v_full = gather_full(value, p.cp_full_index, p.cp_group, sum_grads=True)
     n = query.shape[1]

@@ -101,7 +101,7 @@ optimizer steps only: a weight whose gradient went to ``main_grad`` here has DDP
 ``zero_grad_buffer``, so a later call through megatron's function in the same step would lose its gradient."""
 
 
-def _local_call(weight: Tensor, kwargs: dict[str, Any]) -> bool:
+def _local_call(weight: Tensor, kwargs: dict[str, object]) -> bool:
     return (
         enabled
         and weight.requires_grad
@@ -131,7 +131,7 @@ class LocalRowParallelLinear(_LocalImpl, _tp.RowParallelLinear):
     """megatron's ``RowParallelLinear`` taking ``local_linear`` (its communication is outside the linear)."""
 
 
-def use_local_linears(model: Any) -> int:
+def use_local_linears(model: torch.nn.Module) -> int:
     """Make the linear layers inside ``model``'s transformer layers (QKV, output projection, FFN) the
     ``Local*`` classes (same state; the embedding and the output layer stay); returns how many."""
     layer_cls = mcore("megatron.core.transformer.transformer_layer").TransformerLayer

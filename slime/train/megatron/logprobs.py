@@ -52,7 +52,7 @@ _CHUNK_ELEMENTS = 1 << 26
 """Tokens x vocabulary per eager chunk (256 MiB per fp32 temporary)."""
 
 
-def _all_reduce(x: Tensor, op: Any, group: Any) -> Tensor:
+def _all_reduce(x: Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None) -> Tensor:
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(x, op=op, group=group)
     return x
@@ -118,7 +118,14 @@ def _chunks(x: Tensor) -> list[tuple[int, int]]:
 class _LogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, logits: Tensor, target: Tensor, scale: float, vocab_start: int, vocab_size: int, group: Any, entropy_grad: bool
+        ctx,
+        logits: Tensor,
+        target: Tensor,
+        scale: float,
+        vocab_start: int,
+        vocab_size: int,
+        group: dist.ProcessGroup | None,
+        entropy_grad: bool,
     ) -> tuple[Tensor, Tensor]:
         t, local = logits.shape
         num_real = min(max(vocab_size - vocab_start, 0), local)  # this rank's columns inside the HF vocab
@@ -191,7 +198,7 @@ def vocab_parallel_logprobs(
     temperature: float,
     vocab_size: int,
     tp_rank: int = 0,
-    group: Any = None,
+    group: dist.ProcessGroup | None = None,
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Logprob of ``target`` and entropy at each position, under ``softmax(logits / temperature)``.
