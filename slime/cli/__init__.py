@@ -1,5 +1,11 @@
 """The ``slime`` command: ``slime train`` (an RL run, or SFT with ``--loss-type sft_loss``), ``slime rollout`` (generate and record only),
-``slime engine`` (the embedded engine, or ``--sim`` the simulated one) and the tools in ``COMMANDS``."""
+``slime engine`` (the embedded engine, or ``--sim`` the simulated one) and the tools in ``COMMANDS``.
+
+The package: this module (``main``, ``COMMANDS``, ``slime train``'s steps: flags -> config -> checks -> run);
+``args.py`` + ``flags.py`` slime's flags (the ``FLAGS`` table) onto the config; ``compat.py`` THUDM/slime's
+other flags (checked against the HF config, or logged no-ops); ``preflight.py`` the checks before a run
+starts; ``__main__.py`` ``python -m slime.cli`` (as torchrun and the scripts launch it).
+"""
 
 from __future__ import annotations
 
