@@ -55,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,12 @@ from slime.train.megatron._mcore import mcore
 from slime.train.megatron.context_parallel import cp_attention
 from slime.train.megatron.dense_attention import attention_layout, dense_attention, dense_index
 from slime.train.megatron.fusion import fused
+
+if TYPE_CHECKING:  # megatron-core ships no type information: these name its classes (mypy reads them as Any)
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
 __all__ = [
     "RMSNorm",
@@ -160,7 +166,7 @@ class RMSNorm(nn.Module):
     parallelism.
     """
 
-    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-6, **_: Any):
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_: object):
         super().__init__()
         device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
@@ -224,14 +230,14 @@ class SDPACoreAttention(_MegatronModule):
 
     def __init__(
         self,
-        config: Any,
+        config: TransformerConfig,
         layer_number: int,
-        attn_mask_type: Any,
+        attn_mask_type: AttnMaskType,
         attention_type: str,
         attention_dropout: float | None = None,
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
-        pg_collection: Any = None,
+        pg_collection: ProcessGroupCollection | None = None,
     ):
         super().__init__(config=config)
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
@@ -242,9 +248,9 @@ class SDPACoreAttention(_MegatronModule):
         key: Tensor,
         value: Tensor,
         attention_mask: Tensor | None,
-        attn_mask_type: Any = None,
+        attn_mask_type: AttnMaskType | None = None,
         attention_bias: Tensor | None = None,
-        packed_seq_params: Any = None,
+        packed_seq_params: PackedSeqParams | None = None,
     ) -> Tensor:
         """query [t, n, d], key/value [t, g, d] (megatron squeezes "thd" input) -> [t, n * d]."""
         if not isinstance(packed_seq_params, PackedRoPEParams) or packed_seq_params.rope_cos is None:
@@ -321,7 +327,7 @@ class SwiGLUMLP(_MLP):
 
     use_triton: bool = True
 
-    def _plain_swiglu(self, per_token_scale: Any) -> bool:
+    def _plain_swiglu(self, per_token_scale: Tensor | None) -> bool:
         c = self.config
         return (
             per_token_scale is None
