@@ -5,10 +5,10 @@
     plan    = run_plan(debug, rollout, train, engine, sync, seed=...)  # slime.loop.plan: which kind of run
     inputs  = await build_inputs(data, rollout, loop, plan)           # slime.loop.inputs: prompts, reward, generate, offline
     trainer = await build_trainer(train, plan, ...)                   # None: rollout-only
-    buffer  = build_buffer(loop)                                      # + restore(...) on a resume
-    async with open_engines(engine, rollout, train, plan, ...) as engines:   # None: train-only
+    parts   = RunParts(files, version, inputs, trainer, build_buffer(loop));  await restore(parts)  # on a resume
+    async with open_engines(engine, rollout, train, sync, plan, parts) as engines:   # None: train-only
         sync  = build_sync(sync, plan, pool=..., trainer=...)         # NoWeightSync unless both sides run
-        sched = build_scheduler(loop, rollout, data, plan, parts)     # one of SCHEDULERS, by plan.scheduler
+        sched = build_scheduler(SchedulerWiring(loop, rollout, data, plan, parts, ...))  # SCHEDULERS[plan.scheduler]
 
 Three schedulers make a step's groups (``SCHEDULERS``): ``generate`` (``slime.loop.scheduler.Scheduler``:
 the engines generate, rewards score; rollout-only runs it with the version fixed), ``rollout_function``
