@@ -24,7 +24,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ from torch import Tensor
 __all__ = ["fused", "compile_enabled", "status"]
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _REGISTRY: list[_Fused] = []
 _BACKEND = "inductor"  # torch.compile backend (tests swap in a counting one)
@@ -42,11 +45,11 @@ def compile_enabled() -> bool:
     return os.environ.get("SLIME_MEGATRON_COMPILE", "1") != "0"
 
 
-class _Fused:
-    def __init__(self, fn: Callable[..., Any], dynamic_args: tuple[int, ...]):
+class _Fused(Generic[P, R]):
+    def __init__(self, fn: Callable[P, R], dynamic_args: tuple[int, ...]):
         self.fn = fn
         self.dynamic_args = dynamic_args
-        self._compiled: Callable[..., Any] | None = None
+        self._compiled: Callable[P, R] | None = None
         self._failed = False
         functools.update_wrapper(self, fn)
         _REGISTRY.append(self)
@@ -55,7 +58,7 @@ class _Fused:
         """Whether a call whose first argument is ``x`` runs compiled (CUDA, enabled, no earlier failure)."""
         return not self._failed and x.is_cuda and compile_enabled()
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         first = args[0]
         if isinstance(first, Tensor) and self.compiles_for(first):
             if self._compiled is None:
@@ -69,11 +72,11 @@ class _Fused:
                     for d in range(int(dynamic), a.dim()):  # every other size static (module docstring)
                         torch._dynamo.mark_static(a, d)
             try:
-                return self._compiled(*args)
+                return self._compiled(*args, **kwargs)
             except Exception as exc:  # compile errors surface on the call; run eagerly from now on
                 self._failed = True
                 log.warning("torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(exc).__name__, exc)
-        return self.fn(*args)
+        return self.fn(*args, **kwargs)
 
 
 def _raise_recompile_limit(at_least: int = 32) -> None:
@@ -100,11 +103,11 @@ def status() -> dict[str, str]:
     }
 
 
-def fused(*, dynamic_args: tuple[int, ...] = (0,)) -> Callable[[Callable[..., Any]], _Fused]:
+def fused(*, dynamic_args: tuple[int, ...] = (0,)) -> Callable[[Callable[P, R]], _Fused[P, R]]:
     """Decorator: compile ``fn`` on CUDA (see the module docstring); ``dynamic_args`` index the
     tensor arguments whose first dimension is the packed token count."""
 
-    def wrap(fn: Callable[..., Any]) -> _Fused:
+    def wrap(fn: Callable[P, R]) -> _Fused[P, R]:
         return _Fused(fn, dynamic_args)
 
     return wrap

@@ -253,11 +253,11 @@ class SDPACoreAttention(_MegatronModule):
         packed_seq_params: PackedSeqParams | None = None,
     ) -> Tensor:
         """query [t, n, d], key/value [t, g, d] (megatron squeezes "thd" input) -> [t, n * d]."""
-        if not isinstance(packed_seq_params, PackedRoPEParams) or packed_seq_params.rope_cos is None:
+        p = packed_seq_params
+        if not isinstance(p, PackedRoPEParams) or p.rope_cos is None or p.rope_sin is None:  # packing sets both tables
             raise ValueError("SDPACoreAttention needs packed input with PackedRoPEParams (see slime.train.megatron.packing)")
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention does not take an attention bias")
-        p = packed_seq_params
         query, key = _rope_qk(query, key, p.rope_cos, p.rope_sin)
         t, n, d = query.shape
         if p.cp_size > 1:
