@@ -59,7 +59,7 @@ class WeightSource(Protocol):
 
 
 class WeightSync(Protocol):
-    async def save(self, version: int) -> Any:
+    async def save(self, version: int) -> Any:  # Any: each strategy's own handle (a directory, named tensors), passed back to load
         """Step 1, while generating: stage the trainer's weights for ``version``; returns what ``load`` takes."""
         ...
 
@@ -97,7 +97,7 @@ async def _begin(client: EngineClient) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def weight_update_session(clients: Sequence[Any]) -> AsyncIterator[dict[str, bool]]:
+async def weight_update_session(clients: Sequence[EngineClient]) -> AsyncIterator[dict[str, bool]]:
     """Open a 0.5.23 weight-update session on every engine that has them; yields ``{url: opened}``.
 
     Raises:

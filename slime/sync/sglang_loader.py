@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -32,12 +32,19 @@ from slime.sync.wire import tensor_checksum
 
 __all__ = ["load_delta"]
 
-_SHADOWS: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+class WeightLoading(Protocol):
+    """What SGLang passes a custom loader: its model, which loads ``(HF name, tensor)`` pairs."""
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> object: ...
+
+
+_SHADOWS: weakref.WeakKeyDictionary[WeightLoading, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 """model -> {HF name: CPU tensor it holds}. Module state on purpose: SGLang gives a loader nothing
 else to keep it in, and it must outlive each call."""
 
 
-def load_delta(model: Any, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+def load_delta(model: WeightLoading, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
     """Apply one delta payload to ``model`` (an SGLang model with ``load_weights``).
 
     Raises:
