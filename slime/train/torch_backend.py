@@ -55,7 +55,7 @@ from slime.hf_checkpoint import check_hf_dir
 from slime.sync.hf_layout import checkpoint_views
 from slime.train import objective
 from slime.train.advantages import GROUP_NORMALISED
-from slime.train.batch import Step, TrainBatch, build_train_batch, plan_steps, rl_batch_metrics
+from slime.train.batch import MicroBatch, Step, TrainBatch, build_train_batch, plan_steps, rl_batch_metrics
 from slime.train.checkpoint import save_hf_dir
 from slime.train.critic import ValueModel, explained_variance
 from slime.train.determinism import enable_deterministic_mode
@@ -74,7 +74,7 @@ __all__ = ["TorchTrainer"]
 logger = logging.getLogger(__name__)
 
 
-class TorchTrainer(TorchForward):
+class TorchTrainer:
     """Holds the policy model and its AdamW state (plus a frozen reference and a critic when the
     config asks for them); trains on rewarded groups.
 
@@ -113,6 +113,8 @@ class TorchTrainer(TorchForward):
     """Where the models, the optimizer state and the step's tensors live (``resolve_device``)."""
     bf16: bool
     """Forward and backward under bf16 autocast (``--bf16``); weights stay fp32."""
+    forward: TorchForward
+    """The forward passes over these models (before the update; each micro-batch's losses)."""
 
     def __init__(
         self,
@@ -152,6 +154,10 @@ class TorchTrainer(TorchForward):
         if objective.needs_critic(config):
             self.critic = ValueModel.from_pretrained(model_dir).to(self.device)
             self.critic_optimizer = adamw(self.critic.parameters(), config, config.critic_lr or config.lr, self.device)
+        self.forward = TorchForward(
+            config, model=self.model, ref_model=self.ref_model, critic=self.critic, router_stats=self.router_stats,
+            rollout_temperature=rollout_temperature, device=self.device, bf16=self.bf16,
+        )  # fmt: skip
         if config.kl_coef != 0.0 and config.advantage_estimator in GROUP_NORMALISED:
             logger.warning(
                 "--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator
@@ -205,7 +211,7 @@ class TorchTrainer(TorchForward):
         ).to(self.device)
         steps = self._plan(batch.seq_lens.tolist())
         if not objective.is_sft(cfg):  # SFT needs no logprobs from before the update
-            batch = objective.with_advantages(cfg, self._before_update(batch, [mb for step in steps for mb in step]))
+            batch = objective.with_advantages(cfg, self.forward.before_update(batch, [mb for step in steps for mb in step]))
         tally = StepTally()
         for step in steps:
             self._optimizer_step(batch, step, tally)
@@ -241,11 +247,11 @@ class TorchTrainer(TorchForward):
         step_loss = step_value_loss = 0.0
         for indices in step:
             mb = batch.select(indices)
-            loss, metrics = self._micro_batch_loss(mb, denom)
+            loss, metrics = self.forward.micro_batch_loss(mb, denom)
             loss.backward()
             step_loss += float(loss.detach())
             if self.critic is not None:
-                v_loss, v_metrics = self._value_loss(mb, denom)
+                v_loss, v_metrics = self.forward.value_loss(mb, denom)
                 v_loss.backward()
                 step_value_loss += float(v_loss.detach())
                 metrics.update(v_metrics)
@@ -275,6 +281,10 @@ class TorchTrainer(TorchForward):
             train_time_s=time.perf_counter() - t0,
         )
         return TrainMetrics.from_dict(out)
+
+    def _before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
+        """``TorchForward.before_update`` (the bench times it alone, as the megatron backend's)."""
+        return self.forward.before_update(batch, micro_batches)
 
     def _plan(self, seq_lens: list[int]) -> list[Step]:
         """Optimizer steps of ``global_batch_size`` samples (in batch order), each a list of micro-batches.
@@ -316,7 +326,7 @@ class TorchTrainer(TorchForward):
             for step in self._plan(batch.seq_lens.tolist()):
                 for indices in step:
                     mb = batch.select(indices)
-                    with self._autocast():
+                    with self.forward.autocast():
                         logprobs = compute_token_logprobs(
                             self.model, mb.input_ids, mb.attention_mask, temperature=self.rollout_temperature
                         )  # [b, l]

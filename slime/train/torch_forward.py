@@ -1,4 +1,4 @@
-"""The torch backend's forward passes (``slime.train.torch_backend.TorchTrainer`` inherits them).
+"""The torch backend's forward passes (``TorchForward``, a collaborator of ``slime.train.torch_backend.TorchTrainer``).
 
 Before the update, with no grad: each micro-batch's ``old_logprobs`` from the policy, plus
 ``ref_logprobs`` from the frozen reference and ``old_values`` from the critic when the config has
@@ -30,23 +30,38 @@ __all__ = ["TorchForward"]
 
 
 class TorchForward:
-    """The forward passes of ``TorchTrainer`` (a mixin: the models and settings are the trainer's)."""
+    """The forward passes of one ``TorchTrainer`` over its models (the same objects: the trainer updates them).
 
-    config: TrainConfig
-    model: PreTrainedModel
-    ref_model: PreTrainedModel | None
-    critic: ValueModel | None
-    router_stats: RouterStats | None
-    rollout_temperature: float
-    loss_agg: LossAgg
-    device: torch.device
-    bf16: bool
+    Args:
+        config: the ``train`` section (loss, entropy and value-clip settings, ``use_rollout_logprobs``).
+        model / ref_model / critic: the policy, the frozen reference (None without KL), the critic (None without PPO).
+        router_stats: the MoE router hooks of ``model`` (None for a dense model).
+        rollout_temperature: logits are divided by it, as the engines sample.
+        device / bf16: where the tensors live; bf16 autocast (``slime.train.torch_device``).
+    """
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model: PreTrainedModel,
+        ref_model: PreTrainedModel | None,
+        critic: ValueModel | None,
+        router_stats: RouterStats | None,
+        rollout_temperature: float,
+        device: torch.device,
+        bf16: bool,
+    ):
+        self.config, self.model, self.ref_model, self.critic, self.router_stats = config, model, ref_model, critic, router_stats
+        self.rollout_temperature, self.device, self.bf16 = rollout_temperature, device, bf16
+        self.loss_agg: LossAgg = config.loss_agg
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The trainer's autocast context (bf16 with ``--bf16``, else none)."""
         return autocast(self.device, self.bf16)
 
     @torch.no_grad()
-    def _before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
+    def before_update(self, batch: TrainBatch, micro_batches: list[MicroBatch]) -> TrainBatch:
         """Fill ``old_logprobs`` (and ``ref_logprobs`` / ``old_values``), computed per micro-batch.
 
         Each span is run exactly as training will slice it (T trimmed to the span's longest
@@ -63,7 +78,7 @@ class TorchForward:
             mb = batch.select(indices)
             rows = torch.as_tensor(indices, dtype=torch.long, device=old.device)[:, None]
             cols = torch.arange(mb.loss_mask.shape[1], device=old.device)[None, :]
-            with self._autocast():
+            with self.autocast():
                 if not bypass:
                     old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
                 if ref_model is not None and ref is not None:
@@ -72,9 +87,11 @@ class TorchForward:
                     values[rows, cols] = critic(mb.input_ids, mb.attention_mask).float()
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
 
-    def _micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
+    def micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
+        """The policy loss of micro-batch ``mb`` (``objective.micro_batch_loss``; ``denom``: the optimizer
+        step's) and its metrics, with the router hooks counting its real tokens."""
         routers = self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext()
-        with routers, self._autocast():
+        with routers, self.autocast():
             logprobs, entropy = compute_token_logprobs_and_entropy(
                 self.model,
                 mb.input_ids,
@@ -84,9 +101,10 @@ class TorchForward:
             )  # [b, l], [b, l]
         return objective.micro_batch_loss(self.config, mb, logprobs, entropy, denom)
 
-    def _value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
+    def value_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
+        """The critic's clipped value loss of ``mb`` (``slime.train.critic.value_loss``) and its metrics."""
         assert self.critic is not None and mb.old_values is not None and mb.returns is not None
-        with self._autocast():
+        with self.autocast():
             values = self.critic(mb.input_ids, mb.attention_mask).float()  # [b, l]
         return value_loss(
             values,
