@@ -4,6 +4,7 @@
     convert.py     HF <-> megatron-core weights per TP / EP / ETP rank, pure tensor code, bit-exact
     layers.py      slime's RMSNorm, SDPA core attention (RoPE inside, packed sequences), SwiGLU MLP, MoE router gate
     model.py       TransformerConfig + local layer spec (MoE layers too) -> GPTModel; loading HF weights per rank
+    hf_reader.py   lazy per-tensor reads of an HF directory's safetensors
     router_metrics.py  hooks megatron-core's routers into slime.train.router_metrics (per-step MoE metrics)
     packing.py     optimizer step -> data-parallel shares -> packed micro-batches (token budget)
     logprobs.py    vocab-parallel logprobs / entropy with the rollout temperature (fused row passes)
