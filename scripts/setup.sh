@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install slime with its test extras. Idempotent: re-runs only when pyproject.toml changes.
 # torch is pinned to the CPU build first, so pip never pulls a multi-GB CUDA build on a CPU machine.
+# The test extra includes slime[ray] (Ray's wheel, ~79 MB; tests/cluster), so this installs Ray too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The code sandbox (slime/rollout/tools/isolation.py) needs bubblewrap, libseccomp (its seccomp filter) and

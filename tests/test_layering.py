@@ -40,6 +40,7 @@ PARTS = {
     "slime.loop": "loop",
     "slime.bench": "bench",
     "slime.cli": "cli",  # the slime/cli/ package: the entry, the flags, the compat table, preflight
+    "slime.cluster": "cluster",  # a run's processes placed and supervised on Ray (issue 28; docs/ray.md)
 }
 MAY_IMPORT = {
     "root": set(),
@@ -58,6 +59,7 @@ MAY_IMPORT = {
     "plugin_check": BASE | {"data", "protocol", "engines", "rollout", "servers"},  # `slime check-plugin` starts an engine
     "loop": BASE | {"obs", "sync", "data", "train", "protocol", "engines", "fleet", "rollout"},
     "bench": BASE | {"obs", "sync", "data", "train", "protocol", "engines", "fleet", "rollout", "servers", "loop"},
+    "cluster": BASE | {"fleet"},  # fleet.lifeline: a process dies with the actor that started it
     "cli": set(PARTS.values()),
 }
 KNOWN: dict[tuple[str, str], str] = {}
