@@ -183,9 +183,9 @@ class PlacementTable:
     def node_ip(self, node: int) -> str:
         return next(s.ip for s in self.slots if s.node == node)
 
-    def format(self) -> str:
-        """The table as text: a header, then one line per bundle and one per process (``--dry-run``)."""
-        return "\n".join([*self._header(), *self._bundle_lines(), *self._process_lines()])
+    def format(self, bundles: bool = True) -> str:
+        """The table as text (``--dry-run``): a header, one line per bundle (unless not ``bundles``), one per process."""
+        return "\n".join([*self._header(), *(self._bundle_lines() if bundles else []), *self._process_lines()])
 
     def _header(self) -> list[str]:
         s, nodes = self.shape, len({slot.node for slot in self.slots})
@@ -194,7 +194,6 @@ class PlacementTable:
             f"# slime on Ray: {len(self.slots)} GPU bundle(s) on {nodes} node(s); trainer {s.trainer_nodes} node(s) x "
             f"{s.trainer_gpus_per_node} GPU(s); {engines} engine(s) of {s.gpus_per_engine} GPU(s), "
             f"{'sharing the trainer bundles (--colocate)' if s.colocate else 'on the bundles after the trainer'}",
-            f"{'bundle':>6} {'node':>4} {'ip':<16} {'gpu':>3}  roles",
         ]
 
     def _bundle_lines(self) -> list[str]:
@@ -202,20 +201,39 @@ class PlacementTable:
         for p in self.processes:
             for i in p.slots:
                 roles[i].append(p.name)
-        return [f"{s.bundle:>6} {s.node:>4} {s.ip:<16} {s.gpu:>3}  {', '.join(roles[s.index]) or '(idle)'}" for s in self.slots]
+        head = f"{'bundle':>6} {'node':>4} {'ip':<16} {'gpu':>3}  roles"
+        return [head, *(f"{s.bundle:>6} {s.node:>4} {s.ip:<16} {s.gpu:>3}  {', '.join(roles[s.index]) or '(idle)'}" for s in self.slots)]
 
     def _process_lines(self) -> list[str]:
+        """One line per engine process and the router; trainer ranks one line per node (``trainer-0..7``)."""
         lines = [f"{'process':<18} {'node':>4} {'ip':<16} {'gpus':<24} ports"]
+        trainers = self.of_role("trainer")
+        for node in sorted({t.node for t in trainers}):
+            ranks = [t for t in trainers if t.node == node]
+            name = f"trainer-{ranks[0].rank}..{ranks[-1].rank}" if len(ranks) > 1 else ranks[0].name
+            gpus = _ranges([self.slots[t.slots[0]].gpu for t in ranks])
+            lines.append(f"{name:<18} {node:>4} {self.node_ip(node):<16} {gpus:<24} {_ports(self, ranks[0])}")
         for p in self.processes:
-            ip = self.node_ip(p.node)
-            gpus = ",".join(map(str, self.gpus(p))) or "- (CPU)"
-            lines.append(f"{p.name:<18} {p.node:>4} {ip:<16} {gpus:<24} {_ports(self, p)}")
+            if p.role != "trainer":
+                gpus = _ranges(list(self.gpus(p))) or "- (CPU)"
+                lines.append(f"{p.name:<18} {p.node:>4} {self.node_ip(p.node):<16} {gpus:<24} {_ports(self, p)}")
         return lines
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _ports(table: PlacementTable, p: Process) -> str:
     if p.role == "trainer":
-        return f"rendezvous :{p.port}" if p.port is not None else f"rendezvous at trainer-0 ({table.node_ip(0)})"
+        return f"rendezvous :{p.port} (rank 0)" if p.port is not None else f"rendezvous at trainer-0 ({table.node_ip(0)})"
     parts = [f"http :{p.port}"] if p.port is not None else []
     if p.nnodes > 1:
         head = next(q for q in table.processes if q.role == "engine" and q.rank == p.rank and q.node_rank == 0)

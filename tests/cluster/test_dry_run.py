@@ -89,7 +89,17 @@ def test_the_qwen3_4b_table_on_one_node():
     assert lines[0].startswith("# slime on Ray: 8 GPU bundle(s) on 1 node(s); trainer 1 node(s) x 8 GPU(s); 4 engine(s) of 2 GPU(s)")
     assert lines[2].split() == ["0", "0", "node-0", "0", "trainer-0,", "engine-0"]
     assert f"http :{BASE_PORT + 3}" in next(x for x in lines if x.startswith("engine-3"))
-    assert "rendezvous :29500" in next(x for x in lines if x.startswith("trainer-0 "))
+    assert next(x for x in lines if x.startswith("trainer-")).split() == [
+        "trainer-0..7",
+        "0",
+        "node-0",
+        "0-7",
+        "rendezvous",
+        ":29500",
+        "(rank",
+        "0)",
+    ]
+    assert next(x for x in lines if x.startswith("engine-1 ")).split()[:4] == ["engine-1", "0", "node-0", "2-3"]
 
 
 def test_a_wide_engine_prints_its_dist_init_addr():
