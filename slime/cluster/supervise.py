@@ -239,28 +239,31 @@ class ClusterRun:
         self.restarts[p.rank] = n
         group = [q for q in self.table.processes if q.role == "engine" and q.rank == p.rank]
         log.warning("%s; restart %d of %d on the same bundle(s)", self._obituary(p, why), n, self.max_restarts)
+        self._kill([self._live[q.name] for q in group])
         for q in group:
-            self._kill(self._live[q.name])
             self._live[q.name] = self._spawn(q)
         for q in group:
             self._run(q)
         return [q.name for q in group]
 
-    def _kill(self, live: _Live) -> None:
-        with contextlib.suppress(RayActorError):  # already dead: nothing to stop
-            ray.get(live.actor.stop.remote(self._grace), timeout=self._grace + 30)
-        ray.kill(live.actor, no_restart=True)
+    def _kill(self, lives: list[_Live]) -> None:
+        """Stop the children of ``lives`` at once (SIGTERM, SIGKILL after the grace), then kill their actors."""
+        stops: list[ObjectRef[int | None]] = [live.actor.stop.remote(self._grace) for live in lives]
+        for live, stop in zip(lives, stops):
+            try:
+                ray.get(stop, timeout=self._grace + 30)
+            except RayActorError:  # already dead: its child died with it
+                pass
+            except Exception as e:  # one stuck actor must not keep the others or the group reserved
+                log.warning("%s: could not stop it cleanly (%s); killing its actor", live.process.name, e)
+        for live in lives:
+            ray.kill(live.actor, no_restart=True)
 
     def release(self) -> None:
         """Stop every child, kill every actor, remove the placement group; idempotent, never raises for a
         process that is already gone."""
         try:
-            for live in self._live.values():
-                try:
-                    self._kill(live)
-                except Exception as e:  # one stuck actor must not keep the group reserved
-                    log.warning("%s: could not stop it cleanly (%s); killing its actor", live.process.name, e)
-                    ray.kill(live.actor, no_restart=True)
+            self._kill(list(self._live.values()))
             self._live.clear()
         finally:
             self.reservation.release()

@@ -107,3 +107,21 @@ def test_everything_is_released_at_exit(ray_cluster, how):
     assert wait_gone(pids) == []
     assert placement_group_table(reservation.group)["state"] == "REMOVED"
     assert signal.getsignal(signal.SIGTERM) == handler
+
+
+def test_slime_trains_sigterm_handler_is_kept_and_any_other_replaced_for_the_run():
+    """Under ``slime train`` (slime.stop's handler installed) the run keeps it; elsewhere (SIG_DFL, or
+    ``ray.init``'s ``sys.exit``) ``sigterm_raises`` is installed for the run's life, the old one back after."""
+    from slime.cluster.placement import Reservation
+    from slime.cluster.plan import PlacementTable
+    from slime.stop import sigterm_raises
+
+    nothing = Reservation(group=None, table=PlacementTable(SHAPE, (), ()), released=True)  # type: ignore[arg-type]
+    with sigterm_raises():
+        slimes = signal.getsignal(signal.SIGTERM)
+        with ClusterRun(nothing, serve):
+            assert signal.getsignal(signal.SIGTERM) is slimes
+    before = signal.getsignal(signal.SIGTERM)
+    with ClusterRun(nothing, serve):
+        assert getattr(signal.getsignal(signal.SIGTERM), "__module__", None) == "slime.stop"
+    assert signal.getsignal(signal.SIGTERM) is before
