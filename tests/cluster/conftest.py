@@ -8,6 +8,7 @@ actor and bundle asks for 0 CPUs. At teardown, every raylet and Ray process the 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -36,9 +37,10 @@ def wait_gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
     return left
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # up for tests/cluster only, not for the rest of a whole-suite run
 def ray_cluster() -> Iterator[Cluster]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # ray.init replaces SIGTERM's
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
     workers = [cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE) for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False)
@@ -47,4 +49,6 @@ def ray_cluster() -> Iterator[Cluster]:
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
     assert wait_gone(raylets) == [], "raylets left running after the cluster's shutdown"

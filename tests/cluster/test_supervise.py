@@ -69,18 +69,18 @@ def test_an_engine_out_of_restarts_ends_the_run(ray_cluster):
             run.check()
 
 
-def test_a_dead_trainer_rank_is_one_line_naming_node_and_actor(ray_cluster):
+@pytest.mark.parametrize("target", ["process", "actor"])
+def test_a_dead_trainer_rank_is_one_line_naming_node_and_actor(ray_cluster, target):
     with ClusterRun(reserve(SHAPE, cpus_per_bundle=0, timeout_s=60), serve) as run:
         pid, where = run.pids()["trainer-1"], run.where("trainer-1")
-        os.kill(pid or 0, signal.SIGKILL)
+        os.kill((pid or 0) if target == "process" else where.pid, signal.SIGKILL)
         wait_gone([pid or 0])
         with pytest.raises(ProcessDied) as died:
             run.check()
     line = str(died.value)
     assert "\n" not in line
-    assert line == (
-        f"trainer rank 1 (actor trainer-1, pid {pid}) on node 0 ({where.ip}, node id {where.node_id[:12]}) died: exit status -9"
-    )
+    why = "exit status -9" if target == "process" else "its actor died (ActorDiedError)"
+    assert line == f"trainer rank 1 (actor trainer-1, pid {pid}) on node 0 ({where.ip}, node id {where.node_id[:12]}) died: {why}"
 
 
 @pytest.mark.parametrize("how", ["exit", "error", "sigterm", "ctrl-c"])
@@ -95,9 +95,9 @@ def test_everything_is_released_at_exit(ray_cluster, how):
         with ClusterRun(reservation, serve) as run:
             pids = [pid for pid in run.pids().values() if pid] + [run.where(n).pid for n in run.pids()]
             assert len(pids) == 8
-            if how == "sigterm":
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)  # the handler raises Stopped here
+            if how in ("sigterm", "ctrl-c"):
+                os.kill(os.getpid(), signal.SIGTERM if how == "sigterm" else signal.SIGINT)
+                time.sleep(5)  # the handler raises Stopped (SIGTERM) or KeyboardInterrupt (SIGINT) here
             elif raised is not None:
                 raise raised("stop")
     except BaseException as e:
