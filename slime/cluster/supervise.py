@@ -92,6 +92,12 @@ class _Live:
 CommandFn = Callable[[Process, Rendezvous], Command]
 
 
+def _ports_of(p: Process, free: list[int]) -> tuple[int | None, int | None]:
+    """(own port, dist-init port) of ``p`` from the free ports its node gave, in that order."""
+    got = iter(free)
+    return (next(got) if p.port is not None else None, next(got) if p.dist_port is not None else None)
+
+
 class ClusterRun:
     """A placement table's processes on Ray, from start to release (module docstring)."""
 
@@ -129,15 +135,21 @@ class ClusterRun:
         self.release()
 
     def start(self) -> None:
-        """Actors for every process, their ports, then every command (module docstring)."""
-        for p in self.table.processes:
-            self._live[p.name] = self._spawn(p)
-        for p in self.table.processes:
-            self._ports[p.name] = self._ask_ports(p)
-        for p in self.table.processes:
-            self._run(p)
+        """Actors for every process, their ports, then every command (module docstring); each step asked of
+        every actor at once, so a run of many processes starts in the time of its slowest actor."""
+        self._spawn(list(self.table.processes))
+        asked = {p.name: self._ask_ports(p) for p in self.table.processes}
+        self._ports = {name: _ports_of(p, ray.get(ref) if ref is not None else []) for name, (p, ref) in asked.items()}
+        self._run(list(self.table.processes))
 
-    def _spawn(self, p: Process) -> _Live:
+    def _spawn(self, processes: list[Process]) -> None:
+        """An actor for each of ``processes`` on its bundle (the router: on its node), and where each runs."""
+        actors = [self._create(p) for p in processes]
+        refs: list[ObjectRef[Where]] = [a.where.remote() for a in actors]
+        for p, actor, where in zip(processes, actors, ray.get(refs)):
+            self._live[p.name] = _Live(p, actor, where)
+
+    def _create(self, p: Process) -> ActorHandle[ProcessActor]:
         if p.slots:
             bundle = self.table.slots[p.slots[0]].bundle
             strategy: object = PlacementGroupSchedulingStrategy(self.reservation.group, bundle)
@@ -146,15 +158,12 @@ class ClusterRun:
             node_id = next(s.node_id for s in self.table.slots if s.node == p.node)
             strategy, options = NodeAffinitySchedulingStrategy(node_id, soft=False), {"num_cpus": 0}
         created = ProcessActorRemote.options(scheduling_strategy=strategy, **ACTOR_OPTIONS, **options).remote(p.name)
-        actor = cast("ActorHandle[ProcessActor]", created)  # ray types .options(...).remote() as handle | class
-        where: ObjectRef[Where] = actor.where.remote()
-        return _Live(p, actor, ray.get(where))
+        return cast("ActorHandle[ProcessActor]", created)  # ray types .options(...).remote() as handle | class
 
-    def _ask_ports(self, p: Process) -> tuple[int | None, int | None]:
-        """(own port, dist-init port) from the process's node: the planned ones say which it needs."""
-        wanted = [x for x in (p.port, p.dist_port) if x is not None]
-        got = iter(ray.get(self._live[p.name].actor.free_ports.remote(len(wanted)))) if wanted else iter(())
-        return (next(got) if p.port is not None else None, next(got) if p.dist_port is not None else None)
+    def _ask_ports(self, p: Process) -> tuple[Process, ObjectRef[list[int]] | None]:
+        """The request for ``p``'s free ports on its node (the planned ones say how many), None: it needs none."""
+        wanted = sum(x is not None for x in (p.port, p.dist_port))
+        return p, (self._live[p.name].actor.free_ports.remote(wanted) if wanted else None)
 
     def rendezvous(self, p: Process) -> Rendezvous:
         """``p``'s view of the run: its node IP and port, trainer rank 0's and its engine head's addresses."""
@@ -186,13 +195,17 @@ class ClusterRun:
             env["LOCAL_RANK"] = "0"  # one GPU visible per rank: its own, as device 0
         return env
 
-    def _run(self, p: Process) -> None:
-        r = self.rendezvous(p)
-        cmd = self._command(p, r)
-        live = self._live[p.name]
-        started: ObjectRef[int] = live.actor.start.remote(list(cmd.argv), {**self._env(p, r), **cmd.env})
-        live.pid = ray.get(started)
-        log.info("%s: pid %s on node %d (%s)", p.name, live.pid, p.node, live.where.ip)
+    def _run(self, processes: list[Process]) -> None:
+        """Every command of ``processes`` started in its actor (the rendezvous known: ports are asked first)."""
+        refs: list[ObjectRef[int]] = []
+        for p in processes:
+            r = self.rendezvous(p)
+            cmd = self._command(p, r)
+            refs.append(self._live[p.name].actor.start.remote(list(cmd.argv), {**self._env(p, r), **cmd.env}))
+        for p, pid in zip(processes, ray.get(refs)):
+            live = self._live[p.name]
+            live.pid = pid
+            log.info("%s: pid %s on node %d (%s)", p.name, pid, p.node, live.where.ip)
 
     def pids(self) -> dict[str, int | None]:
         """Process name -> its child's pid (None before it started)."""
@@ -240,10 +253,8 @@ class ClusterRun:
         group = [q for q in self.table.processes if q.role == "engine" and q.rank == p.rank]
         log.warning("%s; restart %d of %d on the same bundle(s)", self._obituary(p, why), n, self.max_restarts)
         self._kill([self._live[q.name] for q in group])
-        for q in group:
-            self._live[q.name] = self._spawn(q)
-        for q in group:
-            self._run(q)
+        self._spawn(group)
+        self._run(group)
         return [q.name for q in group]
 
     def _kill(self, lives: list[_Live]) -> None:
