@@ -25,12 +25,12 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
+from slime.types import JsonObject
+
 __all__ = ["StepRecord", "SFTStepRecord", "steps_of", "JsonObject", "MetricsRow", "RunSummary"]
 
 NAN = math.nan
 
-JsonObject = dict[str, Any]
-"""A JSON object as written or read back: ``Any`` because its values are whatever JSON holds."""
 MetricsRow = JsonObject
 """One ``metrics.jsonl`` object: a step record's ``to_dict()``, an eval record, or either as read back
 (untyped JSON: ``Any`` because its values are whatever JSON holds)."""

@@ -27,7 +27,22 @@ import msgspec
 if TYPE_CHECKING:  # the pool type only: types.py imports nothing of ours at run time
     from slime.engines.interface import EnginePool
 
-__all__ = ["OFFLINE_VERSION", "Status", "Sample", "Group", "valid_samples", "GenerateFn", "RewardFn", "RewardValue", "GroupRewardFn"]
+__all__ = [
+    "JsonObject",
+    "OFFLINE_VERSION",
+    "Status",
+    "Sample",
+    "Group",
+    "valid_samples",
+    "GenerateFn",
+    "RewardFn",
+    "RewardValue",
+    "GroupRewardFn",
+]
+
+JsonObject = dict[str, Any]
+"""A decoded JSON object (a prompt row, an engine's reply, a metrics row): its values are any JSON, hence
+``Any``; the one alias of the package for it."""
 
 OFFLINE_VERSION = -1
 """The version of a token that no policy of this run sampled (``--offline-data``). Such tokens are

@@ -52,8 +52,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slime.bench.learning_curves import fmt, format_table, plot, run_curve, summarize
-from slime.engines.protocol import JsonObject
 from slime.obs import strict_json
+from slime.types import JsonObject
 
 TrainFn = Callable[[list[str]], list[JsonObject]]
 """Runs ``slime train ARGV`` and returns its ``metrics.jsonl`` records (``slime.cli``'s in-process run)."""

@@ -10,8 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from slime.engines.protocol import JsonObject
 from slime.step_record import StepRecord, steps_of
+from slime.types import JsonObject
 
 __all__ = ["run_curve", "summarize", "format_table", "plot", "fmt"]
 

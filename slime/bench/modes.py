@@ -51,12 +51,11 @@ from slime.bench.occupancy import OccupancyMeter
 from slime.bench.workload import Mode, Workload
 from slime.data.dataset import PromptSource
 from slime.engines.pool import HttpEnginePool
-from slime.engines.protocol import JsonObject
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
 from slime.loop.step import run_step
 from slime.train_metrics import TrainMetrics
-from slime.types import Group, Sample
+from slime.types import Group, JsonObject, Sample
 
 __all__ = ["run_mode", "CountingPool", "BenchWeightSync"]
 

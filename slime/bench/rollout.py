@@ -60,8 +60,8 @@ from slime.bench.rollout_table import REAL_ENGINE_TARGETS, TARGETS, check_target
 from slime.bench.run_meta import loadavg, run_meta
 from slime.bench.workload import MODES, Workload
 from slime.engines.pool import HttpEnginePool
-from slime.engines.protocol import JsonObject
 from slime.obs import strict_json
+from slime.types import JsonObject
 
 __all__ = ["main", "build_parser", "run_bench"]
 

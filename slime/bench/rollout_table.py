@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slime.engines.protocol import JsonObject
+from slime.types import JsonObject
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slime.engines.protocol import JsonObject
+from slime.types import JsonObject
 
 __all__ = ["run_meta", "git_state", "loadavg"]
 

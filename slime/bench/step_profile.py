@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
-from slime.engines.protocol import JsonObject
+from slime.types import JsonObject
 
 if TYPE_CHECKING:
     from torch.autograd.profiler_util import FunctionEvent, FunctionEventAvg

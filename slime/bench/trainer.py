@@ -31,11 +31,10 @@ import torch.nn.functional as F
 
 from slime.bench.step_profile import GCPauses, host_events, sync
 from slime.config import TrainConfig
-from slime.engines.protocol import JsonObject
 from slime.train import objective
 from slime.train.batch import TrainBatch, build_train_batch, pack_by_token_budget
 from slime.train_metrics import TrainMetrics
-from slime.types import Group
+from slime.types import Group, JsonObject
 
 __all__ = [
     "SHAPES", "flops_per_token", "matmul_ceiling_tflops", "TransformersReference", "BackendUnderTest", "megatron_backend",

@@ -35,9 +35,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from slime.data.jsonl import JsonObject
 from slime.data.split_stream import split_stream
 from slime.stop import raise_if_stopped
+from slime.types import JsonObject
 
 if TYPE_CHECKING:
     import torch

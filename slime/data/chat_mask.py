@@ -50,8 +50,8 @@ import re
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from slime.data.jsonl import JsonObject
 from slime.errors import ConfigError
+from slime.types import JsonObject
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -35,10 +35,11 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from slime.data.jsonl import JsonObject, decode_line, jsonl_lines
+from slime.data.jsonl import decode_line, jsonl_lines
 from slime.data.prompt_fields import describe_list, messages_of, short, tools_of
 from slime.errors import ConfigError, DataError
 from slime.stop import raise_if_stopped
+from slime.types import JsonObject
 
 __all__ = [
     "PromptRow",

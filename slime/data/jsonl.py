@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
+from slime.types import JsonObject
+
 __all__ = ["MAX_JSON_DEPTH", "JsonObject", "jsonl_lines", "decode_line", "read_line_at"]
 
-JsonObject = dict[str, Any]
-"""A decoded JSON object (a row, a chat message, a tool schema): its values are any JSON, so ``Any``."""
 
 MAX_JSON_DEPTH = 100
 """Deepest nesting of arrays and objects a row may have (a chat row with tools is about 8 deep)."""

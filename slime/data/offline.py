@@ -35,9 +35,8 @@ from typing import Any, Literal
 import msgspec
 
 from slime.data.dataset import PromptRow, PromptSource, parse_prompt_row, read_rows, row_metadata, tokenize_row
-from slime.data.jsonl import JsonObject
 from slime.errors import DataError
-from slime.types import OFFLINE_VERSION, Group, Sample, Status
+from slime.types import OFFLINE_VERSION, Group, JsonObject, Sample, Status
 
 __all__ = ["OfflineSample", "OfflineGroup", "load_offline_data", "OfflineSource"]
 

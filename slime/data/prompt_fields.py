@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from slime.data.jsonl import JsonObject
+from slime.types import JsonObject
 
 __all__ = ["messages_of", "tools_of", "describe_list", "short"]
 

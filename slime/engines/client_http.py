@@ -20,8 +20,9 @@ import aiohttp
 import msgspec
 
 from slime.config import RolloutConfig
-from slime.engines.protocol import JsonObject, error_message_from_body
+from slime.engines.protocol import error_message_from_body
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
+from slime.types import JsonObject
 
 __all__ = ["EngineHttp", "Reply", "CONNECT_TIMEOUT_S"]
 

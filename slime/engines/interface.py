@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol
 
 from slime.engines.client import EngineClient
-from slime.engines.protocol import GenerateResult, JsonObject
+from slime.engines.protocol import GenerateResult
+from slime.types import JsonObject
 
 __all__ = ["GeneratePool", "EnginePool", "WorkerPool", "PauseMode"]
 

@@ -42,7 +42,8 @@ from slime.engines.pool_control import PoolControl
 from slime.engines.pool_dispatch import ROUTING_KEY_HEADER, Dispatch
 from slime.engines.pool_timeouts import AbortSignal, Attempts
 from slime.engines.pool_workers import EngineState, Workers
-from slime.engines.protocol import GenerateResult, JsonObject
+from slime.engines.protocol import GenerateResult
+from slime.types import JsonObject
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
 

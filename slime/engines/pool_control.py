@@ -33,8 +33,8 @@ from slime.engines.interface import PauseMode
 from slime.engines.pool_timeouts import AbortSignal
 from slime.engines.pool_workers import Workers
 from slime.engines.probe import as_is, failure_line, wait_unless_refused
-from slime.engines.protocol import JsonObject
 from slime.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable
+from slime.types import JsonObject
 
 __all__ = ["PoolControl"]
 

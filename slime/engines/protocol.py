@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
 from slime.errors import ProtocolError
+from slime.types import JsonObject
 
 __all__ = [
     "JsonObject",
@@ -31,8 +32,6 @@ __all__ = [
     "error_message_from_body",
 ]
 
-JsonObject = dict[str, Any]
-"""An engine's JSON object reply (or request body): keys and values as SGLang sends them, untyped JSON."""
 
 SAMPLING_PARAM_KEYS = frozenset(
     {

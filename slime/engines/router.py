@@ -23,8 +23,8 @@ import urllib.parse
 from typing import Any, TypedDict
 
 from slime.engines.client import EngineClient
-from slime.engines.protocol import JsonObject
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
+from slime.types import JsonObject
 
 __all__ = ["RouterClient", "WorkerRegistration"]
 

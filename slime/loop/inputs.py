@@ -17,14 +17,13 @@ from slime.data.dataset import PromptRow, PromptSource, prompt_length_check
 from slime.data.offline import OfflineSource, load_offline_data
 from slime.data.prompt_index import index_prompt_file
 from slime.data.sft import model_context_len
-from slime.engines.protocol import JsonObject
 from slime.errors import ConfigError
 from slime.hf_checkpoint import load_tokenizer
 from slime.loop.plan import RunPlan
 from slime.rollout.generate import generate as default_generate
 from slime.rollout.rewards import load_function
 from slime.train_metrics import TrainMetrics
-from slime.types import GenerateFn, Group, RewardFn
+from slime.types import GenerateFn, Group, JsonObject, RewardFn
 
 if TYPE_CHECKING:
     from slime.engines.fleet.start import RolloutEngines

@@ -22,7 +22,8 @@ from typing import TextIO
 
 from slime.errors import RunError
 from slime.obs import strict_json
-from slime.step_record import JsonObject, MetricsRow, RunSummary, StepRecord, steps_of
+from slime.step_record import MetricsRow, RunSummary, StepRecord, steps_of
+from slime.types import JsonObject
 
 __all__ = [
     "JsonlLog",

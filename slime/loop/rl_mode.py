@@ -29,10 +29,10 @@ from slime.loop.step import run_step
 from slime.loop.version import PolicyVersion
 from slime.obs.observers import Observers
 from slime.obs.trace import RunTracer
-from slime.step_record import JsonObject, MetricsRow, RunSummary, StepRecord, steps_of
+from slime.step_record import MetricsRow, RunSummary, StepRecord, steps_of
 from slime.sync.base import WeightSync
 from slime.train_metrics import TrainMetrics
-from slime.types import Group
+from slime.types import Group, JsonObject
 
 __all__ = ["RLEval", "RLMode", "rl_summary"]
 

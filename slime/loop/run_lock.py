@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime.errors import ConfigError
-from slime.step_record import JsonObject
+from slime.types import JsonObject
 
 __all__ = ["LOCK_NAME", "READ_ONLY_FLAGS", "RunFolderInUse", "RunLock", "acquire_run_lock", "check_run_folder_free", "hold_run_folders"]
 

@@ -47,10 +47,10 @@ from slime.hf_checkpoint import load_tokenizer
 from slime.loop.checkpoint import LoopState, load_checkpoint
 from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, run_steps
 from slime.obs.observers import Observers
-from slime.step_record import JsonObject, MetricsRow, RunSummary, SFTStepRecord, steps_of
+from slime.step_record import MetricsRow, RunSummary, SFTStepRecord, steps_of
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.train_metrics import TrainMetrics
-from slime.types import Group
+from slime.types import Group, JsonObject
 
 __all__ = ["run_sft", "load_sft_data", "num_sft_steps"]
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from slime.config import ObsConfig
 from slime.errors import ConfigError
-from slime.step_record import JsonObject, MetricsRow
+from slime.step_record import MetricsRow
+from slime.types import JsonObject
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
     from slime.engines.interface import WorkerPool

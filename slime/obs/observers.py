@@ -20,7 +20,8 @@ from slime.config import ObsConfig
 from slime.obs.metrics import BufferGauges, PrometheusExporter, ScalarLoggers
 from slime.obs.progress import StepProgress
 from slime.obs.trace import NullTracer, Tracer, open_tracer
-from slime.step_record import JsonObject, MetricsRow
+from slime.step_record import MetricsRow
+from slime.types import JsonObject
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
     from slime.engines.interface import WorkerPool

@@ -26,7 +26,8 @@ from typing import TypeVar
 import msgspec
 
 from slime.obs import strict_json
-from slime.step_record import JsonObject, MetricsRow, RunSummary, SFTStepRecord, StepRecord
+from slime.step_record import MetricsRow, RunSummary, SFTStepRecord, StepRecord
+from slime.types import JsonObject
 
 __all__ = ["main", "load_run", "summarize"]
 

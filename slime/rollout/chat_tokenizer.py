@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from slime.engines.protocol import JsonObject
+from slime.types import JsonObject
 
 __all__ = ["ChatTokenizer"]
 

@@ -56,14 +56,13 @@ from collections.abc import Callable
 from typing import Any
 
 from slime.engines.interface import GeneratePool
-from slime.engines.protocol import JsonObject
 from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
 from slime.rollout.chat_tokenizer import ChatTokenizer
 from slime.rollout.generate import fail_unanswered, kv_cache_version_of, status_from_finish_reason, token_versions
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
 from slime.rollout.tools.registry import ToolRegistry, ToolResult
-from slime.types import Sample, Status
+from slime.types import JsonObject, Sample, Status
 
 __all__ = ["MultiTurnGenerate", "generate", "calculator_generate", "render", "TemplateError", "STATE_KEY"]
 

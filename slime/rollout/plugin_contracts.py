@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from slime.engines.interface import EnginePool, WorkerPool
-from slime.engines.protocol import JsonObject
 from slime.rollout import plugin_threads
-from slime.types import Group, Sample, Status
+from slime.types import Group, JsonObject, Sample, Status
 
 if TYPE_CHECKING:
     from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer

@@ -20,7 +20,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from slime.engines.protocol import JsonObject  # one alias for a JSON object, shared with the client side
+from slime.types import JsonObject
 
 __all__ = [
     "READY_PREFIX",

@@ -42,9 +42,9 @@ from slime.engines.fleet.processes import CommandProcess, EmbeddedEngineProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
 from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
 from slime.engines.probe import wait_unless_refused
-from slime.engines.protocol import JsonObject
 from slime.engines.router import RouterClient, WorkerRegistration
 from slime.errors import ConfigError
+from slime.types import JsonObject
 
 __all__ = ["start_rollout", "load_initial_weights", "rejoin_bound", "PoolRegistry", "RolloutEngines"]
 

@@ -26,7 +26,8 @@ import torch
 
 from slime.servers.embedded.request import EngineRequest
 from slime.servers.embedded.sampling import SamplingParams, seeded_generator
-from slime.servers.http import JsonObject, per_item
+from slime.servers.http import per_item
+from slime.types import JsonObject
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -39,11 +39,12 @@ from slime.servers.embedded.request import EngineRequest, build_response
 from slime.servers.embedded.runner import PauseMode
 from slime.servers.embedded.state import ServerState, not_ready
 from slime.servers.embedded.weights import EngineDied, add_weight_routes, die_if_flush_fails
-from slime.servers.http import BadRequest, JsonObject, error_middleware
+from slime.servers.http import BadRequest, error_middleware
 from slime.servers.http import error_response as _error_response
 from slime.servers.http import field as _field
 from slime.servers.http import json_response as _json
 from slime.servers.http import read_json_object as _body
+from slime.types import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from aiohttp.typedefs import Handler
 
 from slime.servers.embedded.model import weight_targets
 from slime.servers.embedded.state import ServerState, not_ready
-from slime.servers.http import BadRequest, JsonObject
+from slime.servers.http import BadRequest
 from slime.servers.http import field as _field
 from slime.servers.http import json_response as _json
 from slime.servers.http import read_json_object as _body
@@ -50,6 +50,7 @@ from slime.sync.base import SESSION_HINT
 from slime.sync.codec import decode_payload, decode_tensor
 from slime.sync.group import WeightsUpdateGroup
 from slime.sync.wire import deserialize_safetensors, dtype_from_name, is_pickle, tensor_checksum
+from slime.types import JsonObject
 
 __all__ = [
     "add_weight_routes",

@@ -33,12 +33,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from slime.engines.protocol import GenerateResult, JsonObject
+from slime.engines.protocol import GenerateResult
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.lengths import make_length_distribution
 from slime.servers.sim.scheduler import SimOutput, SimRequest, StepScheduler
 from slime.servers.sim.stats import SimCounters, SimStats
 from slime.servers.sim.trajectory import TrajectoryTracker
+from slime.types import JsonObject
 
 __all__ = ["SimEngine", "SimOutput", "DEFAULT_MAX_NEW_TOKENS"]
 

@@ -30,10 +30,11 @@ from aiohttp import web
 
 from slime.engines.protocol import SAMPLING_PARAM_KEYS
 from slime.servers.http import BadRequest as _BadRequest
-from slime.servers.http import JsonObject, error_middleware, per_item
+from slime.servers.http import error_middleware, per_item
 from slime.servers.http import json_response as _json
 from slime.servers.http import read_json_object as _body
 from slime.servers.sim.engine import SimEngine, SimOutput
+from slime.types import JsonObject
 
 __all__ = ["build_app", "to_wire"]
 

@@ -26,10 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.engines.protocol import FinishReason, GenerateResult, JsonObject
+from slime.engines.protocol import FinishReason, GenerateResult
 from slime.servers.sim.config import SimConfig
 from slime.servers.sim.stats import SimCounters
 from slime.servers.sim.trajectory import Trajectory, TrajectoryTracker
+from slime.types import JsonObject
 
 __all__ = ["SimRequest", "SimOutput", "StepScheduler", "WAITING", "RUNNING", "DONE"]
 
