@@ -45,7 +45,7 @@ from slime.train.batch import TrainBatch
 from slime.train.megatron.context_parallel import cp_split, gather_full
 from slime.train.megatron.layers import PackedRoPEParams, rope_cos_sin
 
-__all__ = ["plan_step", "PackedMicroBatch", "pack_samples", "select_samples", "to_device"]
+__all__ = ["plan_step", "PackedMicroBatch", "pack_samples", "select_samples", "to_device", "batch_to"]
 
 
 def to_device(x: Tensor, device: torch.device | str) -> Tensor:
@@ -104,6 +104,14 @@ def plan_step(
                 room.append(max_tokens_per_gpu - seq_lens[i])
         plan.append([sorted(b) for b in bins])
     return plan
+
+
+def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """Every tensor of ``batch`` on ``device`` through ``to_device`` (pinned memory, no host sync on CUDA)."""
+    return dataclasses.replace(
+        batch,
+        **{f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None},
+    )
 
 
 def select_samples(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:

@@ -1,4 +1,4 @@
-"""One train step of the megatron backend, on every rank: ``MegatronTrainStep``, the half of
+"""One train step of the megatron backend, on every rank: ``MegatronTrainStep``, the collaborator of
 ``MegatronTrainer`` (``trainer.py``) that runs once the batch is on every rank.
 
 One ``train_step``:
@@ -65,7 +65,7 @@ from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.layers import attention_path_metrics
 from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_logprobs
 from slime.train.megatron.model import float16_wrapped, output_weight
-from slime.train.megatron.packing import PackedMicroBatch, pack_samples, plan_step, select_samples, to_device
+from slime.train.megatron.packing import PackedMicroBatch, batch_to, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
 from slime.train.megatron.step_metrics import TokenSums, batch_metrics, reduce_over_ranks, token_means
 from slime.train.router_metrics import RouterStats
@@ -86,26 +86,40 @@ log = logging.getLogger(__name__)
 
 
 class MegatronTrainStep:
-    """Mixin of ``MegatronTrainer``: the train step every rank runs (``_train_batch``), given the
-    models, optimizer and parallel context that the trainer built."""
+    """The train step every rank runs (``train_batch``) over the models, optimizer and parallel context
+    that ``MegatronTrainer`` built (the same objects: the trainer saves and syncs them).
 
-    config: TrainConfig
-    arch: ModelArch
-    ctx: ParallelContext
-    tconfig: TransformerConfig
-    model: torch.nn.Module  # GPTModel (this pipeline stage), maybe bf16-wrapped
-    ddp: DistributedDataParallel  # its DistributedDataParallel wrapper
-    ref_model: torch.nn.Module | None
-    optimizer: MegatronOptimizer  # megatron's (chained) optimizer
-    scheduler: OptimizerParamScheduler
-    router_stats: RouterStats | None
-    pad_token_id: int
-    pad_to: int
-    policy_version: int
-    rollout_temperature: float  # the engines' sampling temperature (RolloutConfig's)
-    max_staleness: int | None
+    ``model`` is this pipeline stage's GPTModel (maybe bf16-wrapped), ``ddp`` its DDP wrapper,
+    ``optimizer`` megatron's (chained) optimizer; ``rollout_temperature`` the engines' sampling temperature.
+    """
 
-    def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        arch: ModelArch,
+        ctx: ParallelContext,
+        tconfig: TransformerConfig,
+        model: torch.nn.Module,
+        ddp: DistributedDataParallel,
+        ref_model: torch.nn.Module | None,
+        optimizer: MegatronOptimizer,
+        scheduler: OptimizerParamScheduler,
+        router_stats: RouterStats | None,
+        pad_token_id: int,
+        pad_to: int,
+        rollout_temperature: float,
+    ):
+        self.config, self.arch, self.ctx, self.tconfig = config, arch, ctx, tconfig
+        self.model, self.ddp, self.ref_model, self.optimizer, self.scheduler = model, ddp, ref_model, optimizer, scheduler
+        self.router_stats, self.pad_token_id, self.pad_to, self.rollout_temperature = (
+            router_stats,
+            pad_token_id,
+            pad_to,
+            rollout_temperature,
+        )
+
+    def plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
         """Per optimizer step: (first sample, end sample, this rank's packed micro-batches).
 
         Under expert parallelism every MoE layer's forward is a collective over the EP ranks,
@@ -220,7 +234,7 @@ class MegatronTrainStep:
         )  # fmt: skip
 
     @torch.no_grad()
-    def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
+    def before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
         """``old_logprobs`` (and ``ref_logprobs``) for every sample, computed on the micro-batches of training."""
         bypass = self.config.use_rollout_logprobs  # the engine's logprobs are the old policy: no forward for them
         old = to_device(batch.rollout_logprobs, self.ctx.device) if bypass else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
@@ -230,7 +244,7 @@ class MegatronTrainStep:
         self.model.eval()
         # Row indices go to the GPU before the first forward, without a host sync (``to_device``): no other
         # host sync until ``old.cpu()`` below.
-        keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``_plan``)
+        keep_placeholders = self.ctx.ep_size > 1  # their forwards are part of the EP collectives (``plan``)
         todo = [
             (mb, to_device(torch.as_tensor(mb.samples, dtype=torch.long), self.ctx.device))
             for _, _, mbs in steps
@@ -259,16 +273,17 @@ class MegatronTrainStep:
         self.model.train()
         return dataclasses.replace(batch, old_logprobs=old.cpu(), ref_logprobs=ref.cpu() if ref is not None else None)
 
-    def _train_batch(self, batch: TrainBatch) -> TrainMetrics:
+    def train_batch(self, batch: TrainBatch, *, policy_version: int) -> TrainMetrics:
+        """One train step on ``batch`` (every rank, collectively) from the weights of ``policy_version``."""
         t0 = time.perf_counter()
         cfg = self.config
-        steps = self._plan(batch)
+        steps = self.plan(batch)
         if not objective.is_sft(cfg):  # --loss-type sft_loss needs no logprobs from before the update
-            batch = objective.with_advantages(cfg, self._before_update(batch, steps))
+            batch = objective.with_advantages(cfg, self.before_update(batch, steps))
         # Every micro-batch's rows go to the GPU now, while it is idle: selected on the CPU (no
         # index upload, no ``int(max)`` read back) and copied before the first forward, so the
         # loop below has no host sync between one micro-batch's backward and the next forward.
-        subs = [[_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs] for _, _, mbs in steps]
+        subs = [[batch_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs] for _, _, mbs in steps]
         tokens = TokenSums()
         losses, grad_norms, num_skipped = [], [], 0
         for (start, end, mbs), step_subs in zip(steps, subs):
@@ -280,10 +295,9 @@ class MegatronTrainStep:
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):
                 num_skipped += 1
-                log.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, self.policy_version)
+                log.warning("skipping optimizer step: grad_norm=%s at policy_version %d", grad_norm, policy_version)
             losses.append(step_loss)
             grad_norms.append(grad_norm)
-        self.policy_version += 1
         sums, losses_t = reduce_over_ranks(self.ctx, tokens.sums, losses)
         router = self._router_metrics()
         out = token_means(sums, tokens.seen, sft=objective.is_sft(cfg))
@@ -296,7 +310,7 @@ class MegatronTrainStep:
             grad_norm=sum(grad_norms) / max(len(grad_norms), 1),
             num_optimizer_steps=float(len(losses)),
             num_skipped_steps=float(num_skipped),
-            policy_version=float(self.policy_version),
+            policy_version=float(policy_version + 1),
             lr=float(self.scheduler.get_lr({})),
             train_time_s=time.perf_counter() - t0,
         )
@@ -380,10 +394,3 @@ class MegatronTrainStep:
         opt.step_with_ready_grads()
         self.scheduler.step(increment=1)
         return grad_norm
-
-
-def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    return dataclasses.replace(
-        batch,
-        **{f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None},
-    )

@@ -31,6 +31,7 @@ from slime.train.megatron.arch import ModelArch, load_hf_config
 from slime.train.megatron.logprobs import check_logprob_impl
 from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
 from slime.train.megatron.multi_tensor import use_foreach_multi_tensor_ops
+from slime.train.megatron.packing import PackedMicroBatch
 from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
 from slime.train.megatron.router_metrics import attach_megatron_routers
 from slime.train.megatron.step import MegatronTrainStep
@@ -48,7 +49,7 @@ __all__ = ["MegatronTrainer", "serve_if_worker"]
 log = logging.getLogger(__name__)
 
 
-class MegatronTrainer(MegatronTrainStep):
+class MegatronTrainer:
     """megatron-core ``GPTModel`` + DDP + megatron's optimizer, trained with slime's RL objective.
 
     Args:
@@ -63,6 +64,12 @@ class MegatronTrainer(MegatronTrainStep):
         RuntimeError: no CUDA device. ValueError: an unsupported option (module docstring) or
             architecture (``UnsupportedArchitecture``, a ValueError).
     """
+
+    model: torch.nn.Module
+    """This pipeline stage's GPTModel (bf16-wrapped with ``--bf16``)."""
+    ddp: DistributedDataParallel
+    step: MegatronTrainStep
+    """The train step every rank runs, over these models (``slime.train.megatron.step``)."""
 
     def __init__(
         self,
@@ -104,7 +111,30 @@ class MegatronTrainer(MegatronTrainStep):
             self.router_stats = attach_megatron_routers(
                 self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group
             )
+        self.step = self._new_step()
         self._log_layout()
+
+    def _new_step(self, cls: type[MegatronTrainStep] = MegatronTrainStep) -> MegatronTrainStep:
+        """The train step over this trainer's models, optimizer and parallel context."""
+        return cls(
+            self.config, arch=self.arch, ctx=self.ctx, tconfig=self.tconfig, model=self.model, ddp=self.ddp, ref_model=self.ref_model,
+            optimizer=self.optimizer, scheduler=self.scheduler, router_stats=self.router_stats, pad_token_id=self.pad_token_id,
+            pad_to=self.pad_to, rollout_temperature=self.rollout_temperature,
+        )  # fmt: skip
+
+    def _train_batch(self, batch: TrainBatch) -> TrainMetrics:
+        """``MegatronTrainStep.train_batch`` on every rank; then this trainer holds the next version."""
+        metrics = self.step.train_batch(batch, policy_version=self.policy_version)
+        self.policy_version += 1
+        return metrics
+
+    def _plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
+        """``MegatronTrainStep.plan`` (the bench and the parity checks call it)."""
+        return self.step.plan(batch)
+
+    def _before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
+        """``MegatronTrainStep.before_update`` (the bench and the parity checks time it alone)."""
+        return self.step.before_update(batch, steps)
 
     def _log_layout(self) -> None:
         """One log line: the model, the parallel sizes, precision and packing."""

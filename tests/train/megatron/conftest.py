@@ -147,7 +147,15 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: f
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
     from slime.train.megatron.parallel import ControlChannel
     from slime.train.megatron.router_metrics import attach_megatron_routers
+    from slime.train.megatron.step import MegatronTrainStep
     from slime.train.megatron.trainer import MegatronTrainer
+
+    class CpuStep(MegatronTrainStep):
+        def _optimizer_step(self) -> float:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad))
+            if math.isfinite(norm):
+                self.optimizer.step()
+            return norm
 
     class CpuMegatronTrainer(MegatronTrainer):
         def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron DDP and optimizer
@@ -173,12 +181,7 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: f
                 if a.is_moe
                 else None
             )
-
-        def _optimizer_step(self) -> float:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad))
-            if math.isfinite(norm):
-                self.optimizer.step()
-            return norm
+            self.step = self._new_step(CpuStep)
 
     return CpuMegatronTrainer()
 

@@ -80,8 +80,40 @@ def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
     from slime.train.megatron.arch import ModelArch, load_hf_config
     from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
     from slime.train.megatron.parallel import ControlChannel
+    from slime.train.megatron.step import MegatronTrainStep
     from slime.train.megatron.trainer import MegatronTrainer
     from slime.train.megatron.weights import iter_hf_weights, unwrap
+
+    class CpuStep(MegatronTrainStep):
+        result: dict
+
+        def before_update(self, batch, steps):
+            batch = super().before_update(batch, steps)
+            self.result["old_logprobs"] = batch.old_logprobs.clone()
+            return batch
+
+        def _optimizer_step(self) -> float:
+            params = list(self.model.parameters())
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            if self.ctx.world_size > 1 and ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
+                for p in params:  # megatron's DDP: sum over data x context parallel ranks
+                    dist.all_reduce(p.grad, group=ps.get_data_parallel_group(with_context_parallel=True))
+            if self.ctx.tp_size > 1:  # finalize_model_grads: replicated Q/K norms see only this rank's heads
+                for name, p in self.model.named_parameters():
+                    if "q_layernorm" in name or "k_layernorm" in name:
+                        dist.all_reduce(p.grad, group=self.ctx.tp_group)
+            if self.ctx.pp_size > 1 and self.arch.tie_word_embeddings and ps.is_rank_in_embedding_group():
+                tied = unwrap(self.model).shared_embedding_or_output_weight()
+                dist.all_reduce(tied.grad, group=ps.get_embedding_group())  # finalize_model_grads
+            saved = [p.data for p in params]
+            for p in params:
+                p.data = p.grad
+            self.result["grads"] = dict(iter_hf_weights(self.model, self.arch, self.ctx))
+            for p, d in zip(params, saved):
+                p.data = d
+            return 1.0
 
     class CpuTrainer(MegatronTrainer):
         def __init__(self):  # MegatronTrainer.__init__ minus CUDA, megatron's DDP and optimizer
@@ -109,37 +141,11 @@ def _trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0):
                 self.model = Float16Module(self.tconfig, self.model)
             self.ddp, self.ref_model, self.router_stats = _PassThroughDDP(self.model), None, None
             self.tconfig.no_sync_func = self.ddp.no_sync
-            self.optimizer = types.SimpleNamespace(zero_grad=lambda: None)  # the step is replaced below
+            self.optimizer = types.SimpleNamespace(zero_grad=lambda: None)  # CpuStep replaces the optimizer step
             self.scheduler = types.SimpleNamespace(get_lr=lambda _: config.lr)
             self.result = {}
-
-        def _before_update(self, batch, steps):
-            batch = super()._before_update(batch, steps)
-            self.result["old_logprobs"] = batch.old_logprobs.clone()
-            return batch
-
-        def _optimizer_step(self) -> float:
-            params = list(self.model.parameters())
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            if self.ctx.world_size > 1 and ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
-                for p in params:  # megatron's DDP: sum over data x context parallel ranks
-                    dist.all_reduce(p.grad, group=ps.get_data_parallel_group(with_context_parallel=True))
-            if self.ctx.tp_size > 1:  # finalize_model_grads: replicated Q/K norms see only this rank's heads
-                for name, p in self.model.named_parameters():
-                    if "q_layernorm" in name or "k_layernorm" in name:
-                        dist.all_reduce(p.grad, group=self.ctx.tp_group)
-            if self.ctx.pp_size > 1 and self.arch.tie_word_embeddings and ps.is_rank_in_embedding_group():
-                tied = unwrap(self.model).shared_embedding_or_output_weight()
-                dist.all_reduce(tied.grad, group=ps.get_embedding_group())  # finalize_model_grads
-            saved = [p.data for p in params]
-            for p in params:
-                p.data = p.grad
-            self.result["grads"] = dict(iter_hf_weights(self.model, self.arch, self.ctx))
-            for p, d in zip(params, saved):
-                p.data = d
-            return 1.0
+            self.step = self._new_step(CpuStep)
+            self.step.result = self.result
 
     return CpuTrainer()
 

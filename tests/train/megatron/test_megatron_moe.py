@@ -189,10 +189,10 @@ def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(
     counts = {}
     for ep in (1, 2):
         for rank in (0, 1):
-            trainer.ctx = dataclasses.replace(megatron_cpu, dp_size=2, dp_rank=rank, ep_size=ep)
+            trainer.step.ctx = dataclasses.replace(megatron_cpu, dp_size=2, dp_rank=rank, ep_size=ep)
             ((_, _, mbs),) = trainer._plan(batch)
             counts[ep, rank] = (len(mbs), sum(1 for mb in mbs if not mb.samples))
-    trainer.ctx = megatron_cpu
+    trainer.step.ctx = megatron_cpu
     assert counts[1, 0][0] != counts[1, 1][0] and counts[1, 0][1] == counts[1, 1][1] == 0  # DP alone: uneven, no placeholders
     assert counts[2, 0][0] == counts[2, 1][0] == max(counts[1, 0][0], counts[1, 1][0])
     assert counts[2, 0][1] + counts[2, 1][1] == abs(counts[1, 0][0] - counts[1, 1][0])

@@ -135,6 +135,7 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
         trainer = cpu_megatron_trainer(config, hf_dirs["qwen2"], megatron_cpu, rollout_temperature=0.9)
         trainer.model = Float16Module(trainer.tconfig, trainer.model)
         trainer.ddp = type(trainer.ddp)(trainer.model)
+        trainer.step = trainer._new_step(type(trainer.step))  # the step over the wrapped model
         seen.clear()
         metrics = trainer.train_step(_groups(96)).to_dict()
         assert seen and set(seen) == {torch.bfloat16 if keep_bf16 else torch.float32}

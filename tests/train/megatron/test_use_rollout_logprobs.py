@@ -34,15 +34,15 @@ def test_both_backends_take_the_engines_logprobs_as_old_and_skip_the_policy_forw
     monkeypatch.setattr(
         torch_forward, "compute_token_logprobs", lambda model, *a, **k: (policy_calls.append(model), real_compute(model, *a, **k))[1]
     )
-    real_forward = type(megatron)._forward
+    real_forward = type(megatron.step)._forward
     monkeypatch.setattr(
-        type(megatron), "_forward", lambda self, model, mb, **k: (policy_calls.append(model), real_forward(self, model, mb, **k))[1]
+        type(megatron.step), "_forward", lambda self, model, mb, **k: (policy_calls.append(model), real_forward(self, model, mb, **k))[1]
     )
     seen_old = []
-    real_before = type(megatron)._before_update
+    real_before = type(megatron.step).before_update
     monkeypatch.setattr(
-        type(megatron),
-        "_before_update",
+        type(megatron.step),
+        "before_update",
         lambda self, b, s: (lambda r: (seen_old.append((r.old_logprobs, r.rollout_logprobs)), r)[1])(real_before(self, b, s)),
     )
 
