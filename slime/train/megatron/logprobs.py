@@ -223,7 +223,7 @@ def vocab_parallel_logprobs(
 _LIGER_INSTALL = "pip install 'slime[liger]' (liger-kernel==0.8.5, which imports triton)"
 
 
-def _liger_function() -> Any:
+def _liger_function() -> Any:  # Any: liger-kernel's autograd Function, an untyped third-party class
     """liger-kernel's ``LigerFusedLinearScaledCrossEntropyFunction``; ImportError naming the install if absent."""
     try:
         from liger_kernel.ops.fused_linear_scaled_cross_entropy import LigerFusedLinearScaledCrossEntropyFunction

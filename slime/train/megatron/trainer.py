@@ -334,7 +334,7 @@ def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
                 g["foreach"], g["fused"] = False, True
 
 
-def serve_if_worker(config: TrainConfig, *, model_dir: str, **trainer_kwargs: Any) -> bool:
+def serve_if_worker(config: TrainConfig, *, model_dir: str, **trainer_kwargs: Any) -> bool:  # Any: MegatronTrainer's keywords
     """On a torchrun rank other than 0: build the trainer, serve rank 0 until "stop", return True.
 
     On rank 0 (or without torchrun) return False at once: the caller builds the trainer and runs
