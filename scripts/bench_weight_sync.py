@@ -99,7 +99,10 @@ def delta_sizes(before, after, dtype=torch.float32) -> dict:
     payload = encode_payload(encoded, {})
     t_encode = time.monotonic() - t0
     _, metas, parts = decode_payload(payload)
-    exact = all(torch.equal(decode_tensor(n, m, parts, old[n]).view(torch.uint8), new[n].view(torch.uint8)) for n, m in metas.items())
+    exact = all(
+        torch.equal(decode_tensor(n, m, parts, old[n]).view(torch.uint8), new[n].view(torch.uint8))
+        for n, m in metas.items()
+    )
     numel = sum(t.numel() for t in new.values())
     return {
         "dtype": str(dtype).removeprefix("torch."),
@@ -150,7 +153,9 @@ async def bench_cpu(args) -> dict:
     cfg = SyncConfig(weights_dir=str(tmp / "weights"), update_weight_buffer_size=args.update_weight_buffer_size)
     out: dict = {"model": model_dir, "num_params": num_params, "state_bytes": full_bytes, "strategies": {}, "delta": {}}
     async with (
-        launch_embedded_engines(model_dir, num_engines=1, threads=1, max_running_requests=8, startup_timeout_s=120) as urls,
+        launch_embedded_engines(
+            model_dir, num_engines=1, threads=1, max_running_requests=8, startup_timeout_s=120
+        ) as urls,
         HttpEnginePool(urls, config=RolloutConfig(control_timeout_s=600)) as pool,
     ):
         await pool.wait_ready(120)
@@ -192,7 +197,9 @@ async def bench_cpu(args) -> dict:
             before, after = adamw_steps(model_dir, **kw)
             row = {"fp32": delta_sizes(before, after), "bf16": delta_sizes(before, after, torch.bfloat16)}
             sync = DeltaWeightSync(cfg, pool=pool, state_fn=lambda: dict(after), base=before)  # noqa: B023  # used within this iteration
-            await pool.update_weights_from_disk(_save_hf(before, model_dir, str(tmp / "before")), weight_version=str(version))
+            await pool.update_weights_from_disk(
+                _save_hf(before, model_dir, str(tmp / "before")), weight_version=str(version)
+            )
             version += 1
             t0 = time.monotonic()
             await sync.load(await sync.save(version), version)
@@ -210,7 +217,11 @@ def _save_hf(state: dict, model_dir: str, out_dir: str) -> str:
     for f in Path(model_dir).iterdir():
         if f.suffix != ".safetensors" and f.is_file():
             shutil.copy(f, out_dir)
-    save_file({n: t.contiguous() for n, t in state.items()}, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {n: t.contiguous() for n, t in state.items()},
+        str(Path(out_dir) / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return out_dir
 
 
@@ -242,7 +253,9 @@ def bench_gpu(args) -> dict:
 
     big = torch.ones(args.size_mb << 18, device="cuda")  # float32: size_mb MiB
     nbytes = big.numel() * 4
-    out["link"]["all_reduce_busbw_gb_s"] = nbytes / timed(lambda: dist.all_reduce(big)) / 1e9  # busbw = algbw * 2(n-1)/n = algbw at n=2
+    out["link"]["all_reduce_busbw_gb_s"] = (
+        nbytes / timed(lambda: dist.all_reduce(big)) / 1e9
+    )  # busbw = algbw * 2(n-1)/n = algbw at n=2
     out["link"]["broadcast_busbw_gb_s"] = nbytes / timed(lambda: dist.broadcast(big, src=0)) / 1e9
     store = master_store("127.0.0.1", 2, 600) if rank == 0 else None  # the trainer's side of slime's own group
     port = [store.port if store is not None else None]
@@ -291,7 +304,9 @@ def bench_gpu(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("part", choices=["cpu", "gpu"])
-    p.add_argument("--hf-checkpoint", default=None, help="CPU part: HF model dir (default: random warm-start architecture)")
+    p.add_argument(
+        "--hf-checkpoint", default=None, help="CPU part: HF model dir (default: random warm-start architecture)"
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--update-weight-buffer-size", type=int, default=BUFFER)
     p.add_argument("--size-mb", type=int, default=1024, help="GPU part: link-test tensor size")

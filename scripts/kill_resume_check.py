@@ -125,7 +125,9 @@ def main() -> int:
     if args.mode == "sync":
         assert a == b, f"trained groups differ:\nuninterrupted {a}\nkilled+resumed {b}"
     final = msgspec.json.decode(
-        (kill_dir / "checkpoints" / (kill_dir / "checkpoints" / "latest").read_text().strip() / "loop.json").read_bytes()
+        (
+            kill_dir / "checkpoints" / (kill_dir / "checkpoints" / "latest").read_text().strip() / "loop.json"
+        ).read_bytes()
     )
     pending = {g["group_id"] for g in final["ready"] + final["partial"]}
     assert set(ids) | pending == set(range(final["next_group_id"])), "a started group was lost"

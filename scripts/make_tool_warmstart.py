@@ -123,7 +123,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage1-lr", type=float, default=3e-3)
     p.add_argument("--steps", type=int, default=1500, help="stage 2 steps")
     p.add_argument("--lr", type=float, default=1e-3, help="stage 2 peak learning rate")
-    p.add_argument("--tool-only-steps", type=int, default=1000, help="stage 2: first steps on tool conversations only, then the mix")
+    p.add_argument(
+        "--tool-only-steps",
+        type=int,
+        default=1000,
+        help="stage 2: first steps on tool conversations only, then the mix",
+    )
     p.add_argument(
         "--direct-fraction",
         type=float,
@@ -132,7 +137,10 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--init-from", type=Path, default=None, help="skip stage 1: start stage 2 from this HF directory")
     p.add_argument(
-        "--save-interval", type=int, default=500, help="checkpoint every N steps of each stage (the teacher-forced check runs on each)"
+        "--save-interval",
+        type=int,
+        default=500,
+        help="checkpoint every N steps of each stage (the teacher-forced check runs on each)",
     )
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-only", action="store_true", help="only measure DIR/stage2/model")
@@ -156,7 +164,10 @@ def write_init(out: Path, seed: int) -> None:
     model = make_model(tokenizer, seed)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {MODEL_DIMS}", flush=True)
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=MAX_RESPONSE_LEN
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=MAX_RESPONSE_LEN,
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -174,7 +185,12 @@ def write_rows(path: Path, stage: Stage, batch_size: int) -> None:
                 expression, label = next(problems)
                 # the kind is drawn only after the tool-only steps, so the mix's draws start there
                 direct = step >= stage.tool_only_steps and style_rng.random() < stage.direct_fraction
-                f.write(json.dumps({"messages": calc.conversation(expression, label, use_tool=not direct), "tools": TOOL_SCHEMAS}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"messages": calc.conversation(expression, label, use_tool=not direct), "tools": TOOL_SCHEMAS}
+                    )
+                    + "\n"
+                )
 
 
 def check_rows() -> list[dict]:
@@ -185,7 +201,12 @@ def check_rows() -> list[dict]:
 def write_eval(path: Path) -> None:
     with path.open("w") as f:
         for r in check_rows():
-            f.write(json.dumps({"messages": calc.conversation(r["prompt"], r["label"], use_tool=True), "tools": TOOL_SCHEMAS}) + "\n")
+            f.write(
+                json.dumps(
+                    {"messages": calc.conversation(r["prompt"], r["label"], use_tool=True), "tools": TOOL_SCHEMAS}
+                )
+                + "\n"
+            )
 
 
 def sft_command(args: argparse.Namespace, stage: Stage, init: Path, train: Path, evals: Path, out: Path) -> list[str]:
@@ -231,7 +252,10 @@ def teacher_forced_check(model_dir: Path, rows: list[dict]) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    seqs = [render_with_assistant_mask(tokenizer, calc.conversation(r["prompt"], r["label"], use_tool=True), TOOL_SCHEMAS) for r in rows]
+    seqs = [
+        render_with_assistant_mask(tokenizer, calc.conversation(r["prompt"], r["label"], use_tool=True), TOOL_SCHEMAS)
+        for r in rows
+    ]
     max_len = max(len(ids) for ids, _ in seqs)
     input_ids = torch.full((len(seqs), max_len), tokenizer.pad_token_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros_like(input_ids)  # [B, T]
@@ -251,7 +275,9 @@ def teacher_forced_check(model_dir: Path, rows: list[dict]) -> str:
         answer_ok += all(hit[i] for i in pos if i > first_end)
         p_tool += torch.softmax(logits[b, pos[0] - 1], -1)[tool_call_id].item()
     n = len(seqs)
-    return f"tool call exact {call_ok / n:.3f}  answer copied exact {answer_ok / n:.3f}  p(<tool_call>) {p_tool / n:.3f}"
+    return (
+        f"tool call exact {call_ok / n:.3f}  answer copied exact {answer_ok / n:.3f}  p(<tool_call>) {p_tool / n:.3f}"
+    )
 
 
 def checkpoint_models(run_dir: Path) -> list[tuple[str, Path]]:
@@ -270,7 +296,9 @@ def compare_weights(mine: Path, shipped: Path) -> str:
     return f"{'bit-identical' if same else 'not identical'} over {len(a)} tensors (max |difference| {diff:.3g})"
 
 
-async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num_samples: int, seed: int, threads: int) -> list[list]:
+async def rollouts(
+    model_dir: Path, rows: list[dict], *, temperature: float, num_samples: int, seed: int, threads: int
+) -> list[list]:
     """Rollouts ``[len(rows)][num_samples]`` through the embedded engine and ``calculator_generate``, rewarded."""
     from transformers import AutoTokenizer
 
@@ -306,7 +334,10 @@ async def rollouts(model_dir: Path, rows: list[dict], *, temperature: float, num
 def report(model_dir: Path, eval_rows: list[dict], seed: int, threads: int) -> None:
     """Print greedy and temperature-1 held-out accuracy, tool-call rates, pass@8 and mixed groups."""
     t0 = time.monotonic()
-    greedy = [s[0] for s in asyncio.run(rollouts(model_dir, eval_rows, temperature=0.0, num_samples=1, seed=seed, threads=threads))]
+    greedy = [
+        s[0]
+        for s in asyncio.run(rollouts(model_dir, eval_rows, temperature=0.0, num_samples=1, seed=seed, threads=threads))
+    ]
     sampled = asyncio.run(rollouts(model_dir, eval_rows, temperature=1.0, num_samples=8, seed=seed, threads=threads))
     n = len(eval_rows)
 
@@ -358,11 +389,19 @@ def main() -> None:
             write_init(run_dir / "init", args.seed)
             write_rows(data / "stage1.jsonl", stage1, args.batch_size)
             print(stage1, flush=True)
-            run(sft_command(args, stage1, run_dir / "init", data / "stage1.jsonl", data / "eval.jsonl", run_dir / "stage1"), args.threads)
+            run(
+                sft_command(
+                    args, stage1, run_dir / "init", data / "stage1.jsonl", data / "eval.jsonl", run_dir / "stage1"
+                ),
+                args.threads,
+            )
             init = run_dir / "stage1" / "model"
         write_rows(data / "stage2.jsonl", stage2, args.batch_size)
         print(stage2, flush=True)
-        run(sft_command(args, stage2, init, data / "stage2.jsonl", data / "eval.jsonl", run_dir / "stage2"), args.threads)
+        run(
+            sft_command(args, stage2, init, data / "stage2.jsonl", data / "eval.jsonl", run_dir / "stage2"),
+            args.threads,
+        )
         print(f"trained in {time.monotonic() - start:.1f}s", flush=True)
     rows = check_rows()
     for stage in ("stage1", "stage2"):

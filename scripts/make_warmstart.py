@@ -118,7 +118,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument(
-        "--direct-fraction", type=float, default=0.5, help="share of SFT targets that answer directly ('#441') instead of working it out"
+        "--direct-fraction",
+        type=float,
+        default=0.5,
+        help="share of SFT targets that answer directly ('#441') instead of working it out",
     )
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--eval-interval", type=int, default=100, help="eval loss every N steps")
@@ -130,7 +133,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-heads", type=int, default=MODEL_DIMS["num_attention_heads"])
     p.add_argument("--num-kv-heads", type=int, default=MODEL_DIMS["num_key_value_heads"])
     p.add_argument(
-        "--out", type=Path, default=None, help="also save the trained model here, in --save-dtype, and measure that copy (e.g. to ship it)"
+        "--out",
+        type=Path,
+        default=None,
+        help="also save the trained model here, in --save-dtype, and measure that copy (e.g. to ship it)",
     )
     p.add_argument(
         "--save-dtype",
@@ -138,7 +144,12 @@ def parse_args() -> argparse.Namespace:
         default="float32",
         help="dtype of the --out copy (bfloat16 halves the file; engines and trainers load it as float32)",
     )
-    p.add_argument("--compare-with", type=Path, default=SHIPPED, help="shipped checkpoint to compare weights and greedy accuracy with")
+    p.add_argument(
+        "--compare-with",
+        type=Path,
+        default=SHIPPED,
+        help="shipped checkpoint to compare weights and greedy accuracy with",
+    )
     return p.parse_args()
 
 
@@ -165,7 +176,9 @@ def make_model(tokenizer, seed: int, dims: dict = MODEL_DIMS) -> LlamaForCausalL
     return LlamaForCausalLM(config).float()
 
 
-def write_init(out: Path, seed: int, dims: dict = MODEL_DIMS, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2) -> None:
+def write_init(
+    out: Path, seed: int, dims: dict = MODEL_DIMS, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2
+) -> None:
     tokenizer = build_tokenizer()
     model = make_model(tokenizer, seed, dims)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, {dims}", flush=True)
@@ -193,7 +206,9 @@ def write_data(data_dir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
             f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
     evals = data_dir / "eval.jsonl"
     with evals.open("w") as f:
-        eval_problems = TASKS[args.task].iter_problems(args.seed, "eval")  # the stream of generate_dataset(n, seed, "eval")
+        eval_problems = TASKS[args.task].iter_problems(
+            args.seed, "eval"
+        )  # the stream of generate_dataset(n, seed, "eval")
         for _ in range(args.num_eval):
             prompt, _, solution = next(eval_problems)
             f.write(json.dumps({"prompt": prompt, "response": solution}) + "\n")
@@ -292,11 +307,20 @@ def sft_command(args: argparse.Namespace, init: Path, train: Path, evals: Path, 
 
 
 def report(
-    model: LlamaForCausalLM, tokenizer, eval_rows: list[dict], seed: int, max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2
+    model: LlamaForCausalLM,
+    tokenizer,
+    eval_rows: list[dict],
+    seed: int,
+    max_new_tokens: int = arith.MAX_RESPONSE_CHARS + 2,
 ) -> None:
     """Print greedy and temperature-1 held-out accuracy, pass@8, mixed groups and direct-answer share."""
-    greedy = [texts[0] for texts in arith.sample_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=max_new_tokens)]
-    sampled = arith.sample_hf_model(model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed, max_new_tokens=max_new_tokens)
+    greedy = [
+        texts[0]
+        for texts in arith.sample_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=max_new_tokens)
+    ]
+    sampled = arith.sample_hf_model(
+        model, tokenizer, eval_rows, num_samples=8, temperature=1.0, seed=seed, max_new_tokens=max_new_tokens
+    )
     greedy_scores = [arith.score(text, row["label"]) for text, row in zip(greedy, eval_rows)]
     sampled_scores = [[arith.score(t, row["label"]) for t in texts] for texts, row in zip(sampled, eval_rows)]
     num_rows = len(eval_rows)
@@ -312,7 +336,10 @@ def report(
     by_terms: dict[int, list[float]] = {}
     for row, g in zip(eval_rows, greedy_scores):
         by_terms.setdefault(row["prompt"].count("+") + 1, []).append(g)
-    print("greedy by number of terms: " + "  ".join(f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(by_terms.items())))
+    print(
+        "greedy by number of terms: "
+        + "  ".join(f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(by_terms.items()))
+    )
 
 
 def compare_weights(mine: Path, shipped: Path) -> str:
@@ -363,8 +390,12 @@ def main() -> None:
             temperature=0.0,
             max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2,
         )
-        mine = arith.evaluate_hf_model(model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2)
-        print(f"greedy held-out accuracy: this run {mine:.3f}  shipped {theirs:.3f}  difference {100 * (mine - theirs):+.1f} points")
+        mine = arith.evaluate_hf_model(
+            model, tokenizer, eval_rows, temperature=0.0, max_new_tokens=TASKS[args.task].MAX_RESPONSE_CHARS + 2
+        )
+        print(
+            f"greedy held-out accuracy: this run {mine:.3f}  shipped {theirs:.3f}  difference {100 * (mine - theirs):+.1f} points"
+        )
         print(f"weights against the shipped {shipped_dir}: {compare_weights(measured, shipped_dir)}")
     print(f"total wall time {time.monotonic() - start:.1f}s")
 

@@ -40,7 +40,12 @@ def write_prompts(path: Path, target_bytes: int) -> int:
     rows = 0
     with path.open("w") as f:
         while f.tell() < target_bytes:
-            f.write(json.dumps({"prompt": f"Question {rows}: {filler}?", "label": str(rows % 1000), "metadata": {"id": rows}}) + "\n")
+            f.write(
+                json.dumps(
+                    {"prompt": f"Question {rows}: {filler}?", "label": str(rows % 1000), "metadata": {"id": rows}}
+                )
+                + "\n"
+            )
             rows += 1
     return rows
 
@@ -56,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         small, large = Path(tmp, "small.jsonl"), Path(tmp, "large.jsonl")
-        small.write_text("".join(json.dumps({"prompt": f"p{i}", "label": "1", "metadata": {"id": i}}) + "\n" for i in range(3)))
+        small.write_text(
+            "".join(json.dumps({"prompt": f"p{i}", "label": "1", "metadata": {"id": i}}) + "\n" for i in range(3))
+        )
         write_prompts(large, int(args.mb * 1e6))
         base, big = measure(small), measure(large)
     print(

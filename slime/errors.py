@@ -98,7 +98,9 @@ def disk_full_error(
             return DiskFullError(_disk_full_line(what, cause.filename or path, needed_bytes, cause.errno))
         if not isinstance(cause, OSError) and (m := _DISK_FULL_TEXT.search(str(cause))):
             over_quota = "quota" in m.group(0) or "122" in m.group(0)
-            return DiskFullError(_disk_full_line(what, path, needed_bytes, errno.EDQUOT if over_quota else errno.ENOSPC))
+            return DiskFullError(
+                _disk_full_line(what, path, needed_bytes, errno.EDQUOT if over_quota else errno.ENOSPC)
+            )
         cause = cause.__cause__ or cause.__context__
     return None
 
@@ -124,7 +126,9 @@ def _describe_disk(path: Path) -> str:
 def _fs_type(mount: Path) -> str:
     try:
         with open("/proc/self/mounts") as f:
-            types = [fields[2] for fields in (line.split() for line in f) if len(fields) > 2 and fields[1] == str(mount)]
+            types = [
+                fields[2] for fields in (line.split() for line in f) if len(fields) > 2 and fields[1] == str(mount)
+            ]
     except OSError:  # not Linux
         return ""
     return f" ({types[-1]})" if types else ""
@@ -150,7 +154,9 @@ class EngineError(SlimeError):
         engine_message: the engine's own error text (or the transport error's text).
     """
 
-    def __init__(self, message: str, *, url: str = "", endpoint: str = "", status: int | None = None, engine_message: str = ""):
+    def __init__(
+        self, message: str, *, url: str = "", endpoint: str = "", status: int | None = None, engine_message: str = ""
+    ):
         self.url = url
         self.endpoint = endpoint
         self.status = status

@@ -52,7 +52,11 @@ KEYS = {**SAMPLING_KEYS, **RUN_KEYS}
 
 
 # eval fields whose None means the rollout's value (RolloutConfig.resolved_eval_*)
-FALLBACK = {"eval_top_p": "rollout_top_p", "eval_top_k": "rollout_top_k", "eval_max_response_len": "rollout_max_response_len"}
+FALLBACK = {
+    "eval_top_p": "rollout_top_p",
+    "eval_top_k": "rollout_top_k",
+    "eval_max_response_len": "rollout_max_response_len",
+}
 
 
 def _get(tree: dict[str, Any], path: str) -> Any:
@@ -91,7 +95,11 @@ def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
     pairs: list[str] = []
     for i, entry in enumerate(datasets):
         at = f"{where}: eval.datasets[{i}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("path"), str):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("name"), str)
+            or not isinstance(entry.get("path"), str)
+        ):
             raise ConfigError(f"{at}: each dataset needs a 'name' and a 'path' (strings)")
         at += f" ({entry['name']})"
         rest = {k: v for k, v in entry.items() if k not in ("name", "path")}
@@ -100,7 +108,11 @@ def apply_eval_config(path: str, tree: dict[str, Any]) -> None:
             field, flag = KEYS[key]
             run = _get(tree, field)
             if value != run:
-                hint = "give one value for all datasets in eval.defaults" if key in SAMPLING_KEYS else f"it is the run's {flag} here"
+                hint = (
+                    "give one value for all datasets in eval.defaults"
+                    if key in SAMPLING_KEYS
+                    else f"it is the run's {flag} here"
+                )
                 raise ConfigError(
                     f"{at}: {key} = {value!r}, but this slime evaluates every dataset with the run's "
                     f"{flag} ({run!r}); per-dataset {key} is not supported: {hint}"

@@ -30,7 +30,13 @@ __all__ = ["check_hf_dir", "check_safetensors_file", "load_tokenizer", "CONFIG_J
 CONFIG_JSON_FILES = ("config.json", "generation_config.json")
 """JSON files a model load reads (``config.json`` is required)."""
 
-TOKENIZER_JSON_FILES = ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json")
+TOKENIZER_JSON_FILES = (
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+)
 """JSON files a tokenizer load reads, when present."""
 
 INDEX = "model.safetensors.index.json"
@@ -47,7 +53,12 @@ TOKENIZER_VOCAB_FILES: tuple[tuple[str, ...], ...] = (
 
 
 def check_hf_dir(
-    path: str | Path, *, weights: bool = True, tokenizer: bool = False, flag: str | None = None, require_tokenizer: bool = False
+    path: str | Path,
+    *,
+    weights: bool = True,
+    tokenizer: bool = False,
+    flag: str | None = None,
+    require_tokenizer: bool = False,
 ) -> None:
     """Check that ``path`` is an HF model directory whose files a library can load.
 
@@ -76,7 +87,9 @@ def check_hf_dir(
         raise CheckpointError(f"{where}: is a file, expected a Hugging Face model directory")
     if not (path / "config.json").is_file():
         found = sorted(p.name for p in path.iterdir())[:10]
-        raise CheckpointError(f"{where}: no config.json in the directory, so it is not a Hugging Face model (found {found})")
+        raise CheckpointError(
+            f"{where}: no config.json in the directory, so it is not a Hugging Face model (found {found})"
+        )
     for name in CONFIG_JSON_FILES + (TOKENIZER_JSON_FILES if tokenizer else ()):
         if (path / name).is_file():
             problem = _json_problem(path / name)
@@ -141,7 +154,9 @@ def load_tokenizer(path: str | Path, *, flag: str | None = None):
     except (OSError, ValueError, TypeError) as exc:  # transformers' own words, last line first
         lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
         where = f"{flag}={str(path)!r}" if flag else str(path)
-        raise CheckpointError(f"{where}: transformers cannot load its tokenizer: {lines[-1] if lines else type(exc).__name__}") from exc
+        raise CheckpointError(
+            f"{where}: transformers cannot load its tokenizer: {lines[-1] if lines else type(exc).__name__}"
+        ) from exc
 
 
 def _json_problem(file: Path) -> str | None:

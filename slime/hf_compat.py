@@ -17,7 +17,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 __all__ = ["CACHE_KWARG", "output_cache"]
 
-CACHE_KWARG: str = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+CACHE_KWARG: str = (
+    "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+)
 """The keyword a causal LM's ``forward`` takes its KV cache by (and the output field holding it)."""
 
 

@@ -93,7 +93,10 @@ class StepRecord(msgspec.Struct, kw_only=True):
     time_s: float = 0.0
     """Seconds since the run started, at the end of the step (set by the driver)."""
 
-    _RENAMED: ClassVar[dict[str, str]] = {"opd_reverse_kl": "opd/reverse_kl", "opd_teacher_logprob_mean": "opd/teacher_logprob_mean"}
+    _RENAMED: ClassVar[dict[str, str]] = {
+        "opd_reverse_kl": "opd/reverse_kl",
+        "opd_teacher_logprob_mean": "opd/teacher_logprob_mean",
+    }
     _OPTIONAL: ClassVar[frozenset[str]] = frozenset(
         {"opd_reverse_kl", "opd_teacher_logprob_mean", "train_time_s", "weight_sync_s", "weight_sync_in_place"}
     )

@@ -154,7 +154,9 @@ class Sample(msgspec.Struct, kw_only=True):
                 f"for its {len(self.response_ids)} tokens; a teacher-scored sample cannot grow"
             )
         if len(logprobs) != k:
-            raise ValueError(f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but {len(logprobs)} logprobs")
+            raise ValueError(
+                f"Sample(group={self.group_id}, index={self.index}).append: {k} token_ids but {len(logprobs)} logprobs"
+            )
         if isinstance(policy_version, int):
             new_versions = [policy_version] * k
         else:
@@ -212,7 +214,9 @@ class Sample(msgspec.Struct, kw_only=True):
                 f"rollout_logprobs={lens[1]} versions={lens[2]} loss_mask={lens[3]}{teacher}"
             )
 
-    def generate_contract_problems(self, *, max_response_len: int | None = None, engine_version: int | None = None) -> list[str]:
+    def generate_contract_problems(
+        self, *, max_response_len: int | None = None, engine_version: int | None = None
+    ) -> list[str]:
         """What a generate function's call left wrong in this sample, one sentence each ([] = fine).
 
         Checked after every call (by the scheduler, which raises ``PluginError`` on the first
@@ -228,7 +232,9 @@ class Sample(msgspec.Struct, kw_only=True):
                 "a status); set COMPLETED, TRUNCATED, PARTIAL or FAILED"
             )
         if max_response_len is not None and len(self.response_ids) > max_response_len:
-            out.append(f"{where}: {len(self.response_ids)} response tokens, more than max_response_len={max_response_len}")
+            out.append(
+                f"{where}: {len(self.response_ids)} response tokens, more than max_response_len={max_response_len}"
+            )
         if engine_version is not None and self.versions and max(self.versions) > engine_version:
             out.append(
                 f"{where}: a token has policy version {max(self.versions)}, newer than the engine's {engine_version}; "
@@ -253,7 +259,9 @@ class Sample(msgspec.Struct, kw_only=True):
             raise ValueError(f"{where}: {len(values)} logprobs for {len(self.response_ids)} response tokens")
         bad = next((i for i, x in enumerate(values) if not math.isfinite(x)), None)
         if bad is not None:
-            raise ValueError(f"{where}: logprob {values[bad]} of response token {bad} (id {self.response_ids[bad]}) is not finite")
+            raise ValueError(
+                f"{where}: logprob {values[bad]} of response token {bad} (id {self.response_ids[bad]}) is not finite"
+            )
         self.teacher_logprobs = values
 
 

@@ -31,8 +31,18 @@ DATA = [
     ("trailing garbage", b'{"prompt": "a"} tail\n', {}, r":1: invalid JSON .*trailing characters"),
     ("invalid UTF-8", b'{"prompt": "a\xff"}\n', {}, r":1: invalid JSON .*UTF-8"),
     ("non-object row", b'["a", "b"]\n', {}, r":1: expected a JSON object, got list"),
-    ("missing input key", b'{"question": "a"}\n', {}, r":1: missing key 'prompt' \(--input-key\); keys present: \['question'\]"),
-    ("prompt of wrong type", b'{"prompt": 5}\n', {}, r":1: key 'prompt' \(--input-key\) must be a non-empty string, got int 5"),
+    (
+        "missing input key",
+        b'{"question": "a"}\n',
+        {},
+        r":1: missing key 'prompt' \(--input-key\); keys present: \['question'\]",
+    ),
+    (
+        "prompt of wrong type",
+        b'{"prompt": 5}\n',
+        {},
+        r":1: key 'prompt' \(--input-key\) must be a non-empty string, got int 5",
+    ),
     ("blank prompt", b'{"prompt": "a"}\n{"prompt": "  "}\n', {}, r":2: .*got the blank string"),
     (
         "bad metadata",
@@ -41,7 +51,12 @@ DATA = [
         r":1: key 'meta' \(--metadata-key\) must be an object, got list \[1\]",
     ),
     ("empty file", b"", {}, r"no usable prompt rows: the file is empty or blank \(--prompt-data\)"),
-    ("every line bad, skipped", b"x\ny\n", {"on_bad_data": "skip"}, r"no usable prompt rows: all 2 non-blank lines are bad"),
+    (
+        "every line bad, skipped",
+        b"x\ny\n",
+        {"on_bad_data": "skip"},
+        r"no usable prompt rows: all 2 non-blank lines are bad",
+    ),
 ]
 
 
@@ -67,7 +82,8 @@ def test_a_missing_or_directory_data_path_names_the_flag(tmp_path, kind):
     if kind == "directory":
         path.mkdir()
     with pytest.raises(
-        DataError, match=f"{path}: {'is a directory' if kind == 'directory' else 'prompt file not found'}.*--eval-prompt-data"
+        DataError,
+        match=f"{path}: {'is a directory' if kind == 'directory' else 'prompt file not found'}.*--eval-prompt-data",
     ):
         load_jsonl_prompts(path, flag="--eval-prompt-data")
 
@@ -122,7 +138,9 @@ def model_dir(tmp_path):
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text("{}")
-    (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # no tensors: an 8-byte length and a 2-byte header
+    (d / "model.safetensors").write_bytes(
+        b"\x02\x00\x00\x00\x00\x00\x00\x00{}"
+    )  # no tensors: an 8-byte length and a 2-byte header
     return str(d)
 
 
@@ -133,10 +151,26 @@ def _broken_plugin(tmp_path, monkeypatch) -> str:
 
 
 PREFLIGHT = [
-    ("hf checkpoint missing", lambda t, m, mp: ["--hf-checkpoint", str(t / "nope")], r"--hf-checkpoint='.*nope': no such directory"),
-    ("hf checkpoint is a file", lambda t, m, mp: ["--hf-checkpoint", m + "/config.json"], r"--hf-checkpoint=.*: is a file"),
-    ("no config.json", lambda t, m, mp: ["--hf-checkpoint", str(t)], r"--hf-checkpoint=.*: no config.json in the directory"),
-    ("ref-load no config.json", lambda t, m, mp: ["--hf-checkpoint", m, "--ref-load", str(t)], r"--ref-load=.*: no config.json"),
+    (
+        "hf checkpoint missing",
+        lambda t, m, mp: ["--hf-checkpoint", str(t / "nope")],
+        r"--hf-checkpoint='.*nope': no such directory",
+    ),
+    (
+        "hf checkpoint is a file",
+        lambda t, m, mp: ["--hf-checkpoint", m + "/config.json"],
+        r"--hf-checkpoint=.*: is a file",
+    ),
+    (
+        "no config.json",
+        lambda t, m, mp: ["--hf-checkpoint", str(t)],
+        r"--hf-checkpoint=.*: no config.json in the directory",
+    ),
+    (
+        "ref-load no config.json",
+        lambda t, m, mp: ["--hf-checkpoint", m, "--ref-load", str(t)],
+        r"--ref-load=.*: no config.json",
+    ),
     (
         "prompt data missing",
         lambda t, m, mp: ["--hf-checkpoint", m, "--prompt-data", str(t / "p.jsonl"), "--rm-type", "arith"],
@@ -262,13 +296,17 @@ async def test_a_generate_plugin_returning_the_wrong_type_names_group_and_sample
     with pytest.raises(ExceptionGroup) as info:
         await _run_one_batch(generate_fn=bad_generate)
     exc = info.value.exceptions[0]
-    assert isinstance(exc, PluginError) and re.match(r"generate function returned str for group 0 sample [01]; expected", str(exc))
+    assert isinstance(exc, PluginError) and re.match(
+        r"generate function returned str for group 0 sample [01]; expected", str(exc)
+    )
 
 
 async def test_a_dynamic_sampling_filter_returning_a_non_bool_names_the_flag_and_group():
     with pytest.raises(ExceptionGroup) as info:
         await _run_one_batch(group_filter=lambda g: "yes")
-    assert str(info.value.exceptions[0]) == "--dynamic-sampling-filter-path returned str 'yes' for group 0, expected bool"
+    assert (
+        str(info.value.exceptions[0]) == "--dynamic-sampling-filter-path returned str 'yes' for group 0, expected bool"
+    )
 
 
 def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it(tmp_path, model_dir):
@@ -282,7 +320,9 @@ def test_a_finished_run_without_checkpoints_is_never_overwritten_by_a_load_of_it
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"kind": "step", "step": 1}\n')
     parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
-    with pytest.raises(ConfigError, match=r"already holds a run .*; it has no checkpoint to resume \(it ran without --save-interval\)"):
+    with pytest.raises(
+        ConfigError, match=r"already holds a run .*; it has no checkpoint to resume \(it ran without --save-interval\)"
+    ):
         check_run_dir(parse("--save", str(run)))
     with pytest.raises(ConfigError, match=r"--load=.*that run has no checkpoint .* nothing to resume"):
         check_run_dir(parse("--save", str(run), "--load", str(run)))

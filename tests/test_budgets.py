@@ -25,7 +25,10 @@ ANY_BUDGET = 160
 
 
 def _trees() -> list[tuple[str, ast.Module]]:
-    return [(p.relative_to(ROOT).as_posix(), ast.parse(p.read_text(), str(p))) for p in sorted((ROOT / "slime").rglob("*.py"))]
+    return [
+        (p.relative_to(ROOT).as_posix(), ast.parse(p.read_text(), str(p)))
+        for p in sorted((ROOT / "slime").rglob("*.py"))
+    ]
 
 
 def _functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -39,7 +42,12 @@ def _length(node: ast.AST) -> int:
 
 def long_functions(trees: list[tuple[str, ast.Module]]) -> dict[str, int]:
     """``file:function`` -> lines, for every function over ``FUNCTION_BUDGET``."""
-    return {f"{rel}:{fn.name}": _length(fn) for rel, tree in trees for fn in _functions(tree) if _length(fn) > FUNCTION_BUDGET}
+    return {
+        f"{rel}:{fn.name}": _length(fn)
+        for rel, tree in trees
+        for fn in _functions(tree)
+        if _length(fn) > FUNCTION_BUDGET
+    }
 
 
 def any_annotations(trees: list[tuple[str, ast.Module]]) -> int:
@@ -47,7 +55,8 @@ def any_annotations(trees: list[tuple[str, ast.Module]]) -> int:
 
     def mentions_any(annotation: ast.expr | None) -> bool:
         return annotation is not None and any(
-            (isinstance(n, ast.Name) and n.id == "Any") or (isinstance(n, ast.Attribute) and n.attr == "Any") for n in ast.walk(annotation)
+            (isinstance(n, ast.Name) and n.id == "Any") or (isinstance(n, ast.Attribute) and n.attr == "Any")
+            for n in ast.walk(annotation)
         )
 
     count = 0

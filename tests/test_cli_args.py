@@ -221,7 +221,10 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base += ["--rm-type", "math"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]
-    if flag in ("--custom-reward-post-process-path", "--opd-only"):  # THUDM/slime's OPD hook, pure distillation: only with --use-opd
+    if flag in (
+        "--custom-reward-post-process-path",
+        "--opd-only",
+    ):  # THUDM/slime's OPD hook, pure distillation: only with --use-opd
         base += ["--use-opd"]
     if flag in ("--save-debug-rollout-data", "--load-debug-rollout-data"):  # a path template, one file per step
         argv, expect = [flag, "some/{rollout_id}"], "some/{rollout_id}"
@@ -250,7 +253,12 @@ def test_each_flag_sets_one_field_and_the_trainer_is_handed_the_facts_it_needs()
             ]
         )
     )
-    assert c.rollout.n_samples_per_prompt == 4 and c.rollout.rollout_temperature == 0.7 and c.seed == 9 and c.loop.max_staleness == 2
+    assert (
+        c.rollout.n_samples_per_prompt == 4
+        and c.rollout.rollout_temperature == 0.7
+        and c.seed == 9
+        and c.loop.max_staleness == 2
+    )
     assert c.trainer_kwargs() == dict(rollout_temperature=0.7, max_staleness=2, seed=9)
 
 
@@ -276,16 +284,31 @@ def test_num_epoch_is_refused_outside_sft():
 
 
 def test_sft_batch_counts_rows_not_samples_per_prompt():
-    argv = ["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "64", "--n-samples-per-prompt", "8"]
+    argv = [
+        "--loss-type",
+        "sft_loss",
+        "--rollout-batch-size",
+        "64",
+        "--global-batch-size",
+        "64",
+        "--n-samples-per-prompt",
+        "8",
+    ]
     assert config_from_args(build_parser().parse_args(argv)).train.loss_type == "sft_loss"
     with pytest.raises(ConfigError, match="--global-batch-size"):
-        config_from_args(build_parser().parse_args(["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "48"]))
+        config_from_args(
+            build_parser().parse_args(
+                ["--loss-type", "sft_loss", "--rollout-batch-size", "64", "--global-batch-size", "48"]
+            )
+        )
 
 
 def test_every_flag_has_help_text_taken_from_its_config_docstring_when_the_table_has_none():
     parser = build_parser()
     empty = [
-        a.option_strings[0] for a in parser._actions if a.option_strings and a.option_strings[0] != "-h" and not (a.help or "").strip()
+        a.option_strings[0]
+        for a in parser._actions
+        if a.option_strings and a.option_strings[0] != "-h" and not (a.help or "").strip()
     ]
     assert empty == []
     lr = next(a for a in parser._actions if "--num-rollout" in a.option_strings)

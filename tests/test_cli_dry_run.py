@@ -176,7 +176,10 @@ def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(cap
 
 @pytest.mark.usefixtures("plan_only")
 def test_router_flags_pass_through_to_the_router_command(capsys):
-    assert main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "manual", "--router-health-check-interval-secs", "5"]) == 0
+    assert (
+        main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "manual", "--router-health-check-interval-secs", "5"])
+        == 0
+    )
     (router,) = [line for line in capsys.readouterr().out.splitlines() if "sglang_router.launch_router" in line]
     assert shlex.split(router)[-4:] == ["--policy", "manual", "--health-check-interval-secs", "5"]
 
@@ -193,7 +196,11 @@ def test_a_flag_this_slime_does_not_have_is_an_error_naming_it(capsys, extra):
 
 @pytest.mark.parametrize(
     "flag, hint",
-    [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-port", "its own port"), ("--router-port", "--sglang-router-port")],
+    [
+        ("--sglang-tp-size", "--rollout-num-gpus-per-engine"),
+        ("--sglang-port", "its own port"),
+        ("--router-port", "--sglang-router-port"),
+    ],
 )
 def test_a_pass_through_flag_slime_sets_itself_is_refused_with_what_to_use(capsys, flag, hint):
     assert main(["train", "--dry-run", *QWEN3_4B, flag, "3"]) == 2
@@ -213,12 +220,26 @@ def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
         "groups:\n  - {name: actor, num_engines: 2}\n  - {name: teacher, model: teacher, model_path: /ckpt/t, gpus_per_engine: 2}\n"
     )
     assert (
-        main(["train", "--dry-run", "--hf-checkpoint", "/ckpt/p", "--sglang-config", str(path), "--sglang-mem-fraction-static", "0.6"]) == 0
+        main(
+            [
+                "train",
+                "--dry-run",
+                "--hf-checkpoint",
+                "/ckpt/p",
+                "--sglang-config",
+                str(path),
+                "--sglang-mem-fraction-static",
+                "0.6",
+            ]
+        )
+        == 0
     )
     out = capsys.readouterr().out
     assert "[server actor-1] model=actor" in out and "[server teacher-0] model=teacher" in out
     assert out.count("--mem-fraction-static 0.6") == 3
-    (router,) = [line for line in out.splitlines() if "sglang_router.launch_router" in line]  # the teacher's one server needs none
+    (router,) = [
+        line for line in out.splitlines() if "sglang_router.launch_router" in line
+    ]  # the teacher's one server needs none
     assert router.count("--worker-urls") == 1 and "# model 'teacher': one server, no router" in out
 
 
@@ -234,13 +255,25 @@ def _model(tmp_path):
 def test_dry_run_refuses_a_missing_hf_checkpoint(tmp_path, capsys):
     assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "nope")]) == 2
     captured = capsys.readouterr()
-    assert f"--hf-checkpoint={str(tmp_path / 'nope')!r}: no such directory" in captured.err and "sglang" not in captured.out
+    assert (
+        f"--hf-checkpoint={str(tmp_path / 'nope')!r}: no such directory" in captured.err
+        and "sglang" not in captured.out
+    )
 
 
 def test_dry_run_names_the_first_bad_line_of_the_prompt_data(tmp_path, capsys):
     prompts = tmp_path / "qa.jsonl"
     prompts.write_text('{"prompt": "1+1", "label": "2"}\n{"prompt": "2+2", "label": \n')
-    argv = ["train", "--dry-run", "--hf-checkpoint", _model(tmp_path), "--prompt-data", str(prompts), "--rm-type", "arith"]
+    argv = [
+        "train",
+        "--dry-run",
+        "--hf-checkpoint",
+        _model(tmp_path),
+        "--prompt-data",
+        str(prompts),
+        "--rm-type",
+        "arith",
+    ]
     assert main(argv) == 2
     assert f"{prompts}:2" in capsys.readouterr().err
     prompts.write_text('{"prompt": "1+1", "label": "2"}\n')
@@ -248,7 +281,9 @@ def test_dry_run_names_the_first_bad_line_of_the_prompt_data(tmp_path, capsys):
 
 
 def test_dry_run_refuses_a_reward_module_that_does_not_import(tmp_path, capsys):
-    assert main(["train", "--dry-run", "--hf-checkpoint", _model(tmp_path), "--custom-rm-path", "no_such_mod.reward"]) == 2
+    assert (
+        main(["train", "--dry-run", "--hf-checkpoint", _model(tmp_path), "--custom-rm-path", "no_such_mod.reward"]) == 2
+    )
     assert "--custom-rm-path='no_such_mod.reward': cannot import module 'no_such_mod'" in capsys.readouterr().err
 
 

@@ -52,7 +52,10 @@ def test_bench_rollout_help_states_the_simulated_train_step_and_the_run_time(cap
     assert info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "--train-s 45 engine seconds = 15 wall seconds at --time-scale 3" in out
-    assert "A default run (10 steps x 3 modes, then the overhead measurements) takes about 20 minutes; --steps 2 still takes about 5" in out
+    assert (
+        "A default run (10 steps x 3 modes, then the overhead measurements) takes about 20 minutes; --steps 2 still takes about 5"
+        in out
+    )
 
 
 def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_path, monkeypatch):
@@ -80,7 +83,17 @@ def test_a_used_default_run_dir_is_named_as_the_default_used_without_save(tmp_pa
 
 def test_slime_rollout_ends_saying_nothing_trained(tmp_path, capsys):
     """The end line of a rollout-only run comes from format_done_line: no claim about trained samples."""
-    argv = ["rollout", "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4"]
+    argv = [
+        "rollout",
+        "--num-rollout",
+        "1",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+    ]
     assert main([*argv, "--num-eval-prompts", "4", "--save", str(tmp_path / "run"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "| rollout only, step" in out and "nothing trained (rollout only)" in out and "loss" not in out

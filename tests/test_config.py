@@ -24,7 +24,17 @@ from slime.config import (
 )
 from slime.errors import ConfigError
 
-SECTIONS = (DataConfig, RolloutConfig, LoopConfig, TrainConfig, MegatronConfig, SyncConfig, EngineConfig, ObsConfig, DebugConfig)
+SECTIONS = (
+    DataConfig,
+    RolloutConfig,
+    LoopConfig,
+    TrainConfig,
+    MegatronConfig,
+    SyncConfig,
+    EngineConfig,
+    ObsConfig,
+    DebugConfig,
+)
 
 
 def _paths(obj, prefix="") -> dict[str, list[str]]:
@@ -32,7 +42,9 @@ def _paths(obj, prefix="") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for f in msgspec.structs.fields(obj):
         value = getattr(obj, f.name)
-        children = _paths(value, f"{prefix}{f.name}.") if isinstance(value, msgspec.Struct) else {f.name: [prefix + f.name]}
+        children = (
+            _paths(value, f"{prefix}{f.name}.") if isinstance(value, msgspec.Struct) else {f.name: [prefix + f.name]}
+        )
         for name, paths in children.items():
             out.setdefault(name, []).extend(paths)
     return out
@@ -66,7 +78,9 @@ class _Built(Exception):
     pass
 
 
-async def test_the_rl_driver_builds_its_trainer_with_the_rollout_temperature_of_the_rollout_section(tmp_path, monkeypatch):
+async def test_the_rl_driver_builds_its_trainer_with_the_rollout_temperature_of_the_rollout_section(
+    tmp_path, monkeypatch
+):
     import slime.train.torch_backend as torch_backend
     from slime.loop.driver import run_training
     from tests.fixtures.tiny_model import write_tiny_llama
@@ -138,5 +152,7 @@ def test_a_rollout_only_run_does_not_need_a_global_batch_size_that_divides_its_s
     with pytest.raises(ConfigError, match="--global-batch-size=128 must divide"):
         Config(loop=LoopConfig(rollout_batch_size=2), rollout=RolloutConfig(n_samples_per_prompt=2)).validate()
     Config(
-        loop=LoopConfig(rollout_batch_size=2), rollout=RolloutConfig(n_samples_per_prompt=2), debug=DebugConfig(debug_rollout_only=True)
+        loop=LoopConfig(rollout_batch_size=2),
+        rollout=RolloutConfig(n_samples_per_prompt=2),
+        debug=DebugConfig(debug_rollout_only=True),
     ).validate()

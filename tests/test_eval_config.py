@@ -32,10 +32,19 @@ def _config(tmp_path, text: str, *flags: str):
 
 
 def test_datasets_become_named_eval_sets_and_defaults_set_the_eval_flags(tmp_path):
-    config = _config(tmp_path, MULTI_TASK, "--rm-type", "deepscaler", "--eval-top-p", "0.9", "--eval-temperature", "0.6")
-    assert config.data.eval_datasets == (("aime", "/root/aime-2024/aime-2024.jsonl"), ("math500", "/root/math500.jsonl"))
+    config = _config(
+        tmp_path, MULTI_TASK, "--rm-type", "deepscaler", "--eval-top-p", "0.9", "--eval-temperature", "0.6"
+    )
+    assert config.data.eval_datasets == (
+        ("aime", "/root/aime-2024/aime-2024.jsonl"),
+        ("math500", "/root/math500.jsonl"),
+    )
     r = config.rollout
-    assert (r.n_samples_per_eval_prompt, r.eval_max_response_len, r.eval_top_p) == (16, 16384, 0.7)  # a default wins, as in slime
+    assert (r.n_samples_per_eval_prompt, r.eval_max_response_len, r.eval_top_p) == (
+        16,
+        16384,
+        0.7,
+    )  # a default wins, as in slime
     assert r.eval_temperature == 0.6  # not in the file: the flag's
 
 
@@ -52,8 +61,12 @@ def test_a_per_dataset_value_this_slime_cannot_honour_is_one_error_naming_it(tmp
         _config(tmp_path, per_dataset, "--rm-type", "deepscaler")
     same = MULTI_TASK.replace("      input_key: prompt\n", "      top_k: 20\n")  # --eval-top-k unset: the rollout's
     assert _config(tmp_path, same, "--rm-type", "deepscaler", "--rollout-top-k", "20").rollout.resolved_eval_top_k == 20
-    with pytest.raises(ConfigError, match=re.escape("eval.datasets[0] (aime): metadata_overrides: a key this slime cannot honour")):
-        _config(tmp_path, MULTI_TASK.replace("      rm_type: deepscaler\n", "      metadata_overrides: {split: test}\n", 1))
+    with pytest.raises(
+        ConfigError, match=re.escape("eval.datasets[0] (aime): metadata_overrides: a key this slime cannot honour")
+    ):
+        _config(
+            tmp_path, MULTI_TASK.replace("      rm_type: deepscaler\n", "      metadata_overrides: {split: test}\n", 1)
+        )
 
 
 @pytest.mark.parametrize(
@@ -61,7 +74,11 @@ def test_a_per_dataset_value_this_slime_cannot_honour_is_one_error_naming_it(tmp
     [
         ("eval: {}\n", (), "expected 'eval: datasets:'"),
         ("eval:\n  datasets:\n    - path: a.jsonl\n", (), "eval.datasets[0]: each dataset needs a 'name' and a 'path'"),
-        ("eval:\n  datasets: [{name: a, path: a.jsonl}]\n", ("--eval-prompt-data", "b", "b.jsonl"), "with --eval-prompt-data"),
+        (
+            "eval:\n  datasets: [{name: a, path: a.jsonl}]\n",
+            ("--eval-prompt-data", "b", "b.jsonl"),
+            "with --eval-prompt-data",
+        ),
         ("eval: [\n", (), "not valid YAML"),
     ],
 )

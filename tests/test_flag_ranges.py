@@ -33,7 +33,9 @@ def _numeric_fields() -> list[tuple[str, type, str]]:
     """``(config path, section class, field)`` of every field holding numbers."""
     from slime.config._base import field_ranges
 
-    return [(p + name, cls, name) for p, cls in _sections() for name, (_, numeric) in field_ranges(cls).items() if numeric]
+    return [
+        (p + name, cls, name) for p, cls in _sections() for name, (_, numeric) in field_ranges(cls).items() if numeric
+    ]
 
 
 def _flag_of_path() -> dict[str, str]:
@@ -109,7 +111,9 @@ def test_a_value_outside_its_range_is_one_line_naming_the_flag_and_the_range(fla
         config_from_args(build_parser().parse_args([f"{flag}={value}"]))
     message = str(info.value)
     shown = repr(kw["type"](str(value)))
-    assert re.fullmatch(rf"{re.escape(flag)}={re.escape(shown)} is invalid: expected (a finite value )?\S.*", message), message
+    assert re.fullmatch(
+        rf"{re.escape(flag)}={re.escape(shown)} is invalid: expected (a finite value )?\S.*", message
+    ), message
     assert "\n" not in message
 
 
@@ -142,7 +146,9 @@ def test_each_range_admits_its_bounds_and_special_values_and_its_default():
 def test_the_issues_values_end_slime_train_at_the_door_with_one_line(tmp_path, capsys, argv, line):
     from slime.cli import main
 
-    assert main(["train", "--dry-run", "--save", str(tmp_path / "run"), *argv]) == 2  # --dry-run: the old code returns, never runs
+    assert (
+        main(["train", "--dry-run", "--save", str(tmp_path / "run"), *argv]) == 2
+    )  # --dry-run: the old code returns, never runs
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"slime train: error: {line}"]
     assert not (tmp_path / "run").exists()  # nothing started
@@ -172,7 +178,16 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused_at_the_door(tmp_
     """Its advantages are all zero: GRPO on --n-samples-per-prompt 1 trained nothing without a word."""
     from slime.cli import main
 
-    argv = ["train", "--dry-run", "--save", str(tmp_path / "run"), "--n-samples-per-prompt", "1", "--global-batch-size", "16"]
+    argv = [
+        "train",
+        "--dry-run",
+        "--save",
+        str(tmp_path / "run"),
+        "--n-samples-per-prompt",
+        "1",
+        "--global-batch-size",
+        "16",
+    ]
     assert main([*argv, "--advantage-estimator", estimator]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"slime train: error: --n-samples-per-prompt 1 with --advantage-estimator {estimator}: ")
@@ -219,7 +234,9 @@ def test_the_engines_context_is_sglangs_when_given():
 
     config = Config(engine=msgspec.structs.replace(Config().engine, hf_checkpoint=DEFAULT_CHECKPOINT))
     assert _engine_context(config) == (128, "max_position_embeddings of --hf-checkpoint")
-    longer = msgspec.structs.replace(config.engine, sglang_args=("--context-length", "4096", "--mem-fraction-static", "0.7"))
+    longer = msgspec.structs.replace(
+        config.engine, sglang_args=("--context-length", "4096", "--mem-fraction-static", "0.7")
+    )
     assert _engine_context(msgspec.structs.replace(config, engine=longer)) == (4096, "--sglang-context-length")
 
 

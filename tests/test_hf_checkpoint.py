@@ -39,7 +39,14 @@ def _broken(src: Path, dst: Path, what: str) -> tuple[Path, Path]:
         (dst / "model.safetensors").rename(dst / "model-00001-of-00002.safetensors")
         names = ["model.embed_tokens.weight", "lm_head.weight"]
         file.write_text(
-            json.dumps({"weight_map": {names[0]: "model-00001-of-00002.safetensors", names[1]: "model-00002-of-00002.safetensors"}})
+            json.dumps(
+                {
+                    "weight_map": {
+                        names[0]: "model-00001-of-00002.safetensors",
+                        names[1]: "model-00002-of-00002.safetensors",
+                    }
+                }
+            )
         )
     else:
         raise ValueError(what)
@@ -75,7 +82,8 @@ def test_the_checker_refuses_a_directory_without_weights_and_a_header_that_lies(
     shutil.copytree(good_dir, model)
     (model / "model.safetensors").write_bytes((10**6).to_bytes(8, "little") + b"{}")
     with pytest.raises(
-        CheckpointError, match=r"model.safetensors: truncated or corrupt safetensors file: 10 bytes, but its header alone claims 1000008"
+        CheckpointError,
+        match=r"model.safetensors: truncated or corrupt safetensors file: 10 bytes, but its header alone claims 1000008",
     ):
         check_hf_dir(model)
     (model / "model.safetensors").unlink()
@@ -109,7 +117,11 @@ def _driver(model: Path):
     from slime.config import Config, EngineConfig
     from slime.loop.driver import run_training
 
-    asyncio.run(run_training(Config(engine=EngineConfig(hf_checkpoint=str(model)), run_dir=str(model.parent / "run")), progress=False))
+    asyncio.run(
+        run_training(
+            Config(engine=EngineConfig(hf_checkpoint=str(model)), run_dir=str(model.parent / "run")), progress=False
+        )
+    )
 
 
 def _sft(model: Path):

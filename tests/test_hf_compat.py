@@ -38,5 +38,10 @@ def test_a_decode_step_through_the_cache_equals_the_full_forward():
         full = model(input_ids=ids).logits[0, -1]
         prefix = model(input_ids=ids[:, :-1], **{CACHE_KWARG: DynamicCache()}, use_cache=True)
         assert output_cache(prefix).get_seq_length() == 4
-        step = model(input_ids=ids[:, -1:], position_ids=torch.tensor([[4]]), **{CACHE_KWARG: output_cache(prefix)}, use_cache=True)
+        step = model(
+            input_ids=ids[:, -1:],
+            position_ids=torch.tensor([[4]]),
+            **{CACHE_KWARG: output_cache(prefix)},
+            use_cache=True,
+        )
     torch.testing.assert_close(step.logits[0, -1], full, atol=1e-5, rtol=1e-5)

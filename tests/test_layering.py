@@ -56,7 +56,8 @@ MAY_IMPORT = {
     "engines": BASE | {"protocol"},
     "fleet": BASE | {"protocol", "engines"},
     "rollout": BASE | {"data", "protocol", "engines", "fleet"},  # one sample's life; never train
-    "plugin_check": BASE | {"data", "protocol", "engines", "rollout", "servers"},  # `slime check-plugin` starts an engine
+    "plugin_check": BASE
+    | {"data", "protocol", "engines", "rollout", "servers"},  # `slime check-plugin` starts an engine
     "loop": BASE | {"obs", "sync", "data", "train", "protocol", "engines", "fleet", "rollout"},
     "bench": BASE | {"obs", "sync", "data", "train", "protocol", "engines", "fleet", "rollout", "servers", "loop"},
     "cluster": BASE | {"fleet"},  # fleet.lifeline: a process dies with the actor that started it
@@ -128,7 +129,9 @@ def back_arrows(graph: dict[str, list[tuple[int, str]]]) -> list[str]:
 
 def cycles(graph: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan), leaving out ``KNOWN`` arrows."""
-    edges = {m: sorted({d for _, d in deps if d in graph and d != m and (m, d) not in KNOWN}) for m, deps in graph.items()}
+    edges = {
+        m: sorted({d for _, d in deps if d in graph and d != m and (m, d) not in KNOWN}) for m, deps in graph.items()
+    }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -248,5 +251,7 @@ def test_a_new_back_arrow_or_cycle_is_caught(tmp_path):
 def test_type_checking_imports_do_not_count(tmp_path):
     f = tmp_path / "slime" / "m.py"
     f.parent.mkdir()
-    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from slime.loop import driver\nimport slime.errors\n")
+    f.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from slime.loop import driver\nimport slime.errors\n"
+    )
     assert imports(f, set(), tmp_path) == [(4, "slime.errors")]

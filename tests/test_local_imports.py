@@ -23,7 +23,13 @@ def _bound(node: ast.stmt) -> set[str]:
         return {(a.asname or a.name).split(".")[0] for a in node.names}
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+        else []
+    )
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
@@ -34,7 +40,9 @@ def _module_names(body: list[ast.stmt]) -> set[str]:
             if "TYPE_CHECKING" not in ast.unparse(node.test):
                 names |= _module_names(node.body) | _module_names(node.orelse)
         elif isinstance(node, ast.Try):
-            names |= _module_names(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+            names |= _module_names(
+                node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
+            )
         elif isinstance(node, ast.With):
             names |= _module_names(node.body)
         else:

@@ -111,7 +111,9 @@ def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, hf_dir,
 def _assert_applied(runnable: list[list[str]]) -> None:
     """Each ``FLAGS`` flag of the script reached its config field with the script's value."""
     argv, sglang_args, router_args = split_passthrough([t for tokens in runnable for t in tokens])
-    config = msgspec.to_builtins(config_from_args(build_parser().parse_args(argv), sglang_args=sglang_args, router_args=router_args))
+    config = msgspec.to_builtins(
+        config_from_args(build_parser().parse_args(argv), sglang_args=sglang_args, router_args=router_args)
+    )
     for flag, *values in runnable:
         if flag not in FLAGS or "=" in FLAGS[flag][0] or len(values) > 1:
             continue
@@ -248,7 +250,8 @@ QWEN3_30B_A3B_CONFIG = {
 
 
 @pytest.mark.parametrize(
-    "model, hf_config", [("llama3_1_8b_model.txt", LLAMA3_1_8B_CONFIG), ("qwen3_30b_a3b_model.txt", QWEN3_30B_A3B_CONFIG)]
+    "model, hf_config",
+    [("llama3_1_8b_model.txt", LLAMA3_1_8B_CONFIG), ("qwen3_30b_a3b_model.txt", QWEN3_30B_A3B_CONFIG)],
 )
 def test_the_model_flags_of_other_families_match_their_hf_config(model, hf_config, tmp_path, caplog):
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
@@ -263,7 +266,9 @@ def test_the_model_flags_of_other_families_match_their_hf_config(model, hf_confi
 
 
 def test_qkv_bias_and_rope_scaling_are_checked_both_ways(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "rope_theta": 10000.0, "attention_bias": False}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "rope_theta": 10000.0, "attention_bias": False})
+    )
     for argv, words in (
         (["--add-qkv-bias"], "attention_bias = False (so --add-qkv-bias does not apply)"),
         (["--use-rope-scaling"], "rope_scaling = absent (so --use-rope-scaling does not apply)"),
@@ -297,7 +302,14 @@ def test_glm4_layer_flags_are_checked_against_the_hf_model_type(tmp_path, caplog
     glm = [
         t
         for t in _flags("other_run_scripts.txt")
-        if t[0] in ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved", "--add-qkv-bias", "--rotary-percent")
+        if t[0]
+        in (
+            "--post-self-attn-layernorm",
+            "--post-mlp-layernorm",
+            "--rotary-interleaved",
+            "--add-qkv-bias",
+            "--rotary-percent",
+        )
     ]
     assert len(glm) == 5
     (tmp_path / "config.json").write_text(json.dumps(GLM4_9B_0414_CONFIG))
@@ -307,7 +319,10 @@ def test_glm4_layer_flags_are_checked_against_the_hf_model_type(tmp_path, caplog
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
     for flag in ("--post-self-attn-layernorm", "--post-mlp-layernorm", "--rotary-interleaved"):
         with pytest.raises(
-            ConfigError, match=re.escape(f"{flag} disagrees with {tmp_path / 'config.json'}: model_type = qwen3 (so {flag} does not apply)")
+            ConfigError,
+            match=re.escape(
+                f"{flag} disagrees with {tmp_path / 'config.json'}: model_type = qwen3 (so {flag} does not apply)"
+            ),
         ):
             check_compat_flags(build_parser().parse_args([flag]), str(tmp_path))
 
@@ -321,7 +336,9 @@ def test_the_docs_table_names_every_flag_and_its_fate():
 def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"head_dim": "wide", "text_config": {"num_hidden_layers": 36}}))
     check_compat_flags(build_parser().parse_args(["--num-layers", "36"]), str(tmp_path))  # text_config (VLMs) is read
-    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'config.json'}: cannot check --kv-channels: ValueError")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{tmp_path / 'config.json'}: cannot check --kv-channels: ValueError")
+    ):
         check_compat_flags(build_parser().parse_args(["--kv-channels", "128"]), str(tmp_path))
 
 
@@ -351,22 +368,34 @@ def test_the_opd_example_maps_onto_use_opd_with_its_teacher_server(caplog):
     t = config.train
     assert (t.use_opd, t.opd_only, t.opd_kl_coef, t.advantage_estimator) == (True, True, 1.0, "grpo")
     assert config.engine.opd_teacher_addrs == ("http://127.0.0.1:13141",)  # the example's teacher server
-    assert (config.rollout.custom_rm_path, config.rollout.rm_url) == (None, None)  # its job (asking the teacher) is OPD's here
+    assert (config.rollout.custom_rm_path, config.rollout.rm_url) == (
+        None,
+        None,
+    )  # its job (asking the teacher) is OPD's here
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 3 and lines[0].startswith("--advantage-estimator on_policy_distillation: here --use-opd --opd-only")
+    assert len(lines) == 3 and lines[0].startswith(
+        "--advantage-estimator on_policy_distillation: here --use-opd --opd-only"
+    )
     assert (
-        "--custom-reward-post-process-path examples.on_policy_distillation.on_policy_distillation.post_process_rewards: no-op" in lines[2]
+        "--custom-reward-post-process-path examples.on_policy_distillation.on_policy_distillation.post_process_rewards: no-op"
+        in lines[2]
     )
     assert main(["train", "--dry-run", *OPD_EXAMPLE]) == 0
 
 
 def test_a_given_teacher_is_kept_and_no_teacher_is_an_error_naming_what_to_give():
-    config = config_from_args(build_parser().parse_args(["--advantage-estimator", "on_policy_distillation", "--opd-teacher-addrs", "h:1"]))
+    config = config_from_args(
+        build_parser().parse_args(["--advantage-estimator", "on_policy_distillation", "--opd-teacher-addrs", "h:1"])
+    )
     assert (config.train.use_opd, config.engine.opd_teacher_addrs) == (True, ("h:1",))
-    with pytest.raises(ConfigError, match="--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs"):
+    with pytest.raises(
+        ConfigError, match="--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs"
+    ):
         config_from_args(build_parser().parse_args(["--advantage-estimator", "on_policy_distillation"]))
 
 
 def test_the_reward_post_process_hook_without_opd_is_an_error_naming_it():
-    with pytest.raises(ConfigError, match="--custom-reward-post-process-path m.f: only THUDM/slime's on-policy-distillation hook"):
+    with pytest.raises(
+        ConfigError, match="--custom-reward-post-process-path m.f: only THUDM/slime's on-policy-distillation hook"
+    ):
         config_from_args(build_parser().parse_args(["--custom-reward-post-process-path", "m.f"]))

@@ -37,14 +37,24 @@ def test_a_written_step_record_decodes_back_to_the_same_record():
 
 
 def test_a_rollout_only_record_round_trips_without_its_train_fields():
-    rec = _record(train_time_s=None, weight_sync_s=None, weight_sync_in_place=None, train={}, weight_sync={}, opd_reverse_kl=None)
+    rec = _record(
+        train_time_s=None, weight_sync_s=None, weight_sync_in_place=None, train={}, weight_sync={}, opd_reverse_kl=None
+    )
     row = _as_file_has_it(rec.to_dict())
     assert "train_time_s" not in row and "opd/reverse_kl" not in row and not any(k.startswith("train/") for k in row)
     assert StepRecord.from_row(row) == rec
 
 
 def test_an_old_rows_missing_fields_default_its_unknown_keys_are_ignored_and_its_nulls_are_nan():
-    old = {"kind": "step", "step": 2, "reward_mean": None, "aborted_samples": 4, "train/loss": None, "train/lr": 1e-3, "retired_key": 7}
+    old = {
+        "kind": "step",
+        "step": 2,
+        "reward_mean": None,
+        "aborted_samples": 4,
+        "train/loss": None,
+        "train/lr": 1e-3,
+        "retired_key": 7,
+    }
     rec = StepRecord.from_row(old)
     assert rec.step == 2 and rec.aborted_samples == 4 and rec.offline_groups == 0 and rec.lag_histogram == {}
     assert math.isnan(rec.reward_mean) and math.isnan(rec.tokens_per_s)  # null (a NaN written) and missing: NaN

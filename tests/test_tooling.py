@@ -28,7 +28,9 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_check_is_clean():
     out = _run([*_tool("ruff"), "check", "--no-cache", "slime", "tests", "scripts"], timeout_s=60)
-    assert out.returncode == 0, f"ruff check found problems (fix them, or `# noqa: CODE  # why`):\n{out.stdout}{out.stderr}"
+    assert out.returncode == 0, (
+        f"ruff check found problems (fix them, or `# noqa: CODE  # why`):\n{out.stdout}{out.stderr}"
+    )
 
 
 def test_code_is_ruff_formatted():

@@ -143,7 +143,12 @@ def attention_variants(tokens: int) -> dict:
                 res[f"h{heads}kv{kv}d{d}/seq{seq}/dense_path_max_abs_diff"] = diff
                 print(f"attention h{heads}kv{kv}d{d}/seq{seq} dense path vs varlen: max |diff| {diff:.2e}")
 
-            for name, fn in (("varlen", varlen), ("per_seq_sdpa", per_seq), ("dense_sdpa", dense), ("dense_path", dense_path)):
+            for name, fn in (
+                ("varlen", varlen),
+                ("per_seq_sdpa", per_seq),
+                ("dense_sdpa", dense),
+                ("dense_path", dense_path),
+            ):
                 q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
 
                 def step(fn=fn, q=q, k=k, v=v):
@@ -174,7 +179,9 @@ def padded_attention(tokens: int) -> dict:
             last = round(longest * math.sqrt(max(4 / ratio - 3, 0.0)))
             bounds = (0, longest, 2 * longest, 3 * longest, 3 * longest + last)
             t = bounds[-1]
-            work = 4 * longest**2 / sum((b - a) ** 2 for a, b in zip(bounds[:-1], bounds[1:]))  # ~ratio (last is rounded)
+            work = (
+                4 * longest**2 / sum((b - a) ** 2 for a, b in zip(bounds[:-1], bounds[1:]))
+            )  # ~ratio (last is rounded)
             layout = attention_layout(bounds, math.inf, 1)  # always dense here: the timing decides
             assert layout is not None
             index = dense_index(bounds, layout[1])
@@ -263,7 +270,9 @@ def main() -> None:
     p.add_argument("--ffn", default="4864,8960")
     p.add_argument("--hidden", default="896,1536")
     p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--sections", default="swiglu,rmsnorm,attention,padded,logprobs", help="comma-separated subset to run")
+    p.add_argument(
+        "--sections", default="swiglu,rmsnorm,attention,padded,logprobs", help="comma-separated subset to run"
+    )
     args = p.parse_args()
     sections = set(args.sections.split(","))
     known = {"swiglu", "rmsnorm", "attention", "padded", "logprobs"}
@@ -308,8 +317,15 @@ def main() -> None:
             y.backward(g)
             diff = max((y.float() - yr).abs().max().item(), (x.grad.float() - xr.grad).abs().max().item())
             x.grad = None
-            res["swiglu"][f"{f}/{name}"] = {"fwd_bwd_ms": ms, "fwd_ms": ms_f, "tb_s": moved / ms / 1e9, "max_abs_diff_fp32": diff}
-            print(f"swiglu f={f:5d} {name:22s} fwd+bwd {ms:7.3f} ms  fwd {ms_f:7.3f} ms  {moved / ms / 1e9:6.2f} TB/s  |diff| {diff:.3g}")
+            res["swiglu"][f"{f}/{name}"] = {
+                "fwd_bwd_ms": ms,
+                "fwd_ms": ms_f,
+                "tb_s": moved / ms / 1e9,
+                "max_abs_diff_fp32": diff,
+            }
+            print(
+                f"swiglu f={f:5d} {name:22s} fwd+bwd {ms:7.3f} ms  fwd {ms_f:7.3f} ms  {moved / ms / 1e9:6.2f} TB/s  |diff| {diff:.3g}"
+            )
     from slime.train.megatron import layers
 
     for h in [int(v) for v in args.hidden.split(",")] if "rmsnorm" in sections else []:

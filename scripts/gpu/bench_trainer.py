@@ -74,7 +74,9 @@ def _megatron(cfg: TrainConfig, model_dir: str, device: torch.device):
     from slime.train.megatron.parallel import _free_port
     from slime.train.megatron.trainer import MegatronTrainer
 
-    if not dist.is_initialized() and "MASTER_PORT" in os.environ:  # the previous shape's trainer closed its group: a fresh rendezvous port
+    if (
+        not dist.is_initialized() and "MASTER_PORT" in os.environ
+    ):  # the previous shape's trainer closed its group: a fresh rendezvous port
         os.environ["MASTER_PORT"] = str(_free_port())
     return megatron_backend(MegatronTrainer(cfg, model_dir=model_dir))
 
@@ -97,10 +99,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--large-num-samples", type=int, default=4, help="samples per step at the qwen2-7b shape")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument(
-        "--ragged", action="store_true", help="responses of 1/2 to all of their --seq-len share (default: every sample --seq-len tokens)"
+        "--ragged",
+        action="store_true",
+        help="responses of 1/2 to all of their --seq-len share (default: every sample --seq-len tokens)",
     )
     p.add_argument(
-        "--fresh-data", action="store_true", help="new --ragged groups every step (new shapes, as in RL); MFU: mean FLOPs over median time"
+        "--fresh-data",
+        action="store_true",
+        help="new --ragged groups every step (new shapes, as in RL); MFU: mean FLOPs over median time",
     )
     p.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     p.add_argument("--steps", type=int, default=7)
@@ -111,7 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="excluded steps; at 0.5B the megatron steps still fell over the first 5 after 2 (docs/benchmarks.md)",
     )
     p.add_argument("--reference-precision", choices=["autocast", "bf16"], default="autocast")
-    p.add_argument("--logprob-impl", choices=["slime", "liger"], default="slime", help="the megatron backend's --logprob-impl")
+    p.add_argument(
+        "--logprob-impl", choices=["slime", "liger"], default="slime", help="the megatron backend's --logprob-impl"
+    )
     p.add_argument("--profile", action="store_true", help="one more RL step per backend under torch.profiler")
     p.add_argument("--model-root", default="/tmp/slime_gpu/bench_trainer")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/slime_gpu_out"))
@@ -156,7 +164,9 @@ def run_shape(
     per_step = [data(i + 1) for i in range(args.warmup + args.steps)] if args.fresh_data else [data(0)]
     groups_at = (lambda i: per_step[i]) if args.fresh_data else (lambda i: per_step[0])
     timed = per_step[args.warmup :] if args.fresh_data else per_step
-    lens = [[len(s.prompt_ids) + len(s.response_ids) for g in gs for s in g.samples] for gs in timed]  # --seq-len each by default
+    lens = [
+        [len(s.prompt_ids) + len(s.response_ids) for g in gs for s in g.samples] for gs in timed
+    ]  # --seq-len each by default
     tokens = sum(map(sum, lens)) / len(lens)  # per step (a mean over the timed steps with --fresh-data)
     flat = [n for ls in lens for n in ls]
     per_token = [flops_per_token(shape, n) for n in flat]  # (forward, training) FLOPs per token of each sample
@@ -167,7 +177,10 @@ def run_shape(
         micro_batch_size=1,
         lr=1e-6,
         megatron=MegatronConfig(
-            bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=args.max_tokens_per_gpu, logprob_impl=args.logprob_impl
+            bf16=True,
+            use_dynamic_batch_size=True,
+            max_tokens_per_gpu=args.max_tokens_per_gpu,
+            logprob_impl=args.logprob_impl,
         ),
     )
     result: dict[str, Any] = {
@@ -216,7 +229,9 @@ def run_shape(
                 raise
             r = {"skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
         result["backends"][backend_name] = r
-        print(f"{name} {backend_name}: " + json.dumps({k: v for k, v in r.items() if not isinstance(v, list)}), flush=True)
+        print(
+            f"{name} {backend_name}: " + json.dumps({k: v for k, v in r.items() if not isinstance(v, list)}), flush=True
+        )
     ref, meg = result["backends"].get("transformers", {}), result["backends"].get("megatron", {})
     if "rl_step_s" in ref and "rl_step_s" in meg:
         result["speedup_rl_step"] = ref["rl_step_s"] / meg["rl_step_s"]
@@ -235,7 +250,9 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
     """Run the benchmark; ``factories`` replaces backend constructors (the CPU smoke test's megatron stand-in)."""
     args = parse_args(argv)
     factories = {
-        "transformers": lambda cfg, d, dev: TransformersReference(cfg, model_dir=d, device=dev, precision=args.reference_precision),
+        "transformers": lambda cfg, d, dev: TransformersReference(
+            cfg, model_dir=d, device=dev, precision=args.reference_precision
+        ),
         "megatron": _megatron,
         "torch": _torch,
         **(factories or {}),
@@ -249,7 +266,11 @@ def main(argv: list[str] | None = None, factories: dict[str, Factory] | None = N
     )
     if unknown:
         raise SystemExit(f"unknown shapes/backends: {sorted(unknown)}")
-    if "megatron" in {n.partition("+")[0] for n in names} and factories["megatron"] is _megatron and not torch.cuda.is_available():
+    if (
+        "megatron" in {n.partition("+")[0] for n in names}
+        and factories["megatron"] is _megatron
+        and not torch.cuda.is_available()
+    ):
         raise SystemExit("the megatron backend needs CUDA; on a CPU: --shapes tiny --backends transformers,torch")
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

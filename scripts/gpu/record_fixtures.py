@@ -69,7 +69,9 @@ def merge(recorded: dict, version: str, date: str) -> int:
             "expect": _expect(body),
         }
         n += 1
-    fixtures.setdefault("recorded", {})[version] = {k: v for k, v in sorted(recorded.items()) if not k.startswith("generate/")}
+    fixtures.setdefault("recorded", {})[version] = {
+        k: v for k, v in sorted(recorded.items()) if not k.startswith("generate/")
+    }
     FIXTURES.write_text(json.dumps(fixtures, indent=2) + "\n")
     return n
 

@@ -10,7 +10,11 @@ import sys
 import psutil
 
 port = int(sys.argv[1])
-pids = {c.pid for c in psutil.net_connections("tcp") if c.pid and c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+pids = {
+    c.pid
+    for c in psutil.net_connections("tcp")
+    if c.pid and c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+}
 for pid in pids:
     proc = psutil.Process(pid)
     family = proc.children(recursive=True) + [proc]

@@ -121,10 +121,14 @@ async def probe_decode_cost(
         t_long = await timed(batch, prompt_len, long)
         step_ms = 1000.0 * (t_long - t_short) / (long - short)
         points.append((batch, step_ms))
-        log(f"probe: {batch:>4} running: {step_ms:.3f} ms per decode step ({t_short:.2f} s for {short} tokens, {t_long:.2f} s for {long})")
+        log(
+            f"probe: {batch:>4} running: {step_ms:.3f} ms per decode step ({t_short:.2f} s for {short} tokens, {t_long:.2f} s for {long})"
+        )
     prefill = None
     if prefill_batch > 0 and prefill_len > prompt_len:
-        rounds = [(await timed(prefill_batch, prefill_len, 1)) - (await timed(prefill_batch, prompt_len, 1)) for _ in range(3)]
+        rounds = [
+            (await timed(prefill_batch, prefill_len, 1)) - (await timed(prefill_batch, prompt_len, 1)) for _ in range(3)
+        ]
         prefill = max(0.0, 1000.0 * statistics.median(rounds) / (prefill_batch * (prefill_len - prompt_len)))
         log(f"probe: prefill {prefill * 1000:.2f} us per token ({prefill_batch} x {prefill_len} tokens)")
     return fit_decode_cost(points, prefill_ms_per_token=prefill)

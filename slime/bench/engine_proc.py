@@ -53,7 +53,9 @@ async def sim_engine_process(flags: Sequence[str]) -> AsyncIterator[EngineProces
         *flags,
     ]
     # with a parent-death signal: a killed benchmark leaves no engine behind
-    proc = await asyncio.create_subprocess_exec(*with_lifeline(cmd), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        *with_lifeline(cmd), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+    )
     try:
         url = await _ready_url(proc, cmd)
         yield EngineProcess(url=url, pid=proc.pid)

@@ -119,7 +119,14 @@ TRAIN_FLAGS = [
 
 
 def train_argv(
-    mode: str, seed: int, run_dir: str | Path, *, task: str, num_rollout: int, eval_interval: int, extra: Sequence[str] = ()
+    mode: str,
+    seed: int,
+    run_dir: str | Path,
+    *,
+    task: str,
+    num_rollout: int,
+    eval_interval: int,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The ``slime train`` arguments of one run: the bench's, then ``extra`` (the last of a repeated flag wins), then the mode's."""
     return [
@@ -214,7 +221,9 @@ def run_bench(
                 eval_interval=eval_interval,
                 extra=list(extra),
             )
-            curves[mode].append({"seed": seed, **_run_one(f"[{mode} seed {seed}]", argv, train=train, target=target, log=log)})
+            curves[mode].append(
+                {"seed": seed, **_run_one(f"[{mode} seed {seed}]", argv, train=train, target=target, log=log)}
+            )
             argvs[mode].append(argv)
             done = [m for m in modes if curves[m]]
             results = _results(
@@ -261,7 +270,13 @@ def merge_results(paths: list[str | Path]) -> JsonObject:
             raise ValueError(f"{path}: not a readable learning.json ({exc})") from None
     if not parts:
         raise ValueError("nothing to merge")
-    keys = ("task", "target_accuracy", "num_rollout", "eval_interval", "extra_flags")  # extra: the runs' slime train flags
+    keys = (
+        "task",
+        "target_accuracy",
+        "num_rollout",
+        "eval_interval",
+        "extra_flags",
+    )  # extra: the runs' slime train flags
     first_path, first = parts[0]
     curves: dict[str, list[JsonObject]] = {}
     argvs: dict[str, list[list[str]]] = {}
@@ -305,9 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (each mode runs once per seed)")
     p.add_argument("--builtin-task", default="chain", choices=["arith", "chain"], help="the task (slime.data.TASK)")
     p.add_argument("--num-rollout", type=int, default=40, help="train steps per run")
-    p.add_argument("--eval-interval", type=int, default=4, help="held-out eval every N steps (each eval is timed and excluded too)")
     p.add_argument(
-        "--target-accuracy", type=float, default=0.9, help="held-out accuracy whose first crossing is timed (chain's warm start: 0.855)"
+        "--eval-interval", type=int, default=4, help="held-out eval every N steps (each eval is timed and excluded too)"
+    )
+    p.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.9,
+        help="held-out accuracy whose first crossing is timed (chain's warm start: 0.855)",
     )
     p.add_argument("--out", default="runs/bench-learning", help="run directories and learning.{json,txt,png}")
     p.add_argument(
@@ -373,7 +393,9 @@ def _merge(paths: list[str], out: str) -> int:
     return 0
 
 
-def _checked_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace, extra: list[str]) -> tuple[list[str], list[int]]:
+def _checked_flags(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, extra: list[str]
+) -> tuple[list[str], list[int]]:
     """The modes and seeds to run; ``parser.error`` (exit 2) on a bad flag or a bench flag after ``--``."""
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
     if not modes or any(m not in VARIANTS for m in modes) or len(set(modes)) != len(modes):

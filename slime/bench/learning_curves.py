@@ -44,7 +44,9 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
     evals = [r for r in records if r.get("kind") == "eval"]
     steps = steps_of(records, StepRecord)
     if not evals or evals[0].get("step") != 0 or "time_s" not in evals[0]:
-        raise ValueError("metrics.jsonl has no timed eval before RL (step 0 with time_s); it was written by an older slime")
+        raise ValueError(
+            "metrics.jsonl has no timed eval before RL (step 0 with time_s); it was written by an older slime"
+        )
     tokens_by_step: dict[int, float] = {}
     total = 0.0
     for st in steps:
@@ -142,7 +144,10 @@ def summarize(curves: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
         out[mode] = m
     sync = out.get("sync")
     for m in out.values():
-        for key, name in (("time_to_target_s", "speedup_vs_sync"), ("time_to_target_ex_eval_s", "speedup_vs_sync_ex_eval")):
+        for key, name in (
+            ("time_to_target_s", "speedup_vs_sync"),
+            ("time_to_target_ex_eval_s", "speedup_vs_sync_ex_eval"),
+        ):
             a, b = (sync or {}).get(key, {}).get("mean"), m[key]["mean"]
             m[name] = a / b if a is not None and b else None
         a, b = (sync or {}).get("final_accuracy", {}).get("mean"), m["final_accuracy"]["mean"]
@@ -163,7 +168,12 @@ def format_table(summary: dict[str, JsonObject], target: float) -> str:
     )
     lines = [head, "-" * len(head)]
     for mode, m in summary.items():
-        t, te, tok, fa = m["time_to_target_s"], m["time_to_target_ex_eval_s"], m["tokens_to_target"], m["final_accuracy"]
+        t, te, tok, fa = (
+            m["time_to_target_s"],
+            m["time_to_target_ex_eval_s"],
+            m["tokens_to_target"],
+            m["final_accuracy"],
+        )
         span = f"{fmt(t['mean'])} [{fmt(t['min'])}-{fmt(t['max'])}]" if t["n"] else "-"
         acc = f"{fmt(fa['mean'], '.3f')} ±{fmt(fa['std'], '.3f')}" if fa["n"] else "-"
         lines.append(
@@ -180,7 +190,10 @@ def _band(runs: list[JsonObject], x_key: str):
     import numpy as np
 
     series = [
-        ([p[x_key] for p in r["points"] if p["accuracy"] is not None], [p["accuracy"] for p in r["points"] if p["accuracy"] is not None])
+        (
+            [p[x_key] for p in r["points"] if p["accuracy"] is not None],
+            [p["accuracy"] for p in r["points"] if p["accuracy"] is not None],
+        )
         for r in runs
     ]
     series = [(x, y) for x, y in series if x]
@@ -199,7 +212,10 @@ def plot(curves: dict[str, list[JsonObject]], path: str | Path, target: float) -
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for ax, x_key, label in ((axes[0], "wall_s", "wall time since training started, s"), (axes[1], "trained_tokens", "trained tokens")):
+    for ax, x_key, label in (
+        (axes[0], "wall_s", "wall time since training started, s"),
+        (axes[1], "trained_tokens", "trained tokens"),
+    ):
         for mode, runs in curves.items():
             band = _band(runs, x_key)
             if band is None:

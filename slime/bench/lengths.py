@@ -53,7 +53,9 @@ class DrawnLengths:
         key = (sample.group_id, sample.index)
         if key not in self._totals:
             # The stem of every rid ``request_id`` gives this sample: what the sim engine keys it on.
-            self._totals[key] = self._tracker.resolve(list(sample.prompt_ids), sampling_seed=None, rid=request_stem(sample)).total
+            self._totals[key] = self._tracker.resolve(
+                list(sample.prompt_ids), sampling_seed=None, rid=request_stem(sample)
+            ).total
         return self._totals[key]
 
     async def generate(

@@ -164,7 +164,13 @@ async def run_mode(
 
 
 async def _run(
-    mode: Mode, wl: Workload, urls: list[str], *, engine_pid: int | None, weights_path: str | None, log: Callable[[str], None]
+    mode: Mode,
+    wl: Workload,
+    urls: list[str],
+    *,
+    engine_pid: int | None,
+    weights_path: str | None,
+    log: Callable[[str], None],
 ) -> JsonObject:
     """``wl.steps`` steps of ``mode`` on the engines at ``urls``, measured: ``_metrics``, occupancy and weight loads."""
     rollout = wl.rollout_config()
@@ -232,7 +238,13 @@ async def _load_version_zero(pool: HttpEnginePool, weights_path: str | None) -> 
 
 
 async def _steps(
-    mode: Mode, wl: Workload, sched: Scheduler, sync: BenchWeightSync, lengths: DrawnLengths, *, log: Callable[[str], None]
+    mode: Mode,
+    wl: Workload,
+    sched: Scheduler,
+    sync: BenchWeightSync,
+    lengths: DrawnLengths,
+    *,
+    log: Callable[[str], None],
 ) -> tuple[list[JsonObject], list[int]]:
     """``run_step`` x ``wl.steps`` with a train step that sleeps ``wl.train_s`` engine seconds; each step's
     record (plus load average and length mismatches) and the mismatches per step."""
@@ -350,6 +362,7 @@ def _engine_metrics(window: list[JsonObject], final: list[JsonObject], *, accoun
         engine_requests=sum(s["requests_finished"] + s["requests_aborted"] for s in final),
         engine_prefill_tokens=sum(s["prefill_tokens"] for s in window),
         engine_max_step_lag_ms=max(s["max_step_lag_ms"] for s in window),
-        engine_time_dilation=sum(s["busy_wall_s"] * s["time_scale"] for s in window) / max(1e-9, sum(s["busy_sim_s"] for s in window)),
+        engine_time_dilation=sum(s["busy_wall_s"] * s["time_scale"] for s in window)
+        / max(1e-9, sum(s["busy_sim_s"] for s in window)),
         engine_busy_fraction=sum(s["busy_sim_s"] for s in window) / max(1e-9, sum(s["elapsed_sim_s"] for s in window)),
     )

@@ -53,7 +53,9 @@ class InstantPool:
         self._ids = [3 + i for i in range(num_tokens - 1)] + [2]
         self._lps = [-0.5] * num_tokens
 
-    async def generate(self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True) -> GenerateResult:
+    async def generate(
+        self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True
+    ) -> GenerateResult:
         n = min(len(self._ids), sampling_params["max_new_tokens"])
         reason = _STOP if n == len(self._ids) else FinishReason(type="length", length=n)
         return GenerateResult(
@@ -74,7 +76,9 @@ class InstantPool:
     async def continue_generation(self) -> dict:
         return {}
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str, *, abort_all_requests: bool = False) -> dict:
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str, *, abort_all_requests: bool = False
+    ) -> dict:
         self.version = weight_version
         return {}
 
@@ -92,7 +96,9 @@ class SimEnginePool:
     def __init__(self, engine: SimEngine):
         self.engine = engine
 
-    async def generate(self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True) -> GenerateResult:
+    async def generate(
+        self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True
+    ) -> GenerateResult:
         return await self.engine.generate(input_ids, sampling_params, rid, return_logprob=return_logprob)
 
     async def abort_all(self) -> dict:
@@ -107,8 +113,12 @@ class SimEnginePool:
         self.engine.continue_generation()
         return {}
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str, *, abort_all_requests: bool = False) -> dict:
-        return await self.engine.update_weights_from_disk(model_path, weight_version=weight_version, abort_all_requests=abort_all_requests)
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str, *, abort_all_requests: bool = False
+    ) -> dict:
+        return await self.engine.update_weights_from_disk(
+            model_path, weight_version=weight_version, abort_all_requests=abort_all_requests
+        )
 
 
 class _NoSync:
@@ -130,7 +140,12 @@ async def _one(sample) -> float:
 
 
 async def scheduler_overhead(
-    num_samples: int, *, engine: Literal["fake", "sim"] = "fake", groups_per_step: int = 64, n: int = 8, response_len: int = 16
+    num_samples: int,
+    *,
+    engine: Literal["fake", "sim"] = "fake",
+    groups_per_step: int = 64,
+    n: int = 8,
+    response_len: int = 16,
 ) -> dict[str, float]:
     """Completions/s of the scheduler (plus ``run_step``) on an instant in-process engine.
 
@@ -171,7 +186,12 @@ async def scheduler_overhead(
                 done += sum(len(g.samples) for g in groups)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             await sched.shutdown()
-    return {"completions_per_s": done / wall, "cpu_us_per_completion": 1e6 * cpu / done, "completions": done, "wall_s": wall}
+    return {
+        "completions_per_s": done / wall,
+        "cpu_us_per_completion": 1e6 * cpu / done,
+        "completions": done,
+        "wall_s": wall,
+    }
 
 
 class _InstantEngine:
@@ -226,7 +246,12 @@ async def http_overhead(num_requests: int, *, concurrency: int = 64, rounds: int
             await pool.wait_ready(30.0)
 
             async def bare(i: int, tag: str) -> None:
-                body = {"input_ids": prompts[i % len(prompts)], "sampling_params": params, "return_logprob": True, "rid": f"{tag}-{i}-"}
+                body = {
+                    "input_ids": prompts[i % len(prompts)],
+                    "sampling_params": params,
+                    "return_logprob": True,
+                    "rid": f"{tag}-{i}-",
+                }
                 async with session.post(url + "/generate", json=body) as resp:
                     await resp.read()
 

@@ -88,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,april,async")
     p.add_argument("--steps", type=int, default=d.steps, help="rollout steps per mode")
     p.add_argument(
-        "--time-scale", type=float, default=d.time_scale, help="simulated time / wall time of the simulated engine (real engines: always 1)"
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help="simulated time / wall time of the simulated engine (real engines: always 1)",
     )
     p.add_argument(
         "--train-s",
@@ -104,11 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_running_requests,
         help="engine running cap (sim engine; with --engine-urls: the servers' total, for the occupancy)",
     )
-    p.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms, help="sim engine: fixed ms of a decode step")
     p.add_argument(
-        "--decode-step-per-req-ms", type=float, default=d.decode_step_per_req_ms, help="sim engine: ms per running request per step"
+        "--decode-step-ms", type=float, default=d.decode_step_ms, help="sim engine: fixed ms of a decode step"
     )
-    p.add_argument("--prefill-ms-per-token", type=float, default=d.prefill_ms_per_token, help="sim engine: ms per prefilled token")
+    p.add_argument(
+        "--decode-step-per-req-ms",
+        type=float,
+        default=d.decode_step_per_req_ms,
+        help="sim engine: ms per running request per step",
+    )
+    p.add_argument(
+        "--prefill-ms-per-token", type=float, default=d.prefill_ms_per_token, help="sim engine: ms per prefilled token"
+    )
     p.add_argument("--weight-sync-ms", type=float, default=d.weight_sync_ms, help="sim engine: ms of one weight load")
     p.add_argument("--median", type=float, default=d.median, help="median response length, tokens")
     p.add_argument("--p99", type=float, default=d.p99, help="99th percentile response length, tokens")
@@ -123,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--async-capacity", type=int, default=d.async_capacity, help="groups in flight in async")
     p.add_argument("--async-max-staleness", type=int, default=d.async_max_staleness, help="max_staleness of async")
-    p.add_argument("--engine-urls", default=None, help="comma-separated running engines instead of a fresh sim engine per mode")
+    p.add_argument(
+        "--engine-urls", default=None, help="comma-separated running engines instead of a fresh sim engine per mode"
+    )
     p.add_argument(
         "--weights-path",
         default=None,
@@ -135,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --engine-urls: probe the decode cost first, then run the modes on a simulated engine calibrated to it",
     )
-    p.add_argument("--probe-batch-sizes", default=None, help="running requests probed (none given: 1 and cap/8, /4, /2, /1)")
+    p.add_argument(
+        "--probe-batch-sizes", default=None, help="running requests probed (none given: 1 and cap/8, /4, /2, /1)"
+    )
     p.add_argument("--probe-prompt-len", type=int, default=512, help="prompt tokens of each probe request")
     p.add_argument("--probe-tokens", default="16,272", help="max_new_tokens of the short and long probe rounds")
     p.add_argument("--overhead-samples", type=int, default=50_000, help="scheduler-overhead completions (0: skip)")
@@ -190,7 +204,9 @@ def probe_from_args(ns: argparse.Namespace, cap: int) -> ProbeConfig:
     if len(tokens) != 2 or not 1 <= short < long:
         raise ValueError(f"--probe-tokens={ns.probe_tokens}: expected SHORT,LONG with 1 <= SHORT < LONG")
     if min(sizes) < 1 or max(sizes) > cap or len(set(sizes)) < 2:
-        raise ValueError(f"--probe-batch-sizes={ns.probe_batch_sizes}: two or more sizes, each in [1, --max-running-requests={cap}]")
+        raise ValueError(
+            f"--probe-batch-sizes={ns.probe_batch_sizes}: two or more sizes, each in [1, --max-running-requests={cap}]"
+        )
     return ProbeConfig(batch_sizes=sizes, prompt_len=ns.probe_prompt_len, short=short, long=long)
 
 
@@ -231,14 +247,21 @@ async def run_bench(
     if probe is not None and engine_urls is None:
         raise ValueError("calibrating the simulated engine needs real engines (--engine-urls)")
     await _overheads(
-        results, wl, overhead_samples=overhead_samples, http_requests=http_requests, http_concurrency=http_concurrency, log=log
+        results,
+        wl,
+        overhead_samples=overhead_samples,
+        http_requests=http_requests,
+        http_concurrency=http_concurrency,
+        log=log,
     )
     run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
     cost = None
     if probe is not None and engine_urls is not None:  # a probe without engine_urls raised above
         cost = await _calibrate(engine_urls, run_wl, probe, seed=wl.seed, log=log)
     for mode in modes:
-        results["modes"][mode] = await run_mode(mode, run_wl, engine_urls=engine_urls, weights_path=weights_path, log=log)
+        results["modes"][mode] = await run_mode(
+            mode, run_wl, engine_urls=engine_urls, weights_path=weights_path, log=log
+        )
     _speedups(results["modes"])
     if results["modes"].get("sync"):
         results["speedup_vs_sync"] = {mode: m["speedup_vs_sync"] for mode, m in results["modes"].items()}
@@ -252,7 +275,13 @@ async def run_bench(
 
 
 async def _overheads(
-    results: JsonObject, wl: Workload, *, overhead_samples: int, http_requests: int, http_concurrency: int, log: Callable[[str], None]
+    results: JsonObject,
+    wl: Workload,
+    *,
+    overhead_samples: int,
+    http_requests: int,
+    http_concurrency: int,
+    log: Callable[[str], None],
 ) -> None:
     """The scheduler's completions per CPU-second and HttpEnginePool against bare aiohttp, into ``results`` (0: skipped)."""
     if overhead_samples > 0:
@@ -274,13 +303,21 @@ async def _overheads(
         )
 
 
-async def _calibrate(engine_urls: list[str], run_wl: Workload, probe: ProbeConfig, *, seed: int, log: Callable[[str], None]) -> DecodeCost:
+async def _calibrate(
+    engine_urls: list[str], run_wl: Workload, probe: ProbeConfig, *, seed: int, log: Callable[[str], None]
+) -> DecodeCost:
     """A real engine's decode cost (a + b x running), probed at ``probe``'s batch sizes."""
     async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
         await pool.wait_ready(60.0)
         t0 = time.monotonic()
         cost = await probe_decode_cost(
-            pool, batch_sizes=probe.batch_sizes, prompt_len=probe.prompt_len, short=probe.short, long=probe.long, seed=seed, log=log
+            pool,
+            batch_sizes=probe.batch_sizes,
+            prompt_len=probe.prompt_len,
+            short=probe.short,
+            long=probe.long,
+            seed=seed,
+            log=log,
         )
     log(
         f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
@@ -289,7 +326,9 @@ async def _calibrate(engine_urls: list[str], run_wl: Workload, probe: ProbeConfi
     return cost
 
 
-async def _sim_modes(results: JsonObject, wl: Workload, cost: DecodeCost, modes: list[Mode], *, log: Callable[[str], None]) -> None:
+async def _sim_modes(
+    results: JsonObject, wl: Workload, cost: DecodeCost, modes: list[Mode], *, log: Callable[[str], None]
+) -> None:
     """Every mode again on the simulated engine calibrated to ``cost``, and the simulator-vs-real comparison."""
     loads = [s for m in results["modes"].values() for s in m["weight_load_s"]]
     weight_sync_ms = 1000.0 * statistics.median(loads) if loads else wl.weight_sync_ms

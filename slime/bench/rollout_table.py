@@ -127,7 +127,9 @@ def format_table(results: JsonObject) -> str:
     (with ``--calibrate-sim``) and the target check."""
     lines = _table(_COLUMNS, results["modes"])
     for mode, m in results["modes"].items():
-        hist = ", ".join(f"{k}: {v / max(1, sum(m['lag_histogram'].values())):.1%}" for k, v in m["lag_histogram"].items())
+        hist = ", ".join(
+            f"{k}: {v / max(1, sum(m['lag_histogram'].values())):.1%}" for k, v in m["lag_histogram"].items()
+        )
         lines.append(f"{mode:>5} token lag (versions behind the trainer): {hist}")
     sched, http = results.get("scheduler"), results.get("http")
     if sched:
@@ -145,7 +147,9 @@ def format_table(results: JsonObject) -> str:
     cal = results.get("calibration")
     if cal:
         points = ", ".join(f"{n}: {ms:.2f}" for n, ms in cal["points"])
-        prefill = "-" if cal.get("prefill_ms_per_token") is None else f"{1000 * cal['prefill_ms_per_token']:.2f} us/token"
+        prefill = (
+            "-" if cal.get("prefill_ms_per_token") is None else f"{1000 * cal['prefill_ms_per_token']:.2f} us/token"
+        )
         lines.append(
             f"calibration (real engine, before the modes): decode step = {cal['decode_step_ms']:.3f} + "
             f"{cal['decode_step_per_req_ms']:.5f} x running ms (r2 {cal['r2']:.3f}; ms per step at N running: {points}); "
@@ -158,7 +162,9 @@ def format_table(results: JsonObject) -> str:
         lines += _table(_SIM_COLUMNS, results["sim_vs_real"])
     for name, t in results["targets"].items():
         if t["met"] is not None:
-            lines.append(f"target {name} {t['target']}: measured {t['measured']:.3g} -> {'met' if t['met'] else 'MISSED'}")
+            lines.append(
+                f"target {name} {t['target']}: measured {t['measured']:.3g} -> {'met' if t['met'] else 'MISSED'}"
+            )
     return "\n".join(lines)
 
 
@@ -193,7 +199,10 @@ def _bar_panels(ax1: Axes, ax2: Axes, real: dict[str, JsonObject], sim: dict[str
     width = 0.4 if sim else 0.8
     xs = list(range(len(modes)))
     rate = "delivered_tokens_per_engine_s" if sim else "delivered_tokens_per_s"
-    for ax, key, title in ((ax1, rate, "delivered tokens/s (whole loop)"), (ax2, "engine_occupancy", "engine occupancy (client side)")):
+    for ax, key, title in (
+        (ax1, rate, "delivered tokens/s (whole loop)"),
+        (ax2, "engine_occupancy", "engine occupancy (client side)"),
+    ):
         for offset, runs, hatch in ((0.0, real, None), (width, sim, "//")):
             if not runs:
                 continue
@@ -211,7 +220,9 @@ def _bar_panels(ax1: Axes, ax2: Axes, real: dict[str, JsonObject], sim: dict[str
                 for bar, m in zip(bars, modes):
                     s = runs[m].get("speedup_vs_sync")
                     if s is not None:
-                        ax.annotate(f"{s:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+                        ax.annotate(
+                            f"{s:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom"
+                        )
         ax.set_xticks([x + (width / 2 if sim else 0) for x in xs], modes)
         ax.set_title(title)
         if sim:
@@ -230,10 +241,18 @@ def _step_time_panel(ax3: Axes, real: dict[str, JsonObject], sim: dict[str, Json
     for runs, style in ((real, "o-"), (sim, "x--")):
         for m in runs:
             times = [t * scale(runs[m]) for t in runs[m]["step_times_s"]]
-            ax3.plot(range(1, len(times) + 1), times, style, label=f"{m}{' (sim)' if runs is sim else ''}", color=_COLORS.get(m))
+            ax3.plot(
+                range(1, len(times) + 1),
+                times,
+                style,
+                label=f"{m}{' (sim)' if runs is sim else ''}",
+                color=_COLORS.get(m),
+            )
     ax3.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]  # the default AutoLocator (a MaxNLocator) takes it
     ax3.set_xlabel("step")
     ax3.set_ylabel("s")
-    ax3.set_ylim(0, 1.3 * max(max(t * scale(r) for t in r["step_times_s"]) for runs in (real, sim) for r in runs.values()))
+    ax3.set_ylim(
+        0, 1.3 * max(max(t * scale(r) for t in r["step_times_s"]) for runs in (real, sim) for r in runs.values())
+    )
     ax3.set_title("step time (rollout + train + weight sync)")
     ax3.legend(loc="upper center", ncol=len(real), fontsize=8)

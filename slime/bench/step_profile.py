@@ -25,7 +25,16 @@ from slime.types import JsonObject
 if TYPE_CHECKING:
     from torch.autograd.profiler_util import FunctionEvent, FunctionEventAvg
 
-__all__ = ["GCPauses", "format_profile", "host_events", "idle_gaps", "profile_summary", "sync", "sync_sites", "tally_events"]
+__all__ = [
+    "GCPauses",
+    "format_profile",
+    "host_events",
+    "idle_gaps",
+    "profile_summary",
+    "sync",
+    "sync_sites",
+    "tally_events",
+]
 
 
 def sync(device: torch.device) -> None:
@@ -77,8 +86,12 @@ _KERNEL_CLASSES = (  # first match wins: flash kernels' names contain "cutlass",
     ("optimizer (fused adam / foreach / l2norm)", re.compile(r"adam|foreach|multi_tensor|l2norm", re.I)),
     ("memcpy / memset", re.compile(r"memcpy|memset", re.I)),
 )
-_SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cuStreamSynchronize|cuCtxSynchronize)$")
-_LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchCooperativeKernel)$")
+_SYNC_CALLS = re.compile(
+    r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cuStreamSynchronize|cuCtxSynchronize)$"
+)
+_LAUNCH_CALLS = re.compile(
+    r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|cudaLaunchCooperativeKernel)$"
+)
 
 
 def tally_events(events: Iterable[FunctionEventAvg], *, cuda: bool) -> tuple[dict[str, tuple[float, int]], int, int]:
@@ -99,7 +112,11 @@ def tally_events(events: Iterable[FunctionEventAvg], *, cuda: bool) -> tuple[dic
         elif _LAUNCH_CALLS.match(key):
             launches += evt.count
         if cuda:
-            us = (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0)) if _on_device(evt) else 0.0
+            us = (
+                (getattr(evt, "self_device_time_total", 0.0) or getattr(evt, "device_time_total", 0.0))
+                if _on_device(evt)
+                else 0.0
+            )
         else:
             us = evt.self_cpu_time_total if key.startswith("aten::") else 0.0
         if us > 0:
@@ -156,14 +173,22 @@ def sync_sites(fn: Callable[[], object], *, depth: int = 3, top: int = 15) -> li
     sites: dict[str, int] = {}
 
     def hook(
-        message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
     ) -> None:
         if not _SYNC_WARNING.search(str(message)):
             shown(message, category, filename, lineno, file, line)  # any other warning is shown as before
             return
         skip = {__file__, warnings.__file__}
         frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename and f.filename not in skip]
-        site = " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames[-depth:])) or f"{filename}:{lineno}"
+        site = (
+            " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames[-depth:]))
+            or f"{filename}:{lineno}"
+        )
         sites[site] = sites.get(site, 0) + 1
 
     cuda = torch.cuda.is_available()
@@ -216,11 +241,16 @@ def profile_summary(fn: Callable[[], object], device: torch.device | str, *, top
     rows = prof.key_averages()
     kernels, syncs, launches = tally_events(rows, cuda=cuda)
     gaps = idle_gaps(_device_intervals(prof.events())) if cuda else None
-    host = sorted(((r.key, r.self_cpu_time_total, r.count) for r in rows if r.self_cpu_time_total > 0), key=lambda r: -r[1])[:top]
+    host = sorted(
+        ((r.key, r.self_cpu_time_total, r.count) for r in rows if r.self_cpu_time_total > 0), key=lambda r: -r[1]
+    )[:top]
     busy_ms = sum(us for us, _ in kernels.values()) / 1e3
     classes: dict[str, float] = {}
     for name, (us, _) in kernels.items():
-        cls = next((c for c, pattern in _KERNEL_CLASSES if pattern.search(name)), "other (eager elementwise, reductions, casts)")
+        cls = next(
+            (c for c, pattern in _KERNEL_CLASSES if pattern.search(name)),
+            "other (eager elementwise, reductions, casts)",
+        )
         classes[cls] = classes.get(cls, 0.0) + us / 1e3
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
     order = sorted(classes.items(), key=lambda kv: -kv[1])
@@ -246,6 +276,8 @@ def format_profile(name: str, summary: JsonObject, *, rows: int = 12) -> str:
         g = s["idle_gaps"]
         lines.append(f"  GPU idle between kernels {g['idle_ms']:.1f} ms, {g['gaps']} gaps; idle ended by:")
         lines += [f"  {r['ms']:9.2f} ms {r['gaps']:5d}x  {r['name'][:100]}" for r in g["before"][:rows]]
-    lines += [f"  host {r['self_ms']:9.2f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in s.get("host_ops", [])[:rows]]
+    lines += [
+        f"  host {r['self_ms']:9.2f} ms {r['calls']:5d}x  {r['name'][:100]}" for r in s.get("host_ops", [])[:rows]
+    ]
     lines += [f"  sync {r['calls']:5d}x  {r['site'][:140]}" for r in s.get("sync_sites", [])[:rows]]
     return "\n".join(lines)

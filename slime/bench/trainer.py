@@ -41,7 +41,9 @@ __all__ = [
     "torch_backend", "measure", "markdown_table",
 ]  # fmt: skip
 
-_QWEN2 = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+_QWEN2 = dict(
+    vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True
+)
 SHAPES: dict[str, dict] = {
     "qwen2-0.5b": dict(_QWEN2, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
     "qwen2-1.5b": dict(_QWEN2, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2),
@@ -117,7 +119,13 @@ class TransformersReference:
     name = "transformers"
 
     def __init__(
-        self, config: TrainConfig, *, model_dir: str, device: torch.device, precision: str = "autocast", rollout_temperature: float = 1.0
+        self,
+        config: TrainConfig,
+        *,
+        model_dir: str,
+        device: torch.device,
+        precision: str = "autocast",
+        rollout_temperature: float = 1.0,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -126,7 +134,9 @@ class TransformersReference:
         self.config, self.device, self.precision = config, torch.device(device), precision
         self.rollout_temperature = rollout_temperature
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        # transformers types .to() through a decorator that takes the model itself
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.pad_token_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -139,19 +149,28 @@ class TransformersReference:
 
     def _batch(self, groups: Sequence[Group]) -> tuple[TrainBatch, list[list[list[int]]]]:
         cfg = self.config
-        batch = build_train_batch(groups, pad_token_id=self.pad_token_id, current_version=self.policy_version, max_staleness=None)
+        batch = build_train_batch(
+            groups, pad_token_id=self.pad_token_id, current_version=self.policy_version, max_staleness=None
+        )
         lens = batch.seq_lens.tolist()
         steps = []
         for start in range(0, len(lens), cfg.global_batch_size):
             end = min(start + cfg.global_batch_size, len(lens))
-            steps.append([[start + i for i in mb] for mb in pack_by_token_budget(lens[start:end], cfg.megatron.max_tokens_per_gpu)])
+            steps.append(
+                [
+                    [start + i for i in mb]
+                    for mb in pack_by_token_budget(lens[start:end], cfg.megatron.max_tokens_per_gpu)
+                ]
+            )
         return batch.to(self.device), steps
 
     def _logprobs(self, mb: TrainBatch) -> torch.Tensor:
         """[b, L] float32 logprob of each next token under ``log_softmax(logits / T)``; 0 at padding."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "autocast"):
             position_ids = (mb.attention_mask.cumsum(-1) - 1).clamp_min(0)  # [b, T]
-            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=position_ids, use_cache=False).logits
+            logits = self.model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=position_ids, use_cache=False
+            ).logits
         logits = logits[:, :-1].float()  # [b, L, V]
         if self.rollout_temperature != 1.0:
             logits = logits / self.rollout_temperature
@@ -175,7 +194,9 @@ class TransformersReference:
     def rl_step(self, groups: Sequence[Group]) -> TrainMetrics:
         cfg = self.config
         batch, steps = self._batch(groups)
-        batch = objective.with_advantages(cfg, dataclasses.replace(batch, old_logprobs=self._old_logprobs(batch, steps)))
+        batch = objective.with_advantages(
+            cfg, dataclasses.replace(batch, old_logprobs=self._old_logprobs(batch, steps))
+        )
         losses, norms = [], []
         for step in steps:
             rows = [i for mb in step for i in mb]
@@ -186,7 +207,11 @@ class TransformersReference:
                 loss, _ = objective.micro_batch_loss(cfg, mb, self._logprobs(mb), None, denom)
                 loss.backward()
                 total += loss.detach()
-            norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad if cfg.clip_grad > 0 else float("inf")))
+            norms.append(
+                torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
+                )
+            )
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(total)

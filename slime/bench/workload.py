@@ -81,7 +81,9 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.time_scale <= 0 or self.train_s < 0:
-            raise ValueError(f"--steps={self.steps} must be >= 1, --time-scale={self.time_scale} > 0, --train-s={self.train_s} >= 0")
+            raise ValueError(
+                f"--steps={self.steps} must be >= 1, --time-scale={self.time_scale} > 0, --train-s={self.train_s} >= 0"
+            )
         if not 1 <= self.median <= self.p99 or self.max_len < 1:
             raise ValueError(f"need 1 <= --median={self.median} <= --p99={self.p99} and --max-len={self.max_len} >= 1")
         if self.rollout_batch_size < 1 or self.n_samples_per_prompt < 1 or self.max_running_requests < 1:
@@ -91,7 +93,9 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
             )
         for name in ("april_over_sampling", "async_capacity"):
             if getattr(self, name) < self.rollout_batch_size:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= rollout_batch_size={self.rollout_batch_size}")
+                raise ValueError(
+                    f"{name}={getattr(self, name)} must be >= rollout_batch_size={self.rollout_batch_size}"
+                )
 
     def sim_flags(self) -> list[str]:
         """``slime engine --sim`` flags of the simulated engine (initial weight version "0").
@@ -125,15 +129,23 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
         )
 
     def loop_config(self, mode: Mode) -> LoopConfig:
-        common: dict[str, Any] = dict(mode=mode, rollout_batch_size=self.rollout_batch_size, num_rollout=self.steps, abort_timeout_s=120.0)
+        common: dict[str, Any] = dict(
+            mode=mode, rollout_batch_size=self.rollout_batch_size, num_rollout=self.steps, abort_timeout_s=120.0
+        )
         if mode == "sync":
             return LoopConfig(**common, over_sampling_batch_size=self.rollout_batch_size)
         if mode == "april":
             return LoopConfig(
-                **common, over_sampling_batch_size=self.april_over_sampling, overlap_train=self.april_overlap_train, max_staleness=4
+                **common,
+                over_sampling_batch_size=self.april_over_sampling,
+                overlap_train=self.april_overlap_train,
+                max_staleness=4,
             )
         return LoopConfig(
-            **common, over_sampling_batch_size=self.async_capacity, max_staleness=self.async_max_staleness, staleness_policy="mask"
+            **common,
+            over_sampling_batch_size=self.async_capacity,
+            max_staleness=self.async_max_staleness,
+            staleness_policy="mask",
         )
 
     def prompts(self) -> tuple[list[PromptRow], dict[str, list[int]]]:

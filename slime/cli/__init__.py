@@ -99,10 +99,14 @@ def _parse_train_flags(argv: list[str], prog: str) -> tuple[argparse.Namespace, 
     from slime.cli.args import build_parser, split_passthrough
     from slime.errors import SlimeError
 
-    parser = build_parser(argparse.ArgumentParser(prog=prog, description="Run GRPO with partial rollouts.", allow_abbrev=False))
+    parser = build_parser(
+        argparse.ArgumentParser(prog=prog, description="Run GRPO with partial rollouts.", allow_abbrev=False)
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--no-progress", action="store_true", help="plain step lines, no progress bar")
-    parser.add_argument("--dry-run", action="store_true", help="print every command the run would start (with its env) and exit")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print every command the run would start (with its env) and exit"
+    )
     try:
         argv, sglang_args, router_args = split_passthrough(argv)
     except SlimeError as exc:
@@ -255,7 +259,9 @@ def _bench(argv: list[str]) -> int:
         if argv and argv[0] in ("-h", "--help"):
             print(usage)
             return 0
-        problem = f"slime bench: error: unknown benchmark {argv[0]!r}" if argv else "slime bench: error: no benchmark given"
+        problem = (
+            f"slime bench: error: unknown benchmark {argv[0]!r}" if argv else "slime bench: error: no benchmark given"
+        )
         print(f"{problem}\n{usage}", file=sys.stderr)
         return 2
     if argv[0] == "learning":

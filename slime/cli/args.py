@@ -65,7 +65,10 @@ def _config_docs() -> dict[tuple[str, str], str]:
     from slime import config as config_package
 
     docs: dict[tuple[str, str], str] = {}
-    sources = [Path(config_package.__path__[0], f"{m.name}.py").read_text() for m in pkgutil.iter_modules(config_package.__path__)]
+    sources = [
+        Path(config_package.__path__[0], f"{m.name}.py").read_text()
+        for m in pkgutil.iter_modules(config_package.__path__)
+    ]
     for node in (n for source in sources for n in ast.parse(source).body):
         if isinstance(node, ast.ClassDef):
             body = node.body
@@ -132,7 +135,9 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], tuple[str, ...], tupl
         if flag in RESERVED_PASSTHROUGH:
             raise ConfigError(f"{flag}: slime sets this itself; use {RESERVED_PASSTHROUGH[flag]}")
         if flag.startswith(_NOT_SGLANG):
-            raise ConfigError(f"{flag}: a THUDM/slime flag that this slime does not support (it is not passed to SGLang)")
+            raise ConfigError(
+                f"{flag}: a THUDM/slime flag that this slime does not support (it is not passed to SGLang)"
+            )
         if len(flag) == len(prefix):
             raise ConfigError(f"{token!r}: a pass-through flag needs a name after {prefix}")
         values = []
@@ -144,7 +149,11 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], tuple[str, ...], tupl
 
 
 def config_from_args(
-    ns: argparse.Namespace, base: Config | None = None, *, sglang_args: tuple[str, ...] = (), router_args: tuple[str, ...] = ()
+    ns: argparse.Namespace,
+    base: Config | None = None,
+    *,
+    sglang_args: tuple[str, ...] = (),
+    router_args: tuple[str, ...] = (),
 ) -> Config:
     """Build a validated ``Config`` from parsed flags (and ``split_passthrough``'s pass-through
     flags, when given); unset flags keep ``base``'s values.
@@ -166,7 +175,9 @@ def config_from_args(
         if "=" in path:
             path, const = path.split("=", 1)
             value = const
-        if path in given and given[path][1] != value:  # two flags of one field (--partial-rollout is --rollout-mode april)
+        if (
+            path in given and given[path][1] != value
+        ):  # two flags of one field (--partial-rollout is --rollout-mode april)
             other, other_value = given[path]
             raise ConfigError(f"{other} and {shown}: pick one (both set {path}, to {other_value!r} and {value!r})")
         given[path] = (shown, value)

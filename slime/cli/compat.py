@@ -64,7 +64,9 @@ class NoOp:
     allowed: tuple[Any, ...] | None = None
 
 
-def _key(*keys: str, default: object = _MISSING, convert: Callable[[Any], object] = lambda v: v) -> Callable[[HFConfig], Fact]:
+def _key(
+    *keys: str, default: object = _MISSING, convert: Callable[[Any], object] = lambda v: v
+) -> Callable[[HFConfig], Fact]:
     """The first of ``keys`` present in the HF config, converted; else ``default`` under ``keys[0]``."""
 
     def get(hf: HFConfig) -> Fact:
@@ -198,7 +200,9 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--norm-epsilon": Checked(_key("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", convert=float), _FLOAT),
     "--qk-layernorm": Checked(_qk_norm, _FLAG),
     "--vocab-size": Checked(_key("vocab_size"), _INT),
-    "--untie-embeddings-and-output-weights": Checked(_key("tie_word_embeddings", default=True, convert=lambda tied: not tied), _FLAG),
+    "--untie-embeddings-and-output-weights": Checked(
+        _key("tie_word_embeddings", default=True, convert=lambda tied: not tied), _FLAG
+    ),
     "--disable-bias-linear": Checked(_key("mlp_bias", default=True, convert=lambda bias: not bias), _FLAG),
     "--add-qkv-bias": Checked(_qkv_bias, _FLAG),
     "--max-position-embeddings": Checked(_key("max_position_embeddings"), _INT),
@@ -212,17 +216,28 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     "--post-mlp-layernorm": Checked(_model_type_in(_POST_NORM_TYPES), _FLAG),
     "--rotary-interleaved": Checked(_model_type_in(_INTERLEAVED_ROPE_TYPES), _FLAG),
     "--spec": NoOp(
-        "the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)", dict(nargs=2, metavar=("MODULE", "FUNCTION"))
+        "the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)",
+        dict(nargs=2, metavar=("MODULE", "FUNCTION")),
     ),
-    "--moe-layer-freq": NoOp("which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()),
+    "--moe-layer-freq": NoOp(
+        "which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()
+    ),
     "--moe-router-score-function": NoOp("routing is HF's softmax over the router logits", dict(), allowed=("softmax",)),
-    "--moe-router-dtype": NoOp("the router gate runs in fp32 (slime/train/megatron/layers.py)", dict(), allowed=("fp32",)),
-    "--moe-token-drop-policy": NoOp(
-        "the megatron backend's policy; tokens are dropped only with --moe-expert-capacity-factor", dict(), allowed=("probs",)
+    "--moe-router-dtype": NoOp(
+        "the router gate runs in fp32 (slime/train/megatron/layers.py)", dict(), allowed=("fp32",)
     ),
-    "--moe-grouped-gemm": NoOp("a kernel choice of megatron-core; experts run as its local (sequential) MLPs here", _FLAG),
+    "--moe-token-drop-policy": NoOp(
+        "the megatron backend's policy; tokens are dropped only with --moe-expert-capacity-factor",
+        dict(),
+        allowed=("probs",),
+    ),
+    "--moe-grouped-gemm": NoOp(
+        "a kernel choice of megatron-core; experts run as its local (sequential) MLPs here", _FLAG
+    ),
     "--moe-permute-fusion": NoOp("a Transformer Engine kernel; token permutation runs unfused here", _FLAG),
-    "--no-rope-fusion": NoOp("RoPE is applied by slime's attention (a torch.compile kernel on CUDA), not megatron's fused RoPE", _FLAG),
+    "--no-rope-fusion": NoOp(
+        "RoPE is applied by slime's attention (a torch.compile kernel on CUDA), not megatron's fused RoPE", _FLAG
+    ),
     # Megatron numerics and kernels
     "--attention-dropout": NoOp(_ZERO_DROPOUT, _FLOAT, allowed=(0.0,)),
     "--hidden-dropout": NoOp(_ZERO_DROPOUT, _FLOAT, allowed=(0.0,)),
@@ -230,7 +245,8 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
         "attention is SDPA / flash attention in both backends, whose kernels keep the softmax in fp32", _FLAG
     ),
     "--accumulate-allreduce-grads-in-fp32": NoOp(
-        "gradients are fp32 already (torch backend: fp32 params; megatron backend: grad_reduce_in_fp32 is always on)", _FLAG
+        "gradients are fp32 already (torch backend: fp32 params; megatron backend: grad_reduce_in_fp32 is always on)",
+        _FLAG,
     ),
     "--attention-backend": NoOp(
         "both backends run their own attention: SDPA (torch); packed micro-batches as a dense padded SDPA batch or varlen flash attention, by length spread (megatron, slime/train/megatron/layers.py)",
@@ -238,24 +254,37 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
     ),
     "--init-method-std": NoOp("weights are loaded from --hf-checkpoint, never initialised", _FLOAT),
     "--seq-length": NoOp(
-        "sequence lengths come from the data (prompt + --rollout-max-response-len); micro-batches are packed by --max-tokens-per-gpu", _INT
+        "sequence lengths come from the data (prompt + --rollout-max-response-len); micro-batches are packed by --max-tokens-per-gpu",
+        _INT,
     ),
     # Optimizer and data balance
-    "--optimizer": NoOp("the optimizer is always AdamW (Megatron's 'adam' is AdamW: decoupled --weight-decay)", dict(), allowed=("adam",)),
+    "--optimizer": NoOp(
+        "the optimizer is always AdamW (Megatron's 'adam' is AdamW: decoupled --weight-decay)",
+        dict(),
+        allowed=("adam",),
+    ),
     "--balance-data": NoOp(
         "always on: each step's samples are split over data-parallel ranks by token count, longest first onto the lightest rank (slime/train/megatron/packing.py)",
         _FLAG,
     ),
     "--optimizer-cpu-offload": NoOp("optimizer state stays on the GPU (memory only: the update is the same)", _FLAG),
-    "--overlap-cpu-optimizer-d2h-h2d": NoOp("optimizer state stays on the GPU, so there is no host copy to overlap", _FLAG),
-    "--use-precision-aware-optimizer": NoOp("AdamW keeps fp32 master weights and moments (memory only, at fp32 precision)", _FLAG),
-    "--disable-compute-advantages-and-returns": NoOp("SFT (--loss-type sft_loss) computes no advantages here anyway", _FLAG),
+    "--overlap-cpu-optimizer-d2h-h2d": NoOp(
+        "optimizer state stays on the GPU, so there is no host copy to overlap", _FLAG
+    ),
+    "--use-precision-aware-optimizer": NoOp(
+        "AdamW keeps fp32 master weights and moments (memory only, at fp32 precision)", _FLAG
+    ),
+    "--disable-compute-advantages-and-returns": NoOp(
+        "SFT (--loss-type sft_loss) computes no advantages here anyway", _FLAG
+    ),
     "--use-slime-router": NoOp(
         "requests are spread by slime's own engine pool, or by sglang-router for launched SGLang servers; slime's router middleware does not exist here",
         _FLAG,
     ),
     # Logging
-    "--wandb-key": NoOp("wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()),
+    "--wandb-key": NoOp(
+        "wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()
+    ),
     "--wandb-run-id": NoOp("W&B names the run itself; the run directory (--save) is in its config", dict()),
 }
 """Every accepted THUDM/slime flag that is not in ``slime.cli.args.FLAGS``, with its fate."""
@@ -263,9 +292,13 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
 
 def add_compat_flags(parser: argparse.ArgumentParser) -> None:
     """Add ``COMPAT_FLAGS`` to ``parser`` (default None: a flag not given is not checked or logged)."""
-    group = parser.add_argument_group("THUDM/slime flags checked against --hf-checkpoint or no-ops here (docs/slime_flags.md)")
+    group = parser.add_argument_group(
+        "THUDM/slime flags checked against --hf-checkpoint or no-ops here (docs/slime_flags.md)"
+    )
     for flag, entry in COMPAT_FLAGS.items():
-        help_text = "checked against --hf-checkpoint's config.json" if isinstance(entry, Checked) else f"no-op: {entry.reason}"
+        help_text = (
+            "checked against --hf-checkpoint's config.json" if isinstance(entry, Checked) else f"no-op: {entry.reason}"
+        )
         kwargs = dict(entry.kwargs)
         if kwargs.get("action") != "store_true" and "choices" not in kwargs:
             kwargs.setdefault("metavar", flag[2:].upper().replace("-", "_"))
@@ -299,7 +332,9 @@ def check_compat_flags(ns: argparse.Namespace, hf_checkpoint: str | None) -> Non
         shown = "" if value is True else f" {_num(value)}"
         if isinstance(entry, NoOp):
             if entry.allowed is not None and value not in entry.allowed:
-                raise ConfigError(f"{flag}{shown}: not supported here, only {' / '.join(map(_num, entry.allowed))} ({entry.reason})")
+                raise ConfigError(
+                    f"{flag}{shown}: not supported here, only {' / '.join(map(_num, entry.allowed))} ({entry.reason})"
+                )
             log.info("%s%s: no-op here: %s", flag, shown, entry.reason)
         elif hf is None:
             log.warning("%s%s: not checked: %s not found", flag, shown, path)

@@ -16,7 +16,10 @@ __all__ = ["FLAGS"]
 
 # flag -> (config path, argparse kwargs). A path "loop.mode=april" sets a constant when given.
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--hf-checkpoint": ("engine.hf_checkpoint", dict(help="HF model dir (default: the shipped warm start of --builtin-task)")),
+    "--hf-checkpoint": (
+        "engine.hf_checkpoint",
+        dict(help="HF model dir (default: the shipped warm start of --builtin-task)"),
+    ),
     "--rollout-external-engine-addrs": (
         "engine.rollout_external_engine_addrs",
         dict(nargs="+", help="engines already running (host:port)"),
@@ -28,21 +31,36 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "engine.rollout_num_gpus",
         dict(type=int, help="GPUs for SGLang servers (launches SGLang, not embedded engines)"),
     ),
-    "--rollout-num-gpus-per-engine": ("engine.rollout_num_gpus_per_engine", dict(type=int, help="GPUs (tp size) per SGLang server")),
+    "--rollout-num-gpus-per-engine": (
+        "engine.rollout_num_gpus_per_engine",
+        dict(type=int, help="GPUs (tp size) per SGLang server"),
+    ),
     "--rollout-num-gpus-per-node": (
         "engine.rollout_num_gpus_per_node",
         dict(type=int, help="GPUs of a node in the placement plan (default: CUDA_VISIBLE_DEVICES, else 8)"),
     ),
-    "--sglang-router-ip": ("engine.sglang_router_ip", dict(help="a running sglang-router to use, or the address ours binds")),
+    "--sglang-router-ip": (
+        "engine.sglang_router_ip",
+        dict(help="a running sglang-router to use, or the address ours binds"),
+    ),
     "--sglang-router-port": ("engine.sglang_router_port", dict(type=int)),
-    "--sglang-config": ("engine.sglang_config", dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)")),
+    "--sglang-config": (
+        "engine.sglang_config",
+        dict(help="YAML of SGLang server groups (models, prefill/decode, per-group args)"),
+    ),
     "--health-check-interval-s": (
         "engine.health_check_interval_s",
         dict(type=float, help="seconds between engine health probes (0 = off)"),
     ),
     "--max-running-requests": ("engine.max_running_requests", dict(type=int)),
-    "--engine-startup-timeout-s": ("engine.startup_timeout_s", dict(type=float, help="how long to wait for engines to be ready")),
-    "--prompt-data": ("data.prompt_data", dict(help="JSONL or Parquet prompts (default: the built-in task, --builtin-task)")),
+    "--engine-startup-timeout-s": (
+        "engine.startup_timeout_s",
+        dict(type=float, help="how long to wait for engines to be ready"),
+    ),
+    "--prompt-data": (
+        "data.prompt_data",
+        dict(help="JSONL or Parquet prompts (default: the built-in task, --builtin-task)"),
+    ),
     "--builtin-task": (
         "data.builtin_task",
         dict(
@@ -67,7 +85,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(help="key of a numeric difficulty: each epoch in ascending order instead of shuffled"),
     ),
     "--offline-data": ("data.offline_data", dict(help="JSONL of pre-generated samples mixed in at --offline-ratio")),
-    "--offline-ratio": ("loop.offline_ratio", dict(type=float, help="fraction of each batch's groups from --offline-data, in [0, 1)")),
+    "--offline-ratio": (
+        "loop.offline_ratio",
+        dict(type=float, help="fraction of each batch's groups from --offline-data, in [0, 1)"),
+    ),
     "--n-samples-per-eval-prompt": (
         "rollout.n_samples_per_eval_prompt",
         dict(type=int, help="eval samples per prompt (mean accuracy and pass@k)"),
@@ -77,10 +98,16 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "data.eval_prompt_data",
         dict(nargs="+", help="held-out prompts: one path, or 'name path' pairs (THUDM/slime), reported per name"),
     ),
-    "--eval-config": ("data.eval_config", dict(help="THUDM/slime's YAML of eval datasets (eval: defaults/datasets); slime.eval_config")),
+    "--eval-config": (
+        "data.eval_config",
+        dict(help="THUDM/slime's YAML of eval datasets (eval: defaults/datasets); slime.eval_config"),
+    ),
     "--eval-top-p": ("rollout.eval_top_p", dict(type=float, help="eval top-p (default: --rollout-top-p)")),
     "--eval-top-k": ("rollout.eval_top_k", dict(type=int, help="eval top-k (default: --rollout-top-k; -1 = off)")),
-    "--skip-eval-before-train": ("loop.skip_eval_before_train", dict(action="store_true", help="no eval before the first step")),
+    "--skip-eval-before-train": (
+        "loop.skip_eval_before_train",
+        dict(action="store_true", help="no eval before the first step"),
+    ),
     "--eval-max-response-len": (
         "rollout.eval_max_response_len",
         dict(type=int, help="eval response cap (default: --rollout-max-response-len)"),
@@ -93,7 +120,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "--rollout-batch-size": ("loop.rollout_batch_size", dict(type=int, help="groups per train step")),
     "--over-sampling-batch-size": ("loop.over_sampling_batch_size", dict(type=int, help="groups in flight (april)")),
-    "--partial-rollout": ("loop.mode=april", dict(action="store_true", help="APRIL: over-provision, abort at target, resume partials")),
+    "--partial-rollout": (
+        "loop.mode=april",
+        dict(action="store_true", help="APRIL: over-provision, abort at target, resume partials"),
+    ),
     "--rollout-mode": ("loop.mode", dict(choices=["sync", "april", "async"])),
     "--staleness-policy": ("loop.staleness_policy", dict(choices=["mask", "drop"])),
     "--dynamic-sampling-filter-path": ("loop.dynamic_sampling_filter_path", dict()),
@@ -122,9 +152,15 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "rollout.control_timeout_s",
         dict(type=float, help="seconds per engine control call (abort, weight update, health)"),
     ),
-    "--retry-backoff-s": ("rollout.retry_backoff_s", dict(type=float, help="first retry backoff in seconds; doubles per retry")),
+    "--retry-backoff-s": (
+        "rollout.retry_backoff_s",
+        dict(type=float, help="first retry backoff in seconds; doubles per retry"),
+    ),
     "--custom-rm-path": ("rollout.custom_rm_path", dict()),
-    "--reward-key": ("rollout.reward_key", dict(help="entry of a dict returned by the reward function that is the reward")),
+    "--reward-key": (
+        "rollout.reward_key",
+        dict(help="entry of a dict returned by the reward function that is the reward"),
+    ),
     "--custom-generate-function-path": ("rollout.custom_generate_function_path", dict()),
     "--rollout-function-path": (
         "rollout.rollout_function_path",
@@ -141,7 +177,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--rm-url": ("rollout.rm_url", dict(help="remote reward model URL (--rm-type remote)")),
     "--allow-unsafe-code-execution": (
         "rollout.allow_unsafe_code_execution",
-        dict(action="store_true", help="run model-written code with less isolation where the OS sandbox is incomplete (--rm-type code)"),
+        dict(
+            action="store_true",
+            help="run model-written code with less isolation where the OS sandbox is incomplete (--rm-type code)",
+        ),
     ),
     "--global-batch-size": ("train.global_batch_size", dict(type=int)),
     "--micro-batch-size": ("train.micro_batch_size", dict(type=int)),
@@ -154,7 +193,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--eps-clip-high": ("train.eps_clip_high", dict(type=float)),
     "--loss-type": (
         "train.loss_type",
-        dict(choices=["policy_loss", "sft_loss"], help="sft_loss: supervised fine-tuning on --prompt-data (no engines, no rewards)"),
+        dict(
+            choices=["policy_loss", "sft_loss"],
+            help="sft_loss: supervised fine-tuning on --prompt-data (no engines, no rewards)",
+        ),
     ),
     "--num-epoch": ("loop.num_epoch", dict(type=int, help="SFT: passes over --prompt-data (sets the number of steps)")),
     "--calculate-per-token-loss": (
@@ -167,7 +209,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--tis-clip-low": ("train.tis_clip_low", dict(type=float)),
     "--tis-level": (
         "train.tis_level",
-        dict(choices=["token", "sequence", "geometric"], help="TIS ratio per token, or one per sample (product / geometric mean)"),
+        dict(
+            choices=["token", "sequence", "geometric"],
+            help="TIS ratio per token, or one per sample (product / geometric mean)",
+        ),
     ),
     "--train-threads": ("train.num_threads", dict(type=int)),
     "--train-device": (
@@ -179,7 +224,17 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     # AReaL's use_decoupled_loss / behav_imp_weight_cap). See slime/train/.
     "--advantage-estimator": (
         "train.advantage_estimator",
-        dict(choices=["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae", "on_policy_distillation"]),
+        dict(
+            choices=[
+                "grpo",
+                "gspo",
+                "reinforce_plus_plus",
+                "reinforce_plus_plus_baseline",
+                "ppo",
+                "gae",
+                "on_policy_distillation",
+            ]
+        ),
     ),  # the last: apply_slime_opd
     "--custom-reward-post-process-path": (
         "train.custom_reward_post_process_path",
@@ -204,10 +259,16 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--ref-load": ("train.ref_load", dict(help="HF dir of the reference model (default: --hf-checkpoint)")),
     "--value-clip": ("train.value_clip", dict(type=float)),
     "--critic-lr": ("train.critic_lr", dict(type=float, help="PPO critic lr (default: --lr)")),
-    "--mis-level": ("train.mis_level", dict(choices=["none", "token", "sequence", "geometric"], help="masked importance sampling level")),
+    "--mis-level": (
+        "train.mis_level",
+        dict(choices=["none", "token", "sequence", "geometric"], help="masked importance sampling level"),
+    ),
     "--mis-lower-bound": ("train.mis_lower_bound", dict(type=float)),
     "--mis-upper-bound": ("train.mis_upper_bound", dict(type=float)),
-    "--use-decoupled-ppo": ("train.use_decoupled_ppo", dict(action="store_true", help="decoupled PPO objective (AReaL)")),
+    "--use-decoupled-ppo": (
+        "train.use_decoupled_ppo",
+        dict(action="store_true", help="decoupled PPO objective (AReaL)"),
+    ),
     "--behav-imp-weight-cap": ("train.behav_imp_weight_cap", dict(type=float)),
     "--mask-offpolicy-in-partial-rollout": (
         "train.mask_offpolicy_in_partial_rollout",
@@ -217,15 +278,27 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     # are slime's; slime's --opd-teacher-load names a Megatron checkpoint, ours an HF dir served by an engine.
     "--use-opd": (
         "train.use_opd",
-        dict(action="store_true", help="on-policy distillation: a teacher engine scores each sample; reverse KL in the advantage"),
+        dict(
+            action="store_true",
+            help="on-policy distillation: a teacher engine scores each sample; reverse KL in the advantage",
+        ),
     ),
-    "--opd-kl-coef": ("train.opd_kl_coef", dict(type=float, help="weight of the per-token reverse KL in the advantage (default 1.0)")),
+    "--opd-kl-coef": (
+        "train.opd_kl_coef",
+        dict(type=float, help="weight of the per-token reverse KL in the advantage (default 1.0)"),
+    ),
     "--opd-only": (
         "train.opd_only",
         dict(action="store_true", help="pure distillation: the task reward is logged and evaluated but does not train"),
     ),
-    "--opd-teacher-load": ("engine.opd_teacher_load", dict(help="HF dir of the teacher: an embedded engine serving it is launched")),
-    "--opd-teacher-addrs": ("engine.opd_teacher_addrs", dict(nargs="+", help="teacher engines already running (host:port)")),
+    "--opd-teacher-load": (
+        "engine.opd_teacher_load",
+        dict(help="HF dir of the teacher: an embedded engine serving it is launched"),
+    ),
+    "--opd-teacher-addrs": (
+        "engine.opd_teacher_addrs",
+        dict(nargs="+", help="teacher engines already running (host:port)"),
+    ),
     # Training backend (slime/train/megatron/): Megatron-LM's spelling; the batch, lr, weight-decay,
     # Adam and clip flags above are shared by both backends.
     "--deterministic-mode": (
@@ -234,7 +307,9 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "--train-backend": (
         "train.train_backend",
-        dict(choices=["torch", "megatron"], help="torch: one HF model in-process; megatron: megatron-core under torchrun"),
+        dict(
+            choices=["torch", "megatron"], help="torch: one HF model in-process; megatron: megatron-core under torchrun"
+        ),
     ),
     "--tensor-model-parallel-size": ("train.megatron.tensor_model_parallel_size", dict(type=int)),
     "--pipeline-model-parallel-size": ("train.megatron.pipeline_model_parallel_size", dict(type=int)),
@@ -244,9 +319,18 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "train.megatron.expert_tensor_parallel_size",
         dict(type=int, help="TP ranks inside one expert (default: --tensor-model-parallel-size)"),
     ),
-    "--moe-token-dispatcher-type": ("train.megatron.moe_token_dispatcher_type", dict(choices=["alltoall", "allgather"])),
-    "--moe-router-load-balancing-type": ("train.megatron.moe_router_load_balancing_type", dict(choices=["aux_loss", "none"])),
-    "--moe-aux-loss-coeff": ("train.megatron.moe_aux_loss_coeff", dict(type=float, help="load-balancing loss weight (0: only logged)")),
+    "--moe-token-dispatcher-type": (
+        "train.megatron.moe_token_dispatcher_type",
+        dict(choices=["alltoall", "allgather"]),
+    ),
+    "--moe-router-load-balancing-type": (
+        "train.megatron.moe_router_load_balancing_type",
+        dict(choices=["aux_loss", "none"]),
+    ),
+    "--moe-aux-loss-coeff": (
+        "train.megatron.moe_aux_loss_coeff",
+        dict(type=float, help="load-balancing loss weight (0: only logged)"),
+    ),
     "--moe-expert-capacity-factor": (
         "train.megatron.moe_expert_capacity_factor",
         dict(type=float, help="drop tokens over this multiple of the even expert load (default: dropless)"),
@@ -256,9 +340,15 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "train.megatron.use_dynamic_batch_size",
         dict(action="store_true", help="pack micro-batches by --max-tokens-per-gpu"),
     ),
-    "--max-tokens-per-gpu": ("train.megatron.max_tokens_per_gpu", dict(type=int, help="token budget of one packed micro-batch")),
+    "--max-tokens-per-gpu": (
+        "train.megatron.max_tokens_per_gpu",
+        dict(type=int, help="token budget of one packed micro-batch"),
+    ),
     "--min-lr": ("train.megatron.min_lr", dict(type=float)),
-    "--lr-decay-style": ("train.megatron.lr_decay_style", dict(choices=["constant", "linear", "cosine", "inverse-square-root"])),
+    "--lr-decay-style": (
+        "train.megatron.lr_decay_style",
+        dict(choices=["constant", "linear", "cosine", "inverse-square-root"]),
+    ),
     "--lr-warmup-iters": ("train.megatron.lr_warmup_iters", dict(type=int)),
     "--lr-decay-iters": ("train.megatron.lr_decay_iters", dict(type=int)),
     "--lr-warmup-fraction": (
@@ -266,7 +356,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(type=float, help="warm-up steps as a fraction of --lr-decay-iters (default: the run's optimizer steps)"),
     ),
     "--adam-eps": ("train.megatron.adam_eps", dict(type=float)),
-    "--bf16": ("train.megatron.bf16", dict(action="store_true", help="bf16 training, fp32 master weights (torch backend: bf16 autocast)")),
+    "--bf16": (
+        "train.megatron.bf16",
+        dict(action="store_true", help="bf16 training, fp32 master weights (torch backend: bf16 autocast)"),
+    ),
     "--use-distributed-optimizer": ("train.megatron.use_distributed_optimizer", dict(action="store_true")),
     "--overlap-grad-reduce": ("train.megatron.overlap_grad_reduce", dict(action="store_true")),
     "--recompute-granularity": ("train.megatron.recompute_granularity", dict(choices=["full", "selective"])),
@@ -275,19 +368,40 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--distributed-timeout-minutes": ("train.megatron.distributed_timeout_minutes", dict(type=int)),
     "--logprob-impl": (
         "train.megatron.logprob_impl",
-        dict(choices=["slime", "liger"], help="megatron backend: logprobs from the logits (slime) or liger-kernel's fused linear CE"),
+        dict(
+            choices=["slime", "liger"],
+            help="megatron backend: logprobs from the logits (slime) or liger-kernel's fused linear CE",
+        ),
     ),
     # Observability (slime/obs/): slime's spelling for --use-wandb / --wandb-project / --wandb-group / --use-tensorboard.
-    "--enable-trace": ("obs.enable_trace", dict(action="store_true", help="write a Chrome/Perfetto trace to RUN_DIR/trace.json")),
-    "--metrics-port": ("obs.metrics_port", dict(type=int, help="serve Prometheus /metrics on this port (0 = any free port, logged)")),
-    "--use-tensorboard": ("obs.use_tensorboard", dict(action="store_true", help="log every step scalar to TensorBoard")),
+    "--enable-trace": (
+        "obs.enable_trace",
+        dict(action="store_true", help="write a Chrome/Perfetto trace to RUN_DIR/trace.json"),
+    ),
+    "--metrics-port": (
+        "obs.metrics_port",
+        dict(type=int, help="serve Prometheus /metrics on this port (0 = any free port, logged)"),
+    ),
+    "--use-tensorboard": (
+        "obs.use_tensorboard",
+        dict(action="store_true", help="log every step scalar to TensorBoard"),
+    ),
     "--tb-dir": ("obs.tb_dir", dict(help="TensorBoard log dir (default: RUN_DIR/tb)")),
-    "--use-wandb": ("obs.use_wandb", dict(action="store_true", help="log every step scalar to Weights & Biases (needs wandb)")),
+    "--use-wandb": (
+        "obs.use_wandb",
+        dict(action="store_true", help="log every step scalar to Weights & Biases (needs wandb)"),
+    ),
     "--wandb-project": ("obs.wandb_project", dict()),
     "--wandb-group": ("obs.wandb_group", dict()),
     # Weight sync (slime/sync/): --update-weight-buffer-size and --colocate are slime's flags.
-    "--weight-sync": ("sync.method", dict(choices=["disk", "distributed", "tensor", "delta"], help="how new weights reach the engines")),
-    "--update-weight-buffer-size": ("sync.update_weight_buffer_size", dict(type=int, help="bytes per weight-update bucket")),
+    "--weight-sync": (
+        "sync.method",
+        dict(choices=["disk", "distributed", "tensor", "delta"], help="how new weights reach the engines"),
+    ),
+    "--update-weight-buffer-size": (
+        "sync.update_weight_buffer_size",
+        dict(type=int, help="bytes per weight-update bucket"),
+    ),
     # Placement (slime/engines/fleet/placement.py): THUDM/slime's flags; the trainer is a torchrun job of these nodes x GPUs.
     "--actor-num-nodes": (
         "train.actor_num_nodes",
@@ -297,7 +411,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "train.actor_num_gpus_per_node",
         dict(type=int, help="trainer ranks per node (torchrun --nproc-per-node)"),
     ),
-    "--colocate": ("sync.colocate", dict(action="store_true", help="engines share the trainer's devices: release memory while training")),
+    "--colocate": (
+        "sync.colocate",
+        dict(action="store_true", help="engines share the trainer's devices: release memory while training"),
+    ),
     "--save": ("run_dir", dict(help="run directory: metrics, summary, plots, weights")),
     "--save-interval": ("save_interval", dict(type=int, help="checkpoint every N steps")),
     "--load": ("load", dict(help="resume from this run directory's latest checkpoint")),
@@ -315,5 +432,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "debug.debug_rollout_only",
         dict(action="store_true", help="generate and reward, never train (slime rollout)"),
     ),
-    "--debug-train-only": ("debug.debug_train_only", dict(action="store_true", help="train only, on --load-debug-rollout-data")),
+    "--debug-train-only": (
+        "debug.debug_train_only",
+        dict(action="store_true", help="train only, on --load-debug-rollout-data"),
+    ),
 }

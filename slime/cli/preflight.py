@@ -51,7 +51,9 @@ def _warn_if_resuming_another_setup(config: Config) -> None:
         if sec in saved and key in saved[sec] and saved[sec][key] != now[sec][key]
     ]
     if changed:
-        logging.getLogger("slime.cli").warning("--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed))
+        logging.getLogger("slime.cli").warning(
+            "--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed)
+        )
 
 
 def check_run_dir(config: Config) -> None:
@@ -89,10 +91,14 @@ def check_run_dir(config: Config) -> None:
                 f"{config.run_dir!r}, the run directory used when --save is not given, already holds a run (metrics.jsonl / "
                 f"summary.json); {hint}, or pass --save DIR to start a new run in another directory (e.g. --save runs/run2)"
             )
-        raise ConfigError(f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save")
+        raise ConfigError(
+            f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save"
+        )
     if config.load:
         _warn_if_resuming_another_setup(config)
-    if config.load and resume_checkpoint(config.load, warn=False) is None:  # none at all (damaged ones: CheckpointError)
+    if (
+        config.load and resume_checkpoint(config.load, warn=False) is None
+    ):  # none at all (damaged ones: CheckpointError)
         loaded = Path(config.load)
         if (loaded / "metrics.jsonl").exists() or (loaded / "summary.json").exists():
             raise ConfigError(
@@ -129,7 +135,9 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
     d = config.data
     if config.engine.hf_checkpoint == DEFAULT_CHECKPOINTS.get(d.builtin_task):
         logging.getLogger("slime.cli").info(
-            "no --hf-checkpoint: using the shipped warm start of the built-in task %s (%s)", d.builtin_task, config.engine.hf_checkpoint
+            "no --hf-checkpoint: using the shipped warm start of the built-in task %s (%s)",
+            d.builtin_task,
+            config.engine.hf_checkpoint,
         )
     _check_recorded_inputs(config)
     _check_model_dirs(config)
@@ -167,7 +175,12 @@ def _check_model_dirs(config: Config) -> None:
         if not value:
             continue
         try:
-            check_hf_dir(value, weights=not (tokenizer_only and flag == "--hf-checkpoint"), tokenizer=flag != "--ref-load", flag=flag)
+            check_hf_dir(
+                value,
+                weights=not (tokenizer_only and flag == "--hf-checkpoint"),
+                tokenizer=flag != "--ref-load",
+                flag=flag,
+            )
         except CheckpointError as exc:
             if value == DEFAULT_CHECKPOINT:
                 raise CheckpointError(f"{exc} (the default warm start is built by scripts/make_warmstart.py)") from None
@@ -182,7 +195,9 @@ def _check_prompt_files(config: Config, *, parse_data: bool) -> None:
     files = [("--prompt-data", d.prompt_data), *(("--eval-prompt-data", path) for _, path in d.eval_datasets)]
     for flag, value in files:
         if value and not Path(value).is_file():
-            raise ConfigError(f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file")
+            raise ConfigError(
+                f"{flag}={value!r}: {'is a directory, expected' if Path(value).is_dir() else 'no such'} JSONL file"
+            )
     if parse_data:
         _parse_prompt_files(config, [(flag, value) for flag, value in files if value])
 
@@ -196,7 +211,10 @@ def _check_plugin_paths(config: Config) -> None:
         ("--custom-generate-function-path", config.rollout.custom_generate_function_path),
         ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
         ("--buffer-filter-path", config.loop.buffer_filter_path),
-        ("--rollout-function-path", config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None),
+        (
+            "--rollout-function-path",
+            config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None,
+        ),
     ):
         if value:
             load_function(value, flag=flag)
@@ -277,7 +295,9 @@ def _parse_prompt_files(config: Config, files: list[tuple[str, str]]) -> None:
             on_bad_data=d.on_bad_data,
         )
         if bad:
-            logging.getLogger("slime.cli").warning("%s=%r: %d bad rows would be skipped (--on-bad-data skip)", flag, path, bad)
+            logging.getLogger("slime.cli").warning(
+                "%s=%r: %d bad rows would be skipped (--on-bad-data skip)", flag, path, bad
+            )
 
 
 def preflight(config: Config) -> None:
@@ -328,7 +348,10 @@ def preflight(config: Config) -> None:
     # also checks --sglang-config, the GPU / port arithmetic, and that sglang (sglang_router, torch_memory_saver) import
     check_launchable(
         build_launch_plan(
-            config.engine, trainer_gpus=trainer_gpus(config), colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
+            config.engine,
+            trainer_gpus=trainer_gpus(config),
+            colocate=config.sync.colocate,
+            in_place_updates=config.updates_in_place(),
         )
     )
 
@@ -339,7 +362,9 @@ def run_placement(config: Config) -> Placement | None:
 
     if not placement_given(config.train, config.engine):
         return None
-    return build_placement(config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only)
+    return build_placement(
+        config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only
+    )
 
 
 def trainer_gpus(config: Config) -> int:

@@ -76,7 +76,9 @@ class ProcessActor:
         """
         if self._proc is not None:
             raise RuntimeError(f"{self.name}: a command already runs in this actor")
-        thread = threading.Thread(target=self._keep, args=(list(argv), {**os.environ, **env}), name=f"{self.name}-child", daemon=True)
+        thread = threading.Thread(
+            target=self._keep, args=(list(argv), {**os.environ, **env}), name=f"{self.name}-child", daemon=True
+        )
         thread.start()
         self._started.wait()
         if self._error is not None:

@@ -81,7 +81,13 @@ def _wait_placed(group: PlacementGroup, bundles: int, timeout_s: float) -> None:
                 f"Ray could not place {bundles} GPU bundle(s) within {timeout_s:g}s: the cluster has {total:g} GPU(s), "
                 f"{free:g} free (start Ray on more nodes: docs/ray.md)"
             )
-        log.info("waiting %.0fs for a placement group of %d GPU bundle(s): %g GPU(s) in the cluster, %g free", waited, bundles, total, free)
+        log.info(
+            "waiting %.0fs for a placement group of %d GPU bundle(s): %g GPU(s) in the cluster, %g free",
+            waited,
+            bundles,
+            total,
+            free,
+        )
 
 
 def reserve(shape: RunShape, *, cpus_per_bundle: float = 1.0, timeout_s: float = 600.0) -> Reservation:
@@ -95,7 +101,9 @@ def reserve(shape: RunShape, *, cpus_per_bundle: float = 1.0, timeout_s: float =
     group = placement_group([{"GPU": 1, "CPU": cpus_per_bundle} for _ in range(n)], strategy="PACK")
     _wait_placed(group, n, timeout_s)
     try:
-        probes = [_where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, b)).remote() for b in range(n)]
+        probes = [
+            _where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, b)).remote() for b in range(n)
+        ]
         table = layout(shape, slots_in_order(ray.get(probes)))
     except BaseException:
         remove_placement_group(group)

@@ -82,7 +82,9 @@ class RunShape:
         p.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
         p.add_argument("--colocate", action="store_true")
         a, _ = p.parse_known_args(list(argv))
-        return cls(a.actor_num_nodes, a.actor_num_gpus_per_node, a.rollout_num_gpus, a.rollout_num_gpus_per_engine, a.colocate)
+        return cls(
+            a.actor_num_nodes, a.actor_num_gpus_per_node, a.rollout_num_gpus, a.rollout_num_gpus_per_engine, a.colocate
+        )
 
     @property
     def trainer_ranks(self) -> int:
@@ -113,7 +115,9 @@ class RunShape:
                 raise ConfigError(f"{name} must be at least 1, got {value}")
         rollout = self.rollout_total()
         if rollout % self.gpus_per_engine:
-            raise ConfigError(f"--rollout-num-gpus {rollout} is not a multiple of --rollout-num-gpus-per-engine {self.gpus_per_engine}")
+            raise ConfigError(
+                f"--rollout-num-gpus {rollout} is not a multiple of --rollout-num-gpus-per-engine {self.gpus_per_engine}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +206,13 @@ class PlacementTable:
             for i in p.slots:
                 roles[i].append(p.name)
         head = f"{'bundle':>6} {'node':>4} {'ip':<16} {'gpu':>3}  roles"
-        return [head, *(f"{s.bundle:>6} {s.node:>4} {s.ip:<16} {s.gpu:>3}  {', '.join(roles[s.index]) or '(idle)'}" for s in self.slots)]
+        return [
+            head,
+            *(
+                f"{s.bundle:>6} {s.node:>4} {s.ip:<16} {s.gpu:>3}  {', '.join(roles[s.index]) or '(idle)'}"
+                for s in self.slots
+            ),
+        ]
 
     def _process_lines(self) -> list[str]:
         """One line per engine process and the router; trainer ranks one line per node (``trainer-0..7``)."""
@@ -233,11 +243,15 @@ def _ranges(ids: list[int]) -> str:
 
 def _ports(table: PlacementTable, p: Process) -> str:
     if p.role == "trainer":
-        return f"rendezvous :{p.port} (rank 0)" if p.port is not None else f"rendezvous at trainer-0 ({table.node_ip(0)})"
+        return (
+            f"rendezvous :{p.port} (rank 0)" if p.port is not None else f"rendezvous at trainer-0 ({table.node_ip(0)})"
+        )
     parts = [f"http :{p.port}"] if p.port is not None else []
     if p.nnodes > 1:
         head = next(q for q in table.processes if q.role == "engine" and q.rank == p.rank and q.node_rank == 0)
-        parts.append(f"--nnodes {p.nnodes} --node-rank {p.node_rank} --dist-init-addr {table.node_ip(head.node)}:{head.dist_port}")
+        parts.append(
+            f"--nnodes {p.nnodes} --node-rank {p.node_rank} --dist-init-addr {table.node_ip(head.node)}:{head.dist_port}"
+        )
     return " ".join(parts) or "-"
 
 

@@ -122,7 +122,10 @@ class ClusterRun:
         handler = signal.getsignal(signal.SIGTERM)
         # slime's own handler (slime train) already unwinds the run; any other (SIG_DFL, ray.init's
         # sys.exit) is replaced for the run's life, so SIGTERM raises Stopped here as everywhere in slime
-        if threading.current_thread() is threading.main_thread() and getattr(handler, "__module__", None) != "slime.stop":
+        if (
+            threading.current_thread() is threading.main_thread()
+            and getattr(handler, "__module__", None) != "slime.stop"
+        ):
             self._signals.enter_context(sigterm_raises())
         try:
             self.start()
@@ -168,7 +171,9 @@ class ClusterRun:
     def rendezvous(self, p: Process) -> Rendezvous:
         """``p``'s view of the run: its node IP and port, trainer rank 0's and its engine head's addresses."""
         trainer0 = next((q for q in self.table.processes if q.role == "trainer" and q.rank == 0), None)
-        head = next((q for q in self.table.processes if q.role == "engine" and q.rank == p.rank and q.node_rank == 0), None)
+        head = next(
+            (q for q in self.table.processes if q.role == "engine" and q.rank == p.rank and q.node_rank == 0), None
+        )
         return Rendezvous(
             self._live[p.name].where.ip,
             self._ports[p.name][0],
@@ -191,7 +196,12 @@ class ClusterRun:
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.table.gpus(p)))} if p.slots else {}
         if p.role == "trainer" and r.master is not None:
             world = str(self.table.shape.trainer_ranks)
-            env |= {"MASTER_ADDR": r.master[0], "MASTER_PORT": str(r.master[1]), "RANK": str(p.rank), "WORLD_SIZE": world}
+            env |= {
+                "MASTER_ADDR": r.master[0],
+                "MASTER_PORT": str(r.master[1]),
+                "RANK": str(p.rank),
+                "WORLD_SIZE": world,
+            }
             env["LOCAL_RANK"] = "0"  # one GPU visible per rank: its own, as device 0
         return env
 

@@ -89,7 +89,9 @@ class DataConfig(msgspec.Struct, **STRUCT):
         if isinstance(given, str) or len(given) == 1:
             return ((None, given if isinstance(given, str) else given[0]),)
         if len(given) % 2:
-            raise ConfigError(f"--eval-prompt-data {' '.join(given)}: expected one path or 'name path' pairs, got {len(given)} values")
+            raise ConfigError(
+                f"--eval-prompt-data {' '.join(given)}: expected one path or 'name path' pairs, got {len(given)} values"
+            )
         names = given[0::2]
         if len(set(names)) != len(names):
             raise ConfigError(f"--eval-prompt-data: dataset names must be unique, got {list(names)}")

@@ -50,6 +50,8 @@ class DebugConfig(msgspec.Struct, **STRUCT):
             try:
                 ok = template.format(rollout_id=1) != template.format(rollout_id=2)
             except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError(f"{flag}={template!r}: not a path template ({type(exc).__name__}: {exc}); use {{rollout_id}}") from None
+                raise ConfigError(
+                    f"{flag}={template!r}: not a path template ({type(exc).__name__}: {exc}); use {{rollout_id}}"
+                ) from None
             if not ok:
                 raise ConfigError(f"{flag}={template!r}: the path needs {{rollout_id}} (one file per step)")

@@ -33,7 +33,9 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     expert_model_parallel_size: Annotated[int, Range(ge=1)] = 1
     """Expert-parallel ranks (``--expert-model-parallel-size``): an MoE layer's routed experts are
     split evenly over them (must divide ``num_experts``); > 1 only for MoE models."""
-    expert_tensor_parallel_size: Annotated[int, Range(ge=1, note=", or unset (= --tensor-model-parallel-size)")] | None = None
+    expert_tensor_parallel_size: (
+        Annotated[int, Range(ge=1, note=", or unset (= --tensor-model-parallel-size)")] | None
+    ) = None
     """Tensor-parallel ranks inside one expert (``--expert-tensor-parallel-size``): each expert's
     SwiGLU width is split over them. None = ``tensor_model_parallel_size`` (Megatron-LM's default)."""
     moe_token_dispatcher_type: Literal["alltoall", "allgather"] = "alltoall"

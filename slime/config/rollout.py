@@ -54,7 +54,9 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     """Top-k of the engines' sampling (``--rollout-top-k``); -1 = the whole vocabulary."""
     rollout_max_response_len: Annotated[int, Range(ge=1)] = 64
     """Cap on response tokens per sample, partial tokens included (``--rollout-max-response-len``)."""
-    rollout_max_context_len: Annotated[int, Range(ge=2, note="(a prompt token and a response token), or unset")] | None = None
+    rollout_max_context_len: (
+        Annotated[int, Range(ge=2, note="(a prompt token and a response token), or unset")] | None
+    ) = None
     """Cap on prompt + response tokens of a rollout sample (``--rollout-max-context-len``, THUDM/slime's): a
     sample's response cap is ``min(rollout_max_response_len, rollout_max_context_len - prompt tokens)``, and a
     prompt that leaves no room is a bad row at load. None = only the model's context bounds it."""
@@ -96,7 +98,9 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     it replaces the built-in scheduler for the step (``slime.loop.rollout_function``)."""
     custom_rm_path: str | None = None
     """``pkg.module.func`` of an async per-sample reward function (``--custom-rm-path``; one of it and ``--rm-type``)."""
-    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm", "arith", "calc", "chain"] | None = None
+    rm_type: Literal["math", "deepscaler", "dapo", "code", "remote", "remote_rm", "arith", "calc", "chain"] | None = (
+        None
+    )
     """Built-in verifier (``--rm-type``; one of ``--rm-type`` / ``--custom-rm-path``): ``math`` (math-verify
     against the label; ``deepscaler`` and ``dapo``, slime's math rewards, are this verifier), ``code`` (test cases in
     the sandbox), ``remote`` / ``remote_rm`` (POST to ``rm_url``), or a built-in task's reward for prompt files in

@@ -57,7 +57,9 @@ class Config(msgspec.Struct, **STRUCT):
         """What a trainer needs from outside its ``train`` section, as keyword arguments of ``TorchTrainer`` and
         ``MegatronTrainer``: the engines' sampling temperature (its logprobs must match theirs), the staleness
         bound (``build_train_batch``'s check) and the run's seed. Each is read from its one field."""
-        return TrainerKwargs(rollout_temperature=self.rollout.rollout_temperature, max_staleness=self.loop.max_staleness, seed=self.seed)
+        return TrainerKwargs(
+            rollout_temperature=self.rollout.rollout_temperature, max_staleness=self.loop.max_staleness, seed=self.seed
+        )
 
     def validate(self) -> Config:
         """Check every section (its own ``validate``), then the checks across sections. Returns self.
@@ -71,7 +73,8 @@ class Config(msgspec.Struct, **STRUCT):
         require(
             [
                 (
-                    self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size or self.train.loss_type == "sft_loss",
+                    self.loop.over_sampling_batch_size >= self.loop.rollout_batch_size
+                    or self.train.loss_type == "sft_loss",
                     "--over-sampling-batch-size",
                     self.loop.over_sampling_batch_size,
                     f">= --rollout-batch-size ({self.loop.rollout_batch_size})",
@@ -95,7 +98,9 @@ class Config(msgspec.Struct, **STRUCT):
             raise ConfigError("--num-epoch: only with --loss-type sft_loss (RL runs count steps with --num-rollout)")
         self._check_group_size()
         samples = self.loop.rollout_batch_size * self.rollout.n_samples_per_prompt
-        if samples % self.train.global_batch_size != 0 and not self.debug.debug_rollout_only:  # nothing trains in a rollout-only run
+        if (
+            samples % self.train.global_batch_size != 0 and not self.debug.debug_rollout_only
+        ):  # nothing trains in a rollout-only run
             raise ConfigError(
                 f"--global-batch-size={self.train.global_batch_size} must divide --rollout-batch-size x "
                 f"--n-samples-per-prompt = {self.loop.rollout_batch_size} x {self.rollout.n_samples_per_prompt} = {samples}"
@@ -151,7 +156,11 @@ class Config(msgspec.Struct, **STRUCT):
             )
         if d.eval_prompt_data is not None and not no_eval_reward:
             # the default reward is the built-in task's: it would score the user's eval rows, 0 for any other format
-            given = f"--eval-config {d.eval_config}" if d.eval_config is not None else f"--eval-prompt-data {_shown(d.eval_prompt_data)}"
+            given = (
+                f"--eval-config {d.eval_config}"
+                if d.eval_config is not None
+                else f"--eval-prompt-data {_shown(d.eval_prompt_data)}"
+            )
             raise ConfigError(
                 f"{given} needs a reward: the default one, the built-in task's ({d.builtin_task}), scores only that task's "
                 f"format (rows in it: --rm-type {d.builtin_task}); else --rm-type math|code|remote or --custom-rm-path pkg.module.fn"
@@ -196,7 +205,10 @@ class Config(msgspec.Struct, **STRUCT):
                 r.rollout_function_path == SFT_ROLLOUT and t.loss_type != "sft_loss",
                 f"--rollout-function-path={SFT_ROLLOUT} is THUDM/slime's SFT: pass --loss-type sft_loss",
             ),
-            (self.loop.offline_ratio > 0 and d.offline_data is None, f"--offline-ratio={self.loop.offline_ratio} needs --offline-data"),
+            (
+                self.loop.offline_ratio > 0 and d.offline_data is None,
+                f"--offline-ratio={self.loop.offline_ratio} needs --offline-data",
+            ),
             (
                 d.offline_data is not None and self.loop.offline_ratio == 0,
                 "--offline-data needs --offline-ratio > 0 (the fraction of each batch it fills)",
@@ -243,12 +255,18 @@ class Config(msgspec.Struct, **STRUCT):
                 f"--rollout-mode {lp.mode} (or --partial-rollout): the function makes a whole step per call, in sync; drop one of them",
             ),
             (lp.offline_ratio > 0, "--offline-ratio / --offline-data: mix offline samples inside the function instead"),
-            (lp.dynamic_sampling_filter_path is not None, "--dynamic-sampling-filter-path: filter groups inside the function instead"),
+            (
+                lp.dynamic_sampling_filter_path is not None,
+                "--dynamic-sampling-filter-path: filter groups inside the function instead",
+            ),
             (
                 dbg.train_only,
                 "--debug-train-only / --load-debug-rollout-data: a train-only run replays records and calls no rollout function",
             ),
-            (self.train.use_opd, "--use-opd: teacher scoring runs in the built-in scheduler; not with a rollout function yet"),
+            (
+                self.train.use_opd,
+                "--use-opd: teacher scoring runs in the built-in scheduler; not with a rollout function yet",
+            ),
         ]
         for bad, what in problems:
             if bad:
@@ -263,10 +281,18 @@ class Config(msgspec.Struct, **STRUCT):
         """
         d, dbg, r = self.data, self.debug, self.rollout
         problems = [
-            (d.prompt_data is None, "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)"),
-            (d.offline_data is not None, "--offline-data: not used by --loss-type sft_loss (every row of --prompt-data is trained on)"),
             (
-                dbg.debug_rollout_only or dbg.load_debug_rollout_data is not None or dbg.save_debug_rollout_data is not None,
+                d.prompt_data is None,
+                "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)",
+            ),
+            (
+                d.offline_data is not None,
+                "--offline-data: not used by --loss-type sft_loss (every row of --prompt-data is trained on)",
+            ),
+            (
+                dbg.debug_rollout_only
+                or dbg.load_debug_rollout_data is not None
+                or dbg.save_debug_rollout_data is not None,
                 "--debug-rollout-only / --*-debug-rollout-data: not used by --loss-type sft_loss (it generates nothing)",
             ),
             (
@@ -283,7 +309,10 @@ class Config(msgspec.Struct, **STRUCT):
                 "--loss-type sft_loss runs the torch backend for now; --train-backend megatron "
                 "shares its loss (objective.micro_batch_loss) but this driver does not start torchrun ranks",
             ),
-            (self.train.use_opd, "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none"),
+            (
+                self.train.use_opd,
+                "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none",
+            ),
         ]
         for bad, message in problems:
             if bad:
@@ -299,7 +328,8 @@ class Config(msgspec.Struct, **STRUCT):
         ]
         if implied:
             log.info(
-                "%s: implied by --loss-type sft_loss (no engine is launched; it trains on the rows of --prompt-data)", ", ".join(implied)
+                "%s: implied by --loss-type sft_loss (no engine is launched; it trains on the rows of --prompt-data)",
+                ", ".join(implied),
             )
         ignored = [flag for flag, value, default in self._rl_only_flags() if value != default]
         if ignored:
@@ -316,7 +346,11 @@ class Config(msgspec.Struct, **STRUCT):
             ("--rollout-mode / --partial-rollout", self.loop.mode, d.loop.mode),
             ("--over-sampling-batch-size", self.loop.over_sampling_batch_size, d.loop.over_sampling_batch_size),
             ("--n-samples-per-prompt", self.rollout.n_samples_per_prompt, d.rollout.n_samples_per_prompt),
-            ("--custom-generate-function-path", self.rollout.custom_generate_function_path, d.rollout.custom_generate_function_path),
+            (
+                "--custom-generate-function-path",
+                self.rollout.custom_generate_function_path,
+                d.rollout.custom_generate_function_path,
+            ),
             ("--custom-rm-path", self.rollout.custom_rm_path, d.rollout.custom_rm_path),
             ("--rm-type", self.rollout.rm_type, d.rollout.rm_type),
             ("--use-tis", self.train.use_tis, d.train.use_tis),
@@ -326,7 +360,13 @@ class Config(msgspec.Struct, **STRUCT):
             ("--use-kl-loss", self.train.use_kl_loss, d.train.use_kl_loss),
         ]
         if self.loop.num_epoch is not None:
-            pairs.append(("--num-rollout (with --num-epoch, the epochs set the steps)", self.loop.num_rollout, d.loop.num_rollout))
+            pairs.append(
+                (
+                    "--num-rollout (with --num-epoch, the epochs set the steps)",
+                    self.loop.num_rollout,
+                    d.loop.num_rollout,
+                )
+            )
         return pairs
 
 

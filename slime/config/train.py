@@ -53,7 +53,9 @@ class TrainConfig(msgspec.Struct, **STRUCT):
     torch sees one, else the CPU; ``cuda`` fails without one. The megatron backend always trains on
     CUDA (``cpu`` is refused with it)."""
     # Algorithm set and off-policy corrections (slime/train/; flag mapping in slime/cli/args.py).
-    advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae"] = "grpo"
+    advantage_estimator: Literal[
+        "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "gae"
+    ] = "grpo"
     """``--advantage-estimator``: GRPO, GSPO (sequence-level ratio and clip), REINFORCE++ (discounted
     return, batch-whitened), REINFORCE++-baseline (group mean baseline, batch-whitened), or PPO with a
     critic and GAE (``ppo``, slime's name; ``gae`` is the same). See slime/train/advantages.py."""
@@ -185,7 +187,9 @@ class TrainConfig(msgspec.Struct, **STRUCT):
                 ),
             ]
         )
-        if t.use_rollout_logprobs and (t.use_tis or t.mis_level != "none" or t.use_decoupled_ppo or t.loss_type == "sft_loss"):
+        if t.use_rollout_logprobs and (
+            t.use_tis or t.mis_level != "none" or t.use_decoupled_ppo or t.loss_type == "sft_loss"
+        ):
             raise ConfigError(
                 "--use-rollout-logprobs makes the engine's logprobs the old policy, so the rollout/old weight of "
                 "--use-tis / --mis-level / --use-decoupled-ppo would be 1: pick one (and it has no use with --loss-type sft_loss)"

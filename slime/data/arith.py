@@ -84,7 +84,9 @@ def _draw_number(rng: random.Random, max_digits: int) -> int:
     return rng.randint(low, 10**num_digits - 1)
 
 
-def make_problem(rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS) -> tuple[str, str, str]:
+def make_problem(
+    rng: random.Random, *, max_terms: int = MAX_TERMS, max_digits: int = MAX_DIGITS
+) -> tuple[str, str, str]:
     """Draw one problem.
 
     The number of terms is uniform in ``[MIN_TERMS, max_terms]``; each term first draws its digit
@@ -319,7 +321,9 @@ def sample_hf_model(
     return [flat[i * num_samples : (i + 1) * num_samples] for i in range(len(rows))]
 
 
-def score_hf_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[JsonObject], **kwargs: Any) -> list[list[float]]:
+def score_hf_model(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[JsonObject], **kwargs: Any
+) -> list[list[float]]:
     """Scores ``[len(rows)][num_samples]`` (1.0/0.0); keyword arguments as in ``sample_hf_model``."""
     responses = sample_hf_model(model, tokenizer, rows, **kwargs)
     return [[score(text, row["label"]) for text in texts] for texts, row in zip(responses, rows)]

@@ -75,7 +75,9 @@ _ANSWER_RE = re.compile(r"[^#]*#(\d+)")
 _TOOL_RESPONSE_CLOSE = "</tool_response>"
 
 
-def make_problem(rng: random.Random, *, max_factors: int = MAX_FACTORS, max_digits: int = MAX_DIGITS) -> tuple[str, str]:
+def make_problem(
+    rng: random.Random, *, max_factors: int = MAX_FACTORS, max_digits: int = MAX_DIGITS
+) -> tuple[str, str]:
     """Draw one problem: ``(expression, value)``, e.g. ``("347*82*19", "540626")``.
 
     The number of factors is uniform in ``[MIN_FACTORS, max_factors]``; each factor draws its digit

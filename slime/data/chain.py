@@ -96,7 +96,10 @@ def make_problem(
         ``(prompt, label, solution)``, e.g. ``("3+4+8=", "15", "3+4=7;7+8=15;#15")``.
     """
     num_terms = rng.choices(range(MIN_TERMS, max_terms + 1), weights=term_weights(max_terms, alpha))[0]
-    terms = [rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1) for d in (rng.randint(1, max_digits) for _ in range(num_terms))]
+    terms = [
+        rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
+        for d in (rng.randint(1, max_digits) for _ in range(num_terms))
+    ]
     steps, total = [], terms[0]
     for term in terms[1:]:
         steps.append(f"{total}+{term}={total + term};")

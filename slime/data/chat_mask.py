@@ -56,7 +56,13 @@ from slime.types import JsonObject
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["TemplateError", "has_generation_blocks", "assistant_char_spans", "special_token_texts", "render_with_assistant_mask"]
+__all__ = [
+    "TemplateError",
+    "has_generation_blocks",
+    "assistant_char_spans",
+    "special_token_texts",
+    "render_with_assistant_mask",
+]
 
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -171,7 +177,9 @@ def render_with_assistant_mask(
         )
     tools = tools or None
     if has_generation_blocks(template):
-        out = _apply(tokenizer, messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        out = _apply(
+            tokenizer, messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
     if not getattr(tokenizer, "is_fast", False):
         raise TemplateError(

@@ -160,7 +160,9 @@ class RowScan(Generic[T]):
         Stopped: the run was asked to stop.
     """
 
-    def __init__(self, path: str | Path, parse: Callable[[Any, int], T], *, on_bad_data: Literal["skip", "fail"], flag: str):
+    def __init__(
+        self, path: str | Path, parse: Callable[[Any, int], T], *, on_bad_data: Literal["skip", "fail"], flag: str
+    ):
         self.path, self.parse, self.on_bad_data, self.flag = Path(path), parse, on_bad_data, flag
         self.num_bad = 0
 
@@ -184,7 +186,9 @@ class RowScan(Generic[T]):
             except ValueError as exc:
                 msg = f"{where}: {exc}"
                 if self.on_bad_data == "fail":
-                    raise DataError(msg + f" (use --on-bad-data skip to skip bad {'rows' if parquet else 'lines'})") from None
+                    raise DataError(
+                        msg + f" (use --on-bad-data skip to skip bad {'rows' if parquet else 'lines'})"
+                    ) from None
                 log.warning("skipping bad row %s", msg)
                 self.num_bad += 1
                 continue
@@ -192,7 +196,9 @@ class RowScan(Generic[T]):
             yield item, offset
         if not num_good:
             bad = self.num_bad
-            what = f"all {bad} {'rows' if parquet else 'non-blank lines'} are bad" if bad else "the file is empty or blank"
+            what = (
+                f"all {bad} {'rows' if parquet else 'non-blank lines'} are bad" if bad else "the file is empty or blank"
+            )
             raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
 
 
@@ -240,13 +246,19 @@ def parse_prompt_row(
     prompt, messages = obj[input_key], None
     if isinstance(prompt, list) and apply_chat_template:
         messages = messages_of(prompt, input_key)
-        prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user" and isinstance(m.get("content"), str)), "")
+        prompt = next(
+            (m["content"] for m in reversed(messages) if m["role"] == "user" and isinstance(m.get("content"), str)), ""
+        )
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
-        raise ValueError(f"key {input_key!r} (--input-key) is a list of chat messages; render it with --apply-chat-template")
+        raise ValueError(
+            f"key {input_key!r} (--input-key) is a list of chat messages; render it with --apply-chat-template"
+        )
     elif isinstance(prompt, list):
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {describe_list(prompt)}")
     elif not isinstance(prompt, str):
-        raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {short(prompt)}")
+        raise ValueError(
+            f"key {input_key!r} (--input-key) must be a non-empty string, got {type(prompt).__name__} {short(prompt)}"
+        )
     elif not prompt.strip():
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got the blank string {prompt!r}")
     label = None
@@ -256,13 +268,17 @@ def parse_prompt_row(
     if require_label and label_key is None:  # the run's setup, not this row: ConfigError is not skipped
         raise ConfigError("the reward reads each sample's label (needs_label) but --label-key is unset")
     if require_label and (label is None or not label.strip()):
-        state = f"missing (keys present: {sorted(obj)})" if label_key not in obj else "null" if label is None else "blank"
+        state = (
+            f"missing (keys present: {sorted(obj)})" if label_key not in obj else "null" if label is None else "blank"
+        )
         raise ValueError(f"key {label_key!r} (--label-key) is {state}; the reward needs a reference answer")
     metadata: dict[str, Any] = {}
     if metadata_key is not None and obj.get(metadata_key) is not None:
         metadata = obj[metadata_key]
         if not isinstance(metadata, dict):
-            raise ValueError(f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {short(metadata)}")
+            raise ValueError(
+                f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {short(metadata)}"
+            )
     tools = tools_of(obj.get(tool_key), tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
     difficulty = None
     if curriculum_key is not None:
@@ -272,7 +288,15 @@ def parse_prompt_row(
                 f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {short(difficulty)}"
             )
         difficulty = float(difficulty)
-    return PromptRow(index=index, prompt=prompt, label=label, metadata=metadata, messages=messages, tools=tools, difficulty=difficulty)
+    return PromptRow(
+        index=index,
+        prompt=prompt,
+        label=label,
+        metadata=metadata,
+        messages=messages,
+        tools=tools,
+        difficulty=difficulty,
+    )
 
 
 def prompt_input(row: PromptRow) -> str | list[JsonObject]:
@@ -316,7 +340,9 @@ def prompt_length_check(
             return
         num_tokens = len(tokenize_row(tokenize, row))
         if max_prompt_len is not None and num_tokens > max_prompt_len:
-            raise ValueError(f"the prompt renders to {num_tokens} tokens, over --rollout-max-prompt-len {max_prompt_len}")
+            raise ValueError(
+                f"the prompt renders to {num_tokens} tokens, over --rollout-max-prompt-len {max_prompt_len}"
+            )
         if max_len is not None and num_tokens >= max_len:
             raise ValueError(
                 f"the prompt renders to {num_tokens} tokens, {context} of {max_len} ({source}) leaves no room for a response; shorten it"

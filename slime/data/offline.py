@@ -116,8 +116,12 @@ def _offline_sample(obj: JsonObject, encode: Callable[[str], list[int]]) -> Offl
         raise ValueError(f"'response' {response!r:.60} encodes to no tokens")
     logprobs = obj.get("logprobs")
     if logprobs is not None:
-        if not isinstance(logprobs, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in logprobs):
-            raise ValueError(f"key 'logprobs' must be a list of numbers, got {type(logprobs).__name__} {logprobs!r:.60}")
+        if not isinstance(logprobs, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in logprobs
+        ):
+            raise ValueError(
+                f"key 'logprobs' must be a list of numbers, got {type(logprobs).__name__} {logprobs!r:.60}"
+            )
         if len(logprobs) != len(ids):
             raise ValueError(f"key 'logprobs' has {len(logprobs)} values for the {len(ids)} tokens of 'response'")
         logprobs = [float(x) for x in logprobs]
@@ -155,7 +159,11 @@ def _groups_of(
                 raise DataError(msg + " (use --on-bad-data skip to skip such groups)")
             log.warning("skipping offline group: %s", msg)
             continue
-        groups.append(OfflineGroup(index=len(groups), row=row, prompt_ids=tokenize_row(tokenize, row), samples=[s for _, s in members]))
+        groups.append(
+            OfflineGroup(
+                index=len(groups), row=row, prompt_ids=tokenize_row(tokenize, row), samples=[s for _, s in members]
+            )
+        )
     if not groups:
         raise DataError(f"{path}: no usable offline groups (--offline-data)")
     return groups
@@ -187,7 +195,10 @@ class OfflineSource:
                 reward=s.reward,
             )
             sample.append(
-                s.response_ids, s.logprobs if s.logprobs is not None else [0.0] * len(s.response_ids), OFFLINE_VERSION, trainable=True
+                s.response_ids,
+                s.logprobs if s.logprobs is not None else [0.0] * len(s.response_ids),
+                OFFLINE_VERSION,
+                trainable=True,
             )
             sample.status = Status.COMPLETED
             samples.append(sample)

@@ -27,7 +27,9 @@ def messages_of(value: list[Any], key: str) -> list[JsonObject]:
         )
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ValueError(f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {short(m)}")
+            raise ValueError(
+                f"key {key!r} (--input-key): message {i} must be an object with a string 'role', got {short(m)}"
+            )
         for j, call in enumerate(m.get("tool_calls") or []):
             _check_tool_call(call, f"key {key!r} (--input-key): message {i} tool_calls[{j}]")
     return [dict(m) for m in value]
@@ -47,7 +49,9 @@ def tools_of(value: object, key: str) -> list[JsonObject]:
         raise ValueError(f"key {key!r} (--tool-key) must be a list of tools, got {type(value).__name__} {short(value)}")
     for i, tool in enumerate(value):
         _function_of(
-            tool, f"key {key!r} (--tool-key): tool {i}", "{'type': 'function', 'function': {'name': ...}} (OpenAI function schema)"
+            tool,
+            f"key {key!r} (--tool-key): tool {i}",
+            "{'type': 'function', 'function': {'name': ...}} (OpenAI function schema)",
         )
     return value
 
@@ -70,7 +74,15 @@ def _json_if_string(value: object, what: str) -> Any:
         raise ValueError(f"{what} is a string but not JSON ({exc}): {short(value)}") from None
 
 
-_JSON_KINDS = {str: "string", int: "number", float: "number", bool: "boolean", dict: "object", list: "list", type(None): "null"}
+_JSON_KINDS = {
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "list",
+    type(None): "null",
+}
 
 
 def describe_list(value: list[object]) -> str:

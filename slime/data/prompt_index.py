@@ -40,7 +40,9 @@ class PromptIndex(Sequence[PromptRow]):
         difficulties: each row's ``--curriculum-key`` value, or None (``PromptSource`` sorts by it).
     """
 
-    def __init__(self, path: Path, offsets: array.array, parse: Callable[[Any, int], PromptRow], difficulties: array.array | None):
+    def __init__(
+        self, path: Path, offsets: array.array, parse: Callable[[Any, int], PromptRow], difficulties: array.array | None
+    ):
         self.path, self.offsets, self.parse, self.difficulties = path, offsets, parse, difficulties
         self._stamp = _stamp(path)
         self._decoder = msgspec.json.Decoder()
@@ -62,7 +64,9 @@ class PromptIndex(Sequence[PromptRow]):
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} of {len(self)}")
         if _stamp(self.path) != self._stamp:
-            raise DataError(f"{self.path}: changed since the run loaded it (size or modification time); restore it or start again")
+            raise DataError(
+                f"{self.path}: changed since the run loaded it (size or modification time); restore it or start again"
+            )
         obj = decode_line(self._decoder, read_line_at(self.path, self.offsets[i]))
         if isinstance(obj, ValueError):  # checked at load: only a changed file gets here
             raise DataError(f"{self.path}: row {i} no longer parses ({obj})")

@@ -48,7 +48,15 @@ from slime.types import Group, Sample, Status
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["RESPONSE_KEY", "SFTExample", "model_context_len", "parse_sft_row", "tokenize_plain", "load_sft_file", "to_group"]
+__all__ = [
+    "RESPONSE_KEY",
+    "SFTExample",
+    "model_context_len",
+    "parse_sft_row",
+    "tokenize_plain",
+    "load_sft_file",
+    "to_group",
+]
 
 RESPONSE_KEY = "response"
 """Key of the target text of a plain (prompt/response) SFT row."""
@@ -76,7 +84,9 @@ class SFTExample(msgspec.Struct, frozen=True):
 def tokenize_plain(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> tuple[list[int], list[int]]:
     """Ids and mask of a plain row (module docstring). Raises ValueError if the tokenizer has no EOS."""
     if tokenizer.eos_token_id is None:
-        raise ValueError("plain prompt/response SFT rows need a tokenizer with an EOS token (appended to each response)")
+        raise ValueError(
+            "plain prompt/response SFT rows need a tokenizer with an EOS token (appended to each response)"
+        )
     prompt_ids = list(tokenizer.encode(prompt))
     response_ids = list(tokenizer.encode(response, add_special_tokens=False))
     if not response_ids or response_ids[-1] != tokenizer.eos_token_id:
@@ -122,7 +132,9 @@ def parse_sft_row(
     if isinstance(value, list):
         messages = messages_of(value, input_key)
         if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"key {input_key!r}: no assistant message to train on (roles: {[m['role'] for m in messages]})")
+            raise ValueError(
+                f"key {input_key!r}: no assistant message to train on (roles: {[m['role'] for m in messages]})"
+            )
         tools = tools_of(obj[tool_key], tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
         ids, mask = render_with_assistant_mask(tokenizer, messages, tools)
     elif isinstance(value, str) and value:
@@ -172,7 +184,9 @@ def load_sft_file(
     """
     return read_rows(
         path,
-        lambda obj, i: parse_sft_row(obj, i, tokenizer=tokenizer, input_key=input_key, tool_key=tool_key, max_len=max_len),
+        lambda obj, i: parse_sft_row(
+            obj, i, tokenizer=tokenizer, input_key=input_key, tool_key=tool_key, max_len=max_len
+        ),
         on_bad_data=on_bad_data,
         flag=flag,
     )
@@ -181,7 +195,9 @@ def load_sft_file(
 def to_group(example: SFTExample, *, group_id: int, policy_version: int) -> Group:
     """One ``Group`` of one ``Sample`` holding ``example`` (module docstring), ready for ``train_step``."""
     p = example.num_prompt_tokens
-    sample = Sample(prompt_ids=example.input_ids[:p], group_id=group_id, index=0, reward=0.0, metadata={"sft_index": example.index})
+    sample = Sample(
+        prompt_ids=example.input_ids[:p], group_id=group_id, index=0, reward=0.0, metadata={"sft_index": example.index}
+    )
     ids, mask = example.input_ids[p:], example.loss_mask[p:]
     start = 0
     for k in range(1, len(ids) + 1):

@@ -13,7 +13,12 @@ __all__ = ["split_stream"]
 
 
 def split_stream(
-    task: str, make_problem: Callable[..., tuple], split_of: Callable[[str], str], seed: int, split: str, **kwargs: float
+    task: str,
+    make_problem: Callable[..., tuple],
+    split_of: Callable[[str], str],
+    seed: int,
+    split: str,
+    **kwargs: float,
 ) -> Iterator[tuple]:
     """Endless stream of ``make_problem(rng, **kwargs)`` results whose prompt (item 0) belongs to ``split``
     (``kwargs``: the task's numeric knobs, e.g. ``max_terms``, ``max_digits``, ``alpha``).

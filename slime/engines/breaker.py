@@ -46,7 +46,12 @@ class CircuitBreaker:
     """
 
     def __init__(
-        self, *, failure_threshold: int, cooldown_s: float, max_cooldown_s: float | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        failure_threshold: int,
+        cooldown_s: float,
+        max_cooldown_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         if failure_threshold < 1:
             raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")

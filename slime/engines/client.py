@@ -91,14 +91,20 @@ class EngineClient:
             EngineUnavailable / EngineTimeout (``timeout_s``) / EngineRequestError / ProtocolError.
         """
         if sampling_params.get("n", 1) != 1:
-            raise ValueError(f"sampling_params['n']={sampling_params['n']!r}: send one request per sample (n must be 1)")
+            raise ValueError(
+                f"sampling_params['n']={sampling_params['n']!r}: send one request per sample (n must be 1)"
+            )
         payload = build_generate_payload(
             input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len
         )
         self.num_inflight += 1
         try:
             reply = await self._http.send(
-                "POST", "/generate", body=payload, timeout_s=timeout_s or self.config.request_timeout_s, extra_headers=headers
+                "POST",
+                "/generate",
+                body=payload,
+                timeout_s=timeout_s or self.config.request_timeout_s,
+                extra_headers=headers,
             )
         finally:
             self.num_inflight -= 1
@@ -117,7 +123,10 @@ class EngineClient:
         results = parse_generate_response(reply.body, url=self.url, return_logprob=return_logprob)
         if len(results) != 1:
             raise ProtocolError(
-                f"expected one result for one prompt, got {len(results)}", url=self.url, endpoint="/generate", status=reply.status
+                f"expected one result for one prompt, got {len(results)}",
+                url=self.url,
+                endpoint="/generate",
+                status=reply.status,
             )
         return results[0]
 
@@ -219,7 +228,9 @@ class EngineClient:
 
     async def destroy_weights_update_group(self, group_name: str, *, timeout_s: float | None = None) -> JsonObject:
         """``POST /destroy_weights_update_group {"group_name"}`` (docs/sglang.md#update-weights-from-distributed, 0.5.6+)."""
-        return await self._http.call("POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s=timeout_s)
+        return await self._http.call(
+            "POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s=timeout_s
+        )
 
     async def update_weights_from_distributed(
         self,
@@ -339,7 +350,9 @@ class EngineClient:
         while (left := deadline - time.monotonic()) > 0:
             num_probes += 1
             try:
-                reply = await self._http.send("GET", "/health_generate", timeout_s=min(left, self.config.control_timeout_s))
+                reply = await self._http.send(
+                    "GET", "/health_generate", timeout_s=min(left, self.config.control_timeout_s)
+                )
             except EngineUnavailable as exc:
                 last = f"unreachable ({exc.engine_message})"
             except EngineTimeout:
@@ -354,7 +367,11 @@ class EngineClient:
             await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, _READY_POLL_MAX_S)
         cls = EngineTimeout if reached else EngineUnavailable
-        raise cls(f"not ready after {timeout_s}s ({num_probes} probes; last: {last})", url=self.url, endpoint="/health_generate")
+        raise cls(
+            f"not ready after {timeout_s}s ({num_probes} probes; last: {last})",
+            url=self.url,
+            endpoint="/health_generate",
+        )
 
     async def model_info(self) -> JsonObject:
         """``GET /model_info`` (0.5.6+), falling back to ``/get_model_info`` on 404 (docs/sglang.md#model-info).

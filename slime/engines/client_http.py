@@ -76,7 +76,9 @@ class EngineHttp:
         url = self.url
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._session.request(method, url + endpoint, data=data, headers=headers, timeout=client_timeout) as resp:
+                async with self._session.request(
+                    method, url + endpoint, data=data, headers=headers, timeout=client_timeout
+                ) as resp:
                     return Reply(resp.status, resp.content_type, await resp.read())
         except aiohttp.ConnectionTimeoutError as exc:
             raise EngineUnavailable(
@@ -89,7 +91,9 @@ class EngineHttp:
                 f"connection failed: {type(exc).__name__}: {exc}", engine_message=str(exc), url=url, endpoint=endpoint
             ) from exc
         except aiohttp.ClientResponseError as exc:  # malformed HTTP from the peer
-            raise ProtocolError(f"bad HTTP response: {exc}", engine_message=str(exc), url=url, endpoint=endpoint) from exc
+            raise ProtocolError(
+                f"bad HTTP response: {exc}", engine_message=str(exc), url=url, endpoint=endpoint
+            ) from exc
 
     def raise_for_status(self, reply: Reply, endpoint: str) -> None:
         """Raise for a 4xx (``EngineRequestError``) or 5xx (``EngineUnavailable``) with the engine's message."""
@@ -107,25 +111,44 @@ class EngineHttp:
             decoded: object = msgspec.json.decode(reply.body)
         except msgspec.DecodeError as exc:
             raise ProtocolError(
-                f"undecodable JSON body ({exc}): {reply.text[:300]!r}", url=self.url, endpoint=endpoint, status=reply.status
+                f"undecodable JSON body ({exc}): {reply.text[:300]!r}",
+                url=self.url,
+                endpoint=endpoint,
+                status=reply.status,
             ) from exc
         return decoded
 
     async def call(
-        self, method: str, endpoint: str, body: object = None, *, timeout_s: float | None = None, raw: bytes | None = None
+        self,
+        method: str,
+        endpoint: str,
+        body: object = None,
+        *,
+        timeout_s: float | None = None,
+        raw: bytes | None = None,
     ) -> Any:  # the engine's JSON as decoded, of whatever shape it sent (None for an empty body)
         """Control call: JSON (or ``raw`` bytes) in, JSON out; 4xx/5xx and ``"success": false`` raise
         (docs/sglang.md#errors). ``timeout_s`` None: ``control_timeout_s``."""
-        reply = await self.send(method, endpoint, body=body, timeout_s=timeout_s or self.config.control_timeout_s, raw=raw)
+        reply = await self.send(
+            method, endpoint, body=body, timeout_s=timeout_s or self.config.control_timeout_s, raw=raw
+        )
         self.raise_for_status(reply, endpoint)
         result = self.decode_json(reply, endpoint)
         if isinstance(result, dict) and result.get("success") is False:
             message = error_message_from_body(reply.status, reply.content_type, reply.text)
-            raise EngineRequestError(message, url=self.url, endpoint=endpoint, status=reply.status, engine_message=message)
+            raise EngineRequestError(
+                message, url=self.url, endpoint=endpoint, status=reply.status, engine_message=message
+            )
         return result
 
     async def call_object(
-        self, method: str, endpoint: str, body: object = None, *, timeout_s: float | None = None, raw: bytes | None = None
+        self,
+        method: str,
+        endpoint: str,
+        body: object = None,
+        *,
+        timeout_s: float | None = None,
+        raw: bytes | None = None,
     ) -> JsonObject:
         """``call`` whose answer must be a JSON object.
 
@@ -134,7 +157,9 @@ class EngineHttp:
         """
         result = await self.call(method, endpoint, body, timeout_s=timeout_s, raw=raw)
         if not isinstance(result, dict):
-            raise ProtocolError(f"expected a JSON object, got {type(result).__name__}", url=self.url, endpoint=endpoint, status=200)
+            raise ProtocolError(
+                f"expected a JSON object, got {type(result).__name__}", url=self.url, endpoint=endpoint, status=200
+            )
         return result
 
     async def get_with_fallback(self, endpoint: str, legacy: str) -> JsonObject:

@@ -92,7 +92,9 @@ class HttpEnginePool:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
         )
         self._closed = False
-        self._router = EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
+        self._router = (
+            EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
+        )
         self._abort = AbortSignal()
         self._attempts = Attempts(config, abort_rid=self._abort_rid)
         cooldown_s = breaker_cooldown_s or max(config.retry_backoff_s * 2**config.max_retries, 1e-3)
@@ -104,7 +106,12 @@ class HttpEnginePool:
         )
         self._control = PoolControl(self._workers, abort=self._abort, check_open=self._check_open, weights=weights)
         self._dispatch = Dispatch(
-            config, self._workers, self._attempts, abort=self._abort, router=self._router, note_cache_hit=self._control.note_cache_hit
+            config,
+            self._workers,
+            self._attempts,
+            abort=self._abort,
+            router=self._router,
+            note_cache_hit=self._control.note_cache_hit,
         )
         for url in urls:
             self.add_engine(url)
@@ -221,7 +228,9 @@ class HttpEnginePool:
                 self._workers.take_out(url, f"generate requests given up: {reason}")
         return urls
 
-    async def wait_ready(self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = "") -> None:
+    async def wait_ready(
+        self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = ""
+    ) -> None:
         """Wait until every worker answers ``/health_generate`` 200 (``PoolControl.wait_ready``, which says
         what ``refused_grace_s`` does and what raises)."""
         await self._control.wait_ready(timeout_s, refused_grace_s=refused_grace_s, refused_hint=refused_hint)
@@ -389,7 +398,12 @@ class HttpEnginePool:
         """
         self._check_open()
         return await self._dispatch.generate(
-            input_ids, sampling_params, rid=rid, return_logprob=return_logprob, sticky_key=sticky_key, logprob_start_len=logprob_start_len
+            input_ids,
+            sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            sticky_key=sticky_key,
+            logprob_start_len=logprob_start_len,
         )
 
     async def _abort_rid(self, client: EngineClient, rid: str) -> None:

@@ -53,7 +53,9 @@ class PoolControl:
         weights: ``(model_path, weight_version)`` the workers hold at start.
     """
 
-    def __init__(self, workers: Workers, *, abort: AbortSignal, check_open: Callable[[], None], weights: tuple[str, str] | None):
+    def __init__(
+        self, workers: Workers, *, abort: AbortSignal, check_open: Callable[[], None], weights: tuple[str, str] | None
+    ):
         self._workers = workers
         self._abort = abort
         self._check_open = check_open
@@ -100,7 +102,9 @@ class PoolControl:
             raise await _failure(what, failed, len(clients), name_dead=on_unreachable != "raise")
         return {c.url: o for c, o in zip(clients, outcomes) if not isinstance(o, BaseException)}
 
-    def _failure_kept(self, what: str, client: EngineClient, exc: BaseException, on_unreachable: OnUnreachable) -> EngineError | None:
+    def _failure_kept(
+        self, what: str, client: EngineClient, exc: BaseException, on_unreachable: OnUnreachable
+    ) -> EngineError | None:
         """``exc`` if ``client``'s failure is raised, None if it is skipped (after its breaker or rotation hears of it).
 
         Raises:
@@ -126,7 +130,9 @@ class PoolControl:
     async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, None]:
         """Every worker pauses (docs/sglang.md#pause); a worker that rejoins before ``continue_generation`` is paused too."""
         self.paused_mode = mode
-        return await self.fan_out(f"pause_generation({mode})", lambda c: c.pause_generation(mode), on_unreachable="skip")
+        return await self.fan_out(
+            f"pause_generation({mode})", lambda c: c.pause_generation(mode), on_unreachable="skip"
+        )
 
     async def continue_generation(self) -> dict[str, None]:
         self.paused_mode = None
@@ -146,7 +152,10 @@ class PoolControl:
             out = await self.fan_out(
                 f"update_weights_from_disk({model_path!r}, weight_version={weight_version!r})",
                 lambda c: c.update_weights_from_disk(
-                    model_path, weight_version=weight_version, abort_all_requests=abort_all_requests, flush_cache=flush_cache
+                    model_path,
+                    weight_version=weight_version,
+                    abort_all_requests=abort_all_requests,
+                    flush_cache=flush_cache,
                 ),
                 on_unreachable="take_out",
             )
@@ -233,12 +242,16 @@ class PoolControl:
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
         """Every worker frees ``tags`` (None = all) for a colocated trainer (docs/sglang.md#memory); workers must be idle."""
         self.memory_released = True
-        return await self.fan_out("release_memory_occupation", lambda c: c.release_memory_occupation(tags), on_unreachable="skip")
+        return await self.fan_out(
+            "release_memory_occupation", lambda c: c.release_memory_occupation(tags), on_unreachable="skip"
+        )
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
         """Every worker re-maps ``tags`` (docs/sglang.md#memory); released weights must be synced again afterwards."""
         self.memory_released = False
-        return await self.fan_out("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip")
+        return await self.fan_out(
+            "resume_memory_occupation", lambda c: c.resume_memory_occupation(tags), on_unreachable="skip"
+        )
 
     async def flush_cache(self) -> dict[str, bool]:
         """``{url: flushed}``; False where the worker was busy (docs/sglang.md#flush-cache). When every worker flushed, their
@@ -295,7 +308,9 @@ class PoolControl:
         path, version = self.weights
         await client.update_weights_from_disk(path, weight_version=version, abort_all_requests=True)
 
-    async def wait_ready(self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = "") -> None:
+    async def wait_ready(
+        self, timeout_s: float, *, refused_grace_s: float | None = None, refused_hint: str = ""
+    ) -> None:
         """Wait until every worker (in rotation or not) answers ``/health_generate`` 200 and close their breakers.
 
         ``refused_grace_s``: for workers nobody here launched (external addresses): when every one of
@@ -313,12 +328,16 @@ class PoolControl:
         if refused_grace_s is None or refused_grace_s >= timeout_s:
             await ready
         else:
-            await wait_unless_refused(ready, [c.url for c in clients], refused_grace_s, endpoint="/health_generate", hint=refused_hint)
+            await wait_unless_refused(
+                ready, [c.url for c in clients], refused_grace_s, endpoint="/health_generate", hint=refused_hint
+            )
         for c in clients:
             self._workers.record_success(c.url)
 
 
-async def _failure(what: str, failed: list[tuple[EngineClient, EngineError]], num_clients: int, *, name_dead: bool) -> EngineError:
+async def _failure(
+    what: str, failed: list[tuple[EngineClient, EngineError]], num_clients: int, *, name_dead: bool
+) -> EngineError:
     """One error naming every failed engine, of the failures' common class (else ``EngineError``).
     ``name_dead``: during the run (not at start) a killed engine is named dead, not by whatever call noticed it first."""
     first = failed[0][1]

@@ -31,7 +31,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from slime.config import RolloutConfig
 from slime.engines.client import EngineClient
-from slime.engines.pool_timeouts import AbortSignal, AbortWatch, Attempts, aborted_result, counts_against_engine, may_still_run
+from slime.engines.pool_timeouts import (
+    AbortSignal,
+    AbortWatch,
+    Attempts,
+    aborted_result,
+    counts_against_engine,
+    may_still_run,
+)
 from slime.engines.pool_workers import PoolEngine, Workers, failure_text
 from slime.engines.protocol import GenerateResult
 from slime.errors import EngineError, EngineTimeout, EngineUnavailable
@@ -102,7 +109,9 @@ class Dispatch:
         abort = self._abort.watch()
         tried: list[str] = []
         last: EngineError | None = None
-        resend_as = rid  # a retry after an attempt that may still run on its engine gets a new rid (SGLang refuses a duplicate)
+        resend_as = (
+            rid  # a retry after an attempt that may still run on its engine gets a new rid (SGLang refuses a duplicate)
+        )
         for attempt in range(self.config.max_retries + 1):
             if attempt:
                 await abort.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))

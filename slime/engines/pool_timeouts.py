@@ -185,7 +185,9 @@ class Attempts:
                 if task is not None and not task.done():
                     task.cancel()
 
-    def _answered(self, client: EngineClient, rid: str | None, result: GenerateResult, *, aborted: bool) -> GenerateResult:
+    def _answered(
+        self, client: EngineClient, rid: str | None, result: GenerateResult, *, aborted: bool
+    ) -> GenerateResult:
         """The engine's answer; one it gave to our abort at ``request_timeout_s`` must hold a token."""
         if not aborted:
             return result
@@ -221,11 +223,17 @@ class Attempts:
         counting it against ``--max-retries``): its engine left rotation for ``reason``."""
         for give_up, (where, _) in list(self._inflight.items()):
             if where == url and not give_up.done():
-                give_up.set_exception(LeftRotation(f"left rotation while the request ran: {reason}", url=url, endpoint="/generate"))
+                give_up.set_exception(
+                    LeftRotation(f"left rotation while the request ran: {reason}", url=url, endpoint="/generate")
+                )
 
 
 def aborted_result(rid: str | None, message: str) -> GenerateResult:
     """What SGLang answers for a request aborted in its waiting queue (docs/sglang.md#abort, case B): no tokens, abort."""
     return GenerateResult(
-        output_ids=[], output_logprobs=[], finish_reason=FinishReason(type="abort", message=message), completion_tokens=0, rid=rid or ""
+        output_ids=[],
+        output_logprobs=[],
+        finish_reason=FinishReason(type="abort", message=message),
+        completion_tokens=0,
+        rid=rid or "",
     )

@@ -100,7 +100,12 @@ class Workers:
     """
 
     def __init__(
-        self, *, failure_threshold: int, breaker_cooldown_s: float, rejoin_timeout_s: float, end_attempts: Callable[[str, str], None]
+        self,
+        *,
+        failure_threshold: int,
+        breaker_cooldown_s: float,
+        rejoin_timeout_s: float,
+        end_attempts: Callable[[str, str], None],
     ):
         self.failure_threshold = failure_threshold
         self.breaker_cooldown_s = breaker_cooldown_s
@@ -112,7 +117,9 @@ class Workers:
         self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._rotation_event = asyncio.Event()
         self._outage_logged = False
-        self._diagnosis: asyncio.Future[tuple[str, dict[str, str]]] | None = None  # why every engine is out (``engines_gone``)
+        self._diagnosis: asyncio.Future[tuple[str, dict[str, str]]] | None = (
+            None  # why every engine is out (``engines_gone``)
+        )
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -177,7 +184,9 @@ class Workers:
                 return engine
         candidates = [e for e in rotation if e.client.url not in tried] or rotation
         candidates = [e for e in candidates if e.breaker.available()] or candidates
-        return min(candidates, key=lambda e: (e.breaker.num_consecutive_failures > 0, e.client.num_inflight, e.num_picks))
+        return min(
+            candidates, key=lambda e: (e.breaker.num_consecutive_failures > 0, e.client.num_inflight, e.num_picks)
+        )
 
     async def pick_or_wait(self, sticky_key: str | None, tried: set[str], abort: AbortWatch) -> PoolEngine | None:
         """A worker to try; None if ``abort_all`` came while waiting for one to rejoin.
@@ -193,7 +202,9 @@ class Workers:
                 raise await self.engines_gone(self.rejoin_timeout_s)
             if not self._outage_logged:  # once per outage: a wait is never silent, nor one line per request
                 self._outage_logged = True
-                log.warning("no engine in rotation: waiting up to %.0fs for one to come back (%s)", left, self._out_summary())
+                log.warning(
+                    "no engine in rotation: waiting up to %.0fs for one to come back (%s)", left, self._out_summary()
+                )
             await abort.sleep(left, wake=self._rotation_event)
             if abort.fired:
                 return None
@@ -207,7 +218,9 @@ class Workers:
             self._sticky.popitem(last=False)
 
     def _out_summary(self) -> str:
-        return "; ".join(f"{e.client.url}: {e.out_reason or e.last_failure or 'breaker open'}" for e in self._engines.values())
+        return "; ".join(
+            f"{e.client.url}: {e.out_reason or e.last_failure or 'breaker open'}" for e in self._engines.values()
+        )
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -301,8 +314,12 @@ class Workers:
 
     async def _why_out(self, engine: PoolEngine) -> str:
         if await refuses_connections(engine.client.url):
-            return "dead (connection refused: nothing listens there)" + (f"; {_cut(engine.cause)}" if engine.cause else "")
-        reason = engine.cause or engine.last_failure or engine.out_reason or f"circuit breaker {engine.breaker.state.value}"
+            return "dead (connection refused: nothing listens there)" + (
+                f"; {_cut(engine.cause)}" if engine.cause else ""
+            )
+        reason = (
+            engine.cause or engine.last_failure or engine.out_reason or f"circuit breaker {engine.breaker.state.value}"
+        )
         return f"{_cut(reason)} (no successful answer for {time.monotonic() - engine.answered_at:.0f}s)"
 
 

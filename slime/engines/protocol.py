@@ -212,7 +212,9 @@ def build_generate_payload(
         payload["rid"] = rid
     if logprob_start_len is not None:
         if not return_logprob or type(logprob_start_len) is not int or not 0 <= logprob_start_len < len(ids):
-            raise ValueError(f"logprob_start_len={logprob_start_len!r} needs return_logprob=True and 0 <= it < len(input_ids)={len(ids)}")
+            raise ValueError(
+                f"logprob_start_len={logprob_start_len!r} needs return_logprob=True and 0 <= it < len(input_ids)={len(ids)}"
+            )
         payload["logprob_start_len"] = logprob_start_len
     return payload
 
@@ -290,7 +292,9 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
         output_logprobs=logprobs,
         finish_reason=meta.finish_reason,
         weight_version=meta.weight_version,
-        token_weight_versions=None if meta.weight_versions is None else _expand_spans(meta.weight_versions, len(output_ids), fail),
+        token_weight_versions=None
+        if meta.weight_versions is None
+        else _expand_spans(meta.weight_versions, len(output_ids), fail),
         prompt_tokens=meta.prompt_tokens,
         completion_tokens=len(output_ids) if meta.completion_tokens is None else meta.completion_tokens,
         cached_tokens=meta.cached_tokens,

@@ -57,7 +57,9 @@ class RouterClient(EngineClient):
         rows = body.get(key) if isinstance(body, dict) else None
         if not isinstance(rows, list):
             raise ProtocolError(
-                f"expected {{{key!r}: [...]}} from the worker listing, got {str(body)[:200]!r}", url=self.url, endpoint=f"/{key}"
+                f"expected {{{key!r}: [...]}} from the worker listing, got {str(body)[:200]!r}",
+                url=self.url,
+                endpoint=f"/{key}",
             )
         workers = [{"url": r} if isinstance(r, str) else r for r in rows]
         if not all(isinstance(w, dict) and isinstance(w.get("url"), str) for w in workers):

@@ -82,7 +82,9 @@ async def megatron_rank_served(train: TrainConfig, plan: RunPlan, *, resumes: bo
     from slime.train.megatron.trainer import serve_if_worker
 
     if resumes:
-        raise ConfigError("--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet")
+        raise ConfigError(
+            "--save-interval / --load: checkpoint and resume are not implemented for --train-backend megatron yet"
+        )
     train_cfg = msgspec.structs.replace(train, ref_load=train.ref_load or plan.base_model)
     return await asyncio.to_thread(serve_if_worker, train_cfg, model_dir=plan.base_model, **kwargs)
 
@@ -91,7 +93,12 @@ def resumed_version(files: RunFiles) -> PolicyVersion:
     """The run's ``PolicyVersion``: the checkpoint's on a resume (logged), else 0."""
     if files.resume is None:
         return PolicyVersion(0)
-    log.info("resuming from %s (step %d, policy version %d)", files.checkpoint, files.resume.step, files.resume.policy_version)
+    log.info(
+        "resuming from %s (step %d, policy version %d)",
+        files.checkpoint,
+        files.resume.step,
+        files.resume.policy_version,
+    )
     return PolicyVersion(files.resume.policy_version)
 
 
@@ -111,16 +118,22 @@ async def build_trainer(
     if plan.megatron:
         from slime.train.megatron.trainer import MegatronTrainer
 
-        return await asyncio.to_thread(MegatronTrainer, train_cfg, model_dir=start_from, policy_version=version.trainer, **kwargs)
+        return await asyncio.to_thread(
+            MegatronTrainer, train_cfg, model_dir=start_from, policy_version=version.trainer, **kwargs
+        )
     from slime.train.torch_backend import TorchTrainer
 
-    return await asyncio.to_thread(TorchTrainer, train_cfg, model_dir=start_from, policy_version=version.trainer, **kwargs)
+    return await asyncio.to_thread(
+        TorchTrainer, train_cfg, model_dir=start_from, policy_version=version.trainer, **kwargs
+    )
 
 
 def build_buffer(loop: LoopConfig) -> DataBuffer:
     """The ready/partial group buffer of ``--buffer-capacity``, ``--buffer-filter-path`` and ``--max-staleness``."""
     return DataBuffer(
-        buffer_filter=load_function(loop.buffer_filter_path, flag="--buffer-filter-path") if loop.buffer_filter_path else None,
+        buffer_filter=load_function(loop.buffer_filter_path, flag="--buffer-filter-path")
+        if loop.buffer_filter_path
+        else None,
         capacity=loop.buffer_capacity,
         # expire over-stale partial groups only under --staleness-policy drop; with mask
         # their old tokens are masked and their new tokens still train
@@ -148,7 +161,11 @@ async def restore(parts: RunParts) -> None:
     await asyncio.to_thread(load_checkpoint, ckpt, trainer=parts.trainer)
     parts.inputs.source.load_state_dict(resume.source)
     parts.buffer.restore(
-        ready=resume.ready, partial=resume.partial, taken=resume.taken, num_evicted=resume.num_evicted, num_expired=resume.num_expired
+        ready=resume.ready,
+        partial=resume.partial,
+        taken=resume.taken,
+        num_evicted=resume.num_evicted,
+        num_expired=resume.num_expired,
     )
     if parts.inputs.offline is not None and resume.offline_source is not None:
         parts.inputs.offline.load_state_dict(resume.offline_source)
@@ -188,12 +205,16 @@ async def open_engines(
         yield engines
 
 
-def build_sync(sync: SyncConfig, plan: RunPlan, *, pool: WorkerPool | None, trainer: Trainer | None, run_dir: Path) -> WeightSync:
+def build_sync(
+    sync: SyncConfig, plan: RunPlan, *, pool: WorkerPool | None, trainer: Trainer | None, run_dir: Path
+) -> WeightSync:
     """The weight sync of the sync section (``slime.sync``); ``NoWeightSync`` unless both the trainer and
     the engines run. A disk sync writes under ``weights_dir``, by default ``RUN_DIR/weights``."""
     if not plan.syncs:
         return NoWeightSync()
-    assert pool is not None and trainer is not None  # engines run unless train-only, a trainer is built unless rollout-only
+    assert (
+        pool is not None and trainer is not None
+    )  # engines run unless train-only, a trainer is built unless rollout-only
     return build_weight_sync(sync, pool=pool, trainer=trainer, weights_dir=sync.weights_dir or str(run_dir / "weights"))
 
 
@@ -244,7 +265,13 @@ def _rollout_function(w: SchedulerWiring) -> RolloutScheduler:
     assert w.pool is not None and w.rollout.rollout_function_path is not None  # engines run unless train-only
     inputs, version = w.parts.inputs, w.parts.version
     args = RolloutArgs(
-        w.rollout, w.loop, w.data, hf_checkpoint=w.plan.base_model, seed=w.plan.seed, pool=w.pool, engine_version=version.engines
+        w.rollout,
+        w.loop,
+        w.data,
+        hf_checkpoint=w.plan.base_model,
+        seed=w.plan.seed,
+        pool=w.pool,
+        engine_version=version.engines,
     )
     return RolloutFunctionScheduler(
         w.loop,
@@ -304,7 +331,9 @@ def build_scheduler(w: SchedulerWiring) -> RolloutScheduler:
     """The run's scheduler from ``SCHEDULERS``, its resumable counters restored on a resume."""
     sched = SCHEDULERS[w.plan.scheduler](w)
     if (resume := w.parts.files.resume) is not None:
-        sched.restore_counters(next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id)
+        sched.restore_counters(
+            next_group_id=resume.next_group_id, num_admitted=resume.num_admitted, rollout_id=resume.rollout_id
+        )
     return sched
 
 

@@ -89,7 +89,9 @@ class DataBuffer:
         if not chosen:
             return None
         if len(chosen) != 1 or not any(chosen[0] is g for g in groups):
-            raise PluginError(f"--buffer-filter-path returned {len(chosen)} groups not taken from the {len(groups)} queued ones")
+            raise PluginError(
+                f"--buffer-filter-path returned {len(chosen)} groups not taken from the {len(groups)} queued ones"
+            )
         self._partial = [e for e in self._partial if e[2] is not chosen[0]]
         heapq.heapify(self._partial)
         return chosen[0]
@@ -138,7 +140,9 @@ class DataBuffer:
     def partial_groups(self) -> list[Group]:
         return [g for _, _, g in sorted(self._partial, key=lambda e: e[:2])]
 
-    def restore(self, *, ready: list[Group], partial: list[Group], taken: list[int], num_evicted: int = 0, num_expired: int = 0) -> None:
+    def restore(
+        self, *, ready: list[Group], partial: list[Group], taken: list[int], num_evicted: int = 0, num_expired: int = 0
+    ) -> None:
         """Refill from a checkpoint (``slime.loop.checkpoint``)."""
         self.ready = deque(ready)
         self._partial = []

@@ -95,7 +95,9 @@ def save_checkpoint(save_dir: str | Path, state: LoopState, *, trainer: Any, kee
         final = _publish(root, tmp, name)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # frees what the partial checkpoint took
-        full = disk_full_error(exc, what=f"checkpoint step {state.step}", path=tmp, needed_bytes=_needed_bytes(root, trainer))
+        full = disk_full_error(
+            exc, what=f"checkpoint step {state.step}", path=tmp, needed_bytes=_needed_bytes(root, trainer)
+        )
         if full is None:
             raise
         raise DiskFullError(f"{full}; {_previous_note(root)}") from exc
@@ -127,7 +129,9 @@ def load_checkpoint(path: str | Path, *, trainer: Any) -> LoopState:
         try:
             random.setstate(_decode_rng(state.python_rng))
         except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{file_label(path, 'loop.json')}: python_rng is not a random state ({first_line(exc)})") from exc
+            raise CheckpointError(
+                f"{file_label(path, 'loop.json')}: python_rng is not a random state ({first_line(exc)})"
+            ) from exc
     return state
 
 
@@ -147,7 +151,9 @@ def truncate_jsonl(path: str | Path, *, max_step: int) -> None:
     _write_atomic(path, "".join(k + "\n" for k in kept))
 
 
-def open_run_dir(run_dir: str | Path, load: str | None, logs: tuple[str, ...]) -> tuple[Path, Path | None, LoopState | None]:
+def open_run_dir(
+    run_dir: str | Path, load: str | None, logs: tuple[str, ...]
+) -> tuple[Path, Path | None, LoopState | None]:
     """Create ``run_dir`` and find the checkpoint to resume from (``--load``), if any (``resume_checkpoint``).
 
     Returns ``(run_dir, checkpoint dir or None, its LoopState or None)``. The JSONL ``logs`` in

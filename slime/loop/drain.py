@@ -59,7 +59,9 @@ async def drain(
         except TimeoutError:
             if loop.time() < deadline:
                 continue
-            hung = pool.give_up_inflight(f"still running {limit}s after abort_all", running_for_s=limit)  # None: cannot give up
+            hung = pool.give_up_inflight(
+                f"still running {limit}s after abort_all", running_for_s=limit
+            )  # None: cannot give up
             if hung:
                 log.warning(
                     "engines %s did not end their requests %ss after abort_all: taken out of rotation, the "
@@ -74,7 +76,9 @@ async def drain(
 
 def _raise_stuck(n: int, limit: float, *, can_give_up: bool, generate_fn: Any) -> None:
     if not can_give_up:
-        raise RuntimeError(f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request")
+        raise RuntimeError(
+            f"{n} generate requests still in flight {limit}s after abort_all; the engine does not honour /abort_request"
+        )
     if generate_fn is default_generate:
         raise RuntimeError(
             f"{n} calls of the default generate function did not return {limit}s after abort_all, "

@@ -65,33 +65,51 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     config.check_run_modes()
     config = msgspec.structs.replace(config, train=_lr_scheduled(config.train, config.loop, config.rollout))
     plan = run_plan(config.debug, config.rollout, config.train, config.engine, config.sync, seed=config.seed)
-    if await megatron_rank_served(config.train, plan, resumes=bool(config.save_interval or config.load), kwargs=config.trainer_kwargs()):
+    if await megatron_rank_served(
+        config.train, plan, resumes=bool(config.save_interval or config.load), kwargs=config.trainer_kwargs()
+    ):
         return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
     files = open_run(config.run_dir, config.load, "trained_groups.jsonl", config)
     version = resumed_version(files)
     inputs = await build_inputs(config.data, config.rollout, config.loop, plan, reward_fn=reward_fn)
     start_from = model_dir(files, plan.base_model)
-    trainer = await build_trainer(config.train, plan, start_from=start_from, version=version, kwargs=config.trainer_kwargs())
+    trainer = await build_trainer(
+        config.train, plan, start_from=start_from, version=version, kwargs=config.trainer_kwargs()
+    )
     parts = RunParts(files, version, inputs, trainer, build_buffer(config.loop))
     await restore(parts)
     run_config = msgspec.to_builtins(config)
     async with (
-        Observers(config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=run_config, progress=progress) as obs,
+        Observers(
+            config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=run_config, progress=progress
+        ) as obs,
         open_engines(
-            config.engine, config.rollout, config.train, config.sync, plan, parts, in_place_updates=config.updates_in_place()
+            config.engine,
+            config.rollout,
+            config.train,
+            config.sync,
+            plan,
+            parts,
+            in_place_updates=config.updates_in_place(),
         ) as engines,
     ):
-        pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models of --sglang-config
+        pool = (
+            engines.pools.default if engines else None
+        )  # the actor's; engines.pools[model] for other models of --sglang-config
         teacher = teacher_scorer(engines, use_opd=config.train.use_opd, opd_kl_coef=config.train.opd_kl_coef)
         sync = build_sync(config.sync, plan, pool=pool, trainer=trainer, run_dir=files.run_dir)
         evaluator = RLEval(files, obs, inputs.eval_sets, version, eval_kwargs(config.rollout, inputs, pool))
         if files.resume is None and config.loop.skip_eval_before_train:
             log.info("--skip-eval-before-train: no eval before the first step")
         async with asyncio.TaskGroup() as tg:
-            wiring = SchedulerWiring(config.loop, config.rollout, config.data, plan, parts, pool, teacher, obs.tracer, tg)
+            wiring = SchedulerWiring(
+                config.loop, config.rollout, config.data, plan, parts, pool, teacher, obs.tracer, tg
+            )
             sched = build_scheduler(wiring)
             obs.watch(pool=pool, buffer=parts.buffer)
-            mode = RLMode(sched, evaluator, parts, plan, train_step=train_step_of(parts, plan), sync=sync, tracer=obs.tracer)
+            mode = RLMode(
+                sched, evaluator, parts, plan, train_step=train_step_of(parts, plan), sync=sync, tracer=obs.tracer
+            )
             loop = config.loop
             await run_steps(
                 mode,

@@ -107,7 +107,9 @@ async def evaluate(
         return sample
 
     try:
-        async with asyncio.TaskGroup() as tg:  # the first error (EnginesGone) cancels the rest; gather would leave them running
+        async with (
+            asyncio.TaskGroup() as tg
+        ):  # the first error (EnginesGone) cancels the rest; gather would leave them running
             tasks = [tg.create_task(one(i, r, j)) for i, r in enumerate(rows) for j in range(k)]
     except BaseExceptionGroup as group:
         raise group.exceptions[0] from None  # the first error as is, as gather raised it
@@ -116,7 +118,9 @@ async def evaluate(
 
 def _scores(samples: list[Sample], *, num_prompts: int, k: int) -> dict[str, float]:
     """``evaluate``'s numbers from its ``k`` samples per prompt (in prompt order): over the samples that count."""
-    per_prompt = [[s for s in samples[i * k : (i + 1) * k] if s.is_valid] for i in range(num_prompts)]  # the samples that count
+    per_prompt = [
+        [s for s in samples[i * k : (i + 1) * k] if s.is_valid] for i in range(num_prompts)
+    ]  # the samples that count
     counted = [s for p in per_prompt for s in p]
     n = len(counted)
     unanswered = _log_unanswered(samples)
@@ -124,7 +128,9 @@ def _scores(samples: list[Sample], *, num_prompts: int, k: int) -> dict[str, flo
     return {
         "accuracy": sum(s.reward or 0.0 for s in counted) / n if n else math.nan,
         **{
-            f"pass@{j}": _mean([pass_at_k(len(p), sum((s.reward or 0.0) >= 1.0 for s in p), j) for p in per_prompt if len(p) >= j])
+            f"pass@{j}": _mean(
+                [pass_at_k(len(p), sum((s.reward or 0.0) >= 1.0 for s in p), j) for p in per_prompt if len(p) >= j]
+            )
             for j in ks
         },
         "mean_response_len": sum(len(s.response_ids) for s in counted) / n if n else math.nan,
@@ -133,7 +139,9 @@ def _scores(samples: list[Sample], *, num_prompts: int, k: int) -> dict[str, flo
     }
 
 
-async def _generate_to_the_end(sample: Sample, generate_fn: GenerateFn, params: dict[str, Any], gen_kw: dict[str, Any]) -> Sample:
+async def _generate_to_the_end(
+    sample: Sample, generate_fn: GenerateFn, params: dict[str, Any], gen_kw: dict[str, Any]
+) -> Sample:
     """Run ``generate_fn`` on ``sample`` until it is no longer resumable; the sample to score (a generate
     function that returns several samples is scored on its last one).
 

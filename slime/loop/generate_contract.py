@@ -10,7 +10,9 @@ from slime.types import Sample
 __all__ = ["check_generate_output", "function_name"]
 
 
-def check_generate_output(sample: Sample, out: object, *, max_response_len: int, engine_version: int) -> list[Sample] | None:
+def check_generate_output(
+    sample: Sample, out: object, *, max_response_len: int, engine_version: int
+) -> list[Sample] | None:
     """Validate a generate function's return value; a list replaces the sample in its group.
 
     Raises:
@@ -21,10 +23,14 @@ def check_generate_output(sample: Sample, out: object, *, max_response_len: int,
     where = f"group {sample.group_id} sample {sample.index}"
     if out is sample or out is None:
         sample.check_aligned()
-        _raise_first(sample.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version))
+        _raise_first(
+            sample.generate_contract_problems(max_response_len=max_response_len, engine_version=engine_version)
+        )
         return None
     if isinstance(out, Sample):
-        raise PluginError(f"generate function returned a different Sample object for {where}; grow and return the one given")
+        raise PluginError(
+            f"generate function returned a different Sample object for {where}; grow and return the one given"
+        )
     if not isinstance(out, list) or not out or not all(isinstance(s, Sample) for s in out):
         raise PluginError(
             f"generate function returned {type(out).__name__} for {where}; expected the Sample or a non-empty list of Samples"

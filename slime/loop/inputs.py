@@ -53,7 +53,13 @@ def builtin_task(name: str) -> ModuleType:
 
 
 def load_prompts(
-    d: DataConfig, counts: dict[str, int] | None = None, *, seed: int, require_label: bool = False, check: Any = None, by_name: bool = False
+    d: DataConfig,
+    counts: dict[str, int] | None = None,
+    *,
+    seed: int,
+    require_label: bool = False,
+    check: Any = None,
+    by_name: bool = False,
 ) -> tuple[Sequence[PromptRow], Any]:
     """Train and eval prompt rows of the data section ``d``: the user's JSONL files, or the built-in task (``--builtin-task``).
 
@@ -78,7 +84,9 @@ def load_prompts(
         check=check,
     )
     if d.prompt_data:
-        train, num_bad[0] = index_prompt_file(d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw)
+        train, num_bad[0] = index_prompt_file(
+            d.prompt_data, flag="--prompt-data", curriculum_key=d.curriculum_key, **kw
+        )
     else:
         task = builtin_task(d.builtin_task)
         train = [
@@ -102,7 +110,9 @@ def load_prompts(
     return train, sets if by_name else [r for rows in sets.values() for r in rows]
 
 
-def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Callable[..., list[int]]:  # an HF tokenizer (untyped third-party)
+def prompt_tokenizer(
+    tokenizer: Any, *, apply_chat_template: bool
+) -> Callable[..., list[int]]:  # an HF tokenizer (untyped third-party)
     """The run's prompt tokenizer: ``tokenize(text_or_messages, tools=None) -> [num_prompt_tokens] ids``.
 
     Without ``apply_chat_template``: ``tokenizer.encode(text)`` with the tokenizer's defaults (BOS),
@@ -116,7 +126,9 @@ def prompt_tokenizer(tokenizer: Any, *, apply_chat_template: bool) -> Callable[.
         if not apply_chat_template:
             return tokenizer.encode(prompt)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        out = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False)
+        out = tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         return list(out if isinstance(out, list) else out["input_ids"])
 
     return tokenize
@@ -171,7 +183,9 @@ def offline_source(
         on_bad_data=d.on_bad_data,
     )
     if megatron and any(s.logprobs is None for g in groups for s in g.samples):
-        raise ConfigError("--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only")
+        raise ConfigError(
+            "--offline-data without 'logprobs' in every row: computing them is implemented for the torch backend only"
+        )
     log.info(
         "offline data: %d groups from %s, %.0f%% of each batch; admission control counts %d online groups per batch",
         len(groups),
@@ -190,7 +204,9 @@ def with_offline_logprobs(
     temperature: the behaviour policy is unknown, so it is taken to be the current one (slime.data.offline)."""
 
     def train_step(groups: list[Group]) -> TrainMetrics:
-        todo = [s for g in groups for s in g.samples if s.metadata.get("offline") and not s.metadata.get("offline_logprobs")]
+        todo = [
+            s for g in groups for s in g.samples if s.metadata.get("offline") and not s.metadata.get("offline_logprobs")
+        ]
         if todo:
             import torch
 
@@ -221,7 +237,9 @@ def reward_function(rollout: RolloutConfig, *, builtin: str) -> RewardFn:
     return builtin_task(builtin).reward
 
 
-def generate_function(path: str | None, tokenizer: Any) -> GenerateFn:  # tokenizer: an HF tokenizer (untyped third-party)
+def generate_function(
+    path: str | None, tokenizer: Any
+) -> GenerateFn:  # tokenizer: an HF tokenizer (untyped third-party)
     """``--custom-generate-function-path`` (with the tokenizer bound when it asks for one), else the default."""
     if not path:
         return default_generate
@@ -270,13 +288,24 @@ async def build_inputs(
     counts: dict[str, int] = {}
     check = await _prompt_check(data, rollout, plan.base_model, tokenize)
     load = functools.partial(load_prompts, by_name=True)
-    train_rows, eval_sets = await asyncio.to_thread(load, data, counts, seed=plan.seed, require_label=needs_label, check=check)
-    source = PromptSource(train_rows, shuffle=data.rollout_shuffle, seed=plan.seed, curriculum=data.curriculum_key is not None)
+    train_rows, eval_sets = await asyncio.to_thread(
+        load, data, counts, seed=plan.seed, require_label=needs_label, check=check
+    )
+    source = PromptSource(
+        train_rows, shuffle=data.rollout_shuffle, seed=plan.seed, curriculum=data.curriculum_key is not None
+    )
     offline = None
     if data.offline_data and not plan.train_only:
         n = rollout.n_samples_per_prompt
         offline = await asyncio.to_thread(
-            offline_source, data, loop, tokenize, tokenizer, n_samples_per_prompt=n, megatron=plan.megatron, seed=plan.seed
+            offline_source,
+            data,
+            loop,
+            tokenize,
+            tokenizer,
+            n_samples_per_prompt=n,
+            megatron=plan.megatron,
+            seed=plan.seed,
         )
     return RunInputs(
         tokenize=tokenize,
@@ -318,4 +347,6 @@ async def _prompt_check(
     if ctx is not None and (not max_len or ctx < max_len):
         bound = dict(max_len=ctx, context="the rollout context", source="--rollout-max-context-len")
     max_prompt_len = data.rollout_max_prompt_len
-    return prompt_length_check(tokenize, max_prompt_len=max_prompt_len, **bound) if bound["max_len"] or max_prompt_len else None  # type: ignore[arg-type]
+    if not (bound["max_len"] or max_prompt_len):
+        return None
+    return prompt_length_check(tokenize, max_prompt_len=max_prompt_len, **bound)  # type: ignore[arg-type]

@@ -24,7 +24,9 @@ from slime.types import OFFLINE_VERSION, Group, valid_samples
 __all__ = ["apply_staleness"]
 
 
-def apply_staleness(groups: list[Group], *, trainer_version: int, max_staleness: int) -> dict[str, float | dict[int, int]]:
+def apply_staleness(
+    groups: list[Group], *, trainer_version: int, max_staleness: int
+) -> dict[str, float | dict[int, int]]:
     """Mask over-stale tokens in place and return lag statistics of the batch.
 
     Returns:

@@ -57,7 +57,9 @@ def run_plan(
     rollout_only, train_only = debug.debug_rollout_only, debug.train_only
     if rollout_only and not debug.save_debug_rollout_data:
         log.warning("--debug-rollout-only without --save-debug-rollout-data: the rollouts are not kept (metrics only)")
-    scheduler: SchedulerKind = "replay" if train_only else "rollout_function" if rollout.uses_rollout_function else "generate"
+    scheduler: SchedulerKind = (
+        "replay" if train_only else "rollout_function" if rollout.uses_rollout_function else "generate"
+    )
     return RunPlan(
         rollout_only=rollout_only,
         train_only=train_only,

@@ -33,7 +33,14 @@ from slime.loop.counters import SchedulerCounters, StepStats
 from slime.loop.version import PolicyVersion
 from slime.types import Group
 
-__all__ = ["RolloutRecord", "record_path", "save_rollout_record", "load_rollout_record", "ReplayScheduler", "NoWeightSync"]
+__all__ = [
+    "RolloutRecord",
+    "record_path",
+    "save_rollout_record",
+    "load_rollout_record",
+    "ReplayScheduler",
+    "NoWeightSync",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +62,9 @@ def save_rollout_record(template: str, rollout_id: int, groups: list[Group], *, 
     path = record_path(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(msgspec.msgpack.encode(RolloutRecord(rollout_id=rollout_id, policy_version=policy_version, groups=groups)))
+    tmp.write_bytes(
+        msgspec.msgpack.encode(RolloutRecord(rollout_id=rollout_id, policy_version=policy_version, groups=groups))
+    )
     os.replace(tmp, path)
     return path
 

@@ -67,11 +67,19 @@ class RLEval:
         t_eval = time.monotonic()
         with self.obs.tracer.span("eval", "eval", step=step, num_prompts=self.num_prompts):
             result = (
-                reuse if reuse is not None else await evaluate_datasets(self.eval_sets, engine_version=self.version.engines, **self.eval_kw)
+                reuse
+                if reuse is not None
+                else await evaluate_datasets(self.eval_sets, engine_version=self.version.engines, **self.eval_kw)
             )
         policy_version = 0 if step == 0 else self.version.engines
         self.files.metrics.write(
-            rec := {"kind": "eval", "step": step, "policy_version": policy_version, **result, **_clock(self.files.t_start, t_eval)}
+            rec := {
+                "kind": "eval",
+                "step": step,
+                "policy_version": policy_version,
+                **result,
+                **_clock(self.files.t_start, t_eval),
+            }
         )
         return result | {"_record": rec}
 
@@ -95,14 +103,27 @@ class RLMode:
         sync: WeightSync,
         tracer: RunTracer,
     ):
-        self.sched, self.evaluator, self.trainer, self.train_step, self.sync = sched, evaluator, parts.trainer, train_step, sync
-        self.tracer, self.source, self.offline, self.colocate = tracer, parts.inputs.source, parts.inputs.offline, plan.colocate
+        self.sched, self.evaluator, self.trainer, self.train_step, self.sync = (
+            sched,
+            evaluator,
+            parts.trainer,
+            train_step,
+            sync,
+        )
+        self.tracer, self.source, self.offline, self.colocate = (
+            tracer,
+            parts.inputs.source,
+            parts.inputs.offline,
+            plan.colocate,
+        )
         self.record_template, self.rollout_only = plan.record_template, plan.rollout_only
 
     async def _save_batch(
         self, template: str, groups: list[Group]
     ) -> None:  # --save-debug-rollout-data: the groups as taken, before masking
-        await asyncio.to_thread(save_rollout_record, template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer)
+        await asyncio.to_thread(
+            save_rollout_record, template, self.sched.rollout_id, groups, policy_version=self.sched.version.trainer
+        )
 
     async def step(self, step: int) -> tuple[StepRecord, list[JsonObject]]:
         groups, record = await run_step(
@@ -133,7 +154,9 @@ class RLMode:
             return
         async with self.sched.paused():
             out = await ev.run(step)
-        ev.obs.record(out["_record"], f"eval @ step {step}: accuracy {out['accuracy']:.3f}{_per_dataset(out['_record'])}")
+        ev.obs.record(
+            out["_record"], f"eval @ step {step}: accuracy {out['accuracy']:.3f}{_per_dataset(out['_record'])}"
+        )
 
     def quiesced(self) -> AbstractAsyncContextManager[None]:
         return self.sched.quiesced()
@@ -156,7 +179,11 @@ class RLMode:
 
 def _per_dataset(record: MetricsRow) -> str:
     """`` (aime 0.200, math 0.800)``: each named eval dataset's accuracy, for the log line; empty without names."""
-    named = [(key.split("/")[1], value) for key, value in record.items() if key.startswith("eval/") and key.endswith("/accuracy")]
+    named = [
+        (key.split("/")[1], value)
+        for key, value in record.items()
+        if key.startswith("eval/") and key.endswith("/accuracy")
+    ]
     return f" ({', '.join(f'{name} {value:.3f}' for name, value in named)})" if named else ""
 
 
@@ -204,7 +231,9 @@ def rl_summary(
         "aborted_samples": sum(r.aborted_samples for r in steps),
         "resumed_samples": sum(r.resumed_samples for r in steps),
         "multi_version_samples": sum(r.multi_version_samples for r in steps),
-        "max_versions_in_a_trained_sample": max((r.max_versions_in_a_sample for r in steps), default=1) if trained else None,
+        "max_versions_in_a_trained_sample": max((r.max_versions_in_a_sample for r in steps), default=1)
+        if trained
+        else None,
         "failed_samples": sum(r.failed_samples for r in steps),
         "offline_groups_trained": sum(r.offline_groups for r in steps),
         "buffer_evicted_groups": buffer.num_evicted,

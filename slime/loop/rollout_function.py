@@ -125,10 +125,16 @@ class RolloutFunctionScheduler(SchedulerCounters):
             raise PluginError(f"{where}: {exc}") from None
         except Exception as exc:  # the plugin's bug: stop the run with its reason
             raise PluginError(f"{where}: raised {type(exc).__name__}: {exc}") from exc
-        if not self.fill_logprobs and any(s.metadata.get("offline_logprobs") is False for g in groups for s in g.samples):
-            raise PluginError(f"{where}: a sample without rollout_log_probs; computing them is implemented for the torch backend only")
+        if not self.fill_logprobs and any(
+            s.metadata.get("offline_logprobs") is False for g in groups for s in g.samples
+        ):
+            raise PluginError(
+                f"{where}: a sample without rollout_log_probs; computing them is implemented for the torch backend only"
+            )
         if len(groups) != n:
-            log.warning("%s returned %d groups, the batch size is %d: training on the returned ones", where, len(groups), n)
+            log.warning(
+                "%s returned %d groups, the batch size is %d: training on the returned ones", where, len(groups), n
+            )
         if metrics:
             log.info("%s metrics: %s", where, metrics)
         for g in groups:
@@ -142,7 +148,9 @@ class RolloutFunctionScheduler(SchedulerCounters):
         st = self.stats
         st.started_groups += len(groups)
         st.finished_groups += len(groups)
-        st.generated_tokens += sum(s.num_response_tokens for g in groups for s in g.samples if not s.metadata.get("offline"))
+        st.generated_tokens += sum(
+            s.num_response_tokens for g in groups for s in g.samples if not s.metadata.get("offline")
+        )
         st.failed_samples += sum(s.status is Status.FAILED for g in groups for s in g.samples)
         for g in groups:
             self.buffer.push_ready(g)

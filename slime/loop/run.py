@@ -77,12 +77,18 @@ def run_folders(config: Config) -> list[tuple[str, str]]:
     if config.load:
         folders.append(("--load", config.load))
     weights = config.sync.weights_dir
-    if config.sync.method == "disk" and weights and not Path(os.path.realpath(weights)).is_relative_to(os.path.realpath(config.run_dir)):
+    if (
+        config.sync.method == "disk"
+        and weights
+        and not Path(os.path.realpath(weights)).is_relative_to(os.path.realpath(config.run_dir))
+    ):
         folders.append(("weights_dir", weights))
     return folders
 
 
-def holds_run_folders(run: Callable[Concatenate[Config, P], Awaitable[T]]) -> Callable[Concatenate[Config, P], Awaitable[T]]:
+def holds_run_folders(
+    run: Callable[Concatenate[Config, P], Awaitable[T]],
+) -> Callable[Concatenate[Config, P], Awaitable[T]]:
     """Wrap a run (``run_training``, ``run_sft``) so it holds its ``run_folders`` for its whole life.
 
     The wrapped run raises ``slime.loop.run_lock.RunFolderInUse`` (one line naming the live holder's

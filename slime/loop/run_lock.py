@@ -40,7 +40,15 @@ from pathlib import Path
 from slime.errors import ConfigError
 from slime.types import JsonObject
 
-__all__ = ["LOCK_NAME", "READ_ONLY_FLAGS", "RunFolderInUse", "RunLock", "acquire_run_lock", "check_run_folder_free", "hold_run_folders"]
+__all__ = [
+    "LOCK_NAME",
+    "READ_ONLY_FLAGS",
+    "RunFolderInUse",
+    "RunLock",
+    "acquire_run_lock",
+    "check_run_folder_free",
+    "hold_run_folders",
+]
 
 LOCK_NAME = "run.lock"
 READ_ONLY_FLAGS = frozenset({"--load"})
@@ -101,7 +109,9 @@ def acquire_run_lock(folder: str | Path, *, flag: str = "--save") -> RunLock:
             os.close(fd)
             raise
         if previous:
-            _log.warning("%s=%s: taking over its lock from a run that is no longer live (%s)", flag, folder, _describe(previous))
+            _log.warning(
+                "%s=%s: taking over its lock from a run that is no longer live (%s)", flag, folder, _describe(previous)
+            )
         lock = RunLock(folder, fd, holder)
         _HELD[_key(folder)] = lock
         return lock

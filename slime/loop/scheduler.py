@@ -134,7 +134,9 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         self.generate_fn, self.group_filter = generate_fn, group_filter
         self.tracer = tracer or NULL_TRACER
         self.offline, self.fixed_weights = offline, fixed_weights
-        self.score = Scorer(rollout, reward_fn=reward_fn, group_reward_fn=group_reward_fn, teacher=teacher, tracer=self.tracer)
+        self.score = Scorer(
+            rollout, reward_fn=reward_fn, group_reward_fn=group_reward_fn, teacher=teacher, tracer=self.tracer
+        )
         self.version = version if version is not None else PolicyVersion()
         self.rollout_id = 0
         self.next_group_id = next_group_id
@@ -173,7 +175,14 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         gid = self.next_group_id
         self.next_group_id += 1
         samples = [
-            Sample(prompt_ids=list(prompt_ids), group_id=gid, index=i, label=row.label, prompt=row.prompt, metadata=row_metadata(row))
+            Sample(
+                prompt_ids=list(prompt_ids),
+                group_id=gid,
+                index=i,
+                label=row.label,
+                prompt=row.prompt,
+                metadata=row_metadata(row),
+            )
             for i in range(self.rollout.n_samples_per_prompt)
         ]
         return Group(group_id=gid, samples=samples, rollout_id=self.rollout_id, data_index=row.index)
@@ -279,7 +288,10 @@ class Scheduler(SchedulerCounters, OfflineMixing):
                     self.tracer.counter("requests_in_flight", requests=self._num_requests)
                 await self._notify()
             produced = check_generate_output(
-                sample, out, max_response_len=self.rollout.response_cap(len(sample.prompt_ids)), engine_version=self.engine_version
+                sample,
+                out,
+                max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
+                engine_version=self.engine_version,
             )
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
@@ -303,11 +315,15 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         self.rollout_id += 1
         num_offline = self._offline_quota(n)
         n_online = n - num_offline
-        self._budget = max(0, n_online - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
+        self._budget = (
+            max(0, n_online - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
+        )
         if self.config.mode == "async" or self.buffer.num_ready < n_online:  # else the batch is already there
             self._gate_open = True
             self._fill()
-        for group in reversed(await self._offline_groups(num_offline)):  # taken first, with exactly n_online online groups
+        for group in reversed(
+            await self._offline_groups(num_offline)
+        ):  # taken first, with exactly n_online online groups
             self._lost(self.buffer.push_ready(group, front=True), "evicted_groups")
         batch: list[Group] = []
         while len(batch) < n:
@@ -334,7 +350,11 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         """True if a trainable token of a sample that counts (not FAILED) is more than ``max_staleness`` versions behind the engines
         (which hold the trainer's version whenever a batch is taken). Offline tokens are exempt."""
         bound = self.engine_version - self.config.max_staleness
-        return any(v < bound and m and v != OFFLINE_VERSION for s in group.valid_samples for v, m in zip(s.versions, s.loss_mask))
+        return any(
+            v < bound and m and v != OFFLINE_VERSION
+            for s in group.valid_samples
+            for v, m in zip(s.versions, s.loss_mask)
+        )
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: Literal["abort", "in_place"] = "abort"):

@@ -53,7 +53,9 @@ class Scorer:
             check_reward(s)
         elif self.sample_reward_fn is not None:
             span = self.tracer.begin("reward", "reward", lanes="reward")
-            await score_sample(s, self.sample_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
+            await score_sample(
+                s, self.sample_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key
+            )
             if span is not None:
                 self.tracer.end(span, group_id=s.group_id, index=s.index, reward=s.reward, status=s.status.value)
 
@@ -62,7 +64,12 @@ class Scorer:
         if self.group_reward_fn is None or group.is_rewarded:
             return
         span = self.tracer.begin("group_reward", "reward", lanes="group reward")
-        await score_group(group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key)
+        await score_group(
+            group.samples,
+            self.group_reward_fn,
+            timeout_s=self.rollout.reward_timeout_s,
+            reward_key=self.rollout.reward_key,
+        )
         if span is not None:
             self.tracer.end(span, group_id=group.group_id, rewards=[smp.reward for smp in group.samples])
 
@@ -76,13 +83,19 @@ class Scorer:
             check_reward(s)
         if self.group_reward_fn is not None and not group.is_rewarded:
             await score_group(
-                group.samples, self.group_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key
+                group.samples,
+                self.group_reward_fn,
+                timeout_s=self.rollout.reward_timeout_s,
+                reward_key=self.rollout.reward_key,
             )
         elif self.sample_reward_fn is not None:
             for s in group.samples:
                 if s.reward is None:
                     await score_sample(
-                        s, self.sample_reward_fn, timeout_s=self.rollout.reward_timeout_s, reward_key=self.rollout.reward_key
+                        s,
+                        self.sample_reward_fn,
+                        timeout_s=self.rollout.reward_timeout_s,
+                        reward_key=self.rollout.reward_key,
                     )
 
     async def _teacher(self, teacher: TeacherScorer, sample: Sample) -> None:

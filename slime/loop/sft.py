@@ -71,13 +71,19 @@ def check_sft_steps(loop: LoopConfig, num_rows: int) -> None:
         )
 
 
-def load_sft_data(d: DataConfig, tokenizer: Any, *, max_len: int | None = None) -> tuple[list[SFTExample], list[SFTExample], int]:
+def load_sft_data(
+    d: DataConfig, tokenizer: Any, *, max_len: int | None = None
+) -> tuple[list[SFTExample], list[SFTExample], int]:
     """Train and eval examples (``slime.data.sft``) and how many bad rows were skipped.
 
     ``d``: the data section. ``max_len``: the model's context (``slime.data.sft.model_context_len``); longer rows are bad rows."""
     if d.prompt_data is None:
-        raise ConfigError("--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)")
-    kw = dict(tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data, max_len=max_len)
+        raise ConfigError(
+            "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)"
+        )
+    kw = dict(
+        tokenizer=tokenizer, input_key=d.input_key, tool_key=d.tool_key, on_bad_data=d.on_bad_data, max_len=max_len
+    )
     train, num_bad = load_sft_file(d.prompt_data, flag="--prompt-data", **kw)
     evals: list[SFTExample] = []
     if d.eval_datasets:
@@ -125,16 +131,32 @@ async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
     model_dir = str(ckpt / "model") if ckpt else base_model
     _log_data(train_rows, eval_rows, num_steps=num_steps, rows_per_step=config.loop.rollout_batch_size)
     source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed)
-    train_cfg = resolve_lr_schedule(config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size)
+    train_cfg = resolve_lr_schedule(
+        config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size
+    )
     trainer = await asyncio.to_thread(
-        TorchTrainer, train_cfg, model_dir=model_dir, policy_version=resume.policy_version if resume else 0, **config.trainer_kwargs()
+        TorchTrainer,
+        train_cfg,
+        model_dir=model_dir,
+        policy_version=resume.policy_version if resume else 0,
+        **config.trainer_kwargs(),
     )
     if ckpt is not None and resume is not None:  # both or neither (open_run_dir)
         await asyncio.to_thread(load_checkpoint, ckpt, trainer=trainer)
         source.load_state_dict(resume.source)
-        log.info("resuming from %s (step %d, epoch %d, row %d of the epoch)", ckpt, resume.step, source.epoch, source.position)
+        log.info(
+            "resuming from %s (step %d, epoch %d, row %d of the epoch)",
+            ckpt,
+            resume.step,
+            source.epoch,
+            source.position,
+        )
     async with Observers(
-        config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=progress
+        config.obs,
+        files.run_dir,
+        num_steps=config.loop.num_rollout,
+        run_config=msgspec.to_builtins(config),
+        progress=progress,
     ) as obs:
         mode = SFTMode(trainer, source, files, obs, eval_rows, rows_per_step=config.loop.rollout_batch_size)
         await run_steps(
@@ -149,7 +171,13 @@ async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
         await mode.evaluate(num_steps)
     files.metrics.close()
     await asyncio.to_thread(trainer.save_hf, str(files.run_dir / "model"))
-    summary = _summary(files.metrics.records, num_steps=num_steps, num_rows=len(train_rows), num_bad=num_bad, wall_time_s=files.seconds())
+    summary = _summary(
+        files.metrics.records,
+        num_steps=num_steps,
+        num_rows=len(train_rows),
+        num_bad=num_bad,
+        wall_time_s=files.seconds(),
+    )
     summary["model_dir"] = str(files.run_dir / "model")
     await asyncio.to_thread(finish_run, files, summary, plots=False)
     return summary
@@ -173,7 +201,14 @@ class SFTMode:
     eval loss of the eval rows, checkpoints of the trainer and the data position only."""
 
     def __init__(
-        self, trainer: Any, source: PromptSource, files: RunFiles, obs: Observers, eval_rows: list[SFTExample], *, rows_per_step: int
+        self,
+        trainer: Any,
+        source: PromptSource,
+        files: RunFiles,
+        obs: Observers,
+        eval_rows: list[SFTExample],
+        *,
+        rows_per_step: int,
     ):
         self.trainer, self.source, self.files, self.obs, self.rows_per_step = trainer, source, files, obs, rows_per_step
         self.eval_groups = [to_group(ex, group_id=-1 - i, policy_version=0) for i, ex in enumerate(eval_rows)]
@@ -182,9 +217,13 @@ class SFTMode:
         t0 = time.monotonic()
         rows = [self.source.next() for _ in range(self.rows_per_step)]
         version = self.trainer.policy_version
-        groups = [to_group(ex, group_id=(step - 1) * len(rows) + k, policy_version=version) for k, ex in enumerate(rows)]
+        groups = [
+            to_group(ex, group_id=(step - 1) * len(rows) + k, policy_version=version) for k, ex in enumerate(rows)
+        ]
         train_metrics = await asyncio.to_thread(self.trainer.train_step, groups)
-        record = _step_record(step, self.trainer.policy_version, self.source, groups, train_metrics, time.monotonic() - t0)
+        record = _step_record(
+            step, self.trainer.policy_version, self.source, groups, train_metrics, time.monotonic() - t0
+        )
         return record, [{"step": step, "data_index": [ex.index for ex in rows]}]
 
     def step_line(self, r: SFTStepRecord) -> str:
@@ -236,7 +275,9 @@ def _step_record(
     )
 
 
-def _summary(records: list[MetricsRow], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float) -> RunSummary:
+def _summary(
+    records: list[MetricsRow], *, num_steps: int, num_rows: int, num_bad: int, wall_time_s: float
+) -> RunSummary:
     """Derived from every metrics record, so a resumed run counts its whole history."""
     steps = steps_of(records, SFTStepRecord)
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -245,7 +286,9 @@ def _summary(records: list[MetricsRow], *, num_steps: int, num_rows: int, num_ba
         "num_steps": num_steps,
         "num_train_rows": num_rows,
         "bad_data_lines_skipped": num_bad,
-        "eval_loss_before": evals[0]["eval_loss"] if evals and evals[0].get("step") == 0 else None,  # --skip-eval-before-train
+        "eval_loss_before": evals[0]["eval_loss"]
+        if evals and evals[0].get("step") == 0
+        else None,  # --skip-eval-before-train
         "eval_loss_after": evals[-1]["eval_loss"] if evals else None,
         "train_loss_last": steps[-1].train.get("loss") if steps else None,
         "trained_tokens": sum(r.trained_tokens for r in steps),

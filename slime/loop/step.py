@@ -145,14 +145,20 @@ async def run_step(
     batch = batch_stats(groups)
     mode = pause_mode(config, sched.pool, version.trainer, colocate=colocate)
     if train_step is not None and sync is not None:  # both or neither (_check_step); None: rollout-only
-        times |= await _train_and_sync(sched, train_step, sync, groups, tr, mode=mode, colocate=colocate, num_samples=batch["num_samples"])
+        times |= await _train_and_sync(
+            sched, train_step, sync, groups, tr, mode=mode, colocate=colocate, num_samples=batch["num_samples"]
+        )
     record = _record(sched, batch, stale, sched.pop_stats(), time.monotonic() - t0, **times)
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
     return groups, record
 
 
 def _check_step(
-    sched: RolloutScheduler, train_step: Callable[[list[Group]], TrainMetrics] | None, sync: WeightSync | None, *, colocate: bool
+    sched: RolloutScheduler,
+    train_step: Callable[[list[Group]], TrainMetrics] | None,
+    sync: WeightSync | None,
+    *,
+    colocate: bool,
 ) -> None:
     """``run_step``'s ValueErrors (its docstring)."""
     if train_step is not None and sync is None:
@@ -214,7 +220,14 @@ async def _release_memory(pool: EnginePool, tr: RunTracer) -> dict[str, float]:
 
 
 async def _load(
-    sched: RolloutScheduler, sync: WeightSync, staged: object, new: int, tr: RunTracer, *, mode: Literal["abort", "in_place"], paused: bool
+    sched: RolloutScheduler,
+    sync: WeightSync,
+    staged: object,
+    new: int,
+    tr: RunTracer,
+    *,
+    mode: Literal["abort", "in_place"],
+    paused: bool,
 ) -> int:
     """Pause generation by ``mode`` (unless already ``paused``: colocate), load the ``staged`` weights of
     version ``new`` into the engines and publish it; returns the trace time the resume starts at."""
@@ -242,7 +255,9 @@ def _released_gib(before: int | None, after: int | None) -> dict[str, float]:
     return {} if before is None or after is None else {"engine_memory_released_gib": (after - before) / 2**30}
 
 
-def pause_mode(config: LoopConfig, pool: EnginePool | None, version: int, *, colocate: bool = False) -> Literal["abort", "in_place"]:
+def pause_mode(
+    config: LoopConfig, pool: EnginePool | None, version: int, *, colocate: bool = False
+) -> Literal["abort", "in_place"]:
     """How the update to ``version + 1`` pauses generation: ``"in_place"`` in async mode unless a
     request has reused cached KV since the engines' caches were last emptied (see the module doc),
     else ``"abort"`` (then the update also flushes the caches).
@@ -268,7 +283,9 @@ def pause_mode(config: LoopConfig, pool: EnginePool | None, version: int, *, col
     return "in_place"
 
 
-def _record(sched: RolloutScheduler, batch: dict[str, Any], stale: dict[str, Any], st: StepStats, dt: float, **step: Any) -> StepRecord:
+def _record(
+    sched: RolloutScheduler, batch: dict[str, Any], stale: dict[str, Any], st: StepStats, dt: float, **step: Any
+) -> StepRecord:
     """The step record: the batch, the scheduler and buffer counters (``StepStats`` since the last step),
     the off-policy statistics and the step's own times and metrics. ``batch``, ``stale`` and ``step`` are
     spread into the struct's keyword fields (``Any``: the struct types each one)."""

@@ -50,7 +50,9 @@ class PolicyVersion:
         trainer says it holds now (its ``policy_version`` metric), checked against ours. Returns the new version."""
         self._trainer += 1
         if reported is not None and int(reported) != self._trainer:
-            raise RuntimeError(f"the trainer reports policy version {int(reported)} after its step, the loop counts {self._trainer}")
+            raise RuntimeError(
+                f"the trainer reports policy version {int(reported)} after its step, the loop counts {self._trainer}"
+            )
         return self._trainer
 
     def publish(self) -> None:

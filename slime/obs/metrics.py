@@ -54,7 +54,10 @@ _STEP_GAUGES = {
     "slime_accuracy": ("accuracy", "Share of the last batch's samples with reward >= 1"),
     "slime_tokens_per_second": ("tokens_per_s", "Generated tokens per second over the last step"),
     "slime_step_time_seconds": ("step_time_s", "Wall time of the last step"),
-    "slime_off_policy_token_fraction": ("off_policy_token_fraction", "Share of the last batch's trained tokens with version lag > 0"),
+    "slime_off_policy_token_fraction": (
+        "off_policy_token_fraction",
+        "Share of the last batch's trained tokens with version lag > 0",
+    ),
     "slime_max_version_lag": ("max_version_lag", "Largest version lag of a token in the last batch"),
 }
 # metric name (without _total) -> (step-record key, help). Counters incremented by each step record.
@@ -86,11 +89,18 @@ class PrometheusExporter:
         self._gauges = {name: Gauge(name, doc, registry=self.registry) for name, (_, doc) in _STEP_GAUGES.items()}
         self._counters = {name: Counter(name, doc, registry=self.registry) for name, (_, doc) in _STEP_COUNTERS.items()}
         self._eval_accuracy = Gauge("slime_eval_accuracy", "Accuracy of the last evaluation", registry=self.registry)
-        self._inflight = Gauge("slime_requests_in_flight", "Generate requests in flight over all engines", registry=self.registry)
-        self._engine_inflight = Gauge(
-            "slime_engine_requests_in_flight", "Generate requests in flight per engine", ["engine"], registry=self.registry
+        self._inflight = Gauge(
+            "slime_requests_in_flight", "Generate requests in flight over all engines", registry=self.registry
         )
-        self._partial = Gauge("slime_partial_groups_queued", "Aborted groups waiting to be resumed", registry=self.registry)
+        self._engine_inflight = Gauge(
+            "slime_engine_requests_in_flight",
+            "Generate requests in flight per engine",
+            ["engine"],
+            registry=self.registry,
+        )
+        self._partial = Gauge(
+            "slime_partial_groups_queued", "Aborted groups waiting to be resumed", registry=self.registry
+        )
         self._ready = Gauge("slime_ready_groups", "Finished groups waiting for a train step", registry=self.registry)
         self._pool: WorkerPool | None = None
         self._buffer: BufferGauges | None = None
@@ -203,7 +213,9 @@ class TensorBoardWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise ConfigError(f"--use-tensorboard needs the tensorboard package (pip install tensorboard): {exc}") from exc
+            raise ConfigError(
+                f"--use-tensorboard needs the tensorboard package (pip install tensorboard): {exc}"
+            ) from exc
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
@@ -227,7 +239,9 @@ class WandbWriter:
         try:
             import wandb
         except ImportError as exc:
-            raise ConfigError("--use-wandb: the wandb package is not installed (pip install wandb), or drop --use-wandb") from exc
+            raise ConfigError(
+                "--use-wandb: the wandb package is not installed (pip install wandb), or drop --use-wandb"
+            ) from exc
         self._run = wandb.init(project=project, group=group, config=config, dir=str(run_dir))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
@@ -248,7 +262,9 @@ class ScalarLoggers:
         """Writers from an ``ObsConfig``; ``config`` (the resolved run config) goes to W&B."""
         writers: list[ScalarWriter] = []
         if obs.use_wandb:
-            writers.append(WandbWriter(project=obs.wandb_project, group=obs.wandb_group, config=config, run_dir=run_dir))
+            writers.append(
+                WandbWriter(project=obs.wandb_project, group=obs.wandb_group, config=config, run_dir=run_dir)
+            )
         if obs.use_tensorboard:
             writers.append(TensorBoardWriter(obs.tb_dir or Path(run_dir) / "tb"))
         return cls(writers)

@@ -46,11 +46,15 @@ class Observers:
     tracer: Tracer | NullTracer
     exporter: PrometheusExporter | None
 
-    def __init__(self, obs: ObsConfig, run_dir: str | Path, *, num_steps: int, run_config: JsonObject, progress: bool = True):
+    def __init__(
+        self, obs: ObsConfig, run_dir: str | Path, *, num_steps: int, run_config: JsonObject, progress: bool = True
+    ):
         o = obs
         run_dir = Path(run_dir)
         self.scalars = ScalarLoggers.from_config(o, run_dir=run_dir, config=run_config)
-        self.exporter = PrometheusExporter(host=o.metrics_host, port=o.metrics_port) if o.metrics_port is not None else None
+        self.exporter = (
+            PrometheusExporter(host=o.metrics_host, port=o.metrics_port) if o.metrics_port is not None else None
+        )
         self.tracer = open_tracer(o.enable_trace, run_dir / "trace.json", flush_interval_s=o.trace_flush_interval_s)
         self.progress = StepProgress(num_steps, enabled=progress)
 
@@ -77,7 +81,9 @@ class Observers:
         if self.exporter is not None:
             self.exporter.observe(record)
         if record.get("kind") == "step":
-            self.tracer.counter("groups", ready=record.get("ready_groups_left", 0), partial=record.get("partial_groups_queued", 0))
+            self.tracer.counter(
+                "groups", ready=record.get("ready_groups_left", 0), partial=record.get("partial_groups_queued", 0)
+            )
             self.tracer.counter("tokens_per_s", tokens_per_s=record.get("tokens_per_s", 0.0))
             if line is not None:
                 self.progress.step(line, record)

@@ -144,7 +144,9 @@ def plot_staleness(records: Records, path: str | Path, *, max_lag_shown: int = 4
         base = [0.0] * len(steps)
         for lag in range(max_lag_shown + 1):
             last = lag == max_lag_shown
-            share = [sum(n for k, n in h.items() if (k >= lag if last else k == lag)) / t for h, t in zip(hists, totals)]
+            share = [
+                sum(n for k, n in h.items() if (k >= lag if last else k == lag)) / t for h, t in zip(hists, totals)
+            ]
             if any(share):
                 top.bar(xs, share, bottom=base, label=f"lag {lag}{'+' if last else ''}")
                 base = [b + s for b, s in zip(base, share)]
@@ -179,7 +181,11 @@ def plot_engine_busy(records: Records, path: str | Path) -> None:
     _finish(top, "tokens/s")
     base = [0.0] * len(steps)
     xs = [r["step"] for r in steps]
-    for key, label in (("rollout_wait_s", "waiting for rollouts"), ("train_time_s", "train step"), ("weight_sync_s", "weight sync")):
+    for key, label in (
+        ("rollout_wait_s", "waiting for rollouts"),
+        ("train_time_s", "train step"),
+        ("weight_sync_s", "weight sync"),
+    ):
         values = [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in steps]
         if any(values):
             bottom.bar(xs, values, bottom=base, label=label)

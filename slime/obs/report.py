@@ -97,7 +97,9 @@ def _decoded_steps(records: list[MetricsRow], kind: type[R], problems: list[str]
     return steps
 
 
-def summarize(config: JsonObject | None, records: list[MetricsRow], summary: RunSummary | None, problems: list[str]) -> RunSummary:
+def summarize(
+    config: JsonObject | None, records: list[MetricsRow], summary: RunSummary | None, problems: list[str]
+) -> RunSummary:
     """The report as a dict (what ``--json`` prints)."""
     sft = (config or {}).get("train", {}).get("loss_type") == "sft_loss" or (summary or {}).get("mode") == "sft"
     steps: list[StepRecord] | list[SFTStepRecord] = (
@@ -122,10 +124,14 @@ def summarize(config: JsonObject | None, records: list[MetricsRow], summary: Run
     if sft:
         return head | _summarize_sft([r for r in steps if isinstance(r, SFTStepRecord)], evals, summary, problems)
     rl_steps = [r for r in steps if isinstance(r, StepRecord)]
-    return {"mode": loop.get("mode") or (summary or {}).get("mode"), **head} | _summarize_rl(rl_steps, evals, summary, problems)
+    return {"mode": loop.get("mode") or (summary or {}).get("mode"), **head} | _summarize_rl(
+        rl_steps, evals, summary, problems
+    )
 
 
-def _summarize_rl(steps: list[StepRecord], evals: list[MetricsRow], summary: RunSummary | None, problems: list[str]) -> RunSummary:
+def _summarize_rl(
+    steps: list[StepRecord], evals: list[MetricsRow], summary: RunSummary | None, problems: list[str]
+) -> RunSummary:
     """The RL lines of the report: eval accuracy, the reward trend, tokens/s, partial rollouts, staleness, failures."""
     rewards = _finite(r.reward_mean for r in steps)
     first, last = rewards[:TREND_STEPS], rewards[-TREND_STEPS:]
@@ -179,7 +185,9 @@ def _staleness(steps: list[StepRecord]) -> RunSummary:
     }
 
 
-def _summarize_sft(steps: list[SFTStepRecord], evals: list[MetricsRow], summary: RunSummary | None, problems: list[str]) -> RunSummary:
+def _summarize_sft(
+    steps: list[SFTStepRecord], evals: list[MetricsRow], summary: RunSummary | None, problems: list[str]
+) -> RunSummary:
     """The report of an SFT run (``slime.loop.sft``): eval loss and train-loss trend instead of rewards."""
     eval_points = [(r.get("step"), _num(r.get("eval_loss"))) for r in evals]
     losses = _finite(r.train.get("loss") for r in steps)
@@ -242,14 +250,19 @@ def format_report(run_dir: Path, rep: RunSummary) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slime report", description="Summarize a run directory (finished or crashed).")
+    parser = argparse.ArgumentParser(
+        prog="slime report", description="Summarize a run directory (finished or crashed)."
+    )
     parser.add_argument("run_dir", help="the run's --save directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--no-plots", action="store_true", help="do not draw missing PNGs")
     ns = parser.parse_args(argv)
     run_dir = Path(ns.run_dir)
     if not any((run_dir / n).is_file() for n in ("config.json", "metrics.jsonl", "summary.json")):
-        print(f"slime report: error: {run_dir}: no config.json, metrics.jsonl or summary.json (not a run directory?)", file=sys.stderr)
+        print(
+            f"slime report: error: {run_dir}: no config.json, metrics.jsonl or summary.json (not a run directory?)",
+            file=sys.stderr,
+        )
         return 2
     config, records, summary, problems = load_run(run_dir)
     rep = summarize(config, records, summary, problems)

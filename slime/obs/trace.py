@@ -144,7 +144,15 @@ class Tracer:
     def _to_dict(self, event: _Event) -> dict[str, object]:
         ph, name, cat, tid, start, dur, args = event
         ts = (start - self._t0_ns) // 1000
-        out: dict[str, object] = {"ph": ph, "name": name, "cat": cat, "pid": self._pid, "tid": tid, "ts": ts, "args": args}
+        out: dict[str, object] = {
+            "ph": ph,
+            "name": name,
+            "cat": cat,
+            "pid": self._pid,
+            "tid": tid,
+            "ts": ts,
+            "args": args,
+        }
         if ph == "X":  # both ends floored to whole microseconds, so nested spans stay nested
             out["dur"] = (start + dur - self._t0_ns) // 1000 - ts
         elif ph == "i":

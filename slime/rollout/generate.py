@@ -86,7 +86,11 @@ def token_versions(result: GenerateResult, engine_version: int, kv_cache_version
     else:
         versions = min(policy_version_of(result.weight_version, engine_version), engine_version)
     if kv_cache_version is not None and result.cached_tokens != 0:
-        versions = min(versions, kv_cache_version) if isinstance(versions, int) else [min(v, kv_cache_version) for v in versions]
+        versions = (
+            min(versions, kv_cache_version)
+            if isinstance(versions, int)
+            else [min(v, kv_cache_version) for v in versions]
+        )
     return versions
 
 
@@ -154,7 +158,9 @@ async def generate(
     except (EngineUnavailable, EngineTimeout) as exc:
         fail_unanswered(sample, exc)
         return sample
-    sample.append(result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True)
+    sample.append(
+        result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True
+    )
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
         sample.num_aborts += 1

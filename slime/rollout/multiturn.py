@@ -104,7 +104,11 @@ class MultiTurnGenerate:
         if max_turns < 1 or max_tool_output_tokens < 1:
             raise ValueError(f"max_turns={max_turns} and max_tool_output_tokens={max_tool_output_tokens} must be >= 1")
         self.tokenizer, self.tools = tokenizer, tools
-        self.max_turns, self.max_tool_output_tokens, self.system_prompt = max_turns, max_tool_output_tokens, system_prompt
+        self.max_turns, self.max_tool_output_tokens, self.system_prompt = (
+            max_turns,
+            max_tool_output_tokens,
+            system_prompt,
+        )
 
     async def __call__(
         self,
@@ -156,12 +160,23 @@ async def calculator_generate(
     """
     gen = _CALCULATOR_GENERATES.get(tokenizer)
     if gen is None:
-        gen = MultiTurnGenerate(tokenizer=tokenizer, tools=ToolRegistry([calculator_tool()]), max_turns=CALCULATOR_MAX_TURNS)
+        gen = MultiTurnGenerate(
+            tokenizer=tokenizer, tools=ToolRegistry([calculator_tool()]), max_turns=CALCULATOR_MAX_TURNS
+        )
         _CALCULATOR_GENERATES[tokenizer] = gen
-    return await gen(sample, sampling_params, pool=pool, max_response_len=max_response_len, engine_version=engine_version, decode=decode)
+    return await gen(
+        sample,
+        sampling_params,
+        pool=pool,
+        max_response_len=max_response_len,
+        engine_version=engine_version,
+        decode=decode,
+    )
 
 
-def render(tokenizer: ChatTokenizer, messages: list[JsonObject], tools: list[JsonObject] | None, *, generation_prompt: bool) -> list[int]:
+def render(
+    tokenizer: ChatTokenizer, messages: list[JsonObject], tools: list[JsonObject] | None, *, generation_prompt: bool
+) -> list[int]:
     """``apply_chat_template(..., tokenize=True)`` as a flat ``[num_tokens]`` id list."""
     out = tokenizer.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
@@ -192,10 +207,14 @@ async def generate(
     if state is None:
         if sample.response_ids:
             return _fail(
-                sample, "StateError", "sample has response tokens but no multi-turn state; it was not started by this generate function"
+                sample,
+                "StateError",
+                "sample has response tokens but no multi-turn state; it was not started by this generate function",
             )
         state = _new_state(sample, system_prompt)
-        sample.prompt_ids = await asyncio.to_thread(render, tokenizer, state["messages"], schemas, generation_prompt=True)
+        sample.prompt_ids = await asyncio.to_thread(
+            render, tokenizer, state["messages"], schemas, generation_prompt=True
+        )
         sample.metadata = {**sample.metadata, STATE_KEY: state}
     elif sample.status is Status.PARTIAL:
         sample.num_resumes += 1
@@ -208,15 +227,21 @@ async def generate(
             sample.status = Status.TRUNCATED
             state["phase"] = "done"
             break
-        if not await _model_step(sample, state, sampling_params, pool, max_response_len, engine_version, tokenizer, max_turns):
+        if not await _model_step(
+            sample, state, sampling_params, pool, max_response_len, engine_version, tokenizer, max_turns
+        ):
             break
-    sample.response = decode(sample.response_ids) if decode else tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+    sample.response = (
+        decode(sample.response_ids) if decode else tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+    )
     return sample
 
 
 def _new_state(sample: Sample, system_prompt: str | None) -> JsonObject:
     given = sample.metadata.get("messages")
-    messages = copy.deepcopy(given) if isinstance(given, list) and given else [{"role": "user", "content": sample.prompt}]
+    messages = (
+        copy.deepcopy(given) if isinstance(given, list) and given else [{"role": "user", "content": sample.prompt}]
+    )
     if system_prompt is not None and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})
     return {"messages": messages, "turn": 0, "turn_start": 0, "phase": "generate", "pending": [], "template": "full"}
@@ -249,7 +274,9 @@ async def _model_step(
     except (EngineUnavailable, EngineTimeout) as exc:  # no answer in any attempt: a transport failure, never scored
         fail_unanswered(sample, exc, turn=state["turn"])
         return False
-    sample.append(result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True)
+    sample.append(
+        result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True
+    )
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
         sample.num_aborts += 1
@@ -307,7 +334,9 @@ async def _tool_step(
     history, assistant = state["messages"], state["pending_assistant"]
     turn_ids = sample.response_ids[state["turn_start"] :]
     try:
-        insert, how = await asyncio.to_thread(_tool_delta, tokenizer, tools.schemas, history, assistant, tool_msgs, turn_ids)
+        insert, how = await asyncio.to_thread(
+            _tool_delta, tokenizer, tools.schemas, history, assistant, tool_msgs, turn_ids
+        )
     except TemplateError as exc:
         sample.evidence.setdefault("tool_calls", []).extend(records)
         state["messages"].append(assistant)
@@ -355,7 +384,10 @@ def _clip(tokenizer: ChatTokenizer, text: str, max_tokens: int) -> str:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= max_tokens:
         return text
-    return tokenizer.decode(ids[:max_tokens], skip_special_tokens=False) + f"\n...[truncated {len(ids) - max_tokens} tokens]"
+    return (
+        tokenizer.decode(ids[:max_tokens], skip_special_tokens=False)
+        + f"\n...[truncated {len(ids) - max_tokens} tokens]"
+    )
 
 
 def _tool_delta(
@@ -374,7 +406,9 @@ def _tool_delta(
         if b[: len(x)] == x:
             break
     else:
-        raise TemplateError("chat template re-renders the conversation when tool messages are added, even over a minimal history")
+        raise TemplateError(
+            "chat template re-renders the conversation when tool messages are added, even over a minimal history"
+        )
     end_token, k = turn_ids[-1], turn_ids.count(turn_ids[-1])
     ends = [i for i in range(len(x), len(b)) if b[i] == end_token]
     if len(ends) < k:

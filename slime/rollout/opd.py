@@ -115,7 +115,13 @@ class TeacherScorer:
         self.num_failed += 1
         sample.status = Status.FAILED
         where = f"group {sample.group_id} sample {sample.index}"
-        log.warning("teacher scoring failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, exc)
+        log.warning(
+            "teacher scoring failed for %s after %.2fs, sample marked FAILED: %s: %s",
+            where,
+            elapsed_s,
+            type(exc).__name__,
+            exc,
+        )
         sample.evidence["teacher_error"] = {
             "where": where,
             "type": type(exc).__name__,
@@ -125,7 +131,11 @@ class TeacherScorer:
 
 
 def check_same_vocab(
-    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, *, student_name: str = "student", teacher_name: str = "teacher"
+    student: PreTrainedTokenizerBase,
+    teacher: PreTrainedTokenizerBase,
+    *,
+    student_name: str = "student",
+    teacher_name: str = "teacher",
 ) -> None:
     """Refuse a teacher whose tokenizer maps tokens to other ids than the student's.
 
@@ -170,5 +180,7 @@ def _response_logprobs(result: GenerateResult, sample: Sample) -> list[float]:
     values = list(result.input_logprobs[1:])
     bad = next((i for i, x in enumerate(values) if not math.isfinite(x)), None)
     if bad is not None:
-        raise TeacherError(f"teacher logprob of response token {bad} (id {sample.response_ids[bad]}) is {values[bad]} (null or non-finite)")
+        raise TeacherError(
+            f"teacher logprob of response token {bad} (id {sample.response_ids[bad]}) is {values[bad]} (null or non-finite)"
+        )
     return values

@@ -50,7 +50,16 @@ from slime.rollout.plugin_contracts import (  # re-exported
 )
 from slime.rollout.rewards import load_function
 
-__all__ = ["main", "load_plugin", "check_generate", "check_reward", "check_filter", "check_rollout", "generate_signature_problem", "Report"]
+__all__ = [
+    "main",
+    "load_plugin",
+    "check_generate",
+    "check_reward",
+    "check_filter",
+    "check_rollout",
+    "generate_signature_problem",
+    "Report",
+]
 
 
 def load_plugin(spec: str) -> Callable[..., Any]:
@@ -71,7 +80,9 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
     if args.kind == "filter":
         return check_filter(fn, report=report)
     if args.kind == "generate":  # the signature before starting an engine for it (tokenizer= is bound below)
-        if (problem := generate_signature_problem(functools.partial(fn, tokenizer=None) if _takes_tokenizer(fn) else fn)) is not None:
+        if (
+            problem := generate_signature_problem(functools.partial(fn, tokenizer=None) if _takes_tokenizer(fn) else fn)
+        ) is not None:
             report.fail(problem)
             return
     from transformers.utils import logging as hf_logging
@@ -115,7 +126,9 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
             config = RolloutConfig(request_timeout_s=args.timeout_s, max_retries=0)
             async with HttpEnginePool([server.url], config=config) as pool:
                 if args.kind == "rollout":
-                    await check_rollout(fn, pool=pool, report=report, model_dir=str(model_dir), timeout_s=args.timeout_s)
+                    await check_rollout(
+                        fn, pool=pool, report=report, model_dir=str(model_dir), timeout_s=args.timeout_s
+                    )
                 else:
                     await check_generate(fn, pool=pool, report=report, decode=decode, timeout_s=args.timeout_s)
 
@@ -123,14 +136,17 @@ async def _run(fn: Callable[..., Any], args: argparse.Namespace, report: Report)
 def main(argv: list[str] | None = None) -> int:
     """``slime check-plugin``; returns 0 when every check passed, else 1."""
     p = argparse.ArgumentParser(
-        prog="slime check-plugin", description="Check a generate / reward / filter / rollout plugin against slime's contract."
+        prog="slime check-plugin",
+        description="Check a generate / reward / filter / rollout plugin against slime's contract.",
     )
     p.add_argument("path", help="pkg.module.func, pkg.module:func or path/to/file.py:func")
     p.add_argument("--kind", choices=["generate", "reward", "filter", "rollout"], default="generate")
     p.add_argument("--model", default=None, help="HF model dir for the embedded engine (default: a tiny random Llama)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="per call of the plugin")
     p.add_argument(
-        "--reward-key", default=None, help="--kind reward: the entry of a dict the function returns that is the reward (as slime train's)"
+        "--reward-key",
+        default=None,
+        help="--kind reward: the entry of a dict the function returns that is the reward (as slime train's)",
     )
     args = p.parse_args(argv)
     report = Report(args.kind)

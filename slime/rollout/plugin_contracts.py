@@ -25,7 +25,15 @@ from slime.types import Group, JsonObject, Sample, Status
 if TYPE_CHECKING:
     from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer
 
-__all__ = ["check_generate", "check_reward", "check_filter", "check_rollout", "generate_signature_problem", "Report", "PROBE_PROMPT"]
+__all__ = [
+    "check_generate",
+    "check_reward",
+    "check_filter",
+    "check_rollout",
+    "generate_signature_problem",
+    "Report",
+    "PROBE_PROMPT",
+]
 
 PROBE_PROMPT = [0, 5, 9, 17, 3]
 _LISTS = ("rollout_logprobs", "versions", "loss_mask")
@@ -67,7 +75,11 @@ async def _call_plugin(
     (``fn`` is the user's plugin: untyped, its value is checked by the caller.)"""
     try:
         async with asyncio.timeout(timeout_s):
-            value = await fn(*args) if (_is_async(fn) if is_async is None else is_async) else await plugin_threads.run_sync(fn, *args)
+            value = (
+                await fn(*args)
+                if (_is_async(fn) if is_async is None else is_async)
+                else await plugin_threads.run_sync(fn, *args)
+            )
             if inspect.isawaitable(value):
                 value = await value
     except TimeoutError:
@@ -82,7 +94,11 @@ async def _call_plugin(
 def _problems(s: Sample, where: str) -> list[str]:
     """Alignment, mask and logprob problems of one sample, each a full sentence."""
     n = len(s.response_ids)
-    out = [f"{where}: response_ids has {n} tokens but {name} has {len(getattr(s, name))}" for name in _LISTS if len(getattr(s, name)) != n]
+    out = [
+        f"{where}: response_ids has {n} tokens but {name} has {len(getattr(s, name))}"
+        for name in _LISTS
+        if len(getattr(s, name)) != n
+    ]
     if out:
         return out
     bad_mask = [i for i, m in enumerate(s.loss_mask) if m not in (0, 1)]
@@ -90,12 +106,18 @@ def _problems(s: Sample, where: str) -> list[str]:
         out.append(f"{where}: loss_mask[{bad_mask[0]}] = {s.loss_mask[bad_mask[0]]!r}, expected 0 or 1")
     bad_lp = [i for i, lp in enumerate(s.rollout_logprobs) if not math.isfinite(lp) or lp > 1e-6]
     if bad_lp:
-        out.append(f"{where}: rollout_logprobs[{bad_lp[0]}] = {s.rollout_logprobs[bad_lp[0]]!r}, expected a finite log-probability <= 0")
+        out.append(
+            f"{where}: rollout_logprobs[{bad_lp[0]}] = {s.rollout_logprobs[bad_lp[0]]!r}, expected a finite log-probability <= 0"
+        )
     return out
 
 
 def _snapshot(s: Sample) -> dict[str, list]:
-    return {"prompt_ids": list(s.prompt_ids), "response_ids": list(s.response_ids), **{n: list(getattr(s, n)) for n in _LISTS}}
+    return {
+        "prompt_ids": list(s.prompt_ids),
+        "response_ids": list(s.response_ids),
+        **{n: list(getattr(s, n)) for n in _LISTS},
+    }
 
 
 def _rewrites(before: dict[str, list], s: Sample, where: str) -> list[str]:
@@ -130,7 +152,9 @@ async def _call_generate(
     before = _snapshot(sample)
     try:
         async with asyncio.timeout(ctx.timeout_s):
-            out = await fn(sample, dict(params), pool=ctx.pool, max_response_len=max_len, engine_version=0, decode=ctx.decode)
+            out = await fn(
+                sample, dict(params), pool=ctx.pool, max_response_len=max_len, engine_version=0, decode=ctx.decode
+            )
     except TimeoutError:
         report.fail(f"{what}: did not return within {ctx.timeout_s}s")
         return None
@@ -147,18 +171,29 @@ async def _call_generate(
         samples = out
         unfinished = [s.status.value for s in out if not s.status.is_finished]
         if unfinished:
-            report.fail(f"{what}: returned a list with unfinished samples (status {unfinished[0]}); each must be finished")
+            report.fail(
+                f"{what}: returned a list with unfinished samples (status {unfinished[0]}); each must be finished"
+            )
     else:
-        kind = "an empty list" if out == [] else (f"list[{type(out[0]).__name__}]" if isinstance(out, list) else type(out).__name__)
+        kind = (
+            "an empty list"
+            if out == []
+            else (f"list[{type(out[0]).__name__}]" if isinstance(out, list) else type(out).__name__)
+        )
         report.fail(f"{what}: returned {kind}, expected Sample or list[Sample]")
         return None
     single = len(samples) == 1 and samples[0] is sample
-    problems = [p for i, s in enumerate(samples) for p in _problems(s, what if single else f"{what}, returned sample {i}")]
+    problems = [
+        p for i, s in enumerate(samples) for p in _problems(s, what if single else f"{what}, returned sample {i}")
+    ]
     if any(s is sample for s in samples):
         problems += _rewrites(before, sample, what)
     for i, s in enumerate(samples):
         label = what if single else f"{what}, returned sample {i}"
-        problems += [f"{label}: {p.split(': ', 1)[1]}" for p in s.generate_contract_problems(max_response_len=max_len, engine_version=0)]
+        problems += [
+            f"{label}: {p.split(': ', 1)[1]}"
+            for p in s.generate_contract_problems(max_response_len=max_len, engine_version=0)
+        ]
     for p in problems:
         report.fail(p)
     return None if problems else samples
@@ -196,7 +231,9 @@ def generate_signature_problem(fn: Callable[..., object]) -> str | None:
     if hint.startswith("; it takes (args,"):  # binds to (sample, sampling_params, **kwargs) by position, but is not one
         return f"takes args first; a generate function is `async def generate(sample, sampling_params, **kwargs)`{hint}"
     try:
-        inspect.signature(fn).bind(Sample(prompt_ids=[0]), {}, pool=None, max_response_len=1, engine_version=0, decode=str)
+        inspect.signature(fn).bind(
+            Sample(prompt_ids=[0]), {}, pool=None, max_response_len=1, engine_version=0, decode=str
+        )
     except TypeError as exc:
         return f"does not accept (sample, sampling_params, pool=, max_response_len=, engine_version=, decode=): {exc}{hint}"
     except ValueError:
@@ -223,10 +260,14 @@ async def check_generate(
     fresh = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7")
     if await _call_generate(fn, fresh, params, ctx, max_response_len, report, "fresh sample") is None:
         return
-    report.ok(f"fresh sample: aligned lists, only appended, status {fresh.status.value}, {len(fresh.response_ids)} tokens")
+    report.ok(
+        f"fresh sample: aligned lists, only appended, status {fresh.status.value}, {len(fresh.response_ids)} tokens"
+    )
     long_len = 200
     sample = Sample(prompt_ids=list(PROBE_PROMPT), prompt="w5 w9 w17 w3", label="w7", group_id=1)
-    task = asyncio.ensure_future(_call_generate(fn, sample, {**params, "ignore_eos": True}, ctx, long_len, report, "aborted call"))
+    task = asyncio.ensure_future(
+        _call_generate(fn, sample, {**params, "ignore_eos": True}, ctx, long_len, report, "aborted call")
+    )
     while not task.done():
         await asyncio.sleep(0.005)
         with contextlib.suppress(Exception):
@@ -251,10 +292,14 @@ async def check_generate(
     report.ok(f"resume: earlier tokens kept, status {sample.status.value}, {len(sample.response_ids)} tokens")
 
 
-async def check_reward(fn: Callable[..., object], *, report: Report, timeout_s: float = 30.0, reward_key: str | None = None) -> None:
+async def check_reward(
+    fn: Callable[..., object], *, report: Report, timeout_s: float = 30.0, reward_key: str | None = None
+) -> None:
     """Call a per-sample reward function on a finished probe sample; it must return a finite float, or
     a dict whose ``reward_key`` entry (slime train's ``--reward-key``) is one."""
-    sample = Sample(prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED)
+    sample = Sample(
+        prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED
+    )
     sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
     try:
         inspect.signature(fn).bind(sample)
@@ -267,7 +312,9 @@ async def check_reward(fn: Callable[..., object], *, report: Report, timeout_s: 
     except ValueError:
         pass  # no signature to inspect: let the call decide
     if not _is_async(fn):
-        report.warn("is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped")
+        report.warn(
+            "is not async: slime runs it on a thread of its own, where a hang is abandoned at --reward-timeout-s, not stopped"
+        )
     ok, value = await _call_plugin(report, fn, (sample,), timeout_s)
     if not ok:
         return
@@ -296,7 +343,10 @@ def check_filter(fn: Callable[..., object], *, report: Report) -> None:
         report.fail("is async; the dynamic-sampling filter is called synchronously: `def keep(group) -> bool`")
         return
     for name, rewards in (("mixed rewards", [1.0, 0.0, 1.0, 0.0]), ("equal rewards", [1.0] * 4)):
-        samples = [Sample(prompt_ids=[0, 5], group_id=7, index=i, reward=r, status=Status.COMPLETED) for i, r in enumerate(rewards)]
+        samples = [
+            Sample(prompt_ids=[0, 5], group_id=7, index=i, reward=r, status=Status.COMPLETED)
+            for i, r in enumerate(rewards)
+        ]
         try:
             keep = fn(Group(group_id=7, samples=samples))
         except Exception as exc:  # the plugin's bug, reported as data
@@ -305,11 +355,19 @@ def check_filter(fn: Callable[..., object], *, report: Report) -> None:
         if isinstance(keep, bool):
             report.ok(f"group with {name}: returned {keep}")
         else:
-            report.fail(f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool")
+            report.fail(
+                f"group with {name}: returned {type(keep).__module__}.{type(keep).__name__} {keep!r}, expected bool"
+            )
 
 
 async def check_rollout(
-    fn: Callable[..., object], *, pool: WorkerPool, report: Report, model_dir: str = "", timeout_s: float = 60.0, max_response_len: int = 24
+    fn: Callable[..., object],
+    *,
+    pool: WorkerPool,
+    report: Report,
+    model_dir: str = "",
+    timeout_s: float = 60.0,
+    max_response_len: int = 24,
 ) -> None:
     """Call a whole-step rollout function (``--rollout-function-path``) once, as a training step
     calls it (``slime.loop.rollout_function``), on two probe prompts, 2 samples each; check what
@@ -328,18 +386,24 @@ async def check_rollout(
     report.ok(
         f"accepts (args, rollout_id, data_buffer, evaluation=False); {'async: awaited' if _is_async(fn) else 'sync: run on a thread'}"
     )
-    ok, out = await _call_plugin(report, functools.partial(fn, evaluation=False), (args, 0, data_buffer), timeout_s, is_async=_is_async(fn))
+    ok, out = await _call_plugin(
+        report, functools.partial(fn, evaluation=False), (args, 0, data_buffer), timeout_s, is_async=_is_async(fn)
+    )
     if not ok:
         return
     try:
-        groups, _ = to_groups(out, n_samples_per_prompt=2, engine_version=0, next_group_id=0, data_index=data_buffer.data_index)
+        groups, _ = to_groups(
+            out, n_samples_per_prompt=2, engine_version=0, next_group_id=0, data_index=data_buffer.data_index
+        )
     except PluginError as exc:
         report.fail(str(exc))
         return
     _report_groups(groups, report, rollout_batch_size=_PROBE_BATCH, max_response_len=max_response_len)
 
 
-def _probe_rollout_inputs(pool: WorkerPool, *, model_dir: str, max_response_len: int) -> tuple[RolloutArgs, RolloutDataBuffer]:
+def _probe_rollout_inputs(
+    pool: WorkerPool, *, model_dir: str, max_response_len: int
+) -> tuple[RolloutArgs, RolloutDataBuffer]:
     """THUDM/slime's ``args`` and ``data_buffer`` for one probe step: two probe prompts, 2 samples each."""
     from slime.config import DataConfig, LoopConfig, RolloutConfig
     from slime.data.dataset import PromptRow, PromptSource
@@ -372,10 +436,16 @@ def _report_groups(groups: list[Group], report: Report, *, rollout_batch_size: i
         f"{sum(s.num_response_tokens for s in samples)} response tokens"
     )
     if len(groups) != rollout_batch_size:
-        report.warn(f"returned {len(groups)} groups for args.rollout_batch_size={rollout_batch_size}; a run trains on what is returned")
-    if (longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)) > max_response_len:
+        report.warn(
+            f"returned {len(groups)} groups for args.rollout_batch_size={rollout_batch_size}; a run trains on what is returned"
+        )
+    if (
+        longest := max((s.num_response_tokens for s in samples if not s.metadata.get("offline")), default=0)
+    ) > max_response_len:
         report.warn(f"a response of {longest} tokens, more than args.rollout_max_response_len={max_response_len}")
     if num := sum(s.reward is None for s in samples):
         report.warn(f"{num} of {len(samples)} samples have no reward: a run scores them with its reward function")
     if num := sum(bool(s.metadata.get("offline")) for s in samples):
-        report.warn(f"{num} of {len(samples)} samples have no rollout_log_probs: the trainer computes them (torch backend only)")
+        report.warn(
+            f"{num} of {len(samples)} samples have no rollout_log_probs: the trainer computes them (torch backend only)"
+        )

@@ -101,11 +101,15 @@ def _as_reward(value: object, reward_key: str | None = None, sample: Sample | No
     ``reward_key`` entry, and the whole dict is kept in ``sample.evidence["reward_fields"]``."""
     if isinstance(value, dict):
         if reward_key is None:
-            raise PluginError(f"reward function returned a dict {value!r:.80}; --reward-key names which entry is the reward")
+            raise PluginError(
+                f"reward function returned a dict {value!r:.80}; --reward-key names which entry is the reward"
+            )
         if reward_key not in value:
             raise PluginError(f"reward function returned a dict without --reward-key {reward_key!r}: {value!r:.80}")
         if sample is not None:  # evidence stays JSON: scalar entries only
-            sample.evidence["reward_fields"] = {k: v for k, v in value.items() if isinstance(v, (str, int, float, bool, type(None)))}
+            sample.evidence["reward_fields"] = {
+                k: v for k, v in value.items() if isinstance(v, (str, int, float, bool, type(None)))
+            }
         value = value[reward_key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PluginError(f"reward function returned {type(value).__name__} {value!r}, expected a float")
@@ -136,7 +140,9 @@ def _described(exc: BaseException) -> BaseException:
     the run; others as they are."""
     if isinstance(exc, Exception):
         return exc
-    return PluginError(f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) raised by the reward function; it does not end the run")
+    return PluginError(
+        f"{type(exc).__name__}({', '.join(map(repr, exc.args))}) raised by the reward function; it does not end the run"
+    )
 
 
 def _stopping() -> bool:
@@ -150,7 +156,9 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     sample.reward = 0.0
     where = f"group {sample.group_id} sample {sample.index}"
     shown = _described(exc)
-    log.warning("reward failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, shown)
+    log.warning(
+        "reward failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, shown
+    )
     sample.evidence["reward_error"] = {
         "where": where,
         "type": type(exc).__name__,
@@ -177,7 +185,9 @@ async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float,
         _mark_failed(sample, exc, time.monotonic() - t0)
 
 
-async def score_group(samples: list[Sample], group_reward_fn: GroupRewardFn, *, timeout_s: float, reward_key: str | None = None) -> None:
+async def score_group(
+    samples: list[Sample], group_reward_fn: GroupRewardFn, *, timeout_s: float, reward_key: str | None = None
+) -> None:
     """Set every sample's reward from one call of a per-group reward function (dict entries: their ``reward_key``)."""
     t0 = time.monotonic()
     deadline = asyncio.timeout(timeout_s)
@@ -185,7 +195,9 @@ async def score_group(samples: list[Sample], group_reward_fn: GroupRewardFn, *, 
         async with deadline:
             raw = await _call(group_reward_fn, samples)
         if not isinstance(raw, (list, tuple)):
-            raise PluginError(f"group reward function returned {type(raw).__name__} {raw!r:.60}, expected a list of {len(samples)} rewards")
+            raise PluginError(
+                f"group reward function returned {type(raw).__name__} {raw!r:.60}, expected a list of {len(samples)} rewards"
+            )
         if len(raw) != len(samples):
             raise PluginError(f"group reward function returned {len(raw)} rewards for {len(samples)} samples")
         values = [_as_reward(v, reward_key, s) for v, s in zip(raw, samples)]

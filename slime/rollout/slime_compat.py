@@ -182,9 +182,19 @@ class RolloutDataBuffer:
     """
 
     def __init__(
-        self, *, next_row: Callable[[], Any], tokenize: Callable[[Any], list[int]], n_samples_per_prompt: int, num_prompts: int = 0
+        self,
+        *,
+        next_row: Callable[[], Any],
+        tokenize: Callable[[Any], list[int]],
+        n_samples_per_prompt: int,
+        num_prompts: int = 0,
     ):
-        self._next_row, self._tokenize, self._n, self._num_prompts = next_row, tokenize, n_samples_per_prompt, num_prompts
+        self._next_row, self._tokenize, self._n, self._num_prompts = (
+            next_row,
+            tokenize,
+            n_samples_per_prompt,
+            num_prompts,
+        )
         self._returned: list[list[Any]] = []
         self._next_group_index = 0
         self._next_index = 0
@@ -246,11 +256,15 @@ def to_groups(
     raw = output.samples if hasattr(output, "samples") and not isinstance(output, (list, Group)) else output
     if not isinstance(raw, list) or not raw:
         kind = "an empty list" if raw == [] else type(raw).__name__
-        raise PluginError(f"returned {kind}; expected a non-empty list of groups (list[list[Sample]]) or RolloutFnTrainOutput(samples=...)")
+        raise PluginError(
+            f"returned {kind}; expected a non-empty list of groups (list[list[Sample]]) or RolloutFnTrainOutput(samples=...)"
+        )
     if all(isinstance(g, (list, Group)) for g in raw):
         raw_groups = [g.samples if isinstance(g, Group) else g for g in raw]
     elif any(isinstance(g, (list, Group)) for g in raw):
-        raise PluginError("returned a list mixing groups and single samples; return list[list[Sample]] or a flat list[Sample]")
+        raise PluginError(
+            "returned a list mixing groups and single samples; return list[list[Sample]] or a flat list[Sample]"
+        )
     elif len(raw) % n_samples_per_prompt:
         raise PluginError(
             f"returned a flat list of {len(raw)} samples, not a multiple of n_samples_per_prompt={n_samples_per_prompt}; "
@@ -305,11 +319,15 @@ def _from_slime_sample(s: Any, *, group_id: int, index: int, engine_version: int
     """A THUDM/slime-shaped sample (the user's object, read by attribute: ``Any``) as our ``Sample``."""
     tokens, n = list(s.tokens or []), s.response_length
     if not isinstance(n, int) or not 0 <= n <= len(tokens):
-        raise PluginError(f"{where}: response_length={n!r} with {len(tokens)} tokens; expected 0 <= response_length <= len(tokens)")
+        raise PluginError(
+            f"{where}: response_length={n!r} with {len(tokens)} tokens; expected 0 <= response_length <= len(tokens)"
+        )
     status = _status(getattr(s, "status", None), where)
     mask, logprobs = _checked_token_lists(s, n, where)
     reward = getattr(s, "reward", None)
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)):
+    if reward is not None and (
+        isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
+    ):
         raise PluginError(
             f"{where}: reward is {type(reward).__name__} {reward!r:.60}, expected a finite float or None "
             "(None: the run's reward function scores it)"

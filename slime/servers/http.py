@@ -92,7 +92,9 @@ async def read_json_object(request: web.Request, *, optional: bool = False) -> J
     except msgspec.DecodeError as exc:
         raise BadRequest(f"JSON decode error: {exc}") from None
     if not isinstance(body, dict):
-        raise BadRequest(f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}")
+        raise BadRequest(
+            f"Input should be a valid dictionary or object to extract fields from, got {type(body).__name__}"
+        )
     return body
 
 

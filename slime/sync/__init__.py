@@ -46,7 +46,9 @@ def build_weight_sync(config: SyncConfig, *, pool: WorkerPool, trainer: WeightSo
     if config.method == "disk":
         from slime.sync.disk import DiskWeightSync
 
-        return DiskWeightSync(msgspec.structs.replace(config, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf)
+        return DiskWeightSync(
+            msgspec.structs.replace(config, weights_dir=weights_dir), pool=pool, save_fn=trainer.save_hf
+        )
     if config.method == "distributed":
         from slime.sync.distributed import DistributedWeightSync
 
@@ -58,5 +60,7 @@ def build_weight_sync(config: SyncConfig, *, pool: WorkerPool, trainer: WeightSo
     if config.method == "delta":
         from slime.sync.delta import DeltaWeightSync
 
-        return DeltaWeightSync(config, pool=pool, state_fn=trainer.state_dict_for_sync, base=trainer.state_dict_for_sync())
+        return DeltaWeightSync(
+            config, pool=pool, state_fn=trainer.state_dict_for_sync, base=trainer.state_dict_for_sync()
+        )
     raise ValueError(f"unknown weight sync method {config.method!r}")

@@ -59,7 +59,9 @@ class WeightSource(Protocol):
 
 
 class WeightSync(Protocol):
-    async def save(self, version: int) -> Any:  # Any: each strategy's own handle (a directory, named tensors), passed back to load
+    async def save(
+        self, version: int
+    ) -> Any:  # Any: each strategy's own handle (a directory, named tensors), passed back to load
         """Step 1, while generating: stage the trainer's weights for ``version``; returns what ``load`` takes."""
         ...
 
@@ -91,7 +93,11 @@ async def _begin(client: EngineClient) -> bool:
     except EngineRequestError as exc:
         if exc.status != 400:
             raise
-        log.warning("%s: a weight-update session is already open (%s); ending it and beginning again", client.url, exc.engine_message)
+        log.warning(
+            "%s: a weight-update session is already open (%s); ending it and beginning again",
+            client.url,
+            exc.engine_message,
+        )
         await client.end_weight_update()
         return await client.begin_weight_update()
 

@@ -109,7 +109,12 @@ def encode_tensor(
         ValueError: ``old`` and ``new`` differ in dtype or shape.
     """
     new = new.detach().cpu().contiguous()
-    meta = {"dtype": dtype_name(new.dtype), "shape": list(new.shape), "sha256": tensor_checksum(new), "num_changed": new.numel()}
+    meta = {
+        "dtype": dtype_name(new.dtype),
+        "shape": list(new.shape),
+        "sha256": tensor_checksum(new),
+        "num_changed": new.numel(),
+    }
     raw = EncodedTensor(name, "raw", {**meta, "encoding": "raw"}, {name: new})
     if old is None or full:
         return raw
@@ -135,11 +140,15 @@ def encode_tensor(
         if miss.numel():
             parts[f"{name}::xidx"] = miss.to(torch.int64)
             parts[f"{name}::xval"] = new.reshape(-1)[miss].contiguous()
-        candidates.append(EncodedTensor(name, "diff", {**meta, "encoding": "diff", "num_exceptions": miss.numel()}, parts))
+        candidates.append(
+            EncodedTensor(name, "diff", {**meta, "encoding": "diff", "num_exceptions": miss.numel()}, parts)
+        )
     return min(candidates, key=lambda e: e.nbytes)
 
 
-def decode_tensor(name: str, meta: dict[str, Any], parts: dict[str, torch.Tensor], old: torch.Tensor | None) -> torch.Tensor:
+def decode_tensor(
+    name: str, meta: dict[str, Any], parts: dict[str, torch.Tensor], old: torch.Tensor | None
+) -> torch.Tensor:
     """Rebuild ``new`` from its encoding and ``old`` (the receiver's current tensor).
 
     Raises:
@@ -152,7 +161,9 @@ def decode_tensor(name: str, meta: dict[str, Any], parts: dict[str, torch.Tensor
         raise ValueError(f"{name}: unknown delta encoding {encoding!r}")
     if old is None or old.dtype != dtype or old.shape != shape:
         have = "nothing" if old is None else f"{old.dtype} {tuple(old.shape)}"
-        raise ValueError(f"{name}: a {encoding} delta needs the old {dtype} {tuple(shape)} tensor, the engine has {have}")
+        raise ValueError(
+            f"{name}: a {encoding} delta needs the old {dtype} {tuple(shape)} tensor, the engine has {have}"
+        )
     old = old.detach().cpu().contiguous()
     view_np = _np(old).dtype
     try:

@@ -101,7 +101,11 @@ class DeltaWeightSync:
         for c in clients:
             if c.url not in self._embedded:
                 self._embedded[c.url] = (await c.server_info()).get("engine") == "slime-embedded"
-        control = {"weight_version": str(version), "abort_all_requests": abort_all_requests, "flush_cache": abort_all_requests}
+        control = {
+            "weight_version": str(version),
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": abort_all_requests,
+        }
         full: list[asyncio.Future] = []  # the full encoding, made once, on the first fallback
         async with weight_update_session(clients):
             results = await asyncio.gather(*(self._push(c, encoded, staged, control, full) for c in clients))
@@ -121,7 +125,10 @@ class DeltaWeightSync:
 
     def _encode(self, new: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None) -> list[EncodedTensor]:
         full = base is None
-        out = [encode_tensor(n, None if base is None else base.get(n), t, level=self.level, full=full) for n, t in new.items()]
+        out = [
+            encode_tensor(n, None if base is None else base.get(n), t, level=self.level, full=full)
+            for n, t in new.items()
+        ]
         return [e for e in out if e is not None]
 
     async def _push(
@@ -142,15 +149,24 @@ class DeltaWeightSync:
             problem = f"the engine refused it: {exc.engine_message}"
         if problem is None:
             return sent, False
-        log.warning("delta weight sync to %s (version %s): %s; falling back to a full sync", client.url, control["weight_version"], problem)
+        log.warning(
+            "delta weight sync to %s (version %s): %s; falling back to a full sync",
+            client.url,
+            control["weight_version"],
+            problem,
+        )
         if not full:
             full.append(asyncio.ensure_future(asyncio.to_thread(self._encode, new, None)))
         more, problem = await self._send(client, await full[0], {**control, "base_weight_version": None})
         if problem is not None:
-            raise RuntimeError(f"full weight sync to {client.url} (version {control['weight_version']}) still mismatches: {problem}")
+            raise RuntimeError(
+                f"full weight sync to {client.url} (version {control['weight_version']}) still mismatches: {problem}"
+            )
         return sent + more, True
 
-    async def _send(self, client: EngineClient, encoded: list[EncodedTensor], control: dict[str, Any]) -> tuple[int, str | None]:
+    async def _send(
+        self, client: EngineClient, encoded: list[EncodedTensor], control: dict[str, Any]
+    ) -> tuple[int, str | None]:
         """Send in buckets; returns (bytes, None) or (bytes, a description of the checksum mismatch)."""
         sent, bad = 0, []
         timeout_s = self.config.update_weights_timeout_s

@@ -60,10 +60,14 @@ class DiskWeightSync:
         try:
             await asyncio.to_thread(self.save_fn, str(path))
         except Exception as exc:
-            full = disk_full_error(exc, what=f"weight sync (--weight-sync disk) of version {version}", path=path, needed_bytes=self._size())
+            full = disk_full_error(
+                exc, what=f"weight sync (--weight-sync disk) of version {version}", path=path, needed_bytes=self._size()
+            )
             if full is None:
                 raise
-            raise DiskFullError(f"{full}; free space there, or set weights_dir (the sync section) to a larger disk") from exc
+            raise DiskFullError(
+                f"{full}; free space there, or set weights_dir (the sync section) to a larger disk"
+            ) from exc
         self._written.append(path)
         return path
 
@@ -80,7 +84,10 @@ class DiskWeightSync:
         continue on the new weights, and the prefix cache is not flushed (SGLang 0.5.17 asserts the
         flush succeeded and dies when requests are paused in place; ``kv_cache_version`` records it)."""
         await self.pool.update_weights_from_disk(
-            str(path), weight_version=str(version), abort_all_requests=abort_all_requests, flush_cache=abort_all_requests
+            str(path),
+            weight_version=str(version),
+            abort_all_requests=abort_all_requests,
+            flush_cache=abort_all_requests,
         )
         while len(self._written) > max(1, self.config.keep_last):
             old = self._written.pop(0)

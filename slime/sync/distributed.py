@@ -75,7 +75,12 @@ class DistributedWeightSync:
     """
 
     def __init__(
-        self, config: SyncConfig, *, pool: WorkerPool, state_fn: StateFn, load_format: Literal["auto", "flattened_bucket"] | None = "auto"
+        self,
+        config: SyncConfig,
+        *,
+        pool: WorkerPool,
+        state_fn: StateFn,
+        load_format: Literal["auto", "flattened_bucket"] | None = "auto",
     ):
         self.config = config
         self.pool = pool
@@ -126,7 +131,12 @@ class DistributedWeightSync:
             await self._drop_group()  # the collective stream is out of step: make a new group next time
             raise
         dt = time.monotonic() - t0
-        self.stats = {"bytes": num_bytes, "seconds": dt, "num_buckets": len(parts), "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9}
+        self.stats = {
+            "bytes": num_bytes,
+            "seconds": dt,
+            "num_buckets": len(parts),
+            "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9,
+        }
 
     async def _ensure_group(self, backend: str) -> WeightsUpdateGroup:
         """The group with the pool's current engines (a new one when they changed)."""
@@ -145,10 +155,18 @@ class DistributedWeightSync:
         offsets = [1 + sum(tp_sizes[:i]) for i in range(len(clients))]
         address = address_towards(urls[0])
         store = master_store(address, world_size, timeout_s)
-        name = f"slime_weights_{os.getpid()}_{next(_group_ids)}"  # fresh per group: a stale one on an engine cannot clash
+        name = (
+            f"slime_weights_{os.getpid()}_{next(_group_ids)}"  # fresh per group: a stale one on an engine cannot clash
+        )
         join = asyncio.ensure_future(
             asyncio.to_thread(
-                WeightsUpdateGroup.join, group_name=name, rank=0, world_size=world_size, backend=backend, timeout_s=timeout_s, store=store
+                WeightsUpdateGroup.join,
+                group_name=name,
+                rank=0,
+                world_size=world_size,
+                backend=backend,
+                timeout_s=timeout_s,
+                store=store,
             )
         )
         calls = [

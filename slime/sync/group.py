@@ -57,7 +57,9 @@ def address_towards(url: str) -> str:
 def master_store(address: str, world_size: int, timeout_s: float, port: int = 0) -> TCPStore:
     """The rank-0 ``TCPStore`` on ``address:port`` (0 = a free port, read back from ``.port``); returns
     at once, the workers connect later."""
-    return TCPStore(address, port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return TCPStore(
+        address, port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
 
 
 @dataclass
@@ -114,7 +116,9 @@ class WeightsUpdateGroup:
         if backend == "gloo":
             from torch.distributed import ProcessGroupGloo
 
-            pg: Any = ProcessGroupGloo(prefixed, rank, world_size, timeout)  # Gloo or NCCL: no common base in torch's stubs
+            pg: Any = ProcessGroupGloo(
+                prefixed, rank, world_size, timeout
+            )  # Gloo or NCCL: no common base in torch's stubs
         else:
             from torch.distributed import ProcessGroupNCCL
 
@@ -133,7 +137,9 @@ class WeightsUpdateGroup:
                 flat = flatten(tensors)
             else:
                 flat = torch.empty(
-                    sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8, device=tensors[0].device if tensors else "cpu"
+                    sum(t.numel() * t.element_size() for t in tensors),
+                    dtype=torch.uint8,
+                    device=tensors[0].device if tensors else "cpu",
                 )
             self._broadcast_one(flat)
             out = tensors if self.rank == 0 else unflatten(flat, [t.dtype for t in tensors], [t.shape for t in tensors])

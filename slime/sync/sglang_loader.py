@@ -59,6 +59,8 @@ def load_delta(model: WeightLoading, named_tensors: Sequence[tuple[str, torch.Te
     rebuilt = {name: decode_tensor(name, meta, parts, shadow.get(name)) for name, meta in metas.items()}
     bad = [name for name, t in rebuilt.items() if tensor_checksum(t) != metas[name]["sha256"]]
     if bad:
-        raise ValueError(f"delta sync: sha256 mismatch on {len(bad)} of {len(rebuilt)} tensors (e.g. {bad[:3]}); send a full sync")
+        raise ValueError(
+            f"delta sync: sha256 mismatch on {len(bad)} of {len(rebuilt)} tensors (e.g. {bad[:3]}); send a full sync"
+        )
     model.load_weights(list(rebuilt.items()))
     shadow.update({name: t.clone() for name, t in rebuilt.items()})

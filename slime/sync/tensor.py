@@ -53,7 +53,10 @@ class TensorWeightSync:
     async def load(self, staged: NamedTensors, version: int, *, abort_all_requests: bool = True) -> None:
         t0 = time.monotonic()
         if self._tp_size is None:
-            sizes = {int(info.get("tp_size") or 1) for info in await asyncio.gather(*(c.server_info() for c in engines(self.pool)))}
+            sizes = {
+                int(info.get("tp_size") or 1)
+                for info in await asyncio.gather(*(c.server_info() for c in engines(self.pool)))
+            }
             if len(sizes) != 1:
                 raise ValueError(f"tensor weight sync needs engines of one tp_size, got {sorted(sizes)}")
             self._tp_size = sizes.pop()
@@ -73,7 +76,12 @@ class TensorWeightSync:
                 )
                 num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         dt = time.monotonic() - t0
-        self.stats = {"bytes": num_bytes, "seconds": dt, "num_buckets": len(parts), "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9}
+        self.stats = {
+            "bytes": num_bytes,
+            "seconds": dt,
+            "num_buckets": len(parts),
+            "gb_per_s": num_bytes / max(dt, 1e-9) / 1e9,
+        }
 
     async def close(self) -> None:
         """Nothing to release (for symmetry with ``DistributedWeightSync.close``)."""

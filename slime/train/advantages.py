@@ -114,7 +114,9 @@ def grpo_advantages(
     return centred / (var.sqrt() + eps)
 
 
-def sample_scores(rewards: Tensor, valid_mask: Tensor, *, estimator: AdvantageEstimator, normalize_by_std: bool = True) -> Tensor:
+def sample_scores(
+    rewards: Tensor, valid_mask: Tensor, *, estimator: AdvantageEstimator, normalize_by_std: bool = True
+) -> Tensor:
     """The per-sample score each estimator starts from ([num_groups, n] in, same shape out).
 
     ``grpo``/``gspo``: GRPO advantages (final). ``reinforce_plus_plus_baseline``: reward minus the
@@ -272,5 +274,11 @@ def _estimate(
     if estimator in CRITIC_ESTIMATORS:
         if values is None:
             raise ValueError(f"advantage estimator {estimator!r} needs critic values")
-        return gae(_terminal_rewards(scores, mask) - penalty, values.detach().float() * response, response, gamma=gamma, lambd=lambd)
+        return gae(
+            _terminal_rewards(scores, mask) - penalty,
+            values.detach().float() * response,
+            response,
+            gamma=gamma,
+            lambd=lambd,
+        )
     raise ValueError(f"unknown advantage estimator {estimator!r}")

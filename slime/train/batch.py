@@ -42,7 +42,15 @@ from torch import Tensor
 from slime.train.advantages import AdvantageEstimator, sample_scores
 from slime.types import OFFLINE_VERSION, Group, Sample
 
-__all__ = ["TrainBatch", "build_train_batch", "pack_by_token_budget", "plan_steps", "MicroBatch", "Step", "rl_batch_metrics"]
+__all__ = [
+    "TrainBatch",
+    "build_train_batch",
+    "pack_by_token_budget",
+    "plan_steps",
+    "MicroBatch",
+    "Step",
+    "rl_batch_metrics",
+]
 
 MicroBatch = list[int]
 """Sample indices of one micro-batch, ascending."""
@@ -123,7 +131,9 @@ class TrainBatch:
         """Every tensor on ``device`` (self when they already are); dtypes unchanged."""
         if self.input_ids.device == torch.device(device):
             return self
-        fields: dict[str, Any] = {f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)}
+        fields: dict[str, Any] = {
+            f.name: None if (x := getattr(self, f.name)) is None else x.to(device) for f in dataclasses.fields(self)
+        }
         return TrainBatch(**fields)
 
     def slice(self, start: int, end: int) -> TrainBatch:
@@ -193,13 +203,20 @@ def build_train_batch(
     rows = [(gi, si, s) for gi, g in enumerate(groups) for si, s in enumerate(g.samples) if s.is_valid]
     batch = _empty_batch([s for _, _, s in rows], pad_token_id=pad_token_id, use_opd=use_opd)
     for b, (gi, si, s) in enumerate(rows):
-        _fill_row(batch, b, s, scores[gi, si], current_version=current_version, newest_only=mask_offpolicy_in_partial_rollout)
+        _fill_row(
+            batch, b, s, scores[gi, si], current_version=current_version, newest_only=mask_offpolicy_in_partial_rollout
+        )
     _check_staleness(batch.staleness, batch.loss_mask, current_version, max_staleness)
     return batch
 
 
 def _group_scores(
-    groups: Sequence[Group], *, use_opd: bool, use_task_reward: bool, estimator: AdvantageEstimator, normalize_by_std: bool
+    groups: Sequence[Group],
+    *,
+    use_opd: bool,
+    use_task_reward: bool,
+    estimator: AdvantageEstimator,
+    normalize_by_std: bool,
 ) -> Tensor:
     """Check every sample and score the valid ones within their group (``sample_scores``): [G, n], n the
     largest group; FAILED samples and the padding of smaller groups are NaN rewards out of the statistics."""
@@ -334,7 +351,9 @@ def plan_steps(
     for start in range(0, len(seq_lens), global_batch_size):
         end = min(start + global_batch_size, len(seq_lens))
         if max_tokens_per_gpu is not None:
-            steps.append([[start + i for i in mb] for mb in pack_by_token_budget(seq_lens[start:end], max_tokens_per_gpu)])
+            steps.append(
+                [[start + i for i in mb] for mb in pack_by_token_budget(seq_lens[start:end], max_tokens_per_gpu)]
+            )
         else:
             steps.append([list(range(s, min(s + micro_batch_size, end))) for s in range(start, end, micro_batch_size)])
     return steps

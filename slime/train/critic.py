@@ -67,7 +67,9 @@ class ValueModel(nn.Module):
             [B, T-1] float32: ``values[b, t]`` = V(tokens 0..t); 0.0 where token ``t + 1`` is padding.
         """
         position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp_min(0)  # [B, T]
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
         hidden = out.last_hidden_state[:, :-1, :].float()  # [B, T-1, H]
         return self.value_head(hidden).squeeze(-1) * attention_mask[:, 1:].to(hidden.dtype)  # [B, T-1]
 

@@ -30,7 +30,9 @@ GREEDY_TEMPERATURE = 1e-6
 def _scaled_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
     """[B, T-1, V] float32 next-token logits, divided by ``temperature`` unless greedy."""
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, T]")
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, T]"
+        )
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp_min(0)  # [B, T]
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     logits = out.logits[:, :-1, :].float()  # [B, T-1, V]
@@ -70,7 +72,9 @@ def compute_token_logprobs_and_entropy(
     return _gather_targets(log_probs, input_ids, valid), entropy
 
 
-def compute_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float) -> Tensor:
+def compute_token_logprobs(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float
+) -> Tensor:
     """Next-token logprobs under ``log_softmax(logits / temperature)``, as SGLang returns them.
 
     Args:
@@ -91,7 +95,9 @@ def compute_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: 
 
 
 @torch.no_grad()
-def sample_logprobs(model: nn.Module, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float) -> list[float]:
+def sample_logprobs(
+    model: nn.Module, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float
+) -> list[float]:
     """The logprob of each response token of one sequence, for parity checks against an engine.
 
     Args:

@@ -132,7 +132,9 @@ def policy_loss(
     log_ratio = (logprobs - old_logprobs.detach()) * mask  # [B, L]; 0 off mask so exp stays finite
     ratio = _ratio(log_ratio, mask, ratio_level)  # [B, L]
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
-    loss_tok, clipped, dual_active = _clipped_token_loss(ratio, advantages, eps_clip, eps_high, eps_clip_c)  # [B, L] each
+    loss_tok, clipped, dual_active = _clipped_token_loss(
+        ratio, advantages, eps_clip, eps_high, eps_clip_c
+    )  # [B, L] each
     if is_weights is not None:
         loss_tok = loss_tok * is_weights.detach()
     pg_loss = aggregate(loss_tok, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
@@ -199,7 +201,12 @@ def _check_policy_inputs(
 ) -> None:
     """``policy_loss``'s ValueErrors: shapes, ``loss_agg``, the entropy the bonus needs."""
     shape = logprobs.shape
-    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("loss_mask", loss_mask), ("is_weights", is_weights)):
+    for name, t in (
+        ("old_logprobs", old_logprobs),
+        ("advantages", advantages),
+        ("loss_mask", loss_mask),
+        ("is_weights", is_weights),
+    ):
         if t is not None and t.shape != shape:
             raise ValueError(f"policy_loss: {name} shape {tuple(t.shape)} != logprobs shape {tuple(shape)}")
     if loss_agg not in ("seq_mean", "token_mean"):
@@ -246,7 +253,9 @@ def sft_loss(
         ValueError: shapes differ.
     """
     if loss_mask.shape != logprobs.shape:
-        raise ValueError(f"sft_loss: loss_mask shape {tuple(loss_mask.shape)} != logprobs shape {tuple(logprobs.shape)}")
+        raise ValueError(
+            f"sft_loss: loss_mask shape {tuple(loss_mask.shape)} != logprobs shape {tuple(logprobs.shape)}"
+        )
     mask = loss_mask.to(logprobs.dtype)
     num_tokens = mask.sum()
     loss = aggregate(-logprobs, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)

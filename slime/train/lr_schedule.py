@@ -49,7 +49,10 @@ def resolve_lr_schedule(config: TrainConfig, num_optimizer_steps: int) -> TrainC
     if (decay, warmup) == (m.lr_decay_iters, m.lr_warmup_iters):
         return config
     return msgspec.structs.replace(
-        config, megatron=msgspec.structs.replace(m, lr_decay_iters=decay, lr_warmup_iters=max(warmup, 0), lr_warmup_fraction=None)
+        config,
+        megatron=msgspec.structs.replace(
+            m, lr_decay_iters=decay, lr_warmup_iters=max(warmup, 0), lr_warmup_fraction=None
+        ),
     )
 
 

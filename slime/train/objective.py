@@ -48,7 +48,15 @@ from slime.train.losses import aggregate, policy_loss, sft_loss
 from slime.train.offpolicy import decoupled_weights, mis_weights, tis_weights
 from slime.train.opd import masked_mean, reverse_kl
 
-__all__ = ["is_sft", "needs_reference", "needs_critic", "with_advantages", "opd_metrics", "correction_weights", "micro_batch_loss"]
+__all__ = [
+    "is_sft",
+    "needs_reference",
+    "needs_critic",
+    "with_advantages",
+    "opd_metrics",
+    "correction_weights",
+    "micro_batch_loss",
+]
 
 
 def is_sft(cfg: TrainConfig) -> bool:
@@ -58,7 +66,9 @@ def is_sft(cfg: TrainConfig) -> bool:
 
 def needs_reference(cfg: TrainConfig) -> bool:
     """A frozen reference model is needed: the KL loss, or a KL penalty in REINFORCE++/PPO rewards."""
-    return not is_sft(cfg) and (cfg.use_kl_loss or (cfg.kl_coef != 0.0 and cfg.advantage_estimator not in GROUP_NORMALISED))
+    return not is_sft(cfg) and (
+        cfg.use_kl_loss or (cfg.kl_coef != 0.0 and cfg.advantage_estimator not in GROUP_NORMALISED)
+    )
 
 
 def needs_critic(cfg: TrainConfig) -> bool:
@@ -73,13 +83,19 @@ def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
     back unchanged. With ``use_opd``, ``opd_kl_coef * (old_logprobs - teacher_logprobs)`` is taken
     off every trained token's advantage (``slime.train.opd``).
     """
-    if is_sft(cfg) or (cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages and not cfg.use_opd):
+    if is_sft(cfg) or (
+        cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages and not cfg.use_opd
+    ):
         return batch
     opd_penalty = None
     if cfg.use_opd:
         if batch.teacher_logprobs is None or batch.old_logprobs is None:
-            raise ValueError("--use-opd: the train batch has no teacher_logprobs / old_logprobs (build it with use_opd=True)")
-        opd_penalty = cfg.opd_kl_coef * reverse_kl(batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask)  # [B, L]
+            raise ValueError(
+                "--use-opd: the train batch has no teacher_logprobs / old_logprobs (build it with use_opd=True)"
+            )
+        opd_penalty = cfg.opd_kl_coef * reverse_kl(
+            batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask
+        )  # [B, L]
     kl = None
     if cfg.kl_coef != 0.0 and batch.ref_logprobs is not None:
         assert batch.old_logprobs is not None
@@ -105,7 +121,11 @@ def opd_metrics(batch: TrainBatch) -> dict[str, float]:
     trainer-side reverse KL the advantage used; {} without teacher logprobs."""
     if batch.teacher_logprobs is None or batch.old_logprobs is None:
         return {}
-    return {"opd_reverse_kl": masked_mean(reverse_kl(batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask), batch.loss_mask)}
+    return {
+        "opd_reverse_kl": masked_mean(
+            reverse_kl(batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask), batch.loss_mask
+        )
+    }
 
 
 def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None, dict[str, float]]:
@@ -113,7 +133,12 @@ def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None,
     assert mb.old_logprobs is not None
     if cfg.use_tis:
         return tis_weights(
-            mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, tis_clip=cfg.tis_clip, tis_clip_low=cfg.tis_clip_low, level=cfg.tis_level
+            mb.old_logprobs,
+            mb.rollout_logprobs,
+            mb.loss_mask,
+            tis_clip=cfg.tis_clip,
+            tis_clip_low=cfg.tis_clip_low,
+            level=cfg.tis_level,
         )
     if cfg.mis_level != "none":
         return mis_weights(
@@ -125,7 +150,9 @@ def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None,
             upper_bound=cfg.mis_upper_bound,
         )
     if cfg.use_decoupled_ppo:
-        return decoupled_weights(mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, behav_imp_weight_cap=cfg.behav_imp_weight_cap)
+        return decoupled_weights(
+            mb.old_logprobs, mb.rollout_logprobs, mb.loss_mask, behav_imp_weight_cap=cfg.behav_imp_weight_cap
+        )
     return None, {}
 
 
@@ -172,5 +199,7 @@ def micro_batch_loss(
         kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)  # [b, l]
         metrics["kl_loss"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1.0))
         if cfg.kl_loss_coef != 0.0:
-            loss = loss + cfg.kl_loss_coef * aggregate(kl, mask, loss_agg=cfg.loss_agg, loss_denominator=loss_denominator)
+            loss = loss + cfg.kl_loss_coef * aggregate(
+                kl, mask, loss_agg=cfg.loss_agg, loss_denominator=loss_denominator
+            )
     return loss, metrics

@@ -118,7 +118,10 @@ def tis_weights(
     mask = loss_mask.float()
     raw = _log_rho(_check(old_logprobs, rollout_logprobs, mask), mask, level).exp()  # [B, L]
     weights = raw.clamp(min=tis_clip_low, max=tis_clip) * mask
-    return weights, {"tis_mean": _token_mean(weights, mask), "tis_clipfrac": _token_mean((weights != raw * mask).float(), mask)}
+    return weights, {
+        "tis_mean": _token_mean(weights, mask),
+        "tis_clipfrac": _token_mean((weights != raw * mask).float(), mask),
+    }
 
 
 def mis_weights(

@@ -94,7 +94,9 @@ class RouterStats:
             logits, kept = logits[self._token_mask], kept[self._token_mask]
         scores = torch.softmax(logits.float(), dim=-1)  # [T, E]
         chosen = torch.zeros_like(scores).scatter_(1, scores.topk(self.topk, dim=1).indices, 1.0)  # before dropping
-        vec = torch.cat([scores.sum(0), chosen.sum(0), kept.sum(0).float(), scores.new_full((1,), scores.shape[0])])  # [3E + 1]
+        vec = torch.cat(
+            [scores.sum(0), chosen.sum(0), kept.sum(0).float(), scores.new_full((1,), scores.shape[0])]
+        )  # [3E + 1]
         if self.tp_group is not None:  # the whole micro-batch on every TP rank; collect sums over DP only
             dist.all_reduce(vec, group=self.tp_group)
         P, C, counts, num_tokens = vec[:E], vec[E : 2 * E], vec[2 * E : 3 * E].double(), vec[3 * E].double()

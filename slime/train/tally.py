@@ -41,4 +41,6 @@ class StepTally:
 
     def token_means(self, always: Sequence[str]) -> dict[str, float]:
         """Token means of the metrics seen (and of ``always``, 0.0 if never seen)."""
-        return {key: self.sums[key] / max(self.num_tokens, 1.0) for key in self.sums if key in self.seen or key in always}
+        return {
+            key: self.sums[key] / max(self.num_tokens, 1.0) for key in self.sums if key in self.seen or key in always
+        }

@@ -160,11 +160,15 @@ class TorchTrainer:
         )  # fmt: skip
         if config.kl_coef != 0.0 and config.advantage_estimator in GROUP_NORMALISED:
             logger.warning(
-                "--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)", config.kl_coef, config.advantage_estimator
+                "--kl-coef=%s has no effect with --advantage-estimator %s (as in slime)",
+                config.kl_coef,
+                config.advantage_estimator,
             )
         if config.behav_imp_weight_cap is not None and not config.use_decoupled_ppo:
             logger.warning("--behav-imp-weight-cap has no effect without --use-decoupled-ppo")
-        logger.info("torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32")
+        logger.info(
+            "torch backend: %s, %s, sdpa attention", self.device, "bf16 autocast, fp32 weights" if self.bf16 else "fp32"
+        )
 
     def train_step(self, groups: Sequence[Group]) -> TrainMetrics:
         """Train on ``groups`` (one rollout step) and bump ``policy_version`` by one.
@@ -211,7 +215,9 @@ class TorchTrainer:
         ).to(self.device)
         steps = self._plan(batch.seq_lens.tolist())
         if not objective.is_sft(cfg):  # SFT needs no logprobs from before the update
-            batch = objective.with_advantages(cfg, self.forward.before_update(batch, [mb for step in steps for mb in step]))
+            batch = objective.with_advantages(
+                cfg, self.forward.before_update(batch, [mb for step in steps for mb in step])
+            )
         tally = StepTally()
         for step in steps:
             self._optimizer_step(batch, step, tally)
@@ -321,7 +327,9 @@ class TorchTrainer:
             ``eval_loss`` (nats per token), ``eval_tokens`` (tokens scored), ``eval_samples``.
         """
         with self._lock:
-            batch = build_train_batch(groups, pad_token_id=self.pad_token_id, current_version=self.policy_version).to(self.device)
+            batch = build_train_batch(groups, pad_token_id=self.pad_token_id, current_version=self.policy_version).to(
+                self.device
+            )
             total = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync at the end
             for step in self._plan(batch.seq_lens.tolist()):
                 for indices in step:
@@ -333,7 +341,11 @@ class TorchTrainer:
                     total += -(logprobs * mb.loss_mask).sum()
             loss_sum = float(total)
             num_tokens = batch.num_train_tokens
-            return {"eval_loss": loss_sum / max(num_tokens, 1), "eval_tokens": float(num_tokens), "eval_samples": float(batch.num_samples)}
+            return {
+                "eval_loss": loss_sum / max(num_tokens, 1),
+                "eval_tokens": float(num_tokens),
+                "eval_samples": float(batch.num_samples),
+            }
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -374,7 +386,10 @@ class TorchTrainer:
         in-memory experts go out as one tensor per expert (``slime.sync.hf_layout``).
         """
         with self._lock:
-            return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in checkpoint_views(self.model.state_dict()).items()}
+            return {
+                name: t.detach().to("cpu", torch.float32, copy=True)
+                for name, t in checkpoint_views(self.model.state_dict()).items()
+            }
 
 
 def _mean(xs: list[float]) -> float:

@@ -43,11 +43,17 @@ def load_causal_lm(model_dir: str, device: torch.device) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)  # type: ignore[arg-type]  # transformers types .to() through a decorator that takes the model itself
 
 
-def adamw(params: Iterable[torch.nn.Parameter], config: TrainConfig, lr: float, device: torch.device) -> torch.optim.AdamW:
+def adamw(
+    params: Iterable[torch.nn.Parameter], config: TrainConfig, lr: float, device: torch.device
+) -> torch.optim.AdamW:
     """AdamW with the config's betas and weight decay; fused on CUDA (one kernel per step instead of
     a loop over tensors: the same update)."""
     return torch.optim.AdamW(
-        params, lr=lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay, fused=device.type == "cuda" or None
+        params,
+        lr=lr,
+        betas=(config.adam_beta1, config.adam_beta2),
+        weight_decay=config.weight_decay,
+        fused=device.type == "cuda" or None,
     )
 
 

@@ -52,7 +52,13 @@ class TorchForward:
         device: torch.device,
         bf16: bool,
     ):
-        self.config, self.model, self.ref_model, self.critic, self.router_stats = config, model, ref_model, critic, router_stats
+        self.config, self.model, self.ref_model, self.critic, self.router_stats = (
+            config,
+            model,
+            ref_model,
+            critic,
+            router_stats,
+        )
         self.rollout_temperature, self.device, self.bf16 = rollout_temperature, device, bf16
         self.loss_agg: LossAgg = config.loss_agg
 
@@ -80,9 +86,13 @@ class TorchForward:
             cols = torch.arange(mb.loss_mask.shape[1], device=old.device)[None, :]
             with self.autocast():
                 if not bypass:
-                    old[rows, cols] = compute_token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                    old[rows, cols] = compute_token_logprobs(
+                        self.model, mb.input_ids, mb.attention_mask, temperature=temperature
+                    )
                 if ref_model is not None and ref is not None:
-                    ref[rows, cols] = compute_token_logprobs(ref_model, mb.input_ids, mb.attention_mask, temperature=temperature)
+                    ref[rows, cols] = compute_token_logprobs(
+                        ref_model, mb.input_ids, mb.attention_mask, temperature=temperature
+                    )
                 if critic is not None and values is not None:
                     values[rows, cols] = critic(mb.input_ids, mb.attention_mask).float()
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, old_values=values)
@@ -90,7 +100,9 @@ class TorchForward:
     def micro_batch_loss(self, mb: TrainBatch, denom: float) -> tuple[Tensor, dict[str, float]]:
         """The policy loss of micro-batch ``mb`` (``objective.micro_batch_loss``; ``denom``: the optimizer
         step's) and its metrics, with the router hooks counting its real tokens."""
-        routers = self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext()
+        routers = (
+            self.router_stats.tokens(mb.attention_mask) if self.router_stats is not None else contextlib.nullcontext()
+        )
         with routers, self.autocast():
             logprobs, entropy = compute_token_logprobs_and_entropy(
                 self.model,

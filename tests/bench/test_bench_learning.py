@@ -11,7 +11,10 @@ from slime.cli import main as cli_main
 def _records(*, evals, steps):
     """evals: (step, accuracy, time_s, eval_time_s); steps: (step, trained_tokens, lag_histogram)."""
     recs = [{"kind": "eval", "step": s, "accuracy": a, "time_s": t, "eval_time_s": e} for s, a, t, e in evals]
-    recs += [{"kind": "step", "step": s, "trained_tokens": n, "lag_histogram": {str(k): v for k, v in h.items()}} for s, n, h in steps]
+    recs += [
+        {"kind": "step", "step": s, "trained_tokens": n, "lag_histogram": {str(k): v for k, v in h.items()}}
+        for s, n, h in steps
+    ]
     return sorted(recs, key=lambda r: (r["step"], r["kind"] == "eval"))
 
 
@@ -32,7 +35,12 @@ def test_run_curve_times_tokens_and_lags():
     assert [p["wall_s"] for p in c["points"]] == [0.0, 5.0, 12.0, 18.0]
     assert [p["wall_ex_eval_s"] for p in c["points"]] == [0.0, 5.0, 11.0, 16.0]  # less the mid-run evals before it
     assert [p["trained_tokens"] for p in c["points"]] == [0.0, 200.0, 400.0, 600.0]
-    assert (c["time_to_target_s"], c["time_to_target_ex_eval_s"], c["tokens_to_target"], c["step_to_target"]) == (12.0, 11.0, 400.0, 4)
+    assert (c["time_to_target_s"], c["time_to_target_ex_eval_s"], c["tokens_to_target"], c["step_to_target"]) == (
+        12.0,
+        11.0,
+        400.0,
+        4,
+    )
     assert (c["initial_accuracy"], c["final_accuracy"], c["eval_time_s"]) == (0.2, 0.65, 2.0)
     assert c["off_policy_token_share"] == pytest.approx(190 / 600)
     assert c["lag_share"] == pytest.approx({"0": 410 / 600, "1": 150 / 600, "3": 40 / 600})
@@ -65,11 +73,13 @@ def _curve(t, acc, tokens=100.0):
 
 
 def test_summarize_spread_and_speedup():
-    s = learning.summarize({"sync": [_curve(30.0, 0.70), _curve(50.0, 0.74)], "async": [_curve(20.0, 0.69), _curve(None, 0.71)]})
-    assert s["sync"]["reached"] == 2 and s["async"]["reached"] == 1
-    assert s["sync"]["final_accuracy"]["mean"] == pytest.approx(0.72) and s["sync"]["final_accuracy"]["std"] == pytest.approx(
-        0.02828, abs=1e-4
+    s = learning.summarize(
+        {"sync": [_curve(30.0, 0.70), _curve(50.0, 0.74)], "async": [_curve(20.0, 0.69), _curve(None, 0.71)]}
     )
+    assert s["sync"]["reached"] == 2 and s["async"]["reached"] == 1
+    assert s["sync"]["final_accuracy"]["mean"] == pytest.approx(0.72) and s["sync"]["final_accuracy"][
+        "std"
+    ] == pytest.approx(0.02828, abs=1e-4)
     assert s["async"]["speedup_vs_sync"] == pytest.approx(40.0 / 20.0)
     assert s["async"]["speedup_vs_sync_ex_eval"] == pytest.approx(39.0 / 19.0)
     assert s["async"]["final_accuracy_vs_sync_points"] == pytest.approx(-2.0)
@@ -78,7 +88,10 @@ def test_summarize_spread_and_speedup():
 
 
 def test_plot_writes_png(tmp_path):
-    pts = [{"accuracy": a, "wall_s": t, "wall_ex_eval_s": t, "trained_tokens": 10 * t} for t, a in ((0, 0.2), (5, 0.5), (10, 0.7))]
+    pts = [
+        {"accuracy": a, "wall_s": t, "wall_ex_eval_s": t, "trained_tokens": 10 * t}
+        for t, a in ((0, 0.2), (5, 0.5), (10, 0.7))
+    ]
     learning.plot({"sync": [{"points": pts}, {"points": pts[:2]}], "async": [{"points": pts}]}, tmp_path / "p.png", 0.6)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -99,7 +112,21 @@ def test_bad_flags_are_one_line(args, message, capsys):
 
 
 def test_failed_run_is_one_line(tmp_path, capsys):
-    code = cli_main(["bench", "learning", "--modes", "sync", "--seeds", "0", "--out", str(tmp_path), "--", "--rollout-batch-size", "0"])
+    code = cli_main(
+        [
+            "bench",
+            "learning",
+            "--modes",
+            "sync",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--",
+            "--rollout-batch-size",
+            "0",
+        ]
+    )
     assert code == 2 and capsys.readouterr().err.startswith("slime bench learning: error: ")
 
 
@@ -141,7 +168,11 @@ def test_tiny_real_bench(tmp_path):
         (curve,) = results["curves"][mode]
         assert [p["step"] for p in curve["points"]] == [0, 1, 2]
         assert curve["trained_tokens"] > 0 and curve["points"][-1]["wall_s"] > 0
-        assert "--use-tis" in results["argv"][mode][0] if mode == "async-tis" else "--use-tis" not in results["argv"][mode][0]
+        assert (
+            "--use-tis" in results["argv"][mode][0]
+            if mode == "async-tis"
+            else "--use-tis" not in results["argv"][mode][0]
+        )
     assert results["curves"]["sync"][0]["off_policy_token_share"] == 0.0
     assert (tmp_path / "learning.png").stat().st_size > 0 and (tmp_path / "learning.txt").read_text().startswith("mode")
     assert (tmp_path / "runs" / "sync-s0" / "metrics.jsonl").is_file()
@@ -152,7 +183,9 @@ def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
 
     from slime.cli.args import build_parser, config_from_args
 
-    argv = learning.train_argv("async-mis", 3, "/tmp/x", task="chain", num_rollout=5, eval_interval=2, extra=["--num-eval-prompts", "7"])
+    argv = learning.train_argv(
+        "async-mis", 3, "/tmp/x", task="chain", num_rollout=5, eval_interval=2, extra=["--num-eval-prompts", "7"]
+    )
     config = config_from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))
     assert (config.data.num_eval_prompts, config.loop.rollout_batch_size, config.loop.mode, config.train.mis_level) == (
         7,
@@ -160,7 +193,12 @@ def test_extra_flags_override_the_bench_defaults_and_modes_set_their_own():
         "async",
         "token",
     )
-    assert (config.seed, config.loop.num_rollout, config.loop.eval_interval, config.data.builtin_task) == (3, 5, 2, "chain")
+    assert (config.seed, config.loop.num_rollout, config.loop.eval_interval, config.data.builtin_task) == (
+        3,
+        5,
+        2,
+        "chain",
+    )
 
 
 def test_bench_usage_names_both_benches(capsys):
@@ -220,7 +258,15 @@ def test_a_bench_cut_short_keeps_the_runs_it_finished(tmp_path, monkeypatch):
 
     with pytest.raises(KeyboardInterrupt):
         learning.run_bench(
-            ["sync", "async"], [0], tmp_path, task="chain", num_rollout=2, eval_interval=2, target=0.6, train=one_run, log=lambda _: None
+            ["sync", "async"],
+            [0],
+            tmp_path,
+            task="chain",
+            num_rollout=2,
+            eval_interval=2,
+            target=0.6,
+            train=one_run,
+            log=lambda _: None,
         )
     results = json.loads((tmp_path / "learning.json").read_text())
     assert list(results["curves"]) == ["sync"] and results["summary"]["sync"]["reached"] == 1

@@ -29,7 +29,9 @@ WL = Workload(median=40, p99=160, max_len=320, seed=7)
 
 def _samples(wl: Workload, num_groups: int, n: int) -> list[Sample]:
     rows, ids = wl.prompts()
-    return [Sample(prompt_ids=list(ids[rows[g].prompt]), group_id=g, index=i) for g in range(num_groups) for i in range(n)]
+    return [
+        Sample(prompt_ids=list(ids[rows[g].prompt]), group_id=g, index=i) for g in range(num_groups) for i in range(n)
+    ]
 
 
 def test_the_draw_is_the_sim_engines_own_length():
@@ -38,9 +40,18 @@ def test_the_draw_is_the_sim_engines_own_length():
     samples = _samples(WL, 8, 8)
 
     async def engine_lengths() -> list[int]:
-        cfg = SimConfig(instant=True, response_len_median=WL.median, response_len_p99=WL.p99, max_response_len=WL.max_len, seed=WL.seed)
+        cfg = SimConfig(
+            instant=True,
+            response_len_median=WL.median,
+            response_len_p99=WL.p99,
+            max_response_len=WL.max_len,
+            seed=WL.seed,
+        )
         async with SimEngine(cfg) as eng:
-            return [len((await eng.generate(s.prompt_ids, {"max_new_tokens": WL.max_len}, request_id(s))).output_ids) for s in samples]
+            return [
+                len((await eng.generate(s.prompt_ids, {"max_new_tokens": WL.max_len}, request_id(s))).output_ids)
+                for s in samples
+            ]
 
     drawn = [lengths.total(s) for s in samples]
     assert drawn == asyncio.run(engine_lengths())
@@ -56,14 +67,24 @@ class _IgnoreEosPool:
     def __init__(self, abort_after: int):
         self.abort_after, self.calls = abort_after, []
 
-    async def generate(self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True) -> GenerateResult:
+    async def generate(
+        self, input_ids, sampling_params, *, rid=None, sticky_key=None, return_logprob=True
+    ) -> GenerateResult:
         self.calls.append((list(input_ids), dict(sampling_params)))
         assert sampling_params["ignore_eos"] is True
-        n, reason = sampling_params["max_new_tokens"], FinishReason(type="length", length=sampling_params["max_new_tokens"])
+        n, reason = (
+            sampling_params["max_new_tokens"],
+            FinishReason(type="length", length=sampling_params["max_new_tokens"]),
+        )
         if self.abort_after is not None and self.abort_after < n:
             n, reason, self.abort_after = self.abort_after, FinishReason(type="abort", message="Aborted"), None
         return GenerateResult(
-            output_ids=[5] * n, output_logprobs=[-1.0] * n, finish_reason=reason, weight_version="0", completion_tokens=n, rid=rid or ""
+            output_ids=[5] * n,
+            output_logprobs=[-1.0] * n,
+            finish_reason=reason,
+            weight_version="0",
+            completion_tokens=n,
+            rid=rid or "",
         )
 
 
@@ -112,11 +133,15 @@ def test_occupancy_meter_caps_in_flight_and_counts_a_pause_as_idle():
 
 
 def test_fit_recovers_a_line_and_needs_two_batch_sizes():
-    cost = fit_decode_cost([(1, 1.95 + 0.0096), (64, 1.95 + 0.0096 * 64), (256, 1.95 + 0.0096 * 256)], prefill_ms_per_token=0.004)
+    cost = fit_decode_cost(
+        [(1, 1.95 + 0.0096), (64, 1.95 + 0.0096 * 64), (256, 1.95 + 0.0096 * 256)], prefill_ms_per_token=0.004
+    )
     assert cost.decode_step_ms == pytest.approx(1.95) and cost.decode_step_per_req_ms == pytest.approx(0.0096)
     assert cost.r2 == pytest.approx(1.0) and cost.prefill_ms_per_token == 0.004
     noisy = fit_decode_cost([(1, 1.98), (64, 2.57), (256, 4.44)])  # the H200 numbers of issue 13
-    assert noisy.decode_step_ms == pytest.approx(1.95, abs=0.1) and noisy.decode_step_per_req_ms == pytest.approx(0.0096, rel=0.05)
+    assert noisy.decode_step_ms == pytest.approx(1.95, abs=0.1) and noisy.decode_step_per_req_ms == pytest.approx(
+        0.0096, rel=0.05
+    )
     with pytest.raises(ValueError):
         fit_decode_cost([(8, 2.0), (8, 2.1)])
 
@@ -136,8 +161,12 @@ def test_probe_recovers_the_decode_cost_of_an_engine_and_refuses_one_that_stops_
         max_response_len=64,
         max_running_requests=32,
     )
-    cost = asyncio.run(run(cfg, batch_sizes=(1, 8, 32), prompt_len=16, short=4, long=24, prefill_len=400, prefill_batch=4))
-    assert cost.decode_step_ms == pytest.approx(4.0, rel=0.25) and cost.decode_step_per_req_ms == pytest.approx(0.25, rel=0.25)
+    cost = asyncio.run(
+        run(cfg, batch_sizes=(1, 8, 32), prompt_len=16, short=4, long=24, prefill_len=400, prefill_batch=4)
+    )
+    assert cost.decode_step_ms == pytest.approx(4.0, rel=0.25) and cost.decode_step_per_req_ms == pytest.approx(
+        0.25, rel=0.25
+    )
     assert cost.prefill_ms_per_token == pytest.approx(0.01, rel=0.5)
     early = SimConfig(decode_step_ms=1.0, response_len_median=10, response_len_p99=10, max_response_len=10)
     with pytest.raises(RuntimeError, match="ignore_eos"):
@@ -214,17 +243,31 @@ def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_le
         async with sim_engine_process(REAL) as proc:
             return await asyncio.to_thread(
                 main,
-                [*BENCH, "--engine-urls", proc.url, "--weights-path", str(tmp_path), "--json", str(out), "--png", str(tmp_path / "b.png")],
+                [
+                    *BENCH,
+                    "--engine-urls",
+                    proc.url,
+                    "--weights-path",
+                    str(tmp_path),
+                    "--json",
+                    str(out),
+                    "--png",
+                    str(tmp_path / "b.png"),
+                ],
             )
 
     assert asyncio.run(serve_and_run()) == 0
     res = json.loads(out.read_text())
     cal = res["calibration"]
     # a per-request cost large enough (6.4 ms at 16 running) to stand out of the jitter of a shared 2-core machine
-    assert cal["decode_step_ms"] == pytest.approx(4.0, rel=0.35) and cal["decode_step_per_req_ms"] == pytest.approx(0.4, rel=0.4)
+    assert cal["decode_step_ms"] == pytest.approx(4.0, rel=0.35) and cal["decode_step_per_req_ms"] == pytest.approx(
+        0.4, rel=0.4
+    )
     assert res["workload"]["time_scale"] == 1.0 and res["sim_workload"]["time_scale"] == 4.0
     lengths = DrawnLengths(median=40, p99=160, max_len=320, seed=7)
-    drawn_first_batches = sum(lengths.total(s) for s in _samples(Workload(median=40, p99=160, max_len=320, seed=7), 2 * 4, 4))
+    drawn_first_batches = sum(
+        lengths.total(s) for s in _samples(Workload(median=40, p99=160, max_len=320, seed=7), 2 * 4, 4)
+    )
     for runs in (res["modes"], res["sim_modes"]):
         assert runs["sync"]["delivered_tokens"] == drawn_first_batches  # sync takes groups 0..7 in order
         for mode, m in runs.items():

@@ -57,7 +57,10 @@ def test_bench_rollout_writes_every_mode_with_sane_numbers(tmp_path):
         assert m["wasted_tokens"] >= 0 and m["client_cpu_ms_per_request"] > 0
         assert m["delivered_samples"] == 2 * 32 * 8
         # every generated token is trained, masked, or still waiting in the buffer
-        assert m["generated_tokens"] == m["trained_tokens"] + m["leftover_partial_tokens"] + m["leftover_ready_tokens"] + m["wasted_tokens"]
+        assert (
+            m["generated_tokens"]
+            == m["trained_tokens"] + m["leftover_partial_tokens"] + m["leftover_ready_tokens"] + m["wasted_tokens"]
+        )
         assert sum(m["lag_histogram"].values()) == m["delivered_tokens"]
     sync = results["modes"]["sync"]
     assert sync["requests_issued"] == 2 * 32 * 8 and sync["aborted_samples"] == 0 and sync["wasted_tokens"] == 0

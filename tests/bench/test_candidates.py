@@ -8,7 +8,9 @@ from slime.bench import candidates
 
 
 def test_each_candidate_swaps_in_only_inside_its_block():
-    pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
+    pytest.importorskip(
+        "megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed"
+    )
     from slime.train.megatron.layers import SDPACoreAttention
 
     ratio = SDPACoreAttention.dense_padding_ratio

@@ -44,7 +44,9 @@ def test_auto_starts_a_local_ray_when_none_runs(not_connected):
 
 
 def test_an_address_that_does_not_answer_is_one_line(not_connected):
-    with pytest.raises(RunError, match=r"^--ray-address 10.9.9.9:6379: no Ray cluster reachable there .*docs/ray.md\)$"):
+    with pytest.raises(
+        RunError, match=r"^--ray-address 10.9.9.9:6379: no Ray cluster reachable there .*docs/ray.md\)$"
+    ):
         connect("10.9.9.9:6379", init=FakeInit("10.0.0.1:6379"))
 
 

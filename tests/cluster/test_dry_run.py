@@ -22,9 +22,33 @@ from slime.cluster.plan import BASE_PORT, ClusterShape, RunShape, plan_placement
 from slime.errors import ConfigError
 
 FLAG_SETS = {
-    "Qwen3-4B": ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus-per-engine", "2"],
-    "GLM-4.5-355B": ["--actor-num-nodes", "8", "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus-per-engine", "32"],
-    "DeepSeek-V3": ["--actor-num-nodes", "16", "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus-per-engine", "64"],
+    "Qwen3-4B": [
+        "--actor-num-nodes",
+        "1",
+        "--actor-num-gpus-per-node",
+        "8",
+        "--colocate",
+        "--rollout-num-gpus-per-engine",
+        "2",
+    ],
+    "GLM-4.5-355B": [
+        "--actor-num-nodes",
+        "8",
+        "--actor-num-gpus-per-node",
+        "8",
+        "--colocate",
+        "--rollout-num-gpus-per-engine",
+        "32",
+    ],
+    "DeepSeek-V3": [
+        "--actor-num-nodes",
+        "16",
+        "--actor-num-gpus-per-node",
+        "8",
+        "--colocate",
+        "--rollout-num-gpus-per-engine",
+        "64",
+    ],
 }
 SHAPES = {"1x8": ClusterShape(1, 8), "2x8": ClusterShape(2, 8), "8x8": ClusterShape(8, 8)}
 
@@ -56,7 +80,9 @@ def test_flag_sets_as_written(name, shape):
     run, cluster = RunShape.from_flags(FLAG_SETS[name]), SHAPES[shape]
     want = AS_WRITTEN.get((name, shape))
     if want is None:
-        with pytest.raises(ConfigError, match=rf"^the run needs {run.bundles()} GPU bundle\(s\), the cluster has {cluster.nodes * 8} "):
+        with pytest.raises(
+            ConfigError, match=rf"^the run needs {run.bundles()} GPU bundle\(s\), the cluster has {cluster.nodes * 8} "
+        ):
             plan_placement(run, cluster)
         return
     table = plan_placement(run, cluster)
@@ -71,7 +97,9 @@ def test_flag_sets_as_written(name, shape):
 def test_flag_sets_scaled_to_the_cluster(shape):
     cluster = SHAPES[shape]
     qwen = plan_placement(RunShape.from_flags(scaled(FLAG_SETS["Qwen3-4B"], cluster)), cluster)
-    assert len(qwen.of_role("engine")) == 4 * cluster.nodes and {len(qwen.gpus(p)) for p in qwen.of_role("engine")} == {2}
+    assert len(qwen.of_role("engine")) == 4 * cluster.nodes and {len(qwen.gpus(p)) for p in qwen.of_role("engine")} == {
+        2
+    }
     for name, width in (("GLM-4.5-355B", 32), ("DeepSeek-V3", 64)):
         run = RunShape.from_flags(scaled(FLAG_SETS[name], cluster))
         if width > cluster.nodes * 8:
@@ -86,7 +114,9 @@ def test_flag_sets_scaled_to_the_cluster(shape):
 def test_the_qwen3_4b_table_on_one_node():
     text = plan_placement(RunShape.from_flags(FLAG_SETS["Qwen3-4B"]), SHAPES["1x8"]).format()
     lines = text.splitlines()
-    assert lines[0].startswith("# slime on Ray: 8 GPU bundle(s) on 1 node(s); trainer 1 node(s) x 8 GPU(s); 4 engine(s) of 2 GPU(s)")
+    assert lines[0].startswith(
+        "# slime on Ray: 8 GPU bundle(s) on 1 node(s); trainer 1 node(s) x 8 GPU(s); 4 engine(s) of 2 GPU(s)"
+    )
     assert lines[2].split() == ["0", "0", "node-0", "0", "trainer-0,", "engine-0"]
     assert f"http :{BASE_PORT + 3}" in next(x for x in lines if x.startswith("engine-3"))
     assert next(x for x in lines if x.startswith("trainer-")).split() == [

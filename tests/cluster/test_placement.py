@@ -20,7 +20,13 @@ from .conftest import GPUS_PER_NODE  # noqa: E402
 
 
 def test_sort_key_orders_by_ip_then_node_then_gpu():
-    probes = [("b", "10.0.0.2", 1), ("a", "10.0.0.10", 0), ("b", "10.0.0.2", 0), ("c", "10.0.0.2", 0), ("a", "10.0.0.10", 1)]
+    probes = [
+        ("b", "10.0.0.2", 1),
+        ("a", "10.0.0.10", 0),
+        ("b", "10.0.0.2", 0),
+        ("c", "10.0.0.2", 0),
+        ("a", "10.0.0.10", 1),
+    ]
     slots = slots_in_order(probes)
     assert [(s.ip, s.node_id, s.gpu) for s in slots] == [
         ("10.0.0.2", "b", 0),
@@ -78,7 +84,11 @@ def test_bundles_land_on_their_nodes_in_slime_order(ray_cluster, tmp_path):
                 assert run.where(p.name).node_id == table.slots[p.slots[0]].node_id, f"{p.name} on the wrong node"
         for p in trainers:
             assert seen[p.name]["CUDA_VISIBLE_DEVICES"] == str(table.slots[p.rank].gpu)
-            assert (seen[p.name]["RANK"], seen[p.name]["WORLD_SIZE"], seen[p.name]["LOCAL_RANK"]) == (str(p.rank), "4", "0")
+            assert (seen[p.name]["RANK"], seen[p.name]["WORLD_SIZE"], seen[p.name]["LOCAL_RANK"]) == (
+                str(p.rank),
+                "4",
+                "0",
+            )
             assert seen[p.name]["MASTER_ADDR"] == run.where("trainer-0").ip
         assert len({seen[p.name]["MASTER_PORT"] for p in trainers}) == 1
         assert [seen[p.name]["CUDA_VISIBLE_DEVICES"] for p in engines] == ["0,1", "2,3"]

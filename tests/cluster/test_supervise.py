@@ -80,7 +80,10 @@ def test_a_dead_trainer_rank_is_one_line_naming_node_and_actor(ray_cluster, targ
     line = str(died.value)
     assert "\n" not in line
     why = "exit status -9" if target == "process" else "its actor died (ActorDiedError)"
-    assert line == f"trainer rank 1 (actor trainer-1, pid {pid}) on node 0 ({where.ip}, node id {where.node_id[:12]}) died: {why}"
+    assert (
+        line
+        == f"trainer rank 1 (actor trainer-1, pid {pid}) on node 0 ({where.ip}, node id {where.node_id[:12]}) died: {why}"
+    )
 
 
 @pytest.mark.parametrize("how", ["exit", "error", "sigterm", "ctrl-c"])

@@ -17,7 +17,9 @@ WARMSTART_DIR = Path(calc.__file__).parent / "assets" / "calc-warmstart"
 
 
 def test_problems_are_seeded_and_their_label_is_what_the_calculator_says():
-    assert [calc.make_problem(random.Random(3)) for _ in range(3)] == [calc.make_problem(random.Random(3)) for _ in range(3)]
+    assert [calc.make_problem(random.Random(3)) for _ in range(3)] == [
+        calc.make_problem(random.Random(3)) for _ in range(3)
+    ]
     rng = random.Random(0)
     for _ in range(500):
         expression, label = calc.make_problem(rng)
@@ -86,7 +88,9 @@ async def test_reward_reads_the_final_assistant_message_of_the_multiturn_state()
 
 async def test_reward_falls_back_to_the_response_text_and_needs_a_label():
     sample = Sample(
-        prompt_ids=[1], label="46", response=calc.tool_call_text("12+34") + "\ntool\n<tool_response>46</tool_response>\nassistant\n#46\n"
+        prompt_ids=[1],
+        label="46",
+        response=calc.tool_call_text("12+34") + "\ntool\n<tool_response>46</tool_response>\nassistant\n#46\n",
     )
     assert await calc.reward(sample) == 1.0
     assert await calc.reward(Sample(prompt_ids=[1], label="46", response="#46")) == 1.0
@@ -99,15 +103,29 @@ def test_builtin_task_flag_selects_the_calc_rows_and_reward():
     from slime.cli.args import build_parser, config_from_args
     from slime.loop.inputs import load_prompts, reward_function
 
-    args = ["--builtin-task", "calc", "--num-eval-prompts", "20", "--rollout-batch-size", "4", "--global-batch-size", "32"]
+    args = [
+        "--builtin-task",
+        "calc",
+        "--num-eval-prompts",
+        "20",
+        "--rollout-batch-size",
+        "4",
+        "--global-batch-size",
+        "32",
+    ]
     config = config_from_args(build_parser().parse_args(args))
     assert config.data.builtin_task == "calc"
     train, evals = load_prompts(config.data, seed=config.seed)
     assert len(train) == 20000 and len(evals) == 20
-    assert [(r.prompt, r.label) for r in evals] == [(r["prompt"], r["label"]) for r in calc.generate_dataset(20, seed=0, split="eval")]
+    assert [(r.prompt, r.label) for r in evals] == [
+        (r["prompt"], r["label"]) for r in calc.generate_dataset(20, seed=0, split="eval")
+    ]
     assert reward_function(config.rollout, builtin=config.data.builtin_task) is calc.reward
     default = config_from_args(build_parser().parse_args(args[2:]))
-    assert default.data.builtin_task == "arith" and reward_function(default.rollout, builtin=default.data.builtin_task) is not calc.reward
+    assert (
+        default.data.builtin_task == "arith"
+        and reward_function(default.rollout, builtin=default.data.builtin_task) is not calc.reward
+    )
 
 
 def test_shipped_checkpoint_loads_with_its_chat_template_and_fits_the_task():

@@ -53,7 +53,12 @@ def test_bad_arguments_are_one_clear_error():
 
 
 def test_cli_writes_train_and_eval(tmp_path):
-    assert chain.main(["--out", str(tmp_path), "--num-train", "5", "--num-eval", "3", "--max-terms", "20", "--max-digits", "2"]) == 0
+    assert (
+        chain.main(
+            ["--out", str(tmp_path), "--num-train", "5", "--num-eval", "3", "--max-terms", "20", "--max-digits", "2"]
+        )
+        == 0
+    )
     assert len(chain.read_jsonl(tmp_path / "train.jsonl")) == 5 and len(chain.read_jsonl(tmp_path / "eval.jsonl")) == 3
 
 

@@ -91,7 +91,9 @@ def test_loss_mask_equals_the_assistant_spans_of_the_full_render(kind, tokenizer
     plain, annotated = tokenizers
     messages = conversation(kind)
     ids, mask = render_with_assistant_mask(plain, messages, TOOLS)
-    reference = annotated.apply_chat_template(messages, tools=TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    reference = annotated.apply_chat_template(
+        messages, tools=TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     assert ids == list(plain.apply_chat_template(messages, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"])
     assert ids == list(reference["input_ids"])
     assert mask == list(reference["assistant_masks"])
@@ -144,7 +146,9 @@ def test_assistant_char_spans_end_at_the_end_of_turn_marker_not_the_trailing_new
         out = "".join(f"<{m['role']}>{m['content']}</s>\n" for m in msgs)
         return out + ("<assistant>" if add_generation_prompt else "")
 
-    text, spans = assistant_char_spans(render, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo "}])
+    text, spans = assistant_char_spans(
+        render, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo "}]
+    )
     assert [text[a:b] for a, b in spans] == ["yo </s>"]
 
 
@@ -157,7 +161,9 @@ def test_a_turn_ends_at_its_closing_special_token_else_at_the_next_turns_tag():
     ]
 
     def glm(msgs, add_generation_prompt):  # no end-of-turn token: a turn ends where the next role tag begins
-        return "".join(f"<|{m['role']}|>\n{m['content']}" for m in msgs) + ("<|assistant|>\n" if add_generation_prompt else "")
+        return "".join(f"<|{m['role']}|>\n{m['content']}" for m in msgs) + (
+            "<|assistant|>\n" if add_generation_prompt else ""
+        )
 
     def chatml(msgs, add_generation_prompt):
         return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + (
@@ -182,7 +188,9 @@ def test_glm4_tool_call_turn_trains_the_observation_tag_that_ends_it():
     }
     assert masks == {"<|observation|>": [1], "<|user|>": [0, 1], "<|assistant|>": [0, 0, 0], "<|system|>": [0, 0]}
     at = ids.index(tok.convert_tokens_to_ids("<|observation|>"))
-    assert tok.decode(ids[at + 1 :]).startswith("\n<tool_response>\nParis: 18C, sunny") and not any(mask[at + 1 : at + 10])
+    assert tok.decode(ids[at + 1 :]).startswith("\n<tool_response>\nParis: 18C, sunny") and not any(
+        mask[at + 1 : at + 10]
+    )
 
 
 def test_tokenizer_without_chat_template_is_refused():

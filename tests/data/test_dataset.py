@@ -90,8 +90,12 @@ def test_gsm8k_as_parquet_loads_the_same_rows_as_the_jsonl(tmp_path):
 def test_a_bad_parquet_row_is_named_by_file_and_row_index(tmp_path):
     from slime.data.dataset import load_prompt_file
 
-    p = _write_parquet(tmp_path / "p.parquet", [{"question": "a"}, {"question": "b"}, {"question": None}, {"question": " "}])
-    with pytest.raises(DataError, match=rf"{p} row 2: key 'question' \(--input-key\) must be a non-empty string, got NoneType"):
+    p = _write_parquet(
+        tmp_path / "p.parquet", [{"question": "a"}, {"question": "b"}, {"question": None}, {"question": " "}]
+    )
+    with pytest.raises(
+        DataError, match=rf"{p} row 2: key 'question' \(--input-key\) must be a non-empty string, got NoneType"
+    ):
         load_prompt_file(p, input_key="question")
     rows, bad = load_prompt_file(p, input_key="question", on_bad_data="skip")
     assert [r.prompt for r in rows] == ["a", "b"] and bad == 2
@@ -111,7 +115,10 @@ def test_tools_and_chat_messages_are_kept_on_the_row(tmp_path):
 
     tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1?"}]
-    p = _write(tmp_path, [json.dumps({"prompt": msgs, "tools": [tool]}), json.dumps({"prompt": "2+2?", "tools": json.dumps([tool])})])
+    p = _write(
+        tmp_path,
+        [json.dumps({"prompt": msgs, "tools": [tool]}), json.dumps({"prompt": "2+2?", "tools": json.dumps([tool])})],
+    )
     rows, _ = load_prompt_file(p, tool_key="tools", apply_chat_template=True)
     assert rows[0].messages == msgs and rows[0].prompt == "1+1?" and rows[0].tools == [tool]
     assert rows[1].messages is None and rows[1].tools == [tool]
@@ -119,7 +126,9 @@ def test_tools_and_chat_messages_are_kept_on_the_row(tmp_path):
     with pytest.raises(DataError, match=f"{p}:1: .*list of chat messages; render it with --apply-chat-template"):
         load_prompt_file(p, tool_key="tools")
     bad = _write(tmp_path, [json.dumps({"prompt": "x", "tools": [{"name": "calculator"}]})])
-    with pytest.raises(DataError, match=f"{bad}:1: key 'tools' \\(--tool-key\\): tool 0 must be .*OpenAI function schema"):
+    with pytest.raises(
+        DataError, match=f"{bad}:1: key 'tools' \\(--tool-key\\): tool 0 must be .*OpenAI function schema"
+    ):
         load_prompt_file(bad, tool_key="tools")
 
 
@@ -136,5 +145,7 @@ def test_curriculum_orders_every_epoch_by_difficulty_with_seeded_ties(tmp_path):
     assert all([r.difficulty for r in e] == sorted(levels) for e in epochs)
     assert len({tuple(r.prompt for r in e) for e in epochs}) > 1, "ties should be reshuffled each epoch"
     missing = _write(tmp_path, [json.dumps({"prompt": "a", "level": 1}), json.dumps({"prompt": "b"})])
-    with pytest.raises(DataError, match=f"{missing}:2: key 'level' \\(--curriculum-key\\) must be a number, got NoneType"):
+    with pytest.raises(
+        DataError, match=f"{missing}:2: key 'level' \\(--curriculum-key\\) must be a number, got NoneType"
+    ):
         load_prompt_file(missing, curriculum_key="level")

@@ -54,7 +54,10 @@ def test_rows_of_one_prompt_become_one_group_of_offline_samples(tmp_path):
 @pytest.mark.parametrize(
     "bad, why",
     [
-        ({"prompt": "x", "response": "ab", "logprobs": [-1.0]}, ":3: key 'logprobs' has 1 values for the 2 tokens of 'response'"),
+        (
+            {"prompt": "x", "response": "ab", "logprobs": [-1.0]},
+            ":3: key 'logprobs' has 1 values for the 2 tokens of 'response'",
+        ),
         ({"prompt": "x", "response": ""}, ":3: key 'response' must be a non-empty string"),
         ({"prompt": "x", "response": "a", "reward": "high"}, ":3: key 'reward' must be a number or null"),
     ],

@@ -22,7 +22,9 @@ def _nested(depth: int) -> bytes:
 def test_a_too_deep_line_is_a_bad_row_named_by_file_and_line(tmp_path, depth):
     path = tmp_path / "p.jsonl"
     path.write_bytes(b'{"prompt": "ok"}\n' + _nested(depth))
-    with pytest.raises(DataError, match=re.escape(f"{path}:2: JSON nested deeper than {LIMIT} levels") + r" \(use --on-bad-data skip"):
+    with pytest.raises(
+        DataError, match=re.escape(f"{path}:2: JSON nested deeper than {LIMIT} levels") + r" \(use --on-bad-data skip"
+    ):
         load_prompt_file(path)
 
 
@@ -48,4 +50,6 @@ def test_slime_train_names_the_too_deep_line_in_one_line(tmp_path, capsys):
     argv = ["train", "--dry-run", "--save", str(tmp_path / "run"), "--prompt-data", str(path), "--rm-type", "arith"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"slime train: error: {path}:2: JSON nested deeper than {LIMIT} levels"), err
+    assert len(err) == 1 and err[0].startswith(
+        f"slime train: error: {path}:2: JSON nested deeper than {LIMIT} levels"
+    ), err

@@ -55,9 +55,13 @@ def test_rollout_max_prompt_len_makes_longer_prompts_bad_rows_named_by_file_and_
     path = _write(tmp_path / "p.jsonl", ["a b", "w w w w", "c"])  # 3, 5 and 2 tokens
     with pytest.raises(DataError, match=rf"{path}:2: the prompt renders to 5 tokens, over --rollout-max-prompt-len 4"):
         load_prompt_file(path, check=prompt_length_check(_tokenize, max_len=1000, max_prompt_len=4))
-    rows, num_bad = load_prompt_file(path, on_bad_data="skip", check=prompt_length_check(_tokenize, max_len=None, max_prompt_len=4))
+    rows, num_bad = load_prompt_file(
+        path, on_bad_data="skip", check=prompt_length_check(_tokenize, max_len=None, max_prompt_len=4)
+    )
     assert [r.prompt for r in rows] == ["a b", "c"] and num_bad == 1
-    rows, _ = load_prompt_file(path, check=prompt_length_check(_tokenize, max_len=1000, max_prompt_len=5))  # 5 is not over 5
+    rows, _ = load_prompt_file(
+        path, check=prompt_length_check(_tokenize, max_len=1000, max_prompt_len=5)
+    )  # 5 is not over 5
     assert len(rows) == 3
 
 
@@ -65,6 +69,9 @@ def test_rollout_max_prompt_len_is_slimes_flag():
     from slime.cli.args import build_parser, config_from_args
     from slime.errors import ConfigError
 
-    assert config_from_args(build_parser().parse_args(["--rollout-max-prompt-len", "256"])).data.rollout_max_prompt_len == 256
+    assert (
+        config_from_args(build_parser().parse_args(["--rollout-max-prompt-len", "256"])).data.rollout_max_prompt_len
+        == 256
+    )
     with pytest.raises(ConfigError, match="--rollout-max-prompt-len=0 is invalid"):
         config_from_args(build_parser().parse_args(["--rollout-max-prompt-len", "0"]))

@@ -21,7 +21,11 @@ def _write(tmp_path, rows):
 @pytest.mark.parametrize(
     "row, template, message",
     [
-        ({"prompt": ["a", "b"]}, False, "key 'prompt' (--input-key) must be a non-empty string, got a list of 2 strings ['a', 'b']"),
+        (
+            {"prompt": ["a", "b"]},
+            False,
+            "key 'prompt' (--input-key) must be a non-empty string, got a list of 2 strings ['a', 'b']",
+        ),
         (
             {"prompt": [1, "a"]},
             False,

@@ -84,16 +84,23 @@ def test_example_needs_a_prompt_token_before_the_first_trained_one():
 
 def test_row_longer_than_the_model_context_is_a_bad_row_named_by_file_and_line(tmp_path, arith_tok):
     path = tmp_path / "sft.jsonl"
-    short, long = {"prompt": "1+1=", "response": "#2"}, {"prompt": "1+1=", "response": "#" + "2" * 20}  # 8 and 27 tokens
+    short, long = (
+        {"prompt": "1+1=", "response": "#2"},
+        {"prompt": "1+1=", "response": "#" + "2" * 20},
+    )  # 8 and 27 tokens
     path.write_text(json.dumps(short) + "\n" + json.dumps(long) + "\n")
-    with pytest.raises(DataError, match=rf"{path}:2: the row renders to 27 tokens, more than the model's context of 26"):
+    with pytest.raises(
+        DataError, match=rf"{path}:2: the row renders to 27 tokens, more than the model's context of 26"
+    ):
         load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=26)
     rows, num_bad = load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=26, on_bad_data="skip")
     assert ([r.input_ids for r in rows], num_bad) == (
         [[arith_tok.bos_token_id, *arith_tok.encode("1+1=#2", add_special_tokens=False), arith_tok.eos_token_id]],
         1,
     )
-    assert len(load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=27)[0]) == 2  # exactly the context fits
+    assert (
+        len(load_sft_file(path, tokenizer=arith_tok, input_key="prompt", max_len=27)[0]) == 2
+    )  # exactly the context fits
 
 
 def test_model_context_len_reads_the_hf_config_field():
@@ -117,7 +124,11 @@ def test_a_tool_call_with_malformed_arguments_is_a_bad_row(tmp_path, arguments, 
     good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     bad = [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": arguments}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": arguments}}],
+        },
     ]
     tok = build_chat_tokenizer("qwen", [(good, None)])
     path = tmp_path / "chat.jsonl"

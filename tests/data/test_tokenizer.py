@@ -77,7 +77,14 @@ def test_shipped_checkpoint_loads_and_its_config_matches_the_tokenizer():
 
 
 def test_chat_tokenizer_saves_with_its_template_and_round_trips_text_and_markers(tmp_path):
-    from slime.data.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, CHAT_TEMPLATE, CHAT_TOOL_TOKENS, IM_END, build_chat_tokenizer
+    from slime.data.tokenizer import (
+        CHAT_ALPHABET,
+        CHAT_SPECIAL_TOKENS,
+        CHAT_TEMPLATE,
+        CHAT_TOOL_TOKENS,
+        IM_END,
+        build_chat_tokenizer,
+    )
 
     build_chat_tokenizer(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
@@ -88,4 +95,7 @@ def test_chat_tokenizer_saves_with_its_template_and_round_trips_text_and_markers
     ids = tok.encode(text)
     assert ids == build_chat_tokenizer().encode(text) == tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text
-    assert tok.decode(ids, skip_special_tokens=True) == 'user\n{"a": [1, 2]} ~x\n<tool_call>{}</tool_call><tool_response>7</tool_response>'
+    assert (
+        tok.decode(ids, skip_special_tokens=True)
+        == 'user\n{"a": [1, 2]} ~x\n<tool_call>{}</tool_call><tool_response>7</tool_response>'
+    )

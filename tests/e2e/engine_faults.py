@@ -87,7 +87,9 @@ class FaultyProxy:
             return await self._stall(request)
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
-        async with self._session.request(request.method, self.upstream + request.path_qs, data=body, headers=headers) as resp:
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=body, headers=headers
+        ) as resp:
             payload = await resp.read()
             if self.mode == "stall":  # switched while the engine worked on it: the answer never leaves
                 return await self._stall(request)

@@ -29,16 +29,28 @@ from tests.fixtures.tiny_model import write_tiny_llama
 
 BODIES = json.loads((Path(__file__).parents[1] / "engines" / "data" / "sglang_bodies.json").read_text())["generate"]
 REPLAYS = {
-    "0.5.2": {"finished": "0.5.2/finished_with_logprobs", "abort": "0.5.2/running_abort", "queued_abort": "0.5.2/abort_before_prefill"},
+    "0.5.2": {
+        "finished": "0.5.2/finished_with_logprobs",
+        "abort": "0.5.2/running_abort",
+        "queued_abort": "0.5.2/abort_before_prefill",
+    },
     "0.5.6": {
         "finished": "0.5.6/finished_with_logprobs",
         "abort": "0.5.6/waiting_queue_abort",
         "queued_abort": "0.5.6/waiting_queue_abort",
     },
-    "0.5.23": {"finished": "0.5.23/length", "abort": "0.5.23/running_abort", "queued_abort": "0.5.23/waiting_queue_abort"},
+    "0.5.23": {
+        "finished": "0.5.23/length",
+        "abort": "0.5.23/running_abort",
+        "queued_abort": "0.5.23/waiting_queue_abort",
+    },
     # recorded from a real server on the H200; its queued abort is the HTTP 499 it answers for a
     # request aborted before scheduling (tests/e2e/test_sglang_contract.py)
-    "0.5.17": {"finished": "0.5.17/finished_with_logprobs", "abort": "0.5.17/running_abort", "queued_abort": "http-499"},
+    "0.5.17": {
+        "finished": "0.5.17/finished_with_logprobs",
+        "abort": "0.5.17/running_abort",
+        "queued_abort": "http-499",
+    },
 }
 HTTP_499 = {"error": {"message": "Request slime-g0-s0-a0-r0- was aborted"}}
 CONFIG = RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)

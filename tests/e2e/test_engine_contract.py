@@ -33,7 +33,9 @@ def model_v2_dir(model_dir, tmp_path_factory):
 @pytest.fixture
 async def pool(model_dir):
     async with EngineServer(model_dir, port=0, seed=0, weight_version="0") as server:
-        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)) as p:
+        async with HttpEnginePool(
+            [server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)
+        ) as p:
             yield p
 
 
@@ -77,7 +79,9 @@ async def test_resume_after_abort_is_token_exact(pool):
     ref = Sample(prompt_ids=list(PROMPT))
     await generate(ref, {"temperature": 0.0, "ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0)
     s = Sample(prompt_ids=list(PROMPT))
-    task = asyncio.create_task(generate(s, {"temperature": 0.0, "ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0))
+    task = asyncio.create_task(
+        generate(s, {"temperature": 0.0, "ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0)
+    )
     while not task.done():
         await asyncio.sleep(0.01)
         await pool.abort_all()
@@ -96,7 +100,9 @@ async def test_trainer_logprobs_equal_engine_logprobs_on_same_weights(pool, mode
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    r = await pool.generate(PROMPT, {"max_new_tokens": 40, "temperature": temperature, "ignore_eos": True}, rid=f"p{temperature}-")
+    r = await pool.generate(
+        PROMPT, {"max_new_tokens": 40, "temperature": temperature, "ignore_eos": True}, rid=f"p{temperature}-"
+    )
     ours = sample_logprobs(model, PROMPT, r.output_ids, temperature)
     assert max(abs(a - b) for a, b in zip(ours, r.output_logprobs)) <= 1e-4
 

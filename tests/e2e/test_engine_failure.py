@@ -27,7 +27,9 @@ from slime.sync.disk import DiskWeightSync
 from slime.train_metrics import TrainMetrics
 from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 
-ROLLOUT = RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60, max_retries=3, retry_backoff_s=0.05)
+ROLLOUT = RolloutConfig(
+    n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60, max_retries=3, retry_backoff_s=0.05
+)
 LOOP = LoopConfig(mode="april", rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=4, max_staleness=2)
 
 
@@ -72,7 +74,9 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
             prefix_violations.append(f"group {sample.group_id} sample {sample.index}")
         return out
 
-    async with start_rollout(engine_cfg, ROLLOUT, model_dir=str(model), weight_version="0", log_dir=tmp_path / "logs") as engines:
+    async with start_rollout(
+        engine_cfg, ROLLOUT, model_dir=str(model), weight_version="0", log_dir=tmp_path / "logs"
+    ) as engines:
         pool, supervisor = engines.pools.default, engines.supervisors["actor"]
         victim_url = pool.urls[0]
         victim = engines.processes[victim_url]
@@ -121,7 +125,9 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
             assert len(rejoins) == 1 and rejoins[0][0] == rejoins[0][1] != "0"  # re-synced from the launch version 0
             revived = pool.client(victim_url)
             info = await revived.model_info()  # back in rotation: already at the current weights and version
-            assert info["weight_version"] == str(version) and info["model_path"] == str(Path(tmp_path / "weights" / f"v{version}"))
+            assert info["weight_version"] == str(version) and info["model_path"] == str(
+                Path(tmp_path / "weights" / f"v{version}")
+            )
             picks = lambda: next(r["num_picks"] for r in pool.engine_states() if r["url"] == victim_url)  # noqa: E731
             picks_before = picks()
             for _ in range(3):  # a step may be served from groups already finished; run until it generates
@@ -139,5 +145,7 @@ async def test_a_killed_engine_is_relaunched_at_the_current_version_and_no_group
     started = set(range(sched.next_group_id))
     pending = [g.group_id for g in [*buffer.ready, *buffer.partial_groups(), *sched.inflight.values()]]
     assert len(trained) == 4 * version and len(set(trained)) == len(trained)  # 4 groups a step, none twice
-    assert not set(trained) & set(pending) and set(trained) | set(pending) == started and len(pending) == len(set(pending))
+    assert (
+        not set(trained) & set(pending) and set(trained) | set(pending) == started and len(pending) == len(set(pending))
+    )
     assert prefix_violations == []

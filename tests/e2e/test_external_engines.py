@@ -37,7 +37,9 @@ async def test_a_fresh_run_loads_its_initial_weights_into_an_engine_that_served_
     async with EngineServer(earlier, port=0, seed=0, weight_version="0") as server:  # versions alone cannot tell
         await run_training(_config(tmp_path, model, server.url), reward_fn=parity, progress=False)
         assert server.model_path != str(earlier)
-    (step,) = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    (step,) = [
+        r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"
+    ]
     # the tokens were sampled from the trainer's weights (with the earlier weights the gap is ~1 nat)
     assert step["train/train_rollout_logprob_abs_diff"] < 1e-3 and step["max_version_lag"] == 0
 
@@ -46,10 +48,17 @@ async def test_an_engine_serving_another_model_is_refused_at_start_naming_both(t
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     other = write_tiny_llama(tmp_path / "other", seed=0, hidden_size=48, with_tokenizer=True)
     async with EngineServer(other, port=0, seed=0, weight_version="0") as server:
-        with pytest.raises(BaseExceptionGroup) as info:  # raised inside start_rollout's task group; `slime train` prints the leaf
+        with pytest.raises(
+            BaseExceptionGroup
+        ) as info:  # raised inside start_rollout's task group; `slime train` prints the leaf
             await run_training(_config(tmp_path, model, server.url), reward_fn=parity, progress=False)
         assert server.model_path == str(other)  # nothing was loaded
     error = first_slime_error(info.value)
     assert isinstance(error, ConfigError)
     message = str(error)
-    assert str(other) in message and str(model) in message and "hidden_size 48 (engine) vs 32 (run)" in message and "\n" not in message
+    assert (
+        str(other) in message
+        and str(model) in message
+        and "hidden_size 48 (engine) vs 32 (run)" in message
+        and "\n" not in message
+    )

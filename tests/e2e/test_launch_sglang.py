@@ -109,7 +109,9 @@ def test_slime_train_launches_sglang_servers_trains_through_them_and_stops_their
     (record,) = [json.loads(p.read_text()) for p in records.iterdir()]
     argv = record["argv"]
     assert argv[argv.index("--weight-version") + 1] == "0" and argv[argv.index("--model-path") + 1] == str(model)
-    assert argv[argv.index("--mem-fraction-static") + 1] == "0.5" and "--enable-memory-saver" in argv  # colocated defaults
+    assert (
+        argv[argv.index("--mem-fraction-static") + 1] == "0.5" and "--enable-memory-saver" in argv
+    )  # colocated defaults
     assert argv[argv.index("--attention-backend") + 1] == "triton"  # --sglang-* passed through
     assert record["env"] == {
         "CUDA_VISIBLE_DEVICES": "0",
@@ -118,7 +120,9 @@ def test_slime_train_launches_sglang_servers_trains_through_them_and_stops_their
         "MASTER_PORT": None,
         "NCCL_NVLS_ENABLE": "0",
     }
-    assert not _alive(record["pid"]) and not _alive(record["child_pid"]), "a process of the server's group outlived the run"
+    assert not _alive(record["pid"]) and not _alive(record["child_pid"]), (
+        "a process of the server's group outlived the run"
+    )
 
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
@@ -132,7 +136,9 @@ def test_slime_train_launches_sglang_servers_trains_through_them_and_stops_their
 
 
 @pytest.mark.parametrize("missing", ["sglang", "torch_memory_saver"])
-def test_a_package_the_launched_servers_need_is_one_error_before_anything_starts(tmp_path, monkeypatch, capsys, missing):
+def test_a_package_the_launched_servers_need_is_one_error_before_anything_starts(
+    tmp_path, monkeypatch, capsys, missing
+):
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     if missing != "sglang":
         monkeypatch.syspath_prepend(str(_fake_site(tmp_path, memory_saver=False)))
@@ -155,7 +161,9 @@ def test_sigterm_to_slime_train_stops_the_servers_it_launched(tmp_path):
     records.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), REPO]), "FAKE_SGLANG_RECORDS": str(records)}
     argv = _argv(tmp_path, model, "--num-rollout", "1000")
-    proc = subprocess.Popen([sys.executable, "-m", "slime.cli", *argv], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slime.cli", *argv], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text():

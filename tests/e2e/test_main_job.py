@@ -39,7 +39,13 @@ async def test_main_job_runs_end_to_end_and_writes_its_outputs(tmp_path, mode):
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3] and [r["policy_version"] for r in steps] == [1, 2, 3]
     assert summary["groups_trained"] == 12 and summary["final_policy_version"] == 3
-    for key in ("eval_accuracy_before", "eval_accuracy_after", "aborted_samples", "resumed_samples", "max_versions_in_a_trained_sample"):
+    for key in (
+        "eval_accuracy_before",
+        "eval_accuracy_after",
+        "aborted_samples",
+        "resumed_samples",
+        "max_versions_in_a_trained_sample",
+    ):
         assert key in summary
     assert all(r["train/num_optimizer_steps"] == 1 for r in steps)
     assert msgspec.json.decode((run / "config.json").read_bytes())["loop"]["mode"] == mode

@@ -69,7 +69,10 @@ def test_batched_kv_decoding_with_midway_joins_matches_each_alone_and_a_full_for
             req.done.result(timeout=30)
             assert req.output_ids == ref.output_ids and len(req.output_ids) == max_new[reqs.index(req)]
             assert max_abs_diff(req.output_logprobs, ref.output_logprobs) <= 1e-5
-            assert max_abs_diff(req.output_logprobs, reference_logprobs(loaded.model, req.prompt_ids, req.output_ids, 1.0)) <= 1e-5
+            assert (
+                max_abs_diff(req.output_logprobs, reference_logprobs(loaded.model, req.prompt_ids, req.output_ids, 1.0))
+                <= 1e-5
+            )
     finally:
         for r in runners:
             r.stop()
@@ -88,7 +91,11 @@ def _groups(vocab: int) -> list[Group]:
                 reward=float(i % 2),
                 status=Status.COMPLETED,
             )
-            s.append(torch.randint(1, vocab, (5 + i,), generator=g).tolist(), (-torch.rand(5 + i, generator=g)).tolist(), policy_version=0)
+            s.append(
+                torch.randint(1, vocab, (5 + i,), generator=g).tolist(),
+                (-torch.rand(5 + i, generator=g)).tolist(),
+                policy_version=0,
+            )
             samples.append(s)
         groups.append(Group(group_id=gi, samples=samples))
     return groups
@@ -104,12 +111,17 @@ async def test_engine_and_trainer_logprobs_agree_before_and_after_a_train_step_a
     trainer = TorchTrainer(TrainConfig(lr=5e-2, global_batch_size=8, micro_batch_size=4), model_dir=str(moe_dir))
     params = {"max_new_tokens": 24, "temperature": 0.9, "ignore_eos": True}
     async with EngineServer(moe_dir, port=0, seed=0, weight_version="0") as server:
-        async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)) as pool:
+        async with HttpEnginePool(
+            [server.url], config=RolloutConfig(request_timeout_s=30, max_retries=1, retry_backoff_s=0.01)
+        ) as pool:
             before = await pool.generate(PROMPT, params, rid="b-")
             ours = sample_logprobs(trainer.model, PROMPT, before.output_ids, 0.9)
             assert max_abs_diff(ours, before.output_logprobs) <= 1e-4
             sync = build_weight_sync(
-                SyncConfig(method=method, update_weight_buffer_size=4096), pool=pool, trainer=trainer, weights_dir=str(tmp_path / "w")
+                SyncConfig(method=method, update_weight_buffer_size=4096),
+                pool=pool,
+                trainer=trainer,
+                weights_dir=str(tmp_path / "w"),
             )
             metrics = trainer.train_step(_groups(TINY_VOCAB_SIZE)).to_dict()
             assert metrics["grad_norm"] > 0
@@ -147,10 +159,16 @@ async def test_main_job_trains_a_moe_model_end_to_end(tmp_path):
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["kind"] == "step"]
     assert [r["policy_version"] for r in steps] == [1, 2] and summary["final_policy_version"] == 2
-    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-3 for r in steps[:1])  # engine and trainer agree on step 1's tokens
+    assert all(
+        r["train/train_rollout_logprob_abs_diff"] < 1e-3 for r in steps[:1]
+    )  # engine and trainer agree on step 1's tokens
     for r in steps:  # router metrics of the torch backend, per step, in metrics.jsonl
         loads = [r[f"train/moe_expert_load_{e}"] for e in range(4)]
-        assert abs(sum(loads) - 1.0) < 1e-6 and r["train/moe_load_imbalance"] >= 1.0 and r["train/moe_dropped_token_frac"] == 0.0
+        assert (
+            abs(sum(loads) - 1.0) < 1e-6
+            and r["train/moe_load_imbalance"] >= 1.0
+            and r["train/moe_dropped_token_frac"] == 0.0
+        )
         assert r["train/moe_load_balancing_loss"] > 0 and r["train/moe_routed_tokens"] > 0
 
 

@@ -16,7 +16,11 @@ from tests.fixtures.tiny_model import write_tiny_llama
 @pytest.mark.parametrize("mode, teacher_is_student", [("april", False), ("sync", True)])
 async def test_opd_job_scores_every_sample_and_reports_the_reverse_kl(tmp_path, mode, teacher_is_student):
     student = write_tiny_llama(tmp_path / "student", seed=0, with_tokenizer=True)
-    teacher = student if teacher_is_student else write_tiny_llama(tmp_path / "teacher", seed=4, hidden_size=48, with_tokenizer=True)
+    teacher = (
+        student
+        if teacher_is_student
+        else write_tiny_llama(tmp_path / "teacher", seed=4, hidden_size=48, with_tokenizer=True)
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(64)) + "\n")
     config = Config(
@@ -28,7 +32,9 @@ async def test_opd_job_scores_every_sample_and_reports_the_reverse_kl(tmp_path, 
         run_dir=str(tmp_path / "run"),
     )
     summary = await run_training(config, reward_fn=count_w7, progress=False)
-    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    steps = [
+        r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"
+    ]
     assert len(steps) == 2 and all(r["failed_samples"] == 0 for r in steps)
     first = steps[0]  # on-policy: engine and trainer logprobs of the same weights agree (invariant 5)
     assert abs(first["opd/reverse_kl"] - first["train/opd_reverse_kl"]) < 1e-4

@@ -41,7 +41,10 @@ async def test_teacher_engine_scores_student_samples_like_an_hf_forward(dirs):
         ):
             samples = [Sample(prompt_ids=p, group_id=0, index=i) for i, p in enumerate(PROMPTS)]
             await asyncio.gather(
-                *(generate(s, {"temperature": 1.0}, pool=student_pool, max_response_len=12, engine_version=0) for s in samples)
+                *(
+                    generate(s, {"temperature": 1.0}, pool=student_pool, max_response_len=12, engine_version=0)
+                    for s in samples
+                )
             )
             scorer = TeacherScorer(teacher_pool)
             await asyncio.gather(*(scorer.score(s) for s in samples))  # concurrent: one batched prefill on the teacher
@@ -65,4 +68,7 @@ async def test_an_unreachable_teacher_fails_the_sample_after_bounded_retries():
         async with asyncio.timeout(10):
             await TeacherScorer(pool).score(s)
     assert s.status is Status.FAILED and s.teacher_logprobs is None
-    assert s.evidence["teacher_error"]["type"] == "EngineUnavailable" and "127.0.0.1:9" in s.evidence["teacher_error"]["message"]
+    assert (
+        s.evidence["teacher_error"]["type"] == "EngineUnavailable"
+        and "127.0.0.1:9" in s.evidence["teacher_error"]["message"]
+    )

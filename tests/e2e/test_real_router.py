@@ -58,11 +58,15 @@ async def test_real_router_routes_by_key_lists_workers_and_follows_a_restart(tmp
             "--health-check-interval-secs",
             "1",
         ]
-        router = CommandProcess("router", argv, env={}, url=client.url, ready=client.wait_ready, log_path=tmp_path / "router.log")
+        router = CommandProcess(
+            "router", argv, env={}, url=client.url, ready=client.wait_ready, log_path=tmp_path / "router.log"
+        )
         try:
             await router.start(60)
             await asyncio.wait_for(_until_listed(client, urls), 30)
-            async with HttpEnginePool(urls, config=CONFIG, session=session, router_url=client.url, weights=(model, "7")) as pool:
+            async with HttpEnginePool(
+                urls, config=CONFIG, session=session, router_url=client.url, weights=(model, "7")
+            ) as pool:
                 served = {}
                 for key in [f"g{i}-s0" for i in range(8)] * 3:
                     result = await pool.generate([0, 5, 6], {"max_new_tokens": 2}, sticky_key=key)

@@ -37,7 +37,11 @@ def _prompts(tmp_path):
 def _offline(tmp_path):
     """Two pre-generated groups without logprobs (the trainer computes them)."""
     p = tmp_path / "offline.jsonl"
-    rows = [{"prompt": f"w{3 + i} w9", "response": r, "reward": float(j)} for i in range(2) for j, r in enumerate(["w7 w7 <eos>", "w8"])]
+    rows = [
+        {"prompt": f"w{3 + i} w9", "response": r, "reward": float(j)}
+        for i in range(2)
+        for j, r in enumerate(["w7 w7 <eos>", "w8"])
+    ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return str(p)
 
@@ -55,7 +59,9 @@ def _config(tmp_path, model, run, debug, engine_url=None, offline=None):
             offline_ratio=0.5 if offline else 0.0,
         ),
         train=TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=4),
-        engine=EngineConfig(hf_checkpoint=str(model), rollout_external_engine_addrs=(engine_url,) if engine_url else ()),
+        engine=EngineConfig(
+            hf_checkpoint=str(model), rollout_external_engine_addrs=(engine_url,) if engine_url else ()
+        ),
         debug=debug,
         run_dir=str(tmp_path / run),
     )
@@ -70,14 +76,23 @@ async def test_a_train_only_run_on_recorded_groups_trains_the_same_groups_withou
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     template = str(tmp_path / "records" / "rollout_{rollout_id}.msgpack")
     async with EngineServer(model, port=0, seed=0, weight_version="0") as server:
-        config = _config(tmp_path, model, "run", DebugConfig(save_debug_rollout_data=template), server.url, offline=_offline(tmp_path))
+        config = _config(
+            tmp_path,
+            model,
+            "run",
+            DebugConfig(save_debug_rollout_data=template),
+            server.url,
+            offline=_offline(tmp_path),
+        )
         await run_training(config, reward_fn=parity, progress=False)
     for step in (1, 2):
         rec = load_rollout_record(template, step)
         assert rec.policy_version == step - 1 and len(rec.groups) == 2
         assert [all(v == OFFLINE_VERSION for s in g.samples for v in s.versions) for g in rec.groups] == [True, False]
         assert all(
-            len(s.response_ids) == len(s.versions) == len(s.loss_mask) and s.reward is not None for g in rec.groups for s in g.samples
+            len(s.response_ids) == len(s.versions) == len(s.loss_mask) and s.reward is not None
+            for g in rec.groups
+            for s in g.samples
         )
 
     def no_engines(*args, **kwargs):
@@ -85,12 +100,18 @@ async def test_a_train_only_run_on_recorded_groups_trains_the_same_groups_withou
 
     monkeypatch.setattr(assemble, "start_rollout", no_engines)
     summary = await run_training(
-        _config(tmp_path, model, "replay", DebugConfig(load_debug_rollout_data=template)), reward_fn=parity, progress=False
+        _config(tmp_path, model, "replay", DebugConfig(load_debug_rollout_data=template)),
+        reward_fn=parity,
+        progress=False,
     )
     assert summary["final_policy_version"] == 2 and summary["groups_trained"] == 4
     ids = lambda rows: [(r["step"], r["group_id"]) for r in rows]  # noqa: E731
-    assert ids(_lines(tmp_path / "replay" / "trained_groups.jsonl")) == ids(_lines(tmp_path / "run" / "trained_groups.jsonl"))
-    steps = [[r for r in _lines(tmp_path / name / "metrics.jsonl") if r["kind"] == "step"] for name in ("run", "replay")]
+    assert ids(_lines(tmp_path / "replay" / "trained_groups.jsonl")) == ids(
+        _lines(tmp_path / "run" / "trained_groups.jsonl")
+    )
+    steps = [
+        [r for r in _lines(tmp_path / name / "metrics.jsonl") if r["kind"] == "step"] for name in ("run", "replay")
+    ]
     assert any(r["train/grad_norm"] > 0 for r in steps[0]), "no step had a gradient to compare"
     for orig, replay in zip(*steps, strict=True):
         for key in ("train/loss", "train/grad_norm", "reward_mean", "trained_tokens", "max_version_lag"):

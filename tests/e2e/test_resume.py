@@ -28,14 +28,20 @@ from tests.fixtures.tiny_model import write_tiny_llama
 def _config(tmp_path, mode, num_rollout, run):
     prompts = tmp_path / "prompts.jsonl"
     if not prompts.exists():
-        prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(64)) + "\n")
+        prompts.write_text(
+            "\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(64)) + "\n"
+        )
     model = tmp_path / "model"
     if not model.exists():
         write_tiny_llama(model, seed=0, with_tokenizer=True)
     return Config(
-        data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4, rollout_shuffle=True),
+        data=DataConfig(
+            prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=4, rollout_shuffle=True
+        ),
         rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60),
-        loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=num_rollout, max_staleness=3),
+        loop=LoopConfig(
+            mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=num_rollout, max_staleness=3
+        ),
         train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=16),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         run_dir=str(tmp_path / run),
@@ -54,7 +60,9 @@ async def test_resumed_sync_run_trains_the_same_groups_as_an_uninterrupted_one(t
     assert latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "step_000002"
     summary = await run_training(_config(tmp_path, "sync", 4, "cut"), reward_fn=count_w7, progress=False)
     ref, cut = _trained(tmp_path, "ref"), _trained(tmp_path, "cut")
-    assert [(r["step"], r["group_id"], r["data_index"]) for r in cut] == [(r["step"], r["group_id"], r["data_index"]) for r in ref]
+    assert [(r["step"], r["group_id"], r["data_index"]) for r in cut] == [
+        (r["step"], r["group_id"], r["data_index"]) for r in ref
+    ]
     assert summary["final_policy_version"] == 4 and summary["groups_trained"] == 16
     steps = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4]
@@ -79,16 +87,18 @@ async def test_two_runs_started_at_once_on_one_run_folder_one_is_refused_and_the
     """The issue's two fresh runs at once (both "done", metrics [1,2,3,1,4,2,3,4]): the second is refused
     before it writes anything, naming the first (this process: both run in one event loop here)."""
     config = msgspec.structs.replace(_config(tmp_path, "sync", 3, "run"), load=None)
-    done = await asyncio.gather(*(run_training(config, reward_fn=count_w7, progress=False) for _ in range(2)), return_exceptions=True)
+    done = await asyncio.gather(
+        *(run_training(config, reward_fn=count_w7, progress=False) for _ in range(2)), return_exceptions=True
+    )
     refused = [d for d in done if isinstance(d, BaseException)]
     assert len(refused) == 1 and isinstance(refused[0], ConfigError), done
     assert "is in use by another live run (pid " in str(refused[0]) and ", this process, started " in str(refused[0])
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3]
     trained = _trained(tmp_path, "run")
-    assert [r["step"] for r in trained] == sorted(r["step"] for r in trained) and len({r["group_id"] for r in trained}) == len(
-        trained
-    ) == 12
+    assert [r["step"] for r in trained] == sorted(r["step"] for r in trained) and len(
+        {r["group_id"] for r in trained}
+    ) == len(trained) == 12
     with pytest.raises(ConfigError, match="already holds a run"):  # once it ended, the folder is free (and used)
         check_run_dir(config)
 
@@ -98,7 +108,9 @@ def test_a_full_disk_during_a_disk_weight_sync_ends_the_run_with_one_line(tmp_pa
     first sync with one line naming ENOSPC and the path, and leaves no engine behind."""
     prompts, model = tmp_path / "prompts.jsonl", write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(32)) + "\n")
-    with small_disk(tmp_path / "disk", 80 * 1024) as disk:  # the run's small files fit, the weights (about 100 KiB) do not
+    with small_disk(
+        tmp_path / "disk", 80 * 1024
+    ) as disk:  # the run's small files fit, the weights (about 100 KiB) do not
         argv = [
             "train",
             "--hf-checkpoint",
@@ -108,7 +120,16 @@ def test_a_full_disk_during_a_disk_weight_sync_ends_the_run_with_one_line(tmp_pa
             "--custom-rm-path",
             "tests.e2e.test_main_job.count_w7",
         ]
-        argv += ["--n-samples-per-prompt", "4", "--rollout-max-response-len", "16", "--rollout-batch-size", "2", "--num-rollout", "2"]
+        argv += [
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "16",
+            "--rollout-batch-size",
+            "2",
+            "--num-rollout",
+            "2",
+        ]
         argv += [
             "--global-batch-size",
             "8",
@@ -123,7 +144,9 @@ def test_a_full_disk_during_a_disk_weight_sync_ends_the_run_with_one_line(tmp_pa
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("slime train: error: weight sync (--weight-sync disk) of version 1: no space left on device (ENOSPC) writing ")
+    assert err.startswith(
+        "slime train: error: weight sync (--weight-sync disk) of version 1: no space left on device (ENOSPC) writing "
+    )
     assert f"{disk / 'run' / 'weights' / 'v1'}: the disk mounted at {disk} (tmpfs)" in err
     left = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes left behind: {left}"

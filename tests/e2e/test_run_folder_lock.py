@@ -43,7 +43,9 @@ def reference(inputs, tmp_path_factory) -> list[tuple[int, list[int]]]:
 def _start_paused(argv: list[str], pause_at: int, log: Path) -> subprocess.Popen:
     """Run A: ``slime ARGV`` in a new process, stopped before its step ``pause_at`` record is written."""
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.fixtures.paused_run", str(pause_at), *argv], cwd=ROOT, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fixtures.paused_run", str(pause_at), *argv], cwd=ROOT, stdout=out, stderr=out
+        )
     deadline = time.monotonic() + 120  # a bound on start-up (imports, model load), not a measured time
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -66,12 +68,16 @@ def _refused_line(capsys, argv: list[str], holder: subprocess.Popen) -> str:
     assert rc == 2, f"a second run on a live run folder was not refused (rc {rc}):\n{err}"
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert f"is in use by another live run (pid {holder.pid} on host {socket.gethostname()}, started " in lines[0], lines[0]
+    assert f"is in use by another live run (pid {holder.pid} on host {socket.gethostname()}, started " in lines[0], (
+        lines[0]
+    )
     return lines[0]
 
 
 @pytest.mark.parametrize("pause_at", [1, 4], ids=["before any step is logged", "after a checkpoint"])
-def test_a_second_run_on_a_live_run_folder_is_refused_and_the_live_run_loses_nothing(inputs, reference, tmp_path, capsys, pause_at):
+def test_a_second_run_on_a_live_run_folder_is_refused_and_the_live_run_loses_nothing(
+    inputs, reference, tmp_path, capsys, pause_at
+):
     run = tmp_path / "run"
     a = _start_paused(sft_argv(*inputs, run), pause_at, tmp_path / "a.log")
     try:
@@ -89,7 +95,9 @@ def test_a_second_run_on_a_live_run_folder_is_refused_and_the_live_run_loses_not
     assert step_numbers(run) == list(range(1, 9)) and trained_rows(run) == reference
 
 
-def test_the_lock_of_a_killed_run_is_taken_over_with_a_line_and_its_checkpoint_is_resumed(inputs, reference, tmp_path, caplog):
+def test_the_lock_of_a_killed_run_is_taken_over_with_a_line_and_its_checkpoint_is_resumed(
+    inputs, reference, tmp_path, caplog
+):
     run = tmp_path / "run"
     a = _start_paused(sft_argv(*inputs, run), 4, tmp_path / "a.log")  # steps 1-3 logged, checkpoint step 2 written
     os.kill(a.pid, signal.SIGKILL)
@@ -97,6 +105,10 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_line_and_its_checkpoint_i
     caplog.set_level(logging.INFO)
     assert main(sft_argv(*inputs, run, "--load", str(run))) == 0
     taken = [r.getMessage() for r in caplog.records if "taking over its lock" in r.getMessage()]
-    assert len(taken) == 1 and f"no longer live (pid {a.pid} on host {socket.gethostname()}, started " in taken[0], taken
+    assert len(taken) == 1 and f"no longer live (pid {a.pid} on host {socket.gethostname()}, started " in taken[0], (
+        taken
+    )
     assert any(f"resuming from {run / 'checkpoints' / 'step_000002'}" in r.getMessage() for r in caplog.records)
-    assert step_numbers(run) == [1, 2, 3, 4, 5, 6] and trained_rows(run) == reference[:6]  # step 3 replayed once, nothing lost
+    assert (
+        step_numbers(run) == [1, 2, 3, 4, 5, 6] and trained_rows(run) == reference[:6]
+    )  # step 3 replayed once, nothing lost

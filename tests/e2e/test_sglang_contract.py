@@ -55,7 +55,14 @@ RECORDED: dict[str, Any] = {}
 
 class Backend:
     def __init__(self, name: str, pool: HttpEnginePool, url: str, model_dir: Path, v2_dir: Path, server: Any = None):
-        self.name, self.pool, self.url, self.model_dir, self.v2_dir, self.server = name, pool, url, model_dir, v2_dir, server
+        self.name, self.pool, self.url, self.model_dir, self.v2_dir, self.server = (
+            name,
+            pool,
+            url,
+            model_dir,
+            v2_dir,
+            server,
+        )
         self.long = 1500 if name == "sglang" else 400
 
     @property
@@ -64,14 +71,20 @@ class Backend:
 
     async def raw(self, method: str, endpoint: str, body: Any = None, record: str | None = None) -> tuple[int, Any]:
         async with aiohttp.ClientSession() as s:
-            async with s.request(method, self.url + endpoint, json=body, timeout=aiohttp.ClientTimeout(total=120)) as resp:
+            async with s.request(
+                method, self.url + endpoint, json=body, timeout=aiohttp.ClientTimeout(total=120)
+            ) as resp:
                 text = await resp.text()
         try:
             parsed: Any = json.loads(text) if text.strip() else None
         except json.JSONDecodeError:
             parsed = text
         if record and self.name == "sglang":
-            RECORDED[record] = {"request": {"method": method, "endpoint": endpoint, "body": body}, "status": resp.status, "body": parsed}
+            RECORDED[record] = {
+                "request": {"method": method, "endpoint": endpoint, "body": body},
+                "status": resp.status,
+                "body": parsed,
+            }
         return resp.status, parsed
 
     async def until_running(self) -> None:
@@ -106,7 +119,9 @@ async def backend(request, tmp_path_factory):
         return
     url, model = os.environ.get("SLIME_SGLANG_URL"), os.environ.get("SLIME_SGLANG_MODEL")
     if not url or not model:
-        pytest.fail("the sglang backend needs SLIME_SGLANG_URL and SLIME_SGLANG_MODEL (scripts/gpu/sglang_contract.sh sets them)")
+        pytest.fail(
+            "the sglang backend needs SLIME_SGLANG_URL and SLIME_SGLANG_MODEL (scripts/gpu/sglang_contract.sh sets them)"
+        )
     v2 = Path("/tmp/slime_contract_v2")
     if not v2.exists():
         perturb_weights(model, v2, seed=1)
@@ -160,7 +175,9 @@ async def test_generate_with_logprobs_is_aligned_and_versioned(backend):
 async def test_abort_of_a_running_request_returns_its_partial_tokens(backend):
     b = backend
     s = Sample(prompt_ids=list(PROMPT))
-    task = asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0))
+    task = asyncio.create_task(
+        generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0)
+    )
     raw = asyncio.create_task(
         b.raw(
             "POST",
@@ -212,7 +229,9 @@ async def test_a_request_past_request_timeout_s_is_aborted_by_rid_and_stays_resu
     cfg = RolloutConfig(request_timeout_s=0.5, control_timeout_s=30, max_retries=1, retry_backoff_s=0.05)
     async with HttpEnginePool([b.url], config=cfg) as pool:
         s = Sample(prompt_ids=list(PROMPT))
-        other = asyncio.create_task(b.pool.generate(PROMPT, {"max_new_tokens": 1000, "ignore_eos": True}, rid="bystander-"))
+        other = asyncio.create_task(
+            b.pool.generate(PROMPT, {"max_new_tokens": 1000, "ignore_eos": True}, rid="bystander-")
+        )
         await generate(s, {"ignore_eos": True}, pool=pool, max_response_len=3000, engine_version=0)
         r = await asyncio.wait_for(other, 60)
     s.check_aligned()
@@ -242,7 +261,9 @@ async def test_resume_after_abort_is_token_exact(backend):
 async def test_update_weights_from_disk_with_versions(backend, tmp_path):
     b = backend
     before = await _greedy(b)
-    sync = DiskWeightSync(SyncConfig(weights_dir=str(tmp_path / "w")), pool=b.pool, save_fn=lambda out: shutil.copytree(b.v2_dir, out))
+    sync = DiskWeightSync(
+        SyncConfig(weights_dir=str(tmp_path / "w")), pool=b.pool, save_fn=lambda out: shutil.copytree(b.v2_dir, out)
+    )
     await sync.load(await sync.save(1), 1, abort_all_requests=True)
     status, info = await b.raw("GET", "/model_info", record="model_info/after_update")
     assert status == 200 and info["weight_version"] == "1"
@@ -251,7 +272,10 @@ async def test_update_weights_from_disk_with_versions(backend, tmp_path):
     r = await b.pool.generate(PROMPT, {"max_new_tokens": 4}, rid="v1-")
     assert r.weight_version == "1"
     status, body = await b.raw(
-        "POST", "/update_weights_from_disk", {"model_path": str(b.model_dir), "weight_version": "0"}, record="update_weights_from_disk/idle"
+        "POST",
+        "/update_weights_from_disk",
+        {"model_path": str(b.model_dir), "weight_version": "0"},
+        record="update_weights_from_disk/idle",
     )
     assert status == 200 and body["success"] is True
     assert await _greedy(b) == before
@@ -267,7 +291,11 @@ async def test_update_weights_from_tensor_with_versions(backend):
     await b.reset()
     device = "cuda" if b.name == "sglang" else "cpu"
     dtype = torch.bfloat16 if b.name == "sglang" else torch.float32
-    weights = {k: v.to(device=device, dtype=dtype) for f in sorted(b.v2_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+    weights = {
+        k: v.to(device=device, dtype=dtype)
+        for f in sorted(b.v2_dir.glob("*.safetensors"))
+        for k, v in load_file(f).items()
+    }
     sync = TensorWeightSync(SyncConfig(), pool=b.pool, state_fn=lambda: dict(weights))
     await sync.load(await sync.save(1), 1, abort_all_requests=True)
     assert (await b.client.model_info())["weight_version"] == "1"
@@ -280,7 +308,8 @@ async def test_pause_with_long_requests_in_flight_then_update_then_continue(back
     b = backend
     samples = [Sample(prompt_ids=list(PROMPT), index=i) for i in range(2)]
     tasks = [
-        asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0)) for s in samples
+        asyncio.create_task(generate(s, {"ignore_eos": True}, pool=b.pool, max_response_len=b.long, engine_version=0))
+        for s in samples
     ]
     await b.until_running()
     status, body = await b.raw("POST", "/pause_generation", {"mode": mode}, record=f"pause_generation/{mode}")

@@ -102,14 +102,19 @@ def test_sigterm_while_a_large_prompt_file_loads_stops_the_load(tmp_path):
     _wait_for(tmp_path / "run" / "config.json", proc)
     time.sleep(1.0)  # the tokenizer and the model config load, then the prompts
     line, _ = _terminate(proc, bound_s=10)  # without the request the load goes on for its whole length
-    assert line.startswith("slime train: interrupted (SIGTERM") and line.endswith(f"run directory {tmp_path / 'run'}"), line
+    assert line.startswith("slime train: interrupted (SIGTERM") and line.endswith(
+        f"run directory {tmp_path / 'run'}"
+    ), line
 
 
 def test_sigterm_during_the_eval_with_its_loop_blocked_ends_it_at_the_grace(tmp_path):
     proc = _start(tmp_path, "--custom-rm-path", "sigplug.block", env={"SLIME_SIGTERM_GRACE_S": "1"})
     _wait_for(tmp_path / "mark", proc)  # the eval before the first step calls the reward
     line, children = _terminate(proc, bound_s=15)
-    assert line == f"slime train: interrupted (SIGTERM); run directory {tmp_path / 'run'} (it did not stop within 1s of SIGTERM)"
+    assert (
+        line
+        == f"slime train: interrupted (SIGTERM); run directory {tmp_path / 'run'} (it did not stop within 1s of SIGTERM)"
+    )
     assert children  # the embedded engine, gone with the run
 
 

@@ -99,13 +99,17 @@ async def test_a_hung_external_engine_ends_the_run_in_a_few_health_checks_with_o
 async def test_a_killed_external_engine_is_named_dead_not_as_a_failed_weight_update(tmp_path):
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     async with EngineServer(model, port=0, seed=0, weight_version="0") as server, FaultyProxy(server.url) as proxy:
-        proxy.fail_at("kill", n=1, path="/update_weights_from_disk")  # n=0 is the run's initial weights; 1: step 1's sync
+        proxy.fail_at(
+            "kill", n=1, path="/update_weights_from_disk"
+        )  # n=0 is the run's initial weights; 1: step 1's sync
         error = await _run_until_it_fails(_config(tmp_path, model, [proxy.url]))
     message = str(error)
     assert type(error).__name__ == "EnginesGone" and "\n" not in message, message
     assert f"engine {proxy.url}: dead (connection refused: nothing listens there)" in message, message
     assert "update_weights" not in message and "weight update" not in message
-    assert [r["step"] for r in _records(tmp_path) if r["kind"] == "step"] == [1]  # step 1 trained; step 2 found no engine
+    assert [r["step"] for r in _records(tmp_path) if r["kind"] == "step"] == [
+        1
+    ]  # step 1 trained; step 2 found no engine
 
 
 @pytest.mark.parametrize("max_retries", [1, 0])
@@ -121,7 +125,11 @@ async def test_the_eval_never_scores_requests_the_engines_did_not_answer_as_wron
     ):
         hung.fail_at("stall", n=0, path="/generate")
         async with asyncio.timeout(BOUND_S):
-            await run_training(_config(tmp_path, model, [hung.url, good.url], max_retries=max_retries), reward_fn=answered, progress=False)
+            await run_training(
+                _config(tmp_path, model, [hung.url, good.url], max_retries=max_retries),
+                reward_fn=answered,
+                progress=False,
+            )
     before = next(r for r in _records(tmp_path) if r["kind"] == "eval" and r["step"] == 0)
     assert hung.num_requests["/generate"] >= 1  # the eval did send requests to the hung address
     assert before["accuracy"] == 1.0, before  # every scored sample was answered
@@ -148,7 +156,11 @@ def _embedded_engines_of(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if entry.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"slime.servers.embedded.server" in cmdline:
+        if (
+            entry.name.isdigit()
+            and int(stat.rsplit(")", 1)[1].split()[1]) == pid
+            and b"slime.servers.embedded.server" in cmdline
+        ):
             found.append(int(entry.name))
     return found
 
@@ -159,7 +171,16 @@ def test_kill_9_of_slime_train_takes_its_embedded_engine_with_it(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w9", "label": "1"}) for i in range(16)) + "\n")
     argv = ["train", "--hf-checkpoint", str(model), "--prompt-data", str(prompts), "--save", str(tmp_path / "run")]
-    argv += ["--num-rollout", "1000", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4"]
+    argv += [
+        "--num-rollout",
+        "1000",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+    ]
     argv += ["--micro-batch-size", "4", "--rollout-max-response-len", "4", "--skip-eval-before-train", "--no-progress"]
     argv += ["--custom-rm-path", "tests.e2e.test_unanswered_engines.answered"]
     env = {**os.environ, "PYTHONPATH": REPO}

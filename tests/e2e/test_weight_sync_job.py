@@ -27,7 +27,9 @@ async def test_main_job_syncs_weights_with_each_strategy(tmp_path, method, coloc
         run_dir=str(tmp_path / "run"),
     )
     summary = await run_training(config, reward_fn=count_w7, progress=False)
-    steps = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    steps = [
+        r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"
+    ]
     assert [r["policy_version"] for r in steps] == [1, 2] and summary["final_policy_version"] == 2
     full_bytes = 4 * 22_688  # the tiny Llama, fp32
     for r in steps:

@@ -21,7 +21,11 @@ from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, P
 
 
 def _gen(meta: dict, ids=(5, 6), **kw) -> dict:
-    base = {"id": "r", "finish_reason": {"type": "stop", "matched": 6}, "output_token_logprobs": [[-0.5, t, None] for t in ids]}
+    base = {
+        "id": "r",
+        "finish_reason": {"type": "stop", "matched": 6},
+        "output_token_logprobs": [[-0.5, t, None] for t in ids],
+    }
     return {"output_ids": list(ids), "meta_info": {**base, **meta}, **kw}
 
 
@@ -38,7 +42,9 @@ async def engine(status=200, body: object = b"", *, content_type="application/js
     app.router.add_route("*", "/{tail:.*}", handler)
     async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
         yield EngineClient(
-            f"http://127.0.0.1:{server.port}", session=session, config=RolloutConfig(request_timeout_s=0.3, control_timeout_s=0.3)
+            f"http://127.0.0.1:{server.port}",
+            session=session,
+            config=RolloutConfig(request_timeout_s=0.3, control_timeout_s=0.3),
         )
 
 
@@ -82,7 +88,9 @@ ERROR_BODIES = [  # one per documented error-body shape (slime/engines/protocol.
 ]
 
 
-@pytest.mark.parametrize("status, body, ctype, cls, message", [e[1:] for e in ERROR_BODIES], ids=[e[0] for e in ERROR_BODIES])
+@pytest.mark.parametrize(
+    "status, body, ctype, cls, message", [e[1:] for e in ERROR_BODIES], ids=[e[0] for e in ERROR_BODIES]
+)
 async def test_each_error_body_shape_becomes_our_error_with_the_engine_message(status, body, ctype, cls, message):
     async with engine(status, body, content_type=ctype) as client:
         with pytest.raises(cls) as info:
@@ -95,17 +103,30 @@ async def test_each_error_body_shape_becomes_our_error_with_the_engine_message(s
 async def test_success_false_on_a_control_call_carries_the_engine_message():
     async with engine(200, {"success": False, "message": "weights not found at /w/v3"}) as client:
         with pytest.raises(
-            EngineRequestError, match=re.escape(f"{client.url}/update_weights_from_disk (HTTP 200): weights not found at /w/v3")
+            EngineRequestError,
+            match=re.escape(f"{client.url}/update_weights_from_disk (HTTP 200): weights not found at /w/v3"),
         ):
             await client.update_weights_from_disk("/w/v3", weight_version="3")
 
 
 BAD_200 = [
     ("not JSON", b"<html>oops</html>", r"cannot parse /generate response .*<html>oops"),
-    ("misaligned logprobs", _gen({"output_token_logprobs": [[-0.5, 5, None]]}), r"len\(output_ids\)=2 != len\(output_token_logprobs\)=1"),
-    ("unknown finish reason", _gen({"finish_reason": {"type": "eos"}}), r"cannot parse /generate response .*finish_reason"),
+    (
+        "misaligned logprobs",
+        _gen({"output_token_logprobs": [[-0.5, 5, None]]}),
+        r"len\(output_ids\)=2 != len\(output_token_logprobs\)=1",
+    ),
+    (
+        "unknown finish reason",
+        _gen({"finish_reason": {"type": "eos"}}),
+        r"cannot parse /generate response .*finish_reason",
+    ),
     ("null finish reason", _gen({"finish_reason": None}), r"finish_reason is null"),
-    ("null logprob", _gen({"output_token_logprobs": [[None, 5, None], [-0.5, 6, None]]}), r"output_token_logprobs\[0\] has a null logprob"),
+    (
+        "null logprob",
+        _gen({"output_token_logprobs": [[None, 5, None], [-0.5, 6, None]]}),
+        r"output_token_logprobs\[0\] has a null logprob",
+    ),
     (
         "logprob for another token",
         _gen({"output_token_logprobs": [[-0.5, 9, None], [-0.5, 6, None]]}),

@@ -78,7 +78,9 @@ def test_trip_opens_at_once_and_reports_only_the_first_time():
     assert breaker.trip() is False and breaker.num_opens == 1
 
 
-@pytest.mark.parametrize("kwargs", [dict(failure_threshold=0, cooldown_s=1.0), dict(failure_threshold=1, cooldown_s=0.0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(failure_threshold=0, cooldown_s=1.0), dict(failure_threshold=1, cooldown_s=0.0)]
+)
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         CircuitBreaker(**kwargs)

@@ -149,7 +149,9 @@ async def test_a_052_abort_before_prefill_without_output_ids_parses(start_engine
     assert result.aborted and result.output_ids == [] and result.output_logprobs == []
 
 
-async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_not_an_error(start_engines, session) -> None:
+async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_not_an_error(
+    start_engines, session
+) -> None:
     """Seen on SGLang 0.5.17 (H200): a request held by a pause, then aborted, answers 499."""
     from slime.rollout.generate import generate
     from slime.types import Sample, Status
@@ -198,7 +200,9 @@ async def test_a_0517_499_for_a_request_aborted_before_scheduling_is_an_abort_no
         (200, None, "<html>not json</html>", ProtocolError, ""),
     ],
 )
-async def test_generate_maps_each_status_and_body_shape_to_one_error(start_engines, session, status, body, text, error, message) -> None:
+async def test_generate_maps_each_status_and_body_shape_to_one_error(
+    start_engines, session, status, body, text, error, message
+) -> None:
     (engine,) = await start_engines()
     engine.on("/generate", status=status, body=body, text=text)
     with pytest.raises(error) as info:
@@ -263,7 +267,12 @@ async def test_success_false_in_a_200_is_a_request_error(start_engines, session)
 
 async def test_control_posts_send_json_bodies(start_engines, session) -> None:
     (engine,) = await start_engines()
-    for path in ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation"):
+    for path in (
+        "/pause_generation",
+        "/continue_generation",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    ):
         engine.on(path, body=None)
     client = EngineClient(engine.url, session=session, config=FAST)
     await client.pause_generation("retract")

@@ -78,7 +78,12 @@ async def test_update_weights_failure_names_the_failing_engine(start_engines) ->
     text = str(info.value)
     assert "1 of 2 engines" in text and f"{bad.url}/update_weights_from_disk" in text and "no such file" in text
     assert info.value.url == bad.url
-    assert ok.calls[0][2] == {"model_path": "/ckpt/v3", "weight_version": "3", "abort_all_requests": False, "flush_cache": True}
+    assert ok.calls[0][2] == {
+        "model_path": "/ckpt/v3",
+        "weight_version": "3",
+        "abort_all_requests": False,
+        "flush_cache": True,
+    }
 
 
 async def test_pool_close_is_idempotent_and_add_remove_engine_route(start_engines) -> None:

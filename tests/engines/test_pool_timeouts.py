@@ -59,7 +59,9 @@ async def test_a_request_past_its_timeout_is_aborted_by_rid_and_keeps_its_tokens
     async with HttpEnginePool([engine.url], config=TIMEOUTS) as pool:
         result = await pool.generate([1, 2], {}, rid="slime-g0-s0-a0-r0-")
         assert result.aborted and result.output_ids == [7, 8, 9]
-        assert [c[2] for c in engine.calls if c[1] == "/abort_request"] == [{"rid": "slime-g0-s0-a0-r0-", "abort_all": False}]
+        assert [c[2] for c in engine.calls if c[1] == "/abort_request"] == [
+            {"rid": "slime-g0-s0-a0-r0-", "abort_all": False}
+        ]
         assert pool.engine_states()[0]["consecutive_failures"] == 0, "the engine answered: not a failure"
 
 

@@ -172,7 +172,10 @@ def test_payload_rejects_unknown_sampling_keys_by_name(key: str) -> None:
 
 def test_every_documented_sampling_key_is_accepted() -> None:
     params = {key: None for key in SAMPLING_PARAM_KEYS}
-    assert set(build_generate_payload([1], params, rid=None, return_logprob=False)["sampling_params"]) == SAMPLING_PARAM_KEYS
+    assert (
+        set(build_generate_payload([1], params, rid=None, return_logprob=False)["sampling_params"])
+        == SAMPLING_PARAM_KEYS
+    )
 
 
 @pytest.mark.parametrize(
@@ -191,4 +194,7 @@ def test_payload_never_carries_an_unknown_sampling_key(params: dict) -> None:
     except ValueError:
         assert set(params) - SAMPLING_PARAM_KEYS
     else:
-        assert set(payload["sampling_params"]) <= SAMPLING_PARAM_KEYS and "return_logprob" not in payload["sampling_params"]
+        assert (
+            set(payload["sampling_params"]) <= SAMPLING_PARAM_KEYS
+            and "return_logprob" not in payload["sampling_params"]
+        )

@@ -45,7 +45,9 @@ async def test_generate_goes_through_the_router_with_the_routing_key_and_control
 
 async def test_workers_are_listed_from_the_gateway_or_the_legacy_route(start_engines):
     gateway, legacy = await start_engines(2)
-    gateway.on("/workers", body={"workers": [{"id": "w-1", "url": "http://10.0.0.5:30000/", "is_healthy": True}], "total": 1})
+    gateway.on(
+        "/workers", body={"workers": [{"id": "w-1", "url": "http://10.0.0.5:30000/", "is_healthy": True}], "total": 1}
+    )
     legacy.on("/list_workers", body={"urls": ["http://10.0.0.6:30000"]})
     async with aiohttp.ClientSession() as session:
         assert await RouterClient(gateway.url, session=session, config=FAST).worker_urls() == ["http://10.0.0.5:30000"]
@@ -64,7 +66,11 @@ async def test_add_and_remove_worker_use_rest_routes_and_fall_back_to_legacy_one
         gateway.on("/workers", body={"workers": [{"id": "w-9", "url": "http://h:1"}]})
         await rest.remove_worker("http://h:1")
         await RouterClient(legacy.url, session=session, config=FAST).add_worker("http://h:2")
-    assert gateway.calls[0][:3] == ("POST", "/workers", {"url": "http://h:1", "worker_type": "prefill", "bootstrap_port": 8998})
+    assert gateway.calls[0][:3] == (
+        "POST",
+        "/workers",
+        {"url": "http://h:1", "worker_type": "prefill", "bootstrap_port": 8998},
+    )
     assert [c[:2] for c in gateway.calls[1:]] == [("GET", "/workers"), ("DELETE", "/workers/w-9")]
     assert [c[:2] for c in legacy.calls] == [("POST", "/workers"), ("POST", "/add_worker")]
 
@@ -92,7 +98,9 @@ async def test_a_restarted_worker_leaves_the_router_and_is_registered_again(star
     async with HttpEnginePool([worker.url], config=FAST, router_url=router.url, weights=("/ckpt", "0")) as pool:
         proc = FakeProcess("w")
         client = RouterClient(router.url, session=pool._session, config=FAST)
-        supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0), processes={worker.url: proc}, router=client)
+        supervisor = EngineSupervisor(
+            pool, config=EngineConfig(health_check_interval_s=0), processes={worker.url: proc}, router=client
+        )
         proc.returncode = -9
         async with asyncio.TaskGroup() as tg:
             await supervisor.check_once(tg)

@@ -71,11 +71,16 @@ async def test_a_request_a_hung_engine_never_answers_is_retried_on_another_one_w
         states = {s["url"]: s for s in pool.engine_states()}
     # before: an abort result after the timeout (the sample resumed, --max-retries never applied)
     assert not result.aborted and result.output_ids == [4, 2]
-    assert _rids(hung, good) == ["slime-g0-s0-a0-r0-", "slime-g0-s0-a0-r0-t1-"]  # the hung engine may still hold the first
+    assert _rids(hung, good) == [
+        "slime-g0-s0-a0-r0-",
+        "slime-g0-s0-a0-r0-t1-",
+    ]  # the hung engine may still hold the first
     assert states[hung.url]["consecutive_failures"] == 1 and states[good.url]["consecutive_failures"] == 0
 
 
-async def test_a_sample_no_engine_answers_fails_after_max_retries_plus_one_attempts_and_is_not_resumed(start_engines) -> None:
+async def test_a_sample_no_engine_answers_fails_after_max_retries_plus_one_attempts_and_is_not_resumed(
+    start_engines,
+) -> None:
     (hung,) = await start_engines()
     _hung(hung)
     config = RolloutConfig(request_timeout_s=0.2, control_timeout_s=0.2, max_retries=2, retry_backoff_s=0.01)
@@ -95,7 +100,9 @@ async def test_a_timeout_answered_with_no_token_is_a_failed_attempt_and_one_with
         result = await pool.generate([1, 2], {}, rid="r-")
         assert not result.aborted and result.output_ids == [4, 2] and _rids(empty, good) == ["r-", "r-t1-"]
         assert pool.engine_states()[0]["consecutive_failures"] == 0, "it answered: not a failure of the engine"
-    _answers_aborts_with(good, (7, 8))  # a slow engine that answers the abort with tokens: kept, the sample resumes later
+    _answers_aborts_with(
+        good, (7, 8)
+    )  # a slow engine that answers the abort with tokens: kept, the sample resumes later
     async with HttpEnginePool([good.url], config=NO_ANSWER) as pool:
         sample = await generate(Sample(prompt_ids=[1, 2]), {}, pool=pool, max_response_len=8, engine_version=0)
     assert sample.status is Status.PARTIAL and sample.response_ids == [7, 8] and _rids(good)[-1] == "slime-g0-s0-a0-r0-"
@@ -117,11 +124,15 @@ async def test_an_abort_from_a_weight_update_resumes_token_exactly_and_costs_no_
         await generate(sample, {}, pool=pool, max_response_len=8, engine_version=1)
     assert sample.status is Status.COMPLETED and sample.response_ids == [7, 8, 9, 4, 2]
     resent = [body for _, path, body, _ in engine.calls if path == "/generate"][-1]
-    assert resent["input_ids"] == [1, 2, 7, 8, 9] and resent["rid"] == "slime-g0-s0-a1-r1-"  # no retry suffix: not a failure
+    assert (
+        resent["input_ids"] == [1, 2, 7, 8, 9] and resent["rid"] == "slime-g0-s0-a1-r1-"
+    )  # no retry suffix: not a failure
 
 
 @pytest.mark.parametrize("how", ["take_out", "breaker", "trip"])
-async def test_requests_on_an_engine_that_leaves_rotation_end_at_once_and_are_retried_elsewhere(start_engines, how) -> None:
+async def test_requests_on_an_engine_that_leaves_rotation_end_at_once_and_are_retried_elsewhere(
+    start_engines, how
+) -> None:
     hung, good = await start_engines(2)
     _hung(hung)
     good.on("/generate", body=generate_body("x", (4, 2)))
@@ -155,7 +166,10 @@ async def test_with_no_engine_left_a_generate_ends_with_one_line_naming_each_eng
     assert {str(e) for e in together} == {message}  # the calls that gave up together: one diagnosis, one message
     assert type(info.value).__name__ == "EnginesGone" and "\n" not in message
     assert message.startswith("no engine left to serve /generate (none came back within 0.3s): ")
-    assert f"engine {dead}: dead (connection refused: nothing listens there)" in message and "update_weights" not in message
+    assert (
+        f"engine {dead}: dead (connection refused: nothing listens there)" in message
+        and "update_weights" not in message
+    )
     assert f"engine {hung.url}: no answer to /health_generate within 0.5s (no successful answer for " in message
 
 
@@ -166,7 +180,9 @@ async def test_an_engine_given_up_on_for_good_ends_a_waiting_generate_at_once(st
         call = asyncio.create_task(pool.generate([1], {}))
         await asyncio.sleep(0.05)
         assert not call.done()  # waits for the restart
-        pool.retire(engine.url, "process embedded-seed0 (pid 7) exited with code -9; not restarted again after 3 restarts")
+        pool.retire(
+            engine.url, "process embedded-seed0 (pid 7) exited with code -9; not restarted again after 3 restarts"
+        )
         with pytest.raises(EngineUnavailable) as info:
             await asyncio.wait_for(call, 5)
     message = str(info.value)
@@ -184,4 +200,6 @@ async def test_a_weight_update_that_must_reach_every_engine_names_a_killed_one_d
             await pool.update_weights_from_tensor(["payload"], weight_version="1")
         assert [c.url for c in pool.clients] == [alive.url]  # it missed the update: out of rotation
     message = str(info.value)
-    assert "failed on 1 of 2 engines" in message and f"{dead}: dead (connection refused: nothing listens there)" in message
+    assert (
+        "failed on 1 of 2 engines" in message and f"{dead}: dead (connection refused: nothing listens there)" in message
+    )

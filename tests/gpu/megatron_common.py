@@ -30,7 +30,13 @@ QWEN3_MOE_SMALL = dict(
 
 
 def make_hf_dir(
-    path: str, shape: dict, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "qwen2", device: str = "cuda"
+    path: str,
+    shape: dict,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    family: str = "qwen2",
+    device: str = "cuda",
 ) -> str:
     """Save a random model of ``shape`` (initialised on ``device``) as an HF directory; return ``path``.
 
@@ -40,7 +46,10 @@ def make_hf_dir(
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
-    cfg_cls, model_cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[family]
+    cfg_cls, model_cls = {
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+    }[family]
     torch.manual_seed(seed)
     with torch.device(device):
         model = model_cls(cfg_cls(**shape)).to(dtype)
@@ -51,7 +60,14 @@ def make_hf_dir(
 
 
 def make_groups(
-    *, vocab_size: int, num_groups: int, group_size: int, prompt_len: int, response_len: int, seed: int = 0, ragged: bool = True
+    *,
+    vocab_size: int,
+    num_groups: int,
+    group_size: int,
+    prompt_len: int,
+    response_len: int,
+    seed: int = 0,
+    ragged: bool = True,
 ):
     """Rewarded groups of random tokens; response lengths vary inside each group when ``ragged``."""
     from slime.types import Group, Sample, Status
@@ -69,7 +85,11 @@ def make_groups(
                 reward=float((i + gi) % 2),
                 status=Status.COMPLETED,
             )
-            s.append(torch.randint(1, vocab_size, (r,), generator=g).tolist(), (-torch.rand(r, generator=g) * 3).tolist(), policy_version=0)
+            s.append(
+                torch.randint(1, vocab_size, (r,), generator=g).tolist(),
+                (-torch.rand(r, generator=g) * 3).tolist(),
+                policy_version=0,
+            )
             samples.append(s)
         groups.append(Group(group_id=gi, samples=samples))
     return groups

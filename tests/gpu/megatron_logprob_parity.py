@@ -35,7 +35,9 @@ def _hf_logprobs(model_dir: str, batch, dtype: torch.dtype) -> torch.Tensor:
     with torch.no_grad():
         for start in range(0, batch.num_samples, 4):
             mb = batch.slice(start, min(start + 4, batch.num_samples))
-            lp = compute_token_logprobs(hf, mb.input_ids.cuda(), mb.attention_mask.cuda(), temperature=1.0).float().cpu()
+            lp = (
+                compute_token_logprobs(hf, mb.input_ids.cuda(), mb.attention_mask.cuda(), temperature=1.0).float().cpu()
+            )
             full = torch.zeros(lp.shape[0], batch.loss_mask.shape[1])
             full[:, : lp.shape[1]] = lp
             out.append(full)
@@ -88,13 +90,20 @@ def main() -> int:
     result["varlen_vs_sdpa_loop"] = _diff(mg_varlen, mg_loop, mask)
 
     metrics = trainer.train_step(groups).to_dict()
-    result["train_step"] = {k: metrics[k] for k in ("loss", "grad_norm", "ratio_mean", "entropy", "num_optimizer_steps", "train_time_s")}
-    result["train_step"]["attention_dense_fraction"] = metrics.get("attention_dense_fraction")  # None: no half-precision CUDA pass
+    result["train_step"] = {
+        k: metrics[k] for k in ("loss", "grad_norm", "ratio_mean", "entropy", "num_optimizer_steps", "train_time_s")
+    }
+    result["train_step"]["attention_dense_fraction"] = metrics.get(
+        "attention_dense_fraction"
+    )  # None: no half-precision CUDA pass
     saved = trainer.save_hf(f"{root}/after_step")
     mg_after = trainer._before_update(batch, trainer._plan(batch)).old_logprobs
     result["saved_after_step"] = _diff(mg_after, _hf_logprobs(saved, batch, torch.bfloat16), mask)
     synced = trainer.state_dict_for_sync()
-    result["state_dict_for_sync"] = {"num_tensors": len(synced), "all_finite": all(bool(t.isfinite().all()) for t in synced.values())}
+    result["state_dict_for_sync"] = {
+        "num_tensors": len(synced),
+        "all_finite": all(bool(t.isfinite().all()) for t in synced.values()),
+    }
     del trainer, synced
 
     fp32 = _trainer(fp32_dir, bf16=False)

@@ -28,7 +28,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_common import QWEN2_05B, make_groups, make_hf_dir, write_json  # noqa: E402
 
-QWEN2_15B = dict(QWEN2_05B, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2)
+QWEN2_15B = dict(
+    QWEN2_05B,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+)
 """Qwen2-1.5B's shape (1.54B parameters), random weights."""
 
 
@@ -46,7 +53,12 @@ def main() -> int:
     prompt = args.seq_len // 8
     # One GRPO group of two samples (rewards 0 and 1: non-zero advantages), one micro-batch each.
     groups = make_groups(
-        vocab_size=QWEN2_15B["vocab_size"], num_groups=1, group_size=2, prompt_len=prompt, response_len=args.seq_len - prompt, ragged=False
+        vocab_size=QWEN2_15B["vocab_size"],
+        num_groups=1,
+        group_size=2,
+        prompt_len=prompt,
+        response_len=args.seq_len - prompt,
+        ragged=False,
     )
     full = args.recompute_granularity == "full"
     cfg = TrainConfig(
@@ -64,7 +76,11 @@ def main() -> int:
         metrics = trainer.train_step(groups).to_dict()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    ok = all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")) and metrics["num_skipped_steps"] == 0 and metrics["grad_norm"] > 0
+    ok = (
+        all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm"))
+        and metrics["num_skipped_steps"] == 0
+        and metrics["grad_norm"] > 0
+    )
     write_json(f"megatron_long_context_{args.name}.json", {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,

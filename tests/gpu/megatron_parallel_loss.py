@@ -41,7 +41,9 @@ def main() -> int:
     p.add_argument("--etp", type=int, default=None, help="--expert-tensor-parallel-size (default: TP)")
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
     p.add_argument("--micro-batch-size", type=int, default=2)
-    p.add_argument("--static", action="store_true", help="micro-batches of --micro-batch-size samples instead of a token budget")
+    p.add_argument(
+        "--static", action="store_true", help="micro-batches of --micro-batch-size samples instead of a token budget"
+    )
     p.add_argument(
         "--check-gather",
         action="store_true",
@@ -82,7 +84,9 @@ def main() -> int:
         from slime.train.megatron.model import HFCheckpointReader
 
         synced, reader = trainer.state_dict_for_sync(), HFCheckpointReader(args.model_dir)
-        same = sorted(synced) == sorted(reader.keys()) and all(torch.equal(synced[k], reader[k].float()) for k in reader.keys())
+        same = sorted(synced) == sorted(reader.keys()) and all(
+            torch.equal(synced[k], reader[k].float()) for k in reader.keys()
+        )
         extra = {"num_gathered_tensors": len(synced), "weights_gathered_bit_exact": same}
     steps = []
     for _ in range(2):
@@ -91,7 +95,13 @@ def main() -> int:
     ctx = trainer.ctx
     trainer.close()
     os.makedirs(args.out_dir, exist_ok=True)
-    layout = {"tp": ctx.tp_size, "dp": ctx.dp_size, "ep": ctx.ep_size, "etp": ctx.etp_size, "world_size": ctx.world_size}
+    layout = {
+        "tp": ctx.tp_size,
+        "dp": ctx.dp_size,
+        "ep": ctx.ep_size,
+        "etp": ctx.etp_size,
+        "world_size": ctx.world_size,
+    }
     write_json(f"parallel_{args.name}.json", {**layout, **extra, "steps": steps}, out_dir=args.out_dir)
     return 0
 

@@ -103,7 +103,9 @@ def main() -> int:
             entry[f"{when}_step_mean_abs_diff"] = float(diff.mean())
             entry[f"{when}_step_p99_abs_diff"] = float(diff.quantile(0.99))
             entry[f"{when}_step_max_abs_diff"] = float(diff.max())
-            passed &= entry[f"{when}_step_mean_abs_diff"] <= tol["mean"] and entry[f"{when}_step_max_abs_diff"] <= tol["max"]
+            passed &= (
+                entry[f"{when}_step_mean_abs_diff"] <= tol["mean"] and entry[f"{when}_step_max_abs_diff"] <= tol["max"]
+            )
         entry["passed"] = bool(passed)
         result["checks"][name] = entry
         ok &= passed

@@ -34,7 +34,11 @@ def generate_rollout(args, rollout_id, data_buffer, evaluation=False):
             s.rollout_log_probs = [p[0] for p in pairs]
             s.response_length = len(pairs)
             s.response = out.get("text", "")  # absent when the engine has no tokenizer
-            s.status = type(s).Status.TRUNCATED if out["meta_info"]["finish_reason"]["type"] == "length" else type(s).Status.COMPLETED
+            s.status = (
+                type(s).Status.TRUNCATED
+                if out["meta_info"]["finish_reason"]["type"] == "length"
+                else type(s).Status.COMPLETED
+            )
             s.reward = None if s.index % len(group) == 0 else 0.5
     return groups
 

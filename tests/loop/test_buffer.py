@@ -65,7 +65,13 @@ def test_eviction_and_expiry_counts_survive_a_checkpoint():
     )
     back = msgspec.json.decode(msgspec.json.encode(state), type=LoopState)
     restored = DataBuffer()
-    restored.restore(ready=back.ready, partial=back.partial, taken=back.taken, num_evicted=back.num_evicted, num_expired=back.num_expired)
+    restored.restore(
+        ready=back.ready,
+        partial=back.partial,
+        taken=back.taken,
+        num_evicted=back.num_evicted,
+        num_expired=back.num_expired,
+    )
     assert (restored.num_evicted, restored.num_expired) == (1, 1)
 
 

@@ -74,20 +74,32 @@ DAMAGE = {
     "empty trainer.pt": (lambda c: _cut(c / "trainer.pt", 0), "step_000004/trainer.pt", "step_000002"),
     "garbled loop.json": (lambda c: _cut(c / "loop.json", 0.3), "step_000004/loop.json", "step_000002"),
     "mistyped loop.json": (_mistype, "step_000004/loop.json", "step_000002"),
-    "no trainer.pt (a copy cut short)": (lambda c: (c / "trainer.pt").unlink(), "step_000004/trainer.pt", "step_000002"),
-    "latest names a missing step": (lambda c: (c.parent / "latest").write_text("step_000009"), "step_000009", "step_000004"),
+    "no trainer.pt (a copy cut short)": (
+        lambda c: (c / "trainer.pt").unlink(),
+        "step_000004/trainer.pt",
+        "step_000002",
+    ),
+    "latest names a missing step": (
+        lambda c: (c.parent / "latest").write_text("step_000009"),
+        "step_000009",
+        "step_000004",
+    ),
     "latest empty (a save cut short)": (lambda c: (c.parent / "latest").write_text(""), "latest", "step_000004"),
 }
 
 
 @pytest.mark.parametrize("damage, named, used", DAMAGE.values(), ids=DAMAGE.keys())
-def test_load_falls_back_to_the_newest_complete_checkpoint_saying_so(inputs, reference, tmp_path, caplog, capsys, damage, named, used):
+def test_load_falls_back_to_the_newest_complete_checkpoint_saying_so(
+    inputs, reference, tmp_path, caplog, capsys, damage, named, used
+):
     run = _finished(inputs, tmp_path, steps=4)
     damage(run / "checkpoints" / "step_000004")
     caplog.set_level(logging.INFO)
     assert main(sft_argv(*inputs, run, "--load", str(run))) == 0, capsys.readouterr().err
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "--load" in r.getMessage()]
-    assert len(warned) == 1 and named in warned[0] and f"resuming from the newest complete checkpoint, {used}" in warned[0], warned
+    assert (
+        len(warned) == 1 and named in warned[0] and f"resuming from the newest complete checkpoint, {used}" in warned[0]
+    ), warned
     assert "without --save-interval" not in capsys.readouterr().err
     assert any(f"resuming from {run / 'checkpoints' / used}" in r.getMessage() for r in caplog.records)
     assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
@@ -104,13 +116,19 @@ UNREADABLE = {
         "does not fit",
     ),
     "garbled loop.json": (lambda c: _cut(c / "loop.json", 0.3), "loop.json", ""),
-    "garbled loop.json, no manifest": (lambda c: (_manifest_free(c), _cut(c / "loop.json", 0.3)), "loop.json", "garbled JSON"),
+    "garbled loop.json, no manifest": (
+        lambda c: (_manifest_free(c), _cut(c / "loop.json", 0.3)),
+        "loop.json",
+        "garbled JSON",
+    ),
     "mistyped loop.json": (_mistype, "loop.json", "not a loop state"),
 }
 
 
 @pytest.mark.parametrize("damage, file, why", UNREADABLE.values(), ids=UNREADABLE.keys())
-def test_an_unreadable_only_checkpoint_is_one_line_naming_the_file_and_the_step(inputs, tmp_path, capsys, damage, file, why):
+def test_an_unreadable_only_checkpoint_is_one_line_naming_the_file_and_the_step(
+    inputs, tmp_path, capsys, damage, file, why
+):
     run = _finished(inputs, tmp_path, steps=2)
     damage(run / "checkpoints" / "step_000002")
     capsys.readouterr()
@@ -128,7 +146,9 @@ def test_a_checkpoint_written_before_manifests_still_resumes(inputs, reference, 
     assert trained_rows(run) == reference
 
 
-def test_a_full_disk_during_a_save_is_one_line_naming_the_disk_and_keeps_the_earlier_checkpoint(inputs, reference, tmp_path, capsys):
+def test_a_full_disk_during_a_save_is_one_line_naming_the_disk_and_keeps_the_earlier_checkpoint(
+    inputs, reference, tmp_path, capsys
+):
     sizes = _finished(inputs, tmp_path / "sizes", steps=2)  # how much a checkpoint and the rest of a run take
     ckpt = sum(p.stat().st_size for p in (sizes / "checkpoints" / "step_000002").rglob("*") if p.is_file())
     with small_disk(tmp_path / "disk", ckpt * 3 // 2 + 64 * 1024) as disk:  # room for one checkpoint, not two
@@ -162,7 +182,9 @@ async def test_a_full_disk_during_a_disk_weight_sync_names_enospc_and_the_path_i
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     with small_disk(tmp_path / "disk", 48 * 1024) as disk:  # less than the weights (about 100 KiB)
         sync = DiskWeightSync(
-            SyncConfig(weights_dir=str(disk / "weights")), pool=None, save_fn=lambda out: save_hf_dir(model, out, source_dir=str(model_dir))
+            SyncConfig(weights_dir=str(disk / "weights")),
+            pool=None,
+            save_fn=lambda out: save_hf_dir(model, out, source_dir=str(model_dir)),
         )
         with pytest.raises(SlimeError) as info:  # slime's DiskFullError, not the writer's own error
             await sync.save(1)

@@ -23,7 +23,9 @@ def test_chat_template_renders_text_and_messages_with_tools_as_apply_chat_templa
     tok = AutoTokenizer.from_pretrained(tmp_path)
     tok.chat_template = TEMPLATE
     tokenize = prompt_tokenizer(tok, apply_chat_template=True)
-    want = tok.apply_chat_template([{"role": "user", "content": "w3 w4"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    want = tok.apply_chat_template(
+        [{"role": "user", "content": "w3 w4"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert tokenize("w3 w4") == list(want) and tok.decode(want) == "w3 w4 w9"
     messages = [{"role": "system", "content": "w5"}, {"role": "user", "content": "w3 w4"}]
     tool = {"type": "function", "function": {"name": "w7"}}
@@ -59,15 +61,16 @@ def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(t
     from tests.fixtures.tiny_model import write_tiny_llama
 
     trainer = TorchTrainer(
-        TrainConfig(lr=1e-3, global_batch_size=2, micro_batch_size=2, use_tis=True), model_dir=str(write_tiny_llama(tmp_path / "m"))
+        TrainConfig(lr=1e-3, global_batch_size=2, micro_batch_size=2, use_tis=True),
+        model_dir=str(write_tiny_llama(tmp_path / "m")),
     )
     samples = [
         OfflineSample(response="a", response_ids=[7, 8, 1], reward=1.0),
         OfflineSample(response="b", response_ids=[9, 1], reward=0.0),
     ]
-    group = OfflineSource([OfflineGroup(index=0, row=PromptRow(index=0, prompt="x"), prompt_ids=[0, 5, 6], samples=samples)]).next_group(
-        group_id=0, rollout_id=1
-    )
+    group = OfflineSource(
+        [OfflineGroup(index=0, row=PromptRow(index=0, prompt="x"), prompt_ids=[0, 5, 6], samples=samples)]
+    ).next_group(group_id=0, rollout_id=1)
     assert all(lp == 0.0 for s in group.samples for lp in s.rollout_logprobs)
     metrics = _with_offline_logprobs(trainer)([group])
     assert all(lp < 0 for s in group.samples for lp in s.rollout_logprobs)
@@ -94,7 +97,9 @@ def test_apply_chat_template_with_a_tokenizer_without_one_is_one_line_naming_the
     _write_word_tokenizer(tmp_path / "model", TINY_VOCAB_SIZE)  # no chat template
     (tmp_path / "model" / "config.json").write_text("{}")
     config = Config(
-        engine=EngineConfig(hf_checkpoint=str(tmp_path / "model")), data=DataConfig(apply_chat_template=True), run_dir=str(tmp_path / "run")
+        engine=EngineConfig(hf_checkpoint=str(tmp_path / "model")),
+        data=DataConfig(apply_chat_template=True),
+        run_dir=str(tmp_path / "run"),
     )
     with pytest.raises(ConfigError) as info:
         asyncio.run(run_training(config, progress=False))

@@ -47,7 +47,9 @@ async def test_a_run_skips_the_eval_before_training_and_samples_eval_at_eval_top
         run_dir=str(tmp_path / "run"),
     )
     summary = await run_training(config, reward_fn=reward, progress=False)
-    evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    evals = [
+        r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"
+    ]
     assert [r["step"] for r in evals] == ([1] if skip else [0, 1])
     assert (summary["eval_accuracy_before"] is None) == skip and summary["eval_accuracy_after"] == 1.0
     # one eval ran: before the first step, or (skipped) after the last; the rollout's requests run at --rollout-top-k -1

@@ -23,12 +23,19 @@ def parse(*argv: str) -> Config:
 
 def test_eval_prompt_data_takes_one_path_or_name_path_pairs():
     assert parse("--eval-prompt-data", "e.jsonl", "--rm-type", "math").data.eval_datasets == ((None, "e.jsonl"),)
-    assert parse("--eval-prompt-data", "aime", "a.jsonl", "math", "m.jsonl", "--rm-type", "math").data.eval_datasets == (
+    assert parse(
+        "--eval-prompt-data", "aime", "a.jsonl", "math", "m.jsonl", "--rm-type", "math"
+    ).data.eval_datasets == (
         ("aime", "a.jsonl"),
         ("math", "m.jsonl"),
     )
-    assert DataConfig(eval_prompt_data="e.jsonl").eval_datasets == ((None, "e.jsonl"),)  # a config built in Python, as before
-    with pytest.raises(ConfigError, match=r"^--eval-prompt-data aime a.jsonl math: expected one path or 'name path' pairs, got 3 values$"):
+    assert DataConfig(eval_prompt_data="e.jsonl").eval_datasets == (
+        (None, "e.jsonl"),
+    )  # a config built in Python, as before
+    with pytest.raises(
+        ConfigError,
+        match=r"^--eval-prompt-data aime a.jsonl math: expected one path or 'name path' pairs, got 3 values$",
+    ):
         parse("--eval-prompt-data", "aime", "a.jsonl", "math")
     with pytest.raises(ConfigError, match=r"names must be unique, got \['a', 'a'\]"):
         parse("--eval-prompt-data", "a", "x.jsonl", "a", "y.jsonl")
@@ -42,7 +49,10 @@ def test_user_eval_data_on_the_built_in_task_names_its_reward():
         match=r"^--eval-prompt-data e.jsonl needs a reward: the default one, the built-in task's \(arith\), scores only that task's format \(rows in it: --rm-type arith\)",
     ):
         parse("--eval-prompt-data", "e.jsonl")
-    with pytest.raises(ConfigError, match=r"^--eval-prompt-data a a.jsonl needs a reward: the default one, the built-in task's \(chain\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--eval-prompt-data a a.jsonl needs a reward: the default one, the built-in task's \(chain\)",
+    ):
         parse("--builtin-task", "chain", "--eval-prompt-data", "a", "a.jsonl")
     for reward in (["--rm-type", "arith"], ["--rm-type", "math"], ["--custom-rm-path", "my.mod.fn"]):
         assert parse("--eval-prompt-data", "e.jsonl", *reward).data.eval_datasets == ((None, "e.jsonl"),)
@@ -51,9 +61,13 @@ def test_user_eval_data_on_the_built_in_task_names_its_reward():
 
 def test_the_eval_reward_rule_exempts_only_runs_that_compute_no_eval_reward(tmp_path):
     base = ("--eval-prompt-data", "e.jsonl")
-    parse(*base, "--loss-type", "sft_loss", "--prompt-data", "p.jsonl", "--rollout-batch-size", "8")  # SFT evaluates NLL
+    parse(
+        *base, "--loss-type", "sft_loss", "--prompt-data", "p.jsonl", "--rollout-batch-size", "8"
+    )  # SFT evaluates NLL
     parse(*base, "--load-debug-rollout-data", "r{rollout_id}.pt")  # a train-only replay drops the eval sets
-    with pytest.raises(ConfigError, match=r"^--eval-prompt-data e.jsonl needs a reward"):  # OPD-only evaluates its task reward
+    with pytest.raises(
+        ConfigError, match=r"^--eval-prompt-data e.jsonl needs a reward"
+    ):  # OPD-only evaluates its task reward
         parse(*base, "--use-opd", "--opd-only", "--prompt-data", "p.jsonl")
     parse("--use-opd", "--opd-only", "--prompt-data", "p.jsonl")  # no eval set: nothing to score
     (tmp_path / "eval.yaml").write_text("eval:\n  datasets: [{name: a, path: a.jsonl}]\n")
@@ -94,7 +108,9 @@ async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_
     easy, hard = _jsonl(tmp_path / "easy.jsonl", ["w5 w6", "w5 w7"]), _jsonl(tmp_path / "hard.jsonl", ["w8 w9"])
     config = Config(
         data=DataConfig(prompt_data=easy, eval_prompt_data=("easy", easy, "hard", hard)),
-        rollout=RolloutConfig(n_samples_per_prompt=2, eval_top_p=0.7, eval_max_response_len=3, rollout_max_response_len=8),
+        rollout=RolloutConfig(
+            n_samples_per_prompt=2, eval_top_p=0.7, eval_max_response_len=3, rollout_max_response_len=8
+        ),
         loop=LoopConfig(rollout_batch_size=1, over_sampling_batch_size=1, num_rollout=1),
         train=TrainConfig(global_batch_size=2, micro_batch_size=2),
         engine=EngineConfig(hf_checkpoint=str(model)),
@@ -102,8 +118,12 @@ async def test_a_run_reports_each_named_eval_dataset_in_metrics_and_summary(tmp_
         run_dir=str(tmp_path / "run"),
     )
     summary = await run_training(config, reward_fn=reward, progress=False)
-    evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-    assert evals and all(r["eval/easy/accuracy"] == 1.0 and r["eval/hard/accuracy"] == 0.0 and r["accuracy"] == 2 / 3 for r in evals)
+    evals = [
+        r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"
+    ]
+    assert evals and all(
+        r["eval/easy/accuracy"] == 1.0 and r["eval/hard/accuracy"] == 0.0 and r["accuracy"] == 2 / 3 for r in evals
+    )
     assert summary["eval/easy/accuracy_before"] == summary["eval/easy/accuracy_after"] == 1.0
     assert summary["eval/hard/accuracy_after"] == 0.0 and summary["eval_accuracy_after"] == 2 / 3
     eval_calls = [p for _, p in seen if p["top_p"] == 0.7]  # eval requests; the rollout's run at --rollout-top-p 1.0

@@ -21,7 +21,10 @@ FULL = [5, 6, 7, 8]
 
 def _result(ids: list[int], finish: str) -> GenerateResult:
     return GenerateResult(
-        output_ids=ids, output_logprobs=[-0.1] * len(ids), finish_reason=FinishReason(type=finish), completion_tokens=len(ids)
+        output_ids=ids,
+        output_logprobs=[-0.1] * len(ids),
+        finish_reason=FinishReason(type=finish),
+        completion_tokens=len(ids),
     )
 
 
@@ -39,7 +42,9 @@ class SlowPool:
         if input_ids[0] == ord("s"):
             return _result([], "abort")
         if input_ids[0] == ord("d"):
-            raise EngineUnavailable("no answer after 2 attempts (--max-retries 1)", url="http://e:1", endpoint="/generate")
+            raise EngineUnavailable(
+                "no answer after 2 attempts (--max-retries 1)", url="http://e:1", endpoint="/generate"
+            )
         done = len(input_ids) - 1
         new = FULL[done : done + 2]
         return _result(new, "stop" if done + len(new) == len(FULL) else "abort")
@@ -66,7 +71,9 @@ async def _eval(pool, prompts: list[str], generate_fn=None) -> dict:
 async def test_a_sample_cut_by_the_request_timeout_resumes_token_exactly_and_is_scored_whole():
     pool = SlowPool()
     out = await _eval(pool, ["a", "b"])
-    assert out["accuracy"] == 1.0 and out["failed"] == 0 and out["engine_failures"] == 0  # before: the 2-token cut was scored 0
+    assert (
+        out["accuracy"] == 1.0 and out["failed"] == 0 and out["engine_failures"] == 0
+    )  # before: the 2-token cut was scored 0
     assert [len(i) for i in pool.inputs if i[0] == ord("a")] == [1, 3]  # resent as prompt + the tokens it had
 
 
@@ -79,7 +86,9 @@ async def test_samples_the_engines_did_not_serve_are_left_out_and_counted_not_sc
 async def test_a_generate_plugin_that_lets_the_pools_error_through_fails_only_that_sample():
     async def plugin(sample, params, **kw):  # a custom generate function that does not catch the pool's errors
         if sample.prompt == "down":
-            raise EngineUnavailable("no answer after 2 attempts (--max-retries 1)", url="http://e:1", endpoint="/generate")
+            raise EngineUnavailable(
+                "no answer after 2 attempts (--max-retries 1)", url="http://e:1", endpoint="/generate"
+            )
         return await generate(sample, params, **kw)
 
     out = await _eval(SlowPool(), ["a", "down"], generate_fn=plugin)
@@ -102,7 +111,9 @@ async def test_no_engine_left_fails_the_eval_and_cancels_its_other_requests():
         async def generate(self, input_ids, sampling_params, *, rid=None, sticky_key=None):
             if input_ids[0] == ord("x"):
                 await asyncio.sleep(0.05)
-                raise EnginesGone("no engine left to serve /generate: engine http://e:1: dead", reasons={"http://e:1": "dead"})
+                raise EnginesGone(
+                    "no engine left to serve /generate: engine http://e:1: dead", reasons={"http://e:1": "dead"}
+                )
             started.append(rid)
             try:
                 await asyncio.sleep(3600)

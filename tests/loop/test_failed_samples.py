@@ -24,13 +24,17 @@ from tests.fixtures.fake_pool import FakePool
 def _sample(reward: float, *, failed: bool = False, num_tokens: int = 3, version: int = 0, index: int = 0) -> Sample:
     s = Sample(prompt_ids=[1, 2], index=index)
     s.append([3 + i for i in range(num_tokens)], [-0.5] * num_tokens, policy_version=version)
-    s.status, s.reward = (Status.FAILED, 0.0) if failed else (Status.COMPLETED, reward)  # 0.0: the reward boundary's placeholder
+    s.status, s.reward = (
+        (Status.FAILED, 0.0) if failed else (Status.COMPLETED, reward)
+    )  # 0.0: the reward boundary's placeholder
     return s
 
 
 def _group(rewards: list[float | None], group_id: int = 0, **kw) -> Group:
     """``None`` = a FAILED sample."""
-    return Group(group_id=group_id, samples=[_sample(r or 0.0, failed=r is None, index=i, **kw) for i, r in enumerate(rewards)])
+    return Group(
+        group_id=group_id, samples=[_sample(r or 0.0, failed=r is None, index=i, **kw) for i, r in enumerate(rewards)]
+    )
 
 
 def _grpo_moves(group: Group) -> bool:
@@ -67,9 +71,13 @@ def test_a_batch_of_failed_samples_has_no_reward_to_report():
 
 
 def test_lag_statistics_leave_failed_samples_out():
-    group = Group(group_id=0, samples=[_sample(1.0, version=3), _sample(0.0, version=1, index=1, failed=True, num_tokens=5)])
+    group = Group(
+        group_id=0, samples=[_sample(1.0, version=3), _sample(0.0, version=1, index=1, failed=True, num_tokens=5)]
+    )
     stale = apply_staleness([group], trainer_version=3, max_staleness=1)
-    assert stale["lag_histogram"] == {0: 3} and stale["off_policy_token_fraction"] == 0.0 and stale["max_version_lag"] == 0
+    assert (
+        stale["lag_histogram"] == {0: 3} and stale["off_policy_token_fraction"] == 0.0 and stale["max_version_lag"] == 0
+    )
     assert stale["masked_stale_tokens"] == 0 and stale["multi_version_samples"] == 0
 
 
@@ -77,7 +85,9 @@ def test_the_trainers_reward_mean_leaves_failed_samples_out():
     batch = build_train_batch([_group([1.0, 0.0, None])], pad_token_id=0, current_version=0)
     batch = dataclasses.replace(batch, old_logprobs=batch.rollout_logprobs.clone())
     metrics = rl_batch_metrics(batch)
-    assert metrics["reward_mean"] == 0.5 and metrics["advantage_abs_mean"] == pytest.approx(0.5**0.5, rel=1e-4)  # +-(0.5 / 0.7071)
+    assert metrics["reward_mean"] == 0.5 and metrics["advantage_abs_mean"] == pytest.approx(
+        0.5**0.5, rel=1e-4
+    )  # +-(0.5 / 0.7071)
 
 
 async def test_eval_accuracy_leaves_failed_samples_out():
@@ -113,5 +123,9 @@ def test_a_failed_samples_old_tokens_do_not_get_its_group_dropped_as_stale():
         return s
 
     sched = types.SimpleNamespace(engine_version=9, config=types.SimpleNamespace(max_staleness=2))
-    assert not Scheduler._too_stale(sched, Group(group_id=0, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.FAILED)]))
-    assert Scheduler._too_stale(sched, Group(group_id=1, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.COMPLETED)]))
+    assert not Scheduler._too_stale(
+        sched, Group(group_id=0, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.FAILED)])
+    )
+    assert Scheduler._too_stale(
+        sched, Group(group_id=1, samples=[sample(0, 9, Status.COMPLETED), sample(1, 1, Status.COMPLETED)])
+    )

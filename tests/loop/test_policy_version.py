@@ -26,7 +26,9 @@ class _Sync:
         return "w"
 
     async def load(self, path, version, *, abort_all_requests=True):
-        await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests)
+        await self.pool.update_weights_from_disk(
+            path, weight_version=str(version), abort_all_requests=abort_all_requests
+        )
 
 
 class _Trainer:
@@ -55,7 +57,9 @@ async def test_trainer_engine_and_token_versions_agree_step_after_step(mode, sta
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(200)]
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, max_staleness=0 if mode == "sync" else 1),
+            LoopConfig(
+                mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, max_staleness=0 if mode == "sync" else 1
+            ),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=16),
             source=PromptSource(rows, shuffle=False),
             tokenize=lambda t: [1, 3 + len(t)],

@@ -71,7 +71,10 @@ async def test_a_reward_outside_what_float32_statistics_hold_fails_its_sample(va
     await score_sample(sample, lambda s: value, timeout_s=5)
     assert sample.status is Status.FAILED and sample.reward == 0.0
     assert sample.evidence["reward_error"]["type"] == "PluginError"
-    assert repr(value) in sample.evidence["reward_error"]["message"] or "non-finite" in sample.evidence["reward_error"]["message"]
+    assert (
+        repr(value) in sample.evidence["reward_error"]["message"]
+        or "non-finite" in sample.evidence["reward_error"]["message"]
+    )
 
 
 async def test_rewards_up_to_the_bound_are_kept():

@@ -33,7 +33,9 @@ def _config(**loop) -> Config:
 
 
 def _args(config: Config) -> RolloutArgs:
-    return RolloutArgs(config.rollout, config.loop, config.data, hf_checkpoint=config.engine.hf_checkpoint, seed=config.seed)
+    return RolloutArgs(
+        config.rollout, config.loop, config.data, hf_checkpoint=config.engine.hf_checkpoint, seed=config.seed
+    )
 
 
 def _rf_scheduler(fn, **kw):
@@ -65,14 +67,20 @@ async def test_a_slime_signature_rollout_function_runs_a_step_end_to_end(tmp_pat
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["kind"] == "step"]
     assert [r["num_samples"] for r in steps] == [4, 4]
-    assert all(r["reward_mean"] == 0.75 for r in steps)  # sample 0 of each group scored by `half` (1.0), the other set to 0.5
+    assert all(
+        r["reward_mean"] == 0.75 for r in steps
+    )  # sample 0 of each group scored by `half` (1.0), the other set to 0.5
 
 
 async def test_an_sft_style_function_s_samples_are_rewarded_tagged_offline_and_checked():
     buffer = DataBuffer()
     rows = [PromptRow(index=i, prompt=f"p{i}") for i in range(3)]
     sched = _rf_scheduler(
-        rollout_fns.sft_rollout, source=PromptSource(rows, shuffle=False), tokenize=lambda text: [1, 2, 3], buffer=buffer, reward_fn=half
+        rollout_fns.sft_rollout,
+        source=PromptSource(rows, shuffle=False),
+        tokenize=lambda text: [1, 2, 3],
+        buffer=buffer,
+        reward_fn=half,
     )
     groups = await sched.next_batch(2)
     assert [g.group_id for g in groups] == [0, 1] and [g.data_index for g in groups] == [0, 1]
@@ -81,7 +89,11 @@ async def test_an_sft_style_function_s_samples_are_rewarded_tagged_offline_and_c
     assert s.versions == [OFFLINE_VERSION] * 4 and s.metadata["offline_logprobs"] is False and s.reward == 1.0
     assert [g.group_id for g in await sched.next_batch(2)] == [2, 3] and buffer.taken == {0, 1, 2, 3}
     sched = _rf_scheduler(
-        rollout_fns.left_pending, source=PromptSource(rows, shuffle=False), tokenize=lambda text: [1], buffer=DataBuffer(), reward_fn=half
+        rollout_fns.left_pending,
+        source=PromptSource(rows, shuffle=False),
+        tokenize=lambda text: [1],
+        buffer=DataBuffer(),
+        reward_fn=half,
     )
     with pytest.raises(
         PluginError,
@@ -95,7 +107,10 @@ async def test_an_sft_style_function_s_samples_are_rewarded_tagged_offline_and_c
     "edit, message",
     [
         (lambda s: setattr(s, "loss_mask", [1]), "group 0 sample 0: loss_mask has 1 entries for response_length=2"),
-        (lambda s: setattr(s, "rollout_log_probs", [-0.1, float("nan")]), "group 0 sample 0: rollout_log_probs holds nan"),
+        (
+            lambda s: setattr(s, "rollout_log_probs", [-0.1, float("nan")]),
+            "group 0 sample 0: rollout_log_probs holds nan",
+        ),
         (lambda s: setattr(s, "reward", {"score": 1.0}), "group 0 sample 0: reward is dict"),
         (lambda s: setattr(s, "response_length", 9), "group 0 sample 0: response_length=9 with 3 tokens"),
     ],
@@ -111,12 +126,17 @@ def test_our_samples_pass_through_and_bad_shapes_are_named():
     ok = Sample(prompt_ids=[1], status=Status.COMPLETED, reward=1.0)
     ok.append([4, 5], [-0.1, -0.2], 3)
     groups, _ = to_groups(
-        type("Out", (), {"samples": [[ok]], "metrics": {"m": 1}})(), n_samples_per_prompt=1, engine_version=3, next_group_id=7
+        type("Out", (), {"samples": [[ok]], "metrics": {"m": 1}})(),
+        n_samples_per_prompt=1,
+        engine_version=3,
+        next_group_id=7,
     )
     assert groups[0].group_id == 7 and groups[0].samples[0] is ok and ok.group_id == 7
     with pytest.raises(PluginError, match="newer than the engine's 2"):
         to_groups([[ok]], n_samples_per_prompt=1, engine_version=2, next_group_id=0)
-    with pytest.raises(PluginError, match="^returned a flat list of 3 samples, not a multiple of n_samples_per_prompt=2"):
+    with pytest.raises(
+        PluginError, match="^returned a flat list of 3 samples, not a multiple of n_samples_per_prompt=2"
+    ):
         to_groups([ok, ok, ok], n_samples_per_prompt=2, engine_version=3, next_group_id=0)
     with pytest.raises(PluginError, match="^returned NoneType; expected a non-empty list of groups"):
         to_groups(None, n_samples_per_prompt=1, engine_version=3, next_group_id=0)
@@ -124,10 +144,20 @@ def test_our_samples_pass_through_and_bad_shapes_are_named():
 
 def test_a_rollout_fn_train_output_becomes_groups_with_its_metrics():
     def sample(group_index, reward):
-        return SlimeSample(group_index=group_index, tokens=[1, 5, 6], response_length=2, reward=reward, status=SlimeSample.Status.COMPLETED)
+        return SlimeSample(
+            group_index=group_index,
+            tokens=[1, 5, 6],
+            response_length=2,
+            reward=reward,
+            status=SlimeSample.Status.COMPLETED,
+        )
 
-    out = RolloutFnTrainOutput(samples=[[sample(10, 1.0), sample(10, 0.0)], [sample(11, 0.5), sample(11, 0.5)]], metrics={"m": 2.5})
-    groups, metrics = to_groups(out, n_samples_per_prompt=2, engine_version=0, next_group_id=4, rollout_id=3, data_index={11: 7})
+    out = RolloutFnTrainOutput(
+        samples=[[sample(10, 1.0), sample(10, 0.0)], [sample(11, 0.5), sample(11, 0.5)]], metrics={"m": 2.5}
+    )
+    groups, metrics = to_groups(
+        out, n_samples_per_prompt=2, engine_version=0, next_group_id=4, rollout_id=3, data_index={11: 7}
+    )
     assert metrics == {"m": 2.5}
     assert [g.group_id for g in groups] == [4, 5] and [g.rollout_id for g in groups] == [3, 3]
     assert [g.data_index for g in groups] == [-1, 7]
@@ -140,7 +170,9 @@ def test_a_rollout_fn_train_output_becomes_groups_with_its_metrics():
 
 def test_flags_the_function_replaces_are_refused_in_one_line():
     _config().check_run_modes()
-    with pytest.raises(ConfigError, match=r"^--rollout-function-path=tests.loop.rollout_fns.sft_rollout with --rollout-mode april"):
+    with pytest.raises(
+        ConfigError, match=r"^--rollout-function-path=tests.loop.rollout_fns.sft_rollout with --rollout-mode april"
+    ):
         _config(mode="april").check_run_modes()
     with pytest.raises(ConfigError, match="with --dynamic-sampling-filter-path"):
         _config(dynamic_sampling_filter_path="x.y").check_run_modes()
@@ -166,7 +198,8 @@ def test_args_adapter_names_a_missing_attribute():
     args = _args(_config())
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.sglang_router_ip) == (2, 2, None)
     with pytest.raises(
-        AttributeError, match=r"^args.sglang_dp_size: not provided to rollout functions here \(slime_compat.RolloutArgs has: "
+        AttributeError,
+        match=r"^args.sglang_dp_size: not provided to rollout functions here \(slime_compat.RolloutArgs has: ",
     ):
         args.sglang_dp_size  # noqa: B018  # the attribute access raises
 
@@ -209,7 +242,9 @@ async def test_an_async_function_returning_our_groups_is_awaited_and_its_raise_i
         version=PolicyVersion(4),
     )
     groups = await sched.next_batch(2)
-    assert [s.versions for s in groups[1].samples] == [[4, 4], [4, 4]] and all(s.reward == 1.0 for g in groups for s in g.samples)
+    assert [s.versions for s in groups[1].samples] == [[4, 4], [4, 4]] and all(
+        s.reward == 1.0 for g in groups for s in g.samples
+    )
 
     async def raises(args, rollout_id, data_buffer, evaluation=False):
         raise RuntimeError("no engine here")

@@ -16,7 +16,9 @@ from tests.fixtures.tiny_model import write_tiny_llama
 
 
 def test_the_response_cap_is_what_the_context_leaves():
-    r = config_from_args(build_parser().parse_args(["--rollout-max-context-len", "10", "--rollout-max-response-len", "8"])).rollout
+    r = config_from_args(
+        build_parser().parse_args(["--rollout-max-context-len", "10", "--rollout-max-response-len", "8"])
+    ).rollout
     assert (r.response_cap(1), r.response_cap(4), r.response_cap(10)) == (8, 6, 0)
     assert RolloutConfig(rollout_max_response_len=8).response_cap(1000) == 8  # unset: the response cap alone
     with pytest.raises(ConfigError, match=r"^--rollout-max-context-len=1 is invalid"):
@@ -53,6 +55,7 @@ async def test_rollout_requests_ask_for_what_the_context_leaves(tmp_path, monkey
 async def test_a_prompt_that_fills_the_context_is_a_bad_row_at_load(tmp_path, monkeypatch):
     path, _, run = _run(tmp_path, monkeypatch, ["w5", "w5 w6 w7 w8 w9 w5 w6 w7"], ctx=5)
     with pytest.raises(
-        DataError, match=rf"^{path}:2: the prompt renders to \d+ tokens, the rollout context of 5 \(--rollout-max-context-len\)"
+        DataError,
+        match=rf"^{path}:2: the prompt renders to \d+ tokens, the rollout context of 5 \(--rollout-max-context-len\)",
     ):
         await run

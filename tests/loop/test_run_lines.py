@@ -43,12 +43,17 @@ def test_a_trained_step_shows_its_loss_and_a_rollout_only_step_none():
     assert line.endswith("| rollout only, step 1.2s") and "loss" not in line and "nan" not in line
 
 
-_SUMMARY = dict(eval_accuracy_before=0.25, eval_accuracy_after=0.5, aborted_samples=3, resumed_samples=2, failed_samples=0)
+_SUMMARY = dict(
+    eval_accuracy_before=0.25, eval_accuracy_after=0.5, aborted_samples=3, resumed_samples=2, failed_samples=0
+)
 
 
 def test_the_done_line_of_a_trained_run_names_the_most_versions_in_a_trained_sample():
     line = format_done_line(_SUMMARY | {"max_versions_in_a_trained_sample": 2}, "runs/x")
-    assert line == "done: eval accuracy 0.250 -> 0.500; aborted 3, resumed 2, max versions in a trained sample 2; run dir runs/x"
+    assert (
+        line
+        == "done: eval accuracy 0.250 -> 0.500; aborted 3, resumed 2, max versions in a trained sample 2; run dir runs/x"
+    )
 
 
 def test_the_done_line_of_a_rollout_only_run_claims_nothing_trained_and_counts_failed_samples():
@@ -94,5 +99,7 @@ async def test_a_rollout_only_run_without_an_eval_set_prints_no_loss_no_nan_accu
     assert len(steps) == 2 and all(s.endswith("s") and "| rollout only, step " in s and "loss" not in s for s in steps)
     assert all(("failed 2/2 " in s) == reward_fails for s in steps)  # from step 1 on
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["max_versions_in_a_trained_sample"] is None and summary["failed_samples"] == (4 if reward_fails else 0)
+    assert summary["max_versions_in_a_trained_sample"] is None and summary["failed_samples"] == (
+        4 if reward_fails else 0
+    )
     assert "nothing trained (rollout only)" in format_done_line(summary, config.run_dir)

@@ -38,9 +38,15 @@ sys.stdin.read()
 
 def _holder(folder: Path, mode: str = "plain") -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(folder), mode], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD, str(folder), mode],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert proc.stdout is not None and proc.stdout.readline() == "held\n"  # blocks until the lock is taken (or the holder died: "")
+    assert (
+        proc.stdout is not None and proc.stdout.readline() == "held\n"
+    )  # blocks until the lock is taken (or the holder died: "")
     return proc
 
 
@@ -103,7 +109,9 @@ def test_one_process_cannot_take_a_folder_twice_and_a_clean_release_leaves_nothi
     assert caplog.records == []
 
 
-def test_hold_run_folders_holds_each_folder_once_releases_on_error_and_skips_other_torchrun_ranks(tmp_path, monkeypatch):
+def test_hold_run_folders_holds_each_folder_once_releases_on_error_and_skips_other_torchrun_ranks(
+    tmp_path, monkeypatch
+):
     a, b = tmp_path / "a", tmp_path / "b"
     b.mkdir()  # a run to resume from
     with pytest.raises(RuntimeError, match="the run failed"):
@@ -157,20 +165,27 @@ def test_without_os_locks_the_holder_file_decides(tmp_path, monkeypatch, caplog)
     sleeper = subprocess.Popen(["sleep", "600"])
     try:
         for holder, refused in (
-            ({"pid": sleeper.pid, "host": socket.gethostname(), "started": "s"}, "this file system has no locks: run.lock decides)"),
+            (
+                {"pid": sleeper.pid, "host": socket.gethostname(), "started": "s"},
+                "this file system has no locks: run.lock decides)",
+            ),
             ({"pid": 1, "host": "elsewhere", "started": "s"}, f"if that run is gone, delete {tmp_path / LOCK_NAME})"),
         ):
             (tmp_path / LOCK_NAME).write_text(json.dumps(holder))
             with pytest.raises(RunFolderInUse) as info:
                 acquire_run_lock(tmp_path)
-            assert f"pid {holder['pid']} on host {holder['host']}, started s" in str(info.value) and str(info.value).endswith(refused)
+            assert f"pid {holder['pid']} on host {holder['host']}, started s" in str(info.value) and str(
+                info.value
+            ).endswith(refused)
     finally:
         sleeper.kill()
         sleeper.wait()
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(), "started": "s"}))
     with caplog.at_level(logging.WARNING, logger="slime.loop.run_lock"):
         acquire_run_lock(tmp_path).release()
-    assert [f"pid {sleeper.pid}" in r.getMessage() and "no longer live" in r.getMessage() for r in caplog.records] == [True]
+    assert [f"pid {sleeper.pid}" in r.getMessage() and "no longer live" in r.getMessage() for r in caplog.records] == [
+        True
+    ]
 
 
 def test_a_holder_just_starting_is_named_as_such(tmp_path):
@@ -203,4 +218,6 @@ def test_a_run_holds_its_save_load_and_an_outside_disk_weights_dir(tmp_path):
     ]
     inside = SyncConfig(weights_dir=str(tmp_path / "run" / "weights"))
     assert run_folders(Config(run_dir=run, sync=inside)) == [("--save", run)]  # the run folder's lock covers it
-    assert run_folders(Config(run_dir=run, sync=SyncConfig(method="distributed", weights_dir=weights))) == [("--save", run)]
+    assert run_folders(Config(run_dir=run, sync=SyncConfig(method="distributed", weights_dir=weights))) == [
+        ("--save", run)
+    ]

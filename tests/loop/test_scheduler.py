@@ -153,19 +153,23 @@ async def test_async_mode_updates_in_place_and_tags_new_tokens_with_new_version(
 
 @pytest.mark.parametrize("mode", ["april", "async"])
 async def test_admission_control_bounds_version_lag(mode):
-    trained, buffer, sched, _ = await run_steps(mode, 8, target=2, over=16, max_staleness=1, train_ticks=40, overlap=True)
+    trained, buffer, sched, _ = await run_steps(
+        mode, 8, target=2, over=16, max_staleness=1, train_ticks=40, overlap=True
+    )
     _check_trained(trained, buffer, sched)
     for version, groups in trained:
         for g in groups:
             for s in g.samples:
-                assert version - min(s.versions) <= 1 or not any(m for v, m in zip(s.versions, s.loss_mask) if version - v > 1), (
-                    f"token lag {version - min(s.versions)} > 1 admitted"
-                )
+                assert version - min(s.versions) <= 1 or not any(
+                    m for v, m in zip(s.versions, s.loss_mask) if version - v > 1
+                ), f"token lag {version - min(s.versions)} > 1 admitted"
     assert sched.num_admitted <= (sched.engine_version + 1 + 1) * 2
 
 
 async def test_staleness_drop_policy_drops_whole_group_and_replaces_it():
-    trained, buffer, sched, _ = await run_steps("april", 6, target=2, over=16, max_staleness=0, staleness_policy="drop", train_ticks=40)
+    trained, buffer, sched, _ = await run_steps(
+        "april", 6, target=2, over=16, max_staleness=0, staleness_policy="drop", train_ticks=40
+    )
     dropped = (
         set(range(sched.next_group_id))
         - {g.group_id for _, gs in trained for g in gs}

@@ -130,7 +130,13 @@ async def test_a_failure_elsewhere_cancels_the_groups_without_a_taskgroup_shutti
     with pytest.raises(ExceptionGroup) as info:
         async with asyncio.TaskGroup() as tg:
             sched = _scheduler(
-                tg, pool=pool, mode="april", rollout_batch_size=1, over_sampling_batch_size=4, overlap_train=True, max_staleness=100
+                tg,
+                pool=pool,
+                mode="april",
+                rollout_batch_size=1,
+                over_sampling_batch_size=4,
+                overlap_train=True,
+                max_staleness=100,
             )
             await sched.next_batch(1)  # generation goes on, gate open (overlap), as while the trainer works
             raise ValueError("the train step failed")

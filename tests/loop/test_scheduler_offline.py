@@ -29,7 +29,9 @@ def _offline_source(num_groups=3, n=2):
             row=PromptRow(index=i, prompt=f"o{i}"),
             prompt_ids=[1, 4, 5],
             samples=[
-                OfflineSample(response="r", response_ids=[7, 8, 2], logprobs=[-0.1, -0.2, -0.3], reward=1.0 if j == 0 else None)
+                OfflineSample(
+                    response="r", response_ids=[7, 8, 2], logprobs=[-0.1, -0.2, -0.3], reward=1.0 if j == 0 else None
+                )
                 for j in range(n)
             ],
         )

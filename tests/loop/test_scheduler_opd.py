@@ -31,7 +31,9 @@ async def test_every_trained_sample_is_scored_once_on_its_final_tokens(mode):
     rows = [PromptRow(index=i, prompt=f"p{i}", label=None) for i in range(1000)]
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, overlap_train=True, max_staleness=100),
+            LoopConfig(
+                mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, overlap_train=True, max_staleness=100
+            ),
             RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=MAX_LEN),
             source=PromptSource(rows, shuffle=False),
             tokenize=lambda t: [1] + [3 + ord(c) % 50 for c in t],
@@ -57,7 +59,9 @@ async def test_every_trained_sample_is_scored_once_on_its_final_tokens(mode):
         assert s.status is not Status.FAILED and s.response_ids == expected_tokens(f"g{s.group_id}-s{s.index}", MAX_LEN)
         full = s.prompt_ids + s.response_ids
         assert tuple(full) in scored
-        assert s.teacher_logprobs == [teacher_lp(full[: len(s.prompt_ids) + i], t) for i, t in enumerate(s.response_ids)]
+        assert s.teacher_logprobs == [
+            teacher_lp(full[: len(s.prompt_ids) + i], t) for i, t in enumerate(s.response_ids)
+        ]
 
 
 def test_batch_stats_report_the_rollout_side_reverse_kl_over_trained_tokens():

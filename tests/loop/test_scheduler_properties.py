@@ -40,7 +40,9 @@ class _Sync:
         return "w"
 
     async def load(self, path, version, *, abort_all_requests=True):
-        await self.pool.update_weights_from_disk(path, weight_version=str(version), abort_all_requests=abort_all_requests)
+        await self.pool.update_weights_from_disk(
+            path, weight_version=str(version), abort_all_requests=abort_all_requests
+        )
 
 
 async def _run(mode, max_staleness, policy, steps, target, over, train_ticks, chaos_every, fail_salt, seed):

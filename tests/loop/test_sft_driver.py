@@ -81,10 +81,16 @@ async def test_sft_run_logs_steps_eval_loss_and_writes_the_final_model(model_dir
         ("eval", 4),
     ]
     evals = [r["eval_loss"] for r in records if r["kind"] == "eval"]
-    assert evals[-1] < evals[0] and all(r["eval_tokens"] == 8.0 for r in records if r["kind"] == "eval")  # 2 rows x (3 words + EOS)
+    assert evals[-1] < evals[0] and all(
+        r["eval_tokens"] == 8.0 for r in records if r["kind"] == "eval"
+    )  # 2 rows x (3 words + EOS)
     steps = [r for r in records if r["kind"] == "step"]
     assert all(r["trained_tokens"] == 12 and r["num_rows"] == 3 and r["train/loss"] > 0 for r in steps)
-    assert summary["eval_loss_before"] == evals[0] and summary["eval_loss_after"] == evals[-1] and summary["num_steps"] == 4
+    assert (
+        summary["eval_loss_before"] == evals[0]
+        and summary["eval_loss_after"] == evals[-1]
+        and summary["num_steps"] == 4
+    )
     AutoModelForCausalLM.from_pretrained(summary["model_dir"])  # an HF directory
     report = (run / "report.txt").read_text()
     assert "mode sft" in report and f"eval loss        {evals[0]:.4f} -> {evals[-1]:.4f}" in report
@@ -96,11 +102,23 @@ async def test_sft_run_logs_steps_eval_loss_and_writes_the_final_model(model_dir
 async def test_resume_mid_epoch_continues_at_the_right_row_with_the_same_losses(model_dir, data, tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     await run_sft(_config(model_dir, data, full, "--num-rollout", "5", "--save-interval", "2"), progress=False)
-    await run_sft(_config(model_dir, data, cut, "--num-rollout", "3", "--save-interval", "2"), progress=False)  # stops in epoch 1, row 2
-    assert json.loads((cut / "checkpoints" / "step_000003" / "loop.json").read_text())["source"] == {"epoch": 1, "position": 2}
-    await run_sft(_config(model_dir, data, cut, "--num-rollout", "5", "--save-interval", "2", "--load", str(cut)), progress=False)
+    await run_sft(
+        _config(model_dir, data, cut, "--num-rollout", "3", "--save-interval", "2"), progress=False
+    )  # stops in epoch 1, row 2
+    assert json.loads((cut / "checkpoints" / "step_000003" / "loop.json").read_text())["source"] == {
+        "epoch": 1,
+        "position": 2,
+    }
+    await run_sft(
+        _config(model_dir, data, cut, "--num-rollout", "5", "--save-interval", "2", "--load", str(cut)), progress=False
+    )
     assert _records(cut, "trained_rows.jsonl") == _records(full, "trained_rows.jsonl")
-    loss = lambda run: [(r["step"], r["train/loss"], r["train/lr"]) for r in _records(run, "metrics.jsonl") if r["kind"] == "step"]  # noqa: E731
+
+    def loss(run):
+        return [
+            (r["step"], r["train/loss"], r["train/lr"]) for r in _records(run, "metrics.jsonl") if r["kind"] == "step"
+        ]
+
     assert [s for s, _, _ in loss(cut)] == [1, 2, 3, 4, 5]
     for (_, a, lr_a), (_, b, lr_b) in zip(loss(cut), loss(full)):
         assert a == pytest.approx(b, rel=1e-6) and lr_a == lr_b
@@ -136,9 +154,13 @@ def test_thudm_slime_sft_flags_are_accepted_as_implied_in_one_line(model_dir, da
         "--debug-train-only, --rollout-function-path slime.rollout.sft_rollout.generate_rollout: implied by --loss-type sft_loss "
         "(no engine is launched; it trains on the rows of --prompt-data)"
     ]
-    with pytest.raises(ConfigError, match="--rollout-function-path=my.rollout: --loss-type sft_loss .* calls no rollout function"):
+    with pytest.raises(
+        ConfigError, match="--rollout-function-path=my.rollout: --loss-type sft_loss .* calls no rollout function"
+    ):
         _config(model_dir, data, tmp_path / "r", "--rollout-function-path", "my.rollout").check_sft_run()
-    rl = config_from_args(build_parser().parse_args(["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"]))
+    rl = config_from_args(
+        build_parser().parse_args(["--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"])
+    )
     with pytest.raises(ConfigError, match="is THUDM/slime's SFT: pass --loss-type sft_loss"):
         rl.check_run_modes()
 
@@ -191,7 +213,9 @@ async def test_sft_run_refuses_a_row_longer_than_the_model_context_by_file_and_l
 
 
 async def test_a_step_larger_than_the_data_is_refused_with_num_epoch(model_dir, data, tmp_path):
-    config = _config(model_dir, data, tmp_path / "r", "--num-epoch", "1", "--rollout-batch-size", "100", "--global-batch-size", "100")
+    config = _config(
+        model_dir, data, tmp_path / "r", "--num-epoch", "1", "--rollout-batch-size", "100", "--global-batch-size", "100"
+    )
     with pytest.raises(ConfigError, match=r"--rollout-batch-size=100 is larger than --prompt-data \(7 rows\)"):
         await run_sft(config, progress=False)
 
@@ -201,7 +225,17 @@ def test_rl_flags_an_sft_run_never_reads_are_named_in_a_warning(model_dir, data,
     _config(model_dir, data, tmp_path / "r").check_sft_run()
     assert "ignores these RL flags" not in caplog.text
     _config(
-        model_dir, data, tmp_path / "r", "--partial-rollout", "--use-tis", "--rm-type", "math", "--num-epoch", "1", "--num-rollout", "5"
+        model_dir,
+        data,
+        tmp_path / "r",
+        "--partial-rollout",
+        "--use-tis",
+        "--rm-type",
+        "math",
+        "--num-epoch",
+        "1",
+        "--num-rollout",
+        "5",
     ).check_sft_run()
     assert (
         "ignores these RL flags: --rollout-mode / --partial-rollout, --rm-type, --use-tis, "
@@ -212,7 +246,8 @@ def test_rl_flags_an_sft_run_never_reads_are_named_in_a_warning(model_dir, data,
 async def test_sft_skips_the_eval_before_training_and_warms_up_over_a_fraction_of_its_steps(model_dir, data, tmp_path):
     run = tmp_path / "run"
     summary = await run_sft(
-        _config(model_dir, data, run, "--num-rollout", "4", "--skip-eval-before-train", "--lr-warmup-fraction", "0.5"), progress=False
+        _config(model_dir, data, run, "--num-rollout", "4", "--skip-eval-before-train", "--lr-warmup-fraction", "0.5"),
+        progress=False,
     )
     records = _records(run, "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in records if r["kind"] == "eval"] == [("eval", 4)]

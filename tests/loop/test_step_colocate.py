@@ -71,8 +71,12 @@ async def test_colocated_step_releases_memory_around_training_and_syncs_after_re
             _, record = await run_step(sched, train_step=train_step, sync=_Sync(pool), colocate=True)
             version = sched.version.engines
         await sched.shutdown()
-    steps = [e for e in pool.events if e.split("@")[0].split(":")[0] in ("release", "train", "save", "resume", "update")]
-    assert [e.split("@")[0] for e in steps] == [e for v in (1, 2) for e in ("release", "train", f"save:{v}", "resume", f"update:{v}")]
+    steps = [
+        e for e in pool.events if e.split("@")[0].split(":")[0] in ("release", "train", "save", "resume", "update")
+    ]
+    assert [e.split("@")[0] for e in steps] == [
+        e for v in (1, 2) for e in ("release", "train", f"save:{v}", "resume", f"update:{v}")
+    ]
     for i in (0, 5):  # no generate call between releasing memory and loading the new weights
         calls = {int(e.split("@")[1]) for e in steps[i : i + 4] if "@" in e}
         assert len(calls) == 1, steps

@@ -51,7 +51,10 @@ async def test_a_run_with_every_observer_leaves_trace_metrics_events_plots_and_a
     assert {"slime_requests_in_flight", "slime_engine_requests_in_flight", "slime_partial_groups_queued"} <= names
     events = load_valid(run / "trace.json")
     check_nesting(events)
-    counts = {n: sum(e["name"] == n for e in events) for n in ("generate", "reward", "train_step", "weight_sync", "eval", "step")}
+    counts = {
+        n: sum(e["name"] == n for e in events)
+        for n in ("generate", "reward", "train_step", "weight_sync", "eval", "step")
+    }
     assert counts["generate"] >= 16 and counts["reward"] >= 16 and counts["eval"] == 2
     assert counts["train_step"] == counts["weight_sync"] == counts["step"] == 2
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
@@ -59,4 +62,6 @@ async def test_a_run_with_every_observer_leaves_trace_metrics_events_plots_and_a
     capsys.readouterr()  # the run's step lines
     assert report_main([str(run), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["status"] == "finished" and rep["steps"] == 2 and rep["final_policy_version"] == 2 and rep["problems"] == []
+    assert (
+        rep["status"] == "finished" and rep["steps"] == 2 and rep["final_policy_version"] == 2 and rep["problems"] == []
+    )

@@ -75,8 +75,16 @@ async def test_metrics_endpoint_serves_step_values_counters_and_live_engine_load
         got = await scrape(exp.port)
     assert got["slime_policy_version"] == 3 and got["slime_step"] == 4 and got["slime_reward_mean"] == 0.625
     assert got["slime_tokens_per_second"] == 812.0 and got["slime_eval_accuracy"] == 0.75
-    assert got["slime_aborted_samples_total"] == 10 and got["slime_resumed_samples_total"] == 4 and got["slime_failed_samples_total"] == 2
-    assert got["slime_requests_in_flight"] == 7 and got["slime_partial_groups_queued"] == 6 and got["slime_ready_groups"] == 2
+    assert (
+        got["slime_aborted_samples_total"] == 10
+        and got["slime_resumed_samples_total"] == 4
+        and got["slime_failed_samples_total"] == 2
+    )
+    assert (
+        got["slime_requests_in_flight"] == 7
+        and got["slime_partial_groups_queued"] == 6
+        and got["slime_ready_groups"] == 2
+    )
     assert got["slime_engine_requests_in_flight{engine=http://127.0.0.1:30000}"] == 5
     assert got["slime_engine_requests_in_flight{engine=http://127.0.0.1:30001}"] == 2
 
@@ -94,7 +102,10 @@ def test_scalars_flatten_nested_values_and_prefix_evals():
     s = scalars_of(STEP)
     assert s["reward_mean"] == 0.625 and s["lag_histogram/1"] == 30.0 and s["train/loss"] == -0.01
     assert "step" not in s and "kind" not in s
-    assert scalars_of({"kind": "eval", "step": 0, "accuracy": 0.5, "failed": 0.0}) == {"eval/accuracy": 0.5, "eval/failed": 0.0}
+    assert scalars_of({"kind": "eval", "step": 0, "accuracy": 0.5, "failed": 0.0}) == {
+        "eval/accuracy": 0.5,
+        "eval/failed": 0.0,
+    }
 
 
 def test_tensorboard_gets_every_scalar_at_its_step(tmp_path):
@@ -128,7 +139,9 @@ def test_wandb_run_gets_project_group_config_and_each_record(tmp_path, monkeypat
 
     fake = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw)) or Run())
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    loggers = ScalarLoggers.from_config(ObsConfig(use_wandb=True, wandb_project="p", wandb_group="g"), run_dir=tmp_path, config={"seed": 1})
+    loggers = ScalarLoggers.from_config(
+        ObsConfig(use_wandb=True, wandb_project="p", wandb_group="g"), run_dir=tmp_path, config={"seed": 1}
+    )
     loggers.log(STEP)
     loggers.close()
     init, log, finish = calls
@@ -138,7 +151,8 @@ def test_wandb_run_gets_project_group_config_and_each_record(tmp_path, monkeypat
 
 async def test_observers_fan_records_out_and_close_everything(tmp_path, capsys):
     config = Config(
-        loop=LoopConfig(num_rollout=2), obs=ObsConfig(enable_trace=True, metrics_port=0, metrics_host="127.0.0.1", use_tensorboard=True)
+        loop=LoopConfig(num_rollout=2),
+        obs=ObsConfig(enable_trace=True, metrics_port=0, metrics_host="127.0.0.1", use_tensorboard=True),
     )
     async with Observers(
         config.obs, tmp_path, num_steps=config.loop.num_rollout, run_config=msgspec.to_builtins(config), progress=False

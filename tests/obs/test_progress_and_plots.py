@@ -15,7 +15,13 @@ class _Tty(io.StringIO):
 
 
 def _record(step: int) -> dict:
-    return {"kind": "step", "step": step, "reward_mean": 0.1 * step, "accuracy": 0.05 * step, "tokens_per_s": 100.0 * step}
+    return {
+        "kind": "step",
+        "step": step,
+        "reward_mean": 0.1 * step,
+        "accuracy": 0.05 * step,
+        "tokens_per_s": 100.0 * step,
+    }
 
 
 def test_without_a_terminal_each_step_is_one_plain_line():
@@ -84,6 +90,8 @@ def test_every_end_of_run_png_is_written(tmp_path):
 
 def test_plots_tolerate_records_with_keys_missing_and_keep_existing_files(tmp_path):
     (tmp_path / "reward.png").write_bytes(b"keep")
-    written = write_plots([{"kind": "step", "step": 1}, {"kind": "step"}, {"kind": "eval"}], tmp_path, only_missing=True)
+    written = write_plots(
+        [{"kind": "step", "step": 1}, {"kind": "step"}, {"kind": "eval"}], tmp_path, only_missing=True
+    )
     assert (tmp_path / "reward.png").read_bytes() == b"keep"
     assert sorted(p.name for p in written) == sorted(set(PLOTS) - {"reward.png"})

@@ -46,7 +46,9 @@ def _write_run(run, num_steps: int, *, finished: bool, truncated_tail: bool = Fa
         text += json.dumps(_step(num_steps + 1))[:40]
     (run / "metrics.jsonl").write_text(text)
     if finished:
-        (run / "summary.json").write_text(json.dumps({"wall_time_s": 31.5, "eval_accuracy_before": 0.25, "eval_accuracy_after": 0.75}))
+        (run / "summary.json").write_text(
+            json.dumps({"wall_time_s": 31.5, "eval_accuracy_before": 0.25, "eval_accuracy_after": 0.75})
+        )
 
 
 def test_report_of_a_finished_run_gives_trend_totals_and_draws_missing_plots(tmp_path, capsys):

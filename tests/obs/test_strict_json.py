@@ -17,7 +17,13 @@ def _strict_load(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-RECORD = {"kind": "eval", "step": 0, "accuracy": math.nan, "nested": {"a": [1.0, math.inf, -math.inf]}, "t": (0.5, math.nan)}
+RECORD = {
+    "kind": "eval",
+    "step": 0,
+    "accuracy": math.nan,
+    "nested": {"a": [1.0, math.inf, -math.inf]},
+    "t": (0.5, math.nan),
+}
 WANT = {"kind": "eval", "step": 0, "accuracy": None, "nested": {"a": [1.0, None, None]}, "t": [0.5, None]}
 
 

@@ -53,7 +53,10 @@ TRACE_EVENT_FORMAT = {
                 },
             ]
         },
-        "complete": {"required": ["ts", "dur"], "properties": {"ph": {"const": "X"}, "dur": {"type": "number", "minimum": 0}}},
+        "complete": {
+            "required": ["ts", "dur"],
+            "properties": {"ph": {"const": "X"}, "dur": {"type": "number", "minimum": 0}},
+        },
         "instant": {"required": ["ts"], "properties": {"ph": {"const": "i"}, "s": {"enum": ["g", "p", "t"]}}},
         "counter": {
             "required": ["ts", "args"],
@@ -118,7 +121,9 @@ def check_nesting(events: list[dict]) -> None:
                 stack.pop()
             if stack:
                 parent = stack[-1]
-                assert e["ts"] + e["dur"] <= parent["ts"] + parent["dur"], f"{e['name']} overlaps {parent['name']} on tid {e['tid']}"
+                assert e["ts"] + e["dur"] <= parent["ts"] + parent["dur"], (
+                    f"{e['name']} overlaps {parent['name']} on tid {e['tid']}"
+                )
             stack.append(e)
 
 
@@ -155,7 +160,9 @@ def test_each_flush_leaves_valid_json_so_a_crash_keeps_the_events(tmp_path):
     tr = Tracer(tmp_path / "trace.json", flush_interval_s=0)
     for i in range(3):
         tr.complete("save", "weight_sync", tr.now(), version=i)  # flushes: interval 0
-        assert [e["args"]["version"] for e in load_valid(tmp_path / "trace.json") if e["name"] == "save"] == list(range(i + 1))
+        assert [e["args"]["version"] for e in load_valid(tmp_path / "trace.json") if e["name"] == "save"] == list(
+            range(i + 1)
+        )
     tr.counter("tokens_per_s", tokens_per_s=12.5)  # recorded, not yet flushed: lost in a "crash" (no close)
     assert not any(e["ph"] == "C" for e in load_valid(tmp_path / "trace.json"))
     tr.close()
@@ -201,7 +208,9 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
     pool, buffer = FakePool(), DataBuffer()
     async with asyncio.TaskGroup() as tg:
         sched = Scheduler(
-            LoopConfig(mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, overlap_train=False, max_staleness=4),
+            LoopConfig(
+                mode=mode, rollout_batch_size=2, over_sampling_batch_size=4, overlap_train=False, max_staleness=4
+            ),
             RolloutConfig(n_samples_per_prompt=2, rollout_max_response_len=32, reward_timeout_s=1.0),
             source=PromptSource([PromptRow(index=i, prompt=f"p{i}") for i in range(100)], shuffle=False),
             tokenize=lambda t: [1, 5, 7],
@@ -213,7 +222,9 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
             tracer=tr,
         )
         for _ in range(3):
-            groups, record = await run_step(sched, train_step=lambda gs: TrainMetrics(loss=0.0), sync=_Sync(pool), tracer=tr)
+            groups, record = await run_step(
+                sched, train_step=lambda gs: TrainMetrics(loss=0.0), sync=_Sync(pool), tracer=tr
+            )
         assert sched.version.engines == 3
         await sched.shutdown()
     tr.close()
@@ -231,7 +242,9 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
         per_sample[(e["args"]["group_id"], e["args"]["index"])].append(e)
     for segs in per_sample.values():  # one request at a time per sample, tokens only grow
         segs.sort(key=lambda e: e["ts"])
-        assert all(a["ts"] + a["dur"] <= b["ts"] and a["args"]["tokens"] <= b["args"]["tokens"] for a, b in zip(segs, segs[1:]))
+        assert all(
+            a["ts"] + a["dur"] <= b["ts"] and a["args"]["tokens"] <= b["args"]["tokens"] for a, b in zip(segs, segs[1:])
+        )
     rewards = [e for e in events if e["name"] == "reward"]
     assert rewards
     for r in rewards:  # a reward starts after its sample's last segment
@@ -243,7 +256,15 @@ async def test_scheduler_and_step_record_requests_rewards_and_phases(tmp_path, m
     inside = lambda e, p: p["ts"] <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"]  # noqa: E731
     for step in steps:
         phases = sorted((e for e in driver if e is not step and inside(e, step)), key=lambda e: (e["ts"], -e["dur"]))
-        assert [e["name"] for e in phases] == ["rollout_wait", "train_step", "weight_sync", "save", "pause", "load", "resume"]
+        assert [e["name"] for e in phases] == [
+            "rollout_wait",
+            "train_step",
+            "weight_sync",
+            "save",
+            "pause",
+            "load",
+            "resume",
+        ]
         sync = phases[2]
         assert all(inside(e, sync) for e in phases[3:])
     assert [e["args"]["version"] for e in events if e["name"] == "policy_version"] == [1, 2, 3]

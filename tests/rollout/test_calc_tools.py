@@ -25,7 +25,9 @@ def turn(text: str) -> list[int]:
 
 
 def render(messages, generation_prompt=False):
-    return TOK.apply_chat_template(messages, tools=SCHEMAS, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False)
+    return TOK.apply_chat_template(
+        messages, tools=SCHEMAS, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+    )
 
 
 def test_chat_template_renders_a_tool_conversation():
@@ -54,16 +56,18 @@ def test_chat_template_renders_a_tool_conversation():
         "<|im_start|>system\nBe exact.\ntools: calculator<|im_end|>\n"
         f"<|im_start|>user\n{EXPR}<|im_end|>\n<|im_start|>assistant\n{calc.tool_call_text(EXPR)}<|im_end|>\n"
     )
-    assert TOK.apply_chat_template([{"role": "user", "content": "1+1"}], add_generation_prompt=True, tokenize=False) == (
-        "<|im_start|>user\n1+1<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert TOK.apply_chat_template(
+        [{"role": "user", "content": "1+1"}], add_generation_prompt=True, tokenize=False
+    ) == ("<|im_start|>user\n1+1<|im_end|>\n<|im_start|>assistant\n")
 
 
 async def test_calculator_generate_round_trips_the_conversation_with_the_loss_on_assistant_tokens_only():
     t1, t2 = turn(calc.tool_call_text(EXPR)), turn(f"#{VALUE}")
     pool = ScriptedPool([(t1, "stop"), (t2, "stop")])
     sample = Sample(prompt_ids=[], prompt=EXPR, label=VALUE)
-    sample = await calculator_generate(sample, {"temperature": 1.0}, tokenizer=TOK, pool=pool, max_response_len=160, engine_version=3)
+    sample = await calculator_generate(
+        sample, {"temperature": 1.0}, tokenizer=TOK, pool=pool, max_response_len=160, engine_version=3
+    )
     full = render(calc.conversation(EXPR, VALUE, use_tool=True))
     assert sample.status is Status.COMPLETED
     assert sample.prompt_ids == render([{"role": "user", "content": EXPR}], generation_prompt=True)
@@ -87,7 +91,12 @@ async def test_calculator_generate_round_trips_the_conversation_with_the_loss_on
 async def test_direct_answers_and_aborted_turns_through_calculator_generate():
     direct = Sample(prompt_ids=[], prompt=EXPR, label=VALUE)
     await calculator_generate(
-        direct, {}, tokenizer=TOK, pool=ScriptedPool([(turn("#540625"), "stop")]), max_response_len=160, engine_version=0
+        direct,
+        {},
+        tokenizer=TOK,
+        pool=ScriptedPool([(turn("#540625"), "stop")]),
+        max_response_len=160,
+        engine_version=0,
     )
     assert direct.status is Status.COMPLETED and direct.loss_mask == [1] * len(turn("#540625"))
     assert await calc.reward(direct) == 0.0 and "tool_calls" not in direct.evidence
@@ -106,7 +115,9 @@ async def test_calculator_generate_caches_one_multiturn_generate_per_tokenizer()
     other = build_chat_tokenizer()
     for tok in (TOK, other, TOK):
         s = Sample(prompt_ids=[], prompt=EXPR, label=VALUE)
-        await calculator_generate(s, {}, tokenizer=tok, pool=ScriptedPool([(turn("#1"), "stop")]), max_response_len=160, engine_version=0)
+        await calculator_generate(
+            s, {}, tokenizer=tok, pool=ScriptedPool([(turn("#1"), "stop")]), max_response_len=160, engine_version=0
+        )
     cached = multiturn._CALCULATOR_GENERATES
     assert cached[TOK] is not cached[other] and cached[TOK].tools.names == ["calculator"]
     assert cached[TOK].max_turns == multiturn.CALCULATOR_MAX_TURNS
@@ -120,7 +131,9 @@ async def test_evaluate_uses_the_runs_generate_function():
         kv_cache_version = None
 
         async def generate(self, input_ids, sampling_params, **kw):
-            text = f"#{VALUE}" if TOK.convert_tokens_to_ids("<tool_response>") in input_ids else calc.tool_call_text(EXPR)
+            text = (
+                f"#{VALUE}" if TOK.convert_tokens_to_ids("<tool_response>") in input_ids else calc.tool_call_text(EXPR)
+            )
             return await ScriptedPool([(turn(text), "stop")]).generate(input_ids, sampling_params, **kw)
 
     rows = [PromptRow(index=0, prompt=EXPR, label=VALUE), PromptRow(index=1, prompt=EXPR, label="1")]

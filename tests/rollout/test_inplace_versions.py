@@ -30,7 +30,9 @@ from tests.fixtures.tiny_model import perturb_weights, write_tiny_llama
 CONFIG = RolloutConfig(request_timeout_s=60, max_retries=1, retry_backoff_s=0.01)
 
 
-def _result(n: int, *, weight_version: str = "5", spans: list[str] | None = None, cached: int | None = 0) -> GenerateResult:
+def _result(
+    n: int, *, weight_version: str = "5", spans: list[str] | None = None, cached: int | None = 0
+) -> GenerateResult:
     return GenerateResult(
         output_ids=list(range(n)),
         output_logprobs=[-0.1] * n,
@@ -96,16 +98,22 @@ async def test_pool_tracks_when_the_prefix_cache_was_last_emptied(models):
             assert pool.kv_cache_version == "2"
 
 
-async def test_in_place_disk_update_with_a_request_in_flight_keeps_the_engine_alive_and_versions_the_tokens(models, tmp_path):
+async def test_in_place_disk_update_with_a_request_in_flight_keeps_the_engine_alive_and_versions_the_tokens(
+    models, tmp_path
+):
     v0, v1 = models
     async with EngineServer(v0, port=0, seed=0, weight_version="0") as server:
         async with HttpEnginePool([server.url], config=CONFIG, weights=(str(v0), "0")) as pool:
             sync = DiskWeightSync(
-                SyncConfig(weights_dir=str(tmp_path / "w")), pool=pool, save_fn=lambda out: __import__("shutil").copytree(v1, out)
+                SyncConfig(weights_dir=str(tmp_path / "w")),
+                pool=pool,
+                save_fn=lambda out: __import__("shutil").copytree(v1, out),
             )
             staged = await sync.save(1)
             s = Sample(prompt_ids=[0, 5, 9, 17, 3])
-            task = asyncio.create_task(generate(s, {"ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0))
+            task = asyncio.create_task(
+                generate(s, {"ignore_eos": True}, pool=pool, max_response_len=200, engine_version=0)
+            )
             while not server.runner.num_running:
                 await asyncio.sleep(0.005)
             await pool.pause_generation("in_place")

@@ -37,12 +37,16 @@ def turn(text: str, end: int = IM_END, tok=TOK) -> list[int]:
 def conversation(*turns_and_tools):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     for item in turns_and_tools:
-        msgs.append({"role": "assistant", "content": item} if isinstance(item, str) else {"role": "tool", "content": item[0]})
+        msgs.append(
+            {"role": "assistant", "content": item} if isinstance(item, str) else {"role": "tool", "content": item[0]}
+        )
     return msgs
 
 
 def template_ids(messages, tools, tok=TOK, generation_prompt=False):
-    return tok.apply_chat_template(messages, tools=tools.schemas, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False)
+    return tok.apply_chat_template(
+        messages, tools=tools.schemas, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+    )
 
 
 async def run(sample, pool, *, tools=None, tok=TOK, max_response_len=2000, **kw):
@@ -67,8 +71,18 @@ async def test_token_ids_equal_the_chat_template_over_the_whole_conversation():
     assert sample.prompt_ids == template_ids(conversation(), tools, generation_prompt=True)
     # The model's last <|im_end|> ends the sample; the template's newline after it is not generated.
     assert sample.prompt_ids + sample.response_ids == full[:-1] and TOK.decode(full[-1:]) == "\n"
-    assert [m["role"] for m in sample.metadata[STATE_KEY]["messages"]] == ["system", "user", "assistant", "tool", "tool", "assistant"]
-    assert [(c["name"], c["content"]) for c in sample.evidence["tool_calls"]] == [("calculator", "42"), ("calculator", "4")]
+    assert [m["role"] for m in sample.metadata[STATE_KEY]["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+    ]
+    assert [(c["name"], c["content"]) for c in sample.evidence["tool_calls"]] == [
+        ("calculator", "42"),
+        ("calculator", "4"),
+    ]
 
 
 async def test_loss_mask_covers_exactly_the_model_tokens_with_each_end_of_turn_token():
@@ -79,7 +93,9 @@ async def test_loss_mask_covers_exactly_the_model_tokens_with_each_end_of_turn_t
     assert sample.loss_mask == [1] * len(t1) + [0] * n_tool + [1] * len(t2)
     assert sample.rollout_logprobs == [-0.5] * len(t1) + [0.0] * n_tool + [-0.5] * len(t2)
     assert sample.versions == [3] * len(sample.response_ids)
-    assert TOK.decode(sample.response_ids[len(t1) : len(t1) + n_tool]).startswith("\n<|im_start|>user\n<tool_response>\n42\n")
+    assert TOK.decode(sample.response_ids[len(t1) : len(t1) + n_tool]).startswith(
+        "\n<|im_start|>user\n<tool_response>\n42\n"
+    )
     sample.check_aligned()
 
 
@@ -101,7 +117,9 @@ async def test_abort_at_the_start_of_a_turn_resumes_exactly_there():
     sample = await run(fresh(), pool)
     state = sample.metadata[STATE_KEY]
     assert sample.status is Status.PARTIAL and state["phase"] == "generate" and state["turn"] == 1
-    assert state["turn_start"] == len(sample.response_ids) and sample.loss_mask[-1] == 0  # tool results in, turn 2 not begun
+    assert (
+        state["turn_start"] == len(sample.response_ids) and sample.loss_mask[-1] == 0
+    )  # tool results in, turn 2 not begun
     sample = await run(roundtrip(sample), pool)
     assert pool.calls[2] == pool.calls[1] and sample.response_ids == reference.response_ids
     assert len(sample.evidence["tool_calls"]) == 2
@@ -161,7 +179,10 @@ async def test_template_that_rewrites_older_turns_falls_back_to_a_minimal_histor
     sample = await run(fresh(), pool, tok=tok)
     assert sample.status is Status.COMPLETED and sample.metadata[STATE_KEY]["template"] == "minimal"
     insert2 = pool.calls[2][len(pool.calls[1]) + len(turn(t2, tok=tok)) :]  # what went in after turn 2
-    assert tok.decode(insert2) == "\n<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tok.decode(insert2)
+        == "\n<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 async def test_template_that_is_not_append_only_fails_the_sample_with_the_reason():
@@ -200,7 +221,10 @@ def chat_model_dir(tmp_path_factory):
     from slime.servers.embedded.tiny import write_tiny_llama
 
     return write_tiny_llama(
-        tmp_path_factory.mktemp("mt") / "tiny-chat", vocab_size=len(TOK), max_position_embeddings=2048, eos_token_id=IM_END
+        tmp_path_factory.mktemp("mt") / "tiny-chat",
+        vocab_size=len(TOK),
+        max_position_embeddings=2048,
+        eos_token_id=IM_END,
     )
 
 
@@ -217,7 +241,9 @@ async def test_real_engine_abort_in_turn_two_then_resume_equals_the_uninterrupte
     max_len = len(turn(CALLS)) + 150
     async with EngineServer(chat_model_dir, port=0, seed=0, weight_version="3") as server:
         async with HttpEnginePool([server.url], config=RolloutConfig(request_timeout_s=30, max_retries=0)) as real:
-            reference = await gen(fresh(), greedy, pool=FirstTurnScripted(real), max_response_len=max_len, engine_version=3)
+            reference = await gen(
+                fresh(), greedy, pool=FirstTurnScripted(real), max_response_len=max_len, engine_version=3
+            )
             pool = FirstTurnScripted(real)
             sample = fresh()
             task = asyncio.create_task(gen(sample, greedy, pool=pool, max_response_len=max_len, engine_version=3))

@@ -27,9 +27,16 @@ class FakeTeacherPool:
         self.calls: list[dict] = []
         self.error, self.tamper = error, tamper
 
-    async def generate(self, input_ids, sampling_params, *, rid=None, return_logprob=True, logprob_start_len=None, sticky_key=None):
+    async def generate(
+        self, input_ids, sampling_params, *, rid=None, return_logprob=True, logprob_start_len=None, sticky_key=None
+    ):
         self.calls.append(
-            dict(input_ids=list(input_ids), sampling_params=dict(sampling_params), rid=rid, logprob_start_len=logprob_start_len)
+            dict(
+                input_ids=list(input_ids),
+                sampling_params=dict(sampling_params),
+                rid=rid,
+                logprob_start_len=logprob_start_len,
+            )
         )
         if self.error is not None:
             raise self.error
@@ -122,7 +129,9 @@ def test_a_teacher_with_another_vocabulary_is_refused_naming_the_difference():
     teacher = AutoTokenizer.from_pretrained(assets / "arith-opd-teacher")
     check_same_vocab(arith, teacher)  # the shipped demo pair shares one vocabulary
     calc = AutoTokenizer.from_pretrained(assets / "calc-warmstart")
-    with pytest.raises(ConfigError, match=r"--opd-teacher-load='calc'.*differs from the student's \('arith'\): 18 tokens against 104"):
+    with pytest.raises(
+        ConfigError, match=r"--opd-teacher-load='calc'.*differs from the student's \('arith'\): 18 tokens against 104"
+    ):
         check_same_vocab(arith, calc, student_name="arith", teacher_name="calc")
 
 
@@ -137,5 +146,7 @@ def test_opd_flag_combinations_that_cannot_work_are_refused_before_anything_star
     from slime.cli.args import build_parser, config_from_args
     from slime.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=words):  # the section's own checks (config_from_args), or those across sections
+    with pytest.raises(
+        ConfigError, match=words
+    ):  # the section's own checks (config_from_args), or those across sections
         config_from_args(build_parser().parse_args(["--use-opd", *extra])).check_run_modes()

@@ -181,7 +181,9 @@ def test_a_function_that_takes_the_tokenizer_gets_the_model_s_and_the_shipped_to
 def test_train_flags_take_the_file_path_form_too(plugins):
     from slime.rollout.rewards import load_function
 
-    assert load_function(f"{plugins / 'good.py'}:generate", flag="--custom-generate-function-path").__name__ == "generate"
+    assert (
+        load_function(f"{plugins / 'good.py'}:generate", flag="--custom-generate-function-path").__name__ == "generate"
+    )
     with pytest.raises(Exception, match=r"--custom-generate-function-path=.*has no callable 'nope'"):
         load_function(f"{plugins / 'good.py'}:nope", flag="--custom-generate-function-path")
 
@@ -207,7 +209,9 @@ def test_train_flags_take_the_file_path_form_too(plugins):
         ),
     ],
 )
-def test_a_reward_function_checked_as_generate_gets_a_hint_to_pass_kind_reward_without_starting_an_engine(plugins, capsys, name, expected):
+def test_a_reward_function_checked_as_generate_gets_a_hint_to_pass_kind_reward_without_starting_an_engine(
+    plugins, capsys, name, expected
+):
     assert main([f"{plugins / 'broken.py'}:{name}"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(expected) and out[1:] == ["RESULT: FAIL"]
@@ -237,4 +241,7 @@ def test_a_reward_returning_a_dict_needs_reward_key_as_slime_train_does(plugins,
 def test_thudm_slime_s_args_sample_reward_is_named_as_such_under_kind_reward(plugins, capsys):
     assert main([f"{plugins / 'broken.py'}:thudm_reward", "--kind", "reward"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL reward: does not accept (sample): missing a required argument: 'sample'; slime calls a reward function" in out
+    assert (
+        "FAIL reward: does not accept (sample): missing a required argument: 'sample'; slime calls a reward function"
+        in out
+    )

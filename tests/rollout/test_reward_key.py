@@ -12,7 +12,12 @@ def _sample(i: int = 0) -> Sample:
 
 async def test_the_reward_key_entry_of_a_dict_is_the_reward_and_the_dict_is_kept():
     sample = _sample()
-    await score_sample(sample, lambda s: {"score": -1.0, "acc": False, "pred": "42", "raw": object()}, timeout_s=1.0, reward_key="score")
+    await score_sample(
+        sample,
+        lambda s: {"score": -1.0, "acc": False, "pred": "42", "raw": object()},
+        timeout_s=1.0,
+        reward_key="score",
+    )
     assert sample.status is Status.COMPLETED and sample.reward == -1.0
     assert sample.evidence["reward_fields"] == {"score": -1.0, "acc": False, "pred": "42"}  # JSON entries only
 
@@ -27,8 +32,14 @@ async def test_a_dict_without_the_key_or_without_reward_key_fails_the_sample_nam
     missing, unkeyed = _sample(0), _sample(1)
     await score_sample(missing, lambda s: {"acc": 1.0}, timeout_s=1.0, reward_key="score")
     await score_sample(unkeyed, lambda s: {"score": 1.0}, timeout_s=1.0)
-    assert missing.status is Status.FAILED and "without --reward-key 'score'" in missing.evidence["reward_error"]["message"]
-    assert unkeyed.status is Status.FAILED and "--reward-key names which entry" in unkeyed.evidence["reward_error"]["message"]
+    assert (
+        missing.status is Status.FAILED
+        and "without --reward-key 'score'" in missing.evidence["reward_error"]["message"]
+    )
+    assert (
+        unkeyed.status is Status.FAILED
+        and "--reward-key names which entry" in unkeyed.evidence["reward_error"]["message"]
+    )
 
 
 async def test_a_group_reward_of_dicts_takes_each_reward_key_entry():

@@ -18,7 +18,9 @@ from slime.types import Sample, Status
 async def test_hung_sync_rewards_do_not_starve_other_rewards_or_the_default_executor():
     release = threading.Event()
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=2))  # 2 cores: min(32, 2 + 4) = 6 in a run
+    loop.set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    )  # 2 cores: min(32, 2 + 4) = 6 in a run
 
     def reward(sample):
         if sample.index < 8:  # 8 samples of a step hang (e.g. a regex that backtracks forever)

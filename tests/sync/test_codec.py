@@ -48,7 +48,10 @@ def test_unchanged_tensors_are_dropped_and_unrelated_ones_go_raw():
     assert encode_tensor("w", old, old.clone()) is None
     enc, got = _roundtrip("w", old, torch.randn(16, 16, generator=torch.Generator().manual_seed(3)))
     assert enc.encoding == "raw"
-    assert encode_tensor("w", None, old).encoding == "raw" and encode_tensor("w", old, old + 1, full=True).encoding == "raw"
+    assert (
+        encode_tensor("w", None, old).encoding == "raw"
+        and encode_tensor("w", old, old + 1, full=True).encoding == "raw"
+    )
 
 
 def test_integer_tensors_never_use_float_diff():
@@ -77,8 +80,14 @@ def test_buckets_keep_order_and_flat_buckets_roundtrip_mixed_dtypes():
     sizes = [4, 4, 4, 12, 2]
     got = buckets([(str(i), torch.zeros(n, dtype=torch.uint8)) for i, n in enumerate(sizes)], 8)
     assert [[n for n, _ in b] for b in got] == [["0", "1"], ["2"], ["3"], ["4"]]
-    tensors = [torch.ones(3, dtype=torch.bfloat16), torch.arange(6.0).reshape(2, 3), torch.tensor([7], dtype=torch.int64)]
-    back = unflatten(flatten(tensors), [t.dtype for t in tensors], [t.shape for t in tensors])  # offsets 6 and 30: unaligned
+    tensors = [
+        torch.ones(3, dtype=torch.bfloat16),
+        torch.arange(6.0).reshape(2, 3),
+        torch.tensor([7], dtype=torch.int64),
+    ]
+    back = unflatten(
+        flatten(tensors), [t.dtype for t in tensors], [t.shape for t in tensors]
+    )  # offsets 6 and 30: unaligned
     assert all(torch.equal(a, b) for a, b in zip(tensors, back))
     with pytest.raises(ValueError, match="holds 37 bytes"):
         unflatten(flatten(tensors)[:-1], [t.dtype for t in tensors], [t.shape for t in tensors])

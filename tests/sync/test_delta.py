@@ -16,7 +16,9 @@ LR = 1e-6
 
 
 def _delta_sync(pool, state, *, base=None, buffer_size=512 << 20) -> DeltaWeightSync:
-    return DeltaWeightSync(SyncConfig(update_weight_buffer_size=buffer_size), pool=pool, state_fn=lambda: dict(state), base=base)
+    return DeltaWeightSync(
+        SyncConfig(update_weight_buffer_size=buffer_size), pool=pool, state_fn=lambda: dict(state), base=base
+    )
 
 
 def _adamw_step(path, *, only: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -63,7 +65,9 @@ async def test_a_checksum_mismatch_falls_back_to_a_full_sync_and_says_so(engine,
     assert_holds(engine, v2_state)
 
 
-async def test_a_delta_against_another_version_is_refused_and_replaced_by_a_full_sync(engine, pool, v1_path, v2_state, caplog):
+async def test_a_delta_against_another_version_is_refused_and_replaced_by_a_full_sync(
+    engine, pool, v1_path, v2_state, caplog
+):
     state = dict(v2_state)
     sync = _delta_sync(pool, state)
     await sync.load(await sync.save(1), 1)  # no base: full

@@ -16,7 +16,10 @@ async def test_broadcast_weights_arrive_bit_exact_and_generate_like_a_disk_synce
     engine, pool, v1_path, v2_path, v2_state, load_format, buffer_size
 ):
     sync = DistributedWeightSync(
-        SyncConfig(update_weight_buffer_size=buffer_size), pool=pool, state_fn=lambda: dict(v2_state), load_format=load_format
+        SyncConfig(update_weight_buffer_size=buffer_size),
+        pool=pool,
+        state_fn=lambda: dict(v2_state),
+        load_format=load_format,
     )
     before = await greedy_outputs(pool.clients[0])
     await sync.load(await sync.save(1), 1)
@@ -24,7 +27,10 @@ async def test_broadcast_weights_arrive_bit_exact_and_generate_like_a_disk_synce
     assert engine.weight_version == "1"
     assert sync.stats["num_buckets"] == (1 if buffer_size > 1 << 20 else 17)
     assert sync.stats["bytes"] == sum(t.numel() * t.element_size() for t in v2_state.values())
-    async with EngineServer(v1_path, port=0, seed=0) as disk_engine, HttpEnginePool([disk_engine.url], config=RolloutConfig()) as disk_pool:
+    async with (
+        EngineServer(v1_path, port=0, seed=0) as disk_engine,
+        HttpEnginePool([disk_engine.url], config=RolloutConfig()) as disk_pool,
+    ):
         await disk_pool.update_weights_from_disk(str(v2_path), weight_version="1")
         after = await greedy_outputs(pool.clients[0])
         assert after == await greedy_outputs(disk_pool.clients[0]) and after != before

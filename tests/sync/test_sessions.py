@@ -34,11 +34,15 @@ async def test_updates_outside_a_session_get_sglangs_400(pool, engine, v2_state,
         if endpoint == "tensor":
             await client.update_weights_from_tensor([serialize_safetensors(list(v2_state.items()))], weight_version="1")
         elif endpoint == "distributed":
-            await client.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[64, 32]], group_name="g", weight_version="1")
+            await client.update_weights_from_distributed(
+                ["lm_head.weight"], ["float32"], [[64, 32]], group_name="g", weight_version="1"
+            )
         else:
             from slime.sync.codec import encode_payload, encode_tensor
 
-            payload = encode_payload([encode_tensor("lm_head.weight", None, v2_state["lm_head.weight"])], {"weight_version": "1"})
+            payload = encode_payload(
+                [encode_tensor("lm_head.weight", None, v2_state["lm_head.weight"])], {"weight_version": "1"}
+            )
             await client.update_weights_from_delta(payload)
     assert exc.value.status == 400 and SESSION_HINT in exc.value.engine_message
     assert engine.weight_version == "0"

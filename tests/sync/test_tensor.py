@@ -18,7 +18,9 @@ from tests.sync.conftest import assert_holds
 
 @pytest.mark.parametrize("buffer_size", [512 << 20, 3000])
 async def test_tensor_sync_is_bit_exact_whatever_the_bucket_size(engine, pool, v2_state, buffer_size):
-    sync = TensorWeightSync(SyncConfig(update_weight_buffer_size=buffer_size), pool=pool, state_fn=lambda: dict(v2_state))
+    sync = TensorWeightSync(
+        SyncConfig(update_weight_buffer_size=buffer_size), pool=pool, state_fn=lambda: dict(v2_state)
+    )
     await sync.load(await sync.save(7), 7)
     assert_holds(engine, v2_state)
     assert engine.weight_version == "7" and (sync.stats["num_buckets"] > 1) == (buffer_size < 1 << 20)

@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from slime.train.advantages import discounted_returns, gae, grpo_advantages, masked_whiten, sample_scores, token_advantages
+from slime.train.advantages import (
+    discounted_returns,
+    gae,
+    grpo_advantages,
+    masked_whiten,
+    sample_scores,
+    token_advantages,
+)
 
 SQRT3_2 = math.sqrt(3) / 2  # 0.8660: 0.5 / unbiased std of [1, 0, 0, 1] (= sqrt(1/3))
 
@@ -65,9 +72,15 @@ def _whiten_by_hand(values, mean, var):
 def test_sample_scores_per_estimator():
     # rewards 1, 0, 0.5: mean 0.5; GRPO: centred [0.5, -0.5, 0] / unbiased std 0.5 = [1, -1, 0]
     r, valid = torch.tensor([[1.0, 0.0, 0.5]]), torch.ones(1, 3, dtype=torch.bool)
-    torch.testing.assert_close(sample_scores(r, valid, estimator="grpo"), torch.tensor([[1.0, -1.0, 0.0]]), atol=1e-5, rtol=0)
-    torch.testing.assert_close(sample_scores(r, valid, estimator="grpo", normalize_by_std=False), torch.tensor([[0.5, -0.5, 0.0]]))
-    torch.testing.assert_close(sample_scores(r, valid, estimator="reinforce_plus_plus_baseline"), torch.tensor([[0.5, -0.5, 0.0]]))
+    torch.testing.assert_close(
+        sample_scores(r, valid, estimator="grpo"), torch.tensor([[1.0, -1.0, 0.0]]), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        sample_scores(r, valid, estimator="grpo", normalize_by_std=False), torch.tensor([[0.5, -0.5, 0.0]])
+    )
+    torch.testing.assert_close(
+        sample_scores(r, valid, estimator="reinforce_plus_plus_baseline"), torch.tensor([[0.5, -0.5, 0.0]])
+    )
     torch.testing.assert_close(sample_scores(r, valid, estimator="ppo"), r)
 
 
@@ -78,7 +91,13 @@ def test_reinforce_plus_plus_discounts_reward_and_kl_then_whitens_over_trained_t
     # whitening over the 5 trained tokens [0.1, 0.4, 0.8, 0, 0]: mean 0.26, unbiased var 0.472 / 4 = 0.118
     kl = torch.tensor([[7.0, 1.0, 0.0, 2.0], [7.0, 0.0, 0.0, 7.0]])  # 7s sit where nothing trains
     adv, returns = token_advantages(
-        "reinforce_plus_plus", scores=torch.tensor([1.0, 0.0]), loss_mask=RESPONSE, response_mask=RESPONSE, kl=kl, kl_coef=0.1, gamma=0.5
+        "reinforce_plus_plus",
+        scores=torch.tensor([1.0, 0.0]),
+        loss_mask=RESPONSE,
+        response_mask=RESPONSE,
+        kl=kl,
+        kl_coef=0.1,
+        gamma=0.5,
     )
     a = _whiten_by_hand([0.1, 0.4, 0.8, 0.0, 0.0], 0.26, 0.118)
     torch.testing.assert_close(adv, torch.tensor([[0.0, a[0], a[1], a[2]], [0.0, a[3], a[4], 0.0]]), atol=1e-5, rtol=0)
@@ -90,8 +109,12 @@ def test_reinforce_plus_plus_puts_the_reward_on_the_last_trained_token():
     loss_mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
     rewards = torch.zeros(1, 4)
     rewards[0, 2] = 1.0
-    torch.testing.assert_close(discounted_returns(rewards, RESPONSE[:1], gamma=0.5), torch.tensor([[0.0, 0.5, 1.0, 0.0]]))
-    adv, _ = token_advantages("reinforce_plus_plus", scores=torch.tensor([1.0]), loss_mask=loss_mask, response_mask=RESPONSE[:1], gamma=0.5)
+    torch.testing.assert_close(
+        discounted_returns(rewards, RESPONSE[:1], gamma=0.5), torch.tensor([[0.0, 0.5, 1.0, 0.0]])
+    )
+    adv, _ = token_advantages(
+        "reinforce_plus_plus", scores=torch.tensor([1.0]), loss_mask=loss_mask, response_mask=RESPONSE[:1], gamma=0.5
+    )
     # whitened [0.5, 1.0]: mean 0.75, unbiased var 2 * 0.0625 / 1 = 0.125 -> -+0.25 / 0.353553 = -+0.707107
     torch.testing.assert_close(adv, torch.tensor([[0.0, -0.707107, 0.707107, 0.0]]), atol=1e-5, rtol=0)
 
@@ -102,10 +125,16 @@ def test_reinforce_plus_plus_baseline_subtracts_group_mean_and_kl_then_whitens()
     # whitening over 6 tokens: mean -0.4 / 6 = -0.066667; squared deviations sum 0.673333 -> var / 5 = 0.134667
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
     kl = torch.tensor([[0.0, 1.0, 3.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    scores = sample_scores(torch.tensor([[1.0, 0.0, 0.5]]), torch.ones(1, 3, dtype=torch.bool), estimator="reinforce_plus_plus_baseline")[0]
-    adv, _ = token_advantages("reinforce_plus_plus_baseline", scores=scores, loss_mask=mask, response_mask=mask, kl=kl, kl_coef=0.1)
+    scores = sample_scores(
+        torch.tensor([[1.0, 0.0, 0.5]]), torch.ones(1, 3, dtype=torch.bool), estimator="reinforce_plus_plus_baseline"
+    )[0]
+    adv, _ = token_advantages(
+        "reinforce_plus_plus_baseline", scores=scores, loss_mask=mask, response_mask=mask, kl=kl, kl_coef=0.1
+    )
     a = _whiten_by_hand([0.4, 0.2, -0.5, -0.5, 0.0, 0.0], -0.4 / 6, 0.673333 / 5)
-    torch.testing.assert_close(adv, torch.tensor([[0.0, a[0], a[1]], [0.0, a[2], a[3]], [0.0, a[4], a[5]]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.0, a[0], a[1]], [0.0, a[2], a[3]], [0.0, a[4], a[5]]]), atol=1e-4, rtol=0
+    )
 
 
 def test_gae_matches_hand_computed_deltas():
@@ -115,7 +144,13 @@ def test_gae_matches_hand_computed_deltas():
     #   returns = A + V = [0.71712, 0.846, 1.0]
     values = torch.tensor([[9.0, 0.5, 0.6, 0.7]])  # the 9 at the prompt position must not leak in
     adv, returns = token_advantages(
-        "ppo", scores=torch.tensor([1.0]), loss_mask=RESPONSE[:1], response_mask=RESPONSE[:1], values=values, gamma=0.9, lambd=0.8
+        "ppo",
+        scores=torch.tensor([1.0]),
+        loss_mask=RESPONSE[:1],
+        response_mask=RESPONSE[:1],
+        values=values,
+        gamma=0.9,
+        lambd=0.8,
     )
     torch.testing.assert_close(adv, torch.tensor([[0.0, 0.21712, 0.246, 0.3]]), atol=1e-6, rtol=0)
     torch.testing.assert_close(returns, torch.tensor([[0.0, 0.71712, 0.846, 1.0]]), atol=1e-6, rtol=0)

@@ -37,7 +37,9 @@ def test_layout_puts_response_logprobs_at_the_positions_that_predict_them():
 def test_failed_sample_is_left_out_of_the_batch_and_of_group_statistics():
     ok = [_sample([1, 2], [3, 4], r, index=i) for i, r in enumerate([1.0, 0.0, 1.0])]
     failed = _sample([1, 2], [5, 6], None, status=Status.FAILED, index=3)
-    batch = build_train_batch([Group(group_id=7, samples=ok[:2] + [failed] + ok[2:])], pad_token_id=PAD, current_version=3)
+    batch = build_train_batch(
+        [Group(group_id=7, samples=ok[:2] + [failed] + ok[2:])], pad_token_id=PAD, current_version=3
+    )
     assert batch.num_samples == 3 and batch.input_ids[:, 2:4].tolist() == [[3, 4]] * 3
     # the three valid rewards 1, 0, 1 alone set the mean 2/3 and the unbiased std sqrt(1/3)
     s3 = math.sqrt(3)
@@ -112,7 +114,9 @@ def test_masked_off_policy_tokens_do_not_trip_the_staleness_check():
     # versions [1, 1, 5, 5, 5] at current version 5 with max_staleness 2: the version-1 tokens are
     # 4 versions behind, but masked by the option before the check runs
     group = Group(group_id=7, samples=[_resumed([1, 1, 5, 5, 5])])
-    batch = build_train_batch([group], pad_token_id=PAD, current_version=5, max_staleness=2, mask_offpolicy_in_partial_rollout=True)
+    batch = build_train_batch(
+        [group], pad_token_id=PAD, current_version=5, max_staleness=2, mask_offpolicy_in_partial_rollout=True
+    )
     assert batch.num_train_tokens == 3
     with pytest.raises(RuntimeError, match="max_staleness=2"):
         build_train_batch([group], pad_token_id=PAD, current_version=5, max_staleness=2)
@@ -122,7 +126,9 @@ def test_estimator_picks_the_sample_score():
     # rewards 1 and 0 in one group: GRPO +-0.7071, baseline +-0.5 (centred only), PPO the raw reward
     group = Group(group_id=7, samples=[_sample([1, 2], [3, 4], 1.0), _sample([1, 2], [5], 0.0, index=1)])
     scores = {
-        est: build_train_batch([group], pad_token_id=PAD, current_version=3, advantage_estimator=est).sample_advantages.tolist()
+        est: build_train_batch(
+            [group], pad_token_id=PAD, current_version=3, advantage_estimator=est
+        ).sample_advantages.tolist()
         for est in ("grpo", "reinforce_plus_plus_baseline", "ppo")
     }
     assert scores["grpo"] == pytest.approx([0.7071, -0.7071], abs=1e-4)
@@ -132,6 +138,12 @@ def test_estimator_picks_the_sample_score():
 def test_plan_steps_cuts_optimizer_steps_then_micro_batches_the_last_step_taking_the_remainder():
     from slime.train.batch import plan_steps
 
-    assert plan_steps([5] * 10, global_batch_size=4, micro_batch_size=2) == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9]]]
+    assert plan_steps([5] * 10, global_batch_size=4, micro_batch_size=2) == [
+        [[0, 1], [2, 3]],
+        [[4, 5], [6, 7]],
+        [[8, 9]],
+    ]
     # a token budget packs each step's samples (padded to the longest) into at most 12 tokens
-    assert plan_steps([6, 6, 6, 2], global_batch_size=4, micro_batch_size=1, max_tokens_per_gpu=12) == [[[0, 1], [2, 3]]]
+    assert plan_steps([6, 6, 6, 2], global_batch_size=4, micro_batch_size=1, max_tokens_per_gpu=12) == [
+        [[0, 1], [2, 3]]
+    ]

@@ -13,7 +13,9 @@ def test_clipped_value_loss_matches_hand_computed_example():
     #   token 1: V 0, V_old 0, R 0.5: both branches (0 - 0.5)^2 = 0.25
     # seq_mean = (0.64 + 0.25) / 2 = 0.445; clipfrac 1/2; d loss / d V_1 = 2 * (0 - 0.5) / 2 = -0.5
     values = torch.tensor([[1.5, 0.0]], requires_grad=True)
-    loss, metrics = value_loss(values, torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.5]]), torch.ones(1, 2), value_clip=0.2)
+    loss, metrics = value_loss(
+        values, torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.5]]), torch.ones(1, 2), value_clip=0.2
+    )
     loss.backward()
     assert loss.item() == pytest.approx(0.445) and metrics["value_clipfrac"] == 0.5
     torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.5]]))
@@ -22,7 +24,9 @@ def test_clipped_value_loss_matches_hand_computed_example():
 def test_explained_variance_by_hand():
     # returns [1, 2, 3] (var 2/3), values [1, 2, 2]: residual [0, 0, 1] (var 2/9) -> 1 - (2/9) / (2/3) = 2/3
     mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
-    assert explained_variance(torch.tensor([1.0, 2.0, 3.0, 50.0]), torch.tensor([1.0, 2.0, 2.0, -50.0]), mask) == pytest.approx(2 / 3)
+    assert explained_variance(
+        torch.tensor([1.0, 2.0, 3.0, 50.0]), torch.tensor([1.0, 2.0, 2.0, -50.0]), mask
+    ) == pytest.approx(2 / 3)
     assert explained_variance(torch.tensor([1.0, 2.0, 3.0, 0.0]), torch.zeros(4), mask) == pytest.approx(0.0)
 
 

@@ -22,7 +22,9 @@ def test_the_flag_makes_the_trainer_deterministic_and_says_what_it_does_not_cove
     assert cfg.deterministic_mode
     caplog.set_level(logging.INFO, logger="slime.train.determinism")
     try:
-        TorchTrainer(cfg, model_dir=tiny_model_dir, **config.trainer_kwargs())  # the run's seed, as the driver passes it
+        TorchTrainer(
+            cfg, model_dir=tiny_model_dir, **config.trainer_kwargs()
+        )  # the run's seed, as the driver passes it
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
         assert torch.initial_seed() == 7
     finally:

@@ -21,7 +21,9 @@ def test_padded_batch_equals_each_sequence_alone(tiny_model, temperature):
     with torch.no_grad():
         batched = compute_token_logprobs(tiny_model, ids, mask, temperature=temperature)  # [3, 8]
         for b, s in enumerate(SEQS):
-            alone = compute_token_logprobs(tiny_model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), temperature=temperature)
+            alone = compute_token_logprobs(
+                tiny_model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), temperature=temperature
+            )
             torch.testing.assert_close(batched[b, : len(s) - 1], alone[0], atol=1e-6, rtol=0)
             assert torch.equal(batched[b, len(s) - 1 :], torch.zeros(ids.shape[1] - len(s)))
 

@@ -32,7 +32,9 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 def _loss(use_tis=False, **kw):
     logprobs = NEW.clone().requires_grad_(True)
     weights, tis_metrics = tis_weights(OLD, ROLLOUT, MASK, tis_clip=2.0, tis_clip_low=0.0) if use_tis else (None, {})
-    loss, metrics = policy_loss(logprobs, OLD, ADV * MASK, MASK, is_weights=weights, **{"eps_clip": 0.2, "eps_clip_high": 0.28, **kw})
+    loss, metrics = policy_loss(
+        logprobs, OLD, ADV * MASK, MASK, is_weights=weights, **{"eps_clip": 0.2, "eps_clip_high": 0.28, **kw}
+    )
     loss.backward()
     return loss, {**metrics, **tis_metrics}, logprobs.grad
 
@@ -68,7 +70,9 @@ def test_symmetric_clip_when_eps_clip_high_is_none():
     assert loss.item() == pytest.approx((-3.2 / 3 + 1.9 / 2) / 2, abs=1e-6)
 
 
-@pytest.mark.parametrize(("ratio", "adv", "clipped"), [(1.5, 1.0, True), (0.5, -1.0, True), (0.5, 1.0, False), (1.5, -1.0, False)])
+@pytest.mark.parametrize(
+    ("ratio", "adv", "clipped"), [(1.5, 1.0, True), (0.5, -1.0, True), (0.5, 1.0, False), (1.5, -1.0, False)]
+)
 def test_clip_stops_gradient_only_where_it_is_pessimistic(ratio, adv, clipped):
     logprobs = torch.tensor([[LN(ratio)]], requires_grad=True)
     loss, metrics = policy_loss(logprobs, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), eps_clip=0.2)
@@ -140,7 +144,9 @@ def test_gspo_clips_one_length_normalised_ratio_per_sample():
     )
     loss.backward()
     assert loss.item() == pytest.approx(-0.0002, abs=1e-6)
-    assert metrics["pg_clipfrac"] == 0.5 and metrics["ratio_mean"] == pytest.approx((2 * math.exp(0.2) + 2) / 4, abs=1e-6)
+    assert metrics["pg_clipfrac"] == 0.5 and metrics["ratio_mean"] == pytest.approx(
+        (2 * math.exp(0.2) + 2) / 4, abs=1e-6
+    )
     torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 0.0], [0.25, 0.25]]))
 
 
@@ -149,7 +155,13 @@ def test_entropy_bonus_subtracts_coef_times_aggregated_entropy():
     # loss = -0.1 * (0.5 + 1.5) / 2 = -0.1; d loss / d entropy = -0.1 / 2 per token
     entropy = torch.tensor([[0.5, 1.5]], requires_grad=True)
     loss, metrics = policy_loss(
-        torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), eps_clip=0.2, entropy=entropy, entropy_coef=0.1
+        torch.zeros(1, 2),
+        torch.zeros(1, 2),
+        torch.zeros(1, 2),
+        torch.ones(1, 2),
+        eps_clip=0.2,
+        entropy=entropy,
+        entropy_coef=0.1,
     )
     loss.backward()
     assert loss.item() == pytest.approx(-0.1) and metrics["entropy"] == pytest.approx(1.0)

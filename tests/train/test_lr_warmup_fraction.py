@@ -13,7 +13,9 @@ def _train(*argv: str):
 
 
 def test_the_fraction_of_the_runs_steps_becomes_the_warmup_and_a_cosine_decays_over_the_run():
-    cfg = resolve_lr_schedule(_train("--lr-decay-style", "cosine", "--min-lr", "1e-6", "--lr-warmup-fraction", "0.1"), 1000)
+    cfg = resolve_lr_schedule(
+        _train("--lr-decay-style", "cosine", "--min-lr", "1e-6", "--lr-warmup-fraction", "0.1"), 1000
+    )
     assert (cfg.megatron.lr_warmup_iters, cfg.megatron.lr_decay_iters) == (100, 1000)
     assert lr_at(cfg, 0) == pytest.approx(1e-7) and lr_at(cfg, 99) == pytest.approx(1e-5)
     assert lr_at(cfg, 999) == pytest.approx(1e-6, rel=1e-3)

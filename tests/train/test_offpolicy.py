@@ -100,7 +100,9 @@ def test_masked_tokens_keep_their_place_in_the_denominator():
     assert loss.item() == pytest.approx(-5 / 12, abs=1e-6)
 
 
-@pytest.mark.parametrize(("cap", "want"), [(2.0, [[1.0, 0.0, 0.25], [0.0, 1.0, 0.0]]), (None, [[1.0, 3.0, 0.25], [3.0, 1.0, 0.0]])])
+@pytest.mark.parametrize(
+    ("cap", "want"), [(2.0, [[1.0, 0.0, 0.25], [0.0, 1.0, 0.0]]), (None, [[1.0, 3.0, 0.25], [3.0, 1.0, 0.0]])]
+)
 def test_decoupled_behaviour_weights_are_filtered_above_the_cap(cap, want):
     w, m = decoupled_weights(OLD, ROLLOUT, MASK, behav_imp_weight_cap=cap)
     torch.testing.assert_close(w, torch.tensor(want))

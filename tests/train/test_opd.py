@@ -42,7 +42,12 @@ def _groups():
 
 def _batch(estimator="grpo"):
     batch = build_train_batch(
-        _groups(), pad_token_id=0, current_version=0, normalize_advantages_by_std=False, advantage_estimator=estimator, use_opd=True
+        _groups(),
+        pad_token_id=0,
+        current_version=0,
+        normalize_advantages_by_std=False,
+        advantage_estimator=estimator,
+        use_opd=True,
     )
     return dataclasses.replace(batch, old_logprobs=torch.tensor(OLD))
 
@@ -111,20 +116,30 @@ def test_pure_opd_steps_bring_the_student_towards_its_teacher(tiny_model_dir, tm
 
     from tests.fixtures.tiny_model import write_tiny_llama
 
-    teacher = AutoModelForCausalLM.from_pretrained(write_tiny_llama(tmp_path / "teacher", seed=3), dtype=torch.float32).eval()
+    teacher = AutoModelForCausalLM.from_pretrained(
+        write_tiny_llama(tmp_path / "teacher", seed=3), dtype=torch.float32
+    ).eval()
     prompt, responses = [5, 9, 2], [[17, 8, 41, 3], [30, 31, 32, 33], [40, 41, 42], [50, 51]]
-    cfg = TrainConfig(lr=3e-3, global_batch_size=4, micro_batch_size=4, num_threads=1, use_opd=True, opd_only=True, opd_kl_coef=1.0)
+    cfg = TrainConfig(
+        lr=3e-3, global_batch_size=4, micro_batch_size=4, num_threads=1, use_opd=True, opd_only=True, opd_kl_coef=1.0
+    )
     trainer = TorchTrainer(cfg, model_dir=tiny_model_dir, rollout_temperature=1.0, seed=0)
     teacher_lps = [sample_logprobs(teacher, prompt, resp, 1.0) for resp in responses]
 
     def gap() -> float:  # mean squared per-token logprob gap, student vs teacher
-        diffs = [a - b for resp, t in zip(responses, teacher_lps) for a, b in zip(sample_logprobs(trainer.model, prompt, resp, 1.0), t)]
+        diffs = [
+            a - b
+            for resp, t in zip(responses, teacher_lps)
+            for a, b in zip(sample_logprobs(trainer.model, prompt, resp, 1.0), t)
+        ]
         return sum(d * d for d in diffs) / len(diffs)
 
     def groups():
         samples = []
         for i, (resp, t) in enumerate(zip(responses, teacher_lps)):
-            s = Sample(prompt_ids=list(prompt), index=i, reward=float(i == 0), status=Status.COMPLETED)  # --opd-only: not trained on
+            s = Sample(
+                prompt_ids=list(prompt), index=i, reward=float(i == 0), status=Status.COMPLETED
+            )  # --opd-only: not trained on
             s.append(resp, sample_logprobs(trainer.model, prompt, resp, 1.0), policy_version=trainer.policy_version)
             s.set_teacher_logprobs(t)
             samples.append(s)

@@ -26,12 +26,15 @@ ROWS = [
 
 def _groups(rows=ROWS):
     return [
-        to_group(SFTExample(index=i, input_ids=ids, loss_mask=mask), group_id=i, policy_version=0) for i, (ids, mask) in enumerate(rows)
+        to_group(SFTExample(index=i, input_ids=ids, loss_mask=mask), group_id=i, policy_version=0)
+        for i, (ids, mask) in enumerate(rows)
     ]
 
 
 def _config(**kw):
-    base = dict(lr=1e-2, global_batch_size=3, micro_batch_size=3, num_threads=1, loss_type="sft_loss", loss_agg="token_mean")
+    base = dict(
+        lr=1e-2, global_batch_size=3, micro_batch_size=3, num_threads=1, loss_type="sft_loss", loss_agg="token_mean"
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -63,10 +66,14 @@ def test_sft_loss_is_the_masked_nll_by_hand():
 def test_shared_objective_routes_sft_loss_without_old_logprobs():
     batch = build_train_batch(_groups(), pad_token_id=0, current_version=0)
     logprobs = -torch.rand(batch.loss_mask.shape)
-    loss, metrics = objective.micro_batch_loss(_config(), batch, logprobs, torch.zeros_like(logprobs), float(batch.num_train_tokens))
+    loss, metrics = objective.micro_batch_loss(
+        _config(), batch, logprobs, torch.zeros_like(logprobs), float(batch.num_train_tokens)
+    )
     assert float(loss) == pytest.approx(float((-logprobs * batch.loss_mask).sum() / batch.num_train_tokens))
     assert set(metrics) == {"nll", "num_tokens"}
-    assert not objective.needs_reference(_config(use_kl_loss=True)) and not objective.needs_critic(_config(advantage_estimator="ppo"))
+    assert not objective.needs_reference(_config(use_kl_loss=True)) and not objective.needs_critic(
+        _config(advantage_estimator="ppo")
+    )
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
@@ -91,14 +98,20 @@ def test_eval_loss_is_the_token_mean_nll_and_does_not_train(tiny_model_dir):
     total, _ = _hand_nll(trainer.model)
     before = {k: v.clone() for k, v in trainer.state_dict_for_sync().items()}
     out = trainer.eval_loss(_groups())
-    assert out["eval_loss"] == pytest.approx(total / 10, rel=1e-5) and out["eval_tokens"] == 10.0 and out["eval_samples"] == 3.0
+    assert (
+        out["eval_loss"] == pytest.approx(total / 10, rel=1e-5)
+        and out["eval_tokens"] == 10.0
+        and out["eval_samples"] == 3.0
+    )
     assert all(torch.equal(before[k], v) for k, v in trainer.state_dict_for_sync().items())
 
 
 def test_token_budget_micro_batches_give_the_same_loss_and_update(tiny_model_dir):
     fixed = TorchTrainer(_config(micro_batch_size=3), model_dir=tiny_model_dir, seed=0)
     packed = TorchTrainer(
-        _config(megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=9)), model_dir=tiny_model_dir, seed=0
+        _config(megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=9)),
+        model_dir=tiny_model_dir,
+        seed=0,
     )
     assert [len(mb) for mb in packed._plan([7, 8, 3])[0]] == [1, 1, 1]  # 2 x 8 > 9: every row alone
     grads = []
@@ -132,7 +145,9 @@ def test_packing_example_from_the_docstring():
 
 
 def test_lr_schedule_is_the_warm_start_loops_warmup_then_cosine():
-    cfg = TrainConfig(lr=3e-3, megatron=MegatronConfig(min_lr=3e-4, lr_warmup_iters=50, lr_decay_iters=1200, lr_decay_style="cosine"))
+    cfg = TrainConfig(
+        lr=3e-3, megatron=MegatronConfig(min_lr=3e-4, lr_warmup_iters=50, lr_decay_iters=1200, lr_decay_style="cosine")
+    )
 
     # the hand-written loop that made the shipped warm starts (scripts/make_warmstart.py before it ran slime train)
     def make_warmstart_lr(step: int) -> float:
@@ -149,7 +164,9 @@ def test_lr_schedule_is_the_warm_start_loops_warmup_then_cosine():
 
 
 def test_trainer_follows_the_schedule_step_by_step(tiny_model_dir):
-    cfg = _config(lr=1e-2, megatron=MegatronConfig(min_lr=0.0, lr_warmup_iters=2, lr_decay_iters=4, lr_decay_style="linear"))
+    cfg = _config(
+        lr=1e-2, megatron=MegatronConfig(min_lr=0.0, lr_warmup_iters=2, lr_decay_iters=4, lr_decay_style="linear")
+    )
     trainer = TorchTrainer(cfg, model_dir=tiny_model_dir, seed=0)
     lrs = [trainer.train_step(_groups()).to_dict()["lr"] for _ in range(5)]
     assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 5e-3, 0.0])

@@ -67,20 +67,28 @@ def test_first_optimizer_step_is_on_policy_and_metrics_are_reported(tiny_model_d
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert m["num_samples"] == 4 and m["num_train_tokens"] == 13
     assert m["reward_mean"] == 0.25 and m["grad_norm"] > 0 and m["train_time_s"] > 0
-    assert m["train_rollout_logprob_abs_diff_max"] >= m["train_rollout_logprob_abs_diff"] > 0 and 0 <= m["tis_clipfrac"] <= 1
+    assert (
+        m["train_rollout_logprob_abs_diff_max"] >= m["train_rollout_logprob_abs_diff"] > 0
+        and 0 <= m["tis_clipfrac"] <= 1
+    )
     assert all(isinstance(v, float) for v in m.values())
 
 
 def test_micro_batch_size_does_not_change_loss_or_gradient(tiny_model_dir):
     results = [
-        TorchTrainer(_config(micro_batch_size=mbs), model_dir=tiny_model_dir, **FACTS).train_step(_groups()).to_dict() for mbs in (1, 4)
+        TorchTrainer(_config(micro_batch_size=mbs), model_dir=tiny_model_dir, **FACTS).train_step(_groups()).to_dict()
+        for mbs in (1, 4)
     ]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6)
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
 
 
 def test_global_batch_size_splits_the_rollout_into_optimizer_steps(tiny_model_dir):
-    m = TorchTrainer(_config(global_batch_size=2, micro_batch_size=1), model_dir=tiny_model_dir, **FACTS).train_step(_groups()).to_dict()
+    m = (
+        TorchTrainer(_config(global_batch_size=2, micro_batch_size=1), model_dir=tiny_model_dir, **FACTS)
+        .train_step(_groups())
+        .to_dict()
+    )
     assert m["num_optimizer_steps"] == 2
 
 
@@ -160,7 +168,9 @@ def test_ppo_with_gae_trains_policy_and_critic_and_reports_value_metrics(tiny_mo
     # GAE gives A_t = sum of future rewards - V_t = R on every trained token, and returns = R:
     #   value_loss = seq_mean((0 - R)^2) = (1 + 0 + 0 + 0) / 4 = 0.25
     #   policy loss (ratio 1) = -seq_mean(A) = -0.25;  explained variance = 1 - Var(R - 0) / Var(R) = 0
-    trainer = TorchTrainer(_config(advantage_estimator="ppo", gamma=1.0, lambd=1.0, critic_lr=1e-2), model_dir=tiny_model_dir, **FACTS)
+    trainer = TorchTrainer(
+        _config(advantage_estimator="ppo", gamma=1.0, lambd=1.0, critic_lr=1e-2), model_dir=tiny_model_dir, **FACTS
+    )
     assert trainer.critic is not None and trainer.ref_model is None
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     critic0 = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
@@ -169,11 +179,15 @@ def test_ppo_with_gae_trains_policy_and_critic_and_reports_value_metrics(tiny_mo
     assert m["explained_variance"] == pytest.approx(0.0, abs=1e-6) and m["critic_grad_norm"] > 0
     assert _weights_changed(policy0, trainer.model) and _weights_changed(critic0, trainer.critic)
     m2 = trainer.train_step(_groups()).to_dict()  # the critic now predicts something: values move off 0
-    assert m2["explained_variance"] != pytest.approx(0.0, abs=1e-6) and m2["value_loss"] != pytest.approx(0.25, abs=1e-6)
+    assert m2["explained_variance"] != pytest.approx(0.0, abs=1e-6) and m2["value_loss"] != pytest.approx(
+        0.25, abs=1e-6
+    )
 
 
 def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
-    trainer = TorchTrainer(_config(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl"), model_dir=tiny_model_dir, **FACTS)
+    trainer = TorchTrainer(
+        _config(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl"), model_dir=tiny_model_dir, **FACTS
+    )
     assert trainer.ref_model is not None and trainer.critic is None
     ref0 = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
     policy0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -192,7 +206,12 @@ def test_kl_loss_keeps_a_frozen_reference_and_reports_kl(tiny_model_dir):
         dict(advantage_estimator="reinforce_plus_plus_baseline"),
         dict(mis_level="sequence", mis_lower_bound=0.0),  # rollout logprobs of -1 put rho far below 0.5
         dict(use_decoupled_ppo=True, behav_imp_weight_cap=5.0),
-        dict(eps_clip_c=3.0, entropy_coef=0.01, disable_grpo_std_normalization=True, mask_offpolicy_in_partial_rollout=True),
+        dict(
+            eps_clip_c=3.0,
+            entropy_coef=0.01,
+            disable_grpo_std_normalization=True,
+            mask_offpolicy_in_partial_rollout=True,
+        ),
     ],
     ids=["gspo", "rf++", "rf++baseline", "mis", "decoupled", "dualclip-entropy-drgrpo"],
 )

@@ -31,7 +31,12 @@ def _groups(seed: int = 0, num_samples: int = 8) -> list[Group]:
     g = torch.Generator().manual_seed(seed)
     samples = []
     for i in range(num_samples):
-        s = Sample(prompt_ids=torch.randint(1, 64, (5,), generator=g).tolist(), index=i, reward=float(i % 2), status=Status.COMPLETED)
+        s = Sample(
+            prompt_ids=torch.randint(1, 64, (5,), generator=g).tolist(),
+            index=i,
+            reward=float(i % 2),
+            status=Status.COMPLETED,
+        )
         n = 4 + i % 5
         s.append(torch.randint(1, 64, (n,), generator=g).tolist(), [-1.0] * n, policy_version=0)
         samples.append(s)
@@ -95,7 +100,9 @@ def test_bf16_autocast_trains_on_the_cpu_with_fp32_weights_and_an_on_policy_firs
     diff = ((got - ref).abs() * mask).sum() / mask.sum()
     assert 0 < diff < BF16_MEAN_TOL  # autocast ran (bf16 rounding shows) and stays close
     metrics = bf16.train_step(groups).to_dict()
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["approx_kl"] == pytest.approx(
+        0.0, abs=1e-7
+    )
     assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
     assert all(s["exp_avg"].dtype == torch.float32 for s in bf16.optimizer.state.values())
 
@@ -142,7 +149,9 @@ def test_gpu_bf16_logprobs_match_the_cpu_fp32_reference_before_and_after_a_step(
         assert diff.sum() / mask.sum() < BF16_MEAN_TOL and diff.max() < BF16_MAX_TOL
         m_cpu, m_cuda = cpu.train_step(groups).to_dict(), cuda.train_step(groups).to_dict()
         assert m_cuda["loss"] == pytest.approx(m_cpu["loss"], abs=2e-2)
-        assert m_cuda["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # old logprobs and step 1 agree exactly on the GPU too
+        assert m_cuda["ratio_mean"] == pytest.approx(
+            1.0, abs=1e-6
+        )  # old logprobs and step 1 agree exactly on the GPU too
 
 
 @gpu
@@ -157,13 +166,27 @@ def test_gpu_sync_save_hf_and_loop_checkpoint_round_trip(tiny_model_dir, tmp_pat
     live = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
     assert all(torch.equal(state[k], live[k]) for k in state if k in live)
     saved = load_file(f"{trainer.save_hf(str(tmp_path / 'hf'))}/model.safetensors")
-    assert saved.keys() <= state.keys() and all(saved[k].dtype == torch.float32 and torch.equal(saved[k], state[k]) for k in saved)
+    assert saved.keys() <= state.keys() and all(
+        saved[k].dtype == torch.float32 and torch.equal(saved[k], state[k]) for k in saved
+    )
 
-    loop = LoopState(step=1, policy_version=1, source={}, next_group_id=1, num_admitted=1, rollout_id=1, taken=[], ready=[], partial=[])
+    loop = LoopState(
+        step=1,
+        policy_version=1,
+        source={},
+        next_group_id=1,
+        num_admitted=1,
+        rollout_id=1,
+        taken=[],
+        ready=[],
+        partial=[],
+    )
     ckpt = save_checkpoint(tmp_path / "ckpt", loop, trainer=trainer)
     resumed = TorchTrainer(_config("cuda", bf16=True), model_dir=str(ckpt / "model"), **FACTS)
     load_checkpoint(ckpt, trainer=resumed)
-    assert resumed.policy_version == trainer.policy_version and resumed.num_optimizer_steps == trainer.num_optimizer_steps
+    assert (
+        resumed.policy_version == trainer.policy_version and resumed.num_optimizer_steps == trainer.num_optimizer_steps
+    )
     assert all(s["exp_avg"].device.type == "cuda" for s in resumed.optimizer.state.values())
     a, b = trainer.train_step(groups).to_dict(), resumed.train_step(groups).to_dict()
     for key in ("loss", "grad_norm", "lr"):

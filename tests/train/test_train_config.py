@@ -26,7 +26,9 @@ def test_bad_algorithm_values_name_the_flag(argv, flag):
 
 
 def test_slime_style_algorithm_flags_build_a_config():
-    argv = "--advantage-estimator ppo --gamma 0.99 --lambd 0.95 --critic-lr 1e-6 --use-kl-loss --kl-loss-type low_var_kl "
+    argv = (
+        "--advantage-estimator ppo --gamma 0.99 --lambd 0.95 --critic-lr 1e-6 --use-kl-loss --kl-loss-type low_var_kl "
+    )
     argv += "--kl-loss-coef 0.01 --mis-level geometric --mis-lower-bound 0.9 --mis-upper-bound 1.1 --eps-clip-c 3"
     t = config_from_args(build_parser().parse_args(argv.split() + ["--global-batch-size", "128"])).train
     assert (t.advantage_estimator, t.gamma, t.lambd, t.critic_lr, t.use_kl_loss, t.kl_loss_type) == (

@@ -125,7 +125,9 @@ def default_deployment(engine: EngineConfig) -> SglangDeployment:
     """
     num_gpus, per_engine = engine.rollout_num_gpus or 0, engine.rollout_num_gpus_per_engine
     if num_gpus < per_engine or num_gpus % per_engine:
-        raise ConfigError(f"--rollout-num-gpus={num_gpus} must be a positive multiple of --rollout-num-gpus-per-engine={per_engine}")
+        raise ConfigError(
+            f"--rollout-num-gpus={num_gpus} must be a positive multiple of --rollout-num-gpus-per-engine={per_engine}"
+        )
     group = ServerGroup(name=ACTOR, num_engines=num_gpus // per_engine, gpus_per_engine=per_engine)
     return _resolve(SglangDeployment(groups=[group]), engine, "--rollout-num-gpus")
 
@@ -151,13 +153,19 @@ def _resolve(d: SglangDeployment, engine: EngineConfig, where: str) -> SglangDep
                 raise ConfigError(f"{at}.args.{key}: slime sets --{name} itself for each server")
         model_path = g.model_path or (engine.hf_checkpoint if g.model in (ACTOR, "reference") else None)
         if not model_path:
-            raise ConfigError(f"{at}.model_path: required for model {g.model!r} (only actor and reference default to --hf-checkpoint)")
+            raise ConfigError(
+                f"{at}.model_path: required for model {g.model!r} (only actor and reference default to --hf-checkpoint)"
+            )
         groups.append(
-            msgspec.structs.replace(g, model_path=model_path, gpus_per_engine=g.gpus_per_engine or engine.rollout_num_gpus_per_engine)
+            msgspec.structs.replace(
+                g, model_path=model_path, gpus_per_engine=g.gpus_per_engine or engine.rollout_num_gpus_per_engine
+            )
         )
     out = SglangDeployment(groups=groups)
     if ACTOR not in out.models():
-        raise ConfigError(f"{where}: no group serves model {ACTOR!r} (the policy being trained); models: {out.models()}")
+        raise ConfigError(
+            f"{where}: no group serves model {ACTOR!r} (the policy being trained); models: {out.models()}"
+        )
     for model in out.models():
         mine = [g for g in out.groups if g.model == model]
         roles, paths = {g.role for g in mine}, {g.model_path for g in mine if g.model_path}  # all filled in above

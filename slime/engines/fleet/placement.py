@@ -69,7 +69,9 @@ class Placement:
     def format(self) -> str:
         """Per node: the torchrun command of its trainer ranks and the GPUs of trainer and servers."""
         a, g = self.actor_num_nodes, self.actor_num_gpus_per_node
-        trainer = f"trainer {a} node(s) x {g} GPU(s)" if self.megatron else "trainer in one process on node 0 (torch backend)"
+        trainer = (
+            f"trainer {a} node(s) x {g} GPU(s)" if self.megatron else "trainer in one process on node 0 (torch backend)"
+        )
         lines = [
             f"# slime placement: {len(self.nodes)} node(s) of {self.gpus_per_node} GPU(s); {trainer}, "
             f"SGLang servers on {self.rollout_num_gpus} GPU(s), {'colocated with' if self.colocate else 'apart from'} the trainer"
@@ -99,11 +101,20 @@ def _ids(ids: tuple[int, ...]) -> str:
 def placement_given(train: TrainConfig, engine: EngineConfig) -> bool:
     """Whether the run names its placement (``--actor-num-nodes`` / ``--actor-num-gpus-per-node`` /
     ``--rollout-num-gpus-per-node``)."""
-    return train.actor_num_nodes is not None or train.actor_num_gpus_per_node is not None or engine.rollout_num_gpus_per_node is not None
+    return (
+        train.actor_num_nodes is not None
+        or train.actor_num_gpus_per_node is not None
+        or engine.rollout_num_gpus_per_node is not None
+    )
 
 
 def build_placement(
-    train: TrainConfig, engine: EngineConfig, *, colocate: bool = False, rollout_only: bool = False, gpus_per_node: int | None = None
+    train: TrainConfig,
+    engine: EngineConfig,
+    *,
+    colocate: bool = False,
+    rollout_only: bool = False,
+    gpus_per_node: int | None = None,
 ) -> Placement:
     """The per-node layout of trainer ranks and SGLang servers (module docstring).
 
@@ -136,7 +147,11 @@ def build_placement(
     _check_servers_fit(servers, gpus_per_node, nodes=nodes, per_node=per_node)
     num_nodes = max([nodes, *(s[0][0] + 1 for s in servers)])
     plans = tuple(
-        NodePlan(n, tuple(g for nn, g in trainer_slots if nn == n), tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n))
+        NodePlan(
+            n,
+            tuple(g for nn, g in trainer_slots if nn == n),
+            tuple(tuple(g for _, g in s) for s in servers if s[0][0] == n),
+        )
         for n in range(num_nodes)
     )
     return Placement(nodes, per_node, gpus_per_node, sum(sizes), colocate, megatron, plans)
@@ -195,14 +210,20 @@ def _server_sizes(engine: EngineConfig) -> list[int]:
     if engine.sglang_config:  # its groups' servers, in order (they may differ in size)
         from slime.engines.fleet.groups import load_sglang_config
 
-        return [g.gpus_per_engine or 1 for g in load_sglang_config(engine.sglang_config, engine).groups for _ in range(g.num_engines)]
+        return [
+            g.gpus_per_engine or 1
+            for g in load_sglang_config(engine.sglang_config, engine).groups
+            for _ in range(g.num_engines)
+        ]
     total, tp = engine.rollout_num_gpus or 0, engine.rollout_num_gpus_per_engine
     if total % tp:
         raise ConfigError(f"--rollout-num-gpus={total} must be a multiple of --rollout-num-gpus-per-engine={tp}")
     return [tp] * (total // tp)
 
 
-def _rollout_slots(nodes: int, per_node: int, gpus_per_node: int, *, colocate: bool, megatron: bool) -> Iterator[tuple[int, int]]:
+def _rollout_slots(
+    nodes: int, per_node: int, gpus_per_node: int, *, colocate: bool, megatron: bool
+) -> Iterator[tuple[int, int]]:
     """The ``(node, gpu)`` slots the servers take in order (module docstring), without end: further
     nodes follow the trainer's."""
     if colocate:  # from the trainer's first GPU, then the GPUs after it

@@ -104,15 +104,20 @@ def build_launch_plan(
     router = f"http://{engine.sglang_router_ip}:{engine.sglang_router_port}" if engine.sglang_router_ip else None
     teacher_urls = _http_urls(engine.opd_teacher_addrs)
     teachers = tuple(
-        ServerSpec("embedded-teacher", TEACHER, "regular", tuple(p.args), p.env, "") for p in teacher_processes(engine, seed=seed)
+        ServerSpec("embedded-teacher", TEACHER, "regular", tuple(p.args), p.env, "")
+        for p in teacher_processes(engine, seed=seed)
     )
     if backend == "external":  # running engines (and a router that lists them), maybe an embedded teacher
         routers = (RouterSpec(ACTOR, router, None, False),) if router else ()
         external_urls = _http_urls(engine.rollout_external_engine_addrs)
-        return LaunchPlan("external", servers=teachers, external_urls=external_urls, teacher_urls=teacher_urls, routers=routers)
+        return LaunchPlan(
+            "external", servers=teachers, external_urls=external_urls, teacher_urls=teacher_urls, routers=routers
+        )
     if backend == "embedded":
         procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
-        actors = tuple(ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "") for i, p in enumerate(procs))
+        actors = tuple(
+            ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "") for i, p in enumerate(procs)
+        )
         return LaunchPlan("embedded", servers=actors + teachers, teacher_urls=teacher_urls)
     deployment = _sglang_deployment(engine, with_teacher_urls=bool(teacher_urls))
     plan = sglang_plan(
@@ -165,13 +170,17 @@ def _sglang_deployment(engine: EngineConfig, *, with_teacher_urls: bool) -> Sgla
             "declare the teacher as a group of --sglang-config ({name: teacher, model: teacher, model_path: ...}) "
             "or give running ones with --opd-teacher-addrs"
         )
-    deployment = load_sglang_config(engine.sglang_config, engine) if engine.sglang_config else default_deployment(engine)
+    deployment = (
+        load_sglang_config(engine.sglang_config, engine) if engine.sglang_config else default_deployment(engine)
+    )
     if with_teacher_urls and TEACHER in deployment.models():
         raise ConfigError(f"--opd-teacher-addrs with a {TEACHER!r} group in --sglang-config: pick one teacher")
     return deployment
 
 
-def embedded_processes(engine: EngineConfig, *, model_dir: str | None, weight_version: str, seed: int) -> list[EmbeddedEngineProcess]:
+def embedded_processes(
+    engine: EngineConfig, *, model_dir: str | None, weight_version: str, seed: int
+) -> list[EmbeddedEngineProcess]:
     """The embedded engines of the plan (``--rollout-num-engines`` of them, seeds ``seed + i``), not started."""
     return [
         EmbeddedEngineProcess(

@@ -107,7 +107,9 @@ def sglang_plan(
         for i in range(group.num_engines):
             servers.append(_server(layout, group, i, tuple(range(first_gpu, first_gpu + tp)), ports, notes))
             first_gpu += tp
-    routers = [r for model in deployment.models() if (r := _router(layout, deployment, model, servers, router, ports, notes))]
+    routers = [
+        r for model in deployment.models() if (r := _router(layout, deployment, model, servers, router, ports, notes))
+    ]
     if engine.router_args and all(r.argv is None for r in routers):
         raise ConfigError(
             f"--router-* flags {[t for t in engine.router_args if t.startswith('--')]} go to routers that slime "
@@ -132,7 +134,9 @@ def _gpus_needed(engine: EngineConfig, deployment: SglangDeployment, gpus: list[
             f"--sglang-config needs {need} GPUs (sum of num_engines x gpus_per_engine) but --rollout-num-gpus={engine.rollout_num_gpus}"
         )
     if gpus is not None and need > len(gpus):
-        raise ConfigError(f"the SGLang servers need {need} GPUs but CUDA_VISIBLE_DEVICES lists {len(gpus)}: {','.join(gpus)}")
+        raise ConfigError(
+            f"the SGLang servers need {need} GPUs but CUDA_VISIBLE_DEVICES lists {len(gpus)}: {','.join(gpus)}"
+        )
     return need
 
 
@@ -149,7 +153,9 @@ def _first_server_gpu(gpus: list[str] | None, need: int, *, trainer_gpus: int, c
     return 0
 
 
-def _server(layout: _Layout, group: ServerGroup, i: int, ids: tuple[int, ...], ports: _Ports, notes: list[str]) -> ServerSpec:
+def _server(
+    layout: _Layout, group: ServerGroup, i: int, ids: tuple[int, ...], ports: _Ports, notes: list[str]
+) -> ServerSpec:
     """Server ``i`` of ``group`` on GPUs ``ids`` (its port, then a prefill server's bootstrap port)."""
     port = ports.next()
     argv = _launch_argv(layout, group, port, tp=len(ids))
@@ -245,7 +251,9 @@ def _router(
 
 def _given_flags(global_args: tuple[str, ...], group: ServerGroup) -> set[str]:
     """SGLang flag names (no dashes) the user set, globally (``--sglang-*``) or in the group's args."""
-    return {_flag_name(t) for t in global_args if t.startswith("--")} | {_flag_name("--" + k.removeprefix("--")) for k in group.args}
+    return {_flag_name(t) for t in global_args if t.startswith("--")} | {
+        _flag_name("--" + k.removeprefix("--")) for k in group.args
+    }
 
 
 def _sharing_defaults(global_args: tuple[str, ...], group: ServerGroup, *, colocate: bool) -> list[str]:

@@ -59,7 +59,12 @@ class LaunchPlan:
     def models(self) -> list[str]:
         return list(
             dict.fromkeys(
-                [ACTOR, *(s.model for s in self.servers), *(r.model for r in self.routers), *([TEACHER] if self.teacher_urls else [])]
+                [
+                    ACTOR,
+                    *(s.model for s in self.servers),
+                    *(r.model for r in self.routers),
+                    *([TEACHER] if self.teacher_urls else []),
+                ]
             )
         )
 

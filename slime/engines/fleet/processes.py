@@ -136,7 +136,9 @@ class CommandProcess:
             raise error
         where = f"; see {self.log_path}" if self.log_path else ""
         raise EngineUnavailable(
-            f"{self.name} exited with code {self.proc.returncode} before it was ready{where}", url=self.url, endpoint="(launch)"
+            f"{self.name} exited with code {self.proc.returncode} before it was ready{where}",
+            url=self.url,
+            endpoint="(launch)",
         )
 
     async def restart(self, startup_timeout_s: float) -> str:
@@ -154,7 +156,12 @@ class CommandProcess:
             async with asyncio.timeout(self.grace_s):
                 await self.proc.wait()
         except TimeoutError:
-            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing its process group", self.name, self.proc.pid, self.grace_s)
+            log.warning(
+                "%s (pid %d) ignored SIGTERM for %.0fs; killing its process group",
+                self.name,
+                self.proc.pid,
+                self.grace_s,
+            )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the tree, even when the leader exited
         await self.proc.wait()
@@ -166,7 +173,15 @@ READY_PREFIX = "SLIME_ENGINE_READY url="
 class EmbeddedEngineProcess:
     """One embedded engine child process; ``url`` is set once it is ready."""
 
-    def __init__(self, model_dir: str, *, threads: int = 1, max_running_requests: int = 256, weight_version: str = "0", seed: int = 0):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        threads: int = 1,
+        max_running_requests: int = 256,
+        weight_version: str = "0",
+        seed: int = 0,
+    ):
         self.args = [
             sys.executable,
             "-m",
@@ -223,7 +238,8 @@ class EmbeddedEngineProcess:
                     if not raw:
                         rc = await proc.wait()
                         raise EngineUnavailable(
-                            f"embedded engine exited with code {rc} before it was ready; last output:\n" + "".join(tail[-20:]),
+                            f"embedded engine exited with code {rc} before it was ready; last output:\n"
+                            + "".join(tail[-20:]),
                             endpoint="(launch)",
                         )
                     line = raw.decode(errors="replace")
@@ -234,7 +250,8 @@ class EmbeddedEngineProcess:
         except TimeoutError:
             await self.stop()
             raise EngineUnavailable(
-                f"embedded engine not ready after {startup_timeout_s}s; last output:\n" + "".join(tail[-20:]), endpoint="(launch)"
+                f"embedded engine not ready after {startup_timeout_s}s; last output:\n" + "".join(tail[-20:]),
+                endpoint="(launch)",
             ) from None
         self._pump = asyncio.create_task(self._forward_output(), name=f"engine-log-{self.url}")
         return self.url
@@ -273,7 +290,11 @@ async def launch_embedded_engines(
     """Start ``num_engines`` embedded engines at ``weight_version``; yield their URLs; stop them on exit."""
     procs = [
         EmbeddedEngineProcess(
-            model_dir, threads=threads, max_running_requests=max_running_requests, seed=seed + i, weight_version=weight_version
+            model_dir,
+            threads=threads,
+            max_running_requests=max_running_requests,
+            seed=seed + i,
+            weight_version=weight_version,
         )
         for i in range(num_engines)
     ]

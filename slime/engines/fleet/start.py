@@ -135,7 +135,9 @@ async def start_rollout(
         await fleet.start_routers()
         await fleet.open_pools(weights=((model_dir or engine.hf_checkpoint), weight_version))
         supervisors = fleet.supervisors()
-        log.info("rollout engines up: %s", {m: {"workers": p.urls, "router": p.router_url} for m, p in fleet.pools.items()})
+        log.info(
+            "rollout engines up: %s", {m: {"workers": p.urls, "router": p.router_url} for m, p in fleet.pools.items()}
+        )
         async with asyncio.TaskGroup() as tg:
             for model, supervisor in supervisors.items():
                 tg.create_task(supervisor.run(), name=f"supervisor-{model}")
@@ -173,7 +175,9 @@ class _Startup:
     async def start_servers(self, *, model_dir: str | None, weight_version: str, seed: int) -> None:
         """Start the plan's servers (all at once; each waited for) and note which model each serves."""
         plan = self.plan
-        teachers = teacher_processes(self.engine, seed=seed)  # --opd-teacher-load: one embedded engine (embedded / external backends)
+        teachers = teacher_processes(
+            self.engine, seed=seed
+        )  # --opd-teacher-load: one embedded engine (embedded / external backends)
         if plan.backend == "embedded":
             procs = embedded_processes(self.engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
             urls = await self._start_all([*procs, *teachers])
@@ -258,11 +262,19 @@ class _Startup:
     async def _wait_external(self, model: str, *, launched: bool) -> None:
         """Wait for ``model``'s running engines; where none was launched here, fail fast when nothing listens."""
         timeout_s = self.timeout_s
-        log.info("waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)", timeout_s, model)
-        flag = "--opd-teacher-addrs" if model == TEACHER and self.plan.teacher_urls else "--rollout-external-engine-addrs"
+        log.info(
+            "waiting up to %.0fs for %s engines to answer /health_generate (--engine-startup-timeout-s)",
+            timeout_s,
+            model,
+        )
+        flag = (
+            "--opd-teacher-addrs" if model == TEACHER and self.plan.teacher_urls else "--rollout-external-engine-addrs"
+        )
         await self.pools[model].wait_ready(
             timeout_s,
-            refused_grace_s=None if launched else EXTERNAL_REFUSED_GRACE_S,  # a launched engine still loading may refuse: wait
+            refused_grace_s=None
+            if launched
+            else EXTERNAL_REFUSED_GRACE_S,  # a launched engine still loading may refuse: wait
             refused_hint=f" (not the whole --engine-startup-timeout-s={timeout_s:g}); start the engines first "
             f"and wait until they answer /health_generate, or fix the address ({flag})",
         )

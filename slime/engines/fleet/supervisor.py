@@ -189,10 +189,17 @@ class EngineSupervisor:
             if self.num_restarts.get(url, 0) >= self.config.max_engine_restarts:
                 self.given_up.add(url)
                 self.events.append(("gave_up", url, f"{self.config.max_engine_restarts} restarts"))
-                log.error("engine %s stays out of rotation: %d restarts did not keep it up", url, self.config.max_engine_restarts)
-                down = next((r["out_reason"] or r["last_failure"] for r in self.pool.engine_states() if r["url"] == url), "")
+                log.error(
+                    "engine %s stays out of rotation: %d restarts did not keep it up",
+                    url,
+                    self.config.max_engine_restarts,
+                )
+                down = next(
+                    (r["out_reason"] or r["last_failure"] for r in self.pool.engine_states() if r["url"] == url), ""
+                )
                 self.pool.retire(
-                    url, f"{down}; not restarted again after {self.config.max_engine_restarts} restarts (--max-engine-restarts)"
+                    url,
+                    f"{down}; not restarted again after {self.config.max_engine_restarts} restarts (--max-engine-restarts)",
                 )
                 return
             while self.pool.memory_released and not self._closed:
@@ -203,7 +210,9 @@ class EngineSupervisor:
                 await proc.restart(self.config.startup_timeout_s)
                 await self.pool.rejoin(url)
             except EngineError as exc:
-                log.warning("restart %d of engine %s failed: %s; next try in %.0fs", self.num_restarts[url], url, exc, delay_s)
+                log.warning(
+                    "restart %d of engine %s failed: %s; next try in %.0fs", self.num_restarts[url], url, exc, delay_s
+                )
                 await asyncio.sleep(delay_s)
                 delay_s = min(2 * delay_s, 8 * self.config.circuit_breaker_cooldown_s)
                 continue

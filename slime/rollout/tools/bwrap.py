@@ -105,7 +105,12 @@ class BwrapLauncher:
             args += ["--perms", "1777"]  # in "setpriv" mode bwrap (root) makes it; the code (nobody) writes there
         args += ["--tmpfs", SANDBOX_DIR, "--ro-bind", main_py, f"{SANDBOX_DIR}/main.py"]
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DIR, "--clearenv"]
-        for key, value in (("PATH", "/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", SANDBOX_DIR), ("TMPDIR", SANDBOX_DIR)):
+        for key, value in (
+            ("PATH", "/usr/bin:/bin"),
+            ("LANG", "C.UTF-8"),
+            ("HOME", SANDBOX_DIR),
+            ("TMPDIR", SANDBOX_DIR),
+        ):
             args += ["--setenv", key, value]
         args += ["--", *self._drop(), self.python, *python_args]
         if cgroup_procs:
@@ -134,7 +139,14 @@ def _read_only_binds(python: str, set_perms: bool) -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--ro-bind-try", "/etc/localtime", "/etc/localtime"]
+    args += [
+        "--ro-bind-try",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.cache",
+        "--ro-bind-try",
+        "/etc/localtime",
+        "/etc/localtime",
+    ]
     prefixes = {os.path.dirname(os.path.dirname(python))}  # <prefix>/bin/python3.X
     if python == _base_python():
         prefixes |= {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
@@ -211,7 +223,13 @@ def _try(launcher: BwrapLauncher, seccomp_bpf: bytes | None) -> str | None:
             fds = (program_fd(seccomp_bpf),)
         argv = launcher.argv(main_py, ["-I", "-S", "main.py"], tmpfs_bytes=1 << 20, seccomp_fd=fds[0] if fds else None)
         proc = subprocess.run(
-            argv, cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, pass_fds=fds
+            argv,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            pass_fds=fds,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)

@@ -139,7 +139,10 @@ class RunCgroup:
         while self.pids():
             if time.monotonic() > deadline:
                 logger.error(
-                    "sandbox cgroup %s still has processes %s after %.0fs of SIGKILL", self.dirs[0], sorted(self.pids()), timeout_s
+                    "sandbox cgroup %s still has processes %s after %.0fs of SIGKILL",
+                    self.dirs[0],
+                    sorted(self.pids()),
+                    timeout_s,
                 )
                 return False
             self.kill()  # again: a process forked while the last round was sent

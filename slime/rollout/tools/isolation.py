@@ -26,7 +26,9 @@ __all__ = ["Isolation", "probe"]
 
 _NO_BWRAP_FIX = "install bubblewrap (as root: apt-get install bubblewrap)"
 _CGROUP_FIX = "start slime as the only process of a cgroup of its own: systemd-run --scope -p Delegate=yes slime ..."
-_NON_ROOT_CGROUP_FIX = "start slime inside a cgroup delegated to you: systemd-run --user --scope -p Delegate=yes slime ..."
+_NON_ROOT_CGROUP_FIX = (
+    "start slime inside a cgroup delegated to you: systemd-run --user --scope -p Delegate=yes slime ..."
+)
 
 
 @dataclasses.dataclass(frozen=True)

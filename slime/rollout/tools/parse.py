@@ -65,9 +65,13 @@ def _parse_block(body: str) -> ToolCall:
     try:
         obj = json.loads(payload)
     except json.JSONDecodeError as exc:
-        return ToolCall(None, {}, f"tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", clipped)
+        return ToolCall(
+            None, {}, f"tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", clipped
+        )
     if not isinstance(obj, dict):
-        return ToolCall(None, {}, f"tool call must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}", clipped)
+        return ToolCall(
+            None, {}, f"tool call must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}", clipped
+        )
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return ToolCall(None, {}, "tool call has no 'name' string", clipped)
@@ -76,7 +80,9 @@ def _parse_block(body: str) -> ToolCall:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
-            return ToolCall(name, {}, f"'arguments' of {name!r} is a string that is not valid JSON ({exc.msg})", clipped)
+            return ToolCall(
+                name, {}, f"'arguments' of {name!r} is a string that is not valid JSON ({exc.msg})", clipped
+            )
     if args is None:
         args = {}
     if not isinstance(args, dict):

@@ -52,7 +52,10 @@ class Tool:
     @property
     def schema(self) -> dict[str, Any]:
         """The OpenAI function schema, as chat templates expect in ``tools=``."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,8 @@ class ToolRegistry:
             return _failed(name, f"arguments must be a JSON object, got {type(arguments).__name__}", t0)
         try:
             async with asyncio.timeout(self.timeout_s):
-                if inspect.iscoroutinefunction(tool.fn) or inspect.iscoroutinefunction(getattr(tool.fn, "__call__", None)):  # noqa: B004  # an async __call__
+                call = getattr(tool.fn, "__call__", None)  # noqa: B004  # an async __call__ counts too
+                if inspect.iscoroutinefunction(tool.fn) or inspect.iscoroutinefunction(call):
                     out = await tool.fn(arguments)  # type: ignore[misc]  # iscoroutinefunction checked it; mypy cannot narrow a callable
                 else:
                     out = await plugin_threads.run_sync(tool.fn, arguments)  # a hung one is abandoned

@@ -104,7 +104,9 @@ def retrieval_tool(index: BM25Index, *, default_top_k: int = 3, max_chars_per_do
         hits = await asyncio.to_thread(index.search, query, top_k)
         if not hits:
             return "No matching documents."
-        return "\n".join(f"[{n}] (id={doc_id}) {text[:max_chars_per_doc]}" for n, (doc_id, _, text) in enumerate(hits, 1))
+        return "\n".join(
+            f"[{n}] (id={doc_id}) {text[:max_chars_per_doc]}" for n, (doc_id, _, text) in enumerate(hits, 1)
+        )
 
     return Tool(
         name="retrieval",
@@ -113,7 +115,11 @@ def retrieval_tool(index: BM25Index, *, default_top_k: int = 3, max_chars_per_do
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "search words"},
-                "top_k": {"type": "integer", "description": f"number of passages, 1..{MAX_TOP_K}", "default": default_top_k},
+                "top_k": {
+                    "type": "integer",
+                    "description": f"number of passages, 1..{MAX_TOP_K}",
+                    "default": default_top_k,
+                },
             },
             "required": ["query"],
         },

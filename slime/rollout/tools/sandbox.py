@@ -283,7 +283,9 @@ class Sandbox:
         timed_out = False
         try:
             async with asyncio.timeout(limit_s):
-                await asyncio.gather(_feed(proc.stdin, stdin), out.drain(proc.stdout), err.drain(proc.stderr), proc.wait())
+                await asyncio.gather(
+                    _feed(proc.stdin, stdin), out.drain(proc.stdout), err.drain(proc.stderr), proc.wait()
+                )
         except BaseException as exc:  # timeout, or our caller cancelled: never leave the sandbox running
             timed_out = isinstance(exc, TimeoutError)
             _kill_group(proc.pid)

@@ -74,7 +74,9 @@ def load_tests(sample: Sample) -> list[CodeCase]:
     """Test cases of ``sample`` (module docstring). Raises PluginError naming the shape problem."""
     spec = _spec_object(sample)
     if spec.get("fn_name"):
-        raise PluginError("code verifier: call-based tests ('fn_name', APPS/LeetCode style) are not supported; give stdin cases or asserts")
+        raise PluginError(
+            "code verifier: call-based tests ('fn_name', APPS/LeetCode style) are not supported; give stdin cases or asserts"
+        )
     asserts = spec.get("asserts", spec.get("test_list"))
     if asserts is not None:
         setup = parse_setup(_setup_lines(spec))
@@ -120,7 +122,9 @@ def _text(value: object, field: str) -> str:
     if isinstance(value, list) and all(isinstance(line, str) for line in value):
         value = "\n".join(value) + "\n"
     if not isinstance(value, str):
-        raise PluginError(f"code verifier: a test {field} must be a string or a list of lines, got {type(value).__name__}")
+        raise PluginError(
+            f"code verifier: a test {field} must be a string or a list of lines, got {type(value).__name__}"
+        )
     return value.encode("utf-8", "replace").decode("utf-8")
 
 
@@ -153,7 +157,9 @@ def _tokens_match(want: str, have: str) -> bool:
     if _INTEGER.fullmatch(want) or not (_REAL.fullmatch(want) and _REAL.fullmatch(have)):
         return False
     a, b = float(want), float(have)  # finite: the pattern has no nan/inf, and 1e999 overflows to inf below
-    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
+    return (
+        math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE)
+    )
 
 
 class CodeVerifier:
@@ -198,7 +204,9 @@ class CodeVerifier:
                 first_failure = f"case {i}: {log}"
                 if not self.partial_credit:
                     break
-        evidence.update(verdict=f"passed {passed}/{len(tests)}", logs=first_failure[:_MAX_EVIDENCE_CHARS] or "all cases passed")
+        evidence.update(
+            verdict=f"passed {passed}/{len(tests)}", logs=first_failure[:_MAX_EVIDENCE_CHARS] or "all cases passed"
+        )
         if self.partial_credit:
             return passed / len(tests)
         return 1.0 if passed == len(tests) else 0.0
@@ -215,7 +223,9 @@ class CodeVerifier:
                 ok, log = await self._run_io_case(code, case)
                 yield i, ok, log
 
-    async def _judge_asserts(self, code: str, cases: list[SplitAssert], setup: tuple[str, ...]) -> list[tuple[bool, str]]:
+    async def _judge_asserts(
+        self, code: str, cases: list[SplitAssert], setup: tuple[str, ...]
+    ) -> list[tuple[bool, str]]:
         """Run every case's probes in one harness run, then judge each case here (``code_harness``)."""
         probes = [p for case in cases for p in case.probes]
         result = await self.sandbox.run(harness_program(code), stdin=harness_request(setup, probes))

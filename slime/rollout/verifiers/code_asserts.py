@@ -36,7 +36,9 @@ from slime.rollout.verifiers.code_judge import ALL_METHODS, JUDGE_MODULES, judge
 
 __all__ = ["SplitAssert", "CaseSetup", "judge_case", "split_assert", "parse_setup"]
 
-MATERIALIZERS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "dict", "len", "sum", "min", "max", "any", "all"})
+MATERIALIZERS = frozenset(
+    {"list", "tuple", "set", "frozenset", "sorted", "dict", "len", "sum", "min", "max", "any", "all"}
+)
 """Builtins that join a probe when every positional argument is one: they consume what the solution returns."""
 _JUDGE_IMPORTABLE = {"math", "cmath"}
 """Modules whose names a setup import may also give to the checks (``from math import isclose``)."""
@@ -88,7 +90,9 @@ def parse_setup(lines: Sequence[str]) -> CaseSetup:
             if not isinstance(stmt, ast.Import | ast.ImportFrom):
                 raise PluginError(f"code verifier: test setup may only import, got {line[:200]!r}")
             bound = _judge_bindings(stmt)
-            names.update(bound if _is_star(stmt) else ((alias.asname or alias.name).split(".")[0] for alias in stmt.names))
+            names.update(
+                bound if _is_star(stmt) else ((alias.asname or alias.name).split(".")[0] for alias in stmt.names)
+            )
             judge_names.update(bound)
     return CaseSetup(lines=tuple(lines), names=frozenset(names), judge_names=judge_names)
 
@@ -117,11 +121,17 @@ def _judge_bindings(stmt: ast.Import | ast.ImportFrom) -> dict[str, object]:
     if isinstance(stmt, ast.ImportFrom) and _is_star(stmt):
         return {k: v for k, v in vars(JUDGE_MODULES[str(stmt.module)]).items() if not k.startswith("_")}
     if isinstance(stmt, ast.Import):
-        return {alias.asname or alias.name: JUDGE_MODULES[alias.name] for alias in stmt.names if alias.name in _JUDGE_IMPORTABLE}
+        return {
+            alias.asname or alias.name: JUDGE_MODULES[alias.name]
+            for alias in stmt.names
+            if alias.name in _JUDGE_IMPORTABLE
+        }
     if stmt.module not in _JUDGE_IMPORTABLE or stmt.level:
         return {}
     module = JUDGE_MODULES[stmt.module]
-    return {alias.asname or alias.name: getattr(module, alias.name) for alias in stmt.names if hasattr(module, alias.name)}
+    return {
+        alias.asname or alias.name: getattr(module, alias.name) for alias in stmt.names if hasattr(module, alias.name)
+    }
 
 
 def split_assert(source: str, setup: CaseSetup | None = None) -> SplitAssert:
@@ -215,9 +225,16 @@ class _Splitter:
 
     def _is_math_wrapper(self, node: ast.expr, name: str) -> bool:
         """``isclose(area(2), 12.566)`` with no import: ``name`` is math's around the solution's call."""
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and hasattr(JUDGE_MODULES["math"], name)):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and hasattr(JUDGE_MODULES["math"], name)
+        ):
             return False
-        inner = [sub for arg in [*node.args, *(k.value for k in node.keywords)] for sub in ast.walk(arg) if isinstance(sub, ast.Call)]
+        inner = [
+            sub
+            for arg in [*node.args, *(k.value for k in node.keywords)]
+            for sub in ast.walk(arg)
+            if isinstance(sub, ast.Call)
+        ]
         if not any(self._is_probe(sub) for sub in inner):
             return False
         self.math_wrappers[name] = getattr(JUDGE_MODULES["math"], name)

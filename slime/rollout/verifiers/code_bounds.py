@@ -31,7 +31,9 @@ _MAX_INT_BITS = 1 << 17
 and ``gcd`` are quadratic in the digits, and the channel can carry ints of millions of bits."""
 _MAX_COMBINATORIAL_ARG = 100_000
 _COMBINATORIAL = (math.factorial, math.comb, math.perm)
-_LINEAR_IN_INTS = frozenset({"isinstance", "type", "len", "bool", "abs", "max", "min", "sorted", "list", "tuple", "set"})
+_LINEAR_IN_INTS = frozenset(
+    {"isinstance", "type", "len", "bool", "abs", "max", "min", "sorted", "list", "tuple", "set"}
+)
 """Calls whose cost stays linear in the digits of their int arguments (no bound on those)."""
 
 
@@ -56,7 +58,9 @@ def _check_pow(base: Value, exp: Value) -> None:
 def bounded_pow(base: Value, exp: Value, mod: Value = None) -> Value:
     if mod is None:
         _check_pow(base, exp)
-    elif isinstance(exp, int) and isinstance(mod, int) and abs(mod).bit_length() * exp.bit_length() > _MAX_POW_BITS * 16:
+    elif (
+        isinstance(exp, int) and isinstance(mod, int) and abs(mod).bit_length() * exp.bit_length() > _MAX_POW_BITS * 16
+    ):
         raise ValueError("a modular power too costly to judge")  # one squaring mod ``mod`` per bit of ``exp``
     return pow(base, exp, mod)
 
@@ -149,6 +153,10 @@ def check_call(fn: Value, args: list[Value]) -> None:
             _check_int(arg)
     if fn in _COMBINATORIAL and any(isinstance(a, int) and a > _MAX_COMBINATORIAL_ARG for a in args):
         raise ValueError(f"{fn.__name__} of more than {_MAX_COMBINATORIAL_ARG}")  # would stall the event loop
-    if getattr(fn, "__name__", "") == "replace" and isinstance(getattr(fn, "__self__", None), str | bytes) and len(args) >= 2:
+    if (
+        getattr(fn, "__name__", "") == "replace"
+        and isinstance(getattr(fn, "__self__", None), str | bytes)
+        and len(args) >= 2
+    ):
         if len(fn.__self__) * (len(args[1]) + 1) > MAX_SIZE:
             raise ValueError(f"a replace() that could grow past {MAX_SIZE}")

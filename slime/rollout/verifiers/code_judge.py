@@ -60,12 +60,16 @@ JUDGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "dict": lambda *a, **k: unflooded_dict(*a, **k),
 }  # fmt: skip
 """Builtins a check may call: pure functions of built-in values (and the types for ``isinstance``)."""
-_MATH = types.SimpleNamespace(**{**{k: v for k, v in vars(math).items() if not k.startswith("_")}, "prod": bounded_prod})
+_MATH = types.SimpleNamespace(
+    **{**{k: v for k, v in vars(math).items() if not k.startswith("_")}, "prod": bounded_prod}
+)
 JUDGE_MODULES: dict[str, Any] = {
     "math": _MATH,
     "cmath": cmath,
     "sys": types.SimpleNamespace(maxsize=sys.maxsize, float_info=sys.float_info),
-    "string": types.SimpleNamespace(**{k: v for k, v in vars(string).items() if isinstance(v, str) and not k.startswith("_")}),
+    "string": types.SimpleNamespace(
+        **{k: v for k, v in vars(string).items() if isinstance(v, str) and not k.startswith("_")}
+    ),
 }
 """Modules a check may read attributes of (no dunders); always the real ones, never the program's."""
 METHODS: dict[type, frozenset[str]] = {
@@ -121,7 +125,9 @@ def validate(check: ast.expr, source: str, names: Mapping[str, Value]) -> None:
     """
 
     def refuse(why: str) -> PluginError:
-        return PluginError(f"code verifier: test {source[:200]!r}: {why}, which the verifier cannot judge outside the program")
+        return PluginError(
+            f"code verifier: test {source[:200]!r}: {why}, which the verifier cannot judge outside the program"
+        )
 
     for sub in ast.walk(check):
         if not isinstance(sub, _NODES):
@@ -146,7 +152,9 @@ def _readable_attribute(node: ast.Attribute, names: Mapping[str, Value]) -> bool
     value = node.value
     if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "sys":
         return value.attr == "float_info"  # sys.float_info.max: the one constant owner below a module
-    module_attribute = isinstance(value, ast.Name) and (value.id in JUDGE_MODULES or _is_judge_module(names.get(value.id)))
+    module_attribute = isinstance(value, ast.Name) and (
+        value.id in JUDGE_MODULES or _is_judge_module(names.get(value.id))
+    )
     return module_attribute or node.attr in ALL_METHODS
 
 
@@ -155,7 +163,11 @@ def _is_judge_module(value: Value) -> bool:
 
 
 def judge(
-    checks: Sequence[ast.expr], probes: Sequence[str], outcomes: Sequence[tuple[bool, Value]], source: str, names: Mapping[str, Value]
+    checks: Sequence[ast.expr],
+    probes: Sequence[str],
+    outcomes: Sequence[tuple[bool, Value]],
+    source: str,
+    names: Mapping[str, Value],
 ) -> tuple[bool, str]:
     """Evaluate ``checks`` over the probes' outcomes (``(True, value)`` or ``(False, why)``, in ``probes`` order).
 
@@ -276,4 +288,6 @@ class _Evaluator:
 
 def _is_literal(node: ast.expr) -> bool:
     """A constant or a tuple of constants written in the test (``'%.2f' % 0.5``, ``'%d-%d' % (1, 2)``)."""
-    return isinstance(node, ast.Constant) or (isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts))
+    return isinstance(node, ast.Constant) or (
+        isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts)
+    )

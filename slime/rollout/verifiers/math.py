@@ -83,7 +83,9 @@ class MathVerifier:
         sample.evidence["verifier"] = evidence
         try:
             async with asyncio.timeout(self.timeout_s):
-                equal, gold_parsed, pred_parsed = await plugin_threads.run_sync(check, gold, prediction)  # a hung one is abandoned
+                equal, gold_parsed, pred_parsed = await plugin_threads.run_sync(
+                    check, gold, prediction
+                )  # a hung one is abandoned
         except TimeoutError:  # a PluginError: the reward boundary would report a TimeoutError as its own timeout
             raise PluginError(f"math verifier: no verdict within {self.timeout_s}s") from None
         evidence["verdict"] = "correct" if equal else ("wrong" if pred_parsed else "no_answer")

@@ -87,7 +87,9 @@ class RemoteRewardModel:
         try:
             data = json.loads(body)
         except json.JSONDecodeError:
-            raise PluginError(f"remote reward model {self.url}: reply is not JSON: {body[:_MAX_BODY_CHARS]!r}") from None
+            raise PluginError(
+                f"remote reward model {self.url}: reply is not JSON: {body[:_MAX_BODY_CHARS]!r}"
+            ) from None
         if not isinstance(data, dict) or "reward" not in data:
             raise PluginError(f"remote reward model {self.url}: reply has no 'reward' key: {body[:_MAX_BODY_CHARS]!r}")
         value = data["reward"]

@@ -87,9 +87,14 @@ class BatchKV:
         """Each layer's (keys, values), [B, heads, L, head_dim]: full-attention layers only (Llama/Qwen)."""
         out = []
         for i, layer in enumerate(self.cache.layers):
-            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)  # linear-attention layers have neither
+            keys, values = (
+                getattr(layer, "keys", None),
+                getattr(layer, "values", None),
+            )  # linear-attention layers have neither
             if keys is None or values is None:
-                raise RuntimeError(f"BatchKV: cache layer {i} holds no keys/values (only full-attention models are supported)")
+                raise RuntimeError(
+                    f"BatchKV: cache layer {i} holds no keys/values (only full-attention models are supported)"
+                )
             out.append((keys, values))
         return out
 

@@ -153,7 +153,9 @@ def read_hf_weights(model_path: str | Path, model: PreTrainedModel) -> dict[str,
         problems.append(f"{len(missing)} missing tensors (e.g. {missing[:3]})")
     if wrong:
         n = wrong[0]
-        problems.append(f"{len(wrong)} shape mismatches (e.g. {n}: file {tuple(tensors[n].shape)} vs model {tuple(expected[n])})")
+        problems.append(
+            f"{len(wrong)} shape mismatches (e.g. {n}: file {tuple(tensors[n].shape)} vs model {tuple(expected[n])})"
+        )
     if problems:
         raise ValueError(f"Failed to update weights from {path}: " + "; ".join(problems))
     return {n: t for n, t in tensors.items() if n in expected}

@@ -196,7 +196,10 @@ def _sampling_params(sp: JsonObject, *, has_tokenizer: bool) -> tuple[SamplingPa
         (0 < params.top_p <= 1, f"top_p must be in (0, 1], got {params.top_p}."),
         (0 <= params.min_p <= 1, f"min_p must be in [0, 1], got {params.min_p}."),
         (params.top_k >= 1 or params.top_k == -1, f"top_k must be -1 (disable), or at least 1, got {params.top_k}."),
-        (params.max_new_tokens is None or params.max_new_tokens >= 0, f"max_new_tokens must be at least 0, got {params.max_new_tokens}."),
+        (
+            params.max_new_tokens is None or params.max_new_tokens >= 0,
+            f"max_new_tokens must be at least 0, got {params.max_new_tokens}.",
+        ),
         (n >= 1, f"n must be at least 1, got {n}."),
     ]
     for ok, message in checks:
@@ -225,7 +228,9 @@ def parse_generate(
     if is_batch and len(sp_list) == 1 and not isinstance(raw_sp, list):  # one object for the whole batch
         sp_list = sp_list * batch_size
     if len(sp_list) != batch_size:
-        raise ValueError(f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({batch_size}).")
+        raise ValueError(
+            f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({batch_size})."
+        )
     parsed, n = _sampling_per_prompt(body, sp_list, has_tokenizer=tokenizer is not None)
     rids = _rids(body.get("rid"), batch_size, is_batch)
     return_logprob = per_item(body.get("return_logprob"), batch_size, "return_logprob", False)
@@ -263,7 +268,9 @@ def _check_contract(body: JsonObject) -> tuple[object, list[JsonObject]]:
 def _refuse_unsupported(body: JsonObject) -> None:
     """ValueError for streaming, the top-level features this engine lacks, and top logprobs."""
     if body.get("stream"):
-        raise ValueError('The slime embedded engine does not stream; send "stream": false (the response carries the same fields).')
+        raise ValueError(
+            'The slime embedded engine does not stream; send "stream": false (the response carries the same fields).'
+        )
     for key in _UNSUPPORTED_TOP:
         if body.get(key) not in (None, False, [], {}):
             raise ValueError(f"The slime embedded engine does not support `{key}`.")
@@ -278,7 +285,9 @@ def _prompts(body: JsonObject, tokenizer: PreTrainedTokenizerBase | None) -> tup
     if input_ids is not None:
         is_batch = bool(input_ids) and isinstance(input_ids[0], list)
         prompts = input_ids if is_batch else [input_ids]
-        if any(not isinstance(p, list) for p in prompts) or (not is_batch and any(isinstance(x, list) for x in input_ids)):
+        if any(not isinstance(p, list) for p in prompts) or (
+            not is_batch and any(isinstance(x, list) for x in input_ids)
+        ):
             raise ContractError("invalid type: sequence, expected i64")
         return prompts, is_batch
     if text is None:
@@ -297,7 +306,9 @@ def _sampling_per_prompt(
     n = parsed[0][1]
     if any(p[1] != n for p in parsed):
         raise ValueError("The n parameter must be the same for all items of a batch.")
-    if n > 1 and any(isinstance(body.get(k), list) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")):
+    if n > 1 and any(
+        isinstance(body.get(k), list) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")
+    ):
         raise ValueError("Per-item lists of return_logprob / logprob_start_len cannot be combined with n > 1.")
     return parsed, n
 
@@ -321,7 +332,9 @@ def _check_prompt(prompt: list[int], params: SamplingParams, *, vocab_size: int,
     if bad:
         raise ValueError(f"Token id {bad[0]} is out of range for vocab size {vocab_size}.")
     if len(prompt) >= context_length:
-        raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens).")
+        raise ValueError(
+            f"The input ({len(prompt)} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
     if params.max_new_tokens is not None and len(prompt) + params.max_new_tokens > context_length:
         raise ValueError(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
@@ -330,7 +343,9 @@ def _check_prompt(prompt: list[int], params: SamplingParams, *, vocab_size: int,
         )
 
 
-def _sample_identity(sent_rid: str | None, j: int, n: int, *, seed: int, sampling_seed: int | None) -> tuple[str, torch.Generator]:
+def _sample_identity(
+    sent_rid: str | None, j: int, n: int, *, seed: int, sampling_seed: int | None
+) -> tuple[str, torch.Generator]:
     """Sample ``j``'s rid (the sent one when n == 1, else a fresh uuid4) and its seeded generator."""
     rid = sent_rid if (n == 1 and sent_rid is not None) else uuid.uuid4().hex
     if sampling_seed is not None:

@@ -171,7 +171,11 @@ def weight_version_spans(versions: list[str], current: str) -> list[dict[str, ob
 
 
 def build_response(
-    req: EngineRequest, *, weight_version: str, tokenizer: PreTrainedTokenizerBase | None = None, return_text_in_logprobs: bool = False
+    req: EngineRequest,
+    *,
+    weight_version: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    return_text_in_logprobs: bool = False,
 ) -> dict[str, object]:
     """The docs/sglang.md#generate-response response object for a finished request (docs/sglang.md#abort, case B layout for a queued abort).
 
@@ -195,11 +199,19 @@ def build_response(
     meta["weight_versions"] = spans
     meta["e2e_latency"] = round((req.finished_s or time.perf_counter()) - req.created_s, 6)
     if req.return_logprob:
-        text_of = (lambda t: tokenizer.decode([t])) if (tokenizer is not None and return_text_in_logprobs) else (lambda t: None)
+        text_of = (
+            (lambda t: tokenizer.decode([t]))
+            if (tokenizer is not None and return_text_in_logprobs)
+            else (lambda t: None)
+        )
         start = max(req.logprob_start_len, 0)
         inputs = req.input_logprobs or []
-        meta["input_token_logprobs"] = [[_finite(lp), tid, text_of(tid)] for lp, tid in zip(inputs, req.prompt_ids[start:])]
-        meta["output_token_logprobs"] = [[_finite(lp), tid, text_of(tid)] for lp, tid in zip(req.output_logprobs, req.output_ids)]
+        meta["input_token_logprobs"] = [
+            [_finite(lp), tid, text_of(tid)] for lp, tid in zip(inputs, req.prompt_ids[start:])
+        ]
+        meta["output_token_logprobs"] = [
+            [_finite(lp), tid, text_of(tid)] for lp, tid in zip(req.output_logprobs, req.output_ids)
+        ]
         meta["output_token_logprobs_length"] = len(req.output_ids)
     if not queued_abort:
         meta["response_sent_to_client_ts"] = time.time()

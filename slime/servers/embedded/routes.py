@@ -128,7 +128,12 @@ class GenerateRoutes:
     def _reply(self, parsed: ParsedGenerate) -> list[JsonObject] | JsonObject:
         loaded, version = self.server.require_loaded(), self.server.require_runner().weight_version
         out = [
-            build_response(r, weight_version=version, tokenizer=loaded.tokenizer, return_text_in_logprobs=parsed.return_text_in_logprobs)
+            build_response(
+                r,
+                weight_version=version,
+                tokenizer=loaded.tokenizer,
+                return_text_in_logprobs=parsed.return_text_in_logprobs,
+            )
             for r in parsed.requests
         ]
         return out if parsed.is_batch else out[0]
@@ -158,7 +163,9 @@ class ControlRoutes:
             raise BadRequest(f"Input should be 'abort', 'retract' or 'in_place': body.mode = {mode!r}")
         if (refusal := not_ready(self.server)) is not None:
             return refusal
-        await asyncio.wrap_future(self.server.require_runner().pause(cast(PauseMode, mode)))  # one of them: checked above
+        await asyncio.wrap_future(
+            self.server.require_runner().pause(cast(PauseMode, mode))
+        )  # one of them: checked above
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
@@ -178,7 +185,9 @@ class ControlRoutes:
         if (refusal := not_ready(self.server)) is not None:
             return refusal
         if load_format not in (None, "auto", "safetensors"):
-            message = f"load_format {load_format!r} is not supported by the slime embedded engine (use auto / safetensors)."
+            message = (
+                f"load_format {load_format!r} is not supported by the slime embedded engine (use auto / safetensors)."
+            )
             return _json({"success": False, "message": message, "num_paused_requests": 0}, 400)
         try:
             tensors = await asyncio.to_thread(read_hf_weights, model_path, self.server.require_loaded().model)
@@ -197,7 +206,9 @@ class ControlRoutes:
         abort_all = _field(body, "abort_all_requests", bool, True)
         if (refusal := not_ready(self.server)) is not None:
             return refusal
-        await asyncio.wrap_future(self.server.require_runner().update_weights(None, weight_version=version, abort_all=abort_all))
+        await asyncio.wrap_future(
+            self.server.require_runner().update_weights(None, weight_version=version, abort_all=abort_all)
+        )
         return _json({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
 
     def _busy(self) -> bool:
@@ -281,7 +292,10 @@ class InfoRoutes:
                 "status": "Up" if server.ready else "Starting",
                 "startup_time": server.started_s,
                 "internal_states": [
-                    {"num_running_reqs": runner.num_running if runner else 0, "num_waiting_reqs": runner.num_waiting if runner else 0}
+                    {
+                        "num_running_reqs": runner.num_running if runner else 0,
+                        "num_waiting_reqs": runner.num_waiting if runner else 0,
+                    }
                 ],
             }
         )
@@ -290,7 +304,9 @@ class InfoRoutes:
 def add_routes(app: web.Application, server: ServerState) -> None:
     """Register every route of the engine on ``app``, each handler bound to ``server``."""
     gen, control, info = GenerateRoutes(server), ControlRoutes(server), InfoRoutes(server)
-    app.middlewares.append(error_middleware({EngineDied: lambda exc: _error_response(str(exc), 500, "Internal Server Error")}))
+    app.middlewares.append(
+        error_middleware({EngineDied: lambda exc: _error_response(str(exc), 500, "Internal Server Error")})
+    )
     app.router.add_route("POST", "/generate", gen.generate)
     app.router.add_route("PUT", "/generate", gen.generate)
     for path, handler in [

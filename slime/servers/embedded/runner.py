@@ -67,7 +67,12 @@ class ModelRunner:
     """
 
     def __init__(
-        self, loaded: LoadedModel, *, max_running_requests: int = 256, weight_version: str = "default", max_prefill_tokens: int = 16384
+        self,
+        loaded: LoadedModel,
+        *,
+        max_running_requests: int = 256,
+        weight_version: str = "default",
+        max_prefill_tokens: int = 16384,
     ):
         self.loaded = loaded
         self.max_running_requests = max_running_requests
@@ -135,12 +140,16 @@ class ModelRunner:
             self._inbox.extend(reqs)
             self._cond.notify()
 
-    def abort(self, *, rid_prefix: str | None = None, rids: set[str] | None = None, message: str = "Aborted") -> concurrent.futures.Future:
+    def abort(
+        self, *, rid_prefix: str | None = None, rids: set[str] | None = None, message: str = "Aborted"
+    ) -> concurrent.futures.Future:
         """Abort requests whose rid starts with ``rid_prefix``, or is in ``rids``, or every request
         when neither is given (SGLang's ``abort_all``). Result: how many were aborted."""
         if rids is not None:
             return self._post(lambda: self._abort_where(lambda r: r.rid in rids, message))
-        return self._post(lambda: self._abort_where(lambda r: rid_prefix is None or r.rid.startswith(rid_prefix), message))
+        return self._post(
+            lambda: self._abort_where(lambda r: rid_prefix is None or r.rid.startswith(rid_prefix), message)
+        )
 
     def pause(self, mode: PauseMode) -> concurrent.futures.Future:
         """Stop running forwards. ``abort``: abort all first; ``retract``: evict running rows back to
@@ -309,7 +318,9 @@ class ModelRunner:
         mask = inputs.pop("mask")
         want_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in reqs]
         cache = DynamicCache()
-        logits = self.loaded.model(**inputs, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=0 if any(want_input_lp) else 1).logits
+        logits = self.loaded.model(
+            **inputs, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=0 if any(want_input_lp) else 1
+        ).logits
         width = mask.shape[1]
         for i, req in enumerate(reqs):
             req.queued = False
@@ -349,7 +360,10 @@ class ModelRunner:
                 continue
             req.append(tok, lp, self.weight_version)
             reason = finish_reason_after(
-                req, eos_token_ids=self.loaded.eos_token_ids, tokenizer=self.loaded.tokenizer, context_length=self.loaded.context_length
+                req,
+                eos_token_ids=self.loaded.eos_token_ids,
+                tokenizer=self.loaded.tokenizer,
+                context_length=self.loaded.context_length,
             )
             if reason is None:
                 keep.append(i)

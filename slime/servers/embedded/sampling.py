@@ -111,7 +111,9 @@ def seeded_generator(seed: int, key: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
-def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row and return it with its logprob.
 
     Args:

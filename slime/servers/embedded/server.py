@@ -229,7 +229,9 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the engine until SIGINT/SIGTERM. Returns the process exit code (1 if startup failed)."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # keep the child's output line-oriented for the launcher

@@ -102,7 +102,9 @@ class UpdateState:
     session_open: bool = False
     groups: dict[str, WeightsUpdateGroup] = field(default_factory=dict)
     released: set[str] = field(default_factory=set)
-    freed: list[tuple[torch.nn.Parameter, torch.Size]] = field(default_factory=list)  # released weights and their shapes
+    freed: list[tuple[torch.nn.Parameter, torch.Size]] = field(
+        default_factory=list
+    )  # released weights and their shapes
     paused_by_release: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight or memory change at a time
 
@@ -136,7 +138,10 @@ class WeightRoutes:
         if needs_session and not self.state.session_open:
             return _result(False, f"{what} {SESSION_HINT}.")
         if self.state.released:
-            return _result(False, f"{what}: memory is released ({sorted(self.state.released)}); call resume_memory_occupation first.")
+            return _result(
+                False,
+                f"{what}: memory is released ({sorted(self.state.released)}); call resume_memory_occupation first.",
+            )
         return None
 
     async def _apply(self, tensors: dict[str, torch.Tensor], body_or_control: JsonObject) -> str:
@@ -151,7 +156,10 @@ class WeightRoutes:
     async def begin(self, request: web.Request) -> web.Response:
         _field(await _body(request, optional=True), "selector", str, "all")
         if self.state.session_open:
-            return _result(False, "begin_weight_update() called while a weight update session is open; call end_weight_update() first.")
+            return _result(
+                False,
+                "begin_weight_update() called while a weight update session is open; call end_weight_update() first.",
+            )
         self.state.session_open = True
         return _result(True, "Weight update session started.")
 
@@ -199,14 +207,20 @@ class WeightRoutes:
         """Receive one broadcast per tensor (or one flat bucket) from the group, check, then load."""
         body = await _body(request)
         names, dtypes, shapes = _field(body, "names", list), _field(body, "dtypes", list), _field(body, "shapes", list)
-        name, load_format = _field(body, "group_name", str, "weight_update_group"), _field(body, "load_format", str, None)
+        name, load_format = (
+            _field(body, "group_name", str, "weight_update_group"),
+            _field(body, "load_format", str, None),
+        )
         if not len(names) == len(dtypes) == len(shapes):
             raise BadRequest(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
         if (refused := self._refusal("update_weights_from_distributed")) is not None:
             return refused
         if name not in self.state.groups or load_format not in (None, "flattened_bucket"):
             return _result(
-                False, f"no process group {name!r}" if name not in self.state.groups else f"load_format {load_format!r} is not supported"
+                False,
+                f"no process group {name!r}"
+                if name not in self.state.groups
+                else f"load_format {load_format!r} is not supported",
             )
         try:
             buffers = [torch.empty([int(d) for d in s], dtype=dtype_from_name(str(t))) for t, s in zip(dtypes, shapes)]
@@ -274,9 +288,13 @@ class WeightRoutes:
                 return _result(False, f"delta against weight_version {base!r}, but the engine holds {current!r}")
             live = weight_targets(self.server.require_loaded().model)
             if unknown := sorted(set(metas) - set(live)):
-                return _result(False, f"Failed to update weights: {len(unknown)} unknown tensor names (e.g. {unknown[:3]})")
+                return _result(
+                    False, f"Failed to update weights: {len(unknown)} unknown tensor names (e.g. {unknown[:3]})"
+                )
             try:
-                tensors = await asyncio.to_thread(lambda: {n: decode_tensor(n, m, parts, live[n]) for n, m in metas.items()})
+                tensors = await asyncio.to_thread(
+                    lambda: {n: decode_tensor(n, m, parts, live[n]) for n, m in metas.items()}
+                )
             except ValueError as exc:
                 return _result(False, f"Failed to decode the delta: {exc}")
             note = await self._apply(tensors, control)
@@ -304,7 +322,14 @@ class MemoryRoutes:
         if (refused := not_ready(self.server)) is not None:
             return refused
         if inflight := len(self.server.inflight):
-            return _json({"error": {"message": f"release_memory_occupation needs an idle engine; {inflight} requests are in flight"}}, 400)
+            return _json(
+                {
+                    "error": {
+                        "message": f"release_memory_occupation needs an idle engine; {inflight} requests are in flight"
+                    }
+                },
+                400,
+            )
         async with self.state.lock:
             runner = self.server.require_runner()
             if not runner.paused:  # hold generation while memory is gone
@@ -316,7 +341,9 @@ class MemoryRoutes:
         return _json(None)
 
     def _free_weights(self) -> None:
-        self.state.freed = [(p, p.shape) for p in self.server.require_loaded().model.parameters()]  # tied weights: one Parameter
+        self.state.freed = [
+            (p, p.shape) for p in self.server.require_loaded().model.parameters()
+        ]  # tied weights: one Parameter
         for p, _ in self.state.freed:
             p.data = torch.empty(0, dtype=p.dtype)  # drops the storage (it may be a read-only mmap of the checkpoint)
 
@@ -330,7 +357,9 @@ class MemoryRoutes:
                 for p, shape in self.state.freed:
                     p.data = torch.zeros(shape, dtype=p.dtype)
                 self.state.freed = []
-                logger.warning("weights re-allocated as zeros after release: sync weights before generating (docs/sglang.md#memory)")
+                logger.warning(
+                    "weights re-allocated as zeros after release: sync weights before generating (docs/sglang.md#memory)"
+                )
             self.state.released -= tags
             if not self.state.released and self.state.paused_by_release:
                 await asyncio.wrap_future(self.server.require_runner().resume())

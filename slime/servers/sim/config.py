@@ -83,7 +83,12 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
             ),
             (self.max_response_len >= 1, "--max-response-len", self.max_response_len, ">= 1"),
             (self.vocab_size > 4, "--vocab-size", self.vocab_size, "> 4"),
-            (0 <= self.eos_token_id < self.vocab_size, "--eos-token-id", self.eos_token_id, f"in [0, --vocab-size={self.vocab_size})"),
+            (
+                0 <= self.eos_token_id < self.vocab_size,
+                "--eos-token-id",
+                self.eos_token_id,
+                f"in [0, --vocab-size={self.vocab_size})",
+            ),
             (self.max_tracked_trajectories >= 1, "max_tracked_trajectories", self.max_tracked_trajectories, ">= 1"),
         ]
         for ok, flag, value, expected in checks:
@@ -95,7 +100,11 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
 
         Example: defaults, 256 running, one admitted request of 500 tokens -> 8 + 12.8 + 10 = 30.8 ms.
         """
-        return self.decode_step_ms + self.decode_step_per_req_ms * num_running + self.prefill_ms_per_token * num_prefill_tokens
+        return (
+            self.decode_step_ms
+            + self.decode_step_per_req_ms * num_running
+            + self.prefill_ms_per_token * num_prefill_tokens
+        )
 
 
 FLAGS: dict[str, str] = {

@@ -143,7 +143,9 @@ class SimEngine:
         else:  # reaching the drawn total ends on EOS (also with 0 new tokens: a resume of a finished trajectory)
             num_new, reason = remaining, {"type": "stop", "matched": self.config.eos_token_id}
         future = asyncio.get_running_loop().create_future()
-        req = SimRequest(rid, self._next_seq, traj, len(ids), len(ids) - traj.prompt_len, num_new, reason, return_logprob, future)
+        req = SimRequest(
+            rid, self._next_seq, traj, len(ids), len(ids) - traj.prompt_len, num_new, reason, return_logprob, future
+        )
         self._next_seq += 1
         self._sched.add(req)
         return future
@@ -262,7 +264,11 @@ class SimEngine:
 
     def stats(self) -> SimStats:
         return self._sched.counters.snapshot(
-            self.config, num_running=self.num_running, num_waiting=self.num_waiting, paused=self.paused, weight_version=self.weight_version
+            self.config,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            paused=self.paused,
+            weight_version=self.weight_version,
         )
 
     def reset_stats(self) -> None:

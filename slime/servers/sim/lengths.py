@@ -137,7 +137,9 @@ class EmpiricalLengths:
             if not isinstance(values, list) or not isinstance(counts, list):
                 raise bad("'bins' and 'counts' must be lists")
             if len(values) not in (len(counts), len(counts) + 1):
-                raise bad(f"{len(values)} bins for {len(counts)} counts: expected {len(counts)} values or {len(counts) + 1} edges")
+                raise bad(
+                    f"{len(values)} bins for {len(counts)} counts: expected {len(counts)} values or {len(counts) + 1} edges"
+                )
             edges = len(values) == len(counts) + 1
         else:
             raise bad(f"expected a list of lengths or {{'bins', 'counts'}}, got {type(data).__name__}")

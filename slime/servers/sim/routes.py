@@ -91,9 +91,16 @@ def _check_generate(body: JsonObject) -> tuple[bool, list[list[int]], list[JsonO
             raise _Refused("invalid type: expected struct SamplingParams")
         unknown = sorted(set(sp) - SAMPLING_PARAM_KEYS)
         if unknown:
-            raise _Refused(f"unknown field `{unknown[0]}`, expected one of " + ", ".join(f"`{k}`" for k in sorted(SAMPLING_PARAM_KEYS)))
+            raise _Refused(
+                f"unknown field `{unknown[0]}`, expected one of "
+                + ", ".join(f"`{k}`" for k in sorted(SAMPLING_PARAM_KEYS))
+            )
     if len(sp_list) != len(prompts):
-        raise _Refused({"message": f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({len(prompts)})."})
+        raise _Refused(
+            {
+                "message": f"The length of sampling_params ({len(sp_list)}) does not match the batch size ({len(prompts)})."
+            }
+        )
     return is_batch, prompts, sp_list
 
 
@@ -231,7 +238,8 @@ async def _sim_stats_reset(request: web.Request) -> web.Response:
 def build_app(engine: SimEngine) -> web.Application:
     """An aiohttp app serving ``engine`` (whose lifecycle the caller owns)."""
     app = web.Application(
-        client_max_size=1 << 30, middlewares=[error_middleware({_Refused: lambda exc: _json({"error": exc.args[0]}, 400)})]
+        client_max_size=1 << 30,
+        middlewares=[error_middleware({_Refused: lambda exc: _json({"error": exc.args[0]}, 400)})],
     )
     app[_ENGINE_KEY] = engine
     for method in ("POST", "PUT"):

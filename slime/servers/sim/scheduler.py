@@ -247,7 +247,11 @@ class StepScheduler:
         queued = False
         for req in reqs:
             if req.state == RUNNING:
-                self.finish(req, {"type": "abort", "message": message, "status_code": None, "err_type": None}, self._step - req.admit_step)
+                self.finish(
+                    req,
+                    {"type": "abort", "message": message, "status_code": None, "err_type": None},
+                    self._step - req.admit_step,
+                )
             elif req.state == WAITING:
                 queued = True
                 msg = "Abort in waiting queue" if message == "Aborted" else message

@@ -51,7 +51,11 @@ class SimEngineServer:
         self.engine = SimEngine(self.config)
         self.engine.start()
         self._runner = web.AppRunner(
-            build_app(self.engine), handler_cancellation=True, access_log=None, handle_signals=False, shutdown_timeout=5.0
+            build_app(self.engine),
+            handler_cancellation=True,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=5.0,
         )
         try:
             await self._runner.setup()
@@ -77,7 +81,9 @@ class SimEngineServer:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slime engine --sim", description="Serve the simulated SGLang engine (no model).")
+    parser = argparse.ArgumentParser(
+        prog="slime engine --sim", description="Serve the simulated SGLang engine (no model)."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
     parser.add_argument("--sim", action="store_true", help=argparse.SUPPRESS)  # tolerated if passed through

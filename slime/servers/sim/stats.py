@@ -91,7 +91,9 @@ class SimCounters:
     weight_sync_wall_s: float = 0.0
     max_step_lag_s: float = 0.0
 
-    def snapshot(self, config: SimConfig, *, num_running: int, num_waiting: int, paused: bool, weight_version: str) -> SimStats:
+    def snapshot(
+        self, config: SimConfig, *, num_running: int, num_waiting: int, paused: bool, weight_version: str
+    ) -> SimStats:
         elapsed = time.monotonic() - self.started_s
         elapsed_sim_ms = self.busy_sim_ms + max(0.0, elapsed - self.busy_wall_s) * 1000.0 * config.time_scale
         mean_running = self.running_integral_ms / elapsed_sim_ms if elapsed_sim_ms > 0 else 0.0

@@ -113,7 +113,9 @@ class ModelArch:
                 raise ValueError(f"--expert-model-parallel-size={ep}: this {self.family} model has no experts")
             return
         if self.num_experts % ep:
-            raise ValueError(f"--expert-model-parallel-size={ep} must divide num_experts={self.num_experts} of this {self.family} model")
+            raise ValueError(
+                f"--expert-model-parallel-size={ep} must divide num_experts={self.num_experts} of this {self.family} model"
+            )
         if self.moe_ffn_hidden_size % etp:
             raise ValueError(
                 f"--expert-tensor-parallel-size={etp} must divide moe_intermediate_size={self.moe_ffn_hidden_size} of this {self.family} model"
@@ -138,13 +140,17 @@ class ModelArch:
         problems = [
             f"num_attention_heads={self.num_attention_heads}" if self.num_attention_heads % tp else "",
             f"ffn_hidden_size={self.ffn_hidden_size}" if self.ffn_hidden_size % tp else "",
-            f"num_key_value_heads={self.num_query_groups}" if self.num_query_groups % tp and tp % self.num_query_groups else "",
+            f"num_key_value_heads={self.num_query_groups}"
+            if self.num_query_groups % tp and tp % self.num_query_groups
+            else "",
         ]
         problems = [p for p in problems if p]
         if self.shared_expert_ffn_hidden_size % tp:
             problems.append(f"shared_expert_intermediate_size={self.shared_expert_ffn_hidden_size}")
         if problems:
-            raise ValueError(f"--tensor-model-parallel-size={tp} must divide {', '.join(problems)} of this {self.family} model")
+            raise ValueError(
+                f"--tensor-model-parallel-size={tp} must divide {', '.join(problems)} of this {self.family} model"
+            )
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArch:
@@ -175,7 +181,9 @@ class ModelArch:
             unsupported["attention_bias"] = (bool(config.get("attention_bias") or False), False)
         for field, (value, want) in unsupported.items():
             if value != want:
-                raise UnsupportedArchitecture(f"{model_type} ({arch_names}) with {field}={value!r} is not supported: expected {want!r}")
+                raise UnsupportedArchitecture(
+                    f"{model_type} ({arch_names}) with {field}={value!r} is not supported: expected {want!r}"
+                )
         return cls(
             family=model_type,
             num_layers=int(config["num_hidden_layers"]),
@@ -204,7 +212,9 @@ def _moe_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     layers = tuple(num_experts > 0 and (i + 1) % step == 0 and i not in dense for i in range(num_layers))
     shared = int(config.get("shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
     if not any(layers):
-        raise UnsupportedArchitecture(f"{model_type} with num_experts={num_experts} and no MoE layer: expected at least one")
+        raise UnsupportedArchitecture(
+            f"{model_type} with num_experts={num_experts} and no MoE layer: expected at least one"
+        )
     return dict(
         num_experts=num_experts,
         moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
@@ -222,7 +232,9 @@ def _rope_theta(config: Mapping[str, Any], model_type: str) -> float:
     scaling = config.get("rope_scaling") or {}
     rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type != "default":
-        raise UnsupportedArchitecture(f"{model_type} with rope_type={rope_type!r} is not supported: expected 'default' RoPE")
+        raise UnsupportedArchitecture(
+            f"{model_type} with rope_type={rope_type!r} is not supported: expected 'default' RoPE"
+        )
     theta = params.get("rope_theta", config.get("rope_theta"))
     return float(theta if theta is not None else 10000.0)
 

@@ -62,7 +62,10 @@ def cp_split(bounds: Sequence[int], cp_size: int, cp_rank: int) -> tuple[Tensor,
             raise ValueError(f"segment [{start}, {end}) is not a multiple of 2 x CP = {n} tokens")
         c = (end - start) // n
         for r in range(cp_size):
-            per_rank[r] += [torch.arange(start + r * c, start + (r + 1) * c), torch.arange(start + (n - 1 - r) * c, start + (n - r) * c)]
+            per_rank[r] += [
+                torch.arange(start + r * c, start + (r + 1) * c),
+                torch.arange(start + (n - 1 - r) * c, start + (n - r) * c),
+            ]
     locals_ = [torch.cat(p) if p else torch.zeros(0, dtype=torch.long) for p in per_rank]
     order = torch.cat(locals_)  # gathered position k holds full position order[k]
     full_index = torch.empty_like(order)
@@ -141,7 +144,11 @@ def cp_attention(query: Tensor, key: Tensor, value: Tensor, params: PackedRoPEPa
         for q0, chunk in ((start, p.cp_rank), (start + c, last - p.cp_rank)):
             k_end = full_start + (chunk + 1) * c
             q = query[q0 : q0 + c].transpose(0, 1).unsqueeze(0)  # [1, n, c, d]
-            k, v = (x[full_start:k_end].transpose(0, 1).unsqueeze(0) for x in (k_full, v_full))  # [1, n, (chunk + 1) c, d]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(c, k_end - full_start), scale=scale)
+            k, v = (
+                x[full_start:k_end].transpose(0, 1).unsqueeze(0) for x in (k_full, v_full)
+            )  # [1, n, (chunk + 1) c, d]
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=causal_lower_right(c, k_end - full_start), scale=scale
+            )
             out[q0 : q0 + c] = o.squeeze(0).transpose(0, 1)
     return out

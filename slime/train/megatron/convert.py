@@ -79,7 +79,10 @@ def _layer_names(arch: ModelArch, i: int, ep_size: int) -> list[str]:
         return names + [pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight"]
     names.append(pre + "mlp.router.weight")
     for j in range(arch.num_experts // ep_size):
-        names += [pre + f"mlp.experts.local_experts.{j}.linear_fc1.weight", pre + f"mlp.experts.local_experts.{j}.linear_fc2.weight"]
+        names += [
+            pre + f"mlp.experts.local_experts.{j}.linear_fc1.weight",
+            pre + f"mlp.experts.local_experts.{j}.linear_fc2.weight",
+        ]
     if arch.shared_expert_ffn_hidden_size:
         names += [pre + "mlp.shared_experts.linear_fc1.weight", pre + "mlp.shared_experts.linear_fc2.weight"]
         if arch.shared_expert_gate:
@@ -134,7 +137,11 @@ def stage_names(arch: ModelArch, *, pp_size: int = 1, pp_rank: int = 0, ep_size:
 
 _LAYER_MAP = {
     "input_layernorm.weight": ("input_layernorm.weight",),
-    "self_attention.linear_qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "self_attention.linear_qkv.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
     "self_attention.linear_qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
     "self_attention.q_layernorm.weight": ("self_attn.q_norm.weight",),
     "self_attention.k_layernorm.weight": ("self_attn.k_norm.weight",),
@@ -278,7 +285,9 @@ def hf_to_mcore_param(
     return w.clone()
 
 
-def mcore_param_to_hf(name: str, shards: Sequence[Tensor], arch: ModelArch, *, ep_size: int = 1, ep_rank: int = 0) -> dict[str, Tensor]:
+def mcore_param_to_hf(
+    name: str, shards: Sequence[Tensor], arch: ModelArch, *, ep_size: int = 1, ep_rank: int = 0
+) -> dict[str, Tensor]:
     """Gather megatron parameter ``name`` from its TP shards (rank order) into HF tensors.
 
     Args:
@@ -320,8 +329,13 @@ def hf_to_mcore(
     ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The full megatron-core state dict of one rank (``mcore_names`` order); arguments as ``hf_to_mcore_param``."""
-    ranks = Ranks(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
-    return {name: hf_to_mcore_param(name, hf_state.__getitem__, arch, **ranks) for name in mcore_names(arch, ep_size=ep_size)}
+    ranks = Ranks(
+        tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank
+    )
+    return {
+        name: hf_to_mcore_param(name, hf_state.__getitem__, arch, **ranks)
+        for name in mcore_names(arch, ep_size=ep_size)
+    }
 
 
 def iter_mcore_to_hf(
@@ -336,7 +350,9 @@ def iter_mcore_to_hf(
     for name in mcore_names(arch, ep_size=ep_size):
         if is_expert(name):
             for ep_rank, states in enumerate(experts):
-                yield from mcore_param_to_hf(name, [s[name] for s in states], arch, ep_size=ep_size, ep_rank=ep_rank).items()
+                yield from mcore_param_to_hf(
+                    name, [s[name] for s in states], arch, ep_size=ep_size, ep_rank=ep_rank
+                ).items()
         else:
             yield from mcore_param_to_hf(name, [s[name] for s in shard_states], arch).items()
 

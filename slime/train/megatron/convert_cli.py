@@ -52,7 +52,9 @@ META_FILE = "slime_megatron.json"
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="slime convert", description="HF <-> megatron-core distributed checkpoint")
+    parser = parser or argparse.ArgumentParser(
+        prog="slime convert", description="HF <-> megatron-core distributed checkpoint"
+    )
     parser.add_argument("--to", required=True, choices=["megatron", "hf"], help="target format")
     parser.add_argument("--hf-checkpoint", help="HF model directory (with --to megatron)")
     parser.add_argument("--load", help="megatron-core distributed checkpoint written by this command (with --to hf)")
@@ -77,7 +79,9 @@ def _quiet_torch_deprecations() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", message=r"The argument order of \w+ has been changed", category=UserWarning)
-        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized", category=UserWarning
+        )
         yield
 
 
@@ -138,7 +142,9 @@ def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
     dist_ckpt = mcore("megatron.core.dist_checkpointing")
     meta_dir = os.path.join(mcore_dir, HF_CONFIG_DIR)
     if not os.path.isfile(os.path.join(mcore_dir, META_FILE)):
-        raise FileNotFoundError(f"{mcore_dir}: no {META_FILE}; expected a checkpoint written by `slime convert --to megatron`")
+        raise FileNotFoundError(
+            f"{mcore_dir}: no {META_FILE}; expected a checkpoint written by `slime convert --to megatron`"
+        )
     with open(os.path.join(mcore_dir, META_FILE)) as f:
         dtype = getattr(torch, json.load(f)["params_dtype"])
     arch = ModelArch.from_hf_config(load_hf_config(meta_dir))
@@ -177,7 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ctx.world_size != 1:
             raise SystemExit(f"slime convert runs as one process; got world size {ctx.world_size}")
-        out = hf_to_megatron(args.hf_checkpoint, args.save) if args.to == "megatron" else megatron_to_hf(args.load, args.save)
+        out = (
+            hf_to_megatron(args.hf_checkpoint, args.save)
+            if args.to == "megatron"
+            else megatron_to_hf(args.load, args.save)
+        )
     except (ConvertError, CheckpointError, FileExistsError, FileNotFoundError) as exc:
         print(f"slime convert: error: {exc}", file=sys.stderr)
         return 2

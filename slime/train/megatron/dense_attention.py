@@ -30,7 +30,9 @@ def attention_layout(bounds: tuple[int, ...], ratio: float, multiple: int = 1) -
     return (len(lens), longest) if len(lens) * longest * longest <= ratio * sum(n * n for n in lens) else None
 
 
-def dense_attention(query: Tensor, key: Tensor, value: Tensor, layout: tuple[int, int], scale: float, index: Tensor | None) -> Tensor:
+def dense_attention(
+    query: Tensor, key: Tensor, value: Tensor, layout: tuple[int, int], scale: float, index: Tensor | None
+) -> Tensor:
     """Causal attention of the packed sequences as one padded batch: q [t, n, d], k/v [t, g, d] -> [t, n, d].
 
     ``layout`` is ``attention_layout``'s (b, L); ``index`` [r] int64 (``dense_index``) the padded row of each of

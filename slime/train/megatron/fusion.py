@@ -75,7 +75,9 @@ class _Fused(Generic[P, R]):
                 return self._compiled(*args, **kwargs)
             except Exception as exc:  # compile errors surface on the call; run eagerly from now on
                 self._failed = True
-                log.warning("torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(exc).__name__, exc)
+                log.warning(
+                    "torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(exc).__name__, exc
+                )
         return self.fn(*args, **kwargs)
 
 

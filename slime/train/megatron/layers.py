@@ -124,7 +124,9 @@ def rope_cos_sin(position_ids: Tensor, *, head_dim: int, rope_theta: float) -> t
     ``inv_freq = theta ** (-arange(0, d, 2) / d)``, angle = position * inv_freq, repeated twice
     along d (``rotate_half`` layout), as ``LlamaRotaryEmbedding`` computes it.
     """
-    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim))
+    inv_freq = 1.0 / (
+        rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim)
+    )
     angles = position_ids.float()[:, None] * inv_freq[None, :]  # [t, d/2]
     emb = torch.cat([angles, angles], dim=-1)[:, None, :]  # [t, 1, d]
     return emb.cos(), emb.sin()
@@ -255,7 +257,9 @@ class SDPACoreAttention(_MegatronModule):
         """query [t, n, d], key/value [t, g, d] (megatron squeezes "thd" input) -> [t, n * d]."""
         p = packed_seq_params
         if not isinstance(p, PackedRoPEParams) or p.rope_cos is None or p.rope_sin is None:  # packing sets both tables
-            raise ValueError("SDPACoreAttention needs packed input with PackedRoPEParams (see slime.train.megatron.packing)")
+            raise ValueError(
+                "SDPACoreAttention needs packed input with PackedRoPEParams (see slime.train.megatron.packing)"
+            )
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention does not take an attention bias")
         query, key = _rope_qk(query, key, p.rope_cos, p.rope_sin)
@@ -277,11 +281,15 @@ class SDPACoreAttention(_MegatronModule):
             if end == start:
                 continue
             q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))  # [1, h, s, d]
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[1] != n)
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[1] != n
+            )
             out[start:end] = o.squeeze(0).transpose(0, 1)
         return out.reshape(t, n * d)
 
-    def _dense_plan(self, p: PackedRoPEParams, query: Tensor, key: Tensor) -> tuple[tuple[int, int], Tensor | None] | None:
+    def _dense_plan(
+        self, p: PackedRoPEParams, query: Tensor, key: Tensor
+    ) -> tuple[tuple[int, int], Tensor | None] | None:
         """``attention_layout`` and ``dense_index`` (on the query's device) of the micro-batch, or None for varlen;
         made once for all layers. A (b, L) shape outside the process's first ``dense_shapes_max`` runs varlen."""
         rules = (self.dense_padding_ratio, self.dense_length_multiple, self.dense_shapes_max, query.device)
@@ -295,7 +303,10 @@ class SDPACoreAttention(_MegatronModule):
                 else:
                     layout = None
             index = None if layout is None else dense_index(bounds, layout[1])
-            p.dense_plan = (rules, None if layout is None else (layout, None if index is None else index.to(query.device)))
+            p.dense_plan = (
+                rules,
+                None if layout is None else (layout, None if index is None else index.to(query.device)),
+            )
             self._plans["varlen" if layout is None else "dense"] += 1
         return p.dense_plan[1]
 
@@ -339,13 +350,19 @@ class SwiGLUMLP(_MLP):
             and getattr(c, "glu_linear_offset", 0.0) == 0.0
         )
 
-    def forward(self, hidden_states: Tensor, per_token_scale: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, hidden_states: Tensor, per_token_scale: Tensor | None = None, **kwargs: Any
+    ) -> tuple[Tensor, Tensor | None]:
         if not self._plain_swiglu(per_token_scale):
             return super().forward(hidden_states, per_token_scale=per_token_scale, **kwargs)
         intermediate, bias = self.linear_fc1(hidden_states)
         if bias is not None:
             intermediate = intermediate + bias
-        act = swiglu_kernel.swiglu if self.use_triton and swiglu_kernel.available(intermediate) and intermediate.is_cuda else _swiglu
+        act = (
+            swiglu_kernel.swiglu
+            if self.use_triton and swiglu_kernel.available(intermediate) and intermediate.is_cuda
+            else _swiglu
+        )
         return self.linear_fc2(act(intermediate))
 
 
@@ -368,5 +385,7 @@ class HiddenStatesOutput(_ColumnParallelLinear):
     ``forward`` returns its input [s, b, h] unchanged, in the layer's ``(output, bias)`` form, so
     GPTModel returns the final hidden states; the weight stays a parameter of the layer."""
 
-    def forward(self, input_: Tensor, weight: Tensor | None = None, runtime_gather_output: bool | None = None) -> tuple[Tensor, None]:
+    def forward(
+        self, input_: Tensor, weight: Tensor | None = None, runtime_gather_output: bool | None = None
+    ) -> tuple[Tensor, None]:
         return input_, None

@@ -27,7 +27,13 @@ from torch import Tensor
 
 from slime.train.megatron._mcore import mcore
 
-__all__ = ["LocalColumnParallelLinear", "LocalRowParallelLinear", "local_linear", "accumulate_wgrad", "use_local_linears"]
+__all__ = [
+    "LocalColumnParallelLinear",
+    "LocalRowParallelLinear",
+    "local_linear",
+    "accumulate_wgrad",
+    "use_local_linears",
+]
 
 
 @functools.cache

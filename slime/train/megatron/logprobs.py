@@ -152,7 +152,9 @@ class _LogprobEntropy(torch.autograd.Function):
         logprob = (at_target - m) - log_s
         entropy = log_s - q / s
         lse = m + log_s
-        mean_z = lse - entropy  # sum_k p_k z_k, for the entropy's gradient (not the output itself: callers may edit that)
+        mean_z = (
+            lse - entropy
+        )  # sum_k p_k z_k, for the entropy's gradient (not the output itself: callers may edit that)
         ctx.save_for_backward(logits, torch.where(in_range, local_target, -1), lse, mean_z)
         ctx.scale, ctx.num_real = scale, num_real
         ctx.set_materialize_grads(False)
@@ -232,7 +234,9 @@ def _liger_function() -> Any:  # Any: liger-kernel's autograd Function, an untyp
     return LigerFusedLinearScaledCrossEntropyFunction
 
 
-def check_logprob_impl(impl: str, *, tensor_model_parallel_size: int, bf16: bool, device: torch.device | None = None) -> None:
+def check_logprob_impl(
+    impl: str, *, tensor_model_parallel_size: int, bf16: bool, device: torch.device | None = None
+) -> None:
     """Refuse a ``--logprob-impl`` this set-up cannot run, before any model is built.
 
     Raises:
@@ -256,7 +260,9 @@ def check_logprob_impl(impl: str, *, tensor_model_parallel_size: int, bf16: bool
                 "(pip install 'liger-kernel[cutedsl]==0.8.5'; scripts/gpu/fetch_wheels.sh with SLIME_FETCH_CUTEDSL=1)"
             )
         if not bf16:
-            raise ValueError("--logprob-impl liger on an SM90 GPU (H100/H200) needs --bf16 (liger's CuTe DSL kernel takes bf16 only)")
+            raise ValueError(
+                "--logprob-impl liger on an SM90 GPU (H100/H200) needs --bf16 (liger's CuTe DSL kernel takes bf16 only)"
+            )
 
 
 def fused_linear_logprobs(

@@ -65,7 +65,11 @@ log = logging.getLogger(__name__)
 
 
 def transformer_config(
-    arch: ModelArch, mcfg: MegatronConfig, *, use_cpu_initialization: bool = False, params_dtype: torch.dtype | None = None
+    arch: ModelArch,
+    mcfg: MegatronConfig,
+    *,
+    use_cpu_initialization: bool = False,
+    params_dtype: torch.dtype | None = None,
 ) -> TransformerConfig:
     """megatron-core ``TransformerConfig`` for ``arch`` under ``mcfg``'s parallelism and precision.
 
@@ -285,7 +289,9 @@ def output_weight(model: torch.nn.Module) -> torch.Tensor:
     wrapped in DDP / ``Float16Module``): the word embedding when tied and this stage embeds,
     else the output layer's (megatron's ``shared_embedding_or_output_weight``)."""
     gpt = _gpt_model(model)
-    return gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
+    return (
+        gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
+    )
 
 
 def float16_wrapped(model: torch.nn.Module) -> bool:
@@ -358,11 +364,15 @@ def load_hf_weights(
     missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or extra:
         raise RuntimeError(f"megatron model and converter disagree: missing in model {missing}, not converted {extra}")
-    ranks = Ranks(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank)
+    ranks = Ranks(
+        tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank
+    )
     with torch.no_grad():
         for name in expected:
             value = hf_to_mcore_param(names[name], reader.__getitem__, arch, **ranks)
             param = params[name]
             if tuple(value.shape) != tuple(param.shape):
-                raise RuntimeError(f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(param.shape)} ({ranks})")
+                raise RuntimeError(
+                    f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(param.shape)} ({ranks})"
+                )
             param.copy_(value)

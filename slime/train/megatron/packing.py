@@ -110,7 +110,11 @@ def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
     """Every tensor of ``batch`` on ``device`` through ``to_device`` (pinned memory, no host sync on CUDA)."""
     return dataclasses.replace(
         batch,
-        **{f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None},
+        **{
+            f.name: to_device(getattr(batch, f.name), device)
+            for f in dataclasses.fields(batch)
+            if getattr(batch, f.name) is not None
+        },
     )
 
 
@@ -224,7 +228,9 @@ def pack_samples(
         input_ids=input_ids,
         position_ids=position_ids,
         labels=labels,
-        params=_rope_params(bounds, position_ids, pad_tokens, cp, head_dim=head_dim, rope_theta=rope_theta, device=device),
+        params=_rope_params(
+            bounds, position_ids, pad_tokens, cp, head_dim=head_dim, rope_theta=rope_theta, device=device
+        ),
         rows=rows,
         cols=cols,
         flat=flat,

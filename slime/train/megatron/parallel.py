@@ -126,7 +126,9 @@ def init_parallel(mcfg: MegatronConfig, *, seed: int) -> ParallelContext:
             f"world size {world} is not a multiple of --tensor-model-parallel-size={tp} x --context-parallel-size={cp} x --pipeline-model-parallel-size={pp}"
         )
     if world % (ep * etp):
-        raise ValueError(f"world size {world} is not a multiple of --expert-model-parallel-size={ep} x --expert-tensor-parallel-size={etp}")
+        raise ValueError(
+            f"world size {world} is not a multiple of --expert-model-parallel-size={ep} x --expert-tensor-parallel-size={etp}"
+        )
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
@@ -151,7 +153,9 @@ def _join_process_group(mcfg: MegatronConfig, *, cuda: bool) -> bool:
     if dist.is_initialized():
         return False
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)
@@ -164,7 +168,14 @@ def _join_process_group(mcfg: MegatronConfig, *, cuda: bool) -> bool:
 
 
 def _context(
-    ps: ModuleType, *, rank: int, world: int, local_rank: int, device: torch.device, control: dist.ProcessGroup, owns: bool
+    ps: ModuleType,
+    *,
+    rank: int,
+    world: int,
+    local_rank: int,
+    device: torch.device,
+    control: dist.ProcessGroup,
+    owns: bool,
 ) -> ParallelContext:
     """The ``ParallelContext`` of megatron's initialised parallel state ``ps`` (``megatron.core.parallel_state``)."""
     return ParallelContext(

@@ -23,7 +23,12 @@ __all__ = ["attach_megatron_routers"]
 
 
 def attach_megatron_routers(
-    model: torch.nn.Module, *, num_experts: int, topk: int, device: torch.device, tp_group: dist.ProcessGroup | None = None
+    model: torch.nn.Module,
+    *,
+    num_experts: int,
+    topk: int,
+    device: torch.device,
+    tp_group: dist.ProcessGroup | None = None,
 ) -> RouterStats:
     """Hook every ``TopKRouter`` (subclasses included) of ``model`` into a new ``RouterStats``.
 

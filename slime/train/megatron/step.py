@@ -111,7 +111,13 @@ class MegatronTrainStep:
         rollout_temperature: float,
     ):
         self.config, self.arch, self.ctx, self.tconfig = config, arch, ctx, tconfig
-        self.model, self.ddp, self.ref_model, self.optimizer, self.scheduler = model, ddp, ref_model, optimizer, scheduler
+        self.model, self.ddp, self.ref_model, self.optimizer, self.scheduler = (
+            model,
+            ddp,
+            ref_model,
+            optimizer,
+            scheduler,
+        )
         self.router_stats, self.pad_token_id, self.pad_to, self.rollout_temperature = (
             router_stats,
             pad_token_id,
@@ -159,7 +165,9 @@ class MegatronTrainStep:
         """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
         return self._pack(batch, [])
 
-    def _forward(self, model: torch.nn.Module, mb: PackedMicroBatch, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    def _forward(
+        self, model: torch.nn.Module, mb: PackedMicroBatch, *, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Logprobs and entropies [T] of ``mb`` under ``model`` (one pipeline stage), full packed order."""
         return self._logprobs(self._run(model, mb), mb, model, entropy_grad=entropy_grad)
 
@@ -169,9 +177,17 @@ class MegatronTrainStep:
         be one more 4-byte write and read per token and column, and its backward one more cast, for
         values the logprob passes upcast exactly anyway."""
         kwargs = {"fp32_output": False} if float16_wrapped(model) else {}
-        return model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params, **kwargs)
+        return model(
+            input_ids=mb.input_ids,
+            position_ids=mb.position_ids,
+            attention_mask=None,
+            packed_seq_params=mb.params,
+            **kwargs,
+        )
 
-    def _logprobs(self, out: Tensor, mb: PackedMicroBatch, model: torch.nn.Module, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+    def _logprobs(
+        self, out: Tensor, mb: PackedMicroBatch, model: torch.nn.Module, *, entropy_grad: bool
+    ) -> tuple[Tensor, Tensor]:
         """The last stage's output -> logprobs and entropies [T], gathered over CP (``PackedMicroBatch.full``).
 
         ``out`` is [1, t, v] this rank's logits, or with ``--logprob-impl liger`` [1, t, h] the final
@@ -200,7 +216,13 @@ class MegatronTrainStep:
         return mb.full(logprob), mb.full(entropy)
 
     def _pipeline(
-        self, model: torch.nn.Module, mbs: list[PackedMicroBatch], loss_of: LossOf, *, forward_only: bool, entropy_grad: bool = False
+        self,
+        model: torch.nn.Module,
+        mbs: list[PackedMicroBatch],
+        loss_of: LossOf,
+        *,
+        forward_only: bool,
+        entropy_grad: bool = False,
     ) -> None:
         """``mbs`` through megatron-core's pipeline schedule (1F1B; forward only for logprob passes).
 
@@ -237,10 +259,16 @@ class MegatronTrainStep:
     def before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
         """``old_logprobs`` (and ``ref_logprobs``) for every sample, computed on the micro-batches of training."""
         bypass = self.config.use_rollout_logprobs  # the engine's logprobs are the old policy: no forward for them
-        old = to_device(batch.rollout_logprobs, self.ctx.device) if bypass else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
+        old = (
+            to_device(batch.rollout_logprobs, self.ctx.device)
+            if bypass
+            else torch.zeros_like(batch.loss_mask, device=self.ctx.device)
+        )
         ref = torch.zeros_like(old) if self.ref_model is not None else None
         # (model, [B, L] output) per forward pass; the rollout's logprobs are already whole on every rank
-        passes = ([] if bypass else [(self.model, old)]) + ([] if self.ref_model is None or ref is None else [(self.ref_model, ref)])
+        passes = ([] if bypass else [(self.model, old)]) + (
+            [] if self.ref_model is None or ref is None else [(self.ref_model, ref)]
+        )
         self.model.eval()
         # Row indices go to the GPU before the first forward, without a host sync (``to_device``): no other
         # host sync until ``old.cpu()`` below.
@@ -283,7 +311,10 @@ class MegatronTrainStep:
         # Every micro-batch's rows go to the GPU now, while it is idle: selected on the CPU (no
         # index upload, no ``int(max)`` read back) and copied before the first forward, so the
         # loop below has no host sync between one micro-batch's backward and the next forward.
-        subs = [[batch_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs] for _, _, mbs in steps]
+        subs = [
+            [batch_to(select_samples(batch, mb.samples), self.ctx.device) if mb.samples else None for mb in mbs]
+            for _, _, mbs in steps
+        ]
         tokens = TokenSums()
         losses, grad_norms, num_skipped = [], [], 0
         for (start, end, mbs), step_subs in zip(steps, subs):
@@ -333,7 +364,9 @@ class MegatronTrainStep:
         if self.router_stats is not None:  # the aux loss is averaged over the step's tokens (module docstring)
             aux_scale = mcore("megatron.core.transformer.moe.moe_utils").MoEAuxLossAutoScaler
             sp = self.ctx.tp_size if self.tconfig.sequence_parallel else 1  # each TP rank scales by its T / tp tokens
-            aux_scale.set_loss_scale(torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device))
+            aux_scale.set_loss_scale(
+                torch.tensor(sp / max(float(batch.seq_lens[start:end].sum()), 1.0), device=self.ctx.device)
+            )
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)

@@ -38,7 +38,12 @@ _BLOCK = 1024  # f-columns per program: 2-3 KiB of each input row per tile, 4 wa
 def available(x: Tensor) -> bool:
     """Whether ``swiglu`` can run on ``x``: Triton importable, ``x`` on CUDA (or the Triton interpreter,
     ``TRITON_INTERPRET=1``, for CPU tests), a floating dtype, an even last dimension."""
-    if triton is None or x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.shape[-1] % 2:
+    if (
+        triton is None
+        or x.dim() == 0
+        or x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+        or x.shape[-1] % 2
+    ):
         return False  # fp64 too: the kernels compute in fp32
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -29,7 +29,13 @@ from slime.train.determinism import enable_deterministic_mode
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
 from slime.train.megatron.logprobs import check_logprob_impl
-from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
+from slime.train.megatron.model import (
+    HFCheckpointReader,
+    build_gpt_model,
+    load_hf_weights,
+    output_hidden_states,
+    transformer_config,
+)
 from slime.train.megatron.multi_tensor import use_foreach_multi_tensor_ops
 from slime.train.megatron.packing import PackedMicroBatch
 from slime.train.megatron.parallel import ControlChannel, ParallelContext, init_parallel
@@ -94,7 +100,10 @@ class MegatronTrainer:
         self.tconfig = transformer_config(self.arch, mcfg)  # validates parallel sizes before any group exists
         self.ctx: ParallelContext = init_parallel(mcfg, seed=seed)
         check_logprob_impl(
-            mcfg.logprob_impl, tensor_model_parallel_size=mcfg.tensor_model_parallel_size, bf16=mcfg.bf16, device=self.ctx.device
+            mcfg.logprob_impl,
+            tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
+            bf16=mcfg.bf16,
+            device=self.ctx.device,
         )
         self.channel = ControlChannel(self.ctx)
         self.pad_token_id = int(load_hf_config(model_dir).get("pad_token_id") or 0)
@@ -109,7 +118,11 @@ class MegatronTrainer:
         if self.arch.is_moe:
             sp_group = self.ctx.tp_group if self.tconfig.sequence_parallel else None
             self.router_stats = attach_megatron_routers(
-                self.model, num_experts=self.arch.num_experts, topk=self.arch.moe_router_topk, device=self.ctx.device, tp_group=sp_group
+                self.model,
+                num_experts=self.arch.num_experts,
+                topk=self.arch.moe_router_topk,
+                device=self.ctx.device,
+                tp_group=sp_group,
             )
         self.step = self._new_step()
         self._log_layout()
@@ -139,8 +152,16 @@ class MegatronTrainer:
     def _log_layout(self) -> None:
         """One log line: the model, the parallel sizes, precision and packing."""
         mcfg, arch, c = self.config.megatron, self.arch, self.ctx
-        moe = f" ({sum(arch.moe_layers)} MoE: {arch.num_experts} experts, top-{arch.moe_router_topk})" if arch.is_moe else ""
-        packing = f"{mcfg.max_tokens_per_gpu} tokens" if mcfg.use_dynamic_batch_size else f"{self.config.micro_batch_size} samples"
+        moe = (
+            f" ({sum(arch.moe_layers)} MoE: {arch.num_experts} experts, top-{arch.moe_router_topk})"
+            if arch.is_moe
+            else ""
+        )
+        packing = (
+            f"{mcfg.max_tokens_per_gpu} tokens"
+            if mcfg.use_dynamic_batch_size
+            else f"{self.config.micro_batch_size} samples"
+        )
         log.info(
             "megatron backend: %s, %d layers%s, TP=%d CP=%d PP=%d DP=%d EP=%d ETP=%d, bf16=%s, sequence_parallel=%s, packing=%s",
             arch.family, arch.num_layers, moe, c.tp_size, c.cp_size, c.pp_size, c.dp_size, c.ep_size, c.etp_size,
@@ -203,7 +224,9 @@ class MegatronTrainer:
     def _scheduler(self) -> OptimizerParamScheduler:
         cfg, mcfg = self.config, self.config.megatron
         if mcfg.lr_decay_style != "constant" and mcfg.lr_decay_iters is None:
-            raise ValueError(f"--lr-decay-style {mcfg.lr_decay_style} needs --lr-decay-iters (optimizer steps to decay over)")
+            raise ValueError(
+                f"--lr-decay-style {mcfg.lr_decay_style} needs --lr-decay-iters (optimizer steps to decay over)"
+            )
         if mcfg.min_lr > cfg.lr:
             raise ValueError(f"--min-lr={mcfg.min_lr} must be <= --lr={cfg.lr}")
         decay_steps = mcfg.lr_decay_iters if mcfg.lr_decay_iters is not None else mcfg.lr_warmup_iters + 1
@@ -334,7 +357,9 @@ def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
                 g["foreach"], g["fused"] = False, True
 
 
-def serve_if_worker(config: TrainConfig, *, model_dir: str, **trainer_kwargs: Any) -> bool:  # Any: MegatronTrainer's keywords
+def serve_if_worker(
+    config: TrainConfig, *, model_dir: str, **trainer_kwargs: Any
+) -> bool:  # Any: MegatronTrainer's keywords
     """On a torchrun rank other than 0: build the trainer, serve rank 0 until "stop", return True.
 
     On rank 0 (or without torchrun) return False at once: the caller builds the trainer and runs

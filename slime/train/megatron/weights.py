@@ -32,7 +32,14 @@ from torch import Tensor
 
 from slime.train.checkpoint import TOKENIZER_FILES, copy_source_files, swap_into_place
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.convert import is_expert, is_tensor_parallel, mcore_names, mcore_param_to_hf, pipeline_stage, stage_names
+from slime.train.megatron.convert import (
+    is_expert,
+    is_tensor_parallel,
+    mcore_names,
+    mcore_param_to_hf,
+    pipeline_stage,
+    stage_names,
+)
 from slime.train.megatron.parallel import ParallelContext
 
 __all__ = ["iter_hf_weights", "write_hf_dir", "unwrap"]
@@ -89,10 +96,14 @@ def iter_hf_weights(
             assert ctx.pp_group is not None, "a parameter of another stage without a pipeline group"  # pp_size > 1 here
             count = ctx.tp_size if ctx.tp_size > 1 and is_tensor_parallel(name) else 1
             first = next(iter(params.values()))
-            shards = _recv_shards(count, dist.get_global_rank(ctx.pp_group, stage), ctx, dtype=first.dtype, device=first.device)
+            shards = _recv_shards(
+                count, dist.get_global_rank(ctx.pp_group, stage), ctx, dtype=first.dtype, device=first.device
+            )
         if ctx.is_driver:
             if shards is None:  # rank 0 is TP rank 0 of stage 0, or received the shards above
-                raise RuntimeError(f"export of {name}: rank 0 holds no shards (expected it to be TP rank 0 of pipeline stage 0)")
+                raise RuntimeError(
+                    f"export of {name}: rank 0 holds no shards (expected it to be TP rank 0 of pipeline stage 0)"
+                )
             for hf_name, tensor in mcore_param_to_hf(name, shards, arch).items():
                 yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
 
@@ -111,12 +122,16 @@ def _gather_tensor_parallel(name: str, local: Tensor, ctx: ParallelContext) -> l
 def _send_shards(shards: list[Tensor], ctx: ParallelContext) -> None:
     """A later stage's shards to rank 0 over the pipeline group: each one's shape (rank, then up to 3 sizes), then its data."""
     for shard in shards:
-        shape = torch.tensor([shard.dim(), *shard.shape] + [0] * (3 - shard.dim()), dtype=torch.int64, device=shard.device)
+        shape = torch.tensor(
+            [shard.dim(), *shard.shape] + [0] * (3 - shard.dim()), dtype=torch.int64, device=shard.device
+        )
         dist.send(shape, dst=0, group=ctx.pp_group)
         dist.send(shard.contiguous(), dst=0, group=ctx.pp_group)
 
 
-def _recv_shards(count: int, src: int, ctx: ParallelContext, *, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+def _recv_shards(
+    count: int, src: int, ctx: ParallelContext, *, dtype: torch.dtype, device: torch.device
+) -> list[Tensor]:
     """Rank 0: the ``count`` shards ``_send_shards`` sends from global rank ``src``."""
     shards = []
     for _ in range(count):
@@ -152,7 +167,9 @@ def _gather_expert(
             yield hf_name, tensor.to("cpu", dtype=dtype or tensor.dtype)
 
 
-def write_hf_dir(tensors: Iterable[tuple[str, Tensor]], out_dir: str, *, source_dir: str, max_shard_bytes: int = 2 << 30) -> str:
+def write_hf_dir(
+    tensors: Iterable[tuple[str, Tensor]], out_dir: str, *, source_dir: str, max_shard_bytes: int = 2 << 30
+) -> str:
     """Write ``tensors`` as an HF model directory at ``out_dir``, atomically; return its absolute path.
 
     Args:
@@ -199,7 +216,10 @@ def write_hf_dir(tensors: Iterable[tuple[str, Tensor]], out_dir: str, *, source_
             renamed = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
             for old, new in renamed.items():
                 os.rename(os.path.join(tmp, old), os.path.join(tmp, new))
-            index = {"metadata": {"total_size": total}, "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())}}
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())},
+            }
             with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
         copy_source_files(source_dir, tmp, (*CONFIG_FILES, *TOKENIZER_FILES))

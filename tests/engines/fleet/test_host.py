@@ -28,12 +28,19 @@ def test_trainer_gpus_counts_the_local_torchrun_ranks_of_the_megatron_backend(mo
 @pytest.mark.parametrize(
     "argv_extra, colocate, missing, message",
     [
-        ((), False, "sglang", 'cannot import sglang: pip install "sglang==0.5.17", or put its site-packages on PYTHONPATH'),
+        (
+            (),
+            False,
+            "sglang",
+            'cannot import sglang: pip install "sglang==0.5.17", or put its site-packages on PYTHONPATH',
+        ),
         (("--router-policy", "manual"), False, "sglang_router", "routers for ['actor']"),
         ((), True, "torch_memory_saver", "servers with --enable-memory-saver"),
     ],
 )
-def test_check_launchable_names_the_package_the_commands_cannot_import(monkeypatch, argv_extra, colocate, missing, message):
+def test_check_launchable_names_the_package_the_commands_cannot_import(
+    monkeypatch, argv_extra, colocate, missing, message
+):
     import importlib.util
 
     from slime.engines.fleet.host import check_launchable
@@ -45,4 +52,8 @@ def test_check_launchable_names_the_package_the_commands_cannot_import(monkeypat
         check_launchable(plan)
     assert message in str(info.value) and "\n" not in str(info.value)
     if missing != "sglang":  # a package the plan does not need is not asked for
-        check_launchable(build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True))
+        check_launchable(
+            build_launch_plan(
+                EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True
+            )
+        )

@@ -78,7 +78,10 @@ def test_the_command_keeps_the_pid_it_was_started_with():
     from slime.engines.fleet.lifeline import with_lifeline
 
     proc = subprocess.run(
-        with_lifeline(["sh", "-c", "echo $$ $PPID"]), env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True
+        with_lifeline(["sh", "-c", "echo $$ $PPID"]),
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
     )
     pid, ppid = map(int, proc.stdout.split())
     assert ppid == os.getpid() and proc.returncode == 0  # exec'd in place: our child, not a grandchild
@@ -90,5 +93,7 @@ def test_a_lifeline_whose_starter_is_already_gone_does_not_run_the_command(tmp_p
     lifeline = [sys.executable, "-m", "slime.engines.fleet.lifeline"]
     gone = subprocess.run([*lifeline, "1", "--", "touch", str(tmp_path / "a")], env=env, capture_output=True, text=True)
     assert gone.returncode == 1 and gone.stderr == "" and not (tmp_path / "a").exists()  # its parent is us, not pid 1
-    ours = subprocess.run([*lifeline, str(os.getpid()), "--", "touch", str(tmp_path / "b")], env=env, capture_output=True, text=True)
+    ours = subprocess.run(
+        [*lifeline, str(os.getpid()), "--", "touch", str(tmp_path / "b")], env=env, capture_output=True, text=True
+    )
     assert ours.returncode == 0 and (tmp_path / "b").exists()

@@ -30,7 +30,9 @@ def config_of(*argv: str):
 
 def placement_of(config, **kw):
     """``build_placement`` of a config's sections, as ``slime train`` calls it."""
-    return build_placement(config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only, **kw)
+    return build_placement(
+        config.train, config.engine, colocate=config.sync.colocate, rollout_only=config.debug.debug_rollout_only, **kw
+    )
 
 
 MEGATRON = ("--train-backend", "megatron")
@@ -64,14 +66,22 @@ def test_two_trainer_nodes_with_servers_after_their_gpus():
 
 def test_full_trainer_nodes_put_the_servers_on_the_next_node():
     p = placement_of(
-        config_of(*MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8"), gpus_per_node=8
+        config_of(*MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8"),
+        gpus_per_node=8,
     )
     assert [(n.trainer_gpus, len(n.servers)) for n in p.nodes] == [((0, 1, 2, 3, 4, 5, 6, 7), 0), ((), 8)]
 
 
 def test_colocate_defaults_the_rollout_gpus_to_the_actors_as_slime_does():
     config = config_of(
-        *MEGATRON, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "4", "--colocate", "--rollout-num-gpus-per-engine", "2"
+        *MEGATRON,
+        "--actor-num-nodes",
+        "1",
+        "--actor-num-gpus-per-node",
+        "4",
+        "--colocate",
+        "--rollout-num-gpus-per-engine",
+        "2",
     )
     assert config.engine.rollout_num_gpus == 4 and trainer_gpus(config.train) == 4
     (node,) = placement_of(config, gpus_per_node=8).nodes
@@ -93,11 +103,27 @@ def test_without_placement_flags_nothing_is_derived():
         (("--actor-num-nodes", "2"), "--actor-num-nodes=2: several trainer nodes need --train-backend megatron"),
         ((*MEGATRON, "--actor-num-gpus-per-node", "16"), "--actor-num-gpus-per-node=16 but a node has 8 GPU(s)"),
         (
-            (*MEGATRON, "--actor-num-gpus-per-node", "6", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "4"),
+            (
+                *MEGATRON,
+                "--actor-num-gpus-per-node",
+                "6",
+                "--rollout-num-gpus",
+                "4",
+                "--rollout-num-gpus-per-engine",
+                "4",
+            ),
             "server 0 would take GPUs",
         ),
         (
-            (*MEGATRON, "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"),
+            (
+                *MEGATRON,
+                "--actor-num-gpus-per-node",
+                "2",
+                "--rollout-num-gpus",
+                "3",
+                "--rollout-num-gpus-per-engine",
+                "2",
+            ),
             "--rollout-num-gpus=3 must be a multiple of --rollout-num-gpus-per-engine=2",
         ),
     ],
@@ -176,7 +202,10 @@ def test_dry_run_on_one_node_launches_servers_after_the_trainer(capsys, monkeypa
     out = capsys.readouterr().out
     assert "[node 0] trainer GPUs 0,1,2,3; SGLang servers [4,5] [6,7]" in out
     servers = [shlex.split(line)[0] for line in out.splitlines() if "sglang.launch_server" in line]
-    assert servers == ["CUDA_VISIBLE_DEVICES=4,5", "CUDA_VISIBLE_DEVICES=6,7"]  # the launch plan agrees with the placement
+    assert servers == [
+        "CUDA_VISIBLE_DEVICES=4,5",
+        "CUDA_VISIBLE_DEVICES=6,7",
+    ]  # the launch plan agrees with the placement
 
 
 def test_a_run_refuses_servers_on_other_nodes_than_rank_0s(monkeypatch):
@@ -188,23 +217,47 @@ def test_a_run_refuses_servers_on_other_nodes_than_rank_0s(monkeypatch):
 
 def test_sglang_config_groups_are_placed_in_order_with_their_own_sizes(tmp_path):
     path = tmp_path / "sglang.yaml"
-    path.write_text("groups:\n  - {name: big, num_engines: 1, gpus_per_engine: 4}\n  - {name: small, num_engines: 2, gpus_per_engine: 1}\n")
-    p = placement_of(config_of(*MEGATRON, "--actor-num-gpus-per-node", "2", "--sglang-config", str(path)), gpus_per_node=8)
+    path.write_text(
+        "groups:\n  - {name: big, num_engines: 1, gpus_per_engine: 4}\n  - {name: small, num_engines: 2, gpus_per_engine: 1}\n"
+    )
+    p = placement_of(
+        config_of(*MEGATRON, "--actor-num-gpus-per-node", "2", "--sglang-config", str(path)), gpus_per_node=8
+    )
     (node,) = p.nodes
     assert node.trainer_gpus == (0, 1) and node.servers == ((2, 3, 4, 5), (6,), (7,))
 
 
 def test_rollout_num_gpus_per_node_is_the_node_size_of_the_plan(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    p = placement_of(config_of("--rollout-num-gpus-per-node", "4", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2"))
+    p = placement_of(
+        config_of("--rollout-num-gpus-per-node", "4", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2")
+    )
     assert p.gpus_per_node == 4 and [n.servers for n in p.nodes] == [((0, 1), (2, 3)), ((0, 1), (2, 3))]
-    assert config_of("--rollout-num-gpus-per-node", "4", "--colocate").engine.rollout_num_gpus is None  # no actor flags: nothing derived
+    assert (
+        config_of("--rollout-num-gpus-per-node", "4", "--colocate").engine.rollout_num_gpus is None
+    )  # no actor flags: nothing derived
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with pytest.raises(ConfigError, match=r"^--rollout-num-gpus-per-node=4 but this node sees 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0,1\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^--rollout-num-gpus-per-node=4 but this node sees 2 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0,1\)$"
+    ):
         placement_of(config_of("--rollout-num-gpus-per-node", "4"))
 
 
 def test_dry_run_prints_the_plan_of_rollout_num_gpus_per_node(monkeypatch, capsys):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert main(["train", "--dry-run", "--hf-checkpoint", "/m", "--rollout-num-gpus-per-node", "4", "--rollout-num-gpus", "4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dry-run",
+                "--hf-checkpoint",
+                "/m",
+                "--rollout-num-gpus-per-node",
+                "4",
+                "--rollout-num-gpus",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert "node(s) of 4 GPU(s)" in capsys.readouterr().out

@@ -150,22 +150,47 @@ def test_groups_give_pd_servers_heterogeneous_args_several_models_and_one_router
         (
             "reference",
             "http://127.0.0.1:20007",
-            (*router, "--worker-urls", "http://127.0.0.1:20004", "--host", "127.0.0.1", "--port", "20007", "--policy", "cache_aware"),
+            (
+                *router,
+                "--worker-urls",
+                "http://127.0.0.1:20004",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "20007",
+                "--policy",
+                "cache_aware",
+            ),
         ),
         (
             "teacher",
             "http://127.0.0.1:20008",
-            (*router, "--worker-urls", "http://127.0.0.1:20005", "--host", "127.0.0.1", "--port", "20008", "--policy", "cache_aware"),
+            (
+                *router,
+                "--worker-urls",
+                "http://127.0.0.1:20005",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "20008",
+                "--policy",
+                "cache_aware",
+            ),
         ),
     ]
     text = plan.format()
     assert "[server teacher-0] model=teacher role=regular" in text and "CUDA_VISIBLE_DEVICES=5,6,7,8 python" in text
 
 
-def test_gpus_map_through_the_parents_cuda_visible_devices_and_a_running_router_gets_registrations(tmp_path, monkeypatch):
+def test_gpus_map_through_the_parents_cuda_visible_devices_and_a_running_router_gets_registrations(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     plan, _ = plan_for(
-        tmp_path, "groups: [{name: actor, num_engines: 2, gpus_per_engine: 2}]", sglang_router_ip="10.0.0.9", sglang_router_port=30000
+        tmp_path,
+        "groups: [{name: actor, num_engines: 2, gpus_per_engine: 2}]",
+        sglang_router_ip="10.0.0.9",
+        sglang_router_port=30000,
     )
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.servers] == ["4,5", "6,7"]
     assert [(r.url, r.argv, r.register) for r in plan.routers] == [("http://10.0.0.9:30000", None, True)]
@@ -181,7 +206,10 @@ def test_gpus_map_through_the_parents_cuda_visible_devices_and_a_running_router_
         ("groups: [{name: a, args: {tp-size: 2}}]", "$.groups[0].args.tp-size: slime sets --tp-size itself"),
         ("groups: [{name: a}, {name: t, model: teacher}]", "$.groups[1].model_path: required for model 'teacher'"),
         ("groups: [{name: r, model: reference}]", "no group serves model 'actor'"),
-        ("groups: [{name: a}, {name: p, role: prefill}, {name: d, role: decode}]", "PD disaggregation needs prefill and decode"),
+        (
+            "groups: [{name: a}, {name: p, role: prefill}, {name: d, role: decode}]",
+            "PD disaggregation needs prefill and decode",
+        ),
         ("groups: [{name: p, role: prefill}]", "PD disaggregation needs prefill and decode"),
         ("groups: [{name: a, num_engines: 0}]", "num_engines=0"),
         ("groups: [{name: a\n", "not valid YAML"),
@@ -202,7 +230,13 @@ def test_a_gpu_count_that_disagrees_with_rollout_num_gpus_is_an_error(tmp_path):
 
 def test_group_args_override_replace_and_drop_global_flags():
     group = ServerGroup(
-        name="g", args={"mem-fraction-static": 0.8, "enable-memory-saver": False, "cuda_graph_bs": [1, 2], "trust-remote-code": True}
+        name="g",
+        args={
+            "mem-fraction-static": 0.8,
+            "enable-memory-saver": False,
+            "cuda_graph_bs": [1, 2],
+            "trust-remote-code": True,
+        },
     )
     tokens = ("--mem-fraction-static", "0.7", "--enable-memory-saver", "--cuda-graph-bs", "8", "--log-level=info")
     assert group_args(tokens, group) == [
@@ -221,7 +255,9 @@ def test_embedded_and_external_plans(tmp_path):
     assert [s.env for s in embedded.servers] == [{"OMP_NUM_THREADS": "3"}] * 2
     assert [s.argv[s.argv.index("--seed") + 1] for s in embedded.servers] == ["7", "8"] and embedded.routers == ()
     external = build_launch_plan(
-        EngineConfig(rollout_external_engine_addrs=("10.0.0.1:30000",), sglang_router_ip="10.0.0.2", sglang_router_port=1)
+        EngineConfig(
+            rollout_external_engine_addrs=("10.0.0.1:30000",), sglang_router_ip="10.0.0.2", sglang_router_port=1
+        )
     )
     assert external.external_urls == ("http://10.0.0.1:30000",) and external.routers[0].register is False
     with pytest.raises(ConfigError, match="cannot be combined"):
@@ -240,7 +276,9 @@ def test_opd_teacher_is_an_embedded_engine_or_running_urls_and_refused_for_sglan
         EngineConfig(hf_checkpoint="/ckpt/student", rollout_external_engine_addrs=("h:1",), opd_teacher_addrs=("h:2",))
     )
     assert (
-        plan.teacher_urls == ("http://h:2",) and plan.models() == ["actor", "teacher"] and "[external teacher] http://h:2" in plan.format()
+        plan.teacher_urls == ("http://h:2",)
+        and plan.models() == ["actor", "teacher"]
+        and "[external teacher] http://h:2" in plan.format()
     )
     with pytest.raises(ConfigError, match="--opd-teacher-load.*--sglang-config"):
         build_launch_plan(
@@ -260,9 +298,13 @@ def test_one_regular_server_gets_no_router_several_do_and_router_flags_ask_for_o
     one = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True)
     assert one.routers == () and "model 'actor': one server, no router" in one.format()
     two = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True)
-    assert [r.argv[r.argv.index("--worker-urls") + 1 : r.argv.index("--host")] for r in two.routers] == [tuple(s.url for s in two.servers)]
+    assert [r.argv[r.argv.index("--worker-urls") + 1 : r.argv.index("--host")] for r in two.routers] == [
+        tuple(s.url for s in two.servers)
+    ]
     asked = build_launch_plan(
-        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, router_args=("--policy", "manual")), python=PY, is_free=lambda h, p: True
+        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, router_args=("--policy", "manual")),
+        python=PY,
+        is_free=lambda h, p: True,
     )
     assert len(asked.routers) == 1 and asked.routers[0].argv[-2:] == ("--policy", "manual")
 
@@ -281,7 +323,10 @@ def test_servers_take_the_gpus_after_the_trainers_or_share_them_with_a_memory_fr
 ):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     plan = build_launch_plan(
-        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=rollout), python=PY, is_free=lambda h, p: True, trainer_gpus=trainer
+        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=rollout),
+        python=PY,
+        is_free=lambda h, p: True,
+        trainer_gpus=trainer,
     )
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.servers] == expect_gpus
     fractions = [_flag(s, "--mem-fraction-static") for s in plan.servers]
@@ -295,7 +340,11 @@ def test_servers_take_the_gpus_after_the_trainers_or_share_them_with_a_memory_fr
 def test_with_colocate_servers_share_from_gpu_0_with_memory_saver_unless_the_user_chose(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     plan = build_launch_plan(
-        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True, trainer_gpus=2, colocate=True
+        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2),
+        python=PY,
+        is_free=lambda h, p: True,
+        trainer_gpus=2,
+        colocate=True,
     )
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.servers] == ["0", "1"]
     assert all(s.argv[-3:] == ("--mem-fraction-static", "0.5", "--enable-memory-saver") for s in plan.servers)
@@ -307,11 +356,18 @@ def test_with_colocate_servers_share_from_gpu_0_with_memory_saver_unless_the_use
         colocate=True,
     )
     assert mine.servers[0].argv[-2:] == ("--enable-memory-saver", "--mem-fraction-static=0.7")
-    (tmp_path / "groups.yaml").write_text("groups: [{name: a, args: {enable-memory-saver: false, mem_fraction_static: 0.4}}]")
-    plan = build_launch_plan(
-        EngineConfig(hf_checkpoint="/m", sglang_config=str(tmp_path / "groups.yaml")), python=PY, is_free=lambda h, p: True, colocate=True
+    (tmp_path / "groups.yaml").write_text(
+        "groups: [{name: a, args: {enable-memory-saver: false, mem_fraction_static: 0.4}}]"
     )
-    assert "--enable-memory-saver" not in plan.servers[0].argv and _flag(plan.servers[0], "--mem_fraction_static") == "0.4"
+    plan = build_launch_plan(
+        EngineConfig(hf_checkpoint="/m", sglang_config=str(tmp_path / "groups.yaml")),
+        python=PY,
+        is_free=lambda h, p: True,
+        colocate=True,
+    )
+    assert (
+        "--enable-memory-saver" not in plan.servers[0].argv and _flag(plan.servers[0], "--mem_fraction_static") == "0.4"
+    )
 
 
 def test_the_trainers_gpu_count_comes_from_torch_when_cuda_visible_devices_is_unset(monkeypatch):
@@ -319,10 +375,17 @@ def test_the_trainers_gpu_count_comes_from_torch_when_cuda_visible_devices_is_un
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True, trainer_gpus=1)
-    assert plan.servers[0].env == {"CUDA_VISIBLE_DEVICES": "0"} and _flag(plan.servers[0], "--mem-fraction-static") == "0.5"
+    plan = build_launch_plan(
+        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), python=PY, is_free=lambda h, p: True, trainer_gpus=1
+    )
+    assert (
+        plan.servers[0].env == {"CUDA_VISIBLE_DEVICES": "0"}
+        and _flag(plan.servers[0], "--mem-fraction-static") == "0.5"
+    )
     with pytest.raises(ConfigError, match="need 2 GPUs but CUDA_VISIBLE_DEVICES lists 1"):
-        build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True, trainer_gpus=1)
+        build_launch_plan(
+            EngineConfig(hf_checkpoint="/m", rollout_num_gpus=2), python=PY, is_free=lambda h, p: True, trainer_gpus=1
+        )
 
 
 def test_async_mode_launches_actor_servers_without_a_radix_cache_unless_the_user_chose(monkeypatch):
@@ -333,9 +396,14 @@ def test_async_mode_launches_actor_servers_without_a_radix_cache_unless_the_user
     plan = build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), in_place_updates=True, **kw)
     assert plan.servers[0].argv.count("--disable-radix-cache") == 1
     assert any("--disable-radix-cache" in n for n in plan.notes)
-    assert "--disable-radix-cache" not in build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), **kw).servers[0].argv
+    assert (
+        "--disable-radix-cache"
+        not in build_launch_plan(EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1), **kw).servers[0].argv
+    )
     mine = build_launch_plan(
-        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, sglang_args=("--disable-radix-cache",)), in_place_updates=True, **kw
+        EngineConfig(hf_checkpoint="/m", rollout_num_gpus=1, sglang_args=("--disable-radix-cache",)),
+        in_place_updates=True,
+        **kw,
     )
     assert mine.servers[0].argv.count("--disable-radix-cache") == 1
 

@@ -41,7 +41,9 @@ async def test_attaching_to_a_running_router_lists_its_workers_for_control_calls
         w.on("/health_generate", text="")
         w.on("/abort_request", text="")
     host, port = router.url.removeprefix("http://").split(":")
-    engine = EngineConfig(sglang_router_ip=host, sglang_router_port=int(port), health_check_interval_s=0, startup_timeout_s=5)
+    engine = EngineConfig(
+        sglang_router_ip=host, sglang_router_port=int(port), health_check_interval_s=0, startup_timeout_s=5
+    )
     async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
         pool = engines.pools.default
         assert engines.plan.backend == "external" and pool.router_url == router.url and pool.urls == [w1.url, w2.url]
@@ -104,32 +106,49 @@ async def test_external_actor_engines_with_a_launched_teacher_and_with_running_t
     for e in (actor, teacher):
         e.on("/health_generate", text="")
     engine = EngineConfig(
-        rollout_external_engine_addrs=(actor.url,), opd_teacher_addrs=(teacher.url,), health_check_interval_s=0, startup_timeout_s=5
+        rollout_external_engine_addrs=(actor.url,),
+        opd_teacher_addrs=(teacher.url,),
+        health_check_interval_s=0,
+        startup_timeout_s=5,
     )
     async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
         assert engines.pools.default.urls == [actor.url] and engines.pools["teacher"].urls == [teacher.url]
     model = write_tiny_llama(tmp_path / "teacher", seed=0)
     engine = EngineConfig(
-        rollout_external_engine_addrs=(actor.url,), opd_teacher_load=str(model), health_check_interval_s=0, startup_timeout_s=60
+        rollout_external_engine_addrs=(actor.url,),
+        opd_teacher_load=str(model),
+        health_check_interval_s=0,
+        startup_timeout_s=60,
     )
     async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
         (url,) = engines.pools["teacher"].urls
         assert url not in (actor.url, teacher.url) and url in engines.processes  # launched, supervised
-        result = await engines.pools["teacher"].generate([0, 5, 9], {"max_new_tokens": 0, "temperature": 1.0}, logprob_start_len=2)
+        result = await engines.pools["teacher"].generate(
+            [0, 5, 9], {"max_new_tokens": 0, "temperature": 1.0}, logprob_start_len=2
+        )
         assert result.input_token_ids == [9]
 
 
-async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run_weights_with_the_cache_flushed(start_engines, tmp_path):
+async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run_weights_with_the_cache_flushed(
+    start_engines, tmp_path
+):
     from slime.engines.fleet.start import load_initial_weights
     from slime.engines.pool import HttpEnginePool
     from slime.errors import ConfigError
 
     run_model = tmp_path / "run-model"
     run_model.mkdir()
-    (run_model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32}')
+    (run_model / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32}'
+    )
     a, b = await start_engines(2)
-    a.on("/model_info", body={"model_path": "/elsewhere/step-40", "weight_version": "40", "architectures": ["LlamaForCausalLM"]})
-    b.on("/model_info", body={"model_path": "/elsewhere/base", "weight_version": "0"})  # no architectures (SGLang < 0.5.10, say)
+    a.on(
+        "/model_info",
+        body={"model_path": "/elsewhere/step-40", "weight_version": "40", "architectures": ["LlamaForCausalLM"]},
+    )
+    b.on(
+        "/model_info", body={"model_path": "/elsewhere/base", "weight_version": "0"}
+    )  # no architectures (SGLang < 0.5.10, say)
     for e in (a, b):
         e.on("/update_weights_from_disk", body={"success": True, "message": "ok"})
     async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
@@ -137,7 +156,10 @@ async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run
     for e in (a, b):
         (body,) = [c[2] for c in e.calls if c[1] == "/update_weights_from_disk"]
         assert body["model_path"] == str(run_model) and body["weight_version"] == "0" and body["flush_cache"] is True
-    b.on("/model_info", body={"model_path": "/elsewhere/qwen", "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"})
+    b.on(
+        "/model_info",
+        body={"model_path": "/elsewhere/qwen", "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+    )
     async with HttpEnginePool([a.url, b.url], config=FAST) as pool:
         with pytest.raises(
             ConfigError,
@@ -148,7 +170,9 @@ async def test_load_initial_weights_checks_each_engines_model_then_loads_the_run
     assert a.hits("/update_weights_from_disk") == b.hits("/update_weights_from_disk") == 1  # refused before any update
 
 
-async def test_external_engines_where_nothing_listens_fail_after_a_short_grace_not_the_startup_timeout(monkeypatch, start_engines):
+async def test_external_engines_where_nothing_listens_fail_after_a_short_grace_not_the_startup_timeout(
+    monkeypatch, start_engines
+):
     import time
 
     from slime.engines.fleet import start
@@ -167,14 +191,18 @@ async def test_external_engines_where_nothing_listens_fail_after_a_short_grace_n
             pass
     assert time.monotonic() - t0 < 10  # before the fix: the whole 60 s
     router_port = free_port()  # a running router nobody listens for, likewise
-    engine = EngineConfig(sglang_router_ip="127.0.0.1", sglang_router_port=router_port, health_check_interval_s=0, startup_timeout_s=60)
+    engine = EngineConfig(
+        sglang_router_ip="127.0.0.1", sglang_router_port=router_port, health_check_interval_s=0, startup_timeout_s=60
+    )
     with pytest.raises(EngineUnavailable, match=r"/readiness: connection refused .* start the router first"):
         async with start_rollout(engine, FAST, model_dir="/ckpt"):
             pass
     assert time.monotonic() - t0 < 20
     (live,) = await start_engines(1)  # one engine up, one refusing: waited for the whole timeout (here 1.5 s)
     live.on("/health_generate", text="")
-    engine = EngineConfig(rollout_external_engine_addrs=(live.url, dead[0]), health_check_interval_s=0, startup_timeout_s=1.5)
+    engine = EngineConfig(
+        rollout_external_engine_addrs=(live.url, dead[0]), health_check_interval_s=0, startup_timeout_s=1.5
+    )
     with pytest.raises(EngineUnavailable, match=r"not ready after 1.5s"):
         async with start_rollout(engine, FAST, model_dir="/ckpt"):
             pass
@@ -199,7 +227,11 @@ async def test_an_external_engine_that_accepts_connections_is_waited_for_past_th
     server = TestServer(late, host="127.0.0.1", port=port)
     assert await refuses_connections(f"http://127.0.0.1:{port}")
     asyncio.get_running_loop().call_later(0.1, lambda: asyncio.ensure_future(server.start_server()))
-    engine = EngineConfig(rollout_external_engine_addrs=(loading.url, f"127.0.0.1:{port}"), health_check_interval_s=0, startup_timeout_s=30)
+    engine = EngineConfig(
+        rollout_external_engine_addrs=(loading.url, f"127.0.0.1:{port}"),
+        health_check_interval_s=0,
+        startup_timeout_s=30,
+    )
     try:
         async with start_rollout(engine, FAST, model_dir="/ckpt") as engines:
             assert engines.pools.default.urls == [loading.url, f"http://127.0.0.1:{port}"]

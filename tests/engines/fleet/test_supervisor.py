@@ -70,7 +70,9 @@ async def test_failing_health_checks_sideline_an_external_engine_until_it_answer
     serving(good, "3")
     serving(flaky, "0")
     flaky.on("/health_generate", status=503, text="")
-    async with HttpEnginePool([good.url, flaky.url], config=FAST, weights=("/ckpt/v0", "0"), failure_threshold=2) as pool:
+    async with HttpEnginePool(
+        [good.url, flaky.url], config=FAST, weights=("/ckpt/v0", "0"), failure_threshold=2
+    ) as pool:
         await pool.update_weights_from_disk("/ckpt/v3", "3")
         supervisor = EngineSupervisor(pool, config=SUPERVISE)
         async with asyncio.TaskGroup() as tg:
@@ -93,7 +95,9 @@ async def test_an_exited_process_is_restarted_resynced_and_put_back(start_engine
     serving(b, "0")  # what a freshly started server reports
     async with HttpEnginePool([a.url, b.url], config=FAST, weights=("/ckpt/v2", "2")) as pool:
         proc = FakeProcess("b")
-        supervisor = EngineSupervisor(pool, config=EngineConfig(health_check_interval_s=0, startup_timeout_s=5.0), processes={b.url: proc})
+        supervisor = EngineSupervisor(
+            pool, config=EngineConfig(health_check_interval_s=0, startup_timeout_s=5.0), processes={b.url: proc}
+        )
         proc.returncode = -9
         async with asyncio.TaskGroup() as tg:
             await supervisor.check_once(tg)
@@ -131,7 +135,9 @@ async def test_when_the_last_engine_is_given_up_a_waiting_generate_ends_at_once_
         async with asyncio.TaskGroup() as tg:
             await supervisor.check_once(tg)
             call = asyncio.create_task(pool.generate([1], {}))
-            with pytest.raises(EngineUnavailable) as info:  # before: waited rejoin_timeout_s (60 s) after the last restart
+            with pytest.raises(
+                EngineUnavailable
+            ) as info:  # before: waited rejoin_timeout_s (60 s) after the last restart
                 await asyncio.wait_for(call, 5)
             await supervisor.wait_idle()
     message = str(info.value)

@@ -11,7 +11,8 @@ from slime.rollout.tools.registry import ToolRegistry
 
 
 @pytest.mark.parametrize(
-    "expr, value", [("(3 + 4) * 2 ** 10", "7168"), ("7 / 2", "3.5"), ("-(2 - 5) % 4", "3"), ("0.1 + 0.2", "0.3"), ("6 × 7 ÷ 2", "21")]
+    "expr, value",
+    [("(3 + 4) * 2 ** 10", "7168"), ("7 / 2", "3.5"), ("-(2 - 5) % 4", "3"), ("0.1 + 0.2", "0.3"), ("6 × 7 ÷ 2", "21")],
 )
 def test_arithmetic_is_evaluated(expr, value):
     assert evaluate(expr) == value

@@ -38,6 +38,8 @@ def test_missing_closing_tag_at_the_end_still_parses():
 
 
 def test_non_object_arguments_and_missing_name_are_errors():
-    no_name, bad_args = parse_tool_calls('<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "f", "arguments": [1]}</tool_call>')
+    no_name, bad_args = parse_tool_calls(
+        '<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "f", "arguments": [1]}</tool_call>'
+    )
     assert "no 'name'" in no_name.error
     assert bad_args.name == "f" and "must be a JSON object" in bad_args.error

@@ -14,7 +14,9 @@ import pytest
 from slime.rollout.tools.registry import ToolRegistry
 from slime.rollout.tools.sandbox import Sandbox, process_limit_enforced, python_tool, sandbox_unavailable_reason
 
-requires_bwrap = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+requires_bwrap = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 
 @pytest.fixture

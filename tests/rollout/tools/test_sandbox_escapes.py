@@ -19,7 +19,9 @@ from slime.errors import ConfigError
 from slime.rollout.tools import sandbox as sandbox_mod
 from slime.rollout.tools.sandbox import Sandbox, SandboxUnavailable, sandbox_unavailable_reason
 
-requires_bwrap = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+requires_bwrap = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 # fork_exec as subprocess calls it (with allow_vfork since 3.11.?, 3.12): it raises no audit event.
 FORK_EXEC = """
@@ -159,7 +161,9 @@ async def test_process_count_is_limited(box):
         pytest.skip("RLIMIT_NPROC does not bind here (the sandbox runs as the host's root)")
     code = "import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('stopped', n, type(e).__name__)\n"
     result = await box.run(code)
-    assert result.stdout.startswith("stopped") and int(result.stdout.split()[1]) < box.max_processes, result.stdout + result.stderr
+    assert result.stdout.startswith("stopped") and int(result.stdout.split()[1]) < box.max_processes, (
+        result.stdout + result.stderr
+    )
 
 
 async def test_without_bwrap_code_execution_refuses_unless_allowed(monkeypatch, tmp_path):
@@ -180,5 +184,7 @@ def test_a_bwrap_that_cannot_create_namespaces_is_refused_with_its_reason(monkey
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(SandboxUnavailable, match="cannot start a sandbox here \\(bwrap: No permissions to creating new namespace\\)"):
+    with pytest.raises(
+        SandboxUnavailable, match="cannot start a sandbox here \\(bwrap: No permissions to creating new namespace\\)"
+    ):
         Sandbox()

@@ -18,7 +18,9 @@ from slime.rollout.tools import sandbox as sandbox_mod
 from slime.rollout.tools.cgroup import CgroupRoot
 from slime.rollout.tools.sandbox import Sandbox, SandboxUnavailable, sandbox_unavailable_reason
 
-requires_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+requires_sandbox = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 MISSING = {
     "seccomp": "libseccomp is not available (libseccomp.so.2: cannot open shared object file; as root: apt-get install libseccomp2)",
@@ -57,7 +59,9 @@ def test_without_libseccomp_the_filter_is_missing_with_the_package_to_install(mo
         reason = seccomp.filter_bpf()
     finally:
         seccomp._build.cache_clear()
-    assert isinstance(reason, str) and "libseccomp is not available" in reason and "apt-get install libseccomp2" in reason
+    assert (
+        isinstance(reason, str) and "libseccomp is not available" in reason and "apt-get install libseccomp2" in reason
+    )
 
 
 def test_the_filter_builds_here_or_says_why():
@@ -100,4 +104,8 @@ def test_cgroup_v1_hierarchies_are_used_where_v2_has_no_controllers(tmp_path):
 def test_a_cgroup_outside_the_mounted_tree_is_no_cgroup(tmp_path):
     _controllers(tmp_path, "memory pids", "memory pids")  # the mount shows /job only; we are in /other
     found = cgroup._find_root({"": "/other"}, [("cgroup2", "/job", str(tmp_path), {"rw"})])
-    assert isinstance(found, str) and "does not show this process's cgroup /other" in found and "no cgroup v1 pids hierarchy" in found
+    assert (
+        isinstance(found, str)
+        and "does not show this process's cgroup /other" in found
+        and "no cgroup v1 pids hierarchy" in found
+    )

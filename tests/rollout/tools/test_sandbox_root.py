@@ -19,7 +19,9 @@ import pytest
 
 from slime.rollout.tools.sandbox import Sandbox, format_result, sandbox_unavailable_reason
 
-requires_sandbox = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+requires_sandbox = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 pytestmark = requires_sandbox
 
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -198,7 +200,9 @@ stop.set()
     result = await box.run(code)
     threads, children = (int(x) for x in result.stdout.split())
     assert threads == 4, result.stdout + result.stderr
-    assert 1 + threads + children <= box.max_processes, f"{threads} threads and {children} children against a limit of {box.max_processes}"
+    assert 1 + threads + children <= box.max_processes, (
+        f"{threads} threads and {children} children against a limit of {box.max_processes}"
+    )
 
 
 async def test_memory_is_bounded_for_the_whole_sandbox():
@@ -251,7 +255,10 @@ async def test_concurrent_sandboxes_do_not_share_limits():
 async def test_the_sandbox_is_never_the_host_root(box):
     # Seen from the host (/proc/<pid>/status): a uid map read inside shows only the namespace one level up.
     name = f"slimeuid{os.getpid() % 10000}"
-    code = LIBC + f"libc.prctl(15, {name.encode()!r})  # PR_SET_NAME, so the host can find this process\nimport time; time.sleep(1)\n"
+    code = (
+        LIBC
+        + f"libc.prctl(15, {name.encode()!r})  # PR_SET_NAME, so the host can find this process\nimport time; time.sleep(1)\n"
+    )
     task = asyncio.ensure_future(box.run(code))
     seen: list[str] = []
     deadline = time.monotonic() + 1.5

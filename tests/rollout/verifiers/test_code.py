@@ -12,7 +12,9 @@ from slime.rollout.verifiers import reward_fn_from_config
 from slime.rollout.verifiers.code import CodeVerifier
 from slime.types import Sample
 
-requires_bwrap = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+requires_bwrap = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 SUM_IO = json.dumps({"inputs": ["1 2\n", "30 4\n"], "outputs": ["3\n", "34"]})
 
@@ -36,7 +38,9 @@ async def test_correct_program_passes_every_stdin_case(verifier):
 async def test_wrong_program_fails_and_logs_the_first_failing_case(verifier):
     s = Sample(prompt_ids=[0], label=SUM_IO, response=fenced("a, b = map(int, input().split())\nprint(a - b)"))
     assert await verifier(s) == 0.0
-    assert "case 0" in s.evidence["verifier"]["logs"] and "expected '3\\n', got '-1\\n'" in s.evidence["verifier"]["logs"]
+    assert (
+        "case 0" in s.evidence["verifier"]["logs"] and "expected '3\\n', got '-1\\n'" in s.evidence["verifier"]["logs"]
+    )
 
 
 @requires_bwrap
@@ -72,7 +76,9 @@ def test_rm_type_code_refuses_to_start_without_bwrap_unless_unsafe_is_allowed(mo
 @requires_bwrap
 async def test_contest_scripts_that_call_exit_and_print_in_another_layout_pass(verifier):
     spec = json.dumps({"inputs": ["3\n", "0\n"], "outputs": ["1 2 3\n0.333333\n", "NO\n"]})
-    code = "n = int(input())\nif n == 0:\n    print('NO')\n    exit()\nprint(*range(1, n + 1), sep='\\n')\nprint(1 / 3)\n"
+    code = (
+        "n = int(input())\nif n == 0:\n    print('NO')\n    exit()\nprint(*range(1, n + 1), sep='\\n')\nprint(1 / 3)\n"
+    )
     s = Sample(prompt_ids=[0], label=spec, response=fenced(code))
     assert await verifier(s) == 1.0, s.evidence  # tokens compared in order, numbers within FLOAT_TOLERANCE
 

@@ -130,7 +130,9 @@ def _frames(*frames) -> str:
 
 
 def test_the_channel_is_accepted_only_in_the_harnesss_exact_sequence():
-    good = _frames({"loaded": True}, {"probe": 0, "value": 3}, {"probe": 1, "raised": "ZeroDivisionError: x"}, {"done": 2})
+    good = _frames(
+        {"loaded": True}, {"probe": 0, "value": 3}, {"probe": 1, "raised": "ZeroDivisionError: x"}, {"done": 2}
+    )
     report = read_channel(good, 2)
     assert report.problem is None and report.outcomes == ((True, 3), (False, "raised ZeroDivisionError: x"))
     early = _frames({"loaded": True}, {"probe": 0, "value": True})
@@ -140,7 +142,9 @@ def test_the_channel_is_accepted_only_in_the_harnesss_exact_sequence():
     after = good + _frames({"probe": 0, "value": 1})
     assert "after the harness finished" in (read_channel(after, 2).problem or "")
     assert "did not write" in (read_channel("All tests passed\n", 0).problem or "")
-    assert "before any test ran" in (read_channel(_frames({"load_error": "SyntaxError: x"}, {"done": 0}), 1).problem or "")
+    assert "before any test ran" in (
+        read_channel(_frames({"load_error": "SyntaxError: x"}, {"done": 0}), 1).problem or ""
+    )
     huge_json_int = '{"loaded": true}\n{"probe": 0, "value": ' + "9" * 5000 + '}\n{"done": 1}\n'
     assert "did not write" in (read_channel(huge_json_int, 1).problem or "")  # json's digit limit is a ValueError
 
@@ -167,7 +171,9 @@ def test_the_request_carries_probes_and_setup_but_no_expected_value():
     assert "17" not in harness_request(["import math"], case.probes)
 
 
-requires_bwrap = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+requires_bwrap = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 
 @requires_bwrap

@@ -34,7 +34,9 @@ async def test_the_reference_solution_itself_is_correct(rows):
         assert s.evidence["verifier"]["verdict"] == "correct"
 
 
-@pytest.mark.parametrize("fmt", ["$%s", "%s.0", "The answer is \\boxed{%s}.", "So she makes %s dollars every day.", "#### %s"])
+@pytest.mark.parametrize(
+    "fmt", ["$%s", "%s.0", "The answer is \\boxed{%s}.", "So she makes %s dollars every day.", "#### %s"]
+)
 async def test_differently_formatted_right_answers_are_correct(rows, fmt):
     row = rows[0]  # Janet's ducks: 18
     assert extract_gold(row["answer"]) == "18"

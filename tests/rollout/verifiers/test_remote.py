@@ -57,7 +57,8 @@ async def test_good_reply_gives_the_reward_and_sends_prompt_response_label(rm_se
 
 
 @pytest.mark.parametrize(
-    "path, words", [("/error", "HTTP 500: 'model crashed'"), ("/badjson", "reply is not JSON"), ("/noreward", "no 'reward' key")]
+    "path, words",
+    [("/error", "HTTP 500: 'model crashed'"), ("/badjson", "reply is not JSON"), ("/noreward", "no 'reward' key")],
 )
 async def test_bad_replies_raise_errors_naming_url_and_problem(rm_server, path, words):
     url, _ = rm_server
@@ -82,7 +83,10 @@ def test_rm_type_maps_to_verifiers_and_remote_needs_a_url():
     assert type(reward_fn_from_config(RolloutConfig(rm_type="math"))).__name__ == "MathVerifier"
     for slime_math in ("deepscaler", "dapo"):  # slime's math rewards: the math verifier here
         assert type(reward_fn_from_config(RolloutConfig(rm_type=slime_math))).__name__ == "MathVerifier"
-    assert type(reward_fn_from_config(RolloutConfig(rm_type="remote_rm", rm_url="http://h:1/rm"))).__name__ == "RemoteRewardModel"
+    assert (
+        type(reward_fn_from_config(RolloutConfig(rm_type="remote_rm", rm_url="http://h:1/rm"))).__name__
+        == "RemoteRewardModel"
+    )
     assert reward_fn_from_config(RolloutConfig()) is None
     with pytest.raises(ConfigError, match="--rm-url"):
         reward_fn_from_config(RolloutConfig(rm_type="remote"))

@@ -17,7 +17,9 @@ from slime.rollout.tools.sandbox import Sandbox, sandbox_unavailable_reason
 from slime.rollout.verifiers.code import CodeVerifier
 from slime.types import Sample
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 MYSTERY = ["assert mystery(3) == 17", "assert mystery(5) == 33"]
 """mystery(n) = n * n + 8 would pass; no hack below computes it."""
@@ -72,7 +74,10 @@ HACKS = [
         "an atexit hook that exits 0 after the failed assert",
         "import atexit, os\natexit.register(os._exit, 0)\ndef mystery(n):\n    return 0\n",
     ),
-    Hack("sys.excepthook that exits 0", "import os, sys\nsys.excepthook = lambda *a: os._exit(0)\ndef mystery(n):\n    return 0\n"),
+    Hack(
+        "sys.excepthook that exits 0",
+        "import os, sys\nsys.excepthook = lambda *a: os._exit(0)\ndef mystery(n):\n    return 0\n",
+    ),
     Hack(
         "a fake math module under the assert's math.isclose",
         "import sys, types\n_fake = types.ModuleType('math')\n_fake.isclose = lambda *a, **k: True\n"
@@ -111,7 +116,9 @@ HACKS = [
         "print('All tests passed')\nos._exit(0)\n",
         fooled_the_old_verifier=True,
     ),
-    Hack("exhausting the time limit", "def mystery(n):\n    while True:\n        pass\n", fooled_the_old_verifier=False),
+    Hack(
+        "exhausting the time limit", "def mystery(n):\n    while True:\n        pass\n", fooled_the_old_verifier=False
+    ),
     # Found by a red-team pass on the first version of the split verifier (never in the old one's list):
     # builtins on the expected side were sent to the program as probes, so it could shadow them.
     Hack(
@@ -174,7 +181,9 @@ async def test_the_hack_scores_zero(hack):
 )
 async def test_a_test_whose_expected_side_the_program_could_supply_fails_the_sample_not_scores_it(spec):
     sample = Sample(
-        prompt_ids=[0], metadata={"tests": spec}, response=fenced("EXPECTED = CONST = inf = 0\ndef mystery(n):\n    return 0\n")
+        prompt_ids=[0],
+        metadata={"tests": spec},
+        response=fenced("EXPECTED = CONST = inf = 0\ndef mystery(n):\n    return 0\n"),
     )
     with pytest.raises(PluginError, match="cannot judge outside the program|may only import"):
         await CodeVerifier(Sandbox(timeout_s=2.0))(sample)

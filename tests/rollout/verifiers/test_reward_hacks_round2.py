@@ -21,7 +21,9 @@ from slime.rollout.verifiers.code import CodeVerifier, outputs_match
 from slime.rollout.verifiers.code_asserts import split_assert
 from slime.types import Sample
 
-pytestmark = pytest.mark.skipif(sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    sandbox_unavailable_reason() is not None, reason=f"no OS sandbox: {sandbox_unavailable_reason()}"
+)
 
 AREA = {"asserts": ["assert isclose(area(2), 12.566, rel_tol=1e-3)", "assert isclose(area(1), 3.1416, rel_tol=1e-3)"]}
 HONEST_AREA = "from math import isclose, pi\ndef area(r):\n    return pi * r * r\n"
@@ -89,7 +91,10 @@ async def test_the_honest_program_passes(hack):
 @pytest.mark.parametrize(
     "spec, why",
     [
-        ({"test_imports": ["from collections import *"], "asserts": ["assert char_count('aab') == Counter('aab')"]}, "import \\*"),
+        (
+            {"test_imports": ["from collections import *"], "asserts": ["assert char_count('aab') == Counter('aab')"]},
+            "import \\*",
+        ),
         ({"asserts": ["assert 1 + 1 == 2"]}, "calls nothing of the solution"),
         ({"inputs": ["1\n"], "outputs": [None]}, "must be a string"),
         ({"inputs": ["1\n"]}, "equal length"),
@@ -99,7 +104,17 @@ async def test_the_honest_program_passes(hack):
         ({"asserts": ["assert f(" + "(" * 5000 + "1" + ")" * 5000 + ") == 1"]}, "nested too deep|does not parse"),
         ([1, 2], "objects"),
     ],
-    ids=["star-import", "no-probe", "output-none", "outputs-missing", "asserts-str", "asserts-nested", "setup-str", "deep", "bad-list"],
+    ids=[
+        "star-import",
+        "no-probe",
+        "output-none",
+        "outputs-missing",
+        "asserts-str",
+        "asserts-nested",
+        "setup-str",
+        "deep",
+        "bad-list",
+    ],
 )
 async def test_a_spec_the_verifier_cannot_judge_fails_the_sample_with_a_named_reason(spec, why):
     sample = Sample(prompt_ids=[0], metadata={"tests": spec}, response=fenced("def f(x):\n    return x\n"))
@@ -116,8 +131,16 @@ async def test_a_spec_the_verifier_cannot_judge_fails_the_sample_with_a_named_re
             {"asserts": ["assert set(big(1) + []) == {1}"]},
             "share one hash",
         ),
-        ("def big(n):\n    return [[k] for k in range(100000)]\n", {"asserts": ["assert sum(big(1) + [], []) == [1]"]}, "assertion failed"),
-        ("def big(n):\n    return 3 ** (n * 900_000)\n", {"asserts": ["assert big(1) % (big(1) // 2 + 1) == 1"]}, "ValueError"),
+        (
+            "def big(n):\n    return [[k] for k in range(100000)]\n",
+            {"asserts": ["assert sum(big(1) + [], []) == [1]"]},
+            "assertion failed",
+        ),
+        (
+            "def big(n):\n    return 3 ** (n * 900_000)\n",
+            {"asserts": ["assert big(1) % (big(1) // 2 + 1) == 1"]},
+            "ValueError",
+        ),
         (
             "def big(n):\n    return [7 ** 20_000] * 40\n",
             {"test_imports": ["import math"], "asserts": ["assert math.prod(big(1)) == 1"]},
@@ -145,8 +168,14 @@ async def test_values_that_would_stall_the_judge_fail_the_case(code, spec, why):
         ),
         ("def f(x):\n    return x + 1\n", '{"asserts": ["assert f(1) == 2"]}'),
         ("print(int(input()) * 2)\n", {"inputs": [["3"]], "outputs": [["6"]]}),
-        ("from math import isclose\ndef area(r):\n    return 3.14159 * r * r\n", {"asserts": ["assert isclose(area(1), 3.14159)"]}),
-        ("def mult(n):\n    return set(range(0, 20, n))\n", {"asserts": ["assert mult(5).issubset({0, 5, 10, 15, 20})"]}),
+        (
+            "from math import isclose\ndef area(r):\n    return 3.14159 * r * r\n",
+            {"asserts": ["assert isclose(area(1), 3.14159)"]},
+        ),
+        (
+            "def mult(n):\n    return set(range(0, 20, n))\n",
+            {"asserts": ["assert mult(5).issubset({0, 5, 10, 15, 20})"]},
+        ),
     ],
     ids=[
         "bitwise",

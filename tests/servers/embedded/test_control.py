@@ -54,7 +54,12 @@ async def test_abort_mid_generation_returns_partial_tokens_and_their_logprobs(en
     assert (status, body) == (200, "")
     status, out = await task
     meta = out["meta_info"]
-    assert status == 200 and meta["finish_reason"] == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    assert status == 200 and meta["finish_reason"] == {
+        "type": "abort",
+        "message": "Aborted",
+        "status_code": None,
+        "err_type": None,
+    }
     assert len(out["output_ids"]) == meta["completion_tokens"] == meta["output_token_logprobs_length"] == 3
     assert meta["prompt_tokens"] == 5 and meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
     full = reference_logprobs(hf_model, [3, 1, 4, 1, 5], out["output_ids"], 0.9)
@@ -98,7 +103,9 @@ async def test_abort_all_aborts_running_and_queued_requests_with_their_two_shape
 
 
 async def test_pause_holds_new_requests_until_continue(engine, session):
-    reference = (await _post(session, engine, "/generate", {"input_ids": [7, 7], "rid": "ref", "sampling_params": GREEDY}))[1]
+    reference = (
+        await _post(session, engine, "/generate", {"input_ids": [7, 7], "rid": "ref", "sampling_params": GREEDY})
+    )[1]
     assert await _post(session, engine, "/pause_generation", {"mode": "abort"}) == (
         200,
         {"message": "Generation paused successfully.", "status": "ok"},
@@ -126,10 +133,16 @@ async def test_weight_reload_changes_greedy_outputs_and_the_weight_version(engin
 
     body = {"input_ids": [3, 1, 4, 1, 5], "return_logprob": True, "sampling_params": GREEDY}
     before = (await _post(session, engine, "/generate", body))[1]
-    status, out = await _post(session, engine, "/update_weights_from_disk", {"model_path": str(tiny_model_v2_path), "weight_version": "v2"})
+    status, out = await _post(
+        session, engine, "/update_weights_from_disk", {"model_path": str(tiny_model_v2_path), "weight_version": "v2"}
+    )
     assert (status, out) == (
         200,
-        {"success": True, "num_paused_requests": 0, "message": "Succeeded to update model weights. Weight version updated to v2."},
+        {
+            "success": True,
+            "num_paused_requests": 0,
+            "message": "Succeeded to update model weights. Weight version updated to v2.",
+        },
     )
     after = (await _post(session, engine, "/generate", body))[1]
     assert after["output_ids"] != before["output_ids"] and after["meta_info"]["weight_version"] == "v2"
@@ -151,7 +164,9 @@ async def test_weight_reload_from_a_bad_path_fails_and_keeps_the_served_weights(
 
 
 @pytest.mark.parametrize("abort_all", [False, True])
-async def test_weight_update_waits_for_inflight_requests_unless_told_to_abort(engine, session, tiny_model_v2_path, abort_all):
+async def test_weight_update_waits_for_inflight_requests_unless_told_to_abort(
+    engine, session, tiny_model_v2_path, abort_all
+):
     gate = _gate(engine, "w1")
     task = _generate(session, engine, "w1")
     assert await asyncio.to_thread(gate.reached.wait, 10)
@@ -173,21 +188,34 @@ async def _update_with_a_request_paused_in_place(engine, session, model_path, **
     task = _generate(session, engine, "s1")
     assert await asyncio.to_thread(gate.reached.wait, 10)
     await _post(session, engine, "/pause_generation", {"mode": "in_place"})
-    status, out = await _post(session, engine, "/update_weights_from_disk", {"model_path": str(model_path), "weight_version": "v2", **body})
+    status, out = await _post(
+        session, engine, "/update_weights_from_disk", {"model_path": str(model_path), "weight_version": "v2", **body}
+    )
     return task, status, out
 
 
-async def test_in_place_pause_then_update_resumes_on_new_weights_with_version_spans(engine, session, tiny_model_v2_path):
-    task, status, out = await _update_with_a_request_paused_in_place(engine, session, tiny_model_v2_path, flush_cache=False)
+async def test_in_place_pause_then_update_resumes_on_new_weights_with_version_spans(
+    engine, session, tiny_model_v2_path
+):
+    task, status, out = await _update_with_a_request_paused_in_place(
+        engine, session, tiny_model_v2_path, flush_cache=False
+    )
     assert status == 200 and out["num_paused_requests"] == 1 and not task.done()
     await _post(session, engine, "/continue_generation", {})
     meta = (await task)[1]["meta_info"]
-    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}, {"version": "v2", "start": 3, "end": 8}]
+    assert meta["weight_versions"] == [
+        {"version": "default", "start": 0, "end": 3},
+        {"version": "v2", "start": 3, "end": 8},
+    ]
     assert meta["weight_version"] == "v2"
 
 
-async def test_in_place_pause_then_update_with_flush_cache_kills_the_engine_like_sglang_0_5_17(engine, session, tiny_model_v2_path):
-    task, status, out = await _update_with_a_request_paused_in_place(engine, session, tiny_model_v2_path)  # flush_cache defaults to true
+async def test_in_place_pause_then_update_with_flush_cache_kills_the_engine_like_sglang_0_5_17(
+    engine, session, tiny_model_v2_path
+):
+    task, status, out = await _update_with_a_request_paused_in_place(
+        engine, session, tiny_model_v2_path
+    )  # flush_cache defaults to true
     assert status == 500 and "Cache flush failed after updating weights" in out["message"]
     async with session.get(f"{engine.url}/health_generate") as resp:
         assert resp.status == 503  # dead, as the real server is
@@ -196,7 +224,10 @@ async def test_in_place_pause_then_update_with_flush_cache_kills_the_engine_like
 
 async def test_update_weight_version_sets_the_version_reported_everywhere(engine, session):
     status, out = await _post(session, engine, "/update_weight_version", {"new_version": "step-7"})
-    assert (status, out) == (200, {"success": True, "message": "Weight version updated to step-7", "new_version": "step-7"})
+    assert (status, out) == (
+        200,
+        {"success": True, "message": "Weight version updated to step-7", "new_version": "step-7"},
+    )
     gen = (await _post(session, engine, "/generate", {"input_ids": [2], "sampling_params": {"max_new_tokens": 1}}))[1]
     assert gen["meta_info"]["weight_version"] == "step-7"
     async with session.get(f"{engine.url}/model_info") as resp:

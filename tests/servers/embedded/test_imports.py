@@ -24,6 +24,7 @@ def test_no_module_but_the_package_entry_imports_server_py():
     importers = [
         p.name
         for p in sorted(PACKAGE.glob("*.py"))
-        if p.name not in ("__init__.py", "server.py") and "slime.servers.embedded.server" in _imported_modules(ast.parse(p.read_text()))
+        if p.name not in ("__init__.py", "server.py")
+        and "slime.servers.embedded.server" in _imported_modules(ast.parse(p.read_text()))
     ]
     assert not importers, f"these import server.py (type against state.ServerState instead): {importers}"

@@ -53,7 +53,18 @@ def test_main_prints_the_ready_line_serves_and_exits_cleanly_on_sigterm(tiny_mod
     driver.start()
     try:
         code = main_entry(
-            ["--model", str(tiny_model_path), "--port", "0", "--weight-version", "v0", "--threads", "1", "--log-level", "WARNING"]
+            [
+                "--model",
+                str(tiny_model_path),
+                "--port",
+                "0",
+                "--weight-version",
+                "v0",
+                "--threads",
+                "1",
+                "--log-level",
+                "WARNING",
+            ]
         )
     finally:
         main_returned.set()

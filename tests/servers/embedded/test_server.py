@@ -78,7 +78,10 @@ async def test_same_rid_and_seed_reproduce_the_same_sample(engine, session):
 async def test_batch_and_n_return_arrays_in_prompt_major_order(engine, session):
     prompts = [[4, 5], [6, 7, 8], [9]]
     status, out = await _post(
-        session, engine, "/generate", {"input_ids": prompts, "rid": "b", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+        session,
+        engine,
+        "/generate",
+        {"input_ids": prompts, "rid": "b", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}},
     )
     assert status == 200 and [o["meta_info"]["id"] for o in out] == ["b_0", "b_1", "b_2"]
     assert [o["meta_info"]["prompt_tokens"] for o in out] == [2, 3, 1]
@@ -91,7 +94,9 @@ async def test_batch_and_n_return_arrays_in_prompt_major_order(engine, session):
     )
     assert status == 200 and [o["meta_info"]["prompt_tokens"] for o in out] == [2, 2, 3, 3]
     assert len({o["meta_info"]["id"] for o in out}) == 4  # fresh rids per sample, as SGLang
-    status, single = await _post(session, engine, "/generate", {"input_ids": [4, 5], "sampling_params": {"n": 2, "max_new_tokens": 2}})
+    status, single = await _post(
+        session, engine, "/generate", {"input_ids": [4, 5], "sampling_params": {"n": 2, "max_new_tokens": 2}}
+    )
     assert status == 200 and isinstance(single, list) and len(single) == 2
 
 
@@ -118,7 +123,10 @@ async def test_contract_violations_answer_400_with_a_string_error(engine, sessio
         ({"sampling_params": {}}, "Either text, input_ids or input_embeds should be provided."),
         ({"text": "hello"}, "needs a tokenizer"),
         ({"input_ids": [1], "stream": True}, "does not stream"),
-        ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}, "does not support sampling_params.repetition_penalty"),
+        (
+            {"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}},
+            "does not support sampling_params.repetition_penalty",
+        ),
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": 1000}}, "maximum context length"),
     ],
 )
@@ -128,9 +136,13 @@ async def test_bad_values_answer_400_with_an_error_message_object(engine, sessio
 
 
 async def test_malformed_json_unknown_route_and_wrong_method_use_the_fastapi_shapes(engine, session):
-    async with session.post(f"{engine.url}/generate", data=b"{not json", headers={"Content-Type": "application/json"}) as resp:
+    async with session.post(
+        f"{engine.url}/generate", data=b"{not json", headers={"Content-Type": "application/json"}
+    ) as resp:
         body = await resp.json()
-        assert resp.status == 400 and body["object"] == "error" and body["code"] == 400 and body["type"] == "Bad Request"
+        assert (
+            resp.status == 400 and body["object"] == "error" and body["code"] == 400 and body["type"] == "Bad Request"
+        )
     async with session.get(f"{engine.url}/no_such_route") as resp:
         assert resp.status == 404 and await resp.json() == {"detail": "Not Found"}
     async with session.get(f"{engine.url}/pause_generation") as resp:
@@ -173,7 +185,10 @@ async def test_text_prompts_and_stop_strings_need_and_use_a_tokenizer(tiny_token
             session,
             engine,
             "/generate",
-            {"text": "w5 w6 w7", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": stop, "ignore_eos": True}},
+            {
+                "text": "w5 w6 w7",
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": stop, "ignore_eos": True},
+            },
         )
         assert status == 200 and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert out["output_ids"] == free["output_ids"][: len(out["output_ids"])] and stop not in out["text"]
@@ -208,7 +223,11 @@ async def test_input_logprobs_match_a_full_forward_with_the_first_entry_null(eng
         )
     )
     for ctx, start, (status, out) in zip(contexts, starts, replies):
-        assert status == 200 and out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        assert (
+            status == 200
+            and out["output_ids"] == []
+            and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        )
         entries = out["meta_info"]["input_token_logprobs"]
         assert [e[1] for e in entries] == ctx[start:] and entries[0][0] is None
         with torch.no_grad():

@@ -14,7 +14,9 @@ FAST = 1000.0
 
 def fixed_config(length: int, **overrides: Any) -> SimConfig:
     """Every trajectory is exactly ``length`` tokens (median == p99 makes the log-normal a point)."""
-    base: dict[str, Any] = dict(response_len_median=length, response_len_p99=length, time_scale=FAST, weight_sync_ms=0.0)
+    base: dict[str, Any] = dict(
+        response_len_median=length, response_len_p99=length, time_scale=FAST, weight_sync_ms=0.0
+    )
     base.update(overrides)
     return SimConfig(**base)
 

@@ -72,7 +72,9 @@ async def test_max_new_tokens_truncates_with_finish_reason_length():
 
 async def test_abort_by_rid_needs_an_exact_match_then_aborts_every_rid_with_that_prefix():
     async with SimEngine(fixed_config(10_000, max_running_requests=1)) as engine:
-        tasks = [asyncio.create_task(engine.generate(PROMPT, {"max_new_tokens": 10_000}, rid)) for rid in ("job-1", "job-10")]
+        tasks = [
+            asyncio.create_task(engine.generate(PROMPT, {"max_new_tokens": 10_000}, rid)) for rid in ("job-1", "job-10")
+        ]
         await until(lambda: engine.num_running == 1 and engine.num_waiting == 1)
         assert engine.abort("job-") == 0
         assert engine.abort("job-1") == 2
@@ -105,7 +107,9 @@ async def test_weight_update_with_abort_all_requests_aborts_first_and_holds_late
     async with SimEngine(fixed_config(200, weight_sync_ms=10_000.0)) as engine:  # 10 ms of wall time
         task = asyncio.create_task(engine.generate(PROMPT, {"max_new_tokens": 500, "sampling_seed": 1}))
         await until(lambda: engine.stats().tokens_generated >= 5)
-        update = asyncio.create_task(engine.update_weights_from_disk("/ckpt/2", weight_version="2", abort_all_requests=True))
+        update = asyncio.create_task(
+            engine.update_weights_from_disk("/ckpt/2", weight_version="2", abort_all_requests=True)
+        )
         aborted = await task
         later = asyncio.create_task(engine.generate(PROMPT, {"max_new_tokens": 3, "sampling_seed": 2}))
         await asyncio.sleep(0)
@@ -180,7 +184,9 @@ async def test_pause_in_abort_mode_aborts_and_holds_new_requests_until_continue(
 async def test_instant_mode_finishes_without_steps_and_still_honours_pause():
     async with SimEngine(fixed_config(1000, instant=True, time_scale=1.0)) as engine:
         start = time.perf_counter()
-        results = await asyncio.gather(*[engine.generate(PROMPT, {"max_new_tokens": 2000, "sampling_seed": i}) for i in range(20)])
+        results = await asyncio.gather(
+            *[engine.generate(PROMPT, {"max_new_tokens": 2000, "sampling_seed": i}) for i in range(20)]
+        )
         assert time.perf_counter() - start < 0.5
         assert all(len(r.output_ids) == 1000 for r in results)
         engine.pause_generation("in_place")

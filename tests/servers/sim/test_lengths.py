@@ -10,7 +10,14 @@ import pytest
 
 from slime.errors import ConfigError
 from slime.servers.sim import SimConfig
-from slime.servers.sim.lengths import EmpiricalLengths, LogNormalLengths, make_length_distribution, mix64, mix64_array, unit_uniform
+from slime.servers.sim.lengths import (
+    EmpiricalLengths,
+    LogNormalLengths,
+    make_length_distribution,
+    mix64,
+    mix64_array,
+    unit_uniform,
+)
 
 
 def test_lognormal_median_and_p99_are_within_tolerance_on_5000_keyed_draws():

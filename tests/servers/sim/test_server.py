@@ -76,7 +76,12 @@ async def test_running_and_queued_aborts_return_the_two_protocol_shapes(serve):
             asyncio.create_task(
                 session.post(
                     f"{url}/generate",
-                    json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}, "rid": rid, "return_logprob": True},
+                    json={
+                        "input_ids": PROMPT,
+                        "sampling_params": {"max_new_tokens": 10_000},
+                        "rid": rid,
+                        "return_logprob": True,
+                    },
                 )
             )
             for rid in ("run-", "wait-")
@@ -141,7 +146,9 @@ async def test_a_client_that_disconnects_aborts_its_request(serve):
     server, _ = await serve(fixed_config(10_000))
     async with aiohttp.ClientSession() as session:
         post = asyncio.create_task(
-            session.post(f"{server.url}/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}})
+            session.post(
+                f"{server.url}/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10_000}}
+            )
         )
         await until(lambda: server.engine.num_running == 1)
         post.cancel()

@@ -19,7 +19,13 @@ def tracker(**overrides) -> TrajectoryTracker:
 
 
 @pytest.mark.parametrize(
-    "rid, stem", [("slime-g7-s3-a0-r0-", "slime-g7-s3"), ("slime-g7-s3-a12-r11-", "slime-g7-s3"), ("plain", "plain"), ("x-a1-r2", "x")]
+    "rid, stem",
+    [
+        ("slime-g7-s3-a0-r0-", "slime-g7-s3"),
+        ("slime-g7-s3-a12-r11-", "slime-g7-s3"),
+        ("plain", "plain"),
+        ("x-a1-r2", "x"),
+    ],
 )
 def test_rid_stem_drops_the_abort_and_resume_counters(rid, stem):
     assert rid_stem(rid) == stem
@@ -86,7 +92,11 @@ def test_lengths_are_capped_by_max_response_len():
 
 
 @settings(max_examples=50, deadline=None)
-@given(prompt=st.lists(st.integers(0, 50_000), min_size=1, max_size=40), seed=st.integers(0, 2**31), cut=st.floats(0.0, 1.0))
+@given(
+    prompt=st.lists(st.integers(0, 50_000), min_size=1, max_size=40),
+    seed=st.integers(0, 2**31),
+    cut=st.floats(0.0, 1.0),
+)
 def test_any_abort_point_resumes_to_the_same_trajectory_and_tokens(prompt, seed, cut):
     t = tracker()
     first = t.resolve(prompt, sampling_seed=seed, rid=None)

@@ -104,7 +104,9 @@ def megatron_cpu() -> Iterator[object]:
         mp.setattr(torch.cuda, "current_device", lambda: "cpu")
         mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
         port = _free_port()
-        for var, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+        for var, value in dict(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        ).items():
             mp.setenv(var, value)
         ctx = init_parallel(MegatronConfig(), seed=0)
         try:
@@ -142,9 +144,17 @@ class _ConstantLR:
         return self.lr
 
 
-def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: float = 1.0, max_staleness: int | None = None):
+def _cpu_megatron_trainer(
+    config, model_dir: str, ctx, *, rollout_temperature: float = 1.0, max_staleness: int | None = None
+):
     from slime.train.megatron.arch import ModelArch, load_hf_config
-    from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, output_hidden_states, transformer_config
+    from slime.train.megatron.model import (
+        HFCheckpointReader,
+        build_gpt_model,
+        load_hf_weights,
+        output_hidden_states,
+        transformer_config,
+    )
     from slime.train.megatron.parallel import ControlChannel
     from slime.train.megatron.router_metrics import attach_megatron_routers
     from slime.train.megatron.step import MegatronTrainStep
@@ -172,12 +182,17 @@ def _cpu_megatron_trainer(config, model_dir: str, ctx, *, rollout_temperature: f
                 output_hidden_states(self.model)
             self.ddp, self.ref_model = _PassThroughDDP(self.model), None
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+                self.model.parameters(),
+                lr=config.lr,
+                betas=(config.adam_beta1, config.adam_beta2),
+                weight_decay=config.weight_decay,
             )
             self.scheduler = _ConstantLR(config.lr)
             a = self.arch
             self.router_stats = (
-                attach_megatron_routers(self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu"))
+                attach_megatron_routers(
+                    self.model, num_experts=a.num_experts, topk=a.moe_router_topk, device=torch.device("cpu")
+                )
                 if a.is_moe
                 else None
             )

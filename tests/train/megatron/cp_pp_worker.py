@@ -68,7 +68,11 @@ def _groups(vocab: int):
                 status=Status.COMPLETED,
             )
             r = 3 + (i * 5 + 3 * gi) % 7
-            s.append(torch.randint(1, vocab, (r,), generator=g).tolist(), (-torch.rand(r, generator=g)).tolist(), policy_version=0)
+            s.append(
+                torch.randint(1, vocab, (r,), generator=g).tolist(),
+                (-torch.rand(r, generator=g)).tolist(),
+                policy_version=0,
+            )
             samples.append(s)
         groups.append(Group(group_id=gi, samples=samples))
     return groups
@@ -158,7 +162,9 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
     from slime.train.megatron.parallel import init_parallel
 
     bf16 = os.environ.get("SLIME_TEST_BF16") == "1"
-    mcfg = MegatronConfig(tensor_model_parallel_size=tp, context_parallel_size=cp, pipeline_model_parallel_size=pp, bf16=bf16)
+    mcfg = MegatronConfig(
+        tensor_model_parallel_size=tp, context_parallel_size=cp, pipeline_model_parallel_size=pp, bf16=bf16
+    )
     ctx = init_parallel(mcfg, seed=0)
     try:
         if alone:  # the reference: rank 0 as a job of one rank
@@ -176,7 +182,10 @@ def _phase(hf_dir: str, tp: int, cp: int, pp: int, *, alone: bool) -> dict | Non
 
         dtypes: set[str] = set()
         real = step_mod.vocab_parallel_logprobs
-        step_mod.vocab_parallel_logprobs = lambda logits, *a, **k: (dtypes.add(str(logits.dtype)), real(logits, *a, **k))[1]
+        step_mod.vocab_parallel_logprobs = lambda logits, *a, **k: (
+            dtypes.add(str(logits.dtype)),
+            real(logits, *a, **k),
+        )[1]
         try:
             metrics = trainer._train_batch(batch).to_dict()
         finally:
@@ -203,7 +212,10 @@ def main(hf_dir: str, out_path: str, *layouts: str) -> None:
         if dist.get_rank() != 0:
             continue
         mask = ref["mask"] > 0
-        grads = {k: float((got["grads"][k] - v).abs().max() / v.abs().max().clamp_min(1e-12)) for k, v in ref["grads"].items()}
+        grads = {
+            k: float((got["grads"][k] - v).abs().max() / v.abs().max().clamp_min(1e-12))
+            for k, v in ref["grads"].items()
+        }
         out[layout] = {
             "logprob_max_abs_diff": float((got["old_logprobs"] - ref["old_logprobs"])[mask].abs().max()),
             "logprobs_nonzero": bool((ref["old_logprobs"][mask] != 0).all()),

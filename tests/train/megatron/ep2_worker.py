@@ -79,9 +79,13 @@ def main(hf_dir: str, out_path: str, tp: str, ep: str, etp: str) -> None:
         torch.tensor(lens),
         z,
     )
-    mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=ctx.tp_size, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
+    mb = pack_samples(
+        batch, [0, 1], pad_token_id=0, pad_to=ctx.tp_size, head_dim=arch.head_dim, rope_theta=arch.rope_theta
+    )
     with torch.no_grad():
-        local = model.eval()(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)[0]
+        local = model.eval()(
+            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+        )[0]
         parts = [torch.empty_like(local) for _ in range(ctx.tp_size)]
         dist.all_gather(parts, local.contiguous(), group=ctx.tp_group)
     gathered = dict(iter_hf_weights(model, arch, ctx))
@@ -95,7 +99,8 @@ def main(hf_dir: str, out_path: str, tp: str, ep: str, etp: str) -> None:
         result = {
             "ranks": {"ep_size": ctx.ep_size, "etp_size": ctx.etp_size, "tp_size": ctx.tp_size, "dp_size": ctx.dp_size},
             "logits_max_abs_diff": float((logits - ref).abs().max()),
-            "weights_bit_exact": sorted(gathered) == sorted(state) and all(torch.equal(gathered[k], v) for k, v in state.items()),
+            "weights_bit_exact": sorted(gathered) == sorted(state)
+            and all(torch.equal(gathered[k], v) for k, v in state.items()),
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

@@ -32,7 +32,9 @@ def _load_script():
     return module
 
 
-def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, megatron_cpu, cpu_megatron_trainer, capsys, monkeypatch):
+def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(
+    tmp_path, megatron_cpu, cpu_megatron_trainer, capsys, monkeypatch
+):
     from slime.bench.trainer import megatron_backend
     from slime.train.megatron.layers import SDPACoreAttention
 
@@ -87,13 +89,20 @@ def test_bench_trainer_runs_both_backends_at_a_tiny_shape_on_the_cpu(tmp_path, m
         tiny["backends"]["transformers"]["rl_step_s"] / tiny["backends"]["megatron"]["rl_step_s"]
     )
     candidate = tiny["backends"]["megatron+varlen_attention"]  # same weights, data and math as the default
-    assert candidate["rl_step_vs_megatron"] == pytest.approx(tiny["backends"]["megatron"]["rl_step_s"] / candidate["rl_step_s"])
+    assert candidate["rl_step_vs_megatron"] == pytest.approx(
+        tiny["backends"]["megatron"]["rl_step_s"] / candidate["rl_step_s"]
+    )
     assert candidate["loss"] == pytest.approx(tiny["backends"]["megatron"]["loss"], rel=1e-5, abs=1e-7)
     assert candidate["grad_norm"] == pytest.approx(tiny["backends"]["megatron"]["grad_norm"], rel=1e-5)
     assert "megatron+varlen_attention RL step" in out
-    assert ratios_at_build == [SDPACoreAttention.dense_padding_ratio, 0.0]  # the candidate was in place for its build and steps only
+    assert ratios_at_build == [
+        SDPACoreAttention.dense_padding_ratio,
+        0.0,
+    ]  # the candidate was in place for its build and steps only
     for r in tiny["backends"].values():
-        assert len(r["gc_pause_ms_per_step"]) == 2 and r["gc_full_collections"] == sum(s["gc_full"] for s in r["per_step"][1:])
+        assert len(r["gc_pause_ms_per_step"]) == 2 and r["gc_full_collections"] == sum(
+            s["gc_full"] for s in r["per_step"][1:]
+        )
         assert len(r["per_step"]) == 3 and [s["rl_step_s"] for s in r["per_step"][1:]] == r["rl_step_times_s"]
         assert {"graphs_compiled", "gc_ms", "old_logprob_pass_s"} <= r["per_step"][0].keys()
     profile = json.loads((tmp_path / "out" / "bench_trainer_profile.json").read_text())["tiny"]
@@ -111,9 +120,14 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
     from slime.config import MegatronConfig, TrainConfig
 
     model_dir = megatron_common.make_hf_dir(str(tmp_path / "tiny"), SHAPES["tiny"], dtype=torch.float32, device="cpu")
-    groups = megatron_common.make_groups(vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=24)
+    groups = megatron_common.make_groups(
+        vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=24
+    )
     cfg = TrainConfig(
-        global_batch_size=2, micro_batch_size=1, lr=1e-2, megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=64)
+        global_batch_size=2,
+        micro_batch_size=1,
+        lr=1e-2,
+        megatron=MegatronConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=64),
     )
     ref = TransformersReference(cfg, model_dir=model_dir, device=torch.device("cpu"), precision="fp32")
     megatron = cpu_megatron_trainer(cfg, model_dir, megatron_cpu)
@@ -126,7 +140,18 @@ def test_the_reference_and_the_megatron_step_see_the_same_loss_on_the_cpu(tmp_pa
 
 def _one_step_argv(backends, tmp_path):
     """One timed step, no warm-up, 4 samples of 64 tokens at the tiny shape."""
-    argv = ["--backends", backends, "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64", "--max-tokens-per-gpu", "128"]
+    argv = [
+        "--backends",
+        backends,
+        "--shapes",
+        "tiny",
+        "--num-samples",
+        "4",
+        "--seq-len",
+        "64",
+        "--max-tokens-per-gpu",
+        "128",
+    ]
     return argv + ["--steps", "1", "--warmup", "0", "--model-root", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
 
 
@@ -234,7 +259,12 @@ def test_the_profile_counts_each_kernel_once_not_again_through_the_op_that_launc
 
     def row(key, device, us, count=1, cpu_us=0.0, annotation=False):
         return SimpleNamespace(
-            key=key, device_type=device, self_device_time_total=us, self_cpu_time_total=cpu_us, count=count, is_user_annotation=annotation
+            key=key,
+            device_type=device,
+            self_device_time_total=us,
+            self_cpu_time_total=cpu_us,
+            count=count,
+            is_user_annotation=annotation,
         )
 
     rows = [
@@ -275,10 +305,16 @@ def test_fresh_data_gives_every_step_new_groups_and_counts_the_timed_steps_flops
     argv = ["--backends", "transformers", "--shapes", "tiny", "--num-samples", "4", "--seq-len", "64", "--fresh-data"]
     argv += ["--steps", "2", "--warmup", "1", "--model-root", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
     assert script.main(argv, factories={"transformers": lambda cfg, d, dev: Recording()}) == 0
-    assert len(seen) == 3 and all(rl == old for rl, old in seen)  # the step and its old-logprob pass see one step's data
+    assert len(seen) == 3 and all(
+        rl == old for rl, old in seen
+    )  # the step and its old-logprob pass see one step's data
     assert len({tuple(rl) for rl, _ in seen}) == 3  # new groups every step
-    kw = dict(vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=56, ragged=True)
-    timed = [[8 + len(s.response_ids) for g in megatron_common.make_groups(seed=i, **kw) for s in g.samples] for i in (2, 3)]
+    kw = dict(
+        vocab_size=SHAPES["tiny"]["vocab_size"], num_groups=1, group_size=4, prompt_len=8, response_len=56, ragged=True
+    )
+    timed = [
+        [8 + len(s.response_ids) for g in megatron_common.make_groups(seed=i, **kw) for s in g.samples] for i in (2, 3)
+    ]
     assert [[n - 8 for n in ls] for ls in timed] == [seen[1][0], seen[2][0]]
     tiny = json.loads((tmp_path / "o" / "bench_trainer.json").read_text())["shapes"]["tiny"]
     assert tiny["tokens_per_step"] == pytest.approx(sum(map(sum, timed)) / 2)
@@ -292,8 +328,19 @@ def test_the_megatron_backend_without_cuda_is_refused_before_anything_is_built(t
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the megatron backend")
     script = _load_script()
-    with pytest.raises(SystemExit, match="the megatron backend needs CUDA; on a CPU: --shapes tiny --backends transformers,torch"):
-        script.main(["--shapes", "tiny", "--backends", "transformers,megatron+varlen_attention", "--model-root", str(tmp_path / "m")])
+    with pytest.raises(
+        SystemExit, match="the megatron backend needs CUDA; on a CPU: --shapes tiny --backends transformers,torch"
+    ):
+        script.main(
+            [
+                "--shapes",
+                "tiny",
+                "--backends",
+                "transformers,megatron+varlen_attention",
+                "--model-root",
+                str(tmp_path / "m"),
+            ]
+        )
     assert not (tmp_path / "m").exists()
 
 
@@ -344,6 +391,8 @@ def test_profile_summary_on_the_cpu_names_the_ops_with_the_most_host_time():
 
     a = torch.randn(64, 64)
     s = profile_summary(lambda: [a @ a for _ in range(5)], "cpu", top=5)
-    assert s["host_ops"] and any("mm" in r["name"] for r in s["host_ops"]) and all(r["self_ms"] > 0 for r in s["host_ops"])
+    assert (
+        s["host_ops"] and any("mm" in r["name"] for r in s["host_ops"]) and all(r["self_ms"] > 0 for r in s["host_ops"])
+    )
     assert "idle_gaps" not in s  # no GPU timeline on the CPU
     assert "host" in format_profile("cpu", s)

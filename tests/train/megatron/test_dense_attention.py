@@ -28,7 +28,9 @@ def _per_sequence(q, k, v, bounds, scale):
     for a, b in zip(bounds[:-1], bounds[1:]):
         if b > a:
             qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=ks.shape[1] != qs.shape[1])
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=ks.shape[1] != qs.shape[1]
+            )
             out[a:b] = o.squeeze(0).transpose(0, 1)
     return out
 
@@ -64,7 +66,10 @@ def test_dense_attention_equals_causal_attention_per_sequence_with_gradients(bou
     k0, v0 = torch.randn(t, kv_heads, d, dtype=torch.float64), torch.randn(t, kv_heads, d, dtype=torch.float64)
     grad = torch.randn(t, heads, d, dtype=torch.float64)
     results = []
-    for fn in (lambda q, k, v: dense_attention(q, k, v, layout, scale, index), lambda q, k, v: _per_sequence(q, k, v, bounds, scale)):
+    for fn in (
+        lambda q, k, v: dense_attention(q, k, v, layout, scale, index),
+        lambda q, k, v: _per_sequence(q, k, v, bounds, scale),
+    ):
         q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
         out = fn(q, k, v)
         out.backward(grad)

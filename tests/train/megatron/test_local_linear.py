@@ -130,7 +130,9 @@ def test_calls_that_communicate_or_defer_go_to_megatron(kwargs):
     layer = _Local()
     assert layer._forward_impl(input=x, weight=w.requires_grad_(), bias=b, **kwargs) == "megatron"
     assert layer._forward_impl(input=x, weight=w.detach(), bias=b) == "megatron"  # frozen weight: megatron's path
-    out = layer._forward_impl(input=x, weight=w.requires_grad_(), bias=b, allreduce_dgrad=False, sequence_parallel=False)
+    out = layer._forward_impl(
+        input=x, weight=w.requires_grad_(), bias=b, allreduce_dgrad=False, sequence_parallel=False
+    )
     assert torch.allclose(out, torch.nn.functional.linear(x, w, b))
     linear.enabled = False
     try:
@@ -139,7 +141,9 @@ def test_calls_that_communicate_or_defer_go_to_megatron(kwargs):
         linear.enabled = True
 
 
-def test_a_built_model_swaps_only_the_transformer_layers_linears_and_keeps_megatrons_outputs_and_grads(hf_dirs, megatron_cpu):
+def test_a_built_model_swaps_only_the_transformer_layers_linears_and_keeps_megatrons_outputs_and_grads(
+    hf_dirs, megatron_cpu
+):
     """qwen2 (QKV bias): the same logits and parameter gradients through the local linears as through megatron's."""
     from megatron.core import tensor_parallel as tp
 
@@ -150,7 +154,9 @@ def test_a_built_model_swaps_only_the_transformer_layers_linears_and_keeps_megat
     arch = ModelArch.from_hf_config(load_hf_config(hf_dirs["qwen2"]))
     model = build_gpt_model(arch, transformer_config(arch, MegatronConfig(), use_cpu_initialization=True), tp_size=1)
     load_hf_weights(model, HFCheckpointReader(hf_dirs["qwen2"]), arch, tp_size=1, tp_rank=0)
-    kinds = {n: type(m) for n, m in model.named_modules() if isinstance(m, (tp.ColumnParallelLinear, tp.RowParallelLinear))}
+    kinds = {
+        n: type(m) for n, m in model.named_modules() if isinstance(m, (tp.ColumnParallelLinear, tp.RowParallelLinear))
+    }
     assert sum(".layers." in n for n in kinds) == 4 * arch.num_layers
     for name, cls in kinds.items():
         local = cls in (linear.LocalColumnParallelLinear, linear.LocalRowParallelLinear)
@@ -171,7 +177,9 @@ def test_a_built_model_swaps_only_the_transformer_layers_linears_and_keeps_megat
 
     def run():
         model.zero_grad(set_to_none=True)
-        logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+        logits = model(
+            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+        )
         (logits.float().square().mean()).backward()
         return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

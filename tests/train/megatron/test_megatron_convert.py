@@ -43,7 +43,9 @@ def test_round_trip_is_bit_exact_in_bf16_with_vocab_padding(hf_dirs):
     hf["model.embed_tokens.weight"] = hf["model.embed_tokens.weight"][:95].clone()
     shards = [hf_to_mcore(hf, arch, tp_size=2, tp_rank=r) for r in range(2)]
     assert shards[0]["embedding.word_embeddings.weight"].shape[0] == 48  # 95 padded to 96, split in 2
-    assert torch.equal(shards[1]["embedding.word_embeddings.weight"][-1], torch.zeros(arch.hidden_size, dtype=torch.bfloat16))
+    assert torch.equal(
+        shards[1]["embedding.word_embeddings.weight"][-1], torch.zeros(arch.hidden_size, dtype=torch.bfloat16)
+    )
     _assert_bit_exact(mcore_to_hf(shards, arch), hf)
 
 
@@ -54,7 +56,10 @@ def test_tp2_shards_follow_megatron_layouts(hf_dirs):
     r1 = hf_to_mcore(hf, arch, tp_size=2, tp_rank=1)
     q, k, v = (hf[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv")
     d = arch.head_dim
-    assert torch.equal(r1["decoder.layers.0.self_attention.linear_qkv.weight"], torch.cat([q[2 * d : 4 * d], k[d : 2 * d], v[d : 2 * d]]))
+    assert torch.equal(
+        r1["decoder.layers.0.self_attention.linear_qkv.weight"],
+        torch.cat([q[2 * d : 4 * d], k[d : 2 * d], v[d : 2 * d]]),
+    )
     qb = hf["model.layers.0.self_attn.q_proj.bias"]
     assert torch.equal(r1["decoder.layers.0.self_attention.linear_qkv.bias"][: 2 * d], qb[2 * d : 4 * d])
     gate, up = hf["model.layers.0.mlp.gate_proj.weight"], hf["model.layers.0.mlp.up_proj.weight"]
@@ -110,7 +115,9 @@ def test_convert_cli_names_the_missing_flag(argv, message):
         main(argv)
 
 
-def test_a_conversion_the_machine_cannot_do_is_a_one_line_error_that_leaves_nothing_behind(hf_dirs, tmp_path, capsys, monkeypatch):
+def test_a_conversion_the_machine_cannot_do_is_a_one_line_error_that_leaves_nothing_behind(
+    hf_dirs, tmp_path, capsys, monkeypatch
+):
     import types
 
     from slime.train.megatron import convert_cli
@@ -121,9 +128,13 @@ def test_a_conversion_the_machine_cannot_do_is_a_one_line_error_that_leaves_noth
 
     real_mcore = convert_cli.mcore
     monkeypatch.setattr(
-        convert_cli, "mcore", lambda name: types.SimpleNamespace(save=save) if name.endswith("dist_checkpointing") else real_mcore(name)
+        convert_cli,
+        "mcore",
+        lambda name: types.SimpleNamespace(save=save) if name.endswith("dist_checkpointing") else real_mcore(name),
     )
-    for var, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())).items():
+    for var, value in dict(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+    ).items():
         monkeypatch.setenv(var, value)
     out = tmp_path / "mcore"
     assert convert_cli.main(["--to", "megatron", "--hf-checkpoint", str(hf_dirs["qwen3"]), "--save", str(out)]) == 2

@@ -22,7 +22,11 @@ pytest.importorskip("megatron.core", reason="the megatron backend's optional ext
 def _run(hf_dir: str, tmp_path: Path, nproc: int, layouts: list[str], **extra_env: str) -> dict:
     out = tmp_path / "result.json"
     worker = Path(__file__).with_name("cp_pp_worker.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(extra_env)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
     cmd = [

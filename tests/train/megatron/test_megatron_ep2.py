@@ -12,12 +12,18 @@ import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, tp, ep, etp", [("qwen3_moe", 1, 2, 1), ("qwen2_moe", 2, 2, 1), ("qwen3_moe", 2, 1, 2)])
+@pytest.mark.parametrize(
+    "family, tp, ep, etp", [("qwen3_moe", 1, 2, 1), ("qwen2_moe", 2, 2, 1), ("qwen3_moe", 2, 1, 2)]
+)
 def test_expert_parallel_forward_and_weight_gather_match_hf(family, tp, ep, etp, hf_dirs, tmp_path):
     pytest.importorskip("megatron.core")
     out = tmp_path / "result.json"
     worker = Path(__file__).with_name("ep2_worker.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
     cmd = [
         sys.executable,

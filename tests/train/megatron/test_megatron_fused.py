@@ -19,7 +19,9 @@ from slime.train.megatron import logprobs  # needs no megatron-core (so the TP w
 from slime.train.megatron.logprobs import vocab_parallel_logprobs
 
 
-def _reference(logits: torch.Tensor, target: torch.Tensor, temperature: float, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(
+    logits: torch.Tensor, target: torch.Tensor, temperature: float, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 log_softmax over the real vocabulary, gathered at ``target``, and the entropy."""
     scale = 1.0 / temperature if temperature > 1e-6 else 1.0
     ref = torch.log_softmax(logits[:, :vocab_size].double() * scale, -1)
@@ -137,7 +139,9 @@ def test_tensor_parallel_slices_give_the_full_vocabulary_result():
     w_lp, w_ent = torch.randn(11), torch.randn(11)
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(_tp_worker, args=(_free_port(), logits, target, w_lp, w_ent, out), nprocs=2, start_method="spawn")
+        mp.start_processes(
+            _tp_worker, args=(_free_port(), logits, target, w_lp, w_ent, out), nprocs=2, start_method="spawn"
+        )
         results = dict(out)
     x_ref = logits.double().requires_grad_(True)
     lp_ref, ent_ref = _reference(x_ref, target, 0.75, 70)
@@ -173,7 +177,9 @@ def test_logprob_passes_trace_as_one_graph_and_match_eager():
 
 
 def test_rmsnorm_rope_swiglu_trace_as_one_graph_and_match_eager_with_gradients():
-    pytest.importorskip("megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed")
+    pytest.importorskip(
+        "megatron.core", reason="the megatron backend's optional extra (slime[megatron]) is not installed"
+    )
     from slime.train.megatron import layers
 
     torch.manual_seed(6)
@@ -195,7 +201,9 @@ def test_rmsnorm_rope_swiglu_trace_as_one_graph_and_match_eager_with_gradients()
             outs = run(*leaves)
             outs = outs if isinstance(outs, tuple) else (outs,)
             sum(o.square().sum() for o in outs).backward()
-            grads.append([o.detach() for o in outs] + [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad])
+            grads.append(
+                [o.detach() for o in outs] + [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+            )
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()

@@ -25,7 +25,9 @@ try:
     HAVE_LIGER = True
 except ImportError:  # absent, or triton absent (liger_kernel's package imports it)
     HAVE_LIGER = False
-needs_liger = pytest.mark.skipif(not HAVE_LIGER, reason="liger-kernel (slime[liger]; it imports triton) is not importable here")
+needs_liger = pytest.mark.skipif(
+    not HAVE_LIGER, reason="liger-kernel (slime[liger]; it imports triton) is not importable here"
+)
 
 
 @needs_liger
@@ -36,7 +38,9 @@ def test_fused_linear_logprobs_equal_the_logits_path_values_and_grads(temperatur
     weight = torch.randn(12, 16, dtype=torch.float64, requires_grad=True)  # 10 real rows + 2 padding
     target = torch.tensor([0, 3, 9, 9, 1, 5, 2])
     lp, ent = fused_linear_logprobs(hidden, weight, target, temperature=temperature, vocab_size=10, entropy_grad=True)
-    ref_lp, ref_ent = vocab_parallel_logprobs(hidden @ weight.T, target, temperature=temperature, vocab_size=10, entropy_grad=True)
+    ref_lp, ref_ent = vocab_parallel_logprobs(
+        hidden @ weight.T, target, temperature=temperature, vocab_size=10, entropy_grad=True
+    )
     assert lp.dtype == ent.dtype == torch.float32
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)  # both compute in fp32
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)  # both compute in fp32
@@ -45,7 +49,9 @@ def test_fused_linear_logprobs_equal_the_logits_path_values_and_grads(temperatur
     ref_grads = torch.autograd.grad((ref_lp * w_lp + ref_ent * w_ent).sum(), (hidden, weight))
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)  # both compute in fp32
-    assert torch.equal(grads[1][10:], torch.zeros(2, 16, dtype=torch.float64))  # padding rows: never sampled, no gradient
+    assert torch.equal(
+        grads[1][10:], torch.zeros(2, 16, dtype=torch.float64)
+    )  # padding rows: never sampled, no gradient
 
 
 @needs_liger
@@ -66,7 +72,9 @@ def _groups(vocab: int):
 @needs_liger
 @pytest.mark.parametrize("family", ["qwen2", "llama"])  # tied and untied output weight
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_train_step_with_liger_equals_the_default_path(family, temperature, hf_dirs, megatron_cpu, cpu_megatron_trainer):
+def test_train_step_with_liger_equals_the_default_path(
+    family, temperature, hf_dirs, megatron_cpu, cpu_megatron_trainer
+):
     """Same weights and groups, packed micro-batches (token budget): the step's metrics (loss, entropy,
     ratio from the old-logprob pass, grad norm), every parameter's gradient and the updated weights agree."""
     from slime.train.megatron.model import output_weight
@@ -79,18 +87,30 @@ def test_train_step_with_liger_equals_the_default_path(family, temperature, hf_d
     slime_t, liger_t = trainer("slime"), trainer("liger")
     mb = next(mb for _, _, mbs in slime_t._plan(_batch(slime_t)) for mb in mbs if len(mb.samples) > 1)
     assert mb.num_tokens > 0  # at least one micro-batch packs several samples
-    out = liger_t.model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+    out = liger_t.model(
+        input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+    )
     assert out.shape[-1] == liger_t.arch.hidden_size  # the liger path's model returns hidden states, not logits
     if family == "qwen2":
         assert output_weight(liger_t.ddp) is liger_t.model.embedding.word_embeddings.weight
     groups = _groups(96)
     for _ in range(2):
         got, want = liger_t.train_step(groups).to_dict(), slime_t.train_step(groups).to_dict()
-        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "approx_kl", "pg_clipfrac", "train_rollout_logprob_abs_diff"):
+        for key in (
+            "loss",
+            "grad_norm",
+            "entropy",
+            "ratio_mean",
+            "approx_kl",
+            "pg_clipfrac",
+            "train_rollout_logprob_abs_diff",
+        ):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
         grads = {n: p.grad for n, p in liger_t.model.named_parameters()}
         for name, p in slime_t.model.named_parameters():
-            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+            torch.testing.assert_close(
+                grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+            )
     params = dict(liger_t.model.named_parameters())
     for name, p in slime_t.model.named_parameters():
         torch.testing.assert_close(params[name], p, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")

@@ -49,7 +49,12 @@ def _groups(vocab: int) -> list[Group]:
     g = torch.Generator().manual_seed(3)
     samples = []
     for i, (p, r) in enumerate([(3, 4), (5, 2), (2, 6), (4, 3)]):
-        s = Sample(prompt_ids=torch.randint(1, vocab, (p,), generator=g).tolist(), index=i, reward=float(i % 2), status=Status.COMPLETED)
+        s = Sample(
+            prompt_ids=torch.randint(1, vocab, (p,), generator=g).tolist(),
+            index=i,
+            reward=float(i % 2),
+            status=Status.COMPLETED,
+        )
         s.append(torch.randint(1, vocab, (r,), generator=g).tolist(), [-1.0] * r, policy_version=0)
         samples.append(s)
     return [Group(group_id=0, samples=samples)]
@@ -75,12 +80,20 @@ def test_packed_megatron_loss_and_grads_match_the_torch_backend(family, hf_dirs,
 
     order = [3, 0, 2, 1]
     mb = pack_samples(batch, order, pad_token_id=0, pad_to=1, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
-    logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
-    lp, ent = vocab_parallel_logprobs(logits[0], mb.labels[0], temperature=0.8, vocab_size=arch.vocab_size, entropy_grad=True)
-    loss_m, metrics_m = objective.micro_batch_loss(cfg, select_samples(batch, order), mb.unpack(lp), mb.unpack(ent), 4.0)
+    logits = model(
+        input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+    )
+    lp, ent = vocab_parallel_logprobs(
+        logits[0], mb.labels[0], temperature=0.8, vocab_size=arch.vocab_size, entropy_grad=True
+    )
+    loss_m, metrics_m = objective.micro_batch_loss(
+        cfg, select_samples(batch, order), mb.unpack(lp), mb.unpack(ent), 4.0
+    )
     loss_m.backward()
 
-    lp_h, ent_h = compute_token_logprobs_and_entropy(hf, batch.input_ids, batch.attention_mask, temperature=0.8, entropy_grad=True)
+    lp_h, ent_h = compute_token_logprobs_and_entropy(
+        hf, batch.input_ids, batch.attention_mask, temperature=0.8, entropy_grad=True
+    )
     loss_h, metrics_h = objective.micro_batch_loss(cfg, batch, lp_h, ent_h, 4.0)
     loss_h.backward()
 

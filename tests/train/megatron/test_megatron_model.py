@@ -52,7 +52,9 @@ def test_megatron_logits_match_hf_on_packed_sequences(family, hf_dirs, megatron_
     )
     mb = pack_samples(batch, [2, 0, 1], pad_token_id=0, pad_to=4, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
     with torch.no_grad():
-        logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
+        logits = model(
+            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+        )
     logits = logits.reshape(mb.num_tokens, -1)[:, : arch.vocab_size]
     bounds = mb.params.seq_bounds
     with torch.no_grad():

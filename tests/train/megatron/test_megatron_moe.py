@@ -33,7 +33,10 @@ def test_moe_round_trip_is_bit_exact_for_every_tp_ep_etp_layout(family, tp, ep, 
     hf["model.layers.0.mlp.gate.weight"] = hf["model.layers.0.mlp.gate.weight"].to(torch.bfloat16)  # dtypes survive too
     dense = [hf_to_mcore(hf, arch, tp_size=tp, tp_rank=r) for r in range(tp)]
     experts = [
-        [hf_to_mcore(hf, arch, tp_size=tp, tp_rank=0, ep_size=ep, ep_rank=e, etp_size=etp, etp_rank=t) for t in range(etp)]
+        [
+            hf_to_mcore(hf, arch, tp_size=tp, tp_rank=0, ep_size=ep, ep_rank=e, etp_size=etp, etp_rank=t)
+            for t in range(etp)
+        ]
         for e in range(ep)
     ]
     assert all(list(s) == mcore_names(arch, ep_size=ep) for row in experts for s in row)
@@ -52,14 +55,22 @@ def test_expert_shards_follow_the_ep_and_etp_layout(hf_dirs):
     pre, f = "model.layers.1.mlp.experts.3.", arch.moe_ffn_hidden_size // 2
     fc1 = shard["decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight"]
     assert torch.equal(fc1, torch.cat([hf[pre + "gate_proj.weight"][f:], hf[pre + "up_proj.weight"][f:]]))
-    assert torch.equal(shard["decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"], hf[pre + "down_proj.weight"][:, f:])
+    assert torch.equal(
+        shard["decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"], hf[pre + "down_proj.weight"][:, f:]
+    )
     assert torch.equal(shard["decoder.layers.1.mlp.router.weight"], hf["model.layers.1.mlp.gate.weight"])
     assert sum(is_expert(n) for n in shard) == 2 * 2 * arch.num_layers  # 2 local experts x fc1/fc2 per layer
 
 
 def test_moe_arch_reads_routing_shared_expert_and_dense_layers(hf_dirs):
     q3 = ModelArch.from_hf_config(load_hf_config(hf_dirs["qwen3_moe"]))
-    assert (q3.num_experts, q3.moe_router_topk, q3.norm_topk_prob, q3.qk_norm, q3.shared_expert_ffn_hidden_size) == (4, 2, True, True, 0)
+    assert (q3.num_experts, q3.moe_router_topk, q3.norm_topk_prob, q3.qk_norm, q3.shared_expert_ffn_hidden_size) == (
+        4,
+        2,
+        True,
+        True,
+        0,
+    )
     q2 = ModelArch.from_hf_config(load_hf_config(hf_dirs["qwen2_moe"]))
     assert q2.moe_layers == (True, False, True) and q2.shared_expert_gate and q2.qkv_bias and not q2.norm_topk_prob
     with pytest.raises(ValueError, match="num_experts=4"):
@@ -105,7 +116,9 @@ def _packed(arch, lens, seed=1):
         seq_lens=torch.tensor(lens),
         response_mask=z,
     )
-    return ids, pack_samples(batch, list(range(len(lens))), pad_token_id=0, pad_to=1, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
+    return ids, pack_samples(
+        batch, list(range(len(lens))), pad_token_id=0, pad_to=1, head_dim=arch.head_dim, rope_theta=arch.rope_theta
+    )
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
@@ -116,7 +129,9 @@ def test_megatron_moe_logits_match_hf(family, hf_dirs, megatron_cpu, make_hf):
     lens = [9, 4, 6]
     ids, mb = _packed(arch, lens)
     with torch.no_grad():
-        logits = model.eval()(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)[0]
+        logits = model.eval()(
+            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+        )[0]
         ref = torch.cat([hf(input_ids=ids[i : i + 1, :n]).logits[0] for i, n in enumerate(lens)])
     torch.testing.assert_close(logits[:, : arch.vocab_size], ref, atol=2e-5, rtol=1e-5)
 
@@ -127,9 +142,13 @@ def test_router_metrics_match_megatron_load_balancing_loss_and_count_drops(hf_di
     from slime.train.megatron.router_metrics import attach_megatron_routers
 
     mu = pytest.importorskip("megatron.core.transformer.moe.moe_utils")
-    mcfg = MegatronConfig(moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=1e-2, moe_expert_capacity_factor=0.5)
+    mcfg = MegatronConfig(
+        moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=1e-2, moe_expert_capacity_factor=0.5
+    )
     arch, model = _build(hf_dirs["qwen3_moe"], mcfg)
-    stats = attach_megatron_routers(model, num_experts=arch.num_experts, topk=arch.moe_router_topk, device=torch.device("cpu"))
+    stats = attach_megatron_routers(
+        model, num_experts=arch.num_experts, topk=arch.moe_router_topk, device=torch.device("cpu")
+    )
     assert stats.num_layers == arch.num_layers
     _, mb = _packed(arch, [12, 8])
     fwd = dict(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)
@@ -150,7 +169,10 @@ def test_router_metrics_match_megatron_load_balancing_loss_and_count_drops(hf_di
     assert sum(loads) == pytest.approx(1.0) and m["moe_load_imbalance"] >= 1.0
     kept = sum(float(x.sum()) for x in maps) / len(maps)
     assert m["moe_routed_tokens"] == 20.0
-    assert m["moe_dropped_token_frac"] == pytest.approx(1.0 - kept / (20 * arch.moe_router_topk)) and m["moe_dropped_token_frac"] > 0
+    assert (
+        m["moe_dropped_token_frac"] == pytest.approx(1.0 - kept / (20 * arch.moe_router_topk))
+        and m["moe_dropped_token_frac"] > 0
+    )
 
 
 def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dirs, megatron_cpu, cpu_megatron_trainer):
@@ -165,13 +187,28 @@ def test_moe_train_step_matches_the_torch_backend_and_logs_router_metrics(hf_dir
     groups = _groups(96)
     for _ in range(2):
         got, want = megatron.train_step(groups).to_dict(), reference.train_step(groups).to_dict()
-        for key in ("loss", "grad_norm", "ratio_mean", "entropy", "approx_kl", "train_rollout_logprob_abs_diff", "num_train_tokens"):
+        for key in (
+            "loss",
+            "grad_norm",
+            "ratio_mean",
+            "entropy",
+            "approx_kl",
+            "train_rollout_logprob_abs_diff",
+            "num_train_tokens",
+        ):
             assert got[key] == pytest.approx(want[key], rel=5e-4, abs=5e-6), key
-    assert got["moe_routed_tokens"] == float(sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples))
-    assert sum(got[f"moe_expert_load_{e}"] for e in range(4)) == pytest.approx(1.0) and got["moe_dropped_token_frac"] == 0.0
+    assert got["moe_routed_tokens"] == float(
+        sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
+    )
+    assert (
+        sum(got[f"moe_expert_load_{e}"] for e in range(4)) == pytest.approx(1.0)
+        and got["moe_dropped_token_frac"] == 0.0
+    )
 
 
-def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(hf_dirs, megatron_cpu, cpu_megatron_trainer):
+def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(
+    hf_dirs, megatron_cpu, cpu_megatron_trainer
+):
     """Under EP each MoE forward is a collective over DP ranks: a rank with fewer samples pads with placeholders."""
     import dataclasses
 
@@ -182,7 +219,9 @@ def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(
     config = TrainConfig(
         global_batch_size=8,
         micro_batch_size=1,
-        megatron=MegatronConfig(moe_token_dispatcher_type="allgather", use_dynamic_batch_size=True, max_tokens_per_gpu=13),
+        megatron=MegatronConfig(
+            moe_token_dispatcher_type="allgather", use_dynamic_batch_size=True, max_tokens_per_gpu=13
+        ),
     )  # DP plan: 3 and 4 micro-batches
     trainer = cpu_megatron_trainer(config, hf_dirs["qwen3_moe"], megatron_cpu)
     batch = build_train_batch(_groups(96), pad_token_id=0, current_version=0)
@@ -193,7 +232,9 @@ def test_expert_parallel_ranks_run_as_many_micro_batches_as_the_busiest_dp_rank(
             ((_, _, mbs),) = trainer._plan(batch)
             counts[ep, rank] = (len(mbs), sum(1 for mb in mbs if not mb.samples))
     trainer.step.ctx = megatron_cpu
-    assert counts[1, 0][0] != counts[1, 1][0] and counts[1, 0][1] == counts[1, 1][1] == 0  # DP alone: uneven, no placeholders
+    assert (
+        counts[1, 0][0] != counts[1, 1][0] and counts[1, 0][1] == counts[1, 1][1] == 0
+    )  # DP alone: uneven, no placeholders
     assert counts[2, 0][0] == counts[2, 1][0] == max(counts[1, 0][0], counts[1, 1][0])
     assert counts[2, 0][1] + counts[2, 1][1] == abs(counts[1, 0][0] - counts[1, 1][0])
 

@@ -17,7 +17,11 @@ def test_tp2_forward_logprobs_and_weight_gather_match_hf(family, hf_dirs, tmp_pa
     pytest.importorskip("megatron.core")
     out = tmp_path / "result.json"
     worker = Path(__file__).with_name("tp2_worker.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
     cmd = [
         sys.executable,

@@ -34,7 +34,11 @@ def _groups(vocab: int, seed: int = 11) -> list[Group]:
                 status=Status.COMPLETED,
             )
             r = 2 + (i * 3 + gi) % 5
-            s.append(torch.randint(1, vocab, (r,), generator=g).tolist(), (-torch.rand(r, generator=g)).tolist(), policy_version=0)
+            s.append(
+                torch.randint(1, vocab, (r,), generator=g).tolist(),
+                (-torch.rand(r, generator=g)).tolist(),
+                policy_version=0,
+            )
             samples.append(s)
         groups.append(Group(group_id=gi, samples=samples))
     return groups
@@ -99,7 +103,9 @@ def test_opd_step_matches_the_torch_backend(estimator, hf_dirs, megatron_cpu, cp
     """``--use-opd``: the reverse-KL advantage term (objective.with_advantages) is the same in both backends."""
     from slime.train.torch_backend import TorchTrainer
 
-    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2, advantage_estimator=estimator, use_opd=True, opd_kl_coef=0.5)
+    config = TrainConfig(
+        lr=1e-3, global_batch_size=4, micro_batch_size=2, advantage_estimator=estimator, use_opd=True, opd_kl_coef=0.5
+    )
     groups = _groups(96)
     g = torch.Generator().manual_seed(5)
     for s in (s for grp in groups for s in grp.samples):
@@ -113,7 +119,9 @@ def test_opd_step_matches_the_torch_backend(estimator, hf_dirs, megatron_cpu, cp
     assert got["opd_reverse_kl"] != 0.0
 
 
-def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, megatron_cpu, cpu_megatron_trainer, monkeypatch):
+def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(
+    hf_dirs, megatron_cpu, cpu_megatron_trainer, monkeypatch
+):
     """A ``Float16Module`` stage returns bf16 logits (no fp32 copy of [tokens, vocabulary]); the step's
     loss, metrics and updated weights equal those of the fp32-copy path (the upcast is exact)."""
     from megatron.core.transformer.module import Float16Module
@@ -128,7 +136,11 @@ def test_bf16_model_hands_its_logits_over_in_bf16_with_the_same_step(hf_dirs, me
     )
     seen: list[torch.dtype] = []
     real = step_mod.vocab_parallel_logprobs
-    monkeypatch.setattr(step_mod, "vocab_parallel_logprobs", lambda logits, *a, **k: (seen.append(logits.dtype), real(logits, *a, **k))[1])
+    monkeypatch.setattr(
+        step_mod,
+        "vocab_parallel_logprobs",
+        lambda logits, *a, **k: (seen.append(logits.dtype), real(logits, *a, **k))[1],
+    )
     results = []
     for keep_bf16 in (True, False):
         monkeypatch.setattr(step_mod, "float16_wrapped", lambda model, keep=keep_bf16: keep)

@@ -39,14 +39,19 @@ def test_foreach_l2_norm_of_bf16_grads_accumulates_in_fp32():
 def test_foreach_l2_norm_takes_fp64_like_megatrons_local_version():
     ts = _tensors(4, torch.float64)
     norm, _ = foreach_l2_norm(2048, torch.zeros(1, dtype=torch.int), [ts], False)
-    assert norm.dtype == torch.float32 and float(norm) == pytest.approx(float(torch.cat([t.flatten() for t in ts]).norm()), rel=1e-6)
+    assert norm.dtype == torch.float32 and float(norm) == pytest.approx(
+        float(torch.cat([t.flatten() for t in ts]).norm()), rel=1e-6
+    )
 
 
 def test_foreach_scale_matches_megatrons_local_scale_across_dtypes_and_in_place():
     from megatron.core.utils import local_multi_tensor_scale
 
     src = _tensors(2)
-    ours, theirs = [torch.zeros_like(t, dtype=torch.bfloat16) for t in src], [torch.zeros_like(t, dtype=torch.bfloat16) for t in src]
+    ours, theirs = (
+        [torch.zeros_like(t, dtype=torch.bfloat16) for t in src],
+        [torch.zeros_like(t, dtype=torch.bfloat16) for t in src],
+    )
     for scale in (1.0, 0.37):
         foreach_scale(2048, None, [src, ours], scale)
         local_multi_tensor_scale(2048, None, [src, theirs], scale)

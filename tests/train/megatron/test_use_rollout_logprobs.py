@@ -16,7 +16,11 @@ pytest.importorskip("megatron.core", reason="the megatron backend's optional ext
 
 def _config(global_batch_size: int = 4) -> TrainConfig:
     return TrainConfig(
-        lr=1e-3, global_batch_size=global_batch_size, micro_batch_size=2, use_rollout_logprobs=True, megatron=MegatronConfig()
+        lr=1e-3,
+        global_batch_size=global_batch_size,
+        micro_batch_size=2,
+        use_rollout_logprobs=True,
+        megatron=MegatronConfig(),
     )
 
 
@@ -32,18 +36,24 @@ def test_both_backends_take_the_engines_logprobs_as_old_and_skip_the_policy_forw
     policy_calls = []
     real_compute = torch_forward.compute_token_logprobs
     monkeypatch.setattr(
-        torch_forward, "compute_token_logprobs", lambda model, *a, **k: (policy_calls.append(model), real_compute(model, *a, **k))[1]
+        torch_forward,
+        "compute_token_logprobs",
+        lambda model, *a, **k: (policy_calls.append(model), real_compute(model, *a, **k))[1],
     )
     real_forward = type(megatron.step)._forward
     monkeypatch.setattr(
-        type(megatron.step), "_forward", lambda self, model, mb, **k: (policy_calls.append(model), real_forward(self, model, mb, **k))[1]
+        type(megatron.step),
+        "_forward",
+        lambda self, model, mb, **k: (policy_calls.append(model), real_forward(self, model, mb, **k))[1],
     )
     seen_old = []
     real_before = type(megatron.step).before_update
     monkeypatch.setattr(
         type(megatron.step),
         "before_update",
-        lambda self, b, s: (lambda r: (seen_old.append((r.old_logprobs, r.rollout_logprobs)), r)[1])(real_before(self, b, s)),
+        lambda self, b, s: (lambda r: (seen_old.append((r.old_logprobs, r.rollout_logprobs)), r)[1])(
+            real_before(self, b, s)
+        ),
     )
 
     got, want = megatron.train_step(groups).to_dict(), torch_trainer.train_step(groups).to_dict()
@@ -53,7 +63,9 @@ def test_both_backends_take_the_engines_logprobs_as_old_and_skip_the_policy_forw
     assert torch.equal(old, rollout)
     for metrics in (got, want):
         assert "train_rollout_logprob_abs_diff" not in metrics and "train_rollout_logprob_abs_diff_max" not in metrics
-        assert abs(metrics["ratio_mean"] - 1.0) > 1e-3  # pi_theta / pi_rollout: the rollout logprobs here are not the model's
+        assert (
+            abs(metrics["ratio_mean"] - 1.0) > 1e-3
+        )  # pi_theta / pi_rollout: the rollout logprobs here are not the model's
     for key in ("loss", "grad_norm", "ratio_mean", "pg_clipfrac", "approx_kl", "num_train_tokens"):
         assert got[key] == pytest.approx(want[key], rel=2e-4, abs=2e-6), key
 
@@ -62,17 +74,23 @@ def test_without_the_flag_the_old_policy_is_recomputed_and_the_mismatch_reported
     from slime.train.torch_backend import TorchTrainer
 
     config = TrainConfig(lr=1e-3, global_batch_size=8, micro_batch_size=2)  # one optimizer step: ratio 1 exactly
-    metrics = TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96)).to_dict()
+    metrics = (
+        TorchTrainer(config, model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96)).to_dict()
+    )
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["train_rollout_logprob_abs_diff"] > 0
     bypass = (
-        TorchTrainer(_config(global_batch_size=8), model_dir=hf_dirs["qwen2"], rollout_temperature=0.9).train_step(_groups(96)).to_dict()
+        TorchTrainer(_config(global_batch_size=8), model_dir=hf_dirs["qwen2"], rollout_temperature=0.9)
+        .train_step(_groups(96))
+        .to_dict()
     )
     assert abs(bypass["ratio_mean"] - 1.0) > 1e-3
 
 
 def test_the_flag_reaches_the_config_and_refuses_corrections_whose_weight_would_be_one():
     def parse(*argv):
-        return config_from_args(build_parser().parse_args(["--rollout-batch-size", "8", "--global-batch-size", "8", *argv]))
+        return config_from_args(
+            build_parser().parse_args(["--rollout-batch-size", "8", "--global-batch-size", "8", *argv])
+        )
 
     assert parse("--use-rollout-logprobs").train.use_rollout_logprobs is True
     for extra in (["--use-tis"], ["--mis-level", "token"], ["--use-decoupled-ppo"]):

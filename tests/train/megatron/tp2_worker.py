@@ -56,7 +56,9 @@ def main(hf_dir: str, family: str, out_path: str) -> None:
     )
     mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=2, head_dim=arch.head_dim, rope_theta=arch.rope_theta)
     with torch.no_grad():
-        local = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params)[0]
+        local = model(
+            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+        )[0]
         lp, _ = vocab_parallel_logprobs(
             local, mb.labels[0], temperature=0.9, vocab_size=arch.vocab_size, tp_rank=ctx.tp_rank, group=ctx.tp_group
         )
@@ -75,7 +77,8 @@ def main(hf_dir: str, family: str, out_path: str) -> None:
         result = {
             "logits_max_abs_diff": float((logits[: sum(lens)] - ref).abs().max()),
             "logprob_max_abs_diff": float((lp - full_lp)[: sum(lens)].abs().max()),
-            "weights_bit_exact": sorted(gathered) == sorted(state) and all(torch.equal(gathered[k], v) for k, v in state.items()),
+            "weights_bit_exact": sorted(gathered) == sorted(state)
+            and all(torch.equal(gathered[k], v) for k, v in state.items()),
         }
         with open(out_path, "w") as f:
             json.dump(result, f)
