@@ -16,8 +16,13 @@ WHOLE_CONFIG_ALLOWED = {
     "slime/cli/preflight.py": None,  # the CLI entry's start-of-run checks (``preflight(config)``)
     "slime/cli/args.py": None,  # the flags onto the config (``config_from_args(..., base=Config)``)
     "slime/loop/run.py": None,  # the run skeleton shared by RL and SFT
-    "slime/loop/driver.py": {"run_training"},  # the RL run on the skeleton
-    "slime/loop/sft.py": {"run_sft"},  # the SFT run on the skeleton
+    "slime/loop/driver.py": {"run_training", "_build_parts", "_drive"},  # the RL run on the skeleton, and its two steps
+    "slime/loop/sft.py": {
+        "run_sft",
+        "_read_data",
+        "_resumed_trainer",
+        "_drive",
+    },  # the SFT run on the skeleton, its steps
 }
 """File -> the functions in it that may take the whole ``Config`` (None: all of them)."""
 
@@ -100,7 +105,15 @@ def test_each_allowed_function_still_exists():
         assert names is None or names <= defined, (rel, names - defined)
 
 
-def test_no_module_in_the_package_is_over_400_lines():
+LONG_MODULES = {
+    "slime/cli/flags.py": "the table of slime train's flags (one entry per flag, no logic): split, it would read worse",
+}
+"""Modules that may be longer than ``MAX_LINES``, each with the reason it reads better whole."""
+
+
+def test_no_module_in_the_package_is_over_400_lines_unless_listed_with_its_reason():
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in _modules()}
-    over = {p: n for p, n in sizes.items() if n > MAX_LINES}
+    over = {p: n for p, n in sizes.items() if n > MAX_LINES and p not in LONG_MODULES}
     assert sizes and not over, f"split these by responsibility (at most {MAX_LINES} lines each): {over}"
+    stale = [p for p in LONG_MODULES if sizes.get(p, 0) <= MAX_LINES]
+    assert not stale, f"within the budget now (or gone): drop them from LONG_MODULES: {stale}"

@@ -60,7 +60,9 @@ log = logging.getLogger(__name__)
 @holds_run_folders  # one run per run folder (slime.loop.run_lock)
 async def run_training(config: Config, *, reward_fn: RewardFn | None = None, progress: bool = True) -> RunSummary:
     """Run a whole RL job (or resume one with ``config.load``); returns the summary also written
-    to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores."""
+    to ``RUN_DIR/summary.json``. See ``slime.loop.checkpoint`` for what a resume restores.
+
+    Validate, plan, build the parts, drive the steps over the engines, summarise."""
     config.validate()
     config.check_run_modes()
     config = msgspec.structs.replace(config, train=_lr_scheduled(config.train, config.loop, config.rollout))
@@ -69,39 +71,51 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         config.train, plan, resumes=bool(config.save_interval or config.load), kwargs=config.trainer_kwargs()
     ):
         return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
+    parts = await _build_parts(config, plan, reward_fn)
+    await _drive(config, plan, parts, progress=progress)
+    await close_parts(parts, plan)
+    return await _summarise(parts, plan, config.loop, num_eval_prompts=config.data.num_eval_prompts)
+
+
+async def _build_parts(config: Config, plan: RunPlan, reward_fn: RewardFn | None) -> RunParts:
+    """The run folder, inputs, trainer and buffer, restored from the checkpoint on a resume."""
     files = open_run(config.run_dir, config.load, "trained_groups.jsonl", config)
     version = resumed_version(files)
     inputs = await build_inputs(config.data, config.rollout, config.loop, plan, reward_fn=reward_fn)
-    start_from = model_dir(files, plan.base_model)
+    start_from = model_dir(files, plan.base_model)  # the checkpoint's weights on a resume, else the base model
     trainer = await build_trainer(
         config.train, plan, start_from=start_from, version=version, kwargs=config.trainer_kwargs()
     )
     parts = RunParts(files, version, inputs, trainer, build_buffer(config.loop))
     await restore(parts)
-    run_config = msgspec.to_builtins(config)
-    async with (
-        Observers(
-            config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=run_config, progress=progress
-        ) as obs,
-        open_engines(
-            config.engine,
-            config.rollout,
-            config.train,
-            config.sync,
-            plan,
-            parts,
-            in_place_updates=config.updates_in_place(),
-        ) as engines,
-    ):
-        pool = (
-            engines.pools.default if engines else None
-        )  # the actor's; engines.pools[model] for other models of --sglang-config
+    return parts
+
+
+async def _drive(config: Config, plan: RunPlan, parts: RunParts, *, progress: bool) -> None:
+    """Open the observers and the engines, then run every step and the final eval over them."""
+    files, run_config = parts.files, msgspec.to_builtins(config)
+    obs_ = Observers(
+        config.obs, files.run_dir, num_steps=config.loop.num_rollout, run_config=run_config, progress=progress
+    )
+    engines_ = open_engines(
+        config.engine,
+        config.rollout,
+        config.train,
+        config.sync,
+        plan,
+        parts,
+        in_place_updates=config.updates_in_place(),
+    )
+    async with obs_ as obs, engines_ as engines:
+        pool = engines.pools.default if engines else None  # the actor's; engines.pools[model] for other models
         teacher = teacher_scorer(engines, use_opd=config.train.use_opd, opd_kl_coef=config.train.opd_kl_coef)
-        sync = build_sync(config.sync, plan, pool=pool, trainer=trainer, run_dir=files.run_dir)
-        evaluator = RLEval(files, obs, inputs.eval_sets, version, eval_kwargs(config.rollout, inputs, pool))
+        sync = build_sync(config.sync, plan, pool=pool, trainer=parts.trainer, run_dir=files.run_dir)
+        evaluator = RLEval(
+            files, obs, parts.inputs.eval_sets, parts.version, eval_kwargs(config.rollout, parts.inputs, pool)
+        )
         if files.resume is None and config.loop.skip_eval_before_train:
             log.info("--skip-eval-before-train: no eval before the first step")
-        async with asyncio.TaskGroup() as tg:
+        async with asyncio.TaskGroup() as tg:  # the scheduler's producers live in it; the steps consume
             wiring = SchedulerWiring(
                 config.loop, config.rollout, config.data, plan, parts, pool, teacher, obs.tracer, tg
             )
@@ -124,8 +138,6 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         await sync.close()
         obs.progress.close()
         await evaluator.final(config.loop.num_rollout, reuse_before=plan.rollout_only)
-    await close_parts(parts, plan)
-    return await _summarise(parts, plan, config.loop, num_eval_prompts=config.data.num_eval_prompts)
 
 
 def _lr_scheduled(train: TrainConfig, loop: LoopConfig, rollout: RolloutConfig) -> TrainConfig:

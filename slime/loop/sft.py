@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -51,6 +52,9 @@ from slime.step_record import MetricsRow, RunSummary, SFTStepRecord, steps_of
 from slime.train.lr_schedule import resolve_lr_schedule
 from slime.train_metrics import TrainMetrics
 from slime.types import Group, JsonObject
+
+if TYPE_CHECKING:
+    from slime.train.torch_backend import TorchTrainer
 
 __all__ = ["run_sft", "load_sft_data", "num_sft_steps"]
 
@@ -108,16 +112,40 @@ def num_sft_steps(loop: LoopConfig, num_rows: int) -> int:
 async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
     """Run (or resume, with ``config.load``) an SFT job; returns the summary also written to ``RUN_DIR/summary.json``.
 
+    Validate, read the data (which fixes the number of steps), build the trainer (resumed from the
+    checkpoint), drive the steps, write the model and the summary.
+
     Raises:
         ConfigError: flags an SFT run cannot honour, or a chat template without usable assistant spans.
         DataError: a malformed row (``path:line``).
     """
-    from transformers import AutoConfig
-
-    from slime.train.torch_backend import TorchTrainer
-
     config.validate()
     config.check_sft_run()
+    data = await _read_data(config)
+    config = data.config
+    files = open_run(config.run_dir, config.load, "trained_rows.jsonl", config)
+    _log_data(data.train_rows, data.eval_rows, num_steps=data.num_steps, rows_per_step=config.loop.rollout_batch_size)
+    source = PromptSource(data.train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed)
+    trainer = await _resumed_trainer(config, files, source, num_steps=data.num_steps)
+    await _drive(config, files, trainer, source, data, progress=progress)
+    return await _finish(files, trainer, data)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SFTData:
+    """The rows of an SFT run and what they fix: the number of steps (and the config carrying it)."""
+
+    config: Config
+    train_rows: list[SFTExample]
+    eval_rows: list[SFTExample]
+    num_bad: int
+    num_steps: int
+
+
+async def _read_data(config: Config) -> _SFTData:
+    """Tokenize the rows under the base model's context; ``--num-epoch`` turns into a number of steps."""
+    from transformers import AutoConfig
+
     base_model = config.engine.hf_checkpoint
     tokenizer = await asyncio.to_thread(load_tokenizer, base_model, flag="--hf-checkpoint")  # checks config.json too
     max_len = model_context_len(await asyncio.to_thread(AutoConfig.from_pretrained, base_model))
@@ -126,16 +154,21 @@ async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
     num_steps = num_sft_steps(config.loop, len(train_rows))
     if num_steps != config.loop.num_rollout:
         config = msgspec.structs.replace(config, loop=msgspec.structs.replace(config.loop, num_rollout=num_steps))
-    files = open_run(config.run_dir, config.load, "trained_rows.jsonl", config)
+    return _SFTData(config, train_rows, eval_rows, num_bad, num_steps)
+
+
+async def _resumed_trainer(config: Config, files: RunFiles, source: PromptSource, *, num_steps: int) -> TorchTrainer:
+    """The torch trainer on the checkpoint's model (or the base model), its lr schedule over the run's
+    optimizer steps; on a resume, its optimizer state and the data position restored."""
+    from slime.train import torch_backend  # torch loads only when an SFT run starts
+
     ckpt, resume = files.checkpoint, files.resume
-    model_dir = str(ckpt / "model") if ckpt else base_model
-    _log_data(train_rows, eval_rows, num_steps=num_steps, rows_per_step=config.loop.rollout_batch_size)
-    source = PromptSource(train_rows, shuffle=config.data.rollout_shuffle, seed=config.seed)
+    model_dir = str(ckpt / "model") if ckpt else config.engine.hf_checkpoint
     train_cfg = resolve_lr_schedule(
         config.train, num_steps * config.loop.rollout_batch_size // config.train.global_batch_size
     )
     trainer = await asyncio.to_thread(
-        TorchTrainer,
+        torch_backend.TorchTrainer,
         train_cfg,
         model_dir=model_dir,
         policy_version=resume.policy_version if resume else 0,
@@ -151,31 +184,39 @@ async def run_sft(config: Config, *, progress: bool = True) -> RunSummary:
             source.epoch,
             source.position,
         )
-    async with Observers(
-        config.obs,
-        files.run_dir,
-        num_steps=config.loop.num_rollout,
-        run_config=msgspec.to_builtins(config),
-        progress=progress,
-    ) as obs:
-        mode = SFTMode(trainer, source, files, obs, eval_rows, rows_per_step=config.loop.rollout_batch_size)
+    return trainer
+
+
+async def _drive(
+    config: Config, files: RunFiles, trainer: TorchTrainer, source: PromptSource, data: _SFTData, *, progress: bool
+) -> None:
+    """Every step (and the evals and checkpoints between them), then the final eval."""
+    observers = Observers(
+        config.obs, files.run_dir, num_steps=data.num_steps, run_config=msgspec.to_builtins(config), progress=progress
+    )
+    async with observers as obs:
+        mode = SFTMode(trainer, source, files, obs, data.eval_rows, rows_per_step=config.loop.rollout_batch_size)
         await run_steps(
             mode,
             files,
             obs,
-            num_steps=num_steps,
+            num_steps=data.num_steps,
             eval_interval=config.loop.eval_interval,
             save_interval=config.save_interval,
             eval_before=not config.loop.skip_eval_before_train,
         )
-        await mode.evaluate(num_steps)
+        await mode.evaluate(data.num_steps)
+
+
+async def _finish(files: RunFiles, trainer: TorchTrainer, data: _SFTData) -> RunSummary:
+    """Write the trained model to ``RUN_DIR/model`` and the summary; returns the summary."""
     files.metrics.close()
     await asyncio.to_thread(trainer.save_hf, str(files.run_dir / "model"))
     summary = _summary(
         files.metrics.records,
-        num_steps=num_steps,
-        num_rows=len(train_rows),
-        num_bad=num_bad,
+        num_steps=data.num_steps,
+        num_rows=len(data.train_rows),
+        num_bad=data.num_bad,
         wall_time_s=files.seconds(),
     )
     summary["model_dir"] = str(files.run_dir / "model")

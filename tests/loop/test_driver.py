@@ -75,9 +75,9 @@ def test_offline_samples_without_logprobs_get_the_trainers_own_before_its_step(t
     metrics = _with_offline_logprobs(trainer)([group])
     assert all(lp < 0 for s in group.samples for lp in s.rollout_logprobs)
     assert (
-        metrics["train_rollout_logprob_abs_diff_max"] < 1e-4
-        and metrics["train_rollout_logprob_abs_diff"] < 1e-5
-        and metrics["tis_mean"] == pytest.approx(1.0, abs=1e-5)
+        metrics.train_rollout_logprob_abs_diff_max < 1e-4
+        and metrics.train_rollout_logprob_abs_diff < 1e-5
+        and metrics.tis_mean == pytest.approx(1.0, abs=1e-5)
     )
 
 
