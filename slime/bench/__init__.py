@@ -15,6 +15,8 @@ machine and date recorded in ``docs/benchmarks.md``.
 - ``run_meta.py``: what a bench run records about where and when it ran (date, machine, commit, load).
 - ``learning.py``: ``slime bench learning``, held-out accuracy against wall time and trained tokens
   for sync, APRIL and async (and their off-policy corrections) over seeds, through the real driver.
+- ``learning_modes.py``: its runs: each mode's own ``slime train`` flags, the bench's defaults and one
+  run's arguments.
 - ``learning_curves.py``: its arithmetic: accuracy curves from ``metrics.jsonl``, the summary over
   seeds, the table and the plot (pure functions, no run).
 - ``trainer.py``: RL train steps of one backend against another on the same groups, in one process

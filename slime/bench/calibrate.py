@@ -17,6 +17,9 @@ fitted by least squares through (B, step_ms(B)) gives ``decode_step_ms`` (a) and
 Every probe request must come back with exactly ``max_new_tokens`` tokens: the probe raises
 otherwise (an engine that ignores ``ignore_eos`` would make every length of the benchmark wrong).
 
+``probe_engines`` runs the probe against engines by URL (``slime bench rollout --calibrate-sim``, with
+``ProbeConfig``'s batch sizes and lengths).
+
 Example: steps of 1.98 ms at 1 running, 2.57 at 64, 4.44 at 256 (Qwen2-0.5B shape, bf16, H200) fit
 a = 1.95 ms, b = 0.0096 ms.
 """
@@ -27,14 +30,15 @@ import asyncio
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
 from slime.bench.workload import Workload
 from slime.engines.interface import GeneratePool
+from slime.engines.pool import HttpEnginePool
 
-__all__ = ["DecodeCost", "fit_decode_cost", "probe_decode_cost", "calibrated_workload"]
+__all__ = ["DecodeCost", "ProbeConfig", "fit_decode_cost", "probe_decode_cost", "probe_engines", "calibrated_workload"]
 
 
 class DecodeCost(msgspec.Struct, kw_only=True, frozen=True):
@@ -69,6 +73,46 @@ def fit_decode_cost(points: Sequence[tuple[int, float]], *, prefill_ms_per_token
     )
 
 
+class ProbeConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The decode-cost probe of ``slime bench rollout --calibrate-sim`` (``probe_decode_cost``'s arguments)."""
+
+    batch_sizes: tuple[int, ...]
+    prompt_len: int = 512
+    short: int = 16
+    long: int = 272
+
+
+TimedRound = Callable[[int, int, int], Awaitable[float]]
+"""``(batch, prompt tokens, max_new_tokens)`` -> wall seconds of that many probe requests sent at once."""
+
+
+def _timed_round(pool: GeneratePool, seed: int) -> TimedRound:
+    """One probe round against ``pool``: fresh random prompts (seeded), ``ignore_eos``, timed end to end.
+
+    The round raises RuntimeError when a request does not return exactly ``max_new_tokens`` tokens.
+    """
+    rng = random.Random(seed)
+    counter = iter(range(1 << 62))
+
+    async def timed(batch: int, num_prompt: int, max_new: int) -> float:
+        prompts = [[rng.randrange(3, 30000) for _ in range(num_prompt)] for _ in range(batch)]
+        params = {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 1.0}
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
+            *(pool.generate(p, params, rid=f"slime-probe-{next(counter)}-", return_logprob=False) for p in prompts)
+        )
+        wall = time.perf_counter() - t0
+        bad = [len(r.output_ids) for r in results if len(r.output_ids) != max_new]
+        if bad:
+            raise RuntimeError(
+                f"probe: {len(bad)} of {batch} requests returned {bad[:4]} tokens, not max_new_tokens={max_new} "
+                "(does the engine honour ignore_eos?)"
+            )
+        return wall
+
+    return timed
+
+
 async def probe_decode_cost(
     pool: GeneratePool,
     *,
@@ -95,25 +139,7 @@ async def probe_decode_cost(
     """
     if long <= short:
         raise ValueError(f"long={long} must be > short={short}")
-    rng = random.Random(seed)
-    counter = iter(range(1 << 62))
-
-    async def timed(batch: int, num_prompt: int, max_new: int) -> float:
-        prompts = [[rng.randrange(3, 30000) for _ in range(num_prompt)] for _ in range(batch)]
-        params = {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 1.0}
-        t0 = time.perf_counter()
-        results = await asyncio.gather(
-            *(pool.generate(p, params, rid=f"slime-probe-{next(counter)}-", return_logprob=False) for p in prompts)
-        )
-        wall = time.perf_counter() - t0
-        bad = [len(r.output_ids) for r in results if len(r.output_ids) != max_new]
-        if bad:
-            raise RuntimeError(
-                f"probe: {len(bad)} of {batch} requests returned {bad[:4]} tokens, not max_new_tokens={max_new} "
-                "(does the engine honour ignore_eos?)"
-            )
-        return wall
-
+    timed = _timed_round(pool, seed)
     await timed(max(batch_sizes), prompt_len, short)  # warm-up
     points = []
     for batch in batch_sizes:
@@ -132,6 +158,30 @@ async def probe_decode_cost(
         prefill = max(0.0, 1000.0 * statistics.median(rounds) / (prefill_batch * (prefill_len - prompt_len)))
         log(f"probe: prefill {prefill * 1000:.2f} us per token ({prefill_batch} x {prefill_len} tokens)")
     return fit_decode_cost(points, prefill_ms_per_token=prefill)
+
+
+async def probe_engines(
+    engine_urls: list[str], wl: Workload, probe: ProbeConfig, *, seed: int, log: Callable[[str], None]
+) -> DecodeCost:
+    """The decode cost (a + b x running) of the real engines at ``engine_urls``, probed at ``probe``'s batch sizes
+    through an ``HttpEnginePool`` of ``wl``'s rollout config, and logged."""
+    async with HttpEnginePool(engine_urls, config=wl.rollout_config()) as pool:
+        await pool.wait_ready(60.0)
+        t0 = time.monotonic()
+        cost = await probe_decode_cost(
+            pool,
+            batch_sizes=probe.batch_sizes,
+            prompt_len=probe.prompt_len,
+            short=probe.short,
+            long=probe.long,
+            seed=seed,
+            log=log,
+        )
+    log(
+        f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
+        f"(r2 {cost.r2:.3f}; probe {time.monotonic() - t0:.1f} s)"
+    )
+    return cost
 
 
 def calibrated_workload(wl: Workload, cost: DecodeCost, *, weight_sync_ms: float, time_scale: float) -> Workload:

@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slime.bench.learning_curves import fmt, format_table, plot, run_curve, summarize
+from slime.bench.learning_modes import OWN_FLAGS, TRAIN_FLAGS, VARIANTS, train_argv
 from slime.obs import strict_json
 from slime.types import JsonObject
 
@@ -74,76 +75,6 @@ __all__ = [
     "build_parser",
     "main",
 ]
-
-VARIANTS: dict[str, list[str]] = {
-    "sync": ["--rollout-mode", "sync"],
-    "april": ["--rollout-mode", "april"],
-    "april-mask": ["--rollout-mode", "april", "--mask-offpolicy-in-partial-rollout"],
-    "async": ["--rollout-mode", "async"],
-    "async-tis": ["--rollout-mode", "async", "--use-tis"],
-    "async-mis": ["--rollout-mode", "async", "--mis-level", "token"],
-    "async-decoupled": ["--rollout-mode", "async", "--use-decoupled-ppo"],
-}
-"""Each mode's own ``slime train`` flags."""
-
-OWN_FLAGS = (
-    "--rollout-mode",
-    "--partial-rollout",
-    "--mask-offpolicy-in-partial-rollout",
-    "--use-tis",
-    "--mis-level",
-    "--use-decoupled-ppo",
-    "--seed",
-    "--save",
-    "--load",
-    "--num-rollout",
-    "--eval-interval",
-    "--builtin-task",
-)
-"""Flags the bench sets on every run; refused among the extra flags."""
-
-
-TRAIN_FLAGS = [
-    "--rollout-batch-size",
-    "8",
-    "--n-samples-per-prompt",
-    "8",
-    "--global-batch-size",
-    "64",
-    "--num-eval-prompts",
-    "200",
-    "--rollout-max-response-len",
-    "96",
-]
-"""The bench's default ``slime train`` flags (sized for the CPU and ``chain``); extra flags after ``--`` override them."""
-
-
-def train_argv(
-    mode: str,
-    seed: int,
-    run_dir: str | Path,
-    *,
-    task: str,
-    num_rollout: int,
-    eval_interval: int,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """The ``slime train`` arguments of one run: the bench's, then ``extra`` (the last of a repeated flag wins), then the mode's."""
-    return [
-        "--builtin-task",
-        task,
-        "--num-rollout",
-        str(num_rollout),
-        "--eval-interval",
-        str(eval_interval),
-        "--seed",
-        str(seed),
-        "--save",
-        str(run_dir),
-        *TRAIN_FLAGS,
-        *extra,
-        *VARIANTS[mode],
-    ]
 
 
 def _results(

@@ -49,7 +49,8 @@ from slime.bench.engine_proc import process_cpu_s, read_sim_stats, reset_sim_sta
 from slime.bench.lengths import DrawnLengths
 from slime.bench.occupancy import OccupancyMeter
 from slime.bench.workload import Mode, Workload
-from slime.data.dataset import PromptSource
+from slime.config import RolloutConfig
+from slime.data.dataset import PromptRow, PromptSource
 from slime.engines.pool import HttpEnginePool
 from slime.loop.buffer import DataBuffer
 from slime.loop.scheduler import Scheduler
@@ -174,7 +175,7 @@ async def _run(
 ) -> JsonObject:
     """``wl.steps`` steps of ``mode`` on the engines at ``urls``, measured: ``_metrics``, occupancy and weight loads."""
     rollout = wl.rollout_config()
-    rows, prompt_ids = wl.prompts()
+    prompts = wl.prompts()
     lengths = DrawnLengths(median=wl.median, p99=wl.p99, max_len=wl.max_len, seed=wl.seed)
     async with aiohttp.ClientSession() as stats_session, CountingPool(urls, config=rollout) as pool:
         await pool.wait_ready(READY_TIMEOUT_S)
@@ -186,18 +187,7 @@ async def _run(
         pool.meter = meter = OccupancyMeter(wl.max_running_requests)
         cpu0, t0 = time.process_time(), time.monotonic()
         async with asyncio.TaskGroup() as tg:
-            sched = Scheduler(
-                wl.loop_config(mode),
-                rollout,
-                source=PromptSource(rows, shuffle=False),
-                tokenize=prompt_ids.__getitem__,
-                decode=lambda ids: "",
-                pool=pool,
-                buffer=buffer,
-                reward_fn=_reward_one,
-                task_group=tg,
-                generate_fn=lengths.generate,
-            )
+            sched = _scheduler(mode, wl, rollout, prompts, pool, buffer, lengths, tg)
             records, mismatches = await _steps(mode, wl, sched, sync, lengths, log=log)
             wall_s = time.monotonic() - t0
             cpu_s = time.process_time() - cpu0
@@ -226,6 +216,33 @@ async def _run(
         weight_load_median_s=statistics.median(sync.load_s) if sync.load_s else None,
     )
     return out
+
+
+def _scheduler(
+    mode: Mode,
+    wl: Workload,
+    rollout: RolloutConfig,
+    prompts: tuple[list[PromptRow], dict[str, list[int]]],
+    pool: CountingPool,
+    buffer: DataBuffer,
+    lengths: DrawnLengths,
+    tg: asyncio.TaskGroup,
+) -> Scheduler:
+    """The real ``Scheduler`` of ``mode`` over ``prompts`` (``Workload.prompts``): constant reward 1, each
+    response as long as ``lengths`` drew it, no detokenization."""
+    rows, prompt_ids = prompts
+    return Scheduler(
+        wl.loop_config(mode),
+        rollout,
+        source=PromptSource(rows, shuffle=False),
+        tokenize=prompt_ids.__getitem__,
+        decode=lambda ids: "",
+        pool=pool,
+        buffer=buffer,
+        reward_fn=_reward_one,
+        task_group=tg,
+        generate_fn=lengths.generate,
+    )
 
 
 async def _load_version_zero(pool: HttpEnginePool, weights_path: str | None) -> None:

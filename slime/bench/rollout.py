@@ -47,19 +47,17 @@ import argparse
 import asyncio
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
-from slime.bench.calibrate import DecodeCost, calibrated_workload, probe_decode_cost
+from slime.bench.calibrate import DecodeCost, ProbeConfig, calibrated_workload, probe_engines
 from slime.bench.modes import Mode, run_mode
 from slime.bench.overhead import http_overhead, scheduler_overhead
 from slime.bench.rollout_table import REAL_ENGINE_TARGETS, TARGETS, check_targets, format_table, plot, sim_vs_real
 from slime.bench.run_meta import loadavg, run_meta
 from slime.bench.workload import MODES, Workload
-from slime.engines.pool import HttpEnginePool
 from slime.obs import strict_json
 from slime.types import JsonObject
 
@@ -184,15 +182,6 @@ def workload_from_args(ns: argparse.Namespace) -> Workload:
     )
 
 
-class ProbeConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """The decode-cost probe of ``--calibrate-sim`` (``calibrate.probe_decode_cost``)."""
-
-    batch_sizes: tuple[int, ...]
-    prompt_len: int = 512
-    short: int = 16
-    long: int = 272
-
-
 def probe_from_args(ns: argparse.Namespace, cap: int) -> ProbeConfig:
     """Raises ValueError on a malformed ``--probe-*`` value."""
     if ns.probe_batch_sizes:
@@ -257,7 +246,7 @@ async def run_bench(
     run_wl = wl if engine_urls is None else msgspec.structs.replace(wl, time_scale=1.0)
     cost = None
     if probe is not None and engine_urls is not None:  # a probe without engine_urls raised above
-        cost = await _calibrate(engine_urls, run_wl, probe, seed=wl.seed, log=log)
+        cost = await probe_engines(engine_urls, run_wl, probe, seed=wl.seed, log=log)
     for mode in modes:
         results["modes"][mode] = await run_mode(
             mode, run_wl, engine_urls=engine_urls, weights_path=weights_path, log=log
@@ -301,29 +290,6 @@ async def _overheads(
         log(
             f"http: HttpEnginePool {http['http_requests_per_s']:,.0f} req/s vs bare aiohttp {http['bare_aiohttp_requests_per_s']:,.0f} req/s"
         )
-
-
-async def _calibrate(
-    engine_urls: list[str], run_wl: Workload, probe: ProbeConfig, *, seed: int, log: Callable[[str], None]
-) -> DecodeCost:
-    """A real engine's decode cost (a + b x running), probed at ``probe``'s batch sizes."""
-    async with HttpEnginePool(engine_urls, config=run_wl.rollout_config()) as pool:
-        await pool.wait_ready(60.0)
-        t0 = time.monotonic()
-        cost = await probe_decode_cost(
-            pool,
-            batch_sizes=probe.batch_sizes,
-            prompt_len=probe.prompt_len,
-            short=probe.short,
-            long=probe.long,
-            seed=seed,
-            log=log,
-        )
-    log(
-        f"calibration: decode step = {cost.decode_step_ms:.3f} + {cost.decode_step_per_req_ms:.5f} x running ms "
-        f"(r2 {cost.r2:.3f}; probe {time.monotonic() - t0:.1f} s)"
-    )
-    return cost
 
 
 async def _sim_modes(
