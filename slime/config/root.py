@@ -279,8 +279,15 @@ class Config(msgspec.Struct, **STRUCT):
         Raises:
             ConfigError: naming the flag.
         """
+        for bad, message in self._sft_refusals():
+            if bad:
+                raise ConfigError(message)
+        self._log_sft_implied_and_ignored()
+
+    def _sft_refusals(self) -> list[tuple[bool, str]]:
+        """(refused?, message) for each flag an SFT run cannot honour, in the order they are checked."""
         d, dbg, r = self.data, self.debug, self.rollout
-        problems = [
+        return [
             (
                 d.prompt_data is None,
                 "--loss-type sft_loss needs --prompt-data (JSONL or Parquet of chat messages or prompt/response rows)",
@@ -314,9 +321,11 @@ class Config(msgspec.Struct, **STRUCT):
                 "--use-opd: on-policy distillation needs the student's own rollouts; --loss-type sft_loss generates none",
             ),
         ]
-        for bad, message in problems:
-            if bad:
-                raise ConfigError(message)
+
+    def _log_sft_implied_and_ignored(self) -> None:
+        """One INFO line for THUDM/slime's SFT flags that ``--loss-type sft_loss`` implies, one WARNING for the
+        RL flags it ignores (each only when there is something to name)."""
+        dbg, r = self.debug, self.rollout
         # THUDM/slime's SFT scripts pass these; here --loss-type sft_loss implies them
         implied = [
             flag

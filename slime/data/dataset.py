@@ -27,18 +27,16 @@ keep file order, or the epoch's seeded shuffle order with ``--rollout-shuffle``.
 from __future__ import annotations
 
 import array
-import logging
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from slime.data.jsonl import decode_line, jsonl_lines
 from slime.data.prompt_fields import describe_list, messages_of, short, tools_of
+from slime.data.row_scan import read_rows  # re-exported: the file pass every row loader shares (``RowScan``)
 from slime.errors import ConfigError, DataError
-from slime.stop import raise_if_stopped
 from slime.types import JsonObject
 
 __all__ = [
@@ -53,8 +51,6 @@ __all__ = [
     "prompt_length_check",
     "PromptSource",
 ]
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -128,104 +124,6 @@ load_jsonl_prompts = load_prompt_file
 """The earlier name of ``load_prompt_file`` (it reads Parquet too, by extension)."""
 
 
-def read_rows(
-    path: str | Path,
-    parse: Callable[[Any, int], T],
-    *,
-    on_bad_data: Literal["skip", "fail"] = "fail",
-    flag: str = "--prompt-data",
-) -> tuple[list[T], int]:
-    """Parse every row of a JSONL or Parquet file with ``parse(obj, index_among_good_rows)``.
-
-    ``parse`` raises ValueError for a bad row; the message gets the row's place prepended. A
-    ``ConfigError`` (a problem of the run's setup, such as its chat template) propagates as is.
-
-    Returns:
-        (items, num_bad).
-
-    Raises:
-        DataError: as ``load_prompt_file``.
-    """
-    scan = RowScan(path, parse, on_bad_data=on_bad_data, flag=flag)
-    return [item for item, _ in scan], scan.num_bad
-
-
-class RowScan(Generic[T]):
-    """One pass over a JSONL or Parquet file: iterating it yields ``(parse(obj, index), offset)`` per good row, where
-    ``offset`` is the byte offset of its JSONL line (None for Parquet), one row at a time; bad rows are raised or
-    skipped and counted in ``num_bad`` as ``read_rows`` says. A stop request (SIGTERM, ``slime.stop``) ends it.
-
-    Raises (while iterating):
-        DataError: as ``load_prompt_file``, the empty file included once the pass ends.
-        Stopped: the run was asked to stop.
-    """
-
-    def __init__(
-        self, path: str | Path, parse: Callable[[Any, int], T], *, on_bad_data: Literal["skip", "fail"], flag: str
-    ):
-        self.path, self.parse, self.on_bad_data, self.flag = Path(path), parse, on_bad_data, flag
-        self.num_bad = 0
-
-    def __iter__(self) -> Iterator[tuple[T, int | None]]:
-        path, flag = self.path, self.flag
-        if path.is_dir():
-            raise DataError(f"{path}: is a directory, expected a JSONL or Parquet file ({flag})")
-        if not path.is_file():
-            raise DataError(f"{path}: prompt file not found ({flag})")
-        parquet = path.suffix.lower() == ".parquet"
-        num_good = 0
-        for where, obj, offset in _parquet_records(path, flag) if parquet else _jsonl_records(path):
-            if num_good % 1024 == 0:
-                raise_if_stopped(f"reading {path}")
-            try:
-                if isinstance(obj, ValueError):
-                    raise obj
-                item = self.parse(obj, num_good)
-            except ConfigError:  # the run's setup (e.g. its chat template) is at fault, not this row
-                raise
-            except ValueError as exc:
-                msg = f"{where}: {exc}"
-                if self.on_bad_data == "fail":
-                    raise DataError(
-                        msg + f" (use --on-bad-data skip to skip bad {'rows' if parquet else 'lines'})"
-                    ) from None
-                log.warning("skipping bad row %s", msg)
-                self.num_bad += 1
-                continue
-            num_good += 1
-            yield item, offset
-        if not num_good:
-            bad = self.num_bad
-            what = (
-                f"all {bad} {'rows' if parquet else 'non-blank lines'} are bad" if bad else "the file is empty or blank"
-            )
-            raise DataError(f"{path}: no usable prompt rows: {what} ({flag})")
-
-
-def _jsonl_records(path: Path) -> Iterator[tuple[str, Any, int]]:
-    """(``path:line``, decoded object or the ValueError saying why it is not a row, byte offset) per non-blank line."""
-    decoder = msgspec.json.Decoder()
-    for lineno, offset, raw in jsonl_lines(path):
-        yield f"{path}:{lineno}", decode_line(decoder, raw), offset
-
-
-def _parquet_records(path: Path, flag: str) -> Iterator[tuple[str, Any, None]]:
-    """(``path row i``, the row as a dict, None) per row, 0-based, read one record batch at a time."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{path}: reading Parquet needs the pyarrow package (pip install pyarrow) ({flag})") from None
-    try:
-        file = pq.ParquetFile(path)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a file that is not Parquet
-        raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc}) ({flag})") from None
-    i = 0
-    for batch in file.iter_batches(batch_size=4096):
-        for obj in batch.to_pylist():
-            yield f"{path} row {i}", obj, None
-            i += 1
-
-
 def parse_prompt_row(
     obj: Any,
     index: int,
@@ -241,6 +139,28 @@ def parse_prompt_row(
     """One decoded row -> ``PromptRow``. Raises ValueError saying what is wrong (the caller adds where)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    prompt, messages = _prompt_of(obj, input_key, apply_chat_template)
+    label = _label_of(obj, label_key, require_label)
+    metadata = _metadata_of(obj, metadata_key)
+    tools = tools_of(obj.get(tool_key), tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
+    difficulty = _difficulty_of(obj, curriculum_key)
+    return PromptRow(
+        index=index,
+        prompt=prompt,
+        label=label,
+        metadata=metadata,
+        messages=messages,
+        tools=tools,
+        difficulty=difficulty,
+    )
+
+
+def _prompt_of(
+    obj: dict[str, Any], input_key: str, apply_chat_template: bool
+) -> tuple[str, list[dict[str, Any]] | None]:
+    """(prompt text, chat messages or None) of a row's ``input_key``; for messages, the text is the content
+    of the last user message. Raises ValueError for a missing, blank or non-string prompt, or for chat
+    messages without ``--apply-chat-template``."""
     if input_key not in obj:
         raise ValueError(f"missing key {input_key!r} (--input-key); keys present: {sorted(obj)}")
     prompt, messages = obj[input_key], None
@@ -261,6 +181,12 @@ def parse_prompt_row(
         )
     elif not prompt.strip():
         raise ValueError(f"key {input_key!r} (--input-key) must be a non-empty string, got the blank string {prompt!r}")
+    return prompt, messages
+
+
+def _label_of(obj: dict[str, Any], label_key: str | None, require_label: bool) -> str | None:
+    """The row's label as a string (None when absent or null). Raises ValueError when ``require_label`` and
+    it is missing, null or blank; ConfigError when ``require_label`` with no ``label_key`` (the run's setup)."""
     label = None
     if label_key is not None and label_key in obj:
         label = obj[label_key]
@@ -272,6 +198,11 @@ def parse_prompt_row(
             f"missing (keys present: {sorted(obj)})" if label_key not in obj else "null" if label is None else "blank"
         )
         raise ValueError(f"key {label_key!r} (--label-key) is {state}; the reward needs a reference answer")
+    return label
+
+
+def _metadata_of(obj: dict[str, Any], metadata_key: str | None) -> dict[str, Any]:
+    """The row's metadata object ({} when unset or null). Raises ValueError when it is not an object."""
     metadata: dict[str, Any] = {}
     if metadata_key is not None and obj.get(metadata_key) is not None:
         metadata = obj[metadata_key]
@@ -279,24 +210,20 @@ def parse_prompt_row(
             raise ValueError(
                 f"key {metadata_key!r} (--metadata-key) must be an object, got {type(metadata).__name__} {short(metadata)}"
             )
-    tools = tools_of(obj.get(tool_key), tool_key) if tool_key is not None and obj.get(tool_key) is not None else None
-    difficulty = None
-    if curriculum_key is not None:
-        difficulty = obj.get(curriculum_key)
-        if isinstance(difficulty, bool) or not isinstance(difficulty, (int, float)):
-            raise ValueError(
-                f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {short(difficulty)}"
-            )
-        difficulty = float(difficulty)
-    return PromptRow(
-        index=index,
-        prompt=prompt,
-        label=label,
-        metadata=metadata,
-        messages=messages,
-        tools=tools,
-        difficulty=difficulty,
-    )
+    return metadata
+
+
+def _difficulty_of(obj: dict[str, Any], curriculum_key: str | None) -> float | None:
+    """The row's ``--curriculum-key`` value as a float (None without the key). Raises ValueError when it is
+    missing or not a number (a bool is not one)."""
+    if curriculum_key is None:
+        return None
+    difficulty = obj.get(curriculum_key)
+    if isinstance(difficulty, bool) or not isinstance(difficulty, (int, float)):
+        raise ValueError(
+            f"key {curriculum_key!r} (--curriculum-key) must be a number, got {type(difficulty).__name__} {short(difficulty)}"
+        )
+    return float(difficulty)
 
 
 def prompt_input(row: PromptRow) -> str | list[JsonObject]:

@@ -23,8 +23,9 @@ from typing import Any, Literal, overload
 
 import msgspec
 
-from slime.data.dataset import PromptRow, RowScan, load_prompt_file, parse_prompt_row
+from slime.data.dataset import PromptRow, load_prompt_file, parse_prompt_row
 from slime.data.jsonl import decode_line, read_line_at
+from slime.data.row_scan import RowScan
 from slime.errors import DataError
 
 __all__ = ["PromptIndex", "index_prompt_file"]

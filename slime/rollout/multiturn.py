@@ -59,6 +59,14 @@ from slime.engines.interface import GeneratePool
 from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
 from slime.rollout.chat_tokenizer import ChatTokenizer
 from slime.rollout.generate import fail_unanswered, kv_cache_version_of, status_from_finish_reason, token_versions
+from slime.rollout.tool_delta import (  # render and TemplateError re-exported
+    TemplateError,
+    TurnEndError,
+    assistant_text,
+    clip_tool_output,
+    render,
+    tool_delta,
+)
 from slime.rollout.tools.calculator import calculator_tool
 from slime.rollout.tools.parse import ToolCall, parse_tool_calls
 from slime.rollout.tools.registry import ToolRegistry, ToolResult
@@ -67,14 +75,6 @@ from slime.types import JsonObject, Sample, Status
 __all__ = ["MultiTurnGenerate", "generate", "calculator_generate", "render", "TemplateError", "STATE_KEY"]
 
 STATE_KEY = "multiturn"
-
-
-class TemplateError(ValueError):
-    """The chat template cannot give the tool messages as an append-only delta."""
-
-
-class TurnEndError(TemplateError):
-    """The model's turn ended with a token that the template does not end assistant turns with."""
 
 
 class MultiTurnGenerate:
@@ -172,16 +172,6 @@ async def calculator_generate(
         engine_version=engine_version,
         decode=decode,
     )
-
-
-def render(
-    tokenizer: ChatTokenizer, messages: list[JsonObject], tools: list[JsonObject] | None, *, generation_prompt: bool
-) -> list[int]:
-    """``apply_chat_template(..., tokenize=True)`` as a flat ``[num_tokens]`` id list."""
-    out = tokenizer.apply_chat_template(
-        messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
-    )
-    return list(out if isinstance(out, list) else out["input_ids"])
 
 
 async def generate(
@@ -285,7 +275,7 @@ async def _model_step(
         state["phase"] = "done"
         return False
     turn_ids = sample.response_ids[state["turn_start"] :]
-    assistant = {"role": "assistant", "content": _assistant_text(tokenizer, turn_ids)}
+    assistant = {"role": "assistant", "content": assistant_text(tokenizer, turn_ids)}
     calls = parse_tool_calls(assistant["content"])
     state["turn"] += 1
     if not calls:
@@ -314,28 +304,12 @@ async def _tool_step(
     max_tool_output_tokens: int,
 ) -> bool:
     """Run the pending tool calls and append the template delta. Returns True when the loop goes on."""
-    calls = [ToolCall(c["name"], c["arguments"], c["error"], c.get("raw", "")) for c in state["pending"]]
-    results = await asyncio.gather(*(_call(tools, c) for c in calls))
-    tool_msgs = [
-        {"role": "tool", "name": c.name or "", "content": _clip(tokenizer, r.content, max_tool_output_tokens)}
-        for c, r in zip(calls, results)
-    ]
-    records = [
-        {
-            "turn": state["turn"],
-            "name": c.name,
-            "arguments": c.arguments,
-            "error": r.error,
-            "content": m["content"][:2000],
-            "elapsed_s": round(r.elapsed_s, 4),
-        }
-        for c, r, m in zip(calls, results, tool_msgs)
-    ]
+    tool_msgs, records = await _run_tools(state, tokenizer, tools, max_tool_output_tokens)
     history, assistant = state["messages"], state["pending_assistant"]
     turn_ids = sample.response_ids[state["turn_start"] :]
     try:
         insert, how = await asyncio.to_thread(
-            _tool_delta, tokenizer, tools.schemas, history, assistant, tool_msgs, turn_ids
+            tool_delta, tokenizer, tools.schemas, history, assistant, tool_msgs, turn_ids
         )
     except TemplateError as exc:
         sample.evidence.setdefault("tool_calls", []).extend(records)
@@ -364,58 +338,39 @@ async def _tool_step(
     return True
 
 
+async def _run_tools(
+    state: JsonObject, tokenizer: ChatTokenizer, tools: ToolRegistry, max_tool_output_tokens: int
+) -> tuple[list[JsonObject], list[JsonObject]]:
+    """Run the turn's pending tool calls at once. Returns (tool messages, each clipped to
+    ``max_tool_output_tokens``; their records for ``evidence["tool_calls"]``)."""
+    calls = [ToolCall(c["name"], c["arguments"], c["error"], c.get("raw", "")) for c in state["pending"]]
+    results = await asyncio.gather(*(_call(tools, c) for c in calls))
+    tool_msgs = [
+        {
+            "role": "tool",
+            "name": c.name or "",
+            "content": clip_tool_output(tokenizer, r.content, max_tool_output_tokens),
+        }
+        for c, r in zip(calls, results)
+    ]
+    records = [
+        {
+            "turn": state["turn"],
+            "name": c.name,
+            "arguments": c.arguments,
+            "error": r.error,
+            "content": m["content"][:2000],
+            "elapsed_s": round(r.elapsed_s, 4),
+        }
+        for c, r, m in zip(calls, results, tool_msgs)
+    ]
+    return tool_msgs, records
+
+
 async def _call(tools: ToolRegistry, call: ToolCall) -> ToolResult:
     if call.error is not None:  # unparseable block: the model is told what was wrong
         return ToolResult(name=call.name or "", content=f"Error: {call.error}", error=call.error)
     return await tools.call(call.name or "", call.arguments)
-
-
-def _assistant_text(tokenizer: ChatTokenizer, turn_ids: list[int]) -> str:
-    """The turn's text without its trailing special tokens (``<|im_end|>``); added tokens such as
-    ``<tool_call>`` are kept even when a tokenizer marks them special."""
-    special = set(tokenizer.all_special_ids)
-    end = len(turn_ids)
-    while end and turn_ids[end - 1] in special:
-        end -= 1
-    return tokenizer.decode(turn_ids[:end], skip_special_tokens=False)
-
-
-def _clip(tokenizer: ChatTokenizer, text: str, max_tokens: int) -> str:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) <= max_tokens:
-        return text
-    return (
-        tokenizer.decode(ids[:max_tokens], skip_special_tokens=False)
-        + f"\n...[truncated {len(ids) - max_tokens} tokens]"
-    )
-
-
-def _tool_delta(
-    tokenizer: ChatTokenizer,
-    schemas: list[JsonObject],
-    history: list[JsonObject],
-    assistant: JsonObject,
-    tool_msgs: list[JsonObject],
-    turn_ids: list[int],
-) -> tuple[list[int], str]:
-    """Tokens to append after the model's turn (module docstring). Returns (ids, "full" | "minimal")."""
-    first_user = next((i for i, m in enumerate(history) if m.get("role") == "user"), len(history) - 1)
-    for how, hist in (("full", history), ("minimal", history[: first_user + 1])):  # noqa: B007  # `how` is returned after the break
-        x = render(tokenizer, hist, schemas, generation_prompt=False)
-        b = render(tokenizer, hist + [assistant] + tool_msgs, schemas, generation_prompt=True)
-        if b[: len(x)] == x:
-            break
-    else:
-        raise TemplateError(
-            "chat template re-renders the conversation when tool messages are added, even over a minimal history"
-        )
-    end_token, k = turn_ids[-1], turn_ids.count(turn_ids[-1])
-    ends = [i for i in range(len(x), len(b)) if b[i] == end_token]
-    if len(ends) < k:
-        raise TurnEndError(
-            f"turn ended with token {end_token}, which the chat template does not end an assistant turn with; tool calls not run"
-        )
-    return b[ends[k - 1] + 1 :], how
 
 
 def _fail(sample: Sample, kind: str, message: str) -> Sample:
