@@ -23,7 +23,7 @@ from typing import Literal
 import aiohttp
 
 from slime.config import RolloutConfig
-from slime.engines.client_http import CONNECT_TIMEOUT_S, EngineHttp
+from slime.engines.client_http import CONNECT_TIMEOUT_S, EngineHttp, Reply
 from slime.engines.protocol import (
     FinishReason,
     GenerateResult,
@@ -108,6 +108,14 @@ class EngineClient:
             )
         finally:
             self.num_inflight -= 1
+        return self._generate_result(reply, rid=rid, return_logprob=return_logprob)
+
+    def _generate_result(self, reply: Reply, *, rid: str | None, return_logprob: bool) -> GenerateResult:
+        """The one result of a ``/generate`` reply: a 499 is an abort with no tokens (``ABORTED_BEFORE_SCHEDULING``).
+
+        Raises:
+            EngineRequestError / EngineUnavailable (an error status) / ProtocolError (not exactly one result).
+        """
         if reply.status == ABORTED_BEFORE_SCHEDULING:
             # 0.5.17: a request held by a pause (or still in the tokenizer) when /abort_request came
             # answers 499 {"error": {"message": "Request <rid> was aborted"}}: an abort, not a failure

@@ -1,11 +1,11 @@
 """``HttpEnginePool``: several engines (or one router in front of them) behind one ``aiohttp.ClientSession``.
 
-The pool is assembled from parts, each with explicit constructor arguments: ``Workers``
-(``pool_workers.py``: the workers, their breakers, rotation and routing), ``Attempts``
-(``pool_timeouts.py``: each generate attempt's time bounds; ``AbortSignal``: ``abort_all`` as the
-waiting calls see it), ``Dispatch`` (``pool_dispatch.py``: one generate, attempt by attempt) and
-``PoolControl`` (``pool_control.py``: control calls, weight state, rejoin). This class assembles them
-and gives the rest of slime one object (``WorkerPool``).
+The pool is assembled from parts, each with explicit constructor arguments: ``Workers`` (``pool_workers.py``:
+the workers, their breakers, rotation and routing), ``Attempts`` (``pool_timeouts.py``: each generate
+attempt's time bounds; ``AbortSignal``: ``abort_all`` as the waiting calls see it), ``Dispatch``
+(``pool_dispatch.py``: one generate, attempt by attempt), ``PoolSession`` (``pool_session.py``: the
+``aiohttp`` session, owned or not) and ``PoolControl`` (``pool_control.py``: control calls, weight state,
+rejoin). This class assembles them and gives the rest of slime one object (``WorkerPool``).
 
 Routing for ``generate``, without a router: a ``sticky_key`` (one per trajectory, so the turns of a
 conversation share the prefix cache) goes back to its engine (``Workers.pick``). With a router
@@ -36,21 +36,17 @@ from typing import Self
 import aiohttp
 
 from slime.config import RolloutConfig
-from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.engines.client import EngineClient
 from slime.engines.interface import PauseMode
 from slime.engines.pool_control import PoolControl
 from slime.engines.pool_dispatch import ROUTING_KEY_HEADER, Dispatch
+from slime.engines.pool_session import PoolSession
 from slime.engines.pool_timeouts import AbortSignal, Attempts
 from slime.engines.pool_workers import EngineState, Workers
 from slime.engines.protocol import GenerateResult
 from slime.types import JsonObject
 
 __all__ = ["HttpEnginePool", "ROUTING_KEY_HEADER"]
-
-MAX_CONNECTIONS = 4096
-"""Connector bound over all engines: room for thousands of concurrent generates (one socket each)."""
-KEEPALIVE_S = 4.0
-"""Below uvicorn's 5 s keep-alive, so we do not reuse a socket the server is about to close."""
 
 
 class HttpEnginePool:
@@ -86,12 +82,8 @@ class HttpEnginePool:
             raise ValueError("HttpEnginePool needs at least one engine url")
         self.config = config
         self._api_key = api_key
-        self._owns_session = session is None
-        self._session = session or aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-        )
-        self._closed = False
+        self._http = PoolSession(session, owner="HttpEnginePool")
+        self._session = self._http.session
         self._router = (
             EngineClient(router_url, session=self._session, config=config, api_key=api_key) if router_url else None
         )
@@ -124,15 +116,10 @@ class HttpEnginePool:
 
     async def close(self) -> None:
         """Close the owned session (in-flight calls then fail with ``EngineUnavailable``). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_session:
-            await self._session.close()
+        await self._http.close()
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("HttpEnginePool is closed")
+        self._http.check_open()
 
     # -- workers ---------------------------------------------------------------------------------
 

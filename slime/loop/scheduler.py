@@ -58,7 +58,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from slime.config import LoopConfig, RolloutConfig
-from slime.data.dataset import PromptSource, row_metadata, tokenize_row
+from slime.data.dataset import PromptSource
 from slime.data.offline import OfflineSource
 from slime.engines.interface import EnginePool
 from slime.errors import PluginError
@@ -67,6 +67,7 @@ from slime.loop.counters import SchedulerCounters, StepStats
 from slime.loop.drain import drain
 from slime.loop.generate_contract import check_generate_output
 from slime.loop.offline_mix import OfflineMixing
+from slime.loop.prompts import new_group, sampling_params
 from slime.loop.scoring import Scorer
 from slime.loop.version import PolicyVersion
 from slime.obs.trace import NULL_TRACER, RunTracer
@@ -148,13 +149,7 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         self._budget: int | None = None
         self._num_requests = 0
         self._changed = asyncio.Condition()
-        self.sampling_params: dict[str, Any] = {
-            "temperature": rollout.rollout_temperature,
-            "top_p": rollout.rollout_top_p,
-            "top_k": rollout.rollout_top_k,
-        }
-        if rollout.rollout_stop_token_ids:
-            self.sampling_params["stop_token_ids"] = list(rollout.rollout_stop_token_ids)
+        self.sampling_params: dict[str, Any] = sampling_params(rollout)
 
     @property
     def capacity(self) -> int:
@@ -171,21 +166,12 @@ class Scheduler(SchedulerCounters, OfflineMixing):
     # -- group lifecycle ------------------------------------------------------------------------
     def _new_group(self) -> Group:
         row = self.source.next()
-        prompt_ids = tokenize_row(self.tokenize, row)
         gid = self.next_group_id
+        group = new_group(
+            row, self.tokenize, group_id=gid, num_samples=self.rollout.n_samples_per_prompt, rollout_id=self.rollout_id
+        )
         self.next_group_id += 1
-        samples = [
-            Sample(
-                prompt_ids=list(prompt_ids),
-                group_id=gid,
-                index=i,
-                label=row.label,
-                prompt=row.prompt,
-                metadata=row_metadata(row),
-            )
-            for i in range(self.rollout.n_samples_per_prompt)
-        ]
-        return Group(group_id=gid, samples=samples, rollout_id=self.rollout_id, data_index=row.index)
+        return group
 
     def _fill(self) -> None:
         self._lost(self.buffer.expire(self.engine_version), "expired_groups")

@@ -36,6 +36,9 @@ from slime.sync.group import WeightsUpdateGroup, address_towards, backend_for, m
 from slime.sync.wire import NamedTensors, buckets, dtype_name
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
+    from torch.distributed import TCPStore
+
+    from slime.engines.client import EngineClient
     from slime.engines.interface import WorkerPool
 
 __all__ = ["DistributedWeightSync", "sglang_version"]
@@ -158,6 +161,40 @@ class DistributedWeightSync:
         name = (
             f"slime_weights_{os.getpid()}_{next(_group_ids)}"  # fresh per group: a stale one on an engine cannot clash
         )
+        group = await self._rendezvous(
+            clients, name=name, backend=backend, world_size=world_size, offsets=offsets, address=address, store=store
+        )
+        self._group, self._group_urls = group, urls
+        log.info(
+            "weights-update group %s: %s backend, world size %d (trainer rank 0 at %s:%d, engines %s at ranks %s), %s",
+            name,
+            backend,
+            world_size,
+            address,
+            store.port,
+            urls,
+            offsets,
+            "flattened buckets" if self._flattened else "one broadcast per tensor",
+        )
+        return group
+
+    async def _rendezvous(
+        self,
+        clients: list[EngineClient],
+        *,
+        name: str,
+        backend: str,
+        world_size: int,
+        offsets: list[int],
+        address: str,
+        store: TCPStore,
+    ) -> WeightsUpdateGroup:
+        """Join group ``name`` as rank 0 while every engine joins at its ``rank_offset`` (all at once).
+
+        If an engine's ``/init_weights_update_group`` fails, that error is raised at once; the trainer's
+        join thread ends at ``timeout_s`` (logged).
+        """
+        timeout_s = self.config.update_weights_timeout_s
         join = asyncio.ensure_future(
             asyncio.to_thread(
                 WeightsUpdateGroup.join,
@@ -186,20 +223,7 @@ class DistributedWeightSync:
         except BaseException:
             join.add_done_callback(_log_outcome(f"trainer side of group {name}"))
             raise
-        group = await join
-        self._group, self._group_urls = group, urls
-        log.info(
-            "weights-update group %s: %s backend, world size %d (trainer rank 0 at %s:%d, engines %s at ranks %s), %s",
-            name,
-            backend,
-            world_size,
-            address,
-            store.port,
-            urls,
-            offsets,
-            "flattened buckets" if self._flattened else "one broadcast per tensor",
-        )
-        return group
+        return await join
 
     async def _drop_group(self) -> None:
         group, self._group, urls = self._group, None, self._group_urls

@@ -108,17 +108,10 @@ def build_launch_plan(
         for p in teacher_processes(engine, seed=seed)
     )
     if backend == "external":  # running engines (and a router that lists them), maybe an embedded teacher
-        routers = (RouterSpec(ACTOR, router, None, False),) if router else ()
-        external_urls = _http_urls(engine.rollout_external_engine_addrs)
-        return LaunchPlan(
-            "external", servers=teachers, external_urls=external_urls, teacher_urls=teacher_urls, routers=routers
-        )
+        return _external_plan(engine, router=router, teachers=teachers, teacher_urls=teacher_urls)
     if backend == "embedded":
         procs = embedded_processes(engine, model_dir=model_dir, weight_version=weight_version, seed=seed)
-        actors = tuple(
-            ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "") for i, p in enumerate(procs)
-        )
-        return LaunchPlan("embedded", servers=actors + teachers, teacher_urls=teacher_urls)
+        return _embedded_plan(procs, teachers=teachers, teacher_urls=teacher_urls)
     deployment = _sglang_deployment(engine, with_teacher_urls=bool(teacher_urls))
     plan = sglang_plan(
         engine,
@@ -134,6 +127,25 @@ def build_launch_plan(
         gpus_per_node=gpus_per_node,
     )
     return dataclasses.replace(plan, teacher_urls=teacher_urls)
+
+
+def _external_plan(
+    engine: EngineConfig, *, router: str | None, teachers: tuple[ServerSpec, ...], teacher_urls: tuple[str, ...]
+) -> LaunchPlan:
+    """The ``external`` plan: running engines (and the router that lists them), plus an embedded teacher if any."""
+    routers = (RouterSpec(ACTOR, router, None, False),) if router else ()
+    external_urls = _http_urls(engine.rollout_external_engine_addrs)
+    return LaunchPlan(
+        "external", servers=teachers, external_urls=external_urls, teacher_urls=teacher_urls, routers=routers
+    )
+
+
+def _embedded_plan(
+    procs: Sequence[EmbeddedEngineProcess], *, teachers: tuple[ServerSpec, ...], teacher_urls: tuple[str, ...]
+) -> LaunchPlan:
+    """The ``embedded`` plan: one actor server per embedded engine process, then the teacher's."""
+    actors = tuple(ServerSpec(f"embedded-{i}", ACTOR, "regular", tuple(p.args), p.env, "") for i, p in enumerate(procs))
+    return LaunchPlan("embedded", servers=actors + teachers, teacher_urls=teacher_urls)
 
 
 def _check_backend_flags(engine: EngineConfig, backend: str) -> None:

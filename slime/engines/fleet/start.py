@@ -30,17 +30,16 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import aiohttp
-
 from slime.config import EngineConfig, RolloutConfig
-from slime.engines.client import CONNECT_TIMEOUT_S, EngineClient
+from slime.engines.client import EngineClient
 from slime.engines.fleet.groups import ACTOR, TEACHER
 from slime.engines.fleet.host import check_launchable
 from slime.engines.fleet.plan import build_launch_plan, embedded_processes, teacher_processes
 from slime.engines.fleet.plan_specs import LaunchPlan, RouterSpec, ServerSpec
 from slime.engines.fleet.processes import CommandProcess, EmbeddedEngineProcess
 from slime.engines.fleet.supervisor import EngineSupervisor
-from slime.engines.pool import KEEPALIVE_S, MAX_CONNECTIONS, HttpEnginePool
+from slime.engines.pool import HttpEnginePool
+from slime.engines.pool_session import new_session
 from slime.engines.probe import wait_unless_refused
 from slime.engines.router import RouterClient, WorkerRegistration
 from slime.errors import ConfigError
@@ -156,10 +155,7 @@ class _Startup:
     def __init__(self, plan: LaunchPlan, engine: EngineConfig, rollout: RolloutConfig, *, log_dir: str | Path | None):
         self.plan, self.engine, self.rollout = plan, engine, rollout
         self.timeout_s = engine.startup_timeout_s
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-        )
+        self.session = new_session()
         self.processes: dict[str, Process] = {}
         """worker url -> its process (launched servers and embedded engines)."""
         self.routers: dict[str, CommandProcess] = {}
