@@ -131,10 +131,7 @@ def policy_loss(
     mask = loss_mask.to(logprobs.dtype)  # [B, L]
     log_ratio = (logprobs - old_logprobs.detach()) * mask  # [B, L]; 0 off mask so exp stays finite
     ratio = _ratio(log_ratio, mask, ratio_level)  # [B, L]
-    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
-    loss_tok, clipped, dual_active = _clipped_token_loss(
-        ratio, advantages, eps_clip, eps_high, eps_clip_c
-    )  # [B, L] each
+    loss_tok, clipped, dual_active = _clipped_token_loss(ratio, advantages, eps_clip, eps_clip_high, eps_clip_c)
     if is_weights is not None:
         loss_tok = loss_tok * is_weights.detach()
     pg_loss = aggregate(loss_tok, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
@@ -146,10 +143,12 @@ def policy_loss(
 
 
 def _clipped_token_loss(
-    ratio: Tensor, advantages: Tensor, eps_clip: float, eps_high: float, eps_clip_c: float | None
+    ratio: Tensor, advantages: Tensor, eps_clip: float, eps_clip_high: float | None, eps_clip_c: float | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The per-token clipped surrogate [B, L] (dual-clipped with ``eps_clip_c``), where the clipped
-    term is the active one [B, L] bool, and where the dual clip is ([B, L] bool; None without it)."""
+    """The per-token clipped surrogate [B, L] (clipped to ``[1 - eps_clip, 1 + eps_clip_high]``, None =
+    ``eps_clip``; dual-clipped with ``eps_clip_c``), where the clipped term is the active one [B, L] bool,
+    and where the dual clip is ([B, L] bool; None without it)."""
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     pg_unclipped = -ratio * advantages  # [B, L]
     pg_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_high) * advantages  # [B, L]
     loss_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, L]; max of negatives = -min

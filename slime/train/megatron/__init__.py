@@ -14,6 +14,8 @@
     weights.py     gathered HF tensors for weight sync and save_hf, one parameter at a time
     trainer.py     MegatronTrainer: TorchTrainer's interface over megatron's DDP and optimizer
     step.py        MegatronTrainStep: one train step on every rank, once the batch is there
+    pipeline.py    packed micro-batches through megatron-core's pipeline schedule (1F1B)
+    optimizer_step.py  reduce, skip a non-finite grad norm, clip and step megatron's optimizer
     step_metrics.py  the step's token-weighted metric sums, reduced over DP / PP ranks
     convert_cli.py slime convert: HF <-> megatron-core distributed checkpoint
     _mcore.py      importing megatron-core: the version range, its import warnings quieted

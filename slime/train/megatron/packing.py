@@ -204,16 +204,10 @@ def pack_samples(
             (``to_device``), the RoPE tables computed there from the copied positions (on a GPU a few
             kernels; on the CPU they took ~12 ms per 16k-token micro-batch plus a 16 MB copy).
     """
-    seg = 2 * cp_size if cp_size > 1 else 1  # every segment a multiple of this
-    layout = _Segments()
-    for j, s in enumerate(samples):
-        layout.add_sample(batch.input_ids[s, : int(batch.seq_lens[s])], j, seg=seg, pad_token_id=pad_token_id)
-    t = layout.bounds[-1]  # the samples' tokens
-    multiple = 2 * cp_size * pad_to if cp_size > 1 else pad_to  # a placeholder (no sample): 2 tokens, padded
-    padded = layout.pad_to_multiple(multiple, pad_token_id, min_tokens=0 if samples else 2)
+    layout, pad_tokens = _lay_out(batch, samples, pad_token_id=pad_token_id, pad_to=pad_to, cp_size=cp_size)
     bounds = layout.bounds
     input_ids, position_ids, labels = layout.tensors()  # [1, t] each
-    pad_tokens, cp = padded - t, None  # the padding segment (0: none)
+    cp: _CPShare | None = None
     if cp_size > 1:
         local, full_index, local_bounds = cp_split(bounds, cp_size, cp_rank)
         input_ids, position_ids, labels = (x[:, local] for x in (input_ids, position_ids, labels))
@@ -237,6 +231,21 @@ def pack_samples(
         num_rows=len(samples),
         num_cols=max(num_cols, 1),
     )
+
+
+def _lay_out(
+    batch: TrainBatch, samples: Sequence[int], *, pad_token_id: int, pad_to: int, cp_size: int
+) -> tuple[_Segments, int]:
+    """``pack_samples``'s segments on the CPU: each sample (padded to a multiple of 2 x CP tokens under
+    CP), then a padding segment up to the pack's multiple; and that padding segment's length (0: none)."""
+    seg = 2 * cp_size if cp_size > 1 else 1  # every segment a multiple of this
+    layout = _Segments()
+    for j, s in enumerate(samples):
+        layout.add_sample(batch.input_ids[s, : int(batch.seq_lens[s])], j, seg=seg, pad_token_id=pad_token_id)
+    t = layout.bounds[-1]  # the samples' tokens
+    multiple = 2 * cp_size * pad_to if cp_size > 1 else pad_to  # a placeholder (no sample): 2 tokens, padded
+    padded = layout.pad_to_multiple(multiple, pad_token_id, min_tokens=0 if samples else 2)
+    return layout, padded - t
 
 
 @dataclasses.dataclass

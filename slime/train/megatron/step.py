@@ -39,8 +39,9 @@ full packed order before the loss, so every CP rank computes the whole micro-bat
 denominators as one rank) and keeps only its own tokens' gradient; DDP sums over DP x CP.
 
 Pipeline parallelism (dense models): ``_pipeline`` runs the micro-batches through megatron-core's
-1F1B schedule; the last stage computes logprobs and the loss, and broadcasts the old/ref logprobs
-and the step's metrics over the pipeline group (rank 0, stage 0, reports them).
+1F1B schedule (``pipeline.py``); the last stage computes logprobs and the loss, and broadcasts the
+old/ref logprobs and the step's metrics over the pipeline group (rank 0, stage 0, reports them). The
+optimizer step (gradients reduced, a non-finite norm skipped, clipped) is ``optimizer_step.py``'s.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,8 +66,10 @@ from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.layers import attention_path_metrics
 from slime.train.megatron.logprobs import fused_linear_logprobs, vocab_parallel_logprobs
 from slime.train.megatron.model import float16_wrapped, output_weight
+from slime.train.megatron.optimizer_step import optimizer_step
 from slime.train.megatron.packing import PackedMicroBatch, batch_to, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
+from slime.train.megatron.pipeline import run_pipeline
 from slime.train.megatron.step_metrics import TokenSums, batch_metrics, reduce_over_ranks, token_means
 from slime.train.router_metrics import RouterStats
 from slime.train_metrics import TrainMetrics
@@ -224,36 +227,17 @@ class MegatronTrainStep:
         forward_only: bool,
         entropy_grad: bool = False,
     ) -> None:
-        """``mbs`` through megatron-core's pipeline schedule (1F1B; forward only for logprob passes).
+        """``mbs`` through megatron-core's pipeline schedule (``pipeline.run_pipeline``: 1F1B; forward only for
+        logprob passes). Every stage runs ``_run``; on the last stage ``loss_of(i, logprob [T], entropy [T])``
+        returns micro-batch i's loss from ``_logprobs`` of its output, and the schedule runs its backward.
+        Gradient sync waits for the last micro-batch (``config.no_sync_func``); ``_optimizer_step`` finalizes
+        the gradients."""
 
-        Stage 0 embeds, every stage runs its layers and exchanges activations (and their
-        gradients) with its neighbours through megatron's P2P communication, shapes first
-        (packed micro-batches differ in length: ``variable_seq_lengths``). On the last stage
-        ``loss_of(i, logprob [T], entropy [T])`` returns micro-batch i's loss (already divided by
-        the step's denominator; megatron's ``calculate_per_token_loss`` keeps it as is) and the
-        schedule runs its backward. Gradient sync waits for the last micro-batch
-        (``config.no_sync_func``); ``_optimizer_step`` finalizes the gradients.
-        """
-        schedule = mcore("megatron.core.pipeline_parallel").get_forward_backward_func()
-        zero = torch.zeros((), dtype=torch.int, device=self.ctx.device)
+        def stage_loss(i: int, stage: torch.nn.Module, out: Tensor) -> Tensor:
+            logprob, entropy = self._logprobs(out, mbs[i], stage, entropy_grad=entropy_grad)
+            return loss_of(i, logprob, entropy)
 
-        def forward_step(
-            data_iterator: Iterator[int], stage: torch.nn.Module
-        ) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, Tensor, dict]]]:
-            i = next(data_iterator)
-            mb = mbs[i]
-            out = self._run(stage, mb)
-
-            def loss_func(out: Tensor) -> tuple[Tensor, Tensor, dict]:
-                logprob, entropy = self._logprobs(out, mb, stage, entropy_grad=entropy_grad)
-                return loss_of(i, logprob, entropy), zero, {}
-
-            return out, loss_func
-
-        schedule(
-            forward_step_func=forward_step, data_iterator=iter(range(len(mbs))), model=[model], num_microbatches=len(mbs),
-            seq_length=max(mb.num_tokens for mb in mbs), micro_batch_size=1, forward_only=forward_only,
-        )  # fmt: skip
+        run_pipeline(model, mbs, self._run, stage_loss, device=self.ctx.device, forward_only=forward_only)
 
     @torch.no_grad()
     def before_update(self, batch: TrainBatch, steps: list) -> TrainBatch:
@@ -401,29 +385,6 @@ class MegatronTrainStep:
         return self.router_stats.collect(groups=groups)
 
     def _optimizer_step(self) -> float:
-        """Reduce gradients, then step unless the gradient norm is not finite; returns the norm before clipping.
-
-        Mirrors megatron's ``ChainedOptimizer.step`` (prepare, norm, clip, step) with one
-        difference: a non-finite norm skips the update (bf16 has no loss scaler to do it).
-        """
-        mcore("megatron.core.distributed").finalize_model_grads([self.ddp], num_tokens=None)
-        opt = self.optimizer
-        if opt.prepare_grads():
-            return float("nan")
-        grad_norm = float(opt.get_grad_norm())
-        if not math.isfinite(grad_norm):
-            return grad_norm
-        if self.config.clip_grad > 0:
-            clip = mcore("megatron.core.optimizer.clip_grads").clip_grad_by_total_norm_fp32
-            for o in getattr(opt, "chained_optimizers", [opt]):
-                params = o.get_parameters()
-                if params:
-                    clip(
-                        params,
-                        max_norm=self.config.clip_grad,
-                        total_norm=grad_norm,
-                        use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8,
-                    )
-        opt.step_with_ready_grads()
-        self.scheduler.step(increment=1)
-        return grad_norm
+        """``optimizer_step`` over this step's DDP, optimizer and lr schedule: the gradient norm before
+        clipping; a non-finite one skipped the update."""
+        return optimizer_step(self.ddp, self.optimizer, self.scheduler, clip_grad=self.config.clip_grad)

@@ -179,52 +179,71 @@ def write_hf_dir(
             are copied.
         max_shard_bytes: size bound of one safetensors file (a bigger single tensor gets its own).
     """
-    from safetensors.torch import save_file
-
     out = os.path.abspath(out_dir)
     parent, name = os.path.split(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
     try:
         os.chmod(tmp, 0o755)
-        shards: list[dict[str, Tensor]] = [{}]
-        size = 0
-        files: list[str] = []
-        weight_map: dict[str, str] = {}
-        total = 0
-
-        def flush() -> None:
-            fname = f"shard-{len(files):05d}.safetensors"
-            save_file(shards[-1], os.path.join(tmp, fname), metadata={"format": "pt"})
-            files.append(fname)
-            weight_map.update({k: fname for k in shards[-1]})
-            shards[-1] = {}
-
-        for hf_name, tensor in tensors:
-            nbytes = tensor.numel() * tensor.element_size()
-            if shards[-1] and size + nbytes > max_shard_bytes:
-                flush()
-                size = 0
-            shards[-1][hf_name] = tensor.contiguous()
-            size += nbytes
-            total += nbytes
-        if shards[-1] or not files:
-            flush()
-        if len(files) == 1:
-            os.rename(os.path.join(tmp, files[0]), os.path.join(tmp, "model.safetensors"))
-        else:
-            renamed = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
-            for old, new in renamed.items():
-                os.rename(os.path.join(tmp, old), os.path.join(tmp, new))
-            index = {
-                "metadata": {"total_size": total},
-                "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())},
-            }
-            with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
-                json.dump(index, f, indent=2)
+        files, weight_map, total = _write_shards(tensors, tmp, max_shard_bytes)
+        _name_shards(tmp, files, weight_map, total)
         copy_source_files(source_dir, tmp, (*CONFIG_FILES, *TOKENIZER_FILES))
         swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _write_shards(
+    tensors: Iterable[tuple[str, Tensor]], tmp: str, max_shard_bytes: int
+) -> tuple[list[str], dict[str, str], int]:
+    """``tensors`` as safetensors files ``shard-NNNNN.safetensors`` in ``tmp``, each of at most
+    ``max_shard_bytes`` (a bigger single tensor gets its own; one empty file when there is no tensor).
+
+    Returns:
+        the file names in order, HF name -> its file, and the total bytes of the tensors.
+    """
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    files: list[str] = []
+    weight_map: dict[str, str] = {}
+    total = 0
+
+    def flush() -> None:
+        fname = f"shard-{len(files):05d}.safetensors"
+        save_file(shards[-1], os.path.join(tmp, fname), metadata={"format": "pt"})
+        files.append(fname)
+        weight_map.update({k: fname for k in shards[-1]})
+        shards[-1] = {}
+
+    for hf_name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            flush()
+            size = 0
+        shards[-1][hf_name] = tensor.contiguous()
+        size += nbytes
+        total += nbytes
+    if shards[-1] or not files:
+        flush()
+    return files, weight_map, total
+
+
+def _name_shards(tmp: str, files: list[str], weight_map: dict[str, str], total: int) -> None:
+    """``_write_shards``'s files in ``tmp`` under their HF names: ``model.safetensors`` when there is one,
+    else ``model-NNNNN-of-NNNNN.safetensors`` with ``model.safetensors.index.json`` (total size, weight map)."""
+    if len(files) == 1:
+        os.rename(os.path.join(tmp, files[0]), os.path.join(tmp, "model.safetensors"))
+        return
+    renamed = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
+    for old, new in renamed.items():
+        os.rename(os.path.join(tmp, old), os.path.join(tmp, new))
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {k: renamed[v] for k, v in sorted(weight_map.items())},
+    }
+    with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
