@@ -2,8 +2,9 @@
 
 Budgets, not cliffs: a function over ``FUNCTION_BUDGET`` lines must be on ``LONG_FUNCTIONS`` with the
 reason it reads better whole (a table, an argument parser), and an entry whose function shrank or went
-fails too, so the list never rots. Classes are composed, not spread over files: no ``*Mixin`` base and no
-``if TYPE_CHECKING:`` block of stubs inside a class body. ``Any`` in signatures is held under
+fails too, so the list never rots. Classes are composed, not spread over files: no ``*Mixin`` base, no
+``if TYPE_CHECKING:`` block of stubs inside a class body, no class working on attributes it declares
+but never sets. ``Any`` in signatures is held under
 ``ANY_BUDGET`` (631 when the budget was set, 2026-12-03; the rest are third-party objects, JSON through
 ``slime.types.JsonObject``, or the verifier's dynamic ``code_bounds.Value``).
 """
@@ -68,14 +69,24 @@ def any_annotations(trees: list[tuple[str, ast.Module]]) -> int:
     return count
 
 
+_DECLARATIVE = ("Protocol", "Struct", "TypedDict", "dataclass", "NamedTuple", "Exception", "Error", "Enum")
+"""Bases or decorators of classes whose bare annotations are their fields, not another class's attributes."""
+
+
 def mixin_classes(trees: list[tuple[str, ast.Module]]) -> list[str]:
-    """Classes with a ``*Mixin`` base or a ``TYPE_CHECKING`` block in their body (stubs of another class's members)."""
+    """Classes with a ``*Mixin`` base, a ``TYPE_CHECKING`` block in their body (stubs of another class's
+    members), or attributes they declare but never set (no ``__init__``, not a struct-like class): the
+    shape of a mixin that works on its host's state."""
     found = []
     for rel, tree in trees:
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
             bases = [ast.unparse(b) for b in cls.bases]
             stubs = any(isinstance(s, ast.If) and "TYPE_CHECKING" in ast.unparse(s.test) for s in cls.body)
-            if stubs or any(b.endswith("Mixin") for b in bases):
+            declared = any(isinstance(s, ast.AnnAssign) and s.value is None for s in cls.body)
+            has_init = any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in cls.body)
+            kinds = " ".join(bases + [ast.unparse(d) for d in cls.decorator_list])
+            borrowed = declared and not has_init and not any(k in kinds for k in _DECLARATIVE)
+            if stubs or borrowed or any(b.endswith("Mixin") for b in bases):
                 found.append(f"{rel}:{cls.lineno} {cls.name}({', '.join(bases)})")
     return found
 
@@ -108,8 +119,11 @@ def test_the_scans_see_what_they_claim(tmp_path):
         "def typed(a: Any, *b: list[Any]) -> 'Any': ...\n"
         "class A(PoolMixin): ...\n"
         "class B:\n    if TYPE_CHECKING:\n        def _x(self) -> int: ...\n"
+        "class C:\n    config: LoopConfig\n    def quota(self) -> int: ...\n"
+        "class D(msgspec.Struct):\n    n: int\n"
+        "class E:\n    n: int\n    def __init__(self) -> None: ...\n"
     )
     trees = [("slime/m.py", ast.parse(src))]
     assert long_functions(trees) == {"slime/m.py:long": FUNCTION_BUDGET + 1}
     assert any_annotations(trees) == 2  # a string annotation is not parsed: only the two real ones count
-    assert [m.split(" ")[1] for m in mixin_classes(trees)] == ["A(PoolMixin)", "B()"]
+    assert [m.split(" ")[1] for m in mixin_classes(trees)] == ["A(PoolMixin)", "B()", "C()"]

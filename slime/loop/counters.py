@@ -30,14 +30,21 @@ class StepStats:
 
 
 class SchedulerCounters:
-    """Resumable counters and per-step stats, shared by every scheduler; the policy version is read
-    from the run's ``PolicyVersion`` (``slime.loop.version``), never kept here."""
+    """Resumable counters and per-step stats, the base of every scheduler; the policy version is read
+    from the run's ``PolicyVersion`` (``slime.loop.version``), never kept here.
 
-    next_group_id: int
-    num_admitted: int
-    rollout_id: int
-    stats: StepStats
-    version: PolicyVersion
+    Args:
+        version: the run's ``PolicyVersion``; None = a fresh one at 0.
+        next_group_id: the id the next admitted group gets.
+    """
+
+    def __init__(self, version: PolicyVersion | None = None, next_group_id: int = 0) -> None:
+        self.version = version if version is not None else PolicyVersion()
+        self.next_group_id = next_group_id
+        self.num_admitted = 0
+        """Groups admitted and not filtered out: the k of the admission bound."""
+        self.rollout_id = 0
+        self.stats = StepStats()
 
     @property
     def engine_version(self) -> int:

@@ -29,7 +29,7 @@ import msgspec
 from slime.config import LoopConfig
 from slime.errors import DataError
 from slime.loop.buffer import DataBuffer
-from slime.loop.counters import SchedulerCounters, StepStats
+from slime.loop.counters import SchedulerCounters
 from slime.loop.version import PolicyVersion
 from slime.types import Group
 
@@ -96,12 +96,8 @@ class ReplayScheduler(SchedulerCounters):
 
     def __init__(self, config: LoopConfig, template: str, *, buffer: DataBuffer, version: PolicyVersion | None = None):
         self.config, self.template, self.buffer = config, template, buffer
-        self.version = version if version is not None else PolicyVersion()
+        super().__init__(version)
         self.pool = None
-        self.rollout_id = 0
-        self.next_group_id = 0
-        self.num_admitted = 0
-        self.stats = StepStats()
 
     async def next_batch(self, n: int) -> list[Group]:
         self.rollout_id += 1

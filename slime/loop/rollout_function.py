@@ -37,7 +37,7 @@ from slime.data.dataset import PromptSource, tokenize_row
 from slime.engines.interface import WorkerPool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
-from slime.loop.counters import SchedulerCounters, StepStats
+from slime.loop.counters import SchedulerCounters
 from slime.loop.version import PolicyVersion
 from slime.rollout.rewards import check_reward, score_sample
 from slime.rollout.slime_compat import RolloutArgs, RolloutDataBuffer, to_groups
@@ -83,7 +83,7 @@ class RolloutFunctionScheduler(SchedulerCounters):
         self.config, self.rollout = config, rollout
         self.path = rollout.rollout_function_path
         self.fn, self.buffer, self.reward_fn, self.pool = fn, buffer, reward_fn, pool
-        self.version = version if version is not None else PolicyVersion()
+        super().__init__(version)
         self.fill_logprobs = fill_logprobs
         self.args = args
         self.data_buffer = RolloutDataBuffer(
@@ -92,10 +92,6 @@ class RolloutFunctionScheduler(SchedulerCounters):
             n_samples_per_prompt=rollout.n_samples_per_prompt,
             num_prompts=len(source.rows),
         )
-        self.rollout_id = 0
-        self.next_group_id = 0
-        self.num_admitted = 0
-        self.stats = StepStats()
 
     async def next_batch(self, n: int) -> list[Group]:
         """Call the function for the next step and return its groups, rewarded and checked.

@@ -63,10 +63,10 @@ from slime.data.offline import OfflineSource
 from slime.engines.interface import EnginePool
 from slime.errors import PluginError
 from slime.loop.buffer import DataBuffer
-from slime.loop.counters import SchedulerCounters, StepStats
+from slime.loop.counters import SchedulerCounters
 from slime.loop.drain import drain
 from slime.loop.generate_contract import check_generate_output
-from slime.loop.offline_mix import OfflineMixing
+from slime.loop.offline_mix import OfflineMix
 from slime.loop.prompts import new_group, sampling_params
 from slime.loop.scoring import Scorer
 from slime.loop.version import PolicyVersion
@@ -80,7 +80,7 @@ __all__ = ["Scheduler"]
 log = logging.getLogger(__name__)
 
 
-class Scheduler(SchedulerCounters, OfflineMixing):
+class Scheduler(SchedulerCounters):
     """Owns the groups in flight; fills ``buffer.ready`` with rewarded groups.
 
     Args:
@@ -128,6 +128,7 @@ class Scheduler(SchedulerCounters, OfflineMixing):
     ):
         if reward_fn is None and group_reward_fn is None:
             raise ValueError("Scheduler needs reward_fn or group_reward_fn")
+        super().__init__(version, next_group_id)
         self.config, self.rollout = config, rollout
         self.source, self.tokenize, self.decode = source, tokenize, decode
         self.pool, self.buffer, self.task_group = pool, buffer, task_group
@@ -138,18 +139,17 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         self.score = Scorer(
             rollout, reward_fn=reward_fn, group_reward_fn=group_reward_fn, teacher=teacher, tracer=self.tracer
         )
-        self.version = version if version is not None else PolicyVersion()
-        self.rollout_id = 0
-        self.next_group_id = next_group_id
-        self.num_admitted = 0
-        """Groups admitted and not filtered out: the k of the admission bound."""
+        self.offline_mix = OfflineMix(offline, config.offline_ratio, self.score, self._take_group_id)
         self.inflight: dict[int, Group] = {}
-        self.stats = StepStats()
         self._gate_open = False
         self._budget: int | None = None
         self._num_requests = 0
         self._changed = asyncio.Condition()
         self.sampling_params: dict[str, Any] = sampling_params(rollout)
+
+    def _take_group_id(self) -> int:
+        group_id, self.next_group_id = self.next_group_id, self.next_group_id + 1
+        return group_id
 
     @property
     def capacity(self) -> int:
@@ -299,7 +299,7 @@ class Scheduler(SchedulerCounters, OfflineMixing):
     async def next_batch(self, n: int) -> list[Group]:
         """Wait for ``n`` ready groups and take them (oldest first). See the module docstring."""
         self.rollout_id += 1
-        num_offline = self._offline_quota(n)
+        num_offline = self.offline_mix.quota(self.rollout_id, n)
         n_online = n - num_offline
         self._budget = (
             max(0, n_online - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
@@ -307,9 +307,8 @@ class Scheduler(SchedulerCounters, OfflineMixing):
         if self.config.mode == "async" or self.buffer.num_ready < n_online:  # else the batch is already there
             self._gate_open = True
             self._fill()
-        for group in reversed(
-            await self._offline_groups(num_offline)
-        ):  # taken first, with exactly n_online online groups
+        offline_groups = await self.offline_mix.groups(num_offline, rollout_id=self.rollout_id, stats=self.stats)
+        for group in reversed(offline_groups):  # taken first, with exactly n_online online groups
             self._lost(self.buffer.push_ready(group, front=True), "evicted_groups")
         batch: list[Group] = []
         while len(batch) < n:
