@@ -140,7 +140,8 @@ async def run_step(
         groups = await sched.next_batch(config.rollout_batch_size)
     times: dict[str, object] = {"rollout_wait_s": time.monotonic() - t0}
     if on_batch is not None:
-        await on_batch(groups)
+        await on_batch(groups)  # recorded as generated: before apply_staleness edits the loss masks in place
+    # lag against the trainer's version: the weights this batch trains (== the engines' between steps)
     stale = apply_staleness(groups, trainer_version=version.trainer, max_staleness=config.max_staleness)
     batch = batch_stats(groups)
     mode = pause_mode(config, sched.pool, version.trainer, colocate=colocate)
@@ -148,6 +149,7 @@ async def run_step(
         times |= await _train_and_sync(
             sched, train_step, sync, groups, tr, mode=mode, colocate=colocate, num_samples=batch["num_samples"]
         )
+    # taken after the sync: the counters also cover the generation that overlapped the train step
     record = _record(sched, batch, stale, sched.pop_stats(), time.monotonic() - t0, **times)
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
     return groups, record
@@ -183,12 +185,15 @@ async def _train_and_sync(
     generation stays paused throughout and the engines release their memory around the train step."""
     memory_pool = sched.pool if colocate else None  # the engines that give their memory to the trainer
     released: dict[str, float] = {}
+    # colocate: the engines share the trainer's devices, so abort and drain before their memory goes
     async with sched.paused("abort") if memory_pool is not None else contextlib.nullcontext():
         if memory_pool is not None:  # colocate: nothing generates until the sync is done
             released = await _release_memory(memory_pool, tr)
         t1 = time.monotonic()
         with tr.span("train_step", "train", version=sched.version.trainer, num_samples=num_samples):
+            # a thread, not the loop: rollouts keep running (and the scheduler admitting) during the step
             metrics = await asyncio.to_thread(train_step, groups)
+        # bumped before the save, so the staged weights carry the new version; raises if the trainer's count drifted
         new = sched.version.bump(metrics.policy_version)
         t_train = time.monotonic() - t1
         sync_start = tr.now()
@@ -197,7 +202,9 @@ async def _train_and_sync(
         t2 = time.monotonic()  # the save overlaps generation: weight_sync_s counts from here
         if memory_pool is not None:
             with tr.span("resume_memory", "weight_sync"):
+                # before the load: released weights are lost; all tags resumed (the set differs across SGLang versions)
                 await memory_pool.resume_memory_occupation()
+        # colocate: the outer context already holds generation paused
         resume_start = await _load(sched, sync, staged, new, tr, mode=mode, paused=colocate)
     tr.complete("resume", "weight_sync", resume_start, mode=mode)
     tr.complete("weight_sync", "weight_sync", sync_start, version=new, mode=mode)
@@ -236,7 +243,7 @@ async def _load(
         tr.complete("pause", "weight_sync", pause_start, mode=mode)
         with tr.span("load", "weight_sync", version=new):
             await sync.load(staged, new, abort_all_requests=mode == "abort")
-        sched.version.publish()
+        sched.version.publish()  # inside the pause: every request sent after the resume is stamped with the new version
         return tr.now()
 
 
@@ -265,9 +272,10 @@ def pause_mode(
     ``pool`` None (no engines, train-only): no cache hits. Example: async,
     ``pool.num_prefix_cache_hits == 0`` -> "in_place"; 3 hits -> "abort".
     """
+    # only async updates in place; colocate's engines were drained and freed for the train step
     if config.mode != "async" or colocate:
         return "abort"
-    if pool is None:
+    if pool is None:  # train-only: no engines, hence no cached KV that could go stale
         return "in_place"
     hits = pool.num_prefix_cache_hits
     if hits and pool.kv_cache_version is not None:
