@@ -160,7 +160,8 @@ class Scheduler(SchedulerCounters):
     def admission_limit(self) -> int:
         """Groups that may have been admitted at the current engine version (see module doc)."""
         if self.config.mode == "sync" or self.fixed_weights:
-            return 1 << 62
+            return 1 << 62  # no bound: sync starts exactly the groups a batch needs; fixed weights never go stale
+        # the module doc's bound: the k-th admitted group may start at version v iff k < (v + eta + 1) * B
         return (self.engine_version + self.config.max_staleness + 1) * self.config.online_groups_per_batch
 
     # -- group lifecycle ------------------------------------------------------------------------
@@ -174,12 +175,15 @@ class Scheduler(SchedulerCounters):
         return group
 
     def _fill(self) -> None:
+        # expired partials free their admission slots before the checks below count them
         self._lost(self.buffer.expire(self.engine_version), "expired_groups")
         while self._gate_open and len(self.inflight) < self.capacity:
+            # partials first: admitted already, they skip the budget and admission checks
             group = self.buffer.pop_partial(self.rollout_id)
             if group is None:
                 if self._budget is not None and self._budget <= 0:
                     return
+                # admission control: a group started now could be trained more than max_staleness versions late
                 if self.num_admitted >= self.admission_limit:
                     return
                 if self._budget is not None:
@@ -192,6 +196,7 @@ class Scheduler(SchedulerCounters):
 
     async def _run_group(self, group: Group) -> None:
         try:
+            # a resumed group: samples already rewarded are not generated again
             results = await asyncio.gather(*(self._run_sample(s) for s in group.samples if s.reward is None))
             for old, new in results:
                 if new is not None:  # a generate function that returned several samples
@@ -199,12 +204,14 @@ class Scheduler(SchedulerCounters):
                     group.samples[i : i + 1] = new
             if group.is_finished:
                 await self.score.group(group)
+            # some sample aborted: the whole group waits for its resume, its tokens kept
             if not (group.is_finished and group.is_rewarded):
+                # pushing may evict older partials (--buffer-capacity): each frees its admission slot
                 self._lost(self.buffer.push_partial(group), "evicted_groups")
             elif self.group_filter is not None and not self._keep(self.group_filter, group):
                 self.stats.filtered_groups += 1
                 self.stats.filtered_tokens += group.num_response_tokens
-                self._free_slot()
+                self._free_slot()  # a filtered group left the batch: exactly one new group replaces it
             else:
                 self.stats.finished_groups += 1
                 self.stats.failed_samples += sum(s.status is Status.FAILED for s in group.samples)
@@ -255,6 +262,7 @@ class Scheduler(SchedulerCounters):
                     self.sampling_params,
                     pool=self.pool,
                     max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
+                    # read when the request is sent: its new tokens are stamped with it (or older, token_versions)
                     engine_version=self.engine_version,
                     decode=self.decode,
                 )
@@ -272,15 +280,17 @@ class Scheduler(SchedulerCounters):
                         resumed=before > 0,
                     )
                     self.tracer.counter("requests_in_flight", requests=self._num_requests)
-                await self._notify()
+                await self._notify()  # wakes _drain's wait on _num_requests
             produced = check_generate_output(
                 sample,
                 out,
                 max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
                 engine_version=self.engine_version,
             )
+            # only this request's tokens: a resumed sample's earlier ones were counted when generated
             self.stats.generated_tokens += sum(len(s.response_ids) for s in produced or [sample]) - before
             if sample.status is Status.PARTIAL:
+                # not rewarded: it resumes later from its kept tokens, so _run_group queues the group as partial
                 self.stats.aborted_samples += 1
                 return sample, None
         for s in produced or [sample]:
@@ -302,6 +312,7 @@ class Scheduler(SchedulerCounters):
         num_offline = self.offline_mix.quota(self.rollout_id, n)
         n_online = n - num_offline
         self._budget = (
+            # sync starts exactly the groups still missing, counting the ready and in-flight ones
             max(0, n_online - self.buffer.num_ready - len(self.inflight)) if self.config.mode == "sync" else None
         )
         if self.config.mode == "async" or self.buffer.num_ready < n_online:  # else the batch is already there
@@ -318,7 +329,7 @@ class Scheduler(SchedulerCounters):
                 if self.config.staleness_policy == "drop" and self._too_stale(group):
                     self.stats.dropped_stale_groups += 1
                     self._free_slot()
-                    self._gate_open = True
+                    self._gate_open = True  # reopen even in sync/april: the replacement is generated for this batch
                     self._fill()
                 else:
                     batch.append(group)
@@ -353,9 +364,9 @@ class Scheduler(SchedulerCounters):
                 await self.pool.continue_generation()
                 self._fill()
             return
-        was_open = self._gate_open
+        was_open = self._gate_open  # restore, not open: in sync/april the gate stays closed between batches
         self._gate_open = False
-        await self._drain()
+        await self._drain()  # abort and wait: no request straddles the update, so every token's version is exact
         try:
             yield
         finally:
@@ -376,6 +387,7 @@ class Scheduler(SchedulerCounters):
         """Abort everything and wait for every group task; leftovers stay in the partial queue."""
         self._gate_open = False
         await self._drain()
+        # every group task has pushed its state to the buffer before shutdown returns
         await self._wait_for(lambda: not self.inflight)
 
     @contextlib.asynccontextmanager
