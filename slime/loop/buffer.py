@@ -39,7 +39,7 @@ _NO_VERSION = 1 << 62  # sorts a partial group without tokens last
 
 def _ready_key(group: Group) -> int:
     oldest = group.oldest_version
-    return oldest if oldest is not None else group.rollout_id
+    return oldest if oldest is not None else group.rollout_id  # no tokens yet: ranked by the batch it was started for
 
 
 class DataBuffer:
@@ -75,8 +75,9 @@ class DataBuffer:
     def push_partial(self, group: Group) -> list[Group]:
         """Queue an aborted group; returns the partial groups evicted to stay within capacity."""
         oldest = group.oldest_version
+        # oldest token first, so stale tokens resume (and train or expire) soonest; the group id breaks ties
         heapq.heappush(self._partial, (oldest if oldest is not None else _NO_VERSION, group.group_id, group))
-        return self._evict()
+        return self._evict()  # a push can exceed --buffer-capacity: the oldest partials make room, never a ready group
 
     def pop_partial(self, rollout_id: int = 0) -> Group | None:
         """The next partial group to resume (oldest version first, or ``buffer_filter``'s pick)."""
@@ -86,14 +87,14 @@ class DataBuffer:
             return heapq.heappop(self._partial)[2]
         groups = self.partial_groups()
         chosen = self.buffer_filter(rollout_id, groups, 1)
-        if not chosen:
+        if not chosen:  # the filter may hold every partial back: the scheduler then starts a new prompt instead
             return None
         if len(chosen) != 1 or not any(chosen[0] is g for g in groups):
             raise PluginError(
                 f"--buffer-filter-path returned {len(chosen)} groups not taken from the {len(groups)} queued ones"
             )
         self._partial = [e for e in self._partial if e[2] is not chosen[0]]
-        heapq.heapify(self._partial)
+        heapq.heapify(self._partial)  # the filter's pick may sit anywhere in the heap: restore the heap order
         return chosen[0]
 
     def expire(self, current_version: int) -> list[Group]:
@@ -102,6 +103,7 @@ class DataBuffer:
         out: list[Group] = []
         if self.max_staleness is None:
             return out
+        # the head holds the oldest token: once it is recent enough, every other partial is too
         while self._partial and current_version - self._partial[0][0] > self.max_staleness:
             out.append(heapq.heappop(self._partial)[2])
         if out:
@@ -118,6 +120,7 @@ class DataBuffer:
 
     def _evict(self) -> list[Group]:
         out: list[Group] = []
+        # only partials are evicted: a ready group is finished and rewarded, never lost
         while self.capacity is not None and self._partial and self.num_ready + self.num_partial > self.capacity:
             out.append(heapq.heappop(self._partial)[2])
         if out:
@@ -148,6 +151,7 @@ class DataBuffer:
         self._partial = []
         for g in partial:
             oldest = g.oldest_version
+            # push_partial's key, so a resumed run resumes partials in the same order
             heapq.heappush(self._partial, (oldest if oldest is not None else _NO_VERSION, g.group_id, g))
         self.taken = set(taken)
         self.num_evicted, self.num_expired = num_evicted, num_expired
@@ -159,7 +163,7 @@ class DataBuffer:
             self.ready.appendleft(group)
         else:
             self.ready.append(group)
-        return self._evict()
+        return self._evict()  # a ready group counts toward the capacity too: partials make room for it
 
     @property
     def num_ready(self) -> int:
@@ -185,7 +189,7 @@ class DataBuffer:
         out = [self.ready[i] for i in order]
         chosen = set(order)
         self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
-        for g in out:
+        for g in out:  # invariant 2: a group trains at most once, across checkpoint resumes too (taken is saved)
             if g.group_id in self.taken:
                 raise RuntimeError(f"group {g.group_id} handed to the trainer twice")
             self.taken.add(g.group_id)
