@@ -39,11 +39,13 @@ def apply_staleness(
     max_spanned = 0
     multi = 0
     for s in valid_samples(groups):
-        for v, m in zip(s.versions, s.loss_mask):
+        for v, m in zip(s.versions, s.loss_mask):  # loss_mask 0 tokens never train, so their lag is not counted
             if m and v == OFFLINE_VERSION:
                 offline += 1
             elif m:
+                # counted before mask_stale below: the histogram shows the over-stale tokens it then masks
                 hist[trainer_version - v] += 1
+        # counted for valid samples only: the FAILED ones are masked below, uncounted
         masked += s.mask_stale(trainer_version, max_staleness)
         spanned = s.num_versions_spanned
         max_spanned = max(max_spanned, spanned)
