@@ -81,10 +81,13 @@ def token_versions(result: GenerateResult, engine_version: int, kv_cache_version
 
     Example: spans ["3", "3", "4"], engine_version 4, cached_tokens 9, kv_cache_version 2 -> [2, 2, 2].
     """
+    # the spans only when they cover every token; else one version for all of them
     if result.token_weight_versions is not None and len(result.token_weight_versions) == len(result.output_ids):
         versions: int | list[int] = [policy_version_of(v, engine_version) for v in result.token_weight_versions]
     else:
+        # the older of the two: a request that straddled an in-place update over-states its lag, which is safe
         versions = min(policy_version_of(result.weight_version, engine_version), engine_version)
+    # != 0, not > 0: an unknown count (None) is taken as a cache hit
     if kv_cache_version is not None and result.cached_tokens != 0:
         versions = (
             min(versions, kv_cache_version)
@@ -135,26 +138,29 @@ async def generate(
         The same sample, with status COMPLETED, TRUNCATED, PARTIAL or FAILED.
     """
     remaining = max_response_len - len(sample.response_ids)
-    if remaining <= 0:
+    if remaining <= 0:  # the cap counts earlier attempts' tokens: a resumed sample already at it ends TRUNCATED
         sample.status = Status.TRUNCATED
         return sample
     if sample.response_ids:
-        sample.num_resumes += 1
+        sample.num_resumes += 1  # a fresh rid (request_id): a late abort of the old request never hits the resumed one
+    # what is left under the cap, so a resumed sample never exceeds max_response_len
     params = dict(sampling_params, max_new_tokens=remaining)
+    # read before sending: KV this request reuses is at least this old
     kv_version = kv_cache_version_of(pool, engine_version)
     try:
         result = await pool.generate(
+            # prompt + the tokens so far: the resume continues token-exactly from what the sample holds
             sample.prompt_ids + sample.response_ids,
             params,
             rid=request_id(sample),
             sticky_key=f"g{sample.group_id}-s{sample.index}",
         )
     except EngineRequestError as exc:
-        sample.status = Status.FAILED
+        sample.status = Status.FAILED  # refused by the engine: FAILED without "transport" (the request itself was bad)
         sample.evidence["generate_error"] = {"type": type(exc).__name__, "message": str(exc)}
         return sample
     except EnginesGone:
-        raise
+        raise  # before the next clause (a subclass of EngineUnavailable): no engine left ends the run, not the sample
     except (EngineUnavailable, EngineTimeout) as exc:
         fail_unanswered(sample, exc)
         return sample
@@ -163,7 +169,7 @@ async def generate(
     )
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
-        sample.num_aborts += 1
+        sample.num_aborts += 1  # counted into the next request_id, so the resumed request gets a rid of its own
     if decode is not None:
         sample.response = decode(sample.response_ids)
     return sample
