@@ -106,7 +106,7 @@ class Dispatch:
             EnginesGone: no worker came back into rotation within ``rejoin_timeout_s`` (one line naming each).
             EngineRequestError / ProtocolError / ValueError: from the attempt, not retried.
         """
-        abort = self._abort.watch()
+        abort = self._abort.watch()  # taken at the call's start: an abort_all from then on ends this call as an abort
         tried: list[str] = []
         last: EngineError | None = None
         resend_as = (
@@ -114,12 +114,14 @@ class Dispatch:
         )
         for attempt in range(self.config.max_retries + 1):
             if attempt:
+                # doubling from retry_backoff_s (0.5, 1.0, ... as in the module doc); an abort_all cuts it short
                 await abort.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
-                if abort.fired:
+                if abort.fired:  # aborted during the backoff: an abort (the sample resumes), not another attempt
                     return aborted_result(rid, f"aborted while retrying after: {last}")
             target = await self._target(sticky_key, tried, abort)
-            if target is None:
+            if target is None:  # abort_all while waiting for a worker to rejoin: an abort too, no attempt used
                 return aborted_result(rid, "aborted while waiting for an engine to rejoin")
+            # booked before the attempt: a retry prefers a worker not yet tried in this call
             tried.append(target.client.url)
             try:
                 result = await self._attempts.run(
@@ -133,9 +135,11 @@ class Dispatch:
                 )
             except (EngineUnavailable, EngineTimeout) as exc:  # no answer: counts against --max-retries
                 last = self._unanswered(target, exc)
+                # a timeout or left rotation: the engine may still hold the old rid, so resend under a new one
                 if rid and may_still_run(exc):
+                    # ends in "-" (never a prefix of another rid) and starts with rid, so an abort of rid still covers it
                     resend_as = f"{rid}t{attempt + 1}-"
-                if abort.fired:
+                if abort.fired:  # an abort_all came during the failed attempt: end as an abort rather than retry
                     return aborted_result(rid, f"aborted after: {exc}")
                 continue
             return self._answered(target, result)
@@ -161,6 +165,7 @@ class Dispatch:
 
     def _unanswered(self, target: _Target, exc: EngineUnavailable | EngineTimeout) -> EngineError:
         """Book an attempt that got no answer (on the worker's breaker unless already known); returns ``exc``."""
+        # NoTokenInTime (the engine answered) and LeftRotation (already booked) are no new engine failures
         if target.engine is not None and counts_against_engine(exc):
             self._workers.record_failure(target.client.url, failure_text(exc))  # "/generate: <why>"
         self.num_failovers += 1
@@ -170,6 +175,7 @@ class Dispatch:
         """Book an answer: the worker is healthy; a reuse of cached KV is counted (``num_prefix_cache_hits``)."""
         if target.engine is not None:
             self._workers.record_success(target.client.url)
+        # counted for pause_mode: cached KV in use means in-place updates would leave its tokens' versions stale
         if result.cached_tokens:
             self._note_cache_hit()
         return result
