@@ -72,8 +72,8 @@ class AbortWatch:
 
     def __init__(self, signal: AbortSignal):
         self._signal = signal
-        self._epoch = signal.epoch
-        self._event = signal.event
+        self._epoch = signal.epoch  # the epoch at the start: fired means an abort_all came after this call began
+        self._event = signal.event  # this epoch's event: fire() sets it, waking this call's sleeps
 
     @property
     def fired(self) -> bool:
@@ -106,6 +106,7 @@ class AbortSignal:
     def fire(self) -> None:
         """Wake every watch taken before now; later ones start clean."""
         self.epoch += 1
+        # a fresh event before setting the old one: watches taken after this fire start clean
         event, self.event = self.event, asyncio.Event()
         event.set()
 
@@ -146,6 +147,7 @@ class Attempts:
         """
         cfg, loop = self.config, asyncio.get_running_loop()
         give_up: asyncio.Future[str] = loop.create_future()
+        # booked before the request goes out, so give_up and end can reach it at once
         self._inflight[give_up] = (client.url, loop.time())
         # the client's own deadline is only a backstop, past ours
         backstop_s = cfg.request_timeout_s + 2 * cfg.control_timeout_s
@@ -163,11 +165,15 @@ class Attempts:
         abort: asyncio.Future[None] | None = None
         racing: list[asyncio.Future[GenerateResult] | asyncio.Future[str]] = [call, give_up]
         try:
+            # request_timeout_s first; past it an abort by rid makes SGLang answer with its tokens so far
             await asyncio.wait(racing, timeout=cfg.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            # without a rid there is nothing to abort by: the attempt ends as hung (EngineTimeout)
             if not call.done() and not give_up.done() and rid:
                 abort = asyncio.ensure_future(self._abort_rid(client, rid))
+                # the abort's answer must come within control_timeout_s more, else the engine is hung
                 await asyncio.wait(racing, timeout=cfg.control_timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if call.done():
+                # an answer to our abort must carry a token to resume from (_answered)
                 return self._answered(client, rid, call.result(), aborted=abort is not None)
             if give_up.done():  # a drain gave up on it (an abort: the sample resumes), or LeftRotation is raised
                 return aborted_result(rid, f"given up on {client.url}: {give_up.result()}")
@@ -178,9 +184,10 @@ class Attempts:
                 endpoint="/generate",
             )
         finally:
-            del self._inflight[give_up]
+            del self._inflight[give_up]  # off the books first: a later give_up or end cannot touch a finished attempt
             if give_up.done():
                 give_up.exception()  # retrieved: the attempt ended first, or it is raised above
+            # a hung request is dropped here only; its engine may still hold it (may_still_run: a retry gets a new rid)
             for task in (call, abort):
                 if task is not None and not task.done():
                     task.cancel()
@@ -191,7 +198,7 @@ class Attempts:
         """The engine's answer; one it gave to our abort at ``request_timeout_s`` must hold a token."""
         if not aborted:
             return result
-        if not result.output_ids:
+        if not result.output_ids:  # nothing to resume from: a failed attempt (retried), not a PARTIAL sample
             raise NoTokenInTime(
                 f"ran past request_timeout_s={self.config.request_timeout_s}s without a token (aborted by rid, nothing generated)",
                 url=client.url,
@@ -213,6 +220,7 @@ class Attempts:
         now = asyncio.get_running_loop().time()
         urls: list[str] = []
         for give_up, (url, started) in list(self._inflight.items()):
+            # an attempt started less than running_for_s ago may just be slow: left alone
             if now - started >= running_for_s and not give_up.done():
                 give_up.set_result(reason)
                 urls += [] if url in urls else [url]
