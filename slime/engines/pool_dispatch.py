@@ -137,7 +137,7 @@ class Dispatch:
                 last = self._unanswered(target, exc)
                 # a timeout or left rotation: the engine may still hold the old rid, so resend under a new one
                 if rid and may_still_run(exc):
-                    # ends in "-" (never a prefix of another rid) and starts with rid, so an abort of rid still covers it
+                    # ends in "-" (never a prefix of another rid) and starts with rid: an abort of rid still covers it
                     resend_as = f"{rid}t{attempt + 1}-"
                 if abort.fired:  # an abort_all came during the failed attempt: end as an abort rather than retry
                     return aborted_result(rid, f"aborted after: {exc}")
