@@ -65,8 +65,10 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     Validate, plan, build the parts, drive the steps over the engines, summarise."""
     config.validate()
     config.check_run_modes()
+    # before the trainer is built: its lr schedule spans the run's optimizer steps
     config = msgspec.structs.replace(config, train=_lr_scheduled(config.train, config.loop, config.rollout))
     plan = run_plan(config.debug, config.rollout, config.train, config.engine, config.sync, seed=config.seed)
+    # before the run folder and engines: only rank 0 builds them, the other ranks serve its train steps
     if await megatron_rank_served(
         config.train, plan, resumes=bool(config.save_interval or config.load), kwargs=config.trainer_kwargs()
     ):
@@ -80,6 +82,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
 async def _build_parts(config: Config, plan: RunPlan, reward_fn: RewardFn | None) -> RunParts:
     """The run folder, inputs, trainer and buffer, restored from the checkpoint on a resume."""
     files = open_run(config.run_dir, config.load, "trained_groups.jsonl", config)
+    # the checkpoint's version (0 on a fresh run): the trainer and the scheduler start from it
     version = resumed_version(files)
     inputs = await build_inputs(config.data, config.rollout, config.loop, plan, reward_fn=reward_fn)
     start_from = model_dir(files, plan.base_model)  # the checkpoint's weights on a resume, else the base model
@@ -134,9 +137,11 @@ async def _drive(config: Config, plan: RunPlan, parts: RunParts, *, progress: bo
                 save_interval=config.save_interval,
                 eval_before=not loop.skip_eval_before_train,
             )
+            # before the task group exits: its group tasks end (aborted, kept as partials) instead of being awaited
             await sched.shutdown()
         await sync.close()
         obs.progress.close()
+        # rollout-only: the weights never moved, so the eval before stands for the final one
         await evaluator.final(config.loop.num_rollout, reuse_before=plan.rollout_only)
 
 
@@ -145,6 +150,7 @@ def _lr_scheduled(train: TrainConfig, loop: LoopConfig, rollout: RolloutConfig) 
     Megatron's default decay)."""
     from slime.train.lr_schedule import resolve_lr_schedule
 
+    # one optimizer step per global_batch_size samples, over every sample of the run
     steps = loop.num_rollout * loop.rollout_batch_size * rollout.n_samples_per_prompt // train.global_batch_size
     return resolve_lr_schedule(train, steps)
 
@@ -156,7 +162,7 @@ async def _summarise(parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_ev
         RunError: the run trained nothing (``check_something_trained``), after every file is written.
     """
     files: RunFiles = parts.files
-    files.metrics.close()
+    files.metrics.close()  # closed first: no record is written after the summary is taken from them
     summary = rl_summary(
         files.metrics.records,
         num_eval_prompts=num_eval_prompts,
@@ -169,5 +175,6 @@ async def _summarise(parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_ev
     )
     summary.update(parts.inputs.data_counts)
     await asyncio.to_thread(finish_run, files, summary)
+    # after finish_run: a run that trained nothing still leaves its summary and report
     check_something_trained(files.metrics.records, trains=not plan.rollout_only, run_dir=files.run_dir)
     return summary
