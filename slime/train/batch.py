@@ -116,6 +116,7 @@ class TrainBatch:
     def select(self, indices: Sequence[int]) -> TrainBatch:
         """Rows ``indices`` (any order), with T trimmed to their longest sequence (L = T - 1 with it)."""
         idx = torch.as_tensor(list(indices), dtype=torch.long, device=self.input_ids.device)
+        # at least 2, so L = T - 1 keeps one next-token position
         t = max(int(self.seq_lens[idx].max()), 2) if len(idx) else 2
         fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -123,6 +124,7 @@ class TrainBatch:
             if x is not None:
                 x = x.index_select(0, idx)
                 if x.dim() == 2:
+                    # [B, T] fields keep t columns, [B, L] fields t - 1
                     x = x[:, : t if x.shape[1] == self.input_ids.shape[1] else t - 1]
             fields[f.name] = x
         return TrainBatch(**fields)
@@ -138,6 +140,7 @@ class TrainBatch:
 
     def slice(self, start: int, end: int) -> TrainBatch:
         """Samples ``start:end``, with T trimmed to their longest sequence (L = T - 1 with it)."""
+        # at least 2, so L = T - 1 keeps one next-token position
         t = max(int(self.seq_lens[start:end].max()), 2) if end > start else 2
         fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -147,6 +150,7 @@ class TrainBatch:
                 continue
             x = x[start:end]
             if x.dim() == 2:
+                # [B, T] fields keep t columns, [B, L] fields t - 1
                 x = x[:, : t if x.shape[1] == self.input_ids.shape[1] else t - 1]
             fields[f.name] = x
         return TrainBatch(**fields)
@@ -200,12 +204,14 @@ def build_train_batch(
         estimator=advantage_estimator,
         normalize_by_std=normalize_advantages_by_std,
     )  # [G, n]
+    # FAILED samples get no row: no forward pass over them (module doc)
     rows = [(gi, si, s) for gi, g in enumerate(groups) for si, s in enumerate(g.samples) if s.is_valid]
     batch = _empty_batch([s for _, _, s in rows], pad_token_id=pad_token_id, use_opd=use_opd)
     for b, (gi, si, s) in enumerate(rows):
         _fill_row(
             batch, b, s, scores[gi, si], current_version=current_version, newest_only=mask_offpolicy_in_partial_rollout
         )
+    # after the newest-only mask: the check sees the tokens that will actually train
     _check_staleness(batch.staleness, batch.loss_mask, current_version, max_staleness)
     return batch
 
@@ -254,7 +260,7 @@ def _empty_batch(samples: list[Sample], *, pad_token_id: int, use_opd: bool) -> 
     """The batch of ``samples`` with its per-sample fields set and its per-token tensors empty
     (padding, zeros): ``_fill_row`` writes each row."""
     seq_lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-    num_samples, t_max = len(samples), max([*seq_lens, 2])
+    num_samples, t_max = len(samples), max([*seq_lens, 2])  # at least 2, so L >= 1 even when every sample is empty
     return TrainBatch(
         input_ids=torch.full((num_samples, t_max), pad_token_id, dtype=torch.long),  # [B, T]
         attention_mask=torch.zeros((num_samples, t_max), dtype=torch.long),  # [B, T]
@@ -292,11 +298,12 @@ def _fill_row(batch: TrainBatch, b: int, s: Sample, score: Tensor, *, current_ve
 
 def _check_staleness(staleness: Tensor, loss_mask: Tensor, current_version: int, max_staleness: int | None) -> None:
     """Raise RuntimeError, with the numbers, when a trainable token is too old or from the future."""
+    # only trainable tokens: a stale token already masked out may be old
     trained = staleness[loss_mask > 0]  # [num_train_tokens]
     if trained.numel() == 0:
         return
     newest_lag, oldest_lag = int(trained.min()), int(trained.max())
-    if newest_lag < 0:
+    if newest_lag < 0:  # a token newer than the weights being trained: a version stamp went wrong upstream
         raise RuntimeError(
             f"train batch has a trainable token of version {current_version - newest_lag} > current_version {current_version}"
         )
@@ -326,6 +333,7 @@ def pack_by_token_budget(seq_lens: Sequence[int], max_tokens: int) -> list[list[
         raise ValueError(f"pack_by_token_budget: max_tokens={max_tokens}, expected >= 1")
     bins: list[list[int]] = []
     longest: list[int] = []
+    # longest first, ties by index: the packing is deterministic
     for i in sorted(range(len(seq_lens)), key=lambda i: (-seq_lens[i], i)):
         for b, members in enumerate(bins):
             if (len(members) + 1) * longest[b] <= max_tokens:  # longest first: the bin's first sample is its longest
