@@ -71,12 +71,14 @@ def aggregate(x: Tensor, mask: Tensor, *, loss_agg: LossAgg, loss_denominator: f
     Example (two samples, masks [1, 1, 0] and [1, 0, 0], x = [[1, 3, 9], [4, 9, 9]]):
         seq_mean = ((1 + 3) / 2 + 4 / 1) / 2 = 3.0;  token_mean = (1 + 3 + 4) / 3 = 2.6667
     """
-    x = x * mask
+    x = x * mask  # zero off the mask before any sum: padding and masked tokens never reach the loss
     if loss_agg == "seq_mean":
+        # a sample with no masked token gives 0, not 0/0, and still counts in the sample denominator
         per_sample = x.sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)  # [B]
         denom = float(x.shape[0]) if loss_denominator is None else loss_denominator
         return per_sample.sum() / max(denom, 1.0)
     if loss_agg == "token_mean":
+        # with accumulation: the step's total, so the micro-batch losses sum to the step's loss
         denom = float(mask.sum()) if loss_denominator is None else loss_denominator
         return x.sum() / max(denom, 1.0)
     raise ValueError(f"aggregate: loss_agg={loss_agg!r}, expected 'seq_mean' or 'token_mean'")
@@ -133,6 +135,7 @@ def policy_loss(
     ratio = _ratio(log_ratio, mask, ratio_level)  # [B, L]
     loss_tok, clipped, dual_active = _clipped_token_loss(ratio, advantages, eps_clip, eps_clip_high, eps_clip_c)
     if is_weights is not None:
+        # the weight scales the gradient but takes none; applied after the dual clip, as slime and AReaL do
         loss_tok = loss_tok * is_weights.detach()
     pg_loss = aggregate(loss_tok, mask, loss_agg=loss_agg, loss_denominator=loss_denominator)
     loss = pg_loss
@@ -150,12 +153,14 @@ def _clipped_token_loss(
     and where the dual clip is ([B, L] bool; None without it)."""
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     pg_unclipped = -ratio * advantages  # [B, L]
+    # clip-higher: the upper bound may be wider than the lower (DAPO)
     pg_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_high) * advantages  # [B, L]
     loss_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, L]; max of negatives = -min
     clipped = pg_clipped > pg_unclipped  # a comparison: no gradient
     dual_active = None
     if eps_clip_c is not None:
         pg_dual = -eps_clip_c * advantages  # [B, L]
+        # A < 0 only: for A > 0 the upper clip already bounds the loss; the cap is -c * A
         dual_active = (advantages < 0) & (pg_dual < loss_tok)
         loss_tok = torch.where(dual_active, pg_dual, loss_tok)
     return loss_tok, clipped, dual_active
@@ -173,7 +178,7 @@ def _policy_metrics(
 ) -> dict[str, float]:
     """``policy_loss``'s metrics (its docstring), token means over ``mask``."""
     num_tokens = mask.sum()
-    token_ratio = log_ratio.exp()
+    token_ratio = log_ratio.exp()  # per token even with GSPO: approx_kl is a token-level estimate
     metrics = {
         "pg_clipfrac": _masked_mean(clipped.float(), mask, num_tokens),
         "approx_kl": _masked_mean(token_ratio - 1.0 - log_ratio, mask, num_tokens),
@@ -220,7 +225,9 @@ def _ratio(log_ratio: Tensor, mask: Tensor, ratio_level: RatioLevel) -> Tensor:
     if ratio_level == "token":
         return log_ratio.exp()  # [B, L]
     if ratio_level == "sequence":
+        # the mean log-ratio, not the sum: a long sample's ratio does not grow with its length
         seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp_min(1.0)  # [B, 1]
+        # one ratio for the sample's tokens; the gradient still flows through each token's logprob
         return seq_log_ratio.exp().expand_as(log_ratio)  # [B, L]
     raise ValueError(f"policy_loss: ratio_level={ratio_level!r}, expected 'token' or 'sequence'")
 
