@@ -67,6 +67,7 @@ def is_sft(cfg: TrainConfig) -> bool:
 def needs_reference(cfg: TrainConfig) -> bool:
     """A frozen reference model is needed: the KL loss, or a KL penalty in REINFORCE++/PPO rewards."""
     return not is_sft(cfg) and (
+        # group-normalised scores take no KL penalty: there kl_coef alone needs no reference
         cfg.use_kl_loss or (cfg.kl_coef != 0.0 and cfg.advantage_estimator not in GROUP_NORMALISED)
     )
 
@@ -84,6 +85,7 @@ def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
     off every trained token's advantage (``slime.train.opd``).
     """
     if is_sft(cfg) or (
+        # GRPO/GSPO scores leave the batch builder final unless whitened or OPD-penalised
         cfg.advantage_estimator in GROUP_NORMALISED and not cfg.normalize_advantages and not cfg.use_opd
     ):
         return batch
@@ -93,12 +95,14 @@ def with_advantages(cfg: TrainConfig, batch: TrainBatch) -> TrainBatch:
             raise ValueError(
                 "--use-opd: the train batch has no teacher_logprobs / old_logprobs (build it with use_opd=True)"
             )
+        # the student side is old_logprobs (no grad): the penalty shapes the advantage, not the gradient path
         opd_penalty = cfg.opd_kl_coef * reverse_kl(
             batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask
         )  # [B, L]
     kl = None
     if cfg.kl_coef != 0.0 and batch.ref_logprobs is not None:
         assert batch.old_logprobs is not None
+        # the weights before the update, not the current ones: a reward penalty fixed for the whole step
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.kl_loss_type)  # [B, L]
     advantages, returns = token_advantages(
         cfg.advantage_estimator,
@@ -131,7 +135,7 @@ def opd_metrics(batch: TrainBatch) -> dict[str, float]:
 def correction_weights(cfg: TrainConfig, mb: TrainBatch) -> tuple[Tensor | None, dict[str, float]]:
     """The active off-policy weights of a micro-batch (TIS, MIS or decoupled PPO), or None."""
     assert mb.old_logprobs is not None
-    if cfg.use_tis:
+    if cfg.use_tis:  # the first active correction wins: TIS, then MIS, then decoupled PPO
         return tis_weights(
             mb.old_logprobs,
             mb.rollout_logprobs,
@@ -185,6 +189,7 @@ def micro_batch_loss(
         eps_clip=cfg.eps_clip,
         eps_clip_high=cfg.eps_clip_high,
         eps_clip_c=cfg.eps_clip_c,
+        # GSPO: GRPO's scores with one length-normalised ratio per sample
         ratio_level="sequence" if cfg.advantage_estimator == "gspo" else "token",
         is_weights=weights,
         loss_agg=cfg.loss_agg,
@@ -196,9 +201,12 @@ def micro_batch_loss(
     if cfg.use_kl_loss:
         assert mb.ref_logprobs is not None
         mask = mb.loss_mask
+        # current logprobs, with gradient: the KL loss pulls the policy toward the reference
         kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_loss_type)  # [b, l]
+        # reported even when kl_loss_coef is 0 and it does not train
         metrics["kl_loss"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1.0))
         if cfg.kl_loss_coef != 0.0:
+            # the step's denominator like the policy loss, so micro-batches sum to the step's KL loss
             loss = loss + cfg.kl_loss_coef * aggregate(
                 kl, mask, loss_agg=cfg.loss_agg, loss_denominator=loss_denominator
             )
