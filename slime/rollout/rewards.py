@@ -85,8 +85,9 @@ async def _call(fn: Callable[..., Any], arg: object) -> Any:
     """``fn(arg)``: awaited when async, else on a plugin thread (``plugin_threads``); the user's value, unchecked."""
     if inspect.iscoroutinefunction(fn):
         return await fn(arg)
+    # on a thread of its own: a hung sync reward is abandoned at the timeout, the event loop never blocks
     result = await plugin_threads.run_sync(fn, arg)
-    if inspect.isawaitable(result):
+    if inspect.isawaitable(result):  # a sync function may hand back an awaitable (a wrapped async one): awaited too
         result = await result
     return result
 
@@ -111,6 +112,7 @@ def _as_reward(value: object, reward_key: str | None = None, sample: Sample | No
                 k: v for k, v in value.items() if isinstance(v, (str, int, float, bool, type(None)))
             }
         value = value[reward_key]
+    # bool is an int subclass: True is refused rather than taken as 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PluginError(f"reward function returned {type(value).__name__} {value!r}, expected a float")
     value = float(value)
@@ -127,6 +129,7 @@ def _as_reward(value: object, reward_key: str | None = None, sample: Sample | No
 def check_reward(sample: Sample) -> None:
     """A reward someone else set (a generate function, a ``--rollout-function-path`` function): a non-number or
     a value ``_as_reward`` refuses marks the sample FAILED with the evidence, as from a reward function."""
+    # None: not rewarded yet (the reward function sets it); a FAILED sample keeps its own evidence
     if sample.reward is None or sample.status is Status.FAILED:
         return
     try:
@@ -164,6 +167,7 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
         "type": type(exc).__name__,
         "message": str(shown) or repr(exc),
         "elapsed_s": round(elapsed_s, 4),
+        # the last frames only, capped: the evidence is kept per sample in the records
         "traceback": "".join(traceback.format_exception(exc, limit=-3))[-2000:],
     }
 
@@ -176,9 +180,9 @@ async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float,
     try:
         async with deadline:
             raw = await _call(reward_fn, sample)
-        sample.reward = _as_reward(raw, reward_key, sample)
+        sample.reward = _as_reward(raw, reward_key, sample)  # outside the deadline: only the user's call is timed
     except BaseException as exc:  # plugin boundary: a user function's failure becomes data, SystemExit included
-        if _stopping():
+        if _stopping():  # the run is stopping: the cancellation of this task must go through
             raise
         if isinstance(exc, TimeoutError) and deadline.expired():  # our deadline, not a TimeoutError of the function
             exc = TimeoutError(f"reward timed out after {timeout_s}s (--reward-timeout-s){_stuck()}")
@@ -200,6 +204,7 @@ async def score_group(
             )
         if len(raw) != len(samples):
             raise PluginError(f"group reward function returned {len(raw)} rewards for {len(samples)} samples")
+        # every value checked before any is set: one bad value fails the whole group
         values = [_as_reward(v, reward_key, s) for v, s in zip(raw, samples)]
     except BaseException as exc:  # plugin boundary (TimeoutError and SystemExit included)
         if _stopping():
