@@ -48,6 +48,7 @@ class PolicyVersion:
     def bump(self, reported: float | None = None) -> int:
         """A train step finished: the trainer holds version ``trainer + 1``. ``reported``: the version the
         trainer says it holds now (its ``policy_version`` metric), checked against ours. Returns the new version."""
+        # bumped before the check: the trainer reports the version it holds after its step, so the new count
         self._trainer += 1
         if reported is not None and int(reported) != self._trainer:
             raise RuntimeError(
@@ -57,6 +58,7 @@ class PolicyVersion:
 
     def publish(self) -> None:
         """The engines loaded the trainer's weights."""
+        # copied, not counted: the engines can only catch up with the trainer, never pass it
         self._engines = self._trainer
 
     def __repr__(self) -> str:
