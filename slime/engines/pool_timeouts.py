@@ -220,7 +220,7 @@ class Attempts:
         now = asyncio.get_running_loop().time()
         urls: list[str] = []
         for give_up, (url, started) in list(self._inflight.items()):
-            # an attempt started less than running_for_s ago may just be slow: left alone
+            # a younger attempt has not had the whole abort window (the drain's abort_timeout_s) yet: left alone
             if now - started >= running_for_s and not give_up.done():
                 give_up.set_result(reason)
                 urls += [] if url in urls else [url]
