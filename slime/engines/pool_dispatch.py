@@ -175,7 +175,7 @@ class Dispatch:
         """Book an answer: the worker is healthy; a reuse of cached KV is counted (``num_prefix_cache_hits``)."""
         if target.engine is not None:
             self._workers.record_success(target.client.url)
-        # counted for pause_mode: cached KV in use means in-place updates would leave its tokens' versions stale
+        # counted for pause_mode: once cached KV is reused, updates abort and flush instead of pausing in place
         if result.cached_tokens:
             self._note_cache_hit()
         return result
