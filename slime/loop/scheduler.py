@@ -262,7 +262,7 @@ class Scheduler(SchedulerCounters):
                     self.sampling_params,
                     pool=self.pool,
                     max_response_len=self.rollout.response_cap(len(sample.prompt_ids)),
-                    # read when the request is sent: its new tokens are stamped with it (or older, token_versions)
+                    # read when the request is sent: the fallback stamp of its new tokens (token_versions)
                     engine_version=self.engine_version,
                     decode=self.decode,
                 )
