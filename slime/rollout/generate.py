@@ -145,7 +145,7 @@ async def generate(
         sample.num_resumes += 1  # a fresh rid (request_id): a late abort of the old request never hits the resumed one
     # what is left under the cap, so a resumed sample never exceeds max_response_len
     params = dict(sampling_params, max_new_tokens=remaining)
-    # read before sending: KV this request reuses is at least this old
+    # read before sending: a flush during the request must not make the KV it reused look newer
     kv_version = kv_cache_version_of(pool, engine_version)
     try:
         result = await pool.generate(
