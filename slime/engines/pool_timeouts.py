@@ -184,13 +184,19 @@ class Attempts:
                 endpoint="/generate",
             )
         finally:
-            del self._inflight[give_up]  # off the books first: a later give_up or end cannot touch a finished attempt
-            if give_up.done():
-                give_up.exception()  # retrieved: the attempt ended first, or it is raised above
-            # a hung request is dropped here only; its engine may still hold it (may_still_run: a retry gets a new rid)
-            for task in (call, abort):
-                if task is not None and not task.done():
-                    task.cancel()
+            self._end_attempt(give_up, call, abort)
+
+    def _end_attempt(
+        self, give_up: asyncio.Future[str], call: asyncio.Future[GenerateResult], abort: asyncio.Future[None] | None
+    ) -> None:
+        """The attempt's bookkeeping, however it ended."""
+        del self._inflight[give_up]  # off the books first: a later give_up or end cannot touch a finished attempt
+        if give_up.done():
+            give_up.exception()  # retrieved: the attempt ended first, or it is raised in run()
+        # a hung request is dropped here only; its engine may still hold it (may_still_run: a retry gets a new rid)
+        for task in (call, abort):
+            if task is not None and not task.done():
+                task.cancel()
 
     def _answered(
         self, client: EngineClient, rid: str | None, result: GenerateResult, *, aborted: bool

@@ -141,9 +141,8 @@ class Scheduler(SchedulerCounters):
         )
         self.offline_mix = OfflineMix(offline, config.offline_ratio, self.score, self._take_group_id)
         self.inflight: dict[int, Group] = {}
-        self._gate_open = False
+        self._gate_open, self._num_requests = False, 0
         self._budget: int | None = None
-        self._num_requests = 0
         self._changed = asyncio.Condition()
         self.sampling_params: dict[str, Any] = sampling_params(rollout)
 
@@ -166,12 +165,11 @@ class Scheduler(SchedulerCounters):
 
     # -- group lifecycle ------------------------------------------------------------------------
     def _new_group(self) -> Group:
-        row = self.source.next()
-        gid = self.next_group_id
+        row, gid = self.source.next(), self.next_group_id
         group = new_group(
             row, self.tokenize, group_id=gid, num_samples=self.rollout.n_samples_per_prompt, rollout_id=self.rollout_id
         )
-        self.next_group_id += 1
+        self.next_group_id += 1  # only once the row made a group: a row that fails to tokenize takes no id
         return group
 
     def _fill(self) -> None:
