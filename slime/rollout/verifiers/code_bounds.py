@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 __all__ = [
     "MAX_SIZE", "MAX_SAME_HASH", "Value", "bounded_bytes", "bounded_pow", "bounded_prod", "bounded_range", "bounded_sum",
-    "check_call", "check_size", "refuse_hash_floods", "unflooded", "unflooded_dict",
+    "check_call", "check_size", "refuse_hash_floods",
 ]  # fmt: skip
 
 Value: TypeAlias = Any
@@ -93,18 +93,13 @@ def bounded_prod(items: Value, *, start: Value = 1) -> Value:
     return out
 
 
-def unflooded(items: Value = ()) -> list[Value]:
-    """``items`` as a list, refused (ValueError) when a set of them would be a hash flood (``code_harness``)."""
-    members = list(items)
-    refuse_hash_floods(members)
+def _unflooded_input(kind: type, items: Value) -> list[Value]:
+    """The input of ``set``/``frozenset``/``dict`` (``kind``) as a list, checked for a hash flood of its
+    members (a dict's: its keys) before the collection is built; ValueError if it is one."""
+    members = list(items.items() if kind is dict and isinstance(items, dict) else items)
+    keys = members if kind is not dict else [m[0] for m in members if isinstance(m, tuple | list) and len(m) == 2]
+    refuse_hash_floods(keys)
     return members
-
-
-def unflooded_dict(items: Value = (), **kwargs: Value) -> dict[Value, Value]:
-    """``dict(items, **kwargs)``, refused when its keys would be a hash flood (checked before it is built)."""
-    pairs = list(items.items() if isinstance(items, dict) else items)
-    refuse_hash_floods([pair[0] for pair in pairs if isinstance(pair, tuple | list) and len(pair) == 2])
-    return dict(pairs, **kwargs)
 
 
 MAX_SAME_HASH = 64
@@ -147,7 +142,11 @@ def check_size(op: ast.operator, left: Value, right: Value) -> None:
         _check_pow(left, right)
 
 
-def check_call(fn: Value, args: list[Value]) -> None:
+def check_call(fn: Value, args: list[Value]) -> list[Value]:
+    """Raise ValueError where ``fn(*args)`` would grow past the bounds; returns the arguments to call it with
+    (the input of ``set``/``frozenset``/``dict`` read into a list once, for the flood check)."""
+    if fn in (set, frozenset, dict) and args:
+        args = [_unflooded_input(fn, args[0]), *args[1:]]
     if getattr(fn, "__name__", "") not in _LINEAR_IN_INTS:
         for arg in args:
             _check_int(arg)
@@ -160,3 +159,4 @@ def check_call(fn: Value, args: list[Value]) -> None:
     ):
         if len(fn.__self__) * (len(args[1]) + 1) > MAX_SIZE:
             raise ValueError(f"a replace() that could grow past {MAX_SIZE}")
+    return args

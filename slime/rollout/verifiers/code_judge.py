@@ -35,8 +35,6 @@ from slime.rollout.verifiers.code_bounds import (
     bounded_sum,
     check_call,
     check_size,
-    unflooded,
-    unflooded_dict,
 )
 
 __all__ = ["ALL_METHODS", "JUDGE_FUNCTIONS", "JUDGE_MODULES", "METHODS", "judge", "validate"]
@@ -55,9 +53,6 @@ JUDGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "bytes": bounded_bytes,
     "pow": bounded_pow,
     "sum": bounded_sum,
-    "set": lambda *a: set(unflooded(*a)),
-    "frozenset": lambda *a: frozenset(unflooded(*a)),
-    "dict": lambda *a, **k: unflooded_dict(*a, **k),
 }  # fmt: skip
 """Builtins a check may call: pure functions of built-in values (and the types for ``isinstance``)."""
 _MATH = types.SimpleNamespace(
@@ -282,8 +277,7 @@ class _Evaluator:
         fn = self.eval(node.func)
         args = [self.eval(a) for a in node.args]
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
-        check_call(fn, args)
-        return fn(*args, **kwargs)
+        return fn(*check_call(fn, args), **kwargs)
 
 
 def _is_literal(node: ast.expr) -> bool:

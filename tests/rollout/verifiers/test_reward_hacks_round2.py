@@ -160,6 +160,10 @@ async def test_values_that_would_stall_the_judge_fail_the_case(code, spec, why):
 @pytest.mark.parametrize(
     "code, spec",
     [
+        (
+            "def f(n):\n    return {n}, {n: n}\n",
+            {"asserts": ["assert isinstance(f(1)[0], set) and type(f(1)[1]) is dict and set([1, 1]) == f(1)[0]"]},
+        ),
         ("def f(n):\n    return n << 3 ^ 1\n", {"asserts": ["assert f(2) == 2 << 3 ^ 1", "assert f(1) & 8 == 8"]}),
         ("def f(x):\n    return '%.2f' % x\n", {"asserts": ["assert f(0.5) == '%.2f' % 0.5"]}),
         (
@@ -178,6 +182,7 @@ async def test_values_that_would_stall_the_judge_fail_the_case(code, spec, why):
         ),
     ],
     ids=[
+        "isinstance-of-set-and-dict",
         "bitwise",
         "percent-of-constants",
         "float_info",
