@@ -60,7 +60,9 @@ MAY_IMPORT = {
     | {"data", "protocol", "engines", "rollout", "servers"},  # `slime check-plugin` starts an engine
     "loop": BASE | {"obs", "sync", "data", "train", "protocol", "engines", "fleet", "rollout"},
     "bench": BASE | {"obs", "sync", "data", "train", "protocol", "engines", "fleet", "rollout", "servers", "loop"},
-    "cluster": BASE | {"fleet"},  # fleet.lifeline: a process dies with the actor that started it
+    # fleet: the launch plan's commands and lifeline (a process dies with its actor); loop.resume: the last
+    # checkpoint named when a trainer rank dies
+    "cluster": BASE | {"fleet", "loop"},
     "cli": set(PARTS.values()),
 }
 KNOWN: dict[tuple[str, str], str] = {}

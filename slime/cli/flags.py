@@ -24,6 +24,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "engine.rollout_external_engine_addrs",
         dict(nargs="+", help="engines already running (host:port)"),
     ),
+    "--ray-placed-engines": (
+        "engine.ray_placed_engines",
+        dict(action="store_true", help="set by slime train --ray on its trainer ranks: Ray restarts the engines"),
+    ),
     "--rollout-num-engines": ("engine.num_engines", dict(type=int, help="embedded engines to launch")),
     "--engine-threads": ("engine.engine_threads", dict(type=int, help="torch threads per embedded engine")),
     # Real SGLang (slime/engines/fleet/plan.py); every other --sglang-* / --router-* flag passes through.

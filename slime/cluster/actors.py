@@ -22,14 +22,19 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import ray
 
 from slime.engines.fleet.lifeline import with_lifeline
 
-__all__ = ["Where", "ProcessActor", "ProcessActorRemote", "ACTOR_OPTIONS"]
+__all__ = ["Where", "ProcessActor", "ProcessActorRemote", "ACTOR_OPTIONS", "TAIL_LINES"]
+
+TAIL_LINES = 40
+"""Output lines of its child an actor keeps (``ProcessActor.tail``): the driver prints a trainer's last lines."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ProcessActor:
         self._proc: subprocess.Popen[bytes] | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def where(self) -> Where:
         return Where(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
@@ -67,8 +73,10 @@ class ProcessActor:
             for s in socks:
                 s.close()
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
-        """Start ``argv`` with the actor's environment updated by ``env``; returns the child's pid.
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> int:
+        """Start ``argv`` with the actor's environment updated by ``env``, in ``cwd`` (default: the actor's);
+        returns the child's pid. Its output lines go to the actor's stdout and the last ``TAIL_LINES`` are
+        kept (``tail``).
 
         The child is forked by a thread that lives as long as it does: the parent-death signal follows the
         forking thread, not the process (``slime.engines.fleet.lifeline``). Raises ``RuntimeError`` when a
@@ -77,7 +85,7 @@ class ProcessActor:
         if self._proc is not None:
             raise RuntimeError(f"{self.name}: a command already runs in this actor")
         thread = threading.Thread(
-            target=self._keep, args=(list(argv), {**os.environ, **env}), name=f"{self.name}-child", daemon=True
+            target=self._keep, args=(list(argv), {**os.environ, **env}, cwd), name=f"{self.name}-child", daemon=True
         )
         thread.start()
         self._started.wait()
@@ -86,16 +94,36 @@ class ProcessActor:
         assert self._proc is not None  # set by _keep before _started
         return self._proc.pid
 
-    def _keep(self, argv: list[str], env: dict[str, str]) -> None:
+    def _keep(self, argv: list[str], env: dict[str, str], cwd: str | None) -> None:
         try:
             # a session of its own: stop() signals the child's whole group, never the actor's
-            self._proc = subprocess.Popen(with_lifeline(argv), env=env, start_new_session=True)
+            self._proc = subprocess.Popen(
+                with_lifeline(argv),
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                cwd=cwd,
+                start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
         except BaseException as e:
             self._error = e
             self._started.set()
             return
         self._started.set()
+        self._copy_output(self._proc)
         self._proc.wait()
+
+    def _copy_output(self, proc: subprocess.Popen[bytes]) -> None:
+        """Each line of the child to the actor's stdout (Ray streams it to the driver) and to the tail."""
+        assert proc.stdout is not None  # stdout=PIPE
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self._tail.append(line)
+            print(line, file=sys.stdout, flush=True)
+
+    def tail(self) -> list[str]:
+        """The child's last output lines (at most ``TAIL_LINES``), oldest first."""
+        return list(self._tail)
 
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid

@@ -75,6 +75,8 @@ class Rendezvous:
     """A wide engine's node rank 0 (IP, port): SGLang's ``--dist-init-addr``."""
     engines: tuple[str, ...] = ()
     """Every engine's ``http://ip:port`` (the router's workers)."""
+    router: tuple[str, int] | None = None
+    """The router's (IP, port), when the run has one (what the trainer's pool calls)."""
 
 
 class ProcessDied(RunError):
@@ -109,8 +111,11 @@ class ClusterRun:
         max_restarts: int = 3,
         gpu_share: float = 0.01,
         stop_grace_s: float = 5.0,
+        cwd: str | None = None,
     ) -> None:
         self.reservation, self.table, self._command = reservation, reservation.table, command
+        self._cwd = cwd
+        """Every child's working directory (the driver's, on storage every node mounts); None: the actor's."""
         self.max_restarts, self._gpu_share, self._grace = max_restarts, gpu_share, stop_grace_s
         self.restarts: dict[int, int] = {}
         """Engine index -> restarts so far."""
@@ -180,6 +185,7 @@ class ClusterRun:
             self._address(trainer0, 0) if p.role == "trainer" else None,
             self._address(head, 1) if p.role == "engine" and p.nnodes > 1 else None,
             tuple(self.engine_urls()),
+            self._address(next((q for q in self.table.processes if q.role == "router"), None), 0),
         )
 
     def _address(self, q: Process | None, which: int) -> tuple[str, int] | None:
@@ -211,7 +217,9 @@ class ClusterRun:
         for p in processes:
             r = self.rendezvous(p)
             cmd = self._command(p, r)
-            refs.append(self._live[p.name].actor.start.remote(list(cmd.argv), {**self._env(p, r), **cmd.env}))
+            refs.append(
+                self._live[p.name].actor.start.remote(list(cmd.argv), {**self._env(p, r), **cmd.env}, self._cwd)
+            )
         for p, pid in zip(processes, ray.get(refs)):
             live = self._live[p.name]
             live.pid = pid
@@ -241,13 +249,35 @@ class ClusterRun:
         return restarted
 
     def _death(self, live: _Live) -> str | None:
-        """Why ``live`` is dead ("exit status -9", "its actor died"), or None while it runs."""
+        """Why ``live`` is dead ("exit status -9", "its actor died"), or None while it runs (or, for a
+        trainer rank, after it finished with exit status 0: the run ends when its ranks do)."""
         try:
             polled: ObjectRef[int | None] = live.actor.poll.remote()
             status = ray.get(polled, timeout=30)
         except RayActorError as e:
             return f"its actor died ({type(e).__name__})"
-        return None if status is None else f"exit status {status}"
+        if status is None or (status == 0 and live.process.role == "trainer"):
+            return None
+        return f"exit status {status}"
+
+    def exit_statuses(self, role: str) -> dict[str, int | None]:
+        """Process name -> exit status (None while it runs) of every process of ``role``."""
+        refs: dict[str, ObjectRef[int | None]] = {
+            name: live.actor.poll.remote() for name, live in self._live.items() if live.process.role == role
+        }
+        return {name: ray.get(ref, timeout=30) for name, ref in refs.items()}
+
+    def tail(self, name: str) -> list[str]:
+        """The last output lines of ``name``'s child (``ProcessActor.tail``); [] when its actor is gone."""
+        try:
+            lines: ObjectRef[list[str]] = self._live[name].actor.tail.remote()
+            return ray.get(lines, timeout=30)
+        except RayActorError:
+            return []
+
+    def obituary(self, name: str, why: str) -> str:
+        """One line naming process ``name``, its actor, pid, node and ``why`` it ended."""
+        return self._obituary(self._live[name].process, why)
 
     def _obituary(self, p: Process, why: str) -> str:
         w = self._live[p.name].where

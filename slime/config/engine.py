@@ -56,6 +56,9 @@ class EngineConfig(msgspec.Struct, **STRUCT):
     """First wait before a probe of an open breaker; doubles per failed probe, up to 8x."""
     max_engine_restarts: Annotated[int, Range(ge=0, flag="max_engine_restarts")] = 3
     """Restarts of one launched engine before it stays out of rotation for the rest of the run."""
+    ray_placed_engines: bool = False
+    """The external engines were placed by ``slime train --ray``, which restarts a dead one on its bundle
+    (``--ray-placed-engines``, set on the trainer's ranks): the pool waits for one as for a launched engine."""
     opd_teacher_load: str | None = None
     """HF directory of the on-policy-distillation teacher (``--opd-teacher-load``): one embedded engine
     serving it is launched beside the actor's (its own pool, ``model: teacher``, never weight-synced).

@@ -240,7 +240,8 @@ class _Startup:
         engine = self.engine
         for model in self.plan.models():
             urls = [u for u, m in self.model_of.items() if m == model]
-            launched = any(u in self.processes for u in urls)
+            # Ray-placed engines (slime train --ray) are restarted on their bundles: waited for as launched ones
+            launched = any(u in self.processes for u in urls) or engine.ray_placed_engines
             router = self.plan.router_of(model)
             self.pools[model] = HttpEnginePool(
                 urls,
