@@ -131,7 +131,9 @@ def _add_ray_flags(parser: argparse.ArgumentParser) -> None:
     ray = parser.add_argument_group("Ray (slime train --ray: the run placed and supervised on a Ray cluster)")
     ray.add_argument("--ray", action="store_true", help="place the run's engines and trainer ranks on Ray")
     ray.add_argument(
-        "--ray-address", default="auto", help="auto (RAY_ADDRESS or this node's cluster, else a local Ray), local, or host:port"
+        "--ray-address",
+        default="auto",
+        help="auto (RAY_ADDRESS or this node's cluster, else a local Ray), local, or host:port",
     )
     ray.add_argument("--ray-plan-nodes", type=int, help="with --dry-run: the cluster's nodes to plan for")
     ray.add_argument("--ray-plan-gpus-per-node", type=int, help="with --dry-run: GPUs per node to plan for")
@@ -145,7 +147,9 @@ def _ray(ns: argparse.Namespace, config: Config, argv: list[str]) -> int:
 
     if ns.dry_run:
         if not (ns.ray_plan_nodes and ns.ray_plan_gpus_per_node):
-            raise ConfigError("--ray --dry-run plans for a cluster given as --ray-plan-nodes N --ray-plan-gpus-per-node G")
+            raise ConfigError(
+                "--ray --dry-run plans for a cluster given as --ray-plan-nodes N --ray-plan-gpus-per-node G"
+            )
         print(dry_run_on_ray(config, argv, ClusterShape(ns.ray_plan_nodes, ns.ray_plan_gpus_per_node)))
         return 0
     return run_on_ray(config, argv, address=ns.ray_address)

@@ -15,6 +15,7 @@ engines over HTTP and syncs weights to them itself (``--weight-sync``). What it 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -60,7 +61,7 @@ def run_on_ray(config: Config, argv: list[str], *, address: str, prog: str = "sl
             reservation.release()
             raise
         with ClusterRun(reservation, RunCommands(tuple(argv), plan), cwd=os.getcwd()) as run:
-            _write_placement(config, reservation.table)
+            _write_placement(config, run)
             return _drive(run, config, prog)
     finally:
         disconnect(connection)
@@ -174,13 +175,14 @@ def _run_probe(reservation: Reservation, p: Process, path: Path, token: str | No
     return bool(ray.get(_probe.options(scheduling_strategy=strategy).remote(str(path), token)))
 
 
-def _write_placement(config: Config, table: PlacementTable) -> None:
-    """The placement table, logged and kept beside the run (``RUN_DIR.placement.txt``: the trainer owns the
-    run directory itself, which it creates)."""
-    text = table.format()
+def _write_placement(config: Config, run: ClusterRun) -> None:
+    """The placement (planned table) and every process as it runs (node id, IP, pid, port), logged and kept
+    beside the run as ``RUN_DIR.placement.json`` (the trainer owns the run directory, which it creates)."""
+    text = run.table.format()
     log.info("placement:\n%s", text)
     if config.run_dir:
-        Path(f"{Path(config.run_dir).absolute()}.placement.txt").write_text(text + "\n")
+        record = {"table": text.splitlines(), "processes": run.records()}
+        Path(f"{Path(config.run_dir).absolute()}.placement.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def dry_run_on_ray(config: Config, argv: list[str], cluster: ClusterShape) -> str:
@@ -200,7 +202,11 @@ def dry_run_on_ray(config: Config, argv: list[str], cluster: ClusterShape) -> st
             continue  # every rank runs rank 0's command; only RANK and its GPU differ
         cmd = commands(p, _planned_rendezvous(table, p))
         env = " ".join(f"{k}={v}" for k, v in cmd.env.items())
-        name = f"trainer-0 (and ranks 1-{ranks - 1}: the same, their RANK and GPU)" if p.name == "trainer-0" and ranks > 1 else p.name
+        name = (
+            f"trainer-0 (and ranks 1-{ranks - 1}: the same, their RANK and GPU)"
+            if p.name == "trainer-0" and ranks > 1
+            else p.name
+        )
         lines.append(f"{name}: {env + ' ' if env else ''}{' '.join(cmd.argv)}")
     return "\n".join(lines)
 

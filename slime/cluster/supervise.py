@@ -156,6 +156,32 @@ class ClusterRun:
         refs: list[ObjectRef[Where]] = [a.where.remote() for a in actors]
         for p, actor, where in zip(processes, actors, ray.get(refs)):
             self._live[p.name] = _Live(p, actor, where)
+            self._check_node(p, where)
+
+    def _check_node(self, p: Process, where: Where) -> None:
+        """``p``'s actor must run on the node its table row names (a bundle Ray moved, or a wrong bundle
+        index, would put a trainer rank beside the wrong GPUs): ``RunError`` naming both nodes."""
+        want = next(s.node_id for s in self.table.slots if s.node == p.node)
+        if where.node_id != want:
+            raise RunError(
+                f"{p.name} was placed on node id {where.node_id[:12]} ({where.ip}), the placement table puts it "
+                f"on node {p.node} (node id {want[:12]})"
+            )
+
+    def records(self) -> list[dict[str, object]]:
+        """One row per process as it runs: name, role, node rank, Ray node id, IP, pid, own port."""
+        return [
+            {
+                "name": name,
+                "role": live.process.role,
+                "node": live.process.node,
+                "node_id": live.where.node_id,
+                "ip": live.where.ip,
+                "pid": live.pid,
+                "port": self._ports.get(name, (None, None))[0],
+            }
+            for name, live in self._live.items()
+        ]
 
     def _create(self, p: Process) -> ActorHandle[ProcessActor]:
         if p.slots:
