@@ -100,6 +100,8 @@ has sync && run_mode sync "${SYNC_LIMIT:-220}" --rollout-mode sync
 has april && run_mode april "${APRIL_LIMIT:-120}" --rollout-mode april
 has async && run_mode async "${ASYNC_LIMIT:-120}" --rollout-mode async
 has colocate && run_mode colocate "${COLOCATE_LIMIT:-150}" --rollout-mode sync --colocate
+# the same run through Ray (issue 28): a local Ray started by the driver, trainer and server as its actors
+has ray-colocate && run_mode ray_colocate "${RAY_LIMIT:-200}" --ray --ray-address local --rollout-mode sync --colocate
 touch /tmp/slime_gpu/main_rcs.txt
 
 python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$LOG"
@@ -125,12 +127,18 @@ for line in open("/tmp/slime_gpu/main_rcs.txt"):
                engine_memory_released_gib_median=med("weight_sync/engine_memory_released_gib"),  # --colocate only
                resumed_samples=summary["resumed_samples"], max_versions_in_a_trained_sample=summary["max_versions_in_a_trained_sample"],
                steps=len(steps), run_wall_time_s=summary["wall_time_s"])
+    # start-up: from the command to the first eval's start (engines up, weights loaded; with --ray also
+    # Ray's start and the placement): the process's wall before the run's clock, plus the run's until then
+    eval0 = next((r for r in recs if r.get("kind") == "eval" and r.get("step") == 0), None)
+    if eval0 is not None:
+        res["startup_s"] = round(int(wall) - summary["wall_time_s"] + eval0["time_s"] - eval0.get("eval_time_s", 0), 1)
     learned = res["rc"] == 0 and None not in (res["accuracy_before"], res["accuracy_after"]) and res["accuracy_after"] > res["accuracy_before"]
     ok &= learned
     fmt = lambda xs: " ".join("-" if x is None else f"{x:.2e}" for x in xs)
     print(f"{name}: accuracy {res['accuracy_before']} -> {res['accuracy_after']} ({'learned' if learned else 'DID NOT LEARN'}), "
           f"{len(steps)} steps, step {res['step_time_s_median']:.2f}s (train {res['train_time_s_median']:.2f}s, "
-          f"sync {res['weight_sync_s_median']:.3f}s), aborted/resumed {res['aborted_samples']}/{res['resumed_samples']}, wall {wall}s")
+          f"sync {res['weight_sync_s_median']:.3f}s), aborted/resumed {res['aborted_samples']}/{res['resumed_samples']}, wall {wall}s, "
+          f"start-up {res.get('startup_s', '-')}s")
     if res["engine_memory_released_gib_median"] == res["engine_memory_released_gib_median"]:  # not NaN: a --colocate run
         print(f"  device memory freed by the engine's release: {res['engine_memory_released_gib_median']:.1f} GiB (median)")
     print(f"  logprob |trainer - engine| mean per step: {fmt(gap)}")

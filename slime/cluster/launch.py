@@ -20,6 +20,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -33,9 +34,12 @@ from slime.cluster.supervise import ClusterRun, ProcessDied, Rendezvous
 from slime.config import Config
 from slime.errors import ConfigError
 
-__all__ = ["run_on_ray", "dry_run_on_ray", "check_tensor_sync", "POLL_S"]
+__all__ = ["run_on_ray", "dry_run_on_ray", "check_tensor_sync", "check_weights_dir_shared", "POLL_S"]
 
 log = logging.getLogger(__name__)
+
+ProbeFn = Callable[[Reservation, Process, Path, "str | None"], bool]
+"""``(reservation, process, path, token)``: write ``token`` at ``path`` on the process's node, or (None) read it."""
 
 POLL_S = 2.0
 """Seconds between two looks at every process (a dead engine is restarted within about this)."""
@@ -56,7 +60,7 @@ def run_on_ray(config: Config, argv: list[str], *, address: str, prog: str = "sl
         reservation = reserve(shape)
         try:
             check_tensor_sync(config, reservation.table)
-            _check_weights_dir_shared(config, reservation)
+            check_weights_dir_shared(config, reservation)
         except BaseException:
             reservation.release()
             raise
@@ -146,18 +150,20 @@ def _probe(path: str, token: str | None) -> bool:
     return p.is_file() and p.read_text() == p.name
 
 
-def _check_weights_dir_shared(config: Config, reservation: Reservation) -> None:
+def check_weights_dir_shared(config: Config, reservation: Reservation, probe: ProbeFn | None = None) -> None:
     """``--weight-sync disk``: a file written beside the weights dir on trainer rank 0's node must be seen
-    on every engine's node (``ConfigError`` naming the first that does not)."""
+    on every engine's node (``ConfigError`` naming the first that does not). ``probe``: how a file is
+    written or read on a process's node (default: a Ray task on its bundle)."""
+    probe = probe or _run_probe
     table = reservation.table
     trainer = next((p for p in table.processes if p.role == "trainer" and p.rank == 0), None)
     if config.sync.method != "disk" or trainer is None:
         return
-    probe = _existing_ancestor(_weights_dir(config)) / f".slime-ray-probe-{uuid.uuid4().hex}"
+    path = _existing_ancestor(_weights_dir(config)) / f".slime-ray-probe-{uuid.uuid4().hex}"
     try:
-        _run_probe(reservation, trainer, probe, "w")
+        probe(reservation, trainer, path, "w")
         for engine in (p for p in table.processes if p.role == "engine" and p.node != trainer.node):
-            if not _run_probe(reservation, engine, probe, None):
+            if not probe(reservation, engine, path, None):
                 raise ConfigError(
                     f"--weight-sync disk: trainer rank 0 (node {trainer.node}) writes the weights under "
                     f"{_weights_dir(config)}, which {engine.name} on node {engine.node} "
@@ -165,7 +171,7 @@ def _check_weights_dir_shared(config: Config, reservation: Reservation) -> None:
                     "node mounts, or use --weight-sync distributed"
                 )
     finally:
-        probe.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
 
 
 def _run_probe(reservation: Reservation, p: Process, path: Path, token: str | None) -> bool:
