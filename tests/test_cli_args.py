@@ -15,6 +15,7 @@ PINNED = {
     "--hf-checkpoint",
     "--rollout-external-engine-addrs",
     "--rollout-num-engines",
+    "--ray-placed-engines",
     "--engine-threads",
     "--max-running-requests",
     "--engine-startup-timeout-s",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 # The start-of-run checks (slime/cli/preflight.py; `preflight` re-exported); it imports slime's parts lazily, so `slime --help` stays fast.
+from slime.cli.on_ray import add_ray_flags
 from slime.cli.preflight import (
     DEFAULT_CHECKPOINTS,
     check_inputs,
@@ -76,7 +77,9 @@ def _train_run(argv: list[str], prog: str, run: dict[str, Config]) -> int:
         config = _train_config(ns, sglang_args, router_args)
         run["config"] = config
         if ns.ray:
-            return _ray(ns, config, argv)
+            from slime.cli.on_ray import run_or_plan
+
+            return run_or_plan(ns, config, argv)
         if ns.dry_run:
             return _dry_run(config)
         preflight(config)
@@ -109,7 +112,7 @@ def _parse_train_flags(argv: list[str], prog: str) -> tuple[argparse.Namespace, 
     parser.add_argument(
         "--dry-run", action="store_true", help="print every command the run would start (with its env) and exit"
     )
-    _add_ray_flags(parser)
+    add_ray_flags(parser)
     try:
         argv, sglang_args, router_args = split_passthrough(argv)
     except SlimeError as exc:
@@ -124,35 +127,6 @@ def _parse_train_flags(argv: list[str], prog: str) -> tuple[argparse.Namespace, 
         )
         return 2
     return ns, sglang_args, router_args
-
-
-def _add_ray_flags(parser: argparse.ArgumentParser) -> None:
-    """``--ray`` and its flags: the driver's own (never passed on to the trainer's ranks; docs/ray.md)."""
-    ray = parser.add_argument_group("Ray (slime train --ray: the run placed and supervised on a Ray cluster)")
-    ray.add_argument("--ray", action="store_true", help="place the run's engines and trainer ranks on Ray")
-    ray.add_argument(
-        "--ray-address",
-        default="auto",
-        help="auto (RAY_ADDRESS or this node's cluster, else a local Ray), local, or host:port",
-    )
-    ray.add_argument("--ray-plan-nodes", type=int, help="with --dry-run: the cluster's nodes to plan for")
-    ray.add_argument("--ray-plan-gpus-per-node", type=int, help="with --dry-run: GPUs per node to plan for")
-
-
-def _ray(ns: argparse.Namespace, config: Config, argv: list[str]) -> int:
-    """``slime train --ray``: the placement printed (``--dry-run``), or the run driven on the cluster."""
-    from slime.cluster.launch import dry_run_on_ray, run_on_ray
-    from slime.cluster.plan import ClusterShape
-    from slime.errors import ConfigError
-
-    if ns.dry_run:
-        if not (ns.ray_plan_nodes and ns.ray_plan_gpus_per_node):
-            raise ConfigError(
-                "--ray --dry-run plans for a cluster given as --ray-plan-nodes N --ray-plan-gpus-per-node G"
-            )
-        print(dry_run_on_ray(config, argv, ClusterShape(ns.ray_plan_nodes, ns.ray_plan_gpus_per_node)))
-        return 0
-    return run_on_ray(config, argv, address=ns.ray_address)
 
 
 def _train_config(ns: argparse.Namespace, sglang_args: tuple[str, ...], router_args: tuple[str, ...]) -> Config:

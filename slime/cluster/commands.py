@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 
 from slime.cluster.plan import Process, RunShape
 from slime.cluster.supervise import Command, Rendezvous
-from slime.config import Config
+from slime.config import EngineConfig, TrainConfig
 from slime.engines.fleet.groups import ACTOR, TEACHER
 from slime.engines.fleet.plan import build_launch_plan
 from slime.engines.fleet.plan_specs import LaunchPlan, ServerSpec
@@ -101,36 +101,37 @@ def _driver_gpus_hidden() -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
-def launch_plan_for_ray(config: Config) -> LaunchPlan:
-    """The run's launch plan as a Ray run starts it: every server's command (ports and GPUs replaced later).
+def launch_plan_for_ray(engine: EngineConfig, *, seed: int, colocate: bool, in_place_updates: bool) -> LaunchPlan:
+    """The run's launch plan as a Ray run starts it: every server's command (ports and GPUs replaced later);
+    the arguments are ``build_launch_plan``'s.
 
     Raises ``ConfigError`` for a run that attaches to running engines (nothing to place) and from the plan.
     """
-    if config.engine.rollout_external_engine_addrs:
+    if engine.rollout_external_engine_addrs:
         raise ConfigError(
             "--ray places and starts the run's engines; --rollout-external-engine-addrs attaches to running "
             "ones: drop one of them"
         )
     with _driver_gpus_hidden():
         return build_launch_plan(
-            config.engine,
-            seed=config.seed,
+            engine,
+            seed=seed,
             trainer_gpus=0,  # the servers' GPUs are their bundles'; sharing is --colocate's
-            colocate=config.sync.colocate,
-            in_place_updates=config.updates_in_place(),
-            gpus_per_node=max(1, config.engine.rollout_num_gpus or 1),
+            colocate=colocate,
+            in_place_updates=in_place_updates,
+            gpus_per_node=max(1, engine.rollout_num_gpus or 1),
             is_free=lambda host, port: True,  # ports are asked of each node at start
         )
 
 
-def run_shape(config: Config, plan: LaunchPlan) -> RunShape:
-    """The placement flags of ``config`` as a ``RunShape``: the trainer's nodes x GPUs, one bundle per
+def run_shape(train: TrainConfig, plan: LaunchPlan, *, colocate: bool) -> RunShape:
+    """The placement flags (``--actor-num-*``, ``--colocate``) as a ``RunShape``: the trainer's nodes x GPUs, one bundle per
     embedded engine or per SGLang GPU, the router when the plan launches one.
 
     Raises ``ConfigError`` when the plan's servers do not all take the same GPU count (one
     ``--rollout-num-gpus-per-engine`` per run on Ray).
     """
-    t = config.train
+    t = train
     tps = {_tp(s) for s in plan.servers}
     if len(tps) > 1:
         raise ConfigError(f"--ray lays out engines of one size; the plan's servers take {sorted(tps)} GPUs each")
@@ -140,7 +141,7 @@ def run_shape(config: Config, plan: LaunchPlan) -> RunShape:
         trainer_gpus_per_node=t.actor_num_gpus_per_node or 1,
         rollout_gpus=per_engine * len(plan.servers),
         gpus_per_engine=per_engine,
-        colocate=config.sync.colocate,
+        colocate=colocate,
         router=any(r.argv is not None for r in plan.routers),
     )
 
@@ -152,7 +153,7 @@ def _tp(server: ServerSpec) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class RunCommands:
-    """``ClusterRun``'s command function for one run: ``RunCommands(config, argv, plan)(process, rendezvous)``."""
+    """``ClusterRun``'s command function for one run: ``RunCommands(argv, plan)(process, rendezvous)``."""
 
     argv: tuple[str, ...]
     """The user's ``slime train`` flags as given."""

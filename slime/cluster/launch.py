@@ -31,7 +31,8 @@ from slime.cluster.connect import connect, disconnect
 from slime.cluster.placement import Reservation, reserve
 from slime.cluster.plan import ClusterShape, PlacementTable, Process, plan_placement
 from slime.cluster.supervise import ClusterRun, ProcessDied, Rendezvous
-from slime.config import Config
+from slime.config import Config, SyncConfig
+from slime.engines.fleet.plan_specs import LaunchPlan
 from slime.errors import ConfigError
 
 __all__ = ["run_on_ray", "dry_run_on_ray", "check_tensor_sync", "check_weights_dir_shared", "POLL_S"]
@@ -53,25 +54,31 @@ def run_on_ray(config: Config, argv: list[str], *, address: str, prog: str = "sl
         RunError: no cluster at ``address``, bundles not placed in time.
         ProcessDied: a trainer rank or the router died, or an engine ran out of restarts (one line).
     """
-    plan = launch_plan_for_ray(config)
-    shape = run_shape(config, plan)
+    plan = _plan(config)
+    shape = run_shape(config.train, plan, colocate=config.sync.colocate)
     connection = connect(address)
     try:
         reservation = reserve(shape)
         try:
-            check_tensor_sync(config, reservation.table)
-            check_weights_dir_shared(config, reservation)
+            check_tensor_sync(config.sync, reservation.table)
+            check_weights_dir_shared(config.sync, config.run_dir, reservation)
         except BaseException:
             reservation.release()
             raise
         with ClusterRun(reservation, RunCommands(tuple(argv), plan), cwd=os.getcwd()) as run:
-            _write_placement(config, run)
-            return _drive(run, config, prog)
+            _write_placement(config.run_dir, run)
+            return _drive(run, config.run_dir, prog)
     finally:
         disconnect(connection)
 
 
-def _drive(run: ClusterRun, config: Config, prog: str) -> int:
+def _plan(config: Config) -> LaunchPlan:
+    return launch_plan_for_ray(
+        config.engine, seed=config.seed, colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
+    )
+
+
+def _drive(run: ClusterRun, run_dir: str, prog: str) -> int:
     """Watch the run until its trainer ranks finish; 0 and rank 0's last line when they all exit 0."""
     while True:
         statuses = run.exit_statuses("trainer")
@@ -82,7 +89,7 @@ def _drive(run: ClusterRun, config: Config, prog: str) -> int:
             for name in run.check():
                 log.warning("%s restarted on its bundle; the run's pool resumes its requests elsewhere meanwhile", name)
         except ProcessDied as died:
-            raise ProcessDied(f"{died}{_last_words(run)}; {_resume_hint(config, prog)}") from None
+            raise ProcessDied(f"{died}{_last_words(run)}; {_resume_hint(run_dir, prog)}") from None
         time.sleep(POLL_S)
 
 
@@ -102,20 +109,20 @@ def _print_last_line(run: ClusterRun) -> None:
         print(done[-1], flush=True)
 
 
-def _resume_hint(config: Config, prog: str) -> str:
+def _resume_hint(run_dir: str, prog: str) -> str:
     """Where the run stopped: its last checkpoint and the ``--load`` that resumes it, or that it has none."""
     from slime.loop.resume import latest_checkpoint
 
-    ckpt = latest_checkpoint(Path(config.run_dir) / "checkpoints") if config.run_dir else None
+    ckpt = latest_checkpoint(Path(run_dir) / "checkpoints") if run_dir else None
     if ckpt is None:
-        return f"no checkpoint in {config.run_dir} (--save-interval N writes them)"
-    return f"last checkpoint {ckpt}: resume with `{prog} --load {config.run_dir} ...`"
+        return f"no checkpoint in {run_dir} (--save-interval N writes them)"
+    return f"last checkpoint {ckpt}: resume with `{prog} --load {run_dir} ...`"
 
 
-def check_tensor_sync(config: Config, table: PlacementTable) -> None:
+def check_tensor_sync(sync: SyncConfig, table: PlacementTable) -> None:
     """``--weight-sync tensor`` hands tensors over on one machine: refused when an engine runs on another
     node than trainer rank 0 (``ConfigError`` naming both and the methods that work across nodes)."""
-    if config.sync.method != "tensor":
+    if sync.method != "tensor":
         return
     trainer = next((p for p in table.processes if p.role == "trainer" and p.rank == 0), None)
     far = [p for p in table.processes if p.role == "engine" and trainer is not None and p.node != trainer.node]
@@ -128,9 +135,9 @@ def check_tensor_sync(config: Config, table: PlacementTable) -> None:
         )
 
 
-def _weights_dir(config: Config) -> Path:
+def _weights_dir(sync: SyncConfig, run_dir: str) -> Path:
     """The directory a disk sync writes (``--weights-dir``, else ``RUN_DIR/weights``), absolute."""
-    return Path(config.sync.weights_dir or Path(config.run_dir) / "weights").absolute()
+    return Path(sync.weights_dir or Path(run_dir) / "weights").absolute()
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -150,23 +157,25 @@ def _probe(path: str, token: str | None) -> bool:
     return p.is_file() and p.read_text() == p.name
 
 
-def check_weights_dir_shared(config: Config, reservation: Reservation, probe: ProbeFn | None = None) -> None:
+def check_weights_dir_shared(
+    sync: SyncConfig, run_dir: str, reservation: Reservation, probe: ProbeFn | None = None
+) -> None:
     """``--weight-sync disk``: a file written beside the weights dir on trainer rank 0's node must be seen
     on every engine's node (``ConfigError`` naming the first that does not). ``probe``: how a file is
     written or read on a process's node (default: a Ray task on its bundle)."""
     probe = probe or _run_probe
     table = reservation.table
     trainer = next((p for p in table.processes if p.role == "trainer" and p.rank == 0), None)
-    if config.sync.method != "disk" or trainer is None:
+    if sync.method != "disk" or trainer is None:
         return
-    path = _existing_ancestor(_weights_dir(config)) / f".slime-ray-probe-{uuid.uuid4().hex}"
+    path = _existing_ancestor(_weights_dir(sync, run_dir)) / f".slime-ray-probe-{uuid.uuid4().hex}"
     try:
         probe(reservation, trainer, path, "w")
         for engine in (p for p in table.processes if p.role == "engine" and p.node != trainer.node):
             if not probe(reservation, engine, path, None):
                 raise ConfigError(
                     f"--weight-sync disk: trainer rank 0 (node {trainer.node}) writes the weights under "
-                    f"{_weights_dir(config)}, which {engine.name} on node {engine.node} "
+                    f"{_weights_dir(sync, run_dir)}, which {engine.name} on node {engine.node} "
                     f"({table.node_ip(engine.node)}) does not see: put --save (or --weights-dir) on storage every "
                     "node mounts, or use --weight-sync distributed"
                 )
@@ -181,14 +190,14 @@ def _run_probe(reservation: Reservation, p: Process, path: Path, token: str | No
     return bool(ray.get(_probe.options(scheduling_strategy=strategy).remote(str(path), token)))
 
 
-def _write_placement(config: Config, run: ClusterRun) -> None:
+def _write_placement(run_dir: str, run: ClusterRun) -> None:
     """The placement (planned table) and every process as it runs (node id, IP, pid, port), logged and kept
     beside the run as ``RUN_DIR.placement.json`` (the trainer owns the run directory, which it creates)."""
     text = run.table.format()
     log.info("placement:\n%s", text)
-    if config.run_dir:
+    if run_dir:
         record = {"table": text.splitlines(), "processes": run.records()}
-        Path(f"{Path(config.run_dir).absolute()}.placement.json").write_text(json.dumps(record, indent=1) + "\n")
+        Path(f"{Path(run_dir).absolute()}.placement.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def dry_run_on_ray(config: Config, argv: list[str], cluster: ClusterShape) -> str:
@@ -197,9 +206,9 @@ def dry_run_on_ray(config: Config, argv: list[str], cluster: ClusterShape) -> st
 
     Raises ``ConfigError`` when the run does not fit ``cluster`` or cannot be placed (``check_tensor_sync``).
     """
-    plan = launch_plan_for_ray(config)
-    table = plan_placement(run_shape(config, plan), cluster)
-    check_tensor_sync(config, table)
+    plan = _plan(config)
+    table = plan_placement(run_shape(config.train, plan, colocate=config.sync.colocate), cluster)
+    check_tensor_sync(config.sync, table)
     commands = RunCommands(tuple(argv), plan)
     lines = [table.format(), "# commands (addresses and ports as planned; a real run asks each node for free ports)"]
     ranks = len(table.of_role("trainer"))

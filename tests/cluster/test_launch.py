@@ -61,8 +61,11 @@ SGLANG_RUN = [
 
 def _table_and_commands(argv: list[str], cluster: ClusterShape):
     config = _config(argv)
-    plan = launch_plan_for_ray(config)
-    return config, plan_placement(run_shape(config, plan), cluster), RunCommands(tuple(argv), plan)
+    plan = launch_plan_for_ray(
+        config.engine, seed=config.seed, colocate=config.sync.colocate, in_place_updates=config.updates_in_place()
+    )
+    table = plan_placement(run_shape(config.train, plan, colocate=config.sync.colocate), cluster)
+    return config, table, RunCommands(tuple(argv), plan)
 
 
 def test_servers_run_the_launch_plan_command_on_their_node_and_port():
@@ -126,9 +129,9 @@ def test_tensor_sync_is_refused_when_an_engine_runs_on_another_node():
     argv = ["--ray", "--hf-checkpoint", "/m", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8"]
     config, table, _ = _table_and_commands([*argv, "--weight-sync", "tensor"], ClusterShape(2, 8))
     with pytest.raises(ConfigError, match=r"--weight-sync tensor .* engine-0 runs on node 1 .* distributed"):
-        check_tensor_sync(config, table)
+        check_tensor_sync(config.sync, table)
     config, table, _ = _table_and_commands([*argv[:-1], "2", "--weight-sync", "tensor"], ClusterShape(1, 16))
-    check_tensor_sync(config, table)  # one node: allowed
+    check_tensor_sync(config.sync, table)  # one node: allowed
 
 
 def test_disk_sync_needs_the_weights_dir_seen_from_every_engine_node(tmp_path):
@@ -146,10 +149,10 @@ def test_disk_sync_needs_the_weights_dir_seen_from_every_engine_node(tmp_path):
 
     reservation = Reservation(group=None, table=table, released=True)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"--weight-sync disk: .*engine-0 on node 1 .* does not see"):
-        check_weights_dir_shared(config, reservation, probe)
+        check_weights_dir_shared(config.sync, config.run_dir, reservation, probe)
     assert not run_dir.exists()
     files[1] = files[0]  # one shared disk
-    check_weights_dir_shared(config, reservation, probe)
+    check_weights_dir_shared(config.sync, config.run_dir, reservation, probe)
 
 
 @pytest.mark.parametrize(
