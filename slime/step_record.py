@@ -3,7 +3,7 @@
 ``StepRecord`` (an RL step, ``slime.loop.step.run_step``) and ``SFTStepRecord`` (an SFT step) are
 what the loop builds and what the readers of the file decode; ``to_dict()`` is the JSON object
 written for them, with the keys runs have always had (``kind: "step"``; the trainer's metrics
-flattened as ``train/<name>``, the weight sync's as ``weight_sync/<name>``, on-policy distillation's
+flattened as ``train/<name>``, the weight sync's as ``weight_sync/<name>``, the length bias as ``bias/<name>``, on-policy distillation's
 as ``opd/<name>``; fields that a run does not have, e.g. ``train_time_s`` of a rollout-only step,
 left out). ``from_row`` is its inverse, for old runs' files too: a field missing from the row takes
 its default (counts 0, measured floats NaN, so a reader that skips non-finite values skips it), a
@@ -84,6 +84,10 @@ class StepRecord(msgspec.Struct, kw_only=True):
     max_versions_in_a_sample: int = 0
     multi_version_samples: int = 0
     offline_tokens: int = 0
+    masked_token_fraction: float = NAN
+    fully_masked_samples: int = 0
+    bias: dict[str, float] = {}
+    """The batch's length bias (``slime.loop.offpolicy.length_bias``), written as ``bias/<name>``."""
     train: dict[str, float] = {}
     """The trainer's metrics (``TrainMetrics.to_dict``), written as ``train/<name>``."""
     weight_sync: dict[str, float] = {}
@@ -106,7 +110,7 @@ class StepRecord(msgspec.Struct, kw_only=True):
         out: dict[str, Any] = {}
         for name in self.__struct_fields__:
             value = getattr(self, name)
-            if name in ("train", "weight_sync"):
+            if name in ("train", "weight_sync", "bias"):
                 out.update({f"{name}/{k}": v for k, v in value.items()})
             elif not (value is None and name in self._OPTIONAL):
                 out[self._RENAMED.get(name, name)] = value

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 
 from slime.errors import PluginError
-from slime.types import Group
+from slime.types import OFFLINE_VERSION, Group
 
 __all__ = ["DataBuffer"]
 
@@ -70,6 +70,7 @@ class DataBuffer:
         """Partial groups dropped because the buffer was full (their tokens are lost)."""
         self.num_expired = 0
         """Partial groups dropped because their oldest token was over ``max_staleness``."""
+        self._completed: list[tuple[int, float]] = []  # since the last pop_completed (not checkpointed)
 
     # -- partial rollouts ---------------------------------------------------------------------
     def push_partial(self, group: Group) -> list[Group]:
@@ -158,12 +159,22 @@ class DataBuffer:
 
     # -- ready groups ---------------------------------------------------------------------------
     def push_ready(self, group: Group, *, front: bool = False) -> list[Group]:
-        """Add a finished group (at the front: taken first); returns the partial groups evicted."""
+        """Add a finished group (at the front: taken first); returns the partial groups evicted.
+
+        Its valid online samples count as completed draws (``pop_completed``); offline groups do not."""
+        if group.oldest_version != OFFLINE_VERSION:
+            self._completed += [(len(s.response_ids), s.reward or 0.0) for s in group.valid_samples]
         if front:
             self.ready.appendleft(group)
         else:
             self.ready.append(group)
         return self._evict()  # a ready group counts toward the capacity too: partials make room for it
+
+    def pop_completed(self) -> list[tuple[int, float]]:
+        """(response tokens, reward) of each valid online sample that became ready since the last call:
+        the draws a step's trained samples are compared with (``slime.loop.offpolicy.length_bias``)."""
+        out, self._completed = self._completed, []
+        return out
 
     @property
     def num_ready(self) -> int:

@@ -53,7 +53,7 @@ from slime.config import LoopConfig
 from slime.engines.interface import EnginePool
 from slime.loop.counters import StepStats
 from slime.loop.interface import RolloutScheduler
-from slime.loop.offpolicy import apply_staleness
+from slime.loop.offpolicy import apply_staleness, length_bias
 from slime.obs.trace import NULL_TRACER, RunTracer
 from slime.step_record import StepRecord
 from slime.sync.base import WeightSync
@@ -143,6 +143,8 @@ async def run_step(
         await on_batch(groups)  # recorded as generated: before apply_staleness edits the loss masks in place
     # lag against the trainer's version: the weights this batch trains (== the engines' between steps)
     stale = apply_staleness(groups, trainer_version=version.trainer, max_staleness=config.max_staleness)
+    # after the mask: what trains, against the draws completed since the last batch was taken
+    bias = length_bias(groups, sched.buffer.pop_completed(), trainer_version=version.trainer)
     batch = batch_stats(groups)
     mode = pause_mode(config, sched.pool, version.trainer, colocate=colocate)
     if train_step is not None and sync is not None:  # both or neither (_check_step); None: rollout-only
@@ -150,7 +152,7 @@ async def run_step(
             sched, train_step, sync, groups, tr, mode=mode, colocate=colocate, num_samples=batch["num_samples"]
         )
     # taken after the sync: the counters also cover the generation that overlapped the train step
-    record = _record(sched, batch, stale, sched.pop_stats(), time.monotonic() - t0, **times)
+    record = _record(sched, batch, stale, sched.pop_stats(), time.monotonic() - t0, bias=bias, **times)
     tr.complete("step", "step", step_start, rollout_id=sched.rollout_id, version=version.engines)
     return groups, record
 

@@ -30,8 +30,10 @@ Sources and where we depart:
 
 Aggregation (``loss_agg``, shared by every loss term through ``aggregate``):
 - ``"seq_mean"`` (slime's default, its ``sum_of_sample_mean``): mean over each sample's masked
-  tokens, then mean over samples. A sample with no masked token contributes 0 but still counts in
-  the sample denominator (as in slime, whose denominator is ``global_batch_size``).
+  tokens, then mean over the samples that have one. A sample with no masked token (e.g. every token
+  masked as over-stale) contributes 0 and is out of the sample denominator too (``loss_denominator``):
+  slime divides by ``global_batch_size``, which up-weights nothing only while no sample is fully
+  masked; under APRIL's staleness mask ~9 % were (issue 30), scaling every other sample's weight down.
 - ``"token_mean"`` (slime's ``--calculate-per-token-loss``, DAPO's token-level loss): sum over all
   masked tokens divided by their number.
 With gradient accumulation, pass the optimizer step's totals as ``loss_denominator`` so the sum of
@@ -48,7 +50,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["LossAgg", "RatioLevel", "aggregate", "policy_loss", "sft_loss"]
+__all__ = ["LossAgg", "RatioLevel", "aggregate", "loss_denominator", "policy_loss", "sft_loss"]
 
 LossAgg = Literal["seq_mean", "token_mean"]
 RatioLevel = Literal["token", "sequence"]
@@ -56,6 +58,17 @@ RatioLevel = Literal["token", "sequence"]
 
 def _masked_mean(x: Tensor, mask: Tensor, num_tokens: Tensor) -> float:
     return float((x * mask).sum() / num_tokens.clamp_min(1.0))
+
+
+def loss_denominator(mask: Tensor, loss_agg: LossAgg) -> float:
+    """An optimizer step's denominator from its loss mask [S, L]: the samples with at least one masked token
+    (``seq_mean``; a fully masked sample is in no denominator) or the masked tokens (``token_mean``).
+
+    Example: masks [[1, 1], [0, 0], [1, 0]] -> seq_mean 2.0, token_mean 3.0.
+    """
+    if loss_agg == "seq_mean":
+        return float((mask.sum(dim=-1) > 0).sum())
+    return float(mask.sum())
 
 
 def aggregate(x: Tensor, mask: Tensor, *, loss_agg: LossAgg, loss_denominator: float | None = None) -> Tensor:
@@ -73,9 +86,9 @@ def aggregate(x: Tensor, mask: Tensor, *, loss_agg: LossAgg, loss_denominator: f
     """
     x = x * mask  # zero off the mask before any sum: padding and masked tokens never reach the loss
     if loss_agg == "seq_mean":
-        # a sample with no masked token gives 0, not 0/0, and still counts in the sample denominator
+        # a sample with no masked token gives 0, not 0/0, and is out of the sample denominator
         per_sample = x.sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)  # [B]
-        denom = float(x.shape[0]) if loss_denominator is None else loss_denominator
+        denom = float((mask.sum(dim=-1) > 0).sum()) if loss_denominator is None else loss_denominator
         return per_sample.sum() / max(denom, 1.0)
     if loss_agg == "token_mean":
         # with accumulation: the step's total, so the micro-batch losses sum to the step's loss

@@ -60,7 +60,7 @@ from slime.train.checkpoint import save_hf_dir
 from slime.train.critic import ValueModel, explained_variance
 from slime.train.determinism import enable_deterministic_mode
 from slime.train.logprobs import compute_token_logprobs
-from slime.train.losses import LossAgg
+from slime.train.losses import LossAgg, loss_denominator
 from slime.train.lr_schedule import lr_at
 from slime.train.router_metrics import RouterStats, attach_hf_routers
 from slime.train.tally import TOKEN_METRICS, StepTally
@@ -230,7 +230,7 @@ class TorchTrainer:
         step_mask = batch.loss_mask[rows]  # [S, L]
         if step_mask.sum() == 0:
             return
-        denom = float(len(rows)) if self.loss_agg == "seq_mean" else float(step_mask.sum())
+        denom = loss_denominator(step_mask, self.loss_agg)  # a fully masked sample is in no denominator
         self._zero_grad()
         tally.lrs.append(self._set_lr())
         step_loss, step_value_loss = self._backward(batch, step, denom, tally)

@@ -61,6 +61,7 @@ from torch import Tensor
 from slime.config import TrainConfig
 from slime.train import objective
 from slime.train.batch import TrainBatch
+from slime.train.losses import loss_denominator
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.layers import attention_path_metrics
@@ -305,7 +306,7 @@ class MegatronTrainStep:
             step_mask = batch.loss_mask[start:end]
             if step_mask.sum() == 0:
                 continue  # same decision on every rank: the batch is identical everywhere
-            denom = float(end - start) if cfg.loss_agg == "seq_mean" else float(step_mask.sum())
+            denom = loss_denominator(step_mask, cfg.loss_agg)  # a fully masked sample is in no denominator
             step_loss = self._backward_step(batch, start, end, mbs, step_subs, denom, tokens)
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):
