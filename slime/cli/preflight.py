@@ -203,21 +203,10 @@ def _check_prompt_files(config: Config, *, parse_data: bool) -> None:
 
 
 def _check_plugin_paths(config: Config) -> None:
-    """Every plugin path given imports to a callable (``load_function``: ConfigError naming the flag)."""
-    from slime.rollout.rewards import load_function
+    """Every plugin path given imports to a callable that keeps its contract (``slime.cli.check_plugins``)."""
+    from slime.cli.check_plugins import check_plugins
 
-    for flag, value in (
-        ("--custom-rm-path", config.rollout.custom_rm_path),
-        ("--custom-generate-function-path", config.rollout.custom_generate_function_path),
-        ("--dynamic-sampling-filter-path", config.loop.dynamic_sampling_filter_path),
-        ("--buffer-filter-path", config.loop.buffer_filter_path),
-        (
-            "--rollout-function-path",
-            config.rollout.rollout_function_path if config.rollout.uses_rollout_function else None,
-        ),
-    ):
-        if value:
-            load_function(value, flag=flag)
+    check_plugins(config.rollout, config.loop, rollout_function=config.rollout.uses_rollout_function)
 
 
 def _engine_context(config: Config) -> tuple[int | None, str]:

@@ -40,9 +40,15 @@ async def check_reward(
     fn: Callable[..., object], *, report: Report, timeout_s: float = 30.0, reward_key: str | None = None
 ) -> None:
     """Call a per-sample reward function on a finished probe sample; it must return a finite float, or
-    a dict whose ``reward_key`` entry (slime train's ``--reward-key``) is one."""
+    a dict whose ``reward_key`` entry (slime train's ``--reward-key``) is one. The probe sample's
+    ``metadata["plugin_probe"]`` is True (a reward with side effects can tell it from a run's samples)."""
     sample = Sample(
-        prompt_ids=[0, 5, 9], prompt="What is 1+1?", label="2", response="1+1 = 2. #### 2", status=Status.COMPLETED
+        prompt_ids=[0, 5, 9],
+        prompt="What is 1+1?",
+        label="2",
+        response="1+1 = 2. #### 2",
+        status=Status.COMPLETED,
+        metadata={"plugin_probe": True},
     )
     sample.append([7, 8, 1], [-0.5, -0.25, -0.1], 0)
     try:

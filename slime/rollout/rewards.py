@@ -24,6 +24,8 @@ import importlib.util
 import inspect
 import logging
 import math
+import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -45,23 +47,49 @@ advantage of the group without a word; below 1e15 a group of ``MAX_SAMPLES_PER_P
 
 
 def load_function(path: str, *, flag: str = "--custom-rm-path") -> Callable[..., Any]:
-    """Import ``pkg.module.func``, ``pkg.module:func`` or ``path/to/file.py:func``; raise ConfigError naming ``flag``."""
+    """Import ``pkg.module.func``, ``pkg.module:func`` or ``path/to/file.py:func``; raise ConfigError naming ``flag``.
+
+    A module is looked for on ``sys.path`` and then in the current directory (``my_reward.exact_answer`` run
+    from the folder of ``my_reward.py``, as ``python -m`` finds it); a file path is loaded as it is.
+    """
     file, sep, attr = path.rpartition(":")
     if sep and file.endswith(".py"):
         return _load_from_file(Path(file), attr, flag=flag, spec=path)
     mod_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
     if not mod_name or not attr:
-        raise ConfigError(f"{flag}={path!r}: expected 'package.module.function' or 'package.module:function'")
+        raise ConfigError(
+            f"{flag}={path!r}: expected 'package.module.function', 'package.module:function' or 'path/to/file.py:function'"
+        )
+    _with_cwd_on_path()
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise ConfigError(f"{flag}={path!r}: cannot import module {mod_name!r}: {exc}") from exc
+        raise ConfigError(
+            f"{flag}={path!r}: cannot import module {mod_name!r}: {exc}{_file_hint(mod_name, attr, exc)}"
+        ) from exc
     except Exception as exc:  # the module itself is broken (SyntaxError, NameError at import, ...)
         raise ConfigError(f"{flag}={path!r}: importing module {mod_name!r} raised {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{flag}={path!r}: module {mod_name!r} has no callable {attr!r}")
     return fn
+
+
+def _with_cwd_on_path() -> None:
+    """The current directory last on ``sys.path`` (the ``slime`` console script, unlike ``python -m``, leaves it
+    off): last, so a file there never shadows an installed package."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _file_hint(mod_name: str, attr: str, exc: ImportError) -> str:
+    """When ``mod_name`` itself is not found (not a module it imports): how to name the function by its file instead
+    (the ``file.py:function`` form)."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None or not mod_name.startswith(exc.name):
+        return ""
+    guess = Path(*mod_name.split(".")).with_suffix(".py")
+    return f"; a function in a file is named by its path: path/to/{guess}:{attr}"
 
 
 def _load_from_file(file: Path, attr: str, *, flag: str, spec: str) -> Callable[..., Any]:

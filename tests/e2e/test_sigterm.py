@@ -32,7 +32,9 @@ if os.environ.get("SIGTERM_TEST_SLOW_IMPORT"):  # startup: check_inputs imports 
 
 
 async def hang(sample):
-    """Awaits for good: the phase that calls it waits on it."""
+    """Awaits for good: the phase that calls it waits on it (not the start-of-run probe: slime.cli.check_plugins)."""
+    if sample.metadata.get("plugin_probe"):
+        return 0.0
     MARK.write_text("reward")
     await asyncio.sleep(3600)
     return 0.0
@@ -40,6 +42,8 @@ async def hang(sample):
 
 async def block(sample):
     """Blocks the event loop's thread (sync code in an async reward): only the watchdog can end the run."""
+    if sample.metadata.get("plugin_probe"):
+        return 0.0
     MARK.write_text("reward")
     time.sleep(600)
     return 0.0
