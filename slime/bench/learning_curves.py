@@ -36,7 +36,9 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
     ``step_to_target`` (None when never reached), ``final_accuracy``, ``initial_accuracy``,
     ``train_wall_s`` (first step to the last, without the final eval), ``eval_time_s`` (mid-run evals),
     ``trained_tokens``, ``off_policy_token_share``, ``lag_share`` (lag -> share of trained tokens),
-    ``lag_p50`` / ``lag_p90`` / ``lag_max``.
+    ``lag_p50`` / ``lag_p90`` / ``lag_max`` (all of trained tokens: after the staleness mask),
+    ``masked_token_share`` (masked as over-stale / model tokens before the mask), ``fully_masked_samples``,
+    ``bias`` (the steps' mean of each ``bias/<name>``, ``slime.loop.offpolicy.length_bias``).
 
     Raises:
         ValueError: records without the eval before RL or without ``time_s`` (a run of an older slime).
@@ -60,6 +62,7 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
             hist[lag] = hist.get(lag, 0.0) + float(n)
     hist_total = sum(hist.values())
     off = sum(n for lag, n in hist.items() if lag > 0)
+    masked = sum(st.masked_stale_tokens for st in steps)
     return {
         "points": points,
         "target_accuracy": target,
@@ -78,7 +81,20 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         "lag_p50": _quantile(hist, 0.5),
         "lag_p90": _quantile(hist, 0.9),
         "lag_max": max(hist) if hist else None,
+        "masked_token_share": masked / (hist_total + masked) if hist_total + masked else None,
+        "fully_masked_samples": sum(st.fully_masked_samples for st in steps),
+        "bias": _bias_means(steps),
     }
+
+
+def _bias_means(steps: list[StepRecord]) -> dict[str, float]:
+    """Per ``bias/<name>``: its mean over the steps that have a finite value (none: left out)."""
+    values: dict[str, list[float]] = {}
+    for st in steps:
+        for k, v in st.bias.items():
+            if math.isfinite(v):
+                values.setdefault(k, []).append(v)
+    return {k: statistics.fmean(v) for k, v in values.items()}
 
 
 def _eval_points(evals: list[JsonObject], tokens_by_step: dict[int, float]) -> tuple[list[JsonObject], float]:
@@ -137,8 +153,11 @@ def summarize(curves: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
             "train_wall_ex_eval_s",
             "eval_time_s",
             "trained_tokens",
+            "masked_token_share",
         ):
-            m[key] = _stats([float(r[key]) for r in runs if r[key] is not None])
+            m[key] = _stats([float(r[key]) for r in runs if r.get(key) is not None])
+        names = sorted({k for r in runs for k in r.get("bias", {})})
+        m["bias"] = {k: statistics.fmean(r["bias"][k] for r in runs if k in r.get("bias", {})) for k in names}
         m["lag_p90_max"] = max((r["lag_p90"] for r in runs if r["lag_p90"] is not None), default=None)
         m["lag_max"] = max((r["lag_max"] for r in runs if r["lag_max"] is not None), default=None)
         out[mode] = m
@@ -161,10 +180,13 @@ def fmt(x: object, spec: str = ".1f") -> str:
 
 
 def format_table(summary: dict[str, JsonObject], target: float) -> str:
-    """The per-mode table (one row a mode; time as mean [min-max] over the seeds that reached the target)."""
+    """The per-mode table (one row a mode; time as mean [min-max] over the seeds that reached the target;
+    the bias columns: ``len_ratio``, ``long_share`` / ``long_share_completed`` and ``age_long`` / ``age_short``
+    as means over steps and seeds, the masked share of tokens)."""
     head = (
         f"{'mode':<16} {'reached':>7} {'t->' + format(target, '.2f') + ' s':>20} {'ex-eval s':>9} {'x sync':>6} "
         f"{'tokens->target':>14} {'final acc':>15} {'vs sync':>7} {'off-pol':>7} {'lag p90/max':>11} {'wall s':>7} {'eval s':>6}"
+        f" {'masked':>6} {'len ratio':>9} {'long tr/drawn':>13} {'age long/short':>14}"
     )
     lines = [head, "-" * len(head)]
     for mode, m in summary.items():
@@ -180,9 +202,17 @@ def format_table(summary: dict[str, JsonObject], target: float) -> str:
             f"{mode:<16} {m['reached']:>3}/{m['seeds']:<3} {span:>20} {fmt(te['mean']):>9} {fmt(m['speedup_vs_sync'], '.2f'):>6} "
             f"{fmt(tok['mean'], '.0f'):>14} {acc:>15} {fmt(m['final_accuracy_vs_sync_points'], '+.1f'):>7} "
             f"{fmt(m['off_policy_token_share']['mean'], '.3f'):>7} {fmt(m['lag_p90_max'], 'd'):>5}/{fmt(m['lag_max'], 'd'):<5} "
-            f"{fmt(m['train_wall_s']['mean']):>7} {fmt(m['eval_time_s']['mean']):>6}"
+            f"{fmt(m['train_wall_s']['mean']):>7} {fmt(m['eval_time_s']['mean']):>6} {_bias_cells(m)}"
         )
     return "\n".join(lines)
+
+
+def _bias_cells(m: JsonObject) -> str:
+    """The table's masked-share and length-bias cells of one mode's summary ("-" where a run had none)."""
+    b, masked = m.get("bias", {}), m.get("masked_token_share", {}).get("mean")
+    long_ = f"{fmt(b.get('long_share'), '.2f')}/{fmt(b.get('long_share_completed'), '.2f')}"
+    age = f"{fmt(b.get('age_long'), '.2f')}/{fmt(b.get('age_short'), '.2f')}"
+    return f"{fmt(masked, '.3f'):>6} {fmt(b.get('len_ratio'), '.2f'):>9} {long_:>13} {age:>14}"
 
 
 def _band(runs: list[JsonObject], x_key: str):

@@ -182,6 +182,9 @@ def _staleness(steps: list[StepRecord]) -> RunSummary:
         "masked_stale_tokens": sum(r.masked_stale_tokens for r in steps),
         "multi_version_samples": sum(r.multi_version_samples for r in steps),
         "max_versions_in_a_sample": max((r.max_versions_in_a_sample for r in steps), default=None),
+        "fully_masked_samples": sum(r.fully_masked_samples for r in steps),
+        # the length bias (slime.loop.offpolicy.length_bias): each bias/<name> as its mean over the steps
+        "bias": {k: _mean(_finite(r.bias.get(k) for r in steps)) for k in sorted({k for r in steps for k in r.bias})},
     }
 
 
@@ -241,6 +244,8 @@ def format_report(run_dir: Path, rep: RunSummary) -> str:
         f"  staleness        max lag {_f(st['max_version_lag'], 'd')}, off-policy token share {_f(st['off_policy_token_fraction_mean'])},"
         f" masked {st['masked_stale_tokens']}, multi-version samples {st['multi_version_samples']},"
         f" tokens by lag {', '.join(f'{k}: {v}' for k, v in st['lag_histogram'].items()) or '-'}",
+        f"  length bias      {', '.join(f'{k} {_f(v)}' for k, v in st['bias'].items()) or '-'}"
+        f" (trained vs completed draws, step means); fully masked samples {st['fully_masked_samples']}",
         f"  failures         failed samples {fl['failed_samples']}, truncated {fl['truncated_samples']},"
         f" filtered groups {fl['filtered_groups']}, dropped stale groups {fl['dropped_stale_groups']}",
     ]

@@ -1,0 +1,54 @@
+"""Issue 30: ``slime bench learning`` and ``slime report`` carry the masked share and the length bias of each run."""
+
+import pytest
+
+from slime.bench import learning
+from slime.obs.report import format_report, summarize
+
+
+def _records():
+    recs = [
+        {"kind": "eval", "step": s, "accuracy": a, "time_s": t, "eval_time_s": 1.0}
+        for s, a, t in [(0, 0.5, 2.0), (2, 0.6, 9.0)]
+    ]
+    recs += [
+        {
+            "kind": "step",
+            "step": 1,
+            "trained_tokens": 90,
+            "lag_histogram": {"0": 90},
+            "masked_stale_tokens": 10,
+            "fully_masked_samples": 1,
+            "bias/len_ratio": 0.8,
+            "bias/long_share": 0.1,
+            "bias/age_long": 2.0,
+        },
+        {
+            "kind": "step",
+            "step": 2,
+            "trained_tokens": 100,
+            "lag_histogram": {"1": 100},
+            "masked_stale_tokens": 0,
+            "bias/len_ratio": 0.6,
+            "bias/long_share": 0.3,
+            "bias/age_long": None,
+        },  # a NaN written as null
+    ]
+    return sorted(recs, key=lambda r: (r["step"], r["kind"] == "eval"))
+
+
+def test_a_runs_curve_and_the_table_carry_the_bias_and_the_masked_share():
+    c = learning.run_curve(_records(), target=0.9)
+    assert c["masked_token_share"] == pytest.approx(10 / 200) and c["fully_masked_samples"] == 1
+    assert c["bias"] == pytest.approx({"len_ratio": 0.7, "long_share": 0.2, "age_long": 2.0})
+    summary = learning.summarize({"april": [{"seed": 0, **c}, {"seed": 1, **c, "bias": {"len_ratio": 0.9}}]})
+    assert summary["april"]["bias"]["len_ratio"] == pytest.approx(0.8)
+    row = learning.format_table(summary, 0.9).splitlines()[2]
+    assert " 0.050 " in row and " 0.80 " in row and "0.20/-" in row
+
+
+def test_the_report_has_the_length_bias_line(tmp_path):
+    rep = summarize({"loop": {"mode": "april"}}, _records(), None, [])
+    assert rep["staleness"]["bias"]["len_ratio"] == pytest.approx(0.7) and rep["staleness"]["fully_masked_samples"] == 1
+    line = next(ln for ln in format_report(tmp_path, rep).splitlines() if "length bias" in ln)
+    assert "len_ratio 0.700" in line and "age_long 2.000" in line and "fully masked samples 1" in line
