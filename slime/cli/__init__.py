@@ -29,6 +29,7 @@ from slime.cli.preflight import (
     run_placement,
     trainer_gpus,
 )
+from slime.cli.run_folder import link_latest, name_run_folder
 
 if TYPE_CHECKING:
     from slime.config import Config
@@ -83,7 +84,11 @@ def _train_run(argv: list[str], prog: str, run: dict[str, Config]) -> int:
         if ns.dry_run:
             return _dry_run(config)
         preflight(config)
+        config, fresh = name_run_folder(config)  # no --save: a new runs/<time>, runs/latest linked to it
+        run["config"] = config
         check_run_dir(config)
+        if fresh:
+            link_latest(config)
         done = _start_run(config, prog, progress=not ns.no_progress)
     except SlimeError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -43,7 +43,17 @@ from slime.step_record import RunSummary, StepRecord
 if TYPE_CHECKING:
     from slime.config import Config
 
-__all__ = ["RunFiles", "RunMode", "open_run", "run_steps", "finish_run", "run_folders", "holds_run_folders"]
+__all__ = [
+    "RunFiles",
+    "RunMode",
+    "open_run",
+    "run_steps",
+    "finish_run",
+    "run_folders",
+    "holds_run_folders",
+    "fresh_run_dir",
+    "point_latest",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -84,6 +94,52 @@ def run_folders(config: Config) -> list[tuple[str, str]]:
     ):
         folders.append(("weights_dir", weights))
     return folders
+
+
+def fresh_run_dir(latest: str) -> str:
+    """A new run folder beside ``latest`` (``Config.run_dir``'s default, ``runs/latest``) for a run without ``--save``:
+    ``runs/<YYYYmmdd-HHMMSS>`` of the launch (``-2``, ``-3``, ... when one of that second exists). Under torchrun every
+    local rank names the same folder: the launcher's start time (a multi-node run passes ``--save``)."""
+    root = Path(latest).parent
+    name = time.strftime("%Y%m%d-%H%M%S", time.localtime(_launch_time()))
+    if "LOCAL_RANK" in os.environ:  # ranks do not race to take suffixes: they agree on the launcher's second
+        return str(root / name)
+    candidate, n = root / name, 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = root / f"{name}-{n}"
+    return str(candidate)
+
+
+def _launch_time() -> float:
+    """Now; under torchrun (``LOCAL_RANK`` set) the start of the launcher, the ranks' parent (``/proc``), which
+    every local rank reads alike."""
+    if "LOCAL_RANK" not in os.environ:
+        return time.time()
+    try:
+        stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):  # no /proc (not Linux): each rank's own clock
+        return time.time()
+
+
+def point_latest(latest: str, run_dir: str) -> bool:
+    """Make ``latest`` (``runs/latest``) a symlink to ``run_dir``, replacing an older link atomically; a real folder
+    there (a run of an older slime) is left alone. Returns whether the link points at ``run_dir``."""
+    link, target = Path(latest), Path(run_dir)
+    if link.exists() and not link.is_symlink():
+        return False
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    # relative: the runs folder can be moved or mounted elsewhere and the link still resolves
+    tmp.symlink_to(os.path.relpath(target, link.parent), target_is_directory=True)
+    os.replace(tmp, link)
+    return True
 
 
 def holds_run_folders(
