@@ -15,16 +15,6 @@ import pytest
 
 from slime.cli import main
 
-
-@pytest.fixture()
-def plan_only(monkeypatch):
-    """These dry runs plan for another machine's paths (/root/Qwen3-4B, ...): skip the input checks that
-    read them (``check_inputs``; tests/test_cli_dry_run.py tests those)."""
-    import slime.cli
-
-    monkeypatch.setattr(slime.cli, "check_inputs", lambda config, **kwargs: None)
-
-
 QWEN3_4B = [
     # CKPT_ARGS
     "--hf-checkpoint",
@@ -157,7 +147,6 @@ UNSUPPORTED = [  # flags this slime does not have (--balance-data, --optimizer, 
 ]
 
 
-@pytest.mark.usefixtures("plan_only")
 def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(capsys, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert main(["train", "--dry-run", *QWEN3_4B, *MORE_SGLANG]) == 0
@@ -174,7 +163,6 @@ def test_dry_run_prints_every_sglang_command_with_the_sglang_flags_unchanged(cap
     assert urls == [f"http://127.0.0.1:{argv[argv.index('--port') + 1]}" for argv in servers]
 
 
-@pytest.mark.usefixtures("plan_only")
 def test_router_flags_pass_through_to_the_router_command(capsys):
     assert (
         main(["train", "--dry-run", *QWEN3_4B, "--router-policy", "manual", "--router-health-check-interval-secs", "5"])
@@ -213,7 +201,6 @@ def test_sglang_flags_without_sglang_servers_are_an_error_not_ignored(capsys):
     assert "--mem-fraction-static" in capsys.readouterr().err
 
 
-@pytest.mark.usefixtures("plan_only")
 def test_dry_run_includes_the_server_groups_of_sglang_config(tmp_path, capsys):
     path = tmp_path / "groups.yaml"
     path.write_text(
@@ -252,13 +239,18 @@ def _model(tmp_path):
     return str(write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True))
 
 
-def test_dry_run_refuses_a_missing_hf_checkpoint(tmp_path, capsys):
-    assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "nope")]) == 2
+def test_dry_run_plans_a_missing_hf_checkpoint_with_a_note_and_a_real_run_refuses_it(tmp_path, capsys):
+    """A path of another machine (a launch script's ``/root/...``) is named in one note line and planned anyway
+    (issue 31); the real run's checks refuse it (tests/test_slime_scripts.py runs whole scripts so)."""
+    assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "nope")]) == 0
     captured = capsys.readouterr()
     assert (
-        f"--hf-checkpoint={str(tmp_path / 'nope')!r}: no such directory" in captured.err
-        and "sglang" not in captured.out
+        f"note: not on this machine, planned anyway (a real run refuses them): --hf-checkpoint {tmp_path / 'nope'}\n"
+        in captured.out
+        and "# slime launch plan" in captured.out
     )
+    assert main(["train", "--hf-checkpoint", str(tmp_path / "nope"), "--save", str(tmp_path / "run")]) == 2
+    assert f"--hf-checkpoint={str(tmp_path / 'nope')!r}: no such directory" in capsys.readouterr().err
 
 
 def test_dry_run_names_the_first_bad_line_of_the_prompt_data(tmp_path, capsys):

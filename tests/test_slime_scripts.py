@@ -1,10 +1,12 @@
-"""``slime train --dry-run`` on the flags of THUDM/slime's Qwen3-4B GRPO script and its fully-async example.
+"""``slime train --dry-run`` on the flags of THUDM/slime's launch scripts, as written: Qwen3-4B GRPO, its fully-async
+example, the 0.6B single-GPU one, GLM-4-9B and Llama-3.1-8B; no check is patched away.
 
 The flags (names and values only) are in ``tests/data/slime_scripts/``. Every one is accepted, and
 none is ignored in silence: each flag of ``COMPAT_FLAGS`` logs its one line (checked or no-op),
 every other one is applied (``FLAGS``). An architecture flag that disagrees with the HF config of
-``--hf-checkpoint`` (a ``config.json`` written here, no weights: the dry run reads nothing else) is
-an error naming both values.
+``--hf-checkpoint`` (a ``config.json`` and a one-tensor ``model.safetensors`` written here) is
+an error naming both values. The scripts' other paths (``--ref-load /root/...``, the data) are not on this
+machine: the plan names each in one note line (``slime.cli.plan_inputs``), a real run refuses them.
 """
 
 from __future__ import annotations
@@ -17,21 +19,14 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from slime.cli import main
 from slime.cli.args import FLAGS, build_parser, config_from_args, split_passthrough
 from slime.cli.compat import COMPAT_FLAGS, Checked, NoOp, check_compat_flags
-from slime.errors import ConfigError
-
-
-@pytest.fixture(autouse=True)
-def _paths_of_another_machine(monkeypatch):
-    """These dry runs plan for another machine's paths (/root/Qwen3-4B, ...): skip the input checks that
-    read them (``check_inputs``; tests/test_cli_dry_run.py tests those)."""
-    import slime.cli
-
-    monkeypatch.setattr(slime.cli, "check_inputs", lambda config, **kwargs: None)
-
+from slime.cli.preflight import check_inputs
+from slime.errors import CheckpointError, ConfigError
 
 DATA = Path(__file__).parent / "data" / "slime_scripts"
 
@@ -67,29 +62,44 @@ def _runnable(flags: list[list[str]], hf_dir: Path) -> list[list[str]]:
     return [[flag, str(hf_dir)] if flag == "--hf-checkpoint" else [flag, *rest] for flag, *rest in flags]
 
 
+def _write_hf_dir(path: Path, hf_config: dict) -> Path:
+    """An HF directory as ``check_hf_dir`` accepts it: ``config.json`` and a one-tensor ``model.safetensors``."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(hf_config))
+    save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    return path
+
+
 @pytest.fixture
 def hf_dir(tmp_path: Path) -> Path:
-    (tmp_path / "Qwen3-4B").mkdir()
-    (tmp_path / "Qwen3-4B" / "config.json").write_text(json.dumps(QWEN3_4B_CONFIG))
-    return tmp_path / "Qwen3-4B"
+    return _write_hf_dir(tmp_path / "Qwen3-4B", QWEN3_4B_CONFIG)
 
 
 SCRIPTS = {
     "qwen3-4B-grpo": ("qwen3_4b_model.txt", "run_qwen3_4b.txt"),
     "qwen3-4B-fully-async": ("qwen3_4b_model.txt", "run_qwen3_4b_fully_async.txt"),
     "qwen3-0.6B-single-gpu": ("run_qwen3_0_6b_single_gpu.txt",),
-}  # --skip-eval-before-train, --eval-top-k
+    "glm4-9B": ("run_glm4_9b.txt",),  # its MODEL_ARGS: test_glm4_layer_flags_are_checked_against_the_hf_model_type
+    "llama3.1-8B": ("llama3_1_8b_model.txt", "run_llama3_1_8b.txt"),
+}
+HF_CONFIGS = {"llama3.1-8B": "LLAMA3_1_8B_CONFIG"}  # the others: Qwen3-4B's (GLM-4's run flags check none of it)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, hf_dir, caplog, capsys, monkeypatch):
+def test_every_flag_of_the_script_is_accepted_and_none_is_silent(script, tmp_path, caplog, capsys, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    hf_dir = _write_hf_dir(tmp_path / "model", globals()[HF_CONFIGS.get(script, "QWEN3_4B_CONFIG")])
     flags = _flags(*SCRIPTS[script])
     runnable = _runnable(flags, hf_dir)
     caplog.set_level(logging.INFO, logger="slime.cli.compat")
     rc = main(["train", "--dry-run", *[t for tokens in runnable for t in tokens]])
     assert rc == 0, capsys.readouterr().err
-    assert "sglang.launch_server" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "sglang.launch_server" in out
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    missing = [f"{flag} {path}" for flag, *rest in runnable for path in rest[-1:] if path.startswith("/root/")]
+    missing = [m for m in missing if m.split()[0] in ("--ref-load", "--prompt-data", "--eval-prompt-data")]
+    assert len(notes) == 1 and all(m in notes[0] for m in missing), (notes, missing)
     known = set(build_parser()._option_string_actions)
     for tokens in flags:
         flag = tokens[0]
@@ -399,3 +409,39 @@ def test_the_reward_post_process_hook_without_opd_is_an_error_naming_it():
         ConfigError, match="--custom-reward-post-process-path m.f: only THUDM/slime's on-policy-distillation hook"
     ):
         config_from_args(build_parser().parse_args(["--custom-reward-post-process-path", "m.f"]))
+
+
+def test_a_script_as_written_plans_with_one_note_naming_each_path_not_here_and_a_real_run_refuses_them(capsys):
+    flags = [t for tokens in _flags("run_glm4_9b.txt") for t in tokens]  # every path /root/..., as in the script
+    assert main(["train", "--dry-run", *flags]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("note: ")] == [
+        "note: not on this machine, planned anyway (a real run refuses them): --hf-checkpoint /root/GLM-Z1-9B-0414/, "
+        "--ref-load /root/GLM-Z1-9B-0414_torch_dist, --prompt-data /root/dapo-math-17k/dapo-math-17k.jsonl, "
+        "--eval-prompt-data /root/aime-2024/aime-2024.jsonl"
+    ]
+    argv, sglang_args, router_args = split_passthrough(flags)
+    config = config_from_args(build_parser().parse_args(argv), sglang_args=sglang_args, router_args=router_args)
+    with pytest.raises(CheckpointError, match=re.escape("--hf-checkpoint='/root/GLM-Z1-9B-0414': no such directory")):
+        check_inputs(config)  # what a real run's preflight runs
+
+
+def test_a_path_that_is_here_but_broken_is_still_an_error_in_a_plan(tmp_path, capsys):
+    (tmp_path / "model").mkdir()  # no config.json
+    assert main(["train", "--dry-run", "--hf-checkpoint", str(tmp_path / "model")]) == 2
+    assert "no config.json in the directory" in capsys.readouterr().err
+
+
+def test_eval_samples_without_an_eval_temperature_sample_at_the_rollout_temperature(caplog):
+    caplog.set_level(logging.INFO, logger="slime.cli.args")
+    argv = ["--n-samples-per-eval-prompt", "16", "--rollout-temperature", "0.8"]
+    config = config_from_args(build_parser().parse_args(argv))
+    assert config.rollout.eval_temperature == 0.8
+    config.check_run_modes()
+    assert [r.getMessage() for r in caplog.records] == [
+        "--n-samples-per-eval-prompt 16 without --eval-temperature: eval samples at --rollout-temperature 0.8 "
+        "(as THUDM/slime's eval; greedy samples would all be the same)"
+    ]
+    given = config_from_args(build_parser().parse_args([*argv, "--eval-temperature", "0"]))
+    with pytest.raises(ConfigError, match=re.escape("--n-samples-per-eval-prompt=16 needs --eval-temperature > 0")):
+        given.check_run_modes()  # a greedy eval asked for with 16 samples: still an error

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from slime.cli.on_ray import add_ray_flags
 from slime.cli.preflight import (
     DEFAULT_CHECKPOINTS,
-    check_inputs,
     check_run_dir,
     preflight,
     run_placement,
@@ -160,9 +159,12 @@ def _with_default_checkpoint(config: Config) -> Config:
 
 def _dry_run(config: Config) -> int:
     """``--dry-run``: the checks that need no engine, then the placement and every command the run would start."""
+    from slime.cli.plan_inputs import check_plan_inputs
     from slime.engines.fleet.plan import build_launch_plan
 
-    check_inputs(config, parse_data=True)  # what needs no engine: model dirs, prompt rows, plugin imports
+    note = check_plan_inputs(config)  # what needs no engine; paths of another machine (a script's /root/...) named
+    if note is not None:
+        print(note)
     placement = run_placement(config)
     if placement is not None:
         print(placement.format())

@@ -192,8 +192,12 @@ def config_from_args(
 
         apply_eval_config(ns.eval_config, tree)
     apply_slime_opd(tree)
+    _eval_samples_at_rollout_temperature(tree, given_temperature=getattr(ns, "eval_temperature", None) is not None)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
+    if getattr(ns, "over_sampling_batch_size", None) is None:  # default: at least one batch (slime's: the batch)
+        loop = tree["loop"]
+        loop["over_sampling_batch_size"] = max(loop["over_sampling_batch_size"], loop["rollout_batch_size"])
     try:
         config = msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
@@ -268,6 +272,23 @@ def _opd_estimator_as_use_opd(train: ConfigTree, engine: ConfigTree, rollout: Co
             "--advantage-estimator on_policy_distillation needs a teacher: --opd-teacher-addrs HOST:PORT (a running "
             "server), --opd-teacher-load HF_DIR, or a 'teacher' group in --sglang-config"
         )
+
+
+def _eval_samples_at_rollout_temperature(tree: ConfigTree, *, given_temperature: bool) -> None:
+    """``--n-samples-per-eval-prompt K`` (K > 1) without ``--eval-temperature``: the eval samples at
+    ``--rollout-temperature``, as THUDM/slime's eval does (its ``run-qwen3-4B.sh`` sets 16 samples and no
+    temperature); one INFO line. Greedy eval (0, the default here) would give K equal samples. A given
+    ``--eval-temperature 0`` with K > 1 stays an error (``Config.check_run_modes``)."""
+    rollout = tree["rollout"]
+    if given_temperature or rollout["n_samples_per_eval_prompt"] <= 1 or rollout["eval_temperature"] != 0:
+        return
+    rollout["eval_temperature"] = rollout["rollout_temperature"]
+    _log.info(
+        "--n-samples-per-eval-prompt %d without --eval-temperature: eval samples at --rollout-temperature %s "
+        "(as THUDM/slime's eval; greedy samples would all be the same)",
+        rollout["n_samples_per_eval_prompt"],
+        rollout["rollout_temperature"],
+    )
 
 
 def _set(tree: ConfigTree, path: str, value: object) -> None:

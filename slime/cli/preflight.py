@@ -114,7 +114,7 @@ def _default_run_dir(config: Config) -> str:
     return next(f.default for f in msgspec.structs.fields(config) if f.name == "run_dir")
 
 
-def check_inputs(config: Config, *, parse_data: bool = False) -> None:
+def check_inputs(config: Config, *, parse_data: bool = False, absent: frozenset[str] = frozenset()) -> None:
     """The start-of-run checks that need no engine, GPU or SGLang (``slime train --dry-run`` runs these alone).
 
     The data and debug modes' flags agree (``check_run_modes``); model directories (``--hf-checkpoint``,
@@ -124,7 +124,8 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
     paths (``--custom-rm-path``, ``--custom-generate-function-path``, ``--dynamic-sampling-filter-path``,
     ``--buffer-filter-path``, ``--rollout-function-path`` unless it names THUDM/slime's own) import;
     ``--offline-data`` exists, and so does the first record of ``--load-debug-rollout-data``. A run on the
-    shipped warm start (no ``--hf-checkpoint``) logs one line saying so.
+    shipped warm start (no ``--hf-checkpoint``) logs one line saying so. Paths in ``absent`` are skipped (a
+    plan for another machine's paths: ``slime.cli.plan_inputs``).
 
     Raises:
         ConfigError: the first problem found, naming the flag.
@@ -139,28 +140,26 @@ def check_inputs(config: Config, *, parse_data: bool = False) -> None:
             d.builtin_task,
             config.engine.hf_checkpoint,
         )
-    _check_recorded_inputs(config)
-    _check_model_dirs(config)
+    _check_recorded_inputs(config, absent)
+    _check_model_dirs(config, absent)
     _check_response_lengths(config)
-    _check_prompt_files(config, parse_data=parse_data)
+    _check_prompt_files(config, parse_data=parse_data, absent=absent)
     _check_plugin_paths(config)
 
 
-def _check_recorded_inputs(config: Config) -> None:
+def _check_recorded_inputs(config: Config, absent: frozenset[str]) -> None:
     """``--offline-data`` is a file; ``--load-debug-rollout-data`` has its step-1 record (ConfigError if not)."""
     from slime.errors import ConfigError
     from slime.loop.record import record_path
 
-    if config.data.offline_data and not Path(config.data.offline_data).is_file():
-        raise ConfigError(f"--offline-data={config.data.offline_data!r}: no such JSONL or Parquet file")
-    if config.debug.load_debug_rollout_data and not record_path(config.debug.load_debug_rollout_data, 1).is_file():
-        raise ConfigError(
-            f"--load-debug-rollout-data={config.debug.load_debug_rollout_data!r}: no record of step 1 "
-            f"({record_path(config.debug.load_debug_rollout_data, 1)})"
-        )
+    offline, recorded = config.data.offline_data, config.debug.load_debug_rollout_data
+    if offline and offline not in absent and not Path(offline).is_file():
+        raise ConfigError(f"--offline-data={offline!r}: no such JSONL or Parquet file")
+    if recorded and recorded not in absent and not record_path(recorded, 1).is_file():
+        raise ConfigError(f"--load-debug-rollout-data={recorded!r}: no record of step 1 ({record_path(recorded, 1)})")
 
 
-def _check_model_dirs(config: Config) -> None:
+def _check_model_dirs(config: Config, absent: frozenset[str]) -> None:
     """Each model directory given holds what its use loads (``check_hf_dir``; CheckpointError naming the flag)."""
     from slime.errors import CheckpointError
     from slime.hf_checkpoint import check_hf_dir
@@ -172,7 +171,7 @@ def _check_model_dirs(config: Config) -> None:
         ("--ref-load", config.train.ref_load),
         ("--opd-teacher-load", config.engine.opd_teacher_load),
     ):
-        if not value:
+        if not value or value in absent:
             continue
         try:
             check_hf_dir(
@@ -187,12 +186,13 @@ def _check_model_dirs(config: Config) -> None:
             raise
 
 
-def _check_prompt_files(config: Config, *, parse_data: bool) -> None:
+def _check_prompt_files(config: Config, *, parse_data: bool, absent: frozenset[str]) -> None:
     """The prompt files exist (ConfigError); with ``parse_data`` their rows parse (``_parse_prompt_files``)."""
     from slime.errors import ConfigError
 
     d = config.data
     files = [("--prompt-data", d.prompt_data), *(("--eval-prompt-data", path) for _, path in d.eval_datasets)]
+    files = [(flag, value) for flag, value in files if value not in absent]
     for flag, value in files:
         if value and not Path(value).is_file():
             raise ConfigError(

@@ -14,15 +14,6 @@ from slime.engines.fleet.placement import build_placement, check_torchrun_env
 from slime.errors import ConfigError
 
 
-@pytest.fixture(autouse=True)
-def _paths_of_another_machine(monkeypatch):
-    """These dry runs plan for another machine's paths (/root/Qwen3-4B, ...): skip the input checks that
-    read them (``check_inputs``; tests/test_cli_dry_run.py tests those)."""
-    import slime.cli
-
-    monkeypatch.setattr(slime.cli, "check_inputs", lambda config, **kwargs: None)
-
-
 def config_of(*argv: str):
     ns = build_parser(argparse.ArgumentParser()).parse_args(["--hf-checkpoint", "/m", *argv])
     return config_from_args(ns).with_placement_defaults()
