@@ -12,6 +12,11 @@ VARIANTS: dict[str, list[str]] = {
     "sync": ["--rollout-mode", "sync"],
     "april": ["--rollout-mode", "april"],
     "april-mask": ["--rollout-mode", "april", "--mask-offpolicy-in-partial-rollout"],
+    # issue 30's candidates against APRIL's length bias, at the bench's 8 groups a step: 4x / 2x groups in
+    # flight, and 2x with partial groups expiring after --max-staleness versions (--staleness-policy drop)
+    "april-4x": ["--rollout-mode", "april", "--over-sampling-batch-size", "32"],
+    "april-2x": ["--rollout-mode", "april", "--over-sampling-batch-size", "16"],
+    "april-2x-drop": ["--rollout-mode", "april", "--over-sampling-batch-size", "16", "--staleness-policy", "drop"],
     "async": ["--rollout-mode", "async"],
     "async-tis": ["--rollout-mode", "async", "--use-tis"],
     "async-mis": ["--rollout-mode", "async", "--mis-level", "token"],
@@ -22,6 +27,8 @@ VARIANTS: dict[str, list[str]] = {
 OWN_FLAGS = (
     "--rollout-mode",
     "--partial-rollout",
+    "--over-sampling-batch-size",
+    "--staleness-policy",
     "--mask-offpolicy-in-partial-rollout",
     "--use-tis",
     "--mis-level",
