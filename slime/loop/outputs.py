@@ -5,6 +5,8 @@ Run directory layout::
     RUN_DIR/config.json        the resolved typed config
     RUN_DIR/metrics.jsonl      one JSON object per rollout step (and one per eval)
     RUN_DIR/summary.json       eval_accuracy_before/after, aborted/resumed samples, version stats
+    RUN_DIR/train.log          every line the run logged (``slime.obs.run_log``)
+    RUN_DIR/failed_samples.jsonl  one line per sample whose reward failed: ids, prompt, response, traceback
     RUN_DIR/reward_curve.png   reward and eval accuracy over steps (``slime.obs.plots`` draws it
                                and the other end-of-run PNGs: reward, response_length,
                                staleness, engine_busy)

@@ -7,8 +7,10 @@
         Scheduler(..., tracer=obs.tracer); run_step(..., tracer=obs.tracer)
         obs.record(record, line)                     # each metrics.jsonl record: TB, W&B, Prometheus, bar
 
-Closing (also when the run fails) stops the bar, closes the TensorBoard / W&B writers, stops the
-``/metrics`` server and flushes the trace, so a crashed run keeps its trace.
+Each step's record first flushes the count lines of warnings repeated during the step (``slime.obs.run_log``,
+which also keeps the run's ``train.log`` and ``failed_samples.jsonl``). Closing (also when the run fails) stops
+the bar, closes the TensorBoard / W&B writers, stops the ``/metrics`` server and flushes the trace, so a crashed
+run keeps its trace.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 from slime.config import ObsConfig
 from slime.obs.metrics import BufferGauges, PrometheusExporter, ScalarLoggers
 from slime.obs.progress import StepProgress
+from slime.obs.run_log import RunLog
 from slime.obs.trace import NullTracer, Tracer, open_tracer
 from slime.step_record import MetricsRow
 from slime.types import JsonObject
@@ -57,6 +60,7 @@ class Observers:
         )
         self.tracer = open_tracer(o.enable_trace, run_dir / "trace.json", flush_interval_s=o.trace_flush_interval_s)
         self.progress = StepProgress(num_steps, enabled=progress)
+        self.run_log = RunLog(run_dir)  # train.log, failed_samples.jsonl, repeated warnings collapsed
 
     async def __aenter__(self) -> Observers:
         if self.exporter is not None:
@@ -85,6 +89,7 @@ class Observers:
                 "groups", ready=record.get("ready_groups_left", 0), partial=record.get("partial_groups_queued", 0)
             )
             self.tracer.counter("tokens_per_s", tokens_per_s=record.get("tokens_per_s", 0.0))
+            self.run_log.flush_repeats(f"in step {record.get('step', '?')}")
             if line is not None:
                 self.progress.step(line, record)
         elif line is not None:
@@ -92,6 +97,7 @@ class Observers:
 
     def _close_sync(self) -> None:
         self.progress.close()
+        self.run_log.close()
         self.scalars.close()
         self.tracer.close()
 

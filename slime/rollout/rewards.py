@@ -36,9 +36,13 @@ from slime.errors import ConfigError, PluginError
 from slime.rollout import plugin_threads
 from slime.types import GroupRewardFn, RewardFn, Sample, Status
 
-__all__ = ["load_function", "score_sample", "score_group", "check_reward", "MAX_ABS_REWARD"]
+__all__ = ["load_function", "score_sample", "score_group", "check_reward", "MAX_ABS_REWARD", "FAILED_SAMPLE_FIELD"]
 
 log = logging.getLogger(__name__)
+
+FAILED_SAMPLE_FIELD = "failed_sample"
+"""The ``extra=`` field of the warning of a failed reward that holds the sample's evidence, written to
+``RUN_DIR/failed_samples.jsonl`` by ``slime.obs.run_log``."""
 
 MAX_ABS_REWARD = 1e15
 """Largest reward magnitude taken. The trainer's group statistics are float32: 1e300 is no float32 at all (it
@@ -187,16 +191,34 @@ def _mark_failed(sample: Sample, exc: BaseException, elapsed_s: float) -> None:
     sample.reward = 0.0
     where = f"group {sample.group_id} sample {sample.index}"
     shown = _described(exc)
-    log.warning(
-        "reward failed for %s after %.2fs, sample marked FAILED: %s: %s", where, elapsed_s, type(exc).__name__, shown
-    )
-    sample.evidence["reward_error"] = {
+    error = {
         "where": where,
         "type": type(exc).__name__,
         "message": str(shown) or repr(exc),
         "elapsed_s": round(elapsed_s, 4),
         # the last frames only, capped: the evidence is kept per sample in the records
         "traceback": "".join(traceback.format_exception(exc, limit=-3))[-2000:],
+    }
+    sample.evidence["reward_error"] = error
+    log.warning(
+        "reward failed for %s after %.2fs, sample marked FAILED: %s: %s",
+        where,
+        elapsed_s,
+        type(exc).__name__,
+        shown,
+        extra={FAILED_SAMPLE_FIELD: _failed_sample_row(sample, error)},
+    )
+
+
+def _failed_sample_row(sample: Sample, error: dict[str, object]) -> dict[str, object]:
+    """The line of ``RUN_DIR/failed_samples.jsonl`` for ``sample`` (``slime.obs.run_log``): which sample, its text, why."""
+    return {
+        "group_id": sample.group_id,
+        "index": sample.index,
+        "prompt": sample.prompt,
+        "label": sample.label,
+        "response": sample.response,
+        "error": error,
     }
 
 
