@@ -28,7 +28,7 @@ from slime.cli.preflight import (
     run_placement,
     trainer_gpus,
 )
-from slime.cli.run_folder import link_latest, name_run_folder
+from slime.cli.run_folder import fresh_run_folder, link_latest
 
 if TYPE_CHECKING:
     from slime.config import Config
@@ -66,6 +66,8 @@ def _train_run(argv: list[str], prog: str, run: dict[str, Config]) -> int:
 
     Returns the exit status: 0 done (or ``--dry-run`` printed), 2 a bad flag or one of slime's own errors.
     """
+    import msgspec
+
     from slime.errors import SlimeError, first_slime_error
 
     parsed = _parse_train_flags(argv, prog)
@@ -83,11 +85,12 @@ def _train_run(argv: list[str], prog: str, run: dict[str, Config]) -> int:
         if ns.dry_run:
             return _dry_run(config)
         preflight(config)
-        config, fresh = name_run_folder(config)  # no --save: a new runs/<time>, runs/latest linked to it
-        run["config"] = config
+        fresh = fresh_run_folder(config.run_dir, load=config.load)  # no --save: a new runs/<time>
+        if fresh is not None:
+            config = run["config"] = msgspec.structs.replace(config, run_dir=fresh)
         check_run_dir(config)
-        if fresh:
-            link_latest(config)
+        if fresh is not None:
+            link_latest(fresh)  # runs/latest -> it
         done = _start_run(config, prog, progress=not ns.no_progress)
     except SlimeError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -9,40 +9,36 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 import msgspec
 
-if TYPE_CHECKING:
-    from slime.config import Config
-
-__all__ = ["name_run_folder", "link_latest", "default_run_dir"]
+__all__ = ["fresh_run_folder", "link_latest", "default_run_dir"]
 
 log = logging.getLogger("slime.cli")
 
 
-def default_run_dir(config: Config) -> str:
+def default_run_dir() -> str:
     """``Config.run_dir``'s default (``runs/latest``): the link to the newest run without ``--save``."""
-    return str(next(f.default for f in msgspec.structs.fields(config) if f.name == "run_dir"))
+    from slime.config import Config
+
+    return str(next(f.default for f in msgspec.structs.fields(Config) if f.name == "run_dir"))
 
 
-def name_run_folder(config: Config) -> tuple[Config, bool]:
-    """``config`` with a new ``runs/<time>`` run folder when it has neither ``--save`` nor ``--load``, and True;
-    else ``config`` as it is and False."""
+def fresh_run_folder(run_dir: str, *, load: str | None) -> str | None:
+    """A new ``runs/<time>`` folder for a run with neither ``--save`` (``run_dir`` is the default) nor ``--load``;
+    None for any other run (its folder is the one given)."""
     from slime.loop.run import fresh_run_dir
 
-    if config.run_dir != default_run_dir(config) or config.load:
-        return config, False
-    return msgspec.structs.replace(config, run_dir=fresh_run_dir(config.run_dir)), True
+    if run_dir != default_run_dir() or load:
+        return None
+    return fresh_run_dir(run_dir)
 
 
-def link_latest(config: Config) -> None:
-    """On rank 0, point ``runs/latest`` at the run folder ``name_run_folder`` named (one line when a real folder of
-    an older slime's run is in the way, left as it is)."""
+def link_latest(run_dir: str) -> None:
+    """On rank 0, point ``runs/latest`` at ``run_dir`` (one line when a real folder of an older slime's run is in the
+    way, left as it is)."""
     from slime.loop.run import point_latest
 
-    latest = default_run_dir(config)
-    if int(os.environ.get("RANK", "0")) == 0 and not point_latest(latest, config.run_dir):
-        log.info(
-            "%s is a folder (a run of an older slime), not a link: this run's folder is %s", latest, config.run_dir
-        )
+    latest = default_run_dir()
+    if int(os.environ.get("RANK", "0")) == 0 and not point_latest(latest, run_dir):
+        log.info("%s is a folder (a run of an older slime), not a link: this run's folder is %s", latest, run_dir)
