@@ -44,7 +44,7 @@ from slime.loop.assemble import (
     train_step_of,
 )
 from slime.loop.inputs import build_inputs, teacher_scorer
-from slime.loop.outputs import check_something_trained
+from slime.loop.outputs import check_something_trained, write_final_model
 from slime.loop.plan import RunPlan, run_plan
 from slime.loop.rl_mode import RLEval, RLMode, rl_summary
 from slime.loop.run import RunFiles, finish_run, holds_run_folders, open_run, run_steps
@@ -75,8 +75,10 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
     parts = await _build_parts(config, plan, reward_fn)
     await _drive(config, plan, parts, progress=progress)
+    # before close_parts: a megatron trainer's other ranks take part in gathering the weights
+    model = await asyncio.to_thread(write_final_model, parts.trainer, parts.files.run_dir)
     await close_parts(parts, plan)
-    return await _summarise(parts, plan, config.loop, num_eval_prompts=config.data.num_eval_prompts)
+    return await _summarise(parts, plan, config.loop, num_eval_prompts=config.data.num_eval_prompts, model_dir=model)
 
 
 async def _build_parts(config: Config, plan: RunPlan, reward_fn: RewardFn | None) -> RunParts:
@@ -155,8 +157,11 @@ def _lr_scheduled(train: TrainConfig, loop: LoopConfig, rollout: RolloutConfig) 
     return resolve_lr_schedule(train, steps)
 
 
-async def _summarise(parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_eval_prompts: int) -> RunSummary:
-    """The run's summary (``rl_summary`` + the data counts), written with the report (``finish_run``).
+async def _summarise(
+    parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_eval_prompts: int, model_dir: str | None
+) -> RunSummary:
+    """The run's summary (``rl_summary`` + the data counts + ``model_dir``, the final model when the run trained),
+    written with the report (``finish_run``).
 
     Raises:
         RunError: the run trained nothing (``check_something_trained``), after every file is written.
@@ -174,6 +179,8 @@ async def _summarise(parts: RunParts, plan: RunPlan, loop: LoopConfig, *, num_ev
         trained=not plan.rollout_only,
     )
     summary.update(parts.inputs.data_counts)
+    if model_dir is not None:
+        summary["model_dir"] = model_dir
     await asyncio.to_thread(finish_run, files, summary)
     # after finish_run: a run that trained nothing still leaves its summary and report
     check_something_trained(files.metrics.records, trains=not plan.rollout_only, run_dir=files.run_dir)

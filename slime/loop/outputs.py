@@ -13,6 +13,8 @@ Run directory layout::
     RUN_DIR/trace.json         Chrome/Perfetto trace (``--enable-trace``)
     RUN_DIR/tb/                TensorBoard events (``--use-tensorboard``)
     RUN_DIR/weights/vN/        the HF checkpoint pushed to the engines at version N (last few kept)
+    RUN_DIR/model/             the final trained policy, an HF directory (config, tokenizer, safetensors),
+                               whatever --weight-sync; summary.json's ``model_dir`` (``write_final_model``)
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from slime.errors import RunError
 from slime.obs import strict_json
 from slime.step_record import MetricsRow, RunSummary, StepRecord, steps_of
 from slime.types import JsonObject
+
+if TYPE_CHECKING:
+    from slime.sync.base import WeightSource
 
 __all__ = [
     "JsonlLog",
@@ -34,6 +39,7 @@ __all__ = [
     "format_done_line",
     "write_json_atomic",
     "check_something_trained",
+    "write_final_model",
 ]
 
 
@@ -153,3 +159,15 @@ def check_something_trained(records: list[MetricsRow], *, trains: bool = True, r
             f"the run trained nothing: no token of its {len(steps)} steps was trained ({num - failed} samples "
             f"counted, every token masked, e.g. as over-stale){where}"
         )
+
+
+def write_final_model(trainer: WeightSource | None, run_dir: str | Path) -> str | None:
+    """Write the trained policy to ``RUN_DIR/model`` as an HF directory (config, tokenizer files, safetensors;
+    ``save_hf``, atomic) and return its path; None for a run with no trainer (rollout only). Blocking.
+
+    Every run that trains ends with it, whatever ``--weight-sync`` (disk weights are pruned, tensor sync
+    writes none) and with or without ``--save-interval`` (checkpoints hold optimizer state too).
+    """
+    if trainer is None:
+        return None
+    return trainer.save_hf(str(Path(run_dir) / "model"))
