@@ -5,6 +5,8 @@ Dense: Llama (``LlamaForCausalLM``), Qwen2 (``Qwen2ForCausalLM``: qkv bias) and 
 (``Qwen3MoeForCausalLM``: Qwen3 attention, top-k routed SwiGLU experts) and Qwen2-MoE
 (``Qwen2MoeForCausalLM``: Qwen2 attention, routed experts plus one shared expert whose output is
 scaled by ``sigmoid(shared_expert_gate(x))``, the DeepSeek-V3-style "shared + routed" layout).
+GLM-4 (``Glm4ForCausalLM``: q/k/v bias, partial interleaved RoPE, post-attention and post-MLP
+norms; ``slime.train.megatron.glm``).
 All are pre-norm decoders with RMSNorm, SwiGLU MLPs, grouped-query attention and RoPE
 (``rope_type`` "default"); embeddings may be tied to the output layer. Anything else (sliding
 windows, RoPE scaling, biases on the output projection or MLP, DeepSeek-V3's multi-latent
@@ -37,7 +39,7 @@ from slime.hf_checkpoint import check_hf_dir
 
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4")
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
 
 
@@ -50,7 +52,7 @@ class ModelArch:
     """Shape and options of one decoder, enough to build it and to convert its weights.
 
     Attributes:
-        family: HF ``model_type``: "llama", "qwen2", "qwen3", "qwen3_moe" or "qwen2_moe".
+        family: HF ``model_type``: "llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4" or "glm4_moe".
         num_layers / hidden_size / ffn_hidden_size: layer count, model width, SwiGLU width of the
             dense layers.
         num_attention_heads / num_query_groups: query heads and key/value heads (GQA groups).
@@ -67,9 +69,13 @@ class ModelArch:
         shared_expert_ffn_hidden_size: SwiGLU width of the shared expert (0: none).
         shared_expert_gate: the shared expert's output is scaled by ``sigmoid(x @ gate)`` (Qwen2-MoE).
         moe_layers: per layer, whether it is an MoE layer (empty for a dense model).
+        rotary_dim: channels of each q/k head RoPE rotates (``head_dim * partial_rotary_factor``;
+            0 = all of ``head_dim``). rope_interleaved: RoPE rotates adjacent channel pairs (GLM-4).
+        post_norms: RMSNorm on the attention and MLP outputs before each residual add (GLM-4).
+            These three: ``slime.train.megatron.glm``.
     """
 
-    family: Literal["llama", "qwen2", "qwen3"]
+    family: Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4", "glm4_moe"]
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -90,6 +96,9 @@ class ModelArch:
     shared_expert_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False
     moe_layers: tuple[bool, ...] = ()
+    rotary_dim: int = 0
+    rope_interleaved: bool = False
+    post_norms: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -168,6 +177,7 @@ class ModelArch:
             )
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
+        head_dim = int(config.get("head_dim") or hidden // heads)
         rope = _rope_theta(config, model_type)
         unsupported = {
             "hidden_act": (config.get("hidden_act", "silu"), "silu"),
@@ -191,16 +201,33 @@ class ModelArch:
             ffn_hidden_size=int(config["intermediate_size"]),
             num_attention_heads=heads,
             num_query_groups=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             vocab_size=int(config["vocab_size"]),
             rope_theta=rope,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=model_type in ("qwen2", "qwen2_moe") and bool(config.get("qkv_bias", True)),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            qkv_bias=_qkv_bias(config, model_type),
+            qk_norm=model_type in ("qwen3", "qwen3_moe") or bool(config.get("use_qk_norm") or False),
             max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
             **(_moe_fields(config, model_type) if moe else {}),
+            rotary_dim=_rotary_dim(config, head_dim),
+            rope_interleaved=model_type == "glm4",  # HF's Glm4 rotate_half pairs channels 2j, 2j + 1
+            post_norms=model_type == "glm4",
         )
+
+
+def _qkv_bias(config: Mapping[str, Any], model_type: str) -> bool:
+    """Qwen2's q/k/v bias (``qkv_bias``, default on) or GLM's (``attention_bias``: q/k/v only, no o_proj bias)."""
+    if model_type in ("qwen2", "qwen2_moe"):
+        return bool(config.get("qkv_bias", True))
+    return model_type.startswith("glm4") and bool(config.get("attention_bias") or False)
+
+
+def _rotary_dim(config: Mapping[str, Any], head_dim: int) -> int:
+    """``head_dim * partial_rotary_factor`` (in ``rope_parameters`` with transformers 5, top-level before)."""
+    params = config.get("rope_parameters") or {}
+    factor = float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
+    return int(head_dim * factor)
 
 
 def _moe_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:

@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from slime.train.megatron.arch import ModelArch
+from slime.train.megatron.glm import checkpoint_getter, to_checkpoint
 
 __all__ = [
     "hf_to_mcore", "mcore_to_hf", "iter_mcore_to_hf", "mcore_names", "hf_names_for", "is_tensor_parallel", "is_expert",
@@ -74,9 +75,13 @@ def _layer_names(arch: ModelArch, i: int, ep_size: int) -> list[str]:
         names.append(pre + "self_attention.linear_qkv.bias")
     if arch.qk_norm:
         names += [pre + "self_attention.q_layernorm.weight", pre + "self_attention.k_layernorm.weight"]
-    names += [pre + "self_attention.linear_proj.weight", pre + "pre_mlp_layernorm.weight"]
+    names.append(pre + "self_attention.linear_proj.weight")
+    if arch.post_norms:  # GLM-4 (slime.train.megatron.post_norms)
+        names.append(pre + "self_attention.post_layernorm.weight")
+    names.append(pre + "pre_mlp_layernorm.weight")
     if not (arch.moe_layers and arch.moe_layers[i]):
-        return names + [pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight"]
+        post = [pre + "mlp.post_layernorm.weight"] if arch.post_norms else []
+        return names + [pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight", *post]
     names.append(pre + "mlp.router.weight")
     for j in range(arch.num_experts // ep_size):
         names += [
@@ -147,6 +152,8 @@ _LAYER_MAP = {
     "self_attention.k_layernorm.weight": ("self_attn.k_norm.weight",),
     "self_attention.linear_proj.weight": ("self_attn.o_proj.weight",),
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight",),
+    "self_attention.post_layernorm.weight": ("post_self_attn_layernorm.weight",),  # GLM-4
+    "mlp.post_layernorm.weight": ("post_mlp_layernorm.weight",),
     "mlp.linear_fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.linear_fc2.weight": ("mlp.down_proj.weight",),
     "mlp.router.weight": ("mlp.gate.weight",),
@@ -255,6 +262,7 @@ def hf_to_mcore_param(
     Returns:
         A new contiguous tensor in the HF dtype (never a view of an HF tensor).
     """
+    get = checkpoint_getter(get, arch)  # GLM's on-disk layout seen as Llama's (slime.train.megatron.glm)
     _, rest = _split_name(name)
     if _expert_parts(rest) is not None:
         tp_size = tp_size if etp_size is None else etp_size
@@ -299,8 +307,15 @@ def mcore_param_to_hf(
             expert j is global expert ``ep_rank * num_experts / ep_size + j``).
 
     Returns:
-        ``{hf_name: tensor}``: one entry, two (gate/up) or three (q/k/v).
+        ``{hf_name: tensor}``: one entry, two (gate/up; GLM-4's dense MLP: one fused) or three (q/k/v).
     """
+    return to_checkpoint(_gather_to_hf(name, shards, arch, ep_size=ep_size, ep_rank=ep_rank), arch)
+
+
+def _gather_to_hf(
+    name: str, shards: Sequence[Tensor], arch: ModelArch, *, ep_size: int, ep_rank: int
+) -> dict[str, Tensor]:
+    """``mcore_param_to_hf`` in the Llama layout (before ``glm.to_checkpoint``)."""
     hf_names = hf_names_for(name, expert_offset=ep_rank * (arch.num_experts // ep_size) if is_expert(name) else 0)
     _, rest = _split_name(name)
     kind = _kind(rest)

@@ -118,15 +118,19 @@ class PackedRoPEParams(_PackedSeqParams):
     dense_plan: Any = None  # SDPACoreAttention._dense_plan's cache: (its rules, (layout, index) or None)
 
 
-def rope_cos_sin(position_ids: Tensor, *, head_dim: int, rope_theta: float) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(
+    position_ids: Tensor, *, head_dim: int, rope_theta: float, rotary_dim: int | None = None
+) -> tuple[Tensor, Tensor]:
     """HF's default RoPE tables for ``position_ids`` [t]: cos and sin, each [t, 1, head_dim] float32.
 
-    ``inv_freq = theta ** (-arange(0, d, 2) / d)``, angle = position * inv_freq, repeated twice
-    along d (``rotate_half`` layout), as ``LlamaRotaryEmbedding`` computes it.
+    ``inv_freq = theta ** (-arange(0, r, 2) / r)`` with r = ``rotary_dim`` (default ``head_dim``),
+    angle = position * inv_freq, repeated twice along d (``rotate_half`` layout), as
+    ``LlamaRotaryEmbedding`` computes it. With r < d (partial RoPE, GLM) the last (d - r) / 2
+    frequencies are 0: those channel pairs are not rotated (cos 1, sin 0; ``slime.train.megatron.glm``).
     """
-    inv_freq = 1.0 / (
-        rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim)
-    )
+    r = head_dim if rotary_dim is None else rotary_dim
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64, device=position_ids.device).float() / r))
+    inv_freq = torch.cat([inv_freq, inv_freq.new_zeros((head_dim - r) // 2)])
     angles = position_ids.float()[:, None] * inv_freq[None, :]  # [t, d/2]
     emb = torch.cat([angles, angles], dim=-1)[:, None, :]  # [t, 1, d]
     return emb.cos(), emb.sin()

@@ -18,7 +18,8 @@ layers (``build_gpt_model``). Mapping (HF config -> ``TransformerConfig``)::
     intermediate_size -> ffn_hidden_size        num_attention_heads -> num_attention_heads
     num_key_value_heads -> num_query_groups     head_dim -> kv_channels
     rms_norm_eps -> layernorm_epsilon           hidden_act silu -> gated_linear_unit + F.silu
-    Qwen2 -> add_qkv_bias                       Qwen3 -> qk_layernorm
+    Qwen2, GLM attention_bias -> add_qkv_bias   Qwen3, GLM-4.5 use_qk_norm -> qk_layernorm
+    GLM-4 post_self_attn / post_mlp_layernorm -> slime.train.megatron.post_norms
     tie_word_embeddings -> share_embeddings_and_output_weights (GPTModel argument)
 
 MoE (Qwen3-MoE, Qwen2-MoE; ``slime.train.megatron.arch`` gives HF's routing)::
@@ -50,6 +51,7 @@ from slime.train.megatron.convert import Ranks, hf_to_mcore_param, stage_names
 from slime.train.megatron.hf_reader import HFCheckpointReader
 from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 from slime.train.megatron.linear import use_local_linears
+from slime.train.megatron.post_norms import add_post_norms
 
 if TYPE_CHECKING:  # megatron-core ships no type information: these name its classes (mypy reads them as Any)
     from megatron.core.models.gpt import GPTModel
@@ -248,6 +250,8 @@ def build_gpt_model(arch: ModelArch, config: TransformerConfig, *, tp_size: int,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="none",
     )
+    if arch.post_norms:
+        add_post_norms(model, config)
     if not config.use_cpu_initialization:  # megatron-core allocates the MoE router and shared-expert gate on the CPU
         model.cuda(torch.cuda.current_device())  # moves those only; same Parameter objects, attributes kept
     mark_tensor_parallel_weights(model, config)

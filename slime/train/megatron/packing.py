@@ -183,6 +183,7 @@ def pack_samples(
     pad_to: int,
     head_dim: int,
     rope_theta: float,
+    rotary_dim: int | None = None,
     cp_size: int = 1,
     cp_rank: int = 0,
     cp_group: object = None,
@@ -197,7 +198,8 @@ def pack_samples(
         pad_token_id: fills the tail up to a multiple of ``pad_to``.
         pad_to: t is rounded up to a multiple of this (the TP size under sequence parallelism,
             which splits t evenly; 1 otherwise).
-        head_dim / rope_theta: for the RoPE tables.
+        head_dim / rope_theta / rotary_dim: for the RoPE tables (``layers.rope_cos_sin``; rotary_dim
+            below head_dim for partial RoPE).
         cp_size / cp_rank / cp_group: context parallelism: this rank keeps its share of every
             sample (module docstring).
         device: where the micro-batch goes: the index tensors are built on the CPU and copied
@@ -217,14 +219,14 @@ def pack_samples(
     input_ids, position_ids, labels = (to_device(x, device) for x in (input_ids, position_ids, labels))
     rows, cols, flat = layout.unpack_index(device)
     num_cols = max((int(batch.seq_lens[s]) for s in samples), default=2) - 1
+    params = _rope_params(bounds, position_ids, pad_tokens, cp, head_dim=head_dim, rope_theta=rope_theta,
+                          rotary_dim=rotary_dim, device=device)  # fmt: skip
     return PackedMicroBatch(
         samples=list(samples),
         input_ids=input_ids,
         position_ids=position_ids,
         labels=labels,
-        params=_rope_params(
-            bounds, position_ids, pad_tokens, cp, head_dim=head_dim, rope_theta=rope_theta, device=device
-        ),
+        params=params,
         rows=rows,
         cols=cols,
         flat=flat,
@@ -315,13 +317,16 @@ def _rope_params(
     *,
     head_dim: int,
     rope_theta: float,
+    rotary_dim: int | None,
     device: torch.device | str,
 ) -> PackedRoPEParams:
     """The "thd" ``PackedRoPEParams`` of segments ``bounds`` (this rank's) with RoPE tables of
     ``position_ids`` [1, t] (on ``device``), the padding segment's length and the CP fields (None: no CP)."""
     cu = to_device(torch.tensor(bounds, dtype=torch.int32), device)  # [S+1]
     max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    cos, sin = rope_cos_sin(position_ids[0], head_dim=head_dim, rope_theta=rope_theta)  # [t, 1, d] each, on device
+    cos, sin = rope_cos_sin(
+        position_ids[0], head_dim=head_dim, rope_theta=rope_theta, rotary_dim=rotary_dim
+    )  # [t, 1, d]
     return PackedRoPEParams(
         qkv_format="thd",
         cu_seqlens_q=cu,

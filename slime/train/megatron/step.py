@@ -162,6 +162,7 @@ class MegatronTrainStep:
         c = self.ctx
         return pack_samples(
             batch, samples, pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta,
+            rotary_dim=self.arch.rotary_dim or None,
             cp_size=c.cp_size, cp_rank=c.cp_rank, cp_group=c.cp_group, device=c.device,
         )  # fmt: skip
 

@@ -53,9 +53,14 @@ ARCH_CONFIGS.update(
         norm_topk_prob=False,
     ),
 )
+ARCH_CONFIGS.update(
+    glm4=dict(TINY, head_dim=12, rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default"),
+              pad_token_id=0, eos_token_id=1, tie_word_embeddings=False),
+)  # fmt: skip
 """Tiny configs per family: untied Llama; tied Qwen2 (qkv bias); Qwen3 with head_dim != hidden / heads;
 Qwen3-MoE (4 experts, top-2, renormalised top-k); Qwen2-MoE (shared expert with its sigmoid gate,
-layer 1 dense, top-k not renormalised, tied embeddings)."""
+layer 1 dense, top-k not renormalised, tied embeddings); GLM-4 (q/k/v bias, RoPE on 6 of 12 head
+channels interleaved, post-attention and post-MLP norms, fused gate_up_proj on disk)."""
 
 
 def make_hf_model(family: str, seed: int = 0):
@@ -65,6 +70,7 @@ def make_hf_model(family: str, seed: int = 0):
     cfg_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM), "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+        "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
     }[family]  # fmt: skip
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**ARCH_CONFIGS[family]))

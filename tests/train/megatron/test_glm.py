@@ -1,0 +1,141 @@
+"""GLM-4 (``Glm4ForCausalLM``) in the megatron backend on the CPU: RoPE layout, conversion, logits, train step.
+
+The tiny GLM-4 (conftest ``ARCH_CONFIGS["glm4"]``) has head_dim 12 with RoPE on 6 channels,
+interleaved, q/k/v biases, the post-attention and post-MLP norms, and the fused ``gate_up_proj``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slime.config import MegatronConfig, TrainConfig
+from slime.train.megatron.arch import ModelArch, load_hf_config
+from slime.train.megatron.convert import hf_to_mcore, mcore_names, mcore_to_hf
+from slime.train.megatron.glm import rope_permutation
+
+GLM_FAMILIES = ["glm4"]
+
+
+def _hf_state(hf_dir: str) -> dict[str, torch.Tensor]:
+    return load_file(os.path.join(hf_dir, "model.safetensors"))
+
+
+def test_rope_permutation_pairs_the_rotated_channels_and_leaves_the_rest_at_frequency_zero():
+    assert rope_permutation(8, 4, True).tolist() == [0, 2, 4, 5, 1, 3, 6, 7]
+    assert rope_permutation(8, 4, False).tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    assert rope_permutation(8, 8, False) is None  # Llama's layout: nothing to move
+    with pytest.raises(ValueError, match="rotary_dim=3"):
+        rope_permutation(8, 3, False)
+
+
+def test_rope_tables_rotate_only_rotary_dim_channels():
+    from slime.train.megatron.layers import rope_cos_sin
+
+    cos, sin = rope_cos_sin(torch.tensor([0, 5]), head_dim=8, rope_theta=100.0, rotary_dim=4)
+    assert cos.shape == (2, 1, 8)
+    # pairs (c, c + 4): c = 0, 1 rotate at 100 ** (-0 / 4), 100 ** (-2 / 4); c = 2, 3 do not rotate
+    torch.testing.assert_close(sin[1, 0, :4], torch.tensor([5.0, 0.5, 0.0, 0.0]).sin())
+    assert torch.equal(cos[1, 0, 2:4], torch.ones(2)) and torch.equal(cos[:, 0, :4], cos[:, 0, 4:])
+
+
+def test_glm4_arch_reads_partial_interleaved_rope_biases_and_post_norms(hf_dirs):
+    arch = ModelArch.from_hf_config(load_hf_config(hf_dirs["glm4"]))
+    assert (arch.family, arch.head_dim, arch.rotary_dim, arch.rope_interleaved) == ("glm4", 12, 6, True)
+    assert arch.qkv_bias and arch.post_norms and not arch.qk_norm and not arch.is_moe
+
+
+@pytest.mark.parametrize("family", GLM_FAMILIES)
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_glm_round_trip_is_bit_exact(family, tp_size, hf_dirs):
+    arch = ModelArch.from_hf_config(load_hf_config(hf_dirs[family]))
+    hf = _hf_state(hf_dirs[family])
+    shards = [hf_to_mcore(hf, arch, tp_size=tp_size, tp_rank=r) for r in range(tp_size)]
+    assert all(list(s) == mcore_names(arch) for s in shards)
+    got = mcore_to_hf(shards, arch)
+    assert sorted(got) == sorted(hf)  # on-disk names: gate_up_proj, post_self_attn_layernorm, post_mlp_layernorm
+    for name, tensor in hf.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_glm4_fused_mlp_splits_into_megatrons_gate_up_layout(hf_dirs):
+    """TP rank 1 holds the second half of the gate rows then the second half of the up rows of ``gate_up_proj``."""
+    arch = ModelArch.from_hf_config(load_hf_config(hf_dirs["glm4"]))
+    hf = _hf_state(hf_dirs["glm4"])
+    fused = hf["model.layers.0.mlp.gate_up_proj.weight"]
+    f = arch.ffn_hidden_size
+    fc1 = hf_to_mcore(hf, arch, tp_size=2, tp_rank=1)["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert torch.equal(fc1, torch.cat([fused[f // 2 : f], fused[f + f // 2 :]]))
+
+
+def _build(hf_dir: str):
+    from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
+
+    arch = ModelArch.from_hf_config(load_hf_config(hf_dir))
+    model = build_gpt_model(arch, transformer_config(arch, MegatronConfig(), use_cpu_initialization=True), tp_size=1)
+    load_hf_weights(model, HFCheckpointReader(hf_dir), arch, tp_size=1, tp_rank=0)
+    return arch, model.eval()
+
+
+@pytest.mark.parametrize("family", GLM_FAMILIES)
+def test_glm_logits_match_transformers_in_fp32(family, hf_dirs, megatron_cpu, make_hf):
+    """Three packed sequences: each one's megatron logits equal transformers' own GLM class's, within 1e-5."""
+    from test_megatron_moe import _packed
+
+    arch, model = _build(hf_dirs[family])
+    hf = make_hf(family)
+    lens = [9, 4, 6]
+    ids, mb = _packed(arch, lens)
+    mb = _with_rotary(mb, arch)
+    with torch.no_grad():
+        logits = model(
+            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=mb.params
+        )[0]
+        ref = torch.cat([hf(input_ids=ids[i : i + 1, :n]).logits[0] for i, n in enumerate(lens)])
+    torch.testing.assert_close(logits[:, : arch.vocab_size], ref, atol=1e-5, rtol=1e-5)
+
+
+def _with_rotary(mb, arch):
+    """``mb`` with RoPE tables of ``arch.rotary_dim`` (``_packed`` builds full-width ones)."""
+    from slime.train.megatron.layers import rope_cos_sin
+
+    cos, sin = rope_cos_sin(
+        mb.position_ids[0], head_dim=arch.head_dim, rope_theta=arch.rope_theta, rotary_dim=arch.rotary_dim
+    )
+    mb.params.rope_cos, mb.params.rope_sin = cos, sin
+    return mb
+
+
+@pytest.mark.parametrize("family", GLM_FAMILIES)
+def test_glm_rl_step_matches_the_torch_backend_and_syncs_back_to_hf_names(
+    family, hf_dirs, megatron_cpu, cpu_megatron_trainer
+):
+    """Two GRPO steps: the megatron trainer's metrics equal TorchTrainer's on transformers' GLM class, and the
+    trained weights, gathered to HF names (what weight sync sends), equal the torch backend's trained weights."""
+    from test_megatron_trainer import _groups
+
+    from slime.train.megatron.weights import iter_hf_weights
+    from slime.train.torch_backend import TorchTrainer
+
+    config = TrainConfig(lr=1e-3, global_batch_size=4, micro_batch_size=2)
+    megatron = cpu_megatron_trainer(config, hf_dirs[family], megatron_cpu, rollout_temperature=0.9)
+    reference = TorchTrainer(config, model_dir=hf_dirs[family], rollout_temperature=0.9)
+    groups = _groups(96)
+    for _ in range(2):
+        got, want = megatron.train_step(groups).to_dict(), reference.train_step(groups).to_dict()
+        for key in ("loss", "grad_norm", "ratio_mean", "entropy", "approx_kl", "train_rollout_logprob_abs_diff"):
+            assert got[key] == pytest.approx(want[key], rel=5e-4, abs=5e-6), key
+    trained = dict(reference.model.named_parameters())
+    synced = dict(iter_hf_weights(megatron.model, megatron.arch, megatron_cpu))
+    assert sorted(synced) == sorted(trained)
+    for name, tensor in synced.items():
+        want = trained[name].detach()
+        if name.endswith("k_proj.bias"):  # the key bias of unrotated channels adds q . b to every key alike:
+            # its gradient is 0 up to rounding, which Adam scales to steps of lr; compare the rotated channels
+            tensor, want = (
+                t.reshape(-1, megatron.arch.head_dim)[:, : megatron.arch.rotary_dim] for t in (tensor, want)
+            )
+        torch.testing.assert_close(tensor, want, atol=2e-5, rtol=1e-4, msg=name)
