@@ -143,10 +143,12 @@ def _train_config(ns: argparse.Namespace, sglang_args: tuple[str, ...], router_a
         ConfigError: a bad flag value, or a compat flag the model's ``config.json`` contradicts.
     """
     from slime.cli.args import config_from_args
+    from slime.cli.backend_flags import log_megatron_only_flags
     from slime.cli.compat import check_compat_flags
 
     config = _with_default_checkpoint(config_from_args(ns, sglang_args=sglang_args, router_args=router_args))
     check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
+    log_megatron_only_flags(ns, config.train.train_backend)
     return config.with_placement_defaults()
 
 
