@@ -125,7 +125,7 @@ async def _drive(config: Config, plan: RunPlan, parts: RunParts, *, progress: bo
                 config.loop, config.rollout, config.data, plan, parts, pool, teacher, obs.tracer, tg
             )
             sched = build_scheduler(wiring)
-            obs.watch(pool=pool, buffer=parts.buffer)
+            obs.watch(pool=pool, buffer=parts.buffer, groups_per_step=config.loop.rollout_batch_size)
             mode = RLMode(
                 sched, evaluator, parts, plan, train_step=train_step_of(parts, plan), sync=sync, tracer=obs.tracer
             )

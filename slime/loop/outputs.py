@@ -96,22 +96,31 @@ class MetricsWriter:
 
 def format_step_line(r: StepRecord) -> str:
     """One summary line per step: reward, accuracy, length, tokens/s, aborts, resumes, lag (and the
-    teacher's reverse KL with ``--use-opd``), then the train loss and the step's seconds.
+    teacher's reverse KL with ``--use-opd``), then what the train step did and the step's seconds.
 
     ``failed F/N`` follows the accuracy when F of the batch's N samples FAILED (a reward that raised,
     an engine refusal): reward, accuracy and length are over the others, so an all-failed batch would
-    otherwise read as a plain zero reward. A rollout-only step (no ``train_time_s``) has no loss:
-    ``| rollout only, step 1.2s``.
+    otherwise read as a plain zero reward. A trained step shows ``| grad G trained T tok masked M``: the
+    gradient norm, the tokens trained and those the staleness mask left out, which move from step to step
+    (GRPO's loss is near 0 by construction, its advantages centred per group: it stays in ``metrics.jsonl``).
+    A rollout-only step (no ``train_time_s``): ``| rollout only, step 1.2s``.
     """
     opd = f"rkl {r.opd_reverse_kl:.4f} " if r.opd_reverse_kl is not None else ""
     failed = f"failed {r.failed_samples_in_batch}/{r.num_samples} " if r.failed_samples_in_batch else ""
-    train = "rollout only," if r.train_time_s is None else f"loss {r.train.get('loss', float('nan')):+.4f}"
+    train = "rollout only," if r.train_time_s is None else _trained(r)
     return (
         f"step {r.step:>3} v{r.policy_version:<3} reward {r.reward_mean:.3f} acc {r.accuracy:.3f} {failed}{opd}"
         f"len {r.response_len_mean:5.1f} tok/s {r.tokens_per_s:7.0f} aborted {r.aborted_samples:>3} "
         f"resumed {r.resumed_samples:>3} lag max {r.max_version_lag} multi-ver {r.multi_version_samples:>3} "
         f"| {train} step {r.step_time_s:.1f}s"
     )
+
+
+def _trained(r: StepRecord) -> str:
+    """``grad G trained T tok masked M`` of a trained step (``grad n/a`` from a trainer that reports no norm)."""
+    norm = r.train.get("grad_norm")
+    grad = f"grad {norm:.3g}" if isinstance(norm, (int, float)) else "grad n/a"
+    return f"{grad} trained {r.trained_tokens} tok masked {r.masked_stale_tokens}"
 
 
 def format_done_line(summary: RunSummary, run_dir: str | Path) -> str:

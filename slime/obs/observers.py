@@ -74,10 +74,15 @@ class Observers:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def watch(self, *, pool: WorkerPool | None = None, buffer: BufferGauges | None = None) -> None:
-        """Live values for ``/metrics`` (see ``PrometheusExporter.watch``)."""
+    def watch(
+        self, *, pool: WorkerPool | None = None, buffer: BufferGauges | None = None, groups_per_step: int | None = None
+    ) -> None:
+        """Live values for ``/metrics`` (see ``PrometheusExporter.watch``); with ``groups_per_step`` (the groups a
+        step takes, ``--rollout-batch-size``) the bar shows within a step how many of them are ready."""
         if self.exporter is not None:
             self.exporter.watch(pool=pool, buffer=buffer)
+        if buffer is not None and groups_per_step:
+            self.progress.watch(lambda: buffer.num_ready, groups_per_step)
 
     def record(self, record: MetricsRow, line: str | None = None) -> None:
         """One ``metrics.jsonl`` record; ``line`` is printed (a step advances the bar)."""
@@ -92,8 +97,11 @@ class Observers:
             self.run_log.flush_repeats(f"in step {record.get('step', '?')}")
             if line is not None:
                 self.progress.step(line, record)
-        elif line is not None:
-            self.progress.note(line)
+        else:
+            if record.get("kind") == "eval":
+                self.progress.eval_result(record)
+            if line is not None:
+                self.progress.note(line)
 
     def _close_sync(self) -> None:
         self.progress.close()

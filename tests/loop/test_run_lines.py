@@ -37,10 +37,12 @@ def test_the_step_line_counts_failed_samples_only_when_some_failed():
     assert "reward 0.000 acc 0.000 failed 8/8 len" in line
 
 
-def test_a_trained_step_shows_its_loss_and_a_rollout_only_step_none():
-    assert format_step_line(_record()).endswith("| loss +0.2500 step 1.2s")
+def test_a_trained_step_shows_what_moves_and_a_rollout_only_step_nothing_trained():
+    line = format_step_line(_record(train={"loss": 0.0, "grad_norm": 0.4125}, trained_tokens=20, masked_stale_tokens=4))
+    assert line.endswith("| grad 0.412 trained 20 tok masked 4 step 1.2s") and "loss" not in line
+    assert "grad n/a trained 24 tok" in format_step_line(_record())  # a trainer that reports no norm
     line = format_step_line(_record(train_time_s=None, train={}))
-    assert line.endswith("| rollout only, step 1.2s") and "loss" not in line and "nan" not in line
+    assert line.endswith("| rollout only, step 1.2s") and "grad" not in line and "nan" not in line
 
 
 _SUMMARY = dict(

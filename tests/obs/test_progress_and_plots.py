@@ -95,3 +95,53 @@ def test_plots_tolerate_records_with_keys_missing_and_keep_existing_files(tmp_pa
     )
     assert (tmp_path / "reward.png").read_bytes() == b"keep"
     assert sorted(p.name for p in written) == sorted(set(PLOTS) - {"reward.png"})
+
+
+def test_after_an_eval_the_step_lines_and_the_bar_show_its_accuracy():
+    out = io.StringIO()
+    p = StepProgress(3, stream=out)
+    p.step("step 1 line", _record(1))
+    p.eval_result({"kind": "eval", "step": 1, "accuracy": 0.835})
+    p.step("step 2 line", _record(2))
+    assert out.getvalue() == "step 1 line\nstep 2 line | eval 0.835 @ step 1\n"
+    tty = _Tty()
+    bar = StepProgress(2, stream=tty)
+    bar.eval_result({"kind": "eval", "step": 0, "accuracy": 0.49})
+    bar.step("step 1 line", _record(1))
+    bar.close()
+    assert "eval 0.490" in tty.getvalue()
+
+
+def test_within_a_step_the_bar_shows_the_groups_ready_of_the_target(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a terminal wide enough for every column on one line
+    tty = _Tty()
+    bar = StepProgress(2, stream=tty)
+    ready = [3]
+    bar.watch(lambda: ready[0], 8)
+    bar._progress.refresh()
+    ready[0] = 11  # more than a step takes (over-sampling): shown as the target
+    bar.step("step 1 line", _record(1))
+    bar._progress.refresh()
+    bar.close()
+    text = tty.getvalue()
+    assert "step 1: 3/8 groups" in text and "step 2: 8/8 groups" in text
+
+
+def test_log_lines_print_above_the_bar_not_glued_onto_it(capsys):
+    import logging
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)  # slime train's console handler (logging.basicConfig)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        tty = _Tty()
+        bar = StepProgress(2, stream=tty)
+        logging.getLogger("slime.test").warning("an engine is slow")
+        bar.close()
+        assert handler.stream is sys.stderr  # given back when the bar stops
+    finally:
+        root.removeHandler(handler)
+    lines = tty.getvalue().splitlines()
+    assert any(line.strip() == "an engine is slow" or line.endswith("an engine is slow") for line in lines)
+    assert "an engine is slow" not in capsys.readouterr().err
