@@ -16,7 +16,7 @@
 # with the same settings; every call merges the modes it was asked for (`slime bench learning --merge`)
 # into $OUT/learning/{learning.json,learning.txt,learning.png}.
 #
-# Other knobs: NUM_ROLLOUT (30), EVAL_INTERVAL (3), TARGET (0.9), TRAIN_FLAGS (default: the megatron
+# Other knobs: NUM_ROLLOUT (30), EVAL_INTERVAL (3), TARGET (0.9), SEEDS (0; e.g. 0,1), TRAIN_FLAGS (default: the megatron
 # trainer on the GPU; the CPU smoke test sets the torch trainer and the embedded engine), SERVER=none
 # (no SGLang: the runs use whatever TRAIN_FLAGS say). Prints "bench_learning_sglang: PASSED" when every
 # mode asked for has a finished run, FAILED otherwise.
@@ -54,7 +54,7 @@ read -r -a train_flags <<< "${TRAIN_FLAGS:---train-backend megatron --micro-batc
 
 status=0
 # a finished mode is reused only when it ran with these settings (steps, evals, target, flags, engine)
-settings="${NUM_ROLLOUT:-30} ${EVAL_INTERVAL:-3} ${TARGET:-0.9} ${train_flags[*]} ${extra[*]}"
+settings="${NUM_ROLLOUT:-30} ${EVAL_INTERVAL:-3} ${TARGET:-0.9} ${SEEDS:-0} ${MODEL} ${train_flags[*]} ${extra[*]}"
 IFS=, read -r -a mode_list <<< "$MODES"
 for mode in "${mode_list[@]}"; do
     if [ -f "$RUNS/$mode/learning.json" ] && [ "$(cat "$RUNS/$mode/settings" 2>/dev/null)" = "$settings" ]; then
@@ -68,7 +68,7 @@ for mode in "${mode_list[@]}"; do
     rm -rf "${RUNS:?}/$mode"
     echo "=== $(date +%T) $mode (limit ${limit}s)" | tee -a "$LOG"
     t0=$(date +%s)
-    timeout -k 20 "$limit" "$PY" -m slime.cli bench learning --modes "$mode" --seeds 0 --num-rollout "${NUM_ROLLOUT:-30}" \
+    timeout -k 20 "$limit" "$PY" -m slime.cli bench learning --modes "$mode" --seeds "${SEEDS:-0}" --num-rollout "${NUM_ROLLOUT:-30}" \
         --eval-interval "${EVAL_INTERVAL:-3}" --target-accuracy "${TARGET:-0.9}" --out "$RUNS/$mode" \
         -- "${train_flags[@]}" "${extra[@]}" > "$RUNS/$mode.log" 2>&1
     rc=$?

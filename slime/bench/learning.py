@@ -185,13 +185,16 @@ def _run_one(tag: str, argv: list[str], *, train: TrainFn, target: float, log: C
     return curve
 
 
-def merge_results(paths: list[str | Path]) -> JsonObject:
+def merge_results(paths: list[str | Path], *, retarget: float | None = None) -> JsonObject:
     """Merge ``learning.json`` files of separate benches (e.g. one process per mode) into one results dict.
 
     The runs must share task, target, steps and eval interval; a (mode, seed) in two files is refused.
+    ``retarget``: re-read every run's ``metrics.jsonl`` (its ``--save`` directory) and time this target
+    instead (the benches' own targets may then differ), e.g. one set from sync's final accuracy.
 
     Raises:
-        ValueError: a file that is missing or not a bench's output, or benches that do not compare.
+        ValueError: a file that is missing or not a bench's output, benches that do not compare, or
+            (``retarget``) a run directory without its metrics.
     """
     parts = []
     for path in paths:
@@ -203,7 +206,7 @@ def merge_results(paths: list[str | Path]) -> JsonObject:
         raise ValueError("nothing to merge")
     keys = (
         "task",
-        "target_accuracy",
+        *(("target_accuracy",) if retarget is None else ()),
         "num_rollout",
         "eval_interval",
         "extra_flags",
@@ -224,6 +227,8 @@ def merge_results(paths: list[str | Path]) -> JsonObject:
                 raise ValueError(f"{path}: mode {mode} seed {twice[0]} is in another file too")
             curves.setdefault(mode, []).extend(runs)
             argvs.setdefault(mode, []).extend(part.get("argv", {}).get(mode, []))
+    if retarget is not None:
+        curves = {m: [_retimed(r, a, retarget) for r, a in zip(runs, argvs.get(m, []))] for m, runs in curves.items()}
     order = [m for m in VARIANTS if m in curves] + [m for m in curves if m not in VARIANTS]
     seeds = sorted({r["seed"] for runs in curves.values() for r in runs})
     return _results(
@@ -232,11 +237,22 @@ def merge_results(paths: list[str | Path]) -> JsonObject:
         task=first["task"],
         num_rollout=first["num_rollout"],
         eval_interval=first["eval_interval"],
-        target=first["target_accuracy"],
+        target=first["target_accuracy"] if retarget is None else retarget,
         seeds=seeds,
         extra=first.get("extra_flags", []),
         bench_wall_s=sum(p.get("meta", {}).get("bench_wall_s", 0.0) for _, p in parts),
     )
+
+
+def _retimed(run: JsonObject, argv: list[str], target: float) -> JsonObject:
+    """``run`` (one seed's curve) timed against ``target``, from the ``metrics.jsonl`` in its ``--save`` directory."""
+    path = Path(argv[argv.index("--save") + 1]) / "metrics.jsonl" if "--save" in argv else None
+    if path is None or not path.is_file():
+        raise ValueError(f"--retarget: no metrics.jsonl for seed {run['seed']} ({path})")
+    return {
+        "seed": run["seed"],
+        **run_curve([json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()], target),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEARNING_JSON",
         help="run nothing: merge these benches' learning.json (e.g. one process per mode) into --out",
     )
+    p.add_argument(
+        "--retarget",
+        type=float,
+        default=None,
+        metavar="T",
+        help="with --merge: time target T instead, from each run's metrics.jsonl (e.g. set from sync's final)",
+    )
     return p
 
 
@@ -282,7 +305,7 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.merge:
-        return _merge(ns.merge, ns.out)
+        return _merge(ns.merge, ns.out, retarget=ns.retarget)
     modes, seeds = _checked_flags(parser, ns, extra)
     try:
         results = run_bench(
@@ -311,10 +334,10 @@ def main(argv: list[str] | None = None, *, train: TrainFn) -> int:
     return 0
 
 
-def _merge(paths: list[str], out: str) -> int:
+def _merge(paths: list[str], out: str, *, retarget: float | None = None) -> int:
     """``--merge``: the benches' ``learning.json`` files as one bench's outputs in ``out``; 2 if they do not merge."""
     try:
-        results = merge_results(list(paths))
+        results = merge_results(list(paths), retarget=retarget)
     except ValueError as exc:
         print(f"slime bench learning: error: {exc}", file=sys.stderr)
         return 2

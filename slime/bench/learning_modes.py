@@ -68,10 +68,12 @@ def train_argv(
     eval_interval: int,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The ``slime train`` arguments of one run: the bench's, then ``extra`` (the last of a repeated flag wins), then the mode's."""
+    """The ``slime train`` arguments of one run: the bench's, then ``extra`` (the last of a repeated flag wins), then the mode's.
+
+    With ``--prompt-data`` among ``extra`` (e.g. the GPU-sized chain, ``--rm-type chain``) there is no
+    ``--builtin-task``: ``slime train`` takes one or the other."""
     return [
-        "--builtin-task",
-        task,
+        *(() if "--prompt-data" in extra else ("--builtin-task", task)),
         "--num-rollout",
         str(num_rollout),
         "--eval-interval",

@@ -30,12 +30,15 @@ Sizes (``prompt + response`` must fit the model's context):
 - CPU (the defaults, ``--builtin-task chain``): 1-digit terms, ``max_terms=10``, ``alpha=1.5``;
   at most 20 prompt + 74 response characters, within the 128 positions of the shipped warm start;
   run with ``--rollout-max-response-len 96``.
-- GPU-sized (documented, not run here): ``max_terms=64, max_digits=2, alpha=1.2`` written to JSONL
-  by ``python -m slime.data.chain --out DIR --max-terms 64 --max-digits 2 --alpha 1.2`` and used
-  with ``--prompt-data DIR/train.jsonl --eval-prompt-data DIR/eval.jsonl --custom-rm-path
-  slime.data.chain.reward --rollout-max-response-len 1024`` on a model with a context of 2k tokens
-  or more. Worked solutions (characters; fewer tokens with a BPE tokenizer): median 34, p90 320,
-  p99 668, max 748 (p99/median ~20); prompt + solution at most 916 characters.
+- GPU-sized (``GPU_SIZE``, issue 30): ``max_terms=128, max_digits=2, alpha=1.0``, written to JSONL
+  by ``python -m slime.data.chain --out DIR --size gpu`` (with ``--sft``: also ``DIR/sft.jsonl``,
+  ``{"prompt", "response"}`` rows of worked solutions for the warm start's SFT) and used with
+  ``--prompt-data DIR/train.jsonl --eval-prompt-data DIR/eval.jsonl --custom-rm-path
+  slime.data.chain.reward --rollout-max-response-len 1600`` on a model with 2,048 positions
+  (``scripts/gpu/bench_learning_longtail.sh``). Worked solutions, in characters = tokens of the
+  character tokenizer (20,000 draws): median 86, p75 348, p90 866, p99 1,443, max 1,551 (mean 264);
+  prompts at most 335. A step's draws thus run from tens to ~1,500 tokens: the tail APRIL is for.
+  (The earlier ``max_terms=64, alpha=1.2``: median 34, p90 320, max 748.)
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ __all__ = [
     "MAX_DIGITS",
     "ALPHA",
     "MAX_RESPONSE_CHARS",
+    "GPU_SIZE",
+    "sft_rows",
     "term_weights",
     "make_problem",
     "iter_problems",
@@ -74,6 +79,8 @@ ALPHA = 1.5
 """Power-law exponent of the number of terms: ``P(K) ∝ (K - 1) ** -ALPHA``."""
 MAX_RESPONSE_CHARS = 74
 """Longest default solution: nine steps (``9+9=18;`` then ``18+9=27;`` ...) plus ``#90``; <eos> on top."""
+GPU_SIZE: dict[str, float] = {"max_terms": 128, "max_digits": 2, "alpha": 1.0}
+"""The GPU-sized task's ``make_problem`` keywords (module doc): responses of tens to ~1,550 tokens."""
 
 
 def term_weights(max_terms: int = MAX_TERMS, alpha: float = ALPHA) -> list[float]:
@@ -133,6 +140,12 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: float) -> list[dic
     return rows
 
 
+def sft_rows(n: int, seed: int, **kwargs: float) -> list[dict[str, str]]:
+    """``n`` SFT rows ``{"prompt", "response"}`` of the train split: each response the worked solution."""
+    stream = iter(iter_problems(seed, "train", **kwargs))
+    return [{"prompt": p, "response": sol} for p, _, sol in (next(stream) for _ in range(n))]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m slime.data.chain --out DIR``: write ``DIR/train.jsonl`` and ``DIR/eval.jsonl`` (e.g. the GPU size)."""
     p = argparse.ArgumentParser(prog="python -m slime.data.chain", description=__doc__.splitlines()[0])
@@ -143,14 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-terms", type=int, default=MAX_TERMS)
     p.add_argument("--max-digits", type=int, default=MAX_DIGITS)
     p.add_argument("--alpha", type=float, default=ALPHA)
+    p.add_argument("--size", choices=["cpu", "gpu"], default=None, help="gpu: GPU_SIZE, over the three above")
+    p.add_argument("--sft", type=int, default=0, metavar="N", help="also N SFT rows in DIR/sft.jsonl (seed + 1)")
     ns = p.parse_args(argv)
-    kw = dict(max_terms=ns.max_terms, max_digits=ns.max_digits, alpha=ns.alpha)
+    kw = dict(max_terms=ns.max_terms, max_digits=ns.max_digits, alpha=ns.alpha) | (GPU_SIZE if ns.size == "gpu" else {})
     try:
         term_weights(ns.max_terms, ns.alpha)
     except ValueError as exc:
         p.error(str(exc))
     write_jsonl(generate_dataset(ns.num_train, ns.seed, "train", **kw), f"{ns.out}/train.jsonl")
     write_jsonl(generate_dataset(ns.num_eval, 0, "eval", **kw), f"{ns.out}/eval.jsonl")
+    if ns.sft:  # another seed than the RL prompts': the warm start does not see them
+        write_jsonl(sft_rows(ns.sft, ns.seed + 1, **kw), f"{ns.out}/sft.jsonl")
     print(f"wrote {ns.out}/train.jsonl ({ns.num_train} rows) and {ns.out}/eval.jsonl ({ns.num_eval} rows)")
     return 0
 

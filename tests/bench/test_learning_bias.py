@@ -52,3 +52,21 @@ def test_the_report_has_the_length_bias_line(tmp_path):
     assert rep["staleness"]["bias"]["len_ratio"] == pytest.approx(0.7) and rep["staleness"]["fully_masked_samples"] == 1
     line = next(ln for ln in format_report(tmp_path, rep).splitlines() if "length bias" in ln)
     assert "len_ratio 0.700" in line and "age_long 2.000" in line and "fully masked samples 1" in line
+
+
+def test_merge_can_time_another_target_from_the_runs_metrics(tmp_path):
+    import json
+
+    run_dir = tmp_path / "runs" / "sync-s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    curve = {"seed": 0, **learning.run_curve(_records(), target=0.9)}
+    assert curve["time_to_target_s"] is None
+    part = {"task": "chain", "target_accuracy": 0.9, "num_rollout": 2, "eval_interval": 2, "extra_flags": []}
+    part |= {"curves": {"sync": [curve]}, "argv": {"sync": [["--save", str(run_dir)]]}}
+    (tmp_path / "a.json").write_text(json.dumps(part))
+    merged = learning.merge_results([tmp_path / "a.json"], retarget=0.55)
+    assert merged["target_accuracy"] == 0.55 and merged["curves"]["sync"][0]["time_to_target_s"] == 6.0
+    with pytest.raises(ValueError, match="no metrics.jsonl"):
+        (run_dir / "metrics.jsonl").unlink()
+        learning.merge_results([tmp_path / "a.json"], retarget=0.55)

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `slime bench learning` on the GPU-sized addition chains (issue 30 item 4): responses of tens to ~1,550 tokens
+# (slime.data.chain.GPU_SIZE), a warm start made here by SFT, real SGLang, 2 seeds of sync, april and async.
+#
+#   source /tmp/slime-env.sh; bash scripts/gpu/bench_learning_longtail.sh        (one call, ~8 minutes)
+#
+# 1. scripts/gpu/make_longtail_warmstart.py: the task's JSONL and a ~24M-parameter Llama (character tokenizer,
+#    2,048 positions) fine-tuned by `slime train --loss-type sft_loss` on SFT_STEPS x 64 worked solutions
+#    (torch trainer on the GPU; bounded by SFT_LIMIT_S), into $WORK/warm/sft/model (reused on a warm machine).
+# 2. scripts/gpu/bench_learning_sglang.sh with that model: one SGLang server on $PORT shared by the runs, one
+#    process per mode (SEEDS=0,1 in each), the megatron trainer, the task's data and reward (--rm-type chain).
+# 3. The target: sync's mean final accuracy less TARGET_DROP (0.01) unless TARGET_FINAL is set; every run is
+#    timed against it (`slime bench learning --merge ... --retarget T`) into $OUT/learning_longtail/
+#    {learning.json, learning.txt, learning.png}; the table is printed, with the bias columns.
+#
+# Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (600), SFT_LIMIT_S (180), MODES (sync,april,async),
+# SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (110),
+# TRAIN_FLAGS (the megatron trainer), SMOKE=1 (the CPU check: a tiny model, 2 SFT steps, the embedded engine
+# and the torch trainer, tests/data/test_chain_longtail.py). Prints "bench_learning_longtail: PASSED" or FAILED.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+START=$(date +%s)
+OUT=${OUT:-/tmp/slime_gpu_out}
+WORK=${WORK:-/tmp/slime_gpu/longtail}
+PY=${PYTHON:-python3}
+DEADLINE_S=${DEADLINE_S:-560}
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/longtail.log"
+[ -d /tmp/sgl-site ] && export PYTHONPATH=$PWD:/tmp/site:/tmp/sgl-site
+
+sft_flags=()
+if [ "${SMOKE:-0}" = 1 ]; then  # the CPU check of the path: seconds, not a model that learns
+    sft_flags=(--steps 2 --batch-size 4 --micro-batch-size 2 --num-train 64 --hidden-size 32 --intermediate-size 64
+        --num-layers 1 --num-heads 2 --num-kv-heads 1 --threads 1)
+    export SERVER=none TRAIN_FLAGS="--rollout-batch-size 2 --n-samples-per-prompt 2 --global-batch-size 4
+        --num-eval-prompts 4 --rollout-max-response-len 24"
+fi
+if [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
+    rm -rf "$WORK/warm"
+    echo "=== $(date +%T) SFT warm start" | tee -a "$LOG"
+    timeout -k 10 "${SFT_LIMIT_S:-180}" "$PY" scripts/gpu/make_longtail_warmstart.py --out "$WORK/warm" \
+        --steps "${SFT_STEPS:-600}" "${sft_flags[@]}" > "$WORK/sft.log" 2>&1
+    rc=$?
+    grep -E '^step +[0-9]*0 |^done|^warm start|Error' "$WORK/sft.log" | tail -n 8 | tee -a "$LOG"
+    if [ "$rc" -ne 0 ] || [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
+        tail -n 30 "$WORK/sft.log" >> "$LOG"; echo "bench_learning_longtail: FAILED (SFT rc=$rc)" | tee -a "$LOG"; exit 1
+    fi
+fi
+cp "$WORK/sft.log" "$OUT/longtail_sft.log" 2>/dev/null
+
+D=$WORK/warm/data
+data_flags="--prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain --num-eval-prompts 200
+    --rollout-max-response-len 1600"
+[ "${SMOKE:-0}" = 1 ] && data_flags="--prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain"
+elapsed=$(( $(date +%s) - START ))
+# bench_learning_sglang.sh counts its deadline from its own start: what is left of ours
+MODEL="$WORK/warm/sft/model" SEEDS="${SEEDS:-0,1}" RUNS="$WORK/runs" PORT="${PORT:-30300}" \
+    NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
+    MODE_LIMIT_S="${MODE_LIMIT_S:-110}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
+    TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags" \
+    bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync,april,async}" 2>&1 | tee -a "$LOG"
+status=${PIPESTATUS[0]}
+
+files=$(ls "$WORK"/runs/*/learning.json 2>/dev/null)
+target=${TARGET_FINAL:-}
+if [ -z "$target" ]; then  # sync's mean final accuracy over its seeds, less the drop
+    target=$("$PY" -c 'import json, sys
+try:
+    runs = json.load(open(sys.argv[1]))["curves"]["sync"]
+    print(round(sum(r["final_accuracy"] for r in runs) / len(runs) - float(sys.argv[2]), 3))
+except (OSError, KeyError, ValueError, ZeroDivisionError):
+    pass' "$WORK/runs/sync/learning.json" "${TARGET_DROP:-0.01}")
+fi
+if [ -z "$files" ] || [ -z "$target" ]; then
+    echo "bench_learning_longtail: FAILED (no sync run to set the target from; $(( $(date +%s) - START ))s)" | tee -a "$LOG"
+    exit 1
+fi
+echo "=== target $target (sync's final less ${TARGET_DROP:-0.01})" | tee -a "$LOG"
+# shellcheck disable=SC2086  # one path a word
+"$PY" -m slime.cli bench learning --merge $files --retarget "$target" --out "$OUT/learning_longtail" 2>&1 | tee -a "$LOG"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "bench_learning_longtail: $([ "$status" -eq 0 ] && echo PASSED || echo FAILED) ($(( $(date +%s) - START ))s)" | tee -a "$LOG"
+exit "$status"
