@@ -12,7 +12,8 @@
 #   main-async       scripts/gpu/main_job_sglang.sh async (megatron eager, $STEPS steps, default 15)      [240]
 #   main-colocate    scripts/gpu/main_job_sglang.sh colocate (prints engine_memory_released_gib)          [260]
 #   ray-main         scripts/gpu/install_ray.sh, then main_job_sglang.sh colocate,ray-colocate: the same     [420]
-#                    run in launch mode and through --ray, side by side (accuracy, start-up time)
+#                    run in launch mode and through --ray, side by side (accuracy, start-up time;
+#                    RAY_MODES=ray-colocate: the Ray run alone)
 #   bench-trainer    scripts/gpu/bench_trainer.sh $BENCH_ARGS                                              [330]
 #   bench-kernels    scripts/gpu/bench_kernels.py $KERNEL_ARGS                                             [70]
 #   bench-fresh      bench_trainer.sh --fresh-data $FRESH_ARGS (new ragged data every step: the dense      [200]
@@ -68,7 +69,7 @@ run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller'
             bash scripts/gpu/main_job_sglang.sh colocate ;;
         ray-main) bash scripts/gpu/install_ray.sh || return 1
             SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$(((left - 60) / 2)) RAY_LIMIT=$(((left - 60) / 2)) \
-                FIRST_MODE_EXTRA=0 bash scripts/gpu/main_job_sglang.sh colocate,ray-colocate ;;
+                FIRST_MODE_EXTRA=0 bash scripts/gpu/main_job_sglang.sh ${RAY_MODES:-colocate,ray-colocate} ;;
         bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 7 --warmup 4} ;;
         bench-fresh) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh --fresh-data \
             ${FRESH_ARGS:---shapes qwen2-1.5b --backends transformers,megatron,megatron+varlen_attention} ;;

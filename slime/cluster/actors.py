@@ -31,8 +31,12 @@ import ray
 
 from slime.engines.fleet.lifeline import with_lifeline
 
-__all__ = ["Where", "ProcessActor", "ProcessActorRemote", "ACTOR_OPTIONS", "TAIL_LINES"]
+__all__ = ["Where", "ProcessActor", "ProcessActorRemote", "ACTOR_OPTIONS", "TAIL_LINES", "PORT_BASE"]
 
+PORT_BASE = 15000
+"""First port an actor offers (THUDM/slime's and our ``--base-port`` default)."""
+PORT_SPAN = 2000
+"""How far above ``PORT_BASE`` an actor looks for free ports."""
 TAIL_LINES = 40
 """Output lines of its child an actor keeps (``ProcessActor.tail``): the driver prints a trainer's last lines."""
 
@@ -59,19 +63,28 @@ class ProcessActor:
     def where(self) -> Where:
         return Where(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
 
-    def free_ports(self, count: int) -> list[int]:
-        """``count`` distinct ports free on this node now (bound and released: another process may take one
-        before our child binds it; the child then fails to start and is restarted like any dead engine)."""
-        socks = []
-        try:
-            for _ in range(count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind(("", 0))
-                socks.append(s)
-            return [s.getsockname()[1] for s in socks]
-        finally:
-            for s in socks:
-                s.close()
+    def free_ports(self, count: int, base: int = PORT_BASE) -> list[int]:
+        """``count`` distinct ports free on this node now, the first ones from ``base`` up (bound and released:
+        another process may take one before our child binds it; the child then fails to start and is restarted
+        like any dead engine). From a fixed base below the kernel's ephemeral range (32768-60999 on Linux), as
+        slime's ``--base-port``: a port the kernel hands out for a connection or an NCCL socket (port 0)
+        never collides with one held for a server that binds it only after loading its model.
+
+        Raises ``RuntimeError`` when fewer than ``count`` are free in ``base .. base + PORT_SPAN``.
+        """
+        found: list[int] = []
+        for port in range(base, base + PORT_SPAN):
+            if len(found) == count:
+                break
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("", port))
+                except OSError:
+                    continue
+            found.append(port)
+        if len(found) < count:
+            raise RuntimeError(f"{self.name}: only {len(found)} of {count} ports free in {base}-{base + PORT_SPAN}")
+        return found
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> int:
         """Start ``argv`` with the actor's environment updated by ``env``, in ``cwd`` (default: the actor's);

@@ -146,8 +146,7 @@ class ClusterRun:
         """Actors for every process, their ports, then every command (module docstring); each step asked of
         every actor at once, so a run of many processes starts in the time of its slowest actor."""
         self._spawn(list(self.table.processes))
-        asked = {p.name: self._ask_ports(p) for p in self.table.processes}
-        self._ports = {name: _ports_of(p, ray.get(ref) if ref is not None else []) for name, (p, ref) in asked.items()}
+        self._ports = self._ask_ports(list(self.table.processes))
         self._run(list(self.table.processes))
 
     def _spawn(self, processes: list[Process]) -> None:
@@ -194,10 +193,23 @@ class ClusterRun:
         created = ProcessActorRemote.options(scheduling_strategy=strategy, **ACTOR_OPTIONS, **options).remote(p.name)
         return cast("ActorHandle[ProcessActor]", created)  # ray types .options(...).remote() as handle | class
 
-    def _ask_ports(self, p: Process) -> tuple[Process, ObjectRef[list[int]] | None]:
-        """The request for ``p``'s free ports on its node (the planned ones say how many), None: it needs none."""
-        wanted = sum(x is not None for x in (p.port, p.dist_port))
-        return p, (self._live[p.name].actor.free_ports.remote(wanted) if wanted else None)
+    def _ask_ports(self, processes: list[Process]) -> dict[str, tuple[int | None, int | None]]:
+        """Each process's free ports on its node (the planned ones say how many): ONE request per node, to one
+        of its actors, so two processes of a node never get the same port; all nodes asked at once."""
+        wanted = {p.name: sum(x is not None for x in (p.port, p.dist_port)) for p in processes}
+        on_node: dict[int, list[Process]] = {}
+        for p in processes:
+            on_node.setdefault(p.node, []).append(p)
+        refs: dict[int, ObjectRef[list[int]]] = {
+            node: self._live[ps[0].name].actor.free_ports.remote(sum(wanted[p.name] for p in ps))
+            for node, ps in on_node.items()
+        }
+        ports: dict[str, tuple[int | None, int | None]] = {}
+        for node, ps in on_node.items():
+            free = iter(ray.get(refs[node]))
+            for p in ps:
+                ports[p.name] = _ports_of(p, [next(free) for _ in range(wanted[p.name])])
+        return ports
 
     def rendezvous(self, p: Process) -> Rendezvous:
         """``p``'s view of the run: its node IP and port, trainer rank 0's and its engine head's addresses."""
