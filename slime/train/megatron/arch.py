@@ -36,10 +36,12 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from slime.hf_checkpoint import check_hf_dir
+from slime.train.megatron.deepseek import MLAArch, deepseek_v3_fields
+from slime.train.megatron.deepseek_moe import SigmoidRouter
 
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4")
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
 
 
@@ -73,9 +75,11 @@ class ModelArch:
             0 = all of ``head_dim``). rope_interleaved: RoPE rotates adjacent channel pairs (GLM-4).
         post_norms: RMSNorm on the attention and MLP outputs before each residual add (GLM-4).
             These three: ``slime.train.megatron.glm``.
+        router: DeepSeek-style sigmoid routing with expert bias (None: softmax; ``deepseek_moe``).
+        mla: multi-latent attention's shape (None: grouped-query attention; ``deepseek``).
     """
 
-    family: Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4", "glm4_moe"]
+    family: Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe"]
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -99,6 +103,8 @@ class ModelArch:
     rotary_dim: int = 0
     rope_interleaved: bool = False
     post_norms: bool = False
+    router: SigmoidRouter | None = None
+    mla: MLAArch | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -153,6 +159,10 @@ class ModelArch:
             if self.num_query_groups % tp and tp % self.num_query_groups
             else "",
         ]
+        if self.mla is not None:  # its down projections are column-parallel too
+            problems += [f"q_lora_rank={self.mla.q_lora_rank}"] if self.mla.q_lora_rank % tp else []
+            down = self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+            problems += [f"kv_lora_rank + qk_rope_head_dim={down}"] if down % tp else []
         problems = [p for p in problems if p]
         if self.shared_expert_ffn_hidden_size % tp:
             problems.append(f"shared_expert_intermediate_size={self.shared_expert_ffn_hidden_size}")
@@ -175,6 +185,11 @@ class ModelArch:
                 f"the megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} decoders; this checkpoint is "
                 f"model_type={model_type!r} (architectures={arch_names})"
             )
+        if model_type == "deepseek_v3":
+            try:
+                return cls(**deepseek_v3_fields(config))
+            except ValueError as exc:
+                raise UnsupportedArchitecture(f"{arch_names}: {exc}") from exc
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
         head_dim = int(config.get("head_dim") or hidden // heads)

@@ -50,17 +50,18 @@ drops the padding again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypedDict
 
 import torch
 from torch import Tensor
 
 from slime.train.megatron.arch import ModelArch
+from slime.train.megatron.deepseek import DEEPSEEK_V3_HF_NAMES, mla_param_names
 from slime.train.megatron.glm import checkpoint_getter, to_checkpoint
 
 __all__ = [
-    "hf_to_mcore", "mcore_to_hf", "iter_mcore_to_hf", "mcore_names", "hf_names_for", "is_tensor_parallel", "is_expert",
+    "mcore_names", "hf_names_for", "is_tensor_parallel", "is_expert",
     "mcore_param_to_hf", "hf_to_mcore_param", "pipeline_stage", "stage_names", "Ranks",
 ]  # fmt: skip
 
@@ -70,7 +71,8 @@ HfGetter = Callable[[str], Tensor]
 
 def _layer_names(arch: ModelArch, i: int, ep_size: int) -> list[str]:
     pre = f"decoder.layers.{i}."
-    names = [pre + "input_layernorm.weight", pre + "self_attention.linear_qkv.weight"]
+    names = [pre + "input_layernorm.weight"]
+    names += mla_param_names(arch.mla, pre) if arch.mla else [pre + "self_attention.linear_qkv.weight"]
     if arch.qkv_bias:
         names.append(pre + "self_attention.linear_qkv.bias")
     if arch.qk_norm:
@@ -83,6 +85,7 @@ def _layer_names(arch: ModelArch, i: int, ep_size: int) -> list[str]:
         post = [pre + "mlp.post_layernorm.weight"] if arch.post_norms else []
         return names + [pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight", *post]
     names.append(pre + "mlp.router.weight")
+    names += [pre + "mlp.router.expert_bias"] if arch.router and arch.router.expert_bias else []  # a buffer (deepseek_moe)
     for j in range(arch.num_experts // ep_size):
         names += [
             pre + f"mlp.experts.local_experts.{j}.linear_fc1.weight",
@@ -194,11 +197,15 @@ def is_expert(name: str) -> bool:
     return _expert_parts(_split_name(name)[1]) is not None
 
 
-def hf_names_for(name: str, *, expert_offset: int = 0) -> tuple[str, ...]:
+_FAMILY_LAYER_MAPS: dict[str, Mapping[str, tuple[str, ...]]] = {"deepseek_v3": DEEPSEEK_V3_HF_NAMES}  # over _LAYER_MAP
+
+
+def hf_names_for(name: str, *, expert_offset: int = 0, family: str = "") -> tuple[str, ...]:
     """The HF tensors that make up megatron parameter ``name``, in fusion order.
 
     Args:
         expert_offset: global index of this rank's local expert 0 (``ep_rank * num_experts / ep_size``).
+        family: the model's ``ModelArch.family`` (DeepSeek-V3 names MLA and its shared experts its own way).
     """
     layer, rest = _split_name(name)
     expert = _expert_parts(rest)
@@ -211,9 +218,10 @@ def hf_names_for(name: str, *, expert_offset: int = 0) -> tuple[str, ...]:
         if rest not in _TOP_MAP:
             raise KeyError(f"no HF counterpart for megatron parameter {name!r}")
         return _TOP_MAP[rest]
-    if rest not in _LAYER_MAP:
+    table = {**_LAYER_MAP, **_FAMILY_LAYER_MAPS.get(family, {})}
+    if rest not in table:
         raise KeyError(f"no HF counterpart for megatron parameter {name!r}")
-    return tuple(f"model.layers.{layer}.{hf}" for hf in _LAYER_MAP[rest])
+    return tuple(f"model.layers.{layer}.{hf}" for hf in table[rest])
 
 
 def _kind(rest: str) -> str:
@@ -225,7 +233,9 @@ def _kind(rest: str) -> str:
         return "fc1"
     if rest == "self_attention.linear_proj.weight" or rest.endswith("linear_fc2.weight"):
         return "row"
-    return "replicated"  # norms, router, shared-expert gate
+    if rest.startswith(("self_attention.linear_q_", "self_attention.linear_kv_")):  # MLA: plain column-parallel
+        return "column"
+    return "replicated"  # norms, router (and its expert bias), shared-expert gate
 
 
 def is_tensor_parallel(name: str) -> bool:
@@ -267,9 +277,10 @@ def hf_to_mcore_param(
     if _expert_parts(rest) is not None:
         tp_size = tp_size if etp_size is None else etp_size
         tp_rank = tp_rank if etp_rank is None else etp_rank
-        hf = [get(n) for n in hf_names_for(name, expert_offset=ep_rank * (arch.num_experts // ep_size))]
+        offset = ep_rank * (arch.num_experts // ep_size)
+        hf = [get(n) for n in hf_names_for(name, expert_offset=offset, family=arch.family)]
     else:
-        hf = [get(n) for n in hf_names_for(name)]
+        hf = [get(n) for n in hf_names_for(name, family=arch.family)]
     kind = _kind(rest)
     if kind == "vocab":
         (w,) = hf
@@ -286,9 +297,9 @@ def hf_to_mcore_param(
     if kind == "fc1":
         gate, up = hf
         return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]], dim=0)
-    if kind == "row":
+    if kind in ("row", "column"):
         (w,) = hf
-        return w.chunk(tp_size, dim=1)[tp_rank].clone()
+        return w.chunk(tp_size, dim=1 if kind == "row" else 0)[tp_rank].clone()
     (w,) = hf
     return w.clone()
 
@@ -316,13 +327,14 @@ def _gather_to_hf(
     name: str, shards: Sequence[Tensor], arch: ModelArch, *, ep_size: int, ep_rank: int
 ) -> dict[str, Tensor]:
     """``mcore_param_to_hf`` in the Llama layout (before ``glm.to_checkpoint``)."""
-    hf_names = hf_names_for(name, expert_offset=ep_rank * (arch.num_experts // ep_size) if is_expert(name) else 0)
+    offset = ep_rank * (arch.num_experts // ep_size) if is_expert(name) else 0
+    hf_names = hf_names_for(name, expert_offset=offset, family=arch.family)
     _, rest = _split_name(name)
     kind = _kind(rest)
     if kind == "replicated":
         return {hf_names[0]: shards[0].clone()}
-    if kind == "row":
-        return {hf_names[0]: torch.cat(list(shards), dim=1)}
+    if kind in ("row", "column"):
+        return {hf_names[0]: torch.cat(list(shards), dim=1 if kind == "row" else 0)}
     if kind == "vocab":
         return {hf_names[0]: torch.cat(list(shards), dim=0)[: arch.vocab_size].clone()}
     if kind == "fc1":
@@ -337,60 +349,3 @@ def _gather_to_hf(
         hf_names[1]: k.reshape(g * d, *tail).clone(),
         hf_names[2]: v.reshape(g * d, *tail).clone(),
     }
-
-
-def hf_to_mcore(
-    hf_state: Mapping[str, Tensor], arch: ModelArch, *, tp_size: int = 1, tp_rank: int = 0,
-    ep_size: int = 1, ep_rank: int = 0, etp_size: int | None = None, etp_rank: int | None = None,
-) -> dict[str, Tensor]:  # fmt: skip
-    """The full megatron-core state dict of one rank (``mcore_names`` order); arguments as ``hf_to_mcore_param``."""
-    ranks = Ranks(
-        tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, etp_size=etp_size, etp_rank=etp_rank
-    )
-    return {
-        name: hf_to_mcore_param(name, hf_state.__getitem__, arch, **ranks)
-        for name in mcore_names(arch, ep_size=ep_size)
-    }
-
-
-def iter_mcore_to_hf(
-    shard_states: Sequence[Mapping[str, Tensor]],
-    arch: ModelArch,
-    *,
-    expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None,
-) -> Iterator[tuple[str, Tensor]]:
-    """HF tensors one megatron parameter at a time; arguments as ``mcore_to_hf``."""
-    experts = expert_shard_states if expert_shard_states is not None else [shard_states]
-    ep_size = len(experts)
-    for name in mcore_names(arch, ep_size=ep_size):
-        if is_expert(name):
-            for ep_rank, states in enumerate(experts):
-                yield from mcore_param_to_hf(
-                    name, [s[name] for s in states], arch, ep_size=ep_size, ep_rank=ep_rank
-                ).items()
-        else:
-            yield from mcore_param_to_hf(name, [s[name] for s in shard_states], arch).items()
-
-
-def mcore_to_hf(
-    shard_states: Sequence[Mapping[str, Tensor]],
-    arch: ModelArch,
-    *,
-    expert_shard_states: Sequence[Sequence[Mapping[str, Tensor]]] | None = None,
-) -> dict[str, Tensor]:
-    """Gather the state dicts of all TP ranks (rank order) into one HF state dict.
-
-    Args:
-        shard_states: one state dict per TP rank; every parameter but the routed experts' is read here.
-        arch: the model.
-        expert_shard_states: ``[ep_rank][etp_rank]`` state dicts holding the routed experts'
-            parameters (their local names); default ``[shard_states]`` (EP = 1, ETP = TP).
-
-    A tied model gets no ``lm_head.weight`` (HF ties it on load).
-
-    Raises:
-        ValueError: no state dicts given.
-    """
-    if not shard_states or (expert_shard_states is not None and not all(expert_shard_states)):
-        raise ValueError("mcore_to_hf: no shard state dicts given")
-    return dict(iter_mcore_to_hf(shard_states, arch, expert_shard_states=expert_shard_states))

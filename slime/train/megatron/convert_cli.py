@@ -38,7 +38,7 @@ from slime.hf_checkpoint import check_hf_dir
 from slime.train.checkpoint import TOKENIZER_FILES
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
-from slime.train.megatron.convert import iter_mcore_to_hf
+from slime.train.megatron.convert_state import iter_mcore_to_hf
 from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
 from slime.train.megatron.parallel import init_parallel
 from slime.train.megatron.weights import CONFIG_FILES, write_hf_dir

@@ -39,7 +39,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SigmoidRouter", "deepseek_moe_fields", "router_config_fields", "BIAS_UPDATE_RATE"]
+import torch
+from torch import Tensor
+
+__all__ = ["SigmoidRouter", "deepseek_moe_fields", "router_config_fields", "named_weights", "BIAS_UPDATE_RATE"]
 
 BIAS_UPDATE_RATE = 1e-3
 """megatron-core's default ``moe_router_bias_update_rate`` (bias step per optimizer step)."""
@@ -141,3 +144,15 @@ def router_config_fields(router: SigmoidRouter, *, bias_update_rate: float = BIA
         moe_router_enable_expert_bias=router.expert_bias,
         moe_router_bias_update_rate=bias_update_rate,
     )
+
+
+def named_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """``model``'s parameters and its routers' ``expert_bias`` buffers by name: what conversion and weight sync carry.
+
+    The bias is a buffer (no gradient; ``finalize_model_grads`` moves it), yet part of the model the
+    engine must serve: HF's ``mlp.gate.e_score_correction_bias``. The routers' token counts
+    (``local_tokens_per_expert``) are not weights and stay out.
+    """
+    out: dict[str, Tensor] = dict(model.named_parameters())
+    out.update((name, b) for name, b in model.named_buffers() if name.endswith(".router.expert_bias"))
+    return out

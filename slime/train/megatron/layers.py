@@ -266,7 +266,7 @@ class SDPACoreAttention(_MegatronModule):
             )
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention does not take an attention bias")
-        query, key = _rope_qk(query, key, p.rope_cos, p.rope_sin)
+        query, key = self._rotate(query, key, p)
         t, n, d = query.shape
         if p.cp_size > 1:
             return cp_attention(query, key, value, p, self.softmax_scale).reshape(t, n * d)
@@ -290,6 +290,11 @@ class SDPACoreAttention(_MegatronModule):
             )
             out[start:end] = o.squeeze(0).transpose(0, 1)
         return out.reshape(t, n * d)
+
+    def _rotate(self, query: Tensor, key: Tensor, p: PackedRoPEParams) -> tuple[Tensor, Tensor]:
+        """RoPE on query [t, n, d] and key [t, g, d] from the packed tables (``MLACoreAttention``: none, MLA did it)."""
+        assert p.rope_cos is not None and p.rope_sin is not None  # forward checked both
+        return _rope_qk(query, key, p.rope_cos, p.rope_sin)
 
     def _dense_plan(
         self, p: PackedRoPEParams, query: Tensor, key: Tensor

@@ -48,9 +48,11 @@ from slime.config import MegatronConfig
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch
 from slime.train.megatron.convert import Ranks, hf_to_mcore_param, stage_names
+from slime.train.megatron.deepseek_moe import named_weights, router_config_fields
 from slime.train.megatron.hf_reader import HFCheckpointReader
 from slime.train.megatron.layers import HiddenStatesOutput, RMSNorm, SDPACoreAttention, SwiGLUMLP, TorchGatingRouter
 from slime.train.megatron.linear import use_local_linears
+from slime.train.megatron.mla import mla_layer_spec
 from slime.train.megatron.post_norms import add_post_norms
 
 if TYPE_CHECKING:  # megatron-core ships no type information: these name its classes (mypy reads them as Any)
@@ -89,10 +91,11 @@ def transformer_config(
             that do not divide heads, widths or the expert count.
     """
     _check_parallel_sizes(arch, mcfg)
-    TransformerConfig = mcore("megatron.core.transformer.transformer_config").TransformerConfig
+    configs = mcore("megatron.core.transformer.transformer_config")
     dtype = params_dtype or (torch.bfloat16 if mcfg.bf16 else torch.float32)
-    return TransformerConfig(
+    return (configs.MLATransformerConfig if arch.mla else configs.TransformerConfig)(
         **_model_fields(arch),
+        **(arch.mla.config_fields(arch.rope_theta) if arch.mla else {}),  # slime.train.megatron.deepseek
         **_parallel_fields(arch, mcfg),
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
@@ -177,8 +180,11 @@ def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, object]:
         num_moe_experts=arch.num_experts,
         moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
         moe_router_topk=arch.moe_router_topk,
-        moe_router_score_function="softmax",
-        moe_router_pre_softmax=not arch.norm_topk_prob,
+        **(  # DeepSeek-style sigmoid routing (slime.train.megatron.deepseek_moe), else HF's softmax
+            router_config_fields(arch.router)
+            if arch.router
+            else dict(moe_router_score_function="softmax", moe_router_pre_softmax=not arch.norm_topk_prob)
+        ),
         moe_router_dtype="fp32",
         moe_layer_freq=arch.moe_layer_freq,
         moe_shared_expert_intermediate_size=arch.shared_expert_ffn_hidden_size or None,
@@ -229,9 +235,10 @@ def build_gpt_model(arch: ModelArch, config: TransformerConfig, *, tp_size: int,
     """
     gpt = mcore("megatron.core.models.gpt")
     TransformerBlockSubmodules = mcore("megatron.core.transformer.transformer_block").TransformerBlockSubmodules
-    specs = {False: layer_spec(), True: layer_spec(num_experts=arch.num_experts) if arch.is_moe else None}
+    spec_of = mla_layer_spec if arch.mla else layer_spec
+    specs = {False: spec_of(), True: spec_of(num_experts=arch.num_experts) if arch.is_moe else None}
     for spec in specs.values():
-        if spec is not None and not arch.qk_norm:
+        if spec is not None and not arch.qk_norm and not arch.mla:
             spec.submodules.self_attention.submodules.q_layernorm = None
             spec.submodules.self_attention.submodules.k_layernorm = None
     moe_layers = arch.moe_layers or (False,) * arch.num_layers
@@ -362,7 +369,7 @@ def load_hf_weights(
         KeyError: an HF tensor is missing. RuntimeError: the model's parameter set or a shape
             differs from what the conversion produces.
     """
-    params = dict(model.named_parameters())
+    params = named_weights(model)  # with the routers' expert bias (DeepSeek-style MoE)
     names = stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size)  # local -> global
     expected = list(names)
     missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))

@@ -40,6 +40,7 @@ from slime.train.megatron.convert import (
     pipeline_stage,
     stage_names,
 )
+from slime.train.megatron.deepseek_moe import named_weights
 from slime.train.megatron.parallel import ParallelContext
 
 __all__ = ["iter_hf_weights", "write_hf_dir", "unwrap"]
@@ -70,7 +71,7 @@ def iter_hf_weights(
         ctx: ``ParallelContext`` (rank, tp size/rank/group, dp rank, cp rank, pp size/rank/group;
             ep/etp sizes, expert dp rank and expert group for MoE models).
     """
-    params = dict(unwrap(model).named_parameters())
+    params = named_weights(unwrap(model))  # with the routers' expert bias, which the engine serves too
     ep_size = getattr(ctx, "ep_size", 1)
     pp_size, pp_rank = getattr(ctx, "pp_size", 1), getattr(ctx, "pp_rank", 0)
     local_name = {

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from slime.config import MegatronConfig, TrainConfig
 from slime.train.megatron.arch import ModelArch, load_hf_config
-from slime.train.megatron.convert import hf_to_mcore, mcore_names, mcore_to_hf
+from slime.train.megatron.convert import mcore_names
+from slime.train.megatron.convert_state import hf_to_mcore, mcore_to_hf
 from slime.train.megatron.glm import rope_permutation
 
 GLM_FAMILIES = ["glm4"]

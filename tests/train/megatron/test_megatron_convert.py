@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from slime.train.megatron.arch import ModelArch, UnsupportedArchitecture, load_hf_config
-from slime.train.megatron.convert import hf_to_mcore, mcore_names, mcore_to_hf
+from slime.train.megatron.convert import mcore_names
+from slime.train.megatron.convert_state import hf_to_mcore, mcore_to_hf
 from tests.train.megatron.conftest import _free_port
 
 FAMILIES = ["llama", "qwen2", "qwen3"]

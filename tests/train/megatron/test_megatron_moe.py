@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from slime.config import MegatronConfig, TrainConfig
 from slime.train.megatron.arch import ModelArch, UnsupportedArchitecture, load_hf_config
-from slime.train.megatron.convert import hf_to_mcore, is_expert, mcore_names, mcore_to_hf
+from slime.train.megatron.convert import is_expert, mcore_names
+from slime.train.megatron.convert_state import hf_to_mcore, mcore_to_hf
 
 MOE_FAMILIES = ["qwen3_moe", "qwen2_moe"]
 CPU_MOE = MegatronConfig(moe_token_dispatcher_type="allgather")
