@@ -97,3 +97,8 @@ def test_slime_rollout_ends_saying_nothing_trained(tmp_path, capsys):
     assert main([*argv, "--num-eval-prompts", "4", "--save", str(tmp_path / "run"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "| rollout only, step" in out and "nothing trained (rollout only)" in out and "loss" not in out
+    from slime.loop.record import load_rollout_record
+
+    # kept by default (issue 31): JSON lines in the run folder, read back by the project's own loader
+    kept = load_rollout_record(str(tmp_path / "run" / "rollouts" / "rollout_{rollout_id}.jsonl"), 1)
+    assert len(kept.groups) == 2 and all(len(g.samples) == 2 for g in kept.groups)

@@ -19,7 +19,9 @@ class DebugConfig(msgspec.Struct, **STRUCT):
 
     save_debug_rollout_data: str | None = None
     """Write each step's groups, as taken for training (before staleness masking), to this template
-    (``--save-debug-rollout-data``): msgpack of ``slime.loop.record.RolloutRecord``."""
+    (``--save-debug-rollout-data``): a ``slime.loop.record.RolloutRecord`` in the format of the suffix
+    (``.jsonl`` JSON lines, ``.pt`` a torch file, else msgpack; ``slime.loop.record.FORMATS``); a rollout-only
+    run without it keeps them in ``RUN_DIR/rollouts/rollout_{rollout_id}.jsonl``."""
     load_debug_rollout_data: str | None = None
     """Train on recorded groups, step by step, with no engine (``--load-debug-rollout-data``; implies
     ``debug_train_only``)."""

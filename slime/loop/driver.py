@@ -67,7 +67,9 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     config.check_run_modes()
     # before the trainer is built: its lr schedule spans the run's optimizer steps
     config = msgspec.structs.replace(config, train=_lr_scheduled(config.train, config.loop, config.rollout))
-    plan = run_plan(config.debug, config.rollout, config.train, config.engine, config.sync, seed=config.seed)
+    plan = run_plan(
+        config.debug, config.rollout, config.train, config.engine, config.sync, seed=config.seed, run_dir=config.run_dir
+    )
     # before the run folder and engines: only rank 0 builds them, the other ranks serve its train steps
     if await megatron_rank_served(
         config.train, plan, resumes=bool(config.save_interval or config.load), kwargs=config.trainer_kwargs()

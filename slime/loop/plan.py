@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Literal
 
 from slime.config import DebugConfig, EngineConfig, RolloutConfig, SyncConfig, TrainConfig
@@ -51,12 +52,26 @@ class RunPlan:
 
 
 def run_plan(
-    debug: DebugConfig, rollout: RolloutConfig, train: TrainConfig, engine: EngineConfig, sync: SyncConfig, *, seed: int
+    debug: DebugConfig,
+    rollout: RolloutConfig,
+    train: TrainConfig,
+    engine: EngineConfig,
+    sync: SyncConfig,
+    *,
+    seed: int,
+    run_dir: str | None = None,
 ) -> RunPlan:
-    """The run's ``RunPlan``; warns when a rollout-only run keeps no rollouts."""
+    """The run's ``RunPlan``. A rollout-only run without ``--save-debug-rollout-data`` keeps its groups in
+    ``run_dir/rollouts/rollout_{rollout_id}.jsonl`` (``slime.loop.record``; one line says where), or, with no
+    ``run_dir``, warns that they are not kept."""
     rollout_only, train_only = debug.debug_rollout_only, debug.train_only
-    if rollout_only and not debug.save_debug_rollout_data:
-        log.warning("--debug-rollout-only without --save-debug-rollout-data: the rollouts are not kept (metrics only)")
+    record_template = debug.save_debug_rollout_data
+    if rollout_only and not record_template:
+        if run_dir is None:
+            log.warning("--debug-rollout-only without --save-debug-rollout-data: the rollouts are not kept")
+        else:
+            record_template = str(Path(run_dir) / "rollouts" / "rollout_{rollout_id}.jsonl")
+            log.info("rollouts kept in %s (JSON lines, one group a line; slime.loop.record)", record_template)
     scheduler: SchedulerKind = (
         "replay" if train_only else "rollout_function" if rollout.uses_rollout_function else "generate"
     )
@@ -70,5 +85,5 @@ def run_plan(
         opd_teacher=engine.opd_teacher_load if train.use_opd else None,
         seed=seed,
         replay_template=debug.load_debug_rollout_data,
-        record_template=debug.save_debug_rollout_data,
+        record_template=record_template,
     )

@@ -2,9 +2,20 @@
 
 Recording: right after the scheduler hands a step's groups to the driver (before staleness
 masking), they are written whole (every token, logprob, version, loss mask, reward, status and
-evidence) as msgpack of ``RolloutRecord`` to the path template filled with ``rollout_id`` (the
-1-based step number). Example: ``runs/x/rollout_{rollout_id}.msgpack`` -> ``runs/x/rollout_1.msgpack``.
-A record is written atomically (temporary file, then rename).
+evidence) to the path template filled with ``rollout_id`` (the 1-based step number), in the format its
+suffix names (``FORMATS``):
+
+- ``.jsonl``: one JSON line per group, ``{"rollout_id": 1, "policy_version": 0, "group": {...}}`` (the
+  ``Group`` and its ``Sample`` fields as in ``slime.types``); ``jq`` or ``pandas.read_json(lines=True)``
+  reads it too. ``slime rollout`` (any ``--debug-rollout-only`` run) without ``--save-debug-rollout-data``
+  keeps its groups this way, in ``RUN_DIR/rollouts/rollout_{rollout_id}.jsonl``.
+- ``.pt`` (THUDM/slime's suffix): a real ``torch.save`` file of the record as plain dicts and lists, so
+  ``torch.load(path, weights_only=True)`` reads it.
+- anything else (``.msgpack``): msgpack of ``RolloutRecord``, the smallest and fastest.
+
+Example: ``runs/x/rollout_{rollout_id}.msgpack`` -> ``runs/x/rollout_1.msgpack``. ``load_rollout_record``
+reads each format back into the same ``RolloutRecord``. A record is written atomically (temporary file, then
+rename).
 
 Replay (a train-only run): ``ReplayScheduler`` stands in for ``Scheduler`` in ``run_step`` and hands
 out step k's recorded groups, through a ``DataBuffer`` so that the trained-once check still holds,
@@ -35,6 +46,7 @@ from slime.types import Group
 
 __all__ = [
     "RolloutRecord",
+    "FORMATS",
     "record_path",
     "save_rollout_record",
     "load_rollout_record",
@@ -57,16 +69,46 @@ def record_path(template: str, rollout_id: int) -> Path:
     return Path(template.format(rollout_id=rollout_id))
 
 
+FORMATS = {".jsonl": "JSON lines, one group a line", ".pt": "torch.save of plain dicts", "": "msgpack"}
+"""The record formats by the template's suffix (the module docstring); any other suffix is msgpack."""
+
+
 def save_rollout_record(template: str, rollout_id: int, groups: list[Group], *, policy_version: int) -> Path:
-    """Write one step's groups; returns the file written."""
+    """Write one step's groups in the format of the template's suffix (``FORMATS``); returns the file written."""
     path = record_path(template, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        msgspec.msgpack.encode(RolloutRecord(rollout_id=rollout_id, policy_version=policy_version, groups=groups))
-    )
+    record = RolloutRecord(rollout_id=rollout_id, policy_version=policy_version, groups=groups)
+    if path.suffix == ".jsonl":
+        head = {"rollout_id": rollout_id, "policy_version": policy_version}
+        tmp.write_bytes(b"".join(msgspec.json.encode({**head, "group": g}) + b"\n" for g in groups))
+    elif path.suffix == ".pt":
+        import torch
+
+        torch.save(msgspec.to_builtins(record), tmp)
+    else:
+        tmp.write_bytes(msgspec.msgpack.encode(record))
     os.replace(tmp, path)
     return path
+
+
+def _decode(path: Path) -> RolloutRecord:
+    """The record in ``path``, by its suffix (``FORMATS``). Raises msgspec's errors, ``ValueError``, ``RuntimeError``
+    (torch's unpickling) on a file that is not one."""
+    if path.suffix == ".jsonl":
+        lines = [msgspec.json.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
+        heads = {(line["rollout_id"], line["policy_version"]) for line in lines}
+        if len(heads) != 1:  # an empty step has no line at all: nothing says which step it was
+            raise ValueError(f"{len(heads)} different (rollout_id, policy_version) in one file")
+        (rollout_id, policy_version), groups = heads.pop(), [line["group"] for line in lines]
+        return msgspec.convert(
+            {"rollout_id": rollout_id, "policy_version": policy_version, "groups": groups}, RolloutRecord
+        )
+    if path.suffix == ".pt":
+        import torch
+
+        return msgspec.convert(torch.load(path, weights_only=True), RolloutRecord)
+    return msgspec.msgpack.decode(path.read_bytes(), type=RolloutRecord)
 
 
 def load_rollout_record(template: str, rollout_id: int) -> RolloutRecord:
@@ -79,8 +121,8 @@ def load_rollout_record(template: str, rollout_id: int) -> RolloutRecord:
     if not path.is_file():
         raise DataError(f"{path}: no rollout record for step {rollout_id} (--load-debug-rollout-data={template})")
     try:
-        record = msgspec.msgpack.decode(path.read_bytes(), type=RolloutRecord)
-    except msgspec.DecodeError as exc:
+        record = _decode(path)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise DataError(f"{path}: not a rollout record ({exc}) (--load-debug-rollout-data)") from None
     if record.rollout_id != rollout_id:
         raise DataError(f"{path}: holds rollout {record.rollout_id}, expected {rollout_id} (--load-debug-rollout-data)")
