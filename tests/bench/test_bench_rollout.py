@@ -66,6 +66,25 @@ def test_bench_rollout_writes_every_mode_with_sane_numbers(tmp_path):
     assert sync["requests_issued"] == 2 * 32 * 8 and sync["aborted_samples"] == 0 and sync["wasted_tokens"] == 0
     assert sync["off_policy_token_fraction"] == 0.0 and sync["speedup_vs_sync"] == 1.0
     assert png.stat().st_size > 1000
+    # a short run is off the standard workload: its speedup targets are not applicable, never MISSED (issue 31)
+    speedup = results["targets"]["april.speedup_vs_sync"]
+    assert speedup["met"] is None and speedup["not_applicable"].startswith("off the standard workload: --steps 2")
+    assert results["targets"]["sync.client_cpu_ms_per_request"]["met"] is not None  # holds for any workload
+
+
+def test_off_the_standard_workload_the_table_says_not_applicable_instead_of_missed():
+    from slime.bench.rollout_table import check_targets, format_table, off_standard
+    from slime.bench.workload import Workload
+
+    results = {"modes": {"april": {"speedup_vs_sync": 1.2, "lag_histogram": {0: 1}}}}
+    assert off_standard(Workload()) is None and off_standard(Workload(seed=7)) is None
+    assert off_standard(Workload(steps=2, time_scale=9.0), real_engine=True) == "--steps 2 (standard 10)"
+    results["targets"] = check_targets(results, off_workload=off_standard(Workload(steps=2)))
+    table = format_table(results)
+    assert "target april.speedup_vs_sync >= 1.8: measured 1.2 -> n/a (off the standard workload: --steps 2" in table
+    assert "MISSED" not in table
+    results["targets"] = check_targets(results)  # the standard workload: the target holds
+    assert "target april.speedup_vs_sync >= 1.8: measured 1.2 -> MISSED" in format_table(results)
 
 
 def test_bench_rollout_rejects_an_unknown_mode():
