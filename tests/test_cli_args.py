@@ -105,6 +105,7 @@ PINNED = {
     "--moe-token-dispatcher-type",
     "--moe-router-load-balancing-type",
     "--moe-aux-loss-coeff",
+    "--moe-router-bias-update-rate",
     "--moe-expert-capacity-factor",
     "--sequence-parallel",
     "--use-dynamic-batch-size",

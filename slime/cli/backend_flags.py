@@ -40,6 +40,7 @@ MEGATRON_ONLY: dict[str, str] = {
     "--moe-router-load-balancing-type": "the torch backend trains no load-balancing loss",
     "--moe-aux-loss-coeff": "the torch backend trains no load-balancing loss; only 0 is accepted",
     "--moe-expert-capacity-factor": "the torch backend is dropless (every token reaches its experts)",
+    "--moe-router-bias-update-rate": "the torch backend keeps the HF router's e_score_correction_bias as loaded (a rate of 0)",
 }
 """Megatron backend flags the torch backend does not read, with what that means there."""
 

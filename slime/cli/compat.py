@@ -23,59 +23,19 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime.cli.compat_facts import MISSING as _MISSING
+from slime.cli.compat_facts import UNUSED as _UNUSED
+from slime.cli.compat_facts import Checked, Fact, HFConfig, NoOp
+from slime.cli.compat_facts import key as _key
+from slime.cli.compat_moe import MOE_MLA_FLAGS
 from slime.errors import ConfigError
 
 __all__ = ["COMPAT_FLAGS", "Checked", "NoOp", "add_compat_flags", "check_compat_flags"]
 
 log = logging.getLogger(__name__)
-
-_MISSING = object()
-
-HFConfig = dict[str, Any]
-"""A model's HF ``config.json`` (its ``text_config`` merged in): JSON, so its values are ``Any``."""
-Fact = tuple[str, Any, object]
-"""``(key, raw, value)`` of one fact of an ``HFConfig``: the key that holds it, its JSON value there, and that
-value in the flag's terms (``_MISSING`` when the config does not say)."""
-
-
-@dataclass(frozen=True)
-class Checked:
-    """An architecture flag checked against the HF config.
-
-    ``hf_value(hf)`` returns ``(key, raw, value)``: the HF ``config.json`` key that holds the fact, its
-    value there, and that value in the flag's terms (``_MISSING`` when the config does not say:
-    logged, not an error).
-    """
-
-    hf_value: Callable[[HFConfig], Fact]
-    kwargs: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class NoOp:
-    """Accepted and logged once with ``reason``; a value outside ``allowed`` (when set) is an error."""
-
-    reason: str
-    kwargs: dict[str, Any]
-    allowed: tuple[Any, ...] | None = None
-
-
-def _key(
-    *keys: str, default: object = _MISSING, convert: Callable[[Any], object] = lambda v: v
-) -> Callable[[HFConfig], Fact]:
-    """The first of ``keys`` present in the HF config, converted; else ``default`` under ``keys[0]``."""
-
-    def get(hf: HFConfig) -> Fact:
-        for k in keys:
-            if k in hf and hf[k] is not None:
-                return k, hf[k], convert(hf[k])
-        return keys[0], "absent", default
-
-    return get
 
 
 def _rope_theta(hf: HFConfig) -> Fact:
@@ -107,6 +67,8 @@ def _normalization(hf: HFConfig) -> Fact:
 
 
 def _head_dim(hf: HFConfig) -> Fact:
+    if hf.get("kv_lora_rank"):  # multi-latent attention: head widths are --qk-head-dim / --v-head-dim
+        return "kv_lora_rank", hf["kv_lora_rank"], _UNUSED
     if hf.get("head_dim"):
         return "head_dim", hf["head_dim"], int(hf["head_dim"])
     if "hidden_size" in hf and "num_attention_heads" in hf:
@@ -161,6 +123,8 @@ def _model_type_in(types: frozenset[str]) -> Callable[[HFConfig], Fact]:
 
 
 def _qk_norm(hf: HFConfig) -> Fact:
+    if hf.get("kv_lora_rank"):  # multi-latent attention: --qk-layernorm is the norm of its q / kv latents
+        return "kv_lora_rank", hf["kv_lora_rank"], True
     for k in ("use_qk_norm", "qk_layernorm"):
         if k in hf:
             return k, hf[k], bool(hf[k])
@@ -169,6 +133,8 @@ def _qk_norm(hf: HFConfig) -> Fact:
 
 
 def _qkv_bias(hf: HFConfig) -> Fact:
+    if hf.get("kv_lora_rank") and not hf.get("attention_bias"):  # megatron's MLA has no q/k/v bias to add
+        return "attention_bias", hf.get("attention_bias", "absent"), _UNUSED
     if hf.get("model_type") in _QKV_BIAS_TYPES:
         return "model_type", hf["model_type"], True
     return "attention_bias", hf.get("attention_bias", "absent"), bool(hf.get("attention_bias", False))
@@ -219,10 +185,6 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
         "the layer spec follows the HF config's model_type (slime/train/megatron/arch.py)",
         dict(nargs=2, metavar=("MODULE", "FUNCTION")),
     ),
-    "--moe-layer-freq": NoOp(
-        "which layers are MoE layers is read from the HF config (decoder_sparse_step, mlp_only_layers)", dict()
-    ),
-    "--moe-router-score-function": NoOp("routing is HF's softmax over the router logits", dict(), allowed=("softmax",)),
     "--moe-router-dtype": NoOp(
         "the router gate runs in fp32 (slime/train/megatron/layers.py)", dict(), allowed=("fp32",)
     ),
@@ -286,6 +248,7 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
         "wandb reads WANDB_API_KEY from the environment (a key on the command line shows in ps)", dict()
     ),
     "--wandb-run-id": NoOp("W&B names the run itself; the run directory (--save) is in its config", dict()),
+    **MOE_MLA_FLAGS,  # routing, MoE layout and multi-latent attention (slime.cli.compat_moe)
 }
 """Every accepted THUDM/slime flag that is not in ``slime.cli.args.FLAGS``, with its fate."""
 
@@ -345,6 +308,8 @@ def check_compat_flags(ns: argparse.Namespace, hf_checkpoint: str | None) -> Non
                 raise ConfigError(f"{path}: cannot check {flag}: {type(exc).__name__}: {exc}") from None
             if expected is _MISSING:
                 log.warning("%s%s: not checked: %s has no %s", flag, shown, path, key)
+            elif expected is _UNUSED:
+                log.info("%s%s: checked: not used by this model (%s = %s in %s)", flag, shown, key, raw, path)
             elif not _same(value, expected):
                 raise ConfigError(f"{flag}{shown} disagrees with {path}: {key} = {raw}{_implies(flag, expected)}")
             else:

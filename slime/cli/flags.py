@@ -329,7 +329,11 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "--moe-router-load-balancing-type": (
         "train.megatron.moe_router_load_balancing_type",
-        dict(choices=["aux_loss", "none"]),
+        dict(choices=["aux_loss", "seq_aux_loss", "none"]),
+    ),
+    "--moe-router-bias-update-rate": (
+        "train.megatron.moe_router_bias_update_rate",
+        dict(type=float, help="expert-bias step per optimizer step (sigmoid routers; 0: frozen)"),
     ),
     "--moe-aux-loss-coeff": (
         "train.megatron.moe_aux_loss_coeff",

@@ -42,14 +42,21 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
     """How routed tokens reach the expert-parallel rank holding their expert
     (``--moe-token-dispatcher-type``): all-to-all of only the routed tokens, or an all-gather of
     every token (megatron-core's two dispatchers that run without Transformer Engine)."""
-    moe_router_load_balancing_type: Literal["aux_loss", "none"] = "aux_loss"
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     """Load-balancing loss added to the router's gradient (``--moe-router-load-balancing-type``):
     Switch Transformer's (arXiv 2101.03961) over each micro-batch, or "none". Takes effect only
-    with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way. (megatron's
-    "seq_aux_loss" is left out: on slime's packed micro-batches it would see one sequence.)"""
+    with ``moe_aux_loss_coeff`` > 0; the unscaled value is logged either way. megatron's
+    "seq_aux_loss" (slime's DeepSeek / GLM model scripts, with ``--moe-aux-loss-coeff 0``) is accepted
+    with a coefficient of 0 only, where it trains nothing and the micro-batch loss is logged: on slime's
+    packed micro-batches a per-sequence loss would see one sequence."""
     moe_aux_loss_coeff: Annotated[float, Range(ge=0)] = 0.0
     """Weight of the load-balancing loss (``--moe-aux-loss-coeff``); 0 = not trained, only logged.
     Averaged over the optimizer step's tokens, as the RL loss is."""
+    moe_router_bias_update_rate: Annotated[float, Range(ge=0)] = 1e-3
+    """Step of the DeepSeek-style expert-bias update per optimizer step (``--moe-router-bias-update-rate``;
+    megatron's default; 0 keeps the checkpoint's ``e_score_correction_bias``, as slime's DeepSeek-V3,
+    Kimi-K2 and GLM-4.5 scripts do). Only sigmoid routers with an expert bias have one
+    (``slime.train.megatron.deepseek_moe``)."""
     moe_expert_capacity_factor: Annotated[float, Range(gt=0, note=", or unset (dropless)")] | None = None
     """Expert capacity, in multiples of the even share ``tokens * topk / num_experts``
     (``--moe-expert-capacity-factor``); tokens over capacity are dropped (lowest routing
@@ -126,6 +133,12 @@ class MegatronConfig(msgspec.Struct, **STRUCT):
                     "--lr-warmup-fraction with --lr-warmup-iters",
                     f"{m.lr_warmup_fraction} and {m.lr_warmup_iters}",
                     "one of them (as in Megatron)",
+                ),
+                (
+                    m.moe_router_load_balancing_type != "seq_aux_loss" or m.moe_aux_loss_coeff == 0,
+                    "--moe-router-load-balancing-type seq_aux_loss with --moe-aux-loss-coeff",
+                    m.moe_aux_loss_coeff,
+                    "aux_loss (per micro-batch) for a trained balancing loss, or a coefficient of 0",
                 ),
             ]
         )

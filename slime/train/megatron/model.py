@@ -181,7 +181,7 @@ def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, object]:
         moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
         moe_router_topk=arch.moe_router_topk,
         **(  # DeepSeek-style sigmoid routing (slime.train.megatron.deepseek_moe), else HF's softmax
-            router_config_fields(arch.router)
+            router_config_fields(arch.router, bias_update_rate=mcfg.moe_router_bias_update_rate)
             if arch.router
             else dict(moe_router_score_function="softmax", moe_router_pre_softmax=not arch.norm_topk_prob)
         ),
@@ -191,7 +191,8 @@ def _moe_config(arch: ModelArch, mcfg: MegatronConfig) -> dict[str, object]:
         moe_shared_expert_gate=arch.shared_expert_gate,
         moe_grouped_gemm=False,
         moe_token_dispatcher_type=mcfg.moe_token_dispatcher_type,
-        moe_router_load_balancing_type=mcfg.moe_router_load_balancing_type,
+        # seq_aux_loss comes with a coefficient of 0 (MegatronConfig.validate): the micro-batch loss is logged
+        moe_router_load_balancing_type=mcfg.moe_router_load_balancing_type.replace("seq_aux_loss", "aux_loss"),
         moe_aux_loss_coeff=mcfg.moe_aux_loss_coeff if mcfg.moe_router_load_balancing_type != "none" else 0.0,
         moe_expert_capacity_factor=mcfg.moe_expert_capacity_factor,
         moe_token_drop_policy="probs",
