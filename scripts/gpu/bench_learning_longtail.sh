@@ -32,8 +32,9 @@ sft_flags=()
 if [ "${SMOKE:-0}" = 1 ]; then  # the CPU check of the path: seconds, not a model that learns
     sft_flags=(--steps 2 --batch-size 4 --micro-batch-size 2 --num-train 64 --hidden-size 32 --intermediate-size 64
         --num-layers 1 --num-heads 2 --num-kv-heads 1 --threads 1)
-    export SERVER=none TRAIN_FLAGS="--rollout-batch-size 2 --n-samples-per-prompt 2 --global-batch-size 4
-        --num-eval-prompts 4 --rollout-max-response-len 24"
+    # one line each: bench_learning_sglang.sh reads TRAIN_FLAGS' first line only
+    export SERVER=none
+    TRAIN_FLAGS="--rollout-batch-size 2 --n-samples-per-prompt 2 --global-batch-size 4 --num-eval-prompts 4"
 fi
 if [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
     rm -rf "$WORK/warm"
@@ -49,15 +50,15 @@ fi
 cp "$WORK/sft.log" "$OUT/longtail_sft.log" 2>/dev/null
 
 D=$WORK/warm/data
-data_flags="--prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain --num-eval-prompts 200
-    --rollout-max-response-len 1600"
-[ "${SMOKE:-0}" = 1 ] && data_flags="--prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain"
+data_flags="--hf-checkpoint $WORK/warm/sft/model --prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain"
+response_len=1600
+[ "${SMOKE:-0}" = 1 ] && response_len=24
 elapsed=$(( $(date +%s) - START ))
 # bench_learning_sglang.sh counts its deadline from its own start: what is left of ours
 MODEL="$WORK/warm/sft/model" SEEDS="${SEEDS:-0,1}" RUNS="$WORK/runs" PORT="${PORT:-30300}" \
     NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
     MODE_LIMIT_S="${MODE_LIMIT_S:-110}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
-    TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags" \
+    TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len" \
     bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync,april,async}" 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
 
