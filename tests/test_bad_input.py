@@ -345,20 +345,6 @@ def test_slime_errors_raised_inside_task_groups_are_reported_as_one_line():
     assert isinstance(first_slime_error(ExceptionGroup("g", [ConfigError("c")])), ConfigError)
 
 
-def test_resuming_a_run_made_with_other_data_says_so(tmp_path, caplog):
-    import msgspec
-
-    from slime.cli.preflight import _warn_if_resuming_another_setup
-
-    parse = lambda *a: config_from_args(build_parser().parse_args(list(a)))  # noqa: E731
-    old = parse("--rm-type", "arith", "--prompt-data", "a.jsonl", "--save", str(tmp_path))
-    (tmp_path / "config.json").write_text(msgspec.json.encode(old).decode())
-    _warn_if_resuming_another_setup(parse("--rm-type", "arith", "--prompt-data", "a.jsonl", "--load", str(tmp_path)))
-    assert "other settings" not in caplog.text
-    _warn_if_resuming_another_setup(parse("--rm-type", "arith", "--prompt-data", "b.jsonl", "--load", str(tmp_path)))
-    assert "resuming a run made with other settings: --prompt-data 'a.jsonl' -> 'b.jsonl'" in caplog.text
-
-
 def test_slime_rollout_names_itself_in_its_errors(capsys):
     from slime.cli import main
 

@@ -28,34 +28,6 @@ DEFAULT_CHECKPOINTS = {
 """The shipped warm start of each built-in task (``--builtin-task``), used without ``--hf-checkpoint``."""
 
 
-def _warn_if_resuming_another_setup(config: Config) -> None:
-    """``--load`` of a run made with other data, model or loss: allowed (e.g. a new data mix), but said."""
-    import msgspec
-
-    if config.load is None:  # no --load: nothing to compare with
-        return
-    saved_path = Path(config.load) / "config.json"
-    try:
-        saved = json.loads(saved_path.read_text())
-    except (OSError, ValueError):
-        return
-    now = msgspec.to_builtins(config)
-    fields = [
-        ("data", "prompt_data", "--prompt-data"),
-        ("engine", "hf_checkpoint", "--hf-checkpoint"),
-        ("train", "loss_type", "--loss-type"),
-    ]
-    changed = [
-        f"{flag} {saved.get(sec, {}).get(key)!r} -> {now[sec][key]!r}"
-        for sec, key, flag in fields
-        if sec in saved and key in saved[sec] and saved[sec][key] != now[sec][key]
-    ]
-    if changed:
-        logging.getLogger("slime.cli").warning(
-            "--load %s: resuming a run made with other settings: %s", config.load, "; ".join(changed)
-        )
-
-
 def check_run_dir(config: Config) -> None:
     """Refuse a run folder another live run holds (``slime.loop.run_lock``), and to overwrite a finished
     run's records unless resuming it with ``--load``.
@@ -94,8 +66,6 @@ def check_run_dir(config: Config) -> None:
         raise ConfigError(
             f"--save={config.run_dir!r} already holds a run (metrics.jsonl / summary.json); {hint}, or choose another --save"
         )
-    if config.load:
-        _warn_if_resuming_another_setup(config)
     if (
         config.load and resume_checkpoint(config.load, warn=False) is None
     ):  # none at all (damaged ones: CheckpointError)

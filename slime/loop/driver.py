@@ -65,6 +65,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     Validate, plan, build the parts, drive the steps over the engines, summarise."""
     config.validate()
     config.check_run_modes()
+    given = config  # RUN_DIR/config.json: as given (a --load resolves the lr schedule again, over its --num-rollout)
     # before the trainer is built: its lr schedule spans the run's optimizer steps
     config = msgspec.structs.replace(config, train=_lr_scheduled(config.train, config.loop, config.rollout))
     plan = run_plan(
@@ -75,7 +76,7 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
         config.train, plan, resumes=bool(config.save_interval or config.load), kwargs=config.trainer_kwargs()
     ):
         return {}  # a torchrun rank other than 0: it served rank 0's train steps until the run ended
-    parts = await _build_parts(config, plan, reward_fn)
+    parts = await _build_parts(config, plan, reward_fn, given=given)
     await _drive(config, plan, parts, progress=progress)
     # before close_parts: a megatron trainer's other ranks take part in gathering the weights
     model = await asyncio.to_thread(write_final_model, parts.trainer, parts.files.run_dir)
@@ -83,9 +84,10 @@ async def run_training(config: Config, *, reward_fn: RewardFn | None = None, pro
     return await _summarise(parts, plan, config.loop, num_eval_prompts=config.data.num_eval_prompts, model_dir=model)
 
 
-async def _build_parts(config: Config, plan: RunPlan, reward_fn: RewardFn | None) -> RunParts:
-    """The run folder, inputs, trainer and buffer, restored from the checkpoint on a resume."""
-    files = open_run(config.run_dir, config.load, "trained_groups.jsonl", config)
+async def _build_parts(config: Config, plan: RunPlan, reward_fn: RewardFn | None, *, given: Config) -> RunParts:
+    """The run folder (``given`` its ``config.json``), inputs, trainer and buffer, restored from the checkpoint on a
+    resume."""
+    files = open_run(config.run_dir, config.load, "trained_groups.jsonl", given)
     # the checkpoint's version (0 on a fresh run): the trainer and the scheduler start from it
     version = resumed_version(files)
     inputs = await build_inputs(config.data, config.rollout, config.loop, plan, reward_fn=reward_fn)
