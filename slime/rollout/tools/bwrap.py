@@ -14,9 +14,11 @@ The sandbox's processes never run as the host's root (``mode``):
 
 * ``"setpriv"`` (we are root): bwrap runs privileged, with no user namespace, so it can bind the
   interpreter wherever it lives (``/root`` is 0700 on most machines); its command is util-linux's
-  ``setpriv``, which makes itself host ``nobody`` (65534, no groups, no capabilities, no new
-  privileges) and then executes Python. The sandbox's init (bwrap, PID 1 inside) stays root, which
-  a process of ``nobody`` cannot trace or signal.
+  ``setpriv``, which makes itself the run's own host uid (``run_uid.held_uid``: a uid no other sandbox
+  holds, so concurrent sandboxes share no per-user limit, keyring or signal reach; ``nobody``, 65534,
+  when the caller names none), with no groups, no capabilities, no new privileges, and then executes
+  Python. The sandbox's init (bwrap, PID 1 inside) stays root, which an unprivileged process cannot
+  trace or signal.
 * ``"userns"`` (we are not root): bwrap in a user namespace of our own, as ``nobody`` inside and our
   own uid outside, with ``--disable-userns``.
 * ``"root-userns"``: as root in a user namespace, ``nobody`` inside mapped to the host's root
@@ -73,8 +75,13 @@ class BwrapLauncher:
 
     @property
     def host_uid(self) -> int:
-        """The host uid of the sandbox's code."""
+        """The host uid of the sandbox's code (in ``"setpriv"`` mode: when ``argv`` is given no ``uid``)."""
         return {"setpriv": NOBODY, "userns": os.geteuid()}.get(self.mode, 0)
+
+    @property
+    def sets_uid(self) -> bool:
+        """Whether ``argv`` takes the host ``uid`` the code runs as (``"setpriv"`` mode)."""
+        return self.mode == "setpriv"
 
     def argv(
         self,
@@ -84,6 +91,7 @@ class BwrapLauncher:
         tmpfs_bytes: int,
         seccomp_fd: int | None = None,
         cgroup_procs: Sequence[str] = (),
+        uid: int = NOBODY,
     ) -> list[str]:
         """The command line running ``python <python_args>`` in ``SANDBOX_DIR``.
 
@@ -93,6 +101,7 @@ class BwrapLauncher:
             tmpfs_bytes: size of the writable tmpfs (where bwrap supports ``--size``).
             seccomp_fd: an inherited descriptor holding the BPF filter (``seccomp.program_fd``), or None.
             cgroup_procs: ``cgroup.procs`` files to enter before bwrap starts (``RunCgroup.procs_files``).
+            uid: ``"setpriv"`` mode: the host uid and gid the code runs as (``run_uid.held_uid``); else unused.
         """
         args = [self.bwrap, *self._namespaces(), "--hostname", "sandbox", "--die-with-parent", "--new-session"]
         if seccomp_fd is not None:
@@ -102,7 +111,7 @@ class BwrapLauncher:
         if "--size" in self.known_flags:
             args += ["--size", str(tmpfs_bytes)]
         if "--perms" in self.known_flags:
-            args += ["--perms", "1777"]  # in "setpriv" mode bwrap (root) makes it; the code (nobody) writes there
+            args += ["--perms", "1777"]  # in "setpriv" mode bwrap (root) makes it; the code (its own uid) writes there
         args += ["--tmpfs", SANDBOX_DIR, "--ro-bind", main_py, f"{SANDBOX_DIR}/main.py"]
         args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DIR, "--clearenv"]
         for key, value in (
@@ -112,7 +121,7 @@ class BwrapLauncher:
             ("TMPDIR", SANDBOX_DIR),
         ):
             args += ["--setenv", key, value]
-        args += ["--", *self._drop(), self.python, *python_args]
+        args += ["--", *self._drop(uid), self.python, *python_args]
         if cgroup_procs:
             return ["/bin/sh", "-c", _ENTER_CGROUPS, "sh", *cgroup_procs, "--", *args]
         return args
@@ -125,10 +134,10 @@ class BwrapLauncher:
         args = ["--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
         return args + (["--disable-userns"] if "--disable-userns" in self.known_flags else [])
 
-    def _drop(self) -> list[str]:
+    def _drop(self, uid: int) -> list[str]:
         if self.mode != "setpriv":
             return []
-        ids = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        ids = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         return [self.setpriv, *ids, "--inh-caps=-all", "--no-new-privs", "--"]
 
 

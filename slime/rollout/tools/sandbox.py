@@ -6,8 +6,9 @@ What a run does (``Sandbox.run(code, stdin=...)``):
    fresh cgroup is made for the run (``cgroup.py``): ``pids.max`` (``max_processes`` tasks, threads
    included, for all its processes together) and a memory limit (``memory_bytes`` for all of them).
 2. bubblewrap (``bwrap.py``) starts ``python -I -S`` (isolated mode, no ``site``: the standard library
-   only) inside that cgroup, as an unprivileged host user (``nobody`` when we are root, else ourselves;
-   never the host's root), in its own PID, mount, network, IPC, UTS and cgroup namespaces, with no
+   only) inside that cgroup, as an unprivileged host user (when we are root a uid of the run's own,
+   ``run_uid.py``, so concurrent sandboxes share nothing the kernel keeps per user; else ourselves, in a user
+   namespace of its own; never the host's root), in its own PID, mount, network, IPC, UTS and cgroup namespaces, with no
    capabilities, under a seccomp filter (``seccomp.py``: no ``ptrace``, keyrings, mounts, namespaces,
    modules, clock setting, ...), a cleared environment, a read-only view of only what the interpreter
    needs, a fresh ``/proc`` (no host process visible; ``/proc/sys`` read-only) and a size-bounded tmpfs
@@ -24,7 +25,7 @@ What a run does (``Sandbox.run(code, stdin=...)``):
 (``sandbox_unavailable_reason()``, one line naming it and the fix), constructing a ``Sandbox`` raises
 ``SandboxUnavailable`` unless ``allow_unsafe=True`` (``--allow-unsafe-code-execution``). Then it uses
 what there is: bwrap without the missing part (``RLIMIT_NPROC`` bounds processes when there is no cgroup,
-per host user, so concurrent runs share it), or with no bwrap a plain child process guarded only by an
+per host user: per run as root, shared by concurrent runs otherwise), or with no bwrap a plain child process guarded only by an
 in-process audit hook (``audit_hook.py``), which model-written code can get past.
 
 What the sandbox does not do: CPU time is bounded per process (``RLIMIT_CPU``) and by the wall clock, not
@@ -46,7 +47,7 @@ import tempfile
 import time
 
 from slime.errors import ConfigError
-from slime.rollout.tools import isolation, seccomp
+from slime.rollout.tools import bwrap, isolation, run_uid, seccomp
 from slime.rollout.tools.audit_hook import HOOK, NETWORK_MARK
 from slime.rollout.tools.cgroup import RunCgroup
 from slime.rollout.tools.registry import Tool
@@ -215,32 +216,37 @@ class Sandbox:
             OSError: the run's cgroup or temporary directory could not be made (the host, not the code).
         """
         limit_s = timeout_s if timeout_s is not None else self.timeout_s
-        async with self._slots:
+        own_uid = self._launcher is not None and self._launcher.sets_uid
+        async with self._slots, contextlib.AsyncExitStack() as held:
+            uid = held.enter_context(run_uid.held_uid()) if own_uid else bwrap.NOBODY  # one per run (run_uid.py)
             workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
             try:
                 main_py = os.path.join(workdir, "main.py")
                 with open(main_py, "w", encoding="utf-8") as f:
                     f.write(code)
-                os.chmod(workdir, 0o755)  # the sandbox runs as nobody; the code never writes here
+                os.chmod(workdir, 0o755)  # the sandbox runs unprivileged; the code never writes here
                 os.chmod(main_py, 0o644)
-                return await self._contained(workdir, stdin.encode("utf-8"), limit_s)
+                return await self._contained(workdir, stdin.encode("utf-8"), limit_s, uid)
             finally:
                 await asyncio.to_thread(shutil.rmtree, workdir, True)
 
-    async def _contained(self, workdir: str, stdin: bytes, limit_s: float) -> SandboxResult:
-        """One run inside its own cgroup (where there are cgroups), which is emptied and removed after it."""
+    async def _contained(self, workdir: str, stdin: bytes, limit_s: float, uid: int) -> SandboxResult:
+        """One run (as host ``uid`` in ``"setpriv"`` mode) inside its own cgroup (where there are cgroups), which is
+        emptied and removed after it."""
         cgroups = self._iso.cgroups if self._launcher is not None else None
         if cgroups is None:
-            return await self._spawn(workdir, stdin, limit_s, None)
+            return await self._spawn(workdir, stdin, limit_s, None, uid)
         run_cgroup = cgroups.create(max_tasks=self.max_processes + BWRAP_TASKS, memory_bytes=self.memory_bytes)
         try:
-            result = await self._spawn(workdir, stdin, limit_s, run_cgroup)
+            result = await self._spawn(workdir, stdin, limit_s, run_cgroup, uid)
             return dataclasses.replace(result, oom_killed=run_cgroup.oom_kills() > 0)
         finally:
             run_cgroup.kill()
             run_cgroup.remove()
 
-    def _command(self, workdir: str, run_cgroup: RunCgroup | None, seccomp_fd: int | None) -> tuple[list[str], dict]:
+    def _command(
+        self, workdir: str, run_cgroup: RunCgroup | None, seccomp_fd: int | None, uid: int
+    ) -> tuple[list[str], dict]:
         """argv and extra spawn arguments of one run."""
         limits = [str(self.cpu_time_s), str(self.memory_bytes), str(self.max_file_bytes), str(self.max_open_files)]
         if self._launcher is not None:
@@ -253,16 +259,19 @@ class Sandbox:
                 tmpfs_bytes=self.max_disk_bytes,
                 seccomp_fd=seccomp_fd,
                 cgroup_procs=run_cgroup.procs_files if run_cgroup is not None else (),
+                uid=uid,
             )
             return argv, {"cwd": "/", "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
         netns = str(int(self.network_namespace))
         argv = [sys.executable, "-I", "-S", "-c", _LIMITS + HOOK + _RUN, *limits, str(self.max_processes), netns]
         return argv, {"cwd": workdir}
 
-    async def _spawn(self, workdir: str, stdin: bytes, limit_s: float, run_cgroup: RunCgroup | None) -> SandboxResult:
+    async def _spawn(
+        self, workdir: str, stdin: bytes, limit_s: float, run_cgroup: RunCgroup | None, uid: int
+    ) -> SandboxResult:
         bpf = self._iso.seccomp_bpf if self._launcher is not None else None
         seccomp_fd = seccomp.program_fd(bpf) if bpf is not None else None
-        argv, kwargs = self._command(workdir, run_cgroup, seccomp_fd)
+        argv, kwargs = self._command(workdir, run_cgroup, seccomp_fd, uid)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         t0 = time.monotonic()
         try:

@@ -276,3 +276,31 @@ async def test_the_sandbox_is_never_the_host_root(box):
     assert seen, f"the sandboxed process was not found from the host: {result}"
     ids = [int(x) for line in seen for x in line.split()[1:]]
     assert 0 not in ids, f"host ids of the sandboxed process: {seen}"
+
+
+UID_AND_HOLD = "import os, time\nprint(os.getuid(), os.getgid(), flush=True)\ntime.sleep(0.5)\n"
+
+
+async def test_concurrent_sandboxes_run_as_host_users_of_their_own():
+    """Sandboxes sharing one host uid share what the kernel keeps per user (RLIMIT_NPROC's count, the user
+    keyring, signal and ptrace reach): as root each run has a uid of its own (issue 31 item 7)."""
+    from slime.rollout.tools import run_uid
+
+    boxes = [Sandbox(timeout_s=5.0) for _ in range(3)]
+    results = await asyncio.gather(*(box.run(UID_AND_HOLD) for box in boxes))
+    assert all(r.ok for r in results), [r.stderr for r in results]
+    ids = [tuple(int(x) for x in r.stdout.split()) for r in results]
+    if not boxes[0]._launcher.sets_uid:  # not root: each its own user namespace, nobody inside
+        assert ids == [(65534, 65534)] * 3
+        return
+    assert len({uid for uid, _ in ids}) == 3 and all(uid == gid >= run_uid.UID_BASE for uid, gid in ids), ids
+
+
+def test_a_held_uid_is_not_handed_out_again_until_released(monkeypatch):
+    from slime.rollout.tools import run_uid
+
+    monkeypatch.setattr(run_uid.random, "randrange", lambda n: 7)  # every run starts its search at the same uid
+    with run_uid.held_uid() as first, run_uid.held_uid() as second:
+        assert (first, second) == (run_uid.UID_BASE + 7, run_uid.UID_BASE + 8)
+    with run_uid.held_uid() as again:  # released with its block: free for the next run
+        assert again == first
