@@ -105,9 +105,9 @@ class RunLog:
         self.collapse = CollapseRepeats()
         self.files: list[logging.Handler] = []
         # the console handler itself (slime train's basicConfig one): not a FileHandler or a test's capture handler
-        consoles = [h for h in self.logger.handlers if type(h) is logging.StreamHandler]
-        for handler in consoles:
-            handler.addFilter(self.collapse)
+        consoles: list[logging.Handler] = [h for h in self.logger.handlers if type(h) is logging.StreamHandler]
+        for console in consoles:
+            console.addFilter(self.collapse)
         self.collapse.handlers = consoles
         if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 keeps the run's files
             return
@@ -118,8 +118,8 @@ class RunLog:
             consoles[0].formatter if consoles and consoles[0].formatter else logging.Formatter(_FORMAT)
         )
         self.files = [train_log, _FailedSamples(path / "failed_samples.jsonl")]
-        for handler in self.files:
-            self.logger.addHandler(handler)
+        for file in self.files:
+            self.logger.addHandler(file)
 
     def flush_repeats(self, where: str = "this step") -> None:
         """The count line of each warning repeated since the last call (see ``CollapseRepeats``)."""
