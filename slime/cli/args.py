@@ -198,6 +198,10 @@ def config_from_args(
     if getattr(ns, "over_sampling_batch_size", None) is None:  # default: at least one batch (slime's: the batch)
         loop = tree["loop"]
         loop["over_sampling_batch_size"] = max(loop["over_sampling_batch_size"], loop["rollout_batch_size"])
+        # APRIL's paper: 2x the batch in flight; 4x trains a shorter, staler tail (issue 30). A base config
+        # (a resumed run's) keeps its own value.
+        if loop["mode"] == "april" and base is None:
+            loop["over_sampling_batch_size"] = 2 * loop["rollout_batch_size"]
     try:
         config = msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:

@@ -20,7 +20,9 @@ class LoopConfig(msgspec.Struct, **STRUCT):
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Groups per training batch (``--rollout-batch-size``)."""
     over_sampling_batch_size: Annotated[int, Range(ge=1)] = 32
-    """Groups in flight in ``april`` mode (``--over-sampling-batch-size``); >= rollout_batch_size."""
+    """Groups in flight in ``april`` and ``async`` modes (``--over-sampling-batch-size``); >= rollout_batch_size.
+    Unset on the command line: 2 x rollout_batch_size in ``april`` (APRIL's over-provisioning; 4x trains a
+    shorter, staler tail and learns less: docs/benchmarks.md, issue 30), else max(32, rollout_batch_size)."""
     num_rollout: Annotated[int, Range(ge=0)] = 50
     """Rollout steps (= policy updates of the version counter) (``--num-rollout``)."""
     max_staleness: Annotated[int, Range(ge=0)] = 4
