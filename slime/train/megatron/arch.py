@@ -6,11 +6,14 @@ Dense: Llama (``LlamaForCausalLM``), Qwen2 (``Qwen2ForCausalLM``: qkv bias) and 
 (``Qwen2MoeForCausalLM``: Qwen2 attention, routed experts plus one shared expert whose output is
 scaled by ``sigmoid(shared_expert_gate(x))``, the DeepSeek-V3-style "shared + routed" layout).
 GLM-4 (``Glm4ForCausalLM``: q/k/v bias, partial interleaved RoPE, post-attention and post-MLP
-norms; ``slime.train.megatron.glm``).
-All are pre-norm decoders with RMSNorm, SwiGLU MLPs, grouped-query attention and RoPE
-(``rope_type`` "default"); embeddings may be tied to the output layer. Anything else (sliding
-windows, RoPE scaling, biases on the output projection or MLP, DeepSeek-V3's multi-latent
-attention) raises ``UnsupportedArchitecture`` naming the field, rather than building a model that
+norms; ``slime.train.megatron.glm``) and GLM-4.5 to 4.7 (``Glm4MoeForCausalLM``: q/k/v bias, partial
+RoPE, optional q/k norm, DeepSeek-V3's sigmoid router and MoE layout, ``slime.train.megatron.deepseek_moe``;
+its multi-token-prediction layers past ``num_hidden_layers`` are not read). DeepSeek-V3 / Kimi-K2
+(``DeepseekV3ForCausalLM``: multi-latent attention with YaRN, the same MoE layout; ``slime.train.megatron.deepseek``).
+All are pre-norm decoders with RMSNorm and SwiGLU MLPs; all but DeepSeek-V3 use grouped-query
+attention and RoPE (``rope_type`` "default"); embeddings may be tied to the output layer. Anything
+else (sliding windows, RoPE scaling other than DeepSeek-V3's YaRN, biases on the output projection
+or MLP) raises ``UnsupportedArchitecture`` naming the field, rather than building a model that
 silently differs from the HF one.
 
 Routing, as HF computes it for both MoE families: ``p = softmax(router(x))`` in fp32, the top
@@ -31,18 +34,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron.deepseek import MLAArch, deepseek_v3_fields
-from slime.train.megatron.deepseek_moe import SigmoidRouter
+from slime.train.megatron.deepseek_moe import SigmoidRouter, deepseek_moe_fields
 
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4")
-MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe")
+log = logging.getLogger(__name__)
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "glm4_moe")
 
 
 class UnsupportedArchitecture(ValueError):
@@ -246,7 +251,14 @@ def _rotary_dim(config: Mapping[str, Any], head_dim: int) -> int:
 
 
 def _moe_fields(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-    """The MoE attributes of ``ModelArch`` from a Qwen3-MoE / Qwen2-MoE config (module docstring)."""
+    """The MoE attributes of ``ModelArch`` from a Qwen3-MoE / Qwen2-MoE config (module docstring), or GLM-4.5's."""
+    if model_type == "glm4_moe":  # DeepSeek-V3's MoE layout and router (slime.train.megatron.deepseek_moe)
+        try:
+            return deepseek_moe_fields(config, model_type)
+        except ValueError as exc:
+            raise UnsupportedArchitecture(f"{config.get('architectures') or model_type}: {exc}") from exc
+        if mtp := int(config.get("num_nextn_predict_layers") or 0):
+            log.info("%s: %d multi-token-prediction layer(s) in the checkpoint are not read", model_type, mtp)
     num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     num_layers = int(config["num_hidden_layers"])
     step = int(config.get("decoder_sparse_step") or 1)

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from slime.train.megatron.arch import ModelArch
-from slime.train.megatron.deepseek import DEEPSEEK_V3_HF_NAMES, mla_param_names
+from slime.train.megatron.deepseek import DEEPSEEK_MOE_HF_NAMES, DEEPSEEK_V3_HF_NAMES, mla_param_names
 from slime.train.megatron.glm import checkpoint_getter, to_checkpoint
 
 __all__ = [
@@ -197,7 +197,10 @@ def is_expert(name: str) -> bool:
     return _expert_parts(_split_name(name)[1]) is not None
 
 
-_FAMILY_LAYER_MAPS: dict[str, Mapping[str, tuple[str, ...]]] = {"deepseek_v3": DEEPSEEK_V3_HF_NAMES}  # over _LAYER_MAP
+_FAMILY_LAYER_MAPS: dict[str, Mapping[str, tuple[str, ...]]] = {  # over _LAYER_MAP
+    "deepseek_v3": DEEPSEEK_V3_HF_NAMES,
+    "glm4_moe": DEEPSEEK_MOE_HF_NAMES,  # GLM-4.5's MoE names are DeepSeek-V3's
+}
 
 
 def hf_names_for(name: str, *, expert_offset: int = 0, family: str = "") -> tuple[str, ...]:

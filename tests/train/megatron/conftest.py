@@ -56,11 +56,18 @@ ARCH_CONFIGS.update(
 ARCH_CONFIGS.update(
     glm4=dict(TINY, head_dim=12, rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default"),
               pad_token_id=0, eos_token_id=1, tie_word_embeddings=False),
+    glm4_moe=dict(TINY, head_dim=12, num_hidden_layers=3, first_k_dense_replace=1, moe_intermediate_size=16,
+                  n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=1, n_shared_experts=1,
+                  routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+                  rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default"),
+                  pad_token_id=0, eos_token_id=1, tie_word_embeddings=False),
 )  # fmt: skip
 """Tiny configs per family: untied Llama; tied Qwen2 (qkv bias); Qwen3 with head_dim != hidden / heads;
 Qwen3-MoE (4 experts, top-2, renormalised top-k); Qwen2-MoE (shared expert with its sigmoid gate,
 layer 1 dense, top-k not renormalised, tied embeddings); GLM-4 (q/k/v bias, RoPE on 6 of 12 head
-channels interleaved, post-attention and post-MLP norms, fused gate_up_proj on disk)."""
+channels interleaved, post-attention and post-MLP norms, fused gate_up_proj on disk); GLM-4.5 (RoPE on 6 of
+12 channels, q/k/v bias, q/k norms, layer 0 dense, 8 experts in 4 groups with top-1 group and top-2 experts,
+sigmoid scores + a random expert bias, routed scaling 2.5, one shared expert)."""
 
 
 def make_hf_model(family: str, seed: int = 0):
@@ -70,7 +77,7 @@ def make_hf_model(family: str, seed: int = 0):
     cfg_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM), "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
-        "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
+        "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM), "glm4_moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM),
     }[family]  # fmt: skip
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**ARCH_CONFIGS[family]))
@@ -78,6 +85,9 @@ def make_hf_model(family: str, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-style expert bias: zeros in a fresh model
+                b.copy_(0.1 * torch.randn_like(b))
     return model.eval()
 
 
