@@ -25,8 +25,9 @@ The bias is not trained by gradient (auxiliary-loss-free balancing, DeepSeek-V3 
 megatron-core counts the tokens routed to each expert during training forwards and, in
 ``finalize_model_grads`` after every optimizer step, moves each bias by
 ``moe_router_bias_update_rate * sign(mean_count - count)`` (the counts summed over TP x CP x DP
-ranks), as THUDM/slime's megatron runs do with ``--moe-router-enable-expert-bias``. The default rate
-here is megatron's, ``1e-3``.
+ranks), as THUDM/slime's megatron runs do with ``--moe-router-enable-expert-bias``. The rate is
+``--moe-router-bias-update-rate`` (megatron's default ``1e-3``; slime's DeepSeek / GLM model scripts pass 0,
+which keeps the bias as loaded).
 
 Example: DeepSeek-V3 (256 experts, 8 groups of 32, top-4 groups, top-8, scale 2.5, 1 shared
 expert of 2048, first 3 layers dense) -> ``SigmoidRouter(num_groups=8, group_topk=4,
