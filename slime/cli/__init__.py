@@ -143,29 +143,18 @@ def _train_config(ns: argparse.Namespace, sglang_args: tuple[str, ...], router_a
         ConfigError: a bad flag value, a compat flag the model's ``config.json`` contradicts, or (``--load``) a flag
             that contradicts the saved run.
     """
+    from slime.cli.args import config_from_args
     from slime.cli.backend_flags import log_megatron_only_flags
     from slime.cli.compat import check_compat_flags
+    from slime.cli.resume_flags import config_on_load
 
-    config = _config_of_flags(ns, sglang_args, router_args)
+    def of_flags(base: Config | None) -> Config:  # base: the saved run of --load, if any
+        config = config_from_args(ns, base, sglang_args=sglang_args, router_args=router_args)
+        return _with_default_checkpoint(config).with_placement_defaults()
+
+    config = config_on_load(ns, of_flags)
     check_compat_flags(ns, config.engine.hf_checkpoint)  # before --dry-run: reads config.json only
     log_megatron_only_flags(ns, config.train.train_backend)
-    return config
-
-
-def _config_of_flags(ns: argparse.Namespace, sglang_args: tuple[str, ...], router_args: tuple[str, ...]) -> Config:
-    """The flags' config; with ``--load`` of a run that saved one, that run's config with the flags on top (and its
-    folder as ``--save`` unless given), a flag that contradicts it refused (``slime.cli.resume_flags``)."""
-    import msgspec
-
-    from slime.cli.args import config_from_args
-    from slime.cli.resume_flags import check_resume_flags, saved_config
-
-    saved = saved_config(ns.load) if ns.load else None
-    base = None if saved is None else msgspec.structs.replace(saved, run_dir=ns.load, load=ns.load)
-    config = config_from_args(ns, base, sglang_args=sglang_args, router_args=router_args)
-    config = _with_default_checkpoint(config).with_placement_defaults()
-    if saved is not None:
-        check_resume_flags(saved, config, ns, load=ns.load)
     return config
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from slime.errors import ConfigError
 if TYPE_CHECKING:
     from slime.config import Config
 
-__all__ = ["RESUMABLE", "resumable_flags", "saved_config", "check_resume_flags"]
+__all__ = ["RESUMABLE", "resumable_flags", "config_on_load", "saved_config", "check_resume_flags"]
 
 log = logging.getLogger("slime.cli")
 
@@ -73,6 +74,21 @@ def resumable_flags() -> list[str]:
     from slime.cli.flags import FLAGS
 
     return [flag for flag, (path, _) in FLAGS.items() if _resumable(path.split("=", 1)[0])]
+
+
+def config_on_load(ns: argparse.Namespace, of_flags: Callable[[Config | None], Config]) -> Config:
+    """The run's config: ``of_flags(None)`` (the flags alone), or with ``--load`` of a run that saved a config,
+    ``of_flags(that config, its folder as --save)`` checked against it (``check_resume_flags``).
+
+    Raises:
+        ConfigError: an unreadable saved config, or a flag that contradicts it.
+    """
+    saved = saved_config(ns.load) if getattr(ns, "load", None) else None
+    if saved is None:
+        return of_flags(None)
+    config = of_flags(msgspec.structs.replace(saved, run_dir=ns.load, load=ns.load))
+    check_resume_flags(saved, config, ns, load=ns.load)
+    return config
 
 
 def saved_config(load: str) -> Config | None:
