@@ -102,6 +102,8 @@ class Observers:
                 self.progress.eval_result(record)
             if line is not None:
                 self.progress.note(line)
+        if line is not None:
+            self.run_log.write(line)
 
     def _close_sync(self) -> None:
         self.progress.close()

@@ -1,7 +1,8 @@
 """What a run keeps of its log lines (``Observers`` opens one ``RunLog`` per run):
 
-- ``RUN_DIR/train.log``: every line the run logs (the root logger's level, INFO under ``slime train``), in the
-  console's format, appended to on a resume.
+- ``RUN_DIR/train.log``: every line the run logs once its observers are open (the root logger's level, INFO
+  under ``slime train``) and every step and eval line it prints, in the console's format, appended to on a
+  resume. (Lines of the startup before that, the checks and the model load, are on the console only.)
 - ``RUN_DIR/failed_samples.jsonl``: one JSON line per sample whose reward failed (raised, hung, returned a
   non-number; ``slime.rollout.rewards``): ``{"time", "group_id", "index", "prompt", "label", "response",
   "error": {"where", "type", "message", "elapsed_s", "traceback"}}``, from the ``failed_sample`` field those
@@ -120,6 +121,14 @@ class RunLog:
         self.files = [train_log, _FailedSamples(path / "failed_samples.jsonl")]
         for file in self.files:
             self.logger.addHandler(file)
+
+    def write(self, line: str, *, name: str = "slime.progress") -> None:
+        """A line the run prints itself (a step line, an eval line), into ``train.log`` too, as an INFO record of
+        logger ``name`` (the console already has it: printed, not logged)."""
+        if self.files:
+            self.files[0].handle(
+                logging.makeLogRecord({"name": name, "levelno": logging.INFO, "levelname": "INFO", "msg": line})
+            )
 
     def flush_repeats(self, where: str = "this step") -> None:
         """The count line of each warning repeated since the last call (see ``CollapseRepeats``)."""

@@ -163,7 +163,11 @@ async def test_observers_fan_records_out_and_close_everything(tmp_path, capsys):
         obs.record({"kind": "eval", "step": 3, "accuracy": 0.5}, "eval @ step 3: accuracy 0.500")
         got = await scrape(obs.exporter.port)
         assert got["slime_step"] == 3 and got["slime_eval_accuracy"] == 0.5
-    assert capsys.readouterr().out.splitlines() == ["step   3 line", "eval @ step 3: accuracy 0.500"]
+    # the step line carries the latest eval's accuracy (slime.obs.progress)
+    assert capsys.readouterr().out.splitlines() == [
+        "step   3 line | eval 0.250 @ step 0",
+        "eval @ step 3: accuracy 0.500",
+    ]
     trace = msgspec.json.decode((tmp_path / "trace.json").read_bytes())
     assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"} == {"groups", "tokens_per_s"}
     assert list((tmp_path / "tb").iterdir())

@@ -54,6 +54,7 @@ async def test_failed_rewards_are_one_line_and_a_count_and_every_one_is_kept(tmp
     assert "... and 4 more like it in step 1 (every one in train.log): reward failed for group 3 sample 0" in shown[2]
     kept = (tmp_path / "train.log").read_text()
     assert kept.count("reward failed") == 5 and "step 1 starts" in kept
+    assert kept.rstrip().endswith("INFO slime.progress: step   1 reward 0.000")  # the printed step line too
     rows = [json.loads(line) for line in (tmp_path / "failed_samples.jsonl").read_text().splitlines()]
     assert [(r["group_id"], r["index"]) for r in rows] == [(3, i) for i in range(5)]
     assert rows[2]["prompt"] == "what is 2+1?" and rows[2]["response"] == "3 apples" and rows[2]["label"] == "3"
