@@ -12,6 +12,7 @@ printed, one per step, flushed at once.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -111,7 +112,8 @@ class StepProgress:
     def eval_result(self, record: MetricsRow) -> None:
         """An eval's record: its accuracy (when it has one) goes on the bar and after the next step lines."""
         accuracy, step = record.get("accuracy"), record.get("step")
-        if not isinstance(accuracy, (int, float)) or not isinstance(step, int):
+        # an eval with no eval set has no accuracy (None, or NaN in a record read back)
+        if not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy) or not isinstance(step, int):
             return
         self.last_eval = (step, float(accuracy))
         if self._progress is not None:

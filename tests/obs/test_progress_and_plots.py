@@ -100,6 +100,7 @@ def test_plots_tolerate_records_with_keys_missing_and_keep_existing_files(tmp_pa
 def test_after_an_eval_the_step_lines_and_the_bar_show_its_accuracy():
     out = io.StringIO()
     p = StepProgress(3, stream=out)
+    p.eval_result({"kind": "eval", "step": 0, "accuracy": float("nan")})  # no eval set: nothing to show
     p.step("step 1 line", _record(1))
     p.eval_result({"kind": "eval", "step": 1, "accuracy": 0.835})
     p.step("step 2 line", _record(2))
