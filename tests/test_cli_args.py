@@ -192,6 +192,10 @@ def _get(config, path):
     return node
 
 
+NARGS_VALUES = {"--ray-placed-engines": ["actor=http://127.0.0.1:1", "router=http://127.0.0.1:2"]}
+"""List flags whose values have a shape of their own (the rest take two host:port addresses)."""
+
+
 @pytest.mark.parametrize("flag", sorted(FLAGS))
 def test_every_flag_reaches_its_field(flag, tmp_path):
     path, kwargs = FLAGS[flag]
@@ -201,7 +205,8 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
     if kwargs.get("action") in ("store_true",):
         argv, expect = [flag], (path.split("=")[1] if "=" in path else True)
     elif kwargs.get("nargs") == "+":
-        argv, expect = [flag, "127.0.0.1:1", "127.0.0.1:2"], ["127.0.0.1:1", "127.0.0.1:2"]
+        values = NARGS_VALUES.get(flag, ["127.0.0.1:1", "127.0.0.1:2"])
+        argv, expect = [flag, *values], values
     elif "choices" in kwargs:
         choice = next(c for c in kwargs["choices"] if c != default)
         argv, expect = [flag, choice], choice

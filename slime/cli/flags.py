@@ -26,7 +26,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "--ray-placed-engines": (
         "engine.ray_placed_engines",
-        dict(action="store_true", help="set by slime train --ray on its trainer ranks: Ray restarts the engines"),
+        dict(nargs="+", help="ROLE=URL of the engines slime train --ray placed (set by it on its trainer ranks)"),
     ),
     "--rollout-num-engines": ("engine.num_engines", dict(type=int, help="embedded engines to launch")),
     "--engine-threads": ("engine.engine_threads", dict(type=int, help="torch threads per embedded engine")),

@@ -5,16 +5,17 @@ would: the engines' command lines are the launch plan's (``slime.engines.fleet.p
 SGLang servers with every ``--sglang-*`` flag and the sharing defaults, or embedded engines), with the
 host and port the placement gave them (and, for an engine wider than a node, SGLang's ``--nnodes
 --node-rank --dist-init-addr``); the router's is the plan's with the engines' real addresses. Each
-trainer rank runs ``python -m slime.cli train`` with the user's own flags minus the ones that launch
-engines, plus ``--rollout-external-engine-addrs`` (the placed engines) and ``--ray-placed-engines``
-(they are restarted by Ray, so the pool waits for one as for a launched engine): rank 0 drives the run,
+trainer rank runs ``python -m slime.cli train`` with the user's own flags (minus the driver's), plus
+``--ray-placed-engines ROLE=URL ...`` (the placed engines: the rank attaches to them instead of launching
+what its flags describe, and waits for a dead one as for a launched engine, since Ray restarts it); so the
+rank's config, which the run saves, is the user's, and ``--load`` resumes the same run. Rank 0 drives the run,
 exactly as torchrun's rank 0 does, and the other ranks serve its train steps (``MASTER_ADDR`` and the
 rest of torchrun's variables come from ``ClusterRun``).
 
 Example: ``slime train --ray --rollout-num-engines 2 --save runs/x`` on two nodes -> ``engine-0``:
 ``python -m slime.servers.embedded.server --model M --host 10.0.0.3 --port 41000 ...``; ``trainer-0``:
-``python -m slime.cli train --save runs/x --rollout-external-engine-addrs 10.0.0.3:41000 10.0.0.3:41002
---ray-placed-engines``.
+``python -m slime.cli train --rollout-num-engines 2 --save runs/x --ray-placed-engines
+actor=http://10.0.0.3:15000 actor=http://10.0.0.3:15001``.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
+import msgspec
+
 from slime.cluster.plan import Process, RunShape
 from slime.cluster.supervise import Command, Rendezvous
 from slime.config import EngineConfig, TrainConfig
-from slime.engines.fleet.groups import ACTOR, TEACHER
+from slime.engines.fleet.groups import ACTOR
 from slime.engines.fleet.plan import build_launch_plan
 from slime.engines.fleet.plan_specs import LaunchPlan, ServerSpec
 from slime.errors import ConfigError
 
-__all__ = ["RAY_FLAGS", "LAUNCH_FLAGS", "RunCommands", "run_shape", "strip_flags", "launch_plan_for_ray"]
+__all__ = ["RAY_FLAGS", "RunCommands", "run_shape", "strip_flags", "launch_plan_for_ray"]
 
 RAY_FLAGS = {
     "--ray": False,
@@ -43,17 +46,6 @@ RAY_FLAGS = {
     "--dry-run": False,
 }
 """The driver's own flags (flag -> takes a value): never passed on to the trainer's ranks."""
-LAUNCH_FLAGS = {
-    "--rollout-num-gpus": True,
-    "--rollout-num-gpus-per-engine": True,
-    "--rollout-num-gpus-per-node": True,
-    "--rollout-num-engines": True,
-    "--sglang-config": True,
-    "--sglang-router-ip": True,
-    "--sglang-router-port": True,
-    "--opd-teacher-load": True,
-}
-"""Flags that make a run launch its engines: on Ray the driver places them, so the trainer's ranks attach."""
 
 
 def strip_flags(argv: Sequence[str], flags: dict[str, bool]) -> list[str]:
@@ -75,21 +67,6 @@ def strip_flags(argv: Sequence[str], flags: dict[str, bool]) -> list[str]:
     return out
 
 
-def _without_passthrough(argv: Sequence[str]) -> list[str]:
-    """``argv`` without the ``--sglang-*`` / ``--router-*`` pass-through flags and their values (the servers'
-    and the router's, already in their command lines); slime's own ``--sglang-router-*`` are LAUNCH_FLAGS."""
-    out: list[str] = []
-    dropping = False
-    for token in argv:
-        is_flag = token.startswith("--")
-        if is_flag:
-            name = token.split("=", 1)[0]
-            dropping = (name.startswith("--sglang-") or name.startswith("--router-")) and name not in LAUNCH_FLAGS
-        if not dropping:
-            out.append(token)
-    return out
-
-
 @contextlib.contextmanager
 def _driver_gpus_hidden() -> Iterator[None]:
     """The launch plan must not count the driver's own GPUs: on Ray each engine's come from its bundle."""
@@ -107,6 +84,7 @@ def launch_plan_for_ray(engine: EngineConfig, *, seed: int, colocate: bool, in_p
 
     Raises ``ConfigError`` for a run that attaches to running engines (nothing to place) and from the plan.
     """
+    engine = msgspec.structs.replace(engine, ray_placed_engines=())  # a resumed run's were the last placement's
     if engine.rollout_external_engine_addrs:
         raise ConfigError(
             "--ray places and starts the run's engines; --rollout-external-engine-addrs attaches to running "
@@ -193,17 +171,24 @@ class RunCommands:
         return argv
 
     def trainer_argv(self, r: Rendezvous) -> list[str]:
-        """``python -m slime.cli train`` with the user's flags, attached to the placed engines (module doc)."""
-        own = _without_passthrough(strip_flags(strip_flags(self.argv, RAY_FLAGS), LAUNCH_FLAGS))
-        by_model = _urls_by_model(self.plan, r.engines)
-        argv = [self.python, "-m", "slime.cli", "train", *own]
-        if by_model.get(ACTOR):
-            argv += ["--rollout-external-engine-addrs", *(u.removeprefix("http://") for u in by_model[ACTOR])]
-        if by_model.get(TEACHER):
-            argv += ["--opd-teacher-addrs", *by_model[TEACHER]]
+        """``python -m slime.cli train`` with the user's flags as given, plus the placed engines (module doc):
+        the rank's config, saved as the run's, is the user's, so ``--load`` resumes the same run."""
+        placed = [
+            f"{'actor' if model == ACTOR else 'teacher'}={url}"
+            for model, urls in _urls_by_model(self.plan, r.engines).items()
+            for url in urls
+        ]
         if r.router is not None:  # the pool calls the placed router (its workers: the placed engines)
-            argv += ["--sglang-router-ip", r.router[0], "--sglang-router-port", str(r.router[1])]
-        return [*argv, "--ray-placed-engines"]
+            placed.append(f"router=http://{r.router[0]}:{r.router[1]}")
+        return [
+            self.python,
+            "-m",
+            "slime.cli",
+            "train",
+            *strip_flags(self.argv, RAY_FLAGS),
+            "--ray-placed-engines",
+            *placed,
+        ]
 
 
 def _urls_by_model(plan: LaunchPlan, urls: Sequence[str]) -> dict[str, list[str]]:

@@ -96,7 +96,7 @@ def _drive(run: ClusterRun, run_dir: str, prog: str) -> int:
 def _last_words(run: ClusterRun) -> str:
     """The last output line of the first trainer rank that failed (its error), as ``; it said: ...``."""
     for name, status in run.exit_statuses("trainer").items():
-        if status not in (None, 0):
+        if status is not None and status > 0:  # it exited on its own (an error it printed); < 0: a signal
             said = [line for line in run.tail(name) if line.strip()]
             return f"; it said: {said[-1].strip()}" if said else ""
     return ""

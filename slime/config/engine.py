@@ -8,7 +8,10 @@ import msgspec
 
 from slime.config._base import STRUCT, Range, check_ranges, require
 
-__all__ = ["EngineConfig"]
+__all__ = ["EngineConfig", "RAY_ROLES"]
+
+RAY_ROLES = ("actor", "teacher", "router")
+"""The roles of ``--ray-placed-engines`` entries."""
 
 
 class EngineConfig(msgspec.Struct, **STRUCT):
@@ -56,9 +59,11 @@ class EngineConfig(msgspec.Struct, **STRUCT):
     """First wait before a probe of an open breaker; doubles per failed probe, up to 8x."""
     max_engine_restarts: Annotated[int, Range(ge=0, flag="max_engine_restarts")] = 3
     """Restarts of one launched engine before it stays out of rotation for the rest of the run."""
-    ray_placed_engines: bool = False
-    """The external engines were placed by ``slime train --ray``, which restarts a dead one on its bundle
-    (``--ray-placed-engines``, set on the trainer's ranks): the pool waits for one as for a launched engine."""
+    ray_placed_engines: tuple[str, ...] = ()
+    """The engines ``slime train --ray`` placed for this run, ``ROLE=URL`` with ROLE ``actor``, ``teacher``
+    or ``router`` (``--ray-placed-engines``, set by the driver on its trainer ranks): the run attaches to
+    them instead of launching the engines its other flags describe, and waits for a dead one as for a
+    launched engine (Ray restarts it on its bundle). Example: ``("actor=http://10.0.0.3:15000",)``."""
     opd_teacher_load: str | None = None
     """HF directory of the on-policy-distillation teacher (``--opd-teacher-load``): one embedded engine
     serving it is launched beside the actor's (its own pool, ``model: teacher``, never weight-synced).
@@ -75,6 +80,12 @@ class EngineConfig(msgspec.Struct, **STRUCT):
         check_ranges(self)
         require(
             [
+                (
+                    all(e.partition("=")[0] in RAY_ROLES and e.partition("=")[2] for e in self.ray_placed_engines),
+                    "--ray-placed-engines",
+                    " ".join(self.ray_placed_engines),
+                    f"ROLE=URL with ROLE one of {', '.join(RAY_ROLES)} (slime train --ray sets it)",
+                ),
                 (
                     not (self.opd_teacher_load and self.opd_teacher_addrs),
                     "--opd-teacher-load with --opd-teacher-addrs",

@@ -20,6 +20,7 @@ from slime.cluster.placement import Reservation
 from slime.cluster.plan import ClusterShape, plan_placement
 from slime.cluster.supervise import Rendezvous
 from slime.config import Config
+from slime.engines.fleet.plan import build_launch_plan
 from slime.errors import ConfigError
 
 DATA = Path(__file__).parent.parent / "data" / "slime_scripts"
@@ -87,18 +88,13 @@ def test_trainer_ranks_run_the_users_flags_attached_to_the_placed_engines():
     cmd = list(commands(trainer, Rendezvous("10.0.0.2", None, ("10.0.0.2", 29500), None, urls)).argv)
     assert cmd[1:4] == ["-m", "slime.cli", "train"]
     flags = cmd[4:]
-    for gone in (
-        "--ray",
-        "--ray-address",
-        "--rollout-num-gpus",
-        "--rollout-num-gpus-per-engine",
-        "--sglang-mem-fraction-static",
-    ):
-        assert gone not in flags
-    assert flags[flags.index("--rollout-external-engine-addrs") + 1 :][:2] == ["10.0.0.3:41000", "10.0.0.3:41001"]
-    assert "--ray-placed-engines" in flags and "/cluster/Qwen3-4B" in flags and "megatron" in flags
-    rank = _config(flags)  # the rank's flags make a valid run: external engines, restarted by Ray
-    assert rank.engine.ray_placed_engines and rank.engine.rollout_num_gpus is None
+    assert "--ray" not in flags and "--ray-address" not in flags  # the driver's own
+    assert flags[: len(SGLANG_RUN)] == SGLANG_RUN  # the user's flags as given: the rank's config is the run's
+    assert flags[len(SGLANG_RUN) :] == ["--ray-placed-engines", *(f"actor={u}" for u in urls)]
+    rank = _config(flags)
+    assert rank.engine.rollout_num_gpus == 4 and rank.engine.sglang_args == ("--mem-fraction-static", "0.7")
+    plan = build_launch_plan(rank.engine)  # ... and it attaches to the placed engines, launching nothing
+    assert plan.backend == "external" and plan.external_urls == urls and plan.servers == ()
 
 
 def test_an_engine_wider_than_a_node_runs_on_each_of_its_nodes_with_sglang_multinode_flags():
@@ -122,7 +118,9 @@ def test_the_router_is_given_the_engines_real_addresses():
     assert cmd[cmd.index("--port") + 1] == "42000"
     trainer = next(p for p in table.processes if p.role == "trainer")
     rank = list(commands(trainer, Rendezvous("10.0.0.2", None, None, None, real, ("10.0.0.3", 42000))).argv)
-    assert rank[rank.index("--sglang-router-ip") + 1] == "10.0.0.3"
+    assert rank[-1] == "router=http://10.0.0.3:42000"
+    plan = build_launch_plan(_config(rank[4:]).engine)
+    assert plan.router_of("actor") is not None and plan.router_of("actor").url == "http://10.0.0.3:42000"
 
 
 def test_tensor_sync_is_refused_when_an_engine_runs_on_another_node():
@@ -166,7 +164,8 @@ def test_dry_run_plans_slime_qwen3_4b_script_as_written_for_paths_on_the_cluster
     out = capsys.readouterr().out
     assert "# slime on Ray: 8 GPU bundle(s) on 1 node(s)" in out
     assert "trainer-0 (and ranks 1-7" in out and "engine-3:" in out
-    assert "--rollout-external-engine-addrs node-0:15000 node-0:15001 node-0:15002 node-0:15003" in out
+    placed = " ".join(f"actor=http://node-0:{15000 + i}" for i in range(4))
+    assert f"--ray-placed-engines {placed} router=http://node-0:15004" in out
 
 
 @pytest.mark.parametrize(
@@ -192,6 +191,22 @@ def test_dry_run_of_the_large_moe_flag_sets(name, placement, needs, capsys):
     assert main([*argv, "--ray-plan-nodes", str(needs // 8), "--ray-plan-gpus-per-node", "8"]) == 0
     out = capsys.readouterr().out
     assert f"--nnodes {64 // 8 if needs == 128 else 4} --node-rank 1 --dist-init-addr node-0:" in out
+
+
+def test_a_resumed_ray_run_places_its_engines_anew(tmp_path):
+    """The saved config of a Ray run holds the last placement's engines: the driver plans without them."""
+    argv = [
+        "--ray",
+        "--hf-checkpoint",
+        "/m",
+        "--rollout-num-engines",
+        "2",
+        "--ray-placed-engines",
+        "actor=http://old:1",
+    ]
+    config = _config(argv)
+    plan = launch_plan_for_ray(config.engine, seed=0, colocate=False, in_place_updates=False)
+    assert plan.backend == "embedded" and len(plan.servers) == 2
 
 
 def test_dry_run_needs_the_cluster_shape(capsys):

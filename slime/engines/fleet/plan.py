@@ -99,6 +99,8 @@ def build_launch_plan(
     Raises:
         ConfigError: flags that contradict each other, a bad ``--sglang-config``, too few GPUs.
     """
+    if engine.ray_placed_engines:  # slime train --ray started the engines: attach to them, launch nothing
+        return _ray_placed_plan(engine)
     backend = backend_of(engine)
     _check_backend_flags(engine, backend)
     router = f"http://{engine.sglang_router_ip}:{engine.sglang_router_port}" if engine.sglang_router_ip else None
@@ -137,6 +139,24 @@ def _external_plan(
     external_urls = _http_urls(engine.rollout_external_engine_addrs)
     return LaunchPlan(
         "external", servers=teachers, external_urls=external_urls, teacher_urls=teacher_urls, routers=routers
+    )
+
+
+def _ray_placed_plan(engine: EngineConfig) -> LaunchPlan:
+    """The engines ``slime train --ray`` placed (``ROLE=URL`` entries), as running ones: actors, teachers,
+    the actor's router; the note says why the run's launch flags start nothing here."""
+    placed: dict[str, list[str]] = {}
+    for entry in engine.ray_placed_engines:
+        role, _, url = entry.partition("=")
+        placed.setdefault(role, []).append(url)
+    routers = tuple(RouterSpec(ACTOR, url, None, False) for url in placed.get("router", [])[:1])
+    note = "the engines were placed by slime train --ray (--ray-placed-engines): attached to, none launched here"
+    return LaunchPlan(
+        "external",
+        external_urls=tuple(placed.get("actor", [])),
+        teacher_urls=tuple(placed.get("teacher", [])),
+        routers=routers,
+        notes=(note,),
     )
 
 

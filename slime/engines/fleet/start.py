@@ -241,7 +241,7 @@ class _Startup:
         for model in self.plan.models():
             urls = [u for u, m in self.model_of.items() if m == model]
             # Ray-placed engines (slime train --ray) are restarted on their bundles: waited for as launched ones
-            launched = any(u in self.processes for u in urls) or engine.ray_placed_engines
+            launched = any(u in self.processes for u in urls) or bool(engine.ray_placed_engines)
             router = self.plan.router_of(model)
             self.pools[model] = HttpEnginePool(
                 urls,
