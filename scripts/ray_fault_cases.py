@@ -85,8 +85,9 @@ def main(argv: list[str]) -> int:
         else:
             proc = kill_trainer(cluster.address)
         out = proc.communicate()[0]
+        Path("driver.log").write_text(out)  # the driver's whole output (the lines below are picked from it)
         print("rc", proc.returncode, "wall", round(time.time() - t0, 1))
-        keep = ("restart", "done:", "error", "resum")
+        keep = ("restart", "done:", "error:", "resuming", "back in rotation")
         print("\n".join(line for line in out.splitlines() if any(k in line for k in keep))[-3000:])
         return proc.returncode
     finally:
