@@ -19,7 +19,11 @@ WHOLE_CONFIG_ALLOWED = {
     "slime/cli/on_ray.py": None,  # the CLI entry's ``--ray`` (the driver's own flags, then slime.cluster.launch)
     "slime/cli/plan_inputs.py": None,  # the CLI entry's input checks of a plan (``check_inputs`` on the paths here)
     "slime/cli/resume_flags.py": None,  # the CLI entry's ``--load``: the saved Config against the flags' one
-    "slime/cluster/launch.py": {"run_on_ray", "dry_run_on_ray", "_plan"},  # the Ray run's skeleton: it hands out sections
+    "slime/cluster/launch.py": {
+        "run_on_ray",
+        "dry_run_on_ray",
+        "_plan",
+    },  # the Ray run's skeleton: it hands out sections
     "slime/loop/driver.py": {"run_training", "_build_parts", "_drive"},  # the RL run on the skeleton, and its two steps
     "slime/loop/sft.py": {
         "run_sft",
