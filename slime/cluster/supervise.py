@@ -206,7 +206,8 @@ class ClusterRun:
         }
         ports: dict[str, tuple[int | None, int | None]] = {}
         for node, ps in on_node.items():
-            free = iter(ray.get(refs[node]))
+            given: list[int] = ray.get(refs[node])
+            free = iter(given)
             for p in ps:
                 ports[p.name] = _ports_of(p, [next(free) for _ in range(wanted[p.name])])
         return ports
