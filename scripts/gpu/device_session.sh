@@ -34,7 +34,8 @@ failed=0
 
 estimate() {
     case $1 in
-        setup) echo 40 ;; contract) echo 90 ;; main-async) echo 240 ;; main-colocate) echo 260 ;; ray-main) echo 420 ;;
+        setup) echo 40 ;; contract) echo 90 ;; main-async) echo 240 ;; main-colocate) echo 260 ;;
+        ray-main) [[ "${RAY_MODES:-colocate,ray-colocate}" == *,* ]] && echo 420 || echo 220 ;;
         bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; bench-fresh) echo 200 ;; *) echo -1 ;;
     esac
 }
@@ -68,8 +69,10 @@ run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller'
         main-colocate) SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$((left - 90)) FIRST_MODE_EXTRA=0 \
             bash scripts/gpu/main_job_sglang.sh colocate ;;
         ray-main) bash scripts/gpu/install_ray.sh || return 1
-            SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$(((left - 60) / 2)) RAY_LIMIT=$(((left - 60) / 2)) \
-                FIRST_MODE_EXTRA=0 bash scripts/gpu/main_job_sglang.sh ${RAY_MODES:-colocate,ray-colocate} ;;
+            local modes=${RAY_MODES:-colocate,ray-colocate} n=1
+            [[ "$modes" == *,* ]] && n=2
+            SLIME_MEGATRON_COMPILE=0 STEPS=${STEPS:-15} COLOCATE_LIMIT=$(((left - 60) / n)) RAY_LIMIT=$(((left - 60) / n)) \
+                FIRST_MODE_EXTRA=0 bash scripts/gpu/main_job_sglang.sh "$modes" ;;
         bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 7 --warmup 4} ;;
         bench-fresh) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh --fresh-data \
             ${FRESH_ARGS:---shapes qwen2-1.5b --backends transformers,megatron,megatron+varlen_attention} ;;
