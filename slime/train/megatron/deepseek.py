@@ -29,7 +29,9 @@ rotated heads, with each value head zero-padded from ``v_head_dim`` to the query
 fused kernels (which want one head width) run, and the padding cut off their output.
 
 Refused (``UnsupportedArchitecture`` in ``arch``): ``rope_interleave=False``, an explicit YaRN
-``attention_factor`` or ``truncate=False`` (megatron computes neither), ``attention_bias``.
+``attention_factor`` or ``truncate=False`` (megatron computes neither), ``attention_bias``, and value heads
+wider than the query/key heads (megatron-core 0.19 pads values to the query width for packed sequences, and
+would cut wider ones; no released MLA model has them).
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ class MLAArch:
             qk_rope_head_dim=int(config["qk_rope_head_dim"]),
             v_head_dim=int(config["v_head_dim"]),
         )
+        if shape["v_head_dim"] > shape["qk_nope_head_dim"] + shape["qk_rope_head_dim"]:  # megatron pads v to q's width
+            raise _Unsupported(
+                f"{model_type} with v_head_dim={shape['v_head_dim']}: expected at most the q/k head width"
+            )
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
         if rope_type == "default":
@@ -156,7 +162,7 @@ class MLAArch:
         )
 
     def config_fields(self, rope_theta: float) -> dict[str, object]:
-        """The ``MLATransformerConfig`` fields (module docstring's mapping)."""
+        """The ``MLATransformerConfig`` fields (module docstring's mapping); they override the GQA ones."""
         return dict(
             multi_latent_attention=True,
             q_lora_rank=self.q_lora_rank or None,

@@ -14,16 +14,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from slime.train.megatron._mcore import mcore
-from slime.train.megatron.layers import RMSNorm, SDPACoreAttention
+from slime.train.megatron.layers import PackedRoPEParams, RMSNorm, SDPACoreAttention
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttentionSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["MLACoreAttention", "mla_layer_spec"]
+__all__ = ["MLACoreAttention", "LocalMLASelfAttention", "mla_layer_spec"]
+
+_MLASelfAttention: Any = mcore("megatron.core.transformer.multi_latent_attention").MLASelfAttention
 
 
 class MLACoreAttention(SDPACoreAttention):
@@ -49,7 +52,7 @@ class MLACoreAttention(SDPACoreAttention):
             config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale, cp_comm_type
         )
 
-    def _rotate(self, query: Tensor, key: Tensor, params: Any) -> tuple[Tensor, Tensor]:
+    def _rotate(self, query: Tensor, key: Tensor, params: PackedRoPEParams) -> tuple[Tensor, Tensor]:
         return query, key  # MLASelfAttention rotated the rope channels already
 
     def forward(
@@ -66,6 +69,8 @@ class MLACoreAttention(SDPACoreAttention):
 
         The narrower side is zero-padded to ``max(d_q, d_v)``: zero value channels give zero outputs
         (cut off), zero query/key channels add nothing to the scores (the softmax scale is MLA's).
+        megatron-core 0.19 pads packed values to the query width itself and cuts its output back; the
+        padding here is then a no-op (0.16 passes the values as they are).
         """
         t, n, d_q = query.shape
         d_v = value.shape[-1]
@@ -77,11 +82,33 @@ class MLACoreAttention(SDPACoreAttention):
         return out.view(t, n, width)[..., :d_v].reshape(t, n * d_v)
 
 
+class LocalMLASelfAttention(_MLASelfAttention):
+    """megatron-core's ``MLASelfAttention`` building exactly the modules its spec names.
+
+    megatron-core 0.19 resolves the q / kv norms through ``QKNormConfigResolver``, which without a q latent
+    (``q_lora_rank`` None) demands a fused norm + linear ``linear_q_proj`` (Transformer Engine's) for the kv
+    latent norm to be allowed, and without ``qk_layernorm`` refuses the norms altogether; HF's MLA has
+    plain norms on both latents and no norm before ``q_proj``. The spec here names every module
+    (``mla_layer_spec``), so they are used as they are. (0.16 builds from the spec directly and never calls
+    this method.)
+    """
+
+    def _resolve_qk_norm_config(self, submodules: MLASelfAttentionSubmodules) -> dict[str, object]:
+        return dict(
+            linear_q_proj=submodules.linear_q_proj,
+            linear_q_up_proj=submodules.linear_q_up_proj,
+            linear_kv_up_proj=submodules.linear_kv_up_proj,
+            q_layernorm=submodules.q_layernorm,
+            kv_layernorm=submodules.kv_layernorm,
+        )
+
+
 def mla_layer_spec(*, num_experts: int | None = None) -> ModuleSpec:
     """megatron-core's local GPT layer spec with ``MLASelfAttention`` (``model.layer_spec``'s MLA twin).
 
-    slime's ``RMSNorm`` for the layer norms and the q / kv latent norms, ``MLACoreAttention`` for the
-    core attention; with ``num_experts`` the MLP is megatron's ``MoELayer``.
+    ``LocalMLASelfAttention`` for the attention, slime's ``RMSNorm`` for the layer norms and the q / kv
+    latent norms, ``MLACoreAttention`` for the core attention; with ``num_experts`` the MLP is
+    megatron's ``MoELayer``.
     """
     spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(
         num_experts=num_experts,
@@ -94,9 +121,10 @@ def mla_layer_spec(*, num_experts: int | None = None) -> ModuleSpec:
     sub = spec.submodules
     sub.input_layernorm = RMSNorm
     sub.pre_mlp_layernorm = RMSNorm
+    sub.self_attention.module = LocalMLASelfAttention
     attn = sub.self_attention.submodules
     attn.core_attention = MLACoreAttention
-    attn.q_layernorm = RMSNorm
+    attn.q_layernorm = RMSNorm  # built only with a q latent
     attn.kv_layernorm = RMSNorm
     return spec
 

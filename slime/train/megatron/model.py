@@ -94,8 +94,7 @@ def transformer_config(
     configs = mcore("megatron.core.transformer.transformer_config")
     dtype = params_dtype or (torch.bfloat16 if mcfg.bf16 else torch.float32)
     return (configs.MLATransformerConfig if arch.mla else configs.TransformerConfig)(
-        **_model_fields(arch),
-        **(arch.mla.config_fields(arch.rope_theta) if arch.mla else {}),  # slime.train.megatron.deepseek
+        **(_model_fields(arch) | (arch.mla.config_fields(arch.rope_theta) if arch.mla else {})),  # MLA: deepseek.py
         **_parallel_fields(arch, mcfg),
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,

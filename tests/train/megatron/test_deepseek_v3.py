@@ -42,8 +42,8 @@ CONFIGS = {
             mscale_all_dim=0.8,
         ),
     ),  # fmt: skip
-    # DeepSeek-V2-Lite's: no q latent (q_proj), plain RoPE, v wider than q/k heads
-    "plain": dict(BASE, q_lora_rank=None, v_head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=5000.0)),
+    # DeepSeek-V2-Lite's: no q latent (q_proj), plain RoPE (v heads 8 against q/k heads of 12 channels)
+    "plain": dict(BASE, q_lora_rank=None, v_head_dim=8, rope_parameters=dict(rope_type="default", rope_theta=5000.0)),
 }
 
 
@@ -99,6 +99,7 @@ def test_arch_reads_mla_yarn_and_deepseek_moe(ds_dirs, caplog):
         (dict(attention_bias=True), "attention_bias"),
         (dict(hidden_act="gelu"), "hidden_act"),
         (dict(norm_topk_prob=False), "norm_topk_prob"),
+        (dict(v_head_dim=13), "v_head_dim"),
         (dict(rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=8, truncate=False)), "truncate"),
     ],
 )  # fmt: skip
