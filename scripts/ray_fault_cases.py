@@ -21,10 +21,10 @@ from pathlib import Path
 
 from ray.cluster_utils import Cluster
 
-RUN = (
-    "--builtin-task chain --rollout-batch-size 8 --n-samples-per-prompt 8 --global-batch-size 64 "
-    "--rollout-max-response-len 96 --num-eval-prompts 200 --no-progress --health-check-interval-s 1"
-).split()
+from slime.bench.learning_modes import TRAIN_FLAGS
+
+RUN = ["--builtin-task", "chain", *TRAIN_FLAGS, "--no-progress", "--health-check-interval-s", "1"]
+"""The learning bench's CPU recipe for the chain task, with fast engine health checks."""
 
 
 def start(address: str, run: str, *flags: str) -> subprocess.Popen[str]:

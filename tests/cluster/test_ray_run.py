@@ -25,28 +25,15 @@ import pytest
 pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from slime.bench.learning_modes import TRAIN_FLAGS  # noqa: E402
 from slime.loop.record import load_rollout_record  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-RUN = [
-    "--builtin-task",
-    "chain",
-    "--rollout-batch-size",
-    "8",
-    "--n-samples-per-prompt",
-    "8",
-    "--global-batch-size",
-    "64",
-    "--rollout-max-response-len",
-    "96",
-    "--num-eval-prompts",
-    "200",
-    "--no-progress",
-    "--health-check-interval-s",
-    "1",
-]
+RUN = ["--builtin-task", "chain", *TRAIN_FLAGS, "--no-progress", "--health-check-interval-s", "1"]
 """The bench's CPU recipe for the chain task (slime bench learning), with fast engine health checks."""
+GROUPS = int(TRAIN_FLAGS[TRAIN_FLAGS.index("--rollout-batch-size") + 1])
+SAMPLES = int(TRAIN_FLAGS[TRAIN_FLAGS.index("--n-samples-per-prompt") + 1])
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +113,9 @@ def test_run_on_two_nodes_learns_and_survives_a_killed_engine(two_nodes: str, tm
     ids = []
     for step in range(1, 15):
         groups = load_rollout_record(record, step).groups
-        assert len(groups) == 8 and all(len(g.samples) == 8 for g in groups), step
+        assert len(groups) == GROUPS and all(len(g.samples) == SAMPLES for g in groups), step
         ids += [g.group_id for g in groups]
-        assert all(sorted(s.index for s in g.samples) == list(range(8)) for g in groups)
+        assert all(sorted(s.index for s in g.samples) == list(range(SAMPLES)) for g in groups)
     assert len(ids) == len(set(ids))
     assert re.search(r"^done: eval accuracy", out, re.M)
 
