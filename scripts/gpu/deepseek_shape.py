@@ -115,6 +115,11 @@ def make(out: str, *, tiny: bool = False) -> None:
     path = os.path.join(out, "config.json")
     config = json.load(open(path))
     config["rope_scaling"] = dict(config["rope_parameters"], type="yarn")
+    # keys DeepSeek-V3's own config.json ships and SGLang 0.5.17's deepseek_v2.py reads as attributes
+    # (transformers' DeepseekV3Config has no field for them): without moe_layer_freq the server does not start
+    config.setdefault("rope_theta", config["rope_parameters"].get("rope_theta", 10000.0))
+    config.update(moe_layer_freq=1, scoring_func="sigmoid", topk_method="noaux_tc", ep_size=1)
+    config.setdefault("num_nextn_predict_layers", 0)
     json.dump(config, open(path, "w"), indent=2)
     with open(os.path.join(out, "prompts.jsonl"), "w") as f:
         for i in range(256):
