@@ -32,6 +32,7 @@ def add_ray_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_or_plan(ns: argparse.Namespace, config: Config, argv: list[str]) -> int:
     """``slime train --ray``: the placement printed (``--dry-run``), or the run driven on the cluster."""
+    from slime.cli.plan_inputs import check_plan_inputs
     from slime.cluster.launch import dry_run_on_ray, run_on_ray
     from slime.cluster.plan import ClusterShape
     from slime.errors import ConfigError
@@ -41,6 +42,9 @@ def run_or_plan(ns: argparse.Namespace, config: Config, argv: list[str]) -> int:
             raise ConfigError(
                 "--ray --dry-run plans for a cluster given as --ray-plan-nodes N --ray-plan-gpus-per-node G"
             )
+        # the inputs that are here checked as for any dry run; the cluster's own paths (/root/...) named, not refused
+        if note := check_plan_inputs(config):
+            print(note)
         print(dry_run_on_ray(config, argv, ClusterShape(ns.ray_plan_nodes, ns.ray_plan_gpus_per_node)))
         return 0
     return run_on_ray(config, argv, address=ns.ray_address)

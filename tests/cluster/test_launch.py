@@ -162,6 +162,7 @@ def test_dry_run_plans_slime_qwen3_4b_script_as_written_for_paths_on_the_cluster
     plan = ["--ray-plan-nodes", str(cluster.nodes), "--ray-plan-gpus-per-node", str(cluster.gpus_per_node)]
     assert main(["train", "--ray", "--dry-run", *plan, *argv]) == 0
     out = capsys.readouterr().out
+    assert "note: not on this machine, planned anyway (a real run refuses them): --hf-checkpoint /root/Qwen3-4B" in out
     assert "# slime on Ray: 8 GPU bundle(s) on 1 node(s)" in out
     assert "trainer-0 (and ranks 1-7" in out and "engine-3:" in out
     placed = " ".join(f"actor=http://node-0:{15000 + i}" for i in range(4))
@@ -207,6 +208,14 @@ def test_a_resumed_ray_run_places_its_engines_anew(tmp_path):
     config = _config(argv)
     plan = launch_plan_for_ray(config.engine, seed=0, colocate=False, in_place_updates=False)
     assert plan.backend == "embedded" and len(plan.servers) == 2
+
+
+def test_dry_run_still_refuses_a_bad_input_that_is_here(tmp_path, capsys):
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text('{"prompt": "1+1", "label": "2"}\nnot json\n')
+    plan = ["--ray-plan-nodes", "1", "--ray-plan-gpus-per-node", "8"]
+    assert main(["train", "--ray", "--dry-run", *plan, "--prompt-data", str(bad), "--rm-type", "math"]) == 2
+    assert f"{bad}:2" in capsys.readouterr().err
 
 
 def test_dry_run_needs_the_cluster_shape(capsys):
