@@ -15,10 +15,16 @@ hyper-parameters. From each run's ``metrics.jsonl`` (``run_curve``) it reads:
   the wall time at an eval is when it began, i.e. what the model had reached by then;
 - time (both clocks) and tokens to reach ``--target-accuracy``: the first eval at or above it;
 - final accuracy (the driver's eval after the last step);
-- the off-policy token share (the batches' model tokens with version lag > 0, the driver's
+- the off-policy token share (the trained model tokens with version lag > 0, the driver's
   ``lag_histogram``: after the ``--max-staleness`` mask, before ``--mask-offpolicy-in-partial-rollout``,
   which the trainer applies, so april-mask shows the share it masks) and the version-lag
-  distribution of those tokens (shares per lag, p50 / p90 / max).
+  distribution of those tokens (shares per lag, p50 / p90 / max), the share of tokens masked as
+  over-stale, and the length bias of what trained against what was drawn (``bias/*`` of the step
+  records, ``slime.loop.offpolicy.length_bias``: length ratio, longest-quartile share trained / drawn,
+  mean age in versions of the trained tokens of long / short samples).
+
+Modes ``april-4x`` and ``april-drop`` are issue 30's candidates (32 groups in flight, the bench's
+APRIL before 2x became the default; partial groups expiring after ``--max-staleness`` versions).
 
 Per mode (``summarize``): seeds that reached the target, mean / min / max time to target, final
 accuracy mean and spread (sample standard deviation, min, max), and the speed-up of time to target
