@@ -49,9 +49,13 @@ def main(out: str) -> None:
                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)  # fmt: skip
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device(device):
-        model = Glm4MoeForCausalLM(cfg)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 (half the memory); the caller's default restored after
+    try:
+        with torch.device(device):
+            model = Glm4MoeForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(before)
     with torch.no_grad():
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
