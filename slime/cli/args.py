@@ -16,6 +16,7 @@ import msgspec
 
 from slime.cli.flags import FLAGS  # the table itself (slime/cli/flags.py), re-exported
 from slime.config import Config
+from slime.config.loop import LoopConfig
 from slime.engines.fleet.groups import RESERVED_ROUTER_FLAGS, RESERVED_SERVER_FLAGS
 from slime.errors import ConfigError
 
@@ -195,13 +196,10 @@ def config_from_args(
     _eval_samples_at_rollout_temperature(tree, given_temperature=getattr(ns, "eval_temperature", None) is not None)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
-    if getattr(ns, "over_sampling_batch_size", None) is None:  # default: at least one batch (slime's: the batch)
+    if getattr(ns, "over_sampling_batch_size", None) is None and base is None:  # a resumed run keeps its own
         loop = tree["loop"]
-        loop["over_sampling_batch_size"] = max(loop["over_sampling_batch_size"], loop["rollout_batch_size"])
-        # APRIL's paper: 2x the batch in flight; 4x trains a shorter, staler tail (issue 30). A base config
-        # (a resumed run's) keeps its own value.
-        if loop["mode"] == "april" and base is None:
-            loop["over_sampling_batch_size"] = 2 * loop["rollout_batch_size"]
+        defaults = LoopConfig(mode=loop["mode"], rollout_batch_size=loop["rollout_batch_size"])
+        loop["over_sampling_batch_size"] = defaults.default_over_sampling()
     try:
         config = msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:

@@ -12,6 +12,10 @@ from slime.config._base import STRUCT, Range, check_ranges
 __all__ = ["LoopConfig"]
 
 
+OVER_SAMPLING_BATCH_SIZE = 32
+"""The field's default; a run's flags resolve it with ``LoopConfig.default_over_sampling``."""
+
+
 class LoopConfig(msgspec.Struct, **STRUCT):
     mode: Literal["sync", "april", "async"] = "sync"
     """``sync``: wait for every sample (baseline). ``april``: over-provision, abort at target,
@@ -19,7 +23,7 @@ class LoopConfig(msgspec.Struct, **STRUCT):
     are updated in flight (pause in place, update, continue)."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Groups per training batch (``--rollout-batch-size``)."""
-    over_sampling_batch_size: Annotated[int, Range(ge=1)] = 32
+    over_sampling_batch_size: Annotated[int, Range(ge=1)] = OVER_SAMPLING_BATCH_SIZE
     """Groups in flight in ``april`` and ``async`` modes (``--over-sampling-batch-size``); >= rollout_batch_size.
     Unset on the command line: 2 x rollout_batch_size in ``april`` (APRIL's over-provisioning; 4x trains a
     shorter, staler tail and learns less: docs/benchmarks.md, issue 30), else max(32, rollout_batch_size)."""
@@ -59,6 +63,13 @@ class LoopConfig(msgspec.Struct, **STRUCT):
     offline_ratio: Annotated[float, Range(ge=0, lt=1)] = 0.0
     """Fraction of each batch's groups taken from ``--offline-data`` (``--offline-ratio``), in [0, 1);
     exact over batches (after k batches, floor(k * rollout_batch_size * ratio) offline groups)."""
+
+    def default_over_sampling(self) -> int:
+        """``--over-sampling-batch-size`` when it is not given: 2x the batch for APRIL (the paper's; 4x trains a
+        shorter, staler tail, issue 30), else at least one batch (slime's: the batch). Example: april, batch 16 -> 32."""
+        if self.mode == "april":
+            return 2 * self.rollout_batch_size
+        return max(OVER_SAMPLING_BATCH_SIZE, self.rollout_batch_size)
 
     @property
     def online_groups_per_batch(self) -> int:

@@ -353,7 +353,8 @@ class Config(msgspec.Struct, **STRUCT):
         d = Config()
         pairs = [
             ("--rollout-mode / --partial-rollout", self.loop.mode, d.loop.mode),
-            ("--over-sampling-batch-size", self.loop.over_sampling_batch_size, d.loop.over_sampling_batch_size),
+            # its default follows the mode and the batch (LoopConfig.default_over_sampling), not the field's
+            ("--over-sampling-batch-size", self.loop.over_sampling_batch_size, self.loop.default_over_sampling()),
             ("--n-samples-per-prompt", self.rollout.n_samples_per_prompt, d.rollout.n_samples_per_prompt),
             (
                 "--custom-generate-function-path",
