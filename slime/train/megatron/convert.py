@@ -85,7 +85,9 @@ def _layer_names(arch: ModelArch, i: int, ep_size: int) -> list[str]:
         post = [pre + "mlp.post_layernorm.weight"] if arch.post_norms else []
         return names + [pre + "mlp.linear_fc1.weight", pre + "mlp.linear_fc2.weight", *post]
     names.append(pre + "mlp.router.weight")
-    names += [pre + "mlp.router.expert_bias"] if arch.router and arch.router.expert_bias else []  # a buffer (deepseek_moe)
+    names += (
+        [pre + "mlp.router.expert_bias"] if arch.router and arch.router.expert_bias else []
+    )  # a buffer (deepseek_moe)
     for j in range(arch.num_experts // ep_size):
         names += [
             pre + f"mlp.experts.local_experts.{j}.linear_fc1.weight",
