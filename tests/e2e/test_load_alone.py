@@ -7,10 +7,20 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from slime.cli import main
 from tests.fixtures.tiny_model import write_tiny_llama
 
 TIMING = ("time_s", "step_time_s", "tokens_per_s", "rollout_wait_s", "train_time_s", "weight_sync_s", "eval_time_s")
+
+
+NOISY = "train/train_rollout_logprob_abs_diff"
+"""Metrics that measure float noise between two processes (engine and trainer): compared within a tolerance."""
+
+
+def _exact(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(NOISY)}
 
 
 def _rows(run) -> list[dict]:
@@ -39,7 +49,14 @@ def test_load_alone_gives_the_same_config_eval_set_and_next_step_metrics_as_an_u
     saved, resumed = (json.loads((run / "config.json").read_text()) for run in (whole, cut))
     assert {**resumed, "run_dir": None, "load": None} == {**saved, "run_dir": None, "load": None}
     assert resumed["data"]["eval_prompt_data"] == [str(heldout)] and resumed["loop"]["rollout_batch_size"] == 2
-    assert _rows(cut) == _rows(whole)  # step 2 (and the final eval, on the held-out file) as the uninterrupted run's
+    # step 2 (and the final eval, on the held-out file) as the uninterrupted run's; the trainer/engine logprob gap
+    # is float noise (~1e-7) that depends on how the engine batched the requests, so it is compared within 1e-5
+    resumed_rows, whole_rows = _rows(cut), _rows(whole)
+    assert [_exact(r) for r in resumed_rows] == [_exact(r) for r in whole_rows]
+    for a, b in zip(resumed_rows, whole_rows):
+        assert {k: v for k, v in a.items() if k.startswith(NOISY)} == pytest.approx(
+            {k: v for k, v in b.items() if k.startswith(NOISY)}, abs=1e-5
+        )
     ends = [json.loads((run / "summary.json").read_text()) for run in (whole, cut)]
     for key in ("eval_accuracy_before", "eval_accuracy_after", "final_policy_version", "groups_trained"):
         assert ends[0][key] == ends[1][key], key
