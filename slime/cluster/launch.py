@@ -30,7 +30,7 @@ from slime.cluster.commands import RunCommands, launch_plan_for_ray, run_shape
 from slime.cluster.connect import connect, disconnect
 from slime.cluster.placement import Reservation, reserve
 from slime.cluster.plan import ClusterShape, PlacementTable, Process, plan_placement
-from slime.cluster.supervise import ClusterRun, ProcessDied, Rendezvous
+from slime.cluster.supervise import ClusterRun, ProcessDied, Rendezvous, rendezvous_of
 from slime.config import Config, SyncConfig
 from slime.engines.fleet.plan_specs import LaunchPlan
 from slime.errors import ConfigError
@@ -228,16 +228,4 @@ def dry_run_on_ray(config: Config, argv: list[str], cluster: ClusterShape) -> st
 
 def _planned_rendezvous(table: PlacementTable, p: Process) -> Rendezvous:
     """``p``'s view of the run as planned: ``node-<k>`` addresses, the table's planned ports."""
-    named = {q.name: q for q in table.processes}
-    heads = [q for q in table.processes if q.role == "engine" and q.node_rank == 0]
-    head = next((q for q in heads if q.rank == p.rank), None)
-    router = named.get("router")
-    trainer0 = named.get("trainer-0")
-    return Rendezvous(
-        table.node_ip(p.node),
-        p.port,
-        (table.node_ip(trainer0.node), trainer0.port or 0) if trainer0 and p.role == "trainer" else None,
-        (table.node_ip(head.node), head.dist_port or 0) if head and p.role == "engine" and p.nnodes > 1 else None,
-        tuple(f"http://{table.node_ip(q.node)}:{q.port}" for q in heads),
-        (table.node_ip(router.node), router.port or 0) if router else None,
-    )
+    return rendezvous_of(table, p, lambda q, which: (table.node_ip(q.node), q.port if which == 0 else q.dist_port))

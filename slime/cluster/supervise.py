@@ -41,11 +41,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from slime.cluster.actors import ACTOR_OPTIONS, ProcessActor, ProcessActorRemote, Where
 from slime.cluster.placement import Reservation
-from slime.cluster.plan import Process
+from slime.cluster.plan import PlacementTable, Process
 from slime.errors import RunError
 from slime.stop import sigterm_raises
 
-__all__ = ["Command", "Rendezvous", "ProcessDied", "ClusterRun", "RETRYABLE_ROLES"]
+__all__ = ["Command", "Rendezvous", "rendezvous_of", "ProcessDied", "ClusterRun", "RETRYABLE_ROLES"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,32 @@ class _Live:
 
 
 CommandFn = Callable[[Process, Rendezvous], Command]
+AddressFn = Callable[[Process, int], tuple[str, "int | None"]]
+"""``(process, which)`` -> its node's IP and its own port (``which`` 0) or dist-init port (1), None if it has none."""
+
+
+def rendezvous_of(table: PlacementTable, p: Process, address: AddressFn) -> Rendezvous:
+    """``p``'s view of the run from ``address``: ``ClusterRun``'s real addresses, or a dry run's planned ones."""
+
+    def known(q: Process | None, which: int) -> tuple[str, int] | None:
+        if q is None:
+            return None
+        ip, port = address(q, which)
+        return None if port is None else (ip, port)
+
+    trainer0 = next((q for q in table.processes if q.role == "trainer" and q.rank == 0), None)
+    heads = [q for q in table.processes if q.role == "engine" and q.node_rank == 0]
+    head = next((q for q in heads if q.rank == p.rank), None)
+    router = next((q for q in table.processes if q.role == "router"), None)
+    own_ip, own_port = address(p, 0)
+    return Rendezvous(
+        own_ip,
+        own_port,
+        known(trainer0, 0) if p.role == "trainer" else None,
+        known(head, 1) if p.role == "engine" and p.nnodes > 1 else None,
+        tuple(f"http://{ip}:{port}" for ip, port in (address(q, 0) for q in heads)),
+        known(router, 0),
+    )
 
 
 def _ports_of(p: Process, free: list[int]) -> tuple[int | None, int | None]:
@@ -213,29 +239,16 @@ class ClusterRun:
         return ports
 
     def rendezvous(self, p: Process) -> Rendezvous:
-        """``p``'s view of the run: its node IP and port, trainer rank 0's and its engine head's addresses."""
-        trainer0 = next((q for q in self.table.processes if q.role == "trainer" and q.rank == 0), None)
-        head = next(
-            (q for q in self.table.processes if q.role == "engine" and q.rank == p.rank and q.node_rank == 0), None
-        )
-        return Rendezvous(
-            self._live[p.name].where.ip,
-            self._ports[p.name][0],
-            self._address(trainer0, 0) if p.role == "trainer" else None,
-            self._address(head, 1) if p.role == "engine" and p.nnodes > 1 else None,
-            tuple(self.engine_urls()),
-            self._address(next((q for q in self.table.processes if q.role == "router"), None), 0),
-        )
+        """``p``'s view of the run from the actors: real IPs and the ports each node gave."""
+        return rendezvous_of(self.table, p, self._real_address)
 
-    def _address(self, q: Process | None, which: int) -> tuple[str, int] | None:
-        """(IP, port) of ``q``'s own port (``which`` 0) or dist-init port (1); None when it has none."""
-        port = None if q is None else self._ports[q.name][which]
-        return None if q is None or port is None else (self._live[q.name].where.ip, port)
+    def _real_address(self, q: Process, which: int) -> tuple[str, int | None]:
+        return self._live[q.name].where.ip, self._ports[q.name][which]
 
     def engine_urls(self) -> list[str]:
         """``http://ip:port`` of every engine (its node rank 0), in engine order."""
-        heads = [q for q in self.table.processes if q.role == "engine" and q.node_rank == 0]
-        return [f"http://{self._live[q.name].where.ip}:{self._ports[q.name][0]}" for q in heads]
+        heads = (q for q in self.table.processes if q.role == "engine" and q.node_rank == 0)
+        return [f"http://{ip}:{port}" for ip, port in (self._real_address(q, 0) for q in heads)]
 
     def _env(self, p: Process, r: Rendezvous) -> dict[str, str]:
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.table.gpus(p)))} if p.slots else {}
