@@ -9,7 +9,8 @@ GLM-4 (``Glm4ForCausalLM``: q/k/v bias, partial interleaved RoPE, post-attention
 norms; ``slime.train.megatron.glm``) and GLM-4.5 to 4.7 (``Glm4MoeForCausalLM``: q/k/v bias, partial
 RoPE, optional q/k norm, DeepSeek-V3's sigmoid router and MoE layout, ``slime.train.megatron.deepseek_moe``;
 its multi-token-prediction layers past ``num_hidden_layers`` are not read). DeepSeek-V3 / Kimi-K2
-(``DeepseekV3ForCausalLM``: multi-latent attention with YaRN, the same MoE layout; ``slime.train.megatron.deepseek``).
+(``DeepseekV3ForCausalLM``: multi-latent attention with YaRN, the same MoE layout; ``slime.train.megatron.deepseek``)
+and GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``: DeepSeek-V3's layers, GLM's dense/MoE layer list; ``slime.train.megatron.glm_lite``).
 All are pre-norm decoders with RMSNorm and SwiGLU MLPs; all but DeepSeek-V3 use grouped-query
 attention and RoPE (``rope_type`` "default"); embeddings may be tied to the output layer. Anything
 else (sliding windows, RoPE scaling other than DeepSeek-V3's YaRN, biases on the output projection
@@ -42,10 +43,17 @@ from typing import Any, Literal
 from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron.deepseek import MLAArch, deepseek_v3_fields
 from slime.train.megatron.deepseek_moe import SigmoidRouter, deepseek_moe_fields
+from slime.train.megatron.glm_lite import glm4_moe_lite_fields
 
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe", "glm4_moe_lite",
+)  # fmt: skip
+_MLA_FIELDS = {
+    "deepseek_v3": deepseek_v3_fields,
+    "glm4_moe_lite": glm4_moe_lite_fields,
+}  # model_type -> ModelArch kwargs
 log = logging.getLogger(__name__)
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "glm4_moe")
 
@@ -59,7 +67,8 @@ class ModelArch:
     """Shape and options of one decoder, enough to build it and to convert its weights.
 
     Attributes:
-        family: HF ``model_type``: "llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4" or "glm4_moe".
+        family: HF ``model_type``: "llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4",
+            "glm4_moe" or "glm4_moe_lite".
         num_layers / hidden_size / ffn_hidden_size: layer count, model width, SwiGLU width of the
             dense layers.
         num_attention_heads / num_query_groups: query heads and key/value heads (GQA groups).
@@ -84,7 +93,9 @@ class ModelArch:
         mla: multi-latent attention's shape (None: grouped-query attention; ``deepseek``).
     """
 
-    family: Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe"]
+    family: Literal[
+        "llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe", "glm4_moe_lite"
+    ]
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -190,9 +201,9 @@ class ModelArch:
                 f"the megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} decoders; this checkpoint is "
                 f"model_type={model_type!r} (architectures={arch_names})"
             )
-        if model_type == "deepseek_v3":
+        if model_type in _MLA_FIELDS:  # multi-latent attention: DeepSeek-V3, GLM-4.7-Flash
             try:
-                return cls(**deepseek_v3_fields(config))
+                return cls(**_MLA_FIELDS[model_type](config))
             except ValueError as exc:
                 raise UnsupportedArchitecture(f"{arch_names}: {exc}") from exc
         heads = int(config["num_attention_heads"])

@@ -202,6 +202,7 @@ def is_expert(name: str) -> bool:
 _FAMILY_LAYER_MAPS: dict[str, Mapping[str, tuple[str, ...]]] = {  # over _LAYER_MAP
     "deepseek_v3": DEEPSEEK_V3_HF_NAMES,
     "glm4_moe": DEEPSEEK_MOE_HF_NAMES,  # GLM-4.5's MoE names are DeepSeek-V3's
+    "glm4_moe_lite": DEEPSEEK_V3_HF_NAMES,  # GLM-4.7-Flash's layers are DeepSeek-V3's (slime.train.megatron.glm_lite)
 }
 
 

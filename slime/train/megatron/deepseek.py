@@ -181,8 +181,10 @@ class MLAArch:
         )
 
 
-def deepseek_v3_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+def deepseek_v3_fields(config: Mapping[str, Any], model_type: str = "deepseek_v3") -> dict[str, Any]:
     """The ``ModelArch`` keyword arguments of a ``deepseek_v3`` config (MLA, DeepSeek MoE, first-k dense).
+
+    ``model_type`` is the family and the name in messages: GLM-4.7-Flash's layers are DeepSeek-V3's (``glm_lite``).
 
     ``head_dim`` is the query/key head width ``qk_nope_head_dim + qk_rope_head_dim``; every head
     is its own key/value group (``num_query_groups = num_attention_heads``).
@@ -190,7 +192,6 @@ def deepseek_v3_fields(config: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: an option ``MLAArch.from_hf_config`` or ``deepseek_moe_fields`` refuses.
     """
-    model_type = "deepseek_v3"
     if config.get("hidden_act", "silu") != "silu":
         raise _Unsupported(f"{model_type} with hidden_act={config['hidden_act']!r}: expected 'silu'")
     mla = MLAArch.from_hf_config(config, model_type)

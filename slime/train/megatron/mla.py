@@ -3,7 +3,7 @@
 ``MLACoreAttention`` is the core attention of megatron-core's ``MLASelfAttention`` here: slime's
 ``SDPACoreAttention`` without RoPE (MLA rotated the rope channels itself), each value head zero-padded
 to the query width so the fused kernels (one head width) run, the padding cut off their output.
-``mla_layer_spec`` swaps it, and slime's RMSNorm for the q / kv latent norms, into megatron's local MLA spec.
+``mla_layer_spec`` swaps it, and ``LatentRMSNorm`` for the q / kv latent norms, into megatron's local MLA spec.
 """
 
 from __future__ import annotations
@@ -24,9 +24,26 @@ if TYPE_CHECKING:
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["MLACoreAttention", "LocalMLASelfAttention", "mla_layer_spec"]
+__all__ = ["MLACoreAttention", "LatentRMSNorm", "LocalMLASelfAttention", "mla_layer_spec", "HF_LATENT_NORM_EPS"]
 
 _MLASelfAttention: Any = mcore("megatron.core.transformer.multi_latent_attention").MLASelfAttention
+
+
+HF_LATENT_NORM_EPS = 1e-6
+"""The epsilon of transformers' ``q_a_layernorm`` / ``kv_a_layernorm`` (DeepSeek-V3, GLM-4.7-Flash): its default, not
+``rms_norm_eps``."""
+
+
+class LatentRMSNorm(RMSNorm):
+    """slime's RMSNorm for the q / kv latents, at transformers' ``HF_LATENT_NORM_EPS`` whatever ``eps`` megatron passes.
+
+    megatron-core's MLA builds both latent norms with ``layernorm_epsilon`` (``rms_norm_eps``), as SGLang 0.5.17 does;
+    transformers builds them with ``RMSNorm(rank)``'s default 1e-6. They differ where ``rms_norm_eps`` is not 1e-6
+    (GLM-4.7-Flash: 1e-5); the trainer follows transformers, whose logits it is tested against.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = HF_LATENT_NORM_EPS, **_: object):
+        super().__init__(config, hidden_size, HF_LATENT_NORM_EPS)
 
 
 class MLACoreAttention(SDPACoreAttention):
@@ -106,8 +123,8 @@ class LocalMLASelfAttention(_MLASelfAttention):
 def mla_layer_spec(*, num_experts: int | None = None) -> ModuleSpec:
     """megatron-core's local GPT layer spec with ``MLASelfAttention`` (``model.layer_spec``'s MLA twin).
 
-    ``LocalMLASelfAttention`` for the attention, slime's ``RMSNorm`` for the layer norms and the q / kv
-    latent norms, ``MLACoreAttention`` for the core attention; with ``num_experts`` the MLP is
+    ``LocalMLASelfAttention`` for the attention, slime's ``RMSNorm`` for the layer norms, ``LatentRMSNorm`` for the
+    q / kv latent norms, ``MLACoreAttention`` for the core attention; with ``num_experts`` the MLP is
     megatron's ``MoELayer``.
     """
     spec = mcore("megatron.core.models.gpt.gpt_layer_specs").get_gpt_layer_local_spec(
@@ -124,8 +141,8 @@ def mla_layer_spec(*, num_experts: int | None = None) -> ModuleSpec:
     sub.self_attention.module = LocalMLASelfAttention
     attn = sub.self_attention.submodules
     attn.core_attention = MLACoreAttention
-    attn.q_layernorm = RMSNorm  # built only with a q latent
-    attn.kv_layernorm = RMSNorm
+    attn.q_layernorm = LatentRMSNorm  # built only with a q latent
+    attn.kv_layernorm = LatentRMSNorm
     return spec
 
 
