@@ -18,6 +18,8 @@ VARIANTS: dict[str, list[str]] = {
     "april-4x": ["--rollout-mode", "april", "--over-sampling-batch-size", "32"],
     "april-drop": ["--rollout-mode", "april", "--staleness-policy", "drop"],
     "async": ["--rollout-mode", "async"],
+    # async at AReaL's eta 4, its default before issue 30 made it 1 (LoopConfig.default_max_staleness)
+    "async-eta4": ["--rollout-mode", "async", "--max-staleness", "4"],
     "async-tis": ["--rollout-mode", "async", "--use-tis"],
     "async-mis": ["--rollout-mode", "async", "--mis-level", "token"],
     "async-decoupled": ["--rollout-mode", "async", "--use-decoupled-ppo"],

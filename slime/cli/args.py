@@ -196,16 +196,25 @@ def config_from_args(
     _eval_samples_at_rollout_temperature(tree, given_temperature=getattr(ns, "eval_temperature", None) is not None)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
-    if getattr(ns, "over_sampling_batch_size", None) is None and base is None:  # a resumed run keeps its own
-        loop = tree["loop"]
-        defaults = LoopConfig(mode=loop["mode"], rollout_batch_size=loop["rollout_batch_size"])
-        loop["over_sampling_batch_size"] = defaults.default_over_sampling()
+    if base is None:  # a resumed run keeps its own
+        _mode_defaults(ns, tree["loop"])
     try:
         config = msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
     config.validate().check_reward_given()
     return config
+
+
+def _mode_defaults(ns: argparse.Namespace, loop: dict[str, Any]) -> None:
+    """Fill in ``loop`` (the tree's loop section) the defaults that follow the mode, where no flag gave them:
+    ``--over-sampling-batch-size`` (``LoopConfig.default_over_sampling``) and ``--max-staleness``
+    (``LoopConfig.default_max_staleness``)."""
+    defaults = LoopConfig(mode=loop["mode"], rollout_batch_size=loop["rollout_batch_size"])
+    if getattr(ns, "over_sampling_batch_size", None) is None:
+        loop["over_sampling_batch_size"] = defaults.default_over_sampling()
+    if getattr(ns, "max_staleness", None) is None:
+        loop["max_staleness"] = defaults.default_max_staleness()
 
 
 def apply_slime_opd(tree: ConfigTree) -> None:

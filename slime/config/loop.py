@@ -15,6 +15,14 @@ __all__ = ["LoopConfig"]
 OVER_SAMPLING_BATCH_SIZE = 32
 """The field's default; a run's flags resolve it with ``LoopConfig.default_over_sampling``."""
 
+MAX_STALENESS = 4
+"""``max_staleness``'s field default (AReaL's eta); a run's flags resolve it with ``LoopConfig.default_max_staleness``."""
+
+ASYNC_MAX_STALENESS = 1
+"""``--max-staleness`` of an ``async`` run that does not give it: one version, as THUDM/slime's ``train_async.py``
+(the next batch is generated while this one trains). At 4, ~85 % of async's trained tokens were 4 versions old
+and it needed 1.27x sync's tokens to reach the bench's target; at 1, 1.21x (docs/benchmarks.md, issue 30)."""
+
 
 class LoopConfig(msgspec.Struct, **STRUCT):
     mode: Literal["sync", "april", "async"] = "sync"
@@ -29,10 +37,11 @@ class LoopConfig(msgspec.Struct, **STRUCT):
     shorter, staler tail and learns less: docs/benchmarks.md, issue 30), else max(32, rollout_batch_size)."""
     num_rollout: Annotated[int, Range(ge=0)] = 50
     """Rollout steps (= policy updates of the version counter) (``--num-rollout``)."""
-    max_staleness: Annotated[int, Range(ge=0)] = 4
+    max_staleness: Annotated[int, Range(ge=0)] = MAX_STALENESS
     """Bound on version lag (AReaL's eta, ``--max-staleness``): admission control starts no group
     that could only be trained more than this many versions after its first token, and tokens
-    older than this at consumption are handled by ``staleness_policy``."""
+    older than this at consumption are handled by ``staleness_policy``. Unset on the command line:
+    1 in ``async`` (``ASYNC_MAX_STALENESS``), else 4 (``default_max_staleness``)."""
     staleness_policy: Literal["mask", "drop"] = "mask"
     """Over-stale tokens at consumption: mask them out of the loss, or drop their whole group
     (``--staleness-policy``)."""
@@ -70,6 +79,14 @@ class LoopConfig(msgspec.Struct, **STRUCT):
         if self.mode == "april":
             return 2 * self.rollout_batch_size
         return max(OVER_SAMPLING_BATCH_SIZE, self.rollout_batch_size)
+
+    def default_max_staleness(self) -> int:
+        """``--max-staleness`` when it is not given: ``ASYNC_MAX_STALENESS`` (1) in ``async``, else 4.
+
+        Async generation runs as far ahead as the bound lets it, so the bound is the lag of nearly every
+        token it trains; one version keeps the overlap of generating the next batch during this train step.
+        Example: async -> 1; april -> 4 (its lag comes from resumed partials, the mask bounds it)."""
+        return ASYNC_MAX_STALENESS if self.mode == "async" else MAX_STALENESS
 
     @property
     def online_groups_per_batch(self) -> int:
