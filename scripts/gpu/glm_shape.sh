@@ -17,6 +17,8 @@
 # SGLang's site at /tmp/sgl-site (unpacked from $SGL_PARTS) and .whl/ (carried) in /tmp/site. Limits (s): MAKE_LIMIT
 # 120, RL_LIMIT 200 per run (the first SGLang start on a fresh machine JITs kernels for ~70 s). Everything is in
 # $OUT/glm_shape.log, plus each run's summary.json / metrics.jsonl ($OUT/glm_<run>_summary.json, _metrics.jsonl).
+# GLM_SHAPE_MAKER (a maker script taking OUT_DIR) and GLM_SHAPE_TAG (the "glm" of every file name above) let another
+# GLM shape reuse this script: scripts/gpu/glm_flash_shape.sh (GLM-4.7-Flash) sets them.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
@@ -26,7 +28,9 @@ PARTS=${1:-make,rl,replay}
 STEPS=${STEPS:-4}
 SGL_PARTS=${SGL_PARTS:-shared/gpu/sglang}
 mkdir -p "$OUT" /tmp/slime_gpu
-LOG="$OUT/glm_shape.log"
+TAG=${GLM_SHAPE_TAG:-glm}
+MAKER=${GLM_SHAPE_MAKER:-scripts/gpu/make_random_glm45.py}
+LOG="$OUT/${TAG}_shape.log"
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 
 if [ -f "${SLIME_ENV_FILE:-/tmp/slime-env.sh}" ]; then
@@ -35,7 +39,7 @@ else
     if [ ! -f /tmp/sgl-site/.complete ]; then
         echo "unpacking the SGLang site from $SGL_PARTS to /tmp/sgl-site" | tee -a "$LOG"
         mkdir -p /tmp/sgl-site && cat "$SGL_PARTS"/sgl-site-cp312.tar.xz.part* | xz -dc | tar -x -C /tmp/sgl-site \
-            && touch /tmp/sgl-site/.complete || { echo "glm_shape.sh: FAILED (no SGLang site)" | tee -a "$LOG"; exit 1; }
+            && touch /tmp/sgl-site/.complete || { echo "${TAG}_shape.sh: FAILED (no SGLang site)" | tee -a "$LOG"; exit 1; }
     fi
     if [ -d .whl ] && ! PYTHONPATH=/tmp/site python3 -c "import megatron.core" 2>/dev/null; then
         wheels=$(ls .whl/*.whl | grep -v -E '/(transformers|tokenizers|huggingface_hub)-')
@@ -48,13 +52,13 @@ status=0
 
 if has make; then
     echo "=== $(date +%T) make $MODEL" | tee -a "$LOG"
-    timeout "${MAKE_LIMIT:-120}" python3 scripts/gpu/make_random_glm45.py "$MODEL" 2>&1 | grep -v -E 'Writing model shards' | tee -a "$LOG"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "glm_shape.sh: FAILED (could not make the model)" | tee -a "$LOG"; exit 1; }
+    timeout "${MAKE_LIMIT:-120}" python3 "$MAKER" "$MODEL" 2>&1 | grep -v -E 'Writing model shards' | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "${TAG}_shape.sh: FAILED (could not make the model)" | tee -a "$LOG"; exit 1; }
 fi
 
 rl_run() {  # rl_run NAME FLAGS...
     local name=$1; shift
-    local run=/tmp/slime_gpu/glm_$name
+    local run=/tmp/slime_gpu/${TAG}_$name
     rm -rf "$run"
     echo "=== $(date +%T) $name: $STEPS steps, megatron trainer + SGLang on one GPU $*" | tee -a "$LOG"
     timeout -k 40 "${RL_LIMIT:-200}" python3 -m slime.cli train --train-backend megatron --bf16 "$@" \
@@ -64,18 +68,18 @@ rl_run() {  # rl_run NAME FLAGS...
         --rollout-mode sync --rollout-batch-size 16 --over-sampling-batch-size 16 --n-samples-per-prompt 4 \
         --global-batch-size 64 --micro-batch-size 64 --rollout-max-response-len 32 --rollout-temperature 1.0 \
         --num-rollout "$STEPS" --lr 1e-5 --num-eval-prompts 16 --eval-interval 0 --seed 1 --no-progress \
-        --save "$run" > "/tmp/slime_gpu/glm_$name.log" 2>&1
+        --save "$run" > "/tmp/slime_gpu/${TAG}_$name.log" 2>&1
     local rc=$?
-    grep -v -E 'Writing model shards|Loading weights' "/tmp/slime_gpu/glm_$name.log" | tail -n 40 >> "$LOG"
+    grep -v -E 'Writing model shards|Loading weights' "/tmp/slime_gpu/${TAG}_$name.log" | tail -n 40 >> "$LOG"
     echo "=== $name rc=$rc" | tee -a "$LOG"
-    for pid in $(grep -o 'started actor-[0-9]* (pid [0-9]*)' "/tmp/slime_gpu/glm_$name.log" | grep -o '[0-9]*)' | tr -d ')'); do
+    for pid in $(grep -o 'started actor-[0-9]* (pid [0-9]*)' "/tmp/slime_gpu/${TAG}_$name.log" | grep -o '[0-9]*)' | tr -d ')'); do
         kill -0 "$pid" 2>/dev/null && { echo "stopping leftover SGLang process group $pid" | tee -a "$LOG"; kill -9 -- "-$pid" 2>/dev/null; }
     done
     if [ "$rc" -ne 0 ]; then
         status=1
         for f in "$run"/logs/*.log; do [ -f "$f" ] && { echo "--- tail of $f" >> "$LOG"; tail -n 30 "$f" >> "$LOG"; }; done
     fi
-    for f in summary.json metrics.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/glm_${name}_$f"; done
+    for f in summary.json metrics.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/${TAG}_${name}_$f"; done
 }
 
 has rl && rl_run no_replay
@@ -87,11 +91,11 @@ if has replay; then
     fi
 fi
 
-python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
+python3 - "$OUT" "$TAG" <<'PY' 2>&1 | tee -a "$LOG"
 import json, os, sys
-out, result = sys.argv[1], {}
+out, tag, result = sys.argv[1], sys.argv[2], {}
 for name in ("no_replay", "replay"):
-    path = os.path.join(out, f"glm_{name}_metrics.jsonl")
+    path = os.path.join(out, f"{tag}_{name}_metrics.jsonl")
     if not os.path.exists(path):
         continue
     steps = [r for r in map(json.loads, open(path)) if r.get("kind") == "step"]
@@ -102,7 +106,7 @@ for name in ("no_replay", "replay"):
     fmt = lambda xs: " ".join("-" if x is None else f"{x:.3g}" for x in xs)
     print(f"{name}: {len(steps)} steps; logprob |trainer - engine| per step: {fmt(result[name]['logprob_abs_diff'])}; "
           f"max: {fmt(result[name]['logprob_abs_diff_max'])}; step s: {fmt(result[name]['step_time_s'])}")
-json.dump(result, open(os.path.join(out, "glm_shape.json"), "w"), indent=1)
+json.dump(result, open(os.path.join(out, f"{tag}_shape.json"), "w"), indent=1)
 PY
-echo "glm_shape.sh: $([ $status -eq 0 ] && echo PASSED || echo FAILED)" | tee -a "$LOG"
+echo "${TAG}_shape.sh: $([ $status -eq 0 ] && echo PASSED || echo FAILED)" | tee -a "$LOG"
 exit $status
