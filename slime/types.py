@@ -105,6 +105,9 @@ class Sample(msgspec.Struct, kw_only=True):
             1), aligned with ``response_ids``; None until the finished sample is scored
             (``slime.rollout.opd``, ``--use-opd``). Set once through ``set_teacher_logprobs``; a
             scored sample cannot grow. Entries at loss_mask-0 positions (tool output) carry no signal.
+        routed_experts: the experts the engine routed each fed token to (``--use-rollout-routing-replay``):
+            base64 of int32 [prompt + response - 1, num_hidden_layers, top-k] (``slime.routed_experts``: the
+            format, and which request's routes a resumed sample keeps); None when not asked for.
     """
 
     prompt_ids: list[int]
@@ -126,6 +129,7 @@ class Sample(msgspec.Struct, kw_only=True):
     num_aborts: int = 0
     num_resumes: int = 0
     teacher_logprobs: list[float] | None = None
+    routed_experts: str | None = None  # base64, compact in records and the buffer (one string, not a list of ints)
 
     def append(
         self,

@@ -68,6 +68,7 @@ PINNED = {
     "--eps-clip-high",
     "--use-tis",
     "--use-rollout-logprobs",
+    "--use-rollout-routing-replay",
     "--tis-clip",
     "--tis-clip-low",
     "--train-threads",
@@ -228,6 +229,8 @@ def test_every_flag_reaches_its_field(flag, tmp_path):
         base += ["--rm-type", "math"]
     if flag == "--tis-level":  # the level of TIS: with --use-tis
         base += ["--use-tis"]
+    if flag == "--use-rollout-routing-replay":  # the megatron trainer replays the routes
+        base += ["--train-backend", "megatron"]
     if flag in (
         "--custom-reward-post-process-path",
         "--opd-only",

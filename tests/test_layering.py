@@ -26,6 +26,7 @@ PARTS = {
     **{f"slime.{m}": "core" for m in ("config", "yaml_file", "hf_checkpoint", "hf_compat", "eval_config", "stop")},
     "slime.train_metrics": "core",  # the trainer's metrics struct: written by train, recorded by loop, read by obs
     "slime.step_record": "core",  # the metrics.jsonl step records: written by loop, decoded by obs and bench
+    "slime.routed_experts": "core",  # MoE routes on a Sample: parsed by protocol, merged by rollout, packed by train
     "slime.obs": "obs",
     "slime.sync": "sync",
     "slime.data": "data",

@@ -193,6 +193,7 @@ def config_from_args(
 
         apply_eval_config(ns.eval_config, tree)
     apply_slime_opd(tree)
+    _routed_experts_server_flag(tree)
     _eval_samples_at_rollout_temperature(tree, given_temperature=getattr(ns, "eval_temperature", None) is not None)
     if getattr(ns, "micro_batch_size", None) is None:  # default: at most the global batch
         tree["train"]["micro_batch_size"] = min(tree["train"]["micro_batch_size"], tree["train"]["global_batch_size"])
@@ -300,6 +301,22 @@ def _eval_samples_at_rollout_temperature(tree: ConfigTree, *, given_temperature:
         rollout["n_samples_per_eval_prompt"],
         rollout["rollout_temperature"],
     )
+
+
+def _routed_experts_server_flag(tree: ConfigTree) -> None:
+    """``--use-rollout-routing-replay`` with SGLang servers that slime launches: add ``--enable-return-routed-experts``
+    to their flags (``engine.sglang_args``) unless given (``--sglang-enable-return-routed-experts``); one INFO line.
+    External servers must have been started with it (the client names the flag when routes are missing)."""
+    from slime.config import EngineConfig
+    from slime.engines.fleet.plan import backend_of
+
+    engine = tree["engine"]
+    flag = "--enable-return-routed-experts"
+    if not tree["rollout"]["use_rollout_routing_replay"] or flag in engine["sglang_args"]:
+        return
+    if backend_of(msgspec.convert(engine, EngineConfig)) == "sglang":
+        engine["sglang_args"] = [*engine["sglang_args"], flag]
+        _log.info("--use-rollout-routing-replay: the SGLang servers slime launches get %s", flag)
 
 
 def _set(tree: ConfigTree, path: str, value: object) -> None:

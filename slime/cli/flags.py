@@ -218,6 +218,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             help="TIS ratio per token, or one per sample (product / geometric mean)",
         ),
     ),
+    "--use-rollout-routing-replay": (
+        "rollout.use_rollout_routing_replay",
+        dict(action="store_true", help="MoE: the trainer replays the experts the engine routed each token to"),
+    ),
     "--train-threads": ("train.num_threads", dict(type=int)),
     "--train-device": (
         "train.device",

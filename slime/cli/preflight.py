@@ -111,6 +111,10 @@ def check_inputs(config: Config, *, parse_data: bool = False, absent: frozenset[
             config.engine.hf_checkpoint,
         )
     _check_recorded_inputs(config, absent)
+    if config.engine.hf_checkpoint not in absent:  # --use-rollout-routing-replay: an MoE model
+        from slime.config.routing_replay import check_routing_replay_model
+
+        check_routing_replay_model(config.rollout, config.engine.hf_checkpoint)
     _check_model_dirs(config, absent)
     _check_response_lengths(config)
     _check_prompt_files(config, parse_data=parse_data, absent=absent)

@@ -122,6 +122,11 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     """Cap on response tokens of an eval sample (``--eval-max-response-len``); None = ``rollout_max_response_len``."""
     eval_top_k: Annotated[int, Range(ge=1, also=(-1,), note="(the whole vocabulary)")] | None = None
     """Top-k of evaluation (``--eval-top-k``); None = ``rollout_top_k``, as ``eval_top_p``. -1 = the whole vocabulary."""
+    use_rollout_routing_replay: bool = False
+    """MoE routing replay (``--use-rollout-routing-replay``, THUDM/slime's): the engines return the experts each
+    token was routed to (``return_routed_experts``; launched SGLang servers get ``--enable-return-routed-experts``,
+    external ones must be started with it) and the megatron trainer's logprob and train passes use those experts
+    (``slime.train.megatron.routing_replay``). MoE models and ``--train-backend megatron`` only."""
 
     @property
     def resolved_eval_top_k(self) -> int:

@@ -14,6 +14,7 @@ from slime.config.engine import EngineConfig
 from slime.config.loop import LoopConfig
 from slime.config.obs import ObsConfig
 from slime.config.rollout import SFT_ROLLOUT, RolloutConfig
+from slime.config.routing_replay import check_routing_replay
 from slime.config.sync import SyncConfig
 from slime.config.train import TrainConfig
 from slime.errors import ConfigError
@@ -70,6 +71,7 @@ class Config(msgspec.Struct, **STRUCT):
         check_ranges(self)
         for section in (self.loop, self.rollout, self.train, self.data, self.sync, self.engine, self.obs, self.debug):
             section.validate()
+        check_routing_replay(self.rollout, self.train, self.data)  # --use-rollout-routing-replay's needs
         require(
             [
                 (

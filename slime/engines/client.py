@@ -31,6 +31,7 @@ from slime.engines.protocol import (
     build_generate_payload,
     error_message_from_body,
     parse_generate_response,
+    with_routed_experts,
 )
 from slime.errors import EngineRequestError, EngineTimeout, EngineUnavailable, ProtocolError
 
@@ -94,9 +95,11 @@ class EngineClient:
             raise ValueError(
                 f"sampling_params['n']={sampling_params['n']!r}: send one request per sample (n must be 1)"
             )
+        routes = self.config.use_rollout_routing_replay
         payload = build_generate_payload(
-            input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len
-        )
+            input_ids, sampling_params, rid=rid, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+            return_routed_experts=routes,
+        )  # fmt: skip
         self.num_inflight += 1
         try:
             reply = await self._http.send(
@@ -108,7 +111,8 @@ class EngineClient:
             )
         finally:
             self.num_inflight -= 1
-        return self._generate_result(reply, rid=rid, return_logprob=return_logprob)
+        result = self._generate_result(reply, rid=rid, return_logprob=return_logprob)
+        return with_routed_experts(result, url=self.url) if routes else result
 
     def _generate_result(self, reply: Reply, *, rid: str | None, return_logprob: bool) -> GenerateResult:
         """The one result of a ``/generate`` reply: a 499 is an abort with no tokens (``ABORTED_BEFORE_SCHEDULING``).

@@ -29,6 +29,7 @@ __all__ = [
     "GenerateResult",
     "build_generate_payload",
     "parse_generate_response",
+    "with_routed_experts",
     "error_message_from_body",
 ]
 
@@ -115,6 +116,9 @@ class GenerateResult(msgspec.Struct, kw_only=True):
             the prompt tokens from ``logprob_start_len`` on, and the natural-log probability of each
             given the tokens before it; NaN where the server sent ``null`` (SGLang's first entry
             always, and any non-finite value). ``[]`` when not asked for.
+        routed_experts: ``meta_info.routed_experts`` when the request set ``return_routed_experts``: base64
+            of int32 [input + output tokens - 1, num_hidden_layers, top-k] (``slime.routed_experts``); None
+            when absent.
     """
 
     output_ids: list[int]
@@ -130,6 +134,7 @@ class GenerateResult(msgspec.Struct, kw_only=True):
     text: str | None = None
     input_token_ids: list[int] = msgspec.field(default_factory=list)
     input_logprobs: list[float] = msgspec.field(default_factory=list)
+    routed_experts: str | None = None
 
     @property
     def aborted(self) -> bool:
@@ -161,6 +166,7 @@ class _MetaInfo(msgspec.Struct):
     e2e_latency: float | None = None
     output_token_logprobs: list[_LogprobEntry] | None = None
     input_token_logprobs: list[_LogprobEntry] | None = None
+    routed_experts: str | None = None  # base64 int32 [T, L, k] (SGLang >= 0.5.17, return_routed_experts)
 
 
 class _WireItem(msgspec.Struct):
@@ -179,12 +185,14 @@ def build_generate_payload(
     rid: str | None,
     return_logprob: bool,
     logprob_start_len: int | None = None,
+    return_routed_experts: bool = False,
 ) -> JsonObject:
-    """Build a single-prompt ``/generate`` body (docs/sglang.md#generate-request): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len]}``.
+    """Build a single-prompt ``/generate`` body (docs/sglang.md#generate-request): ``{input_ids, sampling_params, return_logprob[, rid][, logprob_start_len][, return_routed_experts]}``.
 
     ``sampling_params`` is copied, never mutated, and limited to ``SAMPLING_PARAM_KEYS``;
     ``return_logprob`` always goes at the top level. ``logprob_start_len`` (first prompt position
     of ``input_token_logprobs``) is sent only when given, and needs ``return_logprob``.
+    ``return_routed_experts`` (``--use-rollout-routing-replay``) is sent only when True.
 
     Raises:
         ValueError: empty or non-int ``input_ids``; an unknown sampling key (named, with a hint
@@ -216,7 +224,23 @@ def build_generate_payload(
                 f"logprob_start_len={logprob_start_len!r} needs return_logprob=True and 0 <= it < len(input_ids)={len(ids)}"
             )
         payload["logprob_start_len"] = logprob_start_len
+    if return_routed_experts:
+        payload["return_routed_experts"] = True
     return payload
+
+
+def with_routed_experts(result: GenerateResult, *, url: str) -> GenerateResult:
+    """``result`` of a request that asked ``return_routed_experts``. Raises ProtocolError when it has tokens but
+    no routes (a server started without ``--enable-return-routed-experts``, or a dense model)."""
+    if result.output_ids and result.routed_experts is None:
+        raise ProtocolError(
+            "--use-rollout-routing-replay: the server returned no meta_info.routed_experts (start SGLang with "
+            "--enable-return-routed-experts, which slime adds to the servers it launches; and serve an MoE model)",
+            url=url,
+            endpoint="/generate",
+            status=200,
+        )
+    return result
 
 
 def parse_generate_response(
@@ -303,6 +327,7 @@ def _to_result(item: _WireItem, index: int, url: str, return_logprob: bool, allo
         text=item.text,
         input_token_ids=[e.token_id for e in meta.input_token_logprobs or ()],
         input_logprobs=[math.nan if e.logprob is None else e.logprob for e in meta.input_token_logprobs or ()],
+        routed_experts=meta.routed_experts,
     )
 
 

@@ -14,6 +14,9 @@ An engine that refuses the request (HTTP 4xx) marks the sample FAILED with the e
 evidence, and so does a request that got no answer in ``--max-retries`` + 1 attempts (``transport``:
 true in the evidence; an abort from a weight update is not such a failure: the sample is PARTIAL and
 resumes). ``EnginesGone`` (no engine left at all) propagates: the run cannot go on.
+
+MoE routes (``--use-rollout-routing-replay``): a resumed request's routes cover prompt + earlier tokens again;
+``keep_routes`` keeps each sampled token's from the request that sampled it (``slime.routed_experts``, why).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from slime.engines.interface import GeneratePool
 from slime.engines.protocol import GenerateResult
 from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
+from slime.routed_experts import merge_segment
 from slime.types import Sample, Status
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "kv_cache_version_of",
     "token_versions",
     "fail_unanswered",
+    "keep_routes",
 ]
 
 
@@ -107,6 +112,19 @@ def request_id(sample: Sample) -> str:
     return f"{request_stem(sample)}-a{sample.num_aborts}-r{sample.num_resumes}-"
 
 
+def keep_routes(sample: Sample, result: GenerateResult) -> None:
+    """Merge ``result``'s MoE routes (``--use-rollout-routing-replay``) into ``sample.routed_experts``: each sampled
+    token's from the request that sampled it (``slime.routed_experts.merge_segment``); nothing without routes.
+    Call right after ``sample.append`` of ``result`` (the request sent every token before its output)."""
+    if result.routed_experts is None:
+        return
+    num_new = len(result.output_ids)
+    sample.routed_experts = merge_segment(
+        sample.routed_experts, result.routed_experts, prompt_len=len(sample.prompt_ids),
+        input_len=len(sample.prompt_ids) + len(sample.response_ids) - num_new, num_new=num_new,
+    )  # fmt: skip
+
+
 def fail_unanswered(sample: Sample, exc: EngineUnavailable | EngineTimeout, **where: Any) -> None:
     """Mark ``sample`` FAILED: its request got no answer in every attempt the pool made (a transport
     failure, not a wrong answer: it is never scored). ``where`` is added to the evidence (e.g. ``turn``)."""
@@ -167,6 +185,7 @@ async def generate(
     sample.append(
         result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True
     )
+    keep_routes(sample, result)
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
         sample.num_aborts += 1  # counted into the next request_id, so the resumed request gets a rid of its own

@@ -58,7 +58,13 @@ from typing import Any
 from slime.engines.interface import GeneratePool
 from slime.errors import EngineRequestError, EnginesGone, EngineTimeout, EngineUnavailable
 from slime.rollout.chat_tokenizer import ChatTokenizer
-from slime.rollout.generate import fail_unanswered, kv_cache_version_of, status_from_finish_reason, token_versions
+from slime.rollout.generate import (
+    fail_unanswered,
+    keep_routes,
+    kv_cache_version_of,
+    status_from_finish_reason,
+    token_versions,
+)
 from slime.rollout.tool_delta import (  # render and TemplateError re-exported
     TemplateError,
     TurnEndError,
@@ -267,6 +273,7 @@ async def _model_step(
     sample.append(
         result.output_ids, result.output_logprobs, token_versions(result, engine_version, kv_version), trainable=True
     )
+    keep_routes(sample, result)  # --use-rollout-routing-replay; tool tokens: the next turn's
     sample.status = status_from_finish_reason(result.finish_reason.type)
     if sample.status is Status.PARTIAL:
         sample.num_aborts += 1

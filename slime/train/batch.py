@@ -103,6 +103,7 @@ class TrainBatch:
     old_values: Tensor | None = None
     returns: Tensor | None = None
     teacher_logprobs: Tensor | None = None
+    routed_experts: Tensor | None = None  # [B, L, R] int32: the engine's MoE routes (slime.routed_experts.stack_routes)
 
     @property
     def num_samples(self) -> int:

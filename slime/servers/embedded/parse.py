@@ -87,6 +87,7 @@ _TOP_LEVEL = {
     "logprob_start_len": "i64s",
     "top_logprobs_num": "i64s",
     "return_text_in_logprobs": "bool",
+    "return_routed_experts": "bool",
     "stream": "bool",
 }
 _UNSUPPORTED_TOP = (
@@ -251,6 +252,7 @@ def parse_generate(
                     generator=generator,
                     return_logprob=bool(return_logprob[i]),
                     logprob_start_len=int(start_len[i]),
+                    return_routed_experts=bool(body.get("return_routed_experts", False)),
                 )
             )
     return ParsedGenerate(requests, is_batch or n > 1, bool(body.get("return_text_in_logprobs", False)))

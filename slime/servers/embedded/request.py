@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from slime.routed_experts import encode_rows
 from slime.servers.embedded.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class EngineRequest:
         seq: submission order, used for the weight-update barrier.
         created_s: ``time.perf_counter()`` at arrival, for ``e2e_latency``.
         done: resolved by the runner thread (result: this request) when it finishes.
+        return_routed_experts / routes: whether to answer ``meta_info.routed_experts``, and the int32 [rows,
+            num_hidden_layers, k] pieces captured so far (``route_capture.RouteCapture``).
     """
 
     rid: str
@@ -82,6 +85,8 @@ class EngineRequest:
     created_s: float = field(default_factory=time.perf_counter)
     finished_s: float = 0.0
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    return_routed_experts: bool = False
+    routes: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def context_ids(self) -> list[int]:
@@ -213,6 +218,9 @@ def build_response(
             [_finite(lp), tid, text_of(tid)] for lp, tid in zip(req.output_logprobs, req.output_ids)
         ]
         meta["output_token_logprobs_length"] = len(req.output_ids)
+    if req.return_routed_experts and req.routes:  # input + output - 1 rows: the last sampled token was never fed
+        rows = torch.cat(req.routes)[: len(req.prompt_ids) + len(req.output_ids) - 1]
+        meta["routed_experts"] = encode_rows(rows.numpy())
     if not queued_abort:
         meta["response_sent_to_client_ts"] = time.time()
     out: dict[str, object] = {}

@@ -38,6 +38,7 @@ from slime.hf_compat import CACHE_KWARG
 from slime.servers.embedded.batch import BatchKV, prefill_inputs
 from slime.servers.embedded.model import LoadedModel, copy_weights_
 from slime.servers.embedded.request import EngineRequest, finish_length, finish_reason_after, resolve
+from slime.servers.embedded.route_capture import RouteCapture
 from slime.servers.embedded.sampling import sample_next, token_logprobs
 
 __all__ = ["ModelRunner", "PauseMode"]
@@ -94,6 +95,7 @@ class ModelRunner:
         self._batch: BatchKV | None = None
         self._pending: list[_Update] = []
         self._paused = False
+        self._routes = RouteCapture(loaded.model)  # MoE models: each token's experts (return_routed_experts)
 
     # ---- thread-safe API -------------------------------------------------------------------------
     @property
@@ -321,6 +323,7 @@ class ModelRunner:
         logits = self.loaded.model(
             **inputs, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=0 if any(want_input_lp) else 1
         ).logits
+        self._routes.after_prefill(reqs, mask)  # return_routed_experts: the experts of every context token
         width = mask.shape[1]
         for i, req in enumerate(reqs):
             req.queued = False
@@ -348,6 +351,7 @@ class ModelRunner:
         assert self._batch is not None  # called only while requests run, and then their cache is held
         inputs = self._batch.decode_inputs([r.output_ids[-1] for r in self._running])
         logits = self.loaded.model(**inputs, use_cache=True).logits[:, -1, :]
+        self._routes.after_decode(self._running)
         self._keep_rows(self._sample(self._running, logits))
 
     def _sample(self, reqs: list[EngineRequest], logits: torch.Tensor) -> list[int]:

@@ -137,6 +137,7 @@ class PackedMicroBatch:
         rows / cols / flat: [num_predictions] int64: ``unpack`` writes packed position ``flat[k]``
             to ``[rows[k], cols[k]]``.
         num_rows / num_cols: b and L of the unpacked tensor.
+        routes: [t, L_moe, k] int64, the engine's experts per packed token (``routing_replay.StepRoutes``), or None.
     """
 
     samples: list[int]
@@ -149,6 +150,7 @@ class PackedMicroBatch:
     flat: Tensor
     num_rows: int
     num_cols: int
+    routes: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -19,6 +19,13 @@ one per MoE layer) and, inside ``replaying(routes)``, makes each take its layer'
 [t, L_moe, k] (the packed micro-batch's tokens, ``t`` of them, in the router's token order). Scope: one pipeline stage
 holding every MoE layer, no context or sequence parallelism (each rank's router sees all of the micro-batch's
 tokens; under sequence parallelism a rank would need its own slice).
+
+In the train step (``slime.train.megatron.step``), ``StepRoutes`` does the wiring: a batch whose samples carry
+routes (``TrainBatch.routed_experts``, [B, L, R], R = num_hidden_layers x top-k, from ``Sample.routed_experts``)
+gets each packed micro-batch's routes (``packed_routes``: sample ``s`` at pack offset ``o`` with ``n`` tokens puts
+its rows ``0 .. n - 2`` at positions ``o .. o + n - 2``, the packed tokens' order; its last token and the pack's
+padding, whose outputs predict nothing, take experts ``0 .. k - 1``), and both the old-logprob pass and the
+train pass (forward and backward, so a recomputed forward replays too) run inside ``replaying`` of them.
 """
 
 from __future__ import annotations
@@ -32,9 +39,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from slime.train.batch import TrainBatch
 from slime.train.megatron._mcore import mcore
+from slime.train.megatron.packing import PackedMicroBatch
 
-__all__ = ["decode_routed_experts", "encode_routed_experts", "moe_layer_routes", "RoutingReplay"]
+__all__ = [
+    "decode_routed_experts",
+    "encode_routed_experts",
+    "moe_layer_routes",
+    "RoutingReplay",
+    "packed_routes",
+    "StepRoutes",
+]
 
 
 def decode_routed_experts(data: str, *, num_layers: int, topk: int) -> Tensor:
@@ -112,3 +128,96 @@ class RoutingReplay:
             for router in self._routers:
                 router.router_replay.clear_router_replay_action()
                 router.router_replay.clear_indices()
+
+
+def packed_routes(
+    routes: Tensor, samples: Sequence[int], seq_lens: Tensor, num_tokens: int, *, moe_layers: Sequence[bool], topk: int
+) -> Tensor:
+    """One packed micro-batch's routes, int64 [num_tokens, L_moe, topk], in the packed tokens' order (module docstring).
+
+    Args:
+        routes: ``TrainBatch.routed_experts``, int [B, L, R] with R = ``len(moe_layers) * topk``.
+        samples: the batch rows packed, in pack order (``PackedMicroBatch.samples``), back to back from 0.
+        seq_lens: [B] tokens of each row.
+        num_tokens: t, the pack's tokens (padding included).
+        moe_layers: per layer, whether it is an MoE layer (``ModelArch.moe_layers``).
+
+    Raises:
+        ValueError: R is not layers x top-k, or the samples do not fit in ``num_tokens``.
+    """
+    num_layers = len(moe_layers)
+    if routes.shape[2] != num_layers * topk:
+        raise ValueError(
+            f"routed_experts has {routes.shape[2]} ints per token; the model has {num_layers} layers x top-{topk}"
+        )
+    keep = [i for i, moe in enumerate(moe_layers) if moe]
+    # positions that predict nothing (each sample's last token, padding) take experts 0..k-1
+    out = torch.arange(topk).expand(num_tokens, len(keep), topk).clone()
+    offset = 0
+    for s in samples:
+        n = int(seq_lens[s])
+        if offset + n > num_tokens:
+            raise ValueError(f"packed_routes: samples of {offset + n}+ tokens in a pack of {num_tokens}")
+        out[offset : offset + n - 1] = routes[s, : n - 1].view(n - 1, num_layers, topk)[:, keep].long()
+        offset += n
+    return out
+
+
+class StepRoutes:
+    """The train step's routing replay (module docstring): ``attach`` gives a packed micro-batch its routes when
+    the batch has them, ``replaying`` runs a pass on one with the model's routers taking them.
+
+    Args:
+        model: the policy (maybe wrapped); its routers get a ``RoutingReplay`` at the first batch with routes.
+        moe_layers / topk: the architecture's (``ModelArch.moe_layers``, ``moe_router_topk``).
+        sequence_parallel / cp_size / pp_size: the parallel layout, checked against the scope at that batch.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        moe_layers: Sequence[bool],
+        topk: int,
+        sequence_parallel: bool,
+        cp_size: int,
+        pp_size: int,
+    ):
+        self._model, self._moe_layers, self._topk = model, tuple(moe_layers), topk
+        self._layout = (sequence_parallel, cp_size, pp_size)
+        self._replay: RoutingReplay | None = None
+
+    def attach(self, batch: TrainBatch, mb: PackedMicroBatch) -> PackedMicroBatch:
+        """``mb`` (a ``PackedMicroBatch`` of ``batch``, a ``TrainBatch``) with ``mb.routes`` set when the batch
+        carries routes; returned as is otherwise.
+
+        Raises:
+            ValueError: routes on a layout out of scope (sequence / context / pipeline parallelism), or on a
+                dense model; what ``packed_routes`` raises.
+        """
+        if batch.routed_experts is None or not mb.samples:
+            return mb
+        if self._replay is None:
+            self._replay = self._check_scope()
+        routes = packed_routes(
+            batch.routed_experts, mb.samples, batch.seq_lens, int(mb.input_ids.shape[1]),
+            moe_layers=self._moe_layers, topk=self._topk,
+        )  # fmt: skip
+        mb.routes = routes.to(mb.input_ids.device)
+        return mb
+
+    def replaying(self, mb: PackedMicroBatch) -> contextlib.AbstractContextManager[None]:
+        """The model's routers take ``mb.routes`` inside (nothing changes for a micro-batch without routes)."""
+        if mb.routes is None or self._replay is None:
+            return contextlib.nullcontext()
+        return self._replay.replaying(mb.routes)
+
+    def _check_scope(self) -> RoutingReplay:
+        sequence_parallel, cp_size, pp_size = self._layout
+        if sequence_parallel or cp_size > 1 or pp_size > 1:
+            raise ValueError(
+                "--use-rollout-routing-replay: not with --sequence-parallel, --context-parallel-size > 1 or "
+                f"--pipeline-model-parallel-size > 1 (here {sequence_parallel}, {cp_size}, {pp_size}): every router "
+                "must see all of a micro-batch's tokens"
+            )
+        return RoutingReplay(self._model)

@@ -71,6 +71,7 @@ from slime.train.megatron.optimizer_step import optimizer_step
 from slime.train.megatron.packing import PackedMicroBatch, batch_to, pack_samples, plan_step, select_samples, to_device
 from slime.train.megatron.parallel import ParallelContext
 from slime.train.megatron.pipeline import run_pipeline
+from slime.train.megatron.routing_replay import StepRoutes
 from slime.train.megatron.step_metrics import TokenSums, batch_metrics, reduce_over_ranks, token_means
 from slime.train.router_metrics import RouterStats
 from slime.train_metrics import TrainMetrics
@@ -128,6 +129,8 @@ class MegatronTrainStep:
             pad_to,
             rollout_temperature,
         )
+        self.routes = StepRoutes(model, moe_layers=arch.moe_layers, topk=arch.moe_router_topk, sequence_parallel=tconfig.sequence_parallel,
+                                 cp_size=ctx.cp_size, pp_size=ctx.pp_size)  # fmt: skip
 
     def plan(self, batch: TrainBatch) -> list[tuple[int, int, list[PackedMicroBatch]]]:
         """Per optimizer step: (first sample, end sample, this rank's packed micro-batches).
@@ -158,13 +161,13 @@ class MegatronTrainStep:
         return steps
 
     def _pack(self, batch: TrainBatch, samples: list[int]) -> PackedMicroBatch:
-        """Rows ``samples`` packed (this CP rank's share) on this rank's device."""
+        """Rows ``samples`` packed (this CP rank's share) on this rank's device, with their MoE routes if any."""
         c = self.ctx
-        return pack_samples(
+        return self.routes.attach(batch, pack_samples(
             batch, samples, pad_token_id=self.pad_token_id, pad_to=self.pad_to, head_dim=self.arch.head_dim, rope_theta=self.arch.rope_theta,
             rotary_dim=self.arch.rotary_dim or None,
             cp_size=c.cp_size, cp_rank=c.cp_rank, cp_group=c.cp_group, device=c.device,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _placeholder(self, batch: TrainBatch) -> PackedMicroBatch:
         """A micro-batch of no sample (``pad_to`` pad tokens): this rank still joins the step's collectives."""
@@ -276,7 +279,8 @@ class MegatronTrainStep:
                     self._pipeline(model, [mb for mb, _ in todo], write, forward_only=True)
                 continue
             for mb, rows in todo:
-                lp = self._forward(model, mb)[0]
+                with self.routes.replaying(mb):  # --use-rollout-routing-replay: the engine's experts
+                    lp = self._forward(model, mb)[0]
                 if mb.samples:
                     out[rows, : mb.num_cols] = mb.unpack(lp)
         for _, t in passes:
@@ -374,7 +378,7 @@ class MegatronTrainStep:
         else:
             for i, (mb, sub) in enumerate(zip(mbs, step_subs)):
                 sync = contextlib.nullcontext() if i == len(mbs) - 1 else self.ddp.no_sync()
-                with sync:
+                with sync, self.routes.replaying(mb):  # backward inside: a recomputed forward replays as well
                     loss_of(mb, sub, *self._forward(self.ddp, mb, entropy_grad=entropy_grad)).backward()
         return step_loss
 

@@ -13,6 +13,7 @@ allocate on the GPU; use ``--train-backend torch`` on a CPU).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 
 from slime.config import TrainConfig
+from slime.routed_experts import stack_routes
 from slime.train import objective
 from slime.train.batch import TrainBatch, build_train_batch
 from slime.train.determinism import enable_deterministic_mode
@@ -278,6 +280,9 @@ class MegatronTrainer:
                 use_opd=cfg.use_opd,
                 use_task_reward=not cfg.opd_only,
             )
+            # the engine's MoE routes (--use-rollout-routing-replay), rows in the batch's order (valid samples)
+            valid = [s for g in groups for s in g.samples if s.is_valid]
+            batch = dataclasses.replace(batch, routed_experts=stack_routes(valid, batch.loss_mask.shape[1]))
             self.channel.send("train", batch)
             return self._train_batch(batch)
 
