@@ -106,8 +106,8 @@ def _moe_layers(hf: HFConfig) -> Fact:
     if not isinstance(n, int):
         return "num_hidden_layers", "absent", MISSING
     if hf.get("mlp_layer_types"):  # GLM-4.7-Flash as transformers builds it, first_k_dense_replace ignored (glm_lite)
-        layers = LayerPattern.of(tuple(int(t == "sparse") for t in hf["mlp_layer_types"]))
-        return "mlp_layer_types", str(layers).replace("[0]", "['dense']").replace("[1]", "['sparse']"), layers
+        pattern = LayerPattern.of(tuple(int(t == "sparse") for t in hf["mlp_layer_types"]))
+        return "mlp_layer_types", str(pattern).replace("[0]", "['dense']").replace("[1]", "['sparse']"), pattern
     if "first_k_dense_replace" in hf or "n_routed_experts" in hf:  # DeepSeek-V3 / GLM-4.5 layout
         k, freq = int(hf.get("first_k_dense_replace") or 0), int(hf.get("moe_layer_freq") or 1)
         layers = tuple(int(i >= k and i % freq == 0) for i in range(n))

@@ -43,17 +43,13 @@ from typing import Any, Literal
 from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron.deepseek import MLAArch, deepseek_v3_fields
 from slime.train.megatron.deepseek_moe import SigmoidRouter, deepseek_moe_fields
-from slime.train.megatron.glm_lite import glm4_moe_lite_fields
+from slime.train.megatron.glm_lite import glm4_moe_lite_layers
 
 __all__ = ["ModelArch", "UnsupportedArchitecture", "SUPPORTED_MODEL_TYPES", "load_hf_config"]
 
 SUPPORTED_MODEL_TYPES = (
     "llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4", "glm4_moe", "glm4_moe_lite",
 )  # fmt: skip
-_MLA_FIELDS = {
-    "deepseek_v3": deepseek_v3_fields,
-    "glm4_moe_lite": glm4_moe_lite_fields,
-}  # model_type -> ModelArch kwargs
 log = logging.getLogger(__name__)
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "glm4_moe")
 
@@ -201,9 +197,10 @@ class ModelArch:
                 f"the megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} decoders; this checkpoint is "
                 f"model_type={model_type!r} (architectures={arch_names})"
             )
-        if model_type in _MLA_FIELDS:  # multi-latent attention: DeepSeek-V3, GLM-4.7-Flash
-            try:
-                return cls(**_MLA_FIELDS[model_type](config))
+        if model_type in ("deepseek_v3", "glm4_moe_lite"):  # multi-latent attention
+            try:  # GLM-4.7-Flash: DeepSeek-V3's layers, its own list of dense layers (slime.train.megatron.glm_lite)
+                layers = glm4_moe_lite_layers(config) if model_type == "glm4_moe_lite" else None
+                return cls(**deepseek_v3_fields(config, model_type, moe_layers=layers))
             except ValueError as exc:
                 raise UnsupportedArchitecture(f"{arch_names}: {exc}") from exc
         heads = int(config["num_attention_heads"])

@@ -181,10 +181,13 @@ class MLAArch:
         )
 
 
-def deepseek_v3_fields(config: Mapping[str, Any], model_type: str = "deepseek_v3") -> dict[str, Any]:
+def deepseek_v3_fields(
+    config: Mapping[str, Any], model_type: str = "deepseek_v3", moe_layers: tuple[bool, ...] | None = None
+) -> dict[str, Any]:
     """The ``ModelArch`` keyword arguments of a ``deepseek_v3`` config (MLA, DeepSeek MoE, first-k dense).
 
-    ``model_type`` is the family and the name in messages: GLM-4.7-Flash's layers are DeepSeek-V3's (``glm_lite``).
+    ``model_type`` is the family and the name in messages; ``moe_layers`` replaces the layers ``first_k_dense_replace``
+    names. Both for GLM-4.7-Flash, whose layers are DeepSeek-V3's and whose layer list is its own (``glm_lite``).
 
     ``head_dim`` is the query/key head width ``qk_nope_head_dim + qk_rope_head_dim``; every head
     is its own key/value group (``num_query_groups = num_attention_heads``).
@@ -221,7 +224,7 @@ def deepseek_v3_fields(config: Mapping[str, Any], model_type: str = "deepseek_v3
         qk_norm=False,
         max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
         mla=mla,
-        **deepseek_moe_fields(config, model_type),
+        **{**deepseek_moe_fields(config, model_type), **({"moe_layers": moe_layers} if moe_layers else {})},
     )
 
 

@@ -3,8 +3,8 @@
 transformers' ``Glm4MoeLite`` is DeepSeek-V3 under another name: its attention is ``DeepseekV3Attention``
 (multi-latent attention, interleaved RoPE, YaRN's softmax scale), its router, experts, shared experts, MLP and
 RMSNorm are GLM-4.5's, which are DeepSeek-V3's line for line (checked against transformers 5.24's modular
-file). So the fields are ``deepseek.deepseek_v3_fields``', the weight names ``DEEPSEEK_V3_HF_NAMES``, the megatron
-modules ``mla``'s and ``deepseek_moe``'s. Three things differ, and are read here:
+file). So the fields are ``deepseek.deepseek_v3_fields``' (with this module's layer list), the weight names
+``DEEPSEEK_V3_HF_NAMES``, the megatron modules ``mla``'s and ``deepseek_moe``'s. Three things differ, read here:
 
 1. **Which layers are dense.** transformers builds layer i as an MoE layer when ``mlp_layer_types[i] ==
    "sparse"`` (default: layer 0 dense, the others MoE) and ignores ``first_k_dense_replace``; SGLang 0.5.17's
@@ -21,7 +21,7 @@ modules ``mla``'s and ``deepseek_moe``'s. Three things differ, and are read here
 The released defaults differ from DeepSeek-V3's (``rms_norm_eps`` 1e-5, one expert group, ``routed_scaling_factor``
 1.8, ``v_head_dim`` = ``qk_nope_head_dim + qk_rope_head_dim`` = 256), nothing in the layers. The q / kv latent
 norms keep transformers' fixed 1e-6 (``mla.LatentRMSNorm``) while the other norms use ``rms_norm_eps``.
-Pure config code (no megatron import), as ``deepseek``.
+Pure config code (no megatron import), as ``deepseek``; ``arch`` composes the two.
 """
 
 from __future__ import annotations
@@ -29,24 +29,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slime.train.megatron.deepseek import deepseek_v3_fields
-
-__all__ = ["GLM4_MOE_LITE", "glm4_moe_lite_fields", "mlp_layer_pattern"]
+__all__ = ["GLM4_MOE_LITE", "HFConfig", "glm4_moe_lite_layers"]
 
 GLM4_MOE_LITE = "glm4_moe_lite"
+HFConfig = Mapping[str, Any]
+"""An HF ``config.json`` as parsed JSON (any JSON value under a key)."""
 
 
 class _Unsupported(ValueError):
     """A GLM-4.7-Flash option megatron-core does not compute; ``arch`` re-raises it as UnsupportedArchitecture."""
 
 
-def mlp_layer_pattern(config: Mapping[str, Any]) -> tuple[bool, ...]:
-    """Per layer, whether transformers builds it as an MoE layer (module docstring, 1.).
+def glm4_moe_lite_layers(config: HFConfig) -> tuple[bool, ...]:
+    """Per layer, whether transformers builds it as an MoE layer (module docstring, 1.), after checking the RoPE width.
+
+    ``arch`` builds the model from ``deepseek.deepseek_v3_fields`` with these layers in place of the ones
+    ``first_k_dense_replace`` names (checked here to agree where the config has it).
 
     Raises:
-        ValueError: ``mlp_layer_types`` of the wrong length or with a value other than "dense" / "sparse", no MoE
-            layer, or ``first_k_dense_replace`` / ``moe_layer_freq`` naming another pattern than transformers builds.
+        ValueError: a ``partial_rotary_factor`` other than 1 (module docstring, 2.); ``mlp_layer_types`` of the
+            wrong length or with a value other than "dense" / "sparse"; no MoE layer; or ``first_k_dense_replace`` /
+            ``moe_layer_freq`` naming other layers than transformers builds.
     """
+    rope = config.get("rope_parameters") or {}
+    partial = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        raise _Unsupported(
+            f"{GLM4_MOE_LITE} with partial_rotary_factor={partial}: expected 1.0 (all qk_rope_head_dim channels rotate)"
+        )
     n = int(config["num_hidden_layers"])
     types = list(config.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1))
     if len(types) != n or set(types) - {"dense", "sparse"}:
@@ -64,22 +74,3 @@ def mlp_layer_pattern(config: Mapping[str, Any]) -> tuple[bool, ...]:
                 f"{[i for i in range(n) if layers[i]]}): expected the same layers"
             )
     return layers
-
-
-def glm4_moe_lite_fields(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``ModelArch`` keyword arguments of a ``glm4_moe_lite`` config: DeepSeek-V3's, with GLM's layer pattern.
-
-    Raises:
-        ValueError: what ``deepseek_v3_fields`` refuses, ``mlp_layer_pattern``'s errors, or a
-            ``partial_rotary_factor`` other than 1 (module docstring, 2.).
-    """
-    rope = config.get("rope_parameters") or {}
-    partial = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
-    if partial != 1.0:
-        raise _Unsupported(
-            f"{GLM4_MOE_LITE} with partial_rotary_factor={partial}: expected 1.0 (all qk_rope_head_dim channels rotate)"
-        )
-    layers = mlp_layer_pattern(config)
-    # deepseek_moe_fields reads first_k_dense_replace; the pattern above (already checked against it) replaces it
-    fields = deepseek_v3_fields({**config, "first_k_dense_replace": 0, "moe_layer_freq": 1}, model_type=GLM4_MOE_LITE)
-    return {**fields, "moe_layers": layers}
