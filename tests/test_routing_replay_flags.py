@@ -73,3 +73,15 @@ def test_the_request_asks_for_routes_and_the_answer_keeps_them():
     )
     (result,) = parse_generate_response(body, url="http://x", return_logprob=False)
     assert result.routed_experts == "AAAA" and RolloutConfig().use_rollout_routing_replay is False
+
+
+def test_a_finished_answer_without_routes_is_an_error_an_aborted_one_is_not():
+    from slime.engines.protocol import FinishReason, GenerateResult, with_routed_experts
+    from slime.errors import ProtocolError
+
+    def answer(finish: str) -> GenerateResult:
+        return GenerateResult(output_ids=[5], output_logprobs=[0.0], finish_reason=FinishReason(type=finish))
+
+    with pytest.raises(ProtocolError, match="--enable-return-routed-experts"):
+        with_routed_experts(answer("stop"), url="http://x")
+    assert with_routed_experts(answer("abort"), url="http://x").routed_experts is None  # resumed: the next request's

@@ -192,8 +192,9 @@ def bench(model_dir: str, out: str, *, num_samples: int, seq_len: int, warmup: i
     return result
 
 
-def summarize(run_dir: str, out: str) -> dict:
-    """Per-step trainer/engine logprob gap, step and sync times of an RL run's ``metrics.jsonl``; ``deepseek_rl.json``."""
+def summarize(run_dir: str, out: str, name: str = "rl") -> dict:
+    """Per-step trainer/engine logprob gap, step and sync times of an RL run's ``metrics.jsonl``; ``deepseek_<name>.json``
+    (``rl``; ``replay`` for the run with ``--use-rollout-routing-replay``)."""
     recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [r for r in recs if r.get("kind") == "step"]
     pick = lambda key: [r.get(key) for r in steps]  # noqa: E731
@@ -210,7 +211,7 @@ def summarize(run_dir: str, out: str) -> dict:
     result["step_time_s_median"] = statistics.median(times) if times else None
     gaps = " ".join("-" if g is None else f"{g:.2e}" for g in result["logprob_abs_diff"])
     print(f"{len(steps)} steps; logprob |trainer - engine| mean per step: {gaps}")
-    _write(os.path.join(out, "deepseek_rl.json"), result)
+    _write(os.path.join(out, f"deepseek_{name}.json"), result)
     return result
 
 
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("summarize")
     s.add_argument("run_dir")
     s.add_argument("--out", default=os.environ.get("OUT", "/tmp/slime_gpu_out"))
+    s.add_argument("--name", default="rl")
     args = p.parse_args(argv)
     if args.cmd == "make":
         make(args.out, tiny=args.tiny)
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
             steps=args.steps, backends=args.backends,
         )  # fmt: skip
     else:
-        summarize(args.run_dir, args.out)
+        summarize(args.run_dir, args.out, args.name)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # A DeepSeek-V3-shaped model (MLA, 64 sigmoid-routed experts in 8 groups, 2 shared experts, first layer dense,
 # YaRN; 1.28 B parameters, 0.27 B active; scripts/gpu/deepseek_shape.py) on one H200, run from the repository root:
 #
-#   source /tmp/slime-env.sh; bash scripts/gpu/deepseek_shape.sh [make][,rl][,bench]   (default: make,rl,bench; ~5 min)
+#   source /tmp/slime-env.sh; bash scripts/gpu/deepseek_shape.sh [make][,rl][,replay][,bench]   (default: all; ~7 min)
 #
 #   make   random bf16 weights + word tokenizer + prompts in $MODEL (/tmp/slime_gpu/deepseek_shape; ~1 min, kept)
 #   rl     slime train --train-backend megatron with real SGLang 0.5.17 started by slime on the same GPU
@@ -10,6 +10,9 @@
 #          whose flashinfer backends JIT for minutes), --rollout-mode sync, $STEPS (3) steps, disk weight sync
 #          after every step; prints and writes the per-step trainer/engine logprob gap ($OUT/deepseek_rl.json)
 #          and copies the run's summary.json / metrics.jsonl ($OUT/deepseek_rl_summary.json, _metrics.jsonl)
+#   replay the same run with --use-rollout-routing-replay (slime starts SGLang with --enable-return-routed-experts;
+#          the trainer replays the engine's experts): $OUT/deepseek_replay.json, deepseek_replay_summary.json /
+#          _metrics.jsonl, and one line with both runs' per-step gaps side by side
 #   bench  the trainer-benchmark row: RL step (old-logprob pass + train step) and MFU of plain transformers
 #          (DeepseekV3ForCausalLM, SDPA, bf16 autocast, fused AdamW) and of the megatron backend on the same 8 x
 #          2,048-token random samples, 1 warm-up step excluded, median of 2 ($OUT/deepseek_bench.json)
@@ -25,7 +28,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
 OUT=${OUT:-/tmp/slime_gpu_out}
 MODEL=${MODEL:-/tmp/slime_gpu/deepseek_shape}
-PARTS=${1:-make,rl,bench}
+PARTS=${1:-make,rl,replay,bench}
 STEPS=${STEPS:-3}
 SGL_PARTS=${SGL_PARTS:-shared/gpu/sglang}
 mkdir -p "$OUT" /tmp/slime_gpu
@@ -35,7 +38,7 @@ has() { [[ ",$PARTS," == *",$1,"* ]]; }
 if [ -f "${SLIME_ENV_FILE:-/tmp/slime-env.sh}" ]; then  # scripts/gpu/setup_env.sh ran in an earlier call
     source "${SLIME_ENV_FILE:-/tmp/slime-env.sh}"
 else
-    if has rl && [ ! -f /tmp/sgl-site/.complete ]; then
+    if { has rl || has replay; } && [ ! -f /tmp/sgl-site/.complete ]; then
         echo "unpacking the SGLang site from $SGL_PARTS to /tmp/sgl-site" | tee -a "$LOG"
         mkdir -p /tmp/sgl-site && cat "$SGL_PARTS"/sgl-site-cp312.tar.xz.part* | xz -dc | tar -x -C /tmp/sgl-site \
             && touch /tmp/sgl-site/.complete || { echo "deepseek_shape.sh: FAILED (no SGLang site)" | tee -a "$LOG"; exit 1; }
@@ -56,11 +59,12 @@ if has make; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "deepseek_shape.sh: FAILED (could not make the model)" | tee -a "$LOG"; exit 1; }
 fi
 
-if has rl; then
-    RUN=/tmp/slime_gpu/deepseek_rl
-    rm -rf "$RUN"
-    echo "=== $(date +%T) rl: $STEPS steps, megatron trainer + SGLang (triton MLA) on one GPU" | tee -a "$LOG"
-    timeout -k 40 "${RL_LIMIT:-240}" python3 -m slime.cli train --train-backend megatron --bf16 \
+rl_run() {  # rl_run NAME FLAGS...: one RL run, its files under $OUT as deepseek_NAME*
+    local name=$1; shift
+    local run=/tmp/slime_gpu/deepseek_$name
+    rm -rf "$run"
+    echo "=== $(date +%T) $name: $STEPS steps, megatron trainer + SGLang (triton MLA) on one GPU $*" | tee -a "$LOG"
+    timeout -k 40 "${RL_LIMIT:-240}" python3 -m slime.cli train --train-backend megatron --bf16 "$@" \
         --hf-checkpoint "$MODEL" --prompt-data "$MODEL/prompts.jsonl" --input-key prompt \
         --custom-rm-path scripts/gpu/deepseek_shape.py:reward \
         --rollout-num-gpus 1 --sglang-attention-backend triton --sglang-sampling-backend pytorch \
@@ -68,21 +72,33 @@ if has rl; then
         --rollout-mode sync --rollout-batch-size 8 --over-sampling-batch-size 8 --n-samples-per-prompt 4 \
         --global-batch-size 32 --micro-batch-size 32 --use-dynamic-batch-size --max-tokens-per-gpu 8192 \
         --rollout-max-response-len 64 --rollout-temperature 1.0 --num-rollout "$STEPS" --lr 1e-5 \
-        --num-eval-prompts 16 --eval-interval 0 --seed 1 --no-progress --save "$RUN" > /tmp/slime_gpu/deepseek_rl.log 2>&1
-    rc=$?
-    grep -v -E 'Writing model shards|Loading weights' /tmp/slime_gpu/deepseek_rl.log | tail -n 40 >> "$LOG"
-    echo "=== rl rc=$rc" | tee -a "$LOG"
-    for pid in $(grep -o 'started actor-[0-9]* (pid [0-9]*)' /tmp/slime_gpu/deepseek_rl.log | grep -o '[0-9]*)' | tr -d ')'); do
+        --num-eval-prompts 16 --eval-interval 0 --seed 1 --no-progress --save "$run" > "$run.log" 2>&1
+    local rc=$?
+    grep -v -E 'Writing model shards|Loading weights' "$run.log" | tail -n 40 >> "$LOG"
+    echo "=== $name rc=$rc" | tee -a "$LOG"
+    for pid in $(grep -o 'started actor-[0-9]* (pid [0-9]*)' "$run.log" | grep -o '[0-9]*)' | tr -d ')'); do
         kill -0 "$pid" 2>/dev/null && { echo "stopping leftover SGLang process group $pid" | tee -a "$LOG"; kill -9 -- "-$pid" 2>/dev/null; }
     done
     if [ "$rc" -ne 0 ]; then
         status=1
-        for f in "$RUN"/logs/*.log; do [ -f "$f" ] && { echo "--- tail of $f" >> "$LOG"; tail -n 30 "$f" >> "$LOG"; }; done
+        for f in "$run"/logs/*.log; do [ -f "$f" ] && { echo "--- tail of $f" >> "$LOG"; tail -n 30 "$f" >> "$LOG"; }; done
     fi
-    for f in summary.json metrics.jsonl; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/deepseek_rl_$f"; done
-    if [ -f "$RUN/metrics.jsonl" ]; then
-        python3 scripts/gpu/deepseek_shape.py summarize "$RUN" --out "$OUT" 2>&1 | tee -a "$LOG"
+    for f in summary.json metrics.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/deepseek_${name}_$f"; done
+    if [ -f "$run/metrics.jsonl" ]; then
+        python3 scripts/gpu/deepseek_shape.py summarize "$run" --out "$OUT" --name "$name" 2>&1 | tee -a "$LOG"
     fi
+}
+
+has rl && rl_run rl
+has replay && rl_run replay --use-rollout-routing-replay
+if [ -f "$OUT/deepseek_rl.json" ] && [ -f "$OUT/deepseek_replay.json" ]; then
+    python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
+import json, os, sys
+runs = {n: json.load(open(os.path.join(sys.argv[1], f"deepseek_{n}.json"))) for n in ("rl", "replay")}
+fmt = lambda xs: " ".join("-" if x is None else f"{x:.3g}" for x in xs)
+for key in ("logprob_abs_diff", "logprob_abs_diff_max"):
+    print(f"{key} per step: without replay {fmt(runs['rl'][key])} | with replay {fmt(runs['replay'][key])}")
+PY
 fi
 
 if has bench; then

@@ -230,9 +230,10 @@ def build_generate_payload(
 
 
 def with_routed_experts(result: GenerateResult, *, url: str) -> GenerateResult:
-    """``result`` of a request that asked ``return_routed_experts``. Raises ProtocolError when it has tokens but
-    no routes (a server started without ``--enable-return-routed-experts``, or a dense model)."""
-    if result.output_ids and result.routed_experts is None:
+    """``result`` of a request that asked ``return_routed_experts``. Raises ProtocolError when it finished with
+    tokens but no routes (a server without ``--enable-return-routed-experts``, or a dense model); an abort may
+    come without them (its tokens then take the resumed request's routes)."""
+    if result.output_ids and result.routed_experts is None and not result.aborted:
         raise ProtocolError(
             "--use-rollout-routing-replay: the server returned no meta_info.routed_experts (start SGLang with "
             "--enable-return-routed-experts, which slime adds to the servers it launches; and serve an MoE model)",

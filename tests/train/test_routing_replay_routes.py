@@ -88,7 +88,7 @@ def test_packed_routes_follow_the_packed_tokens_and_keep_the_moe_layers():
     mb = pack_samples(batch, [2, 0], pad_token_id=0, pad_to=4, head_dim=8, rope_theta=10000.0)
     t = mb.num_tokens  # 7 + 5 tokens, a multiple of 4 already
     packed = packed_routes(routes, mb.samples, batch.seq_lens, t, moe_layers=MOE, topk=K)
-    assert packed.shape == (t, 2, K) and packed.dtype == torch.long
+    assert packed.shape == (t, 2, K) and packed.dtype == torch.int32
     expected = [2000 + 10 * q for q in range(6)] + [0] + [10 * q for q in range(4)] + [0]
     # each packed position: the route of the token the model is fed there; last tokens and padding: experts 0..k-1
     assert packed[:, 0, 0].tolist() == expected and packed[6, 1].tolist() == [0, 1]

@@ -137,7 +137,7 @@ class PackedMicroBatch:
         rows / cols / flat: [num_predictions] int64: ``unpack`` writes packed position ``flat[k]``
             to ``[rows[k], cols[k]]``.
         num_rows / num_cols: b and L of the unpacked tensor.
-        routes: [t, L_moe, k] int64, the engine's experts per packed token (``routing_replay.StepRoutes``), or None.
+        routes: [t, L_moe, k] int32, the engine's experts per packed token (``routing_replay.StepRoutes``), or None.
     """
 
     samples: list[int]

@@ -133,7 +133,8 @@ class RoutingReplay:
 def packed_routes(
     routes: Tensor, samples: Sequence[int], seq_lens: Tensor, num_tokens: int, *, moe_layers: Sequence[bool], topk: int
 ) -> Tensor:
-    """One packed micro-batch's routes, int64 [num_tokens, L_moe, topk], in the packed tokens' order (module docstring).
+    """One packed micro-batch's routes, int32 [num_tokens, L_moe, topk], in the packed tokens' order (module docstring;
+    int32, half of int64's memory for the step's packs on the GPU; ``replaying`` widens each layer's).
 
     Args:
         routes: ``TrainBatch.routed_experts``, int [B, L, R] with R = ``len(moe_layers) * topk``.
@@ -152,13 +153,13 @@ def packed_routes(
         )
     keep = [i for i, moe in enumerate(moe_layers) if moe]
     # positions that predict nothing (each sample's last token, padding) take experts 0..k-1
-    out = torch.arange(topk).expand(num_tokens, len(keep), topk).clone()
+    out = torch.arange(topk, dtype=torch.int32).expand(num_tokens, len(keep), topk).clone()
     offset = 0
     for s in samples:
         n = int(seq_lens[s])
         if offset + n > num_tokens:
             raise ValueError(f"packed_routes: samples of {offset + n}+ tokens in a pack of {num_tokens}")
-        out[offset : offset + n - 1] = routes[s, : n - 1].view(n - 1, num_layers, topk)[:, keep].long()
+        out[offset : offset + n - 1] = routes[s, : n - 1].view(n - 1, num_layers, topk)[:, keep]
         offset += n
     return out
 
