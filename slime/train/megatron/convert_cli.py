@@ -39,6 +39,7 @@ from slime.train.checkpoint import TOKENIZER_FILES
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
 from slime.train.megatron.convert_state import iter_mcore_to_hf
+from slime.train.megatron.deepseek_moe import named_weights
 from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
 from slime.train.megatron.parallel import init_parallel
 from slime.train.megatron.weights import CONFIG_FILES, write_hf_dir
@@ -162,7 +163,7 @@ def megatron_to_hf(mcore_dir: str, out_dir: str) -> str:
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing:
         raise RuntimeError(f"{mcore_dir}: the checkpoint lacks {missing}")
-    params = {name: p.detach() for name, p in model.named_parameters()}
+    params = {name: t.detach() for name, t in named_weights(model).items()}  # with the routers' expert bias buffers
     return write_hf_dir(iter_mcore_to_hf([params], arch), out_dir, source_dir=meta_dir)
 
 
