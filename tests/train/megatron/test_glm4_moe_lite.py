@@ -229,3 +229,26 @@ def test_slime_convert_round_trips_through_a_megatron_checkpoint(lite_dirs, mega
     assert all(torch.equal(back[k], want[k]) for k in back)
     config = transformers.AutoConfig.from_pretrained(str(hdir))
     assert type(config).__name__ == "Glm4MoeLiteConfig" and config.mlp_layer_types == ["sparse", "dense", "sparse"]
+
+
+RELEASED = dict(  # zai-org/GLM-4.7-Flash's config.json (architecture keys)
+    model_type="glm4_moe_lite", architectures=["Glm4MoeLiteForCausalLM"], vocab_size=154880, hidden_size=2048,
+    intermediate_size=10240, moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20,
+    num_key_value_heads=20, hidden_act="silu", rms_norm_eps=1e-5, attention_bias=False, max_position_embeddings=202752,
+    rope_theta=1000000.0, partial_rotary_factor=1.0, q_lora_rank=768, kv_lora_rank=512, qk_nope_head_dim=192,
+    qk_rope_head_dim=64, v_head_dim=256, n_routed_experts=64, n_shared_experts=1, num_experts_per_tok=4,
+    norm_topk_prob=True, routed_scaling_factor=1.8, n_group=1, topk_group=1, first_k_dense_replace=1,
+    topk_method="noaux_tc", num_nextn_predict_layers=1, rope_interleave=True, tie_word_embeddings=False,
+)  # fmt: skip
+
+
+def test_the_released_config_is_built_and_splits_over_tp_1_2_4():
+    arch = ModelArch.from_hf_config(RELEASED)
+    assert arch.moe_layers == (False,) + (True,) * 46 and arch.head_dim == 256 and arch.rope_theta == 1e6
+    assert arch.router is not None and (arch.router.num_groups, arch.router.scaling_factor) == (0, 1.8)
+    assert arch.shared_expert_ffn_hidden_size == 1536 and arch.mla is not None and arch.mla.v_head_dim == 256
+    for tp in (1, 2, 4):
+        arch.check_tensor_parallel(tp)
+    with pytest.raises(ValueError, match="num_attention_heads=20"):
+        arch.check_tensor_parallel(8)
+    arch.check_expert_parallel(8, 1)
