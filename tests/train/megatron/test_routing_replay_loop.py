@@ -100,6 +100,26 @@ async def test_replay_makes_the_trainer_take_the_engines_experts(dirs, megatron_
     assert replayed["approx_kl"] < 1e-8 and replayed["grad_norm"] > 0
 
 
+async def test_the_embedded_engine_answers_the_experts_transformers_routes_each_fed_token_to(dirs):
+    import transformers as tf
+
+    _, engine_dir = dirs
+    prompt = PROMPTS[0]
+    async with EngineServer(engine_dir, port=0, seed=0, weight_version="0") as server:
+        async with HttpEnginePool([server.url], config=REPLAY) as pool:
+            out = await pool.generate(prompt, dict(PARAMS, max_new_tokens=6), rid="one-")
+    rows = route_rows(out.routed_experts or "", len(prompt) + 5).reshape(-1, 3, 4)  # [T, layers, top-k]
+    model = tf.AutoModelForCausalLM.from_pretrained(engine_dir, dtype=torch.float32).eval()
+    seen: dict[int, torch.Tensor] = {}
+    for i in (1, 2):  # the MoE layers; layer 0 is dense
+        model.model.layers[i].mlp.gate.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, o[-1]))
+    with torch.no_grad():
+        model(torch.tensor([prompt + out.output_ids[:-1]]))  # one forward over every token the engine was fed
+    assert (rows[:, 0] == 0).all()
+    for i in (1, 2):
+        assert np.array_equal(np.sort(rows[:, i], axis=-1), np.sort(seen[i].numpy(), axis=-1))
+
+
 async def test_a_dense_model_has_no_routes_and_the_client_names_the_server_flag(make_hf, tmp_path):
     from slime.errors import ProtocolError
 
