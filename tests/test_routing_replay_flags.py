@@ -85,3 +85,7 @@ def test_a_finished_answer_without_routes_is_an_error_an_aborted_one_is_not():
     with pytest.raises(ProtocolError, match="--enable-return-routed-experts"):
         with_routed_experts(answer("stop"), url="http://x")
     assert with_routed_experts(answer("abort"), url="http://x").routed_experts is None  # resumed: the next request's
+
+
+def test_a_teachers_pool_asks_no_routes():  # slime.engines.fleet.start: the actor's experts only are replayed
+    assert RolloutConfig(use_rollout_routing_replay=True).without_routes == RolloutConfig()

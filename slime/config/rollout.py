@@ -129,6 +129,11 @@ class RolloutConfig(msgspec.Struct, **STRUCT):
     (``slime.train.megatron.routing_replay``). MoE models and ``--train-backend megatron`` only."""
 
     @property
+    def without_routes(self) -> RolloutConfig:
+        """This config with ``use_rollout_routing_replay`` off: a teacher engine's pool (its experts are not replayed)."""
+        return msgspec.structs.replace(self, use_rollout_routing_replay=False)
+
+    @property
     def resolved_eval_top_k(self) -> int:
         return self.rollout_top_k if self.eval_top_k is None else self.eval_top_k
 

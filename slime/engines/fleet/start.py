@@ -245,7 +245,7 @@ class _Startup:
             router = self.plan.router_of(model)
             self.pools[model] = HttpEnginePool(
                 urls,
-                config=self.rollout,
+                config=self.rollout if model == ACTOR else self.rollout.without_routes,  # a teacher's are not replayed
                 session=self.session,
                 router_url=router.url if router else None,
                 failure_threshold=engine.circuit_breaker_threshold,
