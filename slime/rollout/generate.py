@@ -116,9 +116,9 @@ def keep_routes(sample: Sample, result: GenerateResult) -> None:
     """Merge ``result``'s MoE routes (``--use-rollout-routing-replay``) into ``sample.routed_experts``: each sampled
     token's from the request that sampled it (``slime.routed_experts.merge_segment``); nothing without routes.
     Call right after ``sample.append`` of ``result`` (the request sent every token before its output)."""
-    if result.routed_experts is None:
-        return
     num_new = len(result.output_ids)
+    if result.routed_experts is None or not num_new:  # nothing sampled: no position to keep a route for
+        return
     sample.routed_experts = merge_segment(
         sample.routed_experts, result.routed_experts, prompt_len=len(sample.prompt_ids),
         input_len=len(sample.prompt_ids) + len(sample.response_ids) - num_new, num_new=num_new,
