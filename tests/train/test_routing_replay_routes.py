@@ -6,6 +6,8 @@ at the wrong token, or comes from the wrong request, shows up as the wrong numbe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,23 @@ def test_a_batch_mixing_samples_with_and_without_routes_is_refused():
         stack_routes(group.samples, 4)
     group.samples[0].routed_experts = None
     assert stack_routes(group.samples, 4) is None
+
+
+@pytest.mark.parametrize("layout", [dict(sequence_parallel=True), dict(cp_size=2), dict(pp_size=2)], ids=str)
+def test_the_step_refuses_routes_on_a_layout_where_a_router_sees_part_of_the_tokens(layout):
+    from slime.train.megatron.routing_replay import StepRoutes
+
+    group = _group([(3, 2), (2, 1)])
+    batch = build_train_batch([group], pad_token_id=0, current_version=0)
+    batch = dataclasses.replace(batch, routed_experts=stack_routes(group.samples, batch.loss_mask.shape[1]))
+    mb = pack_samples(batch, [0, 1], pad_token_id=0, pad_to=1, head_dim=8, rope_theta=10000.0)
+    routes = StepRoutes(
+        torch.nn.Linear(2, 2),
+        moe_layers=MOE,
+        topk=K,
+        **{**dict(sequence_parallel=False, cp_size=1, pp_size=1), **layout},
+    )
+    with pytest.raises(ValueError, match="every router must see all of a micro-batch's tokens"):
+        routes.attach(batch, mb)
+    without = dataclasses.replace(batch, routed_experts=None)
+    assert routes.attach(without, mb).routes is None  # no routes: nothing to check, nothing replayed
