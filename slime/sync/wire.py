@@ -42,8 +42,16 @@ __all__ = [
 NamedTensors = list[tuple[str, torch.Tensor]]
 
 
+_MLA_Q_A, _MLA_KV_A = "self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"
+
+
 def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> list[NamedTensors]:
     """Consecutive groups of tensors of at most ``max_bytes`` each, order kept; a larger tensor goes alone.
+
+    One exception: a layer's ``q_a_proj`` and the ``kv_a_proj_with_mqa`` after it stay in one bucket (the bucket
+    grows past ``max_bytes`` by what lies between them). SGLang 0.5.17's MLA models (DeepSeek-V3, GLM-4.7-Flash)
+    fuse the two into ``fused_qkv_a_proj_with_mqa`` only when both arrive in one ``load_weights`` call; apart,
+    the layer keeps its old projection without an error.
 
     Example: sizes [4, 4, 4, 12, 2] bytes, ``max_bytes=8`` -> [[4, 4], [4], [12], [2]].
     """
@@ -52,13 +60,18 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> list[N
     out: list[NamedTensors] = []
     current: NamedTensors = []
     size = 0
+    open_q_a: set[str] = set()  # layers whose q_a_proj is in ``current``, their kv_a_proj_with_mqa not yet
     for name, t in named:
         nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > max_bytes:
+        if current and size + nbytes > max_bytes and not open_q_a:
             out.append(current)
             current, size = [], 0
         current.append((name, t))
         size += nbytes
+        if name.endswith(_MLA_Q_A):
+            open_q_a.add(name[: -len(_MLA_Q_A)])
+        elif name.endswith(_MLA_KV_A):
+            open_q_a.discard(name[: -len(_MLA_KV_A)])
     if current:
         out.append(current)
     return out
