@@ -23,8 +23,9 @@ hyper-parameters. From each run's ``metrics.jsonl`` (``run_curve``) it reads:
   records, ``slime.loop.offpolicy.length_bias``: length ratio, longest-quartile share trained / drawn,
   mean age in versions of the trained tokens of long / short samples).
 
-Modes ``april-4x`` and ``april-drop`` are issue 30's candidates (32 groups in flight, the bench's
-APRIL before 2x became the default; partial groups expiring after ``--max-staleness`` versions).
+Modes ``april-4x``, ``april-drop``, ``april-tis`` and ``async-eta4`` are issue 30's candidates (32 groups in
+flight, the bench's APRIL before 2x became the default; partial groups expiring after ``--max-staleness``
+versions; the over-stale prefix trained with TIS instead of masked; async at η = 4, its default before 1).
 
 Per mode (``summarize``): seeds that reached the target, mean / min / max time to target, final
 accuracy mean and spread (sample standard deviation, min, max), and the speed-up of time to target

@@ -17,6 +17,8 @@ VARIANTS: dict[str, list[str]] = {
     # after --max-staleness versions (--staleness-policy drop) instead of masking their old tokens
     "april-4x": ["--rollout-mode", "april", "--over-sampling-batch-size", "32"],
     "april-drop": ["--rollout-mode", "april", "--staleness-policy", "drop"],
+    # no staleness mask (a bound no token reaches): the over-stale prefix trains, weighted by TIS instead
+    "april-tis": ["--rollout-mode", "april", "--max-staleness", "100", "--use-tis"],
     "async": ["--rollout-mode", "async"],
     # async at AReaL's eta 4, its default before issue 30 made it 1 (LoopConfig.default_max_staleness)
     "async-eta4": ["--rollout-mode", "async", "--max-staleness", "4"],
