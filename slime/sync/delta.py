@@ -41,7 +41,7 @@ from slime.config import SyncConfig
 from slime.errors import EngineRequestError
 from slime.sync.base import StateFn, engines, snapshot, weight_update_session
 from slime.sync.codec import ZLIB_LEVEL, EncodedTensor, encode_payload, encode_tensor
-from slime.sync.wire import serialize_cuda_ipc
+from slime.sync.wire import bucket_indices, serialize_cuda_ipc
 
 if TYPE_CHECKING:  # types only: this part never imports the client side at run time
     from slime.engines.client import EngineClient
@@ -197,17 +197,10 @@ class DeltaWeightSync:
 
 
 def _buckets(encoded: list[EncodedTensor], max_bytes: int) -> list[list[EncodedTensor]]:
-    """Consecutive groups of at most ``max_bytes`` of parts; one empty group when nothing changed (the
-    request still sets ``weight_version``)."""
-    out: list[list[EncodedTensor]] = [[]]
-    size = 0
-    for e in encoded:
-        if out[-1] and size + e.nbytes > max_bytes:
-            out.append([])
-            size = 0
-        out[-1].append(e)
-        size += e.nbytes
-    return out
+    """``wire.buckets``' grouping of the encoded tensors (by their parts' bytes); one empty group when nothing
+    changed (the request still sets ``weight_version``)."""
+    groups = bucket_indices([(e.name, e.nbytes) for e in encoded], max_bytes)
+    return [[encoded[i] for i in group] for group in groups] or [[]]
 
 
 def _sglang_payload(payload: bytes) -> tuple[str, torch.Tensor]:

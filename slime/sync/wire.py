@@ -28,6 +28,7 @@ from safetensors.torch import save as st_save
 __all__ = [
     "NamedTensors",
     "buckets",
+    "bucket_indices",
     "dtype_name",
     "dtype_from_name",
     "flatten",
@@ -55,18 +56,25 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> list[N
 
     Example: sizes [4, 4, 4, 12, 2] bytes, ``max_bytes=8`` -> [[4, 4], [4], [12], [2]].
     """
+    items = list(named)
+    sizes = [(name, t.numel() * t.element_size()) for name, t in items]
+    return [[items[i] for i in group] for group in bucket_indices(sizes, max_bytes)]
+
+
+def bucket_indices(sizes: Sequence[tuple[str, int]], max_bytes: int) -> list[list[int]]:
+    """``buckets``' rule over (name, bytes) pairs: the index groups, so any payload type can be split alike
+    (the delta sync's encoded tensors too). Raises ``ValueError`` when ``max_bytes`` < 1."""
     if max_bytes < 1:
         raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
-    out: list[NamedTensors] = []
-    current: NamedTensors = []
+    out: list[list[int]] = []
+    current: list[int] = []
     size = 0
     open_q_a: set[str] = set()  # layers whose q_a_proj is in ``current``, their kv_a_proj_with_mqa not yet
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
+    for i, (name, nbytes) in enumerate(sizes):
         if current and size + nbytes > max_bytes and not open_q_a:
             out.append(current)
             current, size = [], 0
-        current.append((name, t))
+        current.append(i)
         size += nbytes
         if name.endswith(_MLA_Q_A):
             open_q_a.add(name[: -len(_MLA_Q_A)])

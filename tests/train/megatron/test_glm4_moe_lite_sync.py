@@ -30,3 +30,13 @@ def test_a_layers_q_a_and_kv_a_projections_share_a_bucket():
 def test_other_tensors_still_split_at_max_bytes():
     named = [(f"model.layers.0.mlp.experts.{i}.down_proj.weight", torch.zeros(1)) for i in range(3)]
     assert [len(b) for b in buckets(named, max_bytes=8)] == [2, 1]
+
+
+def test_the_delta_sync_keeps_the_pair_in_one_bucket_too():
+    from slime.sync.codec import EncodedTensor
+    from slime.sync.delta import _buckets
+
+    encoded = [EncodedTensor(n, "dense", {}, {"v": t}) for n, t in _export_order()]
+    got = [[e.name.rsplit(".", 2)[1] for e in b] for b in _buckets(encoded, max_bytes=4)]
+    assert got[0] == ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa"] and len(got) == 4
+    assert _buckets([], max_bytes=4) == [[]]  # nothing changed: one request that only sets weight_version
