@@ -2,19 +2,21 @@
 # `slime bench learning` on the GPU-sized addition chains (issue 30 item 4): responses of tens to ~1,550 tokens
 # (slime.data.chain.GPU_SIZE), a warm start made here by SFT, real SGLang, 2 seeds of sync, april and async.
 #
-#   source /tmp/slime-env.sh; bash scripts/gpu/bench_learning_longtail.sh        (one call, ~8 minutes)
+#   source /tmp/slime-env.sh; bash scripts/gpu/bench_learning_longtail.sh        (~15 minutes: run it in two calls)
 #
 # 1. scripts/gpu/make_longtail_warmstart.py: the task's JSONL and a ~24M-parameter Llama (character tokenizer,
 #    2,048 positions) fine-tuned by `slime train --loss-type sft_loss` on SFT_STEPS x 64 worked solutions
 #    (torch trainer on the GPU; bounded by SFT_LIMIT_S), into $WORK/warm/sft/model (reused on a warm machine).
-# 2. scripts/gpu/bench_learning_sglang.sh with that model: one SGLang server on $PORT shared by the runs, one
-#    process per mode (SEEDS=0,1 in each), the megatron trainer, the task's data and reward (--rm-type chain).
+# 2. scripts/gpu/bench_learning_sglang.sh with that model, once per seed (seed 0 of every mode first): one SGLang
+#    server on $PORT shared by the runs, one process per (mode, seed), the megatron trainer, the task's data and
+#    reward (--rm-type chain). Finished runs stay in $WORK/runs/seedS/MODE: a second call on a warm machine
+#    runs only what is missing.
 # 3. The target: sync's mean final accuracy less TARGET_DROP (0.01) unless TARGET_FINAL is set; every run is
 #    timed against it (`slime bench learning --merge ... --retarget T`) into $OUT/learning_longtail/
 #    {learning.json, learning.txt, learning.png}; the table is printed, with the bias columns.
 #
-# Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (600), SFT_LIMIT_S (180), MODES (sync,april,async),
-# SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (110),
+# Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (600), SFT_LIMIT_S (300), SFT_FLAGS (--micro-batch-size 64 -- --bf16), MODES (sync,april,async),
+# SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (170, per run),
 # TRAIN_FLAGS (the megatron trainer), SMOKE=1 (the CPU check: a tiny model, 2 SFT steps, the embedded engine
 # and the torch trainer, tests/data/test_chain_longtail.py). Prints "bench_learning_longtail: PASSED" or FAILED.
 set -uo pipefail
@@ -28,7 +30,9 @@ mkdir -p "$OUT" "$WORK"
 LOG="$OUT/longtail.log"
 [ -d /tmp/sgl-site ] && export PYTHONPATH=$PWD:/tmp/site:/tmp/sgl-site
 
-sft_flags=()
+# 64 rows a forward under bf16 autocast: ~0.7 s a step at 16 rows in fp32 (launch-bound at this size), 600 steps
+# would not fit one call
+read -r -a sft_flags <<< "${SFT_FLAGS:---micro-batch-size 64 -- --bf16}"
 if [ "${SMOKE:-0}" = 1 ]; then  # the CPU check of the path: seconds, not a model that learns
     sft_flags=(--steps 2 --batch-size 4 --micro-batch-size 2 --num-train 64 --hidden-size 32 --intermediate-size 64
         --num-layers 1 --num-heads 2 --num-kv-heads 1 --threads 1)
@@ -39,7 +43,7 @@ fi
 if [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
     rm -rf "$WORK/warm"
     echo "=== $(date +%T) SFT warm start" | tee -a "$LOG"
-    timeout -k 10 "${SFT_LIMIT_S:-180}" "$PY" scripts/gpu/make_longtail_warmstart.py --out "$WORK/warm" \
+    timeout -k 10 "${SFT_LIMIT_S:-300}" "$PY" scripts/gpu/make_longtail_warmstart.py --out "$WORK/warm" \
         --steps "${SFT_STEPS:-600}" "${sft_flags[@]}" > "$WORK/sft.log" 2>&1
     rc=$?
     grep -E '^step +[0-9]*0 |^done|^warm start|Error' "$WORK/sft.log" | tail -n 8 | tee -a "$LOG"
@@ -53,24 +57,30 @@ D=$WORK/warm/data
 data_flags="--hf-checkpoint $WORK/warm/sft/model --prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain"
 response_len=1600
 [ "${SMOKE:-0}" = 1 ] && response_len=24
-elapsed=$(( $(date +%s) - START ))
-# bench_learning_sglang.sh counts its deadline from its own start: what is left of ours
-MODEL="$WORK/warm/sft/model" SEEDS="${SEEDS:-0,1}" RUNS="$WORK/runs" PORT="${PORT:-30300}" \
-    NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
-    MODE_LIMIT_S="${MODE_LIMIT_S:-110}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
-    TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len" \
-    bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync,april,async}" 2>&1 | tee -a "$LOG"
-status=${PIPESTATUS[0]}
+# one bench_learning_sglang.sh per seed (RUNS/seedS): a run killed at its limit loses that (mode, seed) only,
+# and seed 0 of every mode comes before seed 1 of any, so a call that ends early leaves comparable runs
+status=0
+IFS=, read -r -a seed_list <<< "${SEEDS:-0,1}"
+for seed in "${seed_list[@]}"; do
+    elapsed=$(( $(date +%s) - START ))
+    # bench_learning_sglang.sh counts its deadline from its own start: what is left of ours
+    MODEL="$WORK/warm/sft/model" SEEDS="$seed" RUNS="$WORK/runs/seed$seed" PORT="${PORT:-30300}" \
+        NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
+        MODE_LIMIT_S="${MODE_LIMIT_S:-170}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
+        TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len" \
+        bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync,april,async}" 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
 
-files=$(ls "$WORK"/runs/*/learning.json 2>/dev/null)
+files=$(ls "$WORK"/runs/seed*/*/learning.json 2>/dev/null)
 target=${TARGET_FINAL:-}
 if [ -z "$target" ]; then  # sync's mean final accuracy over its seeds, less the drop
-    target=$("$PY" -c 'import json, sys
+    target=$("$PY" -c 'import glob, json, sys
 try:
-    runs = json.load(open(sys.argv[1]))["curves"]["sync"]
-    print(round(sum(r["final_accuracy"] for r in runs) / len(runs) - float(sys.argv[2]), 3))
+    finals = [r["final_accuracy"] for p in sorted(glob.glob(sys.argv[1])) for r in json.load(open(p))["curves"]["sync"]]
+    print(round(sum(finals) / len(finals) - float(sys.argv[2]), 3))
 except (OSError, KeyError, ValueError, ZeroDivisionError):
-    pass' "$WORK/runs/sync/learning.json" "${TARGET_DROP:-0.01}")
+    pass' "$WORK/runs/seed*/sync/learning.json" "${TARGET_DROP:-0.01}")
 fi
 if [ -z "$files" ] || [ -z "$target" ]; then
     echo "bench_learning_longtail: FAILED (no sync run to set the target from; $(( $(date +%s) - START ))s)" | tee -a "$LOG"

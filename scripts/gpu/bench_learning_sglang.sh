@@ -41,7 +41,7 @@ if [ "${SERVER:-sglang}" != none ]; then
         SGLANG_URL=http://127.0.0.1:$PORT
         if ! curl -sf "$SGLANG_URL/health" >/dev/null; then
             echo "=== $(date +%T) starting SGLang on $PORT: $MODEL" | tee -a "$LOG"
-            timeout 300 bash "${START_SGLANG:-.sgl/b/start_sglang.sh}" "${PARTS:-/tmp/parts}" "$PORT" -- --model-path "$MODEL" \
+            timeout 300 bash "${START_SGLANG:-/tmp/sglb/start_sglang.sh}" "${PARTS:-/tmp/parts}" "$PORT" -- --model-path "$MODEL" \
                 --weight-version 0 --attention-backend triton --sampling-backend pytorch --disable-cuda-graph \
                 --mem-fraction-static 0.3 --disable-radix-cache 2>&1 | tail -3 | tee -a "$LOG"
             curl -sf "$SGLANG_URL/health" >/dev/null || { tail -40 "/tmp/sglang-$PORT.log" > "$OUT/learning_sglang.log"

@@ -53,7 +53,7 @@ if [ -z "${SGLANG_URL:-}" ]; then
     graph_args=(--cuda-graph-max-bs "$CAP")
     [ "${CUDA_GRAPH:-1}" = 0 ] && graph_args=(--disable-cuda-graph)
     echo "=== $(date +%T) starting SGLang on port $PORT" | tee -a "$LOG"
-    timeout 420 bash "${START_SGLANG:-.sgl/b/start_sglang.sh}" "$PARTS" "$PORT" -- --model-path "$MODEL_DIR" --dtype bfloat16 \
+    timeout 420 bash "${START_SGLANG:-/tmp/sglb/start_sglang.sh}" "$PARTS" "$PORT" -- --model-path "$MODEL_DIR" --dtype bfloat16 \
         --attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.5 \
         --skip-tokenizer-init --disable-radix-cache \
         --max-running-requests "$CAP" "${graph_args[@]}" 2>&1 | tee -a "$LOG"
