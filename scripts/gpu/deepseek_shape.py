@@ -4,8 +4,10 @@
     python scripts/gpu/deepseek_shape.py bench MODEL_DIR --out OUT  RL step: plain transformers vs the megatron backend
     python scripts/gpu/deepseek_shape.py summarize RUN_DIR --out OUT  per-step trainer/engine logprob gap of a run
 
-``reward`` (``--custom-rm-path scripts/gpu/deepseek_shape.py:reward``): the share of response words that are
-``t7``, so a random model has something to learn.
+``reward`` (``--custom-rm-path scripts/gpu/deepseek_shape.py:reward``; glm_shape.sh uses it too): the share of
+response tokens with an even id. A random model scores about 0.5 with a spread across the samples of a group, so
+GRPO's advantages and the gradient are not zero and the RL steps really change the weights (a reward a random model
+never earns, as the first one here, leaves every advantage 0 and measures serving, not training).
 
 The shape (``SHAPE``): DeepSeek-V3's attention and MoE layout at 1/6 of its width: hidden 1024, 12 layers (layer
 0 dense), 8 heads with V3's MLA head sizes (q latent 768, kv latent 512, q/k heads 128 + 64 rope channels, v heads
@@ -78,9 +80,11 @@ def flops_per_token(shape: dict[str, Any], seq_len: int) -> tuple[float, float]:
 
 
 async def reward(sample: Any) -> float:
-    """Share of the response's words that are ``t7`` (learnable from random weights)."""
-    words = sample.response.split()
-    return sum(w == "t7" for w in words) / max(1, len(words))
+    """Share of ``sample.response_ids`` that are even, in [0, 1] (0.0 for an empty response).
+
+    Any tokenizer (the word-level one here, GLM's), learnable from random weights: raise the even ids' logits."""
+    ids = sample.response_ids
+    return sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
 
 
 def make(out: str, *, tiny: bool = False) -> None:
@@ -193,7 +197,8 @@ def bench(model_dir: str, out: str, *, num_samples: int, seq_len: int, warmup: i
 
 
 def summarize(run_dir: str, out: str, name: str = "rl") -> dict:
-    """Per-step trainer/engine logprob gap, step and sync times of an RL run's ``metrics.jsonl``; ``deepseek_<name>.json``
+    """Per-step trainer/engine logprob gap, reward, grad norm, step and sync times of an RL run's ``metrics.jsonl``;
+    ``deepseek_<name>.json``
     (``rl``; ``replay`` for the run with ``--use-rollout-routing-replay``)."""
     recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [r for r in recs if r.get("kind") == "step"]
@@ -205,12 +210,15 @@ def summarize(run_dir: str, out: str, name: str = "rl") -> dict:
         step_time_s=pick("step_time_s"),
         train_time_s=pick("train_time_s"),
         weight_sync_s=pick("weight_sync_s"),
-        reward_mean=pick("rollout/reward_mean"),
+        reward_mean=pick("reward_mean"),
+        grad_norm=pick("train/grad_norm"),  # > 0: the step changed the weights
+        advantage_abs_mean=pick("train/advantage_abs_mean"),
     )
     times = [t for t in result["step_time_s"][1:] if isinstance(t, (int, float))]
     result["step_time_s_median"] = statistics.median(times) if times else None
     gaps = " ".join("-" if g is None else f"{g:.2e}" for g in result["logprob_abs_diff"])
-    print(f"{len(steps)} steps; logprob |trainer - engine| mean per step: {gaps}")
+    norms = " ".join("-" if g is None else f"{g:.3g}" for g in result["grad_norm"])
+    print(f"{len(steps)} steps; logprob |trainer - engine| mean per step: {gaps}; grad norm per step: {norms}")
     _write(os.path.join(out, f"deepseek_{name}.json"), result)
     return result
 

@@ -62,7 +62,7 @@ rl_run() {  # rl_run NAME FLAGS...
     rm -rf "$run"
     echo "=== $(date +%T) $name: $STEPS steps, megatron trainer + SGLang on one GPU $*" | tee -a "$LOG"
     timeout -k 40 "${RL_LIMIT:-200}" python3 -m slime.cli train --train-backend megatron --bf16 "$@" \
-        --hf-checkpoint "$MODEL" --builtin-task arith \
+        --hf-checkpoint "$MODEL" --builtin-task arith --custom-rm-path scripts/gpu/deepseek_shape.py:reward \
         --rollout-num-gpus 1 --sglang-attention-backend triton --sglang-sampling-backend pytorch \
         --sglang-disable-cuda-graph --sglang-mem-fraction-static 0.3 --engine-startup-timeout-s 300 \
         --rollout-mode sync --rollout-batch-size 16 --over-sampling-batch-size 16 --n-samples-per-prompt 4 \

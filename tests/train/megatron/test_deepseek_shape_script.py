@@ -60,11 +60,15 @@ def test_flops_per_token_counts_active_parameters_and_mla_attention(shape_mod):
     assert fwd == 2 * active + attention and train == 3 * fwd
 
 
-async def test_reward_counts_t7(shape_mod):
+async def test_reward_is_the_share_of_even_token_ids_so_random_groups_have_variance(shape_mod):
     class S:
-        response = "t7 t8 t7 t9"
+        def __init__(self, ids):
+            self.response_ids = ids
 
-    assert await shape_mod.reward(S()) == 0.5
+    assert await shape_mod.reward(S([7, 8, 7, 10])) == 0.5 and await shape_mod.reward(S([])) == 0.0
+    rng = __import__("random").Random(0)
+    group = [await shape_mod.reward(S([rng.randrange(32000) for _ in range(64)])) for _ in range(4)]
+    assert len(set(group)) > 1, "a group of random responses must not all score the same (GRPO advantage 0)"
 
 
 def test_bench_row_of_the_reference_backend_runs_on_the_cpu(shape_mod, tiny_dir, tmp_path):
@@ -82,6 +86,14 @@ def test_summarize_reads_the_per_step_logprob_gap(shape_mod, tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     result = shape_mod.summarize(str(tmp_path), str(tmp_path))
     assert result["logprob_abs_diff"] == [0.0, 0.01, 0.02] and result["step_time_s_median"] == 3.5
+
+
+def test_summarize_reads_the_keys_a_real_run_writes(shape_mod, tmp_path):
+    # the head of a real metrics.jsonl (H200, megatron trainer + SGLang 0.5.17, 2026-12-04): the key names as written
+    (tmp_path / "metrics.jsonl").write_text((ROOT / "tests" / "fixtures" / "h200_metrics_head.jsonl").read_text())
+    result = shape_mod.summarize(str(tmp_path), str(tmp_path))
+    assert result["steps"] == 2 and None not in result["logprob_abs_diff"]
+    assert None not in result["reward_mean"] and None not in result["grad_norm"], "a metric name the run does not write"
 
 
 def test_the_gpu_script_parses():
