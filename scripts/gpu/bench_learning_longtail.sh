@@ -16,7 +16,9 @@
 #    {learning.json, learning.txt, learning.png}; the table is printed, with the bias columns.
 #
 # Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (600), SFT_LIMIT_S (300), SFT_FLAGS (--micro-batch-size 64 -- --bf16), MODES (sync,april,async),
-# SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (170, per run),
+# SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (330 per
+# run: a run needs ~40 s beyond its steps and evals to start and end), MIN_RUN_S (150: no run starts with less
+# left), SGLANG_CUDA_GRAPH (1),
 # TRAIN_FLAGS (the megatron trainer), SMOKE=1 (the CPU check: a tiny model, 2 SFT steps, the embedded engine
 # and the torch trainer, tests/data/test_chain_longtail.py). Prints "bench_learning_longtail: PASSED" or FAILED.
 set -uo pipefail
@@ -65,8 +67,9 @@ for seed in "${seed_list[@]}"; do
     elapsed=$(( $(date +%s) - START ))
     # bench_learning_sglang.sh counts its deadline from its own start: what is left of ours
     MODEL="$WORK/warm/sft/model" SEEDS="$seed" RUNS="$WORK/runs/seed$seed" PORT="${PORT:-30300}" \
+        SGLANG_CUDA_GRAPH="${SGLANG_CUDA_GRAPH:-1}" MIN_RUN_S="${MIN_RUN_S:-150}" \
         NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
-        MODE_LIMIT_S="${MODE_LIMIT_S:-170}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
+        MODE_LIMIT_S="${MODE_LIMIT_S:-330}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
         TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len" \
         bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync,april,async}" 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -16,7 +16,9 @@
 # with the same settings; every call merges the modes it was asked for (`slime bench learning --merge`)
 # into $OUT/learning/{learning.json,learning.txt,learning.png}.
 #
-# Other knobs: NUM_ROLLOUT (30), EVAL_INTERVAL (3), TARGET (0.9), SEEDS (0; e.g. 0,1), TRAIN_FLAGS (default: the megatron
+# Other knobs: SGLANG_CUDA_GRAPH=1 (the server with CUDA graphs, --cuda-graph-max-bs $CUDA_GRAPH_MAX_BS, 256; without
+# them if it does not start so), MIN_RUN_S (60: a mode starts only with this much left before the deadline),
+# NUM_ROLLOUT (30), EVAL_INTERVAL (3), TARGET (0.9), SEEDS (0; e.g. 0,1), TRAIN_FLAGS (default: the megatron
 # trainer on the GPU; the CPU smoke test sets the torch trainer and the embedded engine), SERVER=none
 # (no SGLang: the runs use whatever TRAIN_FLAGS say). Prints "bench_learning_sglang: PASSED" when every
 # mode asked for has a finished run, FAILED otherwise.
@@ -41,9 +43,20 @@ if [ "${SERVER:-sglang}" != none ]; then
         SGLANG_URL=http://127.0.0.1:$PORT
         if ! curl -sf "$SGLANG_URL/health" >/dev/null; then
             echo "=== $(date +%T) starting SGLang on $PORT: $MODEL" | tee -a "$LOG"
-            timeout 300 bash "${START_SGLANG:-/tmp/sglb/start_sglang.sh}" "${PARTS:-/tmp/parts}" "$PORT" -- --model-path "$MODEL" \
-                --weight-version 0 --attention-backend triton --sampling-backend pytorch --disable-cuda-graph \
-                --mem-fraction-static 0.3 --disable-radix-cache 2>&1 | tail -3 | tee -a "$LOG"
+            start_server() {  # start_server GRAPH_FLAGS...
+                timeout 300 bash "${START_SGLANG:-/tmp/sglb/start_sglang.sh}" "${PARTS:-/tmp/parts}" "$PORT" -- --model-path "$MODEL" \
+                    --weight-version 0 --attention-backend triton --sampling-backend pytorch "$@" \
+                    --mem-fraction-static 0.3 --disable-radix-cache 2>&1 | tail -3 | tee -a "$LOG"
+            }
+            if [ "${SGLANG_CUDA_GRAPH:-0}" = 1 ]; then
+                # decode-bound long tails: a small model's decode step is launch-bound without graphs (~6.5 ms for
+                # the 24M long-tail model on the H200); graphs keep their pointers across in-place weight loads
+                start_server --cuda-graph-max-bs "${CUDA_GRAPH_MAX_BS:-256}"
+                curl -sf "$SGLANG_URL/health" >/dev/null || { echo "=== CUDA graphs: no server; again without" | tee -a "$LOG"
+                    python3 scripts/gpu/stop_port.py "$PORT" >/dev/null 2>&1; start_server --disable-cuda-graph; }
+            else
+                start_server --disable-cuda-graph
+            fi
             curl -sf "$SGLANG_URL/health" >/dev/null || { tail -40 "/tmp/sglang-$PORT.log" > "$OUT/learning_sglang.log"
                 echo "bench_learning_sglang: FAILED (SGLang did not start)" | tee -a "$LOG"; exit 1; }
         fi
@@ -54,14 +67,14 @@ read -r -a train_flags <<< "${TRAIN_FLAGS:---train-backend megatron --micro-batc
 
 status=0
 # a finished mode is reused only when it ran with these settings (steps, evals, target, flags, engine)
-settings="${NUM_ROLLOUT:-30} ${EVAL_INTERVAL:-3} ${TARGET:-0.9} ${SEEDS:-0} ${MODEL} ${train_flags[*]} ${extra[*]}"
+settings="${NUM_ROLLOUT:-30} ${EVAL_INTERVAL:-3} ${TARGET:-0.9} ${SEEDS:-0} ${MODEL} ${train_flags[*]} ${extra[*]} graphs=${SGLANG_CUDA_GRAPH:-0}"
 IFS=, read -r -a mode_list <<< "$MODES"
 for mode in "${mode_list[@]}"; do
     if [ -f "$RUNS/$mode/learning.json" ] && [ "$(cat "$RUNS/$mode/settings" 2>/dev/null)" = "$settings" ]; then
         echo "=== $mode: already run with these settings ($RUNS/$mode)" | tee -a "$LOG"; continue
     fi
     elapsed=$(( $(date +%s) - START ))
-    if [ $(( elapsed + 60 )) -gt "$DEADLINE_S" ]; then
+    if [ $(( elapsed + ${MIN_RUN_S:-60} )) -gt "$DEADLINE_S" ]; then
         echo "=== $mode: left for the next call (${elapsed}s of ${DEADLINE_S}s used)" | tee -a "$LOG"; status=1; continue
     fi
     limit=$(( DEADLINE_S - elapsed < MODE_LIMIT_S ? DEADLINE_S - elapsed : MODE_LIMIT_S ))
