@@ -18,6 +18,12 @@
 #   bench-kernels    scripts/gpu/bench_kernels.py $KERNEL_ARGS                                             [70]
 #   bench-fresh      bench_trainer.sh --fresh-data $FRESH_ARGS (new ragged data every step: the dense      [200]
 #                    attention path's cuDNN plan builds show; default 1.5B, transformers/megatron/varlen)
+#   deepseek         scripts/gpu/deepseek_shape.sh ${DEEPSEEK_PARTS:-make,rl,replay} (issue 29; RL_LIMIT 330:  [420]
+#                    the first SGLang start on a fresh machine JITs for ~165 s)
+#   glm / glm-flash  scripts/gpu/glm_shape.sh / glm_flash_shape.sh make,rl,replay (issue 29)                [300]
+#   longtail         scripts/gpu/bench_learning_longtail.sh with what is left of the call as its deadline:  [200]
+#                    SFT warm start, server and finished runs stay on a warm machine, so the next call's
+#                    `longtail` runs only what is missing (issue 30; MODES, SEEDS as the script)
 #
 # Each stage writes under $OUT/STAGE/; at the end $OUT holds session.log (one line per stage: ran, rc, seconds,
 # or skipped and why) and session.tgz (every stage's folder). Exit 0 when at least one stage ran and every stage
@@ -36,7 +42,8 @@ estimate() {
     case $1 in
         setup) echo 40 ;; contract) echo 90 ;; main-async) echo 240 ;; main-colocate) echo 260 ;;
         ray-main) [[ "${RAY_MODES:-colocate,ray-colocate}" == *,* ]] && echo 420 || echo 220 ;;
-        bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; bench-fresh) echo 200 ;; *) echo -1 ;;
+        bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; bench-fresh) echo 200 ;;
+        deepseek) echo 420 ;; glm|glm-flash) echo 300 ;; longtail) echo 200 ;; *) echo -1 ;;
     esac
 }
 
@@ -76,6 +83,14 @@ run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller'
         bench-trainer) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh ${BENCH_ARGS:---steps 7 --warmup 4} ;;
         bench-fresh) BENCH_LIMIT=$((left - 20)) bash scripts/gpu/bench_trainer.sh --fresh-data \
             ${FRESH_ARGS:---shapes qwen2-1.5b --backends transformers,megatron,megatron+varlen_attention} ;;
+        deepseek) RL_LIMIT=${RL_LIMIT:-330} bash scripts/gpu/deepseek_shape.sh "${DEEPSEEK_PARTS:-make,rl,replay}" ;;
+        glm) bash scripts/gpu/glm_shape.sh make,rl,replay ;;
+        glm-flash) bash scripts/gpu/glm_flash_shape.sh make,rl,replay ;;
+        longtail) DEADLINE_S=$((left - 15)) bash scripts/gpu/bench_learning_longtail.sh
+            local rc=$?  # the runs' metrics beside the table: why a target was missed is in them
+            (cd /tmp/slime_gpu/longtail 2>/dev/null && find runs -name metrics.jsonl -o -name summary.json \
+                -o -name learning.json | tar czf "$OUT/runs.tgz" -T -)
+            return $rc ;;
         bench-kernels)
             python3 -c "import megatron.core" 2>/dev/null \
                 || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
