@@ -15,6 +15,15 @@
 #    timed against it (`slime bench learning --merge ... --retarget T`) into $OUT/learning_longtail/
 #    {learning.json, learning.txt, learning.png}; the table is printed, with the bias columns.
 #
+# The recipe's learning rate (lr 1e-5, the CPU chain recipe, did not move this warm start in 20 steps):
+#   LRS=3e-5,1e-4,3e-4   a sweep instead of step 2: one run of MODES' first mode (default sync) per rate, side by
+#                        side, each with its own server on PORT+i (SWEEP_MEM_FRACTION 0.08 of the GPU each),
+#                        into $WORK/sweep/lrLR; scripts/gpu/pick_lr.py writes the best rate to $WORK/sweep/best_lr
+#                        (mean held-out accuracy after step 0). The server on PORT stays for the runs after.
+#   LR=1e-4 | LR=auto    step 2 with that rate (auto: the sweep's pick)
+#   SFT_ONLY=1           step 1 alone (e.g. in the background while another stage runs; a later call waits for
+#                        an SFT still running instead of starting one)
+#
 # Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (600), SFT_LIMIT_S (300), SFT_FLAGS (--micro-batch-size 64 -- --bf16), MODES (sync,april,async),
 # SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (330 per
 # run: a run needs ~40 s beyond its steps and evals to start and end), MIN_RUN_S (150: no run starts with less
@@ -42,23 +51,71 @@ if [ "${SMOKE:-0}" = 1 ]; then  # the CPU check of the path: seconds, not a mode
     export SERVER=none
     TRAIN_FLAGS="--rollout-batch-size 2 --n-samples-per-prompt 2 --global-batch-size 4 --num-eval-prompts 4"
 fi
+# an SFT already running (SFT_ONLY=1 started in the background by an earlier call) is waited for, not repeated
+if [ -f "$WORK/sft.pid" ] && kill -0 "$(cat "$WORK/sft.pid")" 2>/dev/null; then
+    echo "=== $(date +%T) waiting for the SFT already running (pid $(cat "$WORK/sft.pid"))" | tee -a "$LOG"
+    while kill -0 "$(cat "$WORK/sft.pid")" 2>/dev/null; do sleep 2; done
+fi
 if [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
     rm -rf "$WORK/warm"
+    echo $$ > "$WORK/sft.pid"
     echo "=== $(date +%T) SFT warm start" | tee -a "$LOG"
     timeout -k 10 "${SFT_LIMIT_S:-300}" "$PY" scripts/gpu/make_longtail_warmstart.py --out "$WORK/warm" \
         --steps "${SFT_STEPS:-600}" "${sft_flags[@]}" > "$WORK/sft.log" 2>&1
     rc=$?
+    rm -f "$WORK/sft.pid"
     grep -E '^step +[0-9]*0 |^done|^warm start|Error' "$WORK/sft.log" | tail -n 8 | tee -a "$LOG"
     if [ "$rc" -ne 0 ] || [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
         tail -n 30 "$WORK/sft.log" >> "$LOG"; echo "bench_learning_longtail: FAILED (SFT rc=$rc)" | tee -a "$LOG"; exit 1
     fi
 fi
 cp "$WORK/sft.log" "$OUT/longtail_sft.log" 2>/dev/null
+[ "${SFT_ONLY:-0}" = 1 ] && { echo "bench_learning_longtail: SFT done ($(( $(date +%s) - START ))s)" | tee -a "$LOG"; exit 0; }
 
 D=$WORK/warm/data
 data_flags="--hf-checkpoint $WORK/warm/sft/model --prompt-data $D/train.jsonl --eval-prompt-data $D/eval.jsonl --rm-type chain"
 response_len=1600
 [ "${SMOKE:-0}" = 1 ] && response_len=24
+train_flags="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len"
+
+if [ -n "${LRS:-}" ]; then
+    # the recipe's learning rate, by measurement: one run per rate side by side, each with its own server (their
+    # wall times share the GPU and mean nothing; sync's accuracy per step does not depend on them)
+    SW=$WORK/sweep
+    mkdir -p "$SW"
+    rm -f "$SW/best_lr"
+    IFS=, read -r -a lr_list <<< "$LRS"
+    i=0; pids=()
+    for lr in "${lr_list[@]}"; do
+        port=$(( ${PORT:-30300} + i ))
+        echo "=== $(date +%T) sweep: lr $lr on port $port" | tee -a "$LOG"
+        MODEL="$WORK/warm/sft/model" SEEDS="${SEEDS:-0}" RUNS="$SW/lr$lr" PORT="$port" \
+            SGLANG_CUDA_GRAPH="${SGLANG_CUDA_GRAPH:-1}" SGLANG_MEM_FRACTION="${SWEEP_MEM_FRACTION:-0.08}" \
+            MIN_RUN_S="${MIN_RUN_S:-150}" NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
+            MODE_LIMIT_S="${MODE_LIMIT_S:-330}" DEADLINE_S=$(( DEADLINE_S - ($(date +%s) - START) - 20 )) OUT="$SW/out$lr" \
+            TRAIN_FLAGS="$train_flags --lr $lr" \
+            bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync}" > "$SW/lr$lr.log" 2>&1 &
+        pids+=($!)
+        i=$((i + 1))
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+    # the first rate's server (on $PORT) stays for the runs that follow; the others give their memory back
+    for ((j = 1; j < i; j++)); do python3 scripts/gpu/stop_port.py $(( ${PORT:-30300} + j )) >/dev/null 2>&1; done
+    "$PY" scripts/gpu/pick_lr.py "$SW" --mode "$(echo "${MODES:-sync}" | cut -d, -f1)" 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    echo "bench_learning_longtail: sweep $([ "$status" -eq 0 ] && echo PASSED || echo FAILED) ($(( $(date +%s) - START ))s)" | tee -a "$LOG"
+    exit "$status"
+fi
+if [ -n "${LR:-}" ]; then  # a rate, or auto: the sweep's pick (waited for while the sweep runs)
+    lr=$LR
+    if [ "$LR" = auto ]; then
+        lr=$(cat "$WORK/sweep/best_lr" 2>/dev/null) || { echo "bench_learning_longtail: FAILED (LR=auto: no sweep pick in $WORK/sweep)" | tee -a "$LOG"; exit 1; }
+    fi
+    echo "=== lr $lr" | tee -a "$LOG"
+    train_flags="$train_flags --lr $lr"
+fi
+
 # one bench_learning_sglang.sh per seed (RUNS/seedS): a run killed at its limit loses that (mode, seed) only,
 # and seed 0 of every mode comes before seed 1 of any, so a call that ends early leaves comparable runs
 status=0
@@ -70,7 +127,7 @@ for seed in "${seed_list[@]}"; do
         SGLANG_CUDA_GRAPH="${SGLANG_CUDA_GRAPH:-1}" MIN_RUN_S="${MIN_RUN_S:-150}" \
         NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
         MODE_LIMIT_S="${MODE_LIMIT_S:-330}" DEADLINE_S=$(( DEADLINE_S - elapsed - 20 )) OUT="$WORK/out" \
-        TRAIN_FLAGS="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len" \
+        TRAIN_FLAGS="$train_flags" \
         bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync,april,async}" 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

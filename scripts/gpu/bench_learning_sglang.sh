@@ -17,7 +17,7 @@
 # into $OUT/learning/{learning.json,learning.txt,learning.png}.
 #
 # Other knobs: SGLANG_CUDA_GRAPH=1 (the server with CUDA graphs, --cuda-graph-max-bs $CUDA_GRAPH_MAX_BS, 256; without
-# them if it does not start so), MIN_RUN_S (60: a mode starts only with this much left before the deadline),
+# them if it does not start so), SGLANG_MEM_FRACTION (0.3; smaller for servers side by side), MIN_RUN_S (60: a mode starts only with this much left before the deadline),
 # NUM_ROLLOUT (30), EVAL_INTERVAL (3), TARGET (0.9), SEEDS (0; e.g. 0,1), TRAIN_FLAGS (default: the megatron
 # trainer on the GPU; the CPU smoke test sets the torch trainer and the embedded engine), SERVER=none
 # (no SGLang: the runs use whatever TRAIN_FLAGS say). Prints "bench_learning_sglang: PASSED" when every
@@ -46,7 +46,7 @@ if [ "${SERVER:-sglang}" != none ]; then
             start_server() {  # start_server GRAPH_FLAGS...
                 timeout 300 bash "${START_SGLANG:-/tmp/sglb/start_sglang.sh}" "${PARTS:-/tmp/parts}" "$PORT" -- --model-path "$MODEL" \
                     --weight-version 0 --attention-backend triton --sampling-backend pytorch "$@" \
-                    --mem-fraction-static 0.3 --disable-radix-cache 2>&1 | tail -3 | tee -a "$LOG"
+                    --mem-fraction-static "${SGLANG_MEM_FRACTION:-0.3}" --disable-radix-cache 2>&1 | tail -3 | tee -a "$LOG"
             }
             if [ "${SGLANG_CUDA_GRAPH:-0}" = 1 ]; then
                 # decode-bound long tails: a small model's decode step is launch-bound without graphs (~6.5 ms for

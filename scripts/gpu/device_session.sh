@@ -23,7 +23,9 @@
 #   glm / glm-flash  scripts/gpu/glm_shape.sh / glm_flash_shape.sh make,rl,replay (issue 29)                [300]
 #   longtail         scripts/gpu/bench_learning_longtail.sh with what is left of the call as its deadline:  [200]
 #                    SFT warm start, server and finished runs stay on a warm machine, so the next call's
-#                    `longtail` runs only what is missing (issue 30; MODES, SEEDS as the script)
+#                    `longtail` runs only what is missing (issue 30; MODES, SEEDS, LRS, LR as the script)
+#   longtail-sft-bg  the long-tail warm start's SFT, started in the background (its own session: it outlives the
+#                    stage and the call on a warm machine; `longtail` waits for it); log /tmp/slime_gpu/sft_bg.log  [5]
 #
 # Each stage writes under $OUT/STAGE/; at the end $OUT holds session.log (one line per stage: ran, rc, seconds,
 # or skipped and why) and session.tgz (every stage's folder). Exit 0 when at least one stage ran and every stage
@@ -43,7 +45,7 @@ estimate() {
         setup) echo 40 ;; contract) echo 90 ;; main-async) echo 240 ;; main-colocate) echo 260 ;;
         ray-main) [[ "${RAY_MODES:-colocate,ray-colocate}" == *,* ]] && echo 420 || echo 220 ;;
         bench-trainer) echo 330 ;; bench-kernels) echo 70 ;; bench-fresh) echo 200 ;;
-        deepseek) echo 420 ;; glm|glm-flash) echo 300 ;; longtail) echo 200 ;; *) echo -1 ;;
+        deepseek) echo 420 ;; glm|glm-flash) echo 300 ;; longtail) echo 200 ;; longtail-sft-bg) echo 5 ;; *) echo -1 ;;
     esac
 }
 
@@ -88,9 +90,14 @@ run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller'
         glm-flash) bash scripts/gpu/glm_flash_shape.sh make,rl,replay ;;
         longtail) DEADLINE_S=$((left - 15)) bash scripts/gpu/bench_learning_longtail.sh
             local rc=$?  # the runs' metrics beside the table: why a target was missed is in them
-            (cd /tmp/slime_gpu/longtail 2>/dev/null && find runs -name metrics.jsonl -o -name summary.json \
-                -o -name learning.json | tar czf "$OUT/runs.tgz" -T -)
+            (cd /tmp/slime_gpu/longtail 2>/dev/null && find runs sweep -name metrics.jsonl -o -name summary.json \
+                -o -name learning.json -o -name 'lr*.log' -o -name best_lr -o -name sft.log 2>/dev/null | tar czf "$OUT/runs.tgz" -T -)
+            cp /tmp/slime_gpu/longtail/sft.log "$OUT/" 2>/dev/null
             return $rc ;;
+        longtail-sft-bg) mkdir -p /tmp/slime_gpu
+            OUT=/tmp/slime_gpu/sft_bg SFT_ONLY=1 setsid nohup bash scripts/gpu/bench_learning_longtail.sh \
+                > /tmp/slime_gpu/sft_bg.log 2>&1 < /dev/null &
+            sleep 3; cat /tmp/slime_gpu/sft_bg.log ;;
         bench-kernels)
             python3 -c "import megatron.core" 2>/dev/null \
                 || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \

@@ -48,3 +48,35 @@ def test_the_warm_start_sft_command_trains_the_sft_rows_from_the_init(tmp_path):
     )
     assert cmd[-2:] == ["--train-backend", "torch"] and cmd.count("--micro-batch-size") == 2
     assert flag["--micro-batch-size"] == "16", "ours after the recipe's 64: the last one wins, 16 rows a forward"
+
+
+def _sweep_run(sweep: Path, lr: str, accuracies: list[float | None]) -> None:
+    points = [{"step": 4 * i, "accuracy": a} for i, a in enumerate(accuracies)]
+    run = sweep / f"lr{lr}" / "sync"
+    run.mkdir(parents=True)
+    (run / "learning.json").write_text(json.dumps({"curves": {"sync": [{"points": points}]}}))
+
+
+def test_the_lr_sweep_picks_the_rate_with_the_best_accuracy_after_step_0(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import pick_lr
+
+    # 3e-4 has the best final eval (0.62) by noise and the worst curve; 1e-4 is best after step 0 on the mean
+    _sweep_run(tmp_path, "3e-5", [0.55, 0.55, 0.56, 0.57])
+    _sweep_run(tmp_path, "1e-4", [0.55, 0.60, 0.61, 0.60])
+    _sweep_run(tmp_path, "3e-4", [0.55, 0.40, 0.45, 0.62])
+    _sweep_run(tmp_path, "1e-3", [0.55, None, None])  # no eval after step 0: reported, never picked
+    assert pick_lr.main([str(tmp_path)]) == 0
+    assert (tmp_path / "best_lr").read_text().strip() == "1e-4"
+    out = capsys.readouterr().out
+    assert "lr 1e-4: mean after step 0 0.603 (gain +0.053)" in out and "lr 1e-3: no eval after step 0" in out
+
+
+def test_the_lr_sweep_breaks_ties_to_the_smaller_rate_and_fails_without_a_curve(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import pick_lr
+
+    assert pick_lr.main([str(tmp_path)]) == 1 and not (tmp_path / "best_lr").exists()
+    _sweep_run(tmp_path, "1e-4", [0.5, 0.6])
+    _sweep_run(tmp_path, "3e-5", [0.5, 0.6])
+    assert pick_lr.pick(tmp_path)[0] == "3e-5"
