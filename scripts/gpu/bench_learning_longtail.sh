@@ -15,12 +15,15 @@
 #    timed against it (`slime bench learning --merge ... --retarget T`) into $OUT/learning_longtail/
 #    {learning.json, learning.txt, learning.png}; the table is printed, with the bias columns.
 #
-# The recipe's learning rate (lr 1e-5, the CPU chain recipe, did not move this warm start in 20 steps):
-#   LRS=3e-5,1e-4,3e-4   a sweep instead of step 2: one run of MODES' first mode (default sync) per rate, side by
-#                        side, each with its own server on PORT+i (SWEEP_MEM_FRACTION 0.08 of the GPU each),
-#                        into $WORK/sweep/lrLR; scripts/gpu/pick_lr.py writes the best rate to $WORK/sweep/best_lr
-#                        (mean held-out accuracy after step 0). The server on PORT stays for the runs after.
-#   LR=1e-4 | LR=auto    step 2 with that rate (auto: the sweep's pick)
+# The recipe, by measurement (lr 1e-5, the CPU chain recipe, did not move this warm start in 20 steps):
+#   VARIANTS="NAME=FLAGS;NAME=FLAGS"   a sweep instead of step 2: one run of MODES' first mode (default sync) per
+#                        variant, its FLAGS added to the recipe's, side by side, each with its own server on PORT+i
+#                        (SWEEP_MEM_FRACTION 0.08 of the GPU each), into $WORK/sweep/NAME (FLAGS in NAME/flags);
+#                        scripts/gpu/pick_variant.py writes the best to $WORK/sweep/best_variant (mean held-out
+#                        accuracy after step 0) and prints each run's reward, entropy and grad norm beside its curve.
+#                        The server on PORT stays for the runs after.
+#   LRS=3e-5,1e-4        the same over learning rates: VARIANTS="lr3e-5=--lr 3e-5;lr1e-4=--lr 1e-4"
+#   VARIANT=NAME | auto  step 2 with a variant's flags (auto: the sweep's pick); LR=1e-4 | auto: with that rate
 #   SFT_ONLY=1           step 1 alone (e.g. in the background while another stage runs; a later call waits for
 #                        an SFT still running instead of starting one)
 #
@@ -78,34 +81,46 @@ response_len=1600
 [ "${SMOKE:-0}" = 1 ] && response_len=24
 train_flags="${TRAIN_FLAGS:---train-backend megatron --micro-batch-size 16} $data_flags --rollout-max-response-len $response_len"
 
-if [ -n "${LRS:-}" ]; then
-    # the recipe's learning rate, by measurement: one run per rate side by side, each with its own server (their
-    # wall times share the GPU and mean nothing; sync's accuracy per step does not depend on them)
+if [ -n "${LRS:-}" ] && [ -z "${VARIANTS:-}" ]; then
+    VARIANTS=$(echo "$LRS" | tr ',' '\n' | sed 's/.*/lr&=--lr &/' | paste -sd ';')
+fi
+if [ -n "${VARIANTS:-}" ]; then
+    # one run per variant side by side, each with its own server (their wall times share the GPU and mean
+    # nothing; sync's accuracy per step does not depend on them)
     SW=$WORK/sweep
     mkdir -p "$SW"
-    rm -f "$SW/best_lr"
-    IFS=, read -r -a lr_list <<< "$LRS"
+    rm -f "$SW/best_lr" "$SW/best_variant"
+    IFS=';' read -r -a variant_list <<< "$VARIANTS"
     i=0; pids=()
-    for lr in "${lr_list[@]}"; do
+    for variant in "${variant_list[@]}"; do
+        name=${variant%%=*}; flags=${variant#*=}
         port=$(( ${PORT:-30300} + i ))
-        echo "=== $(date +%T) sweep: lr $lr on port $port" | tee -a "$LOG"
-        MODEL="$WORK/warm/sft/model" SEEDS="${SEEDS:-0}" RUNS="$SW/lr$lr" PORT="$port" \
+        echo "=== $(date +%T) sweep: $name ($flags) on port $port" | tee -a "$LOG"
+        mkdir -p "$SW/$name"; echo "$flags" > "$SW/$name/flags"
+        MODEL="$WORK/warm/sft/model" SEEDS="${SEEDS:-0}" RUNS="$SW/$name" PORT="$port" \
             SGLANG_CUDA_GRAPH="${SGLANG_CUDA_GRAPH:-1}" SGLANG_MEM_FRACTION="${SWEEP_MEM_FRACTION:-0.08}" \
             MIN_RUN_S="${MIN_RUN_S:-150}" NUM_ROLLOUT="${NUM_ROLLOUT:-20}" EVAL_INTERVAL="${EVAL_INTERVAL:-4}" TARGET=0.5 \
-            MODE_LIMIT_S="${MODE_LIMIT_S:-330}" DEADLINE_S=$(( DEADLINE_S - ($(date +%s) - START) - 20 )) OUT="$SW/out$lr" \
-            TRAIN_FLAGS="$train_flags --lr $lr" \
-            bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync}" > "$SW/lr$lr.log" 2>&1 &
+            MODE_LIMIT_S="${MODE_LIMIT_S:-330}" DEADLINE_S=$(( DEADLINE_S - ($(date +%s) - START) - 20 )) OUT="$SW/out-$name" \
+            TRAIN_FLAGS="$train_flags $flags" \
+            bash scripts/gpu/bench_learning_sglang.sh "${MODES:-sync}" > "$SW/$name.log" 2>&1 &
         pids+=($!)
         i=$((i + 1))
     done
     status=0
     for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-    # the first rate's server (on $PORT) stays for the runs that follow; the others give their memory back
+    # the first variant's server (on $PORT) stays for the runs that follow; the others give their memory back
     for ((j = 1; j < i; j++)); do python3 scripts/gpu/stop_port.py $(( ${PORT:-30300} + j )) >/dev/null 2>&1; done
-    "$PY" scripts/gpu/pick_lr.py "$SW" --mode "$(echo "${MODES:-sync}" | cut -d, -f1)" 2>&1 | tee -a "$LOG"
+    "$PY" scripts/gpu/pick_variant.py "$SW" --mode "$(echo "${MODES:-sync}" | cut -d, -f1)" 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     echo "bench_learning_longtail: sweep $([ "$status" -eq 0 ] && echo PASSED || echo FAILED) ($(( $(date +%s) - START ))s)" | tee -a "$LOG"
     exit "$status"
+fi
+if [ -n "${VARIANT:-}" ]; then  # a variant's flags, or auto: the sweep's pick
+    name=$VARIANT
+    [ "$VARIANT" = auto ] && name=$(cat "$WORK/sweep/best_variant" 2>/dev/null)
+    flags=$(cat "$WORK/sweep/$name/flags" 2>/dev/null) || { echo "bench_learning_longtail: FAILED (VARIANT=$VARIANT: no flags in $WORK/sweep/${name:-?})" | tee -a "$LOG"; exit 1; }
+    echo "=== variant $name: $flags" | tee -a "$LOG"
+    train_flags="$train_flags $flags"
 fi
 if [ -n "${LR:-}" ]; then  # a rate, or auto: the sweep's pick (waited for while the sweep runs)
     lr=$LR

@@ -23,7 +23,7 @@
 #   glm / glm-flash  scripts/gpu/glm_shape.sh / glm_flash_shape.sh make,rl,replay (issue 29)                [300]
 #   longtail         scripts/gpu/bench_learning_longtail.sh with what is left of the call as its deadline:  [200]
 #                    SFT warm start, server and finished runs stay on a warm machine, so the next call's
-#                    `longtail` runs only what is missing (issue 30; MODES, SEEDS, LRS, LR as the script)
+#                    `longtail` runs only what is missing (issue 30; MODES, SEEDS, VARIANTS, LRS, VARIANT, LR as the script)
 #   longtail-sft-bg  the long-tail warm start's SFT, started in the background (its own session: it outlives the
 #                    stage and the call on a warm machine; `longtail` waits for it); log /tmp/slime_gpu/sft_bg.log  [5]
 #
@@ -91,7 +91,7 @@ run_stage() {  # run_stage NAME LEFT_S, in its own shell (bounded by the caller'
         longtail) DEADLINE_S=$((left - 15)) bash scripts/gpu/bench_learning_longtail.sh
             local rc=$?  # the runs' metrics beside the table: why a target was missed is in them
             (cd /tmp/slime_gpu/longtail 2>/dev/null && find runs sweep -name metrics.jsonl -o -name summary.json \
-                -o -name learning.json -o -name 'lr*.log' -o -name best_lr -o -name sft.log 2>/dev/null | tar czf "$OUT/runs.tgz" -T -)
+                -o -name learning.json -o -name '*.log' -o -name flags -o -name 'best_*' -o -name sft.log 2>/dev/null | tar czf "$OUT/runs.tgz" -T -)
             cp /tmp/slime_gpu/longtail/sft.log "$OUT/" 2>/dev/null
             return $rc ;;
         longtail-sft-bg) mkdir -p /tmp/slime_gpu

@@ -50,33 +50,56 @@ def test_the_warm_start_sft_command_trains_the_sft_rows_from_the_init(tmp_path):
     assert flag["--micro-batch-size"] == "16", "ours after the recipe's 64: the last one wins, 16 rows a forward"
 
 
-def _sweep_run(sweep: Path, lr: str, accuracies: list[float | None]) -> None:
+def _sweep_run(sweep: Path, name: str, accuracies: list[float | None], rewards: list[float] = ()) -> None:
     points = [{"step": 4 * i, "accuracy": a} for i, a in enumerate(accuracies)]
-    run = sweep / f"lr{lr}" / "sync"
+    run = sweep / name / "sync"
     run.mkdir(parents=True)
     (run / "learning.json").write_text(json.dumps({"curves": {"sync": [{"points": points}]}}))
+    if rewards:  # the run's own metrics, as slime train writes them: the train steps' reward, entropy, grad norm
+        steps = [{"step": i + 1, "train/reward_mean": r, "train/entropy": 0.1 + i / 100, "train/grad_norm": 1.0}
+                 for i, r in enumerate(rewards)]
+        (run / "runs" / "sync-s0").mkdir(parents=True)
+        (run / "runs" / "sync-s0" / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in [{"accuracy": 0.5}, *steps]))
+
+
+def _picker():
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import pick_variant
+
+    return pick_variant
 
 
 def test_the_lr_sweep_picks_the_rate_with_the_best_accuracy_after_step_0(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-    import pick_lr
-
+    pick_variant = _picker()
     # 3e-4 has the best final eval (0.62) by noise and the worst curve; 1e-4 is best after step 0 on the mean
-    _sweep_run(tmp_path, "3e-5", [0.55, 0.55, 0.56, 0.57])
-    _sweep_run(tmp_path, "1e-4", [0.55, 0.60, 0.61, 0.60])
-    _sweep_run(tmp_path, "3e-4", [0.55, 0.40, 0.45, 0.62])
-    _sweep_run(tmp_path, "1e-3", [0.55, None, None])  # no eval after step 0: reported, never picked
-    assert pick_lr.main([str(tmp_path)]) == 0
+    _sweep_run(tmp_path, "lr3e-5", [0.55, 0.55, 0.56, 0.57])
+    _sweep_run(tmp_path, "lr1e-4", [0.55, 0.60, 0.61, 0.60])
+    _sweep_run(tmp_path, "lr3e-4", [0.55, 0.40, 0.45, 0.62])
+    _sweep_run(tmp_path, "lr1e-3", [0.55, None, None])  # no eval after step 0: reported, never picked
+    assert pick_variant.main([str(tmp_path)]) == 0
     assert (tmp_path / "best_lr").read_text().strip() == "1e-4"
+    assert (tmp_path / "best_variant").read_text().strip() == "lr1e-4"
     out = capsys.readouterr().out
     assert "lr 1e-4: mean after step 0 0.603 (gain +0.053)" in out and "lr 1e-3: no eval after step 0" in out
 
 
 def test_the_lr_sweep_breaks_ties_to_the_smaller_rate_and_fails_without_a_curve(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-    import pick_lr
+    pick_variant = _picker()
+    assert pick_variant.main([str(tmp_path)]) == 1 and not (tmp_path / "best_variant").exists()
+    _sweep_run(tmp_path, "lr1e-4", [0.5, 0.6])
+    _sweep_run(tmp_path, "lr3e-5", [0.5, 0.6])
+    assert pick_variant.pick(tmp_path)[0] == "lr3e-5"
 
-    assert pick_lr.main([str(tmp_path)]) == 1 and not (tmp_path / "best_lr").exists()
-    _sweep_run(tmp_path, "1e-4", [0.5, 0.6])
-    _sweep_run(tmp_path, "3e-5", [0.5, 0.6])
-    assert pick_lr.pick(tmp_path)[0] == "3e-5"
+
+def test_a_variant_sweep_picks_by_name_and_reports_each_runs_training_signals(tmp_path, capsys):
+    pick_variant = _picker()
+    _sweep_run(tmp_path, "control", [0.51, 0.50, 0.52], rewards=[0.5, 0.52, 0.49, 0.51])
+    _sweep_run(tmp_path, "b256", [0.51, 0.58, 0.62], rewards=[0.5, 0.55, 0.6, 0.7])
+    _sweep_run(tmp_path, "lr3e-5", [0.51, 0.36, 0.22], rewards=[0.53, 0.34, 0.20, 0.09])
+    assert pick_variant.main([str(tmp_path)]) == 0
+    assert (tmp_path / "best_variant").read_text().strip() == "b256"
+    assert not (tmp_path / "best_lr").exists(), "the pick is not a rate"
+    out = capsys.readouterr().out
+    # the falling run's signals: reward of its first three steps 0.357 -> last three 0.210, entropy rising
+    assert "4 steps: reward 0.357 -> 0.210, entropy 0.110 -> 0.120, grad norm 1.00" in out
+    assert "b256: mean after step 0 0.600 (gain +0.090)" in out
