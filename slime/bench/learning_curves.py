@@ -38,7 +38,10 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
     ``trained_tokens``, ``off_policy_token_share``, ``lag_share`` (lag -> share of trained tokens),
     ``lag_p50`` / ``lag_p90`` / ``lag_max`` (all of trained tokens: after the staleness mask),
     ``masked_token_share`` (masked as over-stale / model tokens before the mask), ``fully_masked_samples``,
-    ``bias`` (the steps' mean of each ``bias/<name>``, ``slime.loop.offpolicy.length_bias``).
+    ``bias`` (the steps' mean of each ``bias/<name>``, ``slime.loop.offpolicy.length_bias``),
+    ``trained_len_mean`` / ``trained_reward_mean`` (response tokens and reward per trained sample over the
+    whole run, FAILED samples left out; ``summarize`` sets them beside sync's: the length bias against an
+    unbiased draw, which ``bias/len_ratio`` cannot show when the completed draws of a window are biased too).
 
     Raises:
         ValueError: records without the eval before RL or without ``time_s`` (a run of an older slime).
@@ -63,6 +66,7 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
     hist_total = sum(hist.values())
     off = sum(n for lag, n in hist.items() if lag > 0)
     masked = sum(st.masked_stale_tokens for st in steps)
+    trained_len, trained_reward = _per_trained_sample(steps)
     return {
         "points": points,
         "target_accuracy": target,
@@ -84,7 +88,21 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         "masked_token_share": masked / (hist_total + masked) if hist_total + masked else None,
         "fully_masked_samples": sum(st.fully_masked_samples for st in steps),
         "bias": _bias_means(steps),
+        "trained_len_mean": trained_len,
+        "trained_reward_mean": trained_reward,
     }
+
+
+def _per_trained_sample(steps: list[StepRecord]) -> tuple[float | None, float | None]:
+    """(response tokens, reward) per counted trained sample over all steps; None where no step counted one."""
+    counted = [(st, st.num_samples - st.failed_samples_in_batch) for st in steps]
+    counted = [(st, n) for st, n in counted if n > 0]
+    n = sum(k for _, k in counted)
+    if not n:
+        return None, None
+    rewarded = [(st.reward_mean, k) for st, k in counted if math.isfinite(st.reward_mean)]
+    reward = sum(r * k for r, k in rewarded) / sum(k for _, k in rewarded) if rewarded else None
+    return sum(st.response_tokens for st, _ in counted) / n, reward
 
 
 def _bias_means(steps: list[StepRecord]) -> dict[str, float]:
@@ -138,7 +156,9 @@ def summarize(curves: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
     ``time_to_target_s`` / ``time_to_target_ex_eval_s`` / ``tokens_to_target`` / ``final_accuracy`` /
     ``off_policy_token_share`` / ``train_wall_s`` / ``eval_time_s`` as ``{n, mean, std, min, max}``, and
     ``speedup_vs_sync`` (sync's mean time to target over this mode's, both clocks; None when either
-    never reached it)."""
+    never reached it), ``trained_len_vs_sync`` / ``trained_reward_vs_sync`` (this mode's mean response length
+    and reward per trained sample over sync's: below 1 on length, a mode that trains the short answers of the
+    same task more often than they are drawn; None without sync)."""
     out: dict[str, JsonObject] = {}
     for mode, runs in curves.items():
         m: dict[str, Any] = {"seeds": len(runs), "reached": sum(r["time_to_target_s"] is not None for r in runs)}
@@ -154,6 +174,8 @@ def summarize(curves: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
             "eval_time_s",
             "trained_tokens",
             "masked_token_share",
+            "trained_len_mean",
+            "trained_reward_mean",
         ):
             m[key] = _stats([float(r[key]) for r in runs if r.get(key) is not None])
         names = sorted({k for r in runs for k in r.get("bias", {})})
@@ -169,6 +191,12 @@ def summarize(curves: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
         ):
             a, b = (sync or {}).get(key, {}).get("mean"), m[key]["mean"]
             m[name] = a / b if a is not None and b else None
+        for key, name in (
+            ("trained_len_mean", "trained_len_vs_sync"),
+            ("trained_reward_mean", "trained_reward_vs_sync"),
+        ):
+            a, b = (sync or {}).get(key, {}).get("mean"), m[key]["mean"]
+            m[name] = b / a if a and b is not None else None
         a, b = (sync or {}).get("final_accuracy", {}).get("mean"), m["final_accuracy"]["mean"]
         m["final_accuracy_vs_sync_points"] = 100 * (b - a) if a is not None and b is not None else None
     return out
@@ -182,11 +210,12 @@ def fmt(x: object, spec: str = ".1f") -> str:
 def format_table(summary: dict[str, JsonObject], target: float) -> str:
     """The per-mode table (one row a mode; time as mean [min-max] over the seeds that reached the target;
     the bias columns: ``len_ratio``, ``long_share`` / ``long_share_completed`` and ``age_long`` / ``age_short``
-    as means over steps and seeds, the masked share of tokens)."""
+    as means over steps and seeds, the masked share of tokens, and the trained samples' length / reward against
+    sync's)."""
     head = (
         f"{'mode':<16} {'reached':>7} {'t->' + format(target, '.2f') + ' s':>20} {'ex-eval s':>9} {'x sync':>6} "
         f"{'tokens->target':>14} {'final acc':>15} {'vs sync':>7} {'off-pol':>7} {'lag p90/max':>11} {'wall s':>7} {'eval s':>6}"
-        f" {'masked':>6} {'len ratio':>9} {'long tr/drawn':>13} {'age long/short':>14}"
+        f" {'masked':>6} {'len ratio':>9} {'long tr/drawn':>13} {'age long/short':>14} {'len/rew vs sync':>15}"
     )
     lines = [head, "-" * len(head)]
     for mode, m in summary.items():
@@ -212,7 +241,8 @@ def _bias_cells(m: JsonObject) -> str:
     b, masked = m.get("bias", {}), m.get("masked_token_share", {}).get("mean")
     long_ = f"{fmt(b.get('long_share'), '.2f')}/{fmt(b.get('long_share_completed'), '.2f')}"
     age = f"{fmt(b.get('age_long'), '.2f')}/{fmt(b.get('age_short'), '.2f')}"
-    return f"{fmt(masked, '.3f'):>6} {fmt(b.get('len_ratio'), '.2f'):>9} {long_:>13} {age:>14}"
+    vs_sync = f"{fmt(m.get('trained_len_vs_sync'), '.2f')}/{fmt(m.get('trained_reward_vs_sync'), '.2f')}"
+    return f"{fmt(masked, '.3f'):>6} {fmt(b.get('len_ratio'), '.2f'):>9} {long_:>13} {age:>14} {vs_sync:>15}"
 
 
 def _band(runs: list[JsonObject], x_key: str):

@@ -70,3 +70,56 @@ def test_merge_can_time_another_target_from_the_runs_metrics(tmp_path):
     with pytest.raises(ValueError, match="no metrics.jsonl"):
         (run_dir / "metrics.jsonl").unlink()
         learning.merge_results([tmp_path / "a.json"], retarget=0.55)
+
+
+def _run(lengths_rewards: list[tuple[int, int, float]]):
+    """A run of steps (samples, mean response length, reward) and its curve."""
+    recs = [{"kind": "eval", "step": 0, "accuracy": 0.5, "time_s": 1.0}]
+    for step, (n, length, reward) in enumerate(lengths_rewards, start=1):
+        recs.append(
+            {
+                "kind": "step",
+                "step": step,
+                "num_samples": n,
+                "response_tokens": n * length,
+                "reward_mean": reward,
+                "trained_tokens": n * length,
+                "lag_histogram": {"0": n * length},
+            }
+        )
+    recs.append({"kind": "eval", "step": len(lengths_rewards), "accuracy": 0.5, "time_s": 9.0})
+    return learning.run_curve(recs, target=0.9)
+
+
+def test_the_table_sets_each_modes_trained_length_and_reward_beside_syncs():
+    # what the H200's long tail showed: APRIL's first steps train the short, easy answers (20 tokens, reward
+    # 0.87) while sync trains what is drawn; the window ratio len_ratio is 1.00 in both (APRIL's completed
+    # draws are as short as what it trains), only the side-by-side ratio shows it
+    sync = _run([(64, 250, 0.5), (64, 250, 0.5)])
+    april = _run([(64, 20, 0.9), (64, 230, 0.5)])
+    assert april["trained_len_mean"] == pytest.approx(125) and april["trained_reward_mean"] == pytest.approx(0.7)
+    summary = learning.summarize({"sync": [{"seed": 0, **sync}], "april": [{"seed": 0, **april}]})
+    assert summary["april"]["trained_len_vs_sync"] == pytest.approx(0.5)
+    assert summary["april"]["trained_reward_vs_sync"] == pytest.approx(1.4)
+    rows = learning.format_table(summary, 0.9).splitlines()
+    assert "len/rew vs sync" in rows[0] and rows[2].endswith("1.00/1.00") and rows[3].endswith("0.50/1.40")
+
+
+def test_failed_samples_and_a_run_without_sync_leave_the_side_by_side_ratio_out():
+    c = _run([(4, 10, 1.0)])
+    steps = [
+        {
+            "kind": "step",
+            "step": 1,
+            "num_samples": 2,
+            "failed_samples_in_batch": 2,
+            "response_tokens": 0,
+            "reward_mean": None,
+            "trained_tokens": 0,
+        }
+    ]
+    none = learning.run_curve([{"kind": "eval", "step": 0, "accuracy": 0.5, "time_s": 1.0}, *steps], target=0.9)
+    assert none["trained_len_mean"] is None and none["trained_reward_mean"] is None
+    summary = learning.summarize({"april": [{"seed": 0, **c}]})
+    assert summary["april"]["trained_len_vs_sync"] is None
+    assert learning.format_table(summary, 0.9).splitlines()[2].endswith("-/-")

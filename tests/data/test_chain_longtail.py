@@ -56,10 +56,14 @@ def _sweep_run(sweep: Path, name: str, accuracies: list[float | None], rewards: 
     run.mkdir(parents=True)
     (run / "learning.json").write_text(json.dumps({"curves": {"sync": [{"points": points}]}}))
     if rewards:  # the run's own metrics, as slime train writes them: the train steps' reward, entropy, grad norm
-        steps = [{"step": i + 1, "train/reward_mean": r, "train/entropy": 0.1 + i / 100, "train/grad_norm": 1.0}
-                 for i, r in enumerate(rewards)]
+        steps = [
+            {"step": i + 1, "train/reward_mean": r, "train/entropy": 0.1 + i / 100, "train/grad_norm": 1.0}
+            for i, r in enumerate(rewards)
+        ]
         (run / "runs" / "sync-s0").mkdir(parents=True)
-        (run / "runs" / "sync-s0" / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in [{"accuracy": 0.5}, *steps]))
+        (run / "runs" / "sync-s0" / "metrics.jsonl").write_text(
+            "".join(json.dumps(s) + "\n" for s in [{"accuracy": 0.5}, *steps])
+        )
 
 
 def _picker():
