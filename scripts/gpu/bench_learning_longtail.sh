@@ -5,8 +5,11 @@
 #   source /tmp/slime-env.sh; bash scripts/gpu/bench_learning_longtail.sh        (~15 minutes: run it in two calls)
 #
 # 1. scripts/gpu/make_longtail_warmstart.py: the task's JSONL and a ~24M-parameter Llama (character tokenizer,
-#    2,048 positions) fine-tuned by `slime train --loss-type sft_loss` on SFT_STEPS x 64 worked solutions
-#    (torch trainer on the GPU; bounded by SFT_LIMIT_S), into $WORK/warm/sft/model (reused on a warm machine).
+#    2,048 positions) fine-tuned by `slime train --loss-type sft_loss` on SFT_STEPS x 64 solutions, a share
+#    DIRECT_FRACTION (0.5) of them the direct answer `#<sum>` instead of the worked chain (the CPU warm starts'
+#    recipe: a warm start of worked solutions only left RL nothing to learn in 20 steps on the H200, a mixed one
+#    leaves it the strategy; docs/benchmarks.md) (torch trainer on the GPU; bounded by SFT_LIMIT_S), into
+#    $WORK/warm/sft/model (reused on a warm machine).
 # 2. scripts/gpu/bench_learning_sglang.sh with that model, once per seed (seed 0 of every mode first): one SGLang
 #    server on $PORT shared by the runs, one process per (mode, seed), the megatron trainer, the task's data and
 #    reward (--rm-type chain). Finished runs stay in $WORK/runs/seedS/MODE: a second call on a warm machine
@@ -27,7 +30,7 @@
 #   SFT_ONLY=1           step 1 alone (e.g. in the background while another stage runs; a later call waits for
 #                        an SFT still running instead of starting one)
 #
-# Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (600), SFT_LIMIT_S (300), SFT_FLAGS (--micro-batch-size 64 -- --bf16), MODES (sync,april,async),
+# Knobs: WORK (/tmp/slime_gpu/longtail), PORT (30300), SFT_STEPS (800), SFT_LIMIT_S (330), DIRECT_FRACTION (0.5), SFT_FLAGS (--micro-batch-size 64 -- --bf16), MODES (sync,april,async),
 # SEEDS (0,1), NUM_ROLLOUT (20), EVAL_INTERVAL (4), DEADLINE_S (560, from the start), MODE_LIMIT_S (330 per
 # run: a run needs ~40 s beyond its steps and evals to start and end), MIN_RUN_S (150: no run starts with less
 # left), SGLANG_CUDA_GRAPH (1),
@@ -63,8 +66,8 @@ if [ ! -f "$WORK/warm/sft/model/model.safetensors" ]; then
     rm -rf "$WORK/warm"
     echo $$ > "$WORK/sft.pid"
     echo "=== $(date +%T) SFT warm start" | tee -a "$LOG"
-    timeout -k 10 "${SFT_LIMIT_S:-300}" "$PY" scripts/gpu/make_longtail_warmstart.py --out "$WORK/warm" \
-        --steps "${SFT_STEPS:-600}" "${sft_flags[@]}" > "$WORK/sft.log" 2>&1
+    timeout -k 10 "${SFT_LIMIT_S:-330}" "$PY" scripts/gpu/make_longtail_warmstart.py --out "$WORK/warm" \
+        --steps "${SFT_STEPS:-800}" --direct-fraction "${DIRECT_FRACTION:-0.5}" "${sft_flags[@]}" > "$WORK/sft.log" 2>&1
     rc=$?
     rm -f "$WORK/sft.pid"
     grep -E '^step +[0-9]*0 |^done|^warm start|Error' "$WORK/sft.log" | tail -n 8 | tee -a "$LOG"

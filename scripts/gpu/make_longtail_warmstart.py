@@ -6,12 +6,22 @@ Usage::
         [--hidden-size 512 --intermediate-size 1408 --num-layers 8 --num-heads 8 --num-kv-heads 4] [-- SFT FLAGS]
 
 Writes ``DIR/data/{train,eval}.jsonl`` (the RL prompts and labels, ``slime.data.chain.GPU_SIZE``: responses
-of tens to ~1,550 tokens) and ``DIR/data/sft.jsonl`` (``steps x batch_size`` worked solutions of another seed),
+of tens to ~1,550 tokens; ``--max-terms`` shortens the chains) and ``DIR/data/sft.jsonl`` (``steps x
+batch_size`` rows of another seed: the worked solution, or with probability ``--direct-fraction`` (0.5) the
+direct answer ``#<sum>``),
 ``DIR/init`` (a random Llama of the character tokenizer with 2,048 positions; ~24M parameters by default) and
 ``DIR/sft/model`` (the warm start: ``scripts/make_warmstart.py``'s SFT recipe over ``sft.jsonl``, one pass in
 order). On the H200 the SFT runs on the torch trainer's CUDA device; on the CPU, ``--steps 2 --hidden-size 32
 --intermediate-size 64 --num-layers 1 --num-heads 2 --num-kv-heads 1`` checks the whole path in seconds
 (``tests/data/test_chain_longtail.py``). Extra ``slime train`` flags after ``--`` go to the SFT run.
+
+Why the direct answers: on the H200 (2026-12-04, docs/benchmarks.md "The long-tail chains on the H200,
+second attempt"), a warm start of worked solutions only (greedy 0.51) did not improve under RL at any rate
+or batch tried; its errors are slips of arithmetic spread over hundreds of tokens, which a group of 8
+samples barely tells apart. ``scripts/make_warmstart.py`` measured the same on the CPU (all worked: 0.465 ->
+0.55 in 90 steps; half direct: 0.49 -> 0.805 in 20): a warm start that knows both styles answers long chains
+directly and wrongly half the time, and GRPO learns to work them out, a strategy, with longer answers as it
+learns (the long tail grows during the run).
 """
 
 from __future__ import annotations
@@ -49,6 +59,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-train", type=int, default=20000, help="RL prompts in data/train.jsonl")
+    p.add_argument(
+        "--direct-fraction",
+        type=float,
+        default=0.5,
+        help="share of SFT rows that answer directly ('#<answer>'): the strategy RL learns to drop (module doc)",
+    )
+    p.add_argument(
+        "--max-terms", type=int, default=int(chain.GPU_SIZE["max_terms"]), help="longest chain (GPU_SIZE's 128)"
+    )
     p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--intermediate-size", type=int, default=1408)
     p.add_argument("--num-layers", type=int, default=8)
@@ -74,6 +93,11 @@ def sft_command(ns: argparse.Namespace, init: Path, data: Path, out: Path, extra
     return [*recipe, *data_flags, "--micro-batch-size", str(ns.micro_batch_size), *extra]
 
 
+def task_size(ns: argparse.Namespace) -> dict[str, float]:
+    """``chain.make_problem``'s keywords: ``GPU_SIZE`` with ``--max-terms`` (smaller for a check on the CPU)."""
+    return {**chain.GPU_SIZE, "max_terms": ns.max_terms}
+
+
 def _set_max_length(path: Path, n: int) -> None:
     """The character tokenizer is written for the CPU task's 128 positions: this model has ``n``."""
     config = json.loads(path.read_text())
@@ -85,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ns, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     start = time.monotonic()
     data, init, out = ns.out / "data", ns.out / "init", ns.out / "sft"
-    chain.main(["--out", str(data), "--size", "gpu", "--num-train", str(ns.num_train), "--seed", str(ns.seed)])
-    chain.write_jsonl(chain.sft_rows(ns.steps * ns.batch_size, ns.seed + 1, **chain.GPU_SIZE), data / "sft.jsonl")
+    size = task_size(ns)
+    size_flags = [f"--{k.replace('_', '-')}={v}" for k, v in size.items()]
+    chain.main(["--out", str(data), *size_flags, "--num-train", str(ns.num_train), "--seed", str(ns.seed)])
+    rows = chain.sft_rows(ns.steps * ns.batch_size, ns.seed + 1, ns.direct_fraction, **size)
+    chain.write_jsonl(rows, data / "sft.jsonl")
     dims = {
         **make_warmstart.MODEL_DIMS,
         "hidden_size": ns.hidden_size,

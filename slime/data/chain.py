@@ -140,10 +140,16 @@ def generate_dataset(n: int, seed: int, split: str, **kwargs: float) -> list[dic
     return rows
 
 
-def sft_rows(n: int, seed: int, **kwargs: float) -> list[dict[str, str]]:
-    """``n`` SFT rows ``{"prompt", "response"}`` of the train split: each response the worked solution."""
+def sft_rows(n: int, seed: int, direct_fraction: float = 0.0, **kwargs: float) -> list[dict[str, str]]:
+    """``n`` SFT rows ``{"prompt", "response"}`` of the train split: each response the worked solution, or
+    with probability ``direct_fraction`` the direct answer ``#<label>`` (a seeded style stream, as
+    ``scripts/make_warmstart.py``'s: a warm start that knows both styles leaves RL a strategy to learn)."""
     stream = iter(iter_problems(seed, "train", **kwargs))
-    return [{"prompt": p, "response": sol} for p, _, sol in (next(stream) for _ in range(n))]
+    style = random.Random(f"style:{seed}")
+    rows = []
+    for prompt, label, solution in (next(stream) for _ in range(n)):
+        rows.append({"prompt": prompt, "response": f"#{label}" if style.random() < direct_fraction else solution})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=ALPHA)
     p.add_argument("--size", choices=["cpu", "gpu"], default=None, help="gpu: GPU_SIZE, over the three above")
     p.add_argument("--sft", type=int, default=0, metavar="N", help="also N SFT rows in DIR/sft.jsonl (seed + 1)")
+    p.add_argument("--direct-fraction", type=float, default=0.0, help="share of SFT rows answering directly")
     ns = p.parse_args(argv)
     kw = dict(max_terms=ns.max_terms, max_digits=ns.max_digits, alpha=ns.alpha) | (GPU_SIZE if ns.size == "gpu" else {})
     try:
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     write_jsonl(generate_dataset(ns.num_train, ns.seed, "train", **kw), f"{ns.out}/train.jsonl")
     write_jsonl(generate_dataset(ns.num_eval, 0, "eval", **kw), f"{ns.out}/eval.jsonl")
     if ns.sft:  # another seed than the RL prompts': the warm start does not see them
-        write_jsonl(sft_rows(ns.sft, ns.seed + 1, **kw), f"{ns.out}/sft.jsonl")
+        write_jsonl(sft_rows(ns.sft, ns.seed + 1, ns.direct_fraction, **kw), f"{ns.out}/sft.jsonl")
     print(f"wrote {ns.out}/train.jsonl ({ns.num_train} rows) and {ns.out}/eval.jsonl ({ns.num_eval} rows)")
     return 0
 

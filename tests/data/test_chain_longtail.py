@@ -107,3 +107,51 @@ def test_a_variant_sweep_picks_by_name_and_reports_each_runs_training_signals(tm
     # the falling run's signals: reward of its first three steps 0.357 -> last three 0.210, entropy rising
     assert "4 steps: reward 0.357 -> 0.210, entropy 0.110 -> 0.120, grad norm 1.00" in out
     assert "b256: mean after step 0 0.600 (gain +0.090)" in out
+
+
+def test_sft_rows_mix_direct_answers_at_the_share_asked_and_keep_the_problems(tmp_path):
+    worked = chain.sft_rows(400, 1, **chain.GPU_SIZE)
+    mixed = chain.sft_rows(400, 1, 0.5, **chain.GPU_SIZE)
+    assert [r["prompt"] for r in mixed] == [r["prompt"] for r in worked], "the same problems, only the style differs"
+    direct = [m for m, w in zip(mixed, worked) if m != w]
+    assert 0.4 < len(direct) / 400 < 0.6
+    assert all(m["response"] == "#" + chain.extract_answer(w["response"]) for m, w in zip(mixed, worked) if m != w)
+    assert chain.sft_rows(400, 1, 0.5, **chain.GPU_SIZE) == mixed, "seeded"
+
+
+def test_the_warm_start_writes_the_mixed_sft_rows_at_the_size_asked(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import make_longtail_warmstart as mlw
+
+    ns, _ = mlw.parse_args(["--out", str(tmp_path), "--max-terms", "12", "--direct-fraction", "0.25"])
+    assert mlw.task_size(ns) == {**chain.GPU_SIZE, "max_terms": 12}
+    # the data step alone (no model, no SFT): the run stops at the subprocess, which this test does not want
+    monkeypatch.setattr(mlw.subprocess, "run", lambda *a, **k: None)
+    monkeypatch.setattr(
+        mlw.make_warmstart,
+        "write_init",
+        lambda out, *a, **k: (out.mkdir(parents=True), (out / "tokenizer_config.json").write_text("{}")),
+    )
+    assert (
+        mlw.main(
+            [
+                "--out",
+                str(tmp_path),
+                "--steps",
+                "10",
+                "--batch-size",
+                "20",
+                "--max-terms",
+                "12",
+                "--direct-fraction",
+                "0.25",
+                "--num-train",
+                "50",
+            ]
+        )
+        == 0
+    )
+    sft = [json.loads(ln) for ln in (tmp_path / "data" / "sft.jsonl").read_text().splitlines()]
+    train = [json.loads(ln) for ln in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(sft) == 200 and 0.1 < sum(r["response"].startswith("#") for r in sft) / 200 < 0.4
+    assert max(r["prompt"].count("+") for r in sft + train) <= 11, "12 terms at most"
