@@ -21,7 +21,10 @@ hyper-parameters. From each run's ``metrics.jsonl`` (``run_curve``) it reads:
   distribution of those tokens (shares per lag, p50 / p90 / max), the share of tokens masked as
   over-stale, and the length bias of what trained against what was drawn (``bias/*`` of the step
   records, ``slime.loop.offpolicy.length_bias``: length ratio, longest-quartile share trained / drawn,
-  mean age in versions of the trained tokens of long / short samples).
+  mean age in versions of the trained tokens of long / short samples), and each mode's mean response
+  length and reward per trained sample beside sync's (``len/rew vs sync``: the one bias measure against an
+  unbiased draw; on the H200's long tail APRIL's first steps trained 20-token answers while its window
+  ratio read 1.00, since the completed draws of that window were as short).
 
 Modes ``april-4x``, ``april-drop``, ``april-tis`` and ``async-eta4`` are issue 30's candidates (32 groups in
 flight, the bench's APRIL before 2x became the default; partial groups expiring after ``--max-staleness``
