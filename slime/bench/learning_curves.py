@@ -59,10 +59,7 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         tokens_by_step[st.step] = total
     points, eval_so_far = _eval_points(evals, tokens_by_step)
     reached = next((p for p in points if p["accuracy"] is not None and p["accuracy"] >= target), None)
-    hist: dict[int, float] = {}
-    for st in steps:
-        for lag, n in st.lag_histogram.items():
-            hist[lag] = hist.get(lag, 0.0) + float(n)
+    hist = _lag_histogram(steps)
     hist_total = sum(hist.values())
     off = sum(n for lag, n in hist.items() if lag > 0)
     masked = sum(st.masked_stale_tokens for st in steps)
@@ -91,6 +88,15 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         "trained_len_mean": trained_len,
         "trained_reward_mean": trained_reward,
     }
+
+
+def _lag_histogram(steps: list[StepRecord]) -> dict[int, float]:
+    """Trained tokens per version lag, summed over the steps."""
+    hist: dict[int, float] = {}
+    for st in steps:
+        for lag, n in st.lag_histogram.items():
+            hist[lag] = hist.get(lag, 0.0) + float(n)
+    return hist
 
 
 def _per_trained_sample(steps: list[StepRecord]) -> tuple[float | None, float | None]:
