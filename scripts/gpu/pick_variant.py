@@ -8,7 +8,9 @@ smaller rate between ``lr`` variants, then to the first name. Prints one line pe
 gain over step 0) and one of its training signals from the run's ``metrics.jsonl`` (the sampled reward and the
 policy entropy of its first and last three steps, the mean grad norm: a curve that falls with entropy rising is
 an update that hurts, a flat one with a flat reward an update too small to matter), then writes the pick to
-``DIR/best_variant`` (and, for an ``lr`` variant, its rate to ``DIR/best_lr``). Exit 1 when no run has a curve.
+``DIR/best_variant`` (and, for an ``lr`` variant, its rate to ``DIR/best_lr``), with a warning line when even
+the best fell below step 0 (nothing learned: the pick is the run that moved least). Exit 1 when no run has a
+curve.
 
     python3 scripts/gpu/pick_variant.py DIR [--mode sync]
 """
@@ -43,6 +45,11 @@ def lr_of(name: str) -> float | None:
         return None
 
 
+def _label(name: str) -> str:
+    """How a variant is named in the report: ``lr 3e-5`` for ``lr3e-5``, else its folder name."""
+    return f"lr {name[2:]}" if lr_of(name) is not None else name
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -69,16 +76,16 @@ def signals(variant: Path, mode: str) -> str:
     )
 
 
-def pick(sweep: Path, mode: str = "sync") -> tuple[str | None, list[str]]:
-    """(the best variant's folder name, or None; the report lines)."""
-    scored: list[tuple[float, float, int, str]] = []
+def pick(sweep: Path, mode: str = "sync") -> tuple[str | None, list[str], float]:
+    """(the best variant's folder name, or None; the report lines; the best's gain over step 0, NaN without one)."""
+    scored: list[tuple[float, float, int, str, float]] = []
     lines: list[str] = []
     for order, path in enumerate(sorted(sweep.glob(f"*/{mode}/learning.json"))):
         name = path.parent.parent.name
         points = curve(path, mode)
         s = score(points)
         shown = " ".join(f"{step}:{acc:.3f}" for step, acc in points)
-        label = f"lr {name[2:]}" if lr_of(name) is not None else name
+        label = _label(name)
         if s is None:
             lines.append(f"{label}: no eval after step 0 ({shown or 'no curve'})")
             continue
@@ -87,10 +94,11 @@ def pick(sweep: Path, mode: str = "sync") -> tuple[str | None, list[str]]:
         if extra := signals(path.parent.parent, mode):
             lines.append(extra)
         rate = lr_of(name)
-        scored.append((-s, rate if rate is not None else float("inf"), order, name))
+        scored.append((-s, rate if rate is not None else float("inf"), order, name, gain))
     if not scored:
-        return None, lines
-    return min(scored)[3], lines
+        return None, lines, float("nan")
+    best = min(scored)
+    return best[3], lines, best[4]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep", type=Path)
     parser.add_argument("--mode", default="sync")
     ns = parser.parse_args(argv)
-    best, lines = pick(ns.sweep, ns.mode)
+    best, lines, gain = pick(ns.sweep, ns.mode)
     for line in lines:
         print(line)
     if best is None:
         print(f"pick_variant: no {ns.mode} run with a curve under {ns.sweep}", file=sys.stderr)
         return 1
+    if not gain > 0:
+        # the best of runs that all fell is still a pick (e.g. a control run); say so rather than let it pass
+        print(f"pick_variant: no variant raised held-out accuracy over step 0; {best} fell least")
     (ns.sweep / "best_variant").write_text(best + "\n")
     if lr_of(best) is not None:
         (ns.sweep / "best_lr").write_text(best[2:] + "\n")

@@ -106,7 +106,16 @@ def test_a_variant_sweep_picks_by_name_and_reports_each_runs_training_signals(tm
     out = capsys.readouterr().out
     # the falling run's signals: reward of its first three steps 0.357 -> last three 0.210, entropy rising
     assert "4 steps: reward 0.357 -> 0.210, entropy 0.110 -> 0.120, grad norm 1.00" in out
-    assert "b256: mean after step 0 0.600 (gain +0.090)" in out
+    assert "b256: mean after step 0 0.600 (gain +0.090)" in out and "no variant raised" not in out
+
+
+def test_a_sweep_where_nothing_learned_says_so_beside_its_pick(tmp_path, capsys):
+    pick_variant = _picker()
+    _sweep_run(tmp_path, "control", [0.51, 0.51, 0.51])
+    _sweep_run(tmp_path, "lr3e-5", [0.51, 0.36, 0.22])
+    assert pick_variant.main([str(tmp_path)]) == 0
+    assert (tmp_path / "best_variant").read_text().strip() == "control"
+    assert "no variant raised held-out accuracy over step 0; control fell least" in capsys.readouterr().out
 
 
 def test_sft_rows_mix_direct_answers_at_the_share_asked_and_keep_the_problems(tmp_path):
