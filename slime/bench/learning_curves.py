@@ -101,14 +101,14 @@ def _lag_histogram(steps: list[StepRecord]) -> dict[int, float]:
 
 def _per_trained_sample(steps: list[StepRecord]) -> tuple[float | None, float | None]:
     """(response tokens, reward) per counted trained sample over all steps; None where no step counted one."""
-    counted = [(st, st.num_samples - st.failed_samples_in_batch) for st in steps]
-    counted = [(st, n) for st, n in counted if n > 0]
-    n = sum(k for _, k in counted)
-    if not n:
+    counted = sum(st.num_samples - st.failed_samples_in_batch for st in steps)
+    if counted <= 0:
         return None, None
-    rewarded = [(st.reward_mean, k) for st, k in counted if math.isfinite(st.reward_mean)]
+    # a step's reward_mean is over its counted samples: weight it by them (a step without one has NaN)
+    rewarded = [(st.reward_mean, st.num_samples - st.failed_samples_in_batch) for st in steps]
+    rewarded = [(r, k) for r, k in rewarded if k > 0 and math.isfinite(r)]
     reward = sum(r * k for r, k in rewarded) / sum(k for _, k in rewarded) if rewarded else None
-    return sum(st.response_tokens for st, _ in counted) / n, reward
+    return sum(st.response_tokens for st in steps) / counted, reward
 
 
 def _bias_means(steps: list[StepRecord]) -> dict[str, float]:

@@ -50,7 +50,7 @@ def test_the_warm_start_sft_command_trains_the_sft_rows_from_the_init(tmp_path):
     assert flag["--micro-batch-size"] == "16", "ours after the recipe's 64: the last one wins, 16 rows a forward"
 
 
-def _sweep_run(sweep: Path, name: str, accuracies: list[float | None], rewards: list[float] = ()) -> None:
+def _sweep_run(sweep: Path, name: str, accuracies: list[float | None], rewards: list[float] | None = None) -> None:
     points = [{"step": 4 * i, "accuracy": a} for i, a in enumerate(accuracies)]
     run = sweep / name / "sync"
     run.mkdir(parents=True)
