@@ -86,6 +86,10 @@ class StepRecord(msgspec.Struct, kw_only=True):
     offline_tokens: int = 0
     masked_token_fraction: float = NAN
     fully_masked_samples: int = 0
+    trained_samples: int | None = None
+    """Valid samples keeping >= 1 trained token (None: a row of a run before this field)."""
+    trained_sample_response_tokens: int = 0
+    trained_sample_reward_sum: float = 0.0
     bias: dict[str, float] = {}
     """The batch's length bias (``slime.loop.offpolicy.length_bias``), written as ``bias/<name>``."""
     train: dict[str, float] = {}
@@ -102,7 +106,14 @@ class StepRecord(msgspec.Struct, kw_only=True):
         "opd_teacher_logprob_mean": "opd/teacher_logprob_mean",
     }
     _OPTIONAL: ClassVar[frozenset[str]] = frozenset(
-        {"opd_reverse_kl", "opd_teacher_logprob_mean", "train_time_s", "weight_sync_s", "weight_sync_in_place"}
+        {
+            "opd_reverse_kl",
+            "opd_teacher_logprob_mean",
+            "train_time_s",
+            "weight_sync_s",
+            "weight_sync_in_place",
+            "trained_samples",
+        }
     )
 
     def to_dict(self) -> dict[str, Any]:

@@ -100,15 +100,16 @@ def _lag_histogram(steps: list[StepRecord]) -> dict[int, float]:
 
 
 def _per_trained_sample(steps: list[StepRecord]) -> tuple[float | None, float | None]:
-    """(response tokens, reward) per counted trained sample over all steps; None where no step counted one."""
-    counted = sum(st.num_samples - st.failed_samples_in_batch for st in steps)
-    if counted <= 0:
+    """(response tokens, reward) per trained sample over all steps: samples keeping >= 1 token after the
+    staleness mask (``apply_staleness``'s ``trained_samples``; a fully masked sample trains nothing, so its
+    length must not count). None where no step trained a sample or a step's row predates the counts."""
+    if any(st.trained_samples is None for st in steps):
         return None, None
-    # a step's reward_mean is over its counted samples: weight it by them (a step without one has NaN)
-    rewarded = [(st.reward_mean, st.num_samples - st.failed_samples_in_batch) for st in steps]
-    rewarded = [(r, k) for r, k in rewarded if k > 0 and math.isfinite(r)]
-    reward = sum(r * k for r, k in rewarded) / sum(k for _, k in rewarded) if rewarded else None
-    return sum(st.response_tokens for st in steps) / counted, reward
+    trained = sum(st.trained_samples or 0 for st in steps)
+    if trained <= 0:
+        return None, None
+    tokens = sum(st.trained_sample_response_tokens for st in steps)
+    return tokens / trained, sum(st.trained_sample_reward_sum for st in steps) / trained
 
 
 def _bias_means(steps: list[StepRecord]) -> dict[str, float]:

@@ -26,6 +26,8 @@ that finish first, trains shorter samples and older long ones.
 
 from __future__ import annotations
 
+import math
+
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -45,13 +47,22 @@ def apply_staleness(
         (lag > 0, of trained tokens), ``max_version_lag`` (of a trained token), ``masked_stale_tokens``,
         ``masked_token_fraction`` (masked / model tokens under the loss mask before masking),
         ``fully_masked_samples`` (valid samples left with no trained token), ``max_versions_in_a_sample``,
-        ``multi_version_samples`` (samples whose tokens come from >= 2 versions), ``offline_tokens``.
+        ``multi_version_samples`` (samples whose tokens come from >= 2 versions), ``offline_tokens``;
+        ``trained_samples`` (valid samples keeping >= 1 trained token), ``trained_sample_response_tokens``
+        and ``trained_sample_reward_sum`` (their response lengths and rewards, summed: what a per-trained-
+        sample mean divides). ``off_policy_token_fraction`` is NaN when no token trains (no share to give).
     """
     hist: Counter[int] = Counter()
     masked = offline = max_spanned = multi = fully_masked = 0
+    trained_samples = trained_response = 0
+    trained_reward = 0.0
     for s in valid_samples(groups):
         had_tokens = any(s.loss_mask)
         masked += s.mask_stale(trainer_version, max_staleness)
+        if any(s.loss_mask):
+            trained_samples += 1
+            trained_response += len(s.response_ids)
+            trained_reward += s.reward or 0.0
         # counted after the mask: the histogram says what trains (loss_mask 0 tokens never train)
         for v, m in zip(s.versions, s.loss_mask):
             if m and v == OFFLINE_VERSION:
@@ -70,7 +81,7 @@ def apply_staleness(
     off = sum(n for lag, n in hist.items() if lag > 0)
     return {
         "lag_histogram": dict(sorted(hist.items())),
-        "off_policy_token_fraction": off / total if total else 0.0,
+        "off_policy_token_fraction": off / total if total else math.nan,
         "max_version_lag": max(hist) if hist else 0,
         "masked_stale_tokens": masked,
         "masked_token_fraction": masked / (total + masked) if total + masked else 0.0,
@@ -78,6 +89,9 @@ def apply_staleness(
         "max_versions_in_a_sample": max_spanned,
         "multi_version_samples": multi,
         "offline_tokens": offline,
+        "trained_samples": trained_samples,
+        "trained_sample_response_tokens": trained_response,
+        "trained_sample_reward_sum": trained_reward,
     }
 
 

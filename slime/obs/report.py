@@ -177,7 +177,9 @@ def _staleness(steps: list[StepRecord]) -> RunSummary:
         hist.update(r.lag_histogram)
     return {
         "max_version_lag": max((r.max_version_lag for r in steps), default=None),
-        "off_policy_token_fraction_mean": _mean(_finite(r.off_policy_token_fraction for r in steps)),
+        # of the run's trained tokens (the summed histogram), not a mean over steps: a step that trains few
+        # tokens weighs little, and one that trains none has no share at all (as slime bench learning counts)
+        "off_policy_token_fraction": _off_policy_share(hist),
         "lag_histogram": {str(k): v for k, v in sorted(hist.items())},
         "masked_stale_tokens": sum(r.masked_stale_tokens for r in steps),
         "multi_version_samples": sum(r.multi_version_samples for r in steps),
@@ -186,6 +188,12 @@ def _staleness(steps: list[StepRecord]) -> RunSummary:
         # the length bias (slime.loop.offpolicy.length_bias): each bias/<name> as its mean over the steps
         "bias": {k: _mean(_finite(r.bias.get(k) for r in steps)) for k in sorted({k for r in steps for k in r.bias})},
     }
+
+
+def _off_policy_share(hist: Counter[int]) -> float | None:
+    """Share of trained tokens with version lag > 0 in ``hist`` ({lag: tokens}); None when nothing trained."""
+    total = sum(hist.values())
+    return sum(n for lag, n in hist.items() if lag > 0) / total if total else None
 
 
 def _summarize_sft(
@@ -241,7 +249,7 @@ def format_report(run_dir: Path, rep: RunSummary) -> str:
         f"  tokens/s         mean {_f(rep['tokens_per_s_mean'], '.0f')}, last {_f(rep['tokens_per_s_last'], '.0f')}"
         f" ({rep['generated_tokens']} tokens generated)",
         f"  partial rollouts aborted {rep['aborted_samples']}, resumed {rep['resumed_samples']}",
-        f"  staleness        max lag {_f(st['max_version_lag'], 'd')}, off-policy token share {_f(st['off_policy_token_fraction_mean'])},"
+        f"  staleness        max lag {_f(st['max_version_lag'], 'd')}, off-policy token share {_f(st['off_policy_token_fraction'])},"
         f" masked {st['masked_stale_tokens']}, multi-version samples {st['multi_version_samples']},"
         f" tokens by lag {', '.join(f'{k}: {v}' for k, v in st['lag_histogram'].items()) or '-'}",
         f"  length bias      {', '.join(f'{k} {_f(v)}' for k, v in st['bias'].items()) or '-'}"

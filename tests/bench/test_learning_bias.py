@@ -85,6 +85,9 @@ def _run(lengths_rewards: list[tuple[int, int, float]]):
                 "reward_mean": reward,
                 "trained_tokens": n * length,
                 "lag_histogram": {"0": n * length},
+                "trained_samples": n,
+                "trained_sample_response_tokens": n * length,
+                "trained_sample_reward_sum": n * reward,
             }
         )
     recs.append({"kind": "eval", "step": len(lengths_rewards), "accuracy": 0.5, "time_s": 9.0})
@@ -116,6 +119,7 @@ def test_failed_samples_and_a_run_without_sync_leave_the_side_by_side_ratio_out(
             "response_tokens": 0,
             "reward_mean": None,
             "trained_tokens": 0,
+            "trained_samples": 0,
         }
     ]
     none = learning.run_curve([{"kind": "eval", "step": 0, "accuracy": 0.5, "time_s": 1.0}, *steps], target=0.9)
@@ -123,3 +127,44 @@ def test_failed_samples_and_a_run_without_sync_leave_the_side_by_side_ratio_out(
     summary = learning.summarize({"april": [{"seed": 0, **c}]})
     assert summary["april"]["trained_len_vs_sync"] is None
     assert learning.format_table(summary, 0.9).splitlines()[2].endswith("-/-")
+
+
+def _sample(num_tokens: int, version: int, reward: float):
+    from slime.types import Sample, Status
+
+    s = Sample(prompt_ids=[1, 2], status=Status.COMPLETED, reward=reward)
+    s.append([5] * num_tokens, [0.0] * num_tokens, version)
+    return s
+
+
+def _loop_row(groups, trainer_version: int, max_staleness: int, step: int) -> dict:
+    """A metrics.jsonl step row as the loop builds it (apply_staleness, then the batch, into a StepRecord)."""
+    from slime.loop.offpolicy import apply_staleness
+    from slime.loop.step import batch_stats
+    from slime.step_record import StepRecord
+
+    stale = apply_staleness(groups, trainer_version=trainer_version, max_staleness=max_staleness)
+    return StepRecord(**batch_stats(groups), **stale, step=step).to_dict()
+
+
+def test_a_fully_masked_sample_is_out_of_the_per_trained_sample_length_and_reward():
+    from slime.types import Group
+
+    # trainer at version 4, --max-staleness 1: a fresh 10-token answer (reward 1) trains, a 90-token one
+    # from version 1 is masked whole; the batch's own means count both (50 tokens, reward 0.5)
+    row = _loop_row([Group(group_id=0, samples=[_sample(10, 4, 1.0), _sample(90, 1, 0.0)])], 4, 1, step=1)
+    assert row["fully_masked_samples"] == 1 and row["response_tokens"] == 100
+    curve = learning.run_curve([{"kind": "eval", "step": 0, "accuracy": 0.5, "time_s": 1.0}, row], target=0.9)
+    assert curve["trained_len_mean"] == pytest.approx(10) and curve["trained_reward_mean"] == pytest.approx(1.0)
+
+
+def test_the_reports_off_policy_share_is_of_the_runs_trained_tokens(tmp_path):
+    from slime.types import Group
+
+    # step 1 trains nothing (all masked: no share, not 0); step 2 trains 20 tokens, all one version behind
+    masked = _loop_row([Group(group_id=1, samples=[_sample(20, 0, 0.0)])], 5, 1, step=1)
+    lagged = _loop_row([Group(group_id=2, samples=[_sample(20, 5, 0.0)])], 6, 1, step=2)
+    assert masked["off_policy_token_fraction"] != masked["off_policy_token_fraction"]  # NaN
+    rep = summarize({"loop": {"mode": "async"}}, [masked, lagged], None, [])
+    assert rep["staleness"]["off_policy_token_fraction"] == pytest.approx(1.0)
+    assert "off-policy token share 1.000" in format_report(tmp_path, rep)
