@@ -37,6 +37,7 @@ from slime.train.megatron.model import (
     load_hf_weights,
     output_hidden_states,
     transformer_config,
+    wrap_float16,
 )
 from slime.train.megatron.multi_tensor import use_foreach_multi_tensor_ops
 from slime.train.megatron.packing import PackedMicroBatch
@@ -187,7 +188,7 @@ class MegatronTrainer:
         if self.config.megatron.logprob_impl == "liger":
             output_hidden_states(model)  # the model returns hidden states; logprobs come from liger (step.py)
         if self.tconfig.bf16:
-            model = mcore("megatron.core.transformer.module").Float16Module(self.tconfig, model)
+            model = wrap_float16(model, self.tconfig)
         if not trainable:
             return model.eval().requires_grad_(False), None
         dist_mod = mcore("megatron.core.distributed")

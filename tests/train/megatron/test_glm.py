@@ -10,6 +10,7 @@ random expert bias, routed scaling 2.5 and one shared expert.
 
 from __future__ import annotations
 
+import msgspec
 import os
 
 import pytest
@@ -161,3 +162,22 @@ def test_glm_rl_step_matches_the_torch_backend_and_syncs_back_to_hf_names(
         torch.testing.assert_close(
             loaded(input_ids=ids).logits, reference.model.eval()(input_ids=ids).logits, atol=1e-4, rtol=1e-4
         )
+
+
+def test_the_bf16_wrap_keeps_the_checkpoints_expert_bias_exact_and_syncs_it_back(hf_dirs, megatron_cpu):
+    """``--bf16``: the trainer's model routes with, and syncs to the engines, the fp32 bias the checkpoint holds
+    (``Float16Module`` alone rounds it to bf16 and its token counts with it)."""
+    from slime.train.megatron.model import transformer_config, wrap_float16
+    from slime.train.megatron.weights import iter_hf_weights
+
+    arch, model = _build(hf_dirs["glm4_moe"])
+    name = "model.layers.1.mlp.gate.e_score_correction_bias"
+    bias = _hf_state(hf_dirs["glm4_moe"])[name]
+    assert bias.dtype == torch.float32 and not torch.equal(bias, bias.bfloat16().float())  # bf16 would change it
+    wrapped = wrap_float16(model, transformer_config(arch, msgspec.structs.replace(CPU_MOE, bf16=True)))
+    router = next(m for n, m in model.named_modules() if n.endswith("mlp.router"))
+    assert router.expert_bias.dtype == torch.float32 and torch.equal(router.expert_bias, bias)
+    assert router.local_tokens_per_expert.dtype == torch.float32  # counts past 256 stay exact
+    assert next(p for p in model.parameters() if p.dim() == 2).dtype == torch.bfloat16  # the rest is bf16
+    synced = dict(iter_hf_weights(wrapped, arch, megatron_cpu, dtype=torch.float32))
+    assert torch.equal(synced[name], bias)
