@@ -148,3 +148,16 @@ def test_layer_patterns_in_megatrons_three_spellings():
     for bad in ("[0]*2+[2]", "__import__('os')", "[[0]]"):
         with pytest.raises(ValueError):
             LayerPattern.parse(bad)
+
+
+def test_rotary_percent_is_checked_where_transformers_5_saves_it(tmp_path, capsys):
+    """transformers 5 writes ``partial_rotary_factor`` into ``rope_parameters``, where the model build reads it:
+    the script's 0.5 matches there, and the full rotary that a top-level-only read would assume is an error."""
+    saved = {k: v for k, v in GLM4_5.items() if k not in ("partial_rotary_factor", "rope_theta")}
+    saved["rope_parameters"] = dict(rope_type="default", rope_theta=1000000, partial_rotary_factor=0.5)
+    hf = _hf_dir(tmp_path / "model", saved)
+    flags = [t for tokens in _flags("glm4_5_355b_a32b_model.txt") for t in tokens]
+    assert main(["train", "--dry-run", "--hf-checkpoint", str(hf), *flags]) == 0, capsys.readouterr().err
+    wrong = [t for tokens in _flags("glm4_5_355b_a32b_model.txt") if tokens[0] != "--rotary-percent" for t in tokens]
+    assert main(["train", "--dry-run", "--hf-checkpoint", str(hf), *wrong, "--rotary-percent", "1.0"]) == 2
+    assert "rope_parameters.partial_rotary_factor = 0.5" in capsys.readouterr().err

@@ -47,6 +47,17 @@ def _rope_theta(hf: HFConfig) -> Fact:
     return "rope_theta", "absent", _MISSING
 
 
+def _partial_rotary(hf: HFConfig) -> Fact:
+    """``partial_rotary_factor`` where the model build reads it (``arch._rotary_dim``): in ``rope_parameters``
+    with transformers 5, top level before; 1.0 (full rotary) when neither has it."""
+    params = hf.get("rope_parameters") or {}
+    if params.get("partial_rotary_factor") is not None:
+        raw = params["partial_rotary_factor"]
+        return "rope_parameters.partial_rotary_factor", raw, float(raw)
+    raw = hf.get("partial_rotary_factor")
+    return "partial_rotary_factor", "absent" if raw is None else raw, 1.0 if raw is None else float(raw)
+
+
 def _rope_scaling_factor(hf: HFConfig) -> Fact:
     scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     if "factor" in scaling:
@@ -161,7 +172,7 @@ COMPAT_FLAGS: dict[str, Checked | NoOp] = {
         lambda hf: (*_uses_rope(hf)[:2], "rope" if _uses_rope(hf)[2] is True else _MISSING),
         dict(choices=["rope", "learned_absolute", "none"]),
     ),
-    "--rotary-percent": Checked(_key("partial_rotary_factor", default=1.0, convert=float), _FLOAT),
+    "--rotary-percent": Checked(_partial_rotary, _FLOAT),
     "--normalization": Checked(_normalization, dict(choices=["RMSNorm", "LayerNorm"])),
     "--norm-epsilon": Checked(_key("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", convert=float), _FLOAT),
     "--qk-layernorm": Checked(_qk_norm, _FLAG),
