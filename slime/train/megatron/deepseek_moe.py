@@ -74,14 +74,20 @@ class SigmoidRouter:
         """Read ``n_group``, ``topk_group``, ``routed_scaling_factor`` (and check ``norm_topk_prob``).
 
         Raises:
-            ValueError: ``norm_topk_prob`` false with k > 1, ``n_group`` not dividing the experts, or a
-                group limit with ``num_experts_per_tok / topk_group`` other than 2 (module docstring).
+            ValueError: ``norm_topk_prob`` false with k > 1 (or true with k = 1), ``n_group`` not dividing the
+                experts, or a group limit with ``num_experts_per_tok / topk_group`` other than 2 (module docstring).
         """
         experts, topk = int(config["n_routed_experts"]), int(config["num_experts_per_tok"])
         groups = int(config.get("n_group") or 1)
         group_topk = int(config.get("topk_group") or groups)
-        if topk > 1 and not config.get("norm_topk_prob", True):
+        norm = bool(config.get("norm_topk_prob", True))
+        if topk > 1 and not norm:
             raise _Unsupported(f"{model_type} with norm_topk_prob=False: expected True (megatron renormalises top-k)")
+        if topk == 1 and norm:  # HF renormalises the one weight to 1; megatron's sigmoid path keeps the raw score
+            raise _Unsupported(
+                f"{model_type} with num_experts_per_tok=1 and norm_topk_prob=True: expected norm_topk_prob=False "
+                "(megatron does not renormalise a single expert's score)"
+            )
         if experts % groups:
             raise _Unsupported(f"{model_type} with n_group={groups}: expected a divisor of n_routed_experts={experts}")
         if group_topk >= groups:  # every group is kept: plain top-k

@@ -42,6 +42,7 @@ def test_a_group_limit_that_keeps_every_group_is_plain_top_k():
     "change, field",
     [
         (dict(norm_topk_prob=False), "norm_topk_prob"),
+        (dict(num_experts_per_tok=1, n_group=1, topk_group=1), "num_experts_per_tok=1 and norm_topk_prob=True"),
         (dict(n_group=3), "n_group"),
         (dict(num_experts_per_tok=3), "topk_group"),
         (dict(first_k_dense_replace=4), "first_k_dense_replace"),
