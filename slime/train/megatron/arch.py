@@ -58,6 +58,24 @@ class UnsupportedArchitecture(ValueError):
     """The HF config describes a model the megatron backend does not build (named in the message)."""
 
 
+def _check_not_quantized(config: Mapping[str, Any], arch_names: object) -> None:
+    """Refuse a quantized checkpoint (``quantization_config``: DeepSeek-V3's and Kimi-K2's released fp8 weights,
+    each with a ``weight_scale_inv`` per 128x128 block). Copying its fp8 values without their scales would load
+    weights off by the scale (x700 in a review's test) with no error.
+
+    Raises:
+        UnsupportedArchitecture: naming the method and what to do instead.
+    """
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else quant
+        raise UnsupportedArchitecture(
+            f"{arch_names}: a quantized checkpoint (quantization_config.quant_method={method!r}); the megatron "
+            "backend trains bf16/fp32 weights: convert it to bf16 first (e.g. inference/fp8_cast_bf16.py of the "
+            "DeepSeek-V3 repository) and pass that directory as --hf-checkpoint"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelArch:
     """Shape and options of one decoder, enough to build it and to convert its weights.
@@ -192,6 +210,7 @@ class ModelArch:
         """
         model_type = config.get("model_type")
         arch_names = config.get("architectures") or [model_type]
+        _check_not_quantized(config, arch_names)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedArchitecture(
                 f"the megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} decoders; this checkpoint is "

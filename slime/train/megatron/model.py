@@ -67,6 +67,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)}
+
 
 def transformer_config(
     arch: ModelArch,
@@ -390,7 +392,7 @@ def load_hf_weights(
 
     Raises:
         KeyError: an HF tensor is missing. RuntimeError: the model's parameter set or a shape
-            differs from what the conversion produces.
+            differs from what the conversion produces, or a tensor is stored in fp8 (its scales unread).
     """
     params = named_weights(model)  # with the routers' expert bias (DeepSeek-style MoE)
     names = stage_names(arch, pp_size=pp_size, pp_rank=pp_rank, ep_size=ep_size)  # local -> global
@@ -404,6 +406,11 @@ def load_hf_weights(
     with torch.no_grad():
         for name in expected:
             value = hf_to_mcore_param(names[name], reader.__getitem__, arch, **ranks)
+            if value.dtype in _FLOAT8:  # its scales are other tensors: copying the raw values loads wrong weights
+                raise RuntimeError(
+                    f"{name}: the checkpoint stores {value.dtype} weights; convert it to bf16 first (ModelArch refuses "
+                    "a config with quantization_config; this one has none)"
+                )
             param = params[name]
             if tuple(value.shape) != tuple(param.shape):
                 raise RuntimeError(

@@ -108,6 +108,32 @@ def test_options_megatron_does_not_compute_are_refused_by_name(ds_dirs, change, 
         ModelArch.from_hf_config(dict(load_hf_config(ds_dirs["yarn"]), **change))
 
 
+def test_a_quantized_checkpoint_is_refused_with_what_to_do(ds_dirs):
+    """DeepSeek-V3's and Kimi-K2's released weights are fp8 with a scale per 128x128 block."""
+    quant = dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic", weight_block_size=[128, 128])
+    with pytest.raises(UnsupportedArchitecture, match="quant_method='fp8'.*convert it to bf16 first"):
+        ModelArch.from_hf_config(dict(load_hf_config(ds_dirs["yarn"]), quantization_config=quant))
+
+
+def test_fp8_tensors_in_a_checkpoint_without_quantization_config_are_refused(ds_dirs, tmp_path, megatron_cpu):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from slime.train.megatron.model import HFCheckpointReader, build_gpt_model, load_hf_weights, transformer_config
+
+    src = Path(ds_dirs["yarn"])
+    shutil.copytree(src, tmp_path / "fp8")
+    state = load_file(str(src / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    state[name] = state[name].to(torch.float8_e4m3fn)  # the raw values of a scaled fp8 weight
+    save_file(state, str(tmp_path / "fp8" / "model.safetensors"))
+    arch = _arch(str(tmp_path / "fp8"))
+    model = build_gpt_model(arch, transformer_config(arch, CPU_MOE, use_cpu_initialization=True), tp_size=1)
+    with pytest.raises(RuntimeError, match="float8_e4m3fn weights; convert it to bf16 first"):
+        load_hf_weights(model, HFCheckpointReader(str(tmp_path / "fp8")), arch, tp_size=1, tp_rank=0)
+
+
 def test_tensor_parallel_must_split_the_latent_projections(ds_dirs):
     arch = _arch(ds_dirs["yarn"])
     arch.check_tensor_parallel(2)
