@@ -161,3 +161,12 @@ def test_rotary_percent_is_checked_where_transformers_5_saves_it(tmp_path, capsy
     wrong = [t for tokens in _flags("glm4_5_355b_a32b_model.txt") if tokens[0] != "--rotary-percent" for t in tokens]
     assert main(["train", "--dry-run", "--hf-checkpoint", str(hf), *wrong, "--rotary-percent", "1.0"]) == 2
     assert "rope_parameters.partial_rotary_factor = 0.5" in capsys.readouterr().err
+
+
+def test_a_key_the_config_leaves_out_is_checked_against_transformers_default(tmp_path, capsys):
+    """GLM-4.5's file without routed_scaling_factor: the build takes Glm4MoeConfig's 1.0, so the script's 2.5
+    is an error and 1.0 matches (not "not checked")."""
+    hf = _hf_dir(tmp_path / "model", {k: v for k, v in GLM4_5.items() if k != "routed_scaling_factor"})
+    flags = [t for tokens in _flags("glm4_5_355b_a32b_model.txt") for t in tokens]
+    assert main(["train", "--dry-run", "--hf-checkpoint", str(hf), *flags]) == 2
+    assert "routed_scaling_factor = 1.0" in capsys.readouterr().err

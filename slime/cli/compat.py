@@ -32,6 +32,7 @@ from slime.cli.compat_facts import Checked, Fact, HFConfig, NoOp
 from slime.cli.compat_facts import key as _key
 from slime.cli.compat_moe import MOE_MLA_FLAGS
 from slime.errors import ConfigError
+from slime.hf_config_defaults import with_transformers_defaults
 
 __all__ = ["COMPAT_FLAGS", "Checked", "NoOp", "add_compat_flags", "check_compat_flags"]
 
@@ -338,7 +339,8 @@ def _hf_config(hf_checkpoint: str | None, flags: list[str]) -> HFConfig | None:
     if not isinstance(hf, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(hf).__name__}")
     text = hf.get("text_config")
-    return {**hf, **text} if isinstance(text, dict) else hf
+    # the keys it leaves out as the model build fills them (transformers' defaults for its model_type)
+    return {**hf, **text} if isinstance(text, dict) else with_transformers_defaults(hf)
 
 
 def _same(value: Any, expected: Any) -> bool:

@@ -40,6 +40,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from slime.hf_config_defaults import with_transformers_defaults
 from slime.hf_checkpoint import check_hf_dir
 from slime.train.megatron.deepseek import MLAArch, deepseek_v3_fields
 from slime.train.megatron.deepseek_moe import SigmoidRouter, deepseek_moe_fields
@@ -203,11 +204,13 @@ class ModelArch:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArch:
-        """Read a ``config.json`` dict (or ``PretrainedConfig.to_dict()``).
+        """Read a ``config.json`` dict (or ``PretrainedConfig.to_dict()``); a key it lacks takes transformers'
+        default for its ``model_type`` (``slime.hf_config_defaults``).
 
         Raises:
             UnsupportedArchitecture: another ``model_type``, or an option this backend does not build.
         """
+        config = with_transformers_defaults(config)  # a key the file leaves out: what transformers' model uses
         model_type = config.get("model_type")
         arch_names = config.get("architectures") or [model_type]
         _check_not_quantized(config, arch_names)

@@ -108,6 +108,17 @@ def test_options_megatron_does_not_compute_are_refused_by_name(ds_dirs, change, 
         ModelArch.from_hf_config(dict(load_hf_config(ds_dirs["yarn"]), **change))
 
 
+def test_keys_the_file_leaves_out_take_transformers_defaults_for_its_model_type(ds_dirs):
+    """DeepSeek-V3's class scales routed experts by 2.5 and first_k_dense_replace is 3; a file without
+    them builds what DeepseekV3ForCausalLM builds, not a generic default (1.0, no dense layer)."""
+    config = load_hf_config(ds_dirs["yarn"])
+    for key in ("routed_scaling_factor", "first_k_dense_replace", "norm_topk_prob", "head_dim"):
+        config.pop(key, None)
+    arch = ModelArch.from_hf_config(dict(config, num_hidden_layers=4))
+    assert arch.router.scaling_factor == 2.5 and arch.moe_layers == (False, False, False, True)
+    assert arch.head_dim == 12  # derived from the file's own dims, not the class's 7168-wide default
+
+
 def test_a_quantized_checkpoint_is_refused_with_what_to_do(ds_dirs):
     """DeepSeek-V3's and Kimi-K2's released weights are fp8 with a scale per 128x128 block."""
     quant = dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic", weight_block_size=[128, 128])
