@@ -208,6 +208,21 @@ class Sample(msgspec.Struct, kw_only=True):
                 masked += 1
         return masked
 
+    def mask_older_versions(self) -> int:
+        """Set ``loss_mask`` to 0 on tokens of versions older than the sample's newest
+        (``--mask-offpolicy-in-partial-rollout``; ``slime.train.batch`` applies the same rule). Returns how
+        many tokens were newly masked. Example: versions [4, 4, 5], mask [1, 1, 1] -> [0, 0, 1], returns 2.
+        """
+        if not self.versions:
+            return 0
+        newest = max(self.versions)
+        masked = 0
+        for i, v in enumerate(self.versions):
+            if self.loss_mask[i] and v != newest:
+                self.loss_mask[i] = 0
+                masked += 1
+        return masked
+
     def check_aligned(self) -> None:
         """Raise ValueError naming the lengths if the aligned per-token lists disagree."""
         lens = (len(self.response_ids), len(self.rollout_logprobs), len(self.versions), len(self.loss_mask))

@@ -38,9 +38,13 @@ __all__ = ["apply_staleness", "length_bias"]
 
 
 def apply_staleness(
-    groups: list[Group], *, trainer_version: int, max_staleness: int
+    groups: list[Group], *, trainer_version: int, max_staleness: int, newest_only: bool = False
 ) -> dict[str, float | dict[int, int]]:
     """Mask over-stale tokens in place and return lag statistics of the tokens left to train.
+
+    ``newest_only`` (``--mask-offpolicy-in-partial-rollout``) also masks each sample's tokens of versions
+    older than its newest (``Sample.mask_older_versions``), so the statistics count what the trainer
+    trains; those tokens count in ``masked_stale_tokens``.
 
     Returns:
         ``lag_histogram`` {lag: num_tokens} over trained model tokens, ``off_policy_token_fraction``
@@ -59,6 +63,8 @@ def apply_staleness(
     for s in valid_samples(groups):
         had_tokens = any(s.loss_mask)
         masked += s.mask_stale(trainer_version, max_staleness)
+        if newest_only:
+            masked += s.mask_older_versions()
         if any(s.loss_mask):
             trained_samples += 1
             trained_response += len(s.response_ids)

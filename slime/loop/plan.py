@@ -44,6 +44,9 @@ class RunPlan:
     """The recorded groups a train-only run trains on."""
     record_template: str | None
     """``--save-debug-rollout-data``: where each step's groups are recorded."""
+    newest_only: bool = False
+    """``--mask-offpolicy-in-partial-rollout``: only each sample's newest version's tokens train (the loop masks
+    the rest before its metrics count them; the trainer's batch applies the same mask again, a no-op then)."""
 
     @property
     def syncs(self) -> bool:
@@ -86,4 +89,5 @@ def run_plan(
         seed=seed,
         replay_template=debug.load_debug_rollout_data,
         record_template=record_template,
+        newest_only=train.mask_offpolicy_in_partial_rollout,
     )

@@ -117,6 +117,7 @@ class RLMode:
             plan.colocate,
         )
         self.record_template, self.rollout_only = plan.record_template, plan.rollout_only
+        self.newest_only = plan.newest_only
 
     async def _save_batch(
         self, template: str, groups: list[Group]
@@ -132,6 +133,7 @@ class RLMode:
             sync=self.sync,
             tracer=self.tracer,
             colocate=self.colocate,
+            newest_only=self.newest_only,
             on_batch=functools.partial(self._save_batch, self.record_template) if self.record_template else None,
         )
         return record, [{"step": step, "group_id": g.group_id, "data_index": g.data_index} for g in groups]

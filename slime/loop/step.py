@@ -115,6 +115,7 @@ async def run_step(
     sync: WeightSync | None,
     tracer: RunTracer | None = None,
     colocate: bool = False,
+    newest_only: bool = False,
     on_batch: Callable[[list[Group]], Awaitable[object]] | None = None,
 ) -> tuple[list[Group], StepRecord]:
     """Run one rollout + train + weight-sync step. Returns (groups, step record).
@@ -142,7 +143,9 @@ async def run_step(
     if on_batch is not None:
         await on_batch(groups)  # recorded as generated: before apply_staleness edits the loss masks in place
     # lag against the trainer's version: the weights this batch trains (== the engines' between steps)
-    stale = apply_staleness(groups, trainer_version=version.trainer, max_staleness=config.max_staleness)
+    stale = apply_staleness(
+        groups, trainer_version=version.trainer, max_staleness=config.max_staleness, newest_only=newest_only
+    )
     # after the mask: what trains, against the draws completed since the last batch was taken
     bias = length_bias(groups, sched.buffer.pop_completed(), trainer_version=version.trainer)
     batch = batch_stats(groups)

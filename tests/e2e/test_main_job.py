@@ -18,16 +18,21 @@ async def count_w7(sample):
     return sum(w == "w7" for w in words) / max(1, len(words))
 
 
-@pytest.mark.parametrize("mode", ["april", "async"])
-async def test_main_job_runs_end_to_end_and_writes_its_outputs(tmp_path, mode):
+@pytest.mark.parametrize("mode, newest_only", [("april", False), ("async", False), ("april", True)])
+async def test_main_job_runs_end_to_end_and_writes_its_outputs(tmp_path, mode, newest_only):
     model = write_tiny_llama(tmp_path / "model", seed=0, with_tokenizer=True)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"w{3 + i % 20} w{5 + i % 7} w9"}) for i in range(64)) + "\n")
     config = Config(
         data=DataConfig(prompt_data=str(prompts), eval_prompt_data=str(prompts), num_eval_prompts=8),
-        rollout=RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=24, request_timeout_s=60),
+        # with newest_only: answers long enough to be aborted mid-way and resumed under the next version
+        rollout=RolloutConfig(
+            n_samples_per_prompt=4, rollout_max_response_len=96 if newest_only else 24, request_timeout_s=60
+        ),
         loop=LoopConfig(mode=mode, rollout_batch_size=4, over_sampling_batch_size=8, num_rollout=3, max_staleness=2),
-        train=TrainConfig(lr=1e-3, global_batch_size=16, micro_batch_size=8),
+        train=TrainConfig(
+            lr=1e-3, global_batch_size=16, micro_batch_size=8, mask_offpolicy_in_partial_rollout=newest_only
+        ),
         engine=EngineConfig(hf_checkpoint=str(model), startup_timeout_s=60),
         run_dir=str(tmp_path / "run"),
     )
@@ -48,4 +53,9 @@ async def test_main_job_runs_end_to_end_and_writes_its_outputs(tmp_path, mode):
     ):
         assert key in summary
     assert all(r["train/num_optimizer_steps"] == 1 for r in steps)
+    # the loop's count of trained tokens is what the trainer trained (masks included)
+    assert [r["trained_tokens"] for r in steps] == [r["train/num_train_tokens"] for r in steps]
+    assert [sum(r["lag_histogram"].values()) for r in steps] == [r["trained_tokens"] for r in steps]
+    if newest_only:  # the mask had tokens to take: resumed samples straddled a weight update
+        assert sum(r["multi_version_samples"] for r in steps) > 0 and sum(r["masked_stale_tokens"] for r in steps) > 0
     assert msgspec.json.decode((run / "config.json").read_bytes())["loop"]["mode"] == mode

@@ -84,3 +84,22 @@ def test_the_step_record_writes_and_reads_the_bias_group():
     assert row["bias/len_ratio"] == 0.8 and row["masked_token_fraction"] == 0.25
     back = StepRecord.from_row(row)
     assert back.bias == {"len_ratio": 0.8} and back.fully_masked_samples == 2
+
+
+def test_newest_only_masks_before_the_metrics_count_and_agrees_with_the_trainers_batch():
+    """--mask-offpolicy-in-partial-rollout: versions [4, 4, 5] at trainer 5 -> one token trains, with lag 0; the
+    loop's counts are the trainer's loss-mask sum, and a sample of one version is untouched."""
+    from slime.train.batch import build_train_batch
+
+    group = Group(group_id=0, samples=[_sample([4, 4, 5]), _sample([5, 5], index=1)])
+    stale = apply_staleness([group], trainer_version=5, max_staleness=4, newest_only=True)
+    assert stale["lag_histogram"] == {0: 3} and stale["off_policy_token_fraction"] == 0.0
+    assert stale["masked_stale_tokens"] == 2 and stale["trained_samples"] == 2
+    batch = build_train_batch([group], pad_token_id=0, current_version=5, mask_offpolicy_in_partial_rollout=True)
+    assert batch.num_train_tokens == sum(stale["lag_histogram"].values())
+
+
+def test_a_step_that_trains_nothing_has_no_off_policy_share():
+    stale = apply_staleness([Group(group_id=0, samples=[_sample([1, 1])])], trainer_version=6, max_staleness=2)
+    assert stale["fully_masked_samples"] == 1 and stale["trained_samples"] == 0
+    assert math.isnan(stale["off_policy_token_fraction"]) and stale["lag_histogram"] == {}
