@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+
+from slime.types import JsonObject
 
 __all__ = ["with_transformers_defaults"]
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 _ROPE_KEYS = frozenset({"rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"})
 
 
-def with_transformers_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+def with_transformers_defaults(config: Mapping[str, object]) -> JsonObject:
     """``config`` plus each key it lacks (RoPE keys aside) as transformers' config class for its
     ``model_type`` sets it. Unchanged when transformers does not know the ``model_type`` or its
     class refuses the file's values (the readers then report what is wrong in their own words)."""
@@ -39,7 +40,7 @@ def with_transformers_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         return dict(config)
     try:
-        full = CONFIG_MAPPING[model_type](**config).to_dict()
+        full = CONFIG_MAPPING[model_type].from_dict(dict(config)).to_dict()
     except Exception as exc:  # noqa: BLE001  # any refusal of transformers' class: keep the file as it is
         log.debug("%s: transformers' config class refused the file (%s); keys left as they are", model_type, exc)
         return dict(config)

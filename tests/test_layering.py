@@ -23,7 +23,10 @@ PARTS = {
     "slime": "root",  # the package's empty __init__ (matched exactly, not as a prefix)
     "slime.types": "types",
     "slime.errors": "errors",
-    **{f"slime.{m}": "core" for m in ("config", "yaml_file", "hf_checkpoint", "hf_compat", "eval_config", "stop")},
+    **{
+        f"slime.{m}": "core"
+        for m in ("config", "yaml_file", "hf_checkpoint", "hf_compat", "hf_config_defaults", "eval_config", "stop")
+    },
     "slime.train_metrics": "core",  # the trainer's metrics struct: written by train, recorded by loop, read by obs
     "slime.step_record": "core",  # the metrics.jsonl step records: written by loop, decoded by obs and bench
     "slime.routed_experts": "core",  # MoE routes on a Sample: parsed by protocol, merged by rollout, packed by train

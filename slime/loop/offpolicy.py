@@ -27,7 +27,6 @@ that finish first, trains shorter samples and older long ones.
 from __future__ import annotations
 
 import math
-
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -58,17 +57,12 @@ def apply_staleness(
     """
     hist: Counter[int] = Counter()
     masked = offline = max_spanned = multi = fully_masked = 0
-    trained_samples = trained_response = 0
-    trained_reward = 0.0
-    for s in valid_samples(groups):
+    valid = valid_samples(groups)
+    for s in valid:
         had_tokens = any(s.loss_mask)
         masked += s.mask_stale(trainer_version, max_staleness)
         if newest_only:
             masked += s.mask_older_versions()
-        if any(s.loss_mask):
-            trained_samples += 1
-            trained_response += len(s.response_ids)
-            trained_reward += s.reward or 0.0
         # counted after the mask: the histogram says what trains (loss_mask 0 tokens never train)
         for v, m in zip(s.versions, s.loss_mask):
             if m and v == OFFLINE_VERSION:
@@ -95,9 +89,18 @@ def apply_staleness(
         "max_versions_in_a_sample": max_spanned,
         "multi_version_samples": multi,
         "offline_tokens": offline,
-        "trained_samples": trained_samples,
-        "trained_sample_response_tokens": trained_response,
-        "trained_sample_reward_sum": trained_reward,
+        **_trained_samples(valid),
+    }
+
+
+def _trained_samples(samples: list[Sample]) -> dict[str, float]:
+    """The samples left with >= 1 trained token (call after masking): their number, and their response tokens
+    and rewards summed. Example: lengths 10 and 90, rewards 1 and 0, the second masked whole -> 1, 10, 1.0."""
+    trained = [s for s in samples if any(s.loss_mask)]
+    return {
+        "trained_samples": len(trained),
+        "trained_sample_response_tokens": sum(len(s.response_ids) for s in trained),
+        "trained_sample_reward_sum": sum(s.reward or 0.0 for s in trained),
     }
 
 

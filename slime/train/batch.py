@@ -27,8 +27,7 @@ update (APRIL, where aborts happen at the end of a rollout step). They differ wh
 resumed under the same version (we keep both segments: the same policy sampled them) and when
 weights change inside one request (SGLang's per-token ``weight_versions``; we mask the older
 tokens, slime keeps them). We key on versions because ``Sample`` records versions, not segment
-boundaries, and the version is what makes a token off-policy. The loop applies the same rule first
-(``slime.loop.offpolicy.apply_staleness``), so its step metrics count only the tokens trained here.
+boundaries, and the version is what makes a token off-policy. The loop applies the rule first (its metrics count what trains).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from slime.hf_config_defaults import with_transformers_defaults
 from slime.hf_checkpoint import check_hf_dir
+from slime.hf_config_defaults import with_transformers_defaults
 from slime.train.megatron.deepseek import MLAArch, deepseek_v3_fields
 from slime.train.megatron.deepseek_moe import SigmoidRouter, deepseek_moe_fields
 from slime.train.megatron.glm_lite import glm4_moe_lite_layers
@@ -59,7 +59,7 @@ class UnsupportedArchitecture(ValueError):
     """The HF config describes a model the megatron backend does not build (named in the message)."""
 
 
-def _check_not_quantized(config: Mapping[str, Any], arch_names: object) -> None:
+def _check_not_quantized(config: Mapping[str, object], arch_names: object) -> None:
     """Refuse a quantized checkpoint (``quantization_config``: DeepSeek-V3's and Kimi-K2's released fp8 weights,
     each with a ``weight_scale_inv`` per 128x128 block). Copying its fp8 values without their scales would load
     weights off by the scale (x700 in a review's test) with no error.
@@ -204,13 +204,12 @@ class ModelArch:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArch:
-        """Read a ``config.json`` dict (or ``PretrainedConfig.to_dict()``); a key it lacks takes transformers'
-        default for its ``model_type`` (``slime.hf_config_defaults``).
+        """Read a ``config.json`` dict (or ``PretrainedConfig.to_dict()``; a key it lacks: transformers' default).
 
         Raises:
-            UnsupportedArchitecture: another ``model_type``, or an option this backend does not build.
+            UnsupportedArchitecture: another ``model_type``, a quantized checkpoint, or an option not built here.
         """
-        config = with_transformers_defaults(config)  # a key the file leaves out: what transformers' model uses
+        config = with_transformers_defaults(config)  # slime.hf_config_defaults
         model_type = config.get("model_type")
         arch_names = config.get("architectures") or [model_type]
         _check_not_quantized(config, arch_names)
@@ -225,8 +224,7 @@ class ModelArch:
                 return cls(**deepseek_v3_fields(config, model_type, moe_layers=layers))
             except ValueError as exc:
                 raise UnsupportedArchitecture(f"{arch_names}: {exc}") from exc
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
+        heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
         head_dim = int(config.get("head_dim") or hidden // heads)
         rope = _rope_theta(config, model_type)
         unsupported = {

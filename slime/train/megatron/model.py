@@ -62,12 +62,16 @@ if TYPE_CHECKING:  # megatron-core ships no type information: these name its cla
 
 __all__ = [
     "transformer_config", "layer_spec", "build_gpt_model", "load_hf_weights", "HFCheckpointReader", "output_hidden_states", "output_weight",
-    "float16_wrapped", "wrap_float16",
+    "float16_wrapped",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-_FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)}
+_FLOAT8 = {
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+}
 
 
 def transformer_config(
@@ -305,29 +309,6 @@ def output_weight(model: torch.nn.Module) -> torch.Tensor:
     return (
         gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
     )
-
-
-def wrap_float16(model: torch.nn.Module, config: TransformerConfig) -> torch.nn.Module:
-    """megatron's ``Float16Module`` around ``model``, with the MoE routers' buffers kept fp32, value for value.
-
-    The wrap casts every buffer to bf16. megatron's router casts its ``expert_bias`` back to fp32 on its first
-    forward, but the digits are lost by then: the trainer would route with another bias than the checkpoint
-    holds (HF keeps ``e_score_correction_bias`` in fp32) and sync that rounded bias to the engines; and
-    ``local_tokens_per_expert`` would count tokens in bf16 (exact only up to 256), flipping the sign of the
-    bias update of an expert near the mean. Example: a bias of 0.1234567 stays 0.1234567, not 0.1235352.
-    """
-    router_class = mcore("megatron.core.transformer.moe.router").TopKRouter
-    kept = {
-        (router, name): buf.detach().clone()
-        for router in model.modules()
-        if isinstance(router, router_class)
-        for name, buf in router.named_buffers(recurse=False)
-        if buf is not None and buf.dtype == torch.float32
-    }
-    wrapped = mcore("megatron.core.transformer.module").Float16Module(config, model)
-    for (router, name), value in kept.items():
-        getattr(router, name).data = value
-    return wrapped
 
 
 def float16_wrapped(model: torch.nn.Module) -> bool:

@@ -30,6 +30,7 @@ from slime.train.batch import TrainBatch, build_train_batch
 from slime.train.determinism import enable_deterministic_mode
 from slime.train.megatron._mcore import mcore
 from slime.train.megatron.arch import ModelArch, load_hf_config
+from slime.train.megatron.float16 import wrap_float16
 from slime.train.megatron.logprobs import check_logprob_impl
 from slime.train.megatron.model import (
     HFCheckpointReader,
@@ -37,7 +38,6 @@ from slime.train.megatron.model import (
     load_hf_weights,
     output_hidden_states,
     transformer_config,
-    wrap_float16,
 )
 from slime.train.megatron.multi_tensor import use_foreach_multi_tensor_ops
 from slime.train.megatron.packing import PackedMicroBatch

@@ -10,9 +10,9 @@ random expert bias, routed scaling 2.5 and one shared expert.
 
 from __future__ import annotations
 
-import msgspec
 import os
 
+import msgspec
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -167,7 +167,8 @@ def test_glm_rl_step_matches_the_torch_backend_and_syncs_back_to_hf_names(
 def test_the_bf16_wrap_keeps_the_checkpoints_expert_bias_exact_and_syncs_it_back(hf_dirs, megatron_cpu):
     """``--bf16``: the trainer's model routes with, and syncs to the engines, the fp32 bias the checkpoint holds
     (``Float16Module`` alone rounds it to bf16 and its token counts with it)."""
-    from slime.train.megatron.model import transformer_config, wrap_float16
+    from slime.train.megatron.float16 import wrap_float16
+    from slime.train.megatron.model import transformer_config
     from slime.train.megatron.weights import iter_hf_weights
 
     arch, model = _build(hf_dirs["glm4_moe"])
