@@ -25,7 +25,15 @@ Denied, and why (``DENIED``):
 * large kernel surfaces a test has no use for: ``bpf``, ``perf_event_open``, ``userfaultfd``,
   ``io_uring_setup``/``enter``/``register``, ``fanotify_init``, ``lookup_dcookie``;
 * ``personality``, queries included (it turns off address-space randomisation or makes data
-  executable; tests have no use for execution domains).
+  executable; tests have no use for execution domains);
+* channels between sandboxes that run at once: every sandbox sees the same host files (read-only
+  binds of one inode), and a lock or an inotify watch on a file is seen from every mount view of it.
+  A red-team test passed a correct sample's answer to a concurrent sample that computed nothing by
+  ``flock``-ing 8 shared library files (both scored 1.0). Denied: ``flock``, ``fcntl``'s lock and
+  lease commands (``F_GETLK``/``F_SETLK``/``F_SETLKW``, their ``F_OFD_*`` forms, ``F_SETLEASE``/
+  ``F_GETLEASE``, ``FCNTL_LOCK_COMMANDS``) and ``inotify_init``/``inotify_init1``/``inotify_add_watch``.
+  Code that locks a file of its own (sqlite) gets ``EPERM``; tests of the code verifier have no use for
+  it. CPU-time contention stays a (slow, noisy) channel no filter closes.
 
 Most of these already need a capability the sandbox does not have; the filter is the second wall,
 and the only one for ``ptrace`` of a process of the same user and for the keyrings.
@@ -39,7 +47,7 @@ import errno
 import functools
 import os
 
-__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "filter_bpf", "program_fd"]
+__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "FCNTL_LOCK_COMMANDS", "filter_bpf", "program_fd"]
 
 DENIED = (
     *("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
@@ -51,14 +59,20 @@ DENIED = (
     *("reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "iopl", "ioperm"),
     *("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register"),
     *("fanotify_init", "lookup_dcookie", "personality"),
+    *("flock", "inotify_init", "inotify_init1", "inotify_add_watch"),
 )
 """Syscalls that always fail with ``EPERM`` (names as libseccomp spells them; those this architecture lacks are skipped)."""
 
 CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
 """``CLONE_NEWNS``, ``NEWCGROUP``, ``NEWUTS``, ``NEWIPC``, ``NEWUSER``, ``NEWPID``, ``NEWNET``, ``NEWTIME``: ``clone`` with any fails."""
 
+FCNTL_LOCK_COMMANDS = (5, 6, 7, 36, 37, 38, 1024, 1025)
+"""``fcntl`` commands that fail: ``F_GETLK``, ``F_SETLK``, ``F_SETLKW``, ``F_OFD_GETLK``, ``F_OFD_SETLK``,
+``F_OFD_SETLKW``, ``F_SETLEASE``, ``F_GETLEASE`` (Linux's numbers, the same on x86_64 and arm64)."""
+
 _ACT_ALLOW = 0x7FFF0000
 _ACT_ERRNO = 0x00050000
+_CMP_EQ = 4
 _CMP_MASKED_EQ = 7
 
 
@@ -120,6 +134,8 @@ def _add_rules(lib: ctypes.CDLL, ctx: int) -> None:
     for flag in CLONE_NAMESPACE_FLAGS:
         _rule(lib, ctx, deny, "clone", _ArgCmp(0, _CMP_MASKED_EQ, flag, flag))
     _rule(lib, ctx, _ACT_ERRNO | errno.ENOSYS, "clone3")
+    for cmd in FCNTL_LOCK_COMMANDS:
+        _rule(lib, ctx, deny, "fcntl", _ArgCmp(1, _CMP_EQ, cmd, 0))
 
 
 def _rule(lib: ctypes.CDLL, ctx: int, action: int, name: str, *args: _ArgCmp) -> None:

@@ -304,3 +304,31 @@ def test_a_held_uid_is_not_handed_out_again_until_released(monkeypatch):
         assert (first, second) == (run_uid.UID_BASE + 7, run_uid.UID_BASE + 8)
     with run_uid.held_uid() as again:  # released with its block: free for the next run
         assert again == first
+
+
+async def test_no_lock_or_inotify_channel_between_sandboxes(box):
+    """Concurrent sandboxes share the host's read-only files: a lock or a watch on one would pass bits between
+    samples (a red-team test copied a correct answer this way). Each is refused, a plain read still works."""
+    code = """
+import ctypes, fcntl, os, struct
+path = "/usr/bin/env"
+with open(path, "rb") as f:
+    f.read(1)
+    for name, call in [
+        ("flock", lambda: fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+        ("setlk", lambda: fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB)),
+        ("getlk", lambda: fcntl.fcntl(f, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0))),
+        ("ofd", lambda: fcntl.fcntl(f, 37, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0))),
+    ]:
+        try:
+            call()
+            print(name, "allowed")
+        except OSError as e:
+            print(name, "refused", e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+print("inotify", "allowed" if fd >= 0 else "refused", ctypes.get_errno())
+"""
+    result = await box.run(code)
+    assert result.ok, result.stderr
+    assert "allowed" not in result.stdout and result.stdout.count("refused 1") == 5, result.stdout
