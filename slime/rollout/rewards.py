@@ -34,6 +34,7 @@ from typing import Any
 
 from slime.errors import ConfigError, PluginError
 from slime.rollout import plugin_threads
+from slime.rollout.reward_clock import running_under
 from slime.types import GroupRewardFn, RewardFn, Sample, Status
 
 __all__ = ["load_function", "score_sample", "score_group", "check_reward", "MAX_ABS_REWARD", "FAILED_SAMPLE_FIELD"]
@@ -229,7 +230,8 @@ async def score_sample(sample: Sample, reward_fn: RewardFn, *, timeout_s: float,
     deadline = asyncio.timeout(timeout_s)
     try:
         async with deadline:
-            raw = await _call(reward_fn, sample)
+            with running_under(deadline):  # a wait for a sandbox slot is not the reward's time (reward_clock.py)
+                raw = await _call(reward_fn, sample)
         sample.reward = _as_reward(raw, reward_key, sample)  # outside the deadline: only the user's call is timed
     except BaseException as exc:  # plugin boundary: a user function's failure becomes data, SystemExit included
         if _stopping():  # the run is stopping: the cancellation of this task must go through
@@ -247,7 +249,8 @@ async def score_group(
     deadline = asyncio.timeout(timeout_s)
     try:
         async with deadline:
-            raw = await _call(group_reward_fn, samples)
+            with running_under(deadline):
+                raw = await _call(group_reward_fn, samples)
         if not isinstance(raw, (list, tuple)):
             raise PluginError(
                 f"group reward function returned {type(raw).__name__} {raw!r:.60}, expected a list of {len(samples)} rewards"

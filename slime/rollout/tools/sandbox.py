@@ -47,6 +47,7 @@ import tempfile
 import time
 
 from slime.errors import ConfigError
+from slime.rollout.reward_clock import queued
 from slime.rollout.tools import bwrap, isolation, run_uid, seccomp
 from slime.rollout.tools.audit_hook import HOOK, NETWORK_MARK
 from slime.rollout.tools.cgroup import RunCgroup
@@ -217,7 +218,16 @@ class Sandbox:
         """
         limit_s = timeout_s if timeout_s is not None else self.timeout_s
         own_uid = self._launcher is not None and self._launcher.sets_uid
-        async with self._slots, contextlib.AsyncExitStack() as held:
+        async with queued():  # the wait for a slot is other runs' time: the reward's deadline stands still
+            await self._slots.acquire()
+        try:
+            return await self._run_in_slot(code, stdin, limit_s, own_uid)
+        finally:
+            self._slots.release()
+
+    async def _run_in_slot(self, code: str, stdin: str, limit_s: float, own_uid: bool) -> SandboxResult:
+        """``run``'s body once it holds a slot: a fresh uid and work directory for the code, removed after it."""
+        async with contextlib.AsyncExitStack() as held:
             uid = held.enter_context(run_uid.held_uid()) if own_uid else bwrap.NOBODY  # one per run (run_uid.py)
             workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
             try:
