@@ -85,8 +85,17 @@ async def test_infinite_loop_is_killed_at_the_wall_clock_limit():
 
 @requires_bwrap
 async def test_output_flood_is_capped_and_killed(sandbox):
-    result = await Sandbox(timeout_s=0.5, max_output_bytes=1000).run("while True:\n    print('x' * 10000)")
-    assert result.truncated and len(result.stdout) == 1000 and result.timed_out
+    # killed once stdout passes the cap, not read and discarded until the time limit
+    result = await Sandbox(timeout_s=30.0, max_output_bytes=1000).run("while True:\n    print('x' * 10000)")
+    assert result.truncated and len(result.stdout) == 1000 and not result.timed_out and not result.ok
+    assert result.elapsed_s < 30.0
+
+
+@requires_bwrap
+async def test_a_flood_on_stderr_is_capped_and_the_run_goes_on(sandbox):
+    code = "import sys\nfor _ in range(200):\n    sys.stderr.write('e' * 10000)\nprint('answer')"
+    result = await Sandbox(timeout_s=30.0, max_output_bytes=1000).run(code)
+    assert result.ok and result.stdout == "answer\n" and result.truncated and len(result.stderr) <= 1000
 
 
 @requires_bwrap
