@@ -41,7 +41,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ from slime.rollout.reward_clock import queued
 from slime.rollout.tools import bwrap, isolation, run_uid, seccomp
 from slime.rollout.tools.audit_hook import HOOK, NETWORK_MARK
 from slime.rollout.tools.cgroup import RunCgroup
+from slime.rollout.tools.pipes import CappedReader, OutputOverflow, feed, kill_group
 from slime.rollout.tools.registry import Tool
 
 __all__ = [
@@ -298,7 +298,7 @@ class Sandbox:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)  # bwrap has its own copy
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPE
-        out, err = _Capped(self.max_output_bytes), _Capped(self.max_output_bytes)
+        out, err = CappedReader(self.max_output_bytes), CappedReader(self.max_output_bytes)
         timed_out = False
         try:
             # stdout past the cap ends the run: it is the answer (or the harness's channel), unusable once cut, and
@@ -306,13 +306,13 @@ class Sandbox:
             # assert harness sends the solution's prints there): past the cap it is discarded, the run goes on.
             # A task group, not gather: the overflow ends the other readers too (gather would leave them running)
             async with asyncio.timeout(limit_s), asyncio.TaskGroup() as tg:
-                for step in (_feed(proc.stdin, stdin), out.drain(proc.stdout, stop=True), err.drain(proc.stderr)):
+                for step in (feed(proc.stdin, stdin), out.drain(proc.stdout, stop=True), err.drain(proc.stderr)):
                     tg.create_task(step)
                 tg.create_task(proc.wait())
         except BaseException as exc:  # timeout, output past the cap, or our caller cancelled: never leave it running
             timed_out = isinstance(exc, TimeoutError)
             overflow = isinstance(exc, BaseExceptionGroup) and exc.subgroup(OutputOverflow) is not None
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             if run_cgroup is not None:
                 run_cgroup.kill()
             # On 3.11 ``wait()`` also waits for the pipes to reach EOF, so drain them (discarding) first.
@@ -331,45 +331,6 @@ class Sandbox:
             truncated=out.dropped > 0 or err.dropped > 0,
             network="netns" if self._launcher is not None else network,
         )
-
-
-class OutputOverflow(Exception):
-    """A run wrote more than ``max_output_bytes`` to a stream: it is killed (``SandboxResult.truncated``)."""
-
-
-class _Capped:
-    """Keeps the first ``cap`` bytes of a stream and counts the rest."""
-
-    def __init__(self, cap: int):
-        self.cap, self.data, self.dropped = cap, bytearray(), 0
-
-    async def drain(self, stream: asyncio.StreamReader, *, stop: bool = False) -> None:
-        """Read ``stream`` to EOF; with ``stop``, raise ``OutputOverflow`` once past the cap."""
-        while chunk := await stream.read(65536):
-            room = self.cap - len(self.data)
-            self.data += chunk[:room]
-            self.dropped += max(0, len(chunk) - room)
-            if stop and self.dropped:
-                raise OutputOverflow
-            await asyncio.sleep(0)  # read() returns without yielding while data is buffered
-
-
-async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
-    try:
-        if data:
-            pipe.write(data)
-            await pipe.drain()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the child exited or closed stdin without reading it all
-    finally:
-        pipe.close()
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _split_network_mark(stderr: bytes) -> tuple[bytes, str]:
