@@ -17,6 +17,7 @@ checker (docs/ARCHITECTURE.md, "Typed seams") checks both against these Protocol
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Literal, Protocol
 
 from slime.engines.client import EngineClient
@@ -126,6 +127,11 @@ class WorkerPool(EnginePool, Protocol):
     @property
     def router_url(self) -> str | None:
         """The router in front of the workers, None without one."""
+        ...
+
+    def weight_update(self, weight_version: str, *, flush_cache: bool) -> AbstractAsyncContextManager[None]:
+        """Inside: a sync that sends to each worker itself loads ``weight_version`` (no rejoin meanwhile); the
+        pool's ``latest_version`` and, when the caches were flushed, ``kv_cache_version`` say so."""
         ...
 
     async def update_weights_from_tensor(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Self
 
 import aiohttp
@@ -311,16 +312,9 @@ class HttpEnginePool:
     ) -> dict[str, JsonObject]:
         """Every worker receives one bucket over NCCL (``PoolControl.update_weights_from_distributed``)."""
         return await self._control.update_weights_from_distributed(
-            names,
-            dtypes,
-            shapes,
-            group_name=group_name,
-            weight_version=weight_version,
-            abort_all_requests=abort_all_requests,
-            flush_cache=flush_cache,
-            load_format=load_format,
-            timeout_s=timeout_s,
-        )
+            names, dtypes, shapes, group_name=group_name, weight_version=weight_version,
+            abort_all_requests=abort_all_requests, flush_cache=flush_cache, load_format=load_format, timeout_s=timeout_s,
+        )  # fmt: skip
 
     async def update_weights_from_tensor(
         self,
@@ -341,6 +335,10 @@ class HttpEnginePool:
             flush_cache=flush_cache,
             timeout_s=timeout_s,
         )
+
+    def weight_update(self, weight_version: str, *, flush_cache: bool) -> AbstractAsyncContextManager[None]:
+        """A sync that sends to each worker itself, with the pool's weight state kept (``PoolControl.weight_update``)."""
+        return self._control.weight_update(weight_version, flush_cache=flush_cache)
 
     async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, None]:
         """Every worker frees ``tags`` (None = all) for a colocated trainer (docs/sglang.md#memory); workers must be idle."""

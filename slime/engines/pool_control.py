@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Literal, TypeVar
 
 from slime.engines.client import EngineClient
@@ -225,6 +225,18 @@ class PoolControl:
             )
             self._note_flush(flush_cache, weight_version)
             return out
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self, weight_version: str, *, flush_cache: bool) -> AsyncIterator[None]:
+        """For a sync that sends to each worker itself (``DeltaWeightSync``): inside, ``weights_lock`` is held
+        (no rejoin between two workers' loads) and ``latest_version`` is ``weight_version``; after the block,
+        ``kv_cache_version`` too when the caches were flushed. Without this a rejoining engine compared itself
+        with a stale ``latest_version`` and came back with its start weights, and cache-hit tokens kept
+        being stamped with the version of the last flush the pool had heard of."""
+        async with self.weights_lock:
+            self._note_version(weight_version)
+            yield
+            self._note_flush(flush_cache, weight_version)
 
     def note_cache_hit(self) -> None:
         """A result reused cached KV (``cached_tokens > 0``): count it in ``num_prefix_cache_hits``."""

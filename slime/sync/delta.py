@@ -107,7 +107,12 @@ class DeltaWeightSync:
             "flush_cache": abort_all_requests,
         }
         full: list[asyncio.Future] = []  # the full encoding, made once, on the first fallback
-        async with weight_update_session(clients):
+        # through the pool's weight state: a rejoining engine is compared with this version, cache-hit tokens with
+        # the flush, and no rejoin slips in between two engines' loads
+        async with (
+            self.pool.weight_update(str(version), flush_cache=abort_all_requests),
+            weight_update_session(clients),
+        ):
             results = await asyncio.gather(*(self._push(c, encoded, staged, control, full) for c in clients))
         self._base, self._base_version = staged, str(version)
         sent = sum(r[0] for r in results)

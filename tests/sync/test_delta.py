@@ -43,6 +43,9 @@ async def test_delta_sends_only_the_changed_tensors_and_lands_bit_exact(engine, 
     await sync.load(await sync.save(1), 1)
     assert_holds(engine, new)
     assert engine.weight_version == "1"
+    # the pool knows it: a rejoining engine is compared with version 1 (not the start's 0), and the caches were
+    # flushed at 1 (cache-hit tokens are not stamped with the start's version)
+    assert pool.latest_version == "1" and pool.kv_cache_version == "1"
     assert sync.stats["num_changed_tensors"] == 2 and sync.stats["num_full_fallbacks"] == 0
 
 
