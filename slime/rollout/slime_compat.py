@@ -61,6 +61,7 @@ from slime.config import DataConfig, LoopConfig, RolloutConfig
 from slime.data.dataset import prompt_input, row_metadata
 from slime.engines.interface import WorkerPool
 from slime.errors import PluginError
+from slime.rollout.slime_compat_checks import checked_token_lists, oldest_version
 from slime.types import OFFLINE_VERSION, Group, Sample, Status
 
 __all__ = ["SlimeSample", "RolloutFnTrainOutput", "RolloutArgs", "RolloutDataBuffer", "to_groups"]
@@ -323,7 +324,7 @@ def _from_slime_sample(s: Any, *, group_id: int, index: int, engine_version: int
             f"{where}: response_length={n!r} with {len(tokens)} tokens; expected 0 <= response_length <= len(tokens)"
         )
     status = _status(getattr(s, "status", None), where)
-    mask, logprobs = _checked_token_lists(s, n, where)
+    mask, logprobs = checked_token_lists(s, n, where)
     reward = getattr(s, "reward", None)
     if reward is not None and (
         isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
@@ -349,7 +350,7 @@ def _from_slime_sample(s: Any, *, group_id: int, index: int, engine_version: int
         reward=None if reward is None else float(reward),
     )
     response = tokens[len(tokens) - n :]
-    version = OFFLINE_VERSION if logprobs is None else engine_version
+    version = OFFLINE_VERSION if logprobs is None else oldest_version(s, engine_version)
     lps = [0.0] * n if logprobs is None else [float(x) for x in logprobs]
     masks = [1] * n if mask is None else list(mask)
     start = 0
@@ -358,24 +359,6 @@ def _from_slime_sample(s: Any, *, group_id: int, index: int, engine_version: int
         out.append(response[start:end], lps[start:end], version, trainable=bool(m))
         start = end
     return out
-
-
-def _checked_token_lists(s: object, n: int, where: str) -> tuple[list[int] | None, list[float] | None]:
-    """``(loss_mask, rollout_log_probs)`` of a slime-shaped sample (None where unset), each of ``n`` entries, the mask
-    0/1 and the logprobs finite and <= 0; else PluginError."""
-    mask = getattr(s, "loss_mask", None)
-    logprobs = getattr(s, "rollout_log_probs", None)
-    for name, values in (("loss_mask", mask), ("rollout_log_probs", logprobs)):
-        if values is not None and len(values) != n:
-            raise PluginError(f"{where}: {name} has {len(values)} entries for response_length={n}")
-    if mask is not None and any(m not in (0, 1) for m in mask):
-        raise PluginError(f"{where}: loss_mask holds {next(m for m in mask if m not in (0, 1))!r}, expected 0 or 1")
-    if logprobs is not None and any(not math.isfinite(x) or x > 1e-6 for x in logprobs):
-        raise PluginError(
-            f"{where}: rollout_log_probs holds {next(x for x in logprobs if not math.isfinite(x) or x > 1e-6)!r}, "
-            "expected finite log-probabilities <= 0"
-        )
-    return mask, logprobs
 
 
 def _status(value: object, where: str) -> Status:

@@ -122,6 +122,23 @@ def test_a_slime_sample_outside_the_contract_is_one_line_naming_it(edit, message
         to_groups([[s]], n_samples_per_prompt=1, engine_version=0, next_group_id=0)
 
 
+def test_a_slime_sample_kept_across_a_weight_update_is_stamped_with_its_oldest_version():
+    """slime appends the engine's weight_version per generate call; a sample the function kept in data_buffer over
+    an update holds tokens of both: every token takes the oldest (the staleness mask sees them), not the newest."""
+    lp = [-0.1, -0.2, -0.3]
+    kept = SlimeSample(tokens=[1, 5, 6, 7], response_length=3, rollout_log_probs=lp, weight_versions=["3", "4"])
+    kept.status = SlimeSample.Status.COMPLETED
+    groups, _ = to_groups([[kept]], n_samples_per_prompt=1, engine_version=5, next_group_id=0)
+    assert groups[0].samples[0].versions == [3, 3, 3]
+    fresh = SlimeSample(tokens=[1, 5], response_length=1, rollout_log_probs=[-0.1], status=SlimeSample.Status.COMPLETED)
+    assert to_groups([[fresh]], n_samples_per_prompt=1, engine_version=5, next_group_id=0)[0][0].samples[
+        0
+    ].versions == [5]
+    kept.weight_versions = ["default", "4"]  # SGLang's name before any update: no version of ours, read as the engine's
+    groups, _ = to_groups([[kept]], n_samples_per_prompt=1, engine_version=5, next_group_id=0)
+    assert groups[0].samples[0].versions == [4, 4, 4]
+
+
 def test_our_samples_pass_through_and_bad_shapes_are_named():
     ok = Sample(prompt_ids=[1], status=Status.COMPLETED, reward=1.0)
     ok.append([4, 5], [-0.1, -0.2], 3)
