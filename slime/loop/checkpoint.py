@@ -76,8 +76,12 @@ __all__ = [
 ]
 
 
-def save_checkpoint(save_dir: str | Path, state: LoopState, *, trainer: Any, keep_last: int = 2) -> Path:
-    """Write one checkpoint atomically and point ``latest`` at it; keep the newest ``keep_last``. Returns its directory.
+def save_checkpoint(
+    save_dir: str | Path, state: LoopState, *, trainer: Any, keep_last: int = 2, pinned: Path | None = None
+) -> Path:
+    """Write one checkpoint atomically and point ``latest`` at it; keep the newest ``keep_last``, and ``pinned``
+    (the checkpoint a resumed run's engines were launched from: a restarted engine is launched from it again, so
+    pruning it ended the run at the first engine restart). Returns its directory.
 
     Raises:
         DiskFullError: a file found no space (``ENOSPC``, ``EDQUOT``): one line naming the file, the
@@ -101,7 +105,7 @@ def save_checkpoint(save_dir: str | Path, state: LoopState, *, trainer: Any, kee
         if full is None:
             raise
         raise DiskFullError(f"{full}; {_previous_note(root)}") from exc
-    _prune(root, name, step=state.step, keep_last=keep_last)
+    _prune(root, name, step=state.step, keep_last=keep_last, pinned=pinned)
     return final
 
 
@@ -195,8 +199,9 @@ def _publish(root: Path, tmp: Path, name: str) -> Path:
     return final
 
 
-def _prune(root: Path, name: str, *, step: int, keep_last: int) -> None:
-    others = [p for p in step_dirs(root) if p.name != name]
+def _prune(root: Path, name: str, *, step: int, keep_last: int, pinned: Path | None) -> None:
+    keep = pinned.resolve() if pinned is not None else None
+    others = [p for p in step_dirs(root) if p.name != name and p.resolve() != keep]
     # after a resume from an older checkpoint, the later ones passed over would outrank this one
     newer = [p for p in others if step_of(p) > step]
     older = sorted((p for p in others if step_of(p) < step), key=step_of)

@@ -195,7 +195,10 @@ async def run_steps(
             async with mode.quiesced():
                 state = mode.loop_state(step)
                 with obs.tracer.span("checkpoint", "checkpoint", step=step):
-                    await asyncio.to_thread(save_checkpoint, files.run_dir / "checkpoints", state, trainer=mode.trainer)
+                    await asyncio.to_thread(
+                        save_checkpoint, files.run_dir / "checkpoints", state, trainer=mode.trainer,
+                        pinned=files.checkpoint,  # the engines' launch weights: a restart reads them again
+                    )  # fmt: skip
 
 
 def finish_run(files: RunFiles, summary: RunSummary, *, plots: bool = True) -> None:

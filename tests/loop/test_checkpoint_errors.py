@@ -196,3 +196,13 @@ async def test_a_full_disk_during_a_disk_weight_sync_names_enospc_and_the_path_i
         assert str(disk / "weights" / "v1") in line and f"the disk mounted at {disk} (tmpfs)" in line
         assert not any((disk / "weights").iterdir()), "a partial weights folder is left behind"
         shutil.rmtree(disk / "weights")
+
+
+def test_the_checkpoint_a_resumed_run_started_from_is_never_pruned(inputs, tmp_path):
+    """A resumed run's engines were launched from its checkpoint's model/, and a restarted engine is launched from
+    it again: pruning it (the saves at steps 4 and 6, two kept) ended the run at the first engine restart."""
+    run = _finished(inputs, tmp_path, steps=2)
+    assert main(sft_argv(*inputs, run, "--load", str(run), steps=6)) == 0
+    left = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+    assert left == ["step_000002", "step_000004", "step_000006"]
+    assert (run / "checkpoints" / "step_000002" / "model").is_dir()
