@@ -27,7 +27,10 @@ import msgspec
 
 from slime.types import JsonObject
 
-__all__ = ["StepRecord", "SFTStepRecord", "steps_of", "JsonObject", "MetricsRow", "RunSummary"]
+__all__ = [
+    "StepRecord", "SFTStepRecord", "steps_of", "summed_lag_histogram", "off_policy_share", "JsonObject", "MetricsRow",
+    "RunSummary",
+]  # fmt: skip
 
 NAN = math.nan
 
@@ -168,6 +171,22 @@ class SFTStepRecord(msgspec.Struct, kw_only=True):
 
 
 R = TypeVar("R", StepRecord, SFTStepRecord)
+
+
+def summed_lag_histogram(steps: Iterable[StepRecord]) -> dict[int, int]:
+    """Trained tokens per version lag over ``steps`` ({lag: tokens}, lags ascending)."""
+    hist: dict[int, int] = {}
+    for st in steps:
+        for lag, n in st.lag_histogram.items():
+            hist[lag] = hist.get(lag, 0) + n
+    return dict(sorted(hist.items()))
+
+
+def off_policy_share(hist: Mapping[int, int]) -> float | None:
+    """Share of the trained tokens in ``hist`` ({lag: tokens}) with lag > 0; None when none trained.
+    Example: {0: 3, 2: 1} -> 0.25."""
+    total = sum(hist.values())
+    return sum(n for lag, n in hist.items() if lag > 0) / total if total else None
 
 
 def steps_of(records: Iterable[Mapping[str, object]], kind: type[R]) -> list[R]:

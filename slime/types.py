@@ -201,24 +201,21 @@ class Sample(msgspec.Struct, kw_only=True):
         Example: versions [3, 3, 5], current 6, max_staleness 2 -> lags [3, 3, 1] -> mask [0, 0, 1].
         Offline tokens (``OFFLINE_VERSION``) are never masked here.
         """
-        masked = 0
-        for i, v in enumerate(self.versions):
-            if self.loss_mask[i] and v != OFFLINE_VERSION and current_version - v > max_staleness:
-                self.loss_mask[i] = 0
-                masked += 1
-        return masked
+        return self._mask_versions(lambda v: v != OFFLINE_VERSION and current_version - v > max_staleness)
 
     def mask_older_versions(self) -> int:
         """Set ``loss_mask`` to 0 on tokens of versions older than the sample's newest
         (``--mask-offpolicy-in-partial-rollout``; ``slime.train.batch`` applies the same rule). Returns how
         many tokens were newly masked. Example: versions [4, 4, 5], mask [1, 1, 1] -> [0, 0, 1], returns 2.
         """
-        if not self.versions:
-            return 0
-        newest = max(self.versions)
+        newest = max(self.versions, default=None)
+        return self._mask_versions(lambda v: v != newest)
+
+    def _mask_versions(self, drop: Callable[[int], bool]) -> int:
+        """Set ``loss_mask`` to 0 on trainable tokens whose version ``drop`` says; returns how many."""
         masked = 0
         for i, v in enumerate(self.versions):
-            if self.loss_mask[i] and v != newest:
+            if self.loss_mask[i] and drop(v):
                 self.loss_mask[i] = 0
                 masked += 1
         return masked

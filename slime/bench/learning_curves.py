@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slime.step_record import StepRecord, steps_of
+from slime.step_record import StepRecord, off_policy_share, steps_of, summed_lag_histogram
 from slime.types import JsonObject
 
 __all__ = ["run_curve", "summarize", "format_table", "plot", "fmt"]
 
 
-def _quantile(hist: dict[int, float], q: float) -> int | None:
+def _quantile(hist: Mapping[int, float], q: float) -> int | None:
     total = sum(hist.values())
     if total <= 0:
         return None
@@ -59,9 +60,8 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         tokens_by_step[st.step] = total
     points, eval_so_far = _eval_points(evals, tokens_by_step)
     reached = next((p for p in points if p["accuracy"] is not None and p["accuracy"] >= target), None)
-    hist = _lag_histogram(steps)
+    hist = summed_lag_histogram(steps)
     hist_total = sum(hist.values())
-    off = sum(n for lag, n in hist.items() if lag > 0)
     masked = sum(st.masked_stale_tokens for st in steps)
     trained_len, trained_reward = _per_trained_sample(steps)
     return {
@@ -77,7 +77,7 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         "train_wall_ex_eval_s": points[-1]["wall_ex_eval_s"],
         "eval_time_s": eval_so_far,
         "trained_tokens": total,
-        "off_policy_token_share": off / hist_total if hist_total else None,
+        "off_policy_token_share": off_policy_share(hist),
         "lag_share": {str(lag): n / hist_total for lag, n in sorted(hist.items())} if hist_total else {},
         "lag_p50": _quantile(hist, 0.5),
         "lag_p90": _quantile(hist, 0.9),
@@ -88,15 +88,6 @@ def run_curve(records: list[JsonObject], target: float) -> JsonObject:
         "trained_len_mean": trained_len,
         "trained_reward_mean": trained_reward,
     }
-
-
-def _lag_histogram(steps: list[StepRecord]) -> dict[int, float]:
-    """Trained tokens per version lag, summed over the steps."""
-    hist: dict[int, float] = {}
-    for st in steps:
-        for lag, n in st.lag_histogram.items():
-            hist[lag] = hist.get(lag, 0.0) + float(n)
-    return hist
 
 
 def _per_trained_sample(steps: list[StepRecord]) -> tuple[float | None, float | None]:

@@ -31,6 +31,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
+from slime.step_record import off_policy_share
 from slime.types import OFFLINE_VERSION, Group, Sample, valid_samples
 
 __all__ = ["apply_staleness", "length_bias"]
@@ -78,10 +79,10 @@ def apply_staleness(
             if not s.is_valid:
                 s.mask_stale(trainer_version, max_staleness)
     total = sum(hist.values())
-    off = sum(n for lag, n in hist.items() if lag > 0)
+    share = off_policy_share(hist)
     return {
         "lag_histogram": dict(sorted(hist.items())),
-        "off_policy_token_fraction": off / total if total else math.nan,
+        "off_policy_token_fraction": math.nan if share is None else share,
         "max_version_lag": max(hist) if hist else 0,
         "masked_stale_tokens": masked,
         "masked_token_fraction": masked / (total + masked) if total + masked else 0.0,

@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import sys
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -26,7 +25,7 @@ from typing import TypeVar
 import msgspec
 
 from slime.obs import strict_json
-from slime.step_record import MetricsRow, RunSummary, SFTStepRecord, StepRecord
+from slime.step_record import MetricsRow, RunSummary, SFTStepRecord, StepRecord, off_policy_share, summed_lag_histogram
 from slime.types import JsonObject
 
 __all__ = ["main", "load_run", "summarize"]
@@ -172,15 +171,13 @@ def _summarize_rl(
 
 def _staleness(steps: list[StepRecord]) -> RunSummary:
     """The staleness line: the largest lag, the mean off-policy share, tokens by lag (summed), masked and multi-version counts."""
-    hist: Counter[int] = Counter()
-    for r in steps:
-        hist.update(r.lag_histogram)
+    hist = summed_lag_histogram(steps)
     return {
         "max_version_lag": max((r.max_version_lag for r in steps), default=None),
         # of the run's trained tokens (the summed histogram), not a mean over steps: a step that trains few
         # tokens weighs little, and one that trains none has no share at all (as slime bench learning counts)
-        "off_policy_token_fraction": _off_policy_share(hist),
-        "lag_histogram": {str(k): v for k, v in sorted(hist.items())},
+        "off_policy_token_fraction": off_policy_share(hist),
+        "lag_histogram": {str(k): v for k, v in hist.items()},
         "masked_stale_tokens": sum(r.masked_stale_tokens for r in steps),
         "multi_version_samples": sum(r.multi_version_samples for r in steps),
         "max_versions_in_a_sample": max((r.max_versions_in_a_sample for r in steps), default=None),
@@ -188,12 +185,6 @@ def _staleness(steps: list[StepRecord]) -> RunSummary:
         # the length bias (slime.loop.offpolicy.length_bias): each bias/<name> as its mean over the steps
         "bias": {k: _mean(_finite(r.bias.get(k) for r in steps)) for k in sorted({k for r in steps for k in r.bias})},
     }
-
-
-def _off_policy_share(hist: Counter[int]) -> float | None:
-    """Share of trained tokens with version lag > 0 in ``hist`` ({lag: tokens}); None when nothing trained."""
-    total = sum(hist.values())
-    return sum(n for lag, n in hist.items() if lag > 0) / total if total else None
 
 
 def _summarize_sft(

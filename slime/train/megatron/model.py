@@ -67,12 +67,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_FLOAT8 = {
-    getattr(torch, n)
-    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, n)
-}
-
 
 def transformer_config(
     arch: ModelArch,
@@ -387,7 +381,8 @@ def load_hf_weights(
     with torch.no_grad():
         for name in expected:
             value = hf_to_mcore_param(names[name], reader.__getitem__, arch, **ranks)
-            if value.dtype in _FLOAT8:  # its scales are other tensors: copying the raw values loads wrong weights
+            # an fp8 tensor (one-byte float): its scales are other tensors, so copying its raw values loads wrong weights
+            if value.dtype.is_floating_point and value.dtype.itemsize == 1:
                 raise RuntimeError(
                     f"{name}: the checkpoint stores {value.dtype} weights; convert it to bf16 first (ModelArch refuses "
                     "a config with quantization_config; this one has none)"
